@@ -1,0 +1,140 @@
+"""Data types: the enum, what users may write for one, and their NumPy counterparts."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .errors import DataTypeError
+
+
+class DataType(enum.Enum):
+    """Element types, named as in the cuDNN frontend's ``data_type`` enum.
+
+    The value is the name used in graph JSON files.
+    """
+
+    NOT_SET = "not_set"
+    FLOAT = "float"
+    HALF = "half"
+    BFLOAT16 = "bfloat16"
+    DOUBLE = "double"
+    INT8 = "int8"
+    UINT8 = "uint8"
+    INT32 = "int32"
+    INT64 = "int64"
+    BOOLEAN = "boolean"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+
+    @property
+    def itemsize(self) -> int:
+        if self is DataType.NOT_SET:
+            raise DataTypeError("NOT_SET has no size")
+        return int(self.numpy.itemsize)
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The NumPy dtype that holds values of this type (bf16 and fp8 via ml_dtypes)."""
+        try:
+            return _NUMPY[self]
+        except KeyError:
+            raise DataTypeError("NOT_SET has no NumPy dtype") from None
+
+    @property
+    def is_floating(self) -> bool:
+        return self in _FLOATING
+
+    @property
+    def is_set(self) -> bool:
+        return self is not DataType.NOT_SET
+
+    def __repr__(self) -> str:
+        return f"DataType.{self.name}"
+
+
+_FLOATING = frozenset(
+    {
+        DataType.FLOAT,
+        DataType.HALF,
+        DataType.BFLOAT16,
+        DataType.DOUBLE,
+        DataType.FP8_E4M3,
+        DataType.FP8_E5M2,
+    }
+)
+
+_NUMPY: dict[DataType, np.dtype] = {
+    DataType.FLOAT: np.dtype(np.float32),
+    DataType.HALF: np.dtype(np.float16),
+    DataType.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
+    DataType.DOUBLE: np.dtype(np.float64),
+    DataType.INT8: np.dtype(np.int8),
+    DataType.UINT8: np.dtype(np.uint8),
+    DataType.INT32: np.dtype(np.int32),
+    DataType.INT64: np.dtype(np.int64),
+    DataType.BOOLEAN: np.dtype(np.bool_),
+    DataType.FP8_E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
+    DataType.FP8_E5M2: np.dtype(ml_dtypes.float8_e5m2),
+}
+
+_BY_NUMPY = {dtype: data_type for data_type, dtype in _NUMPY.items()}
+
+# Short and framework spellings users write; every enum value and name is accepted too.
+_ALIASES = {
+    "fp32": DataType.FLOAT,
+    "float32": DataType.FLOAT,
+    "f32": DataType.FLOAT,
+    "fp16": DataType.HALF,
+    "float16": DataType.HALF,
+    "f16": DataType.HALF,
+    "bf16": DataType.BFLOAT16,
+    "fp64": DataType.DOUBLE,
+    "float64": DataType.DOUBLE,
+    "f64": DataType.DOUBLE,
+    "bool": DataType.BOOLEAN,
+    "fp8": DataType.FP8_E4M3,
+    "e4m3": DataType.FP8_E4M3,
+    "float8_e4m3fn": DataType.FP8_E4M3,
+    "e5m2": DataType.FP8_E5M2,
+    "float8_e5m2": DataType.FP8_E5M2,
+}
+
+
+def as_data_type(value: Any, *, what: str = "data type") -> DataType:
+    """Turn what a user wrote for a type into a :class:`DataType`.
+
+    Accepts the enum itself, its names and JSON values (``"bfloat16"``, ``"BFLOAT16"``),
+    short spellings (``"bf16"``, ``"fp32"``), NumPy dtypes and scalar types, and torch
+    dtypes (recognised by name, so torch need not be installed). ``None`` means NOT_SET.
+    """
+    if value is None:
+        return DataType.NOT_SET
+    if isinstance(value, DataType):
+        return value
+    if isinstance(value, str):
+        key = value.strip().lower()
+        if key.startswith("torch."):
+            key = key[len("torch.") :]
+        for data_type in DataType:
+            if key in (data_type.value, data_type.name.lower()):
+                return data_type
+        if key in _ALIASES:
+            return _ALIASES[key]
+        raise DataTypeError(
+            f"unknown {what} {value!r}; expected one of "
+            + ", ".join(d.value for d in DataType if d.is_set)
+        )
+    if type(value).__module__ == "torch":  # a torch.dtype, e.g. torch.bfloat16
+        return as_data_type(str(value), what=what)
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        raise DataTypeError(f"cannot interpret {value!r} as a {what}") from None
+    if dtype in _BY_NUMPY:
+        return _BY_NUMPY[dtype]
+    raise DataTypeError(f"NumPy dtype {dtype} has no graphdnn {what}")
+

@@ -1,0 +1,330 @@
+"""``OperationGraphSpec``: the user-facing graph builder, in the cuDNN frontend's style."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .dtypes import DataType, as_data_type
+from .errors import GraphError, StructureError
+from .ir import Graph
+from .layout import packed_strides
+from .ops.attributes import Attributes
+from .ops.base import Inferred, get_op
+from .ops import OpMethods
+from .tensor import Scalar, TensorSpec
+
+if TYPE_CHECKING:
+    from .ops.base import Op
+
+InputValue = TensorSpec | Scalar | Sequence[TensorSpec] | None
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """An op added to a graph under construction."""
+
+    name: str
+    op: str
+    inputs: dict[str, TensorSpec | tuple[TensorSpec, ...]]
+    outputs: dict[str, TensorSpec]
+    attributes: Attributes
+    compute_data_type: DataType
+
+    @property
+    def definition(self) -> Op:
+        return get_op(self.op)
+
+    def input_tensors(self) -> list[TensorSpec]:
+        """Every input tensor, variadic ones flattened."""
+        out: list[TensorSpec] = []
+        for bound in self.inputs.values():
+            out.extend(bound if isinstance(bound, tuple) else (bound,))
+        return out
+
+
+class OperationGraphSpec(OpMethods):
+    """A computation described as tensors and op nodes, to validate, fuse and compile.
+
+    Mirrors ``cudnn.pygraph``: declare inputs with :meth:`tensor`, call op methods
+    (``conv_fprop``, ``layernorm``, ``relu``...) that return output tensors with inferred
+    dims, strides and type, mark results with ``set_output(True)``. Types default from the
+    graph: inputs and outputs take ``io_data_type``, virtual tensors
+    ``intermediate_data_type``, nodes compute in ``compute_data_type``.
+    """
+
+    def __init__(
+        self,
+        name: str = "graph",
+        io_data_type: Any = None,
+        intermediate_data_type: Any = DataType.FLOAT,
+        compute_data_type: Any = DataType.FLOAT,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"graph name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.io_data_type = as_data_type(io_data_type, what="io_data_type")
+        self.intermediate_data_type = as_data_type(intermediate_data_type, what="intermediate_data_type")
+        self.compute_data_type = as_data_type(compute_data_type, what="compute_data_type")
+        self._tensors: list[TensorSpec] = []
+        self._tensor_names: dict[str, TensorSpec] = {}
+        self._nodes: list[NodeSpec] = []
+        self._node_names: set[str] = set()
+
+    # -- contents ------------------------------------------------------------------------
+    @property
+    def tensors(self) -> tuple[TensorSpec, ...]:
+        return tuple(self._tensors)
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        return tuple(self._nodes)
+
+    def tensor_named(self, name: str) -> TensorSpec:
+        try:
+            return self._tensor_names[name]
+        except KeyError:
+            raise GraphError(f"graph '{self.name}' has no tensor named '{name}'") from None
+
+    # -- declaring tensors ---------------------------------------------------------------
+    def tensor(
+        self,
+        dim: Sequence[int],
+        stride: Sequence[int] | None = None,
+        data_type: Any = None,
+        is_virtual: bool = False,
+        is_pass_by_value: bool = False,
+        name: str | None = None,
+        uid: int | None = None,
+    ) -> TensorSpec:
+        """Declare a graph input. ``stride`` defaults to packed row-major (NCHW).
+
+        A pass-by-value tensor is a one-element scalar whose value the caller supplies at
+        execution, like cuDNN's; for a constant, pass a Python number to the op instead.
+        """
+        spec = self._new_tensor(
+            name,
+            dim=dim,
+            stride=stride,
+            data_type=data_type,
+            is_virtual=is_virtual,
+            is_pass_by_value=is_pass_by_value,
+            uid=uid,
+        )
+        if spec.stride is None and spec.dim is not None:
+            spec._stride = packed_strides(spec.dim)
+        return spec
+
+    def tensor_like(self, like: Any, name: str | None = None) -> TensorSpec:
+        """Declare an input with the dims, strides and type of an array or another spec.
+
+        Takes a TensorSpec, a NumPy array, or a torch/CuPy-style array (``shape`` plus
+        ``stride()`` or ``strides`` in bytes, and ``dtype``).
+        """
+        if isinstance(like, TensorSpec):
+            return self.tensor(
+                dim=like.dim or (),
+                stride=like.stride,
+                data_type=like.data_type,
+                is_pass_by_value=like.is_pass_by_value,
+                name=name,
+            )
+        dim = tuple(int(d) for d in like.shape)
+        data_type = as_data_type(like.dtype)
+        if callable(getattr(like, "stride", None)):  # torch: element strides
+            stride = tuple(int(s) for s in like.stride())
+        else:  # NumPy / CuPy: byte strides
+            stride = tuple(int(s) // data_type.itemsize for s in like.strides)
+        return self.tensor(dim=dim, stride=stride, data_type=data_type, name=name)
+
+    def scalar(self, value: Scalar, data_type: Any = DataType.FLOAT, name: str | None = None) -> TensorSpec:
+        """A constant one-element tensor; its value is part of the graph and its signature."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise GraphError(f"a scalar constant must be a number, got {value!r}", tensor=name)
+        return self._new_tensor(
+            name,
+            dim=(1,),
+            stride=(1,),
+            data_type=data_type,
+            is_virtual=False,
+            is_pass_by_value=True,
+            value=value,
+        )
+
+    def _new_tensor(self, name: str | None, **fields: Any) -> TensorSpec:
+        name = self._fresh_tensor_name(name)
+        spec = TensorSpec(self, name, **fields)
+        self._tensors.append(spec)
+        self._tensor_names[name] = spec
+        return spec
+
+    def _fresh_tensor_name(self, name: str | None) -> str:
+        if name is None or name == "":
+            index = len(self._tensors)
+            while f"tensor{index}" in self._tensor_names:
+                index += 1
+            return f"tensor{index}"
+        if not isinstance(name, str):
+            raise GraphError(f"tensor name must be a string, got {name!r}")
+        if name in self._tensor_names:
+            raise StructureError(f"tensor name '{name}' is already used in graph '{self.name}'")
+        return name
+
+    def _rename_tensor(self, spec: TensorSpec, name: str) -> None:
+        if name == spec.name:
+            return
+        name = self._fresh_tensor_name(name)
+        del self._tensor_names[spec.name]
+        spec._name = name
+        self._tensor_names[name] = spec
+
+    # -- adding nodes ---------------------------------------------------------------------
+    def _add_node(
+        self,
+        kind: str,
+        inputs: Mapping[str, InputValue],
+        attributes: Mapping[str, Any] | Attributes | None = None,
+        *,
+        name: str | None = None,
+        compute_data_type: Any = None,
+        declared: Mapping[str, Sequence[int]] | None = None,
+        infer: bool = True,
+    ) -> list[TensorSpec | None]:
+        """Add a node; return its outputs in the op's output-role order (None if absent).
+
+        ``declared`` gives dims for outputs the op cannot infer (a reduction's, say). Op
+        methods call this; so does the JSON reader, with ``infer=False`` so that all
+        checking happens in validation, where errors carry the file position.
+        """
+        op = get_op(kind, node=name)
+        node_name = self._fresh_node_name(name, kind)
+        if attributes is None:
+            attributes = {}
+        attrs = (
+            attributes
+            if isinstance(attributes, op.attributes)
+            else op.attributes.build(dict(attributes), node=node_name)
+        )
+        bound = self._bind_inputs(op, node_name, inputs)
+        present = op.present_outputs(attrs, frozenset(bound))
+        outputs = {
+            role.name: self._new_tensor(f"{node_name}::{role.name}", dim=None, stride=None, data_type=None, is_virtual=True)
+            for role in op.outputs
+            if role.name in present
+        }
+        node = NodeSpec(
+            name=node_name,
+            op=kind,
+            inputs=bound,
+            outputs=outputs,
+            attributes=attrs,
+            compute_data_type=as_data_type(compute_data_type, what="compute_data_type"),
+        )
+        for role, spec in outputs.items():
+            spec._producer = node_name
+            if declared and role in declared:
+                spec.set_dim(declared[role])
+        self._nodes.append(node)
+        self._node_names.add(node_name)
+        if infer:
+            self._infer_eagerly(node)
+        return [outputs.get(role.name) for role in op.outputs]
+
+    def _fresh_node_name(self, name: str | None, kind: str) -> str:
+        if name is None or name == "":
+            index = sum(1 for n in self._nodes if n.op == kind)
+            while f"{kind}_{index}" in self._node_names:
+                index += 1
+            return f"{kind}_{index}"
+        if not isinstance(name, str):
+            raise GraphError(f"node name must be a string, got {name!r}")
+        if name in self._node_names:
+            raise StructureError(f"node name '{name}' is already used in graph '{self.name}'")
+        return name
+
+    def _bind_inputs(
+        self, op: Op, node: str, inputs: Mapping[str, InputValue]
+    ) -> dict[str, TensorSpec | tuple[TensorSpec, ...]]:
+        known = {role.name for role in op.inputs}
+        for role_name in inputs:
+            if role_name not in known:
+                raise StructureError(
+                    f"{op.kind} has no input '{role_name}' (inputs: {', '.join(sorted(known))})", node=node
+                )
+        bound: dict[str, TensorSpec | tuple[TensorSpec, ...]] = {}
+        for role in op.inputs:
+            value = inputs.get(role.name)
+            if value is None:
+                if not role.optional:
+                    raise StructureError(f"missing input '{role.name}' for {op.kind}", node=node)
+                continue
+            if role.variadic:
+                if isinstance(value, TensorSpec) or not isinstance(value, Sequence) or not value:
+                    raise StructureError(f"input '{role.name}' takes a non-empty list of tensors", node=node)
+                bound[role.name] = tuple(self._own(v, node, role.name) for v in value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                # A Python number becomes a constant scalar, baked into the kernel.
+                bound[role.name] = self.scalar(value, name=f"{node}::{role.name}")
+            else:
+                bound[role.name] = self._own(value, node, role.name)
+        return bound
+
+    def _own(self, value: Any, node: str, role: str) -> TensorSpec:
+        if not isinstance(value, TensorSpec):
+            raise StructureError(f"input '{role}' must be a TensorSpec, got {type(value).__name__}", node=node)
+        if value.graph is not self:
+            raise StructureError(
+                f"input '{role}' is tensor '{value.name}' of graph '{value.graph.name}', not of this graph",
+                node=node,
+            )
+        return value
+
+    def _infer_eagerly(self, node: NodeSpec) -> None:
+        """Give the new outputs their dims now, so users can read them; validation repeats it."""
+        from .validate import infer_node
+
+        if any(t.dim is None for t in node.input_tensors()):
+            return  # an input's dims are declared later; validation will infer
+        if any(node.outputs[r].dim is None for r in node.definition.declared_outputs if r in node.outputs):
+            return  # the user declares these dims later (set_dim); validation will check
+        inferred: dict[str, Inferred] = infer_node(self, node)
+        for role, spec in node.outputs.items():
+            if role not in inferred:
+                continue
+            if not spec._dim_is_set:
+                spec._dim = inferred[role].dim
+            if not spec._stride_is_set:
+                spec._stride = packed_strides(inferred[role].dim, inferred[role].order)
+
+    # -- stages ---------------------------------------------------------------------------
+    def validate(self) -> Graph:
+        """Check the whole graph and return its frozen, fully inferred IR.
+
+        Raises a :class:`~graphdnn.GraphError` subclass naming the node and tensor.
+        """
+        from .validate import validate
+
+        return validate(self)
+
+    def signature(self) -> str:
+        """Hex SHA-256 of the graph's canonical form; see :mod:`graphdnn.signature`."""
+        from .signature import signature
+
+        return signature(self.validate())
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        from .serialize import graph_to_json
+
+        return graph_to_json(self.validate(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> OperationGraphSpec:
+        """Read a graph file's text; raises FormatError naming the JSON path on bad input."""
+        from .serialize import spec_from_json
+
+        return spec_from_json(text)
+
+    def __repr__(self) -> str:
+        return f"OperationGraphSpec({self.name!r}, {len(self._nodes)} nodes, {len(self._tensors)} tensors)"
+

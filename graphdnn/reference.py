@@ -1,0 +1,125 @@
+"""The NumPy reference backend: the definition of what every graph computes.
+
+Each node runs its op's float64 reference; every tensor it writes is then rounded to
+the tensor's own data type (so a bf16 intermediate is bf16, as on the GPU), and
+outputs are returned in their declared types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .dtypes import DataType
+from .errors import FeedError, GraphError
+from .ir import Graph, Node, Tensor
+
+FeedKey = Any  # a TensorSpec, an IR Tensor, a tensor name or a uid
+
+
+def execute(graph: Any, feeds: Mapping[FeedKey, Any]) -> dict[str, np.ndarray]:
+    """Run ``graph`` (an OperationGraphSpec or a validated Graph) on NumPy inputs.
+
+    ``feeds`` maps every graph input (by TensorSpec, name or uid) to an array of its
+    logical dims and data type (bf16/fp8 as ml_dtypes arrays); pass-by-value scalars
+    also take Python numbers. Returns ``{output name: array}`` in the outputs' types.
+    """
+    ir: Graph = graph if isinstance(graph, Graph) else graph.validate()
+    values = bind_feeds(ir, feeds)
+    run_nodes(ir.nodes, values)
+    return {t.name: values[t.id].astype(t.data_type.numpy) for t in ir.outputs}
+
+
+def bind_feeds(ir: Graph, feeds: Mapping[FeedKey, Any]) -> dict[int, np.ndarray]:
+    """Check the feeds against the graph inputs; return float64 values by tensor id."""
+    by_key = {}
+    for key, value in feeds.items():
+        tensor = resolve_tensor(ir, key)
+        if tensor.id in by_key:
+            raise FeedError(f"tensor '{tensor.name}' is fed twice", tensor=tensor.name)
+        by_key[tensor.id] = (tensor, value)
+    values: dict[int, np.ndarray] = {}
+    for t in ir.tensors:
+        if t.is_constant:
+            values[t.id] = round_to(t.data_type, np.full(t.dim, float(t.value)))  # type: ignore[arg-type]
+    for t in ir.inputs:
+        if t.id not in by_key:
+            raise FeedError(f"graph input '{t.name}' has no feed", tensor=t.name)
+        values[t.id] = _check_feed(t, by_key.pop(t.id)[1])
+    for tensor, _ in by_key.values():
+        raise FeedError(f"tensor '{tensor.name}' is not a graph input; only inputs are fed", tensor=tensor.name)
+    return values
+
+
+def run_nodes(nodes: tuple[Node, ...] | list[Node], values: dict[int, np.ndarray]) -> None:
+    """Run nodes in order, adding each output (rounded to its type) to ``values``."""
+    for node in nodes:
+        op = node.definition
+        x: dict[str, Any] = {}
+        for role_name, bound in node.inputs:
+            if isinstance(bound, tuple):
+                x[role_name] = tuple(values[t.id] for t in bound)
+            elif op.role(role_name).scalar:
+                x[role_name] = float(values[bound.id].reshape(-1)[0])
+            else:
+                x[role_name] = values[bound.id]
+        results = op.reference(node, x)
+        for role_name, t in node.outputs:
+            result = np.asarray(results[role_name], dtype=np.float64)
+            if result.shape != t.dim:
+                raise AssertionError(f"{node.op} reference gave {result.shape} for '{t.name}' of dims {t.dim}")
+            values[t.id] = round_to(t.data_type, result)
+
+
+def resolve_tensor(ir: Graph, key: FeedKey) -> Tensor:
+    """Find the tensor a feed or variant-pack key names."""
+    if isinstance(key, str):
+        return _lookup(ir, key)
+    if isinstance(key, int) and not isinstance(key, bool):
+        for t in ir.tensors:
+            if t.uid == key:
+                return t
+        raise FeedError(f"no tensor of graph '{ir.name}' has uid {key}")
+    name = getattr(key, "name", None)  # a TensorSpec or an IR Tensor
+    if isinstance(name, str):
+        return _lookup(ir, name)
+    raise FeedError(f"cannot use {type(key).__name__} {key!r} as a tensor key; use a TensorSpec, a name or a uid")
+
+
+def _lookup(ir: Graph, name: str) -> Tensor:
+    try:
+        return ir.tensor(name)
+    except GraphError:
+        raise FeedError(f"graph '{ir.name}' has no tensor named '{name}'", tensor=name) from None
+
+
+def _check_feed(t: Tensor, value: Any) -> np.ndarray:
+    if t.is_pass_by_value and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return round_to(t.data_type, np.full(t.dim, float(value)))
+    if not isinstance(value, np.ndarray):
+        raise FeedError(f"feed for '{t.name}' is a {type(value).__name__}; give a NumPy array", tensor=t.name)
+    if tuple(value.shape) != t.dim:
+        raise FeedError(f"feed for '{t.name}' has shape {list(value.shape)}, expected {list(t.dim)}", tensor=t.name)
+    if value.dtype != t.data_type.numpy:
+        raise FeedError(
+            f"feed for '{t.name}' has dtype {value.dtype}, expected {t.data_type.numpy} ({t.data_type.value})",
+            tensor=t.name,
+        )
+    return value.astype(np.float64)
+
+
+def round_to(data_type: DataType, values: np.ndarray) -> np.ndarray:
+    """Round float64 ``values`` to ``data_type`` and back, as storing them would.
+
+    Integers truncate toward zero and saturate; booleans are "non-zero"; NaN becomes 0
+    for integer and boolean types.
+    """
+    if data_type.is_floating:
+        with np.errstate(over="ignore"):
+            return values.astype(data_type.numpy).astype(np.float64)
+    if data_type is DataType.BOOLEAN:
+        return (np.nan_to_num(values) != 0).astype(np.float64)
+    info = np.iinfo(data_type.numpy)
+    return np.clip(np.trunc(np.nan_to_num(values)), info.min, info.max).astype(np.float64)

@@ -1,0 +1,195 @@
+"""``TensorSpec``: a tensor of a graph under construction, with cuDNN-style setters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .dtypes import DataType, as_data_type
+from .errors import GraphError
+
+if TYPE_CHECKING:
+    from .graph import OperationGraphSpec
+
+Scalar = float | int | bool
+
+
+class TensorSpec:
+    """One tensor of an :class:`~graphdnn.OperationGraphSpec`.
+
+    Made by ``graph.tensor(...)`` for graph inputs, or returned by an op method for
+    op outputs, whose dims and strides are inferred. Op outputs are *virtual* (they live
+    only inside the fused kernels) until ``set_output(True)`` makes them graph outputs.
+    An unset data type follows the graph: virtual tensors take its intermediate type,
+    the others its io type. Equality is identity, as for cuDNN frontend tensors.
+    """
+
+    __slots__ = (
+        "_graph",
+        "_name",
+        "_dim",
+        "_stride",
+        "_data_type",
+        "_is_virtual",
+        "_is_pass_by_value",
+        "_value",
+        "_uid",
+        "_dim_is_set",
+        "_stride_is_set",
+        "_producer",
+    )
+
+    def __init__(
+        self,
+        graph: OperationGraphSpec,
+        name: str,
+        *,
+        dim: Sequence[int] | None,
+        stride: Sequence[int] | None,
+        data_type: Any,
+        is_virtual: bool,
+        is_pass_by_value: bool = False,
+        value: Scalar | None = None,
+        uid: int | None = None,
+    ) -> None:
+        self._graph = graph
+        self._name = name
+        self._dim = _as_ints(dim, "dim", name)
+        self._stride = _as_ints(stride, "stride", name)
+        self._data_type = as_data_type(data_type)
+        self._is_virtual = bool(is_virtual)
+        self._is_pass_by_value = bool(is_pass_by_value)
+        self._value = value
+        self._uid = uid
+        self._dim_is_set = dim is not None
+        self._stride_is_set = stride is not None
+        self._producer: str | None = None  # name of the node that writes it, if any
+
+    # -- read access ---------------------------------------------------------------
+    @property
+    def graph(self) -> OperationGraphSpec:
+        return self._graph
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> tuple[int, ...] | None:
+        """Logical dims; None until known (e.g. a reduction output the user must size)."""
+        return self._dim
+
+    @property
+    def stride(self) -> tuple[int, ...] | None:
+        return self._stride
+
+    @property
+    def data_type(self) -> DataType:
+        """The set type, else the graph's default for a tensor of this kind."""
+        if self._data_type.is_set:
+            return self._data_type
+        if self._is_virtual:
+            return self._graph.intermediate_data_type
+        return self._graph.io_data_type
+
+    @property
+    def is_virtual(self) -> bool:
+        return self._is_virtual
+
+    @property
+    def is_output(self) -> bool:
+        """True for a non-virtual tensor that a node writes: a graph output."""
+        return self._producer is not None and not self._is_virtual
+
+    @property
+    def is_pass_by_value(self) -> bool:
+        return self._is_pass_by_value
+
+    @property
+    def value(self) -> Scalar | None:
+        """The value of a constant scalar; None for a scalar supplied at execution."""
+        return self._value
+
+    @property
+    def uid(self) -> int | None:
+        return self._uid
+
+    @property
+    def producer(self) -> str | None:
+        """Name of the node that writes this tensor; None for graph inputs."""
+        return self._producer
+
+    # cuDNN frontend getters, for code written against pygraph tensors.
+    def get_name(self) -> str:
+        return self._name
+
+    def get_dim(self) -> list[int] | None:
+        return None if self._dim is None else list(self._dim)
+
+    def get_stride(self) -> list[int] | None:
+        return None if self._stride is None else list(self._stride)
+
+    def get_data_type(self) -> DataType:
+        return self.data_type
+
+    def get_is_virtual(self) -> bool:
+        return self._is_virtual
+
+    def get_uid(self) -> int | None:
+        return self._uid
+
+    # -- fluent setters (cuDNN frontend style) ------------------------------------------
+    def set_output(self, is_output: bool = True) -> TensorSpec:
+        """Make this op output a graph output (non-virtual), or virtual again."""
+        self._is_virtual = not is_output
+        return self
+
+    def set_is_virtual(self, is_virtual: bool) -> TensorSpec:
+        self._is_virtual = bool(is_virtual)
+        return self
+
+    def set_data_type(self, data_type: Any) -> TensorSpec:
+        self._data_type = as_data_type(data_type)
+        return self
+
+    def set_dim(self, dim: Sequence[int]) -> TensorSpec:
+        """Pin the dims. Op outputs are checked against inference at validation."""
+        self._dim = _as_ints(dim, "dim", self._name)
+        self._dim_is_set = True
+        if self._stride is not None and not self._stride_is_set:
+            self._stride = None  # inferred again for the new dims
+        return self
+
+    def set_stride(self, stride: Sequence[int]) -> TensorSpec:
+        self._stride = _as_ints(stride, "stride", self._name)
+        self._stride_is_set = True
+        return self
+
+    def set_name(self, name: str) -> TensorSpec:
+        self._graph._rename_tensor(self, name)
+        return self
+
+    def set_uid(self, uid: int) -> TensorSpec:
+        if isinstance(uid, bool) or not isinstance(uid, int) or uid < 0:
+            raise GraphError(f"uid must be a non-negative integer, got {uid!r}", tensor=self._name)
+        self._uid = uid
+        return self
+
+    def __repr__(self) -> str:
+        dims = "?" if self._dim is None else "x".join(map(str, self._dim))
+        kind = "virtual" if self._is_virtual else ("output" if self.is_output else "input")
+        return f"TensorSpec({self._name!r}, {dims}, {self.data_type.value}, {kind})"
+
+
+def _as_ints(values: Sequence[int] | None, what: str, tensor: str) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    try:
+        items = tuple(values)
+    except TypeError:
+        raise GraphError(f"{what} must be a list of integers, got {values!r}", tensor=tensor) from None
+    for item in items:
+        # NumPy integers are fine (they have __index__); floats, strings, bools are not.
+        if isinstance(item, bool) or not hasattr(item, "__index__"):
+            raise GraphError(f"{what} must hold integers, got {item!r}", tensor=tensor)
+    return tuple(int(item) for item in items)

@@ -1,0 +1,350 @@
+"""Validation: check a graph under construction and freeze it into the IR.
+
+Walks the nodes in topological order, runs each op's shape inference, checks every
+tensor's dims, strides and type against it, and the wiring of the whole graph
+(cycles, tensors written twice, dangling and unused tensors, dead nodes, outputs).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import replace
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from .dtypes import DataType
+from .errors import DataTypeError, GraphError, ShapeError, StructureError
+from .ir import Graph, Node, Tensor
+from .layout import check_dims, check_strides, numel, packed_strides
+from .ops.base import Inferred, Op
+
+if TYPE_CHECKING:
+    from .graph import NodeSpec, OperationGraphSpec
+    from .tensor import TensorSpec
+
+
+def validate(spec: OperationGraphSpec) -> Graph:
+    """Return the frozen IR of ``spec`` or raise a GraphError saying what is wrong."""
+    for what in ("intermediate_data_type", "compute_data_type"):
+        value: DataType = getattr(spec, what)
+        if value.is_set and not value.is_floating:
+            raise DataTypeError(f"graph '{spec.name}': {what} must be a floating type, not {value.value}")
+    ids = {t: index for index, t in enumerate(spec.tensors)}
+    writer = _writers(spec)
+    order = _topological_order(spec, writer)
+    read = {t for node in spec.nodes for t in node.input_tensors()}
+
+    resolved: dict[TensorSpec, Tensor] = {}
+    for t in spec.tensors:
+        if t in writer:
+            continue
+        if t.is_virtual:
+            readers = [n.name for n in spec.nodes if t in n.input_tensors()]
+            where = f"node '{readers[0]}' reads it" if readers else "no node reads it either"
+            raise StructureError(f"virtual tensor '{t.name}' is written by no node ({where})", tensor=t.name)
+        if t not in read:
+            raise StructureError(
+                f"tensor '{t.name}' is declared but no node reads it; remove it or use it", tensor=t.name
+            )
+        resolved[t] = _resolve_input(t, ids[t])
+
+    nodes: list[Node] = []
+    for index, node_spec in enumerate(order):
+        node = _resolve_node(spec, node_spec, index, resolved, ids)
+        nodes.append(node)
+
+    tensors = tuple(resolved[t] for t in spec.tensors)
+    _check_outputs_and_liveness(spec, nodes, tensors)
+    tensors = _assign_uids(spec, tensors)
+    by_id = {t.id: t for t in tensors}
+    nodes = [_rebind(node, by_id) for node in nodes]
+    return Graph(
+        name=spec.name,
+        io_data_type=spec.io_data_type,
+        intermediate_data_type=spec.intermediate_data_type,
+        compute_data_type=spec.compute_data_type,
+        tensors=tensors,
+        nodes=tuple(nodes),
+    )
+
+
+def infer_node(spec: OperationGraphSpec, node_spec: NodeSpec) -> dict[str, Inferred]:
+    """Run a node's inference on the current (unvalidated) input dims, for eager feedback."""
+    inputs = {}
+    for role, bound in node_spec.inputs.items():
+        if isinstance(bound, tuple):
+            inputs[role] = tuple(_provisional(t) for t in bound)
+        else:
+            inputs[role] = _provisional(bound)
+    node = _partial_node(node_spec, -1, inputs, node_spec.compute_data_type)
+    return _infer(node_spec.definition, node, node_spec)
+
+
+# -- graph structure -----------------------------------------------------------------------
+def _writers(spec: OperationGraphSpec) -> dict[TensorSpec, NodeSpec]:
+    writer: dict[TensorSpec, NodeSpec] = {}
+    for node in spec.nodes:
+        for t in node.outputs.values():
+            if t in writer:
+                raise StructureError(
+                    f"tensor '{t.name}' is written by both node '{writer[t].name}' and node '{node.name}'",
+                    tensor=t.name,
+                )
+            writer[t] = node
+    return writer
+
+
+def _topological_order(spec: OperationGraphSpec, writer: dict[TensorSpec, NodeSpec]) -> list[NodeSpec]:
+    """Kahn's algorithm, taking ready nodes in insertion order so the order is stable."""
+    position = {node.name: i for i, node in enumerate(spec.nodes)}
+    waiting_on: dict[str, int] = {}
+    dependents: dict[str, list[NodeSpec]] = {}
+    for node in spec.nodes:
+        producers = {writer[t].name for t in node.input_tensors() if t in writer}
+        waiting_on[node.name] = len(producers)
+        for producer in producers:
+            dependents.setdefault(producer, []).append(node)
+    ready = [(position[n.name], n.name) for n in spec.nodes if waiting_on[n.name] == 0]
+    heapq.heapify(ready)
+    by_name = {n.name: n for n in spec.nodes}
+    order: list[NodeSpec] = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        order.append(by_name[name])
+        for dependent in dependents.get(name, ()):
+            waiting_on[dependent.name] -= 1
+            if waiting_on[dependent.name] == 0:
+                heapq.heappush(ready, (position[dependent.name], dependent.name))
+    if len(order) != len(spec.nodes):
+        stuck = sorted((n for n in spec.nodes if waiting_on[n.name] > 0), key=lambda n: position[n.name])
+        raise StructureError(
+            "the graph has a cycle through node(s) " + ", ".join(f"'{n.name}'" for n in stuck[:4]),
+            node=stuck[0].name,
+        )
+    return order
+
+
+def _check_outputs_and_liveness(spec: OperationGraphSpec, nodes: list[Node], tensors: tuple[Tensor, ...]) -> None:
+    outputs = [t for node in nodes for t in node.output_tensors() if not t.is_virtual]
+    if not outputs:
+        raise StructureError(
+            f"graph '{spec.name}' has no output: call set_output(True) on the tensors you need"
+        )
+    live_tensors = {t.id for t in outputs}
+    live_nodes: set[int] = set()
+    for node in reversed(nodes):
+        if any(t.id in live_tensors for t in node.output_tensors()):
+            live_nodes.add(node.id)
+            live_tensors.update(t.id for t in node.input_tensors())
+    for node in nodes:
+        if node.id not in live_nodes:
+            raise StructureError(
+                "none of its outputs is a graph output or read by a node that matters; "
+                "remove the node or mark an output with set_output(True)",
+                node=node.name,
+            )
+
+
+def _assign_uids(spec: OperationGraphSpec, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Check user uids are unique; give other non-virtual tensors the smallest free ones."""
+    taken: dict[int, str] = {}
+    for t in tensors:
+        if t.uid is not None:
+            if t.uid in taken:
+                raise StructureError(f"uid {t.uid} is used by tensors '{taken[t.uid]}' and '{t.name}'", tensor=t.name)
+            taken[t.uid] = t.name
+    next_uid = 1
+    out = []
+    for t, t_spec in zip(tensors, spec.tensors, strict=True):
+        if t.uid is None and not t.is_virtual and not t.is_constant:
+            while next_uid in taken:
+                next_uid += 1
+            taken[next_uid] = t.name
+            t_spec._uid = next_uid
+            t = replace(t, uid=next_uid)
+        out.append(t)
+    return tuple(out)
+
+
+# -- tensors ---------------------------------------------------------------------------------
+def _resolve_input(t: TensorSpec, tensor_id: int) -> Tensor:
+    if t.dim is None:
+        raise ShapeError(f"graph input '{t.name}' has no dims", tensor=t.name)
+    _check_layout(t.name, t.dim, t.stride if t.stride is not None else packed_strides(t.dim))
+    data_type = _resolved_type(t, "graph input")
+    if t.is_pass_by_value and len(t.dim) and numel(t.dim) != 1:
+        raise ShapeError(f"pass-by-value tensor '{t.name}' has {numel(t.dim)} elements; it must hold one", tensor=t.name)
+    return Tensor(
+        id=tensor_id,
+        name=t.name,
+        dim=tuple(t.dim),
+        stride=tuple(t.stride) if t.stride is not None else packed_strides(t.dim),
+        data_type=data_type,
+        is_virtual=False,
+        is_pass_by_value=t.is_pass_by_value,
+        value=t.value,
+        uid=t.uid,
+    )
+
+
+def _resolved_type(t: TensorSpec, what: str) -> DataType:
+    data_type = t.data_type
+    if not data_type.is_set:
+        default = "intermediate_data_type" if t.is_virtual else "io_data_type"
+        raise DataTypeError(
+            f"{what} '{t.name}' has no data type: set one (data_type= or set_data_type) "
+            f"or give the graph an {default}",
+            tensor=t.name,
+        )
+    return data_type
+
+
+def _check_layout(name: str, dim: Iterable[int], stride: Iterable[int]) -> None:
+    dim, stride = tuple(dim), tuple(stride)
+    try:
+        check_dims(dim)
+        check_strides(dim, stride)
+    except GraphError as error:
+        raise type(error)(error.reason, tensor=name) from None
+
+
+def _provisional(t: TensorSpec) -> Tensor:
+    assert t.dim is not None
+    return Tensor(
+        id=-1,
+        name=t.name,
+        dim=t.dim,
+        stride=t.stride if t.stride is not None else packed_strides(t.dim),
+        data_type=t.data_type,
+        is_virtual=t.is_virtual,
+        is_pass_by_value=t.is_pass_by_value,
+        value=t.value,
+    )
+
+
+# -- nodes -----------------------------------------------------------------------------------
+def _resolve_node(
+    spec: OperationGraphSpec,
+    node_spec: NodeSpec,
+    index: int,
+    resolved: dict[TensorSpec, Tensor],
+    ids: dict[TensorSpec, int],
+) -> Node:
+    op = node_spec.definition
+    inputs: dict[str, Tensor | tuple[Tensor, ...]] = {}
+    for role, bound in node_spec.inputs.items():
+        inputs[role] = tuple(resolved[t] for t in bound) if isinstance(bound, tuple) else resolved[bound]
+    compute = node_spec.compute_data_type if node_spec.compute_data_type.is_set else spec.compute_data_type
+    if not compute.is_floating:
+        raise DataTypeError(f"compute_data_type must be a floating type, not {compute.value}", node=node_spec.name)
+    node = _partial_node(node_spec, index, inputs, compute)
+    expected = op.present_outputs(node_spec.attributes, frozenset(node_spec.inputs))
+    missing = sorted(expected - set(node_spec.outputs))
+    extra = sorted(set(node_spec.outputs) - expected)
+    if missing or extra:
+        problem = f"missing output '{missing[0]}'" if missing else f"unexpected output '{extra[0]}'"
+        raise StructureError(f"{problem} for {op.kind} (outputs: {', '.join(sorted(expected))})", node=node.name)
+    inferred = _infer(op, node, node_spec)
+    outputs = []
+    for role in op.outputs:
+        if role.name not in node_spec.outputs:
+            continue
+        t = node_spec.outputs[role.name]
+        if role.name not in inferred:
+            raise StructureError(f"output '{role.name}' is not produced by this {op.kind}", node=node.name)
+        tensor = _resolve_output(node.name, op, role.name, t, inferred[role.name], ids[t])
+        resolved[t] = tensor
+        outputs.append((role.name, tensor))
+    return Node(
+        id=index,
+        name=node.name,
+        op=node.op,
+        inputs=node.inputs,
+        outputs=tuple(outputs),
+        attributes=node.attributes,
+        compute_data_type=compute,
+    )
+
+
+def _partial_node(
+    node_spec: NodeSpec, index: int, inputs: dict[str, Tensor | tuple[Tensor, ...]], compute: DataType
+) -> Node:
+    op = node_spec.definition
+    ordered = tuple((role.name, inputs[role.name]) for role in op.inputs if role.name in inputs)
+    return Node(
+        id=index,
+        name=node_spec.name,
+        op=node_spec.op,
+        inputs=ordered,
+        outputs=(),
+        attributes=node_spec.attributes,
+        compute_data_type=compute,
+    )
+
+
+def _infer(op: Op, node: Node, node_spec: NodeSpec) -> dict[str, Inferred]:
+    for role in op.inputs:
+        for t in node.inputs_of(role.name) if role.variadic else filter(None, [node.input(role.name)]):
+            if role.floating and t.data_type.is_set and not t.data_type.is_floating:
+                raise DataTypeError(
+                    f"{role.name} '{t.name}' is {t.data_type.value}; {op.kind} needs a floating type",
+                    node=node.name,
+                    tensor=t.name,
+                )
+            if role.scalar and t.numel != 1:
+                raise ShapeError(
+                    f"{role.name} '{t.name}' must be a one-element scalar, has dims {list(t.dim)}",
+                    node=node.name,
+                    tensor=t.name,
+                )
+    declared = {
+        role: node_spec.outputs[role].dim if node_spec.outputs[role]._dim_is_set else None
+        for role in op.declared_outputs
+        if role in node_spec.outputs
+    }
+    return op.infer(node, declared)
+
+
+def _resolve_output(node: str, op: Op, role: str, t: TensorSpec, inferred: Inferred, tensor_id: int) -> Tensor:
+    if t.is_pass_by_value:
+        raise StructureError(f"output '{t.name}' cannot be pass-by-value", node=node, tensor=t.name)
+    if t._dim_is_set and t.dim != inferred.dim and role not in op.declared_outputs:
+        raise ShapeError(
+            f"output {role} '{t.name}' has dims set to {list(t.dim or ())}, but {op.kind} gives {list(inferred.dim)}",
+            node=node,
+            tensor=t.name,
+        )
+    stride = t.stride if t._stride_is_set and t.stride is not None else packed_strides(inferred.dim, inferred.order)
+    _check_layout(t.name, inferred.dim, stride)
+    data_type = _resolved_type(t, "output" if not t.is_virtual else "virtual tensor")
+    if not t._dim_is_set:
+        t._dim = inferred.dim
+    if not t._stride_is_set:
+        t._stride = stride
+    return Tensor(
+        id=tensor_id,
+        name=t.name,
+        dim=inferred.dim,
+        stride=tuple(stride),
+        data_type=data_type,
+        is_virtual=t.is_virtual,
+        uid=t.uid,
+    )
+
+
+def _rebind(node: Node, by_id: dict[int, Tensor]) -> Node:
+    """Point a node at the final tensors (after uid assignment)."""
+
+    def fresh(bound: Tensor | tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
+        return tuple(by_id[t.id] for t in bound) if isinstance(bound, tuple) else by_id[bound.id]
+
+    return Node(
+        id=node.id,
+        name=node.name,
+        op=node.op,
+        inputs=tuple((role, fresh(bound)) for role, bound in node.inputs),
+        outputs=tuple((role, by_id[t.id]) for role, t in node.outputs),
+        attributes=node.attributes,
+        compute_data_type=node.compute_data_type,
+    )
+
