@@ -1,5 +1,6 @@
 """graphdnn: a declarative operation-graph compiler for deep-learning GPU primitives."""
 
+from . import reference
 from .dtypes import DataType
 from .errors import (
     AttributeValueError,
@@ -14,7 +15,9 @@ from .errors import (
     UnsupportedError,
 )
 from .graph import OperationGraphSpec
+from .ir import Graph
 from .layout import nchw_strides, nhwc_strides, packed_strides
+from .serialize import load, save
 from .tensor import TensorSpec
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "DataTypeError",
     "FeedError",
     "FormatError",
+    "Graph",
     "GraphError",
     "OperationGraphSpec",
     "ShapeError",
@@ -31,7 +35,10 @@ __all__ = [
     "TensorSpec",
     "UnknownOpError",
     "UnsupportedError",
+    "load",
     "nchw_strides",
     "nhwc_strides",
     "packed_strides",
+    "reference",
+    "save",
 ]

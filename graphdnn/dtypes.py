@@ -125,8 +125,7 @@ def as_data_type(value: Any, *, what: str = "data type") -> DataType:
         if key in _ALIASES:
             return _ALIASES[key]
         raise DataTypeError(
-            f"unknown {what} {value!r}; expected one of "
-            + ", ".join(d.value for d in DataType if d.is_set)
+            f"unknown {what} {value!r}; expected one of " + ", ".join(d.value for d in DataType if d.is_set)
         )
     if type(value).__module__ == "torch":  # a torch.dtype, e.g. torch.bfloat16
         return as_data_type(str(value), what=what)
@@ -137,4 +136,3 @@ def as_data_type(value: Any, *, what: str = "data type") -> DataType:
     if dtype in _BY_NUMPY:
         return _BY_NUMPY[dtype]
     raise DataTypeError(f"NumPy dtype {dtype} has no graphdnn {what}")
-

@@ -12,8 +12,8 @@ from __future__ import annotations
 class GraphError(ValueError):
     """A graph, a graph file or an execution request is invalid.
 
-    ``node``, ``tensor`` and ``path`` hold the location when one is known, so that tools
-    can point at it; the message already contains them.
+    ``file``, ``path`` (a JSON path), ``node`` and ``tensor`` hold the location when one
+    is known, so that tools can point at it; the message already contains them.
     """
 
     def __init__(
@@ -23,20 +23,28 @@ class GraphError(ValueError):
         node: str | None = None,
         tensor: str | None = None,
         path: str | None = None,
+        file: str | None = None,
     ) -> None:
         where = []
         if path is not None:
             where.append(path)
         if node is not None:
             where.append(f"node '{node}'")
-        if tensor is not None and (node is None or f"'{tensor}'" not in message):
+        if tensor is not None and f"'{tensor}'" not in message:
             where.append(f"tensor '{tensor}'")
-        prefix = ", ".join(where)
-        super().__init__(f"{prefix}: {message}" if prefix else message)
+        located = f"{', '.join(where)}: {message}" if where else message
+        super().__init__(f"{file}: {located}" if file is not None else located)
         self.node = node
         self.tensor = tensor
         self.path = path
+        self.file = file
         self.reason = message
+
+    def located(self, **where: str | None) -> GraphError:
+        """The same error with more of its location filled in."""
+        fields = {"node": self.node, "tensor": self.tensor, "path": self.path, "file": self.file}
+        fields.update({key: value for key, value in where.items() if value is not None})
+        return type(self)(self.reason, **fields)
 
 
 class UnknownOpError(GraphError):
@@ -49,6 +57,10 @@ class AttributeValueError(GraphError):
 
 class ShapeError(GraphError):
     """Dims do not agree: a mismatch, a broadcast that fails, a bad rank."""
+
+
+class UndeclaredDimsError(ShapeError):
+    """An op output's dims cannot be inferred and the user has not declared them yet."""
 
 
 class StrideError(GraphError):

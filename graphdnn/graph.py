@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import DataType, as_data_type
-from .errors import GraphError, StructureError
+from .errors import GraphError, StructureError, UndeclaredDimsError
 from .ir import Graph
 from .layout import packed_strides
+from .ops import OpMethods
 from .ops.attributes import Attributes
 from .ops.base import Inferred, get_op
-from .ops import OpMethods
 from .tensor import Scalar, TensorSpec
 
 if TYPE_CHECKING:
@@ -189,46 +189,59 @@ class OperationGraphSpec(OpMethods):
         name: str | None = None,
         compute_data_type: Any = None,
         declared: Mapping[str, Sequence[int]] | None = None,
+        outputs: Mapping[str, TensorSpec] | None = None,
         infer: bool = True,
     ) -> list[TensorSpec | None]:
         """Add a node; return its outputs in the op's output-role order (None if absent).
 
         ``declared`` gives dims for outputs the op cannot infer (a reduction's, say). Op
-        methods call this; so does the JSON reader, with ``infer=False`` so that all
-        checking happens in validation, where errors carry the file position.
+        methods call this; so does the JSON reader, with existing ``outputs`` and
+        ``infer=False``, so that all checking happens in validation.
         """
         op = get_op(kind, node=name)
         node_name = self._fresh_node_name(name, kind)
-        if attributes is None:
-            attributes = {}
-        attrs = (
-            attributes
-            if isinstance(attributes, op.attributes)
-            else op.attributes.build(dict(attributes), node=node_name)
-        )
-        bound = self._bind_inputs(op, node_name, inputs)
-        present = op.present_outputs(attrs, frozenset(bound))
-        outputs = {
-            role.name: self._new_tensor(f"{node_name}::{role.name}", dim=None, stride=None, data_type=None, is_virtual=True)
-            for role in op.outputs
-            if role.name in present
-        }
-        node = NodeSpec(
-            name=node_name,
-            op=kind,
-            inputs=bound,
-            outputs=outputs,
-            attributes=attrs,
-            compute_data_type=as_data_type(compute_data_type, what="compute_data_type"),
-        )
-        for role, spec in outputs.items():
+        if isinstance(attributes, op.attributes):
+            attrs = attributes
+        elif isinstance(attributes, Attributes):
+            raise StructureError(
+                f"{op.kind} takes {op.attributes.__name__}, not {type(attributes).__name__}", node=node_name
+            )
+        else:
+            attrs = op.attributes.build(dict(attributes or {}), node=node_name)
+        first_new_tensor = len(self._tensors)
+        try:  # a call that fails leaves the graph as it was (no half-added node, no stray scalars)
+            bound = self._bind_inputs(op, node_name, inputs)
+            if outputs is None:
+                present = op.present_outputs(attrs, frozenset(bound))
+                outputs = {
+                    role.name: self._new_tensor(
+                        f"{node_name}::{role.name}", dim=None, stride=None, data_type=None, is_virtual=True
+                    )
+                    for role in op.outputs
+                    if role.name in present
+                }
+            node = NodeSpec(
+                name=node_name,
+                op=kind,
+                inputs=bound,
+                outputs=dict(outputs),
+                attributes=attrs,
+                compute_data_type=as_data_type(compute_data_type, what="compute_data_type"),
+            )
+            for role, spec in outputs.items():
+                if declared and role in declared:
+                    spec.set_dim(declared[role])
+            if infer:
+                self._infer_eagerly(node)
+        except GraphError:
+            for spec in self._tensors[first_new_tensor:]:
+                del self._tensor_names[spec.name]
+            del self._tensors[first_new_tensor:]
+            raise
+        for spec in outputs.values():
             spec._producer = node_name
-            if declared and role in declared:
-                spec.set_dim(declared[role])
         self._nodes.append(node)
         self._node_names.add(node_name)
-        if infer:
-            self._infer_eagerly(node)
         return [outputs.get(role.name) for role in op.outputs]
 
     def _fresh_node_name(self, name: str | None, kind: str) -> str:
@@ -286,9 +299,10 @@ class OperationGraphSpec(OpMethods):
 
         if any(t.dim is None for t in node.input_tensors()):
             return  # an input's dims are declared later; validation will infer
-        if any(node.outputs[r].dim is None for r in node.definition.declared_outputs if r in node.outputs):
+        try:
+            inferred: dict[str, Inferred] = infer_node(self, node)
+        except UndeclaredDimsError:
             return  # the user declares these dims later (set_dim); validation will check
-        inferred: dict[str, Inferred] = infer_node(self, node)
         for role, spec in node.outputs.items():
             if role not in inferred:
                 continue
@@ -327,4 +341,3 @@ class OperationGraphSpec(OpMethods):
 
     def __repr__(self) -> str:
         return f"OperationGraphSpec({self.name!r}, {len(self._nodes)} nodes, {len(self._tensors)} tensors)"
-

@@ -150,9 +150,7 @@ class Graph:
     @cached_property
     def inputs(self) -> tuple[Tensor, ...]:
         """Tensors the caller supplies: non-virtual, written by no node, not constants."""
-        return tuple(
-            t for t in self.tensors if t.id not in self._producers and not t.is_virtual and not t.is_constant
-        )
+        return tuple(t for t in self.tensors if t.id not in self._producers and not t.is_virtual and not t.is_constant)
 
     @cached_property
     def outputs(self) -> tuple[Tensor, ...]:

@@ -25,18 +25,18 @@ class TensorSpec:
     """
 
     __slots__ = (
-        "_graph",
-        "_name",
-        "_dim",
-        "_stride",
         "_data_type",
-        "_is_virtual",
-        "_is_pass_by_value",
-        "_value",
-        "_uid",
+        "_dim",
         "_dim_is_set",
-        "_stride_is_set",
+        "_graph",
+        "_is_pass_by_value",
+        "_is_virtual",
+        "_name",
         "_producer",
+        "_stride",
+        "_stride_is_set",
+        "_uid",
+        "_value",
     )
 
     def __init__(

@@ -8,8 +8,8 @@ tensor's dims, strides and type against it, and the wiring of the whole graph
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .dtypes import DataType
@@ -29,6 +29,8 @@ def validate(spec: OperationGraphSpec) -> Graph:
         value: DataType = getattr(spec, what)
         if value.is_set and not value.is_floating:
             raise DataTypeError(f"graph '{spec.name}': {what} must be a floating type, not {value.value}")
+    for node_spec in spec.nodes:
+        _check_output_roles(node_spec)
     ids = {t: index for index, t in enumerate(spec.tensors)}
     writer = _writers(spec)
     order = _topological_order(spec, writer)
@@ -70,7 +72,7 @@ def validate(spec: OperationGraphSpec) -> Graph:
 
 def infer_node(spec: OperationGraphSpec, node_spec: NodeSpec) -> dict[str, Inferred]:
     """Run a node's inference on the current (unvalidated) input dims, for eager feedback."""
-    inputs = {}
+    inputs: dict[str, Tensor | tuple[Tensor, ...]] = {}
     for role, bound in node_spec.inputs.items():
         if isinstance(bound, tuple):
             inputs[role] = tuple(_provisional(t) for t in bound)
@@ -127,9 +129,7 @@ def _topological_order(spec: OperationGraphSpec, writer: dict[TensorSpec, NodeSp
 def _check_outputs_and_liveness(spec: OperationGraphSpec, nodes: list[Node], tensors: tuple[Tensor, ...]) -> None:
     outputs = [t for node in nodes for t in node.output_tensors() if not t.is_virtual]
     if not outputs:
-        raise StructureError(
-            f"graph '{spec.name}' has no output: call set_output(True) on the tensors you need"
-        )
+        raise StructureError(f"graph '{spec.name}' has no output: call set_output(True) on the tensors you need")
     live_tensors = {t.id for t in outputs}
     live_nodes: set[int] = set()
     for node in reversed(nodes):
@@ -173,7 +173,9 @@ def _resolve_input(t: TensorSpec, tensor_id: int) -> Tensor:
     _check_layout(t.name, t.dim, t.stride if t.stride is not None else packed_strides(t.dim))
     data_type = _resolved_type(t, "graph input")
     if t.is_pass_by_value and len(t.dim) and numel(t.dim) != 1:
-        raise ShapeError(f"pass-by-value tensor '{t.name}' has {numel(t.dim)} elements; it must hold one", tensor=t.name)
+        raise ShapeError(
+            f"pass-by-value tensor '{t.name}' has {numel(t.dim)} elements; it must hold one", tensor=t.name
+        )
     return Tensor(
         id=tensor_id,
         name=t.name,
@@ -192,8 +194,7 @@ def _resolved_type(t: TensorSpec, what: str) -> DataType:
     if not data_type.is_set:
         default = "intermediate_data_type" if t.is_virtual else "io_data_type"
         raise DataTypeError(
-            f"{what} '{t.name}' has no data type: set one (data_type= or set_data_type) "
-            f"or give the graph an {default}",
+            f"{what} '{t.name}' has no data type: set one (data_type= or set_data_type) or give the graph an {default}",
             tensor=t.name,
         )
     return data_type
@@ -205,7 +206,7 @@ def _check_layout(name: str, dim: Iterable[int], stride: Iterable[int]) -> None:
         check_dims(dim)
         check_strides(dim, stride)
     except GraphError as error:
-        raise type(error)(error.reason, tensor=name) from None
+        raise error.located(tensor=name) from None
 
 
 def _provisional(t: TensorSpec) -> Tensor:
@@ -238,23 +239,17 @@ def _resolve_node(
     if not compute.is_floating:
         raise DataTypeError(f"compute_data_type must be a floating type, not {compute.value}", node=node_spec.name)
     node = _partial_node(node_spec, index, inputs, compute)
-    expected = op.present_outputs(node_spec.attributes, frozenset(node_spec.inputs))
-    missing = sorted(expected - set(node_spec.outputs))
-    extra = sorted(set(node_spec.outputs) - expected)
-    if missing or extra:
-        problem = f"missing output '{missing[0]}'" if missing else f"unexpected output '{extra[0]}'"
-        raise StructureError(f"{problem} for {op.kind} (outputs: {', '.join(sorted(expected))})", node=node.name)
     inferred = _infer(op, node, node_spec)
     outputs = []
-    for role in op.outputs:
-        if role.name not in node_spec.outputs:
+    for output in op.outputs:
+        if output.name not in node_spec.outputs:
             continue
-        t = node_spec.outputs[role.name]
-        if role.name not in inferred:
-            raise StructureError(f"output '{role.name}' is not produced by this {op.kind}", node=node.name)
-        tensor = _resolve_output(node.name, op, role.name, t, inferred[role.name], ids[t])
+        t = node_spec.outputs[output.name]
+        if output.name not in inferred:
+            raise StructureError(f"output '{output.name}' is not produced by this {op.kind}", node=node.name)
+        tensor = _resolve_output(node.name, op, output.name, t, inferred[output.name], ids[t])
         resolved[t] = tensor
-        outputs.append((role.name, tensor))
+        outputs.append((output.name, tensor))
     return Node(
         id=index,
         name=node.name,
@@ -264,6 +259,16 @@ def _resolve_node(
         attributes=node.attributes,
         compute_data_type=compute,
     )
+
+
+def _check_output_roles(node_spec: NodeSpec) -> None:
+    op = node_spec.definition
+    expected = op.present_outputs(node_spec.attributes, frozenset(node_spec.inputs))
+    missing = sorted(expected - set(node_spec.outputs))
+    extra = sorted(set(node_spec.outputs) - expected)
+    if missing or extra:
+        problem = f"missing output '{missing[0]}'" if missing else f"unexpected output '{extra[0]}'"
+        raise StructureError(f"{problem} for {op.kind} (outputs: {', '.join(sorted(expected))})", node=node_spec.name)
 
 
 def _partial_node(
@@ -347,4 +352,3 @@ def _rebind(node: Node, by_id: dict[int, Tensor]) -> Node:
         attributes=node.attributes,
         compute_data_type=node.compute_data_type,
     )
-

@@ -6,10 +6,17 @@ reference semantics) and the builder methods that add them to a graph.
 
 from .base import Category, Inferred, Op, Role, get_op, op_kinds
 from .conv import ConvMethods
+from .matmul import MatmulMethods
+from .norms import NormMethods
 from .pointwise import PointwiseMethods
+from .pooling import PoolingMethods
+from .reduction import ReductionMethods
+from .shape import ShapeMethods
 
 
-class OpMethods(ConvMethods, PointwiseMethods):
+class OpMethods(
+    ConvMethods, MatmulMethods, NormMethods, PointwiseMethods, PoolingMethods, ReductionMethods, ShapeMethods
+):
     """Every op method of :class:`~graphdnn.OperationGraphSpec`."""
 
 

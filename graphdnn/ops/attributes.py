@@ -29,18 +29,14 @@ class Attributes:
     """Base of every op's attribute dataclass."""
 
     @classmethod
-    def build(
-        cls, raw: Mapping[str, Any], *, node: str | None = None, path: str | None = None
-    ) -> Self:
+    def build(cls, raw: Mapping[str, Any], *, node: str | None = None, path: str | None = None) -> Self:
         """Check and convert ``raw`` values; unknown or missing names are errors."""
-        hints = _field_types(cls)
+        hints = _field_types(typing.cast(type, cls))
         unknown = sorted(set(raw) - set(hints))
         if unknown:
             where = _join(path, unknown[0])
             expected = ", ".join(hints) or "none"
-            raise AttributeValueError(
-                f"unknown attribute '{unknown[0]}' (expected: {expected})", node=node, path=where
-            )
+            raise AttributeValueError(f"unknown attribute '{unknown[0]}' (expected: {expected})", node=node, path=where)
         values = {}
         for field in dataclasses.fields(cls):
             where = _join(path, field.name)
@@ -110,10 +106,10 @@ def coerce(annotation: Any, value: Any, name: str, node: str | None, path: str |
         if isinstance(value, bool) or not hasattr(value, "__index__"):
             fail("an integer")
         if abs(int(value)) > MAX_INT:
-            fail(f"an integer of magnitude at most 2**62")
+            fail("an integer of magnitude at most 2**62")
         return int(value)
     if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
             fail("a number")
         try:
             number = float(value)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import numpy as np
 
-from ..errors import AttributeValueError, ShapeError, UnknownOpError
+from ..errors import AttributeValueError, ShapeError, UndeclaredDimsError, UnknownOpError
 from .attributes import Attributes, NoAttributes
 
 if TYPE_CHECKING:
@@ -136,6 +136,11 @@ def fail(node: Node, message: str, *, role: str | None = None) -> NoReturn:
         bound = node.input(role) if any(r == role for r, _ in node.inputs) else None
         tensor = bound.name if bound is not None else None
     raise ShapeError(message, node=node.name, tensor=tensor)
+
+
+def need_declared(node: Node, message: str) -> NoReturn:
+    """Raise when an output's dims cannot be inferred and were not declared (set_dim)."""
+    raise UndeclaredDimsError(message, node=node.name)
 
 
 def fail_attribute(node: Node, message: str) -> NoReturn:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..layout import stride_order
 from .attributes import Attributes
-from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
+from .base import Category, Inferred, Op, Role, fail, fail_attribute, need_declared, register
 
 if TYPE_CHECKING:
     from ..ir import Node, Tensor
@@ -43,8 +43,13 @@ def output_extent(extent: int, filt: int, pre: int, post: int, stride: int, dila
     return (extent + pre + post - dilation * (filt - 1) - 1) // stride + 1
 
 
+def conv_attrs(node: Node) -> ConvAttributes:
+    assert isinstance(node.attributes, ConvAttributes)
+    return node.attributes
+
+
 def _check_attributes(node: Node, spatial: int) -> ConvAttributes:
-    a: ConvAttributes = node.attributes  # type: ignore[assignment]
+    a = conv_attrs(node)
     for name in ("pre_padding", "post_padding", "stride", "dilation"):
         values = getattr(a, name)
         if len(values) != spatial:
@@ -79,7 +84,9 @@ def _groups(node: Node, channels: int, weight: Tensor, what: str) -> int:
 
 def _spatial_out(node: Node, a: ConvAttributes, in_spatial: Sequence[int], filt: Sequence[int]) -> tuple[int, ...]:
     out = []
-    for axis, (x, f, lo, hi, s, d) in enumerate(zip(in_spatial, filt, a.pre_padding, a.post_padding, a.stride, a.dilation)):
+    for axis, (x, f, lo, hi, s, d) in enumerate(
+        zip(in_spatial, filt, a.pre_padding, a.post_padding, a.stride, a.dilation)
+    ):
         extent = output_extent(x, f, lo, hi, s, d)
         if extent < 1:
             fail(node, f"spatial dim {axis}: filter {f} (dilation {d}) does not fit input {x} padded by {lo}+{hi}")
@@ -108,9 +115,9 @@ class ConvFprop(Op):
         image, weight = x["image"], _oriented(node, x["weight"])
         y_dim = node.output("y").dim  # type: ignore[union-attr]
         groups = image.shape[1] // weight.shape[1]
-        padded = _pad(image, node.attributes)
+        padded = _pad(image, conv_attrs(node))
         y = np.zeros(y_dim)
-        for tap, window in _taps(node.attributes, weight.shape[2:], y_dim[2:]):
+        for tap, window in _taps(conv_attrs(node), weight.shape[2:], y_dim[2:]):
             xs = _grouped(padded[window], groups)  # [N, G, Cg, *out]
             ws = weight[(slice(None), slice(None), *tap)].reshape(groups, -1, weight.shape[1])  # [G, Kg, Cg]
             y += np.einsum("ngc...,gkc->ngk...", xs, ws, optimize=True).reshape(y_dim)
@@ -139,7 +146,9 @@ class ConvDgrad(Op):
         if dx is None:
             in_spatial = [
                 (o - 1) * s - lo - hi + d * (f - 1) + 1
-                for o, f, lo, hi, s, d in zip(dy.dim[2:], w.dim[2:], a.pre_padding, a.post_padding, a.stride, a.dilation)
+                for o, f, lo, hi, s, d in zip(
+                    dy.dim[2:], w.dim[2:], a.pre_padding, a.post_padding, a.stride, a.dilation
+                )
             ]
             if any(extent < 1 for extent in in_spatial):
                 fail(node, f"no input size gives loss dims {list(dy.dim)} with these padding and filter sizes")
@@ -149,13 +158,15 @@ class ConvDgrad(Op):
         _groups(node, dx[1], w, "dx")
         out = _spatial_out(node, a, dx[2:], w.dim[2:])
         if out != tuple(dy.dim[2:]):
-            fail(node, f"a convolution of dx {list(dx)} gives spatial dims {list(out)}, but loss has {list(dy.dim[2:])}")
+            fail(
+                node, f"a convolution of dx {list(dx)} gives spatial dims {list(out)}, but loss has {list(dy.dim[2:])}"
+            )
         return {"dx": Inferred(tuple(dx), stride_order(dy.dim, dy.stride))}
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         dy, weight = x["loss"], _oriented(node, x["filter"])
         dx_dim = node.output("dx").dim  # type: ignore[union-attr]
-        a: ConvAttributes = node.attributes  # type: ignore[assignment]
+        a = conv_attrs(node)
         groups = dx_dim[1] // weight.shape[1]
         padded_dim = [d + lo + hi for d, lo, hi in zip(dx_dim[2:], a.pre_padding, a.post_padding)]
         dx_padded = np.zeros((dx_dim[0], dx_dim[1], *padded_dim))
@@ -186,7 +197,9 @@ class ConvWgrad(Op):
         a = _check_attributes(node, spatial)
         dw = declared.get("dw")
         if dw is None:
-            fail(node, "the filter dims of conv_wgrad cannot be inferred: pass filter_dim= or call set_dim on dw")
+            need_declared(
+                node, "the filter dims of conv_wgrad cannot be inferred: pass filter_dim= or call set_dim on dw"
+            )
         if len(dw) != len(x.dim) or dw[0] != dy.dim[1]:
             fail(node, f"dw dims {list(dw)} need rank {len(x.dim)} and {dy.dim[1]} output channels (from loss)")
         if x.dim[0] != dy.dim[0]:
@@ -196,17 +209,20 @@ class ConvWgrad(Op):
             fail(node, f"dw dims {list(dw)} do not divide image's {x.dim[1]} channels into groups")
         out = _spatial_out(node, a, x.dim[2:], dw[2:])
         if out != tuple(dy.dim[2:]):
-            fail(node, f"a convolution with filter {list(dw)} gives spatial dims {list(out)}, but loss has {list(dy.dim[2:])}")
+            fail(
+                node,
+                f"a convolution with filter {list(dw)} gives spatial dims {list(out)}, but loss has {list(dy.dim[2:])}",
+            )
         return {"dw": Inferred(tuple(dw), stride_order(x.dim, x.stride))}
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         image, dy = x["image"], x["loss"]
         dw_dim = node.output("dw").dim  # type: ignore[union-attr]
         groups = image.shape[1] // dw_dim[1]
-        padded = _pad(image, node.attributes)
+        padded = _pad(image, conv_attrs(node))
         dys = _grouped(dy, groups)  # [N, G, Kg, *out]
         dw = np.zeros(dw_dim)
-        for tap, window in _taps(node.attributes, dw_dim[2:], dy.shape[2:]):
+        for tap, window in _taps(conv_attrs(node), dw_dim[2:], dy.shape[2:]):
             xs = _grouped(padded[window], groups)  # [N, G, Cg, *out]
             dw[(slice(None), slice(None), *tap)] = np.einsum("ngk...,ngc...->gkc", dys, xs, optimize=True).reshape(
                 dw_dim[0], dw_dim[1]
@@ -217,7 +233,7 @@ class ConvWgrad(Op):
 # -- reference helpers -------------------------------------------------------------------
 def _oriented(node: Node, weight: np.ndarray) -> np.ndarray:
     """The filter as cross-correlation uses it (flipped for true convolution)."""
-    if node.attributes.convolution_mode is ConvMode.CONVOLUTION:  # type: ignore[attr-defined]
+    if conv_attrs(node).convolution_mode is ConvMode.CONVOLUTION:
         return weight[(slice(None), slice(None), *[slice(None, None, -1)] * (weight.ndim - 2))]
     return weight
 
@@ -229,9 +245,7 @@ def _pad(image: np.ndarray, a: ConvAttributes) -> np.ndarray:
 def _taps(a: ConvAttributes, filt: Sequence[int], out: Sequence[int]) -> Any:
     """For each filter position: its index and the strided window of the padded input it sees."""
     for tap in itertools.product(*(range(f) for f in filt)):
-        window = tuple(
-            slice(t * d, t * d + s * (o - 1) + 1, s) for t, d, s, o in zip(tap, a.dilation, a.stride, out)
-        )
+        window = tuple(slice(t * d, t * d + s * (o - 1) + 1, s) for t, d, s, o in zip(tap, a.dilation, a.stride, out))
         yield tap, (slice(None), slice(None), *window)
 
 
@@ -286,8 +300,12 @@ class ConvMethods:
         name: str | None = None,
     ) -> TensorSpec:
         """y = image (*) weight. ``padding`` sets both sides; pre/post override it."""
-        attrs = conv_attributes(_spatial_rank(weight), padding, pre_padding, post_padding, stride, dilation, convolution_mode)
-        return self._add_node("conv_fprop", {"image": image, "weight": weight}, attrs, name=name, compute_data_type=compute_data_type)[0]
+        attrs = conv_attributes(
+            _spatial_rank(weight), padding, pre_padding, post_padding, stride, dilation, convolution_mode
+        )
+        return self._add_node(
+            "conv_fprop", {"image": image, "weight": weight}, attrs, name=name, compute_data_type=compute_data_type
+        )[0]
 
     def conv_dgrad(
         self,
@@ -304,10 +322,17 @@ class ConvMethods:
         name: str | None = None,
     ) -> TensorSpec:
         """dx from dy. ``image_dim`` picks dx's dims where the stride makes them ambiguous."""
-        attrs = conv_attributes(_spatial_rank(filter), padding, pre_padding, post_padding, stride, dilation, convolution_mode)
+        attrs = conv_attributes(
+            _spatial_rank(filter), padding, pre_padding, post_padding, stride, dilation, convolution_mode
+        )
         declared = {"dx": image_dim} if image_dim is not None else None
         return self._add_node(
-            "conv_dgrad", {"loss": loss, "filter": filter}, attrs, name=name, compute_data_type=compute_data_type, declared=declared
+            "conv_dgrad",
+            {"loss": loss, "filter": filter},
+            attrs,
+            name=name,
+            compute_data_type=compute_data_type,
+            declared=declared,
         )[0]
 
     def conv_wgrad(
@@ -325,8 +350,15 @@ class ConvMethods:
         name: str | None = None,
     ) -> TensorSpec:
         """dw from x and dy. Give ``filter_dim`` here or call ``set_dim`` on the result."""
-        attrs = conv_attributes(_spatial_rank(image), padding, pre_padding, post_padding, stride, dilation, convolution_mode)
+        attrs = conv_attributes(
+            _spatial_rank(image), padding, pre_padding, post_padding, stride, dilation, convolution_mode
+        )
         declared = {"dw": filter_dim} if filter_dim is not None else None
         return self._add_node(
-            "conv_wgrad", {"image": image, "loss": loss}, attrs, name=name, compute_data_type=compute_data_type, declared=declared
+            "conv_wgrad",
+            {"image": image, "loss": loss},
+            attrs,
+            name=name,
+            compute_data_type=compute_data_type,
+            declared=declared,
         )[0]

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import special
 
+from ..layout import stride_order
 from .attributes import Attributes, NoAttributes
 from .base import Category, Inferred, Op, Role, broadcast_dims, register
-from ..layout import stride_order
 
 if TYPE_CHECKING:
     from ..ir import Node
@@ -132,7 +132,9 @@ class PointwiseOp(Op):
         return {"y": np.broadcast_to(y, out_dim).astype(np.float64)}
 
 
-def _define(kind: str, roles: tuple[str, ...], attrs: type[Attributes], activation: bool, fn: Callable[..., Any]) -> None:
+def _define(
+    kind: str, roles: tuple[str, ...], attrs: type[Attributes], activation: bool, fn: Callable[..., Any]
+) -> None:
     if len(roles) == 1:
         evaluate = staticmethod(lambda values, attributes: fn(values[0], attributes))
     else:
@@ -152,7 +154,9 @@ for _kind, (_attrs, _activation, _fn) in _UNARY.items():
     _define(_kind, ("input",), _attrs, _activation, _fn)
 for _kind, (_roles, _fn) in _BINARY.items():
     _define(_kind, _roles, NoAttributes, False, _fn)
-_define("binary_select", ("input0", "input1", "mask"), NoAttributes, False, lambda a, b, mask: np.where(mask != 0, a, b))
+_define(
+    "binary_select", ("input0", "input1", "mask"), NoAttributes, False, lambda a, b, mask: np.where(mask != 0, a, b)
+)
 
 UNARY_KINDS = frozenset(_UNARY)
 BINARY_KINDS = frozenset(_BINARY)
@@ -164,59 +168,100 @@ class PointwiseMethods:
 
     _add_node: Callable[..., list[Any]]
 
-    def _pointwise(self, kind: str, inputs: dict[str, Any], name: str | None, compute_data_type: Any, **attrs: Any) -> TensorSpec:
+    def _pointwise(
+        self, kind: str, inputs: dict[str, Any], name: str | None, compute_data_type: Any, **attrs: Any
+    ) -> TensorSpec:
         return self._add_node(kind, inputs, attrs, name=name, compute_data_type=compute_data_type)[0]
 
     # binary arithmetic
-    def add(self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def add(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("add", {"a": a, "b": b}, name, compute_data_type)
 
-    def sub(self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def sub(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("sub", {"a": a, "b": b}, name, compute_data_type)
 
-    def mul(self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def mul(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("mul", {"a": a, "b": b}, name, compute_data_type)
 
-    def div(self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def div(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("div", {"a": a, "b": b}, name, compute_data_type)
 
-    def max(self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def max(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("max", {"a": a, "b": b}, name, compute_data_type)
 
-    def min(self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def min(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("min", {"a": a, "b": b}, name, compute_data_type)
 
-    def pow(self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def pow(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("pow", {"a": a, "b": b}, name, compute_data_type)
 
-    def scale(self, input: TensorSpec, scale: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def scale(
+        self, input: TensorSpec, scale: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("scale", {"input": input, "scale": scale}, name, compute_data_type)
 
-    def bias(self, input: TensorSpec, bias: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def bias(
+        self, input: TensorSpec, bias: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("bias", {"input": input, "bias": bias}, name, compute_data_type)
 
     # comparisons: 1 where true, 0 where false, in the output's type
-    def cmp_eq(self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def cmp_eq(
+        self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("cmp_eq", {"input": input, "comparison": comparison}, name, compute_data_type)
 
-    def cmp_neq(self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def cmp_neq(
+        self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("cmp_neq", {"input": input, "comparison": comparison}, name, compute_data_type)
 
-    def cmp_gt(self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def cmp_gt(
+        self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("cmp_gt", {"input": input, "comparison": comparison}, name, compute_data_type)
 
-    def cmp_ge(self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def cmp_ge(
+        self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("cmp_ge", {"input": input, "comparison": comparison}, name, compute_data_type)
 
-    def cmp_lt(self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def cmp_lt(
+        self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("cmp_lt", {"input": input, "comparison": comparison}, name, compute_data_type)
 
-    def cmp_le(self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def cmp_le(
+        self, input: TensorSpec, comparison: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("cmp_le", {"input": input, "comparison": comparison}, name, compute_data_type)
 
-    def binary_select(self, input0: TensorSpec, input1: TensorSpec, mask: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def binary_select(
+        self,
+        input0: TensorSpec,
+        input1: TensorSpec,
+        mask: TensorSpec,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
         """``input0`` where ``mask`` is non-zero, else ``input1``."""
-        return self._pointwise("binary_select", {"input0": input0, "input1": input1, "mask": mask}, name, compute_data_type)
+        return self._pointwise(
+            "binary_select", {"input0": input0, "input1": input1, "mask": mask}, name, compute_data_type
+        )
 
     # unary math
     def identity(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
@@ -257,10 +302,14 @@ class PointwiseMethods:
         set_attrs = {k: v for k, v in attrs.items() if v is not None}
         return self._pointwise("relu", {"input": input}, name, compute_data_type, **set_attrs)
 
-    def leaky_relu(self, input: TensorSpec, negative_slope: float = 0.01, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def leaky_relu(
+        self, input: TensorSpec, negative_slope: float = 0.01, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("leaky_relu", {"input": input}, name, compute_data_type, negative_slope=negative_slope)
 
-    def elu(self, input: TensorSpec, alpha: float = 1.0, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def elu(
+        self, input: TensorSpec, alpha: float = 1.0, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("elu", {"input": input}, name, compute_data_type, alpha=alpha)
 
     def gelu(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
@@ -270,7 +319,9 @@ class PointwiseMethods:
     def gelu_approx_tanh(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
         return self._pointwise("gelu_approx_tanh", {"input": input}, name, compute_data_type)
 
-    def swish(self, input: TensorSpec, swish_beta: float = 1.0, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def swish(
+        self, input: TensorSpec, swish_beta: float = 1.0, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         """x * sigmoid(swish_beta * x); SiLU is swish_beta = 1."""
         return self._pointwise("swish", {"input": input}, name, compute_data_type, swish_beta=swish_beta)
 
@@ -283,5 +334,7 @@ class PointwiseMethods:
     def tanh(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
         return self._pointwise("tanh", {"input": input}, name, compute_data_type)
 
-    def softplus(self, input: TensorSpec, softplus_beta: float = 1.0, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+    def softplus(
+        self, input: TensorSpec, softplus_beta: float = 1.0, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
         return self._pointwise("softplus", {"input": input}, name, compute_data_type, softplus_beta=softplus_beta)

@@ -1,0 +1,120 @@
+"""The ``graphdnn`` command: validate, inspect and run graph files.
+
+Every failure prints one line, ``graphdnn: error: <file>: <where>: <what>``, and exits
+non-zero; no traceback reaches the user for a bad file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from . import reference, serialize
+from .errors import GraphError
+from .graph import OperationGraphSpec
+from .ir import Graph, Tensor
+from .random_inputs import random_inputs
+from .signature import signature
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return command(args)
+    except GraphError as error:
+        print(f"graphdnn: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="graphdnn", description=__doc__.splitlines()[0] if __doc__ else None)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    validate = commands.add_parser("validate", help="check graph files; exit 1 at the first bad one")
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.set_defaults(run=_validate)
+
+    inspect = commands.add_parser("inspect", help="print a graph's nodes, tensor shapes and signature")
+    inspect.add_argument("file", metavar="FILE")
+    inspect.set_defaults(run=_inspect)
+
+    run = commands.add_parser("run", help="run a graph on random inputs and summarise its outputs")
+    run.add_argument("file", metavar="FILE")
+    run.add_argument("--backend", choices=["reference"], default="reference", help="where to run it")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.set_defaults(run=_run)
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> int:
+    for path in args.files:
+        ir = serialize.load(path).validate()
+        print(f"{path}: ok ({len(ir.nodes)} nodes, {len(ir.tensors)} tensors, signature {signature(ir)[:16]})")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    spec: OperationGraphSpec = serialize.load(args.file)
+    ir = spec.validate()
+    print(describe(ir))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    ir = serialize.load(args.file).validate()
+    feeds = random_inputs(ir, args.seed)
+    start = time.perf_counter()
+    outputs = reference.execute(ir, feeds)
+    seconds = time.perf_counter() - start
+    print(f"graph '{ir.name}' on the {args.backend} backend: {len(ir.nodes)} nodes in {seconds * 1e3:.1f} ms")
+    for name, value in outputs.items():
+        data = value.astype(np.float64)
+        finite = np.isfinite(data)
+        print(
+            f"  {name}: {'x'.join(map(str, value.shape))} {value.dtype}  "
+            f"mean {data[finite].mean() if finite.any() else float('nan'):+.4g}  "
+            f"rms {np.sqrt((data[finite] ** 2).mean()) if finite.any() else float('nan'):.4g}  "
+            f"non-finite {int((~finite).sum())}"
+        )
+    return 0
+
+
+def describe(ir: Graph) -> str:
+    """A human-readable listing of a graph: inputs, nodes with shapes, outputs, signature."""
+    lines = [f"graph '{ir.name}'  signature {signature(ir)}"]
+    lines.append(f"  inputs ({len(ir.inputs)}):")
+    lines.extend(f"    {_tensor_line(t)}" for t in ir.inputs)
+    lines.append(f"  nodes ({len(ir.nodes)}):")
+    for node in ir.nodes:
+        ins = ", ".join(
+            f"{role}={'[' + ', '.join(t.name for t in bound) + ']' if isinstance(bound, tuple) else bound.name}"
+            for role, bound in node.inputs
+        )
+        lines.append(f"    {node.name}: {node.op}({ins})  compute {node.compute_data_type.value}")
+        attrs = node.attributes.to_json()
+        if attrs:
+            lines.append("      " + " ".join(f"{k}={v}" for k, v in attrs.items()))
+        for role, t in node.outputs:
+            lines.append(f"      -> {role}: {_tensor_line(t)}")
+    lines.append(f"  outputs ({len(ir.outputs)}):")
+    lines.extend(f"    {_tensor_line(t)}" for t in ir.outputs)
+    return "\n".join(lines)
+
+
+def _tensor_line(t: Tensor) -> str:
+    kind = "virtual" if t.is_virtual else ("constant" if t.is_constant else "")
+    shape = "x".join(map(str, t.dim))
+    extra = f" = {t.value}" if t.is_constant else ""
+    return f"{t.name}: {shape} {t.data_type.value} stride {list(t.stride)} {kind}{extra}".rstrip()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Reductions: ``reduction`` (declared output dims, as in cuDNN), ``softmax`` and ``genstats``.
+
+A reduction's output has the input's rank; each output dim equals the input's or is 1,
+and the axes reduced are those where the output is 1 and the input is not. The output
+dims are the whole specification: no attribute repeats the axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import AttributeValueError
+from ..layout import stride_order
+from .attributes import Attributes
+from .base import Category, Inferred, Op, Role, check_axis, fail, need_declared, register
+from .shape import known_dims
+
+if TYPE_CHECKING:
+    from ..ir import Node
+    from ..tensor import TensorSpec
+
+
+class ReductionMode(enum.Enum):
+    ADD = "add"
+    MUL = "mul"
+    MIN = "min"
+    MAX = "max"
+    AMAX = "amax"  # max |x|
+    AVG = "avg"
+    NORM1 = "norm1"  # sum |x|
+    NORM2 = "norm2"  # sqrt(sum x^2)
+    MUL_NO_ZEROS = "mul_no_zeros"  # product of the non-zero elements; 1 if there are none
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionAttributes(Attributes):
+    mode: ReductionMode
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxAttributes(Attributes):
+    axis: int = -1
+
+
+# mode -> f(x, axes), keeping the reduced axes as size 1
+_REDUCE: dict[ReductionMode, Callable[[np.ndarray, tuple[int, ...]], np.ndarray]] = {
+    ReductionMode.ADD: lambda x, axes: np.sum(x, axis=axes, keepdims=True),
+    ReductionMode.MUL: lambda x, axes: np.prod(x, axis=axes, keepdims=True),
+    ReductionMode.MIN: lambda x, axes: np.min(x, axis=axes, keepdims=True),
+    ReductionMode.MAX: lambda x, axes: np.max(x, axis=axes, keepdims=True),
+    ReductionMode.AMAX: lambda x, axes: np.max(np.abs(x), axis=axes, keepdims=True),
+    ReductionMode.AVG: lambda x, axes: np.mean(x, axis=axes, keepdims=True),
+    ReductionMode.NORM1: lambda x, axes: np.sum(np.abs(x), axis=axes, keepdims=True),
+    ReductionMode.NORM2: lambda x, axes: np.sqrt(np.sum(np.square(x), axis=axes, keepdims=True)),
+    ReductionMode.MUL_NO_ZEROS: lambda x, axes: np.prod(np.where(x == 0, 1.0, x), axis=axes, keepdims=True),
+}
+
+
+@register
+class Reduction(Op):
+    kind = "reduction"
+    category = Category.REDUCTION
+    inputs = (Role("input"),)
+    outputs = (Role("y"),)
+    attributes = ReductionAttributes
+    declared_outputs = frozenset({"y"})
+
+    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+        x = node.input("input")
+        assert x is not None
+        y = declared.get("y")
+        if y is None:
+            need_declared(node, "the output dims of a reduction cannot be inferred: pass axes= or call set_dim on y")
+        expected = f"expected rank {len(x.dim)} with each dim equal to input {list(x.dim)}'s or 1"
+        if len(y) != len(x.dim):
+            fail(node, f"y has dims {list(y)}, {expected}")
+        for axis, (out, extent) in enumerate(zip(y, x.dim)):
+            if out not in (1, extent):
+                fail(node, f"y has dims {list(y)}: dim {axis} is {out}, {expected}")
+        return {"y": Inferred(tuple(y), stride_order(x.dim, x.stride))}
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        value = x["input"]
+        y_dim = node.output("y").dim  # type: ignore[union-attr]
+        axes = tuple(axis for axis, (out, extent) in enumerate(zip(y_dim, value.shape)) if out == 1 != extent)
+        return {"y": _REDUCE[node.attributes.mode](value, axes)}  # type: ignore[attr-defined]
+
+
+@register
+class Softmax(Op):
+    kind = "softmax"
+    category = Category.REDUCTION
+    inputs = (Role("input"),)
+    outputs = (Role("y"),)
+    attributes = SoftmaxAttributes
+
+    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+        x = node.input("input")
+        assert x is not None
+        check_axis(node, node.attributes.axis, len(x.dim))  # type: ignore[attr-defined]
+        return {"y": Inferred(x.dim, stride_order(x.dim, x.stride))}
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        value = x["input"]
+        axis = node.attributes.axis  # type: ignore[attr-defined]
+        # Subtracting the max keeps exp() <= 1: no overflow, and the result is unchanged.
+        e = np.exp(value - np.max(value, axis=axis, keepdims=True))
+        return {"y": e / np.sum(e, axis=axis, keepdims=True)}
+
+
+@register
+class Genstats(Op):
+    """Per-channel (dim 1) sum and sum of squares, as cuDNN's genstats feeds batchnorm."""
+
+    kind = "genstats"
+    category = Category.REDUCTION
+    inputs = (Role("input"),)
+    outputs = (Role("sum"), Role("sq_sum"))
+
+    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+        x = node.input("input")
+        assert x is not None
+        if len(x.dim) < 2:
+            fail(node, f"input has dims {list(x.dim)}; genstats needs rank >= 2 with channels at dim 1", role="input")
+        stats = Inferred(
+            tuple(extent if axis == 1 else 1 for axis, extent in enumerate(x.dim)), stride_order(x.dim, x.stride)
+        )
+        return {"sum": stats, "sq_sum": stats}
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        value = x["input"]
+        axes = tuple(axis for axis in range(value.ndim) if axis != 1)
+        return {
+            "sum": np.sum(value, axis=axes, keepdims=True),
+            "sq_sum": np.sum(np.square(value), axis=axes, keepdims=True),
+        }
+
+
+def _reduced_dims(input: TensorSpec, axes: Sequence[int], node: str | None) -> tuple[int, ...]:
+    """The input's dims with ``axes`` (negative allowed) set to 1."""
+    dim = known_dims(input, "reduction axes=", node)
+    out = list(dim)
+    for axis in axes:
+        if isinstance(axis, bool) or not hasattr(axis, "__index__") or not -len(dim) <= axis < len(dim):
+            raise AttributeValueError(
+                f"reduction axis {axis!r} is out of range for input '{input.name}' of rank {len(dim)}", node=node
+            )
+        out[axis] = 1
+    return tuple(out)
+
+
+class ReductionMethods:
+    _add_node: Callable[..., list[Any]]
+
+    def reduction(
+        self,
+        input: TensorSpec,
+        mode: Any,
+        axes: Sequence[int] | None = None,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        """Reduce ``input`` over ``axes`` (kept as size 1), or over the dims later given by set_dim."""
+        declared = None if axes is None else {"y": _reduced_dims(input, axes, name)}
+        return self._add_node(
+            "reduction",
+            {"input": input},
+            {"mode": mode},
+            name=name,
+            compute_data_type=compute_data_type,
+            declared=declared,
+        )[0]
+
+    def softmax(
+        self, input: TensorSpec, axis: int = -1, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        """exp(x) / sum(exp(x)) along ``axis``."""
+        return self._add_node(
+            "softmax", {"input": input}, {"axis": axis}, name=name, compute_data_type=compute_data_type
+        )[0]
+
+    def genstats(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> list[TensorSpec]:
+        """[sum, sq_sum] per channel, dims [1, C, 1, ...]: the statistics a batchnorm needs."""
+        return self._add_node("genstats", {"input": input}, name=name, compute_data_type=compute_data_type)

@@ -1,0 +1,53 @@
+"""Random inputs for a graph, drawn so that every op sees values inside its domain.
+
+Used by ``graphdnn run``, the tests and the benchmarks: standard normal data, except
+where a consumer needs positive values (variances, square roots, logarithms), and
+never all zeros, which would hide unwritten outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import DataType
+from .ir import Graph, Tensor
+
+# (op kind, input role) pairs whose values must be positive.
+_POSITIVE = {
+    ("log", "input"),
+    ("sqrt", "input"),
+    ("rsqrt", "input"),
+    ("pow", "a"),
+    ("batchnorm", "in_running_var"),
+    ("batchnorm_inference", "inv_variance"),
+    ("batchnorm_backward", "inv_variance"),
+    ("layernorm_backward", "inv_variance"),
+    ("rmsnorm_backward", "inv_variance"),
+}
+
+
+def needs_positive(graph: Graph, tensor: Tensor) -> bool:
+    for node in graph.consumers(tensor):
+        for role, bound in node.inputs:
+            members = bound if isinstance(bound, tuple) else (bound,)
+            if tensor in members and (node.op, role) in _POSITIVE:
+                return True
+    return False
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """An array for every graph input, keyed by name, in the input's data type."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for t in graph.inputs:
+        values: np.ndarray
+        if needs_positive(graph, t):
+            values = rng.uniform(0.5, 2.0, t.dim)
+        elif t.data_type is DataType.BOOLEAN:
+            values = rng.integers(0, 2, t.dim)
+        elif not t.data_type.is_floating:
+            values = rng.integers(-8, 9, t.dim)
+        else:
+            values = rng.standard_normal(t.dim)
+        feeds[t.name] = values.astype(t.data_type.numpy)
+    return feeds

@@ -1,0 +1,376 @@
+"""Graph JSON files: writing, and strict, safe reading.
+
+The format (``"format": "graphdnn.graph"``, ``"version": 1``) is specified in
+docs/json-format.md and by the JSON Schema in ``graphdnn/schema/graph-v1.schema.json``.
+Tensors are referenced by graph-local integer ids, never by name.
+
+Reading never trusts the file: sizes are bounded before anything is built from them,
+every field is type-checked, and every problem is a :class:`FormatError` (or another
+:class:`GraphError`) whose ``path`` is the JSON path of the offending value, e.g.
+``nodes[3].attributes.stride``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .dtypes import as_data_type
+from .errors import DataTypeError, FormatError, GraphError
+from .ir import Graph
+from .layout import MAX_RANK
+from .ops.base import get_op
+
+if TYPE_CHECKING:
+    from .graph import OperationGraphSpec
+    from .tensor import TensorSpec
+
+FORMAT = "graphdnn.graph"
+VERSION = 1
+
+# Bounds on what a file may ask for; far above any real network, far below harm.
+MAX_FILE_BYTES = 64 * 2**20
+MAX_NODES = 65_536
+MAX_TENSORS = 4 * MAX_NODES
+MAX_NAME = 256
+MAX_ID = 2**31 - 1
+
+_GRAPH_KEYS = {
+    "format",
+    "version",
+    "name",
+    "io_data_type",
+    "intermediate_data_type",
+    "compute_data_type",
+    "tensors",
+    "nodes",
+}
+_TENSOR_KEYS = {"id", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "value", "uid"}
+_NODE_KEYS = {"name", "op", "compute_data_type", "inputs", "outputs", "attributes"}
+
+
+# -- writing ----------------------------------------------------------------------------------
+def graph_to_dict(ir: Graph) -> dict[str, Any]:
+    """The JSON document of a validated graph, every field explicit."""
+    tensors = []
+    for t in ir.tensors:
+        entry: dict[str, Any] = {
+            "id": t.id,
+            "name": t.name,
+            "dim": list(t.dim),
+            "stride": list(t.stride),
+            "data_type": t.data_type.value,
+            "is_virtual": t.is_virtual,
+        }
+        if t.is_pass_by_value:
+            entry["is_pass_by_value"] = True
+        if t.value is not None:
+            entry["value"] = t.value
+        if t.uid is not None:
+            entry["uid"] = t.uid
+        tensors.append(entry)
+    nodes = []
+    for node in ir.nodes:
+        inputs: dict[str, Any] = {
+            role: [t.id for t in bound] if isinstance(bound, tuple) else bound.id for role, bound in node.inputs
+        }
+        nodes.append(
+            {
+                "name": node.name,
+                "op": node.op,
+                "compute_data_type": node.compute_data_type.value,
+                "inputs": inputs,
+                "outputs": {role: t.id for role, t in node.outputs},
+                "attributes": node.attributes.to_json(),
+            }
+        )
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": ir.name,
+        "io_data_type": ir.io_data_type.value,
+        "intermediate_data_type": ir.intermediate_data_type.value,
+        "compute_data_type": ir.compute_data_type.value,
+        "tensors": tensors,
+        "nodes": nodes,
+    }
+
+
+def graph_to_json(ir: Graph, *, indent: int | None = 2) -> str:
+    """JSON text; with ``indent``, one tensor or node per line, for readable diffs."""
+    document = graph_to_dict(ir)
+    if indent is None:
+        return json.dumps(document, separators=(",", ":"))
+    pad = " " * indent
+    lines = ["{"]
+    for key, value in document.items():
+        if isinstance(value, list):
+            items = [f"{pad * 2}{json.dumps(item)}" for item in value]
+            body = ",\n".join(items)
+            lines.append(f'{pad}"{key}": [\n{body}\n{pad}],' if items else f'{pad}"{key}": [],')
+        else:
+            lines.append(f"{pad}{json.dumps(key)}: {json.dumps(value)},")
+    lines[-1] = lines[-1].rstrip(",")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def save(graph: OperationGraphSpec | Graph, path: str | os.PathLike[str]) -> None:
+    """Validate ``graph`` and write it to ``path`` as a graph JSON file."""
+    ir = graph if isinstance(graph, Graph) else graph.validate()
+    Path(path).write_text(graph_to_json(ir) + "\n", encoding="utf-8")
+
+
+# -- reading ----------------------------------------------------------------------------------
+def load(path: str | os.PathLike[str]) -> OperationGraphSpec:
+    """Read and validate a graph file. Errors name the file and the JSON path."""
+    file = Path(path)
+    try:
+        size = file.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise FormatError(f"file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit", file=str(file))
+        data = file.read_bytes()
+    except OSError as error:
+        raise FormatError(f"cannot read: {error.strerror or error}", file=str(file)) from None
+    try:
+        return spec_from_json(data)
+    except GraphError as error:
+        raise error.located(file=str(file)) from None
+
+
+def spec_from_json(text: str | bytes) -> OperationGraphSpec:
+    """Build and validate the graph a JSON text describes."""
+    document = _parse(text)
+    return _Reader().read(document)
+
+
+def _parse(text: str | bytes) -> Any:
+    if isinstance(text, bytes):
+        if len(text) > MAX_FILE_BYTES:
+            raise FormatError(f"input is {len(text)} bytes, over the {MAX_FILE_BYTES}-byte limit")
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise FormatError(f"not UTF-8 text (byte {error.start})") from None
+    if not isinstance(text, str):
+        raise FormatError(f"expected JSON text, got {type(text).__name__}")
+    if len(text) > MAX_FILE_BYTES:
+        raise FormatError(f"input is {len(text)} characters, over the {MAX_FILE_BYTES} limit")
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+    except json.JSONDecodeError as error:
+        raise FormatError(f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
+    except RecursionError:
+        raise FormatError("JSON nested too deeply") from None
+    except ValueError as error:  # duplicate keys, NaN, integers with too many digits
+        raise FormatError(f"invalid JSON: {error}") from None
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+class _Reader:
+    """Turns a parsed document into a validated OperationGraphSpec, checking as it goes."""
+
+    def read(self, doc: Any) -> OperationGraphSpec:
+        from .graph import OperationGraphSpec
+
+        _expect(isinstance(doc, dict), "$", "the document must be a JSON object")
+        _no_unknown_keys(doc, _GRAPH_KEYS, "$")
+        fmt = doc.get("format")
+        _expect(fmt == FORMAT, "format", f"must be {FORMAT!r}, got {_short(fmt)}")
+        version = doc.get("version")
+        _expect(
+            isinstance(version, int) and not isinstance(version, bool),
+            "version",
+            f"must be an integer, got {_short(version)}",
+        )
+        _expect(version == VERSION, "version", f"unsupported version {version}; this graphdnn reads version {VERSION}")
+        name = doc.get("name", "graph")
+        _expect(isinstance(name, str) and 0 < len(name) <= MAX_NAME, "name", "must be a non-empty string")
+        graph = OperationGraphSpec(
+            name=name,
+            io_data_type=_data_type(doc.get("io_data_type"), "io_data_type"),
+            intermediate_data_type=_data_type(doc.get("intermediate_data_type", "float"), "intermediate_data_type"),
+            compute_data_type=_data_type(doc.get("compute_data_type", "float"), "compute_data_type"),
+        )
+        tensors = self._tensors(graph, doc.get("tensors"))
+        node_paths = self._nodes(graph, doc.get("nodes"), tensors)
+        tensor_paths = {spec.name: path for path, spec in tensors.values()}
+        try:
+            graph.validate()
+        except GraphError as error:
+            if error.path is not None:
+                raise
+            path = node_paths.get(error.node or "") or tensor_paths.get(error.tensor or "")
+            raise error.located(path=path) from None
+        return graph
+
+    def _tensors(self, graph: OperationGraphSpec, entries: Any) -> dict[int, tuple[str, TensorSpec]]:
+        _expect(isinstance(entries, list), "tensors", "must be a list")
+        _expect(len(entries) <= MAX_TENSORS, "tensors", f"has {len(entries)} entries, over the limit of {MAX_TENSORS}")
+        by_id: dict[int, tuple[str, TensorSpec]] = {}
+        for index, entry in enumerate(entries):
+            path = f"tensors[{index}]"
+            _expect(isinstance(entry, dict), path, "must be an object")
+            _no_unknown_keys(entry, _TENSOR_KEYS, path)
+            tensor_id = _integer(entry.get("id"), f"{path}.id", 0, MAX_ID)
+            _expect(tensor_id not in by_id, f"{path}.id", f"id {tensor_id} is used twice")
+            name = entry.get("name")
+            _expect(
+                name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME),
+                f"{path}.name",
+                f"must be a string of 1 to {MAX_NAME} characters",
+            )
+            dim = _int_list(entry.get("dim"), f"{path}.dim")
+            stride = None if entry.get("stride") is None else _int_list(entry["stride"], f"{path}.stride")
+            is_virtual = _boolean(entry.get("is_virtual", False), f"{path}.is_virtual")
+            by_value = _boolean(entry.get("is_pass_by_value", False), f"{path}.is_pass_by_value")
+            value = entry.get("value")
+            if value is not None:
+                _expect(by_value, f"{path}.value", "only pass-by-value tensors carry a value")
+                _expect(
+                    isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                    f"{path}.value",
+                    f"must be a finite number, got {_short(value)}",
+                )
+            uid = entry.get("uid")
+            if uid is not None:
+                uid = _integer(uid, f"{path}.uid", 0, 2**63 - 1)
+            data_type = _data_type(entry.get("data_type"), f"{path}.data_type")
+            try:
+                spec = graph._new_tensor(
+                    name,
+                    dim=dim,
+                    stride=stride,
+                    data_type=data_type,
+                    is_virtual=is_virtual,
+                    is_pass_by_value=by_value,
+                    value=value,
+                    uid=uid,
+                )
+            except GraphError as error:
+                raise error.located(path=path) from None
+            by_id[tensor_id] = (path, spec)
+        return by_id
+
+    def _nodes(
+        self, graph: OperationGraphSpec, entries: Any, tensors: dict[int, tuple[str, TensorSpec]]
+    ) -> dict[str, str]:
+        _expect(isinstance(entries, list), "nodes", "must be a list")
+        _expect(len(entries) <= MAX_NODES, "nodes", f"has {len(entries)} entries, over the limit of {MAX_NODES}")
+        paths: dict[str, str] = {}
+        for index, entry in enumerate(entries):
+            path = f"nodes[{index}]"
+            _expect(isinstance(entry, dict), path, "must be an object")
+            _no_unknown_keys(entry, _NODE_KEYS, path)
+            kind = entry.get("op")
+            _expect(isinstance(kind, str), f"{path}.op", f"must be an op name, got {_short(kind)}")
+            op = get_op(kind, path=f"{path}.op")
+            name = entry.get("name")
+            _expect(
+                name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME),
+                f"{path}.name",
+                f"must be a string of 1 to {MAX_NAME} characters",
+            )
+            attributes = entry.get("attributes", {})
+            _expect(isinstance(attributes, dict), f"{path}.attributes", "must be an object")
+            inputs = self._bindings(
+                entry.get("inputs"), f"{path}.inputs", tensors, variadic={r.name for r in op.inputs if r.variadic}
+            )
+            outputs = self._bindings(entry.get("outputs"), f"{path}.outputs", tensors, variadic=set())
+            compute_data_type = _data_type(entry.get("compute_data_type"), f"{path}.compute_data_type")
+            try:
+                attrs = op.attributes.build(attributes, node=name, path=f"{path}.attributes")
+                graph._add_node(
+                    kind,
+                    inputs,
+                    attrs,
+                    name=name,
+                    compute_data_type=compute_data_type,
+                    outputs=outputs,
+                    infer=False,
+                )
+            except GraphError as error:
+                raise error.located(path=error.path or path) from None
+            paths[graph.nodes[-1].name] = path
+        return paths
+
+    @staticmethod
+    def _bindings(
+        entry: Any, path: str, tensors: dict[int, tuple[str, TensorSpec]], variadic: set[str]
+    ) -> dict[str, Any]:
+        _expect(isinstance(entry, dict), path, "must be an object mapping roles to tensor ids")
+
+        def tensor(value: Any, where: str) -> TensorSpec:
+            tensor_id = _integer(value, where, 0, MAX_ID)
+            _expect(tensor_id in tensors, where, f"no tensor has id {tensor_id}")
+            return tensors[tensor_id][1]
+
+        bound: dict[str, Any] = {}
+        for role, value in entry.items():
+            where = f"{path}.{role}"
+            if role in variadic:
+                _expect(isinstance(value, list) and len(value) > 0, where, "must be a non-empty list of tensor ids")
+                _expect(len(value) <= MAX_NODES, where, "lists too many tensors")
+                bound[role] = [tensor(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            else:
+                bound[role] = tensor(value, where)
+        return bound
+
+
+# -- field checks -------------------------------------------------------------------------------
+def _expect(condition: bool, path: str, message: str) -> None:
+    if not condition:
+        raise FormatError(message, path=path)
+
+
+def _short(value: Any) -> str:
+    shown = json.dumps(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _no_unknown_keys(entry: dict[str, Any], allowed: set[str], path: str) -> None:
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        raise FormatError(f"unknown field (allowed: {', '.join(sorted(allowed))})", path=f"{path}.{unknown[0]}")
+
+
+def _integer(value: Any, path: str, low: int, high: int) -> int:
+    _expect(isinstance(value, int) and not isinstance(value, bool), path, f"must be an integer, got {_short(value)}")
+    _expect(low <= value <= high, path, f"{value} is outside {low}..{high}")
+    return int(value)
+
+
+def _int_list(value: Any, path: str) -> list[int]:
+    _expect(isinstance(value, list), path, f"must be a list of integers, got {_short(value)}")
+    _expect(1 <= len(value) <= MAX_RANK, path, f"must hold 1 to {MAX_RANK} integers, has {len(value)}")
+    return [_integer(v, f"{path}[{i}]", -(2**62), 2**62) for i, v in enumerate(value)]
+
+
+def _boolean(value: Any, path: str) -> bool:
+    _expect(isinstance(value, bool), path, f"must be true or false, got {_short(value)}")
+    return bool(value)
+
+
+def _data_type(value: Any, path: str) -> Any:
+    if value is None:
+        return None
+    _expect(isinstance(value, str), path, f"must be a data type name, got {_short(value)}")
+    try:
+        return as_data_type(value)
+    except DataTypeError as error:
+        raise FormatError(error.reason, path=path) from None

@@ -1,0 +1,38 @@
+"""Shared fixtures: a seeded generator and a one-call run of the reference backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import graphdnn as gd
+from graphdnn import reference
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A fixed-seed generator, so every random case is reproducible."""
+    return np.random.default_rng(20240611)
+
+
+@pytest.fixture
+def run_random(rng: np.random.Generator) -> Callable[..., tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """Validate a graph, feed every input uniform values in [low, high), run the reference.
+
+    Returns ``(outputs by name, feeds by name)``; pass-by-value runtime scalars get a value too.
+    """
+
+    def run(
+        graph: gd.OperationGraphSpec, low: float = -2.0, high: float = 2.0, **fixed: Any
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        ir = graph.validate()
+        feeds = {
+            t.name: fixed[t.name] if t.name in fixed else rng.uniform(low, high, t.dim).astype(t.data_type.numpy)
+            for t in ir.inputs
+        }
+        return reference.execute(ir, feeds), feeds
+
+    return run

@@ -1,0 +1,66 @@
+"""The command line and the example graphs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import graphdnn as gd
+from graphdnn.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples" / "graphs").glob("*.json"))
+
+
+def test_example_files_match_the_script_that_builds_them() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "build_graphs.py"), "--check"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_required_examples_exist() -> None:
+    names = {path.stem for path in EXAMPLES}
+    assert {"resnet50_bottleneck", "transformer_block", "conv_bn_relu_training"} <= names
+
+
+def test_validate_accepts_every_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", *map(str, EXAMPLES)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": ok (") == len(EXAMPLES)
+
+
+def test_inspect_prints_shapes_and_signature(capsys: pytest.CaptureFixture[str]) -> None:
+    path = ROOT / "examples" / "graphs" / "resnet50_bottleneck.json"
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert gd.load(path).signature() in out
+    assert "conv1.conv: conv_fprop(image=x, weight=conv1.weight)" in out
+    assert "-> y: y: 32x256x56x56 bfloat16 stride [802816, 1, 14336, 256]" in out
+
+
+def test_a_bad_file_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(EXAMPLES[0].read_text().replace('"conv_fprop"', '"conv_fprom"'))
+    assert main(["validate", str(EXAMPLES[0]), str(bad)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"graphdnn: error: {bad}: nodes[")
+    assert "unknown op 'conv_fprom'" in err[0]
+
+
+def test_the_installed_command_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "graphdnn.cli", "inspect", str(EXAMPLES[0])],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0
+    assert "signature" in result.stdout

@@ -1,0 +1,260 @@
+"""pooling and resample: reference semantics against loops and hand-computed cases, shapes, errors."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import graphdnn as gd
+from graphdnn import reference
+from graphdnn.ops.pooling import ResampleMode
+
+
+def new_graph() -> gd.OperationGraphSpec:
+    return gd.OperationGraphSpec(io_data_type="double", intermediate_data_type="double", compute_data_type="double")
+
+
+def run(build, x: np.ndarray) -> np.ndarray:
+    """The output of the one-op graph ``build(g, x)`` on the float64 array ``x``."""
+    g = new_graph()
+    t = g.tensor_like(x, name="x")
+    y = build(g, t).set_output(True)
+    return reference.execute(g, {t: x})[y.name]
+
+
+# -- pooling --------------------------------------------------------------------------------
+def loop_pool(x, mode, window, stride, pre, post):
+    """Each output element from the real input positions its window covers."""
+    spatial = x.shape[2:]
+    out = [(d + lo + hi - w) // s + 1 for d, w, s, lo, hi in zip(spatial, window, stride, pre, post)]
+    y = np.empty((*x.shape[:2], *out))
+    for n, c in np.ndindex(*x.shape[:2]):
+        for o in np.ndindex(*out):
+            values = []
+            for tap in itertools.product(*map(range, window)):
+                at = tuple(oi * s - lo + t for oi, s, lo, t in zip(o, stride, pre, tap))
+                if all(0 <= a < d for a, d in zip(at, spatial)):
+                    values.append(float(x[(n, c, *at)]))
+            if mode == "max":
+                y[(n, c, *o)] = max(values)
+            elif mode == "avg_include_padding":
+                y[(n, c, *o)] = math.fsum(values) / math.prod(window)
+            else:
+                y[(n, c, *o)] = math.fsum(values) / len(values)
+    return y
+
+
+POOL_CASES = [
+    # input dims, window, stride, pre_padding, post_padding
+    ((2, 3, 7), [3], [2], [1], [2]),
+    ((1, 2, 5, 4), [2, 3], [1, 2], [1, 0], [0, 2]),
+    ((2, 1, 6, 5), [3, 3], [3, 1], [2, 1], [1, 1]),
+    ((1, 2, 3, 4, 5), [2, 3, 2], [2, 1, 3], [1, 0, 1], [0, 2, 1]),
+    ((1, 1, 1, 1), [1, 1], [1, 1], [0, 0], [0, 0]),
+]
+
+
+@pytest.mark.parametrize("mode", ["max", "avg_include_padding", "avg_exclude_padding"])
+@pytest.mark.parametrize(("dim", "window", "stride", "pre", "post"), POOL_CASES)
+def test_pooling_matches_loops(mode, dim, window, stride, pre, post, rng):
+    x = rng.standard_normal(dim)
+    y = run(lambda g, t: g.pooling(t, mode, window, stride=stride, pre_padding=pre, post_padding=post), x)
+    np.testing.assert_allclose(y, loop_pool(x, mode, window, stride, pre, post), rtol=1e-13)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("max", [1.0, 3.0, 5.0]), ("avg_include_padding", [0.5, 2.5, 4.5]), ("avg_exclude_padding", [1.0, 2.5, 4.5])],
+)
+def test_pooling_hand_computed(mode, expected):
+    x = np.array([[[1.0, 2.0, 3.0, 4.0, 5.0]]])
+    y = run(lambda g, t: g.pooling(t, mode, [2], stride=[2], pre_padding=[1], post_padding=[0]), x)
+    np.testing.assert_allclose(y, [[expected]], rtol=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("max", [-3.0, -2.0, -1.0, -1.0, -1.0]),  # never the padding's 0
+        ("avg_include_padding", [-1.0, -5.0 / 3.0, -2.0, -1.0, -1.0 / 3.0]),
+        ("avg_exclude_padding", [-3.0, -2.5, -2.0, -1.5, -1.0]),
+    ],
+)
+def test_pooling_padding_on_negative_inputs(mode, expected):
+    x = np.array([[[-3.0, -2.0, -1.0]]])
+    y = run(lambda g, t: g.pooling(t, mode, [3], stride=[1], padding=[2]), x)
+    np.testing.assert_allclose(y, [[expected]], rtol=1e-15)
+
+
+def test_pooling_defaults_and_layout():
+    g = new_graph()
+    x = g.tensor([2, 3, 5, 4], stride=gd.nhwc_strides([2, 3, 5, 4]), name="x")
+    y = g.pooling(x, "max", [2, 2], name="pool")  # stride = window, no padding
+    assert y.dim == (2, 3, 2, 2)
+    assert y.stride == gd.nhwc_strides([2, 3, 2, 2])
+    attributes = g.nodes[-1].attributes
+    assert (attributes.stride, attributes.pre_padding, attributes.post_padding) == ((2, 2), (0, 0), (0, 0))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"window": [2, 2], "padding": [2, 0]},
+            gd.AttributeValueError,
+            r"padding 2\+2 of spatial dim 0 must be smaller than the window 2",
+        ),
+        (
+            {"window": [3, 3], "post_padding": [0, 3], "pre_padding": [0, 0]},
+            gd.AttributeValueError,
+            r"padding 0\+3 of spatial dim 1 must be smaller than the window 3",
+        ),
+        ({"window": [2, 5]}, gd.ShapeError, r"spatial dim 1: window 5 does not fit input extent 4 padded by 0\+0"),
+        ({"window": [2, 2], "stride": [1]}, gd.AttributeValueError, r"stride has 1 values for 2 spatial dims"),
+        ({"window": [2]}, gd.AttributeValueError, r"window has 1 values for 2 spatial dims"),
+        ({"window": [2, 2], "stride": [0, 1]}, gd.AttributeValueError, r"stride \[0, 1\] must be >= 1"),
+        ({"window": [0, 2]}, gd.AttributeValueError, r"window \[0, 2\] must be >= 1"),
+        ({"window": [2, 2], "padding": [-1, 0]}, gd.AttributeValueError, r"pre_padding \[-1, 0\] must be >= 0"),
+        ({"window": [2, 2], "mode": "average"}, gd.AttributeValueError, r"attribute 'mode' must be one of 'max'"),
+    ],
+)
+def test_pooling_errors(kwargs, error, message):
+    g = new_graph()
+    x = g.tensor([1, 2, 5, 4], name="x")
+    kwargs = {"mode": "max", **kwargs}
+    with pytest.raises(error, match=f"node 'pool'.*{message}"):
+        g.pooling(x, name="pool", **kwargs)
+
+
+def test_pooling_rank_error():
+    g = new_graph()
+    with pytest.raises(gd.ShapeError, match=r"node 'pool'.*input has dims \[4, 5\]; pooling needs \[N, C, \*spatial\]"):
+        g.pooling(g.tensor([4, 5], name="x"), "max", [2], name="pool")
+
+
+# -- resample -------------------------------------------------------------------------------
+def source(dst: int, extent: int, out: int, align_corners: bool) -> float:
+    """PyTorch's source coordinate of output index ``dst`` for linear interpolation."""
+    if align_corners:
+        return dst * (extent - 1) / (out - 1) if out > 1 else 0.0
+    return max((dst + 0.5) * extent / out - 0.5, 0.0)
+
+
+def loop_resample(x, mode, size, align_corners=False):
+    """Nearest: the floor source index. Linear: the weighted sum over the 2**d corners of the source cell."""
+    spatial = x.shape[2:]
+    y = np.empty((*x.shape[:2], *size))
+    for n, c in np.ndindex(*x.shape[:2]):
+        for o in np.ndindex(*size):
+            if mode == "nearest":
+                at = tuple(math.floor(d * e / s) for d, e, s in zip(o, spatial, size))
+                y[(n, c, *o)] = x[(n, c, *at)]
+                continue
+            total = 0.0
+            cell = []
+            for d, e, s in zip(o, spatial, size):
+                src = source(d, e, s, align_corners)
+                low = int(src)
+                cell.append(((low, 1.0 - (src - low)), (min(low + 1, e - 1), src - low)))
+            for corner in itertools.product(*cell):
+                total += math.prod(w for _, w in corner) * x[(n, c, *(i for i, _ in corner))]
+            y[(n, c, *o)] = total
+    return y
+
+
+RESAMPLE_CASES = [
+    # input dims, output size
+    ((2, 1, 5), [8]),
+    ((1, 2, 7), [3]),
+    ((1, 1, 1), [4]),
+    ((1, 2, 3, 4), [5, 2]),
+    ((2, 1, 4, 3), [1, 7]),
+    ((1, 1, 3, 2, 4), [4, 3, 3]),
+]
+
+
+@pytest.mark.parametrize(("dim", "size"), RESAMPLE_CASES)
+@pytest.mark.parametrize(("mode", "align_corners"), [("nearest", False), ("linear", False), ("linear", True)])
+def test_resample_matches_loops(dim, size, mode, align_corners, rng):
+    x = rng.standard_normal(dim)
+    y = run(lambda g, t: g.resample(t, mode, size=size, align_corners=align_corners), x)
+    np.testing.assert_allclose(y, loop_resample(x, mode, size, align_corners), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    ("values", "mode", "size", "align_corners", "expected"),
+    [
+        ([10.0, 20.0, 30.0], "nearest", 5, False, [10.0, 10.0, 20.0, 20.0, 30.0]),
+        ([1.0, 2.0, 3.0, 4.0, 5.0], "nearest", 2, False, [1.0, 3.0]),
+        ([0.0, 10.0], "linear", 4, False, [0.0, 2.5, 7.5, 10.0]),
+        ([0.0, 10.0], "linear", 5, True, [0.0, 2.5, 5.0, 7.5, 10.0]),
+        ([3.0, 7.0, 9.0], "linear", 1, True, [3.0]),
+        ([3.0, 7.0, 9.0], "linear", 1, False, [7.0]),
+        ([0.0, 6.0, 12.0], "linear", 2, False, [1.5, 10.5]),
+    ],
+)
+def test_resample_hand_computed_1d(values, mode, size, align_corners, expected):
+    y = run(lambda g, t: g.resample(t, mode, size=[size], align_corners=align_corners), np.array([[values]]))
+    np.testing.assert_allclose(y, [[expected]], rtol=1e-15)
+
+
+def test_resample_bilinear_hand_computed():
+    x = np.array([[[[0.0, 1.0], [2.0, 3.0]]]])
+    y = run(lambda g, t: g.resample(t, "bilinear", size=[3, 3], align_corners=True), x)
+    np.testing.assert_allclose(y, [[[[0.0, 0.5, 1.0], [1.0, 1.5, 2.0], [2.0, 2.5, 3.0]]]], rtol=1e-15)
+
+
+def test_resample_scale_factor_spellings_and_layout():
+    g = new_graph()
+    x = g.tensor([1, 2, 5, 4], stride=gd.nhwc_strides([1, 2, 5, 4]), name="x")
+    y = g.resample(x, "bilinear", scale_factor=1.5)
+    assert y.dim == (1, 2, 7, 6)
+    assert y.stride == gd.nhwc_strides([1, 2, 7, 6])
+    assert g.nodes[-1].attributes.mode is ResampleMode.LINEAR
+    assert g.resample(x, "nearest", scale_factor=[2, 0.6]).dim == (1, 2, 10, 2)
+    v = g.tensor([1, 1, 2, 3, 2], name="v")
+    assert g.resample(v, "TRILINEAR", size=[4, 6, 4]).dim == (1, 1, 4, 6, 4)
+    assert g.nodes[-1].attributes.mode is ResampleMode.LINEAR
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"size": [4, 4], "scale_factor": 2},
+            gd.AttributeValueError,
+            "resample needs exactly one of size= and scale_factor=",
+        ),
+        ({}, gd.AttributeValueError, "resample needs exactly one of size= and scale_factor="),
+        ({"size": [4]}, gd.AttributeValueError, "size has 1 values for 2 spatial dims"),
+        ({"size": [0, 3]}, gd.AttributeValueError, r"size \[0, 3\] must be >= 1 in every spatial dim"),
+        ({"scale_factor": 0.1}, gd.AttributeValueError, r"size \[0, 0\] must be >= 1 in every spatial dim"),
+        ({"scale_factor": [2, 2, 2]}, gd.AttributeValueError, "scale_factor has 3 values for 2 spatial dims of 'x'"),
+        (
+            {"size": [4, 4], "align_corners": True, "mode": "nearest"},
+            gd.AttributeValueError,
+            "align_corners applies to linear resampling only",
+        ),
+        (
+            {"size": [4, 4], "mode": "cubic"},
+            gd.AttributeValueError,
+            "attribute 'mode' must be one of 'nearest', 'linear'",
+        ),
+    ],
+)
+def test_resample_errors(kwargs, error, message):
+    g = new_graph()
+    x = g.tensor([1, 2, 5, 4], name="x")
+    kwargs = {"mode": "linear", **kwargs}
+    with pytest.raises(error, match=f"node 'rs'.*{message}"):
+        g.resample(x, name="rs", **kwargs)
+
+
+def test_resample_shape_errors():
+    g = new_graph()
+    with pytest.raises(gd.ShapeError, match=r"node 'rs'.*input has dims \[4, 5\]; resample needs \[N, C, \*spatial\]"):
+        g.resample(g.tensor([4, 5], name="x"), "nearest", size=[2], name="rs")
+    unsized = g.reshape(g.tensor([1, 2, 6], name="y"))  # dims declared later
+    with pytest.raises(gd.ShapeError, match=r"node 'rs2'.*resample scale_factor= needs the dims of 'reshape_0::y'"):
+        g.resample(unsized, "nearest", scale_factor=2, name="rs2")
