@@ -1,0 +1,140 @@
+"""What fusion produces: a partition of the graph into fused nodes, and why.
+
+Each :class:`FusedNode` becomes the kernels of one *family* in codegen. The partition is
+in topological order, lists which tensors each fused node reads from and writes to
+memory, and carries the log of every rewrite and every rejected candidate.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+
+from graphdnn.ir import Graph, Node, Tensor
+from graphdnn.ops.base import Category
+
+
+class Family(enum.Enum):
+    """The kernel family that implements a fused node."""
+
+    GEMM = "gemm"  # convolution forward or matmul, with an elementwise epilogue
+    ROW_NORM = "row_norm"  # layernorm / rmsnorm, optionally after a residual add, with an epilogue
+    GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue
+    BATCHNORM_TRAIN = "batchnorm_train"  # batch statistics, running averages, apply + epilogue
+    REDUCTION = "reduction"  # reduction / softmax with an epilogue
+    ELEMENTWISE = "elementwise"  # a group of pointwise ops (and inference batch norms)
+    DIRECT = "direct"  # any other single op, by a straightforward kernel
+
+
+# Ops that compute each output element from the same element of their (broadcast) inputs:
+# they can join an epilogue or an elementwise group.
+ELEMENTWISE_EXTRA = frozenset({"batchnorm_inference"})
+
+ANCHOR_FAMILY = {
+    "conv_fprop": Family.GEMM,
+    "matmul": Family.GEMM,
+    "layernorm": Family.ROW_NORM,
+    "rmsnorm": Family.ROW_NORM,
+    "groupnorm": Family.GROUP_NORM,
+    "instancenorm": Family.GROUP_NORM,
+    "batchnorm": Family.BATCHNORM_TRAIN,
+    "reduction": Family.REDUCTION,
+    "softmax": Family.REDUCTION,
+}
+
+
+def is_elementwise(node: Node) -> bool:
+    return node.definition.category is Category.POINTWISE or node.op in ELEMENTWISE_EXTRA
+
+
+def family_of(node: Node) -> Family:
+    """The family of a node that stays alone."""
+    if node.op in ANCHOR_FAMILY:
+        return ANCHOR_FAMILY[node.op]
+    return Family.ELEMENTWISE if is_elementwise(node) else Family.DIRECT
+
+
+@dataclass(frozen=True)
+class FusedNode:
+    """Nodes that run as one kernel family.
+
+    ``anchor`` is the op the family is built around (None for an elementwise group);
+    ``prologue`` an elementwise node before it (the residual add of add+norm);
+    ``epilogue`` the elementwise nodes after it, in topological order (for an
+    elementwise group: all its nodes). ``inputs`` are read from memory, ``outputs``
+    written to memory: graph outputs and tensors that later fused nodes read.
+    """
+
+    name: str
+    rule: str
+    family: Family
+    nodes: tuple[Node, ...]
+    anchor: Node | None
+    prologue: Node | None
+    epilogue: tuple[Node, ...]
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+
+    def __repr__(self) -> str:
+        return f"FusedNode({self.name!r} {self.family.value}: {', '.join(n.name for n in self.nodes)})"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """A rule fired: these nodes became one fused node."""
+
+    rule: str
+    fused: str
+    members: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {' + '.join(self.members)} -> {self.fused}"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A rule considered these nodes and did not fuse them, for ``reason``."""
+
+    rule: str
+    nodes: tuple[str, ...]
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {' → '.join(self.nodes)} not fused: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Partition:
+    graph: Graph
+    nodes: tuple[FusedNode, ...]
+    rewrites: tuple[Rewrite, ...]
+    rejections: tuple[Rejection, ...]
+
+    @cached_property
+    def materialized(self) -> tuple[Tensor, ...]:
+        """Virtual tensors that cross fused-node boundaries: they live in the workspace."""
+        written = {t.id: t for fused in self.nodes for t in fused.outputs if t.is_virtual}
+        return tuple(written[tid] for tid in sorted(written))
+
+    def fused_node_of(self, node: Node) -> FusedNode:
+        for fused in self.nodes:
+            if node in fused.nodes:
+                return fused
+        raise KeyError(node.name)
+
+    def describe(self) -> str:
+        """The partition, member by member, then the rewrites and the rejected candidates."""
+        lines = [f"partition of '{self.graph.name}': {len(self.graph.nodes)} nodes -> {len(self.nodes)} fused nodes"]
+        for fused in self.nodes:
+            lines.append(
+                f"  {fused.name} [{fused.family.value}, rule {fused.rule}]: {', '.join(n.name for n in fused.nodes)}"
+            )
+            lines.append(f"    reads  {', '.join(t.name for t in fused.inputs) or '-'}")
+            lines.append(f"    writes {', '.join(t.name for t in fused.outputs)}")
+        if self.materialized:
+            lines.append("  intermediates in the workspace: " + ", ".join(t.name for t in self.materialized))
+        if self.rejections:
+            lines.append("  not fused:")
+            lines.extend(f"    {r}" for r in self.rejections)
+        return "\n".join(lines)
