@@ -11,9 +11,11 @@ from .errors import (
     ShapeError,
     StrideError,
     StructureError,
+    UndeclaredDimsError,
     UnknownOpError,
     UnsupportedError,
 )
+from .fusion import fuse
 from .graph import OperationGraphSpec
 from .ir import Graph
 from .layout import nchw_strides, nhwc_strides, packed_strides
@@ -33,8 +35,10 @@ __all__ = [
     "StrideError",
     "StructureError",
     "TensorSpec",
+    "UndeclaredDimsError",
     "UnknownOpError",
     "UnsupportedError",
+    "fuse",
     "load",
     "nchw_strides",
     "nhwc_strides",

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import reference, serialize
 from .errors import GraphError
+from .fusion import fuse
 from .graph import OperationGraphSpec
 from .ir import Graph, Tensor
 from .random_inputs import random_inputs
@@ -44,6 +45,14 @@ def _parser() -> argparse.ArgumentParser:
 
     inspect = commands.add_parser("inspect", help="print a graph's nodes, tensor shapes and signature")
     inspect.add_argument("file", metavar="FILE")
+    inspect.add_argument("--fused", action="store_true", help="also print the fusion partition and its reasons")
+    inspect.add_argument(
+        "--dot", metavar="OUT.dot", help="write a Graphviz DOT file of the graph, clustered by fused node"
+    )
+    inspect.add_argument(
+        "--disable", action="append", default=[], metavar="RULE", help="fuse without this rule (repeatable)"
+    )
+    inspect.add_argument("--arch", default=None, help="target architecture for fusion, e.g. sm_80 (default sm_90)")
     inspect.set_defaults(run=_inspect)
 
     run = commands.add_parser("run", help="run a graph on random inputs and summarise its outputs")
@@ -65,6 +74,20 @@ def _inspect(args: argparse.Namespace) -> int:
     spec: OperationGraphSpec = serialize.load(args.file)
     ir = spec.validate()
     print(describe(ir))
+    if args.fused or args.dot:
+        partition = fuse(ir, arch=args.arch, disable=args.disable)
+        if args.fused:
+            print()
+            print(partition.describe())
+        if args.dot:
+            from fusion_rules.dot import to_dot
+
+            try:
+                with open(args.dot, "w", encoding="utf-8") as out:
+                    out.write(to_dot(partition))
+            except OSError as error:
+                raise GraphError(f"cannot write {args.dot}: {error.strerror}") from None
+            print(f"wrote {args.dot}")
     return 0
 
 

@@ -149,7 +149,7 @@ class OperationGraphSpec(OpMethods):
             data_type=data_type,
             is_virtual=False,
             is_pass_by_value=True,
-            value=value,
+            value=float(value),
         )
 
     def _new_tensor(self, name: str | None, **fields: Any) -> TensorSpec:

@@ -12,25 +12,12 @@ import numpy as np
 from .dtypes import DataType
 from .ir import Graph, Tensor
 
-# (op kind, input role) pairs whose values must be positive.
-_POSITIVE = {
-    ("log", "input"),
-    ("sqrt", "input"),
-    ("rsqrt", "input"),
-    ("pow", "a"),
-    ("batchnorm", "in_running_var"),
-    ("batchnorm_inference", "inv_variance"),
-    ("batchnorm_backward", "inv_variance"),
-    ("layernorm_backward", "inv_variance"),
-    ("rmsnorm_backward", "inv_variance"),
-}
-
 
 def needs_positive(graph: Graph, tensor: Tensor) -> bool:
     for node in graph.consumers(tensor):
         for role, bound in node.inputs:
             members = bound if isinstance(bound, tuple) else (bound,)
-            if tensor in members and (node.op, role) in _POSITIVE:
+            if tensor in members and node.definition.role(role).positive:
                 return True
     return False
 

@@ -56,21 +56,26 @@ def bind_feeds(ir: Graph, feeds: Mapping[FeedKey, Any]) -> dict[int, np.ndarray]
 def run_nodes(nodes: tuple[Node, ...] | list[Node], values: dict[int, np.ndarray]) -> None:
     """Run nodes in order, adding each output (rounded to its type) to ``values``."""
     for node in nodes:
-        op = node.definition
-        x: dict[str, Any] = {}
-        for role_name, bound in node.inputs:
-            if isinstance(bound, tuple):
-                x[role_name] = tuple(values[t.id] for t in bound)
-            elif op.role(role_name).scalar:
-                x[role_name] = float(values[bound.id].reshape(-1)[0])
-            else:
-                x[role_name] = values[bound.id]
-        results = op.reference(node, x)
+        results = node.definition.reference(node, operands(node, values))
         for role_name, t in node.outputs:
             result = np.asarray(results[role_name], dtype=np.float64)
             if result.shape != t.dim:
                 raise AssertionError(f"{node.op} reference gave {result.shape} for '{t.name}' of dims {t.dim}")
             values[t.id] = round_to(t.data_type, result)
+
+
+def operands(node: Node, values: Mapping[int, np.ndarray]) -> dict[str, Any]:
+    """A node's inputs as its op's ``reference`` takes them: arrays, tuples for variadic
+    roles, Python floats for scalar roles."""
+    x: dict[str, Any] = {}
+    for role_name, bound in node.inputs:
+        if isinstance(bound, tuple):
+            x[role_name] = tuple(values[t.id] for t in bound)
+        elif node.definition.role(role_name).scalar:
+            x[role_name] = float(values[bound.id].reshape(-1)[0])
+        else:
+            x[role_name] = values[bound.id]
+    return x
 
 
 def resolve_tensor(ir: Graph, key: FeedKey) -> Tensor:

@@ -199,13 +199,13 @@ class _Reader:
             f"must be an integer, got {_short(version)}",
         )
         _expect(version == VERSION, "version", f"unsupported version {version}; this graphdnn reads version {VERSION}")
-        name = doc.get("name", "graph")
+        name = doc.get("name") or "graph"
         _expect(isinstance(name, str) and 0 < len(name) <= MAX_NAME, "name", "must be a non-empty string")
         graph = OperationGraphSpec(
             name=name,
             io_data_type=_data_type(doc.get("io_data_type"), "io_data_type"),
-            intermediate_data_type=_data_type(doc.get("intermediate_data_type", "float"), "intermediate_data_type"),
-            compute_data_type=_data_type(doc.get("compute_data_type", "float"), "compute_data_type"),
+            intermediate_data_type=_data_type(doc.get("intermediate_data_type"), "intermediate_data_type") or "float",
+            compute_data_type=_data_type(doc.get("compute_data_type"), "compute_data_type") or "float",
         )
         tensors = self._tensors(graph, doc.get("tensors"))
         node_paths = self._nodes(graph, doc.get("nodes"), tensors)
@@ -346,7 +346,8 @@ def _short(value: Any) -> str:
 def _no_unknown_keys(entry: dict[str, Any], allowed: set[str], path: str) -> None:
     unknown = sorted(set(entry) - allowed)
     if unknown:
-        raise FormatError(f"unknown field (allowed: {', '.join(sorted(allowed))})", path=f"{path}.{unknown[0]}")
+        where = unknown[0] if path == "$" else f"{path}.{unknown[0]}"
+        raise FormatError(f"unknown field (allowed: {', '.join(sorted(allowed))})", path=where)
 
 
 def _integer(value: Any, path: str, low: int, high: int) -> int:

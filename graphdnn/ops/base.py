@@ -40,7 +40,8 @@ class Role:
 
     ``scalar`` roles take a one-element tensor (pass-by-value or not) or a Python number,
     which becomes a constant. ``variadic`` roles take a list of tensors.
-    ``floating`` roles reject integer and boolean tensors.
+    ``floating`` roles reject integer and boolean tensors. ``positive`` roles expect
+    positive values (variances, logarithm arguments): random test inputs respect it.
     """
 
     name: str
@@ -48,6 +49,7 @@ class Role:
     scalar: bool = False
     variadic: bool = False
     floating: bool = False
+    positive: bool = False
 
 
 @dataclass(frozen=True)

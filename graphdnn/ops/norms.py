@@ -143,7 +143,7 @@ INPUT: Role = Role("input", floating=True)
 GRAD: Role = Role("grad", floating=True)
 SCALE: Role = Role("scale", floating=True)
 MEAN: Role = Role("mean", floating=True)
-INV_VARIANCE: Role = Role("inv_variance", floating=True)
+INV_VARIANCE: Role = Role("inv_variance", floating=True, positive=True)
 EPSILON = Role("epsilon", scalar=True)
 _STAT_INPUTS = ("mean", "inv_variance", "in_running_mean", "in_running_var")
 
@@ -223,7 +223,7 @@ class Batchnorm(_ForwardNorm):
     inputs = (
         *_ForwardNorm.inputs[:3],
         Role("in_running_mean", optional=True, floating=True),
-        Role("in_running_var", optional=True, floating=True),
+        Role("in_running_var", optional=True, floating=True, positive=True),
         EPSILON,
         Role("momentum", optional=True, scalar=True),
     )

@@ -107,6 +107,10 @@ _BINARY: dict[str, tuple[tuple[str, str], Callable[[np.ndarray, np.ndarray], np.
 }
 
 
+# Inputs outside whose positive range the op is undefined (NaN) in real arithmetic.
+_POSITIVE_INPUTS = {("log", "input"), ("sqrt", "input"), ("rsqrt", "input"), ("pow", "a")}
+
+
 class PointwiseOp(Op):
     """Base of every pointwise op: broadcast the inputs, apply ``evaluate`` elementwise."""
 
@@ -141,7 +145,7 @@ def _define(
         evaluate = staticmethod(lambda values, attributes: fn(*values))
     namespace = {
         "kind": kind,
-        "inputs": tuple(Role(r) for r in roles),
+        "inputs": tuple(Role(r, positive=(kind, r) in _POSITIVE_INPUTS) for r in roles),
         "attributes": attrs,
         "is_activation": activation,
         "evaluate": evaluate,
