@@ -94,7 +94,7 @@ def _assemble(
     ir: Graph, view: GraphView, matches: list[tuple[Rule, Match]], claimed: set[int], rejections: tuple[Rejection, ...]
 ) -> Partition:
     order = {node.id: i for i, node in enumerate(ir.nodes)}
-    groups: list[tuple[str, Family, tuple[Node, ...], Node | None, Node | None]] = []
+    groups: list[tuple[str, str, Family, tuple[Node, ...], Node | None, Node | None]] = []
     rewrites = []
     counts: dict[str, int] = {}
     for rule, result in matches:
@@ -109,26 +109,25 @@ def _assemble(
             counts[rule.name] = counts.get(rule.name, 0) + 1
             rule_name = rule.name
             rewrites.append(Rewrite(rule.name, name, tuple(n.name for n in members)))
-        groups.append((rule_name + "|" + name, family, members, anchor, prologue))
+        groups.append((rule_name, name, family, members, anchor, prologue))
     for node in ir.nodes:
         if node.id not in claimed:
             anchor = None if family_of(node) is Family.ELEMENTWISE else node
-            groups.append(("single|" + node.name, family_of(node), (node,), anchor, None))
+            groups.append(("single", node.name, family_of(node), (node,), anchor, None))
 
     # Fused nodes in a topological order of the quotient graph (first member breaks ties).
-    owner = {n.id: i for i, (_, _, members, _, _) in enumerate(groups) for n in members}
+    owner = {n.id: i for i, group in enumerate(groups) for n in group[3]}
     quotient = nx.DiGraph()
     quotient.add_nodes_from(range(len(groups)))
     for u, v in view.dag.edges():
         if owner[u] != owner[v]:
             quotient.add_edge(owner[u], owner[v])
-    first = {i: min(order[n.id] for n in members) for i, (_, _, members, _, _) in enumerate(groups)}
+    first = {i: min(order[n.id] for n in group[3]) for i, group in enumerate(groups)}
     ranked = list(nx.lexicographical_topological_sort(quotient, key=lambda i: first[i]))
 
     fused = []
     for i in ranked:
-        label, family, members, anchor, prologue = groups[i]
-        rule_name, name = label.split("|", 1)
+        rule_name, name, family, members, anchor, prologue = groups[i]
         member_set = set(members)
         epilogue = tuple(n for n in members if n is not anchor and n is not prologue)
         fused.append(

@@ -116,7 +116,7 @@ def _match_chain(pattern: Pattern, ctx: MatchContext, start: Node) -> Outcome:
             epilogue, rejected = grow_epilogue(ctx, producer, value, members, step.guards)
             outcome.rejections.extend(rejected)
             if len(epilogue) < step.min_nodes:
-                outcome.result = rejected[0] if rejected else Miss()
+                outcome.result = rejected[0] if rejected else _no_epilogue(ctx, producer, value)
                 return outcome
             members.extend(epilogue)
             outcome.result = Match(dict(ctx.bindings), tuple(epilogue), tuple(members))
@@ -239,6 +239,18 @@ def grow_epilogue(
                 candidates.remove(candidate)
                 changed = True
     return sorted(candidates, key=lambda n: order[n.id]), rejected
+
+
+def _no_epilogue(ctx: MatchContext, producer: Node, value: Tensor) -> Miss:
+    """Why no epilogue follows ``producer`` when every reader of its output is a non-elementwise op."""
+    readers = ctx.graph.consumers(value)
+    if not readers or any(is_elementwise(n) for n in readers):
+        return Miss()
+    names = ", ".join(f"{n.name} ({n.op})" for n in readers)
+    return Miss(
+        f"{producer.name}'s output is read only by {names}, which cannot join an epilogue (not elementwise)",
+        (producer.name, *(n.name for n in readers)),
+    )
 
 
 def _shape_reason(node: Node, value: Tensor) -> str | None:
