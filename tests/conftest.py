@@ -36,3 +36,21 @@ def run_random(rng: np.random.Generator) -> Callable[..., tuple[dict[str, np.nda
         return reference.execute(ir, feeds), feeds
 
     return run
+
+
+def _gpu_present() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` skip, visibly, where there is no NVIDIA GPU (or no torch to drive it)."""
+    if _gpu_present():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU and torch")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

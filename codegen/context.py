@@ -1,0 +1,91 @@
+"""What every family emitter receives, and helpers for the parts all kernels share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
+from graphdnn.ir import Graph, Tensor
+
+from .cuda_types import compute_type, cuda_type, headers_for
+from .kernel import Param, ParamKind, compose, kernel_name
+
+
+@dataclass(frozen=True)
+class EmitContext:
+    graph: Graph
+    signature: str
+    arch: int
+    tuning: dict[str, object] = field(default_factory=dict)  # family-specific choices (autotuned)
+
+
+@dataclass
+class KernelParams:
+    """The parameter list of a kernel, as C declarations and as runtime bindings."""
+
+    declarations: list[str] = field(default_factory=list)
+    bindings: list[Param] = field(default_factory=list)
+
+    def tensor(self, tensor: Tensor, *, writable: bool = False) -> str:
+        """Declare a pointer to ``tensor`` (or a double for a runtime scalar); return its name."""
+        if tensor.is_pass_by_value:
+            name = f"s{tensor.id}"
+            self.declarations.append(f"const double {name}")
+            self.bindings.append(Param(ParamKind.SCALAR, tensor=tensor.id))
+            return name
+        name = f"t{tensor.id}"
+        qualifier = "" if writable else "const "
+        self.declarations.append(f"{qualifier}{cuda_type(tensor.data_type)}* __restrict__ {name}")
+        self.bindings.append(Param(ParamKind.TENSOR, tensor=tensor.id))
+        return name
+
+    def scratch(self, name: str, c_type: str) -> str:
+        self.declarations.append(f"{c_type}* __restrict__ {name}")
+        self.bindings.append(Param(ParamKind.SCRATCH, scratch=name))
+        return name
+
+    def aligned_flag(self) -> str:
+        self.declarations.append("const long long aligned")
+        self.bindings.append(Param(ParamKind.ALIGNED))
+        return "aligned"
+
+
+def kernel_source(
+    ctx: EmitContext,
+    fused: FusedNode,
+    pattern: str,
+    tensors: Iterable[Tensor],
+    params: KernelParams,
+    threads: int,
+    body: str,
+) -> tuple[str, str]:
+    """(name, full source) of a kernel whose body is ``body`` (the code inside the function)."""
+    types = {t.data_type for t in tensors}
+    signature_line = f"(__launch_bounds__({threads}) KERNEL({', '.join(params.declarations)}) {{\n{body}}}\n"
+    name = kernel_name(pattern, signature_line + ",".join(sorted(headers_for(types))))
+    function = f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(params.declarations)}) {{\n{body}}}\n'
+    members = ", ".join(f"{n.name} ({n.op})" for n in fused.nodes)
+    header = (
+        f"graphdnn {fused.family.value} kernel {name}: {pattern}\n"
+        f"graph '{ctx.graph.name}' signature {ctx.signature}\n"
+        f"fused node {fused.name} (rule {fused.rule}): {members}"
+    )
+    return name, compose(header=header, headers=headers_for(types), body=function)
+
+
+def pattern_name(fused: FusedNode) -> str:
+    """A readable name of what the kernel computes, from its ops: conv_bn_relu, layernorm_gelu."""
+    short = {"conv_fprop": "conv", "batchnorm_inference": "bn", "gelu_approx_tanh": "gelu", "batchnorm": "bn"}
+    ops = [short.get(n.op, n.op) for n in fused.nodes]
+    return "_".join(dict.fromkeys(ops))[:48]
+
+
+def compute_of(tensors: Sequence[Tensor], extra: Iterable[DataType] = ()) -> str:
+    return compute_type([*(t.data_type for t in tensors), *extra])
+
+
+def indent(statements: Iterable[str], depth: int) -> str:
+    pad = "  " * depth
+    return "".join(f"{pad}{line}\n" for line in statements)

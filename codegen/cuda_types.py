@@ -1,0 +1,69 @@
+"""CUDA spellings of graphdnn data types, and the headers each one needs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from graphdnn.dtypes import DataType
+
+CUDA_TYPE = {
+    DataType.FLOAT: "float",
+    DataType.HALF: "__half",
+    DataType.BFLOAT16: "__nv_bfloat16",
+    DataType.DOUBLE: "double",
+    DataType.INT8: "signed char",
+    DataType.UINT8: "unsigned char",
+    DataType.INT32: "int",
+    DataType.INT64: "long long",
+    DataType.BOOLEAN: "bool",
+    DataType.FP8_E4M3: "__nv_fp8_e4m3",
+    DataType.FP8_E5M2: "__nv_fp8_e5m2",
+}
+
+_HEADERS = {
+    DataType.HALF: "cuda_fp16.h",
+    DataType.BFLOAT16: "cuda_bf16.h",
+    DataType.FP8_E4M3: "cuda_fp8.h",
+    DataType.FP8_E5M2: "cuda_fp8.h",
+}
+
+# Types narrower than float: a value of such a tensor is rounded when stored, and a
+# virtual value of such a type is rounded inside fused kernels too.
+NARROW_FLOATS = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FP8_E4M3, DataType.FP8_E5M2})
+
+
+def cuda_type(data_type: DataType) -> str:
+    return CUDA_TYPE[data_type]
+
+
+def compute_type(types: Iterable[DataType]) -> str:
+    """float, unless a tensor is double: then the kernel computes in double."""
+    return "double" if DataType.DOUBLE in set(types) else "float"
+
+
+def headers_for(types: Iterable[DataType]) -> list[str]:
+    """The CUDA headers the given types need (fp16/bf16/fp8 only when used)."""
+    needed = {_HEADERS[t] for t in types if t in _HEADERS}
+    # cuda_fp8.h declares conversions through half and bfloat16.
+    if "cuda_fp8.h" in needed:
+        needed |= {"cuda_fp16.h", "cuda_bf16.h"}
+    return sorted(needed)
+
+
+def load(data_type: DataType, expression: str, compute: str = "float") -> str:
+    """An expression converting an element (``expression``) of ``data_type`` to ``compute``."""
+    return f"gd::to<{compute}>({expression})"
+
+
+def store(data_type: DataType, expression: str) -> str:
+    """An expression converting a compute value to ``data_type`` as the reference rounds it."""
+    return f"gd::from<{cuda_type(data_type)}>({expression})"
+
+
+def rounded(data_type: DataType, expression: str, compute: str = "float") -> str:
+    """``expression`` rounded to ``data_type`` and back, for narrow virtual values."""
+    if data_type in NARROW_FLOATS or not data_type.is_floating:
+        return f"gd::to<{compute}>({store(data_type, expression)})"
+    if data_type is DataType.FLOAT and compute == "double":
+        return f"(double)(float)({expression})"
+    return expression

@@ -1,0 +1,47 @@
+"""From a partition to kernel sources: one family emitter per fused node."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import import_module
+
+from fusion_rules import Family, FusedNode, Partition
+from graphdnn.errors import UnsupportedError
+from graphdnn.signature import signature
+
+from .context import EmitContext
+from .kernel import FusedProgram
+
+_FAMILY_MODULES = {
+    Family.ELEMENTWISE: "elementwise",
+    Family.ROW_NORM: "rownorm",
+    Family.GROUP_NORM: "groupnorm",
+    Family.BATCHNORM_TRAIN: "batchnorm_train",
+    Family.REDUCTION: "reduction",
+    Family.GEMM: "gemm",
+    Family.DIRECT: "direct",
+}
+
+
+def emitter(family: Family) -> Callable[[FusedNode, EmitContext], FusedProgram]:
+    try:
+        module = import_module(f"codegen.families.{_FAMILY_MODULES[family]}")
+    except ModuleNotFoundError:
+        raise UnsupportedError(f"no code generator for the {family.value} family") from None
+    return module.emit  # type: ignore[no-any-return]
+
+
+def emit_partition(
+    partition: Partition, arch: int, tuning: dict[str, dict[str, object]] | None = None
+) -> tuple[FusedProgram, ...]:
+    """CUDA programs for every fused node, in execution order.
+
+    ``tuning`` maps a fused node's name to its family's launch choices (autotuned);
+    families fall back to their heuristic choice.
+    """
+    graph_signature = signature(partition.graph)
+    programs = []
+    for fused in partition.nodes:
+        ctx = EmitContext(partition.graph, graph_signature, arch, dict((tuning or {}).get(fused.name, {})))
+        programs.append(emitter(fused.family)(fused, ctx))
+    return tuple(programs)

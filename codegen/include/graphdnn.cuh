@@ -1,0 +1,177 @@
+// graphdnn device helpers: element conversions that round as the reference backend does,
+// vector access, reductions and the activation functions. Inlined into every kernel;
+// the fp16/bf16/fp8 parts compile only when the kernel includes those CUDA headers.
+#pragma once
+
+namespace gd {
+
+// ---- element conversions ---------------------------------------------------------------
+// Elem<T>::get turns a stored element into the compute type; Elem<T>::put rounds a
+// compute value into T: nearest-even for floats, truncation with saturation for integers
+// (NaN becomes 0), "non-zero" for bool; fp8 overflows as the reference does (e4m3: NaN,
+// e5m2: inf).
+template <class T> struct Elem;
+
+template <> struct Elem<float> {
+  __device__ __forceinline__ static float get(float x) { return x; }
+  __device__ __forceinline__ static float put(float v) { return v; }
+  __device__ __forceinline__ static float put(double v) { return (float)v; }
+};
+
+template <> struct Elem<double> {
+  __device__ __forceinline__ static double get(double x) { return x; }
+  __device__ __forceinline__ static double put(double v) { return v; }
+};
+
+template <> struct Elem<bool> {
+  __device__ __forceinline__ static float get(bool x) { return x ? 1.0f : 0.0f; }
+  __device__ __forceinline__ static bool put(double v) { return v == v && v != 0.0; }
+};
+
+template <class I, long long LO, long long HI> struct IntElem {
+  __device__ __forceinline__ static float get(I x) { return (float)x; }
+  __device__ __forceinline__ static I put(double v) {
+    if (v != v) return 0;
+    v = trunc(v);
+    if (v <= (double)LO) return (I)LO;
+    if (v >= (double)HI) return (I)HI;
+    return (I)v;
+  }
+};
+template <> struct Elem<signed char> : IntElem<signed char, -128, 127> {};
+template <> struct Elem<unsigned char> : IntElem<unsigned char, 0, 255> {};
+template <> struct Elem<int> : IntElem<int, -2147483647LL - 1, 2147483647LL> {};
+template <> struct Elem<long long> : IntElem<long long, -9223372036854775807LL - 1, 9223372036854775807LL> {};
+
+#ifdef __CUDA_FP16_H__
+template <> struct Elem<__half> {
+  __device__ __forceinline__ static float get(__half x) { return __half2float(x); }
+  __device__ __forceinline__ static __half put(float v) { return __float2half_rn(v); }
+  __device__ __forceinline__ static __half put(double v) { return __double2half(v); }
+};
+#endif
+
+#ifdef __CUDA_BF16_H__
+template <> struct Elem<__nv_bfloat16> {
+  __device__ __forceinline__ static float get(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ __forceinline__ static __nv_bfloat16 put(float v) { return __float2bfloat16_rn(v); }
+  __device__ __forceinline__ static __nv_bfloat16 put(double v) { return __double2bfloat16(v); }
+};
+#endif
+
+#ifdef __CUDA_FP8_H__
+template <> struct Elem<__nv_fp8_e4m3> {
+  __device__ __forceinline__ static float get(__nv_fp8_e4m3 x) { return (float)x; }
+  __device__ __forceinline__ static __nv_fp8_e4m3 put(float v) {
+    __nv_fp8_e4m3 r;
+    r.__x = __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E4M3);
+    return r;
+  }
+  __device__ __forceinline__ static __nv_fp8_e4m3 put(double v) {
+    __nv_fp8_e4m3 r;
+    r.__x = __nv_cvt_double_to_fp8(v, __NV_NOSAT, __NV_E4M3);
+    return r;
+  }
+};
+template <> struct Elem<__nv_fp8_e5m2> {
+  __device__ __forceinline__ static float get(__nv_fp8_e5m2 x) { return (float)x; }
+  __device__ __forceinline__ static __nv_fp8_e5m2 put(float v) {
+    __nv_fp8_e5m2 r;
+    r.__x = __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E5M2);
+    return r;
+  }
+  __device__ __forceinline__ static __nv_fp8_e5m2 put(double v) {
+    __nv_fp8_e5m2 r;
+    r.__x = __nv_cvt_double_to_fp8(v, __NV_NOSAT, __NV_E5M2);
+    return r;
+  }
+};
+#endif
+
+// to<C>(x): a stored element as compute type C; from<T>(v): a compute value stored as T.
+template <class C, class T> __device__ __forceinline__ C to(T x) { return (C)Elem<T>::get(x); }
+template <class T, class C> __device__ __forceinline__ T from(C v) { return Elem<T>::put(v); }
+
+// ---- vector access ---------------------------------------------------------------------
+// N elements of T moved as one aligned access (16 bytes for the usual N).
+template <class T, int N> struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <class T, int N> __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+template <class T, int N> __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+// ---- reductions ------------------------------------------------------------------------
+// Sum over the WIDTH consecutive lanes of a warp that share a value (WIDTH a power of 2 <= 32).
+template <int WIDTH, class T> __device__ __forceinline__ T lanes_sum(T v) {
+#pragma unroll
+  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <int WIDTH, class T> __device__ __forceinline__ T lanes_max(T v) {
+#pragma unroll
+  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Sum over a group of GROUP consecutive threads (GROUP a power of 2; if over 32, the
+// group is whole warps and `scratch` holds GROUP/32 values per group of the block).
+// Every thread of the group gets the total. Contains a __syncthreads when GROUP > 32,
+// so all threads of the block must call it.
+template <int GROUP, class T> __device__ __forceinline__ T group_sum(T v, T* scratch) {
+  if (GROUP <= 32) return lanes_sum<GROUP>(v);
+  constexpr int WARPS = GROUP / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  v = lanes_sum<32>(v);
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int first = (warp / WARPS) * WARPS;
+  T total = lane < WARPS ? scratch[first + lane] : T(0);
+  return lanes_sum<(WARPS < 32 ? WARPS : 32)>(total);
+}
+
+template <int GROUP, class T> __device__ __forceinline__ T group_max(T v, T* scratch) {
+  if (GROUP <= 32) return lanes_max<GROUP>(v);
+  constexpr int WARPS = GROUP / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  v = lanes_max<32>(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int first = (warp / WARPS) * WARPS;
+  T total = lane < WARPS ? scratch[first + lane] : scratch[first];
+  return lanes_max<(WARPS < 32 ? WARPS : 32)>(total);
+}
+
+// ---- activations ---------------------------------------------------------------------------
+template <class T> __device__ __forceinline__ T sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
+
+template <class T> __device__ __forceinline__ T gelu_erf(T x) {
+  return T(0.5) * x * (T(1) + erf(x * T(0.70710678118654752440)));
+}
+
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
+template <class T> __device__ __forceinline__ T gelu_tanh(T x) {
+  const T u = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
+  return x / (T(1) + exp(T(-2) * u));
+}
+
+template <class T> __device__ __forceinline__ T softplus(T x, T beta) {
+  const T z = beta * x;
+  return z > T(20) ? x : log1p(exp(z)) / beta;  // past 20 the correction is below float resolution
+}
+
+template <class T> __device__ __forceinline__ T relu_clip(T x, T slope, T lower, T upper) {
+  return x > lower ? min(x, upper) : lower + slope * (x - lower);
+}
+
+template <class T> __device__ __forceinline__ T elu(T x, T alpha) { return x > T(0) ? x : alpha * expm1(x); }
+
+}  // namespace gd

@@ -1,0 +1,88 @@
+"""What codegen hands to the runtime: kernels with their launch shape and parameters.
+
+Shapes are static (a graph's dims are part of its signature), so a kernel's dims,
+strides, grid and block are compile-time constants; at run time only pointers and
+pass-by-value scalars change. Every parameter is 8 bytes: a pointer, a double (runtime
+scalar) or a 64-bit flag, which keeps argument packing a flat array of words.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ParamKind(enum.Enum):
+    TENSOR = "tensor"  # device pointer of a graph tensor (input, output or workspace intermediate)
+    SCALAR = "scalar"  # value of a pass-by-value runtime scalar, as a double
+    SCRATCH = "scratch"  # device pointer of a scratch buffer of the fused node
+    ALIGNED = "aligned"  # 1 if every pointer of the launch is aligned to the kernel's vector size
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: ParamKind
+    tensor: int | None = None  # tensor id for TENSOR and SCALAR
+    scratch: str | None = None  # scratch buffer name for SCRATCH
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """Workspace a fused node needs besides its tensors (e.g. partial sums)."""
+
+    name: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # the extern "C" entry point
+    source: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    params: tuple[Param, ...]
+    alignment: int = 16  # bytes the ALIGNED flag checks
+
+    @property
+    def body(self) -> str:
+        """The source without its header comment: what decides the compiled code."""
+        return strip_header(self.source)
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.body.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class FusedProgram:
+    """The kernels (run in order) and scratch of one fused node."""
+
+    fused: str
+    kernels: tuple[Kernel, ...]
+    scratch: tuple[Scratch, ...] = ()
+
+
+HEADER_MARK = "// ---- end of header ----"
+HELPERS = (Path(__file__).parent / "include" / "graphdnn.cuh").read_text()
+
+
+def strip_header(source: str) -> str:
+    return source.split(HEADER_MARK, 1)[-1]
+
+
+def compose(*, header: str, headers: list[str], body: str) -> str:
+    """A complete kernel source: the descriptive comment, includes, helpers, the kernel."""
+    includes = "".join(f"#include <{h}>\n" for h in headers)
+    comment = "".join(f"// {line}\n" for line in header.splitlines())
+    return f"{comment}{HEADER_MARK}\n{includes}{HELPERS}\n{body}"
+
+
+def kernel_name(pattern: str, body: str) -> str:
+    """gd_<pattern>_<hash of the body>: identical kernels get identical names everywhere."""
+    slug = re.sub(r"[^0-9a-zA-Z]+", "_", pattern).strip("_").lower() or "kernel"
+    digest = hashlib.sha256(body.encode()).hexdigest()[:10]
+    return f"gd_{slug}_{digest}"

@@ -1,0 +1,108 @@
+"""CUDA expressions for elementwise ops: one entry per op kind, as in graphdnn's op table.
+
+Each renderer takes the argument expressions (already in the compute type, in the op's
+input-role order), the node's attributes and the compute type ("float" or "double"),
+and returns an expression of the compute type that matches the op's reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from graphdnn.ops.pointwise import ACTIVATION_KINDS, BINARY_KINDS, UNARY_KINDS
+
+Render = Callable[[list[str], Any, str], str]
+
+
+def literal(value: float, compute: str) -> str:
+    """A C literal of the compute type (inf and NaN included)."""
+    number = float(value)
+    if number != number:
+        return (
+            f"{compute}(__int_as_float(0x7fffffff))"
+            if compute == "float"
+            else "__longlong_as_double(0x7ff8000000000000LL)"
+        )
+    if number in (float("inf"), float("-inf")):
+        sign = "-" if number < 0 else ""
+        return (
+            f"{sign}__int_as_float(0x7f800000)"
+            if compute == "float"
+            else f"{sign}__longlong_as_double(0x7ff0000000000000LL)"
+        )
+    text = repr(number)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return f"{text}f" if compute == "float" else text
+
+
+def _math(name: str) -> Render:
+    """A C math function: the f-suffixed one for float (expf), the plain one for double."""
+    return lambda a, attrs, c: f"{name}{'f' if c == 'float' else ''}({a[0]})"
+
+
+def _relu(a: list[str], attrs: Any, c: str) -> str:
+    x, lower, slope = a[0], literal(attrs.lower_clip, c), literal(attrs.negative_slope, c)
+    upper = (
+        x if attrs.upper_clip is None else f"{'fminf' if c == 'float' else 'fmin'}({x}, {literal(attrs.upper_clip, c)})"
+    )
+    return f"({x} > {lower} ? {upper} : {lower} + {slope} * ({x} - {lower}))"
+
+
+def _compare(op: str) -> Render:
+    return lambda a, attrs, c: f"({a[0]} {op} {a[1]} ? {literal(1, c)} : {literal(0, c)})"
+
+
+def _minmax(name: str) -> Render:
+    # NumPy's maximum/minimum propagate NaN; fmaxf does not, so keep NaN explicitly.
+    return lambda a, attrs, c: (
+        f"(({a[0]} != {a[0]} || {a[1]} != {a[1]}) ? {a[0]} + {a[1]} : {name}{'f' if c == 'float' else ''}({a[0]}, {a[1]}))"
+    )
+
+
+EXPRESSIONS: dict[str, Render] = {
+    "identity": lambda a, attrs, c: a[0],
+    "neg": lambda a, attrs, c: f"(-{a[0]})",
+    "abs": _math("fabs"),
+    "exp": _math("exp"),
+    "log": _math("log"),
+    "sqrt": _math("sqrt"),
+    "rsqrt": lambda a, attrs, c: f"({literal(1, c)} / {'sqrtf' if c == 'float' else 'sqrt'}({a[0]}))",
+    "reciprocal": lambda a, attrs, c: f"({literal(1, c)} / {a[0]})",
+    "relu": _relu,
+    "leaky_relu": lambda a, attrs, c: (
+        f"({a[0]} > {literal(0, c)} ? {a[0]} : {literal(attrs.negative_slope, c)} * {a[0]})"
+    ),
+    "elu": lambda a, attrs, c: f"gd::elu<{c}>({a[0]}, {literal(attrs.alpha, c)})",
+    "gelu": lambda a, attrs, c: f"gd::gelu_erf<{c}>({a[0]})",
+    "gelu_approx_tanh": lambda a, attrs, c: f"gd::gelu_tanh<{c}>({a[0]})",
+    "swish": lambda a, attrs, c: f"({a[0]} * gd::sigmoid<{c}>({literal(attrs.swish_beta, c)} * {a[0]}))",
+    "sigmoid": lambda a, attrs, c: f"gd::sigmoid<{c}>({a[0]})",
+    "tanh": _math("tanh"),
+    "softplus": lambda a, attrs, c: f"gd::softplus<{c}>({a[0]}, {literal(attrs.softplus_beta, c)})",
+    "add": lambda a, attrs, c: f"({a[0]} + {a[1]})",
+    "sub": lambda a, attrs, c: f"({a[0]} - {a[1]})",
+    "mul": lambda a, attrs, c: f"({a[0]} * {a[1]})",
+    "div": lambda a, attrs, c: f"({a[0]} / {a[1]})",
+    "max": _minmax("fmax"),
+    "min": _minmax("fmin"),
+    "pow": lambda a, attrs, c: f"{'powf' if c == 'float' else 'pow'}({a[0]}, {a[1]})",
+    "scale": lambda a, attrs, c: f"({a[0]} * {a[1]})",
+    "bias": lambda a, attrs, c: f"({a[0]} + {a[1]})",
+    "cmp_eq": _compare("=="),
+    "cmp_neq": _compare("!="),
+    "cmp_gt": _compare(">"),
+    "cmp_ge": _compare(">="),
+    "cmp_lt": _compare("<"),
+    "cmp_le": _compare("<="),
+    "binary_select": lambda a, attrs, c: f"({a[2]} != {literal(0, c)} ? {a[0]} : {a[1]})",
+    # Inference batch norm, folded: scale = gamma * inv_variance, shift = beta - mean * scale.
+    "batchnorm_inference": lambda a, attrs, c: f"({a[0]} * ({a[3]} * {a[2]}) + ({a[4]} - {a[1]} * ({a[3]} * {a[2]})))",
+}
+
+assert set(EXPRESSIONS) >= UNARY_KINDS | BINARY_KINDS | ACTIVATION_KINDS | {"binary_select"}
+
+
+def render(op: str, args: list[str], attributes: Any, compute: str) -> str:
+    return EXPRESSIONS[op](args, attributes, compute)
