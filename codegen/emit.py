@@ -28,7 +28,7 @@ def emitter(family: Family) -> Callable[[FusedNode, EmitContext], FusedProgram]:
         module = import_module(f"codegen.families.{_FAMILY_MODULES[family]}")
     except ModuleNotFoundError:
         raise UnsupportedError(f"no code generator for the {family.value} family") from None
-    return module.emit  # type: ignore[no-any-return]
+    return module.emit
 
 
 def emit_partition(
