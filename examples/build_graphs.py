@@ -35,8 +35,12 @@ def _conv_bn(g: gd.OperationGraphSpec, x: gd.TensorSpec, name: str, k: int, c: i
 
 
 def resnet50_bottleneck(batch: int = 32) -> gd.OperationGraphSpec:
-    """ResNet-50 conv2_x bottleneck, NHWC bf16: 1x1 256->64, 3x3 64->64, 1x1 64->256, residual."""
-    g = gd.OperationGraphSpec(name="resnet50_bottleneck", io_data_type="bf16")
+    """ResNet-50 conv2_x bottleneck, NHWC bf16: 1x1 256->64, 3x3 64->64, 1x1 64->256, residual.
+
+    Intermediates are bf16, as in a bf16 network: the activations passed between the fused
+    kernels are stored at that precision (inside a kernel everything is fp32 anyway).
+    """
+    g = gd.OperationGraphSpec(name="resnet50_bottleneck", io_data_type="bf16", intermediate_data_type="bf16")
     dims = [batch, 256, 56, 56]
     x = g.tensor(name="x", dim=dims, stride=gd.nhwc_strides(dims))
     h = g.relu(_conv_bn(g, x, "conv1", 64, 256, 1), name="conv1.relu")
@@ -47,8 +51,8 @@ def resnet50_bottleneck(batch: int = 32) -> gd.OperationGraphSpec:
 
 
 def transformer_block(tokens: int = 2048, hidden: int = 1024) -> gd.OperationGraphSpec:
-    """LayerNorm+GELU, an MLP of two matmuls with bias epilogues, then residual add+RMSNorm."""
-    g = gd.OperationGraphSpec(name="transformer_block", io_data_type="bf16")
+    """LayerNorm+GELU, an MLP of two matmuls with bias epilogues, then residual add+RMSNorm (bf16 throughout)."""
+    g = gd.OperationGraphSpec(name="transformer_block", io_data_type="bf16", intermediate_data_type="bf16")
     x = g.tensor(name="x", dim=[tokens, hidden])
 
     def row(name: str, size: int) -> gd.TensorSpec:
