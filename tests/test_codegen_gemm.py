@@ -189,5 +189,5 @@ def test_gemm_matches_reference_on_gpu(case: str) -> None:
 @pytest.mark.parametrize("choice", range(4))
 def test_every_tile_candidate_matches_reference_on_gpu(choice: int) -> None:
     graph = Conv(n=3, c=32, hw=(9, 11), k=136, epilogue="bias_add_relu").build()
-    fused = [f for f in fr.fuse(graph).nodes if f.family is fr.Family.GEMM][0]
+    fused = next(f for f in fr.fuse(graph).nodes if f.family is fr.Family.GEMM)
     check_on_gpu(graph, tuning={fused.name: candidates(fused)[choice]})
