@@ -37,8 +37,9 @@ def _conv_bn(g: gd.OperationGraphSpec, x: gd.TensorSpec, name: str, k: int, c: i
 def resnet50_bottleneck(batch: int = 32) -> gd.OperationGraphSpec:
     """ResNet-50 conv2_x bottleneck, NHWC bf16: 1x1 256->64, 3x3 64->64, 1x1 64->256, residual.
 
-    Intermediates are bf16, as in a bf16 network: the activations passed between the fused
-    kernels are stored at that precision (inside a kernel everything is fp32 anyway).
+    Intermediates are bf16, as in a bf16 network: every virtual value is rounded to bf16,
+    so the activations passed between fused kernels are stored at that precision too
+    (the arithmetic itself is fp32).
     """
     g = gd.OperationGraphSpec(name="resnet50_bottleneck", io_data_type="bf16", intermediate_data_type="bf16")
     dims = [batch, 256, 56, 56]

@@ -1,0 +1,196 @@
+"""Run a partition on the NumPy reference backend, each fused node the way its kernel will.
+
+This is the executable specification of the fused kernels. It deliberately does not call
+each member op's reference in turn: a GEMM anchor is an im2col matrix product (or an
+einsum), a batch norm in an epilogue is the folded per-channel affine, a layer/RMS/group
+norm is standardised one set of elements at a time, a training batch norm takes its
+statistics from per-channel sums and sums of squares. Comparing :func:`execute_partition`
+with :func:`graphdnn.reference.execute` therefore checks both the partition and the
+numerics each kernel family is allowed.
+
+Values live in two places, as on the GPU: *memory*, which holds the feeds and what each
+fused node writes (its ``outputs``), and the *registers* of the fused node being run,
+loaded from its ``inputs`` only. A fused node that reads a tensor no earlier one wrote
+raises, so the partition's bookkeeping is checked too. Every value a member op produces
+is rounded to its tensor's type, whether it is written or stays in registers (the kernels
+keep intermediates in the graph's intermediate type).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from graphdnn.errors import StructureError, UnsupportedError
+from graphdnn.ir import Graph, Node, Tensor
+from graphdnn.ops.conv import ConvMode, conv_attrs
+from graphdnn.ops.norms import NormOp
+from graphdnn.reference import FeedKey, bind_feeds, operands, round_to
+
+from .partition import Family, FusedNode, Partition, is_elementwise
+
+Kernel = Callable[[Node, Mapping[str, Any]], dict[str, np.ndarray]]
+
+
+def execute_partition(partition: Partition, feeds: Mapping[FeedKey, Any]) -> dict[str, np.ndarray]:
+    """Run ``partition`` on NumPy inputs; same feeds and result as :func:`graphdnn.reference.execute`."""
+    ir = partition.graph
+    memory = bind_feeds(ir, feeds)
+    for fused in partition.nodes:
+        _run_fused_node(ir, fused, memory)
+    return {t.name: _load(memory, t, None).astype(t.data_type.numpy) for t in ir.outputs}
+
+
+def _run_fused_node(ir: Graph, fused: FusedNode, memory: dict[int, np.ndarray]) -> None:
+    """Load the fused node's inputs, compute its members in order, store its outputs."""
+    registers = _Registers(ir, fused, {t.id: _load(memory, t, fused) for t in fused.inputs})
+    registers.update({t.id: memory[t.id] for t in ir.tensors if t.is_constant})
+    for node in fused.nodes:
+        kernel = _anchor_kernel(fused, node) if node is fused.anchor else _elementwise_kernel(fused, node)
+        results = kernel(node, operands(node, registers))
+        for role, tensor in node.outputs:
+            value = np.asarray(results[role], dtype=np.float64)
+            if value.shape != tensor.dim:
+                raise AssertionError(f"{fused.name}: {node.op} gave {value.shape} for '{tensor.name}' {tensor.dim}")
+            registers[tensor.id] = round_to(tensor.data_type, value)
+    computed = {t.id for node in fused.nodes for t in node.output_tensors()}
+    for tensor in fused.outputs:
+        if tensor.id not in computed:
+            raise StructureError(f"fused node '{fused.name}' writes '{tensor.name}', which none of its nodes computes")
+        memory[tensor.id] = registers[tensor.id]
+
+
+class _Registers(dict[int, np.ndarray]):
+    """A fused node's values by tensor id; reading one it never loaded or computed raises."""
+
+    def __init__(self, graph: Graph, fused: FusedNode, loaded: dict[int, np.ndarray]) -> None:
+        super().__init__(loaded)
+        self.graph, self.fused = graph, fused
+
+    def __missing__(self, tensor_id: int) -> np.ndarray:
+        name = self.graph.tensors[tensor_id].name
+        raise StructureError(
+            f"fused node '{self.fused.name}' reads '{name}', which is neither among its inputs nor computed by it"
+        )
+
+
+def _load(memory: Mapping[int, np.ndarray], tensor: Tensor, fused: FusedNode | None) -> np.ndarray:
+    if tensor.id not in memory:
+        reader = f"fused node '{fused.name}'" if fused else "the graph's outputs"
+        raise StructureError(f"{reader} reads '{tensor.name}', which no earlier fused node writes to memory")
+    return memory[tensor.id]
+
+
+# -- which computation each member gets ------------------------------------------------------
+def _anchor_kernel(fused: FusedNode, node: Node) -> Kernel:
+    if fused.family in (Family.REDUCTION, Family.DIRECT):
+        return node.definition.reference
+    kernel = _ANCHOR_KERNELS.get(fused.family, {}).get(node.op)
+    if kernel is None:
+        known = ", ".join(sorted(_ANCHOR_KERNELS.get(fused.family, {}))) or "no anchor"
+        raise UnsupportedError(
+            f"fused node '{fused.name}': the {fused.family.value} kernel family computes {known}, not {node.op}",
+            node=node.name,
+        )
+    return kernel
+
+
+def _elementwise_kernel(fused: FusedNode, node: Node) -> Kernel:
+    if not is_elementwise(node):
+        raise UnsupportedError(
+            f"fused node '{fused.name}': {node.op} is not elementwise and cannot be a prologue or epilogue op",
+            node=node.name,
+        )
+    return _folded_batchnorm if node.op == "batchnorm_inference" else node.definition.reference
+
+
+def _folded_batchnorm(node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Inference batch norm as the kernel applies it: one per-channel multiply-add."""
+    scale = x["scale"] * x["inv_variance"]
+    shift = x["bias"] - x["mean"] * scale
+    return {"y": x["input"] * scale + shift}
+
+
+# -- GEMM --------------------------------------------------------------------------------------
+def _conv_im2col(node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Forward convolution as one (group-batched) product of an im2col matrix and the filters."""
+    a = conv_attrs(node)
+    image, weight = x["image"], x["weight"]
+    spatial = image.ndim - 2
+    if a.convolution_mode is ConvMode.CONVOLUTION:
+        weight = np.flip(weight, axis=tuple(range(2, weight.ndim)))
+    filt, out = weight.shape[2:], node.outputs[0][1].dim[2:]
+    padded = np.pad(image, [(0, 0), (0, 0), *zip(a.pre_padding, a.post_padding)])
+    reach = [d * (f - 1) + 1 for f, d in zip(filt, a.dilation)]
+    windows = sliding_window_view(padded, reach, axis=tuple(range(2, 2 + spatial)))  # [N, C, *positions, *reach]
+    picked = (
+        slice(None),
+        slice(None),
+        *(slice(None, s * (o - 1) + 1, s) for s, o in zip(a.stride, out)),
+        *(slice(None, None, d) for d in a.dilation),
+    )
+    columns = windows[picked]  # [N, C, *out, *filt]
+    n, channels = image.shape[:2]
+    k, per_group = weight.shape[:2]
+    groups = channels // per_group
+    columns = columns.reshape(n, groups, per_group, *out, *filt)
+    columns = np.moveaxis(columns, (1, 2), (spatial + 1, spatial + 2))  # [N, *out, G, Cg, *filt]
+    matrix = np.ascontiguousarray(columns).reshape(-1, groups, per_group * int(np.prod(filt)))
+    filters = weight.reshape(groups, k // groups, -1)  # [G, Kg, Cg*filt]
+    product = np.matmul(matrix.transpose(1, 0, 2), filters.transpose(0, 2, 1))  # [G, N*out, Kg]
+    y = product.transpose(1, 0, 2).reshape(n, *out, k)
+    return {"y": np.moveaxis(y, -1, 1)}
+
+
+def _matmul_einsum(node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    return {"C": np.einsum("...mk,...kn->...mn", x["A"], x["B"])}
+
+
+# -- normalizations ----------------------------------------------------------------------------
+def _standardize_sets(node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Layer, RMS, group and instance norm as a kernel runs them: each set of elements the
+    norm standardises is one in-register row; its mean first, then the centered variance
+    (the mean of squares for RMS norm) from the same row, rstd = 1/sqrt(var + eps)."""
+    data = x["input"]
+    grouping = cast(NormOp, node.definition).checked(node)[1]
+    sets = np.moveaxis(data.reshape(grouping.view), grouping.axes, range(-len(grouping.axes), 0))
+    moved_shape = sets.shape
+    rows = sets.reshape(-1, int(np.prod([grouping.view[a] for a in grouping.axes])))
+    centered = node.op != "rmsnorm"
+    mean = rows.sum(axis=1, keepdims=True) / rows.shape[1] if centered else np.zeros((rows.shape[0], 1))
+    deviation = rows - mean
+    rstd = 1.0 / np.sqrt((deviation * deviation).sum(axis=1, keepdims=True) / rows.shape[1] + x["epsilon"])
+    normalized = np.moveaxis((deviation * rstd).reshape(moved_shape), range(-len(grouping.axes), 0), grouping.axes)
+    y = normalized.reshape(data.shape) * x["scale"] + x.get("bias", 0.0)
+    return {"y": y, "mean": mean.reshape(grouping.stats), "inv_variance": rstd.reshape(grouping.stats)}
+
+
+def _batchnorm_train(node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Training batch norm from per-channel sum and sum of squares (one pass over the input),
+    var = E[x^2] - mean^2 clamped at 0, then the per-channel affine scale/shift."""
+    data = x["input"]
+    axes = (0, *range(2, data.ndim))
+    count = data.size // data.shape[1]
+    mean = data.sum(axis=axes, keepdims=True) / count
+    var = np.maximum((data * data).sum(axis=axes, keepdims=True) / count - mean * mean, 0.0)
+    rstd = 1.0 / np.sqrt(var + x["epsilon"])
+    scale = x["scale"] * rstd
+    shift = x["bias"] - mean * scale
+    results = {"y": data * scale + shift, "mean": mean, "inv_variance": rstd}
+    if "in_running_mean" in x:
+        momentum = x["momentum"]
+        unbiased = var * (count / (count - 1)) if count > 1 else var
+        results["next_running_mean"] = x["in_running_mean"] + momentum * (mean - x["in_running_mean"])
+        results["next_running_var"] = x["in_running_var"] + momentum * (unbiased - x["in_running_var"])
+    return results
+
+
+_ANCHOR_KERNELS: dict[Family, dict[str, Kernel]] = {
+    Family.GEMM: {"conv_fprop": _conv_im2col, "matmul": _matmul_einsum},
+    Family.ROW_NORM: {"layernorm": _standardize_sets, "rmsnorm": _standardize_sets},
+    Family.GROUP_NORM: {"groupnorm": _standardize_sets, "instancenorm": _standardize_sets},
+    Family.BATCHNORM_TRAIN: {"batchnorm": _batchnorm_train},
+}
