@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.ir import Graph, Tensor
 
-from .cuda_types import compute_type, cuda_type, headers_for
+from .cuda_types import compute_type, cuda_type, headers_for, load, rounded
+from .epilogue import rounded_constant
+from .indexing import offset
 from .kernel import Param, ParamKind, compose, kernel_name
+from .pointwise import literal
 
 
 @dataclass(frozen=True)
@@ -89,3 +92,26 @@ def compute_of(tensors: Sequence[Tensor], extra: Iterable[DataType] = ()) -> str
 def indent(statements: Iterable[str], depth: int) -> str:
     pad = "  " * depth
     return "".join(f"{pad}{line}\n" for line in statements)
+
+
+def operand_loader(names: Mapping[int, str], dims: Sequence[int], prefix: str, compute: str) -> Callable[[Tensor], str]:
+    """How an epilogue reads an operand at the element whose coordinates over ``dims`` are
+    ``{prefix}{axis}``: a runtime scalar from its parameter, a tensor through its (broadcast) strides."""
+
+    def load_operand(tensor: Tensor) -> str:
+        if tensor.is_pass_by_value:
+            return scalar_value(tensor, names[tensor.id], compute)
+        return load(tensor.data_type, f"{names[tensor.id]}[{offset(tensor, dims, prefix)}]", compute)
+
+    return load_operand
+
+
+def scalar_value(tensor: Tensor, name: str | None, compute: str) -> str:
+    """The compute-type value of a one-element tensor: a constant's literal, a pass-by-value
+    parameter ``name`` rounded to its type (as the reference rounds it), or element 0 of a
+    device scalar ``name``."""
+    if tensor.is_constant:
+        return literal(rounded_constant(tensor), compute)
+    if tensor.is_pass_by_value:
+        return rounded(tensor.data_type, f"({compute}){name}", compute)
+    return load(tensor.data_type, f"{name}[0]", compute)

@@ -7,7 +7,8 @@ dims an operand really has, so a broadcast operand simply skips the others.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Collection, Sequence
 
 from graphdnn.ir import Tensor
 from graphdnn.layout import storage_extent
@@ -54,3 +55,56 @@ def offset(tensor: Tensor, out_dims: Sequence[int], prefix: str) -> str:
 
 def is_full(tensor: Tensor, out_dims: Sequence[int]) -> bool:
     return tuple(tensor.dim) == tuple(out_dims)
+
+
+def merged_runs(dims: Sequence[int], strides: Sequence[int], axes: Sequence[int]) -> list[tuple[int, int]]:
+    """(extent, stride) of ``axes`` (outermost first, size-1 axes dropped), with each axis merged
+    into the next inner one where they are contiguous (stride = inner extent * inner stride):
+    packed NCHW's H and W become one run of H*W elements, so walks divide by fewer extents."""
+    runs: list[tuple[int, int]] = []
+    for axis in reversed([a for a in axes if dims[a] > 1]):
+        extent, stride = dims[axis], strides[axis]
+        if runs and runs[0][0] * runs[0][1] == stride:
+            runs[0] = (runs[0][0] * extent, runs[0][1])
+        else:
+            runs.insert(0, (extent, stride))
+    return runs
+
+
+def run_offset(linear: str, runs: Sequence[tuple[int, int]], prefix: str, itype: str) -> tuple[list[str], str]:
+    """Statements splitting ``linear`` (an index over ``runs``, outermost first) into coordinates
+    ``{prefix}{i}``, and the element offset they address."""
+    statements = coordinates(linear, [extent for extent, _ in runs], range(len(runs)), prefix, itype)
+    terms = [f"{prefix}{i}" if stride == 1 else f"{prefix}{i} * {stride}" for i, (_, stride) in enumerate(runs)]
+    return statements, " + ".join(terms) if terms else "0"
+
+
+def linear_index(dims: Sequence[int], order: Sequence[int], prefix: str) -> str:
+    """The inverse of :func:`coordinates`: the index, over the axes ``order`` of ``dims``
+    (outermost first), of the coordinates ``{prefix}{axis}``."""
+    terms: list[str] = []
+    step = 1
+    for axis in reversed(order):
+        if dims[axis] != 1:
+            terms.insert(0, f"{prefix}{axis}" if step == 1 else f"{prefix}{axis} * {step}")
+        step *= dims[axis]
+    return " + ".join(terms) if terms else "0"
+
+
+def offset_at(tensor: Tensor, coordinate: Sequence[str]) -> str:
+    """The element offset in ``tensor`` of the given coordinate expressions, one per dim."""
+    terms = []
+    for extent, stride, value in zip(tensor.dim, tensor.stride, coordinate, strict=True):
+        if extent == 1 or stride == 0:
+            continue
+        value = value if value.isidentifier() else f"({value})"
+        terms.append(value if stride == 1 else f"{value} * {stride}")
+    return " + ".join(terms) if terms else "0"
+
+
+def restricted(tensor: Tensor, axes: Collection[int], out_rank: int) -> Tensor:
+    """``tensor`` seen along the output axes ``axes`` only (its other dims set to extent 1):
+    ``offset`` of the result is the part of the tensor's offset those axes contribute."""
+    shift = out_rank - len(tensor.dim)
+    dims = tuple(extent if axis + shift in axes else 1 for axis, extent in enumerate(tensor.dim))
+    return dataclasses.replace(tensor, dim=dims)

@@ -133,7 +133,8 @@ template <int GROUP, class T> __device__ __forceinline__ T group_sum(T v, T* scr
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int first = (warp / WARPS) * WARPS;
-  T total = lane < WARPS ? scratch[first + lane] : T(0);
+  // Each run of WARPS lanes reads all WARPS partials, so every lane ends with the total.
+  T total = scratch[first + lane % WARPS];
   return lanes_sum<(WARPS < 32 ? WARPS : 32)>(total);
 }
 
@@ -146,12 +147,16 @@ template <int GROUP, class T> __device__ __forceinline__ T group_max(T v, T* scr
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int first = (warp / WARPS) * WARPS;
-  T total = lane < WARPS ? scratch[first + lane] : scratch[first];
+  T total = scratch[first + lane % WARPS];
   return lanes_max<(WARPS < 32 ? WARPS : 32)>(total);
 }
 
 // ---- activations ---------------------------------------------------------------------------
 template <class T> __device__ __forceinline__ T sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
+// float: the hardware exp2 and reciprocal (~1e-6 relative error, a third of the instructions;
+// the activations sit in memory-bound kernels where precise exp and division would make
+// them issue-bound). 1 + e^-x overflowing to inf gives exactly 0.
+template <> __device__ __forceinline__ float sigmoid<float>(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
 template <class T> __device__ __forceinline__ T gelu_erf(T x) {
   return T(0.5) * x * (T(1) + erf(x * T(0.70710678118654752440)));
@@ -160,7 +165,7 @@ template <class T> __device__ __forceinline__ T gelu_erf(T x) {
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
 template <class T> __device__ __forceinline__ T gelu_tanh(T x) {
   const T u = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
-  return x / (T(1) + exp(T(-2) * u));
+  return x * sigmoid<T>(T(2) * u);
 }
 
 template <class T> __device__ __forceinline__ T softplus(T x, T beta) {
@@ -173,5 +178,58 @@ template <class T> __device__ __forceinline__ T relu_clip(T x, T slope, T lower,
 }
 
 template <class T> __device__ __forceinline__ T elu(T x, T alpha) { return x > T(0) ? x : alpha * expm1(x); }
+
+// ---- reductions over any associative operation ---------------------------------------------
+// `op` is a functor combining two values (sum, product, NaN-propagating min/max...); the
+// combination order is fixed by the thread layout, so results are reproducible run to run.
+template <int WIDTH, class T, class Op> __device__ __forceinline__ T lanes_reduce(T v, Op op) {
+#pragma unroll
+  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// group_sum with any `op`: every thread of a group of GROUP consecutive threads (a power of
+// 2) gets the group's total; `scratch` holds blockDim.x / 32 values. Contains __syncthreads
+// when GROUP > 32, so all threads of the block must call it.
+template <int GROUP, class T, class Op> __device__ __forceinline__ T group_reduce(T v, T* scratch, Op op) {
+  if constexpr (GROUP <= 32) {
+    return lanes_reduce<GROUP>(v, op);
+  } else {
+    constexpr int WARPS = GROUP / 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = lanes_reduce<32>(v, op);
+    __syncthreads();  // scratch may still be read from a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int first = (warp / WARPS) * WARPS;
+    return lanes_reduce<(WARPS < 32 ? WARPS : 32)>(scratch[first + lane % WARPS], op);
+  }
+}
+
+// Threads laid out as ROWS x COLUMNS (threadIdx.x = row * COLUMNS + column, ROWS a power of
+// 2) combine their N values down each column: a fixed-order tree through shared memory.
+// Every thread ends with its column's totals. `scratch` holds ROWS * COLUMNS * N values;
+// all threads of the block (exactly ROWS * COLUMNS) must call it.
+template <int COLUMNS, int ROWS, int N, class T, class Op>
+__device__ __forceinline__ void column_reduce(T (&v)[N], T* scratch, Op op) {
+  const int column = threadIdx.x % COLUMNS, row = threadIdx.x / COLUMNS;
+  __syncthreads();  // scratch may still be read from a previous call
+#pragma unroll
+  for (int i = 0; i < N; ++i) scratch[(row * N + i) * COLUMNS + column] = v[i];
+  __syncthreads();
+#pragma unroll
+  for (int half = ROWS / 2; half > 0; half >>= 1) {
+    if (row < half) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        T& mine = scratch[(row * N + i) * COLUMNS + column];
+        mine = op(mine, scratch[((row + half) * N + i) * COLUMNS + column]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = scratch[i * COLUMNS + column];
+}
 
 }  // namespace gd
