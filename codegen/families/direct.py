@@ -1,0 +1,46 @@
+"""The direct family: a simple, correct kernel for every op that no other family takes.
+
+A direct fused node holds one node, its anchor. Each op kind has one emitter (in the
+``direct_*`` modules, by kind of work): data movement as strided copies, pooling and
+resampling as per-output gathers, convolution gradients, and the reductions (genstats,
+backward norms, conv_wgrad) on one reduction pattern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fusion_rules import FusedNode
+from graphdnn.errors import UnsupportedError
+
+from ..context import EmitContext
+from ..kernel import FusedProgram
+from . import direct_conv, direct_movement, direct_norm, direct_window
+from .direct_common import anchor_of
+
+EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
+    "reshape": direct_movement.emit_reshape,
+    "transpose": direct_movement.emit_transpose,
+    "slice": direct_movement.emit_slice,
+    "concatenate": direct_movement.emit_concatenate,
+    "pooling": direct_window.emit_pooling,
+    "resample": direct_window.emit_resample,
+    "conv_dgrad": direct_conv.emit_dgrad,
+    "conv_wgrad": direct_conv.emit_wgrad,
+    "genstats": direct_norm.emit_genstats,
+    "batchnorm_backward": direct_norm.emit_norm_backward,
+    "layernorm_backward": direct_norm.emit_norm_backward,
+    "rmsnorm_backward": direct_norm.emit_norm_backward,
+}
+
+
+def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
+    node = anchor_of(fused)
+    assert fused.nodes == (node,), f"a direct fused node holds one node, {fused.name} has {len(fused.nodes)}"
+    emitter = EMITTERS.get(node.op)
+    if emitter is None:
+        raise UnsupportedError(
+            f"the direct kernel family has no kernel for {node.op} (it has: {', '.join(sorted(EMITTERS))})",
+            node=node.name,
+        )
+    return emitter(fused, ctx)

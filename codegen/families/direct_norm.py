@@ -1,0 +1,221 @@
+"""Per-channel statistics (genstats) and the backward norms, on the reduction pattern.
+
+genstats: the sum and the sum of squares over every axis but the channel axis (1).
+
+Backward norms (graphdnn/ops/norm_backward.py), with xhat = (x - mean) * inv_variance
+(x * inv_variance for RMS norm) and g = grad * scale:
+
+    dx     = inv_variance * (g - sum(g) / n - xhat * sum(g * xhat) / n)   over each set of n elements
+    dscale = sum(grad * xhat), dbias = sum(grad)                          over the axes scale broadcasts on
+
+(RMS norm has no sum(g) term.) Kernels, in order: the parameter sums (dscale, dbias); the
+set sums into scratch; dx, one element per thread, from the set sums. When the sets are
+exactly the groups the scale broadcasts over (batch norm: one set per channel), scale is
+one value per set, so sum(g) = scale * sum(grad) and sum(g * xhat) = scale * sum(grad * xhat):
+the parameter sums also serve dx and the set sums are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.ir import Tensor
+from graphdnn.layout import stride_order
+from graphdnn.ops.norms import NormOp
+
+from ..context import EmitContext, KernelParams, operand_loader
+from ..cuda_types import store
+from ..indexing import coordinates, linear_index, offset
+from ..kernel import FusedProgram, Kernel, Scratch
+from ..pointwise import literal
+from .direct_common import (
+    anchor_of,
+    blocks_for,
+    compute_for,
+    declare,
+    first_thread,
+    grid_stride,
+    loop_index_type,
+    make_kernel,
+    tensors_of,
+    written,
+)
+from .direct_reduce import Sums, innermost_reduced, sums_kernels
+
+SET_SUMS = "set_sums"  # scratch: [sum(g * xhat), sum(g)] per set, in the compute type
+
+
+def emit_genstats(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
+    node = anchor_of(fused)
+    x = node.input("input")
+    assert x is not None
+    compute = compute_for(fused)
+    reduced = tuple(axis for axis in stride_order(x.dim, x.stride) if axis != 1)
+
+    def terms(params: KernelParams, itype: str) -> tuple[list[str], list[str]]:
+        value = operand_loader({x.id: params.tensor(x)}, x.dim, "c", compute)(x)
+        return [f"const {compute} v = {value};"], ["v", "v * v"]
+
+    def finish(params: KernelParams, totals: list[str]) -> list[str]:
+        stores = []
+        for role, total in (("sum", totals[0]), ("sq_sum", totals[1])):
+            t = node.output(role)
+            if t is not None and written(fused, t):
+                stores.append(
+                    f"{params.tensor(t, writable=True)}[{offset(t, x.dim, 'c')}] = {store(t.data_type, total)};"
+                )
+        return stores
+
+    sums = Sums("genstats", x.dim, (1,), reduced, innermost_reduced(x.dim, x.stride, reduced), terms, finish)
+    kernels, scratch = sums_kernels(ctx, fused, sums, compute)
+    return FusedProgram(fused.name, kernels, scratch)
+
+
+def emit_norm_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
+    b = _Backward.of(fused)
+    kernels: list[Kernel] = []
+    scratch: list[Scratch] = []
+    for sums in b.reductions():
+        programs, buffers = sums_kernels(ctx, fused, sums, b.compute)
+        kernels += programs
+        scratch += buffers
+    if written(fused, b.dx):
+        kernels.append(b.dx_kernel(ctx))
+        scratch.append(Scratch(SET_SUMS, 2 * b.set_count * (8 if b.compute == "double" else 4)))
+    return FusedProgram(fused.name, tuple(kernels), tuple(scratch))
+
+
+@dataclass(frozen=True)
+class _Backward:
+    """A backward norm node: its tensors, its sets and the axes its scale broadcasts over."""
+
+    fused: FusedNode
+    x: Tensor
+    grad: Tensor
+    scale: Tensor
+    mean: Tensor | None  # None for RMS norm
+    inv: Tensor
+    dx: Tensor
+    dscale: Tensor
+    dbias: Tensor | None
+    set_axes: tuple[int, ...]  # the axes each set spans
+    broadcast: tuple[int, ...]  # the axes dscale and dbias sum over
+    compute: str
+
+    @classmethod
+    def of(cls, fused: FusedNode) -> _Backward:
+        node = anchor_of(fused)
+        op = node.definition
+        assert isinstance(op, NormOp)
+        x, grouping = op.checked(node)
+        grad, scale, mean, inv = (node.input(role) for role in ("grad", "scale", "mean", "inv_variance"))
+        dx, dscale, dbias = (node.output(role) for role in ("dx", "dscale", "dbias"))
+        assert grad is not None and scale is not None and inv is not None and dx is not None and dscale is not None
+        rank = len(x.dim)
+        scale_dims = (1,) * (rank - len(scale.dim)) + scale.dim
+        broadcast = tuple(axis for axis in range(rank) if scale_dims[axis] == 1)
+        compute = compute_for(fused)
+        return cls(fused, x, grad, scale, mean, inv, dx, dscale, dbias, grouping.axes, broadcast, compute)
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return stride_order(self.x.dim, self.x.stride)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the sets are the scale's broadcast groups (size-1 axes aside)."""
+        spanning = [{axis for axis in axes if self.x.dim[axis] > 1} for axes in (self.set_axes, self.broadcast)]
+        return spanning[0] == spanning[1]
+
+    @property
+    def set_kept(self) -> tuple[int, ...]:
+        """The axes that index the sets (in memory order), as the set sums are stored."""
+        axes = self.broadcast if self.shared else self.set_axes
+        return tuple(axis for axis in self.order if axis not in axes)
+
+    @property
+    def set_count(self) -> int:
+        return math.prod(self.x.dim[axis] for axis in self.set_kept)
+
+    def reductions(self) -> list[Sums]:
+        """The parameter sums (dscale, dbias; in the shared case also dx's), then the set sums."""
+        sums = []
+        feeds_dx = self.shared and written(self.fused, self.dx)
+        if written(self.fused, self.dscale) or written(self.fused, self.dbias) or feeds_dx:
+            targets = (self.dscale, self.dbias)
+            sums.append(self._sums("params", self.broadcast, ["grad * xhat", "grad"], targets, feeds_dx))
+        if written(self.fused, self.dx) and not self.shared:
+            terms = ["g * xhat", "g"] if self.mean is not None else ["g * xhat"]
+            sums.append(self._sums("sets", self.set_axes, terms, (), True))
+        return sums
+
+    def _values(self, params: KernelParams, with_g: bool) -> list[str]:
+        """grad, inv, xhat (and g) at the coordinates c{axis} of x."""
+        names = declare(params, [self.grad, self.x, self.mean, self.inv] + ([self.scale] if with_g else []))
+        at = operand_loader(names, self.x.dim, "c", self.compute)
+
+        centered = f"{at(self.x)} - {at(self.mean)}" if self.mean is not None else at(self.x)
+        statements = [
+            f"const {self.compute} grad = {at(self.grad)};",
+            f"const {self.compute} inv = {at(self.inv)};",
+            f"const {self.compute} xhat = ({centered}) * inv;",
+        ]
+        if with_g:
+            statements += [f"const {self.compute} scale = {at(self.scale)};", f"const {self.compute} g = grad * scale;"]
+        return statements
+
+    def _sums(
+        self, kind: str, axes: tuple[int, ...], terms: list[str], targets: tuple[Tensor | None, ...], to_scratch: bool
+    ) -> Sums:
+        """Sums of ``terms`` over ``axes``, stored to ``targets`` (one per term, where written)
+        and, when ``to_scratch``, to the set sums."""
+        reduced = tuple(axis for axis in self.order if axis in axes)
+        kept = tuple(axis for axis in self.order if axis not in axes)
+        count = math.prod(self.x.dim[axis] for axis in kept)
+
+        def finish(params: KernelParams, totals: list[str]) -> list[str]:
+            stores = []
+            for t, total in zip(targets, totals):
+                if t is not None and written(self.fused, t):
+                    target = params.tensor(t, writable=True)
+                    stores.append(f"{target}[{offset(t, self.x.dim, 'c')}] = {store(t.data_type, total)};")
+            if to_scratch:
+                sums = params.scratch(SET_SUMS, self.compute)
+                stores += [f"{sums}[{f'{k * count} + ' if k else ''}o] = {total};" for k, total in enumerate(totals)]
+            return stores
+
+        return Sums(
+            f"{anchor_of(self.fused).op}_{kind}",
+            self.x.dim,
+            kept,
+            reduced,
+            innermost_reduced(self.x.dim, self.x.stride, reduced),
+            lambda params, itype: (self._values(params, with_g=kind == "sets"), terms),
+            finish,
+        )
+
+    def dx_kernel(self, ctx: EmitContext) -> Kernel:
+        """One thread per element of dx (in its memory order), from the set sums."""
+        c, x = self.compute, self.x
+        itype = loop_index_type(tensors_of(self.fused), x.numel)
+        params = KernelParams()
+        body = [*coordinates("p", x.dim, stride_order(self.dx.dim, self.dx.stride), "c", itype)]
+        body += self._values(params, with_g=True)
+        sums = params.scratch(SET_SUMS, c)
+        out = params.tensor(self.dx, writable=True)
+        factor = "scale * " if self.shared else ""
+        n = literal(math.prod(x.dim[axis] for axis in self.set_axes), c)
+        body += [
+            f"const {itype} o = {linear_index(x.dim, self.set_kept, 'c')};",
+            f"const {c} mean_gx = {factor}{sums}[o] / {n};",
+        ]
+        if self.mean is not None:
+            body += [f"const {c} mean_g = {factor}{sums}[{self.set_count} + o] / {n};"]
+            value = "inv * (g - mean_g - xhat * mean_gx)"
+        else:
+            value = "inv * (g - xhat * mean_gx)"
+        body.append(f"{out}[{offset(self.dx, x.dim, 'c')}] = {store(self.dx.data_type, value)};")
+        loop = grid_stride("p", first_thread(itype), x.numel, itype, body)
+        return make_kernel(ctx, self.fused, f"{anchor_of(self.fused).op}_dx", params, loop, (blocks_for(x.numel), 1, 1))

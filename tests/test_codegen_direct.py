@@ -1,0 +1,572 @@
+"""The direct kernel family: every op no other family takes gets a simple, correct kernel.
+
+CPU: each case's kernels compile with NVRTC for sm_80 and sm_90, their launch shapes are
+sane and their parameters are bound to the right tensors; the emitter's choices (vector
+copies, reduction layouts, split reductions, shared sums, unwritten outputs) are checked
+on the generated programs. GPU (``gpu`` marker): every case runs against the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Callable
+
+import pytest
+
+import graphdnn as gd
+from codegen import FusedProgram, ParamKind, compile_cubin
+from codegen.context import EmitContext
+from codegen.families import direct
+from fusion_rules import Family, FusedNode, fuse
+from fusion_rules.partition import ANCHOR_FAMILY, ELEMENTWISE_EXTRA
+from graphdnn.errors import UnsupportedError
+from graphdnn.ops import Category, get_op
+from graphdnn.ops.base import op_kinds
+from graphdnn.signature import signature
+
+Builder = Callable[[], gd.OperationGraphSpec]
+CASES: dict[str, Builder] = {}  # compiled on the CPU and run on the GPU
+GPU_CASES: dict[str, Builder] = {}  # large shapes, run on the GPU only
+
+
+def case(*, gpu_only: bool = False) -> Callable[[Builder], Builder]:
+    def register(build: Builder) -> Builder:
+        (GPU_CASES if gpu_only else CASES)[build.__name__] = build
+        return build
+
+    return register
+
+
+def graph(io: str = "half") -> gd.OperationGraphSpec:
+    return gd.OperationGraphSpec(io_data_type=io)
+
+
+def tensor(g: gd.OperationGraphSpec, dims: list[int], layout: str = "nchw", name: str = "x", **kw: object):
+    stride = gd.nhwc_strides(dims) if layout == "nhwc" else gd.nchw_strides(dims)
+    return g.tensor(dims, stride=stride, name=name, **kw)
+
+
+def outputs(g: gd.OperationGraphSpec, *tensors: object) -> gd.OperationGraphSpec:
+    for t in tensors:
+        if t is not None:
+            t.set_output(True)  # type: ignore[attr-defined]
+    return g
+
+
+# -- data movement --------------------------------------------------------------------------
+@case()
+def reshape_packed_odd() -> gd.OperationGraphSpec:
+    g = graph("half")  # 105 elements: 13 vectors of 8 and a tail of 1
+    return outputs(g, g.reshape(tensor(g, [3, 5, 7]), shape=[7, 15]))
+
+
+@case()
+def reshape_nhwc_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # not row-major: the source is found through the row-major index
+    return outputs(g, g.reshape(tensor(g, [2, 3, 5, 7], "nhwc"), shape=[6, 35]))
+
+
+@case()
+def reshape_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    return outputs(g, g.reshape(tensor(g, [4, 9]), shape=[36]))
+
+
+@case()
+def reshape_float_to_half() -> gd.OperationGraphSpec:
+    g = graph("float")  # converting vector copy
+    return outputs(g, g.reshape(tensor(g, [8, 16]), shape=[2, 64]).set_data_type("half"))
+
+
+@case()
+def transpose_relabels_nhwc() -> gd.OperationGraphSpec:
+    g = graph("float")  # NHWC data seen as [N, H, W, C] packed: a plain copy
+    return outputs(g, g.transpose(tensor(g, [2, 3, 5, 7], "nhwc"), [0, 2, 3, 1]))
+
+
+@case()
+def transpose_general_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    return outputs(g, g.transpose(tensor(g, [2, 3, 5, 7]), [3, 1, 0, 2]))
+
+
+@case()
+def transpose_gapped_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # rows padded to 8: the source has gaps
+    x = g.tensor([2, 3, 5, 7], stride=gd.nhwc_strides([2, 3, 5, 8]), name="x")
+    return outputs(g, g.transpose(x, [1, 0, 2, 3]))
+
+
+@case()
+def slice_steps_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, g.slice(tensor(g, [5, 9, 11]), [slice(1, 4), slice(0, 9, 2), slice(3, 10, 3)]))
+
+
+@case()
+def slice_rows_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # whole rows from row 2: a contiguous run at an offset of 128 elements
+    return outputs(g, g.slice(tensor(g, [8, 64]), [slice(2, 6)]))
+
+
+@case()
+def concatenate_channels_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    a, b = tensor(g, [2, 3, 5, 8], name="a"), tensor(g, [2, 5, 5, 8], name="b")
+    return outputs(g, g.concatenate([a, b, a], axis=1))
+
+
+@case()
+def concatenate_last_nhwc_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    a, b = tensor(g, [3, 4, 5, 7], "nhwc", name="a"), tensor(g, [3, 4, 5, 2], "nhwc", name="b")
+    return outputs(g, g.concatenate([a, b], axis=-1))
+
+
+# -- pooling and resampling -------------------------------------------------------------------
+@case()
+def pool_max_stride2_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    y = g.pooling(tensor(g, [2, 3, 11, 9]), "max", [3, 3], stride=[2, 2], pre_padding=[1, 0], post_padding=[2, 1])
+    return outputs(g, y)
+
+
+@case()
+def pool_avg_include_1d_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, g.pooling(tensor(g, [3, 5, 17]), "avg_include_padding", [4], stride=[3], padding=[2]))
+
+
+@case()
+def pool_avg_exclude_3d_nhwc_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")
+    x = tensor(g, [2, 5, 6, 7, 5], "nhwc")
+    y = g.pooling(x, "avg_exclude_padding", [2, 3, 2], stride=[2, 1, 2], pre_padding=[1, 1, 0], post_padding=[0, 2, 1])
+    return outputs(g, y)
+
+
+@case()
+def pool_max_nhwc_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    return outputs(g, g.pooling(tensor(g, [2, 3, 7, 7], "nhwc"), "max", [2, 2]))
+
+
+@case()
+def resample_nearest_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    return outputs(g, g.resample(tensor(g, [2, 3, 5, 7], "nhwc"), "nearest", size=[12, 10]))
+
+
+@case()
+def resample_linear_align_1d_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, g.resample(tensor(g, [2, 3, 9]), "linear", size=[20], align_corners=True))
+
+
+@case()
+def resample_trilinear_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")
+    return outputs(g, g.resample(tensor(g, [1, 2, 7, 9, 5]), "trilinear", size=[3, 13, 1]))
+
+
+@case()
+def resample_bilinear_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    return outputs(g, g.resample(tensor(g, [2, 2, 5, 6]), "bilinear", size=[9, 4]))
+
+
+# -- convolution gradients ----------------------------------------------------------------------
+CONV_2D = {"stride": [2, 2], "dilation": [2, 1], "pre_padding": [2, 0], "post_padding": [1, 2]}
+
+
+@case()
+def dgrad_grouped_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # image [2, 4, 11, 11], 2 groups of 2 channels, 6 outputs
+    dy, w = tensor(g, [2, 6, 5, 6], name="dy"), tensor(g, [6, 2, 3, 3], name="w")
+    return outputs(g, g.conv_dgrad(dy, w, image_dim=[2, 4, 11, 11], **CONV_2D))
+
+
+@case()
+def dgrad_depthwise_nhwc_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")
+    dy, w = tensor(g, [2, 5, 7, 7], "nhwc", name="dy"), tensor(g, [5, 1, 3, 3], "nhwc", name="w")
+    return outputs(g, g.conv_dgrad(dy, w, padding=[1, 1], stride=[1, 1]))
+
+
+@case()
+def dgrad_convolution_1d_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    dy, w = tensor(g, [3, 4, 6], name="dy"), tensor(g, [4, 3, 4], name="w")
+    return outputs(g, g.conv_dgrad(dy, w, padding=[1], stride=[3], dilation=[2], convolution_mode="convolution"))
+
+
+@case()
+def dgrad_3d_nhwc_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    dy, w = tensor(g, [1, 4, 3, 4, 3], "nhwc", name="dy"), tensor(g, [4, 3, 2, 3, 2], "nhwc", name="w")
+    return outputs(g, g.conv_dgrad(dy, w, pre_padding=[1, 0, 1], post_padding=[0, 1, 1], stride=[2, 1, 2]))
+
+
+@case()
+def dgrad_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    dy, w = tensor(g, [2, 3, 4, 4], name="dy"), tensor(g, [3, 2, 3, 3], name="w")
+    return outputs(g, g.conv_dgrad(dy, w, padding=[1, 1], stride=[2, 2]))
+
+
+@case()
+def wgrad_grouped_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    x, dy = tensor(g, [2, 4, 11, 11], name="x"), tensor(g, [2, 6, 5, 6], name="dy")
+    return outputs(g, g.conv_wgrad(x, dy, filter_dim=[6, 2, 3, 3], **CONV_2D))
+
+
+@case()
+def wgrad_depthwise_nhwc_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")
+    x, dy = tensor(g, [2, 5, 7, 7], "nhwc", name="x"), tensor(g, [2, 5, 7, 7], "nhwc", name="dy")
+    return outputs(g, g.conv_wgrad(x, dy, padding=[1, 1], filter_dim=[5, 1, 3, 3]))
+
+
+@case()
+def wgrad_convolution_1d_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x, dy = tensor(g, [3, 3, 22], name="x"), tensor(g, [3, 4, 6], name="dy")
+    return outputs(
+        g,
+        g.conv_wgrad(
+            x, dy, padding=[1], stride=[3], dilation=[2], convolution_mode="convolution", filter_dim=[4, 3, 4]
+        ),
+    )
+
+
+@case()
+def wgrad_3d_nhwc_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x, dy = tensor(g, [1, 3, 5, 5, 4], "nhwc", name="x"), tensor(g, [1, 4, 3, 4, 3], "nhwc", name="dy")
+    dw = g.conv_wgrad(
+        x, dy, pre_padding=[1, 0, 1], post_padding=[0, 1, 1], stride=[2, 1, 2], filter_dim=[4, 3, 2, 3, 2]
+    )
+    return outputs(g, dw)
+
+
+@case()
+def wgrad_split_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # 144 filter taps, each a sum over 8 * 64 * 64: split over blockIdx.y
+    x, dy = tensor(g, [8, 4, 64, 64], name="x"), tensor(g, [8, 4, 64, 64], name="dy")
+    return outputs(g, g.conv_wgrad(x, dy, padding=[1, 1], filter_dim=[4, 4, 3, 3]))
+
+
+@case()
+def wgrad_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    x, dy = tensor(g, [2, 2, 6, 6], name="x"), tensor(g, [2, 3, 3, 3], name="dy")
+    return outputs(g, g.conv_wgrad(x, dy, padding=[1, 1], stride=[2, 2], filter_dim=[3, 2, 3, 3]))
+
+
+# -- statistics and backward norms ----------------------------------------------------------
+@case()
+def genstats_nchw_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    return outputs(g, *g.genstats(tensor(g, [3, 5, 7, 9])))
+
+
+@case()
+def genstats_nhwc_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, *g.genstats(tensor(g, [3, 37, 7, 9], "nhwc")))
+
+
+@case()
+def genstats_split_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # 3 channels of 65536 elements: split over blockIdx.y
+    return outputs(g, *g.genstats(tensor(g, [16, 3, 64, 64])))
+
+
+@case()
+def genstats_rank2_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    return outputs(g, *g.genstats(tensor(g, [33, 5])))
+
+
+def norm_inputs(g, dims: list[int], stats: list[int], layout: str = "nchw", scale=None, centered: bool = True):
+    """grad, input (in ``layout``), then scale, mean (if ``centered``) and inv_variance in float."""
+    grad, x = tensor(g, dims, layout, name="dy"), tensor(g, dims, layout, name="x")
+    scale_dims = scale or [1, dims[1], *[1] * (len(dims) - 2)]
+    named = [("s", scale_dims), *([("m", stats)] if centered else []), ("v", stats)]
+    return grad, x, *(tensor(g, d, name=n, data_type="float") for n, d in named)
+
+
+def batchnorm_backward(io: str, dims: list[int], layout: str = "nchw") -> gd.OperationGraphSpec:
+    g = graph(io)
+    stats = [1, dims[1], *[1] * (len(dims) - 2)]
+    return outputs(g, *g.batchnorm_backward(*norm_inputs(g, dims, stats, layout)))
+
+
+def layernorm_backward(io: str, dims: list[int], scale: list[int], layout: str = "nchw") -> gd.OperationGraphSpec:
+    g = graph(io)
+    padded = [1] * (len(dims) - len(scale)) + scale
+    stats = [extent if s == 1 else 1 for extent, s in zip(dims, padded)]
+    if all(s == 1 for s in padded):
+        stats = [dims[0], *[1] * (len(dims) - 1)]
+    return outputs(g, *g.layernorm_backward(*norm_inputs(g, dims, stats, layout, scale)))
+
+
+def rmsnorm_backward(io: str, dims: list[int], scale: list[int], has_dbias: bool) -> gd.OperationGraphSpec:
+    g = graph(io)
+    stats = [extent if s == 1 else 1 for extent, s in zip(dims, [1] * (len(dims) - len(scale)) + scale)]
+    grad, x, s, v = norm_inputs(g, dims, stats, scale=scale, centered=False)
+    return outputs(g, *g.rmsnorm_backward(grad, x, s, v, has_dbias=has_dbias))
+
+
+CASES.update(
+    {
+        "batchnorm_backward_nchw_half": lambda: batchnorm_backward("half", [3, 5, 7, 9]),
+        "batchnorm_backward_nhwc_float": lambda: batchnorm_backward("float", [2, 37, 5, 3], "nhwc"),
+        "batchnorm_backward_1d_bf16": lambda: batchnorm_backward("bfloat16", [4, 3, 33]),
+        "batchnorm_backward_one_channel_float": lambda: batchnorm_backward("float", [3, 1, 5, 5]),
+        "batchnorm_backward_split_half": lambda: batchnorm_backward("half", [16, 3, 64, 64]),
+        "batchnorm_backward_double": lambda: batchnorm_backward("double", [2, 3, 4, 5]),
+        "layernorm_backward_rows_half": lambda: layernorm_backward("half", [5, 33], [1, 33]),
+        "layernorm_backward_chw_nhwc_bf16": lambda: layernorm_backward("bfloat16", [3, 6, 5, 7], [1, 6, 5, 7], "nhwc"),
+        "layernorm_backward_last_axis_float": lambda: layernorm_backward("float", [3, 7, 20], [20]),
+        "layernorm_backward_unit_scale_float": lambda: layernorm_backward("float", [4, 3, 5], [1, 1, 1]),
+        "layernorm_backward_double": lambda: layernorm_backward("double", [3, 17], [1, 17]),
+        "rmsnorm_backward_dbias_bf16": lambda: rmsnorm_backward("bfloat16", [7, 45], [1, 45], True),
+        "rmsnorm_backward_float": lambda: rmsnorm_backward("float", [3, 5, 16], [1, 1, 16], False),
+        "rmsnorm_backward_double": lambda: rmsnorm_backward("double", [2, 9], [1, 9], True),
+    }
+)
+
+GPU_CASES.update(
+    {
+        "layernorm_backward_long_row_float": lambda: layernorm_backward("float", [1, 65536], [1, 65536]),
+        "layernorm_backward_long_rows_bf16": lambda: layernorm_backward("bfloat16", [3, 65536], [1, 65536]),
+        "layernorm_backward_many_rows_half": lambda: layernorm_backward("half", [4099, 129], [1, 129]),
+        "rmsnorm_backward_long_row_half": lambda: rmsnorm_backward("half", [2, 65536], [1, 65536], True),
+        "batchnorm_backward_resnet_nhwc_bf16": lambda: batchnorm_backward("bfloat16", [8, 64, 56, 56], "nhwc"),
+        "batchnorm_backward_resnet_nchw_float": lambda: batchnorm_backward("float", [8, 64, 28, 28]),
+    }
+)
+
+
+@case(gpu_only=True)
+def genstats_long_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # float statistics: the sums of squares outgrow half
+    return outputs(g, *(t.set_data_type("float") for t in g.genstats(tensor(g, [32, 3, 112, 112], "nhwc"))))
+
+
+@case(gpu_only=True)
+def wgrad_resnet_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    x, dy = tensor(g, [8, 64, 28, 28], "nhwc", name="x"), tensor(g, [8, 64, 14, 14], "nhwc", name="dy")
+    return outputs(g, g.conv_wgrad(x, dy, padding=[1, 1], stride=[2, 2], filter_dim=[64, 64, 3, 3]))
+
+
+@case(gpu_only=True)
+def dgrad_resnet_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    dy, w = tensor(g, [8, 64, 14, 14], "nhwc", name="dy"), tensor(g, [64, 64, 3, 3], "nhwc", name="w")
+    return outputs(g, g.conv_dgrad(dy, w, padding=[1, 1], stride=[2, 2], image_dim=[8, 64, 28, 28]))
+
+
+@case(gpu_only=True)
+def copy_long_unaligned_slice_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # starts 1 element in: no vectors
+    return outputs(g, g.slice(tensor(g, [65537]), [slice(1, 65537)]))
+
+
+@case(gpu_only=True)
+def reshape_long_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")
+    return outputs(g, g.reshape(tensor(g, [257, 4099]), shape=[4099, 257]))
+
+
+@case(gpu_only=True)
+def pool_global_avg_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    return outputs(g, g.pooling(tensor(g, [4, 64, 7, 7], "nhwc"), "avg_include_padding", [7, 7]))
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def emit_direct(spec: gd.OperationGraphSpec) -> tuple[tuple[FusedNode, FusedProgram], ...]:
+    """The direct fused nodes of a graph and their programs (emission does not depend on the arch)."""
+    ir = spec.validate()
+    ctx = EmitContext(ir, signature(ir), 90)
+    return tuple((f, direct.emit(f, ctx)) for f in fuse(ir, arch=90).nodes if f.family is Family.DIRECT)
+
+
+@functools.cache
+def emitted(name: str) -> tuple[tuple[FusedNode, FusedProgram], ...]:
+    return emit_direct(CASES[name]())
+
+
+def kernels(name: str) -> list:
+    return [k for _, program in emitted(name) for k in program.kernels]
+
+
+def function(kernel) -> str:
+    """The generated kernel function, without the helpers before it."""
+    return kernel.source[kernel.source.index('extern "C"') :]
+
+
+def declarations(source: str, name: str) -> list[str]:
+    match = re.search(rf"{name}\((.*?)\) {{", source)
+    assert match, f"no signature for {name}"
+    return match.group(1).split(", ")
+
+
+def static_shared_bytes(source: str) -> int:
+    sizes = {"float": 4, "double": 8}
+    return sum(sizes[t] * int(n) for t, n in re.findall(r"__shared__ (float|double) \w+\[(\d+)\]", source))
+
+
+# -- CPU tests ----------------------------------------------------------------------------------
+def test_every_direct_op_has_an_emitter():
+    direct_ops = {
+        kind
+        for kind in op_kinds()
+        if get_op(kind).category is not Category.POINTWISE and kind not in {*ANCHOR_FAMILY, *ELEMENTWISE_EXTRA}
+    }
+    assert direct_ops == set(direct.EMITTERS)
+
+
+def test_an_op_without_a_direct_kernel_is_refused_by_name():
+    g = graph("float")
+    outputs(g, g.relu(tensor(g, [4])))
+    ir = g.validate()
+    (fused,) = fuse(ir, arch=90).nodes
+    as_direct = dataclasses.replace(fused, family=Family.DIRECT, anchor=fused.nodes[0])
+    with pytest.raises(UnsupportedError, match="direct kernel family has no kernel for relu"):
+        direct.emit(as_direct, EmitContext(ir, signature(ir), 90))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_launch_shape_and_bindings(name):
+    for fused, program in emitted(name):
+        assert program.kernels, f"{fused.name} has no kernel"
+        inputs, outputs = {t.id for t in fused.inputs}, {t.id for t in fused.outputs}
+        scratch = {s.name for s in program.scratch}
+        read, written = set(), set()
+        for kernel in program.kernels:
+            assert kernel.block == (256, 1, 1)
+            assert 1 <= kernel.grid[0] < 2**31 and 1 <= kernel.grid[1] <= 65535 and kernel.grid[2] == 1
+            assert kernel.shared_bytes == 0 and static_shared_bytes(kernel.source) <= 48 * 1024
+            decls = declarations(kernel.source, kernel.name)
+            assert len(decls) == len(kernel.params)
+            for decl, param in zip(decls, kernel.params):
+                if param.kind is ParamKind.TENSOR:
+                    writable = not decl.startswith("const")
+                    assert param.tensor in (outputs if writable else inputs), decl
+                    (written if writable else read).add(param.tensor)
+                elif param.kind is ParamKind.SCRATCH:
+                    assert param.scratch in scratch and decl.endswith(f" {param.scratch}")
+                else:
+                    assert param.kind is ParamKind.ALIGNED and decl == "const long long aligned"
+        assert read == inputs and written == outputs
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernels_compile(name, arch):
+    for kernel in kernels(name):
+        assert compile_cubin(kernel.source, kernel.name, arch)
+
+
+def test_packed_reshape_is_one_vector_copy():
+    (kernel,) = kernels("reshape_packed_odd")
+    assert "copy_1d" in kernel.name
+    assert "gd::load_vec<__half, 8>" in function(kernel) and "tail = 104;" in function(kernel)
+    assert [p.kind for p in kernel.params][-1] is ParamKind.ALIGNED
+
+
+def test_converting_copy_moves_vectors_of_the_wider_type():
+    (kernel,) = kernels("reshape_float_to_half")
+    assert "gd::load_vec<float, 4>" in function(kernel) and "gd::store_vec<__half, 4>" in function(kernel)
+
+
+def test_layout_relabelling_transpose_is_a_plain_copy():
+    (kernel,) = kernels("transpose_relabels_nhwc")
+    assert "copy_1d" in kernel.name and "gd::load_vec<float, 4>" in function(kernel)
+
+
+def test_gapped_and_strided_copies_go_element_by_element():
+    for name in ("transpose_gapped_bf16", "slice_steps_float", "transpose_general_half"):
+        (kernel,) = kernels(name)
+        assert "load_vec" not in function(kernel) and all(p.kind is ParamKind.TENSOR for p in kernel.params)
+
+
+def test_slice_of_whole_rows_is_a_vector_copy_from_an_offset():
+    (kernel,) = kernels("slice_rows_half")
+    assert "copy_1d" in kernel.name and "(128 + c0 * 8)" in function(kernel)
+
+
+def test_reshape_of_a_non_row_major_input_goes_through_the_row_major_index():
+    (kernel,) = kernels("reshape_nhwc_bf16")
+    assert "row_major" in function(kernel)
+
+
+def test_concatenate_copies_each_input_into_its_slot():
+    found = kernels("concatenate_channels_half")
+    assert len(found) == 3
+    # a: channels 0-2 of 11, b: 3-7, a again: 8-10; 40 elements per channel
+    for kernel, start in zip(found, ["", "120 + ", "320 + "]):
+        assert f" + ({start}c0 * 440 + c1 * 8)" in function(kernel)
+
+
+def test_reduction_layout_follows_the_innermost_axis():
+    (rows,) = kernels("genstats_nchw_half")
+    (columns,) = kernels("genstats_nhwc_float")
+    assert "gd::group_sum<256>" in function(rows) and "column_reduce" not in function(rows)
+    assert "gd::column_reduce<32, 8>" in function(columns)
+
+
+def test_long_reductions_split_and_finalize_in_order():
+    ((_, program),) = emitted("genstats_split_bf16")
+    reduce, finalize = program.kernels
+    splits = reduce.grid[1]
+    assert splits > 1 and reduce.grid[0] == 3  # a block per channel (of 65536 elements), split
+    (partials,) = program.scratch
+    assert partials.bytes == splits * 2 * 3 * 4
+    assert f"s < {splits}" in function(finalize)
+    assert [p.scratch for p in reduce.params if p.kind is ParamKind.SCRATCH] == [partials.name]
+
+
+def test_batchnorm_backward_shares_its_sums_with_dx():
+    ((_, program),) = emitted("batchnorm_backward_nchw_half")
+    assert ["params" in k.name for k in program.kernels] == [True, False]
+    assert "dx" in program.kernels[1].name and "scale * set_sums[o]" in function(program.kernels[1])
+
+
+def test_layernorm_backward_sums_parameters_and_rows_separately():
+    ((_, program),) = emitted("layernorm_backward_rows_half")
+    names = [k.name for k in program.kernels]
+    assert ["params" in n for n in names] == [True, False, False] and "sets" in names[1] and "dx" in names[2]
+
+
+def test_a_single_channel_batch_norm_still_shares_sums():
+    ((_, program),) = emitted("batchnorm_backward_one_channel_float")
+    assert len(program.kernels) == 2
+
+
+def test_unread_virtual_outputs_are_not_written():
+    g = graph("half")  # layer norm, dx only: no parameter sums
+    dx, _, _ = g.layernorm_backward(*norm_inputs(g, [4, 33], [4, 1], scale=[1, 33]))
+    ((_, program),) = emit_direct(outputs(g, dx))
+    assert ["sets_sums" in k.name for k in program.kernels] == [True, False] and "dx" in program.kernels[1].name
+    g = graph("half")  # batch norm, dscale only: no dx, so no set sums in scratch
+    _, dscale, _ = g.batchnorm_backward(*norm_inputs(g, [4, 3, 5], [1, 3, 1]))
+    ((_, program),) = emit_direct(outputs(g, dscale))
+    assert len(program.kernels) == 1 and not program.scratch
+    assert function(program.kernels[0]).count("gd::from<__half>") == 1  # dbias is never stored
+
+
+# -- GPU tests ----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CASES) + sorted(GPU_CASES))
+def test_matches_reference_on_gpu(name):
+    from tests.gpu_check import check_on_gpu
+
+    check_on_gpu({**CASES, **GPU_CASES}[name]())
