@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib import import_module
+from typing import Any
 
 from fusion_rules import Family, FusedNode, Partition
 from graphdnn.errors import UnsupportedError
@@ -24,11 +25,21 @@ _FAMILY_MODULES = {
 
 
 def emitter(family: Family) -> Callable[[FusedNode, EmitContext], FusedProgram]:
+    return _family_module(family).emit
+
+
+def candidates(fused: FusedNode) -> list[dict[str, object]]:
+    """The launch choices worth timing for ``fused`` (autotuning): its family's
+    ``candidates(fused)``, or none for a family without choices."""
+    choose = getattr(_family_module(fused.family), "candidates", None)
+    return list(choose(fused)) if choose is not None else []
+
+
+def _family_module(family: Family) -> Any:
     try:
-        module = import_module(f"codegen.families.{_FAMILY_MODULES[family]}")
+        return import_module(f"codegen.families.{_FAMILY_MODULES[family]}")
     except ModuleNotFoundError:
         raise UnsupportedError(f"no code generator for the {family.value} family") from None
-    return module.emit
 
 
 def emit_partition(

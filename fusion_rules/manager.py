@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import networkx as nx
 
+from graphdnn.arch import parse_arch
 from graphdnn.errors import GraphError
 from graphdnn.ir import Graph, Node, Tensor
 
@@ -15,20 +15,6 @@ from .partition import Family, FusedNode, Partition, Rejection, Rewrite, family_
 from .pattern import Group, Match, MatchContext, Miss, match
 from .rule import Rule, registered_rules
 from .view import GraphView
-
-DEFAULT_ARCH = 90
-
-
-def parse_arch(arch: str | int | None) -> int:
-    """'sm_90' / 'sm_90a' / 90 -> 90; None -> the default target."""
-    if arch is None:
-        return DEFAULT_ARCH
-    if isinstance(arch, int):
-        return arch
-    found = re.fullmatch(r"(?:sm_|compute_)?(\d{2,3})a?", str(arch).strip())
-    if not found:
-        raise GraphError(f"unknown target architecture {arch!r}; expected e.g. 'sm_80' or 'sm_90'")
-    return int(found.group(1))
 
 
 def fuse(

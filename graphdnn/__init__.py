@@ -1,9 +1,14 @@
 """graphdnn: a declarative operation-graph compiler for deep-learning GPU primitives."""
 
 from . import reference
+from .cache.plan_cache import PlanCache
+from .cache.store import CacheWarning
+from .cache_warmup import WarmupReport, warmup
+from .compiler import compile
 from .dtypes import DataType
 from .errors import (
     AttributeValueError,
+    CacheMissError,
     DataTypeError,
     FeedError,
     FormatError,
@@ -19,18 +24,29 @@ from .fusion import fuse
 from .graph import OperationGraphSpec
 from .ir import Graph
 from .layout import nchw_strides, nhwc_strides, packed_strides
+from .plan import Plan
+from .reference_plan import ReferencePlan
+from .runtime.device_array import DeviceArray
+from .runtime.driver import CudaError
 from .serialize import load, save
 from .tensor import TensorSpec
 
 __all__ = [
     "AttributeValueError",
+    "CacheMissError",
+    "CacheWarning",
+    "CudaError",
     "DataType",
     "DataTypeError",
+    "DeviceArray",
     "FeedError",
     "FormatError",
     "Graph",
     "GraphError",
     "OperationGraphSpec",
+    "Plan",
+    "PlanCache",
+    "ReferencePlan",
     "ShapeError",
     "StrideError",
     "StructureError",
@@ -38,6 +54,8 @@ __all__ = [
     "UndeclaredDimsError",
     "UnknownOpError",
     "UnsupportedError",
+    "WarmupReport",
+    "compile",
     "fuse",
     "load",
     "nchw_strides",
@@ -45,4 +63,5 @@ __all__ = [
     "packed_strides",
     "reference",
     "save",
+    "warmup",
 ]

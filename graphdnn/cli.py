@@ -1,24 +1,22 @@
-"""The ``graphdnn`` command: validate, inspect and run graph files.
+"""The ``graphdnn`` command: validate, inspect, run and warm up graph files; manage the plan cache.
 
 Every failure prints one line, ``graphdnn: error: <file>: <where>: <what>``, and exits
-non-zero; no traceback reaches the user for a bad file.
+non-zero; no traceback reaches the user for a bad file or a missing GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
-from . import reference, serialize
+from . import serialize
+from .commands import cache, run, warmup
 from .errors import GraphError
 from .fusion import fuse
 from .graph import OperationGraphSpec
 from .ir import Graph, Tensor
-from .random_inputs import random_inputs
+from .runtime.driver import CudaError
 from .signature import signature
 
 
@@ -28,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
-    except GraphError as error:
+    except (GraphError, CudaError) as error:
         print(f"graphdnn: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -55,11 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--arch", default=None, help="target architecture for fusion, e.g. sm_80 (default sm_90)")
     inspect.set_defaults(run=_inspect)
 
-    run = commands.add_parser("run", help="run a graph on random inputs and summarise its outputs")
-    run.add_argument("file", metavar="FILE")
-    run.add_argument("--backend", choices=["reference"], default="reference", help="where to run it")
-    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    run.set_defaults(run=_run)
+    for command in (run, warmup, cache):
+        command.add(commands)
     return parser
 
 
@@ -88,25 +83,6 @@ def _inspect(args: argparse.Namespace) -> int:
             except OSError as error:
                 raise GraphError(f"cannot write {args.dot}: {error.strerror}") from None
             print(f"wrote {args.dot}")
-    return 0
-
-
-def _run(args: argparse.Namespace) -> int:
-    ir = serialize.load(args.file).validate()
-    feeds = random_inputs(ir, args.seed)
-    start = time.perf_counter()
-    outputs = reference.execute(ir, feeds)
-    seconds = time.perf_counter() - start
-    print(f"graph '{ir.name}' on the {args.backend} backend: {len(ir.nodes)} nodes in {seconds * 1e3:.1f} ms")
-    for name, value in outputs.items():
-        data = value.astype(np.float64)
-        finite = np.isfinite(data)
-        print(
-            f"  {name}: {'x'.join(map(str, value.shape))} {value.dtype}  "
-            f"mean {data[finite].mean() if finite.any() else float('nan'):+.4g}  "
-            f"rms {np.sqrt((data[finite] ** 2).mean()) if finite.any() else float('nan'):.4g}  "
-            f"non-finite {int((~finite).sum())}"
-        )
     return 0
 
 

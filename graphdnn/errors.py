@@ -85,3 +85,7 @@ class FeedError(GraphError):
 
 class UnsupportedError(GraphError):
     """The graph is valid but this backend or target cannot run it; says why."""
+
+
+class CacheMissError(GraphError):
+    """A plan is not in the plan cache and the caller required it to be (require_cached)."""

@@ -17,6 +17,7 @@ from .tensor import Scalar, TensorSpec
 
 if TYPE_CHECKING:
     from .ops.base import Op
+    from .plan import PlanBase
 
 InputValue = TensorSpec | Scalar | Sequence[TensorSpec] | None
 
@@ -326,6 +327,12 @@ class OperationGraphSpec(OpMethods):
         from .signature import signature
 
         return signature(self.validate())
+
+    def build(self, **options: Any) -> PlanBase:
+        """Compile this graph into a plan: the keyword arguments of :func:`graphdnn.compile`."""
+        from .compiler import compile
+
+        return compile(self, **options)
 
     def to_json(self, *, indent: int | None = 2) -> str:
         from .serialize import graph_to_json

@@ -29,14 +29,38 @@ FORM_VERSION = 1
 
 def signature(graph: Graph) -> str:
     """Hex SHA-256 of :func:`canonical_form` of a validated graph."""
-    text = json.dumps(canonical_form(graph), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return _hash(canonical_form(graph))
+
+
+def signature_and_order(graph: Graph) -> tuple[str, tuple[int, ...]]:
+    """The signature and :func:`canonical_tensor_order`, from one canonical numbering."""
+    form, order = _canonical(graph)
+    return _hash(form), order
 
 
 def canonical_form(graph: Graph) -> dict[str, Any]:
     """The name-free, order-free description of ``graph`` that the signature hashes."""
+    return _canonical(graph)[0]
+
+
+def canonical_tensor_order(graph: Graph) -> tuple[int, ...]:
+    """Tensor ids in the order of the canonical form: position i describes tensor ``order[i]``.
+
+    Graphs with equal signatures have equal canonical forms, so positions map the tensors
+    of one onto the tensors of the other (what the plan cache relies on).
+    """
+    return _canonical(graph)[1]
+
+
+def _hash(form: dict[str, Any]) -> str:
+    text = json.dumps(form, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _canonical(graph: Graph) -> tuple[dict[str, Any], tuple[int, ...]]:
     tensor_rank, node_rank = _canonical_order(graph)
-    tensor_index = {t.id: position for position, t in enumerate(sorted(graph.tensors, key=lambda t: tensor_rank[t.id]))}
+    order = tuple(sorted((t.id for t in graph.tensors), key=lambda tid: tensor_rank[tid]))
+    tensor_index = {tid: position for position, tid in enumerate(order)}
     tensors = [None] * len(graph.tensors)
     for t in graph.tensors:
         tensors[tensor_index[t.id]] = _tensor_label(t)  # type: ignore[call-overload]
@@ -48,7 +72,7 @@ def canonical_form(graph: Graph) -> dict[str, Any]:
         ]
         outputs = [[role, tensor_index[t.id]] for role, t in node.outputs]
         nodes.append([*_node_label(node), inputs, outputs])
-    return {"form": FORM_VERSION, "tensors": tensors, "nodes": nodes}
+    return {"form": FORM_VERSION, "tensors": tensors, "nodes": nodes}, order
 
 
 def _tensor_label(t: Any) -> list[Any]:

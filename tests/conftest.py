@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,20 @@ def run_random(rng: np.random.Generator) -> Callable[..., tuple[dict[str, np.nda
         return reference.execute(ir, feeds), feeds
 
     return run
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_plan_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Plans compiled by the tests go to a session directory, never the user's cache."""
+    saved = {name: os.environ.get(name) for name in ("GRAPHDNN_CACHE_DIR", "GRAPHDNN_REQUIRE_CACHED")}
+    os.environ["GRAPHDNN_CACHE_DIR"] = str(tmp_path_factory.mktemp("plan-cache"))
+    os.environ.pop("GRAPHDNN_REQUIRE_CACHED", None)
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _gpu_present() -> bool:

@@ -1,0 +1,330 @@
+"""The benchmark cases: each a graphdnn graph and the same computation in its peers.
+
+A case knows its graph, the bytes and FLOPs its roofline counts, the PyTorch function
+(timed eagerly and through torch.compile) that computes the same outputs from the same
+named inputs, optionally a cuDNN frontend graph of the same fusion, and its target.
+Inputs are shared: every peer reads the tensors graphdnn reads, with the same strides.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import graphdnn as gd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from build_graphs import resnet50_bottleneck, transformer_block
+
+Tensors = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    graph: Callable[[], gd.OperationGraphSpec]
+    torch_fn: Callable[[Tensors], Any]  # named inputs -> outputs
+    bytes: int
+    flops: int = 0
+    target: str = ""
+    cudnn: Callable[[Tensors, Tensors], Callable[[], Any]] | None = None  # (inputs, outputs) -> runner
+    group: str = "kernels"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# -- layernorm + GELU(tanh) --------------------------------------------------------------------
+def _ln_gelu_graph(rows: int, hidden: int) -> Callable[[], gd.OperationGraphSpec]:
+    def build() -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(name=f"ln_gelu_{rows}x{hidden}", io_data_type="bf16")
+        x = g.tensor(name="x", dim=[rows, hidden])
+        y = g.layernorm(
+            "inference", x, g.tensor(name="scale", dim=[1, hidden]), g.tensor(name="bias", dim=[1, hidden]), 1e-5
+        )[0]
+        g.gelu_approx_tanh(y).set_name("y").set_output(True)
+        return g
+
+    return build
+
+
+def _ln_gelu_torch(t: Tensors) -> Any:
+    import torch.nn.functional as F
+
+    hidden = t["x"].shape[-1]
+    y = F.layer_norm(t["x"], (hidden,), t["scale"].view(hidden), t["bias"].view(hidden), 1e-5)
+    return F.gelu(y, approximate="tanh")
+
+
+def _ln_gelu_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
+    import cudnn
+
+    rows, hidden = t["x"].shape
+    graph, handle = _cudnn_graph()
+    x = graph.tensor(
+        name="x", dim=[rows, hidden, 1, 1], stride=[hidden, 1, hidden, hidden], data_type=cudnn.data_type.BFLOAT16
+    )
+    scale = graph.tensor(
+        name="scale", dim=[1, hidden, 1, 1], stride=[hidden, 1, hidden, hidden], data_type=cudnn.data_type.BFLOAT16
+    )
+    bias = graph.tensor(
+        name="bias", dim=[1, hidden, 1, 1], stride=[hidden, 1, hidden, hidden], data_type=cudnn.data_type.BFLOAT16
+    )
+    eps = graph.tensor(
+        name="eps", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT, is_pass_by_value=True
+    )
+    y, _, _ = graph.layernorm(
+        norm_forward_phase=cudnn.norm_forward_phase.INFERENCE, input=x, scale=scale, bias=bias, epsilon=eps
+    )
+    y = graph.gelu_approx_tanh(input=y)
+    y.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+    return _cudnn_runner(
+        graph, handle, {x: t["x"], scale: t["scale"], bias: t["bias"], eps: _host_scalar(1e-5), y: out["y"]}
+    )
+
+
+# -- add + RMSNorm -----------------------------------------------------------------------------
+def _add_rms_graph(rows: int, hidden: int) -> Callable[[], gd.OperationGraphSpec]:
+    def build() -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(name=f"add_rmsnorm_{rows}x{hidden}", io_data_type="bf16")
+        x, r = g.tensor(name="x", dim=[rows, hidden]), g.tensor(name="residual_in", dim=[rows, hidden])
+        s = g.add(x, r).set_name("residual").set_output(True)
+        g.rmsnorm("inference", s, g.tensor(name="scale", dim=[1, hidden]), epsilon=1e-6)[0].set_name("y").set_output(
+            True
+        )  # type: ignore[union-attr]
+        return g
+
+    return build
+
+
+def _add_rms_torch(t: Tensors) -> Any:
+    import torch.nn.functional as F
+
+    hidden = t["x"].shape[-1]
+    s = t["x"] + t["residual_in"]
+    return s, F.rms_norm(s, (hidden,), t["scale"].view(hidden), 1e-6)
+
+
+def _add_rms_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
+    import cudnn
+
+    rows, hidden = t["x"].shape
+    graph, handle = _cudnn_graph()
+    row = [hidden, 1, hidden, hidden]
+    x = graph.tensor(name="x", dim=[rows, hidden, 1, 1], stride=row, data_type=cudnn.data_type.BFLOAT16)
+    r = graph.tensor(name="r", dim=[rows, hidden, 1, 1], stride=row, data_type=cudnn.data_type.BFLOAT16)
+    scale = graph.tensor(name="scale", dim=[1, hidden, 1, 1], stride=row, data_type=cudnn.data_type.BFLOAT16)
+    eps = graph.tensor(
+        name="eps", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT, is_pass_by_value=True
+    )
+    s = graph.add(a=x, b=r)
+    s.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+    y, _ = graph.rmsnorm(
+        norm_forward_phase=cudnn.norm_forward_phase.INFERENCE, input=s, scale=scale, bias=None, epsilon=eps
+    )
+    y.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+    pack = {x: t["x"], r: t["residual_in"], scale: t["scale"], eps: _host_scalar(1e-6), s: out["residual"], y: out["y"]}
+    return _cudnn_runner(graph, handle, pack)
+
+
+# -- conv + BN(inference) + ReLU --------------------------------------------------------------
+def _conv_graph(n: int, c: int, hw: int, k: int, size: int) -> Callable[[], gd.OperationGraphSpec]:
+    def build() -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(name=f"conv{size}x{size}_{c}to{k}_{hw}", io_data_type="bf16")
+        x_dim, w_dim = [n, c, hw, hw], [k, c, size, size]
+        x = g.tensor(name="x", dim=x_dim, stride=gd.nhwc_strides(x_dim))
+        w = g.tensor(name="w", dim=w_dim, stride=gd.nhwc_strides(w_dim))
+        y = g.conv_fprop(x, w, padding=[size // 2] * 2)
+        stats = [
+            g.tensor(name=s, dim=[1, k, 1, 1], data_type="float") for s in ("mean", "inv_variance", "gamma", "beta")
+        ]
+        g.relu(g.batchnorm_inference(y, *stats)).set_name("y").set_output(True)
+        return g
+
+    return build
+
+
+def _conv_torch(t: Tensors) -> Any:
+    import torch.nn.functional as F
+
+    k = t["w"].shape[0]
+    pad = t["w"].shape[-1] // 2
+    variance = t["inv_variance"].reshape(k).float().pow(-2)
+    y = F.conv2d(t["x"], t["w"], padding=pad)
+    y = F.batch_norm(
+        y, t["mean"].reshape(k), variance, t["gamma"].reshape(k), t["beta"].reshape(k), training=False, eps=0.0
+    )
+    return F.relu(y)
+
+
+def _conv_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
+    """The cuDNN frontend's fused conv + bias + ReLU (inference BN folds into the bias)."""
+    import cudnn
+    import torch
+
+    graph, handle = _cudnn_graph()
+    x_t, w_t = t["x"], t["w"]
+    k, pad = w_t.shape[0], w_t.shape[-1] // 2
+    bias_t = torch.randn(1, k, 1, 1, device="cuda", dtype=torch.bfloat16)
+    x = graph.tensor(name="x", dim=list(x_t.shape), stride=list(x_t.stride()), data_type=cudnn.data_type.BFLOAT16)
+    w = graph.tensor(name="w", dim=list(w_t.shape), stride=list(w_t.stride()), data_type=cudnn.data_type.BFLOAT16)
+    b = graph.tensor(name="b", dim=[1, k, 1, 1], stride=[k, 1, k, k], data_type=cudnn.data_type.BFLOAT16)
+    y = graph.conv_fprop(image=x, weight=w, padding=[pad, pad], stride=[1, 1], dilation=[1, 1])
+    y = graph.relu(input=graph.bias(input=y, bias=b))
+    y.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+    return _cudnn_runner(graph, handle, {x: x_t, w: w_t, b: bias_t, y: out["y"]})
+
+
+# -- cuDNN frontend plumbing ------------------------------------------------------------------
+def _cudnn_graph() -> tuple[Any, Any]:
+    import cudnn
+
+    handle = cudnn.create_handle()
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.BFLOAT16,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
+    )
+    return graph, handle
+
+
+def _cudnn_runner(graph: Any, handle: Any, pack: dict[Any, Any]) -> Callable[[], Any]:
+    import cudnn
+    import torch
+
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    workspace = torch.empty(max(graph.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+    return lambda: graph.execute(pack, workspace, handle=handle)
+
+
+def _host_scalar(value: float) -> Any:
+    import torch
+
+    return torch.full((1, 1, 1, 1), value, dtype=torch.float32)
+
+
+# -- example graphs end to end ---------------------------------------------------------------
+def _transformer_torch(t: Tensors) -> Any:
+    import torch.nn.functional as F
+
+    hidden = t["x"].shape[-1]
+    h = F.gelu(
+        F.layer_norm(t["x"], (hidden,), t["ln.scale"].view(hidden), t["ln.bias"].view(hidden), 1e-5), approximate="tanh"
+    )
+    h = F.gelu(h @ t["fc1.weight"] + t["fc1.bias"], approximate="tanh")
+    residual = h @ t["fc2.weight"] + t["fc2.bias"] + t["x"]
+    return residual, F.rms_norm(residual, (hidden,), t["rms.scale"].view(hidden), 1e-6)
+
+
+def _bottleneck_torch(t: Tensors) -> Any:
+    import torch.nn.functional as F
+
+    def conv_bn(x: Any, name: str, size: int) -> Any:
+        w = t[f"{name}.weight"]
+        k = w.shape[0]
+        y = F.conv2d(x, w, padding=size // 2)
+        var = t[f"{name}.bn.inv_variance"].reshape(k).pow(-2)
+        return F.batch_norm(
+            y,
+            t[f"{name}.bn.mean"].reshape(k),
+            var,
+            t[f"{name}.bn.scale"].reshape(k),
+            t[f"{name}.bn.bias"].reshape(k),
+            training=False,
+            eps=0.0,
+        )
+
+    h = F.relu(conv_bn(t["x"], "conv1", 1))
+    h = F.relu(conv_bn(h, "conv2", 3))
+    return F.relu(conv_bn(h, "conv3", 1) + t["x"])
+
+
+def _conv_bytes(n: int, c: int, hw: int, k: int, size: int) -> int:
+    return 2 * (n * c * hw * hw + k * c * size * size + n * k * hw * hw) + 4 * 4 * k
+
+
+def _conv_flops(n: int, c: int, hw: int, k: int, size: int) -> int:
+    return 2 * n * hw * hw * k * c * size * size
+
+
+RESNET_LAYERS = [(32, 64, 56, 64, 3), (32, 64, 56, 256, 1), (32, 128, 28, 128, 3), (32, 256, 14, 256, 3)]
+EAGER_CONV_US = {
+    (32, 64, 56, 64, 3): 91,
+    (32, 64, 56, 256, 1): 106,
+    (32, 128, 28, 128, 3): 42,
+    (32, 256, 14, 256, 3): 40,
+}
+
+
+def cases() -> list[Case]:
+    rows_hidden = [(16384, 4096), (4096, 1024)]
+    out = []
+    for rows, hidden in rows_hidden:
+        big = rows == 16384
+        out.append(
+            Case(
+                f"layernorm+gelu {rows}x{hidden}",
+                _ln_gelu_graph(rows, hidden),
+                _ln_gelu_torch,
+                bytes=2 * 2 * rows * hidden + 2 * 2 * hidden,
+                target="≥ 85% of roofline" if big else "≤ cuDNN layernorm's time",
+                cudnn=_ln_gelu_cudnn,
+            )
+        )
+        out.append(
+            Case(
+                f"add+rmsnorm {rows}x{hidden}",
+                _add_rms_graph(rows, hidden),
+                _add_rms_torch,
+                bytes=4 * 2 * rows * hidden + 2 * hidden,
+                target="≥ 93% of roofline" if big else "≤ 12 µs",
+                cudnn=_add_rms_cudnn,
+            )
+        )
+    for layer in RESNET_LAYERS:
+        n, c, hw, k, size = layer
+        out.append(
+            Case(
+                f"conv{size}x{size}+bn+relu {c}->{k} @{hw}² n{n}",
+                _conv_graph(*layer),
+                _conv_torch,
+                bytes=_conv_bytes(*layer),
+                flops=_conv_flops(*layer),
+                target="faster than eager; geomean ≥ 0.8x cuDNN fused",
+                cudnn=_conv_cudnn,
+                group="conv",
+            )
+        )
+    out.append(
+        Case(
+            "transformer block (example)",
+            transformer_block,
+            _transformer_torch,
+            bytes=2 * (4 * 2048 * 1024 + 2 * 1024 * 4096 + 2 * 2048 * 4096),
+            flops=2 * 2 * 2048 * 1024 * 4096,
+            target="faster than eager and torch.compile",
+            group="end to end",
+        )
+    )
+    out.append(
+        Case(
+            "resnet50 bottleneck (example)",
+            resnet50_bottleneck,
+            _bottleneck_torch,
+            bytes=2 * (2 * 32 * 256 * 56 * 56 + 2 * 32 * 64 * 56 * 56 * 2),
+            flops=sum(
+                _conv_flops(*layer) for layer in [(32, 256, 56, 64, 1), (32, 64, 56, 64, 3), (32, 64, 56, 256, 1)]
+            ),
+            target="faster than eager and torch.compile",
+            group="end to end",
+        )
+    )
+    assert all(math.isfinite(c.bytes) for c in out)
+    return out

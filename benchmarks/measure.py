@@ -1,0 +1,62 @@
+"""Timing and the two ceilings every result is compared with, measured in the same run.
+
+Times are medians of CUDA-event timings after warm-up (triton.testing.do_bench, which
+also flushes the L2 cache before each repetition, so memory-bound cases are not timed
+out of the cache). The ceilings: device-to-device copy bandwidth (bytes read + written)
+and the bf16 matrix-product rate, both through torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+def median_us(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 200) -> float:
+    """Median GPU time of ``fn`` in microseconds."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int = 2000) -> float:
+    """Wall time per call of ``fn`` in a loop (enqueue cost; the GPU keeps up for tiny kernels)."""
+    import torch
+
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    copy_bytes_per_s: float  # bytes read + written per second, device to device
+    bf16_flops_per_s: float
+    device: str
+
+    def floor_us(self, bytes_moved: float, flops: float = 0.0) -> float:
+        """The roofline time: the larger of moving the bytes and doing the arithmetic."""
+        return max(bytes_moved / self.copy_bytes_per_s, flops / self.bf16_flops_per_s) * 1e6
+
+
+def measure_ceilings() -> Ceilings:
+    import torch
+
+    source = torch.randn(2**29 // 2, device="cuda", dtype=torch.bfloat16)  # 512 MiB, far beyond L2
+    target = torch.empty_like(source)
+    copy_us = median_us(lambda: target.copy_(source))
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    mm_us = median_us(lambda: a @ b)
+    return Ceilings(
+        copy_bytes_per_s=2 * source.numel() * source.element_size() / (copy_us * 1e-6),
+        bf16_flops_per_s=2 * n**3 / (mm_us * 1e-6),
+        device=torch.cuda.get_device_name(),
+    )

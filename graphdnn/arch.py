@@ -1,0 +1,54 @@
+"""Target architectures: what users write for one, and the default (the current GPU's).
+
+Kernels compile to cubin for one ``sm_XY``; a cubin runs on GPUs of the same major
+version and an equal or higher minor one (sm_80 code runs on sm_86, not on sm_90).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from .errors import GraphError
+
+DEFAULT_ARCH = 90  # the target when no GPU is present to ask
+
+
+def parse_arch(arch: str | int | None) -> int:
+    """'sm_90' / 'sm_90a' / '90' / 90 -> 90; None -> the default target (sm_90)."""
+    if arch is None:
+        return DEFAULT_ARCH
+    if isinstance(arch, int) and not isinstance(arch, bool):
+        return arch
+    found = re.fullmatch(r"(?:sm_|compute_)?(\d{2,3})a?", str(arch).strip())
+    if not found:
+        raise GraphError(f"unknown target architecture {arch!r}; expected e.g. 'sm_80' or 'sm_90'")
+    return int(found.group(1))
+
+
+def arch_name(arch: int) -> str:
+    return f"sm_{arch}"
+
+
+def resolve_arch(arch: str | int | None) -> int:
+    """An explicit target as given; None: the current GPU's, else sm_90 (no GPU present)."""
+    if arch is not None:
+        return parse_arch(arch)
+    found = current_gpu_arch()
+    return DEFAULT_ARCH if found is None else found
+
+
+@cache
+def current_gpu_arch() -> int | None:
+    """sm_XY of the current CUDA device as a number, or None where there is no usable GPU."""
+    from .runtime.driver import CudaError, current_device
+
+    try:
+        return current_device().arch
+    except CudaError:
+        return None
+
+
+def runs_on(code_arch: int, device_arch: int) -> bool:
+    """True when a cubin built for ``code_arch`` can run on a GPU of ``device_arch``."""
+    return code_arch // 10 == device_arch // 10 and code_arch % 10 <= device_arch % 10

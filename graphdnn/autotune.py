@@ -1,0 +1,110 @@
+"""Autotuning: time each fused node's launch candidates on the GPU, keep the fastest.
+
+A family may offer candidate launch choices for a fused node (``codegen.emit.candidates``:
+the GEMM family's tile shapes, for instance); without autotuning it takes its documented
+heuristic choice, which is also what a machine without a GPU gets. With
+``gd.compile(graph, autotune=True)`` every candidate of every node that has two or more
+is emitted and compiled (into the plan cache, so the winner costs nothing more when the
+plan is built), then run alone on the GPU on random inputs and timed with CUDA events
+(median of rounds); the choices of the fastest are stored in the plan-cache entry with
+the plan, together with the name of the GPU they were timed on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .cache.entries import KernelBinary
+from .cache.plan_cache import PlanCache
+from .ir import Graph, Tensor
+from .kernel_build import build_kernels
+from .lower import assemble
+from .program import ArgKind, Program
+from .random_inputs import random_inputs
+from .signature import signature
+from .variant_pack import scalar_value
+
+# Times a program (one fused node's launches, its own workspace layout) in µs.
+Measure = Callable[[Program, Mapping[str, KernelBinary]], float]
+ROUNDS = 20
+
+
+def tune(
+    ir: Graph,
+    arch: int,
+    kernel_key: Callable[[str], str],
+    measure: Measure,
+    *,
+    disable: Iterable[str] = (),
+    cache: PlanCache | None = None,
+    jobs: int | None = None,
+) -> dict[int, dict[str, Any]]:
+    """The fastest candidate choices, by fused-node position, for nodes with several candidates."""
+    from codegen.context import EmitContext
+    from codegen.emit import candidates, emitter
+    from fusion_rules import fuse
+
+    partition = fuse(ir, arch=arch, disable=disable)
+    graph_signature = signature(ir)
+    chosen: dict[int, dict[str, Any]] = {}
+    for index, fused in enumerate(partition.nodes):
+        options = candidates(fused)
+        if len(options) < 2:
+            continue
+        emit = emitter(fused.family)
+        lowered = [
+            assemble(partition, (emit(fused, EmitContext(ir, graph_signature, arch, dict(option))),), kernel_key, {})
+            for option in options
+        ]
+        sources = {key: source for each in lowered for key, source in each.sources.items()}
+        binaries, _ = build_kernels(sources, arch, cache, jobs)  # every candidate at once, in parallel
+        times = [measure(each.program, binaries) for each in lowered]
+        chosen[index] = dict(options[times.index(min(times))])
+    return chosen
+
+
+def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> tuple[Measure, str]:
+    """A Measure that runs programs on the current GPU (random graph inputs, zeroed
+    workspace), and that GPU's name."""
+    from .runtime import driver, modules
+    from .runtime.device_array import DeviceArray, DeviceMemory
+    from .runtime.launch import BoundPlan, pack_arguments
+    from .runtime.timing import kernel_times_us
+
+    device = driver.current_device()
+    feeds = random_inputs(ir, seed=0)
+    arrays: dict[int, DeviceArray] = {}
+    scalars = {t.id: scalar_value(t, t.value if t.is_constant else feeds[t.name]) for t in _scalars(ir)}
+
+    def buffer(t: Tensor) -> int:
+        if t.id not in arrays:
+            if t.name in feeds:
+                arrays[t.id] = DeviceArray.from_numpy(feeds[t.name], t.stride, t.data_type, device)
+            else:
+                arrays[t.id] = DeviceArray(t.dim, t.stride, t.data_type, device)
+        return arrays[t.id].pointer
+
+    def measure(program: Program, binaries: Mapping[str, KernelBinary]) -> float:
+        workspace = DeviceMemory(device, program.workspace_size)
+        with device.current():
+            driver.call(driver.api().cuMemsetD8, workspace.pointer, 0, max(program.workspace_size, 1))
+        intermediates = program.intermediate_offsets()
+        pointers = {tid: workspace.pointer + offset for tid, offset in intermediates.items()}
+        for launch in program.launches:
+            for arg in launch.args:
+                if arg.kind is ArgKind.TENSOR and arg.tensor is not None and arg.tensor not in intermediates:
+                    pointers[arg.tensor] = buffer(ir.tensors[arg.tensor])
+        kernels = [
+            modules.load(device, launch.kernel_key, launch.name, binaries[launch.kernel_key].cubin, launch.shared_bytes)
+            for launch in program.launches
+        ]
+        slots = [pack_arguments(launch, pointers, scalars, workspace.pointer) for launch in program.launches]
+        bound = BoundPlan(device, 0, program.launches, kernels, slots, {}, [workspace, arrays])
+        return sum(kernel_times_us(bound, rounds))
+
+    return measure, device.name
+
+
+def _scalars(ir: Graph) -> list[Tensor]:
+    return [t for t in ir.tensors if t.is_pass_by_value]

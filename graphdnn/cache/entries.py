@@ -1,0 +1,111 @@
+"""The two kinds of cache entry: a plan (launch metadata) and a compiled kernel (cubin + source).
+
+A plan entry names its kernels by kernel key; a kernel is stored once however many
+plans use it. Both are checked on decode: checksum and format by the container, then
+that the entry is the one its file name promises.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..program import Program
+from . import container
+from .container import EntryError
+from .key import KeyFields
+
+
+@dataclass(frozen=True, repr=False)
+class KernelBinary:
+    """A kernel compiled for one target: what the runtime loads."""
+
+    kernel_key: str
+    name: str  # entry point
+    content_hash: str
+    arch: str
+    cubin: bytes
+    source: str  # as first compiled; its header comment names the graph it was compiled for
+
+    def encode(self) -> bytes:
+        meta = {"kernel_key": self.kernel_key, "name": self.name, "content_hash": self.content_hash, "arch": self.arch}
+        return container.encode(
+            "kernel", {"meta": json.dumps(meta).encode(), "cubin": self.cubin, "source": self.source.encode()}
+        )
+
+    @classmethod
+    def decode(cls, data: bytes, kernel_key: str) -> KernelBinary:
+        sections = container.decode(data, "kernel")
+        meta = _json(sections, "meta")
+        if meta.get("kernel_key") != kernel_key:
+            raise EntryError(f"holds kernel {str(meta.get('kernel_key'))[:16]}…, not {kernel_key[:16]}…")
+        return cls(
+            kernel_key=kernel_key,
+            name=str(meta["name"]),
+            content_hash=str(meta["content_hash"]),
+            arch=str(meta["arch"]),
+            cubin=sections["cubin"],
+            source=sections["source"].decode(),
+        )
+
+    def __repr__(self) -> str:
+        return f"KernelBinary({self.name} {self.arch}, {len(self.cubin)} bytes)"
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """A plan as stored: its key fields and its program with tensors named by canonical position."""
+
+    fields: KeyFields
+    program: Program
+    graph_name: str  # the graph it was first built from (for listings; never part of the key)
+    created: float
+    tuned_on: str | None = None  # the GPU the tuning was timed on; None: the families' heuristic choices
+
+    @property
+    def key(self) -> str:
+        return self.fields.key
+
+    def encode(self) -> bytes:
+        document = {
+            "key": self.key,
+            "fields": asdict(self.fields),
+            "graph_name": self.graph_name,
+            "created": self.created,
+            "tuned_on": self.tuned_on,
+            "program": self.program.to_json(),
+        }
+        return container.encode("plan", {"plan": json.dumps(document, separators=(",", ":")).encode()})
+
+    @classmethod
+    def decode(cls, data: bytes, key: str) -> PlanEntry:
+        document = _json(container.decode(data, "plan"), "plan")
+        try:
+            entry = cls(
+                fields=KeyFields(**document["fields"]),
+                program=Program.from_json(document["program"]),
+                graph_name=str(document["graph_name"]),
+                created=float(document["created"]),
+                tuned_on=None if document["tuned_on"] is None else str(document["tuned_on"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise EntryError(f"malformed plan: {error}") from None
+        if entry.key != key:
+            raise EntryError(f"holds plan {entry.key[:16]}…, not {key[:16]}…")
+        return entry
+
+    @classmethod
+    def new(cls, fields: KeyFields, program: Program, graph_name: str, tuned_on: str | None = None) -> PlanEntry:
+        return cls(fields, program, graph_name, time.time(), tuned_on)
+
+
+def _json(sections: dict[str, bytes], name: str) -> dict[str, Any]:
+    try:
+        value = json.loads(sections[name])
+    except (KeyError, UnicodeDecodeError, ValueError):
+        raise EntryError(f"section '{name}' missing or unreadable") from None
+    if not isinstance(value, dict):
+        raise EntryError(f"section '{name}' is not an object")
+    return value

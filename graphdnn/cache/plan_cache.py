@@ -1,0 +1,230 @@
+"""``PlanCache``: compiled plans by key, in memory (bounded LRU) and on disk, with counters.
+
+The default cache lives under ``$GRAPHDNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/graphdnn``,
+else ``~/.cache/graphdnn``. Counters tell what happened, for tests and warmup reports:
+plan hits and misses, plans loaded from disk, kernels compiled and kernels reused.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .entries import KernelBinary, PlanEntry
+from .lru import LRU
+from .store import DiskStore
+
+if TYPE_CHECKING:
+    from .archive import ArchiveReport
+
+PLANS_IN_MEMORY = 64
+KERNELS_IN_MEMORY = 512
+
+
+@dataclass
+class CacheCounters:
+    hits: int = 0  # plans found, in memory or on disk
+    misses: int = 0  # plans not found (then built)
+    loads: int = 0  # plans read from disk (a subset of hits)
+    compiles: int = 0  # kernels compiled with NVRTC
+    kernel_hits: int = 0  # kernels a build found already compiled (shared with another plan)
+    rejected: int = 0  # entries that failed their checks (corrupt, truncated, other version) and were rebuilt
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class CachedPlan:
+    entry: PlanEntry
+    kernels: dict[str, KernelBinary]  # by kernel key
+    origin: str = "memory cache"  # where this lookup found it: "memory cache" or "disk cache"
+
+
+class PlanCache:
+    """Plans and compiled kernels; ``directory=None`` keeps them in memory only."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        plans_in_memory: int = PLANS_IN_MEMORY,
+        kernels_in_memory: int = KERNELS_IN_MEMORY,
+    ) -> None:
+        self.store = DiskStore(directory) if directory is not None else None
+        self.counters = CacheCounters()
+        self._plans: LRU[str, CachedPlan] = LRU(plans_in_memory)
+        self._kernels: LRU[str, KernelBinary] = LRU(kernels_in_memory)
+        # kernel key -> (mtime, size) of its file (None: absent) when it was found unusable: not reread until it changes
+        self._unreadable: dict[str, tuple[int, int] | None] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def directory(self) -> Path | None:
+        return self.store.directory if self.store else None
+
+    def lookup(self, key: str) -> CachedPlan | None:
+        """The plan stored under ``key`` with all its kernels, or None (a miss)."""
+        found = self._plans.get(key)
+        if found is None and self.store is not None:
+            found = self._load(key)
+        with self._lock:
+            if found is None:
+                self.counters.misses += 1
+            else:
+                self.counters.hits += 1
+        return found
+
+    def kernel(self, kernel_key: str) -> KernelBinary | None:
+        """A compiled kernel, if any plan compiled it before (counted as a kernel hit)."""
+        binary = self._kernels.get(kernel_key)
+        if binary is None and self.store is not None and not self._still_unreadable(kernel_key):
+            binary = self._read_kernel(kernel_key)
+        if binary is not None:
+            with self._lock:
+                self.counters.kernel_hits += 1
+        return binary
+
+    def add_kernel(self, binary: KernelBinary, *, compiled: bool) -> None:
+        self._kernels.put(binary.kernel_key, binary)
+        self._unreadable.pop(binary.kernel_key, None)
+        if self.store is not None:
+            self.store.write_kernel(binary)
+        if compiled:
+            with self._lock:
+                self.counters.compiles += 1
+
+    def add_plan(self, entry: PlanEntry, kernels: dict[str, KernelBinary]) -> None:
+        self._plans.put(entry.key, CachedPlan(entry, kernels))
+        if self.store is not None:
+            self.store.write_plan(entry)
+
+    def export_archive(self, archive: str | os.PathLike[str]) -> ArchiveReport:
+        """Write every valid entry to one archive file (.tar or .tar.gz), to ship a warmed cache."""
+        from .archive import export_cache
+
+        return export_cache(self._disk("export"), Path(archive))
+
+    def import_archive(self, archive: str | os.PathLike[str]) -> ArchiveReport:
+        """Add the valid entries of an archive written by :meth:`export_archive`."""
+        from .archive import import_cache
+
+        return import_cache(self._disk("import"), Path(archive))
+
+    def _disk(self, action: str) -> DiskStore:
+        if self.store is None:
+            from ..errors import GraphError
+
+            raise GraphError(f"cannot {action} an archive: this plan cache has no directory")
+        return self.store
+
+    def forget_memory(self) -> None:
+        """Drop the in-memory tier (the disk tier stays): the next lookups read the disk."""
+        self._plans.clear()
+        self._kernels.clear()
+
+    def _load(self, key: str) -> CachedPlan | None:
+        assert self.store is not None
+        entry = self.store.read_plan(key)
+        kernels: dict[str, KernelBinary] = {}
+        if entry is not None:
+            for kernel_key in entry.program.kernel_keys:
+                binary = self._kernels.get(kernel_key) or self._read_kernel(kernel_key)
+                if binary is None:  # missing or rejected: the plan cannot run, rebuild it
+                    entry = None
+                    break
+                kernels[kernel_key] = binary
+        self._sync_rejected()
+        if entry is None:
+            return None
+        self._plans.put(key, CachedPlan(entry, kernels))
+        with self._lock:
+            self.counters.loads += 1
+        return CachedPlan(entry, kernels, origin="disk cache")
+
+    def _read_kernel(self, kernel_key: str) -> KernelBinary | None:
+        assert self.store is not None
+        binary = self.store.read_kernel(kernel_key)
+        self._sync_rejected()
+        if binary is None:
+            with self._lock:
+                self._unreadable[kernel_key] = self.store.stamp(self.store.kernel_path(kernel_key))
+        else:
+            self._unreadable.pop(kernel_key, None)
+            self._kernels.put(kernel_key, binary)
+        return binary
+
+    def _still_unreadable(self, kernel_key: str) -> bool:
+        """True when the kernel's file was found unusable and has not changed since."""
+        assert self.store is not None
+        return kernel_key in self._unreadable and self._unreadable[kernel_key] == self.store.stamp(
+            self.store.kernel_path(kernel_key)
+        )
+
+    def _sync_rejected(self) -> None:
+        if self.store is not None:
+            with self._lock:
+                self.counters.rejected = self.store.rejected
+
+    def __repr__(self) -> str:
+        where = self.directory if self.directory else "memory only"
+        return f"PlanCache({where}, {self.counters.as_dict()})"
+
+
+def default_directory() -> Path:
+    """``$GRAPHDNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/graphdnn``, else ``~/.cache/graphdnn``."""
+    explicit = os.environ.get("GRAPHDNN_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "graphdnn"
+
+
+_SHARED_CACHES = 8
+_shared: OrderedDict[Path, PlanCache] = OrderedDict()
+_shared_lock = threading.Lock()
+
+
+def cache_at(directory: str | os.PathLike[str]) -> PlanCache:
+    """The process's PlanCache for ``directory`` (the same object each time, so its memory
+    tier and counters carry across calls; the last few directories are kept)."""
+    path = Path(directory).expanduser().resolve()
+    with _shared_lock:
+        if path not in _shared:
+            _shared[path] = PlanCache(path)
+            while len(_shared) > _SHARED_CACHES:
+                _shared.popitem(last=False)
+        _shared.move_to_end(path)
+        return _shared[path]
+
+
+def default_cache() -> PlanCache | None:
+    """The cache ``gd.compile`` uses unless told otherwise; None when GRAPHDNN_DISABLE_CACHE=1."""
+    if os.environ.get("GRAPHDNN_DISABLE_CACHE", "") not in ("", "0"):
+        return None
+    return cache_at(default_directory())
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<default plan cache>"
+
+
+DEFAULT: Any = _Default()
+
+
+def resolve_cache(cache: Any) -> PlanCache | None:
+    """What ``gd.compile``'s ``cache`` argument means: the default cache, none, a directory, a PlanCache."""
+    if cache is DEFAULT:
+        return default_cache()
+    if cache is None or isinstance(cache, PlanCache):
+        return cache
+    if isinstance(cache, (str, os.PathLike)):
+        return cache_at(cache)
+    from ..errors import GraphError
+
+    raise GraphError(f"cache must be a PlanCache, a directory or None, not {type(cache).__name__}")

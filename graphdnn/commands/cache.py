@@ -1,0 +1,147 @@
+"""``graphdnn cache key|stats|ls|verify|clear|export|import``: look after a plan cache."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from ..arch import resolve_arch
+from ..cache.archive import export_cache, import_cache
+from ..cache.container import EntryError
+from ..cache.entries import KernelBinary, PlanEntry
+from ..cache.key import FORMAT_VERSION, key_fields
+from ..cache.store import DiskStore, StoredFile
+from ..serialize import load
+from . import add_cache_dir, chosen_directory
+
+
+def add(commands: Any) -> None:
+    cache = commands.add_parser("cache", help="inspect, verify, clear, export or import the plan cache")
+    actions = cache.add_subparsers(required=True, metavar="ACTION")
+
+    key = actions.add_parser("key", help="print every field of a graph's plan-cache key, and the key")
+    key.add_argument("file", metavar="FILE")
+    key.add_argument("--arch", default=None, help="target, e.g. sm_80 (default: the current GPU's, else sm_90)")
+    key.add_argument("--disable", action="append", default=[], metavar="RULE", help="fusion rule turned off")
+    key.set_defaults(run=_key)
+
+    for name, helptext, function in (
+        ("stats", "entry counts and sizes", _stats),
+        ("ls", "list the stored plans", _ls),
+        ("verify", "check every entry (checksum, format, kernels of each plan); exit 1 if any is bad", _verify),
+        ("clear", "remove every entry", _clear),
+    ):
+        action = actions.add_parser(name, help=helptext)
+        add_cache_dir(action)
+        action.set_defaults(run=function)
+    verify = actions.choices["verify"]
+    verify.add_argument("--remove", action="store_true", help="delete the bad entries (they are rebuilt when needed)")
+
+    export = actions.add_parser("export", help="write every valid entry to one archive (.tar, .tar.gz)")
+    export.add_argument("archive", metavar="ARCHIVE")
+    add_cache_dir(export)
+    export.set_defaults(run=_export)
+    load_archive = actions.add_parser("import", help="add the entries of an exported archive")
+    load_archive.add_argument("archive", metavar="ARCHIVE")
+    add_cache_dir(load_archive)
+    load_archive.set_defaults(run=_import)
+
+
+def _store(args: argparse.Namespace) -> DiskStore:
+    store = chosen_directory(args).store
+    assert store is not None
+    return store
+
+
+def _key(args: argparse.Namespace) -> int:
+    ir = load(args.file).validate()
+    print(key_fields(ir, resolve_arch(args.arch), args.disable).describe())
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    store = _store(args)
+    files = list(store.files())
+    print(f"plan cache {store.directory} (entry format v{FORMAT_VERSION})")
+    for kind in ("plan", "kernel"):
+        mine = [f for f in files if f.kind == kind]
+        print(f"  {kind}s: {len(mine):6d}  {_size(sum(f.bytes for f in mine))}")
+    others = sorted(p.name for p in store.directory.glob("v*") if p.is_dir() and p != store.base)
+    if others:
+        print(f"  other format versions present (unused by this graphdnn): {', '.join(others)}")
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    store = _store(args)
+    print(f"{'key':<18} {'graph':<28} {'arch':<6} {'kernels':>7} {'workspace':>10}  created")
+    for stored in store.files():
+        if stored.kind != "plan":
+            continue
+        try:
+            entry = PlanEntry.decode(stored.path.read_bytes(), stored.key)
+        except EntryError as error:
+            print(f"{stored.key[:16]}…  BAD: {error}")
+            continue
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created))
+        print(
+            f"{stored.key[:16]}…  {entry.graph_name[:28]:<28} {entry.fields.arch:<6} "
+            f"{len(entry.program.kernel_keys):>7} {_size(entry.program.workspace_size):>10}  {created}"
+        )
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    store = _store(args)
+    bad: list[tuple[StoredFile, str]] = []
+    kernels: set[str] = set()
+    plans: list[tuple[StoredFile, PlanEntry]] = []
+    for stored in store.files():
+        try:
+            data = stored.path.read_bytes()
+            if stored.kind == "plan":
+                plans.append((stored, PlanEntry.decode(data, stored.key)))
+            else:
+                KernelBinary.decode(data, stored.key)
+                kernels.add(stored.key)
+        except EntryError as error:
+            bad.append((stored, str(error)))
+    for stored, entry in plans:
+        absent = [k for k in entry.program.kernel_keys if k not in kernels]
+        if absent:
+            bad.append((stored, f"uses {len(absent)} kernel(s) missing or bad in the cache"))
+    for stored, reason in bad:
+        print(f"BAD {stored.kind} {stored.path}: {reason}")
+        if args.remove:
+            stored.path.unlink(missing_ok=True)
+    print(f"verified {len(plans)} plans and {len(kernels)} kernels in {store.directory}: {len(bad)} bad")
+    return 1 if bad else 0
+
+
+def _clear(args: argparse.Namespace) -> int:
+    store = _store(args)
+    print(f"removed {store.clear()} entries from {store.directory}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    store = _store(args)
+    print(f"exported {export_cache(store, args.archive)} from {store.directory} to {args.archive}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    store = _store(args)
+    print(f"imported {import_cache(store, args.archive)} from {args.archive} into {store.directory}")
+    return 0
+
+
+def _size(nbytes: float) -> str:
+    if nbytes < 1024:
+        return f"{nbytes:.0f} B"
+    for unit in ("KiB", "MiB"):
+        nbytes /= 1024
+        if nbytes < 1024:
+            return f"{nbytes:.1f} {unit}"
+    return f"{nbytes / 1024:.1f} GiB"

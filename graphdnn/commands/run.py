@@ -1,0 +1,127 @@
+"""``graphdnn run FILE [--backend gpu|reference] [--check]``: build a graph, run it on random inputs.
+
+On the GPU (the default where there is one): inputs are uploaded with the graph's
+strides, outputs are poisoned (every byte 0xFF: NaN for floats) so an unwritten element
+fails the check, and a table gives each kernel's GPU time (CUDA events) and the host
+time of a pre-bound call. ``--check`` compares every output with the reference backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import reference, serialize
+from ..arch import current_gpu_arch
+from ..compare import relative_error, tolerance
+from ..compiler import compile
+from ..ir import Graph
+from ..plan import Plan, PlanBase
+from ..random_inputs import random_inputs
+from ..reference_plan import host_array
+from . import add_cache_dir, chosen_cache
+
+
+def add(commands: Any) -> None:
+    run = commands.add_parser("run", help="build a graph, run it on random inputs, time it, check it")
+    run.add_argument("file", metavar="FILE")
+    run.add_argument(
+        "--backend", choices=["gpu", "reference"], default=None, help="default: gpu where a GPU is present"
+    )
+    run.add_argument("--check", action="store_true", help="compare every output with the reference backend")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--arch", default=None, help="target (default: the current GPU's)")
+    run.add_argument("--repeat", type=int, default=20, metavar="N", help="timed rounds per kernel")
+    run.add_argument("--autotune", action="store_true", help="time launch candidates on the GPU, keep the fastest")
+    add_cache_dir(run)
+    run.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    ir = serialize.load(args.file).validate()
+    backend = args.backend or ("gpu" if current_gpu_arch() is not None else "reference")
+    why = "" if args.backend else (" (a GPU is present)" if backend == "gpu" else " (no GPU found)")
+    print(f"graph '{ir.name}' ({args.file}): {len(ir.nodes)} nodes; backend {backend}{why}")
+    if backend == "gpu":
+        from ..runtime import driver
+
+        driver.current_device()  # no GPU: fail now (CudaError says why), not after compiling
+    start = time.perf_counter()
+    options = {"autotune": args.autotune} if backend == "gpu" else {}
+    plan = compile(ir, backend=backend, arch=args.arch, cache=chosen_cache(args), **options)
+    print(f"plan: {_origin(plan)} in {(time.perf_counter() - start) * 1e3:.1f} ms")
+    feeds = random_inputs(ir, args.seed)
+    results = _run_gpu(plan, ir, feeds, args.repeat) if isinstance(plan, Plan) else _run_reference(plan, ir, feeds)
+    if not args.check:
+        return 0
+    return _check(ir, feeds, results)
+
+
+def _origin(plan: PlanBase) -> str:
+    if not isinstance(plan, Plan):
+        return "reference (NumPy)"
+    source = f"built ({plan.compiled} kernels compiled)" if plan.origin == "compiled" else f"from the {plan.origin}"
+    key = f"key {plan.key[:16]}…" if plan.key else "not cached"
+    tuning = f"tuned on {plan.tuned_on}" if plan.tuned_on else "heuristic launch choices"
+    return (
+        f"{len(plan.program.launches)} kernel launches for {plan.arch_name}, workspace {plan.workspace_size} bytes, "
+        f"{tuning}; {source}, {key}"
+    )
+
+
+def _run_gpu(plan: Plan, ir: Graph, feeds: dict[str, np.ndarray], repeat: int) -> dict[str, np.ndarray]:
+    from ..runtime import driver
+    from ..runtime.device_array import DeviceArray
+    from ..runtime.timing import host_us_per_call, kernel_times_us
+
+    device = driver.current_device()
+    print(f"device: cuda:{device.ordinal} {device.name} (sm_{device.arch})")
+    pack: dict[str, Any] = {
+        t.name: feeds[t.name]
+        if t.is_pass_by_value
+        else DeviceArray.from_numpy(feeds[t.name], t.stride, t.data_type, device)
+        for t in ir.inputs
+    }
+    outputs = {t.name: DeviceArray(t.dim, t.stride, t.data_type, device) for t in ir.outputs}
+    for array in outputs.values():
+        array.fill_bytes(0xFF)
+    bound = plan.bind({**pack, **outputs})
+    bound()
+    bound.synchronize()
+    results = {name: array.to_numpy() for name, array in outputs.items()}  # before timing reruns the plan
+    times = kernel_times_us(bound, repeat)
+    print(f"  {'#':>2}  {'kernel':<40} {'grid':<16} {'block':<14} {'GPU time':>10}")
+    for i, (launch, us) in enumerate(zip(plan.program.launches, times)):
+        print(f"  {i:>2}  {launch.name:<40} {list(launch.grid)!s:<16} {list(launch.block)!s:<14} {us:>7.1f} µs")
+    print(f"  {'':>2}  {'total':<40} {'':<16} {'':<14} {sum(times):>7.1f} µs")
+    print(f"host time per pre-bound call: {host_us_per_call(bound):.1f} µs")
+    return results
+
+
+def _run_reference(plan: PlanBase, ir: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    pack = {t.name: feeds[t.name] if t.is_pass_by_value else host_array(t, feeds[t.name]) for t in ir.inputs}
+    start = time.perf_counter()
+    outputs = plan.execute(pack)
+    print(f"reference: {len(ir.nodes)} nodes in {(time.perf_counter() - start) * 1e3:.1f} ms")
+    return {name: np.asarray(value) for name, value in outputs.items()}
+
+
+def _check(ir: Graph, feeds: dict[str, np.ndarray], results: dict[str, np.ndarray]) -> int:
+    expected = reference.execute(ir, feeds)
+    print(f"  {'output':<24} {'dims':<20} {'type':<10} {'rel. error':>10} {'tolerance':>10}")
+    failed = []
+    for t in ir.outputs:
+        error = relative_error(results[t.name], expected[t.name])
+        limit = tolerance(t.data_type)
+        ok = error <= limit
+        if not ok:
+            failed.append(t.name)
+        dims = "x".join(map(str, t.dim))
+        print(
+            f"  {t.name:<24} {dims:<20} {t.data_type.value:<10} {error:>10.2e} {limit:>10.1e}  {'ok' if ok else 'FAIL'}"
+        )
+    print("check: " + (f"FAILED ({', '.join(failed)})" if failed else "passed (every output within tolerance)"))
+    return 1 if failed else 0

@@ -1,0 +1,129 @@
+"""From a validated graph to a :class:`~graphdnn.program.Program` and its kernel sources.
+
+The one place where graphdnn reaches into the later stages: ``fusion_rules.fuse``
+partitions the graph, ``codegen.emit_partition`` writes a CUDA program per fused node.
+This module turns their output into plan data: workspace offsets for the intermediates
+that cross fused nodes and for every scratch buffer, and each kernel parameter's binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .ir import Graph, Tensor
+from .layout import storage_extent
+from .program import Arg, ArgKind, Launch, Program, WorkspaceBuffer, align
+
+if TYPE_CHECKING:
+    from codegen import FusedProgram, Kernel
+    from fusion_rules import Partition
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    name: str
+    source: str
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A program plus the source of each of its kernels, by kernel key."""
+
+    program: Program
+    sources: dict[str, KernelSource]
+
+
+def lower(
+    ir: Graph,
+    arch: int,
+    kernel_key: Callable[[str], str],
+    *,
+    disable: Iterable[str] = (),
+    tuning: Mapping[int, Mapping[str, Any]] | None = None,
+) -> Lowered:
+    """Fuse ``ir`` for sm_``arch`` and emit its kernels; ``kernel_key`` names a kernel's
+    cubin from its content hash; ``tuning`` gives launch choices by fused-node position."""
+    from codegen import emit_partition
+    from fusion_rules import fuse
+
+    partition = fuse(ir, arch=arch, disable=disable)
+    by_name = {partition.nodes[i].name: dict(choice) for i, choice in (tuning or {}).items()}
+    programs = emit_partition(partition, arch, by_name)
+    return assemble(partition, programs, kernel_key, tuning or {})
+
+
+def assemble(
+    partition: Partition,
+    programs: tuple[FusedProgram, ...],
+    kernel_key: Callable[[str], str],
+    tuning: Mapping[int, Mapping[str, Any]],
+) -> Lowered:
+    """Plan data from emitted programs: launches with bound arguments, workspace layout."""
+    workspace = _layout(partition.materialized, programs)
+    intermediates = {b.tensor: b for b in workspace if b.tensor is not None}
+    scratch = {
+        (b.fused_index, b.scratch): b.offset for b in workspace if b.scratch is not None and b.fused_index is not None
+    }
+    launches = []
+    sources: dict[str, KernelSource] = {}
+    for index, program in enumerate(programs):
+        for kernel in program.kernels:
+            key = kernel_key(kernel.content_hash)
+            sources.setdefault(key, KernelSource(kernel.name, kernel.source, kernel.content_hash))
+            args = tuple(_arg(partition.graph, kernel, param, index, intermediates, scratch) for param in kernel.params)
+            launches.append(
+                Launch(
+                    name=kernel.name,
+                    kernel_key=key,
+                    content_hash=kernel.content_hash,
+                    fused_index=index,
+                    grid=kernel.grid,
+                    block=kernel.block,
+                    shared_bytes=kernel.shared_bytes,
+                    alignment=kernel.alignment,
+                    args=args,
+                )
+            )
+    size = max((b.offset + b.bytes for b in workspace), default=0)
+    chosen = tuple(dict(tuning.get(i, {})) for i in range(len(programs)))
+    return Lowered(Program(tuple(launches), workspace, align(size), chosen), sources)
+
+
+def _layout(intermediates: tuple[Tensor, ...], programs: tuple[FusedProgram, ...]) -> tuple[WorkspaceBuffer, ...]:
+    """Every intermediate, then every scratch buffer, each on a 256-byte boundary."""
+    buffers = []
+    offset = 0
+    for t in intermediates:
+        size = storage_extent(t.dim, t.stride) * t.data_type.itemsize
+        buffers.append(WorkspaceBuffer(offset, size, tensor=t.id))
+        offset = align(offset + size)
+    for index, program in enumerate(programs):
+        for s in program.scratch:
+            buffers.append(WorkspaceBuffer(offset, s.bytes, scratch=s.name, fused_index=index))
+            offset = align(offset + s.bytes)
+    return tuple(buffers)
+
+
+def _arg(
+    ir: Graph,
+    kernel: Kernel,
+    param: Any,
+    index: int,
+    intermediates: Mapping[int, WorkspaceBuffer],
+    scratch: Mapping[tuple[int, str], int],
+) -> Arg:
+    kind = ArgKind(param.kind.value)
+    if kind is ArgKind.SCRATCH:
+        if (index, param.scratch) not in scratch:
+            raise AssertionError(f"kernel {kernel.name} binds scratch '{param.scratch}' its fused node did not declare")
+        return Arg(kind, offset=scratch[(index, param.scratch)])
+    if kind is ArgKind.TENSOR:
+        t = ir.tensors[param.tensor]
+        if t.is_pass_by_value:
+            raise AssertionError(f"kernel {kernel.name} binds scalar '{t.name}' as a pointer")
+        if t.is_virtual and t.id not in intermediates:
+            raise AssertionError(f"kernel {kernel.name} reads virtual tensor '{t.name}', which no fused node writes")
+    return Arg(kind, tensor=param.tensor)

@@ -1,0 +1,157 @@
+"""What a GPU plan runs: kernel launches with their argument bindings and the workspace layout.
+
+A :class:`Program` is plain data: tensors are named by id, workspace buffers by byte
+offset, kernels by the key of their cubin. It is what the plan cache stores, with the
+ids replaced by positions in the graph's canonical form (:meth:`Program.relabel`), so
+that a graph declared with other names or in another order finds the same entry.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+WORKSPACE_ALIGNMENT = 256  # bytes; every workspace buffer starts on such a boundary
+
+
+class ArgKind(enum.Enum):
+    """How the runtime fills one 8-byte kernel parameter (codegen.ParamKind, by value)."""
+
+    TENSOR = "tensor"  # device pointer of a graph tensor (caller's buffer, or an intermediate in the workspace)
+    SCALAR = "scalar"  # a pass-by-value scalar as a double
+    SCRATCH = "scratch"  # device pointer into the workspace, at ``offset``
+    ALIGNED = "aligned"  # 1 when every pointer of the launch is aligned to the kernel's alignment
+
+
+@dataclass(frozen=True)
+class Arg:
+    kind: ArgKind
+    tensor: int | None = None  # tensor id (TENSOR, SCALAR)
+    offset: int | None = None  # workspace byte offset (SCRATCH)
+
+    def to_json(self) -> list[Any]:
+        return [self.kind.value, self.tensor, self.offset]
+
+    @classmethod
+    def from_json(cls, value: list[Any]) -> Arg:
+        kind, tensor, offset = value
+        return cls(ArgKind(kind), tensor, offset)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: which cubin, its launch shape and how each parameter is filled."""
+
+    name: str  # the extern "C" entry point
+    kernel_key: str  # the compiled kernel (cubin) in the plan cache; see graphdnn.cache.key
+    content_hash: str  # sha256 of the kernel source without its header comment
+    fused_index: int  # position of the fused node (in execution order) this kernel belongs to
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    alignment: int  # bytes the ALIGNED flag checks
+    args: tuple[Arg, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kernel_key": self.kernel_key,
+            "content_hash": self.content_hash,
+            "fused_index": self.fused_index,
+            "grid": list(self.grid),
+            "block": list(self.block),
+            "shared_bytes": self.shared_bytes,
+            "alignment": self.alignment,
+            "args": [a.to_json() for a in self.args],
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Launch:
+        grid, block = value["grid"], value["block"]
+        return cls(
+            name=str(value["name"]),
+            kernel_key=str(value["kernel_key"]),
+            content_hash=str(value["content_hash"]),
+            fused_index=int(value["fused_index"]),
+            grid=(int(grid[0]), int(grid[1]), int(grid[2])),
+            block=(int(block[0]), int(block[1]), int(block[2])),
+            shared_bytes=int(value["shared_bytes"]),
+            alignment=int(value["alignment"]),
+            args=tuple(Arg.from_json(a) for a in value["args"]),
+        )
+
+
+@dataclass(frozen=True)
+class WorkspaceBuffer:
+    """A region of the workspace: a materialized intermediate tensor or a fused node's scratch."""
+
+    offset: int
+    bytes: int
+    tensor: int | None = None  # tensor id of an intermediate
+    scratch: str | None = None  # scratch name (of fused node ``fused_index``)
+    fused_index: int | None = None
+
+    def to_json(self) -> list[Any]:
+        return [self.offset, self.bytes, self.tensor, self.scratch, self.fused_index]
+
+    @classmethod
+    def from_json(cls, value: list[Any]) -> WorkspaceBuffer:
+        offset, size, tensor, scratch, fused_index = value
+        return cls(int(offset), int(size), tensor, scratch, fused_index)
+
+
+@dataclass(frozen=True)
+class Program:
+    """The launches of a plan in execution order, its workspace and the tuning it was emitted with."""
+
+    launches: tuple[Launch, ...]
+    workspace: tuple[WorkspaceBuffer, ...]
+    workspace_size: int
+    tuning: tuple[dict[str, Any], ...]  # per fused node, in execution order: the family's launch choices
+
+    @property
+    def kernel_keys(self) -> tuple[str, ...]:
+        """Distinct compiled kernels, in first-use order."""
+        return tuple(dict.fromkeys(launch.kernel_key for launch in self.launches))
+
+    def intermediate_offsets(self) -> dict[int, int]:
+        return {b.tensor: b.offset for b in self.workspace if b.tensor is not None}
+
+    def relabel(self, mapping: Mapping[int, int]) -> Program:
+        """The same program with every tensor id replaced through ``mapping``."""
+
+        def arg(a: Arg) -> Arg:
+            return a if a.tensor is None else Arg(a.kind, mapping[a.tensor], a.offset)
+
+        def buffer(b: WorkspaceBuffer) -> WorkspaceBuffer:
+            if b.tensor is None:
+                return b
+            return WorkspaceBuffer(b.offset, b.bytes, mapping[b.tensor], b.scratch, b.fused_index)
+
+        launches = tuple(
+            Launch(**{**launch.__dict__, "args": tuple(arg(a) for a in launch.args)}) for launch in self.launches
+        )
+        return Program(launches, tuple(buffer(b) for b in self.workspace), self.workspace_size, self.tuning)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "launches": [launch.to_json() for launch in self.launches],
+            "workspace": [b.to_json() for b in self.workspace],
+            "workspace_size": self.workspace_size,
+            "tuning": list(self.tuning),
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Program:
+        return cls(
+            launches=tuple(Launch.from_json(launch) for launch in value["launches"]),
+            workspace=tuple(WorkspaceBuffer.from_json(b) for b in value["workspace"]),
+            workspace_size=int(value["workspace_size"]),
+            tuning=tuple(dict(t) for t in value["tuning"]),
+        )
+
+
+def align(offset: int, alignment: int = WORKSPACE_ALIGNMENT) -> int:
+    return -(-offset // alignment) * alignment

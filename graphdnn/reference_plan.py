@@ -1,0 +1,89 @@
+"""The plan of the reference backend: the GPU plan's interface, computed by NumPy.
+
+``gd.compile(graph, backend="reference")`` returns one. Buffers are NumPy arrays held
+to the same rules as on the GPU (data type, dims, strides), so code written against it
+runs unchanged on a GPU plan; outputs are written in place, and outputs left out of the
+variant pack are allocated with the graph's strides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import reference
+from .errors import FeedError
+from .ir import Graph, Tensor
+from .layout import storage_extent
+from .plan import PlanBase
+from .runtime.buffers import same_strides
+from .variant_pack import resolve
+
+
+class ReferencePlan(PlanBase):
+    backend = "reference"
+    kernels: tuple[()] = ()
+    workspace_size = 0
+    key = None
+    origin = "reference"
+
+    def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> ReferenceBound:
+        """Check the arrays once; the returned callable runs the reference and writes the outputs."""
+        pack = resolve(self.graph, variant_pack)
+        for tid, value in pack.buffers.items():
+            check_host(self.graph.tensors[tid], value)
+        arrays = dict(pack.buffers)
+        arrays.update({t.id: host_array(t) for t in pack.missing_outputs})
+        return ReferenceBound(self.graph, arrays, pack.scalars)
+
+    def describe(self) -> str:
+        return f"reference plan for graph '{self.graph.name}': {len(self.graph.nodes)} nodes run by NumPy"
+
+    def __repr__(self) -> str:
+        return f"ReferencePlan('{self.graph.name}')"
+
+
+class ReferenceBound:
+    """A reference plan bound to its arrays: each call reads the inputs, writes the outputs."""
+
+    def __init__(self, graph: Graph, arrays: dict[int, np.ndarray], scalars: dict[int, float]) -> None:
+        self.graph = graph
+        self._arrays = arrays
+        self._scalars = scalars
+        self.outputs = {t.name: arrays[t.id] for t in graph.outputs}
+
+    def __call__(self) -> None:
+        feeds: dict[Any, Any] = {self.graph.tensors[tid].name: value for tid, value in self._scalars.items()}
+        feeds.update({t.name: self._arrays[t.id] for t in self.graph.inputs if t.id in self._arrays})
+        results = reference.execute(self.graph, feeds)
+        for t in self.graph.outputs:
+            self._arrays[t.id][...] = results[t.name]
+
+
+def check_host(t: Tensor, value: Any) -> None:
+    """FeedError naming ``t`` unless ``value`` is a NumPy array of its data type, dims and strides."""
+    if not isinstance(value, np.ndarray):
+        raise FeedError(f"is a {type(value).__name__}; the reference backend takes NumPy arrays", tensor=t.name)
+    if value.dtype != t.data_type.numpy:
+        raise FeedError(f"has data type {value.dtype}, the graph declares {t.data_type.value}", tensor=t.name)
+    if tuple(value.shape) != t.dim:
+        raise FeedError(f"has dims {list(value.shape)}, the graph declares {list(t.dim)}", tensor=t.name)
+    strides = tuple(s // value.itemsize for s in value.strides)
+    if not same_strides(t.dim, strides, t.stride):
+        raise FeedError(
+            f"has strides {list(strides)}, the graph declares {list(t.stride)} (graphdnn.reference_plan.host_array "
+            "makes an array with the graph's strides)",
+            tensor=t.name,
+        )
+
+
+def host_array(t: Tensor, values: np.ndarray | None = None) -> np.ndarray:
+    """A NumPy array with exactly ``t``'s dims, strides and data type, holding ``values`` if given."""
+    itemsize = t.data_type.itemsize
+    storage = np.zeros(storage_extent(t.dim, t.stride), dtype=t.data_type.numpy)
+    array = np.lib.stride_tricks.as_strided(storage, shape=t.dim, strides=tuple(s * itemsize for s in t.stride))
+    if values is not None:
+        array[...] = values
+    return array

@@ -1,0 +1,89 @@
+"""Binding a GPU plan to a variant pack: check every buffer, allocate what is missing, pack.
+
+Everything that can be decided before the first launch is decided here, once: the
+device (where the buffers are), each buffer against its graph tensor (FeedError naming
+it), the workspace, the loaded kernels and every kernel's parameter slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..arch import arch_name, runs_on
+from ..errors import FeedError, UnsupportedError
+from ..program import WORKSPACE_ALIGNMENT
+from ..variant_pack import resolve, scalar_value
+from . import buffers, driver, frameworks
+from .launch import BoundPlan, pack_arguments
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+
+
+def bind(plan: Plan, variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> BoundPlan:
+    ir = plan.graph
+    pack = resolve(ir, variant_pack)
+    handle = driver.stream_handle(stream)
+    driver.current_device()  # a context is current: pointer queries need one
+    described = {tid: _describe(ir.tensors[tid].name, value, handle) for tid, value in pack.buffers.items()}
+    device = _device(plan, [b.device for b in described.values() if b.device is not None])
+    for tid, buffer in described.items():
+        buffers.check(ir.tensors[tid], buffer, device.ordinal)
+    library = frameworks.library_of(pack.buffers.values())
+    allocated = {t.id: frameworks.allocate(t, device, library) for t in pack.missing_outputs}
+    described.update({tid: _describe(ir.tensors[tid].name, value, handle) for tid, value in allocated.items()})
+
+    base = _workspace(plan, workspace, device, handle)
+    pointers = {tid: buffer.pointer for tid, buffer in described.items()}
+    pointers.update({tid: base + offset for tid, offset in plan.program.intermediate_offsets().items()})
+    scalars = dict(pack.scalars)
+    scalars.update({t.id: scalar_value(t, t.value) for t in ir.tensors if t.is_constant})
+    slots = [pack_arguments(launch, pointers, scalars, base) for launch in plan.program.launches]
+
+    values = {**pack.buffers, **allocated}
+    outputs = {t.name: values[t.id] for t in ir.outputs}
+    keep_alive = [b.owner for b in described.values()] + [workspace, plan]  # the plan owns the default workspace
+    return BoundPlan(device, handle, plan.program.launches, plan.loaded_kernels(device), slots, outputs, keep_alive)
+
+
+def _describe(name: str, value: Any, stream: int) -> buffers.Buffer:
+    try:
+        return buffers.describe(value, stream)
+    except FeedError as error:
+        raise error.located(tensor=name) from None
+
+
+def _device(plan: Plan, ordinals: list[int]) -> driver.Device:
+    """The device of the first buffer (the checks hold the others to it), else the current one."""
+    device = driver.device(ordinals[0]) if ordinals else driver.current_device()
+    if not runs_on(plan.arch, device.arch):
+        raise UnsupportedError(
+            f"plan for graph '{plan.graph.name}' was compiled for {plan.arch_name}; cuda:{device.ordinal} "
+            f"({device.name}) is {arch_name(device.arch)}: build it with arch=None (the current GPU) or "
+            f"arch='{arch_name(device.arch)}'"
+        )
+    return device
+
+
+def _workspace(plan: Plan, workspace: Any, device: driver.Device, stream: int) -> int:
+    """The workspace's device address (0 when the plan needs none)."""
+    if plan.workspace_size == 0:
+        return 0
+    if workspace is None:
+        return plan.default_workspace(device)
+    if isinstance(workspace, int) and not isinstance(workspace, bool):
+        pointer = workspace  # a raw device pointer: the caller vouches for its size and device
+    else:
+        try:
+            buffer = buffers.describe(workspace, stream)
+        except FeedError as error:
+            raise FeedError(f"workspace {error.reason}") from None
+        if buffer.device != device.ordinal:
+            raise FeedError(f"workspace is in {buffer.where}; the plan runs on cuda:{device.ordinal}")
+        if buffer.nbytes < plan.workspace_size:
+            raise FeedError(f"workspace has {buffer.nbytes} bytes; the plan needs {plan.workspace_size}")
+        pointer = buffer.pointer
+    if pointer % WORKSPACE_ALIGNMENT:
+        raise FeedError(f"workspace address {pointer:#x} is not {WORKSPACE_ALIGNMENT}-byte aligned")
+    return pointer

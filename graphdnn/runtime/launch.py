@@ -1,0 +1,180 @@
+"""Kernel parameters packed once, launched many times.
+
+Every kernel parameter is 8 bytes (codegen.kernel), so a launch's parameters are a NumPy
+array of uint64 slots (pointers, doubles by bit pattern, the aligned flag) and a second
+array holding the address of each slot: the ``void**`` that cuLaunchKernel takes as an
+int. :class:`BoundPlan` keeps both alive with the buffers they point into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..program import ArgKind, Launch
+from . import driver
+from .modules import LoadedKernel
+
+
+def pack_arguments(
+    launch: Launch, pointers: Mapping[int, int], scalars: Mapping[int, float], workspace: int
+) -> np.ndarray:
+    """The 8-byte parameter slots of ``launch``: ``pointers`` by tensor id (caller buffers and
+    intermediates), ``scalars`` by tensor id, scratch at ``workspace`` + offset. The aligned flag
+    is 1 when every pointer of the launch is a multiple of the kernel's alignment."""
+    slots = np.zeros(len(launch.args), dtype=np.uint64)
+    doubles = slots.view(np.float64)
+    addresses = []
+    flags = []
+    for i, arg in enumerate(launch.args):
+        if arg.kind is ArgKind.TENSOR:
+            assert arg.tensor is not None
+            addresses.append(pointers[arg.tensor])
+            slots[i] = addresses[-1]
+        elif arg.kind is ArgKind.SCRATCH:
+            assert arg.offset is not None
+            addresses.append(workspace + arg.offset)
+            slots[i] = addresses[-1]
+        elif arg.kind is ArgKind.SCALAR:
+            assert arg.tensor is not None
+            doubles[i] = scalars[arg.tensor]
+        else:
+            flags.append(i)
+    aligned = all(address % launch.alignment == 0 for address in addresses)
+    for i in flags:
+        slots[i] = int(aligned)
+    return slots
+
+
+def slot_addresses(slots: np.ndarray) -> np.ndarray:
+    """The address of each slot: the kernelParams array."""
+    return np.uint64(slots.ctypes.data) + np.arange(len(slots), dtype=np.uint64) * np.uint64(8)
+
+
+class BoundPlan:
+    """A plan with its buffers, workspace and stream fixed: calling it launches the kernels.
+
+    All checks and argument packing were done by ``Plan.bind``; a call is one
+    ``cuLaunchKernel`` per kernel with the packed parameters, or one ``cuGraphLaunch`` of
+    the captured launches (``cuda_graph=True``). The buffers' contents may change between
+    calls; the buffers themselves must stay (they are referenced here, so they stay alive).
+    ``outputs`` maps every output name to its array (allocated ones included).
+    """
+
+    def __init__(
+        self,
+        device: driver.Device,
+        stream: int,
+        launches: Sequence[Launch],
+        kernels: Sequence[LoadedKernel],
+        slots: Sequence[np.ndarray],
+        outputs: dict[str, Any],
+        keep_alive: list[Any],
+    ) -> None:
+        api = driver.api()
+        self.device = device
+        self.stream = stream
+        self.outputs = outputs
+        self.launches = tuple(launches)
+        self._keep_alive = keep_alive
+        self._slots = list(slots)
+        self._addresses = [slot_addresses(s) for s in slots]
+        self._kernels = list(kernels)  # keeps the modules loaded
+        self._context = device.context_handle
+        self._get_current = api.cuCtxGetCurrent
+        self._launch_kernel = api.cuLaunchKernel
+        self._graph_launch = api.cuGraphLaunch
+        self._graph_exec: Any = None
+        self._cu_stream = api.CUstream(stream)
+        self._calls = [self._arguments(i, self._cu_stream) for i in range(len(self.launches))]
+
+    def __call__(self) -> None:
+        if int(self._get_current()[1]) != self._context:
+            with self.device.current():
+                self._run()
+        else:
+            self._run()
+
+    def _run(self) -> None:
+        if self._graph_exec is not None:
+            status = self._graph_launch(self._graph_exec, self._cu_stream)[0]
+            if status:
+                raise driver.CudaError(f"cuGraphLaunch failed: {driver.describe(driver.api(), status)}")
+            return
+        launch = self._launch_kernel
+        for i, arguments in enumerate(self._calls):
+            status = launch(*arguments)[0]
+            if status:
+                self._failed(i, status)
+
+    def launch_kernel(self, index: int) -> None:
+        """Launch kernel ``index`` alone (for per-kernel timing); its context must be current."""
+        status = self._launch_kernel(*self._calls[index])[0]
+        if status:
+            self._failed(index, status)
+
+    def synchronize(self) -> None:
+        with self.device.current():
+            driver.call(driver.api().cuStreamSynchronize, driver.api().CUstream(self.stream))
+
+    def capture(self) -> None:
+        """Record the launches into a CUDA graph; later calls replay it with one cuGraphLaunch."""
+        api = driver.api()
+        with self.device.current():
+            capture_stream = driver.call(api.cuStreamCreate, int(api.CUstream_flags.CU_STREAM_NON_BLOCKING))
+            try:
+                calls = [(*arguments[:8], capture_stream, *arguments[9:]) for arguments in self._calls]
+                driver.call(
+                    api.cuStreamBeginCapture,
+                    capture_stream,
+                    api.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )
+                try:
+                    for i, arguments in enumerate(calls):
+                        status = self._launch_kernel(*arguments)[0]
+                        if status:
+                            self._failed(i, status)
+                finally:
+                    graph = driver.call(api.cuStreamEndCapture, capture_stream)
+                try:
+                    self._graph_exec = driver.call(api.cuGraphInstantiate, graph, 0)
+                finally:
+                    driver.call(api.cuGraphDestroy, graph)
+            finally:
+                driver.call(api.cuStreamDestroy, capture_stream)
+
+    def _arguments(self, index: int, stream: Any) -> tuple[Any, ...]:
+        launch = self.launches[index]
+        parameters = int(self._addresses[index].ctypes.data) if len(launch.args) else None
+        return (
+            self._kernels[index].function,
+            *launch.grid,
+            *launch.block,
+            launch.shared_bytes,
+            stream,
+            parameters,
+            0,
+        )
+
+    def _failed(self, index: int, status: Any) -> None:
+        launch = self.launches[index]
+        raise driver.CudaError(
+            f"cuLaunchKernel of {launch.name} (grid {list(launch.grid)}, block {list(launch.block)}, "
+            f"{launch.shared_bytes} bytes of shared memory) failed: {driver.describe(driver.api(), status)}"
+        )
+
+    def __del__(self) -> None:
+        graph_exec = getattr(self, "_graph_exec", None)
+        if graph_exec is None:
+            return
+        try:
+            with self.device.current():
+                driver.call(driver.api().cuGraphExecDestroy, graph_exec)
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        mode = "CUDA graph" if self._graph_exec is not None else f"{len(self.launches)} launches"
+        return f"BoundPlan({mode} on cuda:{self.device.ordinal}, stream {self.stream:#x})"

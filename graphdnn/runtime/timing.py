@@ -1,0 +1,46 @@
+"""GPU time of each kernel of a bound plan (CUDA events), and host time per bound call."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from . import driver
+from .launch import BoundPlan
+
+
+def kernel_times_us(bound: BoundPlan, repeats: int = 20) -> list[float]:
+    """Median GPU time of each kernel in µs: an event before and after every launch, ``repeats`` rounds."""
+    api = driver.api()
+    count = len(bound.launches)
+    samples: list[list[float]] = [[] for _ in range(count)]
+    with bound.device.current():
+        stream = api.CUstream(bound.stream)
+        events = [driver.call(api.cuEventCreate, 0) for _ in range(count + 1)]
+        try:
+            bound()  # warm-up: first launches pay for lazy loading
+            for _ in range(repeats):
+                driver.call(api.cuEventRecord, events[0], stream)
+                for i in range(count):
+                    bound.launch_kernel(i)
+                    driver.call(api.cuEventRecord, events[i + 1], stream)
+                driver.call(api.cuEventSynchronize, events[count])
+                for i in range(count):
+                    samples[i].append(driver.call(api.cuEventElapsedTime, events[i], events[i + 1]) * 1e3)
+        finally:
+            for event in events:
+                driver.call(api.cuEventDestroy, event)
+    return [statistics.median(s) for s in samples]
+
+
+def host_us_per_call(bound: BoundPlan, calls: int = 1000) -> float:
+    """Wall time per call of ``bound`` in a loop, in µs (the enqueue cost; the GPU is waited for at the end)."""
+    for _ in range(10):
+        bound()
+    bound.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        bound()
+    elapsed = time.perf_counter() - start
+    bound.synchronize()
+    return elapsed / calls * 1e6
