@@ -55,7 +55,6 @@ def dry_run(selected: list[Case]) -> int:
 
 # -- timed run ----------------------------------------------------------------------------------
 def timed_run(selected: list[Case], args: argparse.Namespace) -> int:
-    import torch
 
     from benchmarks.measure import host_us_per_call, measure_ceilings, median_us
 
@@ -66,38 +65,46 @@ def timed_run(selected: list[Case], args: argparse.Namespace) -> int:
     )
     rows = []
     for case in selected:
-        row: dict[str, Any] = {"case": case.name, "group": case.group, "target": case.target}
-        row["roofline_us"] = ceilings.floor_us(case.bytes, case.flops)
-        try:
-            graph = case.graph()
-            ir = graph.validate()
-            feeds = random_inputs(ir, seed=1)
-            inputs = {t.name: to_torch(feeds[t.name], t) for t in ir.inputs}
-            outputs = {t.name: empty_torch(t) for t in ir.outputs}
-            start = time.perf_counter()
-            plan = gd.compile(graph, autotune=True)
-            row["build_s"] = time.perf_counter() - start
-            bound = plan.bind({**inputs, **outputs}, cuda_graph=len(plan.kernels) > 1)
-            bound()
-            torch.cuda.synchronize()
-            row["error"] = check(ir, feeds, outputs)
-            row["kernels"] = len(plan.kernels)
-            row["graphdnn_us"] = median_us(bound)
-            row["eager_us"] = median_us(lambda: case.torch_fn(inputs))
-            if not args.skip_compile:
-                compiled = torch.compile(case.torch_fn)
-                for _ in range(3):
-                    compiled(inputs)
-                row["compile_us"] = median_us(lambda: compiled(inputs))
-            if case.cudnn is not None:
-                row["cudnn_us"] = _cudnn_time(case, inputs, ir, median_us, row)
-        except Exception as error:  # one broken case must not hide the others' numbers
-            row["failure"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        row = measure_case(case, ceilings, median_us, compile_peer=not args.skip_compile)
         rows.append(row)
         print(json.dumps(row), flush=True)
     extras = overhead_and_build(host_us_per_call)
     write_results(rows, extras, ceilings, Path(args.out), Path(args.json))
     return 0
+
+
+def measure_case(case: Case, ceilings: Any, median_us: Any, *, compile_peer: bool) -> dict[str, Any]:
+    """One row of the table: graphdnn checked against the reference, then every peer timed."""
+    import torch
+
+    row: dict[str, Any] = {"case": case.name, "group": case.group, "target": case.target}
+    row["roofline_us"] = ceilings.floor_us(case.bytes, case.flops)
+    try:
+        graph = case.graph()
+        ir = graph.validate()
+        feeds = random_inputs(ir, seed=1)
+        inputs = {t.name: to_torch(feeds[t.name], t) for t in ir.inputs}
+        outputs = {t.name: empty_torch(t) for t in ir.outputs}
+        start = time.perf_counter()
+        plan = gd.compile(graph, autotune=True)
+        row["build_s"] = time.perf_counter() - start
+        bound = plan.bind({**inputs, **outputs}, cuda_graph=len(plan.kernels) > 1)
+        bound()
+        torch.cuda.synchronize()
+        row["error"] = check(ir, feeds, outputs)
+        row["kernels"] = len(plan.kernels)
+        row["graphdnn_us"] = median_us(bound)
+        row["eager_us"] = median_us(lambda: case.torch_fn(inputs))
+        if compile_peer:
+            compiled = torch.compile(case.torch_fn)
+            for _ in range(3):
+                compiled(inputs)
+            row["compile_us"] = median_us(lambda: compiled(inputs))
+        if case.cudnn is not None:
+            row["cudnn_us"] = _cudnn_time(case, inputs, ir, median_us, row)
+    except Exception as error:  # one broken case must not hide the others' numbers
+        row["failure"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    return row
 
 
 def _cudnn_time(case: Case, inputs: dict[str, Any], ir: Any, median_us: Any, row: dict[str, Any]) -> float | None:
@@ -162,11 +169,11 @@ def overhead_and_build(host_us_per_call: Any) -> dict[str, Any]:
         path = ROOT / "examples" / "graphs" / f"{name}.json"
         with tempfile.TemporaryDirectory() as cache_dir:
             start = time.perf_counter()
-            gd.compile(gd.load(path), cache=cache_dir)
+            arch = gd.compile(gd.load(path), cache=cache_dir).arch
             extras[f"cold build s, {name}"] = time.perf_counter() - start
             code = (
-                "import time, graphdnn as gd; g = gd.load(%r); s = time.perf_counter(); "
-                "gd.compile(g, cache=%r, require_cached=True); print(time.perf_counter() - s)" % (str(path), cache_dir)
+                f"import time, graphdnn as gd; g = gd.load({str(path)!r}); s = time.perf_counter(); "
+                f"gd.compile(g, arch={arch!r}, cache={cache_dir!r}, require_cached=True); print(time.perf_counter() - s)"
             )
             result = subprocess.run(
                 [sys.executable, "-c", code],
@@ -181,6 +188,25 @@ def overhead_and_build(host_us_per_call: Any) -> dict[str, Any]:
 
 
 # -- report -------------------------------------------------------------------------------------
+def table_row(row: dict[str, Any]) -> str:
+    if "failure" in row:
+        return f"| {row['case']} | failed: {row['failure']} |  |  |  |  |  |  |  |  | {row['target']} |"
+    ours = row["graphdnn_us"]
+
+    def us(key: str) -> str:
+        value = row.get(key)
+        return f"{value:.1f}" if isinstance(value, float) else "-"
+
+    def ratio(key: str) -> str:
+        value = row.get(key)
+        return f"{value / ours:.2f}x" if isinstance(value, float) else "-"
+
+    return (
+        f"| {row['case']} | {ours:.1f} | {row['roofline_us']:.1f} | {100 * row['roofline_us'] / ours:.0f}% | {us('eager_us')} | "
+        f"{us('compile_us')} | {us('cudnn_us')} | {ratio('eager_us')} | {ratio('compile_us')} | {ratio('cudnn_us')} | {row['target']} |"
+    )
+
+
 def write_results(rows: list[dict[str, Any]], extras: dict[str, Any], ceilings: Any, md: Path, js: Path) -> None:
     js.write_text(
         json.dumps(
@@ -198,24 +224,7 @@ def write_results(rows: list[dict[str, Any]], extras: dict[str, Any], ceilings: 
         "| case | graphdnn µs | roofline µs | % of roofline | eager µs | torch.compile µs | cuDNN FE µs | vs eager | vs compile | vs cuDNN | target |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in rows:
-        if "failure" in row:
-            lines.append(f"| {row['case']} | failed: {row['failure']} |  |  |  |  |  |  |  |  | {row['target']} |")
-            continue
-        ours = row["graphdnn_us"]
-
-        def ratio(key: str) -> str:
-            value = row.get(key)
-            return f"{value / ours:.2f}x" if isinstance(value, float) else "-"
-
-        def us(key: str) -> str:
-            value = row.get(key)
-            return f"{value:.1f}" if isinstance(value, float) else "-"
-
-        lines.append(
-            f"| {row['case']} | {ours:.1f} | {row['roofline_us']:.1f} | {100 * row['roofline_us'] / ours:.0f}% | {us('eager_us')} | "
-            f"{us('compile_us')} | {us('cudnn_us')} | {ratio('eager_us')} | {ratio('compile_us')} | {ratio('cudnn_us')} | {row['target']} |"
-        )
+    lines += [table_row(row) for row in rows]
     conv = [r for r in rows if r["group"] == "conv" and isinstance(r.get("cudnn_us"), float) and "graphdnn_us" in r]
     if conv:
         geomean = math.exp(sum(math.log(r["cudnn_us"] / r["graphdnn_us"]) for r in conv) / len(conv))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -64,18 +65,48 @@ def kernel_source(
     threads: int,
     body: str,
 ) -> tuple[str, str]:
-    """(name, full source) of a kernel whose body is ``body`` (the code inside the function)."""
+    """(name, full source) of a kernel whose body is ``body`` (the code inside the function).
+
+    Generated identifiers (t12, v7, ...) are renumbered by first appearance, so a fused node
+    that appears in two graphs gives the same source, name and cubin whatever its tensor ids.
+    """
     types = {t.data_type for t in tensors}
-    signature_line = f"(__launch_bounds__({threads}) KERNEL({', '.join(params.declarations)}) {{\n{body}}}\n"
-    name = kernel_name(pattern, signature_line + ",".join(sorted(headers_for(types))))
-    function = f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(params.declarations)}) {{\n{body}}}\n'
+    function, renamed = canonical_identifiers(
+        f'extern "C" __global__ void __launch_bounds__({threads}) KERNEL({", ".join(params.declarations)}) {{\n{body}}}\n'
+    )
+    name = kernel_name(pattern, function + ",".join(sorted(headers_for(types))))
+    function = function.replace(" KERNEL(", f" {name}(", 1)
     members = ", ".join(f"{n.name} ({n.op})" for n in fused.nodes)
+    legend = [
+        f"{renamed.get(declaration.split()[-1], declaration.split()[-1])} = '{ctx.graph.tensors[binding.tensor].name}'"
+        for declaration, binding in zip(params.declarations, params.bindings)
+        if binding.tensor is not None
+    ]
     header = (
         f"graphdnn {fused.family.value} kernel {name}: {pattern}\n"
         f"graph '{ctx.graph.name}' signature {ctx.signature}\n"
-        f"fused node {fused.name} (rule {fused.rule}): {members}"
+        f"fused node {fused.name} (rule {fused.rule}): {members}\n"
+        f"parameters: {', '.join(legend)}"
     )
     return name, compose(header=header, headers=headers_for(types), body=function)
+
+
+_GENERATED = re.compile(r"\b(t|s|v|r|a|o|in|out|base)(\d+)\b")
+
+
+def canonical_identifiers(text: str) -> tuple[str, dict[str, str]]:
+    """``text`` with generated identifiers renumbered per prefix by first appearance, and the renaming."""
+    renamed: dict[str, str] = {}
+    counts: dict[str, int] = {}
+
+    def rename(found: re.Match[str]) -> str:
+        old, prefix = found.group(0), found.group(1)
+        if old not in renamed:
+            renamed[old] = f"{prefix}{counts.get(prefix, 0)}"
+            counts[prefix] = counts.get(prefix, 0) + 1
+        return renamed[old]
+
+    return _GENERATED.sub(rename, text), renamed
 
 
 def pattern_name(fused: FusedNode) -> str:

@@ -20,6 +20,12 @@ def index_type(tensors: Sequence[Tensor], *extra_extents: int) -> str:
     return "int" if largest < 2**31 - 1 else "long long"
 
 
+def loop_index_type(tensors: Sequence[Tensor], count: int, grid_threads: int, *extents: int) -> str:
+    """int or long long for a grid-stride loop over ``count``: the index passes ``count`` by
+    up to ``grid_threads`` (all threads of the grid) before the loop test stops it."""
+    return index_type(tensors, count + grid_threads, *extents)
+
+
 def coordinates(linear: str, dims: Sequence[int], order: Sequence[int], prefix: str, itype: str) -> list[str]:
     """Statements splitting ``linear`` (an index over ``dims`` laid out ``order[0]``
     outermost) into coordinate variables ``{prefix}{axis}``; size-1 axes become 0."""

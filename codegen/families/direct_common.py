@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from fusion_rules import FusedNode
 from graphdnn.ir import Node, Tensor
 
+from .. import indexing
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, scalar_value
 from ..cuda_types import load
-from ..indexing import index_type
 from ..kernel import Kernel
 
 THREADS = 256
@@ -58,7 +58,7 @@ def read(tensor: Tensor, name: str, offset: str, compute: str) -> str:
 def loop_index_type(tensors: Sequence[Tensor], count: int, *extents: int) -> str:
     """int or long long for a kernel with a grid-stride loop over ``count``: the index passes
     ``count`` by up to a grid's worth of threads before the loop test stops it."""
-    return index_type(tensors, count + MAX_BLOCKS * THREADS, *extents)
+    return indexing.loop_index_type(tensors, count, MAX_BLOCKS * THREADS, *extents)
 
 
 def blocks_for(count: int, per_block: int = THREADS) -> int:

@@ -17,7 +17,7 @@ from graphdnn.layout import packed_strides, stride_order
 from .. import epilogue
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type, load, store
-from ..indexing import coordinates, index_type, is_full, offset
+from ..indexing import coordinates, is_full, loop_index_type, offset
 from ..kernel import FusedProgram, Kernel
 
 THREADS = 256
@@ -30,18 +30,18 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     order = stride_order(dims, outputs[0].stride)
     tensors = [*fused.inputs, *outputs]
     compute = compute_of(tensors)
-    itype = index_type(tensors)
-    params = KernelParams()
-    names = {t.id: params.tensor(t) for t in fused.inputs}
-    names.update({t.id: params.tensor(t, writable=True) for t in outputs})
-    aligned = params.aligned_flag()
-
     packed = packed_strides(dims, order)
     contiguous = [t for t in tensors if not t.is_pass_by_value and is_full(t, dims)]
     vectorizable = all(t.stride == packed for t in contiguous)
     widest = max(t.data_type.itemsize for t in contiguous)
     vec = max(1, 16 // widest) if vectorizable else 1
     numel = outputs[0].numel
+    blocks = min(max(1, -(-numel // (vec * THREADS))), MAX_BLOCKS)
+    itype = loop_index_type(tensors, numel, blocks * THREADS)
+    params = KernelParams()
+    names = {t.id: params.tensor(t) for t in fused.inputs}
+    names.update({t.id: params.tensor(t, writable=True) for t in outputs})
+    aligned = params.aligned_flag()
 
     def element(p: str, vector_slot: str | None) -> list[str]:
         """Statements computing and storing element p (in `order`); vector_slot: index into loaded vectors."""
@@ -98,7 +98,6 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         *("  " + line for line in element("p", None)),
         "}",
     ]
-    blocks = min(max(1, -(-numel // (vec * THREADS))), MAX_BLOCKS)
     name, source = kernel_source(ctx, fused, pattern_name(fused), tensors, params, THREADS, indent(body, 1))
     kernel = Kernel(name, source, (blocks, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings), alignment=16)
     return FusedProgram(fused.name, (kernel,))

@@ -32,7 +32,7 @@ from graphdnn.ops.conv import ConvAttributes, ConvMode
 from .. import epilogue
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type, load, rounded, store
-from ..indexing import coordinates, index_type, offset
+from ..indexing import coordinates, index_type, loop_index_type, offset
 from ..kernel import FusedProgram, Kernel
 
 TENSOR_CORE_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
@@ -212,7 +212,8 @@ def _simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     params, names = _declare(fused, p)
     tensors = [*fused.inputs, *fused.outputs]
     compute = compute_of([p.a, p.b, *fused.outputs])
-    itype = index_type(tensors, p.out.numel)
+    blocks = min(max(1, -(-p.out.numel // SIMT_THREADS)), MAX_BLOCKS)
+    itype = loop_index_type(tensors, p.out.numel, blocks * SIMT_THREADS)
     out = p.out
     rank = len(out.dim)
     body = [
