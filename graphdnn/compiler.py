@@ -8,7 +8,7 @@ miss: fuse -> emit -> NVRTC (each distinct kernel once, in parallel) -> store ->
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .arch import arch_name, current_gpu_arch, resolve_arch, runs_on
@@ -35,6 +35,7 @@ def compile(
     require_cached: bool | None = None,
     jobs: int | None = None,
     autotune: bool = False,
+    tuning: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> PlanBase:
     """Compile ``graph`` (an OperationGraphSpec or a validated Graph) into a plan.
 
@@ -46,6 +47,9 @@ def compile(
     any cache miss an error (default: $GRAPHDNN_REQUIRE_CACHED=1). ``jobs``: NVRTC threads.
     ``autotune``: time the families' launch candidates on the current GPU and keep the
     fastest (a cached plan built without tuning is then rebuilt, unless require_cached).
+    ``tuning``: explicit launch choices by fused-node name (as ``graphdnn inspect --fused``
+    names them), e.g. ``{"conv_bn_act_0": {"block_m": 64, "block_n": 64, "stages": 4}}``;
+    for experiments and tests, so such a plan bypasses the cache.
     """
     ir: Graph = graph if isinstance(graph, Graph) else graph.validate()
     if backend == "reference":
@@ -57,6 +61,8 @@ def compile(
     require = _env_flag("GRAPHDNN_REQUIRE_CACHED") if require_cached is None else require_cached
     graph_signature, order = signature_and_order(ir)
     fields = key_fields(ir, target, disable, graph_signature)
+    if tuning is not None:
+        return _build(ir, target, fields, order, None, disable, jobs, False, _positions(ir, target, disable, tuning))
     found = plan_cache.lookup(fields.key) if plan_cache is not None else None
     if found is not None and (not autotune or found.entry.tuned_on is not None or require):
         return _from_cache(ir, target, found, order)
@@ -81,11 +87,14 @@ def _build(
     disable: Iterable[str],
     jobs: int | None,
     autotune: bool,
+    tuning: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> Plan:
     from .kernel_build import build_kernels
     from .lower import lower
 
-    tuning, tuned_on = tuned_choices(ir, target, fields, disable, plan_cache, jobs) if autotune else ({}, None)
+    tuned_on = None
+    if autotune:
+        tuning, tuned_on = tuned_choices(ir, target, fields, disable, plan_cache, jobs)
     lowered = lower(ir, target, fields.kernel_key, disable=disable, tuning=tuning)
     binaries, compiled = build_kernels(lowered.sources, target, plan_cache, jobs)
     if plan_cache is not None:
@@ -93,6 +102,19 @@ def _build(
     return Plan(
         ir, target, lowered.program, binaries, key=fields.key, origin="compiled", compiled=compiled, tuned_on=tuned_on
     )
+
+
+def _positions(
+    ir: Graph, target: int, disable: Iterable[str], tuning: Mapping[str, Mapping[str, Any]]
+) -> dict[int, Mapping[str, Any]]:
+    """Launch choices by fused-node name -> by position in the partition."""
+    from fusion_rules import fuse
+
+    names = [fused.name for fused in fuse(ir, arch=target, disable=disable).nodes]
+    unknown = sorted(set(tuning) - set(names))
+    if unknown:
+        raise GraphError(f"no fused node named {unknown[0]!r} in graph '{ir.name}'; fused nodes: {', '.join(names)}")
+    return {names.index(name): choice for name, choice in tuning.items()}
 
 
 def tuned_choices(

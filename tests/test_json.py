@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 from hypothesis import given, settings
 
@@ -32,7 +31,13 @@ def test_round_trip_keeps_signature_and_text(recipe) -> None:
     again = gd.OperationGraphSpec.from_json(text)
     assert again.signature() == g.signature()
     assert again.to_json() == text
-    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@settings(max_examples=20, deadline=None)
+@given(recipe=pointwise_recipes())
+def test_written_files_match_the_shipped_schema(recipe) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(json.loads(build(recipe)[0].to_json()), SCHEMA)
 
 
 def test_save_and_load(tmp_path: Path) -> None:
