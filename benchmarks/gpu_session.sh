@@ -16,7 +16,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   for f in examples/graphs/*.json; do timeout 120 python3 -m graphdnn.cli run "$f" --check 2>&1 | tail -8; done | tee "$OUT/examples.log"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  timeout 500 python3 benchmarks/run.py ${filter:+--only "$filter"} --out "$OUT/RESULTS.md" --json "$OUT/results.json" 2>&1 | tee "$OUT/bench.log" | tail -40
+  timeout 540 python3 benchmarks/run.py ${BENCH_ARGS:-} ${filter:+--only "$filter"} --out "$OUT/RESULTS.md" --json "$OUT/results.json" 2>&1 | tee "$OUT/bench.log" | tail -40
 fi
 if [ "$what" = sanitize ]; then
   timeout 500 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -m gpu -q -x -p no:cacheprovider ${filter:+-k "$filter"} tests 2>&1 | tail -30 | tee "$OUT/memcheck.log"

@@ -91,7 +91,7 @@ def kernel_source(
     return name, compose(header=header, headers=headers_for(types), body=function)
 
 
-_GENERATED = re.compile(r"\b(t|s|v|r|a|o|in|out|base)(\d+)\b")
+_GENERATED = re.compile(r"\b(t|s|v|r|a|o|in|out|base|col)(\d+)\b")
 
 
 def canonical_identifiers(text: str) -> tuple[str, dict[str, str]]:
