@@ -107,48 +107,49 @@ template <class T, int N> __device__ __forceinline__ void store_vec(T* p, const 
 }
 
 // ---- reductions ------------------------------------------------------------------------
-// Sum over the WIDTH consecutive lanes of a warp that share a value (WIDTH a power of 2 <= 32).
-template <int WIDTH, class T> __device__ __forceinline__ T lanes_sum(T v) {
+// `op` is a functor combining two values (sum, product, NaN-propagating min/max...); the
+// combination order is fixed by the thread layout, so results are reproducible run to run.
+template <int WIDTH, class T, class Op> __device__ __forceinline__ T lanes_reduce(T v, Op op) {
 #pragma unroll
-  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
-template <int WIDTH, class T> __device__ __forceinline__ T lanes_max(T v) {
-#pragma unroll
-  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
+// group_sum with any `op`: every thread of a group of GROUP consecutive threads (a power of
+// 2) gets the group's total; `scratch` holds blockDim.x / 32 values. Contains __syncthreads
+// when GROUP > 32, so all threads of the block must call it.
+template <int GROUP, class T, class Op> __device__ __forceinline__ T group_reduce(T v, T* scratch, Op op) {
+  if constexpr (GROUP <= 32) {
+    return lanes_reduce<GROUP>(v, op);
+  } else {
+    constexpr int WARPS = GROUP / 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = lanes_reduce<32>(v, op);
+    __syncthreads();  // scratch may still be read from a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int first = (warp / WARPS) * WARPS;
+    return lanes_reduce<(WARPS < 32 ? WARPS : 32)>(scratch[first + lane % WARPS], op);
+  }
 }
 
-// Sum over a group of GROUP consecutive threads (GROUP a power of 2; if over 32, the
-// group is whole warps and `scratch` holds GROUP/32 values per group of the block).
-// Every thread of the group gets the total. Contains a __syncthreads when GROUP > 32,
-// so all threads of the block must call it.
+struct Sum {
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return max(a, b); }
+};
+
+// Sum (max) over the WIDTH consecutive lanes of a warp (WIDTH a power of 2 <= 32).
+template <int WIDTH, class T> __device__ __forceinline__ T lanes_sum(T v) { return lanes_reduce<WIDTH>(v, Sum()); }
+template <int WIDTH, class T> __device__ __forceinline__ T lanes_max(T v) { return lanes_reduce<WIDTH>(v, Max()); }
+
+// Sum (max) over a group of GROUP consecutive threads; see group_reduce.
 template <int GROUP, class T> __device__ __forceinline__ T group_sum(T v, T* scratch) {
-  if (GROUP <= 32) return lanes_sum<GROUP>(v);
-  constexpr int WARPS = GROUP / 32;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  v = lanes_sum<32>(v);
-  __syncthreads();  // scratch may still be read from a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int first = (warp / WARPS) * WARPS;
-  // Each run of WARPS lanes reads all WARPS partials, so every lane ends with the total.
-  T total = scratch[first + lane % WARPS];
-  return lanes_sum<(WARPS < 32 ? WARPS : 32)>(total);
+  return group_reduce<GROUP>(v, scratch, Sum());
 }
-
 template <int GROUP, class T> __device__ __forceinline__ T group_max(T v, T* scratch) {
-  if (GROUP <= 32) return lanes_max<GROUP>(v);
-  constexpr int WARPS = GROUP / 32;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  v = lanes_max<32>(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int first = (warp / WARPS) * WARPS;
-  T total = scratch[first + lane % WARPS];
-  return lanes_max<(WARPS < 32 ? WARPS : 32)>(total);
+  return group_reduce<GROUP>(v, scratch, Max());
 }
 
 // ---- activations ---------------------------------------------------------------------------
@@ -178,33 +179,6 @@ template <class T> __device__ __forceinline__ T relu_clip(T x, T slope, T lower,
 }
 
 template <class T> __device__ __forceinline__ T elu(T x, T alpha) { return x > T(0) ? x : alpha * expm1(x); }
-
-// ---- reductions over any associative operation ---------------------------------------------
-// `op` is a functor combining two values (sum, product, NaN-propagating min/max...); the
-// combination order is fixed by the thread layout, so results are reproducible run to run.
-template <int WIDTH, class T, class Op> __device__ __forceinline__ T lanes_reduce(T v, Op op) {
-#pragma unroll
-  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-// group_sum with any `op`: every thread of a group of GROUP consecutive threads (a power of
-// 2) gets the group's total; `scratch` holds blockDim.x / 32 values. Contains __syncthreads
-// when GROUP > 32, so all threads of the block must call it.
-template <int GROUP, class T, class Op> __device__ __forceinline__ T group_reduce(T v, T* scratch, Op op) {
-  if constexpr (GROUP <= 32) {
-    return lanes_reduce<GROUP>(v, op);
-  } else {
-    constexpr int WARPS = GROUP / 32;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    v = lanes_reduce<32>(v, op);
-    __syncthreads();  // scratch may still be read from a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    const int first = (warp / WARPS) * WARPS;
-    return lanes_reduce<(WARPS < 32 ? WARPS : 32)>(scratch[first + lane % WARPS], op);
-  }
-}
 
 // Threads laid out as ROWS x COLUMNS (threadIdx.x = row * COLUMNS + column, ROWS a power of
 // 2) combine their N values down each column: a fixed-order tree through shared memory.
