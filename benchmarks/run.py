@@ -92,7 +92,7 @@ def measure_case(case: Case, ceilings: Any, median_us: Any, *, compile_peer: boo
         bound()
         torch.cuda.synchronize()
         row["error"] = check(ir, feeds, outputs)
-        row["kernels"] = len(plan.kernels)
+        row["kernels"] = [f"{k.name} grid {list(k.grid)} block {list(k.block)}" for k in plan.kernels]
         row["graphdnn_us"] = median_us(bound)
         row["eager_us"] = median_us(lambda: case.torch_fn(inputs))
         if compile_peer:
