@@ -64,15 +64,19 @@ def kernel_source(
     params: KernelParams,
     threads: int,
     body: str,
+    min_blocks: int = 0,
 ) -> tuple[str, str]:
-    """(name, full source) of a kernel whose body is ``body`` (the code inside the function).
+    """(name, full source) of a kernel whose body is ``body`` (the code inside the function);
+    ``min_blocks``: blocks per SM that must fit at once (``__launch_bounds__``' second argument,
+    which caps the registers a thread may use), for grids sized to stay resident.
 
     Generated identifiers (t12, v7, ...) are renumbered by first appearance, so a fused node
     that appears in two graphs gives the same source, name and cubin whatever its tensor ids.
     """
     types = {t.data_type for t in tensors}
+    bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
     function, renamed = canonical_identifiers(
-        f'extern "C" __global__ void __launch_bounds__({threads}) KERNEL({", ".join(params.declarations)}) {{\n{body}}}\n'
+        f'extern "C" __global__ void __launch_bounds__({bounds}) KERNEL({", ".join(params.declarations)}) {{\n{body}}}\n'
     )
     name = kernel_name(pattern, function + ",".join(sorted(headers_for(types))))
     function = function.replace(" KERNEL(", f" {name}(", 1)
@@ -91,7 +95,7 @@ def kernel_source(
     return name, compose(header=header, headers=headers_for(types), body=function)
 
 
-_GENERATED = re.compile(r"\b(t|s|v|r|a|o|in|out|base|col)(\d+)\b")
+_GENERATED = re.compile(r"\b(t|s|v|r|a|o|in|out|base|col|exact)(\d+)\b")
 
 
 def canonical_identifiers(text: str) -> tuple[str, dict[str, str]]:

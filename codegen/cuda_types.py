@@ -63,7 +63,7 @@ def store(data_type: DataType, expression: str) -> str:
 def rounded(data_type: DataType, expression: str, compute: str = "float") -> str:
     """``expression`` rounded to ``data_type`` and back, for narrow virtual values."""
     if data_type in NARROW_FLOATS or not data_type.is_floating:
-        return f"gd::to<{compute}>({store(data_type, expression)})"
+        return f"gd::rounded<{cuda_type(data_type)}, {compute}>({expression})"
     if data_type is DataType.FLOAT and compute == "double":
         return f"(double)(float)({expression})"
     return expression

@@ -28,11 +28,11 @@ def emitter(family: Family) -> Callable[[FusedNode, EmitContext], FusedProgram]:
     return _family_module(family).emit
 
 
-def candidates(fused: FusedNode) -> list[dict[str, object]]:
-    """The launch choices worth timing for ``fused`` (autotuning): its family's
-    ``candidates(fused)``, or none for a family without choices."""
+def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
+    """The launch choices worth timing for ``fused`` on sm_``arch`` (autotuning): its family's
+    ``candidates(fused, arch)``, or none for a family without choices."""
     choose = getattr(_family_module(fused.family), "candidates", None)
-    return list(choose(fused)) if choose is not None else []
+    return list(choose(fused, arch)) if choose is not None else []
 
 
 def _family_module(family: Family) -> Any:

@@ -22,6 +22,7 @@ class Values:
         self.compute = compute
         self._load = load
         self._names: dict[int, str] = {}
+        self._exact: dict[int, str] = {}  # tensor id -> its value before rounding to the tensor's type
         self.statements: list[str] = []
 
     def define(self, tensor: Tensor, expression: str) -> str:
@@ -29,6 +30,23 @@ class Values:
         self.statements.append(f"const {self.compute} {name} = {expression};")
         self._names[tensor.id] = name
         return name
+
+    def define_rounded(self, tensor: Tensor, expression: str) -> str:
+        """Define ``tensor`` as ``expression`` rounded to its type, keeping the exact value for
+        :meth:`stored`: rounding it for the store rounds once, not twice (rounding is idempotent),
+        and the rounded value costs nothing when only the store uses it."""
+        value = rounded(tensor.data_type, expression, self.compute)
+        if value == expression:
+            return self.define(tensor, expression)
+        exact = f"exact{tensor.id}"
+        self.statements.append(f"const {self.compute} {exact} = {expression};")
+        self._exact[tensor.id] = exact
+        return self.define(tensor, rounded(tensor.data_type, exact, self.compute))
+
+    def stored(self, tensor: Tensor) -> str:
+        """The value to convert (``cuda_types.store``) into ``tensor``'s own type: the exact value
+        when it was defined rounded to that type, which stores the same element."""
+        return self._exact.get(tensor.id) or self.get(tensor)
 
     def get(self, tensor: Tensor) -> str:
         if tensor.id in self._names:
@@ -55,4 +73,4 @@ def apply(nodes: Iterable[Node], values: Values) -> None:
         args = [values.get(tensor) for _, tensor in node.inputs]  # type: ignore[arg-type]
         out = node.outputs[0][1]
         expression = render(node.op, args, node.attributes, values.compute)
-        values.define(out, rounded(out.data_type, expression, values.compute))
+        values.define_rounded(out, expression)

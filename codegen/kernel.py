@@ -46,15 +46,22 @@ class Kernel:
     shared_bytes: int
     params: tuple[Param, ...]
     alignment: int = 16  # bytes the ALIGNED flag checks
+    # "a": compile for the arch-specific target sm_XYa (wgmma, setmaxnreg), whose code runs
+    # on sm_XY itself only; "": the portable sm_XY target
+    arch_suffix: str = ""
 
     @property
     def body(self) -> str:
-        """The source without its header comment: what decides the compiled code."""
+        """The source without its header comment: what decides the compiled code (with the target)."""
         return strip_header(self.source)
 
     @property
     def content_hash(self) -> str:
-        return hashlib.sha256(self.body.encode()).hexdigest()
+        """Names the compiled kernel: the body, and the arch-specific target when there is one."""
+        digest = hashlib.sha256(self.body.encode())
+        if self.arch_suffix:
+            digest.update(f"\0target sm_XY{self.arch_suffix}".encode())
+        return digest.hexdigest()
 
 
 @dataclass(frozen=True)

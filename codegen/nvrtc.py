@@ -41,13 +41,15 @@ def options_key() -> str:
     return ";".join(f"{name}={value}" for name, value in COMPILE_OPTIONS)
 
 
-def compile_cubin(source: str, name: str, arch: int) -> bytes:
-    """Compile one kernel source to a cubin for sm_<arch>; raise CompileError with context."""
+def compile_cubin(source: str, name: str, arch: int, arch_suffix: str = "") -> bytes:
+    """Compile one kernel source to a cubin for sm_<arch><arch_suffix> (suffix "a": the
+    arch-specific target, e.g. sm_90a for wgmma); raise CompileError with context."""
     from cuda.core import Program, ProgramOptions
     from cuda.core._utils.cuda_utils import NVRTCError
 
+    target = f"sm_{arch}{arch_suffix}"
     options = ProgramOptions(
-        name=f"{name}.cu", arch=f"sm_{arch}", include_path=list(include_paths()), **dict(COMPILE_OPTIONS)
+        name=f"{name}.cu", arch=target, include_path=list(include_paths()), **dict(COMPILE_OPTIONS)
     )
     try:
         program = Program(source, code_type="c++", options=options)
@@ -57,7 +59,7 @@ def compile_cubin(source: str, name: str, arch: int) -> bytes:
             program.close()
     except NVRTCError as error:
         raise CompileError(
-            f"NVRTC could not compile kernel '{name}' for sm_{arch}:\n{_explain(str(error), source)}"
+            f"NVRTC could not compile kernel '{name}' for {target}:\n{_explain(str(error), source)}"
         ) from None
     return bytes(code)
 

@@ -49,7 +49,7 @@ def tune(
     graph_signature = signature(ir)
     chosen: dict[int, dict[str, Any]] = {}
     for index, fused in enumerate(partition.nodes):
-        options = candidates(fused)
+        options = candidates(fused, arch)
         if len(options) < 2:
             continue
         emit = emitter(fused.family)

@@ -36,13 +36,15 @@ def build_kernels(
 
 
 def compile_sources(sources: Mapping[str, KernelSource], arch: int, jobs: int | None = None) -> list[KernelBinary]:
-    """NVRTC-compile each source for sm_``arch`` (``jobs`` threads; default: one per CPU)."""
+    """NVRTC-compile each source for sm_``arch`` (sm_``arch``a where the kernel asks for the
+    arch-specific target; ``jobs`` threads; default: one per CPU)."""
     from codegen.nvrtc import compile_cubin
 
     def one(item: tuple[str, KernelSource]) -> KernelBinary:
         kernel_key, source = item
-        cubin = compile_cubin(source.source, source.name, arch)
-        return KernelBinary(kernel_key, source.name, source.content_hash, f"sm_{arch}", cubin, source.source)
+        cubin = compile_cubin(source.source, source.name, arch, source.arch_suffix)
+        target = f"sm_{arch}{source.arch_suffix}"
+        return KernelBinary(kernel_key, source.name, source.content_hash, target, cubin, source.source)
 
     items = list(sources.items())
     workers = max(1, min(jobs or os.cpu_count() or 1, len(items)))

@@ -26,6 +26,7 @@ class KernelSource:
     name: str
     source: str
     content_hash: str
+    arch_suffix: str = ""  # "a": compiled for sm_XYa (see codegen.Kernel)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def assemble(
     for index, program in enumerate(programs):
         for kernel in program.kernels:
             key = kernel_key(kernel.content_hash)
-            sources.setdefault(key, KernelSource(kernel.name, kernel.source, kernel.content_hash))
+            sources.setdefault(key, KernelSource(kernel.name, kernel.source, kernel.content_hash, kernel.arch_suffix))
             args = tuple(_arg(partition.graph, kernel, param, index, intermediates, scratch) for param in kernel.params)
             launches.append(
                 Launch(

@@ -47,7 +47,7 @@ def test_the_fastest_candidate_is_built_and_stored(fake_gpu: PreferSecond, tmp_p
 
     graph = plan_graphs.matmul_relu()
     (fused,) = fuse(graph.validate(), arch=90).nodes
-    options = candidates(fused)
+    options = candidates(fused, 90)
     assert len(options) >= 2
     cache = PlanCache(tmp_path)
     plan = gd.compile(graph, arch="sm_90", cache=cache, autotune=True)

@@ -8,6 +8,7 @@ through ``check_on_gpu`` against the reference, plus misaligned pointers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,7 +261,7 @@ def test_heuristic_choices(dims: tuple[int, int], dtype: str, expected: tuple[in
 def test_every_candidate_emits_a_distinct_kernel_that_compiles() -> None:
     case = Case("rmsnorm", "bfloat16", (4096, 4096), (1, 4096), residual=True)
     fused = norm_node(case)
-    choices = rownorm.candidates(fused)
+    choices = rownorm.candidates(fused, 90)
     assert choices[0] == rownorm.heuristic(rownorm.analyze(fused)).as_dict() and 3 <= len(choices) <= 12
     partition = fuse(build(case))
     sources = set()
@@ -276,7 +277,7 @@ def test_every_candidate_emits_a_distinct_kernel_that_compiles() -> None:
 
 def test_group_norm_candidates_and_tuning() -> None:
     fused = norm_node(GROUP_CASES[5])
-    choices = groupnorm.candidates(fused)
+    choices = groupnorm.candidates(fused, 90)
     assert choices[0] == {"threads": 512} and {"threads": 1024} in choices
     partition = fuse(build(GROUP_CASES[5]))
     (program,) = emit_partition(partition, 90, {fused.name: {"threads": 128}})
@@ -301,6 +302,223 @@ def test_bad_row_norm_tuning_is_refused(tuning: dict[str, int], message: str) ->
         rownorm.emit(fused, EmitContext(ir, "sig", 90, dict(tuning)))
 
 
+# -- CPU: pipelined rows (resident grid, next row prefetched, columns held) ----------------------------
+def _tuning(threads_per_row: int, rows_per_block: int, vectors: int, blocks_per_sm: int) -> dict[str, int]:
+    return {
+        "threads_per_row": threads_per_row,
+        "rows_per_block": rows_per_block,
+        "vectors_per_thread": vectors,
+        "blocks_per_sm": blocks_per_sm,
+    }
+
+
+# Each case with a pipelined choice: awkward shapes where the prefetch runs (more row groups than
+# blocks), or deliberately cannot (a single row; rows in chunks, which walk the resident grid plainly).
+PIPELINED_CASES = [
+    # D = 1000 < 32 * 4 * 8 (j < WIDTH guard), 3001 rows (last group of 4 partial), 751 groups on 132 blocks
+    (Case("layernorm", "bfloat16", (3001, 1000), (1, 1000), epilogue=("gelu",)), _tuning(32, 4, 4, 1)),
+    (Case("rmsnorm", "bfloat16", (4096, 1024), (1, 1024), residual=True), _tuning(32, 4, 4, 4)),
+    # a single wave on an H100 (1024 groups, 8 x 132 blocks resident): the plain loop, 64 registers
+    (Case("layernorm", "bfloat16", (4096, 1024), (1, 1024), epilogue=("gelu",)), _tuning(32, 4, 4, 8)),
+    (
+        Case("layernorm", "half", (999, 2048), (1, 2048), residual=True, epilogue=("stats", "add"), training=True),
+        _tuning(64, 2, 4, 2),
+    ),
+    (Case("rmsnorm", "float", (1, 4096), (1, 4096)), _tuning(128, 1, 8, 2)),  # a single row: one block, no prefetch
+    (Case("layernorm", "bfloat16", (3, 65536), (1, 65536), training=True, chunked=True), _tuning(1024, 1, 2, 1)),
+    (Case("layernorm", "float", (15, 64, 33, 35), (1, 64, 1, 1), layout="nhwc", training=True), _tuning(4, 32, 4, 2)),
+    (
+        Case("layernorm", "bfloat16", (2001, 1000), (1, 1000), layout="sliced", epilogue=("gelu",)),
+        _tuning(128, 1, 8, 2),
+    ),
+    (Case("layernorm", "double", (700, 300), (1, 300)), _tuning(32, 4, 5, 1)),
+    # D = 1001, not a multiple of 8 halves: the element path is the main one, and pipelined
+    (Case("rmsnorm", "half", (2001, 1001), (1, 1001), residual=True, epilogue=("relu",)), _tuning(128, 1, 8, 2)),
+    (
+        Case("rmsnorm", "bfloat16", (1001, 4096), (1, 4096), runtime_epsilon=True, epilogue=("scale_bias",)),
+        _tuning(128, 1, 4, 2),
+    ),
+]
+
+
+def _pipelined_id(item: tuple[Case, dict[str, int]]) -> str:
+    return f"{item[0]}-{'-'.join(map(str, item[1].values()))}"
+
+
+def tuned_kernel(case: Case, tuning: dict[str, int], arch: int) -> tuple[FusedNode, Kernel]:
+    partition = fuse(build(case), arch=arch)
+    (fused,) = partition.nodes
+    (program,) = emit_partition(partition, arch, {fused.name: tuning})
+    (kernel,) = program.kernels
+    return fused, kernel
+
+
+PREFETCH = "the next rows' loads"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("item", PIPELINED_CASES, ids=_pipelined_id)
+def test_pipelined_kernel_compiles(item: tuple[Case, dict[str, int]], arch: int) -> None:
+    case, tuning = item
+    fused, kernel = tuned_kernel(case, tuning, arch)
+    layout = rownorm.analyze(fused)
+    config = rownorm.configured(layout, tuning)
+    threads, blocks = config.threads, config.blocks_per_sm
+    assert kernel.block == (threads, 1, 1) and f"__launch_bounds__({threads}, {blocks})" in kernel.source
+    groups, sms = -(-layout.rows // config.rows_per_block), rownorm.SM_COUNT[arch]
+    assert kernel.grid == (min(groups, blocks * sms), 1, 1)
+    # The main path prefetches where a block has a next row held in registers; the misaligned
+    # fallback never does.
+    pipelined = not case.chunked and groups > blocks * sms
+    assert config.pipelined(layout, sms) == pipelined and kernel.source.count(PREFETCH) == pipelined
+    assert ("gd::hold(" in kernel.source) == config.holds_columns(layout, sms)
+    compile_cubin(kernel.source, kernel.name, arch)
+
+
+def test_pipelined_paths_and_held_columns() -> None:
+    """The vector path prefetches and holds the scale and bias; the element path behind it walks
+    plainly; a layout without vectors pipelines its element path."""
+    fused, kernel = tuned_kernel(*PIPELINED_CASES[0], 90)
+    vector_path, element_path = kernel.source.split('extern "C"')[1].split("} else {  // a pointer is not aligned")
+    assert PREFETCH in vector_path and "the first rows' loads" in vector_path
+    assert PREFETCH not in element_path and "col" not in element_path
+    scale, bias = (fused.anchor.input(role) for role in ("scale", "bias")) if fused.anchor else (None, None)
+    assert scale is not None and bias is not None
+    assert rownorm.analyze(fused).columns == tuple(sorted((scale.id, bias.id)))
+    assert vector_path.count("gd::hold(") == 2 and "gd::load_vec<__nv_bfloat16, 8>(t1 + j)" in vector_path
+    _, sliced = tuned_kernel(*next(item for item in PIPELINED_CASES if item[0].layout == "sliced"), 90)
+    assert "if (aligned)" not in sliced.source and PREFETCH in sliced.source
+
+
+def test_pipelined_candidates_where_rows_fit_and_outnumber_the_blocks() -> None:
+    """Offered for many rows held in registers and read as vectors; not for long rows (chunks),
+    few rows, or rows whose elements are strided (nothing to prefetch)."""
+    big = norm_node(Case("layernorm", "bfloat16", (16384, 4096), (1, 4096), epilogue=("gelu",)))
+    choices = rownorm.candidates(big, 90)
+    pipelined = [c for c in choices if c["blocks_per_sm"]]
+    assert pipelined and choices[0]["blocks_per_sm"] == 0 and len(choices) == len({str(c) for c in choices})
+    for choice in pipelined:
+        config = rownorm.configured(rownorm.analyze(big), choice)
+        assert config.threads * config.blocks_per_sm // 32 in rownorm.RESIDENT_WARPS
+        assert config.chunks(rownorm.analyze(big)) == 1
+    for case in [
+        Case("layernorm", "bfloat16", (3, 65536), (1, 65536)),
+        Case("rmsnorm", "bfloat16", (37, 4096), (1, 4096)),
+        Case("layernorm", "float", (64, 64, 28, 28), (1, 64, 1, 1)),  # NCHW: C strided
+    ]:
+        assert not [c for c in rownorm.candidates(norm_node(case), 90) if c["blocks_per_sm"]], case
+
+
+def _ptxas_report(kernel: Kernel, arch: int) -> str:
+    """ptxas's resource report (registers, spills) for the kernel, through NVRTC."""
+    import io
+
+    from cuda.core import Program, ProgramOptions
+
+    from codegen.nvrtc import COMPILE_OPTIONS, include_paths
+
+    options = ProgramOptions(
+        name=f"{kernel.name}.cu",
+        arch=f"sm_{arch}",
+        include_path=list(include_paths()),
+        ptxas_options="-v",
+        **dict(COMPILE_OPTIONS),
+    )
+    program = Program(kernel.source, code_type="c++", options=options)
+    log = io.StringIO()
+    try:
+        program.compile("cubin", logs=log)
+    finally:
+        program.close()
+    return log.getvalue()
+
+
+def test_single_wave_candidate_for_a_grid_just_over_one_wave() -> None:
+    """4096 rows of 1024: 1024 blocks of 4 rows, more than 7 per SM of an H100 at ~70 registers;
+    the single-wave choice asks for 8 per SM (64 registers) and leaves each block its one group.
+    16384 rows of 4096 are many waves: every resident choice there is pipelined."""
+    case = Case("layernorm", "bfloat16", (4096, 1024), (1, 1024), epilogue=("gelu",))
+    choices = rownorm.candidates(norm_node(case), 90)
+    assert _tuning(32, 4, 4, 8) in choices and choices[0] == _tuning(32, 4, 4, 0)
+    _, kernel = tuned_kernel(case, _tuning(32, 4, 4, 8), 90)
+    assert kernel.grid == (1024, 1, 1) and "__launch_bounds__(128, 8)" in kernel.source
+    assert PREFETCH not in kernel.source and "gd::hold(" not in kernel.source
+    big = norm_node(Case("layernorm", "bfloat16", (16384, 4096), (1, 4096), epilogue=("gelu",)))
+    layout = rownorm.analyze(big)
+    resident = [rownorm.configured(layout, c) for c in rownorm.candidates(big, 90) if c["blocks_per_sm"]]
+    assert resident and all(config.pipelined(layout, 132) for config in resident)
+
+
+BENCHMARK_CASES = [
+    Case("layernorm", "bfloat16", (16384, 4096), (1, 4096), epilogue=("gelu",)),
+    Case("rmsnorm", "bfloat16", (16384, 4096), (1, 4096), residual=True),
+    Case("layernorm", "bfloat16", (4096, 1024), (1, 1024), epilogue=("gelu",)),
+    Case("rmsnorm", "bfloat16", (4096, 1024), (1, 1024), residual=True),
+]
+
+
+@pytest.mark.parametrize("case", BENCHMARK_CASES, ids=str)
+def test_resident_candidates_do_not_spill(case: Case) -> None:
+    """__launch_bounds__ caps a resident grid's registers at the register estimate's choice:
+    an estimate too low would spill to local memory (held columns cannot be re-derived)."""
+    fused = norm_node(case)
+    partition = fuse(build(case))
+    for choice in [c for c in rownorm.candidates(fused, 90) if c["blocks_per_sm"]]:
+        (program,) = emit_partition(partition, 90, {fused.name: choice})
+        report = _ptxas_report(program.kernels[0], 90)
+        assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], (choice, report[-400:])
+
+
+def _vector_path(kernel: Kernel) -> str:
+    return kernel.source.split('extern "C"')[1].split("} else {  // a pointer is not aligned")[0]
+
+
+def test_stored_values_are_rounded_once() -> None:
+    """An output stores its exact value (rounding a rounded value again is the identity), so a
+    bf16 output costs one conversion; the residual sum is rounded for the statistics and stored."""
+    (program,) = emit_partition(fuse(build(ROW_CASES[0])), 90)
+    source = _vector_path(program.kernels[0])
+    assert "gd::from<__nv_bfloat16>(exact" in source and "gd::element<float>(a" in source
+    (program,) = emit_partition(fuse(build(ROW_CASES[1])), 90)
+    source = _vector_path(program.kernels[0])
+    assert "x[k * 8 + e] = v" in source and source.count("gd::from<__nv_bfloat16>(exact") == 2
+
+
+def test_fast_gelu_constants_fold_the_tanh_form() -> None:
+    """gd::gelu_tanh<float> computes x / (1 + 2^(x (A + B x^2))): the same function as
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (checked here with the header's constants)."""
+    from pathlib import Path
+
+    header = (Path(rownorm.__file__).parent.parent / "include" / "graphdnn.cuh").read_text()
+    folded = header[header.index("float gelu_tanh<float>") :]
+
+    def constant(name: str) -> float:
+        found = re.search(rf"constexpr float {name} = \(float\)\(([-0-9.* ]+)\);", folded)
+        assert found is not None, name
+        return float(np.prod([float(factor) for factor in found.group(1).split("*")]))
+
+    a, b = constant("A"), constant("B")
+    x = np.linspace(-12, 12, 2001)
+    folded_gelu = x / (1 + np.exp2(x * (a + b * x * x)))
+    tanh_gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    np.testing.assert_allclose(folded_gelu, tanh_gelu, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("tuning", "message"),
+    [
+        (_tuning(32, 4, 4, -1), "blocks_per_sm must be 0 to 32"),
+        (_tuning(32, 4, 4, 33), "blocks_per_sm must be 0 to 32"),
+        (_tuning(256, 4, 1, 4), "at most 2048"),
+    ],
+)
+def test_bad_pipelined_tuning_is_refused(tuning: dict[str, int], message: str) -> None:
+    fused = norm_node(ROW_CASES[0])
+    ir = fuse(build(ROW_CASES[0])).graph
+    with pytest.raises(GraphError, match=message):
+        rownorm.emit(fused, EmitContext(ir, "sig", 90, dict(tuning)))
+
+
 # -- GPU: against the reference --------------------------------------------------------------------------
 def _seed_with_positive_epsilon(graph: gd.OperationGraphSpec) -> int:
     """A random-input seed whose runtime epsilon is positive (random inputs are standard normal)."""
@@ -319,15 +537,31 @@ def test_norm_matches_reference_on_gpu(case: Case) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("item", PIPELINED_CASES, ids=_pipelined_id)
+def test_pipelined_matches_reference_on_gpu(item: tuple[Case, dict[str, int]]) -> None:
+    from tests.gpu_check import check_on_gpu
+
+    case, tuning = item
+    graph = build(case)
+    seed = _seed_with_positive_epsilon(graph) if case.runtime_epsilon else 0
+    check_on_gpu(graph, seed=seed, tuning={norm_node(case).name: tuning})
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
-    "case",
+    ("case", "tuning"),
     [
-        Case("layernorm", "bfloat16", (37, 1000), (1, 1000), residual=True, epilogue=("gelu",), training=True),
-        Case("rmsnorm", "float", (5, 65536), (1, 65536), residual=True),
+        (Case("layernorm", "bfloat16", (37, 1000), (1, 1000), residual=True, epilogue=("gelu",), training=True), None),
+        (Case("rmsnorm", "float", (5, 65536), (1, 65536), residual=True), None),
+        # A resident pipelined grid: its element path walks 751 row groups on 132 blocks.
+        (
+            Case("layernorm", "bfloat16", (3001, 1000), (1, 1000), residual=True, epilogue=("gelu",), training=True),
+            _tuning(32, 4, 4, 1),
+        ),
     ],
-    ids=str,
+    ids=lambda value: str(value) if isinstance(value, Case) else "-".join(map(str, (value or {}).values())),
 )
-def test_misaligned_pointers_take_the_element_path(case: Case) -> None:
+def test_misaligned_pointers_take_the_element_path(case: Case, tuning: dict[str, int] | None) -> None:
     """Inputs starting one element past a 16-byte boundary: the kernel sees aligned = 0."""
     import torch
 
@@ -348,7 +582,7 @@ def test_misaligned_pointers_take_the_element_path(case: Case) -> None:
 
     pack = {t.name: shifted(feeds[t.name], t) for t in ir.inputs}
     outputs = {t.name: poisoned(t) for t in ir.outputs}
-    gd.compile(graph).execute({**pack, **outputs})
+    gd.compile(graph, tuning={norm_node(case).name: tuning} if tuning else None).execute({**pack, **outputs})
     torch.cuda.synchronize()
     for t in ir.outputs:
         error = relative_error(to_numpy(outputs[t.name]), expected[t.name].astype(np.float64))

@@ -11,7 +11,9 @@ Two paths, both always correct:
   channel / K dims are contiguous in memory in 16-byte chunks: a multi-stage ``cp.async``
   pipeline into XOR-swizzled shared memory (conflict-free ``ldmatrix``), warp tiles of
   64x32, then the accumulator tile is staged through shared memory so that the epilogue
-  reads operands and writes the output in contiguous 16-byte vectors;
+  reads operands and writes the output in contiguous 16-byte vectors. On sm_90 the same
+  problems can take ``wgmma`` instead (gemm_sm90.py: same loaders and epilogue), when the
+  tuning choice asks for it;
 - SIMT, one output element per thread, for everything else (fp32 and double data,
   grouped and depthwise convolution, C not a multiple of 8, odd layouts).
 
@@ -79,12 +81,16 @@ def problem_of(node: Node) -> Problem:
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
+    from .gemm_sm90 import wgmma_kernel  # it builds on this module
+
     assert fused.anchor is not None
     problem = problem_of(fused.anchor)
-    if tensor_core_layout(problem) is not None:
-        kernel = _tensor_core_kernel(fused, ctx, problem, tile_config(problem, ctx))
-    else:
+    if tensor_core_layout(problem) is None:
         kernel = _simt_kernel(fused, ctx, problem)
+    elif ctx.tuning.get("path") == "wgmma":
+        kernel = wgmma_kernel(fused, ctx, problem)
+    else:
+        kernel = _tensor_core_kernel(fused, ctx, problem, tile_config(problem, ctx))
     return FusedProgram(fused.name, (kernel,))
 
 
@@ -128,12 +134,19 @@ class TileConfig:
 TILE_CANDIDATES = (TileConfig(128, 64, 4), TileConfig(128, 128, 3), TileConfig(64, 64, 4), TileConfig(64, 128, 4))
 
 
-def candidates(fused: FusedNode) -> list[dict[str, object]]:
-    """Launch choices the runtime may time on the GPU (autotuning); empty on the SIMT path."""
+def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
+    """Launch choices the runtime may time on the GPU (autotuning); empty on the SIMT path.
+    The mma.sync tiles (no "path" key), then on sm_90 the wgmma ones ({"path": "wgmma", ...})."""
+    from .gemm_sm90 import candidates as wgmma_candidates  # it builds on this module
+
     assert fused.anchor is not None
-    if tensor_core_layout(problem_of(fused.anchor)) is None:
+    problem = problem_of(fused.anchor)
+    if tensor_core_layout(problem) is None:
         return []
-    return [{"block_m": c.block_m, "block_n": c.block_n, "stages": c.stages} for c in TILE_CANDIDATES]
+    mma: list[dict[str, object]] = [
+        {"block_m": c.block_m, "block_n": c.block_n, "stages": c.stages} for c in TILE_CANDIDATES
+    ]
+    return mma + wgmma_candidates(problem, arch)
 
 
 def tile_config(p: Problem, ctx: EmitContext) -> TileConfig:
@@ -189,14 +202,14 @@ class _Epilogue:
         return lines
 
 
-def _declare(fused: FusedNode, problem: Problem) -> tuple[KernelParams, dict[int, str]]:
+def declare(fused: FusedNode, problem: Problem) -> tuple[KernelParams, dict[int, str]]:
     params = KernelParams()
     names = {t.id: params.tensor(t) for t in fused.inputs}
     names.update({t.id: params.tensor(t, writable=True) for t in fused.outputs})
     return params, names
 
 
-def _batch_offsets(p: Problem, itype: str) -> list[str]:
+def batch_offsets(p: Problem, itype: str) -> list[str]:
     """Matmul: batch coordinates from blockIdx.z, and the A/B batch offsets `a_base`/`b_base`."""
     rank = len(p.out.dim)
     if not p.batch:
@@ -222,7 +235,7 @@ def _pixel_coordinates(p: Problem, m: str, itype: str) -> list[str]:
 
 # -- SIMT path ---------------------------------------------------------------------------------
 def _simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
-    params, names = _declare(fused, p)
+    params, names = declare(fused, p)
     tensors = [*fused.inputs, *fused.outputs]
     compute = compute_of([p.a, p.b, *fused.outputs])
     blocks = min(max(1, -(-p.out.numel // SIMT_THREADS)), MAX_BLOCKS)
@@ -312,7 +325,7 @@ def _batch_offsets_from_coords(p: Problem, itype: str) -> list[str]:
 
 
 # -- tensor-core path --------------------------------------------------------------------------
-_TC_PRELUDE = r"""
+ASYNC_COPY_PRELUDE = r"""
 // ---- tensor-core GEMM building blocks (sm_80+) ----
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -320,7 +333,9 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)
 __device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
+"""
 
+_MMA_PRELUDE = r"""
 __device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
@@ -350,10 +365,27 @@ template <int ROW_BYTES> __device__ __forceinline__ int swizzle_rows(int row, in
 """
 
 
+@dataclass(frozen=True)
+class SmemTiles:
+    """A tensor-core path's k tiles in shared memory, as the shared loaders see them: ``bk``
+    elements of k per tile, and the device functions ``(row, chunk) -> byte offset`` of a
+    16-byte chunk: ``k_major`` for A and k-contiguous B (one row per m / n, ``bk`` elements
+    long), ``n_major`` for n-contiguous B (one row per k)."""
+
+    bk: int
+    k_major: str
+    n_major: str
+
+    @property
+    def lanes(self) -> int:
+        """Threads sharing one k-major row, one 16-byte chunk each (a power of two)."""
+        return self.bk // 8
+
+
 def _tensor_core_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig) -> Kernel:
     layout = tensor_core_layout(p)
     assert layout is not None
-    params, names = _declare(fused, p)
+    params, names = declare(fused, p)
     aligned = params.aligned_flag()
     tensors = [*fused.inputs, *fused.outputs]
     itype = index_type(tensors, p.m * max(p.n, 1))
@@ -379,31 +411,37 @@ def _tensor_core_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: Ti
         "const int block_n = blockIdx.y * BN;",
     ]
     if not p.is_conv:
-        lines += _batch_offsets(p, itype)
-    lines += _a_loader_setup(p, names, itype, a_chunks, threads)
-    lines += _b_loader_setup(p, names, itype, b_chunks, threads, layout)
-    lines += _load_tile_lambda(p, x, w, itype, a_chunks, b_chunks, a_stage, b_stage, bn, layout, aligned)
+        lines += batch_offsets(p, itype)
+    tiles = SmemTiles(bk, "swizzle64", f"swizzle_rows<{bn * 2}>")
+    lines += a_loader_setup(p, itype, a_chunks, threads, tiles)
+    lines += b_loader_setup(p, itype, b_chunks, threads, layout, tiles)
+    lines += load_tile_lambda(p, x, w, itype, a_chunks, b_chunks, a_stage, b_stage, bn, layout, aligned, tiles)
     lines += _main_loop(bn, layout, a_stage, b_stage)
-    lines += _staged_epilogue(fused, p, names, itype, bm, bn, threads, c_stride, aligned)
+    lines += staged_epilogue(fused, p, names, itype, c_stride, aligned, _mma_staging(c_stride))
 
-    body = _TC_PRELUDE.replace("MMA_TYPE", "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16")
+    body = (ASYNC_COPY_PRELUDE + _MMA_PRELUDE).replace(
+        "MMA_TYPE", "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
+    )
     name, source = kernel_source(ctx, fused, pattern_name(fused) + "_mma", tensors, params, threads, indent(lines, 1))
     source = source.replace('extern "C" __global__', body + '\nextern "C" __global__', 1)
     grid = (-(-p.m // bm), -(-p.n // bn), math.prod(p.batch) if p.batch else 1)
     return Kernel(name, source, grid, (threads, 1, 1), shared, tuple(params.bindings), alignment=16)
 
 
-def _a_loader_setup(p: Problem, names: dict[int, str], itype: str, chunks: int, threads: int) -> list[str]:
+def a_loader_setup(p: Problem, itype: str, chunks: int, threads: int, tiles: SmemTiles) -> list[str]:
     """Per-thread precomputation for its A rows: which rows it loads never changes across k tiles."""
-    lines = [f"// A: each thread copies {chunks} 16-byte chunks per tile, rows tid/4 + i*{threads // 4}, chunk tid%4."]
-    lines.append("const int a_chunk = tid & 3;")
+    lanes = tiles.lanes
+    lines = [
+        f"// A: each thread copies {chunks} 16-byte chunks per tile, rows tid/{lanes} + i*{threads // lanes}, chunk tid%{lanes}."
+    ]
+    lines.append(f"const int a_chunk = tid & {lanes - 1};")
     if p.is_conv:
         spatial = len(p.out.dim) - 2
         lines.append(f"{itype} a_base[{chunks}]; bool a_row_ok[{chunks}];")
         lines += [f"int a_h{axis}[{chunks}];" for axis in range(spatial)]
         lines.append("#pragma unroll")
         lines.append(f"for (int i = 0; i < {chunks}; ++i) {{")
-        lines.append(f"  const {itype} m = block_m + (tid >> 2) + i * {threads // 4};")
+        lines.append(f"  const {itype} m = block_m + {_thread_row(tiles)} + i * {threads // lanes};")
         lines.append("  a_row_ok[i] = m < GM;")
         lines.append(f"  const {itype} mm = a_row_ok[i] ? m : 0;")
         lines += ["  " + s for s in _pixel_coordinates(p, "mm", itype)]
@@ -415,21 +453,24 @@ def _a_loader_setup(p: Problem, names: dict[int, str], itype: str, chunks: int, 
         lines.append(f"{itype} a_base_row[{chunks}]; bool a_row_ok[{chunks}];")
         lines.append("#pragma unroll")
         lines.append(f"for (int i = 0; i < {chunks}; ++i) {{")
-        lines.append(f"  const {itype} m = block_m + (tid >> 2) + i * {threads // 4};")
+        lines.append(f"  const {itype} m = block_m + {_thread_row(tiles)} + i * {threads // lanes};")
         lines.append("  a_row_ok[i] = m < GM;")
         lines.append(f"  a_base_row[i] = a_base + (a_row_ok[i] ? m : 0) * {p.a.stride[-2]};")
         lines.append("}")
     return lines
 
 
-def _b_loader_setup(p: Problem, names: dict[int, str], itype: str, chunks: int, threads: int, layout: str) -> list[str]:
+def b_loader_setup(p: Problem, itype: str, chunks: int, threads: int, layout: str, tiles: SmemTiles) -> list[str]:
     if layout == "kn":  # k-major tile [BK][BN]: chunk id -> (k row, n chunk)
         return [f"// B (n contiguous): each thread copies {chunks} chunks of the [BK][BN] tile."]
-    lines = [f"// B (k contiguous): each thread copies {chunks} chunks, rows tid/4 + i*{threads // 4}, chunk tid%4."]
+    lanes = tiles.lanes
+    lines = [
+        f"// B (k contiguous): each thread copies {chunks} chunks, rows tid/{lanes} + i*{threads // lanes}, chunk tid%{lanes}."
+    ]
     lines.append(f"{itype} b_row[{chunks}]; bool b_row_ok[{chunks}];")
     lines.append("#pragma unroll")
     lines.append(f"for (int i = 0; i < {chunks}; ++i) {{")
-    lines.append(f"  const int n = block_n + (tid >> 2) + i * {threads // 4};")
+    lines.append(f"  const int n = block_n + {_thread_row(tiles)} + i * {threads // lanes};")
     lines.append("  b_row_ok[i] = n < GN;")
     stride_n = p.b.stride[0] if p.is_conv else p.b.stride[-1]
     base = "" if p.is_conv else "b_base + "
@@ -438,7 +479,7 @@ def _b_loader_setup(p: Problem, names: dict[int, str], itype: str, chunks: int, 
     return lines
 
 
-def _load_tile_lambda(
+def load_tile_lambda(
     p: Problem,
     x: str,
     w: str,
@@ -450,6 +491,7 @@ def _load_tile_lambda(
     bn: int,
     layout: str,
     aligned: str,
+    tiles: SmemTiles,
 ) -> list[str]:
     """`load_tile(stage, kt)`: issue the cp.async copies of k tile kt into a stage.
 
@@ -461,6 +503,7 @@ def _load_tile_lambda(
     ]
     a_smem = f"a_smem + stage * {a_stage}"
     b_smem = f"b_smem + stage * {b_stage}"
+    k_major_chunk = f"{tiles.k_major}({_thread_row(tiles)} + i * (THREADS / {tiles.lanes}), a_chunk)"
     if p.is_conv:
         spatial = len(p.out.dim) - 2
         filt = p.b.dim[2:]
@@ -488,35 +531,27 @@ def _load_tile_lambda(
             terms.append(f"({itype})h{axis} * {p.a.stride[axis + 2]}")
         lines.append(f"    const bool ok = {' && '.join(checks)};")
         lines.append(f"    const T* src = ok ? {x} + a_base[i] + {' + '.join(terms)} + c : {x};")
-        lines += _copy_chunk(
-            f"{a_smem} + swizzle64((tid >> 2) + i * (THREADS / 4), a_chunk)", "src", "ok", aligned, depth=2
-        )
+        lines += _copy_chunk(f"{a_smem} + {k_major_chunk}", "src", "ok", aligned, depth=2)
         lines.append("  }")
         lines.append("#pragma unroll")
         lines.append(f"  for (int i = 0; i < {b_chunks}; ++i) {{")
         lines.append("    const bool ok = b_row_ok[i] && k_ok;")
         lines.append(f"    const T* src = ok ? {w} + b_row[i] + w_tap : {w};")
-        lines += _copy_chunk(
-            f"{b_smem} + swizzle64((tid >> 2) + i * (THREADS / 4), a_chunk)", "src", "ok", aligned, depth=2
-        )
+        lines += _copy_chunk(f"{b_smem} + {k_major_chunk}", "src", "ok", aligned, depth=2)
         lines.append("  }")
     else:
         lines.append("#pragma unroll")
         lines.append(f"  for (int i = 0; i < {a_chunks}; ++i) {{")
         lines.append("    const bool ok = a_row_ok[i] && k_ok;")
         lines.append(f"    const T* src = ok ? {x} + a_base_row[i] + k : {x};")
-        lines += _copy_chunk(
-            f"{a_smem} + swizzle64((tid >> 2) + i * (THREADS / 4), a_chunk)", "src", "ok", aligned, depth=2
-        )
+        lines += _copy_chunk(f"{a_smem} + {k_major_chunk}", "src", "ok", aligned, depth=2)
         lines.append("  }")
         if layout == "nk":
             lines.append("#pragma unroll")
             lines.append(f"  for (int i = 0; i < {b_chunks}; ++i) {{")
             lines.append("    const bool ok = b_row_ok[i] && k_ok;")
             lines.append(f"    const T* src = ok ? {w} + b_row[i] + ({itype})k * {p.b.stride[-2]} : {w};")
-            lines += _copy_chunk(
-                f"{b_smem} + swizzle64((tid >> 2) + i * (THREADS / 4), a_chunk)", "src", "ok", aligned, depth=2
-            )
+            lines += _copy_chunk(f"{b_smem} + {k_major_chunk}", "src", "ok", aligned, depth=2)
             lines.append("  }")
         else:
             per_row = bn // 8
@@ -527,10 +562,15 @@ def _load_tile_lambda(
             lines.append("    const int kk = kt * BK + kr, n = block_n + nc * 8;")
             lines.append("    const bool ok = kt < KTILES && kk < GK && n < GN;")
             lines.append(f"    const T* src = ok ? {w} + b_base + ({itype})kk * {p.b.stride[-2]} + n : {w};")
-            lines += _copy_chunk(f"{b_smem} + swizzle_rows<{bn * 2}>(kr, nc)", "src", "ok", aligned, depth=2)
+            lines += _copy_chunk(f"{b_smem} + {tiles.n_major}(kr, nc)", "src", "ok", aligned, depth=2)
             lines.append("  }")
     lines.append("};")
     return lines
+
+
+def _thread_row(tiles: SmemTiles) -> str:
+    """The first k-major row a thread copies (tid / lanes)."""
+    return f"(tid >> {tiles.lanes.bit_length() - 1})"
 
 
 def _copy_chunk(dst: str, src: str, ok: str, aligned: str, depth: int) -> list[str]:
@@ -607,18 +647,33 @@ def _main_loop(bn: int, layout: str, a_stage: int, b_stage: int) -> list[str]:
     ]
 
 
-def _staged_epilogue(
+def _mma_staging(c_stride: int) -> list[str]:
+    """The warp's 64x32 accumulators (mma.sync fragments) into the staged tile."""
+    return [
+        "#pragma unroll",
+        "for (int mi = 0; mi < 4; ++mi)",
+        "#pragma unroll",
+        "  for (int ni = 0; ni < 4; ++ni) {",
+        "    const int row = warp_m * 64 + mi * 16 + (lane >> 2), col = warp_n * 32 + ni * 8 + (lane & 3) * 2;",
+        f"    *reinterpret_cast<float2*>(staged + row * {c_stride} + col) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);",
+        f"    *reinterpret_cast<float2*>(staged + (row + 8) * {c_stride} + col) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);",
+        "  }",
+    ]
+
+
+def staged_epilogue(
     fused: FusedNode,
     p: Problem,
     names: dict[int, str],
     itype: str,
-    bm: int,
-    bn: int,
-    threads: int,
     c_stride: int,
     aligned: str,
+    staging: list[str],
 ) -> list[str]:
     """Accumulators -> shared memory -> 8 consecutive output columns per thread -> epilogue.
+
+    ``staging`` writes the path's accumulators into the BM x BN tile ``staged`` (rows of
+    ``c_stride`` floats), after every thread is done with the pipeline's shared memory.
 
     A thread's 8 columns are the same in every chunk it handles (THREADS is a multiple of
     BN/8), so operands that vary only along the columns (batch-norm statistics, biases) are
@@ -661,14 +716,7 @@ def _staged_epilogue(
     )
     lines = [
         "float* const staged = reinterpret_cast<float*>(smem);",
-        "#pragma unroll",
-        "for (int mi = 0; mi < 4; ++mi)",
-        "#pragma unroll",
-        "  for (int ni = 0; ni < 4; ++ni) {",
-        "    const int row = warp_m * 64 + mi * 16 + (lane >> 2), col = warp_n * 32 + ni * 8 + (lane & 3) * 2;",
-        f"    *reinterpret_cast<float2*>(staged + row * {c_stride} + col) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);",
-        f"    *reinterpret_cast<float2*>(staged + (row + 8) * {c_stride} + col) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);",
-        "  }",
+        *staging,
         "__syncthreads();",
         *hoisted,
         "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",

@@ -65,8 +65,8 @@ def heuristic(layout: SetLayout) -> int:
     return min(max(wanted, MIN_THREADS), MAX_THREADS // 2)
 
 
-def candidates(fused: FusedNode) -> list[dict[str, int]]:
-    """Block sizes worth timing, the heuristic's first."""
+def candidates(fused: FusedNode, arch: int) -> list[dict[str, int]]:
+    """Block sizes worth timing, the heuristic's first (the same on every ``arch``)."""
     layout = analyze(fused)
     first = heuristic(layout)
     others = [t for t in (128, 256, 512, 1024) if t != first and t // 2 < layout.size]

@@ -26,8 +26,20 @@ apply. The re-reads come from L2 (one row is at most a few hundred KB and only a
 per SM are in flight), the numerics stay those of the register path, and no shared-memory
 limit applies, whatever the row length and type.
 
-Launch choices (threads_per_row G, rows_per_block R, vectors_per_thread V) come from
-``ctx.tuning`` when the runtime autotuned them over :func:`candidates`, else from
+Resident grids (``blocks_per_sm`` B > 0). The grid is at most B blocks per SM of the target,
+resident together (``__launch_bounds__`` caps the registers to fit B), each walking rows R at
+a time. Where some block walks two row groups or more and the row fits in registers, the rows
+are pipelined: as soon as a row's raw vectors are converted, the thread issues the loads of
+its next row into the same register buffer, so they are in flight through this row's
+reductions, normalization and stores (DRAM is kept busy through every block's compute phases
+instead of relying on other blocks to be loading meanwhile), and where the registers allow,
+the packed per-column operands (the scale, the bias) are loaded and converted once per thread
+and held across rows. The main path is pipelined (the vector path; the element path when the
+layout has no vectors); the misaligned-pointer fallback and chunked rows walk the same grid
+without prefetching. Where every block has one row group, B only makes the grid one wave.
+
+Launch choices (threads_per_row G, rows_per_block R, vectors_per_thread V, blocks_per_sm B)
+come from ``ctx.tuning`` when the runtime autotuned them over :func:`candidates`, else from
 :func:`heuristic`.
 """
 
@@ -45,7 +57,7 @@ from graphdnn.ops.norms import NormOp
 
 from .. import epilogue
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, pattern_name, scalar_value
-from ..cuda_types import cuda_type, load, rounded, store
+from ..cuda_types import cuda_type, load, store
 from ..indexing import coordinates, index_type, offset, restricted
 from ..kernel import FusedProgram, Kernel
 from ..pointwise import literal
@@ -57,6 +69,16 @@ MAX_VECTORS = 8  # vectors a thread holds at most (unrolled code size, registers
 REGISTERS_PER_SM = 65536
 MAX_REGISTERS = 255
 OVERHEAD_REGISTERS = 32  # indices, offsets, statistics: the estimate's fixed part
+# The pipelined loop's fixed part: also the next row's offsets, and a margin (its registers are
+# capped by __launch_bounds__, and held columns cannot be re-derived: too low an estimate spills).
+PIPELINED_OVERHEAD_REGISTERS = 48
+MAX_THREADS_PER_SM = 2048
+MAX_BLOCKS_PER_SM = 32
+# SMs of the target's largest part (A100, H100/H200 SXM), for resident grids; on a part with
+# fewer the extra blocks start as others finish (correct, a longer tail).
+SM_COUNT = {80: 108, 86: 84, 89: 128, 90: 132}
+DEFAULT_SMS = 132
+RESIDENT_WARPS = (8, 12, 16, 32)  # warps per SM the pipelined candidates keep resident
 
 
 @dataclass(frozen=True)
@@ -70,7 +92,16 @@ class RowLayout:
     width: int  # D, elements per row
     packed: frozenset[int]  # ids of tensors whose column offset is j
     vec: int  # elements per access on the vector path; 1: the scalar path only
-    held_bytes: int  # register bytes per element a thread holds while the load pass is in flight
+    compute_bytes: int  # register bytes per element of x[] (float or double)
+    raw_bytes: float  # register bytes per element of the raw vectors the load pass reads (0: none)
+    apply_bytes: float  # register bytes per element of the raw vectors the apply pass loads
+    columns: tuple[int, ...]  # ids of packed inputs that are the same for every row (scale, bias)
+    column_bytes: float  # register bytes per element to hold the columns converted, less their raw vectors
+
+    @property
+    def held_bytes(self) -> float:
+        """Register bytes per element a thread holds while the load pass is in flight."""
+        return self.compute_bytes + self.raw_bytes
 
     @property
     def row_axes(self) -> frozenset[int]:
@@ -107,9 +138,41 @@ def analyze(fused: FusedNode) -> RowLayout:
     )
     vec = vec if vectorizable else 1
     loaded = fused.prologue.input_tensors() if fused.prologue is not None else [x]
-    held = {t.id: t.data_type.itemsize for t in loaded if t.id in packed}
+    raw = sum(_raw_bytes(t, vec) for t in {t.id: t for t in loaded}.values() if t.id in packed)
+    applied = [t for t in _apply_operands(fused) if t.id in packed]
+    columns = [t for t in applied if t.dim != x.dim and _same_for_every_row(t, x, axes)]
     compute_bytes = 8 if compute_of(memory) == "double" else 4
-    return RowLayout(x, axes, order, x.numel // width, width, packed, vec, compute_bytes + sum(held.values()))
+    return RowLayout(
+        x,
+        axes,
+        order,
+        x.numel // width,
+        width,
+        packed,
+        vec,
+        compute_bytes,
+        raw,
+        sum(_raw_bytes(t, vec) for t in applied),
+        tuple(sorted(t.id for t in columns)),
+        sum(compute_bytes - _raw_bytes(t, vec) for t in columns),
+    )
+
+
+def _apply_operands(fused: FusedNode) -> list[Tensor]:
+    """The memory inputs the apply pass reads: the norm's parameters and the epilogue's operands."""
+    anchor = fused.anchor
+    x = anchor.input("input") if anchor is not None else None
+    assert anchor is not None and x is not None
+    read = [t for role in ("scale", "bias") if (t := anchor.input(role)) is not None]
+    read += [t for node in fused.epilogue for t in node.input_tensors()]
+    inputs = {t.id for t in fused.inputs if not t.is_pass_by_value}
+    return [t for t in {t.id: t for t in read}.values() if t.id in inputs and t.id != x.id]
+
+
+def _raw_bytes(t: Tensor, vec: int) -> float:
+    """Register bytes per element of ``t``'s raw vectors: whole 32-bit registers, so a 16-bit
+    element alone (vec 1) takes four."""
+    return max(4, t.data_type.itemsize * vec) / vec
 
 
 def _packed_along_row(t: Tensor, x: Tensor, axes: frozenset[int], order: tuple[int, ...]) -> bool:
@@ -127,6 +190,12 @@ def _packed_along_row(t: Tensor, x: Tensor, axes: frozenset[int], order: tuple[i
     return spans
 
 
+def _same_for_every_row(t: Tensor, x: Tensor, axes: frozenset[int]) -> bool:
+    """Whether ``t`` broadcasts over the rows (extent 1 along every row axis)."""
+    shift = len(x.dim) - len(t.dim)
+    return all(d == 1 for a, d in enumerate(t.dim) if a + shift not in axes)
+
+
 def _row_strides_divisible(t: Tensor, x: Tensor, axes: frozenset[int], vec: int) -> bool:
     """Every row of ``t`` starts on a vector boundary (given an aligned pointer)."""
     shift = len(x.dim) - len(t.dim)
@@ -139,6 +208,7 @@ class Config:
     threads_per_row: int  # G
     rows_per_block: int  # R
     vectors_per_thread: int  # V
+    blocks_per_sm: int = 0  # B: 0, a block per R rows; else a resident grid of pipelined blocks
 
     @property
     def threads(self) -> int:
@@ -148,18 +218,51 @@ class Config:
         """Passes over the row per statistic: 1 when the row fits in registers."""
         return -(-layout.width // (self.threads_per_row * self.vectors_per_thread * layout.vec))
 
+    def groups(self, layout: RowLayout) -> int:
+        """Groups of R rows: the blocks of a grid that is not resident."""
+        return -(-layout.rows // self.rows_per_block)
+
+    def pipelined(self, layout: RowLayout, sms: int) -> bool:
+        """Whether each thread prefetches its next row: a resident grid (on ``sms`` SMs) where
+        some block walks two row groups or more, the row in registers."""
+        resident = self.blocks_per_sm * sms
+        return self.blocks_per_sm > 0 and self.chunks(layout) == 1 and self.groups(layout) > resident
+
+    def holds_columns(self, layout: RowLayout, sms: int) -> bool:
+        """Whether the per-column operands stay in registers across rows (pipelined, where they fit)."""
+        needed = _registers(layout, self.vectors_per_thread, pipelined=True, hold=True)
+        fits = needed <= _limit(self.threads, self.blocks_per_sm)
+        return self.pipelined(layout, sms) and bool(layout.columns) and fits
+
     def as_dict(self) -> dict[str, int]:
         return {
             "threads_per_row": self.threads_per_row,
             "rows_per_block": self.rows_per_block,
             "vectors_per_thread": self.vectors_per_thread,
+            "blocks_per_sm": self.blocks_per_sm,
         }
 
 
-def _fits(layout: RowLayout, group: int, rows_per_block: int, vectors: int) -> bool:
-    """Whether a thread's share of the row fits the registers __launch_bounds__ leaves it."""
-    limit = min(MAX_REGISTERS, REGISTERS_PER_SM // (group * rows_per_block))
-    return vectors * layout.vec * layout.held_bytes / 4 + OVERHEAD_REGISTERS <= limit
+def _registers(layout: RowLayout, vectors: int, pipelined: bool = False, hold: bool = False) -> float:
+    """Registers a thread needs (an estimate): its share of the row as loaded, and a fixed part;
+    pipelined, the next row's raw vectors stay live through the apply pass and its operand
+    loads, and the per-column operands when held."""
+    if not pipelined:
+        return vectors * layout.vec * layout.held_bytes / 4 + OVERHEAD_REGISTERS
+    per_element = layout.held_bytes + layout.apply_bytes + (layout.column_bytes if hold else 0)
+    return vectors * layout.vec * per_element / 4 + PIPELINED_OVERHEAD_REGISTERS
+
+
+def _limit(threads: int, blocks_per_sm: int = 0) -> int:
+    """Registers per thread __launch_bounds__ leaves with ``blocks_per_sm`` blocks resident."""
+    return min(MAX_REGISTERS, REGISTERS_PER_SM // (threads * max(1, blocks_per_sm)))
+
+
+def _fits(layout: RowLayout, group: int, rows_per_block: int, vectors: int, blocks_per_sm: int = 0) -> bool:
+    """Whether a thread's share of the row fits the registers __launch_bounds__ leaves it (with
+    ``blocks_per_sm`` blocks resident: the pipelined loop)."""
+    needed = _registers(layout, vectors, pipelined=blocks_per_sm > 0)
+    return needed <= _limit(group * rows_per_block, blocks_per_sm)
 
 
 def _rows_per_block(group: int, target: int = BLOCK_TARGET) -> int:
@@ -178,6 +281,10 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def sm_count(arch: int) -> int:
+    return SM_COUNT.get(arch, DEFAULT_SMS)
+
+
 def heuristic(layout: RowLayout) -> Config:
     """About 4 vectors per thread (loads in flight), the group a power of two that then covers
     the row; wider groups when there are too few rows to occupy the GPU; 128-thread blocks."""
@@ -187,11 +294,51 @@ def heuristic(layout: RowLayout) -> Config:
     return _config(layout, group, _rows_per_block(group))
 
 
-def candidates(fused: FusedNode) -> list[dict[str, int]]:
+def _pipelined(layout: RowLayout, arch: int, base: Config) -> list[Config]:
+    """Resident pipelined grids of ``base``'s blocks keeping 8 to 32 warps per SM: those
+    whose registers fit, where some block walks two row groups or more, and there are vectors
+    to prefetch (a strided row's elements are loaded where used)."""
+    found = []
+    for warps in RESIDENT_WARPS:
+        blocks = warps * 32 // base.threads
+        config = Config(base.threads_per_row, base.rows_per_block, base.vectors_per_thread, blocks)
+        if (
+            1 <= blocks <= MAX_BLOCKS_PER_SM
+            and layout.raw_bytes > 0
+            and config.pipelined(layout, sm_count(arch))
+            and _fits(layout, base.threads_per_row, base.rows_per_block, base.vectors_per_thread, blocks)
+        ):
+            found.append(config)
+    return found
+
+
+def _single_wave(layout: RowLayout, arch: int, base: Config) -> Config | None:
+    """``base`` with every block resident at once, where its grid is a little more than the SMs
+    hold at the occupancy its registers allow: ``__launch_bounds__`` asks for the blocks per SM
+    the grid needs, which caps the registers (ptxas then overlaps fewer of the row's loads with
+    its conversion: the floor is x[] and the fixed part). One wave of one row group per block
+    ends when DRAM drains; a second, partial wave adds a whole load-reduce-store latency."""
+    blocks = -(-base.groups(layout) // sm_count(arch))
+    floor = base.vectors_per_thread * layout.vec * layout.compute_bytes / 4 + OVERHEAD_REGISTERS
+    if (
+        2 <= blocks <= MAX_BLOCKS_PER_SM
+        and blocks * base.threads <= MAX_THREADS_PER_SM
+        and base.chunks(layout) == 1
+        and floor <= _limit(base.threads, blocks) < _registers(layout, base.vectors_per_thread)
+    ):
+        return Config(base.threads_per_row, base.rows_per_block, base.vectors_per_thread, blocks)
+    return None
+
+
+def candidates(fused: FusedNode, arch: int) -> list[dict[str, int]]:
     """Launch choices worth timing (the heuristic's first): groups holding 1 to 8 vectors per
-    thread, with 128- and 256-thread blocks; rows too long for registers loop."""
+    thread, with 128- and 256-thread blocks (rows too long for registers loop); the heuristic's
+    launch in a single wave where its grid is just over one; then pipelined resident grids
+    (sized for ``arch``'s SMs) of the heuristic's group and of the group half its size (twice the
+    vectors per thread), 128-thread blocks."""
     layout = analyze(fused)
-    found = [heuristic(layout)]
+    first = heuristic(layout)
+    found = [first]
     group = min(_pow2_at_least(-(-layout.vectors // MAX_VECTORS)), MAX_THREADS // 4)
     while group <= min(MAX_THREADS, _pow2_at_least(layout.vectors)):
         for target in (BLOCK_TARGET, 2 * BLOCK_TARGET):
@@ -199,6 +346,12 @@ def candidates(fused: FusedNode) -> list[dict[str, int]]:
             if choice not in found:
                 found.append(choice)
         group *= 2
+    wave = _single_wave(layout, arch, first)
+    found += [wave] if wave is not None and wave not in found else []
+    for group in (first.threads_per_row, first.threads_per_row // 2):
+        if group >= 1:
+            base = _config(layout, group, _rows_per_block(group))
+            found += [c for c in _pipelined(layout, arch, base) if c not in found]
     return [c.as_dict() for c in found]
 
 
@@ -210,7 +363,8 @@ def configured(layout: RowLayout, tuning: dict[str, object]) -> Config:
         config = Config(**{key: int(cast(int, value)) for key, value in tuning.items()})
     except TypeError:
         raise GraphError(
-            f"row_norm tuning {tuning} has unknown keys; expected threads_per_row, rows_per_block, vectors_per_thread"
+            f"row_norm tuning {tuning} has unknown keys; expected threads_per_row, rows_per_block, "
+            "vectors_per_thread and optionally blocks_per_sm"
         ) from None
     group, threads = config.threads_per_row, config.threads
     if group < 1 or group & (group - 1) or threads > MAX_THREADS or threads % 32 or config.rows_per_block < 1:
@@ -220,6 +374,12 @@ def configured(layout: RowLayout, tuning: dict[str, object]) -> Config:
         )
     if not 1 <= config.vectors_per_thread <= MAX_VECTORS:
         raise GraphError(f"row_norm tuning {tuning}: vectors_per_thread must be 1 to {MAX_VECTORS}")
+    blocks = config.blocks_per_sm
+    if blocks < 0 or blocks > MAX_BLOCKS_PER_SM or blocks * threads > MAX_THREADS_PER_SM:
+        raise GraphError(
+            f"row_norm tuning {tuning}: blocks_per_sm must be 0 to {MAX_BLOCKS_PER_SM}, with blocks_per_sm * "
+            f"threads at most {MAX_THREADS_PER_SM}"
+        )
     return config
 
 
@@ -243,13 +403,13 @@ def normalize(fused: FusedNode, values: epilogue.Values) -> None:
     for role, variable in STATISTICS.items():
         t = anchor.output(role)
         if t is not None and t.id in read:
-            values.define(t, rounded(t.data_type, variable, values.compute))
+            values.define_rounded(t, variable)
     x, scale, bias, y = anchor.input("input"), anchor.input("scale"), anchor.input("bias"), anchor.output("y")
     assert x is not None and scale is not None and y is not None
     centered = values.get(x) if anchor.op == "rmsnorm" else f"({values.get(x)} - mean)"
     scaled = f"{centered} * rstd * {values.get(scale)}"
     normalized = f"{scaled} + {values.get(bias)}" if bias is not None else scaled
-    values.define(y, rounded(y.data_type, normalized, values.compute))
+    values.define_rounded(y, normalized)
     epilogue.apply(fused.epilogue, values)
 
 
@@ -262,9 +422,10 @@ class _Operands:
     """How a pass reaches each tensor at the current element (vector slot k, element e),
     recording the packed tensors it reads as vectors and whether it needs j's coordinates."""
 
-    def __init__(self, kernel: _RowKernel, vector_name: str) -> None:
+    def __init__(self, kernel: _RowKernel, vector_name: str, width: int) -> None:
         self.kernel = kernel
         self.vector_name = vector_name  # C name of the vector holding a packed tensor's elements, {id}
+        self.width = width
         self.vectors: dict[int, Tensor] = {}
         self.columns = False
 
@@ -272,9 +433,11 @@ class _Operands:
         k = self.kernel
         if t.is_pass_by_value:
             return scalar_value(t, k.names[t.id], k.compute)
+        if t.id in k.held:
+            return f"col{t.id}[k * {self.width} + e]"
         if t.id in k.layout.packed:
             self.vectors[t.id] = t
-            return load(t.data_type, f"{self.vector_name.format(id=t.id)}.v[e]", k.compute)
+            return f"gd::element<{k.compute}>({self.vector_name.format(id=t.id)}, e)"
         return load(t.data_type, self.element(t), k.compute)
 
     def element(self, t: Tensor) -> str:
@@ -298,6 +461,10 @@ class _RowKernel:
         self.chunks = config.chunks(layout)
         self.slots = config.vectors_per_thread * layout.vec  # elements a thread holds
         chunk = config.threads_per_row * self.slots
+        self.sms = sm_count(ctx.arch)
+        self.blocks = config.groups(layout)
+        if config.blocks_per_sm:
+            self.blocks = min(self.blocks, config.blocks_per_sm * self.sms)
         # Margins: the row loop steps past ROWS once, inactive rows' offsets run past the end.
         margins = [2 * storage_extent(t.dim, t.stride) for t in self.memory]
         self.itype = index_type(self.memory, 2 * layout.rows, layout.width + chunk, *margins)
@@ -311,6 +478,8 @@ class _RowKernel:
         self.writes_sum = fused.prologue is not None and self.x.id in written
         # Outputs computed per element in the apply pass: y and the epilogue's results.
         self.results = [t for t in fused.outputs if t.id != self.x.id and t.id not in self.stats]
+        # Per-column operands held in registers across rows (col{id}[]) on the path being written.
+        self.held: dict[int, Tensor] = {}
 
     # -- offsets -------------------------------------------------------------------------------
     def row_offset(self, t: Tensor) -> str:
@@ -398,30 +567,43 @@ class _RowKernel:
         ]
 
     # -- passes --------------------------------------------------------------------------------
-    def load_pass(self, width: int, write_sum: bool) -> list[str]:
-        """x[] <- this thread's elements of the row (the rounded residual sum with a prologue)."""
-        operands = _Operands(self, "in{id}[k]")
+    def load_values(self, width: int, write_sum: bool) -> tuple[dict[int, Tensor], list[str]]:
+        """(the packed tensors read as raw vectors in{id}[k], the statements that fill x[] from
+        them: the rounded residual sum with a prologue, which is also stored when written)."""
+        operands = _Operands(self, "in{id}[k]", width)
         values = epilogue.Values(self.compute, operands)
         if self.fused.prologue is not None:
             epilogue.apply([self.fused.prologue], values)
         value = values.get(self.x)
         element = [*values.statements, f"x[k * {width} + e] = {value};"]
-        declare, each, after = self.stores([(self.x, value)] if write_sum else [], width, operands)
+        declare, each, after = self.stores([(self.x, values.stored(self.x))] if write_sum else [], width, operands)
         element = [*(self.column_coordinates() if operands.columns else []), *element, *each]
-        raw = operands.vectors
-        lines = [f"{self.vec_type(t, width)} in{t.id}[{self.slots // width}];" for t in raw.values()]
-        if raw:  # every load of the row in flight before any is used
-            lines += self.slot_loop(width, self.vector_loads(raw, width, "in{id}[k]", declare=False))
         zero = self.element_loop(width, [f"x[k * {width} + e] = 0;"])
-        return lines + self.slot_loop(width, [*declare, *self.element_loop(width, element), *after], zero)
+        return operands.vectors, self.slot_loop(width, [*declare, *self.element_loop(width, element), *after], zero)
+
+    def raw_vectors(self, raw: dict[int, Tensor], width: int) -> list[str]:
+        return [f"{self.vec_type(t, width)} in{t.id}[{self.slots // width}];" for t in raw.values()]
+
+    def raw_loads(self, raw: dict[int, Tensor], width: int) -> list[str]:
+        """in{id}[] <- this thread's raw vectors of its row, every load in flight before any is used."""
+        return self.slot_loop(width, self.vector_loads(raw, width, "in{id}[k]", declare=False)) if raw else []
+
+    def load_pass(self, width: int, write_sum: bool, prefetched: bool = False) -> list[str]:
+        """x[] <- this thread's elements of the row (the rounded residual sum with a prologue);
+        ``prefetched``: the raw vectors are already loaded (the pipelined loop)."""
+        raw, convert = self.load_values(width, write_sum)
+        if prefetched:
+            return convert
+        return [*self.raw_vectors(raw, width), *self.raw_loads(raw, width), *convert]
 
     def apply_pass(self, width: int) -> list[str]:
         """y and the epilogue from x[], stored."""
-        operands = _Operands(self, "a{id}")
+        operands = _Operands(self, "a{id}", width)
         values = epilogue.Values(self.compute, operands)
         values.define(self.x, f"x[k * {width} + e]")
         normalize(self.fused, values)
-        declare, each, after = self.stores([(t, values.get(t)) for t in self.results], width, operands)
+        outputs = [(t, values.stored(t)) for t in self.results]
+        declare, each, after = self.stores(outputs, width, operands)
         element = [*(self.column_coordinates() if operands.columns else []), *values.statements, *each]
         loads = self.vector_loads(operands.vectors, width, "a{id}", declare=True)
         return self.slot_loop(width, [*loads, *declare, *self.element_loop(width, element), *after])
@@ -450,16 +632,18 @@ class _RowKernel:
             "}",
         ]
 
-    def statistics(self, width: int) -> list[str]:
-        """mean and rstd of the row; the first pass also loads it (and writes the sum)."""
+    def statistics(self, width: int, prefetch: list[str] | None = None) -> list[str]:
+        """mean and rstd of the row; the first pass also loads it (and writes the sum).
+        ``prefetch``: the pipelined loop's raw vectors are loaded, and these statements (the next
+        row's loads) follow the first pass's conversion."""
         c = self.compute
         sqrt = "sqrtf" if c == "float" else "sqrt"
         rstd = f"const {c} rstd = {literal(1, c)} / {sqrt}({self.reduce('squares')} + eps);"
+        loaded = [*self.load_pass(width, self.writes_sum, prefetch is not None), *(prefetch or [])]
         if not self.centered:
-            first = [*self.load_pass(width, self.writes_sum), *self.squares(width)]
-            return [f"{c} squares = 0;", *self.chunked(first), rstd]
+            return [f"{c} squares = 0;", *self.chunked([*loaded, *self.squares(width)]), rstd]
         sums = ["#pragma unroll", f"for (int i = 0; i < {self.slots}; ++i) sum += x[i];"]
-        lines = [f"{c} sum = 0;", *self.chunked([*self.load_pass(width, self.writes_sum), *sums])]
+        lines = [f"{c} sum = 0;", *self.chunked([*loaded, *sums])]
         lines += [f"const {c} mean = {self.reduce('sum')};", f"{c} squares = 0;"]
         if self.chunks == 1:  # the row is still in registers
             lines += self.squares(width)
@@ -478,12 +662,19 @@ class _RowKernel:
         active = "active && " if self.layout.rows % self.config.rows_per_block else ""
         return [f"if ({active}lane == 0) {{", *indent(stored, 1).splitlines(), "}"]
 
+    # -- walking the rows ------------------------------------------------------------------------
+    def this_row(self, first: str) -> list[str]:
+        """``row``, ``active`` and the row offsets of this thread's row in the group starting at ``first``."""
+        return [
+            f"const {self.itype} row = {first} + threadIdx.x / GROUP;",
+            *(["const bool active = row < ROWS;"] if self.layout.rows % self.config.rows_per_block else []),
+            *self.row_prelude(),
+        ]
+
     def row_loop(self, width: int) -> list[str]:
         """Every row of this block's groups, the row's elements held width at a time."""
         per_row = [
-            f"const {self.itype} row = first + threadIdx.x / GROUP;",
-            *(["const bool active = row < ROWS;"] if self.layout.rows % self.config.rows_per_block else []),
-            *self.row_prelude(),
+            *self.this_row("first"),
             f"{self.compute} x[{self.slots}];  // this thread's elements of the row",
             *self.statistics(width),
             *self.write_statistics(),
@@ -492,12 +683,67 @@ class _RowKernel:
             per_row += self.apply_pass(width)
         else:
             per_row += self.chunked([*self.load_pass(width, False), *self.apply_pass(width)])
+        return self.walk(per_row)
+
+    def walk(self, per_row: list[str]) -> list[str]:
+        """``per_row`` for each group of rows of this block (first: the group's first row)."""
         step = f"({self.itype})gridDim.x * ROWS_PER_BLOCK"
         return [
             f"for ({self.itype} first = ({self.itype})blockIdx.x * ROWS_PER_BLOCK; first < ROWS; first += {step}) {{",
             *indent(per_row, 1).splitlines(),
             "}",
         ]
+
+    def pipelined_row_loop(self, width: int) -> list[str]:
+        """The row loop with this thread's next row prefetched into in{id}[] (and the per-column
+        operands held in col{id}[] where they fit): the loads of row i + 1 are issued as soon as
+        row i is converted to x[], and complete while row i is reduced, normalized and stored."""
+        held = self.held_columns(width)
+        raw, _ = self.load_values(width, self.writes_sum)
+        step = f"({self.itype})gridDim.x * ROWS_PER_BLOCK"
+        # Uniform over the block: every thread reaches the group_sum barriers the same times.
+        prefetch = [
+            f"if (first + {step} < ROWS) {{  // the next rows' loads, in flight through this row's work",
+            *indent([*self.this_row(f"(first + {step})"), *self.raw_loads(raw, width)], 1).splitlines(),
+            "}",
+        ]
+        per_row = [
+            *self.this_row("first"),
+            f"{self.compute} x[{self.slots}];  // this thread's elements of the row",
+            *self.statistics(width, prefetch),
+            *self.write_statistics(),
+            *self.apply_pass(width),
+        ]
+        first_loads = [*self.this_row(f"({self.itype})blockIdx.x * ROWS_PER_BLOCK"), *self.raw_loads(raw, width)]
+        return [
+            *held,
+            *self.raw_vectors(raw, width),
+            "{  // the first rows' loads",
+            f"  const {self.itype} chunk = 0;",
+            *indent(first_loads, 1).splitlines(),
+            "}",
+            *self.walk(per_row),
+        ]
+
+    def held_columns(self, width: int) -> list[str]:
+        """col{id}[] <- the per-column operands at this thread's columns, converted once for every
+        row (where they fit); the passes written after this read them from there."""
+        if not self.config.holds_columns(self.layout, self.sms):
+            return []
+        self.held = {t.id: t for t in self.fused.inputs if t.id in self.layout.columns}
+        lines = [f"{self.compute} col{t.id}[{self.slots}];  // the same for every row" for t in self.held.values()]
+        load = self.vector_loads(self.held, width, "a{id}", declare=True)
+        convert = [
+            line
+            for t in self.held.values()
+            for line in (
+                f"col{t.id}[k * {width} + e] = gd::element<{self.compute}>(a{t.id}, e);",
+                f"gd::hold(col{t.id}[k * {width} + e]);  // converted once, not in every row",
+            )
+        ]
+        zero = self.element_loop(width, [f"col{t.id}[k * {width} + e] = 0;" for t in self.held.values()])
+        body = self.slot_loop(width, [*load, *self.element_loop(width, convert)], zero, rows=False)
+        return [*lines, "{", f"  const {self.itype} chunk = 0;", *indent(body, 1).splitlines(), "}"]
 
     def body(self) -> list[str]:
         g, layout = self.config.threads_per_row, self.layout
@@ -511,12 +757,17 @@ class _RowKernel:
             lines.append(
                 f"__shared__ {self.compute} red[{self.config.threads // 32}];  // group_sum's per-warp partials"
             )
+        # The main path (vectors, or elements when the layout has none) is pipelined when chosen;
+        # the element path behind the vector path is the plain row loop.
+        pipelined = self.config.pipelined(layout, self.sms)
+        main = self.pipelined_row_loop(layout.vec) if pipelined else self.row_loop(layout.vec)
         if layout.vec == 1:
-            return lines + self.row_loop(1)
+            return lines + main
+        self.held = {}
         return [
             *lines,
             f"if ({self.aligned}) {{  // {layout.vec}-element vector accesses",
-            *indent(self.row_loop(layout.vec), 1).splitlines(),
+            *indent(main, 1).splitlines(),
             "} else {  // a pointer is not aligned for vectors: element accesses, the same mapping",
             *indent(self.row_loop(1), 1).splitlines(),
             "}",
@@ -526,9 +777,16 @@ class _RowKernel:
         members = [t for node in self.fused.nodes for t in (*node.input_tensors(), *node.output_tensors())]
         threads = self.config.threads
         name, source = kernel_source(
-            self.ctx, self.fused, pattern_name(self.fused), members, self.params, threads, indent(self.body(), 1)
+            self.ctx,
+            self.fused,
+            pattern_name(self.fused),
+            members,
+            self.params,
+            threads,
+            indent(self.body(), 1),
+            self.config.blocks_per_sm,
         )
-        blocks = min(-(-self.layout.rows // self.config.rows_per_block), 2**31 - 1)
         vectors = [t for t in self.memory if t.id in self.layout.packed]
         alignment = max((self.layout.vec * t.data_type.itemsize for t in vectors), default=16)
-        return Kernel(name, source, (blocks, 1, 1), (threads, 1, 1), 0, tuple(self.params.bindings), max(alignment, 16))
+        grid = (min(self.blocks, 2**31 - 1), 1, 1)
+        return Kernel(name, source, grid, (threads, 1, 1), 0, tuple(self.params.bindings), max(alignment, 16))

@@ -92,6 +92,18 @@ template <> struct Elem<__nv_fp8_e5m2> {
 template <class C, class T> __device__ __forceinline__ C to(T x) { return (C)Elem<T>::get(x); }
 template <class T, class C> __device__ __forceinline__ T from(C v) { return Elem<T>::put(v); }
 
+// rounded<T>(v): the compute value v rounded to T and back, the value of a virtual tensor of
+// type T inside a fused kernel. bf16 from float: one packed conversion whose low half is zero
+// leaves exactly the rounded float (convert-then-shift-back takes two instructions).
+template <class T, class C> __device__ __forceinline__ C rounded(C v) { return to<C>(from<T>(v)); }
+#ifdef __CUDA_BF16_H__
+template <> __device__ __forceinline__ float rounded<__nv_bfloat16, float>(float v) {
+  unsigned bits;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(v), "f"(0.0f));  // high half: v as bf16
+  return __uint_as_float(bits);
+}
+#endif
+
 // ---- vector access ---------------------------------------------------------------------
 // N elements of T moved as one aligned access (16 bytes for the usual N).
 template <class T, int N> struct alignas(sizeof(T) * N) Vec {
@@ -105,6 +117,29 @@ template <class T, int N> __device__ __forceinline__ Vec<T, N> load_vec(const T*
 template <class T, int N> __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
+
+// element<C>(v, e): element e of a vector as compute type C.
+template <class C, class T, int N> __device__ __forceinline__ C element(const Vec<T, N>& v, int e) {
+  return to<C>(v.v[e]);
+}
+#ifdef __CUDA_BF16_H__
+// bf16 pairs share a 32-bit word and a bf16 is the upper half of a float: one shift (even
+// element) or mask (odd element) per element, where converting an extracted halfword costs two.
+template <class C, int N> __device__ __forceinline__ C element(const Vec<__nv_bfloat16, N>& v, int e) {
+  if constexpr (N % 2 == 0) {
+    const unsigned word = reinterpret_cast<const unsigned*>(v.v)[e / 2];
+    return (C)__uint_as_float(e % 2 ? word & 0xffff0000u : word << 16);
+  } else {
+    return to<C>(v.v[e]);
+  }
+}
+#endif
+
+// hold(v): keep v, as computed, in a register. The compiler may instead re-derive a value
+// where it is used to save registers (unpack a loop-invariant vector again in every
+// iteration); an empty asm it cannot see through makes the computed value the only source.
+__device__ __forceinline__ void hold(float& v) { asm volatile("" : "+f"(v)); }
+__device__ __forceinline__ void hold(double& v) { asm volatile("" : "+d"(v)); }
 
 // ---- reductions ------------------------------------------------------------------------
 // `op` is a functor combining two values (sum, product, NaN-propagating min/max...); the
@@ -153,11 +188,26 @@ template <int GROUP, class T> __device__ __forceinline__ T group_max(T v, T* scr
 }
 
 // ---- activations ---------------------------------------------------------------------------
+// The hardware exp2 and reciprocal (~2 ulp). Results below 2^-126 flush to zero: where they
+// are used here (1 + e, 1 / (1 + e)) that changes nothing a float can hold.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <class T> __device__ __forceinline__ T sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
 // float: the hardware exp2 and reciprocal (~1e-6 relative error, a third of the instructions;
 // the activations sit in memory-bound kernels where precise exp and division would make
 // them issue-bound). 1 + e^-x overflowing to inf gives exactly 0.
-template <> __device__ __forceinline__ float sigmoid<float>(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+template <> __device__ __forceinline__ float sigmoid<float>(float x) {
+  return rcp_approx(1.0f + exp2_approx(-1.44269504088896340736f * x));
+}
 
 template <class T> __device__ __forceinline__ T gelu_erf(T x) {
   return T(0.5) * x * (T(1) + erf(x * T(0.70710678118654752440)));
@@ -167,6 +217,13 @@ template <class T> __device__ __forceinline__ T gelu_erf(T x) {
 template <class T> __device__ __forceinline__ T gelu_tanh(T x) {
   const T u = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
   return x * sigmoid<T>(T(2) * u);
+}
+// float: x / (1 + 2^(-2u log2 e)) with the constants folded, -2u log2 e = x (A + B x^2): seven
+// instructions (two of them MUFU) per element.
+template <> __device__ __forceinline__ float gelu_tanh<float>(float x) {
+  constexpr float A = (float)(-2.0 * 0.79788456080286535588 * 1.44269504088896340736);
+  constexpr float B = (float)(-2.0 * 0.79788456080286535588 * 0.044715 * 1.44269504088896340736);
+  return x * rcp_approx(1.0f + exp2_approx(x * fmaf(B, x * x, A)));
 }
 
 template <class T> __device__ __forceinline__ T softplus(T x, T beta) {

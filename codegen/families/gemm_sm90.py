@@ -1,0 +1,239 @@
+"""GEMM family, Hopper path: the tensor-core GEMM of gemm.py on ``wgmma.mma_async`` (sm_90a).
+
+Same problems, loaders and epilogue as the mma.sync path; what changes is how the tensor
+cores are fed:
+
+- a block of 256 threads is two warpgroups (4 consecutive warps each) computing a 128 x BN
+  tile: warpgroup g owns rows 64g..64g+63 and issues ``wgmma.mma_async.m64nBNk16`` with A and
+  B read straight from shared memory through matrix descriptors (no ldmatrix); the fp32
+  accumulators stay in registers (BN/2 per thread);
+- k tiles of BK = 64 elements (128 bytes, exactly one row of the 128-byte swizzle) are
+  copied by every thread with 16-byte ``cp.async`` into the layout the descriptors describe;
+- pipeline: STAGES shared-memory buffers; the wgmma batch of tile kt-1 may still be reading
+  its buffer while tile kt is issued, so copies run STAGES-2 tiles ahead of the tensor cores.
+
+No TMA (kernel parameters are 8-byte words; a tensor map is 128 bytes) and no warp
+specialisation: every thread copies, every warpgroup computes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
+from graphdnn.errors import UnsupportedError
+
+from ..context import EmitContext, indent, kernel_source, pattern_name
+from ..cuda_types import cuda_type
+from ..indexing import index_type
+from ..kernel import Kernel
+from .gemm import (
+    ASYNC_COPY_PRELUDE,
+    Problem,
+    SmemTiles,
+    a_loader_setup,
+    b_loader_setup,
+    batch_offsets,
+    declare,
+    load_tile_lambda,
+    staged_epilogue,
+    tensor_core_layout,
+)
+
+ARCH = 90  # wgmma exists on sm_90a only (Blackwell's tensor cores take tcgen05 instead)
+BLOCK_M, BLOCK_K, THREADS = 128, 64, 256
+# (block_n, stages): 128 x 64 tiles fit two blocks per SM; the others fill one SM each.
+TILES = ((64, 4), (128, 4), (128, 6), (256, 4))
+MAX_SHARED = 227 * 1024  # an sm_90 block's dynamic shared memory, opted in
+ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
+
+
+def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
+    """The wgmma launch choices for ``p`` on sm_``arch``: none off sm_90 or off the tensor-core layouts."""
+    if arch != ARCH or tensor_core_layout(p) is None:
+        return []
+    return [{"path": "wgmma", "block_m": BLOCK_M, "block_n": bn, "stages": stages} for bn, stages in TILES]
+
+
+def _prelude(bn: int, elem: str, transpose_b: int) -> str:
+    count = bn // 2
+    outputs = ", ".join(f"%{i}" for i in range(count))
+    constraints = ",\n                 ".join(
+        ", ".join(f'"+f"(d[{i}])' for i in range(row, min(row + 8, count))) for row in range(0, count, 8)
+    )
+    return (
+        ASYNC_COPY_PRELUDE
+        + r"""
+// ---- wgmma (sm_90a) building blocks ----
+// Tiles in shared memory use the 128-byte swizzle: rows of 128 bytes (64 16-bit elements),
+// in groups of 8 rows (1024 bytes); 16-byte chunk c of row r sits at chunk c ^ (r % 8). The
+// tensor cores apply that XOR to absolute address bits 4-6 from bits 7-9, so every tile
+// starts on a 1024-byte boundary (and the descriptors' base offset is 0).
+//
+// K-major tile (A, and k-contiguous B): one 128-byte row per m (n), the 64 k of the tile.
+__device__ __forceinline__ int swizzle128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
+// N-major tile (n-contiguous B): 64-column blocks one after another, each 64 k rows of
+// 128 bytes (8 KB); `chunk` counts 16-byte chunks along n.
+__device__ __forceinline__ int swizzle128_n(int k, int chunk) {
+  return (chunk >> 3) * 8192 + k * 128 + (((chunk & 7) ^ (k & 7)) << 4);
+}
+
+// Shared-memory matrix descriptor (PTX ISA, "matrix descriptor format"):
+//   bits  0-13  start address >> 4
+//   bits 16-29  leading-dimension byte offset >> 4
+//   bits 32-45  stride-dimension byte offset >> 4
+//   bits 49-51  base offset: 0, every tile (and each wgmma's start) keeps address bits 7-9 at 0
+//   bits 62-63  swizzle mode: 1 = 128-byte swizzle
+// K-major, 128-byte swizzle: leading offset unused (a k16 step, 32 bytes, lies within one
+// swizzled row; 16 by convention), stride offset 1024 (the next 8 rows); a k16 step advances
+// the start address by 32 bytes. N-major (transposed B): leading offset 8192 (the next 64
+// columns), stride offset 1024 (the next 8 k rows); a k16 step advances it by 16 rows, 2048 bytes.
+__device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned addr, unsigned leading, unsigned stride) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)(leading >> 4) << 16 |
+         (unsigned long long)(stride >> 4) << 32 | 1ull << 62;
+}
+
+// Orders this thread's register accesses before the warpgroup's next wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed batches of this warpgroup are still running.
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Pins the accumulators at this point: the compiler may not move their reads or writes
+// across it (wgmma reads and writes them asynchronously, between fence and wait).
+template <int N> __device__ __forceinline__ void fence_accumulators(float (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+"""
+        + f"""
+// d (the warpgroup's 64 x {bn} fp32 tile, wgmma fragment layout) += A (64 x 16) * B (16 x {bn}),
+// both from shared memory; B {"n-contiguous: transpose bit 1" if transpose_b else "k-contiguous: transpose bit 0"}.
+__device__ __forceinline__ void wgmma_k16(float (&d)[{count}], unsigned long long a, unsigned long long b) {{
+  asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{elem}.{elem} "
+               "{{{outputs}}}, %{count}, %{count + 1}, 1, 1, 1, 0, {transpose_b};\\n"
+               : {constraints}
+               : "l"(a), "l"(b)
+               : "memory");
+}}
+"""
+    )
+
+
+def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
+    """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry)."""
+    layout = tensor_core_layout(p)
+    assert layout is not None
+    bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
+    a_stage, b_stage = BLOCK_M * BLOCK_K * 2, bn * BLOCK_K * 2
+    c_stride = bn + 4  # floats per staged accumulator row (+4: fewer bank conflicts, 16-byte rows)
+    shared = max(stages * (a_stage + b_stage), BLOCK_M * c_stride * 4) + ALIGN_SLACK
+    _check(ctx, bn, stages, shared)
+
+    params, names = declare(fused, p)
+    aligned = params.aligned_flag()
+    tensors = [*fused.inputs, *fused.outputs]
+    itype = index_type(tensors, p.m * max(p.n, 1))
+    a_chunks, b_chunks = BLOCK_M * BLOCK_K // 8 // THREADS, bn * BLOCK_K // 8 // THREADS
+    tiles = SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n")
+    lines = [
+        f"using T = {cuda_type(p.a.data_type)};",
+        f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, THREADS = {THREADS};",
+        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // BLOCK_K)};",
+        "extern __shared__ __align__(1024) unsigned char smem_raw[];",
+        "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
+        "unsigned char* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);",
+        "unsigned char* const a_smem = smem;",
+        f"unsigned char* const b_smem = smem + STAGES * {a_stage};",
+        "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
+        "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile",
+        f"const {itype} block_m = ({itype})blockIdx.x * BM;",
+        "const int block_n = blockIdx.y * BN;",
+    ]
+    if not p.is_conv:
+        lines += batch_offsets(p, itype)
+    x, w = names[p.a.id], names[p.b.id]
+    lines += a_loader_setup(p, itype, a_chunks, THREADS, tiles)
+    lines += b_loader_setup(p, itype, b_chunks, THREADS, layout, tiles)
+    lines += load_tile_lambda(p, x, w, itype, a_chunks, b_chunks, a_stage, b_stage, bn, layout, aligned, tiles)
+    lines += _main_loop(layout, a_stage, b_stage)
+    lines += staged_epilogue(fused, p, names, itype, c_stride, aligned, _staging(c_stride))
+
+    elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
+    prelude = _prelude(bn, elem, 1 if layout == "kn" else 0)
+    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_wgmma", tensors, params, THREADS, indent(lines, 1))
+    source = source.replace('extern "C" __global__', prelude + '\nextern "C" __global__', 1)
+    grid = (-(-p.m // BLOCK_M), -(-p.n // bn), math.prod(p.batch) if p.batch else 1)
+    return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), alignment=16, arch_suffix="a")
+
+
+def _check(ctx: EmitContext, bn: int, stages: int, shared: int) -> None:
+    if ctx.arch != ARCH:
+        raise UnsupportedError(f"the wgmma GEMM path runs on sm_90 only (sm_90a code); the target is sm_{ctx.arch}")
+    if int(ctx.tuning.get("block_m", BLOCK_M)) != BLOCK_M or bn not in (64, 128, 256) or stages < 3:  # type: ignore[call-overload]
+        raise UnsupportedError(
+            f"wgmma GEMM tile {ctx.tuning}: expected block_m {BLOCK_M}, block_n 64, 128 or 256, stages >= 3"
+        )
+    if shared > MAX_SHARED:
+        raise UnsupportedError(f"wgmma GEMM tile {ctx.tuning} needs {shared} bytes of shared memory, over {MAX_SHARED}")
+
+
+def _main_loop(layout: str, a_stage: int, b_stage: int) -> list[str]:
+    """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 k16 steps of a tile) in flight."""
+    # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
+    b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
+    return [
+        "float acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
+        "#pragma unroll",
+        "for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;",
+        "#pragma unroll",
+        "for (int s = 0; s < STAGES - 2; ++s) {",
+        "  load_tile(s, s);",
+        '  asm volatile("cp.async.commit_group;\\n" ::);',
+        "}",
+        "const unsigned a_tiles = smem_addr(a_smem) + warpgroup * (64 * 128);  // this warpgroup's 64 rows",
+        "const unsigned b_tiles = smem_addr(b_smem);",
+        "for (int kt = 0; kt < KTILES; ++kt) {",
+        "  // This thread's copies of tile kt have landed (groups after it: tiles kt+1 .. kt+STAGES-3);",
+        "  // the proxy fence makes them visible to the tensor cores, which read through the async proxy.",
+        '  asm volatile("cp.async.wait_group %0;\\n" ::"n"(STAGES - 3));',
+        '  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        "  // Every thread's copies of tile kt are in; and both warpgroups have passed wgmma_wait<1> of",
+        "  // iteration kt-1, so the batch of tile kt-2 is done reading its stage.",
+        "  __syncthreads();",
+        "  load_tile((kt + STAGES - 2) % STAGES, kt + STAGES - 2);  // into the stage of tile kt-2",
+        '  asm volatile("cp.async.commit_group;\\n" ::);',
+        "  const int stage = kt % STAGES;",
+        "  fence_accumulators(acc);",
+        "  wgmma_fence();",
+        "#pragma unroll",
+        "  for (int kk = 0; kk < BK / 16; ++kk)",
+        f"    wgmma_k16(acc, wgmma_descriptor(a_tiles + stage * {a_stage} + kk * 32, 16, 1024),",
+        f"              wgmma_descriptor(b_tiles + stage * {b_stage} + kk * {b_step}, {b_leading}, {b_stride}));",
+        "  wgmma_commit();",
+        "  wgmma_wait<1>();  // the batch of tile kt-1 is done",
+        "  fence_accumulators(acc);",
+        "}",
+        "wgmma_wait<0>();",
+        "fence_accumulators(acc);",
+        'asm volatile("cp.async.wait_group 0;\\n" ::);  // the zero-filled copies past the last tile too',
+        "__syncthreads();  // the pipeline's shared memory is reused for the accumulator tile",
+    ]
+
+
+def _staging(c_stride: int) -> list[str]:
+    """The warpgroup's accumulators into the staged tile. wgmma m64nN fragment: warp w of the
+    warpgroup holds rows 16w..16w+15; acc[4j], acc[4j+1] are row lane/4, columns
+    8j + 2 (lane % 4) + {0, 1}; acc[4j+2], acc[4j+3] the same columns of row lane/4 + 8."""
+    return [
+        "#pragma unroll",
+        "for (int j = 0; j < BN / 8; ++j) {",
+        "  const int row = warpgroup * 64 + (warp & 3) * 16 + (lane >> 2), col = j * 8 + (lane & 3) * 2;",
+        f"  *reinterpret_cast<float2*>(staged + row * {c_stride} + col) = make_float2(acc[4 * j], acc[4 * j + 1]);",
+        f"  *reinterpret_cast<float2*>(staged + (row + 8) * {c_stride} + col) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);",
+        "}",
+    ]
