@@ -42,9 +42,20 @@ from .gemm import (
 )
 
 ARCH = 90  # wgmma exists on sm_90a only (Blackwell's tensor cores take tcgen05 instead)
-BLOCK_M, BLOCK_K, THREADS = 128, 64, 256
-# (block_n, stages): 128 x 64 tiles fit two blocks per SM; the others fill one SM each.
-TILES = ((64, 4), (128, 4), (128, 6), (256, 4))
+BLOCK_K = 64
+# (block_m, block_n, stages). A block has one warpgroup per 64 rows. Smaller and shallower
+# tiles fit two or three blocks per SM, for problems with few tiles (a 14x14 layer) or
+# short K; the larger ones fill an SM each.
+TILES = (
+    (128, 64, 4),
+    (128, 128, 3),
+    (128, 128, 4),
+    (128, 128, 6),
+    (128, 256, 4),
+    (64, 64, 4),
+    (64, 128, 4),
+    (64, 256, 3),
+)
 MAX_SHARED = 227 * 1024  # an sm_90 block's dynamic shared memory, opted in
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 
@@ -53,7 +64,7 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     """The wgmma launch choices for ``p`` on sm_``arch``: none off sm_90 or off the tensor-core layouts."""
     if arch != ARCH or tensor_core_layout(p) is None:
         return []
-    return [{"path": "wgmma", "block_m": BLOCK_M, "block_n": bn, "stages": stages} for bn, stages in TILES]
+    return [{"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in TILES]
 
 
 def _prelude(bn: int, elem: str, transpose_b: int) -> str:
@@ -128,21 +139,23 @@ def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry)."""
     layout = tensor_core_layout(p)
     assert layout is not None
+    bm = int(ctx.tuning.get("block_m", 128))  # type: ignore[call-overload]
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
-    a_stage, b_stage = BLOCK_M * BLOCK_K * 2, bn * BLOCK_K * 2
+    threads = bm * 2  # one warpgroup (128 threads) per 64 rows
+    a_stage, b_stage = bm * BLOCK_K * 2, bn * BLOCK_K * 2
     c_stride = bn + 4  # floats per staged accumulator row (+4: fewer bank conflicts, 16-byte rows)
-    shared = max(stages * (a_stage + b_stage), BLOCK_M * c_stride * 4) + ALIGN_SLACK
-    _check(ctx, bn, stages, shared)
+    shared = max(stages * (a_stage + b_stage), bm * c_stride * 4) + ALIGN_SLACK
+    _check(ctx, bm, bn, stages, shared)
 
     params, names = declare(fused, p)
     aligned = params.aligned_flag()
     tensors = [*fused.inputs, *fused.outputs]
     itype = index_type(tensors, p.m * max(p.n, 1))
-    a_chunks, b_chunks = BLOCK_M * BLOCK_K // 8 // THREADS, bn * BLOCK_K // 8 // THREADS
+    a_chunks, b_chunks = bm * BLOCK_K // 8 // threads, bn * BLOCK_K // 8 // threads
     tiles = SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n")
     lines = [
         f"using T = {cuda_type(p.a.data_type)};",
-        f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, THREADS = {THREADS};",
+        f"constexpr int BM = {bm}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, THREADS = {threads};",
         f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // BLOCK_K)};",
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
@@ -157,26 +170,26 @@ def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     if not p.is_conv:
         lines += batch_offsets(p, itype)
     x, w = names[p.a.id], names[p.b.id]
-    lines += a_loader_setup(p, itype, a_chunks, THREADS, tiles)
-    lines += b_loader_setup(p, itype, b_chunks, THREADS, layout, tiles)
+    lines += a_loader_setup(p, itype, a_chunks, threads, tiles)
+    lines += b_loader_setup(p, itype, b_chunks, threads, layout, tiles)
     lines += load_tile_lambda(p, x, w, itype, a_chunks, b_chunks, a_stage, b_stage, bn, layout, aligned, tiles)
     lines += _main_loop(layout, a_stage, b_stage)
     lines += staged_epilogue(fused, p, names, itype, c_stride, aligned, _staging(c_stride))
 
     elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
     prelude = _prelude(bn, elem, 1 if layout == "kn" else 0)
-    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_wgmma", tensors, params, THREADS, indent(lines, 1))
+    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_wgmma", tensors, params, threads, indent(lines, 1))
     source = source.replace('extern "C" __global__', prelude + '\nextern "C" __global__', 1)
-    grid = (-(-p.m // BLOCK_M), -(-p.n // bn), math.prod(p.batch) if p.batch else 1)
-    return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), alignment=16, arch_suffix="a")
+    grid = (-(-p.m // bm), -(-p.n // bn), math.prod(p.batch) if p.batch else 1)
+    return Kernel(name, source, grid, (threads, 1, 1), shared, tuple(params.bindings), alignment=16, arch_suffix="a")
 
 
-def _check(ctx: EmitContext, bn: int, stages: int, shared: int) -> None:
+def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int) -> None:
     if ctx.arch != ARCH:
         raise UnsupportedError(f"the wgmma GEMM path runs on sm_90 only (sm_90a code); the target is sm_{ctx.arch}")
-    if int(ctx.tuning.get("block_m", BLOCK_M)) != BLOCK_M or bn not in (64, 128, 256) or stages < 3:  # type: ignore[call-overload]
+    if bm not in (64, 128) or bn not in (64, 128, 256) or stages < 3:
         raise UnsupportedError(
-            f"wgmma GEMM tile {ctx.tuning}: expected block_m {BLOCK_M}, block_n 64, 128 or 256, stages >= 3"
+            f"wgmma GEMM tile {ctx.tuning}: expected block_m 64 or 128, block_n 64, 128 or 256, stages >= 3"
         )
     if shared > MAX_SHARED:
         raise UnsupportedError(f"wgmma GEMM tile {ctx.tuning} needs {shared} bytes of shared memory, over {MAX_SHARED}")
