@@ -9,6 +9,7 @@ same interface on NumPy arrays.
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ class WorkspaceSlot:
         return f"[{self.offset}, {self.offset + self.bytes}) {what}"
 
 
-class PlanBase:
+class PlanBase(abc.ABC):
     """What every backend's plan offers: tensor bindings, execute and bind."""
 
     backend: str
@@ -98,8 +99,9 @@ class PlanBase:
         """Tensors the plan writes; the caller may supply them (written in place) or not (allocated)."""
         return self.graph.outputs
 
+    @abc.abstractmethod
     def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> Any:
-        raise NotImplementedError
+        """Check the buffers once; return a callable that runs the plan on them."""
 
     def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> dict[str, Any]:
         """Run the plan on the buffers of ``variant_pack``; returns every output by name
