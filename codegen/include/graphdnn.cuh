@@ -60,32 +60,22 @@ template <> struct Elem<__nv_bfloat16> {
 #endif
 
 #ifdef __CUDA_FP8_H__
-template <> struct Elem<__nv_fp8_e4m3> {
-  __device__ __forceinline__ static float get(__nv_fp8_e4m3 x) { return (float)x; }
-  __device__ __forceinline__ static __nv_fp8_e4m3 put(float v) {
-    __nv_fp8_e4m3 r;
-    r.__x = __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E4M3);
+// Both fp8 formats; FORMAT picks the encoding. No saturation, as the reference rounds.
+template <class F, __nv_fp8_interpretation_t FORMAT> struct Fp8Elem {
+  __device__ __forceinline__ static float get(F x) { return (float)x; }
+  __device__ __forceinline__ static F put(float v) {
+    F r;
+    r.__x = __nv_cvt_float_to_fp8(v, __NV_NOSAT, FORMAT);
     return r;
   }
-  __device__ __forceinline__ static __nv_fp8_e4m3 put(double v) {
-    __nv_fp8_e4m3 r;
-    r.__x = __nv_cvt_double_to_fp8(v, __NV_NOSAT, __NV_E4M3);
-    return r;
-  }
-};
-template <> struct Elem<__nv_fp8_e5m2> {
-  __device__ __forceinline__ static float get(__nv_fp8_e5m2 x) { return (float)x; }
-  __device__ __forceinline__ static __nv_fp8_e5m2 put(float v) {
-    __nv_fp8_e5m2 r;
-    r.__x = __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E5M2);
-    return r;
-  }
-  __device__ __forceinline__ static __nv_fp8_e5m2 put(double v) {
-    __nv_fp8_e5m2 r;
-    r.__x = __nv_cvt_double_to_fp8(v, __NV_NOSAT, __NV_E5M2);
+  __device__ __forceinline__ static F put(double v) {
+    F r;
+    r.__x = __nv_cvt_double_to_fp8(v, __NV_NOSAT, FORMAT);
     return r;
   }
 };
+template <> struct Elem<__nv_fp8_e4m3> : Fp8Elem<__nv_fp8_e4m3, __NV_E4M3> {};
+template <> struct Elem<__nv_fp8_e5m2> : Fp8Elem<__nv_fp8_e5m2, __NV_E5M2> {};
 #endif
 
 // to<C>(x): a stored element as compute type C; from<T>(v): a compute value stored as T.
