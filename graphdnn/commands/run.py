@@ -4,6 +4,9 @@ On the GPU (the default where there is one): inputs are uploaded with the graph'
 strides, outputs are poisoned (every byte 0xFF: NaN for floats) so an unwritten element
 fails the check, and a table gives each kernel's GPU time (CUDA events) and the host
 time of a pre-bound call. ``--check`` compares every output with the reference backend.
+On the reference backend, ``--check`` runs the fused partition the way its kernels
+compute (folded batch norms, single-pass norms: fusion_rules.reference) and compares
+that with the plain reference, which checks the fusion without a GPU.
 """
 
 from __future__ import annotations
@@ -54,7 +57,12 @@ def _run(args: argparse.Namespace) -> int:
     plan = compile(ir, backend=backend, arch=args.arch, cache=chosen_cache(args), **options)
     print(f"plan: {_origin(plan)} in {(time.perf_counter() - start) * 1e3:.1f} ms")
     feeds = random_inputs(ir, args.seed)
-    results = _run_gpu(plan, ir, feeds, args.repeat) if isinstance(plan, Plan) else _run_reference(plan, ir, feeds)
+    if isinstance(plan, Plan):
+        results = _run_gpu(plan, ir, feeds, args.repeat)
+    else:
+        results = _run_reference(plan, ir, feeds)
+        if args.check:
+            results = _run_fused(ir, feeds, args.arch)
     if not args.check:
         return 0
     return _check(ir, feeds, results)
@@ -107,6 +115,20 @@ def _run_reference(plan: PlanBase, ir: Graph, feeds: dict[str, np.ndarray]) -> d
     outputs = plan.execute(pack)
     print(f"reference: {len(ir.nodes)} nodes in {(time.perf_counter() - start) * 1e3:.1f} ms")
     return {name: np.asarray(value) for name, value in outputs.items()}
+
+
+def _run_fused(ir: Graph, feeds: dict[str, np.ndarray], arch: str | None) -> dict[str, np.ndarray]:
+    from fusion_rules import fuse
+    from fusion_rules.reference import execute_partition
+
+    partition = fuse(ir, arch=arch)
+    start = time.perf_counter()
+    results = execute_partition(partition, feeds)
+    print(
+        f"fused partition: {len(partition.nodes)} fused nodes, computed as their kernels do, "
+        f"in {(time.perf_counter() - start) * 1e3:.1f} ms; checked against the reference:"
+    )
+    return results
 
 
 def _check(ir: Graph, feeds: dict[str, np.ndarray], results: dict[str, np.ndarray]) -> int:
