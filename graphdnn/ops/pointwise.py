@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import special
 
 from ..layout import stride_order
 from .attributes import Attributes, NoAttributes
@@ -56,8 +55,16 @@ def _relu(x: np.ndarray, a: ReluAttributes) -> np.ndarray:
     return np.where(x > a.lower_clip, np.minimum(x, upper), a.lower_clip + a.negative_slope * (x - a.lower_clip))
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf
+
+    return erf(x)
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return special.expit(x)
+    from scipy.special import expit  # imported on first use: scipy costs ~0.3 s at import
+
+    return expit(x)
 
 
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
@@ -75,7 +82,7 @@ _UNARY: dict[str, tuple[type[Attributes], bool, Callable[..., np.ndarray]]] = {
     "relu": (ReluAttributes, True, _relu),
     "leaky_relu": (LeakyReluAttributes, True, lambda x, a: np.where(x > 0, x, a.negative_slope * x)),
     "elu": (EluAttributes, True, lambda x, a: np.where(x > 0, x, a.alpha * np.expm1(np.minimum(x, 0)))),
-    "gelu": (NoAttributes, True, lambda x, a: 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))),
+    "gelu": (NoAttributes, True, lambda x, a: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))),
     "gelu_approx_tanh": (
         NoAttributes,
         True,
