@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from .ops.base import Op
 
 Scalar = float | int | bool
-InputBinding = "Tensor | tuple[Tensor, ...]"
 
 
 @dataclass(frozen=True)

@@ -211,15 +211,9 @@ def declare(fused: FusedNode, problem: Problem) -> tuple[KernelParams, dict[int,
 
 def batch_offsets(p: Problem, itype: str) -> list[str]:
     """Matmul: batch coordinates from blockIdx.z, and the A/B batch offsets `a_base`/`b_base`."""
-    rank = len(p.out.dim)
     if not p.batch:
         return [f"const {itype} a_base = 0;", f"const {itype} b_base = 0;"]
-    lines = coordinates("(ITYPE)blockIdx.z".replace("ITYPE", itype), p.out.dim[:-2], range(rank - 2), "c", itype)
-    for name, t in (("a_base", p.a), ("b_base", p.b)):
-        shift = len(p.batch) - (len(t.dim) - 2)
-        terms = [f"c{axis + shift} * {s}" for axis, (d, s) in enumerate(zip(t.dim[:-2], t.stride[:-2])) if d > 1]
-        lines.append(f"const {itype} {name} = {' + '.join(terms) if terms else '0'};")
-    return lines
+    return [*_batch_coords(p, itype), *_batch_offsets_from_coords(p, itype)]
 
 
 def _pixel_coordinates(p: Problem, m: str, itype: str) -> list[str]:
