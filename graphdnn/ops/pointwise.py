@@ -84,6 +84,7 @@ def _gelu_approx_tanh(x: np.ndarray) -> np.ndarray:
     y *= 0.5
     return y
 
+
 # kind -> (attributes, is an activation, reference(x, attributes))
 _UNARY: dict[str, tuple[type[Attributes], bool, Callable[..., np.ndarray]]] = {
     "identity": (NoAttributes, False, lambda x, a: x),
