@@ -27,8 +27,19 @@ def execute(graph: Any, feeds: Mapping[FeedKey, Any]) -> dict[str, np.ndarray]:
     also take Python numbers. Returns ``{output name: array}`` in the outputs' types.
     """
     ir: Graph = graph if isinstance(graph, Graph) else graph.validate()
+    return output_arrays(ir, evaluate(ir, feeds))
+
+
+def evaluate(ir: Graph, feeds: Mapping[FeedKey, Any]) -> dict[int, np.ndarray]:
+    """Every tensor's float64 value by tensor id (feeds, constants, each node's outputs),
+    for callers that check intermediates too, such as the fused-partition reference."""
     values = bind_feeds(ir, feeds)
     run_nodes(ir.nodes, values)
+    return values
+
+
+def output_arrays(ir: Graph, values: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
+    """The graph's outputs from ``values``, by name, in their declared data types."""
     return {t.name: values[t.id].astype(t.data_type.numpy) for t in ir.outputs}
 
 

@@ -69,6 +69,22 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 
+
+def _gelu_approx_tanh(x: np.ndarray) -> np.ndarray:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), evaluated in place in one buffer:
+    on activations of 8M elements, x**3 and seven temporaries cost ~10x the arithmetic."""
+    y = x * x
+    y *= 0.044715
+    y += 1.0
+    y *= x
+    y *= _SQRT_2_OVER_PI
+    np.tanh(y, out=y)
+    y += 1.0
+    y *= x
+    y *= 0.5
+    return y
+
+
 # kind -> (attributes, is an activation, reference(x, attributes))
 _UNARY: dict[str, tuple[type[Attributes], bool, Callable[..., np.ndarray]]] = {
     "identity": (NoAttributes, False, lambda x, a: x),
@@ -83,11 +99,7 @@ _UNARY: dict[str, tuple[type[Attributes], bool, Callable[..., np.ndarray]]] = {
     "leaky_relu": (LeakyReluAttributes, True, lambda x, a: np.where(x > 0, x, a.negative_slope * x)),
     "elu": (EluAttributes, True, lambda x, a: np.where(x > 0, x, a.alpha * np.expm1(np.minimum(x, 0)))),
     "gelu": (NoAttributes, True, lambda x, a: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))),
-    "gelu_approx_tanh": (
-        NoAttributes,
-        True,
-        lambda x, a: 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))),
-    ),
+    "gelu_approx_tanh": (NoAttributes, True, lambda x, a: _gelu_approx_tanh(x)),
     "swish": (SwishAttributes, True, lambda x, a: x * _sigmoid(a.swish_beta * x)),
     "sigmoid": (NoAttributes, True, lambda x, a: _sigmoid(x)),
     "tanh": (NoAttributes, True, lambda x, a: np.tanh(x)),
@@ -139,8 +151,8 @@ class PointwiseOp(Op):
         values = [np.asarray(x[role.name], dtype=np.float64) for role in self.inputs]
         out_dim = node.output("y").dim  # type: ignore[union-attr]
         with np.errstate(all="ignore"):  # NaN and inf are results here, not errors
-            y = type(self).evaluate(values, node.attributes)
-        return {"y": np.broadcast_to(y, out_dim).astype(np.float64)}
+            y = np.asarray(type(self).evaluate(values, node.attributes), dtype=np.float64)
+        return {"y": y if y.shape == out_dim else np.broadcast_to(y, out_dim)}
 
 
 def _define(
