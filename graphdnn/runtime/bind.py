@@ -35,7 +35,9 @@ def bind(plan: Plan, variant_pack: Mapping[Any, Any], workspace: Any, stream: An
     device = _device(plan, [b.device for b in described.values() if b.device is not None])
     for tid, buffer in described.items():
         buffers.check(ir.tensors[tid], buffer, device.ordinal)
-    views = {tid: View(b.pointer, b.shape, b.strides, ir.tensors[tid].data_type.itemsize) for tid, b in described.items()}
+    views = {
+        tid: View(b.pointer, b.shape, b.strides, ir.tensors[tid].data_type.itemsize) for tid, b in described.items()
+    }
     names = {tid: ir.tensors[tid].name for tid in views}
     order = schedule(plan.program.launches, views, {t.id for t in ir.outputs if t.id in views}, names)
     library = frameworks.library_of(pack.buffers.values())

@@ -8,6 +8,7 @@ int. :class:`BoundPlan` keeps both alive with the buffers they point into.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,12 +125,20 @@ class BoundPlan:
             if status:
                 self._failed(i, status)
 
+    def detached(self) -> BoundPlan:
+        """The same launches holding none of the caller's buffers (runtime.bind_cache): valid
+        whenever buffers with the same addresses and layouts are passed again."""
+        bound = copy.copy(self)
+        bound.outputs = {}
+        bound._keep_alive = []
+        return bound
+
     def _copy_inputs(self, stream: Any) -> None:
-        for copy in self.copies:
-            status = self._copy(copy.destination.pointer, copy.source, copy.destination.nbytes, stream)[0]
+        for step in self.copies:
+            status = self._copy(step.destination.pointer, step.source, step.destination.nbytes, stream)[0]
             if status:
                 raise driver.CudaError(
-                    f"cuMemcpyDtoDAsync of {copy.destination.nbytes} bytes (an input an output is written over) "
+                    f"cuMemcpyDtoDAsync of {step.destination.nbytes} bytes (an input an output is written over) "
                     f"failed: {driver.describe(driver.api(), status)}"
                 )
 

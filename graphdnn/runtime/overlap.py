@@ -52,7 +52,7 @@ def overlap(a: View, b: View) -> bool:
         return True
     base = min(a.pointer, b.pointer) - 4096  # relative addresses: the solver never sees a null pointer
     try:
-        return bool(np.shares_memory(_bytes(a, base), _bytes(b, base), max_work=MAX_WORK))
+        return bool(np.shares_memory(_bytes(a, base), _bytes(b, base), max_work=MAX_WORK))  # type: ignore[arg-type]  # the stubs list only -1 and 0
     except np.exceptions.TooHardError:
         return True
 

@@ -47,7 +47,10 @@ def schedule(
         return Schedule(tuple(range(len(launches))), ())
     inputs = set(views) - outputs
     groups = _groups(launches)
-    bound = [{a.tensor for i in group for a in launches[i].args if a.kind is ArgKind.TENSOR} for group in groups]
+    bound = [
+        {a.tensor for i in group for a in launches[i].args if a.tensor is not None and a.kind is ArgKind.TENSOR}
+        for group in groups
+    ]
     writer: dict[int, int] = {}
     for g, tensors in enumerate(bound):
         for t in tensors:
@@ -82,10 +85,11 @@ def aliased_inputs(views: Mapping[int, View], outputs: set[int], names: Mapping[
     hazards: dict[int, list[int]] = {}
     for written, other in overlapping_pairs(views, outputs):
         if other in outputs:
+            first, second = sorted((written, other))
             raise FeedError(
-                f"shares memory with output '{names[other]}': two outputs cannot be written to the same "
+                f"shares memory with output '{names[second]}': two outputs cannot be written to the same "
                 "memory; give each its own buffer",
-                tensor=names[written],
+                tensor=names[first],
             )
         hazards.setdefault(other, []).append(written)
     return hazards
