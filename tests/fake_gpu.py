@@ -29,32 +29,32 @@ class FakeDriver:
         self.calls: list[tuple[Any, ...]] = []
         self._next = 0x7F0000000000
 
-    def CUstream(self, handle: int) -> int:  # noqa: N802  (the driver's name)
+    def CUstream(self, handle: int) -> int:
         return handle
 
-    def cuCtxGetCurrent(self) -> tuple[int, int]:  # noqa: N802
+    def cuCtxGetCurrent(self) -> tuple[int, int]:
         return (0, self.CONTEXT)
 
-    def cuCtxGetDevice(self) -> tuple[int, int]:  # noqa: N802
+    def cuCtxGetDevice(self) -> tuple[int, int]:
         return (0, 0)
 
-    def cuMemAlloc(self, nbytes: int) -> tuple[int, int]:  # noqa: N802
+    def cuMemAlloc(self, nbytes: int) -> tuple[int, int]:
         pointer = self._next
         self._next += -(-nbytes // 4096) * 4096
         return (0, pointer)
 
-    def cuMemFree(self, pointer: int) -> tuple[int]:  # noqa: N802
+    def cuMemFree(self, pointer: int) -> tuple[int]:
         return (0,)
 
-    def cuLaunchKernel(self, function: str, *arguments: Any) -> tuple[int]:  # noqa: N802
+    def cuLaunchKernel(self, function: str, *arguments: Any) -> tuple[int]:
         self.calls.append(("launch", function))
         return (0,)
 
-    def cuMemcpyDtoDAsync(self, destination: int, source: int, nbytes: int, stream: int) -> tuple[int]:  # noqa: N802
+    def cuMemcpyDtoDAsync(self, destination: int, source: int, nbytes: int, stream: int) -> tuple[int]:
         self.calls.append(("copy", destination, source, nbytes))
         return (0,)
 
-    def cuGraphLaunch(self, graph: Any, stream: int) -> tuple[int]:  # noqa: N802
+    def cuGraphLaunch(self, graph: Any, stream: int) -> tuple[int]:
         raise AssertionError("no CUDA graphs on the fake driver")
 
     def allocate(self, nbytes: int) -> int:

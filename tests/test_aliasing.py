@@ -84,8 +84,10 @@ def test_overlapping_pairs_name_written_buffers_first() -> None:
 
 
 def launch(fused_index: int, *tensors: int, elementwise: bool = True, name: str = "") -> Launch:
-    args = tuple(Arg(ArgKind.TENSOR, t) for t in tensors) + (Arg(ArgKind.ALIGNED),)
-    return Launch(name or f"k{fused_index}", "key", "hash", fused_index, (1, 1, 1), (32, 1, 1), 0, 16, args, elementwise)
+    args = (*tuple(Arg(ArgKind.TENSOR, t) for t in tensors), Arg(ArgKind.ALIGNED))
+    return Launch(
+        name or f"k{fused_index}", "key", "hash", fused_index, (1, 1, 1), (32, 1, 1), 0, 16, args, elementwise
+    )
 
 
 NAMES = {i: f"t{i}" for i in range(20)}
