@@ -127,7 +127,9 @@ class BoundPlan:
 
     def detached(self) -> BoundPlan:
         """The same launches holding none of the caller's buffers (runtime.bind_cache): valid
-        whenever buffers with the same addresses and layouts are passed again."""
+        whenever buffers with the same addresses and layouts are passed again. Not for a
+        captured plan (the copy would share its CUDA graph)."""
+        assert self._graph_exec is None
         bound = copy.copy(self)
         bound.outputs = {}
         bound._keep_alive = []
