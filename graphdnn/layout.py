@@ -106,15 +106,21 @@ def check_strides(dim: Sequence[int], stride: Sequence[int], *, read_only: bool 
             raise StrideError(f"stride[{axis}] = {step} is negative")
         if step > MAX_ELEMENTS:
             raise StrideError(f"stride[{axis}] = {step} is over {MAX_ELEMENTS}")
-    if read_only:
-        return
+    reason = None if read_only else overlap_reason(dim, stride)
+    if reason is not None:
+        raise StrideError(
+            f"strides {list(stride)} overlap for dims {list(dim)}: {reason}; only a graph input may map several "
+            "elements to one address, a tensor the graph writes may not"
+        )
+
+
+def overlap_reason(dim: Sequence[int], stride: Sequence[int]) -> str | None:
+    """Why ``stride`` may map two elements of ``dim`` to one offset; None when each dim steps
+    past everything inside it (sorted by stride), which proves every offset distinct."""
     spanning = sorted((s, d, axis) for axis, (d, s) in enumerate(zip(dim, stride)) if d > 1)
     reach = 1  # every element below this offset may already be taken
     for step, extent, axis in spanning:
         if step < reach:
-            raise StrideError(
-                f"strides {list(stride)} overlap for dims {list(dim)}: dim {axis} "
-                f"(extent {extent}) steps {step} but the dims inside it span {reach}; only a graph input may "
-                "map several elements to one address, a tensor the graph writes may not"
-            )
+            return f"dim {axis} (extent {extent}) steps {step} but the dims inside it span {reach}"
         reach = step * extent
+    return None

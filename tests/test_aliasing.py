@@ -13,7 +13,9 @@ import pytest
 
 import graphdnn as gd
 from graphdnn.compare import relative_error, tolerance
+from graphdnn.layout import overlap_reason
 from graphdnn.program import Arg, ArgKind, Launch
+from graphdnn.random_inputs import random_inputs
 from graphdnn.reference_plan import host_array
 from graphdnn.runtime import overlap as overlap_module
 from graphdnn.runtime.bind_cache import BindCache
@@ -369,6 +371,21 @@ def test_kernels_index_overlapping_inputs_with_their_strides(make: Any, arch: st
         assert re.search(r"t\d\[c1\]", body) and re.search(r"t\d\[c0 \* 33 \+ c1\]", body)
     else:  # B's batch, n and k strides as declared: 8192, 64, 1
         assert re.search(r"\* 8192\b", body) and re.search(r"\* \(int\)64\b", body) and re.search(r"k \* 1\b", body)
+
+
+def test_random_inputs_share_values_where_elements_share_memory() -> None:
+    ir = mixed_precision_matmul().validate()
+    b = ir.tensor("b")
+    assert overlap_reason(b.dim, b.stride) == "dim 2 (extent 64) steps 64 but the dims inside it span 128"
+    assert overlap_reason(ir.tensor("a").dim, ir.tensor("a").stride) is None
+    feeds = random_inputs(ir, 3)
+    values = feeds["b"].astype(np.float64)
+    np.testing.assert_array_equal(values[:, 64:, :-1], values[:, :64, 1:])  # (k + 64, n) is (k, n + 1)
+    laid_out = host_array(b, feeds["b"])  # what a buffer of b holds
+    np.testing.assert_array_equal(laid_out.astype(np.float64), values)
+    got = gd.compile(ir, backend="reference").execute({"a": host_array(ir.tensor("a"), feeds["a"]), "b": laid_out})
+    want = gd.reference.execute(ir, feeds)
+    assert relative_error(got["c"].astype(np.float64), want["c"].astype(np.float64)) == 0
 
 
 def test_an_output_with_overlapping_strides_is_refused() -> None:

@@ -16,7 +16,7 @@ from graphdnn import reference
 from graphdnn.compare import relative_error, tolerance
 from graphdnn.runtime.frameworks import empty_torch, torch_dtype
 from tests import plan_graphs
-from tests.gpu_check import to_numpy
+from tests.gpu_check import check_on_gpu, to_numpy
 from tests.test_aliasing import broadcast_add, mixed_precision_matmul, rope
 
 pytestmark = pytest.mark.gpu
@@ -140,6 +140,12 @@ def test_inputs_with_overlapping_strides(make: Any) -> None:
     got = gd.compile(graph).execute(pack)[out.name]
     torch.cuda.synchronize()
     assert_close(got, want[out.name], out.data_type, out.name)
+
+
+@pytest.mark.parametrize("make", [mixed_precision_matmul, broadcast_add], ids=lambda f: f.__name__)
+def test_overlapping_inputs_through_check_on_gpu(make: Any) -> None:
+    """random_inputs draws values for the memory, to_torch lays them out through as_strided."""
+    check_on_gpu(make())
 
 
 def test_execute_rebinds_when_a_tensor_changes_storage() -> None:
