@@ -38,21 +38,25 @@ def graph() -> gd.OperationGraphSpec:
     return g
 
 
-def per_call_us(fn: Callable[[], object], synchronize: Callable[[], object], calls: int) -> float:
+def per_call_us(fn: Callable[[], object], synchronize: Callable[[], object], calls: int, rounds: int = 5) -> float:
+    """The best of ``rounds`` loops of ``calls`` calls, per call (other processes only add time)."""
     for _ in range(50):
         fn()
     synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fake-driver", action="store_true", help="no GPU: a stand-in driver, DeviceArray buffers")
-    parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
     if args.fake_driver:
         import pytest

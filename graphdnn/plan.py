@@ -128,6 +128,8 @@ class Plan(PlanBase):
         compiled: int = 0,
         tuned_on: str | None = None,
     ) -> None:
+        from .runtime.bind_cache import BindCache
+
         super().__init__(graph)
         self.arch = arch
         self.program = program
@@ -139,9 +141,7 @@ class Plan(PlanBase):
         self._lock = threading.Lock()
         self._loaded: dict[int, list[LoadedKernel]] = {}
         self._workspaces: dict[int, DeviceMemory] = {}
-        from .runtime.bind_cache import BindCache
-
-        self._bound = BindCache()
+        self._bound = BindCache()  # execute's recent bindings
 
     @property
     def arch_name(self) -> str:
