@@ -66,6 +66,7 @@ class FakeArray:
 
     def __init__(self, pointer: int, shape: tuple[int, ...], strides: tuple[int, ...], typestr: str) -> None:
         itemsize = int(typestr[-1])
+        self.args = (pointer, shape, strides, typestr)  # FakeArray(*a.args): a new object over the same memory
         self.__cuda_array_interface__ = {
             "shape": shape,
             "strides": tuple(s * itemsize for s in strides),

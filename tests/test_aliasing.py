@@ -283,6 +283,19 @@ def test_execute_binds_a_pack_once(monkeypatch: pytest.MonkeyPatch, rope_plan: g
     assert len(binds) == 4 and [c[0] for c in fake.calls[-6:]] == ["copy", "launch", "launch"] * 2
 
 
+def test_execute_reuses_bindings_of_cuda_array_interface_buffers(
+    monkeypatch: pytest.MonkeyPatch, rope_plan: gd.Plan
+) -> None:
+    fake = fake_gpu.install(monkeypatch)
+    pack = fake_pack(fake, rope_plan)
+    rope_plan.execute(pack)
+    again = fake_pack(fake, rope_plan)  # new objects, new memory: a second binding
+    rope_plan.execute(again)
+    same_memory = {name: fake_gpu.FakeArray(*a.args) for name, a in pack.items()}
+    assert rope_plan.execute(same_memory) == {"y1": same_memory["y1"], "y2": same_memory["y2"]}
+    assert len(rope_plan._bound) == 2
+
+
 def test_execute_checks_every_new_layout(monkeypatch: pytest.MonkeyPatch, rope_plan: gd.Plan) -> None:
     fake_gpu.install(monkeypatch)
     pack = device_pack(rope_plan)

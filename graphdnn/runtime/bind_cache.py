@@ -9,9 +9,10 @@ reason it held then. The keys hold no object identities, so a freed tensor whose
 reused, or a torch tensor whose storage was swapped, can only match a binding made for
 exactly its memory and layout; the entries hold none of the caller's buffers.
 
-Only torch tensors, graphdnn DeviceArrays and Python-number scalars are read this way;
-a pack holding anything else, or leaving outputs out (they are allocated per call), is
-bound anew on every call.
+Torch tensors, graphdnn DeviceArrays, ``__cuda_array_interface__`` arrays (CuPy...) and
+Python-number scalars are read this way; a pack holding anything else (DLPack-only
+objects, host arrays as scalars), or leaving outputs out (they are allocated per call),
+is bound anew on every call.
 """
 
 from __future__ import annotations
@@ -105,4 +106,8 @@ def _layout(value: Any) -> Hashable | None:
         return (value.pointer, value.shape, value.strides, value.data_type)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (type(value), value)
+    interface = getattr(value, "__cuda_array_interface__", None)  # CuPy, Numba...
+    if isinstance(interface, dict):
+        strides = interface.get("strides")
+        return (interface["data"][0], tuple(interface["shape"]), strides and tuple(strides), interface["typestr"])
     return None
