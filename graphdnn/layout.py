@@ -88,11 +88,14 @@ def check_dims(dim: Sequence[int]) -> None:
         raise ShapeError(f"dims {list(dim)} hold {numel(dim)} elements, over {MAX_ELEMENTS}")
 
 
-def check_strides(dim: Sequence[int], stride: Sequence[int]) -> None:
+def check_strides(dim: Sequence[int], stride: Sequence[int], *, read_only: bool = False) -> None:
     """Raise StrideError unless ``stride`` maps ``dim`` to distinct, non-negative offsets.
 
     Accepted layouts are the permutations of a packed layout, with gaps allowed (a
-    slice of a bigger tensor). Size-1 dims may carry any non-negative stride.
+    slice of a bigger tensor). Size-1 dims may carry any non-negative stride. A
+    ``read_only`` tensor (a graph input) may also map several elements to one offset: a
+    broadcast view (stride 0), or strides that overlap, as the cuDNN frontend's samples
+    use; kernels index it with its strides as given. Written tensors may not.
     """
     if len(stride) != len(dim):
         raise StrideError(f"{len(stride)} strides for {len(dim)} dims")
@@ -103,12 +106,21 @@ def check_strides(dim: Sequence[int], stride: Sequence[int]) -> None:
             raise StrideError(f"stride[{axis}] = {step} is negative")
         if step > MAX_ELEMENTS:
             raise StrideError(f"stride[{axis}] = {step} is over {MAX_ELEMENTS}")
+    reason = None if read_only else overlap_reason(dim, stride)
+    if reason is not None:
+        raise StrideError(
+            f"strides {list(stride)} overlap for dims {list(dim)}: {reason}; only a graph input may map several "
+            "elements to one address, a tensor the graph writes may not"
+        )
+
+
+def overlap_reason(dim: Sequence[int], stride: Sequence[int]) -> str | None:
+    """Why ``stride`` may map two elements of ``dim`` to one offset; None when each dim steps
+    past everything inside it (sorted by stride), which proves every offset distinct."""
     spanning = sorted((s, d, axis) for axis, (d, s) in enumerate(zip(dim, stride)) if d > 1)
     reach = 1  # every element below this offset may already be taken
     for step, extent, axis in spanning:
         if step < reach:
-            raise StrideError(
-                f"strides {list(stride)} overlap for dims {list(dim)}: dim {axis} "
-                f"(extent {extent}) steps {step} but the dims inside it span {reach}"
-            )
+            return f"dim {axis} (extent {extent}) steps {step} but the dims inside it span {reach}"
         reach = step * extent
+    return None

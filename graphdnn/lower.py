@@ -63,6 +63,8 @@ def assemble(
     tuning: Mapping[int, Mapping[str, Any]],
 ) -> Lowered:
     """Plan data from emitted programs: launches with bound arguments, workspace layout."""
+    from fusion_rules import Family
+
     workspace = _layout(partition.materialized, programs)
     intermediates = {b.tensor: b for b in workspace if b.tensor is not None}
     scratch = {
@@ -86,6 +88,7 @@ def assemble(
                     shared_bytes=kernel.shared_bytes,
                     alignment=kernel.alignment,
                     args=args,
+                    elementwise=partition.nodes[index].family is Family.ELEMENTWISE and len(program.kernels) == 1,
                 )
             )
     size = max((b.offset + b.bytes for b in workspace), default=0)

@@ -128,6 +128,8 @@ class Plan(PlanBase):
         compiled: int = 0,
         tuned_on: str | None = None,
     ) -> None:
+        from .runtime.bind_cache import BindCache
+
         super().__init__(graph)
         self.arch = arch
         self.program = program
@@ -139,6 +141,7 @@ class Plan(PlanBase):
         self._lock = threading.Lock()
         self._loaded: dict[int, list[LoadedKernel]] = {}
         self._workspaces: dict[int, DeviceMemory] = {}
+        self._bound = BindCache()  # execute's recent bindings
 
     @property
     def arch_name(self) -> str:
@@ -201,6 +204,22 @@ class Plan(PlanBase):
         if cuda_graph:
             bound.capture()
         return bound
+
+    def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> dict[str, Any]:
+        """Run the plan on the buffers of ``variant_pack``; returns every output by name.
+
+        A pack whose buffers have the addresses, dims, strides and data types of one bound
+        recently (the same tensors, or new ones in the same memory) reuses that binding:
+        each check holds as it did then (runtime.bind_cache)."""
+        key, entry = self._bound.lookup(variant_pack, workspace, stream)
+        if entry is not None:
+            entry.bound()
+            return {name: variant_pack[pack_key] for name, pack_key in entry.outputs}
+        bound = self.bind(variant_pack, workspace, stream)
+        bound()
+        if key is not None:
+            self._bound.put(key, bound, variant_pack)
+        return dict(bound.outputs)
 
     def loaded_kernels(self, device: Device) -> list[LoadedKernel]:
         """This plan's kernels loaded on ``device``, one per launch (loaded on first use)."""

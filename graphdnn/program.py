@@ -53,6 +53,9 @@ class Launch:
     shared_bytes: int
     alignment: int  # bytes the ALIGNED flag checks
     args: tuple[Arg, ...]
+    # Each thread reads the elements at an output position, then writes that position, and
+    # nothing else: safe in place when an output is the same view as an input (see runtime.schedule).
+    elementwise: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +68,7 @@ class Launch:
             "shared_bytes": self.shared_bytes,
             "alignment": self.alignment,
             "args": [a.to_json() for a in self.args],
+            "elementwise": self.elementwise,
         }
 
     @classmethod
@@ -80,6 +84,7 @@ class Launch:
             shared_bytes=int(value["shared_bytes"]),
             alignment=int(value["alignment"]),
             args=tuple(Arg.from_json(a) for a in value["args"]),
+            elementwise=bool(value.get("elementwise", False)),  # absent in older cache entries: copy, never race
         )
 
 

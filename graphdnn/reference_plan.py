@@ -3,7 +3,9 @@
 ``gd.compile(graph, backend="reference")`` returns one. Buffers are NumPy arrays held
 to the same rules as on the GPU (data type, dims, strides), so code written against it
 runs unchanged on a GPU plan; outputs are written in place, and outputs left out of the
-variant pack are allocated with the graph's strides.
+variant pack are allocated with the graph's strides. An output may share memory with
+inputs, as on the GPU: every result is computed (into new arrays) before the first is
+written; two outputs may not share memory.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from .ir import Graph, Tensor
 from .layout import storage_extent
 from .plan import PlanBase
 from .runtime.buffers import same_strides
+from .runtime.overlap import View
+from .runtime.schedule import aliased_inputs
 from .variant_pack import resolve
 
 
@@ -34,6 +38,9 @@ class ReferencePlan(PlanBase):
         pack = resolve(self.graph, variant_pack)
         for tid, value in pack.buffers.items():
             check_host(self.graph.tensors[tid], value)
+        views = {tid: _view(value) for tid, value in pack.buffers.items()}
+        names = {tid: self.graph.tensors[tid].name for tid in views}
+        aliased_inputs(views, {t.id for t in self.graph.outputs if t.id in views}, names)  # outputs apart
         arrays = dict(pack.buffers)
         arrays.update({t.id: host_array(t) for t in pack.missing_outputs})
         return ReferenceBound(self.graph, arrays, pack.scalars)
@@ -77,6 +84,10 @@ def check_host(t: Tensor, value: Any) -> None:
             "makes an array with the graph's strides)",
             tensor=t.name,
         )
+
+
+def _view(array: np.ndarray) -> View:
+    return View(array.ctypes.data, array.shape, tuple(s // array.itemsize for s in array.strides), array.itemsize)
 
 
 def host_array(t: Tensor, values: np.ndarray | None = None) -> np.ndarray:

@@ -170,7 +170,7 @@ def _assign_uids(spec: OperationGraphSpec, tensors: tuple[Tensor, ...]) -> tuple
 def _resolve_input(t: TensorSpec, tensor_id: int) -> Tensor:
     if t.dim is None:
         raise ShapeError(f"graph input '{t.name}' has no dims", tensor=t.name)
-    _check_layout(t.name, t.dim, t.stride if t.stride is not None else packed_strides(t.dim))
+    _check_layout(t.name, t.dim, t.stride if t.stride is not None else packed_strides(t.dim), read_only=True)
     data_type = _resolved_type(t, "graph input")
     if t.is_pass_by_value and len(t.dim) and numel(t.dim) != 1:
         raise ShapeError(
@@ -200,11 +200,11 @@ def _resolved_type(t: TensorSpec, what: str) -> DataType:
     return data_type
 
 
-def _check_layout(name: str, dim: Iterable[int], stride: Iterable[int]) -> None:
+def _check_layout(name: str, dim: Iterable[int], stride: Iterable[int], *, read_only: bool = False) -> None:
     dim, stride = tuple(dim), tuple(stride)
     try:
         check_dims(dim)
-        check_strides(dim, stride)
+        check_strides(dim, stride, read_only=read_only)
     except GraphError as error:
         raise error.located(tensor=name) from None
 

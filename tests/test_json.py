@@ -153,7 +153,12 @@ HOSTILE: list[tuple[str, Any, type[gd.GraphError], str]] = [
         gd.StrideError,
         r"tensors\[0\].*stride\[1\] = -1 is negative",
     ),
-    ("overlapping strides", _set(["tensors", 0, "stride"], [1, 1, 1, 1]), gd.StrideError, r"tensors\[0\].*overlap"),
+    (
+        "overlapping output strides",
+        _set(["tensors", 4, "stride"], [1, 1, 1, 1]),
+        gd.StrideError,
+        r"tensors\[4\].*overlap",
+    ),
     ("stride length", _set(["tensors", 0, "stride"], [1, 1]), gd.StrideError, r"tensors\[0\].*2 strides for 4 dims"),
     (
         "bad data type",

@@ -2,7 +2,9 @@
 
 Everything that can be decided before the first launch is decided here, once: the
 device (where the buffers are), each buffer against its graph tensor (FeedError naming
-it), the workspace, the loaded kernels and every kernel's parameter slots.
+it), the order of the launches and the inputs to copy when outputs share memory with
+inputs (:mod:`.schedule`), the workspace, the loaded kernels and every kernel's
+parameter slots.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from ..errors import FeedError, UnsupportedError
 from ..program import WORKSPACE_ALIGNMENT
 from ..variant_pack import resolve, scalar_value
 from . import buffers, driver, frameworks
-from .launch import BoundPlan, pack_arguments
+from .device_array import DeviceMemory
+from .launch import BoundPlan, Copy, pack_arguments
+from .overlap import View, overlap
+from .schedule import schedule
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -30,21 +35,33 @@ def bind(plan: Plan, variant_pack: Mapping[Any, Any], workspace: Any, stream: An
     device = _device(plan, [b.device for b in described.values() if b.device is not None])
     for tid, buffer in described.items():
         buffers.check(ir.tensors[tid], buffer, device.ordinal)
+    views = {
+        tid: View(b.pointer, b.shape, b.strides, ir.tensors[tid].data_type.itemsize) for tid, b in described.items()
+    }
+    names = {tid: ir.tensors[tid].name for tid in views}
+    order = schedule(plan.program.launches, views, {t.id for t in ir.outputs if t.id in views}, names)
     library = frameworks.library_of(pack.buffers.values())
     allocated = {t.id: frameworks.allocate(t, device, library) for t in pack.missing_outputs}
     described.update({tid: _describe(ir.tensors[tid].name, value, handle) for tid, value in allocated.items()})
 
-    base = _workspace(plan, workspace, device, handle)
+    base = _workspace(plan, workspace, device, handle, views, names)
     pointers = {tid: buffer.pointer for tid, buffer in described.items()}
     pointers.update({tid: base + offset for tid, offset in plan.program.intermediate_offsets().items()})
+    copies = []
+    for tid in order.copies:  # the input as it was, for the kernels that read it after it is written over
+        view = views[tid]
+        copies.append(Copy(DeviceMemory(device, view.end - view.pointer), view.pointer))
+        pointers[tid] = copies[-1].destination.pointer
     scalars = dict(pack.scalars)
     scalars.update({t.id: scalar_value(t, t.value) for t in ir.tensors if t.is_constant})
-    slots = [pack_arguments(launch, pointers, scalars, base) for launch in plan.program.launches]
+    launches = [plan.program.launches[i] for i in order.order]
+    kernels = plan.loaded_kernels(device)
+    slots = [pack_arguments(launch, pointers, scalars, base) for launch in launches]
 
     values = {**pack.buffers, **allocated}
     outputs = {t.name: values[t.id] for t in ir.outputs}
     keep_alive = [b.owner for b in described.values()] + [workspace, plan]  # the plan owns the default workspace
-    return BoundPlan(device, handle, plan.program.launches, plan.loaded_kernels(device), slots, outputs, keep_alive)
+    return BoundPlan(device, handle, launches, [kernels[i] for i in order.order], slots, outputs, keep_alive, copies)
 
 
 def _describe(name: str, value: Any, stream: int) -> buffers.Buffer:
@@ -66,8 +83,11 @@ def _device(plan: Plan, ordinals: list[int]) -> driver.Device:
     return device
 
 
-def _workspace(plan: Plan, workspace: Any, device: driver.Device, stream: int) -> int:
-    """The workspace's device address (0 when the plan needs none)."""
+def _workspace(
+    plan: Plan, workspace: Any, device: driver.Device, stream: int, views: dict[int, View], names: dict[int, str]
+) -> int:
+    """The workspace's device address (0 when the plan needs none); a caller's workspace
+    may not share memory with a buffer of the pack."""
     if plan.workspace_size == 0:
         return 0
     if workspace is None:
@@ -86,4 +106,8 @@ def _workspace(plan: Plan, workspace: Any, device: driver.Device, stream: int) -
         pointer = buffer.pointer
     if pointer % WORKSPACE_ALIGNMENT:
         raise FeedError(f"workspace address {pointer:#x} is not {WORKSPACE_ALIGNMENT}-byte aligned")
+    region = View(pointer, (plan.workspace_size,), (1,), 1)
+    for tid, view in views.items():
+        if overlap(region, view):
+            raise FeedError(f"workspace [{pointer:#x}, {region.end:#x}) shares memory with tensor '{names[tid]}'")
     return pointer

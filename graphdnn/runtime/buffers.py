@@ -51,7 +51,7 @@ def describe(value: Any, stream: int) -> Buffer:
             f"cuda:{value.device.ordinal}",
             value,
         )
-    if _is_torch(value):
+    if is_torch(value):
         return _torch(value)
     if hasattr(value, "__cuda_array_interface__"):
         return _array_interface(value)
@@ -106,7 +106,7 @@ def same_strides(dims: tuple[int, ...], given: tuple[int, ...], declared: tuple[
     return len(given) == len(declared) and all(d == 1 or g == s for d, g, s in zip(dims, given, declared))
 
 
-def _is_torch(value: Any) -> bool:
+def is_torch(value: Any) -> bool:
     return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "data_ptr")
 
 

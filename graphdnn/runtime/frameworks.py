@@ -15,7 +15,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..ir import Tensor
-from ..layout import storage_extent
+from ..layout import overlap_reason, storage_extent
 from . import driver
 from .device_array import DeviceArray
 
@@ -55,18 +55,27 @@ def torch_dtype(data_type: DataType) -> Any:
 
 def to_torch(array: np.ndarray, tensor: Tensor) -> Any:
     """A CUDA torch tensor with ``tensor``'s dims and strides holding ``array`` (logical dims,
-    the tensor's NumPy type: ml_dtypes bf16 / fp8 arrays cross by their bits)."""
+    the tensor's NumPy type: ml_dtypes bf16 / fp8 arrays cross by their bits). Strides that map
+    several elements to one address (a broadcast input) hold, there, one of their values."""
+    if overlap_reason(tensor.dim, tensor.stride) is not None:  # torch copies into no such view
+        storage = np.zeros(storage_extent(tensor.dim, tensor.stride), dtype=array.dtype)
+        strides = tuple(s * storage.itemsize for s in tensor.stride)
+        np.lib.stride_tricks.as_strided(storage, tensor.dim, strides)[...] = array
+        return _torch_host(storage, tensor).to("cuda").as_strided(tensor.dim, tensor.stride)
+    device = empty_torch(tensor)
+    device.copy_(_torch_host(array, tensor).reshape(tensor.dim))
+    return device
+
+
+def _torch_host(array: np.ndarray, tensor: Tensor) -> Any:
+    """``array`` as a CPU torch tensor of ``tensor``'s type (fp8 and bf16 by their bits)."""
     import torch
 
     if tensor.data_type.is_floating and array.dtype.itemsize == 1:
-        host = torch.from_numpy(array.view(np.uint8)).view(torch_dtype(tensor.data_type))
-    elif tensor.data_type is DataType.BFLOAT16:
-        host = torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
-    else:
-        host = torch.from_numpy(np.ascontiguousarray(array))
-    device = empty_torch(tensor)
-    device.copy_(host.reshape(tensor.dim))
-    return device
+        return torch.from_numpy(array.view(np.uint8)).view(torch_dtype(tensor.data_type))
+    if tensor.data_type is DataType.BFLOAT16:
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def empty_torch(tensor: Tensor, device: str = "cuda") -> Any:

@@ -8,13 +8,16 @@ int. :class:`BoundPlan` keeps both alive with the buffers they point into.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..program import ArgKind, Launch
 from . import driver
+from .device_array import DeviceMemory
 from .modules import LoadedKernel
 
 
@@ -53,6 +56,14 @@ def slot_addresses(slots: np.ndarray) -> np.ndarray:
     return np.uint64(slots.ctypes.data) + np.arange(len(slots), dtype=np.uint64) * np.uint64(8)
 
 
+@dataclass(frozen=True)
+class Copy:
+    """An input copied to memory of the bound plan before the first launch (runtime.schedule)."""
+
+    destination: DeviceMemory
+    source: int  # device address of the input's first byte; ``destination.nbytes`` bytes are copied
+
+
 class BoundPlan:
     """A plan with its buffers, workspace and stream fixed: calling it launches the kernels.
 
@@ -60,7 +71,8 @@ class BoundPlan:
     ``cuLaunchKernel`` per kernel with the packed parameters, or one ``cuGraphLaunch`` of
     the captured launches (``cuda_graph=True``). The buffers' contents may change between
     calls; the buffers themselves must stay (they are referenced here, so they stay alive).
-    ``outputs`` maps every output name to its array (allocated ones included).
+    ``outputs`` maps every output name to its array (allocated ones included). ``copies``
+    run before the launches: inputs that an output is written over, read from the copy.
     """
 
     def __init__(
@@ -72,6 +84,7 @@ class BoundPlan:
         slots: Sequence[np.ndarray],
         outputs: dict[str, Any],
         keep_alive: list[Any],
+        copies: Sequence[Copy] = (),
     ) -> None:
         api = driver.api()
         self.device = device
@@ -86,6 +99,8 @@ class BoundPlan:
         self._get_current = api.cuCtxGetCurrent
         self._launch_kernel = api.cuLaunchKernel
         self._graph_launch = api.cuGraphLaunch
+        self._copy = api.cuMemcpyDtoDAsync
+        self.copies = tuple(copies)
         self._graph_exec: Any = None
         self._cu_stream = api.CUstream(stream)
         self._calls = [self._arguments(i, self._cu_stream) for i in range(len(self.launches))]
@@ -103,14 +118,34 @@ class BoundPlan:
             if status:
                 raise driver.CudaError(f"cuGraphLaunch failed: {driver.describe(driver.api(), status)}")
             return
+        self._copy_inputs(self._cu_stream)
         launch = self._launch_kernel
         for i, arguments in enumerate(self._calls):
             status = launch(*arguments)[0]
             if status:
                 self._failed(i, status)
 
+    def detached(self) -> BoundPlan:
+        """The same launches holding none of the caller's buffers (runtime.bind_cache): valid
+        whenever buffers with the same addresses and layouts are passed again. Not for a
+        captured plan (the copy would share its CUDA graph)."""
+        assert self._graph_exec is None
+        bound = copy.copy(self)
+        bound.outputs = {}
+        bound._keep_alive = []
+        return bound
+
+    def _copy_inputs(self, stream: Any) -> None:
+        for step in self.copies:
+            status = self._copy(step.destination.pointer, step.source, step.destination.nbytes, stream)[0]
+            if status:
+                raise driver.CudaError(
+                    f"cuMemcpyDtoDAsync of {step.destination.nbytes} bytes (an input an output is written over) "
+                    f"failed: {driver.describe(driver.api(), status)}"
+                )
+
     def launch_kernel(self, index: int) -> None:
-        """Launch kernel ``index`` alone (for per-kernel timing); its context must be current."""
+        """Launch kernel ``index`` alone (for per-kernel timing; without ``copies``); its context must be current."""
         status = self._launch_kernel(*self._calls[index])[0]
         if status:
             self._failed(index, status)
@@ -132,6 +167,7 @@ class BoundPlan:
                     api.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
                 )
                 try:
+                    self._copy_inputs(capture_stream)
                     for i, arguments in enumerate(calls):
                         status = self._launch_kernel(*arguments)[0]
                         if status:
