@@ -23,11 +23,12 @@ from .cache.entries import KernelBinary
 from .cache.key import KeyFields, key_fields
 from .cache.plan_cache import DEFAULT, PlanCache, resolve_cache
 from .cache.store import DiskStore
-from .compiler import store_plan, tuned_choices
+from .compiler import canonical_tensors, store_plan, tuned_choices
 from .errors import GraphError
 from .ir import Graph
 from .lower import KernelSource, Lowered
 from .progress import Progress
+from .signature import signature_and_order
 
 
 @dataclass
@@ -111,8 +112,9 @@ def _lower_missing(
         report.graphs += 1
         try:
             ir = _validated(graph)
-            fields = key_fields(ir, target, disable)
-            found = plan_cache.lookup(fields.key)
+            graph_signature, order = signature_and_order(ir)
+            fields = key_fields(ir, target, disable, graph_signature)
+            found = plan_cache.lookup(fields.key, canonical_tensors(ir, order))
             if found is not None and (not autotune or found.entry.tuned_on is not None):
                 report.cached += 1
             else:
