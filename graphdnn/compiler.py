@@ -144,10 +144,11 @@ def store_plan(
     binaries: dict[str, KernelBinary],
     order: tuple[int, ...] | None = None,
     tuned_on: str | None = None,
-) -> None:
-    """Store ``program`` (tensors by id of ``ir``) under ``fields``, tensors renamed to canonical positions."""
+) -> OSError | None:
+    """Store ``program`` (tensors by id of ``ir``) under ``fields``, tensors renamed to canonical
+    positions; the error if it could not be written to disk."""
     positions = {tid: position for position, tid in enumerate(order or canonical_tensor_order(ir))}
-    plan_cache.add_plan(PlanEntry.new(fields, program.relabel(positions), ir.name, tuned_on), binaries)
+    return plan_cache.add_plan(PlanEntry.new(fields, program.relabel(positions), ir.name, tuned_on), binaries)
 
 
 def _miss_message(ir: Graph, fields: KeyFields, plan_cache: PlanCache | None) -> str:
@@ -158,4 +159,3 @@ def _miss_message(ir: Graph, fields: KeyFields, plan_cache: PlanCache | None) ->
         f"graph '{ir.name}' is not in {where} and require_cached is set (GRAPHDNN_REQUIRE_CACHED); "
         f"warm it first (graphdnn warmup). Key fields:\n{fields.describe()}"
     )
-

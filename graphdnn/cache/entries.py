@@ -120,7 +120,7 @@ def _text(value: object) -> str:
     return value
 
 
-def _scalar(value: object) -> object:
+def _scalar(value: object) -> Any:
     if not isinstance(value, (str, int)):
         raise TypeError(f"expected a string or an integer, got {type(value).__name__}")
     return value

@@ -130,7 +130,7 @@ class DiskStore:
 
     def clear(self) -> tuple[int, list[tuple[Path, str]]]:
         """Remove every entry (of every format version), and the lock and temporary files
-        beside them: (files removed, [(file, why it could not be removed)])."""
+        beside them: (entries removed, [(file, why it could not be removed)])."""
         removed, failed = 0, []
         for version in sorted(self.directory.glob("v*")) if self.directory.is_dir() else []:
             if version.is_symlink() or not version.is_dir():
@@ -139,7 +139,7 @@ class DiskStore:
                 for name in names + [f for f in folders if Path(root, f).is_symlink()]:
                     try:
                         os.unlink(Path(root, name))
-                        removed += 1
+                        removed += name.endswith((".plan", ".kernel"))
                     except FileNotFoundError:
                         pass
                     except OSError as error:

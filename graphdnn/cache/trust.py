@@ -90,7 +90,9 @@ def check_plan(entry: PlanEntry) -> None:
     for number, launch in enumerate(program.launches):
         where = f"launch {number}"
         if not KEY.fullmatch(launch.kernel_key) or launch.kernel_key != entry.fields.kernel_key(launch.content_hash):
-            raise EntryError(f"{where}: kernel key {launch.kernel_key[:16]!r} does not belong to its content and target")
+            raise EntryError(
+                f"{where}: kernel key {launch.kernel_key[:16]!r} does not belong to its content and target"
+            )
         if not _IDENTIFIER.fullmatch(launch.name):
             raise EntryError(f"{where}: entry point {launch.name[:64]!r} is not a C identifier")
         _count(launch.fused_index, f"{where}: fused-node index")
@@ -115,9 +117,13 @@ def check_kernels(entry: PlanEntry, kernels: Mapping[str, KernelBinary]) -> None
     for launch in entry.program.launches:
         binary = kernels[launch.kernel_key]
         if binary.arch not in (entry.fields.arch, f"{entry.fields.arch}a"):
-            raise EntryError(f"kernel {launch.kernel_key[:16]}… is built for {binary.arch}, the plan for {entry.fields.arch}")
+            raise EntryError(
+                f"kernel {launch.kernel_key[:16]}… is built for {binary.arch}, the plan for {entry.fields.arch}"
+            )
         if launch.name != binary.name or launch.content_hash != binary.content_hash:
-            raise EntryError(f"launch of '{launch.name}' does not match kernel {launch.kernel_key[:16]}… ('{binary.name}')")
+            raise EntryError(
+                f"launch of '{launch.name}' does not match kernel {launch.kernel_key[:16]}… ('{binary.name}')"
+            )
 
 
 def check_binding(program: Program, tensors: Sequence[Tensor]) -> None:
@@ -144,9 +150,7 @@ def check_binding(program: Program, tensors: Sequence[Tensor]) -> None:
                 raise EntryError(f"launch {number}: intermediate tensor {arg.tensor} has no workspace buffer")
 
 
-def _launch_shape(
-    grid: tuple[int, ...], block: tuple[int, ...], shared: int, max_shared: int, where: str
-) -> None:
+def _launch_shape(grid: tuple[int, ...], block: tuple[int, ...], shared: int, max_shared: int, where: str) -> None:
     for name, sizes, limits in (("grid", grid, MAX_GRID), ("block", block, MAX_BLOCK)):
         if any(not 1 <= size <= limit for size, limit in zip(sizes, limits, strict=True)):
             raise EntryError(f"{where}: {name} {list(sizes)} is outside the CUDA limits {list(limits)}")
