@@ -11,11 +11,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import serialize
-from .commands import cache, run, warmup
+from .commands import cache, run, target, warmup
 from .errors import GraphError
 from .fusion import fuse
 from .graph import OperationGraphSpec
 from .ir import Graph, Tensor
+from .names import printable
 from .runtime.driver import CudaError
 from .signature import signature
 
@@ -27,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command(args)
     except (GraphError, CudaError) as error:
-        print(f"graphdnn: error: {error}", file=sys.stderr)
+        print(f"graphdnn: error: {printable(str(error))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -50,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--disable", action="append", default=[], metavar="RULE", help="fuse without this rule (repeatable)"
     )
-    inspect.add_argument("--arch", default=None, help="target architecture for fusion, e.g. sm_80 (default sm_90)")
+    inspect.add_argument(
+        "--arch", type=target, default=None, help="target architecture for fusion, e.g. sm_80 (default sm_90)"
+    )
     inspect.set_defaults(run=_inspect)
 
     for command in (run, warmup, cache):
@@ -61,14 +64,16 @@ def _parser() -> argparse.ArgumentParser:
 def _validate(args: argparse.Namespace) -> int:
     for path in args.files:
         ir = serialize.load(path).validate()
-        print(f"{path}: ok ({len(ir.nodes)} nodes, {len(ir.tensors)} tensors, signature {signature(ir)[:16]})")
+        print(
+            f"{printable(path)}: ok ({len(ir.nodes)} nodes, {len(ir.tensors)} tensors, signature {signature(ir)[:16]})"
+        )
     return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
     spec: OperationGraphSpec = serialize.load(args.file)
     ir = spec.validate()
-    print(describe(ir))
+    print(printable(describe(ir)))
     if args.fused or args.dot:
         partition = fuse(ir, arch=args.arch, disable=args.disable)
         if args.fused:

@@ -16,7 +16,7 @@ from ..cache.store import DiskStore, StoredFile
 from ..cache.trust import check_kernels
 from ..names import printable
 from ..serialize import load
-from . import add_cache_dir, chosen_directory
+from . import add_cache_dir, chosen_directory, target
 
 
 def add(commands: Any) -> None:
@@ -25,7 +25,9 @@ def add(commands: Any) -> None:
 
     key = actions.add_parser("key", help="print every field of a graph's plan-cache key, and the key")
     key.add_argument("file", metavar="FILE")
-    key.add_argument("--arch", default=None, help="target, e.g. sm_80 (default: the current GPU's, else sm_90)")
+    key.add_argument(
+        "--arch", type=target, default=None, help="target, e.g. sm_80 (default: the current GPU's, else sm_90)"
+    )
     key.add_argument("--disable", action="append", default=[], metavar="RULE", help="fusion rule turned off")
     key.set_defaults(run=_key)
 
