@@ -28,6 +28,7 @@ from .cache.store import CacheWarning, DiskStore
 from .compiler import canonical_tensors, store_plan, tuned_choices
 from .errors import GraphError
 from .ir import Graph
+from .kernel_build import compile_sources, matches
 from .lower import KernelSource, Lowered
 from .progress import Progress
 from .signature import signature_and_order
@@ -87,8 +88,10 @@ def warmup(
     pending = _lower_missing(list(graphs), target, plan_cache, tuple(disable), autotune, report, progress)
     sources = {key: source for p in pending for key, source in p.lowered.sources.items()}
     report.unique_kernels = len(sources)
-    missing = {key: source for key, source in sources.items() if plan_cache.kernel(key) is None}
+    missing = {key: source for key, source in sources.items() if not _cached(plan_cache.kernel(key), source, target)}
     report.reused = len(sources) - len(missing)
+    for key in missing:  # the workers write them to disk: a stale copy in memory must not be used
+        plan_cache.forget_kernel(key)
     failed_kernels = _compile(missing, target, plan_cache, jobs, report, progress)
     for p in pending:
         try:
@@ -203,7 +206,6 @@ def _run(pool: ProcessPoolExecutor | None, tasks: list[_Task]) -> Iterator[tuple
 
 def _compile_one(task: _Task) -> tuple[str, str]:
     """In a worker: compile one kernel under its lock and write it to the cache directory."""
-    from .kernel_build import compile_sources
 
     key, source, target, directory, wait = task
     store = DiskStore(directory)
@@ -212,7 +214,7 @@ def _compile_one(task: _Task) -> tuple[str, str]:
             return key, _BUSY
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CacheWarning)  # a damaged entry is simply compiled again
-            if store.read_kernel(key) is not None:
+            if _cached(store.read_kernel(key), source, target):
                 return key, _CACHED
         try:
             (binary,) = compile_sources({key: source}, target, jobs=1)
@@ -240,6 +242,10 @@ def _store(p: _Pending, plan_cache: PlanCache, failed_kernels: dict[str, str], r
         report.failures.append((p.label, f"cannot write its plan to the cache: {failure}"))
         return
     report.built += 1
+
+
+def _cached(binary: KernelBinary | None, source: KernelSource, target: int) -> bool:
+    return binary is not None and matches(binary, source, target)
 
 
 def _validated(graph: Any) -> Graph:

@@ -112,6 +112,11 @@ class PlanCache:
             with self._lock:
                 self.counters.compiles += 1
 
+    def forget_kernel(self, kernel_key: str) -> None:
+        """Drop a kernel from the memory tier: the next lookup reads the disk again."""
+        self._kernels.pop(kernel_key)
+        self._unreadable.pop(kernel_key, None)
+
     def add_plan(self, entry: PlanEntry, kernels: dict[str, KernelBinary]) -> OSError | None:
         """Keep a plan (in memory, and on disk): the error if the disk write failed."""
         self._plans.put(entry.key, CachedPlan(entry, kernels))
