@@ -18,7 +18,18 @@ from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.names import check_name, printable
 from tests import plan_graphs
 
-REFUSED = ["a\0b", "x\x1b[31m", "tab\there", "new\nline", "del\x7f", "c1\x85", "c1\x9b", "ls\u2028", "\u202eevil", "\u2066x"]
+REFUSED = [
+    "a\0b",
+    "x\x1b[31m",
+    "tab\there",
+    "new\nline",
+    "del\x7f",
+    "c1\x85",
+    "c1\x9b",
+    "ls\u2028",
+    "\u202eevil",
+    "\u2066x",
+]
 
 
 @pytest.mark.parametrize("name", REFUSED, ids=[ascii(name) for name in REFUSED])
@@ -82,7 +93,7 @@ def test_a_name_spelling_the_header_mark_does_not_change_the_body() -> None:
 
 def test_nvrtc_never_sees_a_nul_and_every_cubin_must_export_its_entry_point() -> None:
     with pytest.raises(CompileError, match="NUL character .line 2"):
-        compile_cubin('// graph \'a\n\0\'\nextern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n', "k", 90)
+        compile_cubin("// graph 'a\n\0'\nextern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }\n", "k", 90)
     # what a source cut at a NUL compiled to: a valid cubin without the kernel
     with pytest.raises(CompileError, match="does not export 'k'"):
         compile_cubin("// graph 'a\n", "k", 90)

@@ -106,10 +106,10 @@ class DiskStore:
             raise EntryError(f"a link to {path.resolve()}, outside the cache directory")
         try:
             handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             if path.is_symlink():
                 raise EntryError("a symbolic link to a file that does not exist") from None
-            raise
+            raise FileNotFoundError(2, "no such entry", str(path)) from None
         except OSError as error:
             raise EntryError(f"cannot open: {error.strerror}") from None
         try:
