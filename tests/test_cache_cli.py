@@ -187,8 +187,10 @@ def test_bad_arguments_are_usage_errors(argv: list[str], message: str, capsys: p
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("1", True), ("true", True), ("Yes", True), (" ON ", True), ("0", False), ("False", False), ("no", False)]
-    + [("off", False), ("", False)],
+    [
+        *[("1", True), ("true", True), ("Yes", True), (" ON ", True)],
+        *[("0", False), ("False", False), ("no", False), ("off", False), ("", False)],
+    ],
 )
 def test_boolean_switches(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
     monkeypatch.setenv("GRAPHDNN_REQUIRE_CACHED", value)
