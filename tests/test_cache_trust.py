@@ -136,6 +136,8 @@ TAMPERED_PLANS = [
     ("sum_then_add", _buffer([0, 16, 1, None, None]), "not an intermediate"),
     ("sum_then_add", _buffer([0, 4096, 0, None, None]), "outside the workspace"),
     ("sum_then_add", _program(launches="xyz"), "malformed plan"),
+    ("sum_then_add", _launch(0, grid=[1, 1]), "malformed plan: IndexError"),
+    ("sum_then_add", _launch(0, grid=[1e400, 1, 1]), "malformed plan: OverflowError"),
 ]
 
 

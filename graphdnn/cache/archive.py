@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import tarfile
 import time
 import warnings
@@ -23,10 +22,9 @@ from .container import EntryError
 from .entries import KernelBinary, PlanEntry
 from .key import FORMAT_VERSION
 from .store import MAX_ENTRY_BYTES, CacheWarning, DiskStore, write_atomically
-from .trust import check_kernels
+from .trust import KEY, check_kernels
 
 ARCHIVE_VERSION = 1
-_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -107,7 +105,7 @@ def import_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
         except (KeyError, TypeError) as error:
             raise GraphError(f"cache archive {archive}: malformed manifest ({type(error).__name__} {error})") from None
         for kind, key in entries:
-            if not isinstance(key, str) or not _KEY.fullmatch(key):
+            if not isinstance(key, str) or not KEY.fullmatch(key):
                 raise GraphError(f"cache archive {archive}: bad {kind} key {key!r} in the manifest")
             target = store.plan_path(key) if kind == "plan" else store.kernel_path(key)
             try:

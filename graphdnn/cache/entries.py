@@ -19,7 +19,7 @@ from .key import KeyFields
 from .trust import check_kernel, check_plan
 
 # What a malformed but checksum-valid section can raise while being decoded.
-_MALFORMED = (KeyError, TypeError, ValueError, OverflowError, AttributeError, RecursionError)
+_MALFORMED = (LookupError, TypeError, ValueError, OverflowError, AttributeError, RecursionError)
 
 
 @dataclass(frozen=True, repr=False)

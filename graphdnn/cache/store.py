@@ -4,11 +4,13 @@ Layout under the cache directory::
 
     v1/plans/<key[:2]>/<key>.plan          launch metadata, workspace layout, tuning
     v1/kernels/<kkey[:2]>/<kkey>.kernel    cubin + source, once per kernel key
+    v1/kernels/<kkey[:2]>/<kkey>.lock      held (flock) by the warmup worker compiling it
 
 Writes go to a temporary file in the same directory, then ``os.replace``: readers see
 the old file or the new one, never half of one, so any number of processes can fill
-the same directory at once. A file that fails its checks is reported (CacheWarning),
-treated as absent and overwritten by the rebuild; it is never loaded.
+the same directory at once. Reads are bounded (regular files inside the cache, of at
+most MAX_ENTRY_BYTES). A file that fails its checks is reported (CacheWarning), treated
+as absent and overwritten by the rebuild; it is never loaded.
 """
 
 from __future__ import annotations
