@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import serialize
-from .commands import cache, run, target, warmup
+from .commands import cache, run, warmup
 from .errors import GraphError
 from .fusion import fuse
 from .graph import OperationGraphSpec
@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command(args)
     except (GraphError, CudaError) as error:
-        print(f"graphdnn: error: {printable(str(error))}", file=sys.stderr)
+        print(f"graphdnn: error: {printable(str(error), lines=True)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -51,9 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--disable", action="append", default=[], metavar="RULE", help="fuse without this rule (repeatable)"
     )
-    inspect.add_argument(
-        "--arch", type=target, default=None, help="target architecture for fusion, e.g. sm_80 (default sm_90)"
-    )
+    inspect.add_argument("--arch", default=None, help="target architecture for fusion, e.g. sm_80 (default sm_90)")
     inspect.set_defaults(run=_inspect)
 
     for command in (run, warmup, cache):

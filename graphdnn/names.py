@@ -50,10 +50,13 @@ def refused(char: str) -> str | None:
     return _REFUSED_CATEGORIES.get(category)
 
 
-def printable(text: str) -> str:
+def printable(text: str, *, lines: bool = False) -> str:
     """``text`` for a terminal: every refused character (as a name would refuse it) escaped as
     ``\\xNN``/``\\uNNNN``, so stored or foreign strings (cache listings, error messages)
-    cannot drive the terminal or reorder the line."""
+    cannot drive the terminal or reorder the line. ``lines``: keep its line breaks (a
+    multi-line message such as a compiler log)."""
+    if lines:
+        return "\n".join(printable(line) for line in text.split("\n"))
     if not any(refused(char) for char in text):
         return text
     return "".join(char if refused(char) is None else _escape(char) for char in text)

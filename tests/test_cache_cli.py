@@ -173,7 +173,7 @@ def test_a_graph_that_breaks_the_compiler_does_not_stop_the_batch(
     [
         (["warmup", "g.json", "--arch", "sm_12"], "argument --arch: sm_12 is not a target NVRTC compiles for"),
         (["cache", "key", "g.json", "--arch", "sm_ninety"], "argument --arch: unknown target architecture"),
-        (["inspect", "g.json", "--arch", "sm_99"], "argument --arch: sm_99 is not a target"),
+        (["run", "g.json", "--arch", "sm_99"], "argument --arch: sm_99 is not a target"),
         (["warmup", "g.json", "--jobs", "0"], "argument --jobs: must be at least 1, got 0"),
         (["run", "g.json", "--repeat", "-5"], "argument --repeat: must be at least 1, got -5"),
         (["run", "g.json", "--repeat", "many"], "argument --repeat: 'many' is not an integer"),

@@ -142,3 +142,4 @@ def test_a_nul_in_a_name_cannot_poison_the_kernel_another_graph_shares(
 def test_printable_escapes_what_names_refuse() -> None:
     assert printable("plain μ") == "plain μ"
     assert printable("\x1b[31mred\u202e\n") == "\\x1b[31mred\\u202e\\x0a"
+    assert printable("log:\n\x1b[2Jline", lines=True) == "log:\n\\x1b[2Jline"

@@ -43,6 +43,6 @@ def _warmup(args: argparse.Namespace) -> int:
         autotune=args.autotune,
     )
     for graph, reason in report.failures:
-        print(f"graphdnn: error: {printable(graph)}: {printable(reason)}", file=sys.stderr)
+        print(f"graphdnn: error: {printable(graph)}: {printable(reason, lines=True)}", file=sys.stderr)
     print(report.summary())
     return 1 if report.failures else 0
