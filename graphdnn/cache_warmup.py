@@ -206,7 +206,6 @@ def _run(pool: ProcessPoolExecutor | None, tasks: list[_Task]) -> Iterator[tuple
 
 def _compile_one(task: _Task) -> tuple[str, str]:
     """In a worker: compile one kernel under its lock and write it to the cache directory."""
-
     key, source, target, directory, wait = task
     store = DiskStore(directory)
     with store.claim(key, wait=wait) as held:
@@ -220,6 +219,8 @@ def _compile_one(task: _Task) -> tuple[str, str]:
             (binary,) = compile_sources({key: source}, target, jobs=1)
         except GraphError as error:
             return key, str(error)
+        except Exception as error:  # a defect in graphdnn: a failure of this kernel, the batch goes on
+            return key, f"internal error: {type(error).__name__}: {error}"
         failure = store.write_kernel(binary)
     if failure is not None:
         return key, f"kernel {source.name} compiled, but cannot be written to the cache: {failure}"

@@ -167,6 +167,30 @@ def test_a_graph_that_breaks_the_compiler_does_not_stop_the_batch(
     assert "2 graphs (0 cache hits, 1 built, 1 failed)" in captured.out
 
 
+def test_a_kernel_that_breaks_the_compiler_fails_its_graph_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import graphdnn.cache_warmup
+
+    real = graphdnn.cache_warmup.compile_sources
+
+    def compile_sources(sources, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if any("graph 'crash'" in source.source for source in sources.values()):
+            raise RuntimeError("NVRTC fell over")
+        return real(sources, *args, **kwargs)
+
+    monkeypatch.setattr(graphdnn.cache_warmup, "compile_sources", compile_sources)
+    files = []
+    for graph in (plan_graphs.add_relu("crash", cols=3), plan_graphs.add_relu("fine", cols=11)):
+        files.append(tmp_path / f"{graph.name}.json")
+        gd.save(graph, files[-1])
+    args = ["warmup", *map(str, files), "--arch", ARCH, "--jobs", "1", "--cache-dir", str(tmp_path / "c")]
+    assert cli.main(args) == 1
+    captured = capsys.readouterr()
+    assert "crash.json: internal error: RuntimeError: NVRTC fell over" in captured.err
+    assert "2 graphs (0 cache hits, 1 built, 1 failed)" in captured.out
+
+
 # -- arguments and switches --------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("argv", "message"),
