@@ -62,6 +62,7 @@ class DiskStore:
         self.directory = Path(directory).expanduser()
         self.base = self.directory / f"v{FORMAT_VERSION}"
         self.rejected = 0  # entries that failed their checks, since this store was opened
+        self._resolved: Path | None = None  # the directory with its links resolved, once known
 
     def plan_path(self, key: str) -> Path:
         return self.base / "plans" / _checked(key)[:2] / f"{key}.plan"
@@ -101,11 +102,12 @@ class DiskStore:
         not a regular file inside the cache directory of at most MAX_ENTRY_BYTES (a link out
         of the cache, a dangling link, a device such as /dev/zero, a FIFO) or cannot be read."""
         try:
-            inside = path.resolve().is_relative_to(self.directory.resolve())
+            resolved = path.resolve()
+            inside = resolved.is_relative_to(self._resolved_directory())
         except (OSError, RuntimeError) as error:  # RuntimeError: a symlink loop (Python < 3.13)
             raise EntryError(f"cannot resolve the path: {error}") from None
         if not inside:
-            raise EntryError(f"a link to {path.resolve()}, outside the cache directory")
+            raise EntryError(f"a link to {resolved}, outside the cache directory")
         try:
             handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except (FileNotFoundError, NotADirectoryError):
@@ -129,6 +131,11 @@ class DiskStore:
         if len(data) > MAX_ENTRY_BYTES:
             raise EntryError(f"over the limit of {MAX_ENTRY_BYTES} bytes for an entry")
         return data
+
+    def _resolved_directory(self) -> Path:
+        if self._resolved is None:
+            self._resolved = self.directory.resolve()
+        return self._resolved
 
     def clear(self) -> tuple[int, list[tuple[Path, str]]]:
         """Remove every entry (of every format version), and the lock and temporary files
