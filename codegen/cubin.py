@@ -16,6 +16,8 @@ _SHT_SYMTAB = 2
 _STT_FUNC = 2
 _STB_GLOBAL = 1
 _SHN_UNDEF = 0
+_EIFMT_NVAL, _EIFMT_SVAL = 1, 4  # .nv.info record formats: no value, sized value (else a 16-bit value)
+_EIATTR_PARAM_CBANK_SIZE = 0x19
 _SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
 _SECTION = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
 
@@ -26,18 +28,7 @@ class CubinError(ValueError):
 
 def entry_points(cubin: bytes) -> frozenset[str]:
     """Names of the global functions the cubin defines (its kernels' extern "C" entry points)."""
-    if len(cubin) < 64 or cubin[:4] != b"\x7fELF":
-        raise CubinError("not an ELF file")
-    if cubin[4] != 2 or cubin[5] != 1:
-        raise CubinError("not a 64-bit little-endian ELF file")
-    (machine,) = struct.unpack_from("<H", cubin, 18)
-    if machine != EM_CUDA:
-        raise CubinError(f"ELF machine {machine}, not CUDA ({EM_CUDA})")
-    (section_offset,) = struct.unpack_from("<Q", cubin, 40)
-    section_size, section_count = struct.unpack_from("<HH", cubin, 58)
-    if section_size != _SECTION.size:
-        raise CubinError(f"section header size {section_size}, expected {_SECTION.size}")
-    sections = [_unpack(_SECTION, cubin, section_offset + i * _SECTION.size) for i in range(section_count)]
+    sections = _sections(cubin)
     names: set[str] = set()
     for _, kind, _, _, offset, size, link, _, _, entry_size in sections:
         if kind != _SHT_SYMTAB:
@@ -50,6 +41,51 @@ def entry_points(cubin: bytes) -> frozenset[str]:
             if info >> 4 == _STB_GLOBAL and info & 0xF == _STT_FUNC and index != _SHN_UNDEF:
                 names.add(_string(cubin, strings[4] + name, strings[4] + strings[5]))
     return frozenset(names)
+
+
+def _sections(cubin: bytes) -> list[tuple[int, ...]]:
+    """The section headers of a 64-bit little-endian CUDA ELF."""
+    if len(cubin) < 64 or cubin[:4] != b"\x7fELF":
+        raise CubinError("not an ELF file")
+    if cubin[4] != 2 or cubin[5] != 1:
+        raise CubinError("not a 64-bit little-endian ELF file")
+    (machine,) = struct.unpack_from("<H", cubin, 18)
+    if machine != EM_CUDA:
+        raise CubinError(f"ELF machine {machine}, not CUDA ({EM_CUDA})")
+    (section_offset,) = struct.unpack_from("<Q", cubin, 40)
+    section_size, section_count = struct.unpack_from("<HH", cubin, 58)
+    if section_size != _SECTION.size:
+        raise CubinError(f"section header size {section_size}, expected {_SECTION.size}")
+    return [_unpack(_SECTION, cubin, section_offset + i * _SECTION.size) for i in range(section_count)]
+
+
+def _info_value(info: bytes, attribute: int) -> int | None:
+    """The 16-bit value of ``attribute`` in a ``.nv.info`` record list: each record is a format
+    byte, an attribute byte and 16 bits (unused, a value, or the length of the bytes that
+    follow)."""
+    at = 0
+    while at + 4 <= len(info):
+        form, kind, value = struct.unpack_from("<BBH", info, at)
+        at += 4
+        if form == _EIFMT_SVAL:
+            at += value
+        elif form != _EIFMT_NVAL and kind == attribute:
+            return int(value)
+    return None
+
+
+def parameter_bytes(cubin: bytes, name: str) -> int | None:
+    """Bytes of parameters the kernel ``name`` takes (EIATTR_PARAM_CBANK_SIZE of its
+    ``.nv.info.<name>`` section), or None where the cubin does not say."""
+    sections = _sections(cubin)
+    (names_index,) = struct.unpack_from("<H", cubin, 62)
+    if names_index >= len(sections):
+        raise CubinError("no section name table")
+    names = sections[names_index]
+    for section in sections:
+        if _string(cubin, names[4] + section[0], names[4] + names[5]) == f".nv.info.{name}":
+            return _info_value(cubin[section[4] : section[4] + section[5]], _EIATTR_PARAM_CBANK_SIZE)
+    return None
 
 
 def exports(cubin: bytes, name: str) -> bool:

@@ -112,6 +112,13 @@ def _buffer(value: list[Any]) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _dropped_arg(index: int) -> Callable[[dict[str, Any]], None]:
+    def change(document: dict[str, Any]) -> None:
+        document["program"]["launches"][index]["args"].pop()
+
+    return change
+
+
 TAMPERED_PLANS = [
     ("sum_then_add", _arg(0, 0, ["tensor", 999, None]), "names tensor 999"),
     ("sum_then_add", _arg(0, 0, ["tensor", 1.5, None]), "tensor position 1.5"),
@@ -135,6 +142,7 @@ TAMPERED_PLANS = [
     ("sum_then_add", _buffer([0, 4, 0, None, None]), "smaller than the tensor"),
     ("sum_then_add", _buffer([0, 16, 1, None, None]), "not an intermediate"),
     ("sum_then_add", _buffer([0, 4096, 0, None, None]), "outside the workspace"),
+    ("sum_then_add", _dropped_arg(0), "2 arguments of 8 bytes, the kernel takes 24 bytes"),
     ("sum_then_add", _program(launches="xyz"), "malformed plan"),
     ("sum_then_add", _launch(0, grid=[1, 1]), "malformed plan: IndexError"),
     ("sum_then_add", _launch(0, grid=[1e400, 1, 1]), "malformed plan: OverflowError"),

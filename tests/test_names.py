@@ -12,7 +12,7 @@ import pytest
 
 import graphdnn as gd
 from codegen import CompileError, compile_cubin
-from codegen.cubin import CubinError, entry_points
+from codegen.cubin import CubinError, entry_points, parameter_bytes
 from codegen.kernel import comment_safe, compose, strip_header
 from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.names import check_name, printable
@@ -97,8 +97,9 @@ def test_nvrtc_never_sees_a_nul_and_every_cubin_must_export_its_entry_point() ->
     # what a source cut at a NUL compiled to: a valid cubin without the kernel
     with pytest.raises(CompileError, match="does not export 'k'"):
         compile_cubin("// graph 'a\n", "k", 90)
-    cubin = compile_cubin('extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n', "k", 80)
-    assert entry_points(cubin) == {"k"}
+    cubin = compile_cubin('extern "C" __global__ void k(float* x, double a) { x[0] = a; }\n', "k", 80)
+    assert entry_points(cubin) == {"k"} and parameter_bytes(cubin, "k") == 16
+    assert parameter_bytes(cubin, "other") is None
 
 
 @pytest.mark.parametrize("data", [b"", b"\x7fELF" + b"\0" * 60, b"not an elf" * 10])

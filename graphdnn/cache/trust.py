@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from codegen.cubin import exports
+from codegen.cubin import CubinError, exports, parameter_bytes
 
 from ..layout import storage_extent
 from ..program import ArgKind, Program
@@ -53,6 +53,7 @@ MAX_SHARED_OPT_IN = {
     121: 99 * 1024,
 }
 MAX_ALIGNMENT = 4096
+ARG_BYTES = 8  # every kernel parameter graphdnn emits: a pointer, a double or a 64-bit flag (codegen.kernel)
 
 
 def check_kernel(binary: KernelBinary) -> None:
@@ -113,8 +114,9 @@ def check_plan(entry: PlanEntry) -> None:
 
 
 def check_kernels(entry: PlanEntry, kernels: Mapping[str, KernelBinary]) -> None:
-    """The plan's launches against the kernels they run: same target, entry point exported."""
-    for launch in entry.program.launches:
+    """The plan's launches against the kernels they run: same target, entry point and content,
+    and as many 8-byte arguments as the cubin says the kernel takes."""
+    for number, launch in enumerate(entry.program.launches):
         binary = kernels[launch.kernel_key]
         if binary.arch not in (entry.fields.arch, f"{entry.fields.arch}a"):
             raise EntryError(
@@ -123,6 +125,14 @@ def check_kernels(entry: PlanEntry, kernels: Mapping[str, KernelBinary]) -> None
         if launch.name != binary.name or launch.content_hash != binary.content_hash:
             raise EntryError(
                 f"launch of '{launch.name}' does not match kernel {launch.kernel_key[:16]}… ('{binary.name}')"
+            )
+        try:
+            declared = parameter_bytes(binary.cubin, launch.name)
+        except CubinError as error:
+            raise EntryError(f"kernel {launch.kernel_key[:16]}…: {error}") from None
+        if declared is not None and declared != ARG_BYTES * len(launch.args):
+            raise EntryError(
+                f"launch {number}: {len(launch.args)} arguments of {ARG_BYTES} bytes, the kernel takes {declared} bytes"
             )
 
 
