@@ -4,8 +4,9 @@ A checksum proves an entry was not damaged, not that graphdnn wrote it: anyone w
 write the cache directory can seal any content. Every decoded field is therefore checked
 against what graphdnn itself could have produced (keys are SHA-256 hex, a launch's kernel
 key is derived from its content hash, launch shapes are within the CUDA limits of the
-target, workspace buffers lie inside the workspace, each cubin exports its entry point,
-each argument names a tensor of the graph in the role it can play). An entry that fails
+target, workspace buffers lie inside the workspace, each cubin exports its entry point
+and takes as many argument bytes as the launch passes, each argument names a tensor of
+the graph in the role it can play). An entry that fails
 raises :class:`EntryError` and is treated as a miss. The cubin's machine code itself is
 trusted: the cache directory must be as trusted as the code (docs/plan-cache.md).
 """
