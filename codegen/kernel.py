@@ -78,14 +78,32 @@ HELPERS = (Path(__file__).parent / "include" / "graphdnn.cuh").read_text()
 
 
 def strip_header(source: str) -> str:
-    return source.split(HEADER_MARK, 1)[-1]
+    """The source after the header mark; the last one, as a name in the header may spell the mark."""
+    return source.rpartition(HEADER_MARK)[2]
 
 
 def compose(*, header: str, headers: list[str], body: str) -> str:
     """A complete kernel source: the descriptive comment, includes, helpers, the kernel."""
     includes = "".join(f"#include <{h}>\n" for h in headers)
-    comment = "".join(f"// {line}\n" for line in header.splitlines())
+    comment = "".join(f"// {comment_safe(line)}\n" for line in header.split("\n"))
     return f"{comment}{HEADER_MARK}\n{includes}{HELPERS}\n{body}"
+
+
+def comment_safe(text: str) -> str:
+    """``text`` as printable ASCII that cannot leave a ``//`` comment: names reach the header
+    comment, and must never change the code after it. Anything outside printable ASCII, and
+    the backslash (which at a line's end would splice the next line into the comment), is
+    written ``\\xNN``/``\\uNNNN``/``\\UNNNNNNNN``; ``*/`` becomes ``*\\x2f`` so the text
+    stays inert inside a block comment as well."""
+    escaped = "".join(char if " " <= char <= "~" and char != "\\" else _escape(char) for char in text)
+    return escaped.replace("*/", "*\\x2f")
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def kernel_name(pattern: str, body: str) -> str:

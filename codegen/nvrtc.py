@@ -7,6 +7,8 @@ from functools import cache
 
 from graphdnn.errors import GraphError
 
+from .cubin import exports
+
 # Precise math (the fp32 tests compare at 1e-5); -O3 device code; C++17.
 COMPILE_OPTIONS: tuple[tuple[str, object], ...] = (("std", "c++17"), ("device_code_optimize", True))
 
@@ -43,11 +45,17 @@ def options_key() -> str:
 
 def compile_cubin(source: str, name: str, arch: int, arch_suffix: str = "") -> bytes:
     """Compile one kernel source to a cubin for sm_<arch><arch_suffix> (suffix "a": the
-    arch-specific target, e.g. sm_90a for wgmma); raise CompileError with context."""
+    arch-specific target, e.g. sm_90a for wgmma); raise CompileError with context.
+
+    NVRTC reads the source as a C string, so a NUL would silently cut it short: such a
+    source is refused, and every cubin must define ``name`` before it is returned."""
     from cuda.core import Program, ProgramOptions
     from cuda.core._utils.cuda_utils import NVRTCError
 
     target = f"sm_{arch}{arch_suffix}"
+    if "\0" in source:
+        line = source.count("\n", 0, source.index("\0")) + 1
+        raise CompileError(f"kernel '{name}': the generated source holds a NUL character (line {line}); not compiled")
     options = ProgramOptions(
         name=f"{name}.cu", arch=target, include_path=list(include_paths()), **dict(COMPILE_OPTIONS)
     )
@@ -61,7 +69,10 @@ def compile_cubin(source: str, name: str, arch: int, arch_suffix: str = "") -> b
         raise CompileError(
             f"NVRTC could not compile kernel '{name}' for {target}:\n{_explain(str(error), source)}"
         ) from None
-    return bytes(code)
+    cubin = bytes(code)
+    if not exports(cubin, name):
+        raise CompileError(f"NVRTC compiled kernel '{name}' for {target}, but the cubin does not export '{name}'")
+    return cubin
 
 
 def _explain(log: str, source: str) -> str:

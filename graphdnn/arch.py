@@ -12,6 +12,9 @@ from functools import cache
 from .errors import GraphError
 
 DEFAULT_ARCH = 90  # the target when no GPU is present to ask
+# Architectures NVRTC 13.0 compiles for (nvrtcGetSupportedArchs; sm_75 Turing to sm_121): what the
+# command line accepts as a target.
+TARGETS = (75, 80, 86, 87, 88, 89, 90, 100, 103, 107, 110, 120, 121)
 
 
 def parse_arch(arch: str | int | None) -> int:

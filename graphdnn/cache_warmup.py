@@ -9,10 +9,12 @@ reported and the others go on.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import time
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +24,14 @@ from .arch import arch_name, resolve_arch
 from .cache.entries import KernelBinary
 from .cache.key import KeyFields, key_fields
 from .cache.plan_cache import DEFAULT, PlanCache, resolve_cache
-from .cache.store import DiskStore
-from .compiler import store_plan, tuned_choices
+from .cache.store import CacheWarning, DiskStore
+from .compiler import canonical_tensors, store_plan, tuned_choices
 from .errors import GraphError
 from .ir import Graph
+from .kernel_build import compile_sources, matches
 from .lower import KernelSource, Lowered
 from .progress import Progress
+from .signature import signature_and_order
 
 
 @dataclass
@@ -84,11 +88,16 @@ def warmup(
     pending = _lower_missing(list(graphs), target, plan_cache, tuple(disable), autotune, report, progress)
     sources = {key: source for p in pending for key, source in p.lowered.sources.items()}
     report.unique_kernels = len(sources)
-    missing = {key: source for key, source in sources.items() if plan_cache.kernel(key) is None}
+    missing = {key: source for key, source in sources.items() if not _cached(plan_cache.kernel(key), source, target)}
     report.reused = len(sources) - len(missing)
+    for key in missing:  # the workers write them to disk: a stale copy in memory must not be used
+        plan_cache.forget_kernel(key)
     failed_kernels = _compile(missing, target, plan_cache, jobs, report, progress)
     for p in pending:
-        _store(p, plan_cache, failed_kernels, report)
+        try:
+            _store(p, plan_cache, failed_kernels, report)
+        except Exception as error:  # a defect in graphdnn: reported for this graph, the batch goes on
+            report.failures.append((p.label, f"internal error: {type(error).__name__}: {error}"))
     report.seconds = time.perf_counter() - start
     return report
 
@@ -111,8 +120,9 @@ def _lower_missing(
         report.graphs += 1
         try:
             ir = _validated(graph)
-            fields = key_fields(ir, target, disable)
-            found = plan_cache.lookup(fields.key)
+            graph_signature, order = signature_and_order(ir)
+            fields = key_fields(ir, target, disable, graph_signature)
+            found = plan_cache.lookup(fields.key, canonical_tensors(ir, order))
             if found is not None and (not autotune or found.entry.tuned_on is not None):
                 report.cached += 1
             else:
@@ -123,6 +133,8 @@ def _lower_missing(
                 pending.append(_Pending(label, ir, fields, lowered, tuned_on))
         except GraphError as error:
             report.failures.append((label, str(error)))
+        except Exception as error:  # a defect in graphdnn: reported for this graph, the batch goes on
+            report.failures.append((label, f"internal error: {type(error).__name__}: {error}"))
         if bar is not None:
             bar.advance(Path(label).name)
     return pending
@@ -136,56 +148,83 @@ def _compile(
     report: WarmupReport,
     stream: TextIO | None,
 ) -> dict[str, str]:
-    """Compile ``missing`` into the cache; return {kernel key: error} for the ones that failed."""
+    """Compile ``missing`` into the cache; return {kernel key: error} for the ones that failed.
+
+    Each kernel is compiled under its lock (DiskStore.claim), so warmers of one cache share
+    the work: a kernel another process is compiling is put back and waited for at the end,
+    and then taken from the cache rather than compiled again."""
     if not missing:
         return {}
     assert plan_cache.store is not None
     bar = Progress("kernels", len(missing), stream) if stream is not None else None
     workers = max(1, min(jobs or os.cpu_count() or 1, len(missing)))
-    tasks = [(key, source, target, str(plan_cache.store.directory)) for key, source in missing.items()]
+    directory = str(plan_cache.store.directory)
     failed: dict[str, str] = {}
-    if workers == 1:
-        outcomes = (_compile_one(task) for task in tasks)
-        for key, error in outcomes:
-            _count(key, error, plan_cache, report, failed, bar, missing)
-        return failed
-    context = multiprocessing.get_context("spawn")  # no inherited threads or CUDA state
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        for future in as_completed([pool.submit(_compile_one, task) for task in tasks]):
-            key, error = future.result()
-            _count(key, error, plan_cache, report, failed, bar, missing)
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if workers > 1:
+            context = multiprocessing.get_context("spawn")  # no inherited threads or CUDA state
+            pool = stack.enter_context(ProcessPoolExecutor(workers, mp_context=context))
+        keys = list(missing)
+        for wait in (False, True):
+            busy = []
+            for key, outcome in _run(pool, [(key, missing[key], target, directory, wait) for key in keys]):
+                if outcome == _BUSY:
+                    busy.append(key)
+                    continue
+                if outcome == _COMPILED:
+                    report.compiled += 1
+                    plan_cache.counters.compiles += 1
+                elif outcome == _CACHED:
+                    report.reused += 1
+                else:
+                    failed[key] = outcome
+                if bar is not None:
+                    bar.advance(missing[key].name)
+            keys = busy
     return failed
 
 
-def _count(
-    key: str,
-    error: str | None,
-    plan_cache: PlanCache,
-    report: WarmupReport,
-    failed: dict[str, str],
-    bar: Progress | None,
-    missing: dict[str, KernelSource],
-) -> None:
-    if error is None:
-        report.compiled += 1
-        plan_cache.counters.compiles += 1
-    else:
-        failed[key] = error
-    if bar is not None:
-        bar.advance(missing[key].name)
+# What a compile task did besides failing (an error message): compiled the kernel, found it
+# in the cache (another warmer compiled it meanwhile), or left it to the process holding its lock.
+_COMPILED, _CACHED, _BUSY = "compiled", "cached", "busy"
+_Task = tuple[str, KernelSource, int, str, bool]
 
 
-def _compile_one(task: tuple[str, KernelSource, int, str]) -> tuple[str, str | None]:
-    """In a worker: compile one kernel and write it to the cache directory."""
-    from .kernel_build import compile_sources
+def _run(pool: ProcessPoolExecutor | None, tasks: list[_Task]) -> Iterator[tuple[str, str]]:
+    """(kernel key, outcome) of each task, in completion order; a worker that dies is a failure."""
+    if pool is None:
+        yield from map(_compile_one, tasks)
+        return
+    futures = {pool.submit(_compile_one, task): task[0] for task in tasks}
+    for future in as_completed(futures):
+        try:
+            yield future.result()
+        except Exception as error:  # the worker process died (BrokenProcessPool) or could not run the task
+            yield futures[future], f"the compiler process failed: {type(error).__name__}: {error}"
 
-    key, source, target, directory = task
-    try:
-        (binary,) = compile_sources({key: source}, target, jobs=1)
-    except GraphError as error:
-        return key, str(error)
-    DiskStore(directory).write_kernel(binary)
-    return key, None
+
+def _compile_one(task: _Task) -> tuple[str, str]:
+    """In a worker: compile one kernel under its lock and write it to the cache directory."""
+    key, source, target, directory, wait = task
+    store = DiskStore(directory)
+    with store.claim(key, wait=wait) as held:
+        if not held:
+            return key, _BUSY
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CacheWarning)  # a damaged entry is simply compiled again
+            if _cached(store.read_kernel(key), source, target):
+                return key, _CACHED
+        try:
+            (binary,) = compile_sources({key: source}, target, jobs=1)
+        except GraphError as error:
+            return key, str(error)
+        except Exception as error:  # a defect in graphdnn: a failure of this kernel, the batch goes on
+            return key, f"internal error: {type(error).__name__}: {error}"
+        failure = store.write_kernel(binary)
+    if failure is not None:
+        return key, f"kernel {source.name} compiled, but cannot be written to the cache: {failure}"
+    return key, _COMPILED
 
 
 def _store(p: _Pending, plan_cache: PlanCache, failed_kernels: dict[str, str], report: WarmupReport) -> None:
@@ -199,8 +238,15 @@ def _store(p: _Pending, plan_cache: PlanCache, failed_kernels: dict[str, str], r
             report.failures.append((p.label, f"kernel {p.lowered.sources[key].name} is missing from the cache"))
             return
         binaries[key] = binary
-    store_plan(plan_cache, p.ir, p.fields, p.lowered.program, binaries, tuned_on=p.tuned_on)
+    failure = store_plan(plan_cache, p.ir, p.fields, p.lowered.program, binaries, tuned_on=p.tuned_on)
+    if failure is not None:
+        report.failures.append((p.label, f"cannot write its plan to the cache: {failure}"))
+        return
     report.built += 1
+
+
+def _cached(binary: KernelBinary | None, source: KernelSource, target: int) -> bool:
+    return binary is not None and matches(binary, source, target)
 
 
 def _validated(graph: Any) -> Graph:

@@ -16,6 +16,7 @@ from .errors import GraphError
 from .fusion import fuse
 from .graph import OperationGraphSpec
 from .ir import Graph, Tensor
+from .names import printable
 from .runtime.driver import CudaError
 from .signature import signature
 
@@ -27,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command(args)
     except (GraphError, CudaError) as error:
-        print(f"graphdnn: error: {error}", file=sys.stderr)
+        print(f"graphdnn: error: {printable(str(error), lines=True)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -61,14 +62,16 @@ def _parser() -> argparse.ArgumentParser:
 def _validate(args: argparse.Namespace) -> int:
     for path in args.files:
         ir = serialize.load(path).validate()
-        print(f"{path}: ok ({len(ir.nodes)} nodes, {len(ir.tensors)} tensors, signature {signature(ir)[:16]})")
+        print(
+            f"{printable(path)}: ok ({len(ir.nodes)} nodes, {len(ir.tensors)} tensors, signature {signature(ir)[:16]})"
+        )
     return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
     spec: OperationGraphSpec = serialize.load(args.file)
     ir = spec.validate()
-    print(describe(ir))
+    print(printable(describe(ir)))
     if args.fused or args.dot:
         partition = fuse(ir, arch=args.arch, disable=args.disable)
         if args.fused:

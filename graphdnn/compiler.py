@@ -7,7 +7,6 @@ miss: fuse -> emit -> NVRTC (each distinct kernel once, in parallel) -> store ->
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,8 +14,9 @@ from .arch import arch_name, current_gpu_arch, resolve_arch, runs_on
 from .cache.entries import KernelBinary, PlanEntry
 from .cache.key import KeyFields, key_fields
 from .cache.plan_cache import DEFAULT, CachedPlan, PlanCache, resolve_cache
+from .env import env_flag
 from .errors import CacheMissError, GraphError, UnsupportedError
-from .ir import Graph
+from .ir import Graph, Tensor
 from .plan import Plan, PlanBase
 from .program import Program
 from .reference_plan import ReferencePlan
@@ -58,17 +58,22 @@ def compile(
         raise GraphError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     target = resolve_arch(arch)
     plan_cache = resolve_cache(cache)
-    require = _env_flag("GRAPHDNN_REQUIRE_CACHED") if require_cached is None else require_cached
+    require = env_flag("GRAPHDNN_REQUIRE_CACHED") if require_cached is None else require_cached
     graph_signature, order = signature_and_order(ir)
     fields = key_fields(ir, target, disable, graph_signature)
     if tuning is not None:
         return _build(ir, target, fields, order, None, disable, jobs, False, _positions(ir, target, disable, tuning))
-    found = plan_cache.lookup(fields.key) if plan_cache is not None else None
+    found = plan_cache.lookup(fields.key, canonical_tensors(ir, order)) if plan_cache is not None else None
     if found is not None and (not autotune or found.entry.tuned_on is not None or require):
         return _from_cache(ir, target, found, order)
     if require:
         raise CacheMissError(_miss_message(ir, fields, plan_cache))
     return _build(ir, target, fields, order, plan_cache, disable, jobs, autotune)
+
+
+def canonical_tensors(ir: Graph, order: tuple[int, ...]) -> tuple[Tensor, ...]:
+    """``ir``'s tensors in canonical order: what a stored plan's tensor positions index."""
+    return tuple(ir.tensors[tensor_id] for tensor_id in order)
 
 
 def _from_cache(ir: Graph, target: int, found: CachedPlan, order: tuple[int, ...]) -> Plan:
@@ -139,10 +144,11 @@ def store_plan(
     binaries: dict[str, KernelBinary],
     order: tuple[int, ...] | None = None,
     tuned_on: str | None = None,
-) -> None:
-    """Store ``program`` (tensors by id of ``ir``) under ``fields``, tensors renamed to canonical positions."""
+) -> OSError | None:
+    """Store ``program`` (tensors by id of ``ir``) under ``fields``, tensors renamed to canonical
+    positions; the error if it could not be written to disk."""
     positions = {tid: position for position, tid in enumerate(order or canonical_tensor_order(ir))}
-    plan_cache.add_plan(PlanEntry.new(fields, program.relabel(positions), ir.name, tuned_on), binaries)
+    return plan_cache.add_plan(PlanEntry.new(fields, program.relabel(positions), ir.name, tuned_on), binaries)
 
 
 def _miss_message(ir: Graph, fields: KeyFields, plan_cache: PlanCache | None) -> str:
@@ -153,7 +159,3 @@ def _miss_message(ir: Graph, fields: KeyFields, plan_cache: PlanCache | None) ->
         f"graph '{ir.name}' is not in {where} and require_cached is set (GRAPHDNN_REQUIRE_CACHED); "
         f"warm it first (graphdnn warmup). Key fields:\n{fields.describe()}"
     )
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false", "no")

@@ -10,6 +10,7 @@ from .dtypes import DataType, as_data_type
 from .errors import GraphError, StructureError, UndeclaredDimsError
 from .ir import Graph
 from .layout import packed_strides
+from .names import check_name
 from .ops import OpMethods
 from .ops.attributes import Attributes
 from .ops.base import Inferred, get_op
@@ -62,8 +63,6 @@ class OperationGraphSpec(OpMethods):
         intermediate_data_type: Any = DataType.FLOAT,
         compute_data_type: Any = DataType.FLOAT,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise GraphError(f"graph name must be a non-empty string, got {name!r}")
         self.name = name
         self.io_data_type = as_data_type(io_data_type, what="io_data_type")
         self.intermediate_data_type = as_data_type(intermediate_data_type, what="intermediate_data_type")
@@ -72,6 +71,14 @@ class OperationGraphSpec(OpMethods):
         self._tensor_names: dict[str, TensorSpec] = {}
         self._nodes: list[NodeSpec] = []
         self._node_names: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, name: str) -> None:
+        self._name = check_name(name, "graph")
 
     # -- contents ------------------------------------------------------------------------
     @property
@@ -166,8 +173,7 @@ class OperationGraphSpec(OpMethods):
             while f"tensor{index}" in self._tensor_names:
                 index += 1
             return f"tensor{index}"
-        if not isinstance(name, str):
-            raise GraphError(f"tensor name must be a string, got {name!r}")
+        check_name(name, "tensor")
         if name in self._tensor_names:
             raise StructureError(f"tensor name '{name}' is already used in graph '{self.name}'")
         return name
@@ -251,8 +257,7 @@ class OperationGraphSpec(OpMethods):
             while f"{kind}_{index}" in self._node_names:
                 index += 1
             return f"{kind}_{index}"
-        if not isinstance(name, str):
-            raise GraphError(f"node name must be a string, got {name!r}")
+        check_name(name, "node")
         if name in self._node_names:
             raise StructureError(f"node name '{name}' is already used in graph '{self.name}'")
         return name

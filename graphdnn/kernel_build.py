@@ -24,7 +24,7 @@ def build_kernels(
     missing: dict[str, KernelSource] = {}
     for kernel_key, source in sources.items():
         found = cache.kernel(kernel_key) if cache is not None else None
-        if found is not None:
+        if found is not None and matches(found, source, arch):
             binaries[kernel_key] = found
         else:
             missing[kernel_key] = source
@@ -33,6 +33,16 @@ def build_kernels(
         if cache is not None:
             cache.add_kernel(binary, compiled=True)
     return binaries, len(missing)
+
+
+def matches(binary: KernelBinary, source: KernelSource, arch: int) -> bool:
+    """True when a stored kernel is the compiled ``source``: same entry point, content and
+    target (a stored entry that passed its own checks may still belong to another build)."""
+    return (binary.name, binary.content_hash, binary.arch) == (
+        source.name,
+        source.content_hash,
+        f"sm_{arch}{source.arch_suffix}",
+    )
 
 
 def compile_sources(sources: Mapping[str, KernelSource], arch: int, jobs: int | None = None) -> list[KernelBinary]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import tarfile
 import time
 import warnings
@@ -22,10 +21,10 @@ from ..errors import GraphError
 from .container import EntryError
 from .entries import KernelBinary, PlanEntry
 from .key import FORMAT_VERSION
-from .store import CacheWarning, DiskStore
+from .store import MAX_ENTRY_BYTES, CacheWarning, DiskStore, write_atomically
+from .trust import KEY, check_kernels
 
 ARCHIVE_VERSION = 1
-_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -33,9 +32,11 @@ class ArchiveReport:
     plans: int
     kernels: int
     skipped: int  # entries left out: invalid, or (import) already present
+    failed: int = 0  # (import) valid entries that could not be written to the cache
 
     def __str__(self) -> str:
-        return f"{self.plans} plans, {self.kernels} kernels ({self.skipped} skipped)"
+        failed = f", {self.failed} could not be written" if self.failed else ""
+        return f"{self.plans} plans, {self.kernels} kernels ({self.skipped} skipped{failed})"
 
 
 def export_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
@@ -46,20 +47,24 @@ def export_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
     kernels: list[dict[str, object]] = []
     members: dict[str, bytes] = {}
     skipped = 0
+    binaries: dict[str, KernelBinary] = {}
     stored_files = sorted(store.files(), key=lambda f: f.kind != "kernel")  # kernels first
     for stored in stored_files:
-        data = stored.path.read_bytes()
         try:
+            data = store.read_bytes(stored.path)
             if stored.kind == "kernel":
-                binary = KernelBinary.decode(data, stored.key)
+                binary = binaries[stored.key] = KernelBinary.decode(data, stored.key)
                 kernels.append({"kernel_key": binary.kernel_key, "name": binary.name, "arch": binary.arch})
             else:
                 entry = PlanEntry.decode(data, stored.key)
-                absent = [k for k in entry.program.kernel_keys if f"kernels/{k}.kernel" not in members]
+                absent = [k for k in entry.program.kernel_keys if k not in binaries]
                 if absent:
                     raise EntryError(f"{len(absent)} of its kernels are missing or damaged")
+                check_kernels(entry, binaries)
                 plans.append({"key": entry.key, "graph": entry.graph_name, **asdict(entry.fields)})
                 plans[-1]["kernels"] = list(entry.program.kernel_keys)
+        except FileNotFoundError:  # removed since it was listed
+            continue
         except EntryError as error:
             skipped += 1
             warnings.warn(f"graphdnn plan cache: not exporting {stored.path}: {error}", CacheWarning, stacklevel=2)
@@ -72,11 +77,18 @@ def export_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
         "plans": plans,
         "kernels": kernels,
     }
+    buffer = io.BytesIO()
     mode = "w:gz" if str(archive).endswith((".gz", ".tgz")) else "w"
-    with tarfile.open(archive, mode) as tar:  # type: ignore[call-overload]
+    with tarfile.open(fileobj=buffer, mode=mode) as tar:  # type: ignore[call-overload]
         _add(tar, "manifest.json", json.dumps(manifest, indent=1).encode())
         for name, data in members.items():
             _add(tar, name, data)
+    try:
+        if not Path(archive).parent.is_dir():
+            raise FileNotFoundError(2, "its directory does not exist")
+        write_atomically(Path(archive), buffer.getvalue())
+    except OSError as error:
+        raise GraphError(f"cannot write cache archive {archive}: {error.strerror or error}") from None
     return ArchiveReport(len(plans), len(kernels), skipped)
 
 
@@ -86,25 +98,29 @@ def import_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
     with _open(archive) as tar:
         manifest = _manifest(tar, archive)
         counts = {"plan": 0, "kernel": 0}
-        skipped = 0
-        entries = [("kernel", k["kernel_key"]) for k in manifest["kernels"]]
-        entries += [("plan", p["key"]) for p in manifest["plans"]]
+        skipped = failed = 0
+        try:
+            entries = [("kernel", k["kernel_key"]) for k in manifest["kernels"]]
+            entries += [("plan", p["key"]) for p in manifest["plans"]]
+        except (KeyError, TypeError) as error:
+            raise GraphError(f"cache archive {archive}: malformed manifest ({type(error).__name__} {error})") from None
         for kind, key in entries:
-            if not isinstance(key, str) or not _KEY.fullmatch(key):
+            if not isinstance(key, str) or not KEY.fullmatch(key):
                 raise GraphError(f"cache archive {archive}: bad {kind} key {key!r} in the manifest")
             target = store.plan_path(key) if kind == "plan" else store.kernel_path(key)
-            data = _member(tar, f"{kind}s/{key}.{kind}")
             try:
+                data = _member(tar, f"{kind}s/{key}.{kind}")
                 if data is None:
                     raise EntryError("listed in the manifest but missing from the archive")
                 if kind == "kernel":
                     KernelBinary.decode(data, key)
                 else:
-                    absent = [
-                        k for k in PlanEntry.decode(data, key).program.kernel_keys if not store.kernel_path(k).exists()
-                    ]
+                    entry = PlanEntry.decode(data, key)
+                    present = {k: store.read_kernel(k) for k in entry.program.kernel_keys}
+                    absent = [k for k, binary in present.items() if binary is None]
                     if absent:
                         raise EntryError(f"{len(absent)} of its kernels are in neither the archive nor the cache")
+                    check_kernels(entry, {k: b for k, b in present.items() if b is not None})
             except EntryError as error:
                 skipped += 1
                 warnings.warn(
@@ -114,9 +130,11 @@ def import_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
             if target.exists():
                 skipped += 1
                 continue
-            store.write(target, data)
-            counts[kind] += 1
-    return ArchiveReport(counts["plan"], counts["kernel"], skipped)
+            if store.write(target, data) is None:
+                counts[kind] += 1
+            else:
+                failed += 1
+    return ArchiveReport(counts["plan"], counts["kernel"], skipped, failed)
 
 
 def _open(archive: str | Path) -> tarfile.TarFile:
@@ -127,10 +145,9 @@ def _open(archive: str | Path) -> tarfile.TarFile:
 
 
 def _manifest(tar: tarfile.TarFile, archive: str | Path) -> dict[str, list[dict[str, str]]]:
-    data = _member(tar, "manifest.json")
     try:
-        manifest = json.loads(data or b"")
-    except ValueError:
+        manifest = json.loads(_member(tar, "manifest.json") or b"")
+    except (EntryError, ValueError, RecursionError):
         manifest = None
     if not isinstance(manifest, dict) or manifest.get("graphdnn_cache_archive") != ARCHIVE_VERSION:
         raise GraphError(f"{archive} is not a graphdnn cache archive (no readable manifest.json)")
@@ -147,8 +164,10 @@ def _member(tar: tarfile.TarFile, name: str) -> bytes | None:
         member = tar.getmember(name)
     except KeyError:
         return None
+    if member.size > MAX_ENTRY_BYTES:
+        raise EntryError(f"{name} is {member.size} bytes, over the limit of {MAX_ENTRY_BYTES} for an entry")
     handle = tar.extractfile(member) if member.isfile() else None
-    return handle.read() if handle is not None else None
+    return handle.read(MAX_ENTRY_BYTES) if handle is not None else None
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

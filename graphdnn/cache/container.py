@@ -36,7 +36,7 @@ def decode(data: bytes, kind: str) -> dict[str, bytes]:
         raise EntryError("truncated: no header line")
     try:
         header = json.loads(line)
-    except (UnicodeDecodeError, ValueError):
+    except (ValueError, RecursionError):
         raise EntryError("unreadable header") from None
     if not isinstance(header, dict) or header.get("magic") != MAGIC:
         raise EntryError("not a graphdnn cache entry")
@@ -45,10 +45,17 @@ def decode(data: bytes, kind: str) -> dict[str, bytes]:
     if header.get("kind") != kind:
         raise EntryError(f"a {header.get('kind')!r} entry where a {kind!r} entry belongs")
     try:
-        lengths = [(str(name), int(size)) for name, size in header["sections"]]
-        stated = str(header.pop("sha256"))
+        lengths = [(name, size) for name, size in header["sections"]]
+        stated = header.pop("sha256")
     except (KeyError, TypeError, ValueError):
         raise EntryError("malformed header") from None
+    if not isinstance(stated, str) or any(
+        not isinstance(name, str) or not isinstance(size, int) or isinstance(size, bool) or size < 0
+        for name, size in lengths
+    ):
+        raise EntryError("malformed header: sections must be [name, non-negative length] pairs")
+    if len({name for name, _ in lengths}) != len(lengths):
+        raise EntryError("malformed header: a section name appears twice")
     if sum(size for _, size in lengths) != len(payload):
         raise EntryError(f"truncated: {len(payload)} payload bytes, the header says {sum(s for _, s in lengths)}")
     if _digest(header, payload) != stated:

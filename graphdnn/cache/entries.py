@@ -16,6 +16,10 @@ from ..program import Program
 from . import container
 from .container import EntryError
 from .key import KeyFields
+from .trust import check_kernel, check_plan
+
+# What a malformed but checksum-valid section can raise while being decoded.
+_MALFORMED = (LookupError, TypeError, ValueError, OverflowError, AttributeError, RecursionError)
 
 
 @dataclass(frozen=True, repr=False)
@@ -37,18 +41,24 @@ class KernelBinary:
 
     @classmethod
     def decode(cls, data: bytes, kernel_key: str) -> KernelBinary:
+        """The kernel entry ``data``, checked (trust.check_kernel); EntryError if it cannot be used."""
         sections = container.decode(data, "kernel")
         meta = _json(sections, "meta")
         if meta.get("kernel_key") != kernel_key:
             raise EntryError(f"holds kernel {str(meta.get('kernel_key'))[:16]}…, not {kernel_key[:16]}…")
-        return cls(
-            kernel_key=kernel_key,
-            name=str(meta["name"]),
-            content_hash=str(meta["content_hash"]),
-            arch=str(meta["arch"]),
-            cubin=sections["cubin"],
-            source=sections["source"].decode(),
-        )
+        try:
+            binary = cls(
+                kernel_key=kernel_key,
+                name=_text(meta["name"]),
+                content_hash=_text(meta["content_hash"]),
+                arch=_text(meta["arch"]),
+                cubin=sections["cubin"],
+                source=sections["source"].decode(),
+            )
+        except _MALFORMED as error:
+            raise EntryError(f"malformed kernel entry: {type(error).__name__} {error}") from None
+        check_kernel(binary)
+        return binary
 
     def __repr__(self) -> str:
         return f"KernelBinary({self.name} {self.arch}, {len(self.cubin)} bytes)"
@@ -81,19 +91,22 @@ class PlanEntry:
 
     @classmethod
     def decode(cls, data: bytes, key: str) -> PlanEntry:
+        """The plan entry ``data``, checked on its own (trust.check_plan); EntryError if it
+        cannot be used. Its kernels and the graph that looks it up are checked by the caller."""
         document = _json(container.decode(data, "plan"), "plan")
         try:
             entry = cls(
-                fields=KeyFields(**document["fields"]),
+                fields=KeyFields(**{name: _scalar(value) for name, value in document["fields"].items()}),
                 program=Program.from_json(document["program"]),
-                graph_name=str(document["graph_name"]),
+                graph_name=_text(document["graph_name"]),
                 created=float(document["created"]),
-                tuned_on=None if document["tuned_on"] is None else str(document["tuned_on"]),
+                tuned_on=None if document["tuned_on"] is None else _text(document["tuned_on"]),
             )
-        except (KeyError, TypeError, ValueError) as error:
-            raise EntryError(f"malformed plan: {error}") from None
-        if entry.key != key:
-            raise EntryError(f"holds plan {entry.key[:16]}…, not {key[:16]}…")
+            if entry.key != key:
+                raise EntryError(f"holds plan {entry.key[:16]}…, not {key[:16]}…")
+        except _MALFORMED as error:
+            raise EntryError(f"malformed plan: {type(error).__name__} {error}") from None
+        check_plan(entry)
         return entry
 
     @classmethod
@@ -101,10 +114,22 @@ class PlanEntry:
         return cls(fields, program, graph_name, time.time(), tuned_on)
 
 
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _scalar(value: object) -> Any:
+    if not isinstance(value, (str, int)):
+        raise TypeError(f"expected a string or an integer, got {type(value).__name__}")
+    return value
+
+
 def _json(sections: dict[str, bytes], name: str) -> dict[str, Any]:
     try:
         value = json.loads(sections[name])
-    except (KeyError, UnicodeDecodeError, ValueError):
+    except (KeyError, ValueError, RecursionError):
         raise EntryError(f"section '{name}' missing or unreadable") from None
     if not isinstance(value, dict):
         raise EntryError(f"section '{name}' is not an object")

@@ -32,6 +32,10 @@ class LRU(Generic[K, V]):
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
+    def pop(self, key: K) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..env import env_flag
+from .container import EntryError
 from .entries import KernelBinary, PlanEntry
 from .lru import LRU
-from .store import DiskStore
+from .store import CacheWarning, DiskStore
+from .trust import check_binding, check_kernels
 
 if TYPE_CHECKING:
+    from ..ir import Tensor
     from .archive import ArchiveReport
 
 PLANS_IN_MEMORY = 64
@@ -67,11 +73,19 @@ class PlanCache:
     def directory(self) -> Path | None:
         return self.store.directory if self.store else None
 
-    def lookup(self, key: str) -> CachedPlan | None:
-        """The plan stored under ``key`` with all its kernels, or None (a miss)."""
+    def lookup(self, key: str, tensors: Sequence[Tensor] | None = None) -> CachedPlan | None:
+        """The plan stored under ``key`` with all its kernels, or None (a miss). ``tensors``:
+        the looking-up graph's tensors in canonical order; a plan whose arguments do not fit
+        them (trust.check_binding) is rejected with a CacheWarning and is a miss."""
         found = self._plans.get(key)
         if found is None and self.store is not None:
             found = self._load(key)
+        if found is not None and tensors is not None:
+            try:
+                check_binding(found.entry.program, tensors)
+            except EntryError as error:
+                self._reject(key, f"plan {key[:16]}… does not fit the graph that looks it up: {error}")
+                found = None
         with self._lock:
             if found is None:
                 self.counters.misses += 1
@@ -98,10 +112,15 @@ class PlanCache:
             with self._lock:
                 self.counters.compiles += 1
 
-    def add_plan(self, entry: PlanEntry, kernels: dict[str, KernelBinary]) -> None:
+    def forget_kernel(self, kernel_key: str) -> None:
+        """Drop a kernel from the memory tier: the next lookup reads the disk again."""
+        self._kernels.pop(kernel_key)
+        self._unreadable.pop(kernel_key, None)
+
+    def add_plan(self, entry: PlanEntry, kernels: dict[str, KernelBinary]) -> OSError | None:
+        """Keep a plan (in memory, and on disk): the error if the disk write failed."""
         self._plans.put(entry.key, CachedPlan(entry, kernels))
-        if self.store is not None:
-            self.store.write_plan(entry)
+        return self.store.write_plan(entry) if self.store is not None else None
 
     def export_archive(self, archive: str | os.PathLike[str]) -> ArchiveReport:
         """Write every valid entry to one archive file (.tar or .tar.gz), to ship a warmed cache."""
@@ -138,6 +157,12 @@ class PlanCache:
                     entry = None
                     break
                 kernels[kernel_key] = binary
+        if entry is not None:
+            try:
+                check_kernels(entry, kernels)
+            except EntryError as error:
+                self._reject(key, f"ignoring {self.store.plan_path(key)}: {error}; it will be rebuilt")
+                entry = None
         self._sync_rejected()
         if entry is None:
             return None
@@ -164,6 +189,17 @@ class PlanCache:
         return kernel_key in self._unreadable and self._unreadable[kernel_key] == self.store.stamp(
             self.store.kernel_path(kernel_key)
         )
+
+    def _reject(self, key: str, reason: str) -> None:
+        """Count and report a plan that passed its own checks but cannot be used; forget it."""
+        self._plans.pop(key)
+        if self.store is not None:
+            self.store.rejected += 1
+        else:
+            with self._lock:
+                self.counters.rejected += 1
+        warnings.warn(f"graphdnn plan cache: {reason}", CacheWarning, stacklevel=4)
+        self._sync_rejected()
 
     def _sync_rejected(self) -> None:
         if self.store is not None:
@@ -204,7 +240,7 @@ def cache_at(directory: str | os.PathLike[str]) -> PlanCache:
 
 def default_cache() -> PlanCache | None:
     """The cache ``gd.compile`` uses unless told otherwise; None when GRAPHDNN_DISABLE_CACHE=1."""
-    if os.environ.get("GRAPHDNN_DISABLE_CACHE", "") not in ("", "0"):
+    if env_flag("GRAPHDNN_DISABLE_CACHE"):
         return None
     return cache_at(default_directory())
 

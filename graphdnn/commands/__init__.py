@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..arch import TARGETS, arch_name, parse_arch
 from ..cache.plan_cache import PlanCache, cache_at, default_cache, default_directory
+from ..errors import GraphError
 
 
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
@@ -23,3 +25,26 @@ def chosen_cache(args: argparse.Namespace) -> PlanCache | None:
 def chosen_directory(args: argparse.Namespace) -> PlanCache:
     """The cache a ``cache`` subcommand inspects; always one with a directory."""
     return cache_at(args.cache_dir or default_directory())
+
+
+def target(text: str) -> str:
+    """argparse type of ``--arch``: a known target such as sm_90 or sm_90a, else a usage error."""
+    try:
+        arch = parse_arch(text)
+    except GraphError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if arch not in TARGETS:
+        known = ", ".join(arch_name(a) for a in TARGETS)
+        raise argparse.ArgumentTypeError(f"{arch_name(arch)} is not a target NVRTC compiles for; choose one of {known}")
+    return text
+
+
+def positive(text: str) -> int:
+    """argparse type of counts (``--jobs``, ``--repeat``): an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -12,8 +13,10 @@ from ..cache.container import EntryError
 from ..cache.entries import KernelBinary, PlanEntry
 from ..cache.key import FORMAT_VERSION, key_fields
 from ..cache.store import DiskStore, StoredFile
+from ..cache.trust import check_kernels
+from ..names import printable
 from ..serialize import load
-from . import add_cache_dir, chosen_directory
+from . import add_cache_dir, chosen_directory, target
 
 
 def add(commands: Any) -> None:
@@ -22,7 +25,9 @@ def add(commands: Any) -> None:
 
     key = actions.add_parser("key", help="print every field of a graph's plan-cache key, and the key")
     key.add_argument("file", metavar="FILE")
-    key.add_argument("--arch", default=None, help="target, e.g. sm_80 (default: the current GPU's, else sm_90)")
+    key.add_argument(
+        "--arch", type=target, default=None, help="target, e.g. sm_80 (default: the current GPU's, else sm_90)"
+    )
     key.add_argument("--disable", action="append", default=[], metavar="RULE", help="fusion rule turned off")
     key.set_defaults(run=_key)
 
@@ -69,7 +74,7 @@ def _stats(args: argparse.Namespace) -> int:
         print(f"  {kind}s: {len(mine):6d}  {_size(sum(f.bytes for f in mine))}")
     others = sorted(p.name for p in store.directory.glob("v*") if p.is_dir() and p != store.base)
     if others:
-        print(f"  other format versions present (unused by this graphdnn): {', '.join(others)}")
+        print(f"  other format versions present (unused by this graphdnn): {printable(', '.join(others))}")
     return 0
 
 
@@ -80,13 +85,13 @@ def _ls(args: argparse.Namespace) -> int:
         if stored.kind != "plan":
             continue
         try:
-            entry = PlanEntry.decode(stored.path.read_bytes(), stored.key)
+            entry = PlanEntry.decode(_read(store, stored), stored.key)
         except EntryError as error:
-            print(f"{stored.key[:16]}…  BAD: {error}")
+            print(f"{printable(stored.key[:16])}…  BAD: {printable(str(error))}")
             continue
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created))
         print(
-            f"{stored.key[:16]}…  {entry.graph_name[:28]:<28} {entry.fields.arch:<6} "
+            f"{stored.key[:16]}…  {printable(entry.graph_name)[:28]:<28} {entry.fields.arch:<6} "
             f"{len(entry.program.kernel_keys):>7} {_size(entry.program.workspace_size):>10}  {created}"
         )
     return 0
@@ -95,34 +100,45 @@ def _ls(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     store = _store(args)
     bad: list[tuple[StoredFile, str]] = []
-    kernels: set[str] = set()
+    kernels: dict[str, KernelBinary] = {}
     plans: list[tuple[StoredFile, PlanEntry]] = []
     for stored in store.files():
         try:
-            data = stored.path.read_bytes()
+            data = _read(store, stored)
             if stored.kind == "plan":
                 plans.append((stored, PlanEntry.decode(data, stored.key)))
             else:
-                KernelBinary.decode(data, stored.key)
-                kernels.add(stored.key)
+                kernels[stored.key] = KernelBinary.decode(data, stored.key)
         except EntryError as error:
             bad.append((stored, str(error)))
     for stored, entry in plans:
         absent = [k for k in entry.program.kernel_keys if k not in kernels]
-        if absent:
-            bad.append((stored, f"uses {len(absent)} kernel(s) missing or bad in the cache"))
+        try:
+            if absent:
+                raise EntryError(f"uses {len(absent)} kernel(s) missing or bad in the cache")
+            check_kernels(entry, kernels)
+        except EntryError as error:
+            bad.append((stored, str(error)))
+    unremoved = 0
     for stored, reason in bad:
-        print(f"BAD {stored.kind} {stored.path}: {reason}")
-        if args.remove:
-            stored.path.unlink(missing_ok=True)
-    print(f"verified {len(plans)} plans and {len(kernels)} kernels in {store.directory}: {len(bad)} bad")
+        print(f"BAD {stored.kind} {printable(str(stored.path))}: {printable(reason)}")
+        failure = store.remove(stored.path) if args.remove else None
+        if failure is not None:
+            unremoved += 1
+            print(f"  could not remove it: {failure.strerror or failure}", file=sys.stderr)
+    left = f", {unremoved} of them could not be removed" if unremoved else ""
+    print(f"verified {len(plans)} plans and {len(kernels)} kernels in {store.directory}: {len(bad)} bad{left}")
     return 1 if bad else 0
 
 
 def _clear(args: argparse.Namespace) -> int:
     store = _store(args)
-    print(f"removed {store.clear()} entries from {store.directory}")
-    return 0
+    removed, failed = store.clear()
+    for path, reason in failed:
+        print(f"graphdnn: error: cannot remove {printable(str(path))}: {reason}", file=sys.stderr)
+    left = f"; {len(failed)} could not be removed" if failed else ""
+    print(f"removed {removed} entries from {store.directory}{left}")
+    return 1 if failed else 0
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -133,8 +149,16 @@ def _export(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     store = _store(args)
-    print(f"imported {import_cache(store, args.archive)} from {args.archive} into {store.directory}")
-    return 0
+    report = import_cache(store, args.archive)
+    print(f"imported {report} from {args.archive} into {store.directory}")
+    return 1 if report.failed else 0
+
+
+def _read(store: DiskStore, stored: StoredFile) -> bytes:
+    try:
+        return store.read_bytes(stored.path)
+    except FileNotFoundError:
+        raise EntryError("removed while being read") from None
 
 
 def _size(nbytes: float) -> str:

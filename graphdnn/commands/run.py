@@ -24,10 +24,11 @@ from ..arch import current_gpu_arch
 from ..compare import relative_error, tolerance
 from ..compiler import compile
 from ..ir import Graph
+from ..names import printable
 from ..plan import Plan, PlanBase
 from ..random_inputs import random_inputs
 from ..reference_plan import host_array
-from . import add_cache_dir, chosen_cache
+from . import add_cache_dir, chosen_cache, positive, target
 
 
 def add(commands: Any) -> None:
@@ -38,8 +39,8 @@ def add(commands: Any) -> None:
     )
     run.add_argument("--check", action="store_true", help="compare every output with the reference backend")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    run.add_argument("--arch", default=None, help="target (default: the current GPU's)")
-    run.add_argument("--repeat", type=int, default=20, metavar="N", help="timed rounds per kernel")
+    run.add_argument("--arch", type=target, default=None, help="target (default: the current GPU's)")
+    run.add_argument("--repeat", type=positive, default=20, metavar="N", help="timed rounds per kernel")
     run.add_argument("--autotune", action="store_true", help="time launch candidates on the GPU, keep the fastest")
     add_cache_dir(run)
     run.set_defaults(run=_run)
@@ -49,7 +50,7 @@ def _run(args: argparse.Namespace) -> int:
     ir = serialize.load(args.file).validate()
     backend = args.backend or ("gpu" if current_gpu_arch() is not None else "reference")
     why = "" if args.backend else (" (a GPU is present)" if backend == "gpu" else " (no GPU found)")
-    print(f"graph '{ir.name}' ({args.file}): {len(ir.nodes)} nodes; backend {backend}{why}")
+    print(printable(f"graph '{ir.name}' ({args.file}): {len(ir.nodes)} nodes; backend {backend}{why}"))
     if backend == "gpu":
         from ..runtime import driver
 
@@ -57,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     options = {"autotune": args.autotune} if backend == "gpu" else {}
     plan = compile(ir, backend=backend, arch=args.arch, cache=chosen_cache(args), **options)
-    print(f"plan: {_origin(plan)} in {(time.perf_counter() - start) * 1e3:.1f} ms")
+    print(f"plan: {printable(_origin(plan))} in {(time.perf_counter() - start) * 1e3:.1f} ms")
     feeds = random_inputs(ir, args.seed)
     if isinstance(plan, Plan):
         results = _run_gpu(plan, ir, feeds, args.repeat)
@@ -89,7 +90,7 @@ def _run_gpu(plan: Plan, ir: Graph, feeds: dict[str, np.ndarray], repeat: int) -
     device = driver.current_device()
     print(f"device: cuda:{device.ordinal} {device.name} (sm_{device.arch})")
     pack: dict[str, Any] = {
-        t.name: feeds[t.name]
+        t.name: _number(feeds[t.name])
         if t.is_pass_by_value
         else DeviceArray.from_numpy(feeds[t.name], t.stride, t.data_type, device)
         for t in ir.inputs
@@ -110,8 +111,14 @@ def _run_gpu(plan: Plan, ir: Graph, feeds: dict[str, np.ndarray], repeat: int) -
     return results
 
 
+def _number(value: np.ndarray) -> float:
+    """A pass-by-value scalar's random value (drawn in its data type) as a plan takes it: a
+    Python number, since a one-element array of a type NumPy lacks (bf16, fp8) is refused."""
+    return float(value.reshape(-1)[0])
+
+
 def _run_reference(plan: PlanBase, ir: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    pack = {t.name: feeds[t.name] if t.is_pass_by_value else host_array(t, feeds[t.name]) for t in ir.inputs}
+    pack = {t.name: _number(feeds[t.name]) if t.is_pass_by_value else host_array(t, feeds[t.name]) for t in ir.inputs}
     start = time.perf_counter()
     outputs = plan.execute(pack)
     print(f"reference: {len(ir.nodes)} nodes in {(time.perf_counter() - start) * 1e3:.1f} ms")
@@ -153,7 +160,9 @@ def _check(ir: Graph, results: dict[str, np.ndarray], expected: dict[str, np.nda
             failed.append(t.name)
         dims = "x".join(map(str, t.dim))
         print(
-            f"  {t.name:<24} {dims:<20} {t.data_type.value:<10} {error:>10.2e} {limit:>10.1e}  {'ok' if ok else 'FAIL'}"
+            f"  {printable(t.name):<24} {dims:<20} {t.data_type.value:<10} {error:>10.2e} {limit:>10.1e}  {'ok' if ok else 'FAIL'}"
         )
-    print("check: " + (f"FAILED ({', '.join(failed)})" if failed else "passed (every output within tolerance)"))
+    print(
+        "check: " + (f"FAILED ({printable(', '.join(failed))})" if failed else "passed (every output within tolerance)")
+    )
     return 1 if failed else 0

@@ -8,14 +8,19 @@ from typing import Any
 
 from ..cache_warmup import warmup
 from ..errors import GraphError
-from . import add_cache_dir, chosen_cache
+from ..names import printable
+from . import add_cache_dir, chosen_cache, positive, target
 
 
 def add(commands: Any) -> None:
     parser = commands.add_parser("warmup", help="compile many graphs into the plan cache (no GPU needed)")
     parser.add_argument("files", nargs="+", metavar="FILE")
-    parser.add_argument("--arch", default=None, help="target, e.g. sm_90 (default: the current GPU's, else sm_90)")
-    parser.add_argument("--jobs", type=int, default=None, metavar="N", help="compiler processes (default: one per CPU)")
+    parser.add_argument(
+        "--arch", type=target, default=None, help="target, e.g. sm_90 (default: the current GPU's, else sm_90)"
+    )
+    parser.add_argument(
+        "--jobs", type=positive, default=None, metavar="N", help="compiler processes (default: one per CPU)"
+    )
     parser.add_argument("--disable", action="append", default=[], metavar="RULE", help="fusion rule turned off")
     parser.add_argument(
         "--autotune", action="store_true", help="time launch candidates on this machine's GPU and keep the fastest"
@@ -38,6 +43,6 @@ def _warmup(args: argparse.Namespace) -> int:
         autotune=args.autotune,
     )
     for graph, reason in report.failures:
-        print(f"graphdnn: error: {graph}: {reason}", file=sys.stderr)
+        print(f"graphdnn: error: {printable(graph)}: {printable(reason, lines=True)}", file=sys.stderr)
     print(report.summary())
     return 1 if report.failures else 0
