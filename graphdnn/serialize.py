@@ -306,7 +306,7 @@ class _Reader:
                 )
             except GraphError as error:
                 raise error.located(path=error.path or path) from None
-            paths[graph.nodes[-1].name] = path
+            paths[graph._nodes[-1].name] = path  # not graph.nodes: a copy per node is quadratic
         return paths
 
     @staticmethod
