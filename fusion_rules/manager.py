@@ -8,6 +8,7 @@ from typing import Any
 
 from graphdnn.arch import parse_arch
 from graphdnn.errors import GraphError
+from graphdnn.gc_pause import gc_paused
 from graphdnn.ir import Graph, Node, Tensor
 
 from .partition import Family, FusedNode, Partition, Rejection, Rewrite, family_of, is_elementwise
@@ -16,6 +17,7 @@ from .rule import Rule, registered_rules
 from .view import GraphView
 
 
+@gc_paused()
 def fuse(
     graph: Any,
     *,

@@ -26,6 +26,7 @@ import heapq
 import json
 from typing import Any
 
+from .gc_pause import gc_paused
 from .ir import Graph
 
 FORM_VERSION = 2
@@ -61,6 +62,7 @@ def _hash(form: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+@gc_paused()
 def _canonical(graph: Graph) -> tuple[dict[str, Any], tuple[int, ...]]:
     tensor_labels = [_tensor_label(t) for t in graph.tensors]
     node_labels = [_node_label(n) for n in graph.nodes]
@@ -117,9 +119,9 @@ def _edges(graph: Graph, first: int) -> list[list[tuple[int, int]]]:
             raw.append((first + i, t.id, (1, role, 0), (3, role, 0)))
     number = {label: n for n, label in enumerate(sorted({r[2] for r in raw} | {r[3] for r in raw}))}
     adjacent: list[list[tuple[int, int]]] = [[] for _ in range(first + len(graph.nodes))]
-    for node, tensor, seen_by_tensor, seen_by_node in raw:
-        adjacent[node].append((tensor, number[seen_by_tensor]))
-        adjacent[tensor].append((node, number[seen_by_node]))
+    for element, tensor, seen_by_tensor, seen_by_node in raw:
+        adjacent[element].append((tensor, number[seen_by_tensor]))
+        adjacent[tensor].append((element, number[seen_by_node]))
     return adjacent
 
 
