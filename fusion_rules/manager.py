@@ -53,7 +53,9 @@ def fuse(
     # node (in graph order), and rounds repeat while one fires. A try whose outcome
     # cannot have changed since it was last made is skipped: a rule is tried only at the
     # nodes it can start from, and again only once a node it asked about is claimed.
-    worklist = _Worklist([[n.id for n in ir.nodes if _may_start(rule, n)] for rule in active])
+    of_kind = {node.op: node for node in ir.nodes}  # whether a rule may start at a node depends on its kind
+    starts = [{kind for kind, node in of_kind.items() if _may_start(rule, node)} for rule in active]
+    worklist = _Worklist([[n.id for n in ir.nodes if n.op in kinds] for kinds in starts])
     while worklist.next_round():
         for index, rule in enumerate(active):
             for node_id in worklist.tries(index):
@@ -116,7 +118,6 @@ def _assemble(
     fused = []
     for i in ranked:
         rule_name, name, family, members, anchor, prologue = groups[i]
-        member_set = set(members)
         epilogue = tuple(n for n in members if n is not anchor and n is not prologue)
         fused.append(
             FusedNode(
@@ -128,7 +129,7 @@ def _assemble(
                 prologue=prologue,
                 epilogue=epilogue,
                 inputs=_reads(members),
-                outputs=_writes(ir, members, member_set),
+                outputs=_writes(ir, members),
             )
         )
     return Partition(ir, tuple(fused), tuple(rewrites), rejections)
@@ -144,12 +145,13 @@ def _reads(members: tuple[Node, ...]) -> tuple[Tensor, ...]:
     return tuple(seen.values())
 
 
-def _writes(ir: Graph, members: tuple[Node, ...], member_set: set[Node]) -> tuple[Tensor, ...]:
+def _writes(ir: Graph, members: tuple[Node, ...]) -> tuple[Tensor, ...]:
+    inside = {node.id for node in members}
     return tuple(
         t
         for node in members
         for t in node.output_tensors()
-        if not t.is_virtual or any(reader not in member_set for reader in ir.consumers(t))
+        if not t.is_virtual or any(reader.id not in inside for reader in ir.consumers(t))
     )
 
 

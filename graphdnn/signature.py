@@ -94,9 +94,13 @@ def _node_label(node: Any) -> list[Any]:
 def _canonical_ranks(graph: Graph, tensor_labels: list[list[Any]], node_labels: list[list[Any]]) -> list[int]:
     """A canonical position for every element: tensor ``t.id``, then node ``first + i``."""
     first = len(graph.tensors)
-    texts = [json.dumps(["t", *label], sort_keys=True) for label in tensor_labels]
-    texts += [json.dumps(["n", *label], sort_keys=True) for label in node_labels]
-    partition = _Partition(texts, _edges(graph, first))
+    texts: dict[Any, str] = {}  # most elements share their label with many others: encode each once
+    labels = []
+    for t, label in zip(graph.tensors, tensor_labels, strict=True):
+        key = ("t", t.dim, t.stride, t.data_type, t.is_virtual, t.is_pass_by_value, type(t.value), t.value)
+        labels.append(texts.get(key) or texts.setdefault(key, json.dumps(["t", *label], sort_keys=True)))
+    labels += [json.dumps(["n", *label], sort_keys=True) for label in node_labels]
+    partition = _Partition(labels, _edges(graph, first))
     partition.refine()
     while (tied := partition.first_tied_cell()) is not None:
         partition.single_out(tied)
