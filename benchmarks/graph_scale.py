@@ -5,7 +5,8 @@
 
 Builds three shapes of graph at each size and times every stage a graph file goes
 through before codegen: the builder adding the nodes, validation, writing JSON,
-loading it back (which validates), the signature and fusion. A stage that runs past
+loading it back (which validates), the signature and fusion, and with ``--lower``
+fusion plus CUDA emission (``graphdnn.lower``). A stage that runs past
 ``--budget`` seconds is stopped and shown as ``>budget``. Every stage should grow
 linearly with the node count (docs/architecture.md, "Linear cost").
 """
@@ -77,7 +78,7 @@ def wide(nodes: int, length: int = 15) -> gd.OperationGraphSpec:
 
 
 SHAPES: dict[str, Callable[[int], gd.OperationGraphSpec]] = {"chain": chain, "residual": residual, "wide": wide}
-STAGES = ("build", "validate", "to_json", "load", "sign", "fuse")
+STAGES = ("build", "validate", "to_json", "load", "sign", "fuse", "lower")
 
 
 class _Budget(Exception):
@@ -103,8 +104,8 @@ def _timed(budget: float, work: Callable[[], Any]) -> tuple[float | None, Any]:
     return time.perf_counter() - start, result
 
 
-def measure(shape: str, nodes: int, budget: float) -> dict[str, float | None]:
-    """Seconds per stage for one graph; None where the stage ran out of budget (or had no input)."""
+def measure(shape: str, nodes: int, budget: float, lowered: bool) -> dict[str, float | None]:
+    """Seconds per stage for one graph; None where the stage ran out of budget (or was not run)."""
     times: dict[str, float | None] = dict.fromkeys(STAGES)
     times["build"], spec = _timed(budget, lambda: SHAPES[shape](nodes))
     if spec is None:
@@ -117,8 +118,11 @@ def measure(shape: str, nodes: int, budget: float) -> dict[str, float | None]:
         times["load"], _ = _timed(budget, lambda: spec_from_json(text))
     times["sign"], _ = _timed(budget, lambda: signature(ir))
     from fusion_rules import fuse
+    from graphdnn.lower import lower
 
     times["fuse"], _ = _timed(budget, lambda: fuse(ir))
+    if lowered:
+        times["lower"], _ = _timed(budget, lambda: lower(ir, 90, lambda content_hash: content_hash))
     return times
 
 
@@ -128,15 +132,19 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
     parser.add_argument("--budget", type=float, default=60.0, help="seconds a stage may take before it is stopped")
     parser.add_argument("--repeat", type=int, default=1, help="runs per graph; the fastest is shown")
+    parser.add_argument(
+        "--lower", action="store_true", help="also fuse and emit CUDA for sm_90 (slow: one kernel each)"
+    )
     args = parser.parse_args()
 
-    print(f"{'graph':<10} {'nodes':>6} " + " ".join(f"{s:>9}" for s in STAGES) + f" {'total*':>9}")
+    stages = STAGES if args.lower else STAGES[:-1]
+    print(f"{'graph':<10} {'nodes':>6} " + " ".join(f"{s:>9}" for s in stages) + f" {'total*':>9}")
     for shape in args.shapes:
         for nodes in args.sizes:
-            runs = [measure(shape, nodes, args.budget) for _ in range(args.repeat)]
-            best = {s: min((r[s] for r in runs if r[s] is not None), default=None) for s in STAGES}
+            runs = [measure(shape, nodes, args.budget, args.lower) for _ in range(args.repeat)]
+            best = {s: min((r[s] for r in runs if r[s] is not None), default=None) for s in stages}
             cells = [
-                f"{best[s]:9.3f}" if best[s] is not None else f"{'>' + format(args.budget, 'g'):>9}" for s in STAGES
+                f"{best[s]:9.3f}" if best[s] is not None else f"{'>' + format(args.budget, 'g'):>9}" for s in stages
             ]
             # The issue's target: a file loads (and so validates), is signed and fused.
             core = [best[s] for s in ("load", "sign", "fuse")]
