@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+from collections.abc import Iterable, Iterator
 from typing import Any
-
-import networkx as nx
 
 from graphdnn.arch import parse_arch
 from graphdnn.errors import GraphError
+from graphdnn.gc_pause import gc_paused
 from graphdnn.ir import Graph, Node, Tensor
 
-from .partition import Family, FusedNode, Partition, Rejection, Rewrite, family_of
-from .pattern import Group, Match, MatchContext, Miss, match
+from .partition import Family, FusedNode, Partition, Rejection, Rewrite, family_of, is_elementwise
+from .pattern import Claimed, Group, Match, MatchContext, Miss, Op, match
 from .rule import Rule, registered_rules
 from .view import GraphView
 
 
+@gc_paused()
 def fuse(
     graph: Any,
     *,
@@ -48,14 +49,22 @@ def fuse(
             key = (rule.name, miss.nodes, miss.reason)
             rejections.setdefault(key, Rejection(rule.name, miss.nodes, miss.reason))
 
-    fired = True
-    while fired:
-        fired = False
-        for rule in active:
-            for node in ir.nodes:
-                if node.id in claimed:
+    # Semantically: every round tries every rule (in priority order) at every unclaimed
+    # node (in graph order), and rounds repeat while one fires. A try whose outcome
+    # cannot have changed since it was last made is skipped: a rule is tried only at the
+    # nodes it can start from, and again only once a node it asked about is claimed.
+    of_kind = {node.op: node for node in ir.nodes}  # whether a rule may start at a node depends on its kind
+    starts = [{kind for kind, node in of_kind.items() if _may_start(rule, node)} for rule in active]
+    worklist = _Worklist([[n.id for n in ir.nodes if n.op in kinds] for kinds in starts])
+    while worklist.next_round():
+        for index, rule in enumerate(active):
+            for node_id in worklist.tries(index):
+                if node_id in claimed:
                     continue
-                outcome = match(rule.pattern, MatchContext(ir, view, target, set(claimed)), node)
+                node = ir.nodes[node_id]
+                asked = Claimed(claimed)
+                outcome = match(rule.pattern, MatchContext(ir, view, target, asked), node)
+                worklist.watch(asked.asked, index, node_id)
                 for miss in outcome.rejections:
                     reject(rule, miss)
                 result = outcome.result
@@ -72,7 +81,7 @@ def fuse(
                     continue
                 matches.append((rule, result))
                 claimed.update(n.id for n in result.members)
-                fired = True
+                worklist.claimed(n.id for n in result.members)
     return _assemble(ir, view, matches, claimed, tuple(rejections.values()))
 
 
@@ -103,18 +112,12 @@ def _assemble(
 
     # Fused nodes in a topological order of the quotient graph (first member breaks ties).
     owner = {n.id: i for i, group in enumerate(groups) for n in group[3]}
-    quotient = nx.DiGraph()
-    quotient.add_nodes_from(range(len(groups)))
-    for u, v in view.dag.edges():
-        if owner[u] != owner[v]:
-            quotient.add_edge(owner[u], owner[v])
-    first = {i: min(order[n.id] for n in group[3]) for i, group in enumerate(groups)}
-    ranked = list(nx.lexicographical_topological_sort(quotient, key=lambda i: first[i]))
+    first = [min(order[n.id] for n in group[3]) for group in groups]
+    ranked = _ranked(owner, view, first)
 
     fused = []
     for i in ranked:
         rule_name, name, family, members, anchor, prologue = groups[i]
-        member_set = set(members)
         epilogue = tuple(n for n in members if n is not anchor and n is not prologue)
         fused.append(
             FusedNode(
@@ -126,7 +129,7 @@ def _assemble(
                 prologue=prologue,
                 epilogue=epilogue,
                 inputs=_reads(members),
-                outputs=_writes(ir, members, member_set),
+                outputs=_writes(ir, members),
             )
         )
     return Partition(ir, tuple(fused), tuple(rewrites), rejections)
@@ -142,10 +145,99 @@ def _reads(members: tuple[Node, ...]) -> tuple[Tensor, ...]:
     return tuple(seen.values())
 
 
-def _writes(ir: Graph, members: tuple[Node, ...], member_set: set[Node]) -> tuple[Tensor, ...]:
+def _writes(ir: Graph, members: tuple[Node, ...]) -> tuple[Tensor, ...]:
+    inside = {node.id for node in members}
     return tuple(
         t
         for node in members
         for t in node.output_tensors()
-        if not t.is_virtual or any(reader not in member_set for reader in ir.consumers(t))
+        if not t.is_virtual or any(reader.id not in inside for reader in ir.consumers(t))
     )
+
+
+def _may_start(rule: Rule, node: Node) -> bool:
+    """Whether ``rule`` can match starting at ``node``: its first step's kinds (or, for a
+    group, elementwise nodes); a pattern that opens with an optional step may start anywhere."""
+    pattern = rule.pattern
+    if isinstance(pattern, Group):
+        return is_elementwise(node)
+    first = pattern.steps[0] if pattern.steps else None
+    return not isinstance(first, Op) or first.optional or node.op in first.kinds
+
+
+class _Worklist:
+    """Which (rule, node) tries each round of the fixed point makes.
+
+    Every node is tried in the first round. After that a try is made again only when a
+    node it asked about has been claimed since, at the point of the round where the full
+    loop would make it: in this round if its rule (or its node, for the rule now
+    running) is still ahead, else in the next.
+    """
+
+    def __init__(self, starts: list[list[int]]) -> None:
+        self._due: list[set[int]] = [set(ids) for ids in starts]
+        self._next: list[set[int]] = [set() for _ in starts]
+        self._heap: list[int] = []
+        self._watchers: dict[int, list[tuple[int, int]]] = {}
+        self._rule = -1
+        self._at = -1
+        self._fired = True
+
+    def next_round(self) -> bool:
+        if not self._fired:
+            return False
+        self._fired = False
+        for index, later in enumerate(self._next):
+            self._due[index] |= later
+            later.clear()
+        return True
+
+    def tries(self, rule: int) -> Iterator[int]:
+        """Node ids to try ``rule`` at, in graph order; grows while the rule runs."""
+        self._rule, self._heap = rule, sorted(self._due[rule])
+        self._due[rule].clear()
+        while self._heap:
+            self._at = heapq.heappop(self._heap)
+            if self._heap and self._heap[0] == self._at:
+                continue
+            yield self._at
+        self._rule = len(self._due)
+
+    def watch(self, asked: Iterable[int], rule: int, node_id: int) -> None:
+        for asked_id in asked:
+            self._watchers.setdefault(asked_id, []).append((rule, node_id))
+
+    def claimed(self, ids: Iterable[int]) -> None:
+        self._fired = True
+        for claimed_id in ids:
+            for rule, node_id in self._watchers.pop(claimed_id, ()):
+                if rule > self._rule:
+                    self._due[rule].add(node_id)
+                elif rule == self._rule and node_id > self._at:
+                    heapq.heappush(self._heap, node_id)
+                else:
+                    self._next[rule].add(node_id)
+
+
+def _ranked(owner: dict[int, int], view: GraphView, first: list[int]) -> list[int]:
+    """Kahn's algorithm on the quotient graph, taking ready fused nodes by first member."""
+    waiting = [0] * len(first)
+    edges: list[set[int]] = [set() for _ in first]
+    for u, successors in enumerate(view.succs):
+        for v in successors:
+            a, b = owner[u], owner[v]
+            if a != b and b not in edges[a]:
+                edges[a].add(b)
+                waiting[b] += 1
+    ready = [(first[i], i) for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    ranked = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        ranked.append(i)
+        for j in edges[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, (first[j], j))
+    assert len(ranked) == len(first), "fused nodes form a cycle"
+    return ranked

@@ -18,7 +18,9 @@ shape (a plain pointwise kernel).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import heapq
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from graphdnn.ir import Graph, Node, Tensor
@@ -65,6 +67,23 @@ class Group:
     guards: tuple[Guard, ...] = ()
 
 
+class Claimed:
+    """The ids of nodes earlier matches took, recording which ids a match asks about.
+
+    What a match decides depends on the claimed set only through those questions, so the
+    pass manager tries a match again only once one of those nodes has been claimed.
+    """
+
+    def __init__(self, ids: set[int]) -> None:
+        self._ids = ids
+        self.asked: set[int] = set()
+
+    def __contains__(self, node_id: object) -> bool:
+        assert isinstance(node_id, int)
+        self.asked.add(node_id)
+        return node_id in self._ids
+
+
 @dataclass
 class MatchContext:
     """What guards may look at: the graph, its view, the target, the match so far."""
@@ -72,7 +91,7 @@ class MatchContext:
     graph: Graph
     view: GraphView
     arch: int  # compute capability * 10, e.g. 90
-    claimed: set[int]
+    claimed: Claimed
     bindings: dict[str, Node] = field(default_factory=dict)
     value: Tensor | None = None  # the tensor through which the node under test is reached
 
@@ -134,7 +153,7 @@ def _match_chain(pattern: Pattern, ctx: MatchContext, start: Node) -> Outcome:
         if index > 0:
             assert producer is not None and value is not None
             escapes = any(ctx.bindings.get(b) is producer for b in pattern.may_escape)
-            reason = link_reason(ctx, producer, value, {candidate, *members}, escapes)
+            reason = link_reason(ctx, producer, value, {candidate.id, *(m.id for m in members)}, escapes)
         ctx.value = value
         reason = reason or _first_reason(step.guards, ctx, candidate)
         if reason is not None:
@@ -177,11 +196,11 @@ def primary_output(node: Node) -> Tensor:
     return node.outputs[0][1]
 
 
-def link_reason(ctx: MatchContext, producer: Node, value: Tensor, group: set[Node], escapes: bool) -> str | None:
-    """Why ``value`` cannot stay inside a fused node whose nodes are ``group``."""
+def link_reason(ctx: MatchContext, producer: Node, value: Tensor, group: Collection[int], escapes: bool) -> str | None:
+    """Why ``value`` cannot stay inside a fused node whose nodes are ``group`` (ids)."""
     if escapes:
         return None
-    others = [n.name for n in ctx.graph.consumers(value) if n not in group]
+    others = [n.name for n in ctx.graph.consumers(value) if n.id not in group]
     if others:
         return f"{producer.name}'s output is also read by {', '.join(others)}"
     if not value.is_virtual:
@@ -196,17 +215,21 @@ def grow_epilogue(
     """The largest elementwise DAG fed by ``value`` whose intermediates stay inside.
 
     First collects every elementwise node reachable from the value through elementwise
-    nodes of the same output dims that pass the guards; then removes, until nothing
-    changes, nodes reading a value that something outside also reads or that is a graph
-    output, and nodes whose other operands depend on the group (that would be a cycle).
+    nodes of the same output dims that pass the guards; then removes, pass after pass
+    until nothing changes, nodes reading a value that something outside also reads or
+    that is a graph output, and nodes whose other operands depend on the group (that
+    would be a cycle). Each pass judges against the group as it was when the pass began,
+    and after the first only re-judges the nodes next to one the previous pass removed
+    (nothing else about them changed).
     """
     rejected: list[Miss] = []
     candidates: list[Node] = []
-    frontier = [(producer, value)]
+    group = {node.id for node in members}
+    frontier = deque([(producer, value)])
     while frontier:
-        source, tensor = frontier.pop(0)
+        source, tensor = frontier.popleft()
         for consumer in ctx.graph.consumers(tensor):
-            if consumer in candidates or consumer in members or consumer.id in ctx.claimed:
+            if consumer.id in group or consumer.id in ctx.claimed:
                 continue
             if not is_elementwise(consumer):
                 continue
@@ -216,29 +239,45 @@ def grow_epilogue(
                 rejected.append(Miss(reason, (source.name, consumer.name)))
                 continue
             candidates.append(consumer)
+            group.add(consumer.id)
             frontier.append((consumer, primary_output(consumer)))
-    order = {node.id: i for i, node in enumerate(ctx.graph.nodes)}
-    changed = True
-    while changed:
-        changed = False
-        group = {*members, *candidates}
-        produced = {t.id: node for node in group for t in node.output_tensors()}
-        for candidate in list(candidates):
+    floor = min(group, default=0)
+    remaining = {node.id: node for node in candidates}
+    found = {node.id: i for i, node in enumerate(candidates)}  # passes judge in this order
+    pending = candidates
+    while pending:
+        clear: set[int] = set()
+        removed = [node for node in pending if _leak_or_cycle(ctx, node, group, floor, clear, rejected)]
+        for node in removed:
+            group.discard(node.id)
+            del remaining[node.id]
+        # Judged again: readers of what a removed node wrote, and co-readers of what it read.
+        touched = {
+            reader.id
+            for node in removed
+            for t in (*node.output_tensors(), *node.input_tensors())
+            for reader in ctx.graph.consumers(t)
+        }
+        pending = sorted((remaining[i] for i in touched if i in remaining), key=lambda n: found[n.id])
+    return [remaining[i] for i in sorted(remaining)], rejected
+
+
+def _leak_or_cycle(
+    ctx: MatchContext, candidate: Node, group: set[int], floor: int, clear: set[int], rejected: list[Miss]
+) -> bool:
+    """Whether ``candidate`` must leave the epilogue ``group``; records the reason in ``rejected``."""
+    for tensor in candidate.input_tensors():
+        writer = ctx.graph.producer(tensor)
+        if writer is not None and writer.id in group:
+            reason = link_reason(ctx, writer, tensor, group, escapes=False)
+        elif ctx.view.depends_on(tensor, group, floor, clear):
+            reason = f"its input '{tensor.name}' is computed from the fused nodes (a cycle)"
+        else:
             reason = None
-            for tensor in candidate.input_tensors():
-                writer = produced.get(tensor.id)
-                if writer is not None:
-                    reason = link_reason(ctx, writer, tensor, group, escapes=False)
-                elif ctx.view.depends_on(tensor, group):
-                    reason = f"its input '{tensor.name}' is computed from the fused nodes (a cycle)"
-                    writer = ctx.graph.producer(tensor)
-                if reason is not None:
-                    rejected.append(Miss(reason, ((writer.name if writer else tensor.name), candidate.name)))
-                    break
-            if reason is not None:
-                candidates.remove(candidate)
-                changed = True
-    return sorted(candidates, key=lambda n: order[n.id]), rejected
+        if reason is not None:
+            rejected.append(Miss(reason, ((writer.name if writer else tensor.name), candidate.name)))
+            return True
+    return False
 
 
 def _no_epilogue(ctx: MatchContext, producer: Node, value: Tensor) -> Miss:
@@ -262,24 +301,57 @@ def _shape_reason(node: Node, value: Tensor) -> str | None:
 
 # -- elementwise groups ---------------------------------------------------------------------
 def _match_group(pattern: Group, ctx: MatchContext, start: Node) -> Outcome:
-    """Grow a group from ``start`` over producer/consumer links, in topological order."""
+    """Grow a group from ``start`` over producer/consumer links, in sweeps in topological order.
+
+    Each sweep visits, in topological order, the nodes linked to the group (including
+    those linked by nodes added earlier in the same sweep) and adds each one that keeps
+    the group convex; sweeps repeat while one adds a node. Only neighbours of the group
+    are visited, and convexity is judged from the group's reach, grown as the group grows.
+    """
     if start.id in ctx.claimed or not is_elementwise(start) or _first_reason(pattern.guards, ctx, start):
         return Outcome(Miss())
+    view, nodes = ctx.view, ctx.graph.nodes
     dims = primary_output(start).dim
-    group = [start]
+    group = {start.id}
+    below, above = view.descendants(), view.ancestors()
+    below.add(start.id)
+    above.add(start.id)
+    excluded: set[int] = set()  # linked nodes that can never join
+    frontier = set(view.neighbours(start.id))
     changed = True
     while changed:
         changed = False
-        for node in ctx.graph.nodes:
-            if node in group or node.id in ctx.claimed or not is_elementwise(node):
+        sweep = sorted(frontier)
+        visited: set[int] = set()
+        while sweep:
+            v = heapq.heappop(sweep)
+            if v in visited or v in group or v in excluded:
                 continue
-            if primary_output(node).dim != dims or not ctx.view.linked(node, group):
+            visited.add(v)
+            node = nodes[v]
+            if (
+                v in ctx.claimed
+                or not is_elementwise(node)
+                or primary_output(node).dim != dims
+                or _first_reason(pattern.guards, ctx, node) is not None
+            ):
+                excluded.add(v)
+                frontier.discard(v)
                 continue
-            if _first_reason(pattern.guards, ctx, node) is not None:
+            leaves_and_returns = any(w not in group and w in above for w in view.succs[v]) or any(
+                u not in group and u in below for u in view.preds[v]
+            )
+            if leaves_and_returns:
                 continue
-            if ctx.view.convex({*group, node}):
-                group.append(node)
-                changed = True
-    order = {node.id: i for i, node in enumerate(ctx.graph.nodes)}
-    members = tuple(sorted(group, key=lambda n: order[n.id]))
+            group.add(v)
+            frontier.discard(v)
+            below.add(v)
+            above.add(v)
+            changed = True
+            for w in view.neighbours(v):
+                if w not in group and w not in excluded:
+                    frontier.add(w)
+                    if w > v:
+                        heapq.heappush(sweep, w)
+    members = tuple(nodes[i] for i in sorted(group))
     return Outcome(Match({}, members, members))

@@ -1,15 +1,16 @@
-"""A networkx view of an operation graph, for the dependency questions fusion asks.
+"""The dependency questions fusion asks of an operation graph, answered in bounded time.
 
-Vertices are node ids; an edge u -> v, labelled with the tensor and the input role,
-means v reads a tensor u writes.
+Vertices are node ids, which are positions in the graph's topological order; an edge
+u -> v means v reads a tensor u writes. Because every edge goes to a later position, a
+path from u to v visits only positions between them: searches stop at that bound, so a
+question about a group costs what the part of the graph it spans costs, never the
+whole graph (fusion stays linear in the size of the graph).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Collection
-from functools import cached_property
-
-import networkx as nx
 
 from graphdnn.ir import Graph, Node, Tensor
 
@@ -17,45 +18,91 @@ from graphdnn.ir import Graph, Node, Tensor
 class GraphView:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.dag = nx.MultiDiGraph()
-        self.dag.add_nodes_from((node.id, {"node": node}) for node in graph.nodes)
+        if any(node.id != i for i, node in enumerate(graph.nodes)):
+            raise ValueError("node ids must be positions in topological order (a validated Graph)")
+        self.preds: list[list[int]] = [[] for _ in graph.nodes]
+        self.succs: list[list[int]] = [[] for _ in graph.nodes]
         for node in graph.nodes:
-            for role, bound in node.inputs:
-                for tensor in bound if isinstance(bound, tuple) else (bound,):
-                    producer = graph.producer(tensor)
-                    if producer is not None:
-                        self.dag.add_edge(producer.id, node.id, tensor=tensor.name, role=role)
+            for tensor in node.input_tensors():
+                producer = graph.producer(tensor)
+                if producer is not None:
+                    self.preds[node.id].append(producer.id)
+                    self.succs[producer.id].append(node.id)
 
-    @cached_property
-    def _descendants(self) -> dict[int, set[int]]:
-        reach: dict[int, set[int]] = {}
-        for node_id in reversed(list(nx.topological_sort(self.dag))):
-            below: set[int] = set()
-            for child in self.dag.successors(node_id):
-                below.add(child)
-                below |= reach[child]
-            reach[node_id] = below
-        return reach
+    def neighbours(self, node_id: int) -> list[int]:
+        """Nodes that write a tensor ``node_id`` reads or read one it writes."""
+        return self.preds[node_id] + self.succs[node_id]
 
-    def depends_on(self, tensor: Tensor, group: Collection[Node]) -> bool:
-        """True when ``tensor`` is computed (directly or not) from a node of ``group``."""
+    def depends_on(self, tensor: Tensor, group: Collection[int], floor: int, clear: set[int]) -> bool:
+        """True when ``tensor`` is computed (directly or not) from a node of ``group`` (ids).
+
+        ``floor`` is at most the smallest id in the group; ``clear`` collects nodes known
+        not to depend on the group, to share work between questions about one group.
+        """
         producer = self.graph.producer(tensor)
         if producer is None:
             return False
-        ids = {node.id for node in group}
-        return producer.id in ids or any(producer.id in self._descendants[i] for i in ids)
-
-    def linked(self, node: Node, group: Collection[Node]) -> bool:
-        """True when ``node`` reads a tensor the group writes, or writes one it reads."""
-        ids = {n.id for n in group}
-        return any(p in ids for p in self.dag.predecessors(node.id)) or any(
-            s in ids for s in self.dag.successors(node.id)
-        )
+        stack, seen = [producer.id], {producer.id}
+        while stack:
+            v = stack.pop()
+            if v in group:
+                return True
+            for u in self.preds[v]:
+                if u >= floor and u not in seen and u not in clear:
+                    seen.add(u)
+                    stack.append(u)
+        clear |= seen
+        return False
 
     def convex(self, group: Collection[Node]) -> bool:
         """True when no path leaves the group and comes back (fusing it makes no cycle)."""
-        ids = {node.id for node in group}
-        outside_below: set[int] = set()
-        for i in ids:
-            outside_below |= self._descendants[i] - ids
-        return not any(self._descendants[o] & ids for o in outside_below)
+        inside = {node.id for node in group}
+        top = max(inside, default=-1)
+        stack = [w for v in inside for w in self.succs[v] if w not in inside and w < top]
+        seen = set(stack)
+        while stack:
+            for w in self.succs[stack.pop()]:
+                if w in inside:
+                    return False
+                if w < top and w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        return True
+
+    def descendants(self) -> Reach:
+        """Nodes reachable from a growing set of seeds (see :class:`Reach`)."""
+        return Reach(self.succs, forward=True)
+
+    def ancestors(self) -> Reach:
+        return Reach(self.preds, forward=False)
+
+
+class Reach:
+    """The nodes reachable from a growing set of seeds, discovered lazily in topological order.
+
+    ``x in reach`` only explores up to x's position, and each node is explored once
+    however many seeds and questions follow, so growing a group node by node and asking
+    about its neighbours costs the size of the region the group spans.
+    """
+
+    def __init__(self, edges: list[list[int]], *, forward: bool) -> None:
+        self._edges = edges
+        self._sign = 1 if forward else -1
+        self._found: set[int] = set()
+        self._pending: list[int] = []  # found, not yet explored; signed positions, nearest first
+
+    def add(self, seed: int) -> None:
+        self._push_neighbours(seed)
+
+    def __contains__(self, node_id: object) -> bool:
+        assert isinstance(node_id, int)
+        bound = self._sign * node_id
+        while self._pending and self._pending[0] < bound:
+            self._push_neighbours(self._sign * heapq.heappop(self._pending))
+        return node_id in self._found
+
+    def _push_neighbours(self, v: int) -> None:
+        for w in self._edges[v]:
+            if w not in self._found:
+                self._found.add(w)
+                heapq.heappush(self._pending, self._sign * w)

@@ -104,6 +104,21 @@ _ALIASES = {
 }
 
 
+def _spellings() -> dict[str, DataType]:
+    """Every spelling as_data_type reads, for one lookup per tensor of a large file: values
+    and names first (the first type in declaration order wins), then the aliases."""
+    spellings: dict[str, DataType] = {}
+    for data_type in DataType:
+        spellings.setdefault(data_type.value, data_type)
+        spellings.setdefault(data_type.name.lower(), data_type)
+    for alias, data_type in _ALIASES.items():
+        spellings.setdefault(alias, data_type)
+    return spellings
+
+
+_BY_SPELLING = _spellings()
+
+
 def as_data_type(value: Any, *, what: str = "data type") -> DataType:
     """Turn what a user wrote for a type into a :class:`DataType`.
 
@@ -119,11 +134,8 @@ def as_data_type(value: Any, *, what: str = "data type") -> DataType:
         key = value.strip().lower()
         if key.startswith("torch."):
             key = key[len("torch.") :]
-        for data_type in DataType:
-            if key in (data_type.value, data_type.name.lower()):
-                return data_type
-        if key in _ALIASES:
-            return _ALIASES[key]
+        if key in _BY_SPELLING:
+            return _BY_SPELLING[key]
         raise DataTypeError(
             f"unknown {what} {value!r}; expected one of " + ", ".join(d.value for d in DataType if d.is_set)
         )

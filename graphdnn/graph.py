@@ -71,6 +71,7 @@ class OperationGraphSpec(OpMethods):
         self._tensor_names: dict[str, TensorSpec] = {}
         self._nodes: list[NodeSpec] = []
         self._node_names: set[str] = set()
+        self._nodes_of_kind: dict[str, int] = {}  # numbers default node names without a scan
 
     @property
     def name(self) -> str:
@@ -249,11 +250,12 @@ class OperationGraphSpec(OpMethods):
             spec._producer = node_name
         self._nodes.append(node)
         self._node_names.add(node_name)
+        self._nodes_of_kind[kind] = self._nodes_of_kind.get(kind, 0) + 1
         return [outputs.get(role.name) for role in op.outputs]
 
     def _fresh_node_name(self, name: str | None, kind: str) -> str:
         if name is None or name == "":
-            index = sum(1 for n in self._nodes if n.op == kind)
+            index = self._nodes_of_kind.get(kind, 0)
             while f"{kind}_{index}" in self._node_names:
                 index += 1
             return f"{kind}_{index}"

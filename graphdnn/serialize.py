@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .dtypes import as_data_type
 from .errors import DataTypeError, FormatError, GraphError
+from .gc_pause import gc_paused
 from .ir import Graph
 from .layout import MAX_RANK
 from .ops.base import get_op
@@ -141,6 +142,7 @@ def load(path: str | os.PathLike[str]) -> OperationGraphSpec:
         raise error.located(file=str(file)) from None
 
 
+@gc_paused()
 def spec_from_json(text: str | bytes) -> OperationGraphSpec:
     """Build and validate the graph a JSON text describes."""
     document = _parse(text)
@@ -278,7 +280,8 @@ class _Reader:
             _expect(isinstance(entry, dict), path, "must be an object")
             _no_unknown_keys(entry, _NODE_KEYS, path)
             kind = entry.get("op")
-            _expect(isinstance(kind, str), f"{path}.op", f"must be an op name, got {_short(kind)}")
+            if not isinstance(kind, str):
+                raise FormatError(f"must be an op name, got {_short(kind)}", path=f"{path}.op")
             op = get_op(kind, path=f"{path}.op")
             name = entry.get("name")
             _expect(
@@ -306,7 +309,7 @@ class _Reader:
                 )
             except GraphError as error:
                 raise error.located(path=error.path or path) from None
-            paths[graph.nodes[-1].name] = path
+            paths[graph._nodes[-1].name] = path  # not graph.nodes: a copy per node is quadratic
         return paths
 
     @staticmethod
@@ -351,26 +354,31 @@ def _no_unknown_keys(entry: dict[str, Any], allowed: set[str], path: str) -> Non
 
 
 def _integer(value: Any, path: str, low: int, high: int) -> int:
-    _expect(isinstance(value, int) and not isinstance(value, bool), path, f"must be an integer, got {_short(value)}")
-    _expect(low <= value <= high, path, f"{value} is outside {low}..{high}")
+    if not isinstance(value, int) or isinstance(value, bool):  # not _expect: its message would cost on every value
+        raise FormatError(f"must be an integer, got {_short(value)}", path=path)
+    if not low <= value <= high:
+        raise FormatError(f"{value} is outside {low}..{high}", path=path)
     return int(value)
 
 
 def _int_list(value: Any, path: str) -> list[int]:
-    _expect(isinstance(value, list), path, f"must be a list of integers, got {_short(value)}")
+    if not isinstance(value, list):
+        raise FormatError(f"must be a list of integers, got {_short(value)}", path=path)
     _expect(1 <= len(value) <= MAX_RANK, path, f"must hold 1 to {MAX_RANK} integers, has {len(value)}")
     return [_integer(v, f"{path}[{i}]", -(2**62), 2**62) for i, v in enumerate(value)]
 
 
 def _boolean(value: Any, path: str) -> bool:
-    _expect(isinstance(value, bool), path, f"must be true or false, got {_short(value)}")
+    if not isinstance(value, bool):
+        raise FormatError(f"must be true or false, got {_short(value)}", path=path)
     return bool(value)
 
 
 def _data_type(value: Any, path: str) -> Any:
     if value is None:
         return None
-    _expect(isinstance(value, str), path, f"must be a data type name, got {_short(value)}")
+    if not isinstance(value, str):
+        raise FormatError(f"must be a data type name, got {_short(value)}", path=path)
     try:
         return as_data_type(value)
     except DataTypeError as error:

@@ -3,28 +3,33 @@
 The canonical form describes the graph completely (every dim, stride, data type,
 attribute, constant value, edge with its role, and which tensors are outputs) but
 without names, uids or the order in which tensors and nodes were declared. Tensors and
-nodes are numbered by *colour refinement* (Weisfeiler-Lehman): each element starts
-from a colour of its own properties, then repeatedly absorbs the colours of its
-neighbours, labelled by role, until the colouring stops splitting. Elements still tied
-are structurally alike; one of the smallest tied class is singled out and refinement
-runs again, until every element has its own colour. The colours then give the order.
+nodes are numbered by *colour refinement* on an ordered partition, as nauty and bliss
+do it: elements start in cells of equal labels, cells in the order of their labels;
+then a cell (the *splitter*) splits every cell whose members see it through different
+edges (counted with their direction, role and position), the parts ordered by what
+they see. When no splitter splits anything, the elements still tied are structurally
+alike; one member of the first tied cell is singled out and refinement goes on, until
+every element has a cell of its own. Its position is its number.
 
+Every step is defined by positions and labels, never by names or ids, so the numbering
+is the same for every declaration of a graph whenever ties are true symmetries, which
+covers the graphs graphdnn is built for. A split re-queues all but its largest part
+(Hopcroft), so numbering costs O(E log N) for a graph of N elements and E edges.
 Because the canonical form lists the whole graph, two different graphs never share a
-signature (short of a SHA-256 collision). Two declarations of the same graph get the
-same one whenever ties are true symmetries, which covers the graphs graphdnn is built
-for; the colours are blake2b digests, so they are the same on every machine and in
-every Python process.
+signature (short of a SHA-256 collision).
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from typing import Any
 
+from .gc_pause import gc_paused
 from .ir import Graph
 
-FORM_VERSION = 1
+FORM_VERSION = 2
 
 
 def signature(graph: Graph) -> str:
@@ -57,21 +62,24 @@ def _hash(form: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+@gc_paused()
 def _canonical(graph: Graph) -> tuple[dict[str, Any], tuple[int, ...]]:
-    tensor_rank, node_rank = _canonical_order(graph)
-    order = tuple(sorted((t.id for t in graph.tensors), key=lambda tid: tensor_rank[tid]))
+    tensor_labels = [_tensor_label(t) for t in graph.tensors]
+    node_labels = [_node_label(n) for n in graph.nodes]
+    rank = _canonical_ranks(graph, tensor_labels, node_labels)
+    first = len(graph.tensors)
+    order = tuple(sorted(range(first), key=rank.__getitem__))
     tensor_index = {tid: position for position, tid in enumerate(order)}
-    tensors = [None] * len(graph.tensors)
-    for t in graph.tensors:
-        tensors[tensor_index[t.id]] = _tensor_label(t)  # type: ignore[call-overload]
     nodes = []
-    for node in sorted(graph.nodes, key=lambda n: node_rank[n.id]):
+    for i in sorted(range(len(graph.nodes)), key=lambda i: rank[first + i]):
+        node = graph.nodes[i]
         inputs = [
             [role, [tensor_index[t.id] for t in bound] if isinstance(bound, tuple) else tensor_index[bound.id]]
             for role, bound in node.inputs
         ]
         outputs = [[role, tensor_index[t.id]] for role, t in node.outputs]
-        nodes.append([*_node_label(node), inputs, outputs])
+        nodes.append([*node_labels[i], inputs, outputs])
+    tensors = [tensor_labels[tid] for tid in order]
     return {"form": FORM_VERSION, "tensors": tensors, "nodes": nodes}, order
 
 
@@ -83,62 +91,140 @@ def _node_label(node: Any) -> list[Any]:
     return [node.op, node.attributes.to_json(), node.compute_data_type.value]
 
 
-def _digest(*parts: Any) -> str:
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+def _canonical_ranks(graph: Graph, tensor_labels: list[list[Any]], node_labels: list[list[Any]]) -> list[int]:
+    """A canonical position for every element: tensor ``t.id``, then node ``first + i``."""
+    first = len(graph.tensors)
+    texts: dict[Any, str] = {}  # most elements share their label with many others: encode each once
+    labels = []
+    for t, label in zip(graph.tensors, tensor_labels, strict=True):
+        key = ("t", t.dim, t.stride, t.data_type, t.is_virtual, t.is_pass_by_value, type(t.value), t.value)
+        labels.append(texts.get(key) or texts.setdefault(key, json.dumps(["t", *label], sort_keys=True)))
+    labels += [json.dumps(["n", *label], sort_keys=True) for label in node_labels]
+    partition = _Partition(labels, _edges(graph, first))
+    partition.refine()
+    while (tied := partition.first_tied_cell()) is not None:
+        partition.single_out(tied)
+        partition.refine()
+    return partition.pos
 
 
-def _canonical_order(graph: Graph) -> tuple[dict[int, str], dict[int, str]]:
-    """Final, all-distinct colours of tensors and nodes (ids -> colour)."""
-    tensor_color = {t.id: _digest("t", *_tensor_label(t), graph.producer(t) is None) for t in graph.tensors}
-    node_color = {n.id: _digest("n", *_node_label(n)) for n in graph.nodes}
-    # Edges, from each side: tensor -> [(direction, role, position, node)], node -> its bindings.
-    tensor_edges: dict[int, list[tuple[str, str, int, int]]] = {t.id: [] for t in graph.tensors}
-    for node in graph.nodes:
+def _edges(graph: Graph, first: int) -> list[list[tuple[int, int]]]:
+    """For each element, its neighbours with the label of the edge as the neighbour sees it.
+
+    Labels are (direction, role, position) tuples, numbered in sorted order so that the
+    numbers are as canonical as the labels.
+    """
+    raw: list[tuple[int, int, tuple[int, str, int], tuple[int, str, int]]] = []
+    for i, node in enumerate(graph.nodes):
         for role, bound in node.inputs:
             for position, t in enumerate(bound if isinstance(bound, tuple) else (bound,)):
-                tensor_edges[t.id].append(("read by", role, position, node.id))
+                raw.append((first + i, t.id, (0, role, position), (2, role, position)))
         for role, t in node.outputs:
-            tensor_edges[t.id].append(("written by", role, 0, node.id))
-
-    def refine() -> None:
-        distinct = len(set(tensor_color.values())) + len(set(node_color.values()))
-        while True:
-            new_nodes = {}
-            for node in graph.nodes:
-                ins = [
-                    [role, [tensor_color[t.id] for t in bound] if isinstance(bound, tuple) else tensor_color[bound.id]]
-                    for role, bound in node.inputs
-                ]
-                outs = [[role, tensor_color[t.id]] for role, t in node.outputs]
-                new_nodes[node.id] = _digest(node_color[node.id], ins, outs)
-            new_tensors = {
-                tid: _digest(color, sorted([d, r, p, node_color[n]] for d, r, p, n in tensor_edges[tid]))
-                for tid, color in tensor_color.items()
-            }
-            tensor_color.update(new_tensors)
-            node_color.update(new_nodes)
-            now = len(set(tensor_color.values())) + len(set(node_color.values()))
-            if now == distinct:
-                return
-            distinct = now
-
-    refine()
-    while True:
-        tied = _smallest_tied_class(tensor_color) or _smallest_tied_class(node_color)
-        if tied is None:
-            return tensor_color, node_color
-        colors, members = tied
-        # Single out one member; refinement then separates everything it distinguishes.
-        colors[members[0]] = _digest("individualized", colors[members[0]])
-        refine()
+            raw.append((first + i, t.id, (1, role, 0), (3, role, 0)))
+    number = {label: n for n, label in enumerate(sorted({r[2] for r in raw} | {r[3] for r in raw}))}
+    adjacent: list[list[tuple[int, int]]] = [[] for _ in range(first + len(graph.nodes))]
+    for element, tensor, seen_by_tensor, seen_by_node in raw:
+        adjacent[element].append((tensor, number[seen_by_tensor]))
+        adjacent[tensor].append((element, number[seen_by_node]))
+    return adjacent
 
 
-def _smallest_tied_class(colors: dict[int, str]) -> tuple[dict[int, str], list[int]] | None:
-    classes: dict[str, list[int]] = {}
-    for element, color in colors.items():
-        classes.setdefault(color, []).append(element)
-    tied = [color for color, members in classes.items() if len(members) > 1]
-    if not tied:
-        return None
-    return colors, sorted(classes[min(tied)])
+class _Partition:
+    """An ordered partition of elements 0..n-1 into cells of consecutive positions.
+
+    ``perm[p]`` is the element at position p and ``pos`` its inverse; ``cell[x]`` is the
+    first position of x's cell, which names the cell, and ``size[c]`` its size. Splitting
+    keeps the part that saw nothing at the cell's start, so only elements that saw the
+    splitter move: refinement costs what the splitter's edges cost.
+    """
+
+    def __init__(self, labels: list[str], adjacent: list[list[tuple[int, int]]]) -> None:
+        n = len(labels)
+        self.adjacent = adjacent
+        self.perm = sorted(range(n), key=labels.__getitem__)
+        self.pos = [0] * n
+        self.cell = [0] * n
+        self.size = [0] * n
+        start = 0
+        for p, x in enumerate(self.perm):
+            if labels[x] != labels[self.perm[start]]:
+                self.size[start] = p - start
+                start = p
+            self.pos[x] = p
+            self.cell[x] = start
+        if n:
+            self.size[start] = n - start
+        self.queue = sorted(set(self.cell))
+        self.queued = set(self.queue)
+        self.tied_from = 0  # no position before it is in a tied cell
+
+    def refine(self) -> None:
+        """Split by queued cells until the partition is equitable."""
+        while self.queue:
+            splitter = heapq.heappop(self.queue)
+            self.queued.discard(splitter)
+            seen: dict[int, list[int]] = {}
+            for s in self.perm[splitter : splitter + self.size[splitter]]:
+                for x, label in self.adjacent[s]:
+                    if x in seen:
+                        seen[x].append(label)
+                    else:
+                        seen[x] = [label]
+            by_cell: dict[int, list[int]] = {}
+            for x in seen:
+                by_cell.setdefault(self.cell[x], []).append(x)
+            for c, members in by_cell.items():
+                if self.size[c] > 1:
+                    self._split(c, members, seen)
+
+    def _split(self, c: int, members: list[int], seen: dict[int, list[int]]) -> None:
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for x in members:
+            labels = seen[x]
+            groups.setdefault(tuple(sorted(labels)) if len(labels) > 1 else (labels[0],), []).append(x)
+        end = c + self.size[c]
+        rest = end - len(members)  # members that saw nothing stay in [c, rest)
+        if len(groups) == 1 and rest == c:
+            return
+        perm, pos, cell = self.perm, self.pos, self.cell
+        boundary = end
+        for x in members:  # move the members to the end of the cell
+            boundary -= 1
+            p, y = pos[x], perm[boundary]
+            perm[p], pos[y] = y, p
+            perm[boundary], pos[x] = x, boundary
+        parts = [c] if rest > c else []
+        p = rest
+        for key in sorted(groups):
+            parts.append(p)
+            for x in groups[key]:
+                perm[p], pos[x], cell[x] = x, p, parts[-1]
+                p += 1
+        bounds = [*parts[1:], end]
+        for start, stop in zip(parts, bounds, strict=True):
+            self.size[start] = stop - start
+        if c in self.queued:
+            fresh = parts[1:]
+        else:
+            largest = max(parts, key=self.size.__getitem__)
+            fresh = [start for start in parts if start != largest]
+        for start in fresh:
+            heapq.heappush(self.queue, start)
+            self.queued.add(start)
+
+    def first_tied_cell(self) -> int | None:
+        while self.tied_from < len(self.perm) and self.size[self.tied_from] == 1:
+            self.tied_from += 1
+        return self.tied_from if self.tied_from < len(self.perm) else None
+
+    def single_out(self, c: int) -> None:
+        """Give one member of cell ``c`` a cell of its own, after the others."""
+        last = c + self.size[c] - 1
+        x, y = self.perm[c], self.perm[last]
+        self.perm[c], self.pos[y] = y, c
+        self.perm[last], self.pos[x] = x, last
+        self.cell[x] = last
+        self.size[c] -= 1
+        self.size[last] = 1
+        heapq.heappush(self.queue, last)
+        self.queued.add(last)

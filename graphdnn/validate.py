@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .dtypes import DataType
 from .errors import DataTypeError, GraphError, ShapeError, StructureError
+from .gc_pause import gc_paused
 from .ir import Graph, Node, Tensor
 from .layout import check_dims, check_strides, numel, packed_strides
 from .ops.base import Inferred, Op
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from .tensor import TensorSpec
 
 
+@gc_paused()
 def validate(spec: OperationGraphSpec) -> Graph:
     """Return the frozen IR of ``spec`` or raise a GraphError saying what is wrong."""
     for what in ("intermediate_data_type", "compute_data_type"):
