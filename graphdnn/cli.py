@@ -71,12 +71,12 @@ def _validate(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     spec: OperationGraphSpec = serialize.load(args.file)
     ir = spec.validate()
-    print(printable(describe(ir)))
+    print(printable(describe(ir), lines=True))
     if args.fused or args.dot:
         partition = fuse(ir, arch=args.arch, disable=args.disable)
         if args.fused:
             print()
-            print(partition.describe())
+            print(printable(partition.describe(), lines=True))
         if args.dot:
             from fusion_rules.dot import to_dot
 

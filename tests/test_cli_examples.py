@@ -43,6 +43,8 @@ def test_inspect_prints_shapes_and_signature(capsys: pytest.CaptureFixture[str])
     assert gd.load(path).signature() in out
     assert "conv1.conv: conv_fprop(image=x, weight=conv1.weight)" in out
     assert "-> y: y: 32x256x56x56 bfloat16 stride [802816, 1, 14336, 256]" in out
+    assert "\\x0a" not in out  # names are escaped line by line; the listing keeps its lines
+    assert "\n      -> y: y: 32x256x56x56" in out
 
 
 def test_a_bad_file_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
