@@ -1,7 +1,7 @@
 """Every graph the test suite validates must compile for sm_80 and sm_90.
 
 conftest installs :data:`RECORDER`, which keeps each graph the validator accepts during the
-session (distinct by signature); ``test_compile_every_graph`` compiles them after every
+session (deduplicated by signature); ``test_compile_every_graph`` compiles them after every
 other test. :func:`compile_graphs` fuses and emits each graph for each target, then gives
 NVRTC each distinct kernel (by content hash) once, in parallel: the suite's ~1,000 distinct
 graphs share most of their kernels, and a kernel compiled once in the session is not
@@ -27,10 +27,12 @@ MAX_NODES = 2000
 
 
 class GraphRecorder:
-    """Keeps every graph ``graphdnn.validate.validate`` returns while installed."""
+    """Keeps every graph ``graphdnn.validate.validate`` returns while installed (counting,
+    not keeping, those over MAX_NODES)."""
 
     def __init__(self) -> None:
-        self.graphs: dict[str, Graph] = {}
+        self._graphs: list[Graph] = []
+        self.too_large = 0
         self._original: Callable[[Any], Graph] | None = None
 
     def install(self) -> None:
@@ -40,10 +42,21 @@ class GraphRecorder:
 
         def validate(spec: Any) -> Graph:
             graph = original(spec)
-            self.graphs.setdefault(signature(graph), graph)
+            if len(graph.nodes) > MAX_NODES:
+                self.too_large += 1
+            else:
+                self._graphs.append(graph)  # deduplicated later, so a test's validate costs nothing more
             return graph
 
         graphdnn.validate.validate = validate
+
+    def graphs(self) -> dict[str, Graph]:
+        """The graphs recorded so far, one per signature."""
+        distinct: dict[str, Graph] = {}
+        for graph in self._graphs:
+            distinct.setdefault(signature(graph), graph)
+        self._graphs = list(distinct.values())
+        return distinct
 
     def uninstall(self) -> None:
         import graphdnn.validate
@@ -59,7 +72,6 @@ RECORDER = GraphRecorder()
 @dataclass
 class CompileReport:
     graphs: int = 0  # graphs fused and emitted for every target
-    too_large: int = 0  # graphs over MAX_NODES, not compiled
     kernels: int = 0  # distinct (target, kernel) pairs these graphs need
     compiled: int = 0  # of them, compiled now (the others were compiled earlier in the session)
     failures: list[str] = field(default_factory=list)
@@ -76,9 +88,6 @@ def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) ->
     report = CompileReport()
     pending: dict[tuple[int, str], tuple[KernelSource, Graph]] = {}
     for graph in graphs:
-        if len(graph.nodes) > MAX_NODES:
-            report.too_large += 1
-            continue
         report.graphs += 1
         for target in targets:
             try:
@@ -96,7 +105,8 @@ def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) ->
         try:
             compile_cubin(source.source, source.name, target, source.arch_suffix)
         except Exception as error:
-            return f"{describe(graph)}: kernel {source.name} for sm_{target}{source.arch_suffix}: {error}"
+            log = "\n".join(str(error).splitlines()[:24])  # the first errors and their lines are enough
+            return f"{describe(graph)}: kernel {source.name} for sm_{target}{source.arch_suffix}: {log}"
         _COMPILED.add((target, content_hash))
         return None
 
