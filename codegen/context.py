@@ -60,7 +60,6 @@ def kernel_source(
     ctx: EmitContext,
     fused: FusedNode,
     pattern: str,
-    tensors: Iterable[Tensor],
     params: KernelParams,
     threads: int,
     body: str,
@@ -73,12 +72,11 @@ def kernel_source(
     Generated identifiers (t12, v7, ...) are renumbered by first appearance, so a fused node
     that appears in two graphs gives the same source, name and cubin whatever its tensor ids.
     """
-    types = {t.data_type for t in tensors}
     bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
     function, renamed = canonical_identifiers(
         f'extern "C" __global__ void __launch_bounds__({bounds}) KERNEL({", ".join(params.declarations)}) {{\n{body}}}\n'
     )
-    name = kernel_name(pattern, function + ",".join(sorted(headers_for(types))))
+    name = kernel_name(pattern, function)  # the headers follow from the function's text
     function = function.replace(" KERNEL(", f" {name}(", 1)
     members = ", ".join(f"{n.name} ({n.op})" for n in fused.nodes)
     legend = [
@@ -92,7 +90,7 @@ def kernel_source(
         f"fused node {fused.name} (rule {fused.rule}): {members}\n"
         f"parameters: {', '.join(legend)}"
     )
-    return name, compose(header=header, headers=headers_for(types), body=function)
+    return name, compose(header=header, headers=headers_for(function), body=function)
 
 
 _GENERATED = re.compile(r"\b(t|s|v|r|a|o|in|out|base|col|exact)(\d+)\b")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from graphdnn.dtypes import DataType
@@ -41,9 +42,10 @@ def compute_type(types: Iterable[DataType]) -> str:
     return "double" if DataType.DOUBLE in set(types) else "float"
 
 
-def headers_for(types: Iterable[DataType]) -> list[str]:
-    """The CUDA headers the given types need (fp16/bf16/fp8 only when used)."""
-    needed = {_HEADERS[t] for t in types if t in _HEADERS}
+def headers_for(source: str) -> list[str]:
+    """The CUDA headers a kernel's source needs: those declaring the fp16/bf16/fp8 types it
+    names, wherever they appear (tensors, rounded virtual values, casts), and no others."""
+    needed = {_HEADERS[t] for t in _HEADERS if re.search(rf"\b{CUDA_TYPE[t]}\b", source)}
     # cuda_fp8.h declares conversions through half and bfloat16.
     if "cuda_fp8.h" in needed:
         needed |= {"cuda_fp16.h", "cuda_bf16.h"}

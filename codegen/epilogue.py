@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from graphdnn.dtypes import round_to
 from graphdnn.ir import Node, Tensor
 
 from .cuda_types import rounded
@@ -62,9 +63,8 @@ class Values:
 
 def rounded_constant(tensor: Tensor) -> float:
     """A constant scalar's value as its data type holds it (the reference rounds it too)."""
-    import numpy as np
-
-    return float(np.asarray(tensor.value, dtype=np.float64).astype(tensor.data_type.numpy))
+    assert tensor.value is not None
+    return float(round_to(tensor.data_type, float(tensor.value)))
 
 
 def apply(nodes: Iterable[Node], values: Values) -> None:

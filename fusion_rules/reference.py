@@ -24,11 +24,12 @@ from typing import Any, cast
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from graphdnn.dtypes import round_to
 from graphdnn.errors import StructureError, UnsupportedError
 from graphdnn.ir import Graph, Node, Tensor
 from graphdnn.ops.conv import ConvMode, conv_attrs
 from graphdnn.ops.norms import NormOp
-from graphdnn.reference import FeedKey, bind_feeds, operands, output_arrays, round_to
+from graphdnn.reference import FeedKey, bind_feeds, operands, output_arrays
 
 from .partition import Family, FusedNode, Partition, is_elementwise
 

@@ -1,4 +1,5 @@
-"""Data types: the enum, what users may write for one, and their NumPy counterparts."""
+"""Data types: the enum, what users may write for one, their NumPy counterparts, and the one
+rule for rounding a value to a type."""
 
 from __future__ import annotations
 
@@ -148,3 +149,37 @@ def as_data_type(value: Any, *, what: str = "data type") -> DataType:
     if dtype in _BY_NUMPY:
         return _BY_NUMPY[dtype]
     raise DataTypeError(f"NumPy dtype {dtype} has no graphdnn {what}")
+
+
+def round_to(data_type: DataType, values: Any) -> np.ndarray:
+    """``values`` (float64) rounded to ``data_type`` and back, as storing them would.
+
+    The one rounding rule: the reference backend, variant-pack scalars and the constants
+    compiled into kernels all use it, and the kernels' own conversions (``gd::from`` in
+    codegen/include/graphdnn.cuh) compute the same. Floating types: nearest, ties to even
+    (ml_dtypes for bf16 and fp8); overflow gives inf, or NaN for fp8_e4m3. Integer types:
+    nearest, ties to even, then saturated to the type's range, NaN becoming 0 (as the GPU's
+    ``cvt.rni.sat`` does). Boolean: 1 for non-zero, NaN becoming 0.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if data_type.is_floating:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return values.astype(data_type.numpy).astype(np.float64)
+    if data_type is DataType.BOOLEAN:
+        return (np.nan_to_num(values) != 0).astype(np.float64)
+    low, high = _INTEGER_RANGE[data_type]
+    return np.clip(np.rint(np.nan_to_num(values)), low, high)
+
+
+def _float_range(dtype: np.dtype) -> tuple[float, float]:
+    """The integer type's range as float64 values that convert back exactly: int64's maximum
+    (2**63 - 1) is no float64, so its saturation limit is the largest float64 below 2**63
+    (kernels saturate to 2**63 - 1 itself, 1023 away: a relative 1e-16)."""
+    info = np.iinfo(dtype)
+    high = float(info.max)
+    return float(info.min), high if high <= info.max else float(np.nextafter(high, 0.0))
+
+
+_INTEGER_RANGE = {
+    t: _float_range(t.numpy) for t in DataType if t.is_set and not t.is_floating and t is not DataType.BOOLEAN
+}

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DataType
+from .dtypes import round_to
 from .errors import FeedError, GraphError
 from .ir import Graph, Node, Tensor
 
@@ -124,18 +124,3 @@ def _check_feed(t: Tensor, value: Any) -> np.ndarray:
             tensor=t.name,
         )
     return value.astype(np.float64)
-
-
-def round_to(data_type: DataType, values: np.ndarray) -> np.ndarray:
-    """Round float64 ``values`` to ``data_type`` and back, as storing them would.
-
-    Integers truncate toward zero and saturate; booleans are "non-zero"; NaN becomes 0
-    for integer and boolean types.
-    """
-    if data_type.is_floating:
-        with np.errstate(over="ignore"):
-            return values.astype(data_type.numpy).astype(np.float64)
-    if data_type is DataType.BOOLEAN:
-        return (np.nan_to_num(values) != 0).astype(np.float64)
-    info = np.iinfo(data_type.numpy)
-    return np.clip(np.trunc(np.nan_to_num(values)), info.min, info.max).astype(np.float64)

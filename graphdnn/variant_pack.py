@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from .dtypes import round_to
 from .errors import FeedError
 from .ir import Graph, Tensor
-from .reference import resolve_tensor, round_to
+from .reference import resolve_tensor
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def scalar_value(t: Tensor, value: Any) -> float:
     if isinstance(value, np.ndarray) and value.size == 1:
         value = value.reshape(-1)[0]
     if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
-        return float(round_to(t.data_type, np.array([float(value)]))[0])
+        return float(round_to(t.data_type, float(value)))
     raise FeedError(
         f"is a pass-by-value scalar: give a Python number or a one-element host array, not a {type(value).__name__}",
         tensor=t.name,

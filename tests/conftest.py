@@ -1,4 +1,5 @@
-"""Shared fixtures: a seeded generator and a one-call run of the reference backend."""
+"""Shared fixtures: a seeded generator and a one-call run of the reference backend; the
+recording of every graph the suite validates, which the last test compiles."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 import graphdnn as gd
 from graphdnn import reference
+
+from .compile_check import RECORDER
 
 
 @pytest.fixture
@@ -61,8 +64,19 @@ def _gpu_present() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "compile_last: runs after every other test (it compiles their graphs)")
+    RECORDER.install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    RECORDER.uninstall()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` skip, visibly, where there is no NVIDIA GPU (or no torch to drive it)."""
+    """Tests marked `compile_last` run last; tests marked `gpu` skip, visibly, where there is
+    no NVIDIA GPU (or no torch to drive it)."""
+    items.sort(key=lambda item: "compile_last" in item.keywords)  # stable: the others keep their order
     if _gpu_present():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU and torch")

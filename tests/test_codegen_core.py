@@ -52,6 +52,19 @@ def test_headers_for_narrow_types_only_when_used() -> None:
     assert "#include" not in fp32
 
 
+@pytest.mark.parametrize(("intermediate", "header"), [("half", "cuda_fp16.h"), ("bfloat16", "cuda_bf16.h")])
+def test_narrow_intermediates_of_a_float_graph_include_their_header(intermediate: str, header: str) -> None:
+    """Only the virtual values are half or bf16 here: the header follows from the source, not
+    from the tensors' types (before, NVRTC said '__half is undefined')."""
+    g = gd.OperationGraphSpec(io_data_type="float", intermediate_data_type=intermediate)
+    x = g.tensor(dim=[4, 9])
+    g.sub(g.neg(g.add(g.elu(x), x)), x).set_output(True)
+    (kernel,) = kernels(g)
+    assert f"#include <{header}>" in kernel.source
+    for arch in (80, 90):
+        assert compile_cubin(kernel.source, kernel.name, arch)
+
+
 def test_a_compile_error_shows_the_log_and_the_generated_line() -> None:
     source = 'extern "C" __global__ void k(float* x) {\n  x[0] = 1.0f;\n  x[1] = undefined_name;\n}\n'
     with pytest.raises(CompileError) as raised:

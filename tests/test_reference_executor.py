@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import graphdnn as gd
-from graphdnn.dtypes import DataType
-from graphdnn.reference import execute, round_to
+from graphdnn.dtypes import DataType, round_to
+from graphdnn.reference import execute
 
 
 def scaled_sum_graph(io: str = "float") -> tuple[gd.OperationGraphSpec, gd.TensorSpec]:
@@ -133,22 +133,29 @@ def test_every_tensor_is_rounded_to_its_own_type_between_nodes() -> None:
     [
         (
             "int8",
-            [1.9, -1.9, 0.5, -0.5, 126.7, 127.9, 300.0, -128.9, -1e9, math.nan],
-            [1, -1, 0, 0, 126, 127, 127, -128, -128, 0],
+            [1.9, -1.9, 0.5, -0.5, 1.5, 2.5, -2.5, 126.7, 127.9, 300.0, -128.9, -1e9, math.nan],
+            [2, -2, 0, 0, 2, 2, -2, 127, 127, 127, -128, -128, 0],
         ),
-        ("uint8", [1.9, -0.9, -5.0, 254.99, 256.0, math.nan], [1, 0, 0, 254, 255, 0]),
+        ("uint8", [1.9, -0.9, -5.0, 254.5, 254.99, 256.0, math.nan], [2, 0, 0, 254, 255, 255, 0]),
         (
             "int32",
-            [2.0**31, -(2.0**31) - 5, -7.99, math.inf, -math.inf],
-            [2**31 - 1, -(2**31), -7, 2**31 - 1, -(2**31)],
+            [2.0**31, -(2.0**31) - 5, -7.99, -7.5, math.inf, -math.inf],
+            [2**31 - 1, -(2**31), -8, -8, 2**31 - 1, -(2**31)],
         ),
         ("boolean", [0.0, -0.0, 0.1, -3.0, math.nan], [0, 0, 1, 1, 0]),
     ],
 )
-def test_round_to_integer_types_truncates_and_saturates(
+def test_round_to_integer_types_rounds_half_to_even_and_saturates(
     data_type: str, values: list[float], expected: list[int]
 ) -> None:
     np.testing.assert_array_equal(round_to(DataType(data_type), np.array(values)), expected)
+
+
+def test_round_to_int64_saturates_to_values_that_convert_back() -> None:
+    """int64's maximum is no float64: the limit is the largest float64 below 2**63, which
+    converts back to int64 exactly (2**63 itself would wrap to the minimum)."""
+    rounded = round_to(DataType.INT64, np.array([1e30, math.inf, -1e30])).astype(np.int64)
+    np.testing.assert_array_equal(rounded, [2**63 - 1024, 2**63 - 1024, -(2**63)])
 
 
 def test_round_to_floating_types_matches_numpy_and_ml_dtypes() -> None:
@@ -161,16 +168,16 @@ def test_round_to_floating_types_matches_numpy_and_ml_dtypes() -> None:
     np.testing.assert_array_equal(round_to(DataType.DOUBLE, values), values)
 
 
-def test_integer_outputs_saturate_and_truncate() -> None:
+def test_integer_outputs_saturate_and_round_half_to_even() -> None:
     g = gd.OperationGraphSpec(name="g", io_data_type="float")
-    x = g.tensor([6], name="x")
-    y = g.mul(x, 100.0).set_output(True).set_data_type("int8")
-    u = g.mul(x, 100.0).set_output(True).set_data_type("uint8")
-    feeds = {"x": np.array([0.0199, -0.0199, 1.57, -2.999, 1.265, np.nan], np.float32)}
+    x = g.tensor([7], name="x")
+    y = g.mul(x, 0.5).set_output(True).set_data_type("int8")
+    u = g.mul(x, 0.5).set_output(True).set_data_type("uint8")
+    feeds = {"x": np.array([3.98, -3.98, 314.0, -599.98, 5.0, 3.0, np.nan], np.float32)}  # x / 2: 2.5 and 1.5 tie
     out = execute(g, feeds)
     assert out[y.name].dtype == np.int8 and out[u.name].dtype == np.uint8
-    np.testing.assert_array_equal(out[y.name], [1, -1, 127, -128, 126, 0])
-    np.testing.assert_array_equal(out[u.name], [1, 0, 157, 0, 126, 0])
+    np.testing.assert_array_equal(out[y.name], [2, -2, 127, -128, 2, 2, 0])
+    np.testing.assert_array_equal(out[u.name], [2, 0, 157, 0, 2, 2, 0])
 
 
 def test_outputs_only_virtual_tensors_stay_inside() -> None:

@@ -291,5 +291,5 @@ def _apply_kernel(
         *("  " + s for s in coordinates("p", dims, order, "q", itype) + element("q", False)),
         "}",
     ]
-    name, source = kernel_source(ctx, fused, f"{pattern}_apply", tensors, params, THREADS, indent(body, 1))
+    name, source = kernel_source(ctx, fused, f"{pattern}_apply", params, THREADS, indent(body, 1))
     return Kernel(name, source, (blocks, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings))

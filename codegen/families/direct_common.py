@@ -89,5 +89,5 @@ def make_kernel(
     *,
     alignment: int = 16,
 ) -> Kernel:
-    name, source = kernel_source(ctx, fused, pattern, tensors_of(fused), params, THREADS, indent(body, 1))
+    name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1))
     return Kernel(name, source, grid, (THREADS, 1, 1), 0, tuple(params.bindings), alignment=alignment)

@@ -98,6 +98,6 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         *("  " + line for line in element("p", None)),
         "}",
     ]
-    name, source = kernel_source(ctx, fused, pattern_name(fused), tensors, params, THREADS, indent(body, 1))
+    name, source = kernel_source(ctx, fused, pattern_name(fused), params, THREADS, indent(body, 1))
     kernel = Kernel(name, source, (blocks, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings), alignment=16)
     return FusedProgram(fused.name, (kernel,))

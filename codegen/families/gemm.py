@@ -250,9 +250,7 @@ def _simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     inner += _Epilogue(fused, p, names, compute).statements("acc")
     body += ["  " + line for line in inner] + ["}"]
     blocks = min(max(1, -(-out.numel // SIMT_THREADS)), MAX_BLOCKS)
-    name, source = kernel_source(
-        ctx, fused, pattern_name(fused) + "_simt", tensors, params, SIMT_THREADS, indent(body, 1)
-    )
+    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_simt", params, SIMT_THREADS, indent(body, 1))
     return Kernel(name, source, (blocks, 1, 1), (SIMT_THREADS, 1, 1), 0, tuple(params.bindings))
 
 
@@ -416,7 +414,7 @@ def _tensor_core_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: Ti
     body = (ASYNC_COPY_PRELUDE + _MMA_PRELUDE).replace(
         "MMA_TYPE", "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
     )
-    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_mma", tensors, params, threads, indent(lines, 1))
+    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_mma", params, threads, indent(lines, 1))
     source = source.replace('extern "C" __global__', body + '\nextern "C" __global__', 1)
     grid = (-(-p.m // bm), -(-p.n // bn), math.prod(p.batch) if p.batch else 1)
     return Kernel(name, source, grid, (threads, 1, 1), shared, tuple(params.bindings), alignment=16)

@@ -178,7 +178,7 @@ def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
 
     elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
     prelude = _prelude(bn, elem, 1 if layout == "kn" else 0)
-    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_wgmma", tensors, params, threads, indent(lines, 1))
+    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_wgmma", params, threads, indent(lines, 1))
     source = source.replace('extern "C" __global__', prelude + '\nextern "C" __global__', 1)
     grid = (-(-p.m // bm), -(-p.n // bn), math.prod(p.batch) if p.batch else 1)
     return Kernel(name, source, grid, (threads, 1, 1), shared, tuple(params.bindings), alignment=16, arch_suffix="a")

@@ -195,9 +195,8 @@ class _SetKernel:
         ]
 
     def kernel(self) -> Kernel:
-        members = [t for node in self.fused.nodes for t in (*node.input_tensors(), *node.output_tensors())]
         name, source = kernel_source(
-            self.ctx, self.fused, pattern_name(self.fused), members, self.params, self.threads, indent(self.body(), 1)
+            self.ctx, self.fused, pattern_name(self.fused), self.params, self.threads, indent(self.body(), 1)
         )
         blocks = min(self.layout.sets, 2**31 - 1)
         return Kernel(name, source, (blocks, 1, 1), (self.threads, 1, 1), 0, tuple(self.params.bindings))

@@ -399,8 +399,7 @@ def _walk_kernel(
             body += ["  {", *("    " + s for s in aliases(walk.kept, "o", "q", itype, moved) + statements), "  }"]
     body.append("}")
     label = f"{pattern}_{'rows' if walk.rows else 'columns'}{'_partial' if finish is None else ''}"
-    tensors = [x, *(finish.inputs + finish.outputs if finish else ())]
-    name, source = kernel_source(ctx, fused, label, tensors, params, walk.threads, indent(body, 1))
+    name, source = kernel_source(ctx, fused, label, params, walk.threads, indent(body, 1))
     grid = (walk.blocks, walk.chunks, 1)
     return Kernel(name, source, grid, (walk.threads, 1, 1), shared, tuple(params.bindings))
 
@@ -445,9 +444,8 @@ def _combine_kernel(
         shift = "shift"
     body += ["  " + s for s in finish.statements(names, [f"acc[{i}]" for i in range(width)], "o", shift)]
     body.append("}")
-    tensors = [x, *finish.inputs, *finish.outputs]
     threads = lanes * depth
-    name, source = kernel_source(ctx, fused, f"{pattern}_combine", tensors, params, threads, indent(body, 1))
+    name, source = kernel_source(ctx, fused, f"{pattern}_combine", params, threads, indent(body, 1))
     shared = threads * width * type_bytes(merged)
     grid = (-(-walk.outputs // lanes), 1, 1)
     return Kernel(name, source, grid, (threads, 1, 1), shared, tuple(params.bindings))
@@ -607,9 +605,7 @@ def _emit_softmax(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         body, threads, shared, blocks, label = _softmax_columns(
             softmax, plan_walk(x, kept, tensors, slot_bytes=type_bytes(compute), along=fused.outputs, split=False)
         )
-    name, source = kernel_source(
-        ctx, fused, f"{pattern_name(fused)}_{label}", tensors, params, threads, indent(body, 1)
-    )
+    name, source = kernel_source(ctx, fused, f"{pattern_name(fused)}_{label}", params, threads, indent(body, 1))
     kernel = Kernel(name, source, (blocks, 1, 1), (threads, 1, 1), shared, tuple(params.bindings))
     return FusedProgram(fused.name, (kernel,))
 

@@ -774,13 +774,11 @@ class _RowKernel:
         ]
 
     def kernel(self) -> Kernel:
-        members = [t for node in self.fused.nodes for t in (*node.input_tensors(), *node.output_tensors())]
         threads = self.config.threads
         name, source = kernel_source(
             self.ctx,
             self.fused,
             pattern_name(self.fused),
-            members,
             self.params,
             threads,
             indent(self.body(), 1),

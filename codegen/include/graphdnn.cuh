@@ -7,9 +7,9 @@ namespace gd {
 
 // ---- element conversions ---------------------------------------------------------------
 // Elem<T>::get turns a stored element into the compute type; Elem<T>::put rounds a
-// compute value into T: nearest-even for floats, truncation with saturation for integers
-// (NaN becomes 0), "non-zero" for bool; fp8 overflows as the reference does (e4m3: NaN,
-// e5m2: inf).
+// compute value into T as graphdnn.dtypes.round_to does: nearest-even for floats;
+// nearest-even then saturation for integers, NaN becoming 0 (cvt.rni.sat); "non-zero"
+// for bool; fp8 overflows as the reference does (e4m3: NaN, e5m2: inf).
 template <class T> struct Elem;
 
 template <> struct Elem<float> {
@@ -28,13 +28,15 @@ template <> struct Elem<bool> {
   __device__ __forceinline__ static bool put(double v) { return v == v && v != 0.0; }
 };
 
+// The comparisons are in the compute type V: (V)HI may round up (int32's maximum as a float,
+// int64's as a double), and any v at or above it saturates to HI, as round_to saturates.
 template <class I, long long LO, long long HI> struct IntElem {
   __device__ __forceinline__ static float get(I x) { return (float)x; }
-  __device__ __forceinline__ static I put(double v) {
+  template <class V> __device__ __forceinline__ static I put(V v) {
     if (v != v) return 0;
-    v = trunc(v);
-    if (v <= (double)LO) return (I)LO;
-    if (v >= (double)HI) return (I)HI;
+    v = rint(v);  // nearest, ties to even
+    if (v <= (V)LO) return (I)LO;
+    if (v >= (V)HI) return (I)HI;
     return (I)v;
   }
 };

@@ -1,0 +1,128 @@
+"""Every graph the test suite validates must compile for sm_80 and sm_90.
+
+conftest installs :data:`RECORDER`, which keeps each graph the validator accepts during the
+session (deduplicated by signature); ``test_compile_every_graph`` compiles them after every
+other test. :func:`compile_graphs` fuses and emits each graph for each target, then gives
+NVRTC each distinct kernel (by content hash) once, in parallel: the suite's ~1,000 distinct
+graphs share most of their kernels, and a kernel compiled once in the session is not
+compiled again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphdnn.ir import Graph
+from graphdnn.signature import signature
+
+TARGETS = (80, 90)
+# Graphs larger than this are built to time the passes (linear-cost tests): fusing and
+# compiling them would dominate the suite's run time, and their kernels repeat the small
+# graphs' ones.
+MAX_NODES = 2000
+
+
+class GraphRecorder:
+    """Keeps every graph ``graphdnn.validate.validate`` returns while installed (counting,
+    not keeping, those over MAX_NODES)."""
+
+    def __init__(self) -> None:
+        self._graphs: list[Graph] = []
+        self.too_large = 0
+        self._original: Callable[[Any], Graph] | None = None
+
+    def install(self) -> None:
+        import graphdnn.validate
+
+        original = self._original = graphdnn.validate.validate
+
+        def validate(spec: Any) -> Graph:
+            graph = original(spec)
+            if len(graph.nodes) > MAX_NODES:
+                self.too_large += 1
+            else:
+                self._graphs.append(graph)  # deduplicated later, so a test's validate costs nothing more
+            return graph
+
+        graphdnn.validate.validate = validate
+
+    def graphs(self) -> dict[str, Graph]:
+        """The graphs recorded so far, one per signature."""
+        distinct: dict[str, Graph] = {}
+        for graph in self._graphs:
+            distinct.setdefault(signature(graph), graph)
+        self._graphs = list(distinct.values())
+        return distinct
+
+    def uninstall(self) -> None:
+        import graphdnn.validate
+
+        if self._original is not None:
+            graphdnn.validate.validate = self._original
+            self._original = None
+
+
+RECORDER = GraphRecorder()
+
+
+@dataclass
+class CompileReport:
+    graphs: int = 0  # graphs fused and emitted for every target
+    kernels: int = 0  # distinct (target, kernel) pairs these graphs need
+    compiled: int = 0  # of them, compiled now (the others were compiled earlier in the session)
+    failures: list[str] = field(default_factory=list)
+
+
+_COMPILED: set[tuple[int, str]] = set()  # (target, content hash) compiled in this session
+
+
+def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) -> CompileReport:
+    """Fuse, emit and NVRTC-compile ``graphs`` for each target; every failure, never only the first."""
+    from codegen.nvrtc import compile_cubin
+    from graphdnn.lower import KernelSource, lower
+
+    report = CompileReport()
+    pending: dict[tuple[int, str], tuple[KernelSource, Graph]] = {}
+    for graph in graphs:
+        report.graphs += 1
+        for target in targets:
+            try:
+                sources = lower(graph, target, lambda content_hash: content_hash).sources
+            except Exception as error:  # every defect is reported, with its graph
+                report.failures.append(f"{describe(graph)} for sm_{target}: {type(error).__name__}: {error}")
+                continue
+            for content_hash, source in sources.items():
+                pending.setdefault((target, content_hash), (source, graph))
+    report.kernels = len(pending)
+    todo = [(key, value) for key, value in pending.items() if key not in _COMPILED]
+
+    def one(item: tuple[tuple[int, str], tuple[KernelSource, Graph]]) -> str | None:
+        (target, content_hash), (source, graph) = item
+        try:
+            compile_cubin(source.source, source.name, target, source.arch_suffix)
+        except Exception as error:
+            log = "\n".join(str(error).splitlines()[:24])  # the first errors and their lines are enough
+            return f"{describe(graph)}: kernel {source.name} for sm_{target}{source.arch_suffix}: {log}"
+        _COMPILED.add((target, content_hash))
+        return None
+
+    if todo:
+        import cuda.core  # noqa: F401  (its first import is not thread-safe)
+
+        with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(todo)))) as pool:
+            report.failures += [failure for failure in pool.map(one, todo) if failure is not None]
+    report.compiled = len(todo)
+    return report
+
+
+def describe(graph: Graph) -> str:
+    """Enough of a graph to find it again: name, types and ops."""
+    ops = ", ".join(dict.fromkeys(node.op for node in graph.nodes))
+    return (
+        f"graph '{graph.name}' (io {graph.io_data_type.value}, intermediate {graph.intermediate_data_type.value}, "
+        f"{len(graph.nodes)} nodes: {ops})"
+    )

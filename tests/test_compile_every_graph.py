@@ -1,0 +1,253 @@
+"""Every graph the validator accepts compiles for sm_80 and sm_90 (NVRTC, no GPU needed).
+
+Two checks: one graph per op family in every combination of IO type (fp32, fp16, bf16,
+fp8, int8) and intermediate type (float, half, bf16), and, after every other test, each
+distinct kernel of every graph the suite validated (see tests/compile_check.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import graphdnn as gd
+from graphdnn.compare import TOLERANCE
+from graphdnn.errors import GraphError
+from graphdnn.ir import Graph
+from graphdnn.signature import signature
+
+from . import plan_graphs
+from .compile_check import MAX_NODES, RECORDER, TARGETS, compile_graphs
+
+IO_TYPES = ("float", "half", "bfloat16", "fp8_e4m3", "fp8_e5m2", "int8")
+INTERMEDIATE_TYPES = ("float", "half", "bfloat16")
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "graphs"
+
+Build = Callable[[gd.OperationGraphSpec], None]
+
+
+def _nhwc(g: gd.OperationGraphSpec, dims: list[int], name: str) -> gd.TensorSpec:
+    return g.tensor(name=name, dim=dims, stride=gd.nhwc_strides(dims))
+
+
+def _channel(g: gd.OperationGraphSpec, name: str, channels: int) -> gd.TensorSpec:
+    return g.tensor(name=name, dim=[1, channels, 1, 1])
+
+
+def pointwise(g: gd.OperationGraphSpec) -> None:
+    """A DAG of elementwise ops with a broadcast operand, a runtime scalar and constants
+    (300 does not fit int8: it saturates)."""
+    x = g.tensor(name="x", dim=[4, 7, 9])
+    b = g.tensor(name="b", dim=[1, 7, 1])
+    alpha = g.tensor(name="alpha", dim=[1], is_pass_by_value=True)
+    h = g.sub(g.neg(g.add(g.elu(x), b)), x)
+    h = g.gelu(g.mul(h, alpha))
+    h = g.binary_select(h, g.sigmoid(x), g.cmp_gt(x, 0.5))
+    g.add(g.max(h, b), 300.0).set_name("y").set_output(True)
+
+
+def matmul_bias_relu(g: gd.OperationGraphSpec) -> None:
+    a = g.tensor(name="a", dim=[2, 48, 64])
+    w = g.tensor(name="w", dim=[2, 64, 40])
+    bias = g.tensor(name="bias", dim=[1, 1, 40])
+    g.relu(g.add(g.matmul(a, w), bias)).set_name("y").set_output(True)
+
+
+def conv_bn_relu(g: gd.OperationGraphSpec) -> None:
+    x = _nhwc(g, [2, 16, 9, 9], "x")
+    w = _nhwc(g, [32, 16, 3, 3], "w")
+    y = g.conv_fprop(image=x, weight=w, padding=[1, 1])
+    stats = {role: _channel(g, role, 32) for role in ("mean", "inv_variance", "scale", "bias")}
+    g.relu(g.batchnorm_inference(input=y, **stats)).set_name("y").set_output(True)
+
+
+def conv_dgrad_wgrad(g: gd.OperationGraphSpec) -> None:
+    dy = _nhwc(g, [2, 32, 8, 8], "dy")
+    w = _nhwc(g, [32, 16, 3, 3], "w")
+    x = _nhwc(g, [2, 16, 8, 8], "x")
+    g.conv_dgrad(loss=dy, filter=w, padding=[1, 1], image_dim=[2, 16, 8, 8]).set_name("dx").set_output(True)
+    g.conv_wgrad(image=x, loss=dy, padding=[1, 1], filter_dim=[32, 16, 3, 3]).set_name("dw").set_output(True)
+
+
+def layernorm_gelu(g: gd.OperationGraphSpec) -> None:
+    x = g.tensor(name="x", dim=[6, 80])
+    scale, bias = g.tensor(name="scale", dim=[1, 80]), g.tensor(name="bias", dim=[1, 80])
+    y, mean, inv = g.layernorm("training", x, scale, bias, epsilon=1e-5)
+    assert y is not None and mean is not None and inv is not None
+    g.gelu(y).set_name("y").set_output(True)
+    mean.set_output(True)
+    inv.set_output(True)
+
+
+def rmsnorm_residual(g: gd.OperationGraphSpec) -> None:
+    x, r = g.tensor(name="x", dim=[6, 80]), g.tensor(name="r", dim=[6, 80])
+    y, _ = g.rmsnorm("inference", g.add(x, r), g.tensor(name="scale", dim=[1, 80]), epsilon=1e-5)
+    assert y is not None
+    y.set_name("y").set_output(True)
+
+
+def softmax_and_reductions(g: gd.OperationGraphSpec) -> None:
+    x = g.tensor(name="x", dim=[5, 6, 33])
+    g.softmax(x).set_name("p").set_output(True)
+    total = g.reduction(x, mode="add", axes=[2])
+    g.add(x, total).set_name("centered").set_output(True)
+    g.reduction(g.abs(x), mode="max", axes=[0, 1]).set_name("amax").set_output(True)
+
+
+def batchnorm_training(g: gd.OperationGraphSpec) -> None:
+    x = _nhwc(g, [4, 8, 5, 5], "x")
+    outputs = g.batchnorm(
+        x,
+        _channel(g, "scale", 8),
+        _channel(g, "bias", 8),
+        in_running_mean=_channel(g, "running_mean", 8),
+        in_running_var=_channel(g, "running_var", 8),
+        epsilon=1e-5,
+        momentum=0.1,
+    )
+    for out in outputs:
+        if out is not None:
+            out.set_output(True)
+
+
+def group_and_instance_norm(g: gd.OperationGraphSpec) -> None:
+    x = _nhwc(g, [2, 8, 5, 6], "x")
+    scale, bias = _channel(g, "scale", 8), _channel(g, "bias", 8)
+    y, *_ = g.groupnorm(x, scale, bias, epsilon=1e-5, groups=4)
+    z, *_ = g.instancenorm("inference", x, scale, bias, epsilon=1e-5)
+    assert y is not None and z is not None
+    g.relu(y).set_name("y").set_output(True)
+    z.set_name("z").set_output(True)
+
+
+def norm_backward(g: gd.OperationGraphSpec) -> None:
+    x, dy = g.tensor(name="x", dim=[6, 40]), g.tensor(name="dy", dim=[6, 40])
+    scale = g.tensor(name="scale", dim=[1, 40])
+    mean, inv = g.tensor(name="mean", dim=[6, 1]), g.tensor(name="inv", dim=[6, 1])
+    for out in g.layernorm_backward(dy, x, scale, mean, inv):
+        if out is not None:
+            out.set_output(True)
+    for out in g.rmsnorm_backward(dy, x, scale, inv, has_dbias=False):
+        if out is not None:
+            out.set_output(True)
+
+
+def batchnorm_backward_genstats(g: gd.OperationGraphSpec) -> None:
+    x, dy = _nhwc(g, [4, 8, 3, 3], "x"), _nhwc(g, [4, 8, 3, 3], "dy")
+    mean, inv = _channel(g, "mean", 8), _channel(g, "inv", 8)
+    for out in g.batchnorm_backward(dy, x, _channel(g, "scale", 8), mean, inv):
+        if out is not None:
+            out.set_output(True)
+    for out in g.genstats(x):
+        out.set_output(True)
+
+
+def windows(g: gd.OperationGraphSpec) -> None:
+    x = _nhwc(g, [2, 8, 9, 11], "x")
+    g.pooling(x, "max", window=[3, 3], stride=[2, 2], padding=[1, 1]).set_name("pmax").set_output(True)
+    g.pooling(x, "avg_exclude_padding", window=[2, 2], stride=[2, 2]).set_name("pavg").set_output(True)
+    g.resample(x, "linear", size=[13, 7]).set_name("up").set_output(True)
+
+
+def movement(g: gd.OperationGraphSpec) -> None:
+    x, z = g.tensor(name="x", dim=[4, 6, 10]), g.tensor(name="z", dim=[4, 3, 10])
+    cat = g.concatenate([x, z], axis=1)
+    g.relu(g.transpose(cat, [0, 2, 1])).set_name("t").set_output(True)
+    g.slice(x, [slice(None), slice(1, 5), slice(0, 10, 2)]).set_name("s").set_output(True)
+    g.reshape(x, [24, 10]).set_name("r").set_output(True)
+
+
+FAMILIES: dict[str, Build] = {
+    build.__name__: build
+    for build in (
+        pointwise,
+        matmul_bias_relu,
+        conv_bn_relu,
+        conv_dgrad_wgrad,
+        layernorm_gelu,
+        rmsnorm_residual,
+        softmax_and_reductions,
+        batchnorm_training,
+        group_and_instance_norm,
+        norm_backward,
+        batchnorm_backward_genstats,
+        windows,
+        movement,
+    )
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_io_and_intermediate_type_compiles(family: str) -> None:
+    """Each combination the validator accepts compiles for both targets; float, half and
+    bf16 IO are accepted for every family, with any intermediate type."""
+    accepted, rejected = [], {}
+    for io, intermediate in itertools.product(IO_TYPES, INTERMEDIATE_TYPES):
+        g = gd.OperationGraphSpec(
+            name=f"{family}_{io}_{intermediate}", io_data_type=io, intermediate_data_type=intermediate
+        )
+        try:
+            FAMILIES[family](g)
+            accepted.append(g.validate())
+        except GraphError as error:
+            rejected[(io, intermediate)] = f"{type(error).__name__}: {error}"
+    must = {(io, i) for io in ("float", "half", "bfloat16") for i in INTERMEDIATE_TYPES}
+    assert not must & set(rejected), "\n".join(f"{k}: {v}" for k, v in rejected.items() if k in must)
+    report = compile_graphs(accepted)
+    assert report.failures == [], "\n\n".join(report.failures)
+    assert report.graphs == len(accepted) and report.kernels >= len(TARGETS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("intermediate", ["half", "bfloat16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_narrow_intermediates_of_float_graphs_match_the_reference(family: str, intermediate: str) -> None:
+    """The graphs that did not compile before (float IO, half or bf16 intermediates) also
+    run as the reference rounds them."""
+    from tests.gpu_check import check_on_gpu
+
+    g = gd.OperationGraphSpec(
+        name=f"{family}_{intermediate}", io_data_type="float", intermediate_data_type=intermediate
+    )
+    FAMILIES[family](g)
+    check_on_gpu(g, tolerance=TOLERANCE[gd.DataType(intermediate)])
+
+
+def plan_and_example_graphs() -> list[Graph]:
+    """The graphs of tests/plan_graphs.py and examples/graphs/*.json, validated."""
+    builds = (
+        plan_graphs.add_relu,
+        plan_graphs.add_relu_and_sigmoid,
+        plan_graphs.scaled,
+        plan_graphs.sum_then_add,
+        plan_graphs.matmul_relu,
+    )
+    examples = sorted(EXAMPLES.glob("*.json"))
+    assert examples, f"no example graphs under {EXAMPLES}"
+    specs = [build() for build in builds] + [gd.OperationGraphSpec.from_json(p.read_text()) for p in examples]
+    return [spec.validate() for spec in specs]
+
+
+def test_plan_and_example_graphs_compile() -> None:
+    graphs = plan_and_example_graphs()
+    report = compile_graphs(graphs)
+    assert report.failures == [], "\n\n".join(report.failures)
+    assert report.graphs == len(graphs)
+
+
+@pytest.mark.compile_last
+def test_every_graph_the_suite_validated_compiles() -> None:
+    """Runs after every other test (conftest orders it last): each graph any test validated."""
+    own = plan_and_example_graphs()
+    recorded = RECORDER.graphs()
+    missing = [g.name for g in own if signature(g) not in recorded]
+    assert not missing, f"the recorder missed {missing}: is it installed (tests/conftest.py)?"
+    report = compile_graphs(recorded.values())
+    print(
+        f"\n{report.graphs} distinct graphs validated by the suite ({RECORDER.too_large} over {MAX_NODES} nodes left out): "
+        f"{report.kernels} kernels for {', '.join(f'sm_{t}' for t in TARGETS)}, {report.compiled} compiled here"
+    )
+    assert report.failures == [], f"{len(report.failures)} failures:\n\n" + "\n\n".join(report.failures)
