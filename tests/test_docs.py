@@ -201,17 +201,17 @@ def in_scratch_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _runnable(path: Path, with_gpu: bool) -> bool:
-    return any(b.lang in ("python", *SHELL) and (with_gpu or not b.gpu) for b in blocks(path))
+def _runs_without_a_gpu(path: Path) -> bool:
+    return any(b.lang in ("python", *SHELL) and not b.gpu for b in blocks(path))
 
 
-@pytest.mark.parametrize("path", [p for p in DOCS if _runnable(p, False)], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in DOCS if _runs_without_a_gpu(p)], ids=lambda p: p.name)
 def test_doc_runs_without_a_gpu(path: Path, in_scratch_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_file(path, False, monkeypatch) > 0
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", [p for p in DOCS if _runnable(p, True)], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in DOCS if any(b.gpu for b in blocks(p))], ids=lambda p: p.name)
 def test_doc_runs_on_a_gpu(path: Path, in_scratch_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_file(path, True, monkeypatch) > 0
 

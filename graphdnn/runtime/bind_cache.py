@@ -52,11 +52,12 @@ class BindCache:
         return key, self.get(key) if key is not None else None
 
     def get(self, key: Hashable) -> Entry | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-            return entry
+        entry = self._entries.get(key)  # one atomic read: a hit takes no lock
+        if entry is not None and next(reversed(self._entries), None) is not key:
+            with self._lock:
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+        return entry
 
     def put(self, key: Hashable, bound: BoundPlan, variant_pack: Mapping[Any, Any]) -> None:
         """Remember ``bound`` unless it allocated outputs (a new array each call)."""
@@ -77,8 +78,8 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
     """What a binding of these arguments depends on; None when some value cannot be read cheaply."""
     if not isinstance(variant_pack, Mapping):
         return None
-    parts: list[Hashable] = [driver.stream_handle(stream)]
-    if workspace is None or (isinstance(workspace, int) and not isinstance(workspace, bool)):
+    parts: list[Hashable] = [0 if stream is None else driver.stream_handle(stream)]
+    if workspace is None or (type(workspace) is int):
         parts.append(workspace)
     else:
         layout = _layout(workspace)
@@ -86,12 +87,15 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
             return None
         parts.append(layout)
     for key, value in variant_pack.items():
-        if isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool)):
+        if type(key) is str or type(key) is int:
             name: Hashable = key
         else:
             name = getattr(key, "name", None)  # a TensorSpec or IR Tensor is looked up by its name
             if not isinstance(name, str):
                 return None
+        if type(value) in _TORCH_TYPES:  # the common case, inline
+            parts.append((name, value.data_ptr(), value.is_cuda, value.shape, value.stride(), value.dtype))
+            continue
         layout = _layout(value)
         if layout is None:
             return None
@@ -99,8 +103,12 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
     return tuple(parts)
 
 
+_TORCH_TYPES: set[type] = set()  # the torch tensor classes seen so far (torch is never imported here)
+
+
 def _layout(value: Any) -> Hashable | None:
     if is_torch(value):
+        _TORCH_TYPES.add(type(value))
         return (value.data_ptr(), value.is_cuda, value.shape, value.stride(), value.dtype)
     if isinstance(value, DeviceArray):
         return (value.pointer, value.shape, value.strides, value.data_type)
