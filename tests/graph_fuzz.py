@@ -268,6 +268,28 @@ def mutate_binding(doc: dict[str, Any], rng: random.Random) -> str:
     return f"{side}: {node.get('name')}.{role} = {bound[role]!r}"
 
 
+def rewire_same_dims(doc: dict[str, Any], rng: random.Random) -> str:
+    """Rebind an input to another tensor of the same dims (another node's output, one of the
+    same node's outputs, an input): mostly valid graphs with new wiring, sometimes cycles."""
+    node = _pick(rng, doc["nodes"])
+    if node is None or not isinstance(node.get("inputs"), dict) or not node["inputs"]:
+        return "rewire: none"
+    by_id = {t.get("id"): t for t in doc["tensors"] if isinstance(t, dict) and isinstance(t.get("id"), int)}
+    role = rng.choice(sorted(node["inputs"]))
+    bound = node["inputs"][role]
+    current = bound[0] if isinstance(bound, list) and bound else bound
+    dims = by_id.get(current, {}).get("dim") if isinstance(current, int) else None
+    same = [tid for tid, t in by_id.items() if t.get("dim") == dims and tid != current]
+    if not same:
+        return "rewire: none"
+    choice = rng.choice(same)
+    if isinstance(bound, list):
+        bound[rng.randrange(len(bound))] = choice
+    else:
+        node["inputs"][role] = choice
+    return f"rewire: {node.get('name')}.{role} = {by_id[choice].get('name')}"
+
+
 def _roles(kind: Any, side: str) -> list[str]:
     try:
         op = get_op(kind)
@@ -384,7 +406,8 @@ MUTATIONS: list[tuple[Mutation, int]] = [
     (mutate_tensor_flag, 6),
     (mutate_id, 4),
     (mutate_name, 4),
-    (mutate_binding, 12),
+    (mutate_binding, 10),
+    (rewire_same_dims, 14),
     (mutate_op, 5),
     (mutate_attribute, 12),
     (mutate_structure, 5),
