@@ -89,7 +89,7 @@ def corpus() -> tuple[tuple[str, str], ...]:
         for index, recipe in enumerate(_drawn(strategy, count)):
             seeds.append((f"{kind}_recipe[{index}]", graph_to_dict(build(recipe)[0].validate())))
     texts = tuple((name, json.dumps(doc)) for name, doc in seeds)
-    for name, text in texts:
+    for _, text in texts:
         spec_from_json(text)  # a seed that does not validate would make every case a rejection
     return texts
 
@@ -250,7 +250,7 @@ def mutate_binding(doc: dict[str, Any], rng: random.Random) -> str:
         bound.pop(role)
         return f"{side}: {node.get('name')} drops {role}"
     if roll < 0.3:
-        roles = _roles(node.get("op"), side) + ["bogus"]
+        roles = [*_roles(node.get("op"), side), "bogus"]
         role = rng.choice(roles)
         bound[role] = _reference(doc, rng)
         return f"{side}: {node.get('name')}.{role} = {bound[role]!r}"
@@ -315,7 +315,7 @@ def mutate_attribute(doc: dict[str, Any], rng: random.Random) -> str:
         known = [f.name for f in fields(get_op(node.get("op")).attributes)]
     except Exception:
         known = []
-    name = rng.choice(known + ["bogus"]) if known and rng.random() < 0.5 else _pick(rng, sorted(attributes))
+    name = rng.choice([*known, "bogus"]) if known and rng.random() < 0.5 else _pick(rng, sorted(attributes))
     if name is None:
         return "attribute: none"
     value = attributes.get(name)
@@ -377,12 +377,9 @@ def insert_pointwise(doc: dict[str, Any], rng: random.Random) -> str:
         "data_type": rng.choice(["float", "half", "bfloat16", "float", source.get("data_type")]),
         "is_virtual": rng.random() < 0.3,
     }
-    if rng.random() < 0.5 and output["is_virtual"] is False:
-        # Feed the new value into a later reader instead of only exposing it.
-        output["is_virtual"] = False
     doc["tensors"].append(output)
     doc["nodes"].append({"name": f"fuzz_node{new_id}", "op": kind, "inputs": inputs, "outputs": {"y": new_id}})
-    if output["is_virtual"]:
+    if output["is_virtual"]:  # a virtual result needs a reader: rebind one of an existing node
         readers = [n for n in doc["nodes"][:-1] if isinstance(n.get("inputs"), dict) and n["inputs"]]
         reader = _pick(rng, readers)
         if reader is not None:
@@ -515,7 +512,9 @@ def run(seed: int, cases: Iterable[int], *, compile_sample: int | None = 0) -> R
     if compile_sample is not None:
         chosen = random.Random(seed).sample(chosen, min(compile_sample, len(chosen)))
     report.compiled = len(chosen)
-    report.findings += [f"seed {seed}: {failure}" for failure in compile_sources({h: report.kernels[h] for h in chosen})]
+    report.findings += [
+        f"seed {seed}: {failure}" for failure in compile_sources({h: report.kernels[h] for h in chosen})
+    ]
     return report
 
 
@@ -529,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", type=int, help="run one case and show its mutated JSON")
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--cases", type=int, default=1000)
-    parser.add_argument("--compile", type=int, default=None, help="compile a sample of this many kernels (default: all)")
+    parser.add_argument(
+        "--compile", type=int, default=None, help="compile a sample of this many kernels (default: all)"
+    )
     args = parser.parse_args(argv)
     if args.case is not None:
         name, text, applied = make_case(args.seed, args.case)

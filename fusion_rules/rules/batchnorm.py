@@ -10,7 +10,12 @@ from ..rule import Rule, register_rule
 BN_TRAIN_ACT = register_rule(
     Rule(
         name="bn_train_act",
-        pattern=Pattern((op("batchnorm", bind="bn", where=FUSED_GUARDS), Epilogue(min_nodes=1, guards=(*FUSED_GUARDS, reads_only_main_output("bn"))))),
+        pattern=Pattern(
+            (
+                op("batchnorm", bind="bn", where=FUSED_GUARDS),
+                Epilogue(min_nodes=1, guards=(*FUSED_GUARDS, reads_only_main_output("bn"))),
+            )
+        ),
         family=Family.BATCHNORM_TRAIN,
         anchor="bn",
         priority=35,
