@@ -268,9 +268,10 @@ def mutate_binding(doc: dict[str, Any], rng: random.Random) -> str:
     return f"{side}: {node.get('name')}.{role} = {bound[role]!r}"
 
 
-def rewire_same_dims(doc: dict[str, Any], rng: random.Random) -> str:
-    """Rebind an input to another tensor of the same dims (another node's output, one of the
-    same node's outputs, an input): mostly valid graphs with new wiring, sometimes cycles."""
+def rewire_compatible(doc: dict[str, Any], rng: random.Random) -> str:
+    """Rebind an input to another tensor of the same dims, or of dims that broadcast to them
+    (another node's output or statistic, an output of the same node, a graph input): mostly
+    valid graphs with new wiring, sometimes cycles."""
     node = _pick(rng, doc["nodes"])
     if node is None or not isinstance(node.get("inputs"), dict) or not node["inputs"]:
         return "rewire: none"
@@ -279,7 +280,10 @@ def rewire_same_dims(doc: dict[str, Any], rng: random.Random) -> str:
     bound = node["inputs"][role]
     current = bound[0] if isinstance(bound, list) and bound else bound
     dims = by_id.get(current, {}).get("dim") if isinstance(current, int) else None
-    same = [tid for tid, t in by_id.items() if t.get("dim") == dims and tid != current]
+    if not isinstance(dims, list):
+        return "rewire: none"
+    exact = rng.random() < 0.6
+    same = [tid for tid, t in by_id.items() if tid != current and _fits(t.get("dim"), dims, exact)]
     if not same:
         return "rewire: none"
     choice = rng.choice(same)
@@ -288,6 +292,13 @@ def rewire_same_dims(doc: dict[str, Any], rng: random.Random) -> str:
     else:
         node["inputs"][role] = choice
     return f"rewire: {node.get('name')}.{role} = {by_id[choice].get('name')}"
+
+
+def _fits(dims: Any, target: list[Any], exact: bool) -> bool:
+    """``dims`` equal ``target`` (exact), or broadcast to it (same rank, each dim equal or 1)."""
+    if not isinstance(dims, list) or len(dims) != len(target):
+        return False
+    return dims == target if exact else all(d in (e, 1) for d, e in zip(dims, target))
 
 
 def _roles(kind: Any, side: str) -> list[str]:
@@ -404,7 +415,7 @@ MUTATIONS: list[tuple[Mutation, int]] = [
     (mutate_id, 4),
     (mutate_name, 4),
     (mutate_binding, 10),
-    (rewire_same_dims, 14),
+    (rewire_compatible, 14),
     (mutate_op, 5),
     (mutate_attribute, 12),
     (mutate_structure, 5),
