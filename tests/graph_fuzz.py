@@ -495,12 +495,14 @@ class Report:
     findings: list[str] = field(default_factory=list)
     kernels: dict[str, str] = field(default_factory=dict)  # every distinct kernel emitted
     compiled: int = 0
+    slowest: tuple[float, int] = (0.0, -1)  # seconds, case: unbounded work shows up here
 
     def summary(self) -> str:
         shown = ", ".join(f"{count} {status}" for status, count in sorted(self.counts.items()))
         return (
             f"seed {self.seed}: {self.cases} cases ({shown}); {len(self.kernels)} distinct kernels emitted, "
-            f"{self.compiled} compiled; {len(self.findings)} findings"
+            f"{self.compiled} compiled; {len(self.findings)} findings; slowest case {self.slowest[1]} "
+            f"({self.slowest[0]:.2f} s)"
         )
 
 
@@ -510,7 +512,9 @@ def run(seed: int, cases: Iterable[int], *, compile_sample: int | None = 0) -> R
     report = Report(seed)
     for case in cases:
         name, text, applied = make_case(seed, case)
+        started = time.perf_counter()
         outcome = check(text)
+        report.slowest = max(report.slowest, (time.perf_counter() - started, case))
         report.cases += 1
         report.counts[outcome.status] += 1
         if outcome.status == "accepted" and outcome.detail:

@@ -107,6 +107,16 @@ def test_convolution_padding_is_bounded_by_the_input_and_filter_extents() -> Non
         g.conv_fprop(x, w, pre_padding=[4], post_padding=[0])
 
 
+def test_pooling_padding_is_bounded_by_the_input_extent() -> None:
+    """A window of 2**27 padded by 2**27 - 1 on each side of a 2-element input took 15 s and
+    2 GB on the reference, for a 2-element output."""
+    g = gd.OperationGraphSpec(name="pool", io_data_type="float")
+    x = g.tensor(name="x", dim=[1, 1, 2])
+    with pytest.raises(gd.AttributeValueError, match=r"node 'pool': padding 134217727\+134217727 .* over the input"):
+        g.pooling(x, mode="max", window=[2**27], stride=[2**27], padding=[2**27 - 1], name="pool")
+    assert g.pooling(x, mode="max", window=[3], stride=[1], padding=[2]).dim == (1, 1, 4)
+
+
 # -- bounded reads ---------------------------------------------------------------------------------
 def test_reading_dev_zero_as_a_graph_stops_at_the_limit(tmp_path: Path) -> None:
     """stat() says /dev/zero is empty; the reader used to trust it and read forever (MemoryError)."""
