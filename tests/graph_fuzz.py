@@ -24,6 +24,7 @@ import argparse
 import copy
 import json
 import random
+import re
 import sys
 import time
 import traceback
@@ -424,6 +425,36 @@ MUTATIONS: list[tuple[Mutation, int]] = [
 ]
 
 
+_DIMS_DIFFER = re.compile(r"output \w+ '(?P<name>[^']*)' has dims set to \[[\d, ]*\], but \w+ gives \[(?P<dim>[\d, ]*)\]")
+
+
+def propagate(doc: dict[str, Any], rounds: int = 6) -> str:
+    """Give outputs the dims their ops infer (repacked in their layout order), as a user
+    would after changing an input's dims or an attribute: a mutation then reaches the
+    kernels and the reference instead of stopping at the first output's declared dims."""
+    fixed = []
+    for _ in range(rounds):
+        try:
+            spec_from_json(json.dumps(doc))
+            break
+        except gd.ShapeError as error:
+            found = _DIMS_DIFFER.search(error.reason)
+            if found is None:
+                break
+            dim = [int(d) for d in found["dim"].split(", ")]
+            for t in doc["tensors"]:
+                if t.get("name") == found["name"] and isinstance(t.get("stride"), list) and len(t["stride"]) == len(dim):
+                    t["stride"] = list(packed_strides(dim, stride_order(dim, t["stride"])))
+                    t["dim"] = dim
+                    fixed.append(found["name"])
+                    break
+            else:
+                break
+        except gd.GraphError:
+            break
+    return f"propagate dims to {', '.join(fixed)}" if fixed else "propagate: nothing"
+
+
 def make_case(seed: int, case: int) -> tuple[str, str, list[str]]:
     """(seed graph name, mutated JSON text, mutations applied) of case ``case``."""
     rng = random.Random(f"graphdnn-fuzz:{seed}:{case}")
@@ -437,6 +468,8 @@ def make_case(seed: int, case: int) -> tuple[str, str, list[str]]:
             applied.append(mutation(doc, rng))
         except (TypeError, AttributeError, KeyError, IndexError, ValueError):
             applied.append(f"{mutation.__name__}: not applicable")  # an earlier mutation broke the shape it needs
+    if rng.random() < 0.4:
+        applied.append(propagate(doc))
     return name, json.dumps(doc), applied
 
 
