@@ -99,7 +99,7 @@ def host_array(t: Tensor, values: np.ndarray | None = None) -> np.ndarray:
             tensor=t.name,
         )
     storage = np.zeros(extent, dtype=t.data_type.numpy)
-    # np.ndarray over the buffer, not as_strided: as_strided loses the ml_dtypes of fp8 and bf16.
+    # np.ndarray over the buffer, not as_strided, which cannot rebuild fp8_e5m2 from its typestr ("<f1").
     array = np.ndarray(t.dim, t.data_type.numpy, storage, strides=tuple(s * itemsize for s in t.stride))
     if values is not None:
         array[...] = values

@@ -351,16 +351,16 @@ def mutate_attribute(doc: dict[str, Any], rng: random.Random) -> str:
 
 def mutate_structure(doc: dict[str, Any], rng: random.Random) -> str:
     """Delete, duplicate or reorder tensors and nodes."""
-    roll = rng.random()
-    key = "tensors" if roll < 0.5 else "nodes"
+    key = rng.choice(["tensors", "nodes"])
     entries = doc[key]
     if not entries:
         return "structure: none"
     index = rng.randrange(len(entries))
-    if roll % 0.5 < 0.2:
+    action = rng.choices(["delete", "duplicate", "swap"], [4, 3, 3])[0]
+    if action == "delete":
         entries.pop(index)
         return f"structure: delete {key}[{index}]"
-    if roll % 0.5 < 0.35:
+    if action == "duplicate":
         entries.insert(rng.randrange(len(entries) + 1), copy.deepcopy(entries[index]))
         return f"structure: duplicate {key}[{index}]"
     other = rng.randrange(len(entries))
@@ -425,7 +425,9 @@ MUTATIONS: list[tuple[Mutation, int]] = [
 ]
 
 
-_DIMS_DIFFER = re.compile(r"output \w+ '(?P<name>[^']*)' has dims set to \[[\d, ]*\], but \w+ gives \[(?P<dim>[\d, ]*)\]")
+_DIMS_DIFFER = re.compile(
+    r"output \w+ '(?P<name>[^']*)' has dims set to \[[\d, ]*\], but \w+ gives \[(?P<dim>[\d, ]*)\]"
+)
 
 
 def propagate(doc: dict[str, Any], rounds: int = 6) -> str:
@@ -443,7 +445,11 @@ def propagate(doc: dict[str, Any], rounds: int = 6) -> str:
                 break
             dim = [int(d) for d in found["dim"].split(", ")]
             for t in doc["tensors"]:
-                if t.get("name") == found["name"] and isinstance(t.get("stride"), list) and len(t["stride"]) == len(dim):
+                if (
+                    t.get("name") == found["name"]
+                    and isinstance(t.get("stride"), list)
+                    and len(t["stride"]) == len(dim)
+                ):
                     t["stride"] = list(packed_strides(dim, stride_order(dim, t["stride"])))
                     t["dim"] = dim
                     fixed.append(found["name"])

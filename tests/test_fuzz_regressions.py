@@ -28,7 +28,7 @@ def sources(graph: gd.OperationGraphSpec) -> list[tuple[str, str]]:
 # -- reference host arrays -----------------------------------------------------------------------
 @pytest.mark.parametrize("data_type", ["fp8_e5m2", "fp8_e4m3", "bfloat16"])
 def test_fp8_and_bf16_inputs_get_host_arrays_and_run_on_the_reference(data_type: str) -> None:
-    """as_strided lost the ml_dtypes type ('<f1' not understood): a TypeError, not a result."""
+    """as_strided cannot rebuild fp8_e5m2 from its typestr ("<f1" not understood): a TypeError, not a result."""
     g = gd.OperationGraphSpec(name="narrow", io_data_type=data_type)
     x = g.tensor(name="x", dim=[2, 3], stride=[1, 2])
     g.relu(x).set_name("y").set_data_type("float").set_output(True)
