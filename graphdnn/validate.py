@@ -16,7 +16,7 @@ from .dtypes import DataType
 from .errors import DataTypeError, GraphError, ShapeError, StructureError
 from .ir import Graph, Node, Tensor
 from .layout import check_dims, check_strides, numel, packed_strides
-from .ops.base import Inferred, Op
+from .ops.base import Category, Inferred, Op
 
 if TYPE_CHECKING:
     from .graph import NodeSpec, OperationGraphSpec
@@ -293,6 +293,13 @@ def _infer(op: Op, node: Node, node_spec: NodeSpec) -> dict[str, Inferred]:
             if role.floating and t.data_type.is_set and not t.data_type.is_floating:
                 raise DataTypeError(
                     f"{role.name} '{t.name}' is {t.data_type.value}; {op.kind} needs a floating type",
+                    node=node.name,
+                    tensor=t.name,
+                )
+            if t.is_pass_by_value and not role.scalar and op.category is not Category.POINTWISE:
+                raise StructureError(
+                    f"{role.name} '{t.name}' is a pass-by-value scalar; {op.kind} takes those only in its scalar "
+                    "roles (elementwise ops take them anywhere)",
                     node=node.name,
                     tensor=t.name,
                 )

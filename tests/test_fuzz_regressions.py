@@ -177,3 +177,25 @@ def test_an_epilogue_reading_the_training_batchnorms_own_statistic_stays_unfused
         assert compile_cubin(source, name, 90)
     feeds = {t.name: np.full(t.dim, 0.5, np.float32) for t in ir.inputs}
     assert np.isfinite(gd.reference.execute(ir, feeds)["out"]).all()
+
+
+@pytest.mark.parametrize("role", ["image", "weight"])
+def test_a_pass_by_value_tensor_is_refused_outside_scalar_roles_and_elementwise_ops(role: str) -> None:
+    """A one-element pass-by-value image or weight validated, then the conv kernel indexed the
+    scalar's parameter (a double) as a pointer and NVRTC refused it (fuzz seed 100)."""
+    g = gd.OperationGraphSpec(name="conv_scalar", io_data_type="float")
+    x = g.tensor(name="x", dim=[1, 1, 1, 1], is_pass_by_value=role == "image")
+    w = g.tensor(name="w", dim=[1, 1, 1, 1], is_pass_by_value=role == "weight")
+    name = "x" if role == "image" else "w"
+    with pytest.raises(gd.StructureError, match=rf"node 'conv': {role} '{name}' is a pass-by-value scalar"):
+        g.conv_fprop(x, w, name="conv")
+
+
+def test_elementwise_ops_of_pass_by_value_scalars_alone_compile_and_run() -> None:
+    g = gd.OperationGraphSpec(name="scalars", io_data_type="float")
+    a = g.tensor(name="a", dim=[1], is_pass_by_value=True)
+    b = g.tensor(name="b", dim=[1, 1], is_pass_by_value=True)
+    g.add(g.relu(a), b).set_name("y").set_output(True)
+    for name, source in sources(g):
+        assert compile_cubin(source, name, 90)
+    assert gd.reference.execute(g.validate(), {"a": -2.0, "b": 3.0})["y"].tolist() == [[3.0]]
