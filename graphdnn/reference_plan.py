@@ -35,6 +35,7 @@ class ReferencePlan(PlanBase):
 
     def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> ReferenceBound:
         """Check the arrays once; the returned callable runs the reference and writes the outputs."""
+        reference.check_size(self.graph)
         pack = resolve(self.graph, variant_pack)
         for tid, value in pack.buffers.items():
             check_host(self.graph.tensors[tid], value)

@@ -64,6 +64,20 @@ def test_host_arrays_may_have_gaps_up_to_the_limit() -> None:
     assert array.strides == (MAX_HOST_GAP_BYTES, 2) and float(array.sum()) == 6
 
 
+def test_the_reference_refuses_a_tensor_it_cannot_hold_before_allocating_it() -> None:
+    """[1, 2**16] + [2**16, 1] is a valid graph of two small inputs and a 2**32-element output
+    (32 GiB in float64): refused naming the output, not a MemoryError."""
+    g = gd.OperationGraphSpec(name="outer", io_data_type="float")
+    a, b = g.tensor(name="a", dim=[1, 2**16]), g.tensor(name="b", dim=[2**16, 1])
+    g.add(a, b).set_name("y").set_output(True)
+    ir = g.validate()
+    feeds = {"a": np.zeros((1, 2**16), np.float32), "b": np.zeros((2**16, 1), np.float32)}
+    with pytest.raises(gd.UnsupportedError, match=r"tensor 'y'.*4294967296 elements"):
+        gd.reference.execute(ir, feeds)
+    with pytest.raises(gd.UnsupportedError, match=r"tensor 'y'"):
+        gd.compile(ir, backend="reference").execute(feeds)
+
+
 # -- limits checked in validation ------------------------------------------------------------------
 def test_a_storage_extent_over_the_limit_is_a_stride_error_naming_the_tensor() -> None:
     """2**31 elements stepped by 2**48 span ~2**79 elements: the kernels' 64-bit offsets overflow."""
