@@ -13,9 +13,7 @@ from collections.abc import Sequence
 from .errors import ShapeError, StrideError
 
 # Bounds that keep every index computation inside int64 on the device and keep hostile
-# inputs from asking for absurd sizes. 2**48 elements is 256 Ti elements; a tensor's
-# storage extent (elements from its first to its last, gaps included) is held to the
-# same bound, so byte offsets (at most 8 bytes an element) stay below 2**51.
+# inputs from asking for absurd sizes. 2**48 elements is 256 Ti elements.
 MAX_RANK = 8
 MAX_DIM = 2**31 - 1
 MAX_ELEMENTS = 2**48
@@ -77,6 +75,17 @@ def is_packed(dim: Sequence[int], stride: Sequence[int]) -> bool:
     return storage_extent(dim, stride) == numel(dim)
 
 
+def check_extent(dim: Sequence[int], stride: Sequence[int]) -> None:
+    """Raise StrideError unless the storage extent (elements from the first to the last, gaps
+    included) is at most MAX_ELEMENTS, so that byte offsets (at most 8 bytes an element) stay
+    below 2**51 and device index arithmetic in int64."""
+    extent = storage_extent(dim, stride)
+    if extent > MAX_ELEMENTS:
+        raise StrideError(
+            f"strides {list(stride)} make dims {list(dim)} span {extent} elements of memory, over {MAX_ELEMENTS}"
+        )
+
+
 def check_dims(dim: Sequence[int]) -> None:
     """Raise ShapeError unless ``dim`` is a valid list of extents."""
     if not 1 <= len(dim) <= MAX_RANK:
@@ -91,8 +100,7 @@ def check_dims(dim: Sequence[int]) -> None:
 
 
 def check_strides(dim: Sequence[int], stride: Sequence[int]) -> None:
-    """Raise StrideError unless ``stride`` maps ``dim`` to distinct, non-negative offsets
-    spanning at most MAX_ELEMENTS elements.
+    """Raise StrideError unless ``stride`` maps ``dim`` to distinct, non-negative offsets.
 
     Accepted layouts are the permutations of a packed layout, with gaps allowed (a
     slice of a bigger tensor). Size-1 dims may carry any non-negative stride.
@@ -115,8 +123,3 @@ def check_strides(dim: Sequence[int], stride: Sequence[int]) -> None:
                 f"(extent {extent}) steps {step} but the dims inside it span {reach}"
             )
         reach = step * extent
-    extent = storage_extent(dim, stride)
-    if extent > MAX_ELEMENTS:
-        raise StrideError(
-            f"strides {list(stride)} make dims {list(dim)} span {extent} elements of memory, over {MAX_ELEMENTS}"
-        )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .dtypes import DataType
 from .errors import DataTypeError, GraphError, ShapeError, StructureError
 from .ir import Graph, Node, Tensor
-from .layout import check_dims, check_strides, numel, packed_strides
+from .layout import check_dims, check_extent, check_strides, numel, packed_strides
 from .ops.base import Category, Inferred, Op
 
 if TYPE_CHECKING:
@@ -205,6 +205,7 @@ def _check_layout(name: str, dim: Iterable[int], stride: Iterable[int]) -> None:
     try:
         check_dims(dim)
         check_strides(dim, stride)
+        check_extent(dim, stride)
     except GraphError as error:
         raise error.located(tensor=name) from None
 

@@ -15,7 +15,7 @@ from codegen.nvrtc import compile_cubin
 from codegen.pointwise import literal
 from graphdnn import serialize
 from graphdnn.bounded_read import read_bounded
-from graphdnn.layout import MAX_ELEMENTS, check_strides
+from graphdnn.layout import MAX_ELEMENTS, check_extent
 from graphdnn.lower import lower
 from graphdnn.reference_plan import MAX_HOST_GAP_BYTES, host_array
 
@@ -86,9 +86,9 @@ def test_a_storage_extent_over_the_limit_is_a_stride_error_naming_the_tensor() -
         x = g.tensor(name="x", dim=[2**31 - 1, 2], stride=[1, 2**48])
         g.neg(x).set_output(True)
         g.validate()
-    check_strides([2, 2], [1, MAX_ELEMENTS - 2])  # spans MAX_ELEMENTS: exactly at the limit
+    check_extent([2, 2], [1, MAX_ELEMENTS - 2])  # spans MAX_ELEMENTS: exactly at the limit
     with pytest.raises(gd.StrideError):
-        check_strides([2, 2], [1, MAX_ELEMENTS - 1])
+        check_extent([2, 2], [1, MAX_ELEMENTS - 1])
 
 
 def test_convolution_padding_is_bounded_by_the_input_and_filter_extents() -> None:
