@@ -18,7 +18,7 @@ from tests import graph_fuzz
 
 FULL = os.environ.get("GRAPHDNN_FUZZ", "") == "full"
 CASES = 30_000 if FULL else 3_000
-COMPILE_SAMPLE = None if FULL else 8
+COMPILE_SAMPLE = None if FULL else 16
 
 
 @pytest.fixture(scope="module")
