@@ -72,7 +72,7 @@ def _minmax(name: str) -> Render:
 
 EXPRESSIONS: dict[str, Render] = {
     "identity": lambda a, attrs, c: a[0],
-    "neg": lambda a, attrs, c: f"(-{a[0]})",
+    "neg": lambda a, attrs, c: f"(-({a[0]}))",  # parenthesized: -(-1.25f), never --1.25f
     "abs": _math("fabs"),
     "exp": _math("exp"),
     "log": _math("log"),

@@ -213,3 +213,17 @@ def test_elementwise_ops_of_pass_by_value_scalars_alone_compile_and_run() -> Non
     for name, source in sources(g):
         assert compile_cubin(source, name, 90)
     assert gd.reference.execute(g.validate(), {"a": -2.0, "b": 3.0})["y"].tolist() == [[3.0]]
+
+
+@pytest.mark.parametrize("value", [-1.25, float("-inf")])
+def test_neg_of_a_negative_constant_compiles(value: float) -> None:
+    """neg(-1.25) rendered as (--1.25f), a decrement NVRTC refuses (fuzz seed 500)."""
+    g = gd.OperationGraphSpec(name="neg_constant", io_data_type="float")
+    x = g.tensor(name="x", dim=[2, 3])
+    g.add(x, g.neg(g.scalar(value))).set_name("y").set_output(True)
+    kernels = sources(g)
+    assert any("(-(-" in source for _, source in kernels)
+    for name, source in kernels:
+        assert compile_cubin(source, name, 90)
+    got = gd.reference.execute(g.validate(), {"x": np.zeros((2, 3), np.float32)})["y"]
+    assert (got == -value).all()
