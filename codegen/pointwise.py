@@ -10,14 +10,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from graphdnn.dtypes import DataType, round_to
 from graphdnn.ops.pointwise import ACTIVATION_KINDS, BINARY_KINDS, UNARY_KINDS
 
 Render = Callable[[list[str], Any, str], str]
 
 
 def literal(value: float, compute: str) -> str:
-    """A C literal of the compute type (inf and NaN included)."""
+    """A C literal of the compute type (inf and NaN included). A float literal that float
+    cannot hold is written as what it rounds to (1e308 as inf, 1e-300 as 0), as a float
+    computation would see it, not as a constant NVRTC rejects."""
     number = float(value)
+    if compute == "float":
+        single = float(round_to(DataType.FLOAT, number))
+        if single == 0 or single in (float("inf"), float("-inf")):
+            number = single
     if number != number:
         return (
             f"{compute}(__int_as_float(0x7fffffff))"
@@ -63,7 +72,7 @@ def _minmax(name: str) -> Render:
 
 EXPRESSIONS: dict[str, Render] = {
     "identity": lambda a, attrs, c: a[0],
-    "neg": lambda a, attrs, c: f"(-{a[0]})",
+    "neg": lambda a, attrs, c: f"(-({a[0]}))",  # parenthesized: -(-1.25f), never --1.25f
     "abs": _math("fabs"),
     "exp": _math("exp"),
     "log": _math("log"),

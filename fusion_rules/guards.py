@@ -53,4 +53,20 @@ def per_channel_operand(of: str) -> Guard:
     return guard
 
 
+def reads_only_main_output(of: str) -> Guard:
+    """The node reads none of the other outputs of the node bound as ``of`` (a training
+    batchnorm's statistics): the fused kernel computes them in an earlier pass and keeps
+    only the ones that are graph outputs, so its epilogue cannot read them."""
+
+    def guard(ctx: MatchContext, node: Node) -> str | None:
+        anchor = ctx.bindings[of]
+        side = {t.id: role for role, t in anchor.outputs[1:]}
+        for operand in node.input_tensors():
+            if operand.id in side:
+                return f"{node.name} reads {anchor.name}'s {side[operand.id]} '{operand.name}', not only its output"
+        return None
+
+    return guard
+
+
 FUSED_GUARDS: tuple[Guard, ...] = (fusable_types, fp8_needs_sm89)

@@ -75,6 +75,17 @@ def is_packed(dim: Sequence[int], stride: Sequence[int]) -> bool:
     return storage_extent(dim, stride) == numel(dim)
 
 
+def check_extent(dim: Sequence[int], stride: Sequence[int]) -> None:
+    """Raise StrideError unless the storage extent (elements from the first to the last, gaps
+    included) is at most MAX_ELEMENTS, so that byte offsets (at most 8 bytes an element) stay
+    below 2**51 and device index arithmetic in int64."""
+    extent = storage_extent(dim, stride)
+    if extent > MAX_ELEMENTS:
+        raise StrideError(
+            f"strides {list(stride)} make dims {list(dim)} span {extent} elements of memory, over {MAX_ELEMENTS}"
+        )
+
+
 def check_dims(dim: Sequence[int]) -> None:
     """Raise ShapeError unless ``dim`` is a valid list of extents."""
     if not 1 <= len(dim) <= MAX_RANK:

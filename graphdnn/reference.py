@@ -13,10 +13,14 @@ from typing import Any
 import numpy as np
 
 from .dtypes import round_to
-from .errors import FeedError, GraphError
+from .errors import FeedError, GraphError, UnsupportedError
 from .ir import Graph, Node, Tensor
 
 FeedKey = Any  # a TensorSpec, an IR Tensor, a tensor name or a uid
+
+# The reference holds every tensor in float64: 2**31 elements is 16 GiB. Dims may reach
+# 2**48 elements (the GPU's bound), so a small file could otherwise ask for petabytes.
+MAX_REFERENCE_ELEMENTS = 2**31
 
 
 def execute(graph: Any, feeds: Mapping[FeedKey, Any]) -> dict[str, np.ndarray]:
@@ -43,8 +47,20 @@ def output_arrays(ir: Graph, values: Mapping[int, np.ndarray]) -> dict[str, np.n
     return {t.name: values[t.id].astype(t.data_type.numpy) for t in ir.outputs}
 
 
+def check_size(ir: Graph) -> None:
+    """UnsupportedError naming the first tensor too large for the reference to hold."""
+    for t in ir.tensors:
+        if t.numel > MAX_REFERENCE_ELEMENTS:
+            raise UnsupportedError(
+                f"has {t.numel} elements; the reference backend computes in float64 and holds at most "
+                f"{MAX_REFERENCE_ELEMENTS} elements in a tensor",
+                tensor=t.name,
+            )
+
+
 def bind_feeds(ir: Graph, feeds: Mapping[FeedKey, Any]) -> dict[int, np.ndarray]:
-    """Check the feeds against the graph inputs; return float64 values by tensor id."""
+    """Check the graph's size and the feeds against its inputs; return float64 values by tensor id."""
+    check_size(ir)
     by_key = {}
     for key, value in feeds.items():
         tensor = resolve_tensor(ir, key)

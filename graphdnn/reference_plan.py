@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import reference
-from .errors import FeedError
+from .errors import FeedError, UnsupportedError
 from .ir import Graph, Tensor
 from .layout import storage_extent
 from .plan import PlanBase
@@ -24,6 +24,10 @@ from .runtime.buffers import same_strides
 from .runtime.overlap import View
 from .runtime.schedule import aliased_inputs
 from .variant_pack import resolve
+
+# Host storage a strided array may waste between its elements (a slice of a bigger tensor
+# is fine; a stride of 2**40 is not).
+MAX_HOST_GAP_BYTES = 2**30
 
 
 class ReferencePlan(PlanBase):
@@ -35,6 +39,7 @@ class ReferencePlan(PlanBase):
 
     def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> ReferenceBound:
         """Check the arrays once; the returned callable runs the reference and writes the outputs."""
+        reference.check_size(self.graph)
         pack = resolve(self.graph, variant_pack)
         for tid, value in pack.buffers.items():
             check_host(self.graph.tensors[tid], value)
@@ -91,10 +96,23 @@ def _view(array: np.ndarray) -> View:
 
 
 def host_array(t: Tensor, values: np.ndarray | None = None) -> np.ndarray:
-    """A NumPy array with exactly ``t``'s dims, strides and data type, holding ``values`` if given."""
+    """A NumPy array with exactly ``t``'s dims, strides and data type, holding ``values`` if given.
+
+    The storage spans the strides' gaps too; an UnsupportedError naming ``t`` refuses gaps
+    of more than MAX_HOST_GAP_BYTES (strides of 2**40 would ask for terabytes).
+    """
     itemsize = t.data_type.itemsize
-    storage = np.zeros(storage_extent(t.dim, t.stride), dtype=t.data_type.numpy)
-    array = np.lib.stride_tricks.as_strided(storage, shape=t.dim, strides=tuple(s * itemsize for s in t.stride))
+    extent = storage_extent(t.dim, t.stride)
+    gap = (extent - t.numel) * itemsize
+    if gap > MAX_HOST_GAP_BYTES:
+        raise UnsupportedError(
+            f"strides {list(t.stride)} leave {gap} bytes of gaps between the {t.numel} elements of dims "
+            f"{list(t.dim)}; host arrays are limited to {MAX_HOST_GAP_BYTES} bytes of gaps",
+            tensor=t.name,
+        )
+    storage = np.zeros(extent, dtype=t.data_type.numpy)
+    # np.ndarray over the buffer, not as_strided, which cannot rebuild fp8_e5m2 from its typestr ("<f1").
+    array = np.ndarray(t.dim, t.data_type.numpy, storage, strides=tuple(s * itemsize for s in t.stride))
     if values is not None:
         array[...] = values
     return array

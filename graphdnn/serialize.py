@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .bounded_read import read_bounded
 from .dtypes import as_data_type
 from .errors import DataTypeError, FormatError, GraphError
 from .gc_pause import gc_paused
@@ -129,13 +130,7 @@ def save(graph: OperationGraphSpec | Graph, path: str | os.PathLike[str]) -> Non
 def load(path: str | os.PathLike[str]) -> OperationGraphSpec:
     """Read and validate a graph file. Errors name the file and the JSON path."""
     file = Path(path)
-    try:
-        size = file.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise FormatError(f"file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit", file=str(file))
-        data = file.read_bytes()
-    except OSError as error:
-        raise FormatError(f"cannot read: {error.strerror or error}", file=str(file)) from None
+    data = read_bounded(file, MAX_FILE_BYTES)
     try:
         return spec_from_json(data)
     except GraphError as error:

@@ -16,8 +16,8 @@ from .dtypes import DataType
 from .errors import DataTypeError, GraphError, ShapeError, StructureError
 from .gc_pause import gc_paused
 from .ir import Graph, Node, Tensor
-from .layout import check_dims, check_strides, numel, packed_strides
-from .ops.base import Inferred, Op
+from .layout import check_dims, check_extent, check_strides, numel, packed_strides
+from .ops.base import Category, Inferred, Op
 
 if TYPE_CHECKING:
     from .graph import NodeSpec, OperationGraphSpec
@@ -207,6 +207,7 @@ def _check_layout(name: str, dim: Iterable[int], stride: Iterable[int], *, read_
     try:
         check_dims(dim)
         check_strides(dim, stride, read_only=read_only)
+        check_extent(dim, stride)
     except GraphError as error:
         raise error.located(tensor=name) from None
 
@@ -295,6 +296,13 @@ def _infer(op: Op, node: Node, node_spec: NodeSpec) -> dict[str, Inferred]:
             if role.floating and t.data_type.is_set and not t.data_type.is_floating:
                 raise DataTypeError(
                     f"{role.name} '{t.name}' is {t.data_type.value}; {op.kind} needs a floating type",
+                    node=node.name,
+                    tensor=t.name,
+                )
+            if t.is_pass_by_value and not role.scalar and op.category is not Category.POINTWISE:
+                raise StructureError(
+                    f"{role.name} '{t.name}' is a pass-by-value scalar; {op.kind} takes those only in its scalar "
+                    "roles (elementwise ops take them anywhere)",
                     node=node.name,
                     tensor=t.name,
                 )

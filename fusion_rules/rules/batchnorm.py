@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..guards import FUSED_GUARDS
+from ..guards import FUSED_GUARDS, reads_only_main_output
 from ..partition import Family
 from ..pattern import Epilogue, Pattern, op
 from ..rule import Rule, register_rule
@@ -10,7 +10,12 @@ from ..rule import Rule, register_rule
 BN_TRAIN_ACT = register_rule(
     Rule(
         name="bn_train_act",
-        pattern=Pattern((op("batchnorm", bind="bn", where=FUSED_GUARDS), Epilogue(min_nodes=1, guards=FUSED_GUARDS))),
+        pattern=Pattern(
+            (
+                op("batchnorm", bind="bn", where=FUSED_GUARDS),
+                Epilogue(min_nodes=1, guards=(*FUSED_GUARDS, reads_only_main_output("bn"))),
+            )
+        ),
         family=Family.BATCHNORM_TRAIN,
         anchor="bn",
         priority=35,

@@ -83,10 +83,19 @@ def _groups(node: Node, channels: int, weight: Tensor, what: str) -> int:
 
 
 def _spatial_out(node: Node, a: ConvAttributes, in_spatial: Sequence[int], filt: Sequence[int]) -> tuple[int, ...]:
+    """Output spatial dims; padding on either side is at most the larger of the input extent
+    and the dilated filter extent, so a small graph cannot ask for a huge padded image."""
     out = []
     for axis, (x, f, lo, hi, s, d) in enumerate(
         zip(in_spatial, filt, a.pre_padding, a.post_padding, a.stride, a.dilation)
     ):
+        reach = d * (f - 1) + 1
+        if max(lo, hi) > max(x, reach):
+            fail_attribute(
+                node,
+                f"spatial dim {axis}: padding {lo}+{hi} is over the limit of {max(x, reach)}, the larger of the "
+                f"input extent {x} and the dilated filter extent {reach} (more pads only zeros)",
+            )
         extent = output_extent(x, f, lo, hi, s, d)
         if extent < 1:
             fail(node, f"spatial dim {axis}: filter {f} (dilation {d}) does not fit input {x} padded by {lo}+{hi}")

@@ -93,6 +93,9 @@ class Pooling(Op):
         ):
             if lo >= w or hi >= w:
                 fail_attribute(node, f"padding {lo}+{hi} of spatial dim {axis} must be smaller than the window {w}")
+            if max(lo, hi) > extent:
+                # Windows wholly in the padding see no input; a small graph could ask for a huge padded image.
+                fail_attribute(node, f"padding {lo}+{hi} of spatial dim {axis} is over the input extent {extent}")
             size = output_extent(extent, w, lo, hi, s, 1)
             if size < 1:
                 fail(
