@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from graphdnn.dtypes import DataType, round_to
 from graphdnn.ops.pointwise import ACTIVATION_KINDS, BINARY_KINDS, UNARY_KINDS
 
