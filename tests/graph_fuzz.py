@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 import graphdnn as gd
 from graphdnn.dtypes import DataType
 from graphdnn.layout import numel, packed_strides, stride_order
-from graphdnn.lower import lower
+from graphdnn.lower import KernelSource, lower
 from graphdnn.ops.base import get_op, op_kinds
 from graphdnn.random_inputs import random_inputs
 from graphdnn.reference_plan import ReferencePlan, host_array
@@ -68,7 +68,7 @@ class Outcome:
 
     status: str
     detail: str = ""
-    sources: dict[str, str] = field(default_factory=dict)  # content hash -> CUDA source
+    sources: dict[str, KernelSource] = field(default_factory=dict)  # by content hash
 
 
 # -- the seed corpus -------------------------------------------------------------------------
@@ -492,7 +492,7 @@ def check(text: str) -> Outcome:
         lowered = lower(ir, 90, lambda content_hash: content_hash)
     except Exception:
         return Outcome("finding", "lowering for sm_90: " + _short_traceback())
-    sources = {source.content_hash: source.source for source in lowered.sources.values()}
+    sources = {source.content_hash: source for source in lowered.sources.values()}
     if sum(numel(t.dim) for t in ir.tensors) > REFERENCE_BUDGET:
         return Outcome("accepted", "not run: large", sources)
     try:
@@ -507,14 +507,14 @@ def check(text: str) -> Outcome:
     return Outcome("accepted", "", sources)
 
 
-def compile_sources(sources: dict[str, str]) -> list[str]:
-    """NVRTC-compile each source for sm_90; the failures, as findings."""
+def compile_sources(sources: dict[str, KernelSource]) -> list[str]:
+    """NVRTC-compile each kernel for sm_90 (its entry point checked); the failures, as findings."""
     from codegen.nvrtc import compile_cubin
 
     failed = []
-    for content_hash, source in sources.items():
+    for content_hash, kernel in sources.items():
         try:
-            compile_cubin(source, f"fuzz_{content_hash[:12]}", 90)
+            compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
         except Exception as error:
             failed.append(f"NVRTC, kernel {content_hash[:12]}: {type(error).__name__}: {str(error)[:2000]}")
     return failed
@@ -532,7 +532,7 @@ class Report:
     cases: int = 0
     counts: Counter[str] = field(default_factory=Counter)
     findings: list[str] = field(default_factory=list)
-    kernels: dict[str, str] = field(default_factory=dict)  # every distinct kernel emitted
+    kernels: dict[str, KernelSource] = field(default_factory=dict)  # every distinct kernel emitted
     compiled: int = 0
     slowest: tuple[float, int] = (0.0, -1)  # seconds, case: unbounded work shows up here
 

@@ -98,6 +98,18 @@ def _arg(index: int, arg: int, value: list[Any]) -> Callable[[dict[str, Any]], N
     return change
 
 
+def _swap_kind(index: int, arg: int, kind: str) -> Callable[[dict[str, Any]], None]:
+    """Bind argument ``arg``'s own tensor as ``kind`` (a scalar's tensor as a tensor, or
+    the reverse): positions come from the stored plan, whatever the canonical order is."""
+
+    def change(document: dict[str, Any]) -> None:
+        stored = document["program"]["launches"][index]["args"][arg]
+        assert stored[0] != kind, stored
+        stored[0] = kind
+
+    return change
+
+
 def _program(**fields: Any) -> Callable[[dict[str, Any]], None]:
     def change(document: dict[str, Any]) -> None:
         document["program"].update(fields)
@@ -123,8 +135,8 @@ TAMPERED_PLANS = [
     ("sum_then_add", _arg(0, 0, ["tensor", 999, None]), "names tensor 999"),
     ("sum_then_add", _arg(0, 0, ["tensor", 1.5, None]), "tensor position 1.5"),
     ("sum_then_add", _arg(0, 0, ["scratch", None, 12345]), "names no scratch buffer"),
-    ("scaled", _arg(0, 1, ["tensor", 2, None]), "bound as a tensor"),
-    ("scaled", _arg(0, 0, ["scalar", 0, None]), "bound as a scalar"),
+    ("scaled", _swap_kind(0, 1, "tensor"), "bound as a tensor"),
+    ("scaled", _swap_kind(0, 0, "scalar"), "bound as a scalar"),
     ("sum_then_add", _launch(0, grid=[2**40, 1, 1]), "grid .* outside the CUDA limits"),
     ("sum_then_add", _launch(0, grid=[1, 65536, 1]), "grid .* outside the CUDA limits"),
     ("sum_then_add", _launch(0, grid=[0, 1, 1]), "grid .* outside the CUDA limits"),
