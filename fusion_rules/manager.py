@@ -66,7 +66,7 @@ def fuse(
                     continue
                 node = ir.nodes[node_id]
                 asked = Claimed(claimed)
-                outcome = match(rule.pattern, MatchContext(ir, view, target, asked), node)
+                outcome = match(rule.pattern, MatchContext(ir, view, target, asked, quotient), node)
                 worklist.watch(asked.asked, index, node_id)
                 for miss in outcome.rejections:
                     reject(rule, miss)

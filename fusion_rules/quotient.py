@@ -14,6 +14,7 @@ topological order does for an inserted edge.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Collection
 
 from .view import GraphView
@@ -52,6 +53,13 @@ class Quotient:
         self._names[vertex] = name
         return None
 
+    def descendants(self) -> Reach:
+        """Vertices reachable from a growing set of seeds (see :class:`Reach`)."""
+        return Reach(self, forward=True)
+
+    def ancestors(self) -> Reach:
+        return Reach(self, forward=False)
+
     def _reach(self, group: Collection[int], *, forward: bool, bound: int) -> tuple[set[int], int | None]:
         """Vertices reachable from ``group`` (against the edges unless ``forward``) with keys
         strictly before ``bound`` (after it, backward); and a contracted vertex on a path
@@ -80,3 +88,41 @@ class Quotient:
 
     def _before(self, vertex: int, bound: int, forward: bool) -> bool:
         return self._key[vertex] < bound if forward else self._key[vertex] > bound
+
+
+class Reach:
+    """The vertices reachable from a growing set of seeds, discovered lazily in key order.
+
+    ``x in reach`` (x a node id: is the vertex holding it reached?) only explores up to
+    that vertex's key, and each vertex is explored once however many seeds and questions
+    follow, so growing a group node by node and asking about its neighbours costs the
+    size of the region the group spans.
+    """
+
+    def __init__(self, quotient: Quotient, *, forward: bool) -> None:
+        self._quotient = quotient
+        self._edges = quotient._view.succs if forward else quotient._view.preds
+        self._sign = 1 if forward else -1
+        self._found: set[int] = set()
+        self._pending: list[tuple[int, int]] = []  # found, not yet explored: (signed key, vertex), nearest first
+
+    def add(self, seed: int) -> None:
+        """Seed with an unclaimed node."""
+        self._push_neighbours(seed)
+
+    def __contains__(self, node_id: object) -> bool:
+        assert isinstance(node_id, int)
+        vertex = self._quotient._owner[node_id]
+        bound = self._sign * self._quotient._key[vertex]
+        while self._pending and self._pending[0][0] < bound:
+            self._push_neighbours(heapq.heappop(self._pending)[1])
+        return vertex in self._found
+
+    def _push_neighbours(self, vertex: int) -> None:
+        quotient = self._quotient
+        for m in quotient._members.get(vertex, [vertex]):
+            for w in self._edges[m]:
+                u = quotient._owner[w]
+                if u not in self._found and u != vertex:
+                    self._found.add(u)
+                    heapq.heappush(self._pending, (self._sign * quotient._key[u], u))
