@@ -13,6 +13,7 @@ from graphdnn.ir import Graph, Node, Tensor
 
 from .partition import Family, FusedNode, Partition, Rejection, Rewrite, family_of, is_elementwise
 from .pattern import Claimed, Group, Match, MatchContext, Miss, Op, match
+from .quotient import Quotient
 from .rule import Rule, registered_rules
 from .view import GraphView
 
@@ -40,8 +41,10 @@ def fuse(
     target = parse_arch(arch)
     view = GraphView(ir)
 
+    quotient = Quotient(view)  # the fused nodes so far, contracted: must stay a DAG
     claimed: set[int] = set()
-    matches: list[tuple[Rule, Match]] = []
+    matches: list[tuple[Rule, Match, str | None]] = []
+    counts: dict[str, int] = {}  # fused nodes made per rule, which name them
     rejections: dict[tuple[str, tuple[str, ...], str], Rejection] = {}
 
     def reject(rule: Rule, miss: Miss) -> None:
@@ -63,7 +66,7 @@ def fuse(
                     continue
                 node = ir.nodes[node_id]
                 asked = Claimed(claimed)
-                outcome = match(rule.pattern, MatchContext(ir, view, target, asked), node)
+                outcome = match(rule.pattern, MatchContext(ir, view, target, asked, quotient), node)
                 worklist.watch(asked.asked, index, node_id)
                 for miss in outcome.rejections:
                     reject(rule, miss)
@@ -79,30 +82,51 @@ def fuse(
                         ),
                     )
                     continue
-                matches.append((rule, result))
+                name = _fused_name(rule, result, counts)
+                if name is not None:
+                    blocker = quotient.contract([n.id for n in result.members], name)
+                    if blocker is not None:
+                        reject(
+                            rule,
+                            Miss(
+                                f"fusing them would form a cycle with fused node {blocker}",
+                                tuple(n.name for n in result.members),
+                            ),
+                        )
+                        continue
+                    counts[rule.name] = counts.get(rule.name, 0) + 1
+                matches.append((rule, result, name))
                 claimed.update(n.id for n in result.members)
                 worklist.claimed(n.id for n in result.members)
     return _assemble(ir, view, matches, claimed, tuple(rejections.values()))
 
 
+def _fused_name(rule: Rule, result: Match, counts: dict[str, int]) -> str | None:
+    """``conv_bn_act_0``...; None for a group of one node, which stays that node alone."""
+    if isinstance(rule.pattern, Group) and len(result.members) == 1:
+        return None
+    return f"{rule.name}_{counts.get(rule.name, 0)}"
+
+
 def _assemble(
-    ir: Graph, view: GraphView, matches: list[tuple[Rule, Match]], claimed: set[int], rejections: tuple[Rejection, ...]
+    ir: Graph,
+    view: GraphView,
+    matches: list[tuple[Rule, Match, str | None]],
+    claimed: set[int],
+    rejections: tuple[Rejection, ...],
 ) -> Partition:
     order = {node.id: i for i, node in enumerate(ir.nodes)}
     groups: list[tuple[str, str, Family, tuple[Node, ...], Node | None, Node | None]] = []
     rewrites = []
-    counts: dict[str, int] = {}
-    for rule, result in matches:
+    for rule, result, fused_name in matches:
         members = tuple(sorted(result.members, key=lambda n: order[n.id]))
         anchor = result.bindings.get(rule.anchor) if rule.anchor else None
         prologue = result.bindings.get(rule.prologue) if rule.prologue else None
         family = rule.family or (family_of(anchor) if anchor is not None else Family.ELEMENTWISE)
-        if isinstance(rule.pattern, Group) and len(members) == 1:
+        if fused_name is None:
             name, rule_name = members[0].name, "single"
         else:
-            name = f"{rule.name}_{counts.get(rule.name, 0)}"
-            counts[rule.name] = counts.get(rule.name, 0) + 1
-            rule_name = rule.name
+            name, rule_name = fused_name, rule.name
             rewrites.append(Rewrite(rule.name, name, tuple(n.name for n in members)))
         groups.append((rule_name, name, family, members, anchor, prologue))
     for node in ir.nodes:

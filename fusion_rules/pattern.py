@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from graphdnn.ir import Graph, Node, Tensor
 
 from .partition import is_elementwise
+from .quotient import Quotient
 from .view import GraphView
 
 Guard = Callable[["MatchContext", Node], "str | None"]
@@ -92,6 +93,7 @@ class MatchContext:
     view: GraphView
     arch: int  # compute capability * 10, e.g. 90
     claimed: Claimed
+    quotient: Quotient  # the fused nodes so far, contracted
     bindings: dict[str, Node] = field(default_factory=dict)
     value: Tensor | None = None  # the tensor through which the node under test is reached
 
@@ -313,7 +315,7 @@ def _match_group(pattern: Group, ctx: MatchContext, start: Node) -> Outcome:
     view, nodes = ctx.view, ctx.graph.nodes
     dims = primary_output(start).dim
     group = {start.id}
-    below, above = view.descendants(), view.ancestors()
+    below, above = ctx.quotient.descendants(), ctx.quotient.ancestors()
     below.add(start.id)
     above.add(start.id)
     excluded: set[int] = set()  # linked nodes that can never join

@@ -9,7 +9,6 @@ whole graph (fusion stays linear in the size of the graph).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Collection
 
 from graphdnn.ir import Graph, Node, Tensor
@@ -68,41 +67,3 @@ class GraphView:
                     seen.add(w)
                     stack.append(w)
         return True
-
-    def descendants(self) -> Reach:
-        """Nodes reachable from a growing set of seeds (see :class:`Reach`)."""
-        return Reach(self.succs, forward=True)
-
-    def ancestors(self) -> Reach:
-        return Reach(self.preds, forward=False)
-
-
-class Reach:
-    """The nodes reachable from a growing set of seeds, discovered lazily in topological order.
-
-    ``x in reach`` only explores up to x's position, and each node is explored once
-    however many seeds and questions follow, so growing a group node by node and asking
-    about its neighbours costs the size of the region the group spans.
-    """
-
-    def __init__(self, edges: list[list[int]], *, forward: bool) -> None:
-        self._edges = edges
-        self._sign = 1 if forward else -1
-        self._found: set[int] = set()
-        self._pending: list[int] = []  # found, not yet explored; signed positions, nearest first
-
-    def add(self, seed: int) -> None:
-        self._push_neighbours(seed)
-
-    def __contains__(self, node_id: object) -> bool:
-        assert isinstance(node_id, int)
-        bound = self._sign * node_id
-        while self._pending and self._pending[0] < bound:
-            self._push_neighbours(self._sign * heapq.heappop(self._pending))
-        return node_id in self._found
-
-    def _push_neighbours(self, v: int) -> None:
-        for w in self._edges[v]:
-            if w not in self._found:
-                self._found.add(w)
-                heapq.heappush(self._pending, self._sign * w)
