@@ -29,7 +29,8 @@ from graphdnn.errors import StructureError, UnsupportedError
 from graphdnn.ir import Graph, Node, Tensor
 from graphdnn.ops.conv import ConvMode, conv_attrs
 from graphdnn.ops.norms import NormOp
-from graphdnn.reference import FeedKey, bind_feeds, operands, output_arrays
+from graphdnn.ir import FeedKey
+from graphdnn.reference import bind_feeds, operands, output_arrays
 
 from .partition import Family, FusedNode, Partition, is_elementwise
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .arch import arch_name, current_gpu_arch, resolve_arch, runs_on
+from .arch import arch_name, resolve_arch, runs_on
 from .cache.entries import KernelBinary, PlanEntry
 from .cache.key import KeyFields, key_fields
 from .cache.plan_cache import DEFAULT, CachedPlan, PlanCache, resolve_cache
@@ -127,6 +127,7 @@ def tuned_choices(
 ) -> tuple[dict[int, dict[str, Any]], str]:
     """Autotuned launch choices by fused-node position, and the GPU they were timed on."""
     from .autotune import gpu_measure, tune
+    from .runtime.driver import current_gpu_arch
 
     current = current_gpu_arch()
     if current is None or not runs_on(target, current):

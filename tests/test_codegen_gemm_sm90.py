@@ -24,10 +24,10 @@ from codegen import Kernel
 from codegen.emit import emit_partition
 from codegen.families.gemm import candidates
 from codegen.nvrtc import compile_cubin
-from graphdnn.arch import current_gpu_arch
 from graphdnn.errors import UnsupportedError
 from graphdnn.kernel_build import compile_sources
 from graphdnn.lower import lower
+from graphdnn.runtime.driver import current_gpu_arch
 from tests.gpu_check import check_on_gpu
 from tests.test_codegen_gemm import SIMT, TENSOR_CORE, Conv, Matmul
 

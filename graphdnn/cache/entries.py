@@ -16,7 +16,6 @@ from ..program import Program
 from . import container
 from .container import EntryError
 from .key import KeyFields
-from .trust import check_kernel, check_plan
 
 # What a malformed but checksum-valid section can raise while being decoded.
 _MALFORMED = (LookupError, TypeError, ValueError, OverflowError, AttributeError, RecursionError)
@@ -41,7 +40,8 @@ class KernelBinary:
 
     @classmethod
     def decode(cls, data: bytes, kernel_key: str) -> KernelBinary:
-        """The kernel entry ``data``, checked (trust.check_kernel); EntryError if it cannot be used."""
+        """The kernel entry ``data`` as written; EntryError if it cannot be read. Unchecked:
+        read entries through ``trust.trusted_kernel``."""
         sections = container.decode(data, "kernel")
         meta = _json(sections, "meta")
         if meta.get("kernel_key") != kernel_key:
@@ -57,7 +57,6 @@ class KernelBinary:
             )
         except _MALFORMED as error:
             raise EntryError(f"malformed kernel entry: {type(error).__name__} {error}") from None
-        check_kernel(binary)
         return binary
 
     def __repr__(self) -> str:
@@ -91,8 +90,8 @@ class PlanEntry:
 
     @classmethod
     def decode(cls, data: bytes, key: str) -> PlanEntry:
-        """The plan entry ``data``, checked on its own (trust.check_plan); EntryError if it
-        cannot be used. Its kernels and the graph that looks it up are checked by the caller."""
+        """The plan entry ``data`` as written; EntryError if it cannot be read. Unchecked:
+        read entries through ``trust.trusted_plan``."""
         document = _json(container.decode(data, "plan"), "plan")
         try:
             entry = cls(
@@ -106,7 +105,6 @@ class PlanEntry:
                 raise EntryError(f"holds plan {entry.key[:16]}…, not {key[:16]}…")
         except _MALFORMED as error:
             raise EntryError(f"malformed plan: {type(error).__name__} {error}") from None
-        check_plan(entry)
         return entry
 
     @classmethod

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from .. import reference, serialize
-from ..arch import current_gpu_arch
 from ..compare import relative_error, tolerance
 from ..compiler import compile
 from ..ir import Graph
@@ -28,6 +27,7 @@ from ..names import printable
 from ..plan import Plan, PlanBase
 from ..random_inputs import random_inputs
 from ..reference_plan import host_array
+from ..runtime.driver import current_gpu_arch
 from . import add_cache_dir, chosen_cache, positive, target
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import AttributeValueError, ShapeError, UndeclaredDimsError, UnknownOpError
 from .attributes import Attributes, NoAttributes
+from .registry import DEFINITIONS
 
 if TYPE_CHECKING:
     from ..ir import Node, Tensor
@@ -108,26 +109,24 @@ class Op(abc.ABC):
         raise KeyError(name)
 
 
-_REGISTRY: dict[str, Op] = {}
-
-
 def register(cls: type[Op]) -> type[Op]:
-    """Class decorator: make ``cls.kind`` known to graphs and files."""
-    if cls.kind in _REGISTRY:
+    """Class decorator: make ``cls.kind`` known to graphs and files (``registry.DEFINITIONS``)."""
+    if cls.kind in DEFINITIONS:
         raise RuntimeError(f"op kind '{cls.kind}' is registered twice")
-    _REGISTRY[cls.kind] = cls()
+    DEFINITIONS[cls.kind] = cls()
     return cls
 
 
 def get_op(kind: str, *, node: str | None = None, path: str | None = None) -> Op:
     try:
-        return _REGISTRY[kind]
+        op: Op = DEFINITIONS[kind]
     except KeyError:
         raise UnknownOpError(f"unknown op '{kind}'", node=node, path=path) from None
+    return op
 
 
 def op_kinds() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
+    return tuple(sorted(DEFINITIONS))
 
 
 # -- helpers for infer() ------------------------------------------------------------------

@@ -10,20 +10,40 @@ parameter slots.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..arch import arch_name, runs_on
 from ..errors import FeedError, UnsupportedError
-from ..program import WORKSPACE_ALIGNMENT
+from ..ir import Graph
+from ..program import WORKSPACE_ALIGNMENT, Program
 from ..variant_pack import resolve, scalar_value
 from . import buffers, driver, frameworks
 from .device_array import DeviceMemory
 from .launch import BoundPlan, Copy, pack_arguments
+from .modules import LoadedKernel
 from .overlap import View, overlap
 from .schedule import schedule
 
-if TYPE_CHECKING:
-    from ..plan import Plan
+
+class Plan(Protocol):
+    """What binding needs of a compiled plan (:class:`graphdnn.plan.Plan` is one): the
+    runtime sits below the plan and never imports it."""
+
+    @property
+    def graph(self) -> Graph: ...
+
+    @property
+    def arch(self) -> int: ...
+
+    @property
+    def program(self) -> Program: ...
+
+    @property
+    def workspace_size(self) -> int: ...
+
+    def loaded_kernels(self, device: driver.Device) -> list[LoadedKernel]: ...
+
+    def default_workspace(self, device: driver.Device) -> int: ...
 
 
 def bind(plan: Plan, variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> BoundPlan:
@@ -76,7 +96,7 @@ def _device(plan: Plan, ordinals: list[int]) -> driver.Device:
     device = driver.device(ordinals[0]) if ordinals else driver.current_device()
     if not runs_on(plan.arch, device.arch):
         raise UnsupportedError(
-            f"plan for graph '{plan.graph.name}' was compiled for {plan.arch_name}; cuda:{device.ordinal} "
+            f"plan for graph '{plan.graph.name}' was compiled for {arch_name(plan.arch)}; cuda:{device.ordinal} "
             f"({device.name}) is {arch_name(device.arch)}: build it with arch=None (the current GPU) or "
             f"arch='{arch_name(device.arch)}'"
         )
