@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import graphdnn as gd
-from graphdnn.serialize import graph_to_json, spec_from_json
+from graphdnn.serialize import graph_to_json
 from graphdnn.signature import signature
 
 DIM = (8, 64)
@@ -115,7 +115,7 @@ def measure(shape: str, nodes: int, budget: float, lowered: bool) -> dict[str, f
         return times
     times["to_json"], text = _timed(budget, lambda: graph_to_json(ir))
     if text is not None:
-        times["load"], _ = _timed(budget, lambda: spec_from_json(text))
+        times["load"], _ = _timed(budget, lambda: gd.OperationGraphSpec.from_json(text))
     times["sign"], _ = _timed(budget, lambda: signature(ir))
     from fusion_rules import fuse
     from graphdnn.lower import lower

@@ -253,7 +253,7 @@ def _validated(graph: Any) -> Graph:
     if isinstance(graph, Graph):
         return graph
     if isinstance(graph, (str, os.PathLike)):
-        from .serialize import load
+        from .files import load
 
         return load(graph).validate()
     validated: Graph = graph.validate()

@@ -14,8 +14,8 @@ from ..cache.entries import KernelBinary, PlanEntry
 from ..cache.key import FORMAT_VERSION, key_fields
 from ..cache.store import DiskStore, StoredFile
 from ..cache.trust import check_kernels, trusted_kernel, trusted_plan
+from ..files import load
 from ..names import printable
-from ..serialize import load
 from . import add_cache_dir, chosen_directory, target
 
 

@@ -19,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import reference, serialize
 from ..compare import relative_error, tolerance
 from ..compiler import compile
+from ..files import load
 from ..ir import Graph
 from ..names import printable
 from ..plan import Plan, PlanBase
 from ..random_inputs import random_inputs
+from ..reference import evaluate, execute, output_arrays
 from ..reference_plan import host_array
 from ..runtime.driver import current_gpu_arch
 from . import add_cache_dir, chosen_cache, positive, target
@@ -47,7 +48,7 @@ def add(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    ir = serialize.load(args.file).validate()
+    ir = load(args.file).validate()
     backend = args.backend or ("gpu" if current_gpu_arch() is not None else "reference")
     why = "" if args.backend else (" (a GPU is present)" if backend == "gpu" else " (no GPU found)")
     print(printable(f"graph '{ir.name}' ({args.file}): {len(ir.nodes)} nodes; backend {backend}{why}"))
@@ -62,12 +63,12 @@ def _run(args: argparse.Namespace) -> int:
     feeds = random_inputs(ir, args.seed)
     if isinstance(plan, Plan):
         results = _run_gpu(plan, ir, feeds, args.repeat)
-        return _check(ir, results, reference.execute(ir, feeds)) if args.check else 0
+        return _check(ir, results, execute(ir, feeds)) if args.check else 0
     if not args.check:
         _run_reference(plan, ir, feeds)
         return 0
     plain = _run_plain(ir, feeds)
-    return _check(ir, _run_fused(ir, feeds, args.arch, plain), reference.output_arrays(ir, plain))
+    return _check(ir, _run_fused(ir, feeds, args.arch, plain), output_arrays(ir, plain))
 
 
 def _origin(plan: PlanBase) -> str:
@@ -128,7 +129,7 @@ def _run_reference(plan: PlanBase, ir: Graph, feeds: dict[str, np.ndarray]) -> d
 def _run_plain(ir: Graph, feeds: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
     """Every tensor's reference value: the expected outputs, and what the fused partition shares."""
     start = time.perf_counter()
-    values = reference.evaluate(ir, feeds)
+    values = evaluate(ir, feeds)
     print(f"reference: {len(ir.nodes)} nodes in {(time.perf_counter() - start) * 1e3:.1f} ms")
     return values
 
