@@ -1,14 +1,14 @@
 """From a validated graph to a :class:`~graphdnn.program.Program` and its kernel sources.
 
-The one place where graphdnn reaches into the later stages: ``fusion_rules.fuse``
-partitions the graph, ``codegen.emit_partition`` writes a CUDA program per fused node.
+The one place where graphdnn reaches into code generation: given the partition that
+``fusion_rules.fuse`` made, ``codegen.emit_partition`` writes a CUDA program per fused node.
 This module turns their output into plan data: workspace offsets for the intermediates
 that cross fused nodes and for every scratch buffer, and each kernel parameter's binding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,21 +38,20 @@ class Lowered:
 
 
 def lower(
-    ir: Graph,
+    partition: Partition,
     arch: int,
+    graph_signature: str,
     kernel_key: Callable[[str], str],
     *,
-    disable: Iterable[str] = (),
     tuning: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> Lowered:
-    """Fuse ``ir`` for sm_``arch`` and emit its kernels; ``kernel_key`` names a kernel's
-    cubin from its content hash; ``tuning`` gives launch choices by fused-node position."""
+    """Emit the kernels of ``partition`` (fused for sm_``arch``; ``graph_signature`` is its
+    graph's, named in each kernel's header); ``kernel_key`` names a kernel's cubin from its
+    content hash; ``tuning`` gives launch choices by fused-node position."""
     from codegen import emit_partition
-    from fusion_rules import fuse
 
-    partition = fuse(ir, arch=arch, disable=disable)
     by_name = {partition.nodes[i].name: dict(choice) for i, choice in (tuning or {}).items()}
-    programs = emit_partition(partition, arch, by_name)
+    programs = emit_partition(partition, arch, by_name, graph_signature=graph_signature)
     return assemble(partition, programs, kernel_key, tuning or {})
 
 

@@ -83,15 +83,20 @@ _COMPILED: set[tuple[int, str]] = set()  # (target, content hash) compiled in th
 def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) -> CompileReport:
     """Fuse, emit and NVRTC-compile ``graphs`` for each target; every failure, never only the first."""
     from codegen.nvrtc import compile_cubin
+    from fusion_rules import fuse
     from graphdnn.lower import KernelSource, lower
+    from graphdnn.signature import signature
 
     report = CompileReport()
     pending: dict[tuple[int, str], tuple[KernelSource, Graph]] = {}
     for graph in graphs:
         report.graphs += 1
+        graph_signature = signature(graph)
         for target in targets:
             try:
-                sources = lower(graph, target, lambda content_hash: content_hash).sources
+                sources = lower(
+                    fuse(graph, arch=target), target, graph_signature, lambda content_hash: content_hash
+                ).sources
             except Exception as error:  # every defect is reported, with its graph
                 report.failures.append(f"{describe(graph)} for sm_{target}: {type(error).__name__}: {error}")
                 continue

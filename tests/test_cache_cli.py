@@ -155,10 +155,10 @@ def test_a_graph_that_breaks_the_compiler_does_not_stop_the_batch(
 
     real = graphdnn.lower.lower
 
-    def lower(ir, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if ir.name == "broken":
-            raise KeyError("a defect in a fusion rule")
-        return real(ir, *args, **kwargs)
+    def lower(partition, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if partition.graph.name == "broken":
+            raise KeyError("a defect in a code generator")
+        return real(partition, *args, **kwargs)
 
     monkeypatch.setattr(graphdnn.lower, "lower", lower)
     files = []
