@@ -3,7 +3,7 @@
 from . import reference
 from .cache.plan_cache import PlanCache
 from .cache.store import CacheWarning
-from .cache_warmup import WarmupReport, warmup
+from .cache.warmup import WarmupReport, warmup
 from .compiler import compile
 from .dtypes import DataType
 from .errors import (

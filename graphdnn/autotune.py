@@ -21,12 +21,12 @@ from .compilation import Compilation
 from .ir import Graph, Tensor
 from .kernel_build import build_kernels
 from .lower import assemble
-from .program import ArgKind, Program
+from .program import ArgKind, LaunchProgram
 from .random_inputs import random_inputs
 from .variant_pack import scalar_value
 
 # Times a program (one fused node's launches, its own workspace layout) in µs.
-Measure = Callable[[Program, Mapping[str, KernelBinary]], float]
+Measure = Callable[[LaunchProgram, Mapping[str, KernelBinary]], float]
 ROUNDS = 20
 
 
@@ -82,7 +82,7 @@ def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> tuple[Measure, str]:
                 arrays[t.id] = DeviceArray(t.dim, t.stride, t.data_type, device)
         return arrays[t.id].pointer
 
-    def measure(program: Program, binaries: Mapping[str, KernelBinary]) -> float:
+    def measure(program: LaunchProgram, binaries: Mapping[str, KernelBinary]) -> float:
         workspace = DeviceMemory(device, program.workspace_size)
         with device.current():
             driver.call(driver.api().cuMemsetD8, workspace.pointer, 0, max(program.workspace_size, 1))

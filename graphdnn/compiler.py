@@ -21,7 +21,7 @@ from .env import env_flag
 from .errors import CacheMissError, GraphError, UnsupportedError
 from .ir import Graph
 from .plan import Plan, PlanBase
-from .program import Program
+from .program import LaunchProgram
 from .reference_plan import ReferencePlan
 
 BACKENDS = ("gpu", "reference")
@@ -142,7 +142,7 @@ def tuned_choices(
 def store_plan(
     plan_cache: PlanCache,
     job: Compilation,
-    program: Program,
+    program: LaunchProgram,
     binaries: dict[str, KernelBinary],
     tuned_on: str | None = None,
 ) -> OSError | None:

@@ -1,4 +1,4 @@
-"""From a validated graph to a :class:`~graphdnn.program.Program` and its kernel sources.
+"""From a validated graph to a :class:`~graphdnn.program.LaunchProgram` and its kernel sources.
 
 The one place where graphdnn reaches into code generation: given the partition that
 ``fusion_rules.fuse`` made, ``codegen.emit_partition`` writes a CUDA program per fused node.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .ir import Graph, Tensor
 from .layout import storage_extent
-from .program import Arg, ArgKind, Launch, Program, WorkspaceBuffer, align
+from .program import Arg, ArgKind, Launch, LaunchProgram, WorkspaceBuffer, align
 
 if TYPE_CHECKING:
     from codegen import FusedProgram, Kernel
@@ -33,7 +33,7 @@ class KernelSource:
 class Lowered:
     """A program plus the source of each of its kernels, by kernel key."""
 
-    program: Program
+    program: LaunchProgram
     sources: dict[str, KernelSource]
 
 
@@ -92,7 +92,7 @@ def assemble(
             )
     size = max((b.offset + b.bytes for b in workspace), default=0)
     chosen = tuple(dict(tuning.get(i, {})) for i in range(len(programs)))
-    return Lowered(Program(tuple(launches), workspace, align(size), chosen), sources)
+    return Lowered(LaunchProgram(tuple(launches), workspace, align(size), chosen), sources)
 
 
 def _layout(intermediates: tuple[Tensor, ...], programs: tuple[FusedProgram, ...]) -> tuple[WorkspaceBuffer, ...]:

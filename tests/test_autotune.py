@@ -16,7 +16,7 @@ from graphdnn import autotune
 from graphdnn.cache.entries import KernelBinary
 from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.cache.trust import trusted_plan
-from graphdnn.program import Program
+from graphdnn.program import LaunchProgram
 from graphdnn.runtime import driver
 from tests import plan_graphs
 from tests.gpu_check import check_on_gpu
@@ -28,7 +28,7 @@ class PreferSecond:
     def __init__(self) -> None:
         self.timed: list[str] = []
 
-    def __call__(self, program: Program, binaries: Mapping[str, KernelBinary]) -> float:
+    def __call__(self, program: LaunchProgram, binaries: Mapping[str, KernelBinary]) -> float:
         self.timed.append(program.launches[0].name)
         assert all(launch.kernel_key in binaries for launch in program.launches)
         return 1.0 if len(self.timed) == 2 else 5.0

@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..program import Program
+from ..program import LaunchProgram
 from . import container
 from .container import EntryError
 from .key import KeyFields
@@ -68,7 +68,7 @@ class PlanEntry:
     """A plan as stored: its key fields and its program with tensors named by canonical position."""
 
     fields: KeyFields
-    program: Program
+    program: LaunchProgram
     graph_name: str  # the graph it was first built from (for listings; never part of the key)
     created: float
     tuned_on: str | None = None  # the GPU the tuning was timed on; None: the families' heuristic choices
@@ -96,7 +96,7 @@ class PlanEntry:
         try:
             entry = cls(
                 fields=KeyFields(**{name: _scalar(value) for name, value in document["fields"].items()}),
-                program=Program.from_json(document["program"]),
+                program=LaunchProgram.from_json(document["program"]),
                 graph_name=_text(document["graph_name"]),
                 created=float(document["created"]),
                 tuned_on=None if document["tuned_on"] is None else _text(document["tuned_on"]),
@@ -108,7 +108,7 @@ class PlanEntry:
         return entry
 
     @classmethod
-    def new(cls, fields: KeyFields, program: Program, graph_name: str, tuned_on: str | None = None) -> PlanEntry:
+    def new(cls, fields: KeyFields, program: LaunchProgram, graph_name: str, tuned_on: str | None = None) -> PlanEntry:
         return cls(fields, program, graph_name, time.time(), tuned_on)
 
 

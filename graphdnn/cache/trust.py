@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from codegen.cubin import CubinError, exports, parameter_bytes
 
 from ..layout import storage_extent
-from ..program import ArgKind, Program
+from ..program import ArgKind, LaunchProgram
 from .container import EntryError
 from .entries import KernelBinary, PlanEntry
 
@@ -154,7 +154,7 @@ def check_kernels(entry: PlanEntry, kernels: Mapping[str, KernelBinary]) -> None
             )
 
 
-def check_binding(program: Program, tensors: Sequence[Tensor]) -> None:
+def check_binding(program: LaunchProgram, tensors: Sequence[Tensor]) -> None:
     """The program against the graph that looks it up (``tensors`` in canonical order): every
     argument names an existing tensor of the right kind, every intermediate it reads lives in
     a workspace buffer large enough to hold it."""

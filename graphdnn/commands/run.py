@@ -5,7 +5,7 @@ strides, outputs are poisoned (every byte 0xFF: NaN for floats) so an unwritten 
 fails the check, and a table gives each kernel's GPU time (CUDA events) and the host
 time of a pre-bound call. ``--check`` compares every output with the reference backend.
 On the reference backend, ``--check`` runs the fused partition the way its kernels
-compute (folded batch norms, single-pass norms: fusion_rules.reference) and compares
+compute (folded batch norms, single-pass norms: fusion_rules.partition_reference) and compares
 that with the plain reference, which checks the fusion without a GPU; the plain
 reference runs once, and fused members computed as the plain reference computes them,
 from identical inputs, take its values.
@@ -138,7 +138,7 @@ def _run_fused(
     ir: Graph, feeds: dict[str, np.ndarray], arch: str | None, plain: dict[int, np.ndarray]
 ) -> dict[str, np.ndarray]:
     from fusion_rules import fuse
-    from fusion_rules.reference import execute_partition
+    from fusion_rules.partition_reference import execute_partition
 
     partition = fuse(ir, arch=arch)
     start = time.perf_counter()

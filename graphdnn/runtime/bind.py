@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ..arch import arch_name, runs_on
 from ..errors import FeedError, UnsupportedError
 from ..ir import Graph
-from ..program import WORKSPACE_ALIGNMENT, Program
+from ..program import WORKSPACE_ALIGNMENT, LaunchProgram
 from ..variant_pack import resolve, scalar_value
 from . import buffers, driver, frameworks
 from .device_array import DeviceMemory
@@ -36,7 +36,7 @@ class Plan(Protocol):
     def arch(self) -> int: ...
 
     @property
-    def program(self) -> Program: ...
+    def program(self) -> LaunchProgram: ...
 
     @property
     def workspace_size(self) -> int: ...

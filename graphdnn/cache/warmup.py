@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .arch import arch_name, resolve_arch
-from .cache.entries import KernelBinary
-from .cache.plan_cache import DEFAULT, PlanCache, resolve_cache
-from .cache.store import CacheWarning, DiskStore
-from .compilation import Compilation
-from .compiler import store_plan, tuned_choices
-from .errors import GraphError
-from .ir import Graph
-from .kernel_build import compile_sources, matches
-from .lower import KernelSource, Lowered
-from .progress import Progress
+from ..arch import arch_name, resolve_arch
+from ..compilation import Compilation
+from ..compiler import store_plan, tuned_choices
+from ..errors import GraphError
+from ..ir import Graph
+from ..kernel_build import compile_sources, matches
+from ..lower import KernelSource, Lowered
+from ..progress import Progress
+from .entries import KernelBinary
+from .plan_cache import DEFAULT, PlanCache, resolve_cache
+from .store import CacheWarning, DiskStore
 
 
 @dataclass
@@ -109,7 +109,7 @@ def _lower_missing(
     report: WarmupReport,
     stream: TextIO | None,
 ) -> list[_Pending]:
-    from .lower import lower
+    from ..lower import lower
 
     bar = Progress("graphs ", len(graphs), stream) if stream is not None else None
     pending: list[_Pending] = []
@@ -247,7 +247,7 @@ def _validated(graph: Any) -> Graph:
     if isinstance(graph, Graph):
         return graph
     if isinstance(graph, (str, os.PathLike)):
-        from .files import load
+        from ..files import load
 
         return load(graph).validate()
     validated: Graph = graph.validate()
