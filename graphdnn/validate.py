@@ -19,21 +19,13 @@ from .ir import Graph, Node, Tensor
 from .layout import check_dims, check_strides, numel, packed_strides
 from .node_spec import NodeSpec
 from .ops.base import Inferred, Op
-from .tensor import TensorSpec
+from .tensor import Owner, TensorSpec
 
 
-class GraphSpec(Protocol):
+class GraphSpec(Owner, Protocol):
     """What validation reads of a graph under construction (an OperationGraphSpec, which
-    calls this module: a protocol keeps the builder above validation, not beside it)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def io_data_type(self) -> DataType: ...
-
-    @property
-    def intermediate_data_type(self) -> DataType: ...
+    calls this module: a protocol keeps the builder above validation, not beside it):
+    what its tensors read of it, and its compute type, tensors and nodes."""
 
     @property
     def compute_data_type(self) -> DataType: ...
