@@ -17,7 +17,7 @@ from .dtypes import DataType
 from .errors import FeedError, GraphError
 from .layout import numel
 from .ops.attributes import Attributes
-from .ops.registry import DEFINITIONS
+from .ops.registry import lookup
 
 Scalar = float | int | bool
 FeedKey = Any  # a TensorSpec, an IR Tensor, a tensor name or a uid
@@ -65,7 +65,7 @@ class Node:
     @property
     def definition(self) -> Any:
         """The :class:`graphdnn.ops.base.Op` of this node's kind (typed Any: see ops.registry)."""
-        return DEFINITIONS[self.op]
+        return lookup(self.op, node=self.name)
 
     def input(self, role: str) -> Tensor | None:
         """The tensor bound to a non-variadic input role, or None if the role is unbound."""

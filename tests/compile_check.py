@@ -27,8 +27,9 @@ MAX_NODES = 2000
 
 
 class GraphRecorder:
-    """Keeps every graph ``graphdnn.validate.validate`` returns while installed (counting,
-    not keeping, those over MAX_NODES)."""
+    """Keeps every graph ``OperationGraphSpec.validate`` returns while installed (counting,
+    not keeping, those over MAX_NODES): builders, files and ``gd.compile`` all validate
+    through it."""
 
     def __init__(self) -> None:
         self._graphs: list[Graph] = []
@@ -36,11 +37,11 @@ class GraphRecorder:
         self._original: Callable[[Any], Graph] | None = None
 
     def install(self) -> None:
-        import graphdnn.validate
+        from graphdnn.graph import OperationGraphSpec
 
-        original = self._original = graphdnn.validate.validate
+        original = self._original = OperationGraphSpec.validate
 
-        def validate(spec: Any) -> Graph:
+        def validate(spec: OperationGraphSpec) -> Graph:
             graph = original(spec)
             if len(graph.nodes) > MAX_NODES:
                 self.too_large += 1
@@ -48,7 +49,7 @@ class GraphRecorder:
                 self._graphs.append(graph)  # deduplicated later, so a test's validate costs nothing more
             return graph
 
-        graphdnn.validate.validate = validate
+        OperationGraphSpec.validate = validate  # type: ignore[method-assign]
 
     def graphs(self) -> dict[str, Graph]:
         """The graphs recorded so far, one per signature."""
@@ -59,10 +60,10 @@ class GraphRecorder:
         return distinct
 
     def uninstall(self) -> None:
-        import graphdnn.validate
+        from graphdnn.graph import OperationGraphSpec
 
         if self._original is not None:
-            graphdnn.validate.validate = self._original
+            OperationGraphSpec.validate = self._original  # type: ignore[method-assign]
             self._original = None
 
 

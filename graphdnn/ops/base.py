@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import numpy as np
 
-from ..errors import AttributeValueError, ShapeError, UndeclaredDimsError, UnknownOpError
+from ..errors import AttributeValueError, ShapeError, UndeclaredDimsError
 from .attributes import Attributes, NoAttributes
-from .registry import DEFINITIONS
+from .registry import DEFINITIONS, lookup
 
 if TYPE_CHECKING:
     from ..ir import Node, Tensor
@@ -118,10 +118,7 @@ def register(cls: type[Op]) -> type[Op]:
 
 
 def get_op(kind: str, *, node: str | None = None, path: str | None = None) -> Op:
-    try:
-        op: Op = DEFINITIONS[kind]
-    except KeyError:
-        raise UnknownOpError(f"unknown op '{kind}'", node=node, path=path) from None
+    op: Op = lookup(kind, node=node, path=path)
     return op
 
 
