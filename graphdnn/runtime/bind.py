@@ -25,7 +25,7 @@ from .overlap import View, overlap
 from .schedule import schedule
 
 
-class Plan(Protocol):
+class Bindable(Protocol):
     """What binding needs of a compiled plan (:class:`graphdnn.plan.Plan` is one): the
     runtime sits below the plan and never imports it."""
 
@@ -46,7 +46,7 @@ class Plan(Protocol):
     def default_workspace(self, device: driver.Device) -> int: ...
 
 
-def bind(plan: Plan, variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> BoundPlan:
+def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> BoundPlan:
     ir = plan.graph
     pack = resolve(ir, variant_pack)
     handle = driver.stream_handle(stream)
@@ -91,7 +91,7 @@ def _describe(name: str, value: Any, stream: int) -> buffers.Buffer:
         raise error.located(tensor=name) from None
 
 
-def _device(plan: Plan, ordinals: list[int]) -> driver.Device:
+def _device(plan: Bindable, ordinals: list[int]) -> driver.Device:
     """The device of the first buffer (the checks hold the others to it), else the current one."""
     device = driver.device(ordinals[0]) if ordinals else driver.current_device()
     if not runs_on(plan.arch, device.arch):
@@ -104,7 +104,7 @@ def _device(plan: Plan, ordinals: list[int]) -> driver.Device:
 
 
 def _workspace(
-    plan: Plan, workspace: Any, device: driver.Device, stream: int, views: dict[int, View], names: dict[int, str]
+    plan: Bindable, workspace: Any, device: driver.Device, stream: int, views: dict[int, View], names: dict[int, str]
 ) -> int:
     """The workspace's device address (0 when the plan needs none); a caller's workspace
     may not share memory with a buffer of the pack."""
