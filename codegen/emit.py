@@ -43,14 +43,19 @@ def _family_module(family: Family) -> Any:
 
 
 def emit_partition(
-    partition: Partition, arch: int, tuning: dict[str, dict[str, object]] | None = None
+    partition: Partition,
+    arch: int,
+    tuning: dict[str, dict[str, object]] | None = None,
+    *,
+    graph_signature: str | None = None,
 ) -> tuple[FusedProgram, ...]:
     """CUDA programs for every fused node, in execution order.
 
     ``tuning`` maps a fused node's name to its family's launch choices (autotuned);
-    families fall back to their heuristic choice.
+    families fall back to their heuristic choice. ``graph_signature``: the graph's, where
+    the caller has it already (the compiler does), else computed here.
     """
-    graph_signature = signature(partition.graph)
+    graph_signature = graph_signature or signature(partition.graph)
     programs = []
     for fused in partition.nodes:
         ctx = EmitContext(partition.graph, graph_signature, arch, dict((tuning or {}).get(fused.name, {})))

@@ -57,9 +57,6 @@ class Values:
             return literal(rounded_constant(tensor), self.compute)
         return self.define(tensor, self._load(tensor))
 
-    def has(self, tensor: Tensor) -> bool:
-        return tensor.id in self._names
-
 
 def rounded_constant(tensor: Tensor) -> float:
     """A constant scalar's value as its data type holds it (the reference rounds it too)."""

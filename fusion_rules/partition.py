@@ -117,12 +117,6 @@ class Partition:
         written = {t.id: t for fused in self.nodes for t in fused.outputs if t.is_virtual}
         return tuple(written[tid] for tid in sorted(written))
 
-    def fused_node_of(self, node: Node) -> FusedNode:
-        for fused in self.nodes:
-            if node in fused.nodes:
-                return fused
-        raise KeyError(node.name)
-
     def describe(self) -> str:
         """The partition, member by member, then the rewrites and the rejected candidates."""
         lines = [f"partition of '{self.graph.name}': {len(self.graph.nodes)} nodes -> {len(self.nodes)} fused nodes"]

@@ -3,7 +3,7 @@
 from . import reference
 from .cache.plan_cache import PlanCache
 from .cache.store import CacheWarning
-from .cache_warmup import WarmupReport, warmup
+from .cache.warmup import WarmupReport, warmup
 from .compiler import compile
 from .dtypes import DataType
 from .errors import (
@@ -20,6 +20,7 @@ from .errors import (
     UnknownOpError,
     UnsupportedError,
 )
+from .files import load, save
 from .fusion import fuse
 from .graph import OperationGraphSpec
 from .ir import Graph
@@ -28,7 +29,6 @@ from .plan import Plan
 from .reference_plan import ReferencePlan
 from .runtime.device_array import DeviceArray
 from .runtime.driver import CudaError
-from .serialize import load, save
 from .tensor import TensorSpec
 
 __all__ = [

@@ -7,7 +7,6 @@ version and an equal or higher minor one (sm_80 code runs on sm_86, not on sm_90
 from __future__ import annotations
 
 import re
-from functools import cache
 
 from .errors import GraphError
 
@@ -34,22 +33,17 @@ def arch_name(arch: int) -> str:
 
 
 def resolve_arch(arch: str | int | None) -> int:
-    """An explicit target as given; None: the current GPU's, else sm_90 (no GPU present)."""
+    """An explicit target as given; None: the current GPU's, else sm_90 (no GPU present).
+
+    Only the None case asks the driver, so the import is here: compiling for a named target
+    never loads the runtime (which stays out of the compile path's module-level imports).
+    """
     if arch is not None:
         return parse_arch(arch)
+    from .runtime.driver import current_gpu_arch
+
     found = current_gpu_arch()
     return DEFAULT_ARCH if found is None else found
-
-
-@cache
-def current_gpu_arch() -> int | None:
-    """sm_XY of the current CUDA device as a number, or None where there is no usable GPU."""
-    from .runtime.driver import CudaError, current_device
-
-    try:
-        return current_device().arch
-    except CudaError:
-        return None
 
 
 def runs_on(code_arch: int, device_arch: int) -> bool:

@@ -12,41 +12,33 @@ the plan, together with the name of the GPU they were timed on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .cache.entries import KernelBinary
 from .cache.plan_cache import PlanCache
+from .compilation import Compilation
 from .ir import Graph, Tensor
 from .kernel_build import build_kernels
 from .lower import assemble
-from .program import ArgKind, Program
+from .program import ArgKind, LaunchProgram
 from .random_inputs import random_inputs
-from .signature import signature
 from .variant_pack import scalar_value
 
 # Times a program (one fused node's launches, its own workspace layout) in µs.
-Measure = Callable[[Program, Mapping[str, KernelBinary]], float]
+Measure = Callable[[LaunchProgram, Mapping[str, KernelBinary]], float]
 ROUNDS = 20
 
 
 def tune(
-    ir: Graph,
-    arch: int,
-    kernel_key: Callable[[str], str],
-    measure: Measure,
-    *,
-    disable: Iterable[str] = (),
-    cache: PlanCache | None = None,
-    jobs: int | None = None,
+    job: Compilation, measure: Measure, *, cache: PlanCache | None = None, jobs: int | None = None
 ) -> dict[int, dict[str, Any]]:
-    """The fastest candidate choices, by fused-node position, for nodes with several candidates."""
+    """The fastest candidate choices, by fused-node position, for nodes with several
+    candidates of ``job``'s partition."""
     from codegen.context import EmitContext
     from codegen.emit import candidates, emitter
-    from fusion_rules import fuse
 
-    partition = fuse(ir, arch=arch, disable=disable)
-    graph_signature = signature(ir)
+    partition, arch = job.partition, job.target
     chosen: dict[int, dict[str, Any]] = {}
     for index, fused in enumerate(partition.nodes):
         options = candidates(fused, arch)
@@ -54,7 +46,12 @@ def tune(
             continue
         emit = emitter(fused.family)
         lowered = [
-            assemble(partition, (emit(fused, EmitContext(ir, graph_signature, arch, dict(option))),), kernel_key, {})
+            assemble(
+                partition,
+                (emit(fused, EmitContext(job.ir, job.signature, arch, dict(option))),),
+                job.fields.kernel_key,
+                {},
+            )
             for option in options
         ]
         sources = {key: source for each in lowered for key, source in each.sources.items()}
@@ -85,7 +82,7 @@ def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> tuple[Measure, str]:
                 arrays[t.id] = DeviceArray(t.dim, t.stride, t.data_type, device)
         return arrays[t.id].pointer
 
-    def measure(program: Program, binaries: Mapping[str, KernelBinary]) -> float:
+    def measure(program: LaunchProgram, binaries: Mapping[str, KernelBinary]) -> float:
         workspace = DeviceMemory(device, program.workspace_size)
         with device.current():
             driver.call(driver.api().cuMemsetD8, workspace.pointer, 0, max(program.workspace_size, 1))

@@ -10,9 +10,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from . import serialize
 from .commands import cache, run, warmup
 from .errors import GraphError
+from .files import load
 from .fusion import fuse
 from .graph import OperationGraphSpec
 from .ir import Graph, Tensor
@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> int:
     for path in args.files:
-        ir = serialize.load(path).validate()
+        ir = load(path).validate()
         print(
             f"{printable(path)}: ok ({len(ir.nodes)} nodes, {len(ir.tensors)} tensors, signature {signature(ir)[:16]})"
         )
@@ -69,7 +69,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    spec: OperationGraphSpec = serialize.load(args.file)
+    spec: OperationGraphSpec = load(args.file)
     ir = spec.validate()
     print(printable(describe(ir), lines=True))
     if args.fused or args.dot:

@@ -3,6 +3,8 @@
 validate -> key (signature, target, codegen and compiler versions) -> plan cache hit:
 a plan from the stored program and cubins, with no fusion or code generation at all;
 miss: fuse -> emit -> NVRTC (each distinct kernel once, in parallel) -> store -> plan.
+Each product (signature, canonical order, key, partition) is computed once, in a
+:class:`~graphdnn.compilation.Compilation`, and handed to the stages that need it.
 """
 
 from __future__ import annotations
@@ -10,17 +12,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .arch import arch_name, current_gpu_arch, resolve_arch, runs_on
+from .arch import arch_name, resolve_arch, runs_on
 from .cache.entries import KernelBinary, PlanEntry
-from .cache.key import KeyFields, key_fields
+from .cache.key import KeyFields
 from .cache.plan_cache import DEFAULT, CachedPlan, PlanCache, resolve_cache
+from .compilation import Compilation
 from .env import env_flag
 from .errors import CacheMissError, GraphError, UnsupportedError
-from .ir import Graph, Tensor
+from .ir import Graph
 from .plan import Plan, PlanBase
-from .program import Program
+from .program import LaunchProgram
 from .reference_plan import ReferencePlan
-from .signature import canonical_tensor_order, signature_and_order
 
 BACKENDS = ("gpu", "reference")
 
@@ -56,40 +58,35 @@ def compile(
         return ReferencePlan(ir)
     if backend != "gpu":
         raise GraphError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    target = resolve_arch(arch)
     plan_cache = resolve_cache(cache)
     require = env_flag("GRAPHDNN_REQUIRE_CACHED") if require_cached is None else require_cached
-    graph_signature, order = signature_and_order(ir)
-    fields = key_fields(ir, target, disable, graph_signature)
+    job = Compilation.of(ir, resolve_arch(arch), disable)
     if tuning is not None:
-        return _build(ir, target, fields, order, None, disable, jobs, False, _positions(ir, target, disable, tuning))
-    found = plan_cache.lookup(fields.key, canonical_tensors(ir, order)) if plan_cache is not None else None
+        return _build(job, None, jobs, False, _positions(job, tuning))
+    found = plan_cache.lookup(job.fields.key, job.canonical_tensors) if plan_cache is not None else None
     if found is not None and (not autotune or found.entry.tuned_on is not None or require):
-        return _from_cache(ir, target, found, order)
+        return _from_cache(job, found)
     if require:
-        raise CacheMissError(_miss_message(ir, fields, plan_cache))
-    return _build(ir, target, fields, order, plan_cache, disable, jobs, autotune)
+        raise CacheMissError(_miss_message(ir, job.fields, plan_cache))
+    return _build(job, plan_cache, jobs, autotune)
 
 
-def canonical_tensors(ir: Graph, order: tuple[int, ...]) -> tuple[Tensor, ...]:
-    """``ir``'s tensors in canonical order: what a stored plan's tensor positions index."""
-    return tuple(ir.tensors[tensor_id] for tensor_id in order)
-
-
-def _from_cache(ir: Graph, target: int, found: CachedPlan, order: tuple[int, ...]) -> Plan:
-    program = found.entry.program.relabel(dict(enumerate(order)))
+def _from_cache(job: Compilation, found: CachedPlan) -> Plan:
+    program = found.entry.program.relabel(dict(enumerate(job.order)))
     return Plan(
-        ir, target, program, found.kernels, key=found.entry.key, origin=found.origin, tuned_on=found.entry.tuned_on
+        job.ir,
+        job.target,
+        program,
+        found.kernels,
+        key=found.entry.key,
+        origin=found.origin,
+        tuned_on=found.entry.tuned_on,
     )
 
 
 def _build(
-    ir: Graph,
-    target: int,
-    fields: KeyFields,
-    order: tuple[int, ...],
+    job: Compilation,
     plan_cache: PlanCache | None,
-    disable: Iterable[str],
     jobs: int | None,
     autotune: bool,
     tuning: Mapping[int, Mapping[str, Any]] | None = None,
@@ -99,56 +96,60 @@ def _build(
 
     tuned_on = None
     if autotune:
-        tuning, tuned_on = tuned_choices(ir, target, fields, disable, plan_cache, jobs)
-    lowered = lower(ir, target, fields.kernel_key, disable=disable, tuning=tuning)
-    binaries, compiled = build_kernels(lowered.sources, target, plan_cache, jobs)
+        tuning, tuned_on = tuned_choices(job, plan_cache, jobs)
+    lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key, tuning=tuning)
+    binaries, compiled = build_kernels(lowered.sources, job.target, plan_cache, jobs)
     if plan_cache is not None:
-        store_plan(plan_cache, ir, fields, lowered.program, binaries, order, tuned_on)
+        store_plan(plan_cache, job, lowered.program, binaries, tuned_on)
     return Plan(
-        ir, target, lowered.program, binaries, key=fields.key, origin="compiled", compiled=compiled, tuned_on=tuned_on
+        job.ir,
+        job.target,
+        lowered.program,
+        binaries,
+        key=job.fields.key,
+        origin="compiled",
+        compiled=compiled,
+        tuned_on=tuned_on,
     )
 
 
-def _positions(
-    ir: Graph, target: int, disable: Iterable[str], tuning: Mapping[str, Mapping[str, Any]]
-) -> dict[int, Mapping[str, Any]]:
+def _positions(job: Compilation, tuning: Mapping[str, Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
     """Launch choices by fused-node name -> by position in the partition."""
-    from fusion_rules import fuse
-
-    names = [fused.name for fused in fuse(ir, arch=target, disable=disable).nodes]
+    names = [fused.name for fused in job.partition.nodes]
     unknown = sorted(set(tuning) - set(names))
     if unknown:
-        raise GraphError(f"no fused node named {unknown[0]!r} in graph '{ir.name}'; fused nodes: {', '.join(names)}")
+        raise GraphError(
+            f"no fused node named {unknown[0]!r} in graph '{job.ir.name}'; fused nodes: {', '.join(names)}"
+        )
     return {names.index(name): choice for name, choice in tuning.items()}
 
 
 def tuned_choices(
-    ir: Graph, target: int, fields: KeyFields, disable: Iterable[str], plan_cache: PlanCache | None, jobs: int | None
+    job: Compilation, plan_cache: PlanCache | None, jobs: int | None
 ) -> tuple[dict[int, dict[str, Any]], str]:
     """Autotuned launch choices by fused-node position, and the GPU they were timed on."""
     from .autotune import gpu_measure, tune
+    from .runtime.driver import current_gpu_arch
 
     current = current_gpu_arch()
-    if current is None or not runs_on(target, current):
+    if current is None or not runs_on(job.target, current):
         found = "no usable GPU" if current is None else f"the current GPU is {arch_name(current)}"
-        raise UnsupportedError(f"autotuning times kernels on a GPU that runs {arch_name(target)}: {found}")
-    measure, device_name = gpu_measure(ir)
-    return tune(ir, target, fields.kernel_key, measure, disable=disable, cache=plan_cache, jobs=jobs), device_name
+        raise UnsupportedError(f"autotuning times kernels on a GPU that runs {arch_name(job.target)}: {found}")
+    measure, device_name = gpu_measure(job.ir)
+    return tune(job, measure, cache=plan_cache, jobs=jobs), device_name
 
 
 def store_plan(
     plan_cache: PlanCache,
-    ir: Graph,
-    fields: KeyFields,
-    program: Program,
+    job: Compilation,
+    program: LaunchProgram,
     binaries: dict[str, KernelBinary],
-    order: tuple[int, ...] | None = None,
     tuned_on: str | None = None,
 ) -> OSError | None:
-    """Store ``program`` (tensors by id of ``ir``) under ``fields``, tensors renamed to canonical
-    positions; the error if it could not be written to disk."""
-    positions = {tid: position for position, tid in enumerate(order or canonical_tensor_order(ir))}
-    return plan_cache.add_plan(PlanEntry.new(fields, program.relabel(positions), ir.name, tuned_on), binaries)
+    """Store ``program`` (tensors by id of ``job.ir``) under ``job.fields``, tensors renamed to
+    canonical positions; the error if it could not be written to disk."""
+    positions = {tid: position for position, tid in enumerate(job.order)}
+    return plan_cache.add_plan(PlanEntry.new(job.fields, program.relabel(positions), job.ir.name, tuned_on), binaries)
 
 
 def _miss_message(ir: Graph, fields: KeyFields, plan_cache: PlanCache | None) -> str:

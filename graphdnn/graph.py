@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import DataType, as_data_type
@@ -11,39 +10,20 @@ from .errors import GraphError, StructureError, UndeclaredDimsError
 from .ir import Graph
 from .layout import packed_strides
 from .names import check_name
+from .node_spec import NodeSpec
 from .ops import OpMethods
 from .ops.attributes import Attributes
-from .ops.base import Inferred, get_op
+from .ops.base import Inferred, Op, get_op
+from .serialize import graph_to_json, read_graph
+from .signature import signature as signature_of
 from .tensor import Scalar, TensorSpec
+from .validate import infer_node
+from .validate import validate as validate_spec
 
-if TYPE_CHECKING:
-    from .ops.base import Op
+if TYPE_CHECKING:  # the build seam (see build)
     from .plan import PlanBase
 
 InputValue = TensorSpec | Scalar | Sequence[TensorSpec] | None
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """An op added to a graph under construction."""
-
-    name: str
-    op: str
-    inputs: dict[str, TensorSpec | tuple[TensorSpec, ...]]
-    outputs: dict[str, TensorSpec]
-    attributes: Attributes
-    compute_data_type: DataType
-
-    @property
-    def definition(self) -> Op:
-        return get_op(self.op)
-
-    def input_tensors(self) -> list[TensorSpec]:
-        """Every input tensor, variadic ones flattened."""
-        out: list[TensorSpec] = []
-        for bound in self.inputs.values():
-            out.extend(bound if isinstance(bound, tuple) else (bound,))
-        return out
 
 
 class OperationGraphSpec(OpMethods):
@@ -303,12 +283,10 @@ class OperationGraphSpec(OpMethods):
 
     def _infer_eagerly(self, node: NodeSpec) -> None:
         """Give the new outputs their dims now, so users can read them; validation repeats it."""
-        from .validate import infer_node
-
         if any(t.dim is None for t in node.input_tensors()):
             return  # an input's dims are declared later; validation will infer
         try:
-            inferred: dict[str, Inferred] = infer_node(self, node)
+            inferred: dict[str, Inferred] = infer_node(node)
         except UndeclaredDimsError:
             return  # the user declares these dims later (set_dim); validation will check
         for role, spec in node.outputs.items():
@@ -325,33 +303,29 @@ class OperationGraphSpec(OpMethods):
 
         Raises a :class:`~graphdnn.GraphError` subclass naming the node and tensor.
         """
-        from .validate import validate
-
-        return validate(self)
+        return validate_spec(self)
 
     def signature(self) -> str:
         """Hex SHA-256 of the graph's canonical form; see :mod:`graphdnn.signature`."""
-        from .signature import signature
-
-        return signature(self.validate())
+        return signature_of(self.validate())
 
     def build(self, **options: Any) -> PlanBase:
-        """Compile this graph into a plan: the keyword arguments of :func:`graphdnn.compile`."""
+        """Compile this graph into a plan: the keyword arguments of :func:`graphdnn.compile`.
+
+        The builder's one reach up the pipeline (docs/architecture.md, "The build seam"):
+        imported here, when called, so that the builder never loads the compile stage.
+        """
         from .compiler import compile
 
         return compile(self, **options)
 
     def to_json(self, *, indent: int | None = 2) -> str:
-        from .serialize import graph_to_json
-
         return graph_to_json(self.validate(), indent=indent)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> OperationGraphSpec:
         """Read a graph file's text; raises FormatError naming the JSON path on bad input."""
-        from .serialize import spec_from_json
-
-        return spec_from_json(text)
+        return read_graph(text, cls)
 
     def __repr__(self) -> str:
         return f"OperationGraphSpec({self.name!r}, {len(self._nodes)} nodes, {len(self._tensors)} tensors)"

@@ -11,17 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .dtypes import DataType
-from .errors import GraphError
+from .errors import FeedError, GraphError
 from .layout import numel
 from .ops.attributes import Attributes
-
-if TYPE_CHECKING:
-    from .ops.base import Op
+from .ops.registry import lookup
 
 Scalar = float | int | bool
+FeedKey = Any  # a TensorSpec, an IR Tensor, a tensor name or a uid
 
 
 @dataclass(frozen=True)
@@ -64,10 +63,9 @@ class Node:
     compute_data_type: DataType
 
     @property
-    def definition(self) -> Op:
-        from .ops.base import get_op
-
-        return get_op(self.op)
+    def definition(self) -> Any:
+        """The :class:`graphdnn.ops.base.Op` of this node's kind (typed Any: see ops.registry)."""
+        return lookup(self.op, node=self.name)
 
     def input(self, role: str) -> Tensor | None:
         """The tensor bound to a non-variadic input role, or None if the role is unbound."""
@@ -155,3 +153,25 @@ class Graph:
     def outputs(self) -> tuple[Tensor, ...]:
         """Non-virtual tensors that nodes write."""
         return tuple(t for t in self.tensors if t.id in self._producers and not t.is_virtual)
+
+
+def resolve_tensor(ir: Graph, key: FeedKey) -> Tensor:
+    """Find the tensor a feed or variant-pack key names; FeedError if none."""
+    if isinstance(key, str):
+        return _lookup(ir, key)
+    if isinstance(key, int) and not isinstance(key, bool):
+        for t in ir.tensors:
+            if t.uid == key:
+                return t
+        raise FeedError(f"no tensor of graph '{ir.name}' has uid {key}")
+    name = getattr(key, "name", None)  # a TensorSpec or an IR Tensor
+    if isinstance(name, str):
+        return _lookup(ir, name)
+    raise FeedError(f"cannot use {type(key).__name__} {key!r} as a tensor key; use a TensorSpec, a name or a uid")
+
+
+def _lookup(ir: Graph, name: str) -> Tensor:
+    try:
+        return ir.tensor(name)
+    except GraphError:
+        raise FeedError(f"graph '{ir.name}' has no tensor named '{name}'", tensor=name) from None

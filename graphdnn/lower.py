@@ -1,20 +1,20 @@
-"""From a validated graph to a :class:`~graphdnn.program.Program` and its kernel sources.
+"""From a validated graph to a :class:`~graphdnn.program.LaunchProgram` and its kernel sources.
 
-The one place where graphdnn reaches into the later stages: ``fusion_rules.fuse``
-partitions the graph, ``codegen.emit_partition`` writes a CUDA program per fused node.
+The one place where graphdnn reaches into code generation: given the partition that
+``fusion_rules.fuse`` made, ``codegen.emit_partition`` writes a CUDA program per fused node.
 This module turns their output into plan data: workspace offsets for the intermediates
 that cross fused nodes and for every scratch buffer, and each kernel parameter's binding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .ir import Graph, Tensor
 from .layout import storage_extent
-from .program import Arg, ArgKind, Launch, Program, WorkspaceBuffer, align
+from .program import Arg, ArgKind, Launch, LaunchProgram, WorkspaceBuffer, align
 
 if TYPE_CHECKING:
     from codegen import FusedProgram, Kernel
@@ -33,26 +33,25 @@ class KernelSource:
 class Lowered:
     """A program plus the source of each of its kernels, by kernel key."""
 
-    program: Program
+    program: LaunchProgram
     sources: dict[str, KernelSource]
 
 
 def lower(
-    ir: Graph,
+    partition: Partition,
     arch: int,
+    graph_signature: str,
     kernel_key: Callable[[str], str],
     *,
-    disable: Iterable[str] = (),
     tuning: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> Lowered:
-    """Fuse ``ir`` for sm_``arch`` and emit its kernels; ``kernel_key`` names a kernel's
-    cubin from its content hash; ``tuning`` gives launch choices by fused-node position."""
+    """Emit the kernels of ``partition`` (fused for sm_``arch``; ``graph_signature`` is its
+    graph's, named in each kernel's header); ``kernel_key`` names a kernel's cubin from its
+    content hash; ``tuning`` gives launch choices by fused-node position."""
     from codegen import emit_partition
-    from fusion_rules import fuse
 
-    partition = fuse(ir, arch=arch, disable=disable)
     by_name = {partition.nodes[i].name: dict(choice) for i, choice in (tuning or {}).items()}
-    programs = emit_partition(partition, arch, by_name)
+    programs = emit_partition(partition, arch, by_name, graph_signature=graph_signature)
     return assemble(partition, programs, kernel_key, tuning or {})
 
 
@@ -93,7 +92,7 @@ def assemble(
             )
     size = max((b.offset + b.bytes for b in workspace), default=0)
     chosen = tuple(dict(tuning.get(i, {})) for i in range(len(programs)))
-    return Lowered(Program(tuple(launches), workspace, align(size), chosen), sources)
+    return Lowered(LaunchProgram(tuple(launches), workspace, align(size), chosen), sources)
 
 
 def _layout(intermediates: tuple[Tensor, ...], programs: tuple[FusedProgram, ...]) -> tuple[WorkspaceBuffer, ...]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .arch import arch_name
 from .ir import Graph, Tensor
-from .program import ArgKind, Program
+from .program import ArgKind, LaunchProgram
 
 if TYPE_CHECKING:
     from .cache.entries import KernelBinary
@@ -120,7 +120,7 @@ class Plan(PlanBase):
         self,
         graph: Graph,
         arch: int,
-        program: Program,
+        program: LaunchProgram,
         binaries: Mapping[str, KernelBinary],
         *,
         key: str | None,

@@ -1,8 +1,8 @@
 """What a GPU plan runs: kernel launches with their argument bindings and the workspace layout.
 
-A :class:`Program` is plain data: tensors are named by id, workspace buffers by byte
+A :class:`LaunchProgram` is plain data: tensors are named by id, workspace buffers by byte
 offset, kernels by the key of their cubin. It is what the plan cache stores, with the
-ids replaced by positions in the graph's canonical form (:meth:`Program.relabel`), so
+ids replaced by positions in the graph's canonical form (:meth:`LaunchProgram.relabel`), so
 that a graph declared with other names or in another order finds the same entry.
 """
 
@@ -108,7 +108,7 @@ class WorkspaceBuffer:
 
 
 @dataclass(frozen=True)
-class Program:
+class LaunchProgram:
     """The launches of a plan in execution order, its workspace and the tuning it was emitted with."""
 
     launches: tuple[Launch, ...]
@@ -124,7 +124,7 @@ class Program:
     def intermediate_offsets(self) -> dict[int, int]:
         return {b.tensor: b.offset for b in self.workspace if b.tensor is not None}
 
-    def relabel(self, mapping: Mapping[int, int]) -> Program:
+    def relabel(self, mapping: Mapping[int, int]) -> LaunchProgram:
         """The same program with every tensor id replaced through ``mapping``."""
 
         def arg(a: Arg) -> Arg:
@@ -138,7 +138,7 @@ class Program:
         launches = tuple(
             Launch(**{**launch.__dict__, "args": tuple(arg(a) for a in launch.args)}) for launch in self.launches
         )
-        return Program(launches, tuple(buffer(b) for b in self.workspace), self.workspace_size, self.tuning)
+        return LaunchProgram(launches, tuple(buffer(b) for b in self.workspace), self.workspace_size, self.tuning)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,7 +149,7 @@ class Program:
         }
 
     @classmethod
-    def from_json(cls, value: Mapping[str, Any]) -> Program:
+    def from_json(cls, value: Mapping[str, Any]) -> LaunchProgram:
         return cls(
             launches=tuple(Launch.from_json(launch) for launch in value["launches"]),
             workspace=tuple(WorkspaceBuffer.from_json(b) for b in value["workspace"]),

@@ -13,10 +13,8 @@ from typing import Any
 import numpy as np
 
 from .dtypes import round_to
-from .errors import FeedError, GraphError, UnsupportedError
-from .ir import Graph, Node, Tensor
-
-FeedKey = Any  # a TensorSpec, an IR Tensor, a tensor name or a uid
+from .errors import FeedError, UnsupportedError
+from .ir import FeedKey, Graph, Node, Tensor, resolve_tensor
 
 # The reference holds every tensor in float64: 2**31 elements is 16 GiB. Dims may reach
 # 2**48 elements (the GPU's bound), so a small file could otherwise ask for petabytes.
@@ -103,28 +101,6 @@ def operands(node: Node, values: Mapping[int, np.ndarray]) -> dict[str, Any]:
         else:
             x[role_name] = values[bound.id]
     return x
-
-
-def resolve_tensor(ir: Graph, key: FeedKey) -> Tensor:
-    """Find the tensor a feed or variant-pack key names."""
-    if isinstance(key, str):
-        return _lookup(ir, key)
-    if isinstance(key, int) and not isinstance(key, bool):
-        for t in ir.tensors:
-            if t.uid == key:
-                return t
-        raise FeedError(f"no tensor of graph '{ir.name}' has uid {key}")
-    name = getattr(key, "name", None)  # a TensorSpec or an IR Tensor
-    if isinstance(name, str):
-        return _lookup(ir, name)
-    raise FeedError(f"cannot use {type(key).__name__} {key!r} as a tensor key; use a TensorSpec, a name or a uid")
-
-
-def _lookup(ir: Graph, name: str) -> Tensor:
-    try:
-        return ir.tensor(name)
-    except GraphError:
-        raise FeedError(f"graph '{ir.name}' has no tensor named '{name}'", tensor=name) from None
 
 
 def _check_feed(t: Tensor, value: Any) -> np.ndarray:

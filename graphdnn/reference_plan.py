@@ -20,6 +20,7 @@ from .errors import FeedError, UnsupportedError
 from .ir import Graph, Tensor
 from .layout import storage_extent
 from .plan import PlanBase
+from .reference import execute
 from .runtime.buffers import same_strides
 from .runtime.overlap import View
 from .runtime.schedule import aliased_inputs
@@ -69,7 +70,7 @@ class ReferenceBound:
     def __call__(self) -> None:
         feeds: dict[Any, Any] = {self.graph.tensors[tid].name: value for tid, value in self._scalars.items()}
         feeds.update({t.name: self._arrays[t.id] for t in self.graph.inputs if t.id in self._arrays})
-        results = reference.execute(self.graph, feeds)
+        results = execute(self.graph, feeds)
         for t in self.graph.outputs:
             self._arrays[t.id][...] = results[t.name]
 

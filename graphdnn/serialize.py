@@ -1,4 +1,4 @@
-"""Graph JSON files: writing, and strict, safe reading.
+"""The graph JSON format: writing the IR, and strict, safe reading into a builder.
 
 The format (``"format": "graphdnn.graph"``, ``"version": 1``) is specified in
 docs/json-format.md and by the JSON Schema in ``graphdnn/schema/graph-v1.schema.json``.
@@ -7,28 +7,26 @@ Tensors are referenced by graph-local integer ids, never by name.
 Reading never trusts the file: sizes are bounded before anything is built from them,
 every field is type-checked, and every problem is a :class:`FormatError` (or another
 :class:`GraphError`) whose ``path`` is the JSON path of the offending value, e.g.
-``nodes[3].attributes.stride``.
+``nodes[3].attributes.stride``. The reader builds into the graph class it is given (an
+``OperationGraphSpec``, whose ``from_json`` calls it), so this module sits below the
+builder; files on disk are :mod:`graphdnn.files`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
-from .bounded_read import read_bounded
 from .dtypes import as_data_type
 from .errors import DataTypeError, FormatError, GraphError
 from .gc_pause import gc_paused
 from .ir import Graph
 from .layout import MAX_RANK
+from .node_spec import NodeSpec
 from .ops.base import get_op
-
-if TYPE_CHECKING:
-    from .graph import OperationGraphSpec
-    from .tensor import TensorSpec
+from .tensor import TensorSpec
 
 FORMAT = "graphdnn.graph"
 VERSION = 1
@@ -52,6 +50,32 @@ _GRAPH_KEYS = {
 }
 _TENSOR_KEYS = {"id", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "value", "uid"}
 _NODE_KEYS = {"name", "op", "compute_data_type", "inputs", "outputs", "attributes"}
+
+
+class Builder(Protocol):
+    """What the reader needs of a graph under construction (an OperationGraphSpec)."""
+
+    _nodes: list[NodeSpec]
+
+    def _new_tensor(self, name: str | None, **fields: Any) -> TensorSpec: ...
+
+    def _add_node(
+        self,
+        kind: str,
+        inputs: Mapping[str, Any],
+        attributes: Any = None,
+        *,
+        name: str | None = None,
+        compute_data_type: Any = None,
+        declared: Mapping[str, Any] | None = None,
+        outputs: Mapping[str, TensorSpec] | None = None,
+        infer: bool = True,
+    ) -> list[TensorSpec | None]: ...
+
+    def validate(self) -> Graph: ...
+
+
+B = TypeVar("B", bound=Builder)
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -120,28 +144,11 @@ def graph_to_json(ir: Graph, *, indent: int | None = 2) -> str:
     return "\n".join(lines)
 
 
-def save(graph: OperationGraphSpec | Graph, path: str | os.PathLike[str]) -> None:
-    """Validate ``graph`` and write it to ``path`` as a graph JSON file."""
-    ir = graph if isinstance(graph, Graph) else graph.validate()
-    Path(path).write_text(graph_to_json(ir) + "\n", encoding="utf-8")
-
-
 # -- reading ----------------------------------------------------------------------------------
-def load(path: str | os.PathLike[str]) -> OperationGraphSpec:
-    """Read and validate a graph file. Errors name the file and the JSON path."""
-    file = Path(path)
-    data = read_bounded(file, MAX_FILE_BYTES)
-    try:
-        return spec_from_json(data)
-    except GraphError as error:
-        raise error.located(file=str(file)) from None
-
-
 @gc_paused()
-def spec_from_json(text: str | bytes) -> OperationGraphSpec:
-    """Build and validate the graph a JSON text describes."""
-    document = _parse(text)
-    return _Reader().read(document)
+def read_graph(text: str | bytes, new_graph: Callable[..., B]) -> B:
+    """Build the graph a JSON text describes with ``new_graph`` (a graph class), and validate it."""
+    return _Reader().read(_parse(text), new_graph)
 
 
 def _parse(text: str | bytes) -> Any:
@@ -180,11 +187,9 @@ def _no_constants(name: str) -> Any:
 
 
 class _Reader:
-    """Turns a parsed document into a validated OperationGraphSpec, checking as it goes."""
+    """Turns a parsed document into a validated graph under construction, checking as it goes."""
 
-    def read(self, doc: Any) -> OperationGraphSpec:
-        from .graph import OperationGraphSpec
-
+    def read(self, doc: Any, new_graph: Callable[..., B]) -> B:
         _expect(isinstance(doc, dict), "$", "the document must be a JSON object")
         _no_unknown_keys(doc, _GRAPH_KEYS, "$")
         fmt = doc.get("format")
@@ -198,7 +203,7 @@ class _Reader:
         _expect(version == VERSION, "version", f"unsupported version {version}; this graphdnn reads version {VERSION}")
         name = doc.get("name") or "graph"
         _expect(isinstance(name, str) and 0 < len(name) <= MAX_NAME, "name", "must be a non-empty string")
-        graph = OperationGraphSpec(
+        graph = new_graph(
             name=name,
             io_data_type=_data_type(doc.get("io_data_type"), "io_data_type"),
             intermediate_data_type=_data_type(doc.get("intermediate_data_type"), "intermediate_data_type") or "float",
@@ -216,7 +221,7 @@ class _Reader:
             raise error.located(path=path) from None
         return graph
 
-    def _tensors(self, graph: OperationGraphSpec, entries: Any) -> dict[int, tuple[str, TensorSpec]]:
+    def _tensors(self, graph: Builder, entries: Any) -> dict[int, tuple[str, TensorSpec]]:
         _expect(isinstance(entries, list), "tensors", "must be a list")
         _expect(len(entries) <= MAX_TENSORS, "tensors", f"has {len(entries)} entries, over the limit of {MAX_TENSORS}")
         by_id: dict[int, tuple[str, TensorSpec]] = {}
@@ -264,9 +269,7 @@ class _Reader:
             by_id[tensor_id] = (path, spec)
         return by_id
 
-    def _nodes(
-        self, graph: OperationGraphSpec, entries: Any, tensors: dict[int, tuple[str, TensorSpec]]
-    ) -> dict[str, str]:
+    def _nodes(self, graph: Builder, entries: Any, tensors: dict[int, tuple[str, TensorSpec]]) -> dict[str, str]:
         _expect(isinstance(entries, list), "nodes", "must be a list")
         _expect(len(entries) <= MAX_NODES, "nodes", f"has {len(entries)} entries, over the limit of {MAX_NODES}")
         paths: dict[str, str] = {}

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .dtypes import DataType, as_data_type
 from .errors import GraphError
 
-if TYPE_CHECKING:
-    from .graph import OperationGraphSpec
-
 Scalar = float | int | bool
+
+
+class Owner(Protocol):
+    """What a tensor needs of its graph (an OperationGraphSpec): its name, the default
+    types, and renaming. A protocol, so that this module sits below the builder."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def io_data_type(self) -> DataType: ...
+
+    @property
+    def intermediate_data_type(self) -> DataType: ...
+
+    def _rename_tensor(self, spec: TensorSpec, name: str) -> None: ...
 
 
 class TensorSpec:
@@ -41,7 +54,7 @@ class TensorSpec:
 
     def __init__(
         self,
-        graph: OperationGraphSpec,
+        graph: Owner,
         name: str,
         *,
         dim: Sequence[int] | None,
@@ -67,7 +80,7 @@ class TensorSpec:
 
     # -- read access ---------------------------------------------------------------
     @property
-    def graph(self) -> OperationGraphSpec:
+    def graph(self) -> Owner:
         return self._graph
 
     @property

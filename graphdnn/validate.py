@@ -8,24 +8,37 @@ tensor's dims, strides and type against it, and the wiring of the whole graph
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .dtypes import DataType
 from .errors import DataTypeError, GraphError, ShapeError, StructureError
 from .gc_pause import gc_paused
 from .ir import Graph, Node, Tensor
 from .layout import check_dims, check_extent, check_strides, numel, packed_strides
+from .node_spec import NodeSpec
 from .ops.base import Category, Inferred, Op
+from .tensor import Owner, TensorSpec
 
-if TYPE_CHECKING:
-    from .graph import NodeSpec, OperationGraphSpec
-    from .tensor import TensorSpec
+
+class GraphSpec(Owner, Protocol):
+    """What validation reads of a graph under construction (an OperationGraphSpec, which
+    calls this module: a protocol keeps the builder above validation, not beside it):
+    what its tensors read of it, and its compute type, tensors and nodes."""
+
+    @property
+    def compute_data_type(self) -> DataType: ...
+
+    @property
+    def tensors(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def nodes(self) -> Sequence[NodeSpec]: ...
 
 
 @gc_paused()
-def validate(spec: OperationGraphSpec) -> Graph:
+def validate(spec: GraphSpec) -> Graph:
     """Return the frozen IR of ``spec`` or raise a GraphError saying what is wrong."""
     for what in ("intermediate_data_type", "compute_data_type"):
         value: DataType = getattr(spec, what)
@@ -72,7 +85,7 @@ def validate(spec: OperationGraphSpec) -> Graph:
     )
 
 
-def infer_node(spec: OperationGraphSpec, node_spec: NodeSpec) -> dict[str, Inferred]:
+def infer_node(node_spec: NodeSpec) -> dict[str, Inferred]:
     """Run a node's inference on the current (unvalidated) input dims, for eager feedback."""
     inputs: dict[str, Tensor | tuple[Tensor, ...]] = {}
     for role, bound in node_spec.inputs.items():
@@ -85,7 +98,7 @@ def infer_node(spec: OperationGraphSpec, node_spec: NodeSpec) -> dict[str, Infer
 
 
 # -- graph structure -----------------------------------------------------------------------
-def _writers(spec: OperationGraphSpec) -> dict[TensorSpec, NodeSpec]:
+def _writers(spec: GraphSpec) -> dict[TensorSpec, NodeSpec]:
     writer: dict[TensorSpec, NodeSpec] = {}
     for node in spec.nodes:
         for t in node.outputs.values():
@@ -98,7 +111,7 @@ def _writers(spec: OperationGraphSpec) -> dict[TensorSpec, NodeSpec]:
     return writer
 
 
-def _topological_order(spec: OperationGraphSpec, writer: dict[TensorSpec, NodeSpec]) -> list[NodeSpec]:
+def _topological_order(spec: GraphSpec, writer: dict[TensorSpec, NodeSpec]) -> list[NodeSpec]:
     """Kahn's algorithm, taking ready nodes in insertion order so the order is stable."""
     position = {node.name: i for i, node in enumerate(spec.nodes)}
     waiting_on: dict[str, int] = {}
@@ -128,7 +141,7 @@ def _topological_order(spec: OperationGraphSpec, writer: dict[TensorSpec, NodeSp
     return order
 
 
-def _check_outputs_and_liveness(spec: OperationGraphSpec, nodes: list[Node], tensors: tuple[Tensor, ...]) -> None:
+def _check_outputs_and_liveness(spec: GraphSpec, nodes: list[Node], tensors: tuple[Tensor, ...]) -> None:
     outputs = [t for node in nodes for t in node.output_tensors() if not t.is_virtual]
     if not outputs:
         raise StructureError(f"graph '{spec.name}' has no output: call set_output(True) on the tensors you need")
@@ -147,7 +160,7 @@ def _check_outputs_and_liveness(spec: OperationGraphSpec, nodes: list[Node], ten
             )
 
 
-def _assign_uids(spec: OperationGraphSpec, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+def _assign_uids(spec: GraphSpec, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     """Check user uids are unique; give other non-virtual tensors the smallest free ones."""
     taken: dict[int, str] = {}
     for t in tensors:
@@ -228,7 +241,7 @@ def _provisional(t: TensorSpec) -> Tensor:
 
 # -- nodes -----------------------------------------------------------------------------------
 def _resolve_node(
-    spec: OperationGraphSpec,
+    spec: GraphSpec,
     node_spec: NodeSpec,
     index: int,
     resolved: dict[TensorSpec, Tensor],

@@ -16,8 +16,7 @@ import numpy as np
 
 from .dtypes import round_to
 from .errors import FeedError
-from .ir import Graph, Tensor
-from .reference import resolve_tensor
+from .ir import Graph, Tensor, resolve_tensor
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from the recipes of tests/graph_strategies.py. Each case applies one to three st
 mutations (types, ids, dims, strides, data types, cycles, dangling references, attribute
 values, names, inserted and deleted nodes) to one seed's JSON document, then:
 
-- reading it (``spec_from_json``) either raises a :class:`graphdnn.GraphError` or gives
+- reading it (``OperationGraphSpec.from_json``) either raises a :class:`graphdnn.GraphError` or gives
   a valid graph;
 - a valid graph lowers for sm_90 (fusion and CUDA emission) and runs on the reference
   backend with random inputs, again failing only with a GraphError where it is refused;
@@ -45,7 +45,7 @@ from graphdnn.lower import KernelSource, lower
 from graphdnn.ops.base import get_op, op_kinds
 from graphdnn.random_inputs import random_inputs
 from graphdnn.reference_plan import ReferencePlan, host_array
-from graphdnn.serialize import graph_to_dict, spec_from_json
+from graphdnn.serialize import graph_to_dict
 from tests import plan_graphs
 from tests.graph_strategies import build, fusion_recipes, pointwise_recipes
 
@@ -91,7 +91,7 @@ def corpus() -> tuple[tuple[str, str], ...]:
             seeds.append((f"{kind}_recipe[{index}]", graph_to_dict(build(recipe)[0].validate())))
     texts = tuple((name, json.dumps(doc)) for name, doc in seeds)
     for _, text in texts:
-        spec_from_json(text)  # a seed that does not validate would make every case a rejection
+        gd.OperationGraphSpec.from_json(text)  # a seed that does not validate would make every case a rejection
     return texts
 
 
@@ -437,7 +437,7 @@ def propagate(doc: dict[str, Any], rounds: int = 6) -> str:
     fixed = []
     for _ in range(rounds):
         try:
-            spec_from_json(json.dumps(doc))
+            gd.OperationGraphSpec.from_json(json.dumps(doc))
             break
         except gd.ShapeError as error:
             found = _DIMS_DIFFER.search(error.reason)
@@ -483,7 +483,7 @@ def make_case(seed: int, case: int) -> tuple[str, str, list[str]]:
 def check(text: str) -> Outcome:
     """Read, lower for sm_90 and run on the reference; anything but a GraphError is a finding."""
     try:
-        ir = spec_from_json(text).validate()
+        ir = gd.OperationGraphSpec.from_json(text).validate()
     except gd.GraphError:
         return Outcome("rejected")
     except Exception:

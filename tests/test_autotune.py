@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 import graphdnn as gd
-from graphdnn import autotune, compiler
-from graphdnn.arch import current_gpu_arch
-from graphdnn.cache.entries import KernelBinary, PlanEntry
+from graphdnn import autotune
+from graphdnn.cache.entries import KernelBinary
 from graphdnn.cache.plan_cache import PlanCache
-from graphdnn.program import Program
+from graphdnn.cache.trust import trusted_plan
+from graphdnn.program import LaunchProgram
+from graphdnn.runtime import driver
 from tests import plan_graphs
 from tests.gpu_check import check_on_gpu
 
@@ -27,7 +28,7 @@ class PreferSecond:
     def __init__(self) -> None:
         self.timed: list[str] = []
 
-    def __call__(self, program: Program, binaries: Mapping[str, KernelBinary]) -> float:
+    def __call__(self, program: LaunchProgram, binaries: Mapping[str, KernelBinary]) -> float:
         self.timed.append(program.launches[0].name)
         assert all(launch.kernel_key in binaries for launch in program.launches)
         return 1.0 if len(self.timed) == 2 else 5.0
@@ -36,7 +37,7 @@ class PreferSecond:
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> PreferSecond:
     timer = PreferSecond()
-    monkeypatch.setattr(compiler, "current_gpu_arch", lambda: 90)
+    monkeypatch.setattr(driver, "current_gpu_arch", lambda: 90)
     monkeypatch.setattr(autotune, "gpu_measure", lambda ir: (timer, "Fake GPU"))
     return timer
 
@@ -56,7 +57,7 @@ def test_the_fastest_candidate_is_built_and_stored(fake_gpu: PreferSecond, tmp_p
     assert plan.kernels[0].name == fake_gpu.timed[1]  # the plan runs the winner
     assert cache.counters.compiles == len(options)  # building the plan reused the winner's cubin
     (stored,) = [f for f in cache.store.files() if f.kind == "plan"]  # type: ignore[union-attr]
-    entry = PlanEntry.decode(stored.path.read_bytes(), stored.key)
+    entry = trusted_plan(stored.path.read_bytes(), stored.key)
     assert (entry.tuned_on, entry.program.tuning) == ("Fake GPU", (options[1],))
     again = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
     assert (again.origin, again.tuned_on, len(fake_gpu.timed)) == ("disk cache", "Fake GPU", len(options))
@@ -75,10 +76,10 @@ def test_an_untuned_plan_is_retuned_only_when_asked(fake_gpu: PreferSecond, tmp_
 
 
 def test_autotuning_needs_a_gpu_of_the_target(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compiler, "current_gpu_arch", lambda: 80)
+    monkeypatch.setattr(driver, "current_gpu_arch", lambda: 80)
     with pytest.raises(gd.UnsupportedError, match="a GPU that runs sm_90: the current GPU is sm_80"):
         gd.compile(plan_graphs.matmul_relu(), arch="sm_90", cache=None, autotune=True)
-    monkeypatch.setattr(compiler, "current_gpu_arch", lambda: None)
+    monkeypatch.setattr(driver, "current_gpu_arch", lambda: None)
     with pytest.raises(gd.UnsupportedError, match="no usable GPU"):
         gd.compile(plan_graphs.matmul_relu(), arch="sm_90", cache=None, autotune=True)
 
@@ -87,4 +88,4 @@ def test_autotuning_needs_a_gpu_of_the_target(monkeypatch: pytest.MonkeyPatch) -
 def test_autotuning_on_the_gpu() -> None:
     plan = check_on_gpu(plan_graphs.matmul_relu(), cache=None, autotune=True)
     assert plan.tuned_on is not None and plan.program.tuning[0]
-    assert current_gpu_arch() is not None
+    assert driver.current_gpu_arch() is not None

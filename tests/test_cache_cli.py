@@ -155,10 +155,10 @@ def test_a_graph_that_breaks_the_compiler_does_not_stop_the_batch(
 
     real = graphdnn.lower.lower
 
-    def lower(ir, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if ir.name == "broken":
-            raise KeyError("a defect in a fusion rule")
-        return real(ir, *args, **kwargs)
+    def lower(partition, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if partition.graph.name == "broken":
+            raise KeyError("a defect in a code generator")
+        return real(partition, *args, **kwargs)
 
     monkeypatch.setattr(graphdnn.lower, "lower", lower)
     files = []
@@ -175,16 +175,16 @@ def test_a_graph_that_breaks_the_compiler_does_not_stop_the_batch(
 def test_a_kernel_that_breaks_the_compiler_fails_its_graph_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import graphdnn.cache_warmup
+    import graphdnn.cache.warmup
 
-    real = graphdnn.cache_warmup.compile_sources
+    real = graphdnn.cache.warmup.compile_sources
 
     def compile_sources(sources, *args, **kwargs):  # type: ignore[no-untyped-def]
         if any("graph 'crash'" in source.source for source in sources.values()):
             raise RuntimeError("NVRTC fell over")
         return real(sources, *args, **kwargs)
 
-    monkeypatch.setattr(graphdnn.cache_warmup, "compile_sources", compile_sources)
+    monkeypatch.setattr(graphdnn.cache.warmup, "compile_sources", compile_sources)
     files = []
     for graph in (plan_graphs.add_relu("crash", cols=3), plan_graphs.add_relu("fine", cols=11)):
         files.append(tmp_path / f"{graph.name}.json")

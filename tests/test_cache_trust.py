@@ -20,10 +20,9 @@ import pytest
 
 import graphdnn as gd
 from graphdnn.cache import container
-from graphdnn.cache.entries import KernelBinary
 from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.cache.store import CacheWarning, DiskStore
-from graphdnn.cache.trust import MAX_SHARED_OPT_IN
+from graphdnn.cache.trust import MAX_SHARED_OPT_IN, trusted_kernel
 from graphdnn.compiler import compile as gd_compile
 from tests import plan_graphs
 
@@ -241,5 +240,5 @@ def test_an_oversized_entry_is_refused(cache_dir: Path, monkeypatch: pytest.Monk
 
 def test_a_good_entry_passes_every_check(trusted_dir: Path) -> None:
     store = DiskStore(trusted_dir)
-    kernels = [KernelBinary.decode(f.path.read_bytes(), f.key) for f in store.files() if f.kind == "kernel"]
+    kernels = [trusted_kernel(f.path.read_bytes(), f.key) for f in store.files() if f.kind == "kernel"]
     assert len(kernels) == 3 and all(k.name.startswith("gd_") for k in kernels)

@@ -11,9 +11,9 @@ import pytest
 
 import graphdnn as gd
 from graphdnn import cli
-from graphdnn.arch import current_gpu_arch
 from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.cache.store import DiskStore
+from graphdnn.runtime.driver import current_gpu_arch
 from tests import plan_graphs
 
 ROOT = Path(__file__).resolve().parent.parent

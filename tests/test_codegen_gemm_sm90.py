@@ -24,10 +24,11 @@ from codegen import Kernel
 from codegen.emit import emit_partition
 from codegen.families.gemm import candidates
 from codegen.nvrtc import compile_cubin
-from graphdnn.arch import current_gpu_arch
 from graphdnn.errors import UnsupportedError
 from graphdnn.kernel_build import compile_sources
 from graphdnn.lower import lower
+from graphdnn.runtime.driver import current_gpu_arch
+from graphdnn.signature import signature
 from tests.gpu_check import check_on_gpu
 from tests.test_codegen_gemm import SIMT, TENSOR_CORE, Conv, Matmul
 
@@ -113,7 +114,10 @@ def test_the_arch_suffix_reaches_the_kernel_key_and_the_compiler() -> None:
     _, fused = gemm_node(graph)
     kernel = emit(graph, wgmma_choices(fused)[0])
     assert kernel.content_hash != dataclasses.replace(kernel, arch_suffix="").content_hash
-    lowered = lower(graph.validate(), 90, lambda content_hash: content_hash, tuning={0: wgmma_choices(fused)[0]})
+    ir = graph.validate()
+    lowered = lower(
+        fr.fuse(ir, arch=90), 90, signature(ir), lambda content_hash: content_hash, tuning={0: wgmma_choices(fused)[0]}
+    )
     ((key, source),) = lowered.sources.items()
     assert source.arch_suffix == "a" and key == kernel.content_hash
     (binary,) = compile_sources(lowered.sources, 90, jobs=1)

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from graphdnn import cli
-from graphdnn.ops import base
+from graphdnn.ops import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -173,8 +173,15 @@ def run_file(path: Path, with_gpu: bool, monkeypatch: pytest.MonkeyPatch) -> int
     how many ran. Ops a doc registers (architecture.md's recipe) are forgotten afterwards."""
     module = types.ModuleType(f"docs_{path.stem.replace('-', '_')}")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
-    namespace = module.__dict__
+    known = dict(registry.DEFINITIONS)
+    try:
+        return _run_blocks(path, with_gpu, module.__dict__)
+    finally:
+        registry.DEFINITIONS.clear()
+        registry.DEFINITIONS.update(known)
+
+
+def _run_blocks(path: Path, with_gpu: bool, namespace: dict[str, object]) -> int:
     printed, ran = "", 0
     for block in blocks(path):
         if block.gpu and not with_gpu:

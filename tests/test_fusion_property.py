@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import graphdnn as gd
 from fusion_rules import Family, FusedNode, Partition, registered_rules
-from fusion_rules.reference import execute_partition
+from fusion_rules.partition_reference import execute_partition
 from tests.graph_strategies import build, fusion_recipes, random_feeds
 
 BUILTIN_RULES = sorted(rule.name for rule in registered_rules())

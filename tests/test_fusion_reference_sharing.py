@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import graphdnn as gd
-from fusion_rules.reference import execute_partition
+from fusion_rules.partition_reference import execute_partition
 from graphdnn import reference
 from graphdnn.ir import Graph
 from graphdnn.random_inputs import random_inputs

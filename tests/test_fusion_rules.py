@@ -26,7 +26,7 @@ from fusion_rules import (
     unregister_rule,
 )
 from fusion_rules.guards import FUSED_GUARDS
-from fusion_rules.reference import execute_partition
+from fusion_rules.partition_reference import execute_partition
 from tests.graph_strategies import random_feeds
 from tests.test_fusion_property import check_partition, relative_error
 

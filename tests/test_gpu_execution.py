@@ -16,9 +16,9 @@ import pytest
 
 import graphdnn as gd
 from graphdnn import cli, reference
-from graphdnn.arch import current_gpu_arch
 from graphdnn.compare import relative_error, tolerance
 from graphdnn.random_inputs import random_inputs
+from graphdnn.runtime.driver import current_gpu_arch
 from graphdnn.runtime.frameworks import to_torch
 from tests import plan_graphs
 from tests.gpu_check import check_on_gpu, poisoned, to_numpy

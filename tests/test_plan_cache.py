@@ -24,11 +24,11 @@ import graphdnn as gd
 from graphdnn import cli
 from graphdnn.cache import container
 from graphdnn.cache.archive import export_cache, import_cache
-from graphdnn.cache.entries import PlanEntry
 from graphdnn.cache.key import FORMAT_VERSION, KeyFields, _source_files, key_fields
 from graphdnn.cache.lru import LRU
 from graphdnn.cache.plan_cache import PlanCache, default_directory
 from graphdnn.cache.store import CacheWarning, DiskStore
+from graphdnn.cache.trust import trusted_plan
 from graphdnn.program import ArgKind
 from tests import plan_graphs
 
@@ -362,6 +362,6 @@ def test_import_refuses_another_format(tmp_path: Path) -> None:
 
 def test_plan_entries_survive_encode_decode(warm_dir: Path) -> None:
     path = _plan_file(warm_dir)
-    entry = PlanEntry.decode(path.read_bytes(), path.stem)
-    assert PlanEntry.decode(entry.encode(), entry.key) == entry
+    entry = trusted_plan(path.read_bytes(), path.stem)
+    assert trusted_plan(entry.encode(), entry.key) == entry
     assert entry.graph_name == "add_relu"

@@ -11,7 +11,7 @@ from codegen import FusedProgram, Kernel, Param, ParamKind, Scratch
 from fusion_rules import fuse
 from graphdnn.dtypes import DataType
 from graphdnn.lower import assemble
-from graphdnn.program import Arg, ArgKind, Launch, Program, WorkspaceBuffer
+from graphdnn.program import Arg, ArgKind, Launch, LaunchProgram, WorkspaceBuffer
 from graphdnn.runtime import buffers, dlpack
 from graphdnn.runtime.driver import stream_handle
 from graphdnn.runtime.launch import pack_arguments, slot_addresses
@@ -64,11 +64,13 @@ def test_program_relabel_and_json_round_trip() -> None:
         "k", "kk", "ch", 0, (2, 1, 1), (64, 1, 1), 0, 16,
         (Arg(ArgKind.TENSOR, 0), Arg(ArgKind.SCALAR, 1), Arg(ArgKind.SCRATCH, offset=256), Arg(ArgKind.ALIGNED)),
     )  # fmt: skip
-    program = Program((launch,), (WorkspaceBuffer(0, 16, tensor=2), WorkspaceBuffer(256, 4, None, "s", 0)), 512, ({},))
+    program = LaunchProgram(
+        (launch,), (WorkspaceBuffer(0, 16, tensor=2), WorkspaceBuffer(256, 4, None, "s", 0)), 512, ({},)
+    )
     moved = program.relabel({0: 5, 1: 6, 2: 7})
     assert [a.tensor for a in moved.launches[0].args] == [5, 6, None, None]
     assert moved.intermediate_offsets() == {7: 0}
-    assert Program.from_json(moved.to_json()) == moved
+    assert LaunchProgram.from_json(moved.to_json()) == moved
     assert moved.relabel({5: 0, 6: 1, 7: 2}) == program
 
 

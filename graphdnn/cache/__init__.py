@@ -1,1 +1,1 @@
-"""The plan cache: keys, entry files, the in-memory and on-disk tiers, export and import."""
+"""The plan cache: keys, entry files, the in-memory and on-disk tiers, export and import, warmup."""

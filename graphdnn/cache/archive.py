@@ -19,10 +19,10 @@ from pathlib import Path
 
 from ..errors import GraphError
 from .container import EntryError
-from .entries import KernelBinary, PlanEntry
+from .entries import KernelBinary
 from .key import FORMAT_VERSION
 from .store import MAX_ENTRY_BYTES, CacheWarning, DiskStore, write_atomically
-from .trust import KEY, check_kernels
+from .trust import KEY, check_kernels, trusted_kernel, trusted_plan
 
 ARCHIVE_VERSION = 1
 
@@ -53,10 +53,10 @@ def export_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
         try:
             data = store.read_bytes(stored.path)
             if stored.kind == "kernel":
-                binary = binaries[stored.key] = KernelBinary.decode(data, stored.key)
+                binary = binaries[stored.key] = trusted_kernel(data, stored.key)
                 kernels.append({"kernel_key": binary.kernel_key, "name": binary.name, "arch": binary.arch})
             else:
-                entry = PlanEntry.decode(data, stored.key)
+                entry = trusted_plan(data, stored.key)
                 absent = [k for k in entry.program.kernel_keys if k not in binaries]
                 if absent:
                     raise EntryError(f"{len(absent)} of its kernels are missing or damaged")
@@ -113,9 +113,9 @@ def import_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
                 if data is None:
                     raise EntryError("listed in the manifest but missing from the archive")
                 if kind == "kernel":
-                    KernelBinary.decode(data, key)
+                    trusted_kernel(data, key)
                 else:
-                    entry = PlanEntry.decode(data, key)
+                    entry = trusted_plan(data, key)
                     present = {k: store.read_kernel(k) for k in entry.program.kernel_keys}
                     absent = [k for k, binary in present.items() if binary is None]
                     if absent:

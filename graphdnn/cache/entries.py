@@ -12,11 +12,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..program import Program
+from ..program import LaunchProgram
 from . import container
 from .container import EntryError
 from .key import KeyFields
-from .trust import check_kernel, check_plan
 
 # What a malformed but checksum-valid section can raise while being decoded.
 _MALFORMED = (LookupError, TypeError, ValueError, OverflowError, AttributeError, RecursionError)
@@ -41,7 +40,8 @@ class KernelBinary:
 
     @classmethod
     def decode(cls, data: bytes, kernel_key: str) -> KernelBinary:
-        """The kernel entry ``data``, checked (trust.check_kernel); EntryError if it cannot be used."""
+        """The kernel entry ``data`` as written; EntryError if it cannot be read. Unchecked:
+        read entries through ``trust.trusted_kernel``."""
         sections = container.decode(data, "kernel")
         meta = _json(sections, "meta")
         if meta.get("kernel_key") != kernel_key:
@@ -57,7 +57,6 @@ class KernelBinary:
             )
         except _MALFORMED as error:
             raise EntryError(f"malformed kernel entry: {type(error).__name__} {error}") from None
-        check_kernel(binary)
         return binary
 
     def __repr__(self) -> str:
@@ -69,7 +68,7 @@ class PlanEntry:
     """A plan as stored: its key fields and its program with tensors named by canonical position."""
 
     fields: KeyFields
-    program: Program
+    program: LaunchProgram
     graph_name: str  # the graph it was first built from (for listings; never part of the key)
     created: float
     tuned_on: str | None = None  # the GPU the tuning was timed on; None: the families' heuristic choices
@@ -91,13 +90,13 @@ class PlanEntry:
 
     @classmethod
     def decode(cls, data: bytes, key: str) -> PlanEntry:
-        """The plan entry ``data``, checked on its own (trust.check_plan); EntryError if it
-        cannot be used. Its kernels and the graph that looks it up are checked by the caller."""
+        """The plan entry ``data`` as written; EntryError if it cannot be read. Unchecked:
+        read entries through ``trust.trusted_plan``."""
         document = _json(container.decode(data, "plan"), "plan")
         try:
             entry = cls(
                 fields=KeyFields(**{name: _scalar(value) for name, value in document["fields"].items()}),
-                program=Program.from_json(document["program"]),
+                program=LaunchProgram.from_json(document["program"]),
                 graph_name=_text(document["graph_name"]),
                 created=float(document["created"]),
                 tuned_on=None if document["tuned_on"] is None else _text(document["tuned_on"]),
@@ -106,11 +105,10 @@ class PlanEntry:
                 raise EntryError(f"holds plan {entry.key[:16]}…, not {key[:16]}…")
         except _MALFORMED as error:
             raise EntryError(f"malformed plan: {type(error).__name__} {error}") from None
-        check_plan(entry)
         return entry
 
     @classmethod
-    def new(cls, fields: KeyFields, program: Program, graph_name: str, tuned_on: str | None = None) -> PlanEntry:
+    def new(cls, fields: KeyFields, program: LaunchProgram, graph_name: str, tuned_on: str | None = None) -> PlanEntry:
         return cls(fields, program, graph_name, time.time(), tuned_on)
 
 

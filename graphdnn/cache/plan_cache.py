@@ -141,11 +141,6 @@ class PlanCache:
             raise GraphError(f"cannot {action} an archive: this plan cache has no directory")
         return self.store
 
-    def forget_memory(self) -> None:
-        """Drop the in-memory tier (the disk tier stays): the next lookups read the disk."""
-        self._plans.clear()
-        self._kernels.clear()
-
     def _load(self, key: str) -> CachedPlan | None:
         assert self.store is not None
         entry = self.store.read_plan(key)

@@ -29,7 +29,7 @@ from typing import TypeVar
 from .container import EntryError
 from .entries import KernelBinary, PlanEntry
 from .key import FORMAT_VERSION
-from .trust import KEY
+from .trust import KEY, trusted_kernel, trusted_plan
 
 # The largest entry file read: a kernel's cubin is at most a few MiB and a plan of a graph
 # of tens of thousands of nodes a few MiB of JSON; a file over this is refused unread.
@@ -71,10 +71,10 @@ class DiskStore:
         return self.base / "kernels" / _checked(kernel_key)[:2] / f"{kernel_key}.kernel"
 
     def read_plan(self, key: str) -> PlanEntry | None:
-        return self._read(self.plan_path(key), lambda data: PlanEntry.decode(data, key))
+        return self._read(self.plan_path(key), lambda data: trusted_plan(data, key))
 
     def read_kernel(self, kernel_key: str) -> KernelBinary | None:
-        return self._read(self.kernel_path(kernel_key), lambda data: KernelBinary.decode(data, kernel_key))
+        return self._read(self.kernel_path(kernel_key), lambda data: trusted_kernel(data, kernel_key))
 
     def write_plan(self, entry: PlanEntry) -> OSError | None:
         return self.write(self.plan_path(entry.key), entry.encode())

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 from codegen.cubin import CubinError, exports, parameter_bytes
 
 from ..layout import storage_extent
-from ..program import ArgKind, Program
+from ..program import ArgKind, LaunchProgram
 from .container import EntryError
+from .entries import KernelBinary, PlanEntry
 
 if TYPE_CHECKING:
     from ..ir import Tensor
-    from .entries import KernelBinary, PlanEntry
 
 KEY = re.compile(r"[0-9a-f]{64}")
 ARCH = re.compile(r"sm_(\d{2,3})a?")
@@ -55,6 +55,23 @@ MAX_SHARED_OPT_IN = {
 }
 MAX_ALIGNMENT = 4096
 ARG_BYTES = 8  # every kernel parameter graphdnn emits: a pointer, a double or a 64-bit flag (codegen.kernel)
+
+
+def trusted_kernel(data: bytes, kernel_key: str) -> KernelBinary:
+    """The kernel entry ``data``, decoded and checked (:func:`check_kernel`); EntryError if
+    it cannot be used."""
+    binary = KernelBinary.decode(data, kernel_key)
+    check_kernel(binary)
+    return binary
+
+
+def trusted_plan(data: bytes, key: str) -> PlanEntry:
+    """The plan entry ``data``, decoded and checked on its own (:func:`check_plan`);
+    EntryError if it cannot be used. Its kernels and the graph that looks it up are checked
+    by the caller (:func:`check_kernels`, :func:`check_binding`)."""
+    entry = PlanEntry.decode(data, key)
+    check_plan(entry)
+    return entry
 
 
 def check_kernel(binary: KernelBinary) -> None:
@@ -137,7 +154,7 @@ def check_kernels(entry: PlanEntry, kernels: Mapping[str, KernelBinary]) -> None
             )
 
 
-def check_binding(program: Program, tensors: Sequence[Tensor]) -> None:
+def check_binding(program: LaunchProgram, tensors: Sequence[Tensor]) -> None:
     """The program against the graph that looks it up (``tensors`` in canonical order): every
     argument names an existing tensor of the right kind, every intermediate it reads lives in
     a workspace buffer large enough to hold it."""

@@ -13,9 +13,9 @@ from ..cache.container import EntryError
 from ..cache.entries import KernelBinary, PlanEntry
 from ..cache.key import FORMAT_VERSION, key_fields
 from ..cache.store import DiskStore, StoredFile
-from ..cache.trust import check_kernels
+from ..cache.trust import check_kernels, trusted_kernel, trusted_plan
+from ..files import load
 from ..names import printable
-from ..serialize import load
 from . import add_cache_dir, chosen_directory, target
 
 
@@ -85,7 +85,7 @@ def _ls(args: argparse.Namespace) -> int:
         if stored.kind != "plan":
             continue
         try:
-            entry = PlanEntry.decode(_read(store, stored), stored.key)
+            entry = trusted_plan(_read(store, stored), stored.key)
         except EntryError as error:
             print(f"{printable(stored.key[:16])}…  BAD: {printable(str(error))}")
             continue
@@ -106,9 +106,9 @@ def _verify(args: argparse.Namespace) -> int:
         try:
             data = _read(store, stored)
             if stored.kind == "plan":
-                plans.append((stored, PlanEntry.decode(data, stored.key)))
+                plans.append((stored, trusted_plan(data, stored.key)))
             else:
-                kernels[stored.key] = KernelBinary.decode(data, stored.key)
+                kernels[stored.key] = trusted_kernel(data, stored.key)
         except EntryError as error:
             bad.append((stored, str(error)))
     for stored, entry in plans:

@@ -5,7 +5,7 @@ strides, outputs are poisoned (every byte 0xFF: NaN for floats) so an unwritten 
 fails the check, and a table gives each kernel's GPU time (CUDA events) and the host
 time of a pre-bound call. ``--check`` compares every output with the reference backend.
 On the reference backend, ``--check`` runs the fused partition the way its kernels
-compute (folded batch norms, single-pass norms: fusion_rules.reference) and compares
+compute (folded batch norms, single-pass norms: fusion_rules.partition_reference) and compares
 that with the plain reference, which checks the fusion without a GPU; the plain
 reference runs once, and fused members computed as the plain reference computes them,
 from identical inputs, take its values.
@@ -19,15 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from .. import reference, serialize
-from ..arch import current_gpu_arch
 from ..compare import relative_error, tolerance
 from ..compiler import compile
+from ..files import load
 from ..ir import Graph
 from ..names import printable
 from ..plan import Plan, PlanBase
 from ..random_inputs import random_inputs
+from ..reference import evaluate, execute, output_arrays
 from ..reference_plan import host_array
+from ..runtime.driver import current_gpu_arch
 from . import add_cache_dir, chosen_cache, positive, target
 
 
@@ -47,7 +48,7 @@ def add(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    ir = serialize.load(args.file).validate()
+    ir = load(args.file).validate()
     backend = args.backend or ("gpu" if current_gpu_arch() is not None else "reference")
     why = "" if args.backend else (" (a GPU is present)" if backend == "gpu" else " (no GPU found)")
     print(printable(f"graph '{ir.name}' ({args.file}): {len(ir.nodes)} nodes; backend {backend}{why}"))
@@ -62,12 +63,12 @@ def _run(args: argparse.Namespace) -> int:
     feeds = random_inputs(ir, args.seed)
     if isinstance(plan, Plan):
         results = _run_gpu(plan, ir, feeds, args.repeat)
-        return _check(ir, results, reference.execute(ir, feeds)) if args.check else 0
+        return _check(ir, results, execute(ir, feeds)) if args.check else 0
     if not args.check:
         _run_reference(plan, ir, feeds)
         return 0
     plain = _run_plain(ir, feeds)
-    return _check(ir, _run_fused(ir, feeds, args.arch, plain), reference.output_arrays(ir, plain))
+    return _check(ir, _run_fused(ir, feeds, args.arch, plain), output_arrays(ir, plain))
 
 
 def _origin(plan: PlanBase) -> str:
@@ -128,7 +129,7 @@ def _run_reference(plan: PlanBase, ir: Graph, feeds: dict[str, np.ndarray]) -> d
 def _run_plain(ir: Graph, feeds: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
     """Every tensor's reference value: the expected outputs, and what the fused partition shares."""
     start = time.perf_counter()
-    values = reference.evaluate(ir, feeds)
+    values = evaluate(ir, feeds)
     print(f"reference: {len(ir.nodes)} nodes in {(time.perf_counter() - start) * 1e3:.1f} ms")
     return values
 
@@ -137,7 +138,7 @@ def _run_fused(
     ir: Graph, feeds: dict[str, np.ndarray], arch: str | None, plain: dict[int, np.ndarray]
 ) -> dict[str, np.ndarray]:
     from fusion_rules import fuse
-    from fusion_rules.reference import execute_partition
+    from fusion_rules.partition_reference import execute_partition
 
     partition = fuse(ir, arch=arch)
     start = time.perf_counter()

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..cache_warmup import warmup
+from ..cache.warmup import warmup
 from ..errors import GraphError
 from ..names import printable
 from . import add_cache_dir, chosen_cache, positive, target

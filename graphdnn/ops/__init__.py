@@ -7,6 +7,7 @@ reference semantics) and the builder methods that add them to a graph.
 from .base import Category, Inferred, Op, Role, get_op, op_kinds
 from .conv import ConvMethods
 from .matmul import MatmulMethods
+from .norm_backward import NormBackwardMethods
 from .norms import NormMethods
 from .pointwise import PointwiseMethods
 from .pooling import PoolingMethods
@@ -15,7 +16,14 @@ from .shape import ShapeMethods
 
 
 class OpMethods(
-    ConvMethods, MatmulMethods, NormMethods, PointwiseMethods, PoolingMethods, ReductionMethods, ShapeMethods
+    ConvMethods,
+    MatmulMethods,
+    NormMethods,
+    NormBackwardMethods,
+    PointwiseMethods,
+    PoolingMethods,
+    ReductionMethods,
+    ShapeMethods,
 ):
     """Every op method of :class:`~graphdnn.OperationGraphSpec`."""
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import numpy as np
 
-from ..errors import AttributeValueError, ShapeError, UndeclaredDimsError, UnknownOpError
+from ..errors import AttributeValueError, ShapeError, UndeclaredDimsError
 from .attributes import Attributes, NoAttributes
+from .registry import DEFINITIONS, lookup
 
 if TYPE_CHECKING:
     from ..ir import Node, Tensor
@@ -108,26 +109,21 @@ class Op(abc.ABC):
         raise KeyError(name)
 
 
-_REGISTRY: dict[str, Op] = {}
-
-
 def register(cls: type[Op]) -> type[Op]:
-    """Class decorator: make ``cls.kind`` known to graphs and files."""
-    if cls.kind in _REGISTRY:
+    """Class decorator: make ``cls.kind`` known to graphs and files (``registry.DEFINITIONS``)."""
+    if cls.kind in DEFINITIONS:
         raise RuntimeError(f"op kind '{cls.kind}' is registered twice")
-    _REGISTRY[cls.kind] = cls()
+    DEFINITIONS[cls.kind] = cls()
     return cls
 
 
 def get_op(kind: str, *, node: str | None = None, path: str | None = None) -> Op:
-    try:
-        return _REGISTRY[kind]
-    except KeyError:
-        raise UnknownOpError(f"unknown op '{kind}'", node=node, path=path) from None
+    op: Op = lookup(kind, node=node, path=path)
+    return op
 
 
 def op_kinds() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
+    return tuple(sorted(DEFINITIONS))
 
 
 # -- helpers for infer() ------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Each is the exact gradient of its training-phase forward op (statistics treated as
 functions of the input), evaluated with the mean and inv_variance that the forward pass
-saved. Importing :mod:`.norms` registers these ops too.
+saved. They build on :mod:`.norms`' definitions; the package imports both.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class RmsnormBackward(_NormBackward):
 
 
 class NormBackwardMethods:
-    """Builder methods of the backward norms; :class:`~.norms.NormMethods` inherits them."""
+    """Builder methods of the backward norms (mixed into the graph)."""
 
     _add_node: Callable[..., list[Any]]
 

@@ -138,7 +138,7 @@ def per_row(node: Node, x: Tensor) -> Grouping:
 
 
 # -- op definitions ---------------------------------------------------------------------------
-# Roles that norm_backward shares (typed: mypy cannot infer them across the import cycle).
+# Roles that norm_backward shares.
 INPUT: Role = Role("input", floating=True)
 GRAD: Role = Role("grad", floating=True)
 SCALE: Role = Role("scale", floating=True)
@@ -303,13 +303,8 @@ class BatchnormInference(NormOp):
         return {"y": (x["input"] - x["mean"]) * x["inv_variance"] * x["scale"] + x["bias"]}
 
 
-# The backward ops build on the definitions above: importing them last registers them with
-# this module and gives NormMethods their builder methods.
-from .norm_backward import NormBackwardMethods  # noqa: E402
-
-
 # -- builder methods ----------------------------------------------------------------------
-class NormMethods(NormBackwardMethods):
+class NormMethods:
     """cuDNN-frontend-style builder methods for normalizations (mixed into the graph).
 
     Multi-output methods return every output role in order, None where the node has none

@@ -135,7 +135,6 @@ class PointwiseOp(Op):
 
     category = Category.POINTWISE
     outputs = (Role("y"),)
-    is_activation: bool = False
     evaluate: Callable[[list[np.ndarray], Any], np.ndarray]
 
     def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
@@ -155,9 +154,7 @@ class PointwiseOp(Op):
         return {"y": y if y.shape == out_dim else np.broadcast_to(y, out_dim)}
 
 
-def _define(
-    kind: str, roles: tuple[str, ...], attrs: type[Attributes], activation: bool, fn: Callable[..., Any]
-) -> None:
+def _define(kind: str, roles: tuple[str, ...], attrs: type[Attributes], fn: Callable[..., Any]) -> None:
     if len(roles) == 1:
         evaluate = staticmethod(lambda values, attributes: fn(values[0], attributes))
     else:
@@ -166,20 +163,17 @@ def _define(
         "kind": kind,
         "inputs": tuple(Role(r, positive=(kind, r) in _POSITIVE_INPUTS) for r in roles),
         "attributes": attrs,
-        "is_activation": activation,
         "evaluate": evaluate,
         "__doc__": f"Pointwise {kind}.",
     }
     register(type(f"Pointwise_{kind}", (PointwiseOp,), namespace))
 
 
-for _kind, (_attrs, _activation, _fn) in _UNARY.items():
-    _define(_kind, ("input",), _attrs, _activation, _fn)
+for _kind, (_attrs, _, _fn) in _UNARY.items():
+    _define(_kind, ("input",), _attrs, _fn)
 for _kind, (_roles, _fn) in _BINARY.items():
-    _define(_kind, _roles, NoAttributes, False, _fn)
-_define(
-    "binary_select", ("input0", "input1", "mask"), NoAttributes, False, lambda a, b, mask: np.where(mask != 0, a, b)
-)
+    _define(_kind, _roles, NoAttributes, _fn)
+_define("binary_select", ("input0", "input1", "mask"), NoAttributes, lambda a, b, mask: np.where(mask != 0, a, b))
 
 UNARY_KINDS = frozenset(_UNARY)
 BINARY_KINDS = frozenset(_BINARY)

@@ -10,23 +10,43 @@ parameter slots.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..arch import arch_name, runs_on
 from ..errors import FeedError, UnsupportedError
-from ..program import WORKSPACE_ALIGNMENT
+from ..ir import Graph
+from ..program import WORKSPACE_ALIGNMENT, LaunchProgram
 from ..variant_pack import resolve, scalar_value
 from . import buffers, driver, frameworks
 from .device_array import DeviceMemory
 from .launch import BoundPlan, Copy, pack_arguments
+from .modules import LoadedKernel
 from .overlap import View, overlap
 from .schedule import schedule
 
-if TYPE_CHECKING:
-    from ..plan import Plan
+
+class Bindable(Protocol):
+    """What binding needs of a compiled plan (:class:`graphdnn.plan.Plan` is one): the
+    runtime sits below the plan and never imports it."""
+
+    @property
+    def graph(self) -> Graph: ...
+
+    @property
+    def arch(self) -> int: ...
+
+    @property
+    def program(self) -> LaunchProgram: ...
+
+    @property
+    def workspace_size(self) -> int: ...
+
+    def loaded_kernels(self, device: driver.Device) -> list[LoadedKernel]: ...
+
+    def default_workspace(self, device: driver.Device) -> int: ...
 
 
-def bind(plan: Plan, variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> BoundPlan:
+def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> BoundPlan:
     ir = plan.graph
     pack = resolve(ir, variant_pack)
     handle = driver.stream_handle(stream)
@@ -71,12 +91,12 @@ def _describe(name: str, value: Any, stream: int) -> buffers.Buffer:
         raise error.located(tensor=name) from None
 
 
-def _device(plan: Plan, ordinals: list[int]) -> driver.Device:
+def _device(plan: Bindable, ordinals: list[int]) -> driver.Device:
     """The device of the first buffer (the checks hold the others to it), else the current one."""
     device = driver.device(ordinals[0]) if ordinals else driver.current_device()
     if not runs_on(plan.arch, device.arch):
         raise UnsupportedError(
-            f"plan for graph '{plan.graph.name}' was compiled for {plan.arch_name}; cuda:{device.ordinal} "
+            f"plan for graph '{plan.graph.name}' was compiled for {arch_name(plan.arch)}; cuda:{device.ordinal} "
             f"({device.name}) is {arch_name(device.arch)}: build it with arch=None (the current GPU) or "
             f"arch='{arch_name(device.arch)}'"
         )
@@ -84,7 +104,7 @@ def _device(plan: Plan, ordinals: list[int]) -> driver.Device:
 
 
 def _workspace(
-    plan: Plan, workspace: Any, device: driver.Device, stream: int, views: dict[int, View], names: dict[int, str]
+    plan: Bindable, workspace: Any, device: driver.Device, stream: int, views: dict[int, View], names: dict[int, str]
 ) -> int:
     """The workspace's device address (0 when the plan needs none); a caller's workspace
     may not share memory with a buffer of the pack."""

@@ -122,6 +122,15 @@ def current_device() -> Device:
     return device(int(call(driver.cuCtxGetDevice)))
 
 
+@cache
+def current_gpu_arch() -> int | None:
+    """sm_XY of the current CUDA device as a number, or None where there is no usable GPU."""
+    try:
+        return current_device().arch
+    except CudaError:
+        return None
+
+
 def pointer_device(pointer: int) -> int | None:
     """The ordinal of the device that owns ``pointer``; None for host or unknown memory."""
     driver = api()

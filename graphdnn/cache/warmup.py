@@ -20,18 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .arch import arch_name, resolve_arch
-from .cache.entries import KernelBinary
-from .cache.key import KeyFields, key_fields
-from .cache.plan_cache import DEFAULT, PlanCache, resolve_cache
-from .cache.store import CacheWarning, DiskStore
-from .compiler import canonical_tensors, store_plan, tuned_choices
-from .errors import GraphError
-from .ir import Graph
-from .kernel_build import compile_sources, matches
-from .lower import KernelSource, Lowered
-from .progress import Progress
-from .signature import signature_and_order
+from ..arch import arch_name, resolve_arch
+from ..compilation import Compilation
+from ..compiler import store_plan, tuned_choices
+from ..errors import GraphError
+from ..ir import Graph
+from ..kernel_build import compile_sources, matches
+from ..lower import KernelSource, Lowered
+from ..progress import Progress
+from .entries import KernelBinary
+from .plan_cache import DEFAULT, PlanCache, resolve_cache
+from .store import CacheWarning, DiskStore
 
 
 @dataclass
@@ -59,8 +58,7 @@ class WarmupReport:
 @dataclass
 class _Pending:
     label: str
-    ir: Graph
-    fields: KeyFields
+    job: Compilation
     lowered: Lowered
     tuned_on: str | None
 
@@ -111,7 +109,7 @@ def _lower_missing(
     report: WarmupReport,
     stream: TextIO | None,
 ) -> list[_Pending]:
-    from .lower import lower
+    from ..lower import lower
 
     bar = Progress("graphs ", len(graphs), stream) if stream is not None else None
     pending: list[_Pending] = []
@@ -119,18 +117,14 @@ def _lower_missing(
         label = str(graph) if isinstance(graph, (str, os.PathLike)) else getattr(graph, "name", repr(graph))
         report.graphs += 1
         try:
-            ir = _validated(graph)
-            graph_signature, order = signature_and_order(ir)
-            fields = key_fields(ir, target, disable, graph_signature)
-            found = plan_cache.lookup(fields.key, canonical_tensors(ir, order))
+            job = Compilation.of(_validated(graph), target, disable)
+            found = plan_cache.lookup(job.fields.key, job.canonical_tensors)
             if found is not None and (not autotune or found.entry.tuned_on is not None):
                 report.cached += 1
             else:
-                tuning, tuned_on = (
-                    tuned_choices(ir, target, fields, disable, plan_cache, None) if autotune else ({}, None)
-                )
-                lowered = lower(ir, target, fields.kernel_key, disable=disable, tuning=tuning)
-                pending.append(_Pending(label, ir, fields, lowered, tuned_on))
+                tuning, tuned_on = tuned_choices(job, plan_cache, None) if autotune else ({}, None)
+                lowered = lower(job.partition, target, job.signature, job.fields.kernel_key, tuning=tuning)
+                pending.append(_Pending(label, job, lowered, tuned_on))
         except GraphError as error:
             report.failures.append((label, str(error)))
         except Exception as error:  # a defect in graphdnn: reported for this graph, the batch goes on
@@ -238,7 +232,7 @@ def _store(p: _Pending, plan_cache: PlanCache, failed_kernels: dict[str, str], r
             report.failures.append((p.label, f"kernel {p.lowered.sources[key].name} is missing from the cache"))
             return
         binaries[key] = binary
-    failure = store_plan(plan_cache, p.ir, p.fields, p.lowered.program, binaries, tuned_on=p.tuned_on)
+    failure = store_plan(plan_cache, p.job, p.lowered.program, binaries, tuned_on=p.tuned_on)
     if failure is not None:
         report.failures.append((p.label, f"cannot write its plan to the cache: {failure}"))
         return
@@ -253,7 +247,7 @@ def _validated(graph: Any) -> Graph:
     if isinstance(graph, Graph):
         return graph
     if isinstance(graph, (str, os.PathLike)):
-        from .serialize import load
+        from ..files import load
 
         return load(graph).validate()
     validated: Graph = graph.validate()

@@ -26,10 +26,10 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from graphdnn.dtypes import round_to
 from graphdnn.errors import StructureError, UnsupportedError
-from graphdnn.ir import Graph, Node, Tensor
+from graphdnn.ir import FeedKey, Graph, Node, Tensor
 from graphdnn.ops.conv import ConvMode, conv_attrs
 from graphdnn.ops.norms import NormOp
-from graphdnn.reference import FeedKey, bind_feeds, operands, output_arrays
+from graphdnn.reference import bind_feeds, operands, output_arrays
 
 from .partition import Family, FusedNode, Partition, is_elementwise
 
