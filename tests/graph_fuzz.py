@@ -39,6 +39,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 
 import graphdnn as gd
+from fusion_rules import fuse
 from graphdnn.dtypes import DataType
 from graphdnn.layout import numel, packed_strides, stride_order
 from graphdnn.lower import KernelSource, lower
@@ -46,6 +47,7 @@ from graphdnn.ops.base import get_op, op_kinds
 from graphdnn.random_inputs import random_inputs
 from graphdnn.reference_plan import ReferencePlan, host_array
 from graphdnn.serialize import graph_to_dict
+from graphdnn.signature import signature
 from tests import plan_graphs
 from tests.graph_strategies import build, fusion_recipes, pointwise_recipes
 
@@ -489,7 +491,7 @@ def check(text: str) -> Outcome:
     except Exception:
         return Outcome("finding", "reading: " + _short_traceback())
     try:
-        lowered = lower(ir, 90, lambda content_hash: content_hash)
+        lowered = lower(fuse(ir, arch=90), 90, signature(ir), lambda content_hash: content_hash)
     except Exception:
         return Outcome("finding", "lowering for sm_90: " + _short_traceback())
     sources = {source.content_hash: source for source in lowered.sources.values()}

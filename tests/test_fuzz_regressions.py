@@ -13,16 +13,18 @@ import pytest
 import graphdnn as gd
 from codegen.nvrtc import compile_cubin
 from codegen.pointwise import literal
-from graphdnn import serialize
+from fusion_rules import fuse
 from graphdnn.bounded_read import read_bounded
 from graphdnn.layout import MAX_ELEMENTS, check_extent
 from graphdnn.lower import lower
 from graphdnn.reference_plan import MAX_HOST_GAP_BYTES, host_array
+from graphdnn.signature import signature
 
 
 def sources(graph: gd.OperationGraphSpec) -> list[tuple[str, str]]:
     """(name, CUDA source) of every kernel of ``graph`` for sm_90."""
-    return [(s.name, s.source) for s in lower(graph.validate(), 90, lambda h: h).sources.values()]
+    ir = graph.validate()
+    return [(s.name, s.source) for s in lower(fuse(ir, arch=90), 90, signature(ir), lambda h: h).sources.values()]
 
 
 # -- reference host arrays -----------------------------------------------------------------------
@@ -135,11 +137,11 @@ def test_pooling_padding_is_bounded_by_the_input_extent() -> None:
 def test_reading_dev_zero_as_a_graph_stops_at_the_limit(tmp_path: Path) -> None:
     """stat() says /dev/zero is empty; the reader used to trust it and read forever (MemoryError)."""
     with pytest.raises(gd.FormatError, match=r"/dev/zero: file is over the \d+-byte limit"):
-        serialize.load("/dev/zero")
+        gd.load("/dev/zero")
     link = tmp_path / "graph.json"
     os.symlink("/dev/zero", link)
     with pytest.raises(gd.FormatError, match=r"graph.json: file is over"):
-        serialize.load(link)
+        gd.load(link)
 
 
 def test_read_bounded_reads_a_file_of_exactly_the_limit(tmp_path: Path) -> None:
