@@ -111,9 +111,9 @@ def load_tile_lambda(
         "  const int k = kt * BK + a_chunk * 8;",
         "  const bool k_ok = kt < KTILES && k < GK;",
     ]
-    a_smem = f"a_smem + stage * {a_stage}"
     b_smem = f"b_smem + stage * {b_stage}"
     k_major_chunk = f"{tiles.k_major}({_thread_row(tiles)} + i * (THREADS / {tiles.lanes}), a_chunk)"
+    a_dst, b_dst = f"a_smem + stage * {a_stage} + {k_major_chunk}", f"{b_smem} + {k_major_chunk}"
     if p.is_conv:
         spatial = len(p.out.dim) - 2
         filt = p.b.dim[2:]
@@ -121,59 +121,38 @@ def load_tile_lambda(
         # k = ((r * S + s) * C + c): decompose once per tile (all of this thread's chunks share k)
         lines.append(f"  const int c = k % {channels};")
         rest = f"k / {channels}"
-        taps = []
         for axis in reversed(range(spatial)):
             lines.append(f"  const int f{axis} = ({rest}) % {filt[axis]};")
             rest = f"({rest}) / {filt[axis]}"
-            taps.append(axis)
         flip = p.attrs.convolution_mode is ConvMode.CONVOLUTION
         w_terms = [
             f"(({filt[i] - 1} - f{i}) * {p.b.stride[i + 2]})" if flip else f"f{i} * {p.b.stride[i + 2]}"
             for i in range(spatial)
         ]
         lines.append(f"  const {itype} w_tap = {' + '.join(w_terms)} + c;")
-        lines.append("#pragma unroll")
-        lines.append(f"  for (int i = 0; i < {a_chunks}; ++i) {{")
-        checks, terms = ["a_row_ok[i]", "k_ok"], []
+        setup, checks, terms = [], ["a_row_ok[i]", "k_ok"], []
         for axis in range(spatial):
-            lines.append(f"    const int h{axis} = a_h{axis}[i] + f{axis} * {p.attrs.dilation[axis]};")
+            setup.append(f"const int h{axis} = a_h{axis}[i] + f{axis} * {p.attrs.dilation[axis]};")
             checks.append(f"(unsigned)h{axis} < {p.a.dim[axis + 2]}u")
             terms.append(f"({itype})h{axis} * {p.a.stride[axis + 2]}")
-        lines.append(f"    const bool ok = {' && '.join(checks)};")
-        lines.append(f"    const T* src = ok ? {x} + a_base[i] + {' + '.join(terms)} + c : {x};")
-        lines += _copy_chunk(f"{a_smem} + {k_major_chunk}", "src", "ok", aligned, depth=2)
-        lines.append("  }")
-        lines.append("#pragma unroll")
-        lines.append(f"  for (int i = 0; i < {b_chunks}; ++i) {{")
-        lines.append("    const bool ok = b_row_ok[i] && k_ok;")
-        lines.append(f"    const T* src = ok ? {w} + b_row[i] + w_tap : {w};")
-        lines += _copy_chunk(f"{b_smem} + {k_major_chunk}", "src", "ok", aligned, depth=2)
-        lines.append("  }")
+        a_src = f"a_base[i] + {' + '.join(terms)} + c"
+        lines += _copy_loop(a_chunks, setup, " && ".join(checks), x, a_src, a_dst, aligned)
+        lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, "b_row[i] + w_tap", b_dst, aligned)
     else:
-        lines.append("#pragma unroll")
-        lines.append(f"  for (int i = 0; i < {a_chunks}; ++i) {{")
-        lines.append("    const bool ok = a_row_ok[i] && k_ok;")
-        lines.append(f"    const T* src = ok ? {x} + a_base_row[i] + k : {x};")
-        lines += _copy_chunk(f"{a_smem} + {k_major_chunk}", "src", "ok", aligned, depth=2)
-        lines.append("  }")
+        lines += _copy_loop(a_chunks, [], "a_row_ok[i] && k_ok", x, "a_base_row[i] + k", a_dst, aligned)
         if layout == "nk":
-            lines.append("#pragma unroll")
-            lines.append(f"  for (int i = 0; i < {b_chunks}; ++i) {{")
-            lines.append("    const bool ok = b_row_ok[i] && k_ok;")
-            lines.append(f"    const T* src = ok ? {w} + b_row[i] + ({itype})k * {p.b.stride[-2]} : {w};")
-            lines += _copy_chunk(f"{b_smem} + {k_major_chunk}", "src", "ok", aligned, depth=2)
-            lines.append("  }")
+            b_src = f"b_row[i] + ({itype})k * {p.b.stride[-2]}"
+            lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned)
         else:
             per_row = bn // 8
-            lines.append("#pragma unroll")
-            lines.append(f"  for (int i = 0; i < {b_chunks}; ++i) {{")
-            lines.append("    const int id = tid + i * THREADS;")
-            lines.append(f"    const int kr = id / {per_row}, nc = id % {per_row};")
-            lines.append("    const int kk = kt * BK + kr, n = block_n + nc * 8;")
-            lines.append("    const bool ok = kt < KTILES && kk < GK && n < GN;")
-            lines.append(f"    const T* src = ok ? {w} + b_base + ({itype})kk * {p.b.stride[-2]} + n : {w};")
-            lines += _copy_chunk(f"{b_smem} + {tiles.n_major}(kr, nc)", "src", "ok", aligned, depth=2)
-            lines.append("  }")
+            setup = [
+                "const int id = tid + i * THREADS;",
+                f"const int kr = id / {per_row}, nc = id % {per_row};",
+                "const int kk = kt * BK + kr, n = block_n + nc * 8;",
+            ]
+            ok = "kt < KTILES && kk < GK && n < GN"
+            b_src = f"b_base + ({itype})kk * {p.b.stride[-2]} + n"
+            lines += _copy_loop(b_chunks, setup, ok, w, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
     lines.append("};")
     return lines
 
@@ -181,6 +160,20 @@ def load_tile_lambda(
 def _thread_row(tiles: SmemTiles) -> str:
     """The first k-major row a thread copies (tid / lanes)."""
     return f"(tid >> {tiles.lanes.bit_length() - 1})"
+
+
+def _copy_loop(chunks: int, setup: list[str], ok: str, base: str, src: str, dst: str, aligned: str) -> list[str]:
+    """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes at ``base + src`` to
+    ``dst`` where ``ok``, else zeros."""
+    return [
+        "#pragma unroll",
+        f"  for (int i = 0; i < {chunks}; ++i) {{",
+        *("    " + line for line in setup),
+        f"    const bool ok = {ok};",
+        f"    const T* src = ok ? {base} + {src} : {base};",
+        *_copy_chunk(dst, "src", "ok", aligned, depth=2),
+        "  }",
+    ]
 
 
 def _copy_chunk(dst: str, src: str, ok: str, aligned: str, depth: int) -> list[str]:
