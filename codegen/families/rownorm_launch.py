@@ -1,10 +1,7 @@
-"""Row normalization's launch choices: a group of G threads per row, R rows per block, V vectors
-per thread, and optionally a resident grid of B blocks per SM (see rownorm.py), sized by a
-register estimate so that ``__launch_bounds__`` does not make the kernel spill.
-
-Launch choices (threads_per_row G, rows_per_block R, vectors_per_thread V, blocks_per_sm B)
-come from ``ctx.tuning`` when the runtime autotuned them over :func:`candidates`, else from
-:func:`heuristic`.
+"""Row normalization's launch choices (threads_per_row G, rows_per_block R, vectors_per_thread V,
+and optionally blocks_per_sm B, a resident grid: see rownorm.py), sized by a register estimate
+so that ``__launch_bounds__`` does not make the kernel spill. They come from ``ctx.tuning`` when
+the runtime autotuned them over :func:`candidates`, else from :func:`heuristic`.
 """
 
 from __future__ import annotations
