@@ -17,7 +17,7 @@ import pytest
 import graphdnn as gd
 from codegen import Kernel, ParamKind, compile_cubin, emit_partition
 from codegen.context import EmitContext
-from codegen.families import groupnorm, rownorm
+from codegen.families import groupnorm, rownorm, rownorm_launch, rownorm_layout
 from fusion_rules import Family, FusedNode, fuse
 from graphdnn.errors import GraphError
 from graphdnn.ir import Tensor
@@ -196,9 +196,9 @@ def test_row_norm_kernel_compiles(case: Case, arch: int) -> None:
     if vectorized:
         assert kernel.alignment >= 16 and f"gd::load_vec<{_ctype(case)}, {16 // _itemsize(case)}>" in kernel.source
     assert ("#pragma unroll 1" in kernel.source) == case.chunked
-    config = rownorm.heuristic(rownorm.analyze(fused))
+    config = rownorm_launch.heuristic(rownorm_layout.analyze(fused))
     assert kernel.block[0] == config.threads and kernel.grid[0] == -(
-        -rownorm.analyze(fused).rows // config.rows_per_block
+        -rownorm_layout.analyze(fused).rows // config.rows_per_block
     )
     compile_cubin(kernel.source, kernel.name, arch)
 
@@ -225,18 +225,18 @@ def _itemsize(case: Case) -> int:
 # -- CPU: geometry and launch choices ------------------------------------------------------------------
 def test_rows_and_packing_follow_the_layout() -> None:
     """NHWC rows over C are contiguous (vectors); the same norm on NCHW reaches C with stride H*W."""
-    nhwc = rownorm.analyze(norm_node(Case("layernorm", "float", (2, 64, 5, 7), (1, 64, 1, 1), layout="nhwc")))
-    nchw = rownorm.analyze(norm_node(Case("layernorm", "float", (2, 64, 5, 7), (1, 64, 1, 1))))
+    nhwc = rownorm_layout.analyze(norm_node(Case("layernorm", "float", (2, 64, 5, 7), (1, 64, 1, 1), layout="nhwc")))
+    nchw = rownorm_layout.analyze(norm_node(Case("layernorm", "float", (2, 64, 5, 7), (1, 64, 1, 1))))
     assert (nhwc.rows, nhwc.width, nhwc.vec) == (70, 64, 4)
     assert (nchw.rows, nchw.width, nchw.vec) == (70, 64, 1)
     assert nhwc.x.id in nhwc.packed and nchw.x.id not in nchw.packed
     # Over (C, H, W) of NHWC the row is packed in (H, W, C) order: x is, the row-major scale is not.
     chw = norm_node(Case("layernorm", "half", (2, 16, 3, 5), (1, 16, 3, 5), layout="nhwc"))
-    layout = rownorm.analyze(chw)
+    layout = rownorm_layout.analyze(chw)
     scale = chw.anchor.input("scale") if chw.anchor else None
     assert scale is not None and layout.x.id in layout.packed and scale.id not in layout.packed
     assert layout.vec == 8
-    sliced = rownorm.analyze(norm_node(Case("layernorm", "bfloat16", (3, 1000), (1, 1000), layout="sliced")))
+    sliced = rownorm_layout.analyze(norm_node(Case("layernorm", "bfloat16", (3, 1000), (1, 1000), layout="sliced")))
     assert sliced.vec == 1  # rows 1003 elements apart cannot all start on 16 bytes
 
 
@@ -252,8 +252,8 @@ def test_rows_and_packing_follow_the_layout() -> None:
     ],
 )
 def test_heuristic_choices(dims: tuple[int, int], dtype: str, expected: tuple[int, int, int]) -> None:
-    layout = rownorm.analyze(norm_node(Case("layernorm", dtype, dims, (1, dims[1]))))
-    config = rownorm.heuristic(layout)
+    layout = rownorm_layout.analyze(norm_node(Case("layernorm", dtype, dims, (1, dims[1]))))
+    config = rownorm_launch.heuristic(layout)
     assert (config.threads_per_row, config.rows_per_block, config.vectors_per_thread) == expected
     assert config.chunks(layout) == (4 if dims[1] == 65536 else 1)
 
@@ -262,7 +262,7 @@ def test_every_candidate_emits_a_distinct_kernel_that_compiles() -> None:
     case = Case("rmsnorm", "bfloat16", (4096, 4096), (1, 4096), residual=True)
     fused = norm_node(case)
     choices = rownorm.candidates(fused, 90)
-    assert choices[0] == rownorm.heuristic(rownorm.analyze(fused)).as_dict() and 3 <= len(choices) <= 12
+    assert choices[0] == rownorm_launch.heuristic(rownorm_layout.analyze(fused)).as_dict() and 3 <= len(choices) <= 12
     partition = fuse(build(case))
     sources = set()
     for choice in choices:
@@ -361,11 +361,11 @@ PREFETCH = "the next rows' loads"
 def test_pipelined_kernel_compiles(item: tuple[Case, dict[str, int]], arch: int) -> None:
     case, tuning = item
     fused, kernel = tuned_kernel(case, tuning, arch)
-    layout = rownorm.analyze(fused)
-    config = rownorm.configured(layout, tuning)
+    layout = rownorm_layout.analyze(fused)
+    config = rownorm_launch.configured(layout, tuning)
     threads, blocks = config.threads, config.blocks_per_sm
     assert kernel.block == (threads, 1, 1) and f"__launch_bounds__({threads}, {blocks})" in kernel.source
-    groups, sms = -(-layout.rows // config.rows_per_block), rownorm.SM_COUNT[arch]
+    groups, sms = -(-layout.rows // config.rows_per_block), rownorm_launch.SM_COUNT[arch]
     assert kernel.grid == (min(groups, blocks * sms), 1, 1)
     # The main path prefetches where a block has a next row held in registers; the misaligned
     # fallback never does.
@@ -384,7 +384,7 @@ def test_pipelined_paths_and_held_columns() -> None:
     assert PREFETCH not in element_path and "col" not in element_path
     scale, bias = (fused.anchor.input(role) for role in ("scale", "bias")) if fused.anchor else (None, None)
     assert scale is not None and bias is not None
-    assert rownorm.analyze(fused).columns == tuple(sorted((scale.id, bias.id)))
+    assert rownorm_layout.analyze(fused).columns == tuple(sorted((scale.id, bias.id)))
     assert vector_path.count("gd::hold(") == 2 and "gd::load_vec<__nv_bfloat16, 8>(t1 + j)" in vector_path
     _, sliced = tuned_kernel(*next(item for item in PIPELINED_CASES if item[0].layout == "sliced"), 90)
     assert "if (aligned)" not in sliced.source and PREFETCH in sliced.source
@@ -398,9 +398,9 @@ def test_pipelined_candidates_where_rows_fit_and_outnumber_the_blocks() -> None:
     pipelined = [c for c in choices if c["blocks_per_sm"]]
     assert pipelined and choices[0]["blocks_per_sm"] == 0 and len(choices) == len({str(c) for c in choices})
     for choice in pipelined:
-        config = rownorm.configured(rownorm.analyze(big), choice)
-        assert config.threads * config.blocks_per_sm // 32 in rownorm.RESIDENT_WARPS
-        assert config.chunks(rownorm.analyze(big)) == 1
+        config = rownorm_launch.configured(rownorm_layout.analyze(big), choice)
+        assert config.threads * config.blocks_per_sm // 32 in rownorm_launch.RESIDENT_WARPS
+        assert config.chunks(rownorm_layout.analyze(big)) == 1
     for case in [
         Case("layernorm", "bfloat16", (3, 65536), (1, 65536)),
         Case("rmsnorm", "bfloat16", (37, 4096), (1, 4096)),
@@ -444,8 +444,8 @@ def test_single_wave_candidate_for_a_grid_just_over_one_wave() -> None:
     assert kernel.grid == (1024, 1, 1) and "__launch_bounds__(128, 8)" in kernel.source
     assert PREFETCH not in kernel.source and "gd::hold(" not in kernel.source
     big = norm_node(Case("layernorm", "bfloat16", (16384, 4096), (1, 4096), epilogue=("gelu",)))
-    layout = rownorm.analyze(big)
-    resident = [rownorm.configured(layout, c) for c in rownorm.candidates(big, 90) if c["blocks_per_sm"]]
+    layout = rownorm_layout.analyze(big)
+    resident = [rownorm_launch.configured(layout, c) for c in rownorm.candidates(big, 90) if c["blocks_per_sm"]]
     assert resident and all(config.pipelined(layout, 132) for config in resident)
 
 

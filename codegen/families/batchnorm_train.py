@@ -2,7 +2,7 @@
 
 Three kernels, all fixed-order (reproducible, no float atomics):
 
-1. statistics: the reduction walk of reduction.py over every axis but the channel (COLUMN
+1. statistics: the reduction walk of reduction_kernels.py over every axis but the channel (COLUMN
    for channels-last layouts, where a thread's 16-byte load covers VEC channels; ROW for
    channels-first ones, a group of threads per channel). For its channel c each thread sums,
    in float, d = x - k_c, d * d and x, where the shift k_c is x's first element of channel c.
@@ -48,18 +48,9 @@ from ..context import (
 from ..cuda_types import cuda_type, load, rounded, store
 from ..indexing import coordinates, loop_index_type, offset
 from ..kernel import FusedProgram, Kernel, Scratch
-from .reduction import (
-    Accumulator,
-    Finish,
-    Names,
-    declare,
-    epilogue_operands,
-    plan_walk,
-    refuse_tuning,
-    type_bytes,
-    walk_kernels,
-    widest_vector,
-)
+from .reduction_fragments import Names, declare, type_bytes
+from .reduction_kernels import Accumulator, Finish, epilogue_operands, refuse_tuning, walk_kernels
+from .reduction_walk import plan_walk, widest_vector
 
 THREADS = 256
 MAX_BLOCKS = 65535

@@ -1,7 +1,7 @@
-"""GEMM family, Hopper path: the tensor-core GEMM of gemm.py on ``wgmma.mma_async`` (sm_90a).
+"""GEMM family, Hopper path: the tensor-core GEMM of gemm_mma.py on ``wgmma.mma_async`` (sm_90a).
 
-Same problems, loaders and epilogue as the mma.sync path; what changes is how the tensor
-cores are fed:
+Same problems, loaders and epilogue as the mma.sync path (gemm_block.py); what changes is how
+the tensor cores are fed:
 
 - a block of 256 threads is two warpgroups (4 consecutive warps each) computing a 128 x BN
   tile: warpgroup g owns rows 64g..64g+63 and issues ``wgmma.mma_async.m64nBNk16`` with A and
@@ -18,28 +18,15 @@ specialisation: every thread copies, every warpgroup computes.
 
 from __future__ import annotations
 
-import math
-
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 
-from ..context import EmitContext, indent, kernel_source, pattern_name
-from ..cuda_types import cuda_type
-from ..indexing import index_type
+from ..context import EmitContext
 from ..kernel import Kernel
-from .gemm import (
-    ASYNC_COPY_PRELUDE,
-    Problem,
-    SmemTiles,
-    a_loader_setup,
-    b_loader_setup,
-    batch_offsets,
-    declare,
-    load_tile_lambda,
-    staged_epilogue,
-    tensor_core_layout,
-)
+from .gemm_block import BlockShape, TensorCoreBlock
+from .gemm_loaders import SmemTiles
+from .gemm_problem import Problem, tensor_core_layout
 
 ARCH = 90  # wgmma exists on sm_90a only (Blackwell's tensor cores take tcgen05 instead)
 BLOCK_K = 64
@@ -74,8 +61,7 @@ def _prelude(bn: int, elem: str, transpose_b: int) -> str:
         ", ".join(f'"+f"(d[{i}])' for i in range(row, min(row + 8, count))) for row in range(0, count, 8)
     )
     return (
-        ASYNC_COPY_PRELUDE
-        + r"""
+        r"""
 // ---- wgmma (sm_90a) building blocks ----
 // Tiles in shared memory use the 128-byte swizzle: rows of 128 bytes (64 16-bit elements),
 // in groups of 8 rows (1024 bytes); 16-byte chunk c of row r sits at chunk c ^ (r % 8). The
@@ -137,51 +123,26 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[{count}], unsigned long lon
 
 def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry)."""
-    layout = tensor_core_layout(p)
-    assert layout is not None
     bm = int(ctx.tuning.get("block_m", 128))  # type: ignore[call-overload]
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
-    threads = bm * 2  # one warpgroup (128 threads) per 64 rows
-    a_stage, b_stage = bm * BLOCK_K * 2, bn * BLOCK_K * 2
-    c_stride = bn + 4  # floats per staged accumulator row (+4: fewer bank conflicts, 16-byte rows)
-    shared = max(stages * (a_stage + b_stage), bm * c_stride * 4) + ALIGN_SLACK
+    shape = BlockShape(bm, bn, BLOCK_K, stages, bm * 2)  # one warpgroup (128 threads) per 64 rows
+    shared = max(stages * (shape.a_stage + shape.b_stage), bm * shape.c_stride * 4) + ALIGN_SLACK
     _check(ctx, bm, bn, stages, shared)
 
-    params, names = declare(fused, p)
-    aligned = params.aligned_flag()
-    tensors = [*fused.inputs, *fused.outputs]
-    itype = index_type(tensors, p.m * max(p.n, 1))
-    a_chunks, b_chunks = bm * BLOCK_K // 8 // threads, bn * BLOCK_K // 8 // threads
-    tiles = SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n")
-    lines = [
-        f"using T = {cuda_type(p.a.data_type)};",
-        f"constexpr int BM = {bm}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, THREADS = {threads};",
-        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // BLOCK_K)};",
+    block = TensorCoreBlock(fused, p, shape, SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n"))
+    shared_memory = [
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
         "unsigned char* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);",
-        "unsigned char* const a_smem = smem;",
-        f"unsigned char* const b_smem = smem + STAGES * {a_stage};",
-        "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
-        "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile",
-        f"const {itype} block_m = ({itype})blockIdx.x * BM;",
-        "const int block_n = blockIdx.y * BN;",
     ]
-    if not p.is_conv:
-        lines += batch_offsets(p, itype)
-    x, w = names[p.a.id], names[p.b.id]
-    lines += a_loader_setup(p, itype, a_chunks, threads, tiles)
-    lines += b_loader_setup(p, itype, b_chunks, threads, layout, tiles)
-    lines += load_tile_lambda(p, x, w, itype, a_chunks, b_chunks, a_stage, b_stage, bn, layout, aligned, tiles)
-    lines += _main_loop(layout, a_stage, b_stage)
-    lines += staged_epilogue(fused, p, names, itype, c_stride, aligned, _staging(c_stride))
-
+    lines = block.prelude(
+        shared_memory, "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile"
+    )
+    lines += _main_loop(block.layout, shape.a_stage, shape.b_stage)
+    lines += block.epilogue(_staging(shape.c_stride))
     elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
-    prelude = _prelude(bn, elem, 1 if layout == "kn" else 0)
-    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_wgmma", params, threads, indent(lines, 1))
-    source = source.replace('extern "C" __global__', prelude + '\nextern "C" __global__', 1)
-    grid = (-(-p.m // bm), -(-p.n // bn), math.prod(p.batch) if p.batch else 1)
-    return Kernel(name, source, grid, (threads, 1, 1), shared, tuple(params.bindings), alignment=16, arch_suffix="a")
+    functions = _prelude(bn, elem, 1 if block.layout == "kn" else 0)
+    return block.kernel(ctx, lines, "_wgmma", functions, shared, arch_suffix="a")
 
 
 def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int) -> None:

@@ -31,7 +31,7 @@ from ..cuda_types import load, store
 from ..indexing import coordinates, index_type, offset
 from ..kernel import FusedProgram, Kernel
 from ..pointwise import literal
-from .rownorm import STATISTICS, epsilon, normalize
+from .norm_statistics import epsilon, normalize, write_statistics
 
 MIN_THREADS, MAX_THREADS = 32, 1024
 ELEMENTS_PER_THREAD = 8  # the heuristic sizes blocks for about this many elements per thread and pass
@@ -149,22 +149,6 @@ class _SetKernel:
         ]
         return self.walk([*values.statements, *stores])
 
-    def write_statistics(self) -> list[str]:
-        stored = []
-        for role, variable in STATISTICS.items():
-            t = self.anchor.output(role)
-            if t is not None and t.id in self.names:
-                # Statistics have dims [N, groups, 1, ...]: coordinates k0 = n, k1 = g.
-                stored.append(f"{self.names[t.id]}[{offset(t, t.dim, 'k')}] = {store(t.data_type, variable)};")
-        if not stored:
-            return []
-        return [
-            "if (threadIdx.x == 0) {",
-            f"  const {self.itype} k0 = n, k1 = g;",
-            *indent(stored, 1).splitlines(),
-            "}",
-        ]
-
     def body(self) -> list[str]:
         c, layout = self.compute, self.layout
         x = self.value(self.x)
@@ -177,7 +161,14 @@ class _SetKernel:
             f"{c} squares = 0;",
             *self.walk([f"const {c} d = {x} - mean;", "squares += d * d;"]),
             f"const {c} rstd = {literal(1, c)} / {sqrt}({self.reduce('squares')} + eps);",
-            *self.write_statistics(),
+            # Statistics have dims [N, groups, 1, ...]: coordinates k0 = n, k1 = g.
+            *write_statistics(
+                self.anchor,
+                self.names,
+                lambda t: offset(t, t.dim, "k"),
+                "threadIdx.x == 0",
+                [f"const {self.itype} k0 = n, k1 = g;"],
+            ),
             *self.apply(),
         ]
         lines = [

@@ -1,0 +1,105 @@
+"""What the two tensor-core GEMM kernels (mma.sync: gemm_mma.py, wgmma: gemm_sm90.py) share: the
+block tile, the kernel parameters, the block prelude (constants, shared-memory tiles, thread and
+block coordinates, loaders), the staged epilogue and the launch. A path adds its device
+functions, its warps' roles, its main loop and how its accumulators reach the staged tile."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+
+from ..context import EmitContext, indent, kernel_source, pattern_name
+from ..cuda_types import cuda_type
+from ..indexing import index_type
+from ..kernel import Kernel
+from .gemm_epilogue import staged_epilogue
+from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
+from .gemm_problem import Problem, batch_offsets, declare, tensor_core_layout
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """A block's tile: BM x BN outputs, k tiles of BK 16-bit elements through STAGES shared-memory
+    buffers, THREADS threads."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    stages: int
+    threads: int
+
+    @property
+    def a_stage(self) -> int:
+        """Bytes of one stage's A tile."""
+        return self.block_m * self.block_k * 2
+
+    @property
+    def b_stage(self) -> int:
+        return self.block_n * self.block_k * 2
+
+    @property
+    def c_stride(self) -> int:
+        """Floats per staged accumulator row (+4: fewer bank conflicts, 16-byte rows)."""
+        return self.block_n + 4
+
+
+class TensorCoreBlock:
+    """One tensor-core kernel for ``p`` being written: its parameters (declared first, so both
+    paths bind them in the same order) and the shared parts of its body."""
+
+    def __init__(self, fused: FusedNode, p: Problem, shape: BlockShape, tiles: SmemTiles) -> None:
+        layout = tensor_core_layout(p)
+        assert layout is not None
+        self.fused, self.p, self.shape, self.tiles, self.layout = fused, p, shape, tiles, layout
+        self.params, self.names = declare(fused, p)
+        self.aligned = self.params.aligned_flag()
+        self.itype = index_type([*fused.inputs, *fused.outputs], p.m * max(p.n, 1))
+
+    def prelude(self, shared_memory: list[str], warp_roles: str) -> list[str]:
+        """Constants, the A and B tiles in ``smem`` (declared by ``shared_memory``), thread and
+        block coordinates (``warp_roles``: what the path's warps compute), and the loaders."""
+        p, s, itype = self.p, self.shape, self.itype
+        lines = [
+            f"using T = {cuda_type(p.a.data_type)};",
+            f"constexpr int BM = {s.block_m}, BN = {s.block_n}, BK = {s.block_k}, STAGES = {s.stages}, THREADS = {s.threads};",
+            f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // s.block_k)};",
+            *shared_memory,
+            "unsigned char* const a_smem = smem;",
+            f"unsigned char* const b_smem = smem + STAGES * {s.a_stage};",
+            "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
+            warp_roles,
+            f"const {itype} block_m = ({itype})blockIdx.x * BM;",
+            "const int block_n = blockIdx.y * BN;",
+        ]
+        if not p.is_conv:
+            lines += batch_offsets(p, itype)
+        a_chunks = s.block_m * s.block_k // 8 // s.threads
+        b_chunks = s.block_n * s.block_k // 8 // s.threads
+        x, w = self.names[p.a.id], self.names[p.b.id]
+        lines += a_loader_setup(p, itype, a_chunks, s.threads, self.tiles)
+        lines += b_loader_setup(p, itype, b_chunks, s.threads, self.layout, self.tiles)
+        lines += load_tile_lambda(
+            p, x, w, itype, a_chunks, b_chunks, s.a_stage, s.b_stage, s.block_n, self.layout, self.aligned, self.tiles
+        )
+        return lines
+
+    def epilogue(self, staging: list[str]) -> list[str]:
+        """The staged epilogue, after ``staging`` wrote the accumulators into the staged tile."""
+        return staged_epilogue(self.fused, self.p, self.names, self.itype, self.shape.c_stride, self.aligned, staging)
+
+    def kernel(
+        self, ctx: EmitContext, body: list[str], path: str, device_functions: str, shared: int, arch_suffix: str = ""
+    ) -> Kernel:
+        """The kernel of ``body``, named after the fused pattern and ``path``, with the loaders' and
+        the path's ``device_functions`` before it; one block per output tile and batch index."""
+        s, p = self.shape, self.p
+        name, source = kernel_source(
+            ctx, self.fused, pattern_name(self.fused) + path, self.params, s.threads, indent(body, 1)
+        )
+        functions = ASYNC_COPY_PRELUDE + device_functions
+        source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+        grid = (-(-p.m // s.block_m), -(-p.n // s.block_n), math.prod(p.batch) if p.batch else 1)
+        bindings = tuple(self.params.bindings)
+        return Kernel(name, source, grid, (s.threads, 1, 1), shared, bindings, alignment=16, arch_suffix=arch_suffix)

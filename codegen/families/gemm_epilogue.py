@@ -1,0 +1,169 @@
+"""The GEMM family's fused epilogue (folded batch norm, bias, residual, activations...) at each
+output element, rendered by codegen.epilogue from the accumulator: per element on the SIMT
+path, from a shared-memory staged accumulator tile on the tensor-core paths."""
+
+from __future__ import annotations
+
+from fusion_rules import FusedNode
+from graphdnn.ir import Tensor
+
+from .. import epilogue
+from ..cuda_types import cuda_type, load, rounded, store
+from ..indexing import offset
+from .gemm_problem import Problem, batch_coords, pixel_coordinates
+
+
+class Epilogue:
+    """Statements turning the accumulator at output coordinates c0.. into stored outputs."""
+
+    def __init__(
+        self,
+        fused: FusedNode,
+        problem: Problem,
+        names: dict[int, str],
+        compute: str,
+        preloaded: dict[int, str] | None = None,
+    ) -> None:
+        self.fused, self.problem, self.names, self.compute = fused, problem, names, compute
+        self.preloaded = preloaded or {}  # tensor id -> register array indexed by the column slot `e`
+
+    def statements(self, acc: str, vector_slot: str | None = None, vectors: frozenset[int] = frozenset()) -> list[str]:
+        """``vectors``: operands already loaded as 8-wide vectors ``in{id}`` (the vector path)."""
+        out = self.problem.out
+        dims = out.dim
+
+        def load_operand(t: Tensor) -> str:
+            if t.is_pass_by_value:
+                return f"({self.compute}){self.names[t.id]}"
+            if t.id in self.preloaded:
+                return f"{self.preloaded[t.id]}[e]"
+            if t.id in vectors:
+                return load(t.data_type, f"in{t.id}.v[e]", self.compute)
+            return load(t.data_type, f"{self.names[t.id]}[{offset(t, dims, 'c')}]", self.compute)
+
+        values = epilogue.Values(self.compute, load_operand)
+        values.define(out, rounded(out.data_type, acc, self.compute))
+        epilogue.apply(self.fused.epilogue, values)
+        lines = list(values.statements)
+        for t in self.fused.outputs:
+            value = store(t.data_type, values.get(t))
+            if vector_slot is None:
+                lines.append(f"{self.names[t.id]}[{offset(t, dims, 'c')}] = {value};")
+            else:
+                lines.append(f"r{t.id}.v[{vector_slot}] = {value};")
+        return lines
+
+
+def staged_epilogue(
+    fused: FusedNode,
+    p: Problem,
+    names: dict[int, str],
+    itype: str,
+    c_stride: int,
+    aligned: str,
+    staging: list[str],
+) -> list[str]:
+    """Accumulators -> shared memory -> 8 consecutive output columns per thread -> epilogue.
+
+    ``staging`` writes the path's accumulators into the BM x BN tile ``staged`` (rows of
+    ``c_stride`` floats), after every thread is done with the pipeline's shared memory.
+
+    A thread's 8 columns are the same in every chunk it handles (THREADS is a multiple of
+    BN/8), so operands that vary only along the columns (batch-norm statistics, biases) are
+    loaded into registers once, before the chunk loop.
+    """
+    compute = "float"
+    out = p.out
+    rank = len(out.dim)
+    column_axis = 1 if p.is_conv else rank - 1
+    coordinate = "c"
+    column = f"{coordinate}{column_axis}"
+    per_column = [
+        t
+        for t in fused.inputs
+        if not t.is_pass_by_value
+        and t not in (p.a, p.b)
+        and all(d == 1 for axis, d in enumerate((1,) * (rank - len(t.dim)) + t.dim) if axis != column_axis)
+    ]
+    preloaded = {t.id: f"col{t.id}" for t in per_column}
+    epi = Epilogue(fused, p, names, compute, preloaded)
+    hoisted = [f"float col{t.id}[8];" for t in per_column]
+    if per_column:
+        hoisted += [
+            "#pragma unroll",
+            "for (int e = 0; e < 8; ++e) {",
+            f"  const int {column} = block_n + (tid % (BN / 8)) * 8 + e;",
+            *(
+                f"  col{t.id}[e] = {column} < GN ? {load(t.data_type, f'{names[t.id]}[{offset(t, out.dim, coordinate)}]', compute)} : 0.0f;"
+                for t in per_column
+            ),
+            "}",
+        ]
+    # 8 consecutive columns form one aligned 16-byte (or wider) vector of every output when
+    # the column stride is 1 and every other stride keeps 8-element alignment.
+    vector_ok = all(_columns_contiguous(t, column_axis) for t in fused.outputs)
+    coords = (
+        pixel_coordinates(p, "m", itype) if p.is_conv else [f"const {itype} c{rank - 2} = m;", *batch_coords(p, itype)]
+    )
+    lines = [
+        "float* const staged = reinterpret_cast<float*>(smem);",
+        *staging,
+        "__syncthreads();",
+        *hoisted,
+        "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",
+        "  const int row = chunk / (BN / 8), col = (chunk % (BN / 8)) * 8;",
+        f"  const {itype} m = block_m + row;",
+        "  if (m >= GM) continue;",
+        *("  " + c for c in coords),
+        "  float acc8[8];",
+        f"  *reinterpret_cast<float4*>(acc8) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col);",
+        f"  *reinterpret_cast<float4*>(acc8 + 4) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col + 4);",
+    ]
+    if vector_ok:
+        results = [f"gd::Vec<{cuda_type(t.data_type)}, 8> r{t.id};" for t in fused.outputs]
+        stores = []
+        for t in fused.outputs:
+            first_offset = offset(t, out.dim, "c").replace(column, "(block_n + col)")
+            stores.append(f"gd::store_vec<{cuda_type(t.data_type)}, 8>({names[t.id]} + {first_offset}, r{t.id});")
+        # Full-size operands laid out like the output (a residual) arrive as one vector too.
+        full = [
+            t for t in fused.inputs if t not in (p.a, p.b) and t.dim == out.dim and _columns_contiguous(t, column_axis)
+        ]
+        vector_loads = [
+            f"const gd::Vec<{cuda_type(t.data_type)}, 8> in{t.id} = gd::load_vec<{cuda_type(t.data_type)}, 8>("
+            f"{names[t.id]} + {offset(t, out.dim, 'c').replace(column, '(block_n + col)')});"
+            for t in full
+        ]
+        lines += [
+            f"  if ({aligned} && block_n + col + 8 <= GN) {{",
+            *("    " + line for line in results + vector_loads),
+            "#pragma unroll",
+            "    for (int e = 0; e < 8; ++e) {",
+            f"      const int {column} = block_n + col + e;",
+            *(
+                "      " + line
+                for line in epi.statements("acc8[e]", vector_slot="e", vectors=frozenset(t.id for t in full))
+            ),
+            "    }",
+            *("    " + line for line in stores),
+            "    continue;",
+            "  }",
+        ]
+    lines += [
+        "#pragma unroll",
+        "  for (int e = 0; e < 8; ++e) {",
+        f"    const int {column} = block_n + col + e;",
+        f"    if ({column} >= GN) break;",
+        *("    " + line for line in epi.statements("acc8[e]")),
+        "  }",
+        "}",
+    ]
+    return lines
+
+
+def _columns_contiguous(t: Tensor, column_axis: int) -> bool:
+    """8 consecutive columns of ``t`` form one aligned vector: column stride 1, and every other
+    stride keeps 8-element alignment."""
+    return t.stride[column_axis] == 1 and all(
+        s % 8 == 0 for axis, s in enumerate(t.stride) if axis != column_axis and t.dim[axis] > 1
+    )

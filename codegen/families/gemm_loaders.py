@@ -1,0 +1,190 @@
+"""The tensor-core GEMM paths' loaders: each thread's 16-byte ``cp.async`` copies of a k tile of A
+and B into shared memory (implicit GEMM gather for a convolution), shared by the mma.sync and
+wgmma kernels; each path says how its tiles are laid out (:class:`SmemTiles`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphdnn.ops.conv import ConvMode
+
+from .gemm_problem import Problem, pixel_coordinates
+
+ASYNC_COPY_PRELUDE = r"""
+// ---- tensor-core GEMM building blocks (sm_80+) ----
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared, zero-filled when !valid (src then is never read).
+__device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+"""
+
+
+@dataclass(frozen=True)
+class SmemTiles:
+    """A tensor-core path's k tiles in shared memory, as the shared loaders see them: ``bk``
+    elements of k per tile, and the device functions ``(row, chunk) -> byte offset`` of a
+    16-byte chunk: ``k_major`` for A and k-contiguous B (one row per m / n, ``bk`` elements
+    long), ``n_major`` for n-contiguous B (one row per k)."""
+
+    bk: int
+    k_major: str
+    n_major: str
+
+    @property
+    def lanes(self) -> int:
+        """Threads sharing one k-major row, one 16-byte chunk each (a power of two)."""
+        return self.bk // 8
+
+
+def a_loader_setup(p: Problem, itype: str, chunks: int, threads: int, tiles: SmemTiles) -> list[str]:
+    """Per-thread precomputation for its A rows: which rows it loads never changes across k tiles."""
+    lanes = tiles.lanes
+    lines = [
+        f"// A: each thread copies {chunks} 16-byte chunks per tile, rows tid/{lanes} + i*{threads // lanes}, chunk tid%{lanes}."
+    ]
+    lines.append(f"const int a_chunk = tid & {lanes - 1};")
+    if p.is_conv:
+        spatial = len(p.out.dim) - 2
+        lines.append(f"{itype} a_base[{chunks}]; bool a_row_ok[{chunks}];")
+        lines += [f"int a_h{axis}[{chunks}];" for axis in range(spatial)]
+        lines.append("#pragma unroll")
+        lines.append(f"for (int i = 0; i < {chunks}; ++i) {{")
+        lines.append(f"  const {itype} m = block_m + {_thread_row(tiles)} + i * {threads // lanes};")
+        lines.append("  a_row_ok[i] = m < GM;")
+        lines.append(f"  const {itype} mm = a_row_ok[i] ? m : 0;")
+        lines += ["  " + s for s in pixel_coordinates(p, "mm", itype)]
+        lines.append(f"  a_base[i] = c0 * {p.a.stride[0]};")
+        for axis in range(spatial):
+            lines.append(f"  a_h{axis}[i] = (int)c{axis + 2} * {p.attrs.stride[axis]} - {p.attrs.pre_padding[axis]};")
+        lines.append("}")
+    else:
+        lines.append(f"{itype} a_base_row[{chunks}]; bool a_row_ok[{chunks}];")
+        lines.append("#pragma unroll")
+        lines.append(f"for (int i = 0; i < {chunks}; ++i) {{")
+        lines.append(f"  const {itype} m = block_m + {_thread_row(tiles)} + i * {threads // lanes};")
+        lines.append("  a_row_ok[i] = m < GM;")
+        lines.append(f"  a_base_row[i] = a_base + (a_row_ok[i] ? m : 0) * {p.a.stride[-2]};")
+        lines.append("}")
+    return lines
+
+
+def b_loader_setup(p: Problem, itype: str, chunks: int, threads: int, layout: str, tiles: SmemTiles) -> list[str]:
+    if layout == "kn":  # k-major tile [BK][BN]: chunk id -> (k row, n chunk)
+        return [f"// B (n contiguous): each thread copies {chunks} chunks of the [BK][BN] tile."]
+    lanes = tiles.lanes
+    lines = [
+        f"// B (k contiguous): each thread copies {chunks} chunks, rows tid/{lanes} + i*{threads // lanes}, chunk tid%{lanes}."
+    ]
+    lines.append(f"{itype} b_row[{chunks}]; bool b_row_ok[{chunks}];")
+    lines.append("#pragma unroll")
+    lines.append(f"for (int i = 0; i < {chunks}; ++i) {{")
+    lines.append(f"  const int n = block_n + {_thread_row(tiles)} + i * {threads // lanes};")
+    lines.append("  b_row_ok[i] = n < GN;")
+    stride_n = p.b.stride[0] if p.is_conv else p.b.stride[-1]
+    base = "" if p.is_conv else "b_base + "
+    lines.append(f"  b_row[i] = {base}(b_row_ok[i] ? n : 0) * ({itype}){stride_n};")
+    lines.append("}")
+    return lines
+
+
+def load_tile_lambda(
+    p: Problem,
+    x: str,
+    w: str,
+    itype: str,
+    a_chunks: int,
+    b_chunks: int,
+    a_stage: int,
+    b_stage: int,
+    bn: int,
+    layout: str,
+    aligned: str,
+    tiles: SmemTiles,
+) -> list[str]:
+    """`load_tile(stage, kt)`: issue the cp.async copies of k tile kt into a stage.
+
+    Without 16-byte aligned pointers the same chunks are copied with plain loads."""
+    lines = [
+        "auto load_tile = [&](int stage, int kt) {",
+        "  const int k = kt * BK + a_chunk * 8;",
+        "  const bool k_ok = kt < KTILES && k < GK;",
+    ]
+    b_smem = f"b_smem + stage * {b_stage}"
+    k_major_chunk = f"{tiles.k_major}({_thread_row(tiles)} + i * (THREADS / {tiles.lanes}), a_chunk)"
+    a_dst, b_dst = f"a_smem + stage * {a_stage} + {k_major_chunk}", f"{b_smem} + {k_major_chunk}"
+    if p.is_conv:
+        spatial = len(p.out.dim) - 2
+        filt = p.b.dim[2:]
+        channels = p.a.dim[1]
+        # k = ((r * S + s) * C + c): decompose once per tile (all of this thread's chunks share k)
+        lines.append(f"  const int c = k % {channels};")
+        rest = f"k / {channels}"
+        for axis in reversed(range(spatial)):
+            lines.append(f"  const int f{axis} = ({rest}) % {filt[axis]};")
+            rest = f"({rest}) / {filt[axis]}"
+        flip = p.attrs.convolution_mode is ConvMode.CONVOLUTION
+        w_terms = [
+            f"(({filt[i] - 1} - f{i}) * {p.b.stride[i + 2]})" if flip else f"f{i} * {p.b.stride[i + 2]}"
+            for i in range(spatial)
+        ]
+        lines.append(f"  const {itype} w_tap = {' + '.join(w_terms)} + c;")
+        setup, checks, terms = [], ["a_row_ok[i]", "k_ok"], []
+        for axis in range(spatial):
+            setup.append(f"const int h{axis} = a_h{axis}[i] + f{axis} * {p.attrs.dilation[axis]};")
+            checks.append(f"(unsigned)h{axis} < {p.a.dim[axis + 2]}u")
+            terms.append(f"({itype})h{axis} * {p.a.stride[axis + 2]}")
+        a_src = f"a_base[i] + {' + '.join(terms)} + c"
+        lines += _copy_loop(a_chunks, setup, " && ".join(checks), x, a_src, a_dst, aligned)
+        lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, "b_row[i] + w_tap", b_dst, aligned)
+    else:
+        lines += _copy_loop(a_chunks, [], "a_row_ok[i] && k_ok", x, "a_base_row[i] + k", a_dst, aligned)
+        if layout == "nk":
+            b_src = f"b_row[i] + ({itype})k * {p.b.stride[-2]}"
+            lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned)
+        else:
+            per_row = bn // 8
+            setup = [
+                "const int id = tid + i * THREADS;",
+                f"const int kr = id / {per_row}, nc = id % {per_row};",
+                "const int kk = kt * BK + kr, n = block_n + nc * 8;",
+            ]
+            ok = "kt < KTILES && kk < GK && n < GN"
+            b_src = f"b_base + ({itype})kk * {p.b.stride[-2]} + n"
+            lines += _copy_loop(b_chunks, setup, ok, w, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
+    lines.append("};")
+    return lines
+
+
+def _thread_row(tiles: SmemTiles) -> str:
+    """The first k-major row a thread copies (tid / lanes)."""
+    return f"(tid >> {tiles.lanes.bit_length() - 1})"
+
+
+def _copy_loop(chunks: int, setup: list[str], ok: str, base: str, src: str, dst: str, aligned: str) -> list[str]:
+    """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes at ``base + src`` to
+    ``dst`` where ``ok``, else zeros."""
+    return [
+        "#pragma unroll",
+        f"  for (int i = 0; i < {chunks}; ++i) {{",
+        *("    " + line for line in setup),
+        f"    const bool ok = {ok};",
+        f"    const T* src = ok ? {base} + {src} : {base};",
+        *_copy_chunk(dst, "src", "ok", aligned, depth=2),
+        "  }",
+    ]
+
+
+def _copy_chunk(dst: str, src: str, ok: str, aligned: str, depth: int) -> list[str]:
+    pad = "  " * depth
+    return [
+        f"{pad}if ({aligned}) {{",
+        f"{pad}  copy16(smem_addr({dst}), {src}, {ok});",
+        f"{pad}}} else {{  // unaligned pointers: the same 16 bytes, element by element",
+        f"{pad}  gd::Vec<T, 8> chunk;",
+        "#pragma unroll",
+        f"{pad}  for (int e = 0; e < 8; ++e) chunk.v[e] = {ok} ? {src}[e] : gd::from<T>(0.0f);",
+        f"{pad}  gd::store_vec<T, 8>(reinterpret_cast<T*>({dst}), chunk);",
+        f"{pad}}}",
+    ]

@@ -1,0 +1,160 @@
+"""The GEMM family's mma.sync tensor-core path (sm_80+, fp16/bf16 inputs, fp32 accumulation):
+a multi-stage ``cp.async`` pipeline into XOR-swizzled shared memory (conflict-free
+``ldmatrix``), warp tiles of 64x32, then the accumulator tile staged through shared memory
+for the epilogue (gemm_block.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
+
+from ..context import EmitContext
+from ..kernel import Kernel
+from .gemm_block import BlockShape, TensorCoreBlock
+from .gemm_loaders import SmemTiles
+from .gemm_problem import Problem
+
+_MMA_PRELUDE = r"""
+__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// D = A * B + D, one m16n8k16 tile, fp32 accumulators.
+__device__ __forceinline__ void mma_16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 64-byte rows (BK = 32
+// elements): XOR-swizzled so that the 8 rows one ldmatrix phase reads hit 8 distinct
+// bank groups, and so do the 8 chunks of a cp.async wave.
+__device__ __forceinline__ int swizzle64(int row, int chunk) { return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4); }
+
+// The same for rows of ROW_BYTES = BN * 2 bytes (the k-major B tile): chunk ^ (row & 7).
+template <int ROW_BYTES> __device__ __forceinline__ int swizzle_rows(int row, int chunk) {
+  return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
+}
+"""
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return (self.block_m // 64) * (self.block_n // 32) * 32
+
+
+TILE_CANDIDATES = (TileConfig(128, 64, 4), TileConfig(128, 128, 3), TileConfig(64, 64, 4), TileConfig(64, 128, 4))
+
+
+def tile_config(p: Problem, ctx: EmitContext) -> TileConfig:
+    """The tuned choice if there is one, else: the narrowest N tile that covers N, and
+    smaller M tiles when there would be too few blocks to fill the GPU (132 SMs)."""
+    if ctx.tuning:
+        return TileConfig(int(ctx.tuning["block_m"]), int(ctx.tuning["block_n"]), int(ctx.tuning["stages"]))  # type: ignore[call-overload]
+    block_n = 64 if p.n <= 64 else 128
+    batches = math.prod(p.batch) if p.batch else 1
+    block_m = 128 if -(-p.m // 128) * -(-p.n // block_n) * batches >= 264 else 64
+    return next(c for c in TILE_CANDIDATES if (c.block_m, c.block_n) == (block_m, block_n))
+
+
+def mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig) -> Kernel:
+    shape = BlockShape(tile.block_m, tile.block_n, 32, tile.stages, tile.threads)
+    block = TensorCoreBlock(fused, p, shape, SmemTiles(shape.block_k, "swizzle64", f"swizzle_rows<{tile.block_n * 2}>"))
+    shared = max(shape.stages * (shape.a_stage + shape.b_stage), shape.block_m * shape.c_stride * 4)
+    lines = block.prelude(
+        ["extern __shared__ __align__(128) unsigned char smem[];"],
+        "const int warp_m = warp / (BN / 32), warp_n = warp % (BN / 32);",
+    )
+    lines += _main_loop(shape.block_n, block.layout, shape.a_stage, shape.b_stage)
+    lines += block.epilogue(_mma_staging(shape.c_stride))
+    functions = _MMA_PRELUDE.replace("MMA_TYPE", "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16")
+    return block.kernel(ctx, lines, "_mma", functions, shared)
+
+
+def _main_loop(bn: int, layout: str, a_stage: int, b_stage: int) -> list[str]:
+    """The multistage pipeline: tiles kt+STAGES-1 load while tile kt feeds the tensor cores."""
+    if layout == "nk":
+        b_fragments = [
+            "#pragma unroll",
+            "      for (int nj = 0; nj < 2; ++nj) {  // two 16-column halves of the warp's 32 columns",
+            "        const int row = warp_n * 32 + nj * 16 + ((lane >> 4) << 3) + (lane & 7);",
+            "        const int chunk = kk / 8 + ((lane >> 3) & 1);",
+            "        ldmatrix_x4(smem_addr(b_tile + swizzle64(row, chunk)), b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0], b[2 * nj + 1][1]);",
+            "      }",
+        ]
+    else:
+        b_fragments = [
+            "#pragma unroll",
+            "      for (int nj = 0; nj < 2; ++nj) {",
+            "        const int krow = kk + ((lane >> 3) & 1) * 8 + (lane & 7);",
+            "        const int chunk = (warp_n * 32 + nj * 16) / 8 + (lane >> 4);",
+            f"        ldmatrix_x4_trans(smem_addr(b_tile + swizzle_rows<{bn * 2}>(krow, chunk)), b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0], b[2 * nj + 1][1]);",
+            "      }",
+        ]
+    return [
+        "float acc[4][4][4];  // [m16 tile][n8 tile][fragment]: the warp's 64x32 block",
+        "#pragma unroll",
+        "for (int i = 0; i < 4; ++i)",
+        "#pragma unroll",
+        "  for (int j = 0; j < 4; ++j)",
+        "#pragma unroll",
+        "    for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;",
+        "#pragma unroll",
+        "for (int s = 0; s < STAGES - 1; ++s) {",
+        "  load_tile(s, s);",
+        '  asm volatile("cp.async.commit_group;\\n" ::);',
+        "}",
+        "for (int kt = 0; kt < KTILES; ++kt) {",
+        '  asm volatile("cp.async.wait_group %0;\\n" ::"n"(STAGES - 2));',
+        "  __syncthreads();  // tile kt is in shared memory, and everyone is done with tile kt-1",
+        "  load_tile((kt + STAGES - 1) % STAGES, kt + STAGES - 1);",
+        '  asm volatile("cp.async.commit_group;\\n" ::);',
+        f"  const unsigned char* a_tile = a_smem + (kt % STAGES) * {a_stage};",
+        f"  const unsigned char* b_tile = b_smem + (kt % STAGES) * {b_stage};",
+        "#pragma unroll",
+        "  for (int kk = 0; kk < BK; kk += 16) {",
+        "    unsigned a[4][4], b[4][2];",
+        "#pragma unroll",
+        "    for (int mi = 0; mi < 4; ++mi) {",
+        "      const int row = warp_m * 64 + mi * 16 + (lane & 15);",
+        "      ldmatrix_x4(smem_addr(a_tile + swizzle64(row, kk / 8 + (lane >> 4))), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);",
+        "    }",
+        *("  " + line for line in b_fragments),
+        "#pragma unroll",
+        "    for (int mi = 0; mi < 4; ++mi)",
+        "#pragma unroll",
+        "      for (int ni = 0; ni < 4; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);",
+        "  }",
+        "}",
+        'asm volatile("cp.async.wait_group 0;\\n" ::);',
+        "__syncthreads();  // the pipeline's shared memory is reused for the accumulator tile",
+    ]
+
+
+def _mma_staging(c_stride: int) -> list[str]:
+    """The warp's 64x32 accumulators (mma.sync fragments) into the staged tile."""
+    return [
+        "#pragma unroll",
+        "for (int mi = 0; mi < 4; ++mi)",
+        "#pragma unroll",
+        "  for (int ni = 0; ni < 4; ++ni) {",
+        "    const int row = warp_m * 64 + mi * 16 + (lane >> 2), col = warp_n * 32 + ni * 8 + (lane & 3) * 2;",
+        f"    *reinterpret_cast<float2*>(staged + row * {c_stride} + col) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);",
+        f"    *reinterpret_cast<float2*>(staged + (row + 8) * {c_stride} + col) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);",
+        "  }",
+    ]

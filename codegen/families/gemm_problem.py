@@ -1,0 +1,129 @@
+"""The GEMM family's problem: the anchor (conv_fprop or matmul) seen as a batched GEMM, which
+path can take it, its kernel parameters, and the output / batch coordinates every path writes.
+
+As a GEMM, out[m, n] = sum_k A[m, k] * B[k, n]:
+- conv_fprop: m runs over output pixels (n_img, p, q...), n over output channels, k over
+  (r, s..., c) taps with c fastest; A is gathered from the image on the fly (never
+  materialised), B is the filter.
+- matmul: m, n, k as named, one grid layer (blockIdx.z) per output batch index.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
+from graphdnn.ir import Node, Tensor
+from graphdnn.ops.conv import ConvAttributes
+
+from ..context import KernelParams
+from ..indexing import coordinates
+
+TENSOR_CORE_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The anchor seen as a (batched) GEMM."""
+
+    node: Node
+    a: Tensor  # image or A
+    b: Tensor  # weight or B
+    out: Tensor
+    m: int
+    n: int
+    k: int  # per group for a convolution
+    groups: int
+    batch: tuple[int, ...]  # output batch dims (matmul); () for convolution
+
+    @property
+    def is_conv(self) -> bool:
+        return self.node.op == "conv_fprop"
+
+    @property
+    def attrs(self) -> ConvAttributes:
+        assert isinstance(self.node.attributes, ConvAttributes)
+        return self.node.attributes
+
+
+def problem_of(node: Node) -> Problem:
+    out = node.outputs[0][1]
+    if node.op == "conv_fprop":
+        x, w = node.input("image"), node.input("weight")
+        assert x is not None and w is not None
+        groups = x.dim[1] // w.dim[1]
+        return Problem(
+            node, x, w, out, out.dim[0] * math.prod(out.dim[2:]), w.dim[0], w.dim[1] * math.prod(w.dim[2:]), groups, ()
+        )
+    a, b = node.input("A"), node.input("B")
+    assert a is not None and b is not None
+    return Problem(node, a, b, out, out.dim[-2], out.dim[-1], a.dim[-1], 1, tuple(out.dim[:-2]))
+
+
+def tensor_core_layout(p: Problem) -> str | None:
+    """How B is laid out for the tensor-core path ("nk": k contiguous, "kn": n contiguous),
+    or None when the problem needs the SIMT path."""
+    if p.a.data_type not in TENSOR_CORE_TYPES or p.b.data_type != p.a.data_type or p.groups != 1:
+        return None
+    if math.prod(p.batch) > 65535:  # one grid layer per batch index
+        return None
+    if p.is_conv:
+        channels = p.a.dim[1]
+        if channels % 8 or p.a.stride[1] != 1 or p.b.stride[1] != 1:
+            return None
+        if any(s % 8 for axis, s in enumerate(p.a.stride) if axis != 1 and p.a.dim[axis] > 1):
+            return None
+        if any(s % 8 for axis, s in enumerate(p.b.stride) if axis != 1 and p.b.dim[axis] > 1):
+            return None
+        return "nk"
+    if p.k % 8 or p.a.stride[-1] != 1 or any(s % 8 for s in p.a.stride[:-1]):
+        return None
+    if p.b.stride[-2] == 1 and all(s % 8 == 0 for i, s in enumerate(p.b.stride) if i != len(p.b.dim) - 2):
+        return "nk"
+    if p.b.stride[-1] == 1 and p.n % 8 == 0 and all(s % 8 == 0 for s in p.b.stride[:-1]):
+        return "kn"
+    return None
+
+
+def declare(fused: FusedNode, problem: Problem) -> tuple[KernelParams, dict[int, str]]:
+    params = KernelParams()
+    names = {t.id: params.tensor(t) for t in fused.inputs}
+    names.update({t.id: params.tensor(t, writable=True) for t in fused.outputs})
+    return params, names
+
+
+def batch_offsets(p: Problem, itype: str) -> list[str]:
+    """Matmul: batch coordinates from blockIdx.z, and the A/B batch offsets `a_base`/`b_base`."""
+    if not p.batch:
+        return [f"const {itype} a_base = 0;", f"const {itype} b_base = 0;"]
+    return [*batch_coords(p, itype), *batch_offsets_from_coords(p, itype)]
+
+
+def pixel_coordinates(p: Problem, m: str, itype: str) -> list[str]:
+    """Conv: output coordinates c0 (image), c2.. (spatial) of output pixel m."""
+    spatial = p.out.dim[2:]
+    rank = len(p.out.dim)
+    dims = (p.out.dim[0], *spatial)
+    lines = coordinates(m, dims, range(len(dims)), "u", itype)
+    lines.append(f"const {itype} c0 = u0;")
+    lines += [f"const {itype} c{axis + 1} = u{axis};" for axis in range(1, rank - 1)]
+    return lines
+
+
+def batch_offsets_from_coords(p: Problem, itype: str) -> list[str]:
+    """Matmul batch offsets of A and B from the output coordinates c0.. (broadcast dims skip)."""
+    lines = []
+    for name, t in (("a_base", p.a), ("b_base", p.b)):
+        shift = len(p.batch) - (len(t.dim) - 2)
+        terms = [f"c{axis + shift} * {s}" for axis, (d, s) in enumerate(zip(t.dim[:-2], t.stride[:-2])) if d > 1]
+        lines.append(f"const {itype} {name} = {' + '.join(terms) if terms else '0'};")
+    return lines
+
+
+def batch_coords(p: Problem, itype: str) -> list[str]:
+    rank = len(p.out.dim)
+    if not p.batch:
+        return []
+    return coordinates(f"({itype})blockIdx.z", p.out.dim[:-2], range(rank - 2), "c", itype)

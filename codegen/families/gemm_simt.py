@@ -1,0 +1,95 @@
+"""The GEMM family's SIMT path: one output element per thread, for every problem the tensor
+cores do not take (fp32 and double data, grouped and depthwise convolution, C not a multiple
+of 8, odd layouts)."""
+
+from __future__ import annotations
+
+from fusion_rules import FusedNode
+from graphdnn.ops.conv import ConvMode
+
+from ..context import EmitContext, compute_of, indent, kernel_source, pattern_name
+from ..cuda_types import load
+from ..indexing import coordinates, loop_index_type
+from ..kernel import Kernel
+from .gemm_epilogue import Epilogue
+from .gemm_problem import Problem, batch_offsets_from_coords, declare
+
+SIMT_THREADS = 256
+MAX_BLOCKS = 65535
+
+
+def simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
+    params, names = declare(fused, p)
+    tensors = [*fused.inputs, *fused.outputs]
+    compute = compute_of([p.a, p.b, *fused.outputs])
+    blocks = min(max(1, -(-p.out.numel // SIMT_THREADS)), MAX_BLOCKS)
+    itype = loop_index_type(tensors, p.out.numel, blocks * SIMT_THREADS)
+    out = p.out
+    rank = len(out.dim)
+    body = [
+        f"const {itype} stride = ({itype})gridDim.x * blockDim.x;",
+        f"for ({itype} e = ({itype})blockIdx.x * blockDim.x + threadIdx.x; e < {out.numel}; e += stride) {{",
+    ]
+    inner = coordinates("e", out.dim, range(rank), "c", itype)
+    inner.append(f"{compute} acc = 0;")
+    a, b = names[p.a.id], names[p.b.id]
+    if p.is_conv:
+        inner += _simt_conv_loop(p, a, b, compute, itype)
+    else:
+        inner += _simt_matmul_loop(p, a, b, compute, itype)
+    inner += Epilogue(fused, p, names, compute).statements("acc")
+    body += ["  " + line for line in inner] + ["}"]
+    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_simt", params, SIMT_THREADS, indent(body, 1))
+    return Kernel(name, source, (blocks, 1, 1), (SIMT_THREADS, 1, 1), 0, tuple(params.bindings))
+
+
+def _simt_conv_loop(p: Problem, x: str, w: str, compute: str, itype: str) -> list[str]:
+    a = p.attrs
+    cg = p.b.dim[1]  # input channels per group
+    kg = p.out.dim[1] // p.groups  # output channels per group
+    spatial = len(p.out.dim) - 2
+    filt = p.b.dim[2:]
+    lines = [f"const {itype} g = c1 / {kg};", f"for (int ci = 0; ci < {cg}; ++ci) {{"]
+    depth = 1
+    for axis in range(spatial):
+        lines.append("  " * depth + f"for (int f{axis} = 0; f{axis} < {filt[axis]}; ++f{axis}) {{")
+        depth += 1
+        pad, step, dil = a.pre_padding[axis], a.stride[axis], a.dilation[axis]
+        lines.append("  " * depth + f"const {itype} h{axis} = c{axis + 2} * {step} - {pad} + f{axis} * {dil};")
+        lines.append("  " * depth + f"if (h{axis} < 0 || h{axis} >= {p.a.dim[axis + 2]}) continue;")
+    flip = a.convolution_mode is ConvMode.CONVOLUTION
+    taps = [f"({filt[i] - 1} - f{i})" if flip else f"f{i}" for i in range(spatial)]
+    x_offset = " + ".join(
+        [
+            f"c0 * {p.a.stride[0]}",
+            f"(g * {cg} + ci) * {p.a.stride[1]}",
+            *(f"h{i} * {p.a.stride[i + 2]}" for i in range(spatial)),
+        ]
+    )
+    w_offset = " + ".join(
+        [
+            f"c1 * {p.b.stride[0]}",
+            f"ci * {p.b.stride[1]}",
+            *(f"{taps[i]} * {p.b.stride[i + 2]}" for i in range(spatial)),
+        ]
+    )
+    lines.append(
+        "  " * depth
+        + f"acc += {load(p.a.data_type, f'{x}[{x_offset}]', compute)} * {load(p.b.data_type, f'{w}[{w_offset}]', compute)};"
+    )
+    for level in range(depth - 1, -1, -1):
+        lines.append("  " * level + "}")
+    return lines
+
+
+def _simt_matmul_loop(p: Problem, a: str, b: str, compute: str, itype: str) -> list[str]:
+    rank = len(p.out.dim)
+    lines = batch_offsets_from_coords(p, itype)
+    a_off = f"a_base + c{rank - 2} * {p.a.stride[-2]} + kk * {p.a.stride[-1]}"
+    b_off = f"b_base + kk * {p.b.stride[-2]} + c{rank - 1} * {p.b.stride[-1]}"
+    lines.append(f"for ({itype} kk = 0; kk < {p.k}; ++kk) {{")
+    lines.append(
+        f"  acc += {load(p.a.data_type, f'{a}[{a_off}]', compute)} * {load(p.b.data_type, f'{b}[{b_off}]', compute)};"
+    )
+    lines.append("}")
+    return lines
