@@ -15,12 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from . import reference
 from .errors import FeedError, UnsupportedError
 from .ir import Graph, Tensor
 from .layout import storage_extent
 from .plan import PlanBase
-from .reference import execute
+from .reference import check_size, execute
 from .runtime.buffers import same_strides
 from .runtime.overlap import View
 from .runtime.schedule import aliased_inputs
@@ -40,7 +39,7 @@ class ReferencePlan(PlanBase):
 
     def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> ReferenceBound:
         """Check the arrays once; the returned callable runs the reference and writes the outputs."""
-        reference.check_size(self.graph)
+        check_size(self.graph)
         pack = resolve(self.graph, variant_pack)
         for tid, value in pack.buffers.items():
             check_host(self.graph.tensors[tid], value)
