@@ -42,6 +42,7 @@ class BindCache:
 
     def __init__(self) -> None:
         self._entries: OrderedDict[Hashable, Entry] = OrderedDict()
+        self._newest: Entry | None = None  # the most recently used entry (the end of _entries)
         self._lock = threading.Lock()
 
     def lookup(
@@ -52,11 +53,12 @@ class BindCache:
         return key, self.get(key) if key is not None else None
 
     def get(self, key: Hashable) -> Entry | None:
-        entry = self._entries.get(key)  # one atomic read: a hit takes no lock
-        if entry is not None and next(reversed(self._entries), None) is not key:
+        entry = self._entries.get(key)  # one atomic read: a hit on the newest entry takes no lock
+        if entry is not None and entry is not self._newest:
             with self._lock:
                 if key in self._entries:
                     self._entries.move_to_end(key)
+                    self._newest = entry
         return entry
 
     def put(self, key: Hashable, bound: BoundPlan, variant_pack: Mapping[Any, Any]) -> None:
@@ -66,7 +68,7 @@ class BindCache:
         if any(pack_key is None for _, pack_key in outputs):
             return
         with self._lock:
-            self._entries[key] = Entry(bound.detached(), outputs)
+            self._entries[key] = self._newest = Entry(bound.detached(), outputs)
             if len(self._entries) > SIZE:
                 self._entries.popitem(last=False)
 
@@ -111,7 +113,7 @@ def _layout(value: Any) -> Hashable | None:
         _TORCH_TYPES.add(type(value))
         return (value.data_ptr(), value.is_cuda, value.shape, value.stride(), value.dtype)
     if isinstance(value, DeviceArray):
-        return (value.pointer, value.shape, value.strides, value.data_type)
+        return (value.pointer, value.shape, value.strides, value.data_type.value)  # a str hashes in C
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (type(value), value)
     interface = getattr(value, "__cuda_array_interface__", None)  # CuPy, Numba...
