@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
@@ -99,6 +100,14 @@ class Op(abc.ABC):
         By default all of them; ops with optional outputs (training statistics, running
         averages) override it.
         """
+        return self.output_names
+
+    @functools.cached_property
+    def input_names(self) -> frozenset[str]:
+        return frozenset(role.name for role in self.inputs)
+
+    @functools.cached_property
+    def output_names(self) -> frozenset[str]:
         return frozenset(role.name for role in self.outputs)
 
     def role(self, name: str) -> Role:
