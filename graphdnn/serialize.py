@@ -167,11 +167,13 @@ def _parse(text: str | bytes) -> Any:
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
+    result = dict(pairs)
+    if len(result) < len(pairs):  # rare: find the first key given twice, for the message
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
     return result
 
 
@@ -225,13 +227,11 @@ class _Reader:
             _expect(isinstance(entry, dict), path, "must be an object")
             _no_unknown_keys(entry, _TENSOR_KEYS, path)
             tensor_id = _integer(entry.get("id"), f"{path}.id", 0, MAX_ID)
-            _expect(tensor_id not in by_id, f"{path}.id", f"id {tensor_id} is used twice")
+            if tensor_id in by_id:  # checks on every entry raise directly: _expect's arguments cost even when met
+                raise FormatError(f"id {tensor_id} is used twice", path=f"{path}.id")
             name = entry.get("name")
-            _expect(
-                name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME),
-                f"{path}.name",
-                f"must be a string of 1 to {MAX_NAME} characters",
-            )
+            if not (name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME)):
+                raise FormatError(f"must be a string of 1 to {MAX_NAME} characters", path=f"{path}.name")
             dim = _int_list(entry.get("dim"), f"{path}.dim")
             stride = None if entry.get("stride") is None else _int_list(entry["stride"], f"{path}.stride")
             is_virtual = _boolean(entry.get("is_virtual", False), f"{path}.is_virtual")
@@ -279,11 +279,8 @@ class _Reader:
                 raise FormatError(f"must be an op name, got {_short(kind)}", path=f"{path}.op")
             op = get_op(kind, path=f"{path}.op")
             name = entry.get("name")
-            _expect(
-                name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME),
-                f"{path}.name",
-                f"must be a string of 1 to {MAX_NAME} characters",
-            )
+            if not (name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME)):
+                raise FormatError(f"must be a string of 1 to {MAX_NAME} characters", path=f"{path}.name")
             attributes = entry.get("attributes", {})
             _expect(isinstance(attributes, dict), f"{path}.attributes", "must be an object")
             inputs = self._bindings(
@@ -315,7 +312,8 @@ class _Reader:
 
         def tensor(value: Any, where: str) -> TensorSpec:
             tensor_id = _integer(value, where, 0, MAX_ID)
-            _expect(tensor_id in tensors, where, f"no tensor has id {tensor_id}")
+            if tensor_id not in tensors:
+                raise FormatError(f"no tensor has id {tensor_id}", path=where)
             return tensors[tensor_id][1]
 
         bound: dict[str, Any] = {}
@@ -342,6 +340,8 @@ def _short(value: Any) -> str:
 
 
 def _no_unknown_keys(entry: dict[str, Any], allowed: set[str], path: str) -> None:
+    if entry.keys() <= allowed:
+        return
     unknown = sorted(set(entry) - allowed)
     if unknown:
         where = unknown[0] if path == "$" else f"{path}.{unknown[0]}"
@@ -359,8 +359,12 @@ def _integer(value: Any, path: str, low: int, high: int) -> int:
 def _int_list(value: Any, path: str) -> list[int]:
     if not isinstance(value, list):
         raise FormatError(f"must be a list of integers, got {_short(value)}", path=path)
-    _expect(1 <= len(value) <= MAX_RANK, path, f"must hold 1 to {MAX_RANK} integers, has {len(value)}")
-    return [_integer(v, f"{path}[{i}]", -(2**62), 2**62) for i, v in enumerate(value)]
+    if not 1 <= len(value) <= MAX_RANK:
+        raise FormatError(f"must hold 1 to {MAX_RANK} integers, has {len(value)}", path=path)
+    for i, v in enumerate(value):
+        if type(v) is not int or not -(2**62) <= v <= 2**62:  # the path is built only for a bad value
+            _integer(v, f"{path}[{i}]", -(2**62), 2**62)
+    return value
 
 
 def _boolean(value: Any, path: str) -> bool:

@@ -100,27 +100,26 @@ def _writers(spec: OperationGraphSpec) -> dict[TensorSpec, NodeSpec]:
 
 def _topological_order(spec: OperationGraphSpec, writer: dict[TensorSpec, NodeSpec]) -> list[NodeSpec]:
     """Kahn's algorithm, taking ready nodes in insertion order so the order is stable."""
-    position = {node.name: i for i, node in enumerate(spec.nodes)}
-    waiting_on: dict[str, int] = {}
-    dependents: dict[str, list[NodeSpec]] = {}
-    for node in spec.nodes:
-        producers = {writer[t].name for t in node.input_tensors() if t in writer}
-        waiting_on[node.name] = len(producers)
+    nodes = spec.nodes
+    position = {node.name: i for i, node in enumerate(nodes)}
+    waiting_on = [0] * len(nodes)
+    dependents: list[list[int]] = [[] for _ in nodes]
+    for i, node in enumerate(nodes):
+        producers = {position[writer[t].name] for t in node.input_tensors() if t in writer}
+        waiting_on[i] = len(producers)
         for producer in producers:
-            dependents.setdefault(producer, []).append(node)
-    ready = [(position[n.name], n.name) for n in spec.nodes if waiting_on[n.name] == 0]
-    heapq.heapify(ready)
-    by_name = {n.name: n for n in spec.nodes}
+            dependents[producer].append(i)
+    ready = [i for i, count in enumerate(waiting_on) if count == 0]  # ascending: already a heap
     order: list[NodeSpec] = []
     while ready:
-        _, name = heapq.heappop(ready)
-        order.append(by_name[name])
-        for dependent in dependents.get(name, ()):
-            waiting_on[dependent.name] -= 1
-            if waiting_on[dependent.name] == 0:
-                heapq.heappush(ready, (position[dependent.name], dependent.name))
-    if len(order) != len(spec.nodes):
-        stuck = sorted((n for n in spec.nodes if waiting_on[n.name] > 0), key=lambda n: position[n.name])
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for dependent in dependents[i]:
+            waiting_on[dependent] -= 1
+            if waiting_on[dependent] == 0:
+                heapq.heappush(ready, dependent)
+    if len(order) != len(nodes):
+        stuck = [node for i, node in enumerate(nodes) if waiting_on[i] > 0]
         raise StructureError(
             "the graph has a cycle through node(s) " + ", ".join(f"'{n.name}'" for n in stuck[:4]),
             node=stuck[0].name,
@@ -338,12 +337,12 @@ def _resolve_output(node: str, op: Op, role: str, t: TensorSpec, inferred: Infer
             node=node,
             tensor=t.name,
         )
-    if t._stride_is_set and t.stride is not None:
+    stride = packed_strides(inferred.dim, inferred.order)
+    if t._stride_is_set and t.stride is not None and t.stride != stride:
         stride = t.stride
         _check_layout(t.name, inferred.dim, stride)
     else:  # packed strides of valid dims are distinct, non-negative and span numel(dims) elements
         _check_layout(t.name, inferred.dim)
-        stride = packed_strides(inferred.dim, inferred.order)
     data_type = _resolved_type(t, "output" if not t.is_virtual else "virtual tensor")
     if not t._dim_is_set:
         t._dim = inferred.dim
