@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 InputValue = TensorSpec | Scalar | Sequence[TensorSpec] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeSpec:
-    """An op added to a graph under construction."""
+    """An op added to a graph under construction (slots: a large graph holds many, and the
+    garbage collector visits each one)."""
 
     name: str
     op: str

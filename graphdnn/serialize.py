@@ -129,19 +129,32 @@ def save(graph: OperationGraphSpec | Graph, path: str | os.PathLike[str]) -> Non
 # -- reading ----------------------------------------------------------------------------------
 def load(path: str | os.PathLike[str]) -> OperationGraphSpec:
     """Read and validate a graph file. Errors name the file and the JSON path."""
+    return _load(path)[0]
+
+
+def load_graph(path: str | os.PathLike[str]) -> Graph:
+    """Read a graph file and return its validated IR: ``load(path).validate()`` validates twice."""
+    return _load(path)[1]
+
+
+def _load(path: str | os.PathLike[str]) -> tuple[OperationGraphSpec, Graph]:
     file = Path(path)
     data = read_bounded(file, MAX_FILE_BYTES)
     try:
-        return spec_from_json(data)
+        return _read(data)
     except GraphError as error:
         raise error.located(file=str(file)) from None
 
 
-@gc_paused()
 def spec_from_json(text: str | bytes) -> OperationGraphSpec:
     """Build and validate the graph a JSON text describes."""
-    document = _parse(text)
-    return _Reader().read(document)
+    return _read(text)[0]
+
+
+@gc_paused()
+def _read(text: str | bytes) -> tuple[OperationGraphSpec, Graph]:
+    """The graph a JSON text describes, and its validated IR."""
+    return _Reader().read(_parse(text))
 
 
 def _parse(text: str | bytes) -> Any:
@@ -182,9 +195,9 @@ def _no_constants(name: str) -> Any:
 
 
 class _Reader:
-    """Turns a parsed document into a validated OperationGraphSpec, checking as it goes."""
+    """Turns a parsed document into a validated OperationGraphSpec and its IR, checking as it goes."""
 
-    def read(self, doc: Any) -> OperationGraphSpec:
+    def read(self, doc: Any) -> tuple[OperationGraphSpec, Graph]:
         from .graph import OperationGraphSpec
 
         _expect(isinstance(doc, dict), "$", "the document must be a JSON object")
@@ -210,13 +223,13 @@ class _Reader:
         node_paths = self._nodes(graph, doc.get("nodes"), tensors)
         tensor_paths = {spec.name: path for path, spec in tensors.values()}
         try:
-            graph.validate()
+            ir = graph.validate()
         except GraphError as error:
             if error.path is not None:
                 raise
             path = node_paths.get(error.node or "") or tensor_paths.get(error.tensor or "")
             raise error.located(path=path) from None
-        return graph
+        return graph, ir
 
     def _tensors(self, graph: OperationGraphSpec, entries: Any) -> dict[int, tuple[str, TensorSpec]]:
         _expect(isinstance(entries, list), "tensors", "must be a list")
