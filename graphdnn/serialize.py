@@ -331,13 +331,15 @@ class _Reader:
 
         bound: dict[str, Any] = {}
         for role, value in entry.items():
-            where = f"{path}.{role}"
             if role in variadic:
+                where = f"{path}.{role}"
                 _expect(isinstance(value, list) and len(value) > 0, where, "must be a non-empty list of tensor ids")
                 _expect(len(value) <= MAX_NODES, where, "lists too many tensors")
                 bound[role] = [tensor(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            elif type(value) is int and value in tensors:  # the usual case, without building a path
+                bound[role] = tensors[value][1]
             else:
-                bound[role] = tensor(value, where)
+                bound[role] = tensor(value, f"{path}.{role}")
         return bound
 
 

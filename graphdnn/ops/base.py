@@ -160,6 +160,9 @@ def fail_attribute(node: Node, message: str) -> NoReturn:
 
 def broadcast_dims(node: Node, tensors: Sequence[tuple[str, Tensor]]) -> tuple[int, ...]:
     """NumPy-style broadcast (right-aligned, size-1 stretches) of the given roles' dims."""
+    first = tensors[0][1].dim
+    if all(tensor.dim == first for _, tensor in tensors):
+        return first  # the usual case: nothing to stretch
     rank = max(len(t.dim) for _, t in tensors)
     out = [1] * rank
     for role, tensor in tensors:
