@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/graph_scale.py                  # 1k, 10k and 65,536 nodes
     PYTHONPATH=. python benchmarks/graph_scale.py --sizes 1000 --budget 30
+    PYTHONPATH=. python benchmarks/graph_scale.py --builder 100000   # the builder alone
 
 Builds three shapes of graph at each size and times every stage a graph file goes
 through before codegen: the builder adding the nodes, validation, writing JSON,
@@ -18,6 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +131,16 @@ def measure(shape: str, nodes: int, budget: float, lowered: bool) -> dict[str, f
     return times
 
 
+def time_builder(shapes: list[str], nodes: int, budget: float, repeat: int) -> None:
+    """Print the seconds each shape's builder takes to add ``nodes`` nodes (fastest of ``repeat``)."""
+    print(f"{'graph':<10} {'nodes':>6} {'build':>9}")
+    for shape in shapes:
+        runs = [_timed(budget, partial(SHAPES[shape], nodes))[0] for _ in range(repeat)]
+        best = min((r for r in runs if r is not None), default=None)
+        cell = f"{best:9.3f}" if best is not None else f"{'>' + format(budget, 'g'):>9}"
+        print(f"{shape:<10} {nodes:>6} {cell}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 65_536])
@@ -138,7 +150,11 @@ def main() -> None:
     parser.add_argument(
         "--lower", action="store_true", help="also fuse and emit CUDA for sm_90 (slow: one kernel each)"
     )
+    parser.add_argument("--builder", type=int, metavar="NODES", help="only time the builder adding NODES nodes")
     args = parser.parse_args()
+    if args.builder:
+        time_builder(args.shapes, args.builder, args.budget, args.repeat)
+        return
 
     stages = STAGES if args.lower else STAGES[:-1]
     print(f"{'graph':<10} {'nodes':>6} " + " ".join(f"{s:>9}" for s in stages) + f" {'total*':>9}")

@@ -12,9 +12,8 @@ from collections.abc import Callable, Sequence
 
 from .commands import cache, run, warmup
 from .errors import GraphError
-from .files import load
+from .files import load_graph
 from .fusion import fuse
-from .graph import OperationGraphSpec
 from .ir import Graph, Tensor
 from .names import printable
 from .runtime.driver import CudaError
@@ -61,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> int:
     for path in args.files:
-        ir = load(path).validate()
+        ir = load_graph(path)
         print(
             f"{printable(path)}: ok ({len(ir.nodes)} nodes, {len(ir.tensors)} tensors, signature {signature(ir)[:16]})"
         )
@@ -69,8 +68,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    spec: OperationGraphSpec = load(args.file)
-    ir = spec.validate()
+    ir = load_graph(args.file)
     print(printable(describe(ir), lines=True))
     if args.fused or args.dot:
         partition = fuse(ir, arch=args.arch, disable=args.disable)

@@ -51,11 +51,13 @@ class DataType(enum.Enum):
 
     @property
     def is_set(self) -> bool:
-        return self is not DataType.NOT_SET
+        return self is not _NOT_SET
 
     def __repr__(self) -> str:
         return f"DataType.{self.name}"
 
+
+_NOT_SET = DataType.NOT_SET  # a member read through the class costs a descriptor call; is_set runs per tensor
 
 _FLOATING = frozenset(
     {

@@ -195,7 +195,7 @@ class OperationGraphSpec(OpMethods):
                 f"{op.kind} takes {op.attributes.__name__}, not {type(attributes).__name__}", node=node_name
             )
         else:
-            attrs = op.attributes.build(dict(attributes or {}), node=node_name)
+            attrs = op.attributes.build(attributes or {}, node=node_name)
         first_new_tensor = len(self._tensors)
         try:  # a call that fails leaves the graph as it was (no half-added node, no stray scalars)
             bound = self._bind_inputs(op, node_name, inputs)
@@ -216,9 +216,10 @@ class OperationGraphSpec(OpMethods):
                 attributes=attrs,
                 compute_data_type=as_data_type(compute_data_type, what="compute_data_type"),
             )
-            for role, spec in outputs.items():
-                if declared and role in declared:
-                    spec.set_dim(declared[role])
+            if declared:
+                for role, spec in outputs.items():
+                    if role in declared:
+                        spec.set_dim(declared[role])
             if infer:
                 self._infer_eagerly(node)
         except GraphError:
@@ -247,12 +248,11 @@ class OperationGraphSpec(OpMethods):
     def _bind_inputs(
         self, op: Op, node: str, inputs: Mapping[str, InputValue]
     ) -> dict[str, TensorSpec | tuple[TensorSpec, ...]]:
-        known = {role.name for role in op.inputs}
-        for role_name in inputs:
-            if role_name not in known:
-                raise StructureError(
-                    f"{op.kind} has no input '{role_name}' (inputs: {', '.join(sorted(known))})", node=node
-                )
+        if not inputs.keys() <= op.input_names:
+            unknown = next(role_name for role_name in inputs if role_name not in op.input_names)
+            raise StructureError(
+                f"{op.kind} has no input '{unknown}' (inputs: {', '.join(sorted(op.input_names))})", node=node
+            )
         bound: dict[str, TensorSpec | tuple[TensorSpec, ...]] = {}
         for role in op.inputs:
             value = inputs.get(role.name)
@@ -325,7 +325,7 @@ class OperationGraphSpec(OpMethods):
     @classmethod
     def from_json(cls, text: str | bytes) -> OperationGraphSpec:
         """Read a graph file's text; raises FormatError naming the JSON path on bad input."""
-        return read_graph(text, cls)
+        return read_graph(text, cls)[0]
 
     def __repr__(self) -> str:
         return f"OperationGraphSpec({self.name!r}, {len(self._nodes)} nodes, {len(self._tensors)} tensors)"

@@ -30,6 +30,8 @@ def check_name(name: object, what: str) -> str:
     """``name`` if it is a valid ``what`` name (e.g. "tensor"); GraphError saying what is wrong otherwise."""
     if not isinstance(name, str) or not name:
         raise GraphError(f"{what} name must be a non-empty string, got {name!r}")
+    if name.isprintable():  # every refused character is unprintable: skip the per-character scan
+        return name
     for position, char in enumerate(name):
         problem = refused(char)
         if problem is not None:
@@ -57,7 +59,7 @@ def printable(text: str, *, lines: bool = False) -> str:
     multi-line message such as a compiler log)."""
     if lines:
         return "\n".join(printable(line) for line in text.split("\n"))
-    if not any(refused(char) for char in text):
+    if text.isprintable() or not any(refused(char) for char in text):
         return text
     return "".join(char if refused(char) is None else _escape(char) for char in text)
 

@@ -146,8 +146,9 @@ def graph_to_json(ir: Graph, *, indent: int | None = 2) -> str:
 
 # -- reading ----------------------------------------------------------------------------------
 @gc_paused()
-def read_graph(text: str | bytes, new_graph: Callable[..., B]) -> B:
-    """Build the graph a JSON text describes with ``new_graph`` (a graph class), and validate it."""
+def read_graph(text: str | bytes, new_graph: Callable[..., B]) -> tuple[B, Graph]:
+    """Build the graph a JSON text describes with ``new_graph`` (a graph class), and its
+    validated IR (reading validates: callers wanting the IR need not validate again)."""
     return _Reader().read(_parse(text), new_graph)
 
 
@@ -174,11 +175,13 @@ def _parse(text: str | bytes) -> Any:
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
+    result = dict(pairs)
+    if len(result) < len(pairs):  # rare: find the first key given twice, for the message
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
     return result
 
 
@@ -187,9 +190,9 @@ def _no_constants(name: str) -> Any:
 
 
 class _Reader:
-    """Turns a parsed document into a validated graph under construction, checking as it goes."""
+    """Turns a parsed document into a validated graph under construction and its IR, checking as it goes."""
 
-    def read(self, doc: Any, new_graph: Callable[..., B]) -> B:
+    def read(self, doc: Any, new_graph: Callable[..., B]) -> tuple[B, Graph]:
         _expect(isinstance(doc, dict), "$", "the document must be a JSON object")
         _no_unknown_keys(doc, _GRAPH_KEYS, "$")
         fmt = doc.get("format")
@@ -213,13 +216,13 @@ class _Reader:
         node_paths = self._nodes(graph, doc.get("nodes"), tensors)
         tensor_paths = {spec.name: path for path, spec in tensors.values()}
         try:
-            graph.validate()
+            ir = graph.validate()
         except GraphError as error:
             if error.path is not None:
                 raise
             path = node_paths.get(error.node or "") or tensor_paths.get(error.tensor or "")
             raise error.located(path=path) from None
-        return graph
+        return graph, ir
 
     def _tensors(self, graph: Builder, entries: Any) -> dict[int, tuple[str, TensorSpec]]:
         _expect(isinstance(entries, list), "tensors", "must be a list")
@@ -230,13 +233,11 @@ class _Reader:
             _expect(isinstance(entry, dict), path, "must be an object")
             _no_unknown_keys(entry, _TENSOR_KEYS, path)
             tensor_id = _integer(entry.get("id"), f"{path}.id", 0, MAX_ID)
-            _expect(tensor_id not in by_id, f"{path}.id", f"id {tensor_id} is used twice")
+            if tensor_id in by_id:  # checks on every entry raise directly: _expect's arguments cost even when met
+                raise FormatError(f"id {tensor_id} is used twice", path=f"{path}.id")
             name = entry.get("name")
-            _expect(
-                name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME),
-                f"{path}.name",
-                f"must be a string of 1 to {MAX_NAME} characters",
-            )
+            if not (name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME)):
+                raise FormatError(f"must be a string of 1 to {MAX_NAME} characters", path=f"{path}.name")
             dim = _int_list(entry.get("dim"), f"{path}.dim")
             stride = None if entry.get("stride") is None else _int_list(entry["stride"], f"{path}.stride")
             is_virtual = _boolean(entry.get("is_virtual", False), f"{path}.is_virtual")
@@ -282,11 +283,8 @@ class _Reader:
                 raise FormatError(f"must be an op name, got {_short(kind)}", path=f"{path}.op")
             op = get_op(kind, path=f"{path}.op")
             name = entry.get("name")
-            _expect(
-                name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME),
-                f"{path}.name",
-                f"must be a string of 1 to {MAX_NAME} characters",
-            )
+            if not (name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME)):
+                raise FormatError(f"must be a string of 1 to {MAX_NAME} characters", path=f"{path}.name")
             attributes = entry.get("attributes", {})
             _expect(isinstance(attributes, dict), f"{path}.attributes", "must be an object")
             inputs = self._bindings(
@@ -318,18 +316,21 @@ class _Reader:
 
         def tensor(value: Any, where: str) -> TensorSpec:
             tensor_id = _integer(value, where, 0, MAX_ID)
-            _expect(tensor_id in tensors, where, f"no tensor has id {tensor_id}")
+            if tensor_id not in tensors:
+                raise FormatError(f"no tensor has id {tensor_id}", path=where)
             return tensors[tensor_id][1]
 
         bound: dict[str, Any] = {}
         for role, value in entry.items():
-            where = f"{path}.{role}"
             if role in variadic:
+                where = f"{path}.{role}"
                 _expect(isinstance(value, list) and len(value) > 0, where, "must be a non-empty list of tensor ids")
                 _expect(len(value) <= MAX_NODES, where, "lists too many tensors")
                 bound[role] = [tensor(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            elif type(value) is int and value in tensors:  # the usual case, without building a path
+                bound[role] = tensors[value][1]
             else:
-                bound[role] = tensor(value, where)
+                bound[role] = tensor(value, f"{path}.{role}")
         return bound
 
 
@@ -345,6 +346,8 @@ def _short(value: Any) -> str:
 
 
 def _no_unknown_keys(entry: dict[str, Any], allowed: set[str], path: str) -> None:
+    if entry.keys() <= allowed:
+        return
     unknown = sorted(set(entry) - allowed)
     if unknown:
         where = unknown[0] if path == "$" else f"{path}.{unknown[0]}"
@@ -362,8 +365,12 @@ def _integer(value: Any, path: str, low: int, high: int) -> int:
 def _int_list(value: Any, path: str) -> list[int]:
     if not isinstance(value, list):
         raise FormatError(f"must be a list of integers, got {_short(value)}", path=path)
-    _expect(1 <= len(value) <= MAX_RANK, path, f"must hold 1 to {MAX_RANK} integers, has {len(value)}")
-    return [_integer(v, f"{path}[{i}]", -(2**62), 2**62) for i, v in enumerate(value)]
+    if not 1 <= len(value) <= MAX_RANK:
+        raise FormatError(f"must hold 1 to {MAX_RANK} integers, has {len(value)}", path=path)
+    for i, v in enumerate(value):
+        if type(v) is not int or not -(2**62) <= v <= 2**62:  # the path is built only for a bad value
+            _integer(v, f"{path}[{i}]", -(2**62), 2**62)
+    return value
 
 
 def _boolean(value: Any, path: str) -> bool:

@@ -65,7 +65,7 @@ def _hash(form: dict[str, Any]) -> str:
 @gc_paused()
 def _canonical(graph: Graph) -> tuple[dict[str, Any], tuple[int, ...]]:
     tensor_labels = [_tensor_label(t) for t in graph.tensors]
-    node_labels = [_node_label(n) for n in graph.nodes]
+    node_labels = _node_labels(graph)
     rank = _canonical_ranks(graph, tensor_labels, node_labels)
     first = len(graph.tensors)
     order = tuple(sorted(range(first), key=rank.__getitem__))
@@ -87,8 +87,21 @@ def _tensor_label(t: Any) -> list[Any]:
     return [list(t.dim), list(t.stride), t.data_type.value, t.is_virtual, t.is_pass_by_value, t.value]
 
 
-def _node_label(node: Any) -> list[Any]:
-    return [node.op, node.attributes.to_json(), node.compute_data_type.value]
+def _node_labels(graph: Graph) -> list[list[Any]]:
+    """Each node's [op, attributes, compute type]; nodes sharing an attributes object share the list.
+
+    Keyed on the object's identity, not its value: equal attributes can encode differently
+    (0.0 and -0.0 compare equal).
+    """
+    shared: dict[tuple[str, Any, int], list[Any]] = {}
+    labels = []
+    for node in graph.nodes:
+        key = (node.op, node.compute_data_type, id(node.attributes))
+        label = shared.get(key)
+        if label is None:
+            label = shared[key] = [node.op, node.attributes.to_json(), node.compute_data_type.value]
+        labels.append(label)
+    return labels
 
 
 def _canonical_ranks(graph: Graph, tensor_labels: list[list[Any]], node_labels: list[list[Any]]) -> list[int]:
@@ -99,7 +112,10 @@ def _canonical_ranks(graph: Graph, tensor_labels: list[list[Any]], node_labels: 
     for t, label in zip(graph.tensors, tensor_labels, strict=True):
         key = ("t", t.dim, t.stride, t.data_type, t.is_virtual, t.is_pass_by_value, type(t.value), t.value)
         labels.append(texts.get(key) or texts.setdefault(key, json.dumps(["t", *label], sort_keys=True)))
-    labels += [json.dumps(["n", *label], sort_keys=True) for label in node_labels]
+    node_texts: dict[int, str] = {}  # by identity: nodes share label lists (see _node_labels)
+    for label in node_labels:
+        text = node_texts.get(id(label))
+        labels.append(text or node_texts.setdefault(id(label), json.dumps(["n", *label], sort_keys=True)))
     partition = _Partition(labels, _edges(graph, first))
     partition.refine()
     while (tied := partition.first_tied_cell()) is not None:
@@ -160,22 +176,24 @@ class _Partition:
 
     def refine(self) -> None:
         """Split by queued cells until the partition is equitable."""
+        adjacent, cell, size = self.adjacent, self.cell, self.size
         while self.queue:
             splitter = heapq.heappop(self.queue)
             self.queued.discard(splitter)
             seen: dict[int, list[int]] = {}
-            for s in self.perm[splitter : splitter + self.size[splitter]]:
-                for x, label in self.adjacent[s]:
+            for s in self.perm[splitter : splitter + size[splitter]]:
+                for x, label in adjacent[s]:
+                    if size[cell[x]] == 1:
+                        continue  # a cell of one cannot split: most are, once refinement is under way
                     if x in seen:
                         seen[x].append(label)
                     else:
                         seen[x] = [label]
             by_cell: dict[int, list[int]] = {}
             for x in seen:
-                by_cell.setdefault(self.cell[x], []).append(x)
+                by_cell.setdefault(cell[x], []).append(x)
             for c, members in by_cell.items():
-                if self.size[c] > 1:
-                    self._split(c, members, seen)
+                self._split(c, members, seen)
 
     def _split(self, c: int, members: list[int], seen: dict[int, list[int]]) -> None:
         groups: dict[tuple[int, ...], list[int]] = {}

@@ -201,6 +201,8 @@ def _as_ints(values: Sequence[int] | None, what: str, tensor: str) -> tuple[int,
         items = tuple(values)
     except TypeError:
         raise GraphError(f"{what} must be a list of integers, got {values!r}", tensor=tensor) from None
+    if all(type(item) is int for item in items):
+        return items
     for item in items:
         # NumPy integers are fine (they have __index__); floats, strings, bools are not.
         if isinstance(item, bool) or not hasattr(item, "__index__"):

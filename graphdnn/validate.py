@@ -72,15 +72,15 @@ def validate(spec: GraphSpec) -> Graph:
 
     tensors = tuple(resolved[t] for t in spec.tensors)
     _check_outputs_and_liveness(spec, nodes, tensors)
-    tensors = _assign_uids(spec, tensors)
-    by_id = {t.id: t for t in tensors}
-    nodes = [_rebind(node, by_id) for node in nodes]
+    numbered = _assign_uids(spec, tensors)
+    fresh = {t.id: t for t, before in zip(numbered, tensors, strict=True) if t is not before}
+    nodes = [_rebind(node, fresh) for node in nodes]
     return Graph(
         name=spec.name,
         io_data_type=spec.io_data_type,
         intermediate_data_type=spec.intermediate_data_type,
         compute_data_type=spec.compute_data_type,
-        tensors=tensors,
+        tensors=numbered,
         nodes=tuple(nodes),
     )
 
@@ -113,27 +113,26 @@ def _writers(spec: GraphSpec) -> dict[TensorSpec, NodeSpec]:
 
 def _topological_order(spec: GraphSpec, writer: dict[TensorSpec, NodeSpec]) -> list[NodeSpec]:
     """Kahn's algorithm, taking ready nodes in insertion order so the order is stable."""
-    position = {node.name: i for i, node in enumerate(spec.nodes)}
-    waiting_on: dict[str, int] = {}
-    dependents: dict[str, list[NodeSpec]] = {}
-    for node in spec.nodes:
-        producers = {writer[t].name for t in node.input_tensors() if t in writer}
-        waiting_on[node.name] = len(producers)
+    nodes = spec.nodes
+    position = {node.name: i for i, node in enumerate(nodes)}
+    waiting_on = [0] * len(nodes)
+    dependents: list[list[int]] = [[] for _ in nodes]
+    for i, node in enumerate(nodes):
+        producers = {position[writer[t].name] for t in node.input_tensors() if t in writer}
+        waiting_on[i] = len(producers)
         for producer in producers:
-            dependents.setdefault(producer, []).append(node)
-    ready = [(position[n.name], n.name) for n in spec.nodes if waiting_on[n.name] == 0]
-    heapq.heapify(ready)
-    by_name = {n.name: n for n in spec.nodes}
+            dependents[producer].append(i)
+    ready = [i for i, count in enumerate(waiting_on) if count == 0]  # ascending: already a heap
     order: list[NodeSpec] = []
     while ready:
-        _, name = heapq.heappop(ready)
-        order.append(by_name[name])
-        for dependent in dependents.get(name, ()):
-            waiting_on[dependent.name] -= 1
-            if waiting_on[dependent.name] == 0:
-                heapq.heappush(ready, (position[dependent.name], dependent.name))
-    if len(order) != len(spec.nodes):
-        stuck = sorted((n for n in spec.nodes if waiting_on[n.name] > 0), key=lambda n: position[n.name])
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for dependent in dependents[i]:
+            waiting_on[dependent] -= 1
+            if waiting_on[dependent] == 0:
+                heapq.heappush(ready, dependent)
+    if len(order) != len(nodes):
+        stuck = [node for i, node in enumerate(nodes) if waiting_on[i] > 0]
         raise StructureError(
             "the graph has a cycle through node(s) " + ", ".join(f"'{n.name}'" for n in stuck[:4]),
             node=stuck[0].name,
@@ -215,12 +214,17 @@ def _resolved_type(t: TensorSpec, what: str) -> DataType:
     return data_type
 
 
-def _check_layout(name: str, dim: Iterable[int], stride: Iterable[int], *, read_only: bool = False) -> None:
-    dim, stride = tuple(dim), tuple(stride)
+def _check_layout(
+    name: str, dim: Iterable[int], stride: Iterable[int] | None = None, *, read_only: bool = False
+) -> None:
+    """Check ``dim``, and ``stride`` unless it is None (packed strides, valid by construction)."""
+    dim = tuple(dim)
     try:
         check_dims(dim)
-        check_strides(dim, stride, read_only=read_only)
-        check_extent(dim, stride)
+        if stride is not None:
+            stride = tuple(stride)
+            check_strides(dim, stride, read_only=read_only)
+            check_extent(dim, stride)
     except GraphError as error:
         raise error.located(tensor=name) from None
 
@@ -280,6 +284,8 @@ def _resolve_node(
 def _check_output_roles(node_spec: NodeSpec) -> None:
     op = node_spec.definition
     expected = op.present_outputs(node_spec.attributes, frozenset(node_spec.inputs))
+    if expected == node_spec.outputs.keys():
+        return
     missing = sorted(expected - set(node_spec.outputs))
     extra = sorted(set(node_spec.outputs) - expected)
     if missing or extra:
@@ -304,8 +310,10 @@ def _partial_node(
 
 
 def _infer(op: Op, node: Node, node_spec: NodeSpec) -> dict[str, Inferred]:
+    bound_to = dict(node.inputs)
     for role in op.inputs:
-        for t in node.inputs_of(role.name) if role.variadic else filter(None, [node.input(role.name)]):
+        bound = bound_to.get(role.name)
+        for t in () if bound is None else bound if isinstance(bound, tuple) else (bound,):
             if role.floating and t.data_type.is_set and not t.data_type.is_floating:
                 raise DataTypeError(
                     f"{role.name} '{t.name}' is {t.data_type.value}; {op.kind} needs a floating type",
@@ -342,8 +350,12 @@ def _resolve_output(node: str, op: Op, role: str, t: TensorSpec, inferred: Infer
             node=node,
             tensor=t.name,
         )
-    stride = t.stride if t._stride_is_set and t.stride is not None else packed_strides(inferred.dim, inferred.order)
-    _check_layout(t.name, inferred.dim, stride)
+    stride = packed_strides(inferred.dim, inferred.order)
+    if t._stride_is_set and t.stride is not None and t.stride != stride:
+        stride = t.stride
+        _check_layout(t.name, inferred.dim, stride)
+    else:  # packed strides of valid dims are distinct, non-negative and span numel(dims) elements
+        _check_layout(t.name, inferred.dim)
     data_type = _resolved_type(t, "output" if not t.is_virtual else "virtual tensor")
     if not t._dim_is_set:
         t._dim = inferred.dim
@@ -360,18 +372,23 @@ def _resolve_output(node: str, op: Op, role: str, t: TensorSpec, inferred: Infer
     )
 
 
-def _rebind(node: Node, by_id: dict[int, Tensor]) -> Node:
-    """Point a node at the final tensors (after uid assignment)."""
+def _rebind(node: Node, fresh: dict[int, Tensor]) -> Node:
+    """Point a node at the tensors uid assignment replaced (``fresh``, by id), if it has any."""
+    if not any(t.id in fresh for t in node.input_tensors()) and not any(t.id in fresh for t in node.output_tensors()):
+        return node
 
-    def fresh(bound: Tensor | tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
-        return tuple(by_id[t.id] for t in bound) if isinstance(bound, tuple) else by_id[bound.id]
+    def final(t: Tensor) -> Tensor:
+        return fresh.get(t.id, t)
+
+    def rebound(bound: Tensor | tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
+        return tuple(map(final, bound)) if isinstance(bound, tuple) else final(bound)
 
     return Node(
         id=node.id,
         name=node.name,
         op=node.op,
-        inputs=tuple((role, fresh(bound)) for role, bound in node.inputs),
-        outputs=tuple((role, by_id[t.id]) for role, t in node.outputs),
+        inputs=tuple((role, rebound(bound)) for role, bound in node.inputs),
+        outputs=tuple((role, final(t)) for role, t in node.outputs),
         attributes=node.attributes,
         compute_data_type=node.compute_data_type,
     )

@@ -247,8 +247,8 @@ def _validated(graph: Any) -> Graph:
     if isinstance(graph, Graph):
         return graph
     if isinstance(graph, (str, os.PathLike)):
-        from ..files import load
+        from ..files import load_graph
 
-        return load(graph).validate()
+        return load_graph(graph)
     validated: Graph = graph.validate()
     return validated

@@ -14,7 +14,7 @@ from ..cache.entries import KernelBinary, PlanEntry
 from ..cache.key import FORMAT_VERSION, key_fields
 from ..cache.store import DiskStore, StoredFile
 from ..cache.trust import check_kernels, trusted_kernel, trusted_plan
-from ..files import load
+from ..files import load_graph
 from ..names import printable
 from . import add_cache_dir, chosen_directory, target
 
@@ -60,7 +60,7 @@ def _store(args: argparse.Namespace) -> DiskStore:
 
 
 def _key(args: argparse.Namespace) -> int:
-    ir = load(args.file).validate()
+    ir = load_graph(args.file)
     print(key_fields(ir, resolve_arch(args.arch), args.disable).describe())
     return 0
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..compare import relative_error, tolerance
 from ..compiler import compile
-from ..files import load
+from ..files import load_graph
 from ..ir import Graph
 from ..names import printable
 from ..plan import Plan, PlanBase
@@ -48,7 +48,7 @@ def add(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    ir = load(args.file).validate()
+    ir = load_graph(args.file)
     backend = args.backend or ("gpu" if current_gpu_arch() is not None else "reference")
     why = "" if args.backend else (" (a GPU is present)" if backend == "gpu" else " (no GPU found)")
     print(printable(f"graph '{ir.name}' ({args.file}): {len(ir.nodes)} nodes; backend {backend}{why}"))

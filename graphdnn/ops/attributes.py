@@ -31,19 +31,21 @@ class Attributes:
     @classmethod
     def build(cls, raw: Mapping[str, Any], *, node: str | None = None, path: str | None = None) -> Self:
         """Check and convert ``raw`` values; unknown or missing names are errors."""
-        hints = _field_types(typing.cast(type, cls))
-        unknown = sorted(set(raw) - set(hints))
-        if unknown:
-            where = _join(path, unknown[0])
-            expected = ", ".join(hints) or "none"
-            raise AttributeValueError(f"unknown attribute '{unknown[0]}' (expected: {expected})", node=node, path=where)
+        schema = _schema(typing.cast(type, cls))
+        if not raw and schema.default is not None:
+            return typing.cast(Self, schema.default)
+        if not raw.keys() <= schema.types.keys():
+            unknown = sorted(set(raw) - set(schema.types))
+            expected = ", ".join(schema.types) or "none"
+            raise AttributeValueError(
+                f"unknown attribute '{unknown[0]}' (expected: {expected})", node=node, path=_join(path, unknown[0])
+            )
         values = {}
-        for field in dataclasses.fields(cls):
-            where = _join(path, field.name)
-            if field.name in raw:
-                values[field.name] = coerce(hints[field.name], raw[field.name], field.name, node, where)
-            elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-                raise AttributeValueError(f"missing attribute '{field.name}'", node=node, path=where)
+        for name, annotation, required in schema.fields:
+            if name in raw:
+                values[name] = coerce(annotation, raw[name], name, node, _join(path, name))
+            elif required:
+                raise AttributeValueError(f"missing attribute '{name}'", node=node, path=_join(path, name))
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
@@ -56,9 +58,23 @@ class NoAttributes(Attributes):
     """For ops that take no attributes."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Schema:
+    """What :meth:`Attributes.build` needs of a class, worked out once per class."""
+
+    types: dict[str, Any]  # field name -> annotation, in declaration order
+    fields: tuple[tuple[str, Any, bool], ...]  # (name, annotation, required)
+    default: Attributes | None  # the instance with every default, shared; None if a field is required
+
+
 @cache
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _schema(cls: type) -> _Schema:
+    types = typing.get_type_hints(cls)
+    fields = tuple(
+        (f.name, types[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(cls)
+    )
+    return _Schema(types, fields, None if any(required for _, _, required in fields) else cls())
 
 
 def _join(path: str | None, name: str) -> str | None:

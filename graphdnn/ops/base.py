@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
@@ -100,6 +101,14 @@ class Op(abc.ABC):
         By default all of them; ops with optional outputs (training statistics, running
         averages) override it.
         """
+        return self.output_names
+
+    @functools.cached_property
+    def input_names(self) -> frozenset[str]:
+        return frozenset(role.name for role in self.inputs)
+
+    @functools.cached_property
+    def output_names(self) -> frozenset[str]:
         return frozenset(role.name for role in self.outputs)
 
     def role(self, name: str) -> Role:
@@ -147,6 +156,9 @@ def fail_attribute(node: Node, message: str) -> NoReturn:
 
 def broadcast_dims(node: Node, tensors: Sequence[tuple[str, Tensor]]) -> tuple[int, ...]:
     """NumPy-style broadcast (right-aligned, size-1 stretches) of the given roles' dims."""
+    first = tensors[0][1].dim
+    if all(tensor.dim == first for _, tensor in tensors):
+        return first  # the usual case: nothing to stretch
     rank = max(len(t.dim) for _, t in tensors)
     out = [1] * rank
     for role, tensor in tensors:
