@@ -61,6 +61,13 @@ def _compare(op: str) -> Render:
     return lambda a, attrs, c: f"({a[0]} {op} {a[1]} ? {literal(1, c)} : {literal(0, c)})"
 
 
+def _logical(op: str) -> Render:
+    """Non-zero (NaN included) is true; 1 or 0 in the compute type."""
+    return lambda a, attrs, c: (
+        f"(({a[0]} != {literal(0, c)} {op} {a[1]} != {literal(0, c)}) ? {literal(1, c)} : {literal(0, c)})"
+    )
+
+
 def _minmax(name: str) -> Render:
     # NumPy's maximum/minimum propagate NaN; fmaxf does not, so keep NaN explicitly.
     return lambda a, attrs, c: (
@@ -77,6 +84,12 @@ EXPRESSIONS: dict[str, Render] = {
     "sqrt": _math("sqrt"),
     "rsqrt": lambda a, attrs, c: f"({literal(1, c)} / {'sqrtf' if c == 'float' else 'sqrt'}({a[0]}))",
     "reciprocal": lambda a, attrs, c: f"({literal(1, c)} / {a[0]})",
+    "sin": _math("sin"),
+    "cos": _math("cos"),
+    "erf": _math("erf"),
+    "floor": _math("floor"),
+    "ceil": _math("ceil"),
+    "logical_not": lambda a, attrs, c: f"({a[0]} == {literal(0, c)} ? {literal(1, c)} : {literal(0, c)})",
     "relu": _relu,
     "leaky_relu": lambda a, attrs, c: (
         f"({a[0]} > {literal(0, c)} ? {a[0]} : {literal(attrs.negative_slope, c)} * {a[0]})"
@@ -95,6 +108,9 @@ EXPRESSIONS: dict[str, Render] = {
     "max": _minmax("fmax"),
     "min": _minmax("fmin"),
     "pow": lambda a, attrs, c: f"{'powf' if c == 'float' else 'pow'}({a[0]}, {a[1]})",
+    "mod": lambda a, attrs, c: f"{'fmodf' if c == 'float' else 'fmod'}({a[0]}, {a[1]})",
+    "logical_and": _logical("&&"),
+    "logical_or": _logical("||"),
     "scale": lambda a, attrs, c: f"({a[0]} * {a[1]})",
     "bias": lambda a, attrs, c: f"({a[0]} + {a[1]})",
     "cmp_eq": _compare("=="),

@@ -49,6 +49,16 @@ def pointwise(g: gd.OperationGraphSpec) -> None:
     g.add(g.max(h, b), 300.0).set_name("y").set_output(True)
 
 
+def elementary(g: gd.OperationGraphSpec) -> None:
+    """sin, cos, erf, floor, ceil, mod and the logical ops; the discontinuous ones read
+    graph inputs, so a rounded intermediate cannot move them across a step."""
+    x = g.tensor(name="x", dim=[4, 7, 9])
+    b = g.tensor(name="b", dim=[1, 7, 1])
+    h = g.erf(g.add(g.sin(x), g.cos(b)))
+    g.mul(h, g.mod(x, b)).set_name("y").set_output(True)
+    g.logical_or(g.logical_and(g.floor(x), g.ceil(b)), g.logical_not(x)).set_name("l").set_output(True)
+
+
 def matmul_bias_relu(g: gd.OperationGraphSpec) -> None:
     a = g.tensor(name="a", dim=[2, 48, 64])
     w = g.tensor(name="w", dim=[2, 64, 40])
@@ -164,6 +174,7 @@ FAMILIES: dict[str, Build] = {
     build.__name__: build
     for build in (
         pointwise,
+        elementary,
         matmul_bias_relu,
         conv_bn_relu,
         conv_dgrad_wgrad,

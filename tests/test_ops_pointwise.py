@@ -21,6 +21,12 @@ UNARY: dict[str, tuple[dict[str, float], Callable[[float], float], tuple[float, 
     "sqrt": ({}, math.sqrt, (0.05, 5)),
     "rsqrt": ({}, lambda v: 1 / math.sqrt(v), (0.05, 5)),
     "reciprocal": ({}, lambda v: 1 / v, (0.2, 5)),
+    "sin": ({}, math.sin, (-7, 7)),
+    "cos": ({}, math.cos, (-7, 7)),
+    "erf": ({}, math.erf, (-4, 4)),
+    "floor": ({}, math.floor, (-3, 3)),
+    "ceil": ({}, math.ceil, (-3, 3)),
+    "logical_not": ({}, lambda v: 0.0 if v else 1.0, (-3, 3)),
     "relu": ({}, lambda v: v if v > 0 else 0.0, (-3, 3)),
     "leaky_relu": ({"negative_slope": 0.2}, lambda v: v if v > 0 else 0.2 * v, (-3, 3)),
     "elu": ({"alpha": 0.7}, lambda v: v if v > 0 else 0.7 * math.expm1(v), (-3, 3)),
@@ -45,6 +51,9 @@ BINARY: dict[str, tuple[Callable[[float, float], float], tuple[float, float], tu
     "max": (max, (-3, 3), (-3, 3)),
     "min": (min, (-3, 3), (-3, 3)),
     "pow": (math.pow, (0.1, 3), (-2, 2)),
+    "mod": (math.fmod, (-7, 7), (-3, 3)),
+    "logical_and": (lambda a, b: 1.0 if a and b else 0.0, (-3, 3), (-3, 3)),
+    "logical_or": (lambda a, b: 1.0 if a or b else 0.0, (-3, 3), (-3, 3)),
     "scale": (lambda a, b: a * b, (-3, 3), (-3, 3)),
     "bias": (lambda a, b: a + b, (-3, 3), (-3, 3)),
 }
@@ -114,6 +123,94 @@ def test_comparisons_give_one_where_true_and_zero_where_false(kind: str, rng: np
     expected = elementwise(lambda u, v: 1.0 if COMPARISONS[kind](u, v) else 0.0, (4, 6), feeds["a"], feeds["b"])
     np.testing.assert_array_equal(out, expected)
     assert set(np.unique(out)) == {0.0, 1.0}  # both outcomes occur in this case
+
+
+def one_input(build: Callable[..., gd.TensorSpec], x: list[float], *more: float) -> np.ndarray:
+    """``build(g, x, *more)`` on the double values ``x``, by the reference."""
+    g = double_graph()
+    y = build(g, g.tensor([len(x)], name="x"), *more).set_output(True)
+    return gd.reference.execute(g, {"x": np.array(x)})[y.name]
+
+
+def test_floor_and_ceil_of_halves_signed_zeros_nan_and_inf() -> None:
+    x = [-0.5, 0.5, -1.5, 2.0, -0.0, math.nan, math.inf, -math.inf]
+    floor, ceil = one_input(lambda g, t: g.floor(t), x), one_input(lambda g, t: g.ceil(t), x)
+    np.testing.assert_array_equal(floor, [-1, 0, -2, 2, 0, math.nan, math.inf, -math.inf])
+    np.testing.assert_array_equal(ceil, [0, 1, -1, 2, 0, math.nan, math.inf, -math.inf])
+    assert math.copysign(1, ceil[0]) == -1 and math.copysign(1, floor[4]) == -1  # ceil(-0.5) is -0.0, as in C
+
+
+def test_mod_is_c_fmod_sign_of_the_dividend_and_nan_for_a_zero_divisor() -> None:
+    pairs = [
+        (7.0, 3.0),
+        (-7.0, 3.0),
+        (7.0, -3.0),
+        (-7.0, -3.0),
+        (5.5, 2.0),
+        (1.0, 0.0),
+        (math.inf, 2.0),
+        (3.0, math.inf),
+    ]
+    g = double_graph()
+    a, b = g.tensor([len(pairs)], name="a"), g.tensor([len(pairs)], name="b")
+    y = g.mod(a, b).set_output(True)
+    out = gd.reference.execute(g, {"a": np.array([p[0] for p in pairs]), "b": np.array([p[1] for p in pairs])})[y.name]
+    np.testing.assert_array_equal(out[:5], [1, -1, 1, -1, 1.5])
+    assert math.isnan(out[5]) and math.isnan(out[6]) and out[7] == 3.0  # fmod(1, 0) and fmod(inf, 2) are NaN
+    np.testing.assert_array_equal(one_input(lambda g, t, v: g.mod(t, v), [-7.0, 7.0], 3.0), [-1, 1])
+
+
+def test_logical_ops_take_non_zero_and_nan_as_true() -> None:
+    x = [0.0, -0.0, 2.0, math.nan, -math.inf]
+    np.testing.assert_array_equal(one_input(lambda g, t: g.logical_not(t), x), [1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(one_input(lambda g, t, v: g.logical_and(t, v), x, math.nan), [0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(one_input(lambda g, t, v: g.logical_and(t, v), x, 0.0), [0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(one_input(lambda g, t, v: g.logical_or(t, v), x, 0.0), [0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(one_input(lambda g, t, v: g.logical_or(t, v), x, -1.0), [1, 1, 1, 1, 1])
+
+
+def test_erf_matches_scipy_at_its_edges() -> None:
+    from scipy.special import erf
+
+    x = [0.0, -0.0, 1e-8, -6.0, 30.0, math.inf, -math.inf, math.nan]
+    np.testing.assert_array_equal(one_input(lambda g, t: g.erf(t), x), erf(np.array(x)))
+
+
+ELEMENTARY = ("sin", "cos", "erf", "floor", "ceil", "logical_not", "mod", "logical_and", "logical_or")
+
+
+def elementary_graph(swap: dict[str, str]) -> gd.OperationGraphSpec:
+    """Every elementary op in one DAG on a matmul; ``swap`` renames op kinds (same roles)."""
+    g = gd.OperationGraphSpec(name="elementary", io_data_type="half", intermediate_data_type="float")
+    a, w, b = g.tensor([2, 8, 16], name="a"), g.tensor([2, 16, 12], name="w"), g.tensor([1, 1, 12], name="b")
+    h = g.matmul(a, w)
+    unary = [getattr(g, swap.get(k, k))(h) for k in ELEMENTARY[:6]]
+    h = getattr(g, swap.get("mod", "mod"))(unary[0], b)
+    h = getattr(g, swap.get("logical_and", "logical_and"))(h, unary[1])
+    h = getattr(g, swap.get("logical_or", "logical_or"))(h, unary[2])
+    for u in unary[3:]:
+        h = g.add(h, u)
+    h.set_name("y").set_output(True)
+    return g
+
+
+def test_elementary_ops_round_trip_through_json_and_fuse_as_an_epilogue(rng: np.random.Generator) -> None:
+    g = elementary_graph({})
+    again = gd.OperationGraphSpec.from_json(g.to_json())
+    assert again.to_json() == g.to_json() and again.signature() == g.signature()
+    assert sorted({n.op for n in again.validate().nodes}) == sorted({*ELEMENTARY, "matmul", "add"})
+    shapes = {"a": (2, 8, 16), "w": (2, 16, 12), "b": (1, 1, 12)}
+    feeds = {name: rng.standard_normal(shape).astype(np.float16) for name, shape in shapes.items()}
+    np.testing.assert_array_equal(gd.reference.execute(again, feeds)["y"], gd.reference.execute(g, feeds)["y"])
+    (fused,) = gd.fuse(g).nodes  # the matmul and every elementary op: one kernel
+    assert fused.anchor.op == "matmul" and {n.op for n in fused.epilogue} == {*ELEMENTARY, "add"}
+
+
+@pytest.mark.parametrize(
+    "swap", [{"sin": "cos"}, {"floor": "ceil"}, {"erf": "tanh"}, {"mod": "div"}, {"logical_and": "logical_or"}]
+)
+def test_the_signature_tells_elementary_op_kinds_apart(swap: dict[str, str]) -> None:
+    assert elementary_graph(swap).signature() != elementary_graph({}).signature()
 
 
 def test_comparison_against_a_python_number() -> None:
@@ -280,3 +377,21 @@ def test_attribute_errors() -> None:
         g.elu(x, alpha=math.inf)
     with pytest.raises(gd.AttributeValueError, match=r"node 'exp_0': unknown attribute 'alpha' \(expected: none\)"):
         g._add_node("exp", {"input": x}, {"alpha": 1.0})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("io", ["float", "half", "bfloat16"])
+def test_elementary_ops_on_the_gpu_match_the_reference(io: str) -> None:
+    """sin ... logical_not, each an output of its own, on an odd-sized transposed input and a
+    broadcast operand; the logical ops read floor/ceil so that zeros occur."""
+    from tests.gpu_check import check_on_gpu
+
+    g = gd.OperationGraphSpec(name=f"elementary_{io}", io_data_type=io, intermediate_data_type="float")
+    x = g.tensor([3, 5, 33], stride=[165, 1, 5], name="x")
+    b = g.tensor([1, 5, 1], name="b")
+    for kind in ("sin", "cos", "erf", "floor", "ceil", "logical_not"):
+        getattr(g, kind)(x).set_name(kind).set_output(True)
+    g.mod(x, b).set_name("mod").set_output(True)
+    g.logical_and(g.floor(x), g.ceil(b)).set_name("and").set_output(True)
+    g.logical_or(g.floor(x), g.floor(b)).set_name("or").set_output(True)
+    check_on_gpu(g)

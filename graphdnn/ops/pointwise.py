@@ -95,6 +95,12 @@ _UNARY: dict[str, tuple[type[Attributes], bool, Callable[..., np.ndarray]]] = {
     "sqrt": (NoAttributes, False, lambda x, a: np.sqrt(x)),
     "rsqrt": (NoAttributes, False, lambda x, a: 1.0 / np.sqrt(x)),
     "reciprocal": (NoAttributes, False, lambda x, a: 1.0 / x),
+    "sin": (NoAttributes, False, lambda x, a: np.sin(x)),
+    "cos": (NoAttributes, False, lambda x, a: np.cos(x)),
+    "erf": (NoAttributes, False, lambda x, a: _erf(x)),
+    "floor": (NoAttributes, False, lambda x, a: np.floor(x)),
+    "ceil": (NoAttributes, False, lambda x, a: np.ceil(x)),
+    "logical_not": (NoAttributes, False, lambda x, a: (x == 0).astype(np.float64)),
     "relu": (ReluAttributes, True, _relu),
     "leaky_relu": (LeakyReluAttributes, True, lambda x, a: np.where(x > 0, x, a.negative_slope * x)),
     "elu": (EluAttributes, True, lambda x, a: np.where(x > 0, x, a.alpha * np.expm1(np.minimum(x, 0)))),
@@ -115,6 +121,9 @@ _BINARY: dict[str, tuple[tuple[str, str], Callable[[np.ndarray, np.ndarray], np.
     "max": (("a", "b"), np.maximum),
     "min": (("a", "b"), np.minimum),
     "pow": (("a", "b"), np.power),
+    "mod": (("a", "b"), np.fmod),  # C fmod: the sign of a; NaN where b is 0
+    "logical_and": (("a", "b"), lambda x, y: ((x != 0) & (y != 0)).astype(np.float64)),
+    "logical_or": (("a", "b"), lambda x, y: ((x != 0) | (y != 0)).astype(np.float64)),
     "scale": (("input", "scale"), np.multiply),
     "bias": (("input", "bias"), np.add),
     "cmp_eq": (("input", "comparison"), lambda x, y: (x == y).astype(np.float64)),
@@ -226,6 +235,12 @@ class PointwiseMethods:
     ) -> TensorSpec:
         return self._pointwise("pow", {"a": a, "b": b}, name, compute_data_type)
 
+    def mod(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        """C ``fmod(a, b)``: the remainder has the sign of ``a``; NaN where ``b`` is 0."""
+        return self._pointwise("mod", {"a": a, "b": b}, name, compute_data_type)
+
     def scale(
         self, input: TensorSpec, scale: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
     ) -> TensorSpec:
@@ -235,6 +250,20 @@ class PointwiseMethods:
         self, input: TensorSpec, bias: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
     ) -> TensorSpec:
         return self._pointwise("bias", {"input": input, "bias": bias}, name, compute_data_type)
+
+    # logical ops: non-zero (NaN included) is true; 1 where true, 0 where false, in the output's type
+    def logical_and(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        return self._pointwise("logical_and", {"a": a, "b": b}, name, compute_data_type)
+
+    def logical_or(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        return self._pointwise("logical_or", {"a": a, "b": b}, name, compute_data_type)
+
+    def logical_not(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+        return self._pointwise("logical_not", {"input": input}, name, compute_data_type)
 
     # comparisons: 1 where true, 0 where false, in the output's type
     def cmp_eq(
@@ -304,6 +333,21 @@ class PointwiseMethods:
 
     def reciprocal(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
         return self._pointwise("reciprocal", {"input": input}, name, compute_data_type)
+
+    def sin(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+        return self._pointwise("sin", {"input": input}, name, compute_data_type)
+
+    def cos(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+        return self._pointwise("cos", {"input": input}, name, compute_data_type)
+
+    def erf(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+        return self._pointwise("erf", {"input": input}, name, compute_data_type)
+
+    def floor(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+        return self._pointwise("floor", {"input": input}, name, compute_data_type)
+
+    def ceil(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+        return self._pointwise("ceil", {"input": input}, name, compute_data_type)
 
     # activations
     def relu(
