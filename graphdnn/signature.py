@@ -110,7 +110,8 @@ def _canonical_ranks(graph: Graph, tensor_labels: list[list[Any]], node_labels: 
     texts: dict[Any, str] = {}  # most elements share their label with many others: encode each once
     labels = []
     for t, label in zip(graph.tensors, tensor_labels, strict=True):
-        key = ("t", t.dim, t.stride, t.data_type, t.is_virtual, t.is_pass_by_value, type(t.value), t.value)
+        # repr, not the value: 0.0 == -0.0, but their labels differ
+        key = ("t", t.dim, t.stride, t.data_type, t.is_virtual, t.is_pass_by_value, type(t.value), repr(t.value))
         labels.append(texts.get(key) or texts.setdefault(key, json.dumps(["t", *label], sort_keys=True)))
     node_texts: dict[int, str] = {}  # by identity: nodes share label lists (see _node_labels)
     for label in node_labels:

@@ -177,3 +177,21 @@ def test_large_graph_with_symmetric_branches_signs_the_same_in_any_order() -> No
         b.set_output(True)
     assert len(g.nodes) == 5000
     assert _shuffled_copy(g, seed=1).signature() == g.signature() == _shuffled_copy(g, seed=2).signature()
+
+
+def test_negative_zero_constants_are_told_apart_whatever_the_order() -> None:
+    """0.0 == -0.0 in Python: labels of constants are keyed by repr, so neither the sign nor
+    the declaration order is lost."""
+
+    def signed(second: float, positive_first: bool) -> str:
+        g = gd.OperationGraphSpec("zeros", io_data_type="float")
+        x = g.tensor(name="x", dim=[4, 4])
+        if positive_first:
+            a, b = g.add(x, 0.0), g.add(x, second)
+        else:
+            b, a = g.add(x, second), g.add(x, 0.0)
+        g.sub(a, b).set_output(True)
+        return g.signature()
+
+    assert signed(-0.0, True) == signed(-0.0, False)
+    assert signed(-0.0, True) != signed(0.0, True)
