@@ -28,6 +28,15 @@ def parse_arch(arch: str | int | None) -> int:
     return int(found.group(1))
 
 
+def parse_target(arch: str) -> int:
+    """What the command line accepts as ``--arch``: :func:`parse_arch`, and one of TARGETS."""
+    parsed = parse_arch(arch)
+    if parsed not in TARGETS:
+        known = ", ".join(arch_name(a) for a in TARGETS)
+        raise GraphError(f"{arch_name(parsed)} is not a target NVRTC compiles for; choose one of {known}")
+    return parsed
+
+
 def arch_name(arch: int) -> str:
     return f"sm_{arch}"
 

@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from .arch import parse_target
 from .commands import cache, run, warmup
 from .errors import GraphError
 from .files import load_graph
@@ -68,6 +69,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    if args.arch is not None:  # checked here, not by argparse: a bad target is a one-line error, exit 1
+        parse_target(args.arch)
     ir = load_graph(args.file)
     print(printable(describe(ir), lines=True))
     if args.fused or args.dot:

@@ -2,24 +2,33 @@
 
 Kernels are named by key (content hash + target + compiler); one already compiled for
 any plan in the cache is reused. NVRTC releases the GIL, so a thread pool compiles
-several kernels at once.
+several kernels at once. With a disk cache each missing kernel is compiled under its
+lock (DiskStore.claim), so processes sharing the cache compile it once between them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from .cache.entries import KernelBinary
 from .cache.plan_cache import PlanCache
+from .cache.store import CacheWarning, DiskStore
 from .lower import KernelSource
 
 
 def build_kernels(
     sources: Mapping[str, KernelSource], arch: int, cache: PlanCache | None, jobs: int | None = None
 ) -> tuple[dict[str, KernelBinary], int]:
-    """Every kernel of ``sources`` (by kernel key) as a binary, and how many were compiled."""
+    """Every kernel of ``sources`` (by kernel key) as a binary, and how many were compiled.
+
+    With a disk cache, the missing kernels nobody else is compiling are claimed and compiled
+    first; then the ones another process holds are waited for and read from the cache (or
+    compiled, if that process failed or died)."""
     binaries: dict[str, KernelBinary] = {}
     missing: dict[str, KernelSource] = {}
     for kernel_key, source in sources.items():
@@ -28,11 +37,56 @@ def build_kernels(
             binaries[kernel_key] = found
         else:
             missing[kernel_key] = source
-    for binary in compile_sources(missing, arch, jobs):
-        binaries[binary.kernel_key] = binary
+    if cache is None or cache.store is None:
+        return binaries | _compiled(missing, arch, cache, jobs), len(missing)
+    compiled = 0
+    for wait in (False, True):
+        with claimed(cache.store, missing, arch, wait=wait) as claim:
+            binaries |= claim.cached | _compiled(claim.todo, arch, cache, jobs)
+            compiled += len(claim.todo)
+        missing = {key: missing[key] for key in claim.busy}
+    return binaries, compiled
+
+
+def _compiled(
+    sources: Mapping[str, KernelSource], arch: int, cache: PlanCache | None, jobs: int | None
+) -> dict[str, KernelBinary]:
+    binaries = compile_sources(sources, arch, jobs)
+    for binary in binaries:
         if cache is not None:
             cache.add_kernel(binary, compiled=True)
-    return binaries, len(missing)
+    return {binary.kernel_key: binary for binary in binaries}
+
+
+@dataclass
+class Claim:
+    """What :func:`claimed` found: kernels now in the cache, kernels this process holds and
+    must compile, kernels another process holds (only when not waiting)."""
+
+    cached: dict[str, KernelBinary] = field(default_factory=dict)
+    todo: dict[str, KernelSource] = field(default_factory=dict)
+    busy: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def claimed(store: DiskStore, sources: Mapping[str, KernelSource], arch: int, *, wait: bool) -> Iterator[Claim]:
+    """Claim the compile lock of each kernel of ``sources`` and re-read the cache under it
+    (another process may have stored it meanwhile); the locks are released on exit, so store
+    the compiled kernels inside. Locks are taken in key order: waiters never deadlock."""
+    claim = Claim()
+    with contextlib.ExitStack() as locks:
+        for key in sorted(sources):
+            if not locks.enter_context(store.claim(key, wait=wait)):
+                claim.busy.append(key)
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", CacheWarning)  # a damaged entry is simply compiled again
+                binary = store.read_kernel(key)
+            if binary is not None and matches(binary, sources[key], arch):
+                claim.cached[key] = binary
+            else:
+                claim.todo[key] = sources[key]
+        yield claim
 
 
 def matches(binary: KernelBinary, source: KernelSource, arch: int) -> bool:

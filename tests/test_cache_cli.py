@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -27,7 +28,10 @@ from graphdnn import cli
 from graphdnn.cache import container
 from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.cache.store import DiskStore
+from graphdnn.compilation import Compilation
 from graphdnn.env import env_flag
+from graphdnn.kernel_build import build_kernels
+from graphdnn.lower import lower
 from tests import plan_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +105,7 @@ def test_clear_and_verify_remove_report_what_they_could_not_remove(
     assert "could not remove it: Permission denied" in captured.err and "1 of them could not be removed" in captured.out
     assert cli.main(["cache", "clear", "--cache-dir", str(cache_dir)]) == 1
     captured = capsys.readouterr()
-    assert "removed 0 entries" in captured.out and "5 could not be removed" in captured.out
+    assert "removed 0 entries" in captured.out and "7 could not be removed" in captured.out  # and 2 locks
     assert "cannot remove" in captured.err
     monkeypatch.undo()
     assert cli.main(["cache", "clear", "--cache-dir", str(cache_dir)]) == 0
@@ -282,9 +286,26 @@ def test_a_held_claim_is_busy_and_a_dead_holder_releases_it(tmp_path: Path) -> N
         assert held
 
 
+def test_a_build_waits_for_a_held_kernel_and_compiles_it_when_the_holder_dies(tmp_path: Path) -> None:
+    job = Compilation.of(plan_graphs.scaled().validate(), 90, ())
+    lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key)
+    (key,) = lowered.sources
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(tmp_path), key], stdout=subprocess.PIPE, cwd=ROOT, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    threading.Timer(2.0, os.kill, (holder.pid, signal.SIGKILL)).start()  # it dies without storing the kernel
+    cache = PlanCache(tmp_path)
+    binaries, compiled = build_kernels(lowered.sources, 90, cache)
+    assert holder.poll() == -signal.SIGKILL  # the build waited for the holder rather than compiling beside it
+    assert (list(binaries), compiled, cache.counters.compiles) == ([key], 1, 1)
+    assert DiskStore(tmp_path).read_kernel(key) == binaries[key]
+
+
 _HOLD = """
 import sys, time
 from graphdnn.cache.store import DiskStore
+from graphdnn.compilation import Compilation
 with DiskStore(sys.argv[1]).claim(sys.argv[2], wait=True):
     print("held", flush=True)
     time.sleep(600)

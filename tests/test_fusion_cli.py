@@ -63,6 +63,7 @@ def test_arch_and_the_reasons_for_what_was_not_fused(tmp_path: Path, capsys: pyt
     [
         (["--disable", "nope"], "graphdnn: error: unknown fusion rule(s) ['nope']; rules: conv_bn_act, "),
         (["--arch", "ampere"], "graphdnn: error: unknown target architecture 'ampere'; expected e.g. 'sm_80'"),
+        (["--arch", "sm_12"], "graphdnn: error: sm_12 is not a target NVRTC compiles for; choose one of sm_75, "),
         (["--dot", "/nonexistent/dir/out.dot"], "graphdnn: error: cannot write /nonexistent/dir/out.dot: "),
     ],
 )

@@ -230,6 +230,12 @@ def test_resample_scale_factor_spellings_and_layout():
         ({"size": [4]}, gd.AttributeValueError, "size has 1 values for 2 spatial dims"),
         ({"size": [0, 3]}, gd.AttributeValueError, r"size \[0, 3\] must be >= 1 in every spatial dim"),
         ({"scale_factor": 0.1}, gd.AttributeValueError, r"size \[0, 0\] must be >= 1 in every spatial dim"),
+        (
+            {"size": [320, 257]},
+            gd.AttributeValueError,
+            r"size 257 of spatial dim 1 is over 64 x its input extent 4 \(at most 256\)",
+        ),
+        ({"scale_factor": 65}, gd.AttributeValueError, "size 325 of spatial dim 0 is over 64 x its input extent 5"),
         ({"scale_factor": [2, 2, 2]}, gd.AttributeValueError, "scale_factor has 3 values for 2 spatial dims of 'x'"),
         (
             {"size": [4, 4], "align_corners": True, "mode": "nearest"},

@@ -4,7 +4,7 @@ Layout under the cache directory::
 
     v1/plans/<key[:2]>/<key>.plan          launch metadata, workspace layout, tuning
     v1/kernels/<kkey[:2]>/<kkey>.kernel    cubin + source, once per kernel key
-    v1/kernels/<kkey[:2]>/<kkey>.lock      held (flock) by the warmup worker compiling it
+    v1/kernels/<kkey[:2]>/<kkey>.lock      held (flock) by the process compiling it
 
 Writes go to a temporary file in the same directory, then ``os.replace``: readers see
 the old file or the new one, never half of one, so any number of processes can fill

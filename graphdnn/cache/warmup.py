@@ -13,7 +13,6 @@ import contextlib
 import multiprocessing
 import os
 import time
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -25,12 +24,12 @@ from ..compilation import Compilation
 from ..compiler import store_plan, tuned_choices
 from ..errors import GraphError
 from ..ir import Graph
-from ..kernel_build import compile_sources, matches
+from ..kernel_build import claimed, compile_sources, matches
 from ..lower import KernelSource, Lowered
 from ..progress import Progress
 from .entries import KernelBinary
 from .plan_cache import DEFAULT, PlanCache, resolve_cache
-from .store import CacheWarning, DiskStore
+from .store import DiskStore
 
 
 @dataclass
@@ -202,15 +201,13 @@ def _compile_one(task: _Task) -> tuple[str, str]:
     """In a worker: compile one kernel under its lock and write it to the cache directory."""
     key, source, target, directory, wait = task
     store = DiskStore(directory)
-    with store.claim(key, wait=wait) as held:
-        if not held:
+    with claimed(store, {key: source}, target, wait=wait) as claim:
+        if claim.busy:
             return key, _BUSY
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CacheWarning)  # a damaged entry is simply compiled again
-            if _cached(store.read_kernel(key), source, target):
-                return key, _CACHED
+        if claim.cached:
+            return key, _CACHED
         try:
-            (binary,) = compile_sources({key: source}, target, jobs=1)
+            (binary,) = compile_sources(claim.todo, target, jobs=1)
         except GraphError as error:
             return key, str(error)
         except Exception as error:  # a defect in graphdnn: a failure of this kernel, the batch goes on

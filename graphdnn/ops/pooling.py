@@ -42,6 +42,11 @@ class PoolingAttributes(Attributes):
     post_padding: tuple[int, ...]
 
 
+# The most a resample may enlarge a spatial dim: enough for segmentation heads (x32), and it
+# keeps a tiny graph from asking for a huge output (a 1-element input for billions).
+MAX_UPSCALE = 64
+
+
 class ResampleMode(enum.Enum):
     NEAREST = "nearest"
     LINEAR = "linear"  # in every spatial dim: bilinear in 2-D, trilinear in 3-D
@@ -142,6 +147,13 @@ class Resample(Op):
         _check_lengths(node, spatial, size=a.size)
         if any(s < 1 for s in a.size):
             fail_attribute(node, f"size {list(a.size)} must be >= 1 in every spatial dim")
+        for axis, (extent, size) in enumerate(zip(x.dim[2:], a.size)):
+            if size > MAX_UPSCALE * extent:
+                fail_attribute(
+                    node,
+                    f"size {size} of spatial dim {axis} is over {MAX_UPSCALE} x its input extent {extent} "
+                    f"(at most {MAX_UPSCALE * extent})",
+                )
         if a.align_corners and a.mode is ResampleMode.NEAREST:
             fail_attribute(node, "align_corners applies to linear resampling only, not nearest")
         return {"y": Inferred((*x.dim[:2], *a.size), stride_order(x.dim, x.stride))}
