@@ -177,35 +177,59 @@ class _Partition:
 
     def refine(self) -> None:
         """Split by queued cells until the partition is equitable."""
-        adjacent, cell, size = self.adjacent, self.cell, self.size
-        while self.queue:
-            splitter = heapq.heappop(self.queue)
-            self.queued.discard(splitter)
+        adjacent, cell, size, perm, queue, queued = (
+            self.adjacent,
+            self.cell,
+            self.size,
+            self.perm,
+            self.queue,
+            self.queued,
+        )
+        split = self._split
+        while queue:
+            splitter = heapq.heappop(queue)
+            queued.discard(splitter)
             seen: dict[int, list[int]] = {}
-            for s in self.perm[splitter : splitter + size[splitter]]:
+            for s in perm[splitter : splitter + size[splitter]]:
                 for x, label in adjacent[s]:
                     if size[cell[x]] == 1:
                         continue  # a cell of one cannot split: most are, once refinement is under way
-                    if x in seen:
-                        seen[x].append(label)
-                    else:
+                    labels = seen.get(x)
+                    if labels is None:
                         seen[x] = [label]
+                    else:
+                        labels.append(label)
             by_cell: dict[int, list[int]] = {}
             for x in seen:
-                by_cell.setdefault(cell[x], []).append(x)
+                c = cell[x]
+                members = by_cell.get(c)
+                if members is None:
+                    by_cell[c] = [x]
+                else:
+                    members.append(x)
             for c, members in by_cell.items():
-                self._split(c, members, seen)
+                split(c, members, seen)
 
     def _split(self, c: int, members: list[int], seen: dict[int, list[int]]) -> None:
+        perm, pos, cell, size = self.perm, self.pos, self.cell, self.size
+        end = c + size[c]
+        if len(members) == 1:  # the common case: one member moves to a cell of its own at the end
+            x, last = members[0], end - 1
+            p, y = pos[x], perm[last]
+            perm[p], pos[y] = y, p
+            perm[last], pos[x], cell[x] = x, last, last
+            size[c] = last - c
+            size[last] = 1
+            heapq.heappush(self.queue, last)  # the smaller part, whether or not c is queued
+            self.queued.add(last)
+            return
         groups: dict[tuple[int, ...], list[int]] = {}
         for x in members:
             labels = seen[x]
             groups.setdefault(tuple(sorted(labels)) if len(labels) > 1 else (labels[0],), []).append(x)
-        end = c + self.size[c]
         rest = end - len(members)  # members that saw nothing stay in [c, rest)
         if len(groups) == 1 and rest == c:
             return
-        perm, pos, cell = self.perm, self.pos, self.cell
         boundary = end
         for x in members:  # move the members to the end of the cell
             boundary -= 1
@@ -221,11 +245,11 @@ class _Partition:
                 p += 1
         bounds = [*parts[1:], end]
         for start, stop in zip(parts, bounds, strict=True):
-            self.size[start] = stop - start
+            size[start] = stop - start
         if c in self.queued:
             fresh = parts[1:]
         else:
-            largest = max(parts, key=self.size.__getitem__)
+            largest = max(parts, key=size.__getitem__)
             fresh = [start for start in parts if start != largest]
         for start in fresh:
             heapq.heappush(self.queue, start)
