@@ -10,23 +10,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_benchmark_cases_build_without_a_gpu() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--dry", "--only", "4096x1024"],
+def _benchmark(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+def test_benchmark_cases_build_without_a_gpu() -> None:
+    result = _benchmark("run.py", "--dry", "--only", "4096x1024")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("kernel(s), built in") == 2
 
 
 def test_execute_cost_runs_on_the_fake_driver() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "execute_cost.py"), "--fake-driver", "--calls", "20"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    result = _benchmark("execute_cost.py", "--fake-driver", "--calls", "20")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("µs per call") == 5

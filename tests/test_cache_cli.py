@@ -33,6 +33,7 @@ from graphdnn.env import env_flag
 from graphdnn.kernel_build import build_kernels
 from graphdnn.lower import lower
 from tests import plan_graphs
+from tests.cache_dirs import private_copy, warm
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = "sm_90"
@@ -41,17 +42,13 @@ ARCH = "sm_90"
 @pytest.fixture(scope="session")
 def warm_cli_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("cli") / "cache"
-    cache = PlanCache(directory)
-    gd.compile(plan_graphs.add_relu(), arch=ARCH, cache=cache)
-    gd.compile(plan_graphs.scaled(), arch=ARCH, cache=cache)
+    warm(directory, (plan_graphs.add_relu, plan_graphs.scaled), ARCH)
     return directory
 
 
 @pytest.fixture
 def cache_dir(warm_cli_dir: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "cache"
-    shutil.copytree(warm_cli_dir, copy)
-    return copy
+    return private_copy(warm_cli_dir, tmp_path)
 
 
 def _read_only(directory: Path) -> None:
@@ -165,12 +162,7 @@ def test_a_graph_that_breaks_the_compiler_does_not_stop_the_batch(
         return real(partition, *args, **kwargs)
 
     monkeypatch.setattr(graphdnn.lower, "lower", lower)
-    files = []
-    for graph in (plan_graphs.add_relu("broken"), plan_graphs.add_relu("fine", cols=9)):
-        files.append(tmp_path / f"{graph.name}.json")
-        gd.save(graph, files[-1])
-    args = ["warmup", *map(str, files), "--arch", ARCH, "--jobs", "1", "--cache-dir", str(tmp_path / "c")]
-    assert cli.main(args) == 1
+    assert _warm_up(tmp_path, plan_graphs.add_relu("broken"), plan_graphs.add_relu("fine", cols=9)) == 1
     captured = capsys.readouterr()
     assert "broken.json: internal error: KeyError" in captured.err
     assert "2 graphs (0 cache hits, 1 built, 1 failed)" in captured.out
@@ -189,15 +181,19 @@ def test_a_kernel_that_breaks_the_compiler_fails_its_graph_only(
         return real(sources, *args, **kwargs)
 
     monkeypatch.setattr(graphdnn.cache.warmup, "compile_sources", compile_sources)
-    files = []
-    for graph in (plan_graphs.add_relu("crash", cols=3), plan_graphs.add_relu("fine", cols=11)):
-        files.append(tmp_path / f"{graph.name}.json")
-        gd.save(graph, files[-1])
-    args = ["warmup", *map(str, files), "--arch", ARCH, "--jobs", "1", "--cache-dir", str(tmp_path / "c")]
-    assert cli.main(args) == 1
+    assert _warm_up(tmp_path, plan_graphs.add_relu("crash", cols=3), plan_graphs.add_relu("fine", cols=11)) == 1
     captured = capsys.readouterr()
     assert "crash.json: internal error: RuntimeError: NVRTC fell over" in captured.err
     assert "2 graphs (0 cache hits, 1 built, 1 failed)" in captured.out
+
+
+def _warm_up(tmp_path: Path, *graphs: gd.OperationGraphSpec) -> int:
+    """``graphdnn warmup`` of these graphs' files into a new cache; its exit status."""
+    files = []
+    for graph in graphs:
+        files.append(tmp_path / f"{graph.name}.json")
+        gd.save(graph, files[-1])
+    return cli.main(["warmup", *map(str, files), "--arch", ARCH, "--jobs", "1", "--cache-dir", str(tmp_path / "c")])
 
 
 # -- arguments and switches --------------------------------------------------------------------

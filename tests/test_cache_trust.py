@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -18,13 +17,13 @@ from typing import Any
 
 import pytest
 
-import graphdnn as gd
 from graphdnn.cache import container
 from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.cache.store import CacheWarning, DiskStore
 from graphdnn.cache.trust import MAX_SHARED_OPT_IN, trusted_kernel
 from graphdnn.compiler import compile as gd_compile
 from tests import plan_graphs
+from tests.cache_dirs import private_copy, warm
 
 ARCH = "sm_90"
 GRAPHS = {"sum_then_add": plan_graphs.sum_then_add, "scaled": plan_graphs.scaled}
@@ -34,18 +33,14 @@ GRAPHS = {"sum_then_add": plan_graphs.sum_then_add, "scaled": plan_graphs.scaled
 def trusted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache holding sum_then_add (2 kernels, a workspace intermediate) and scaled (a scalar argument)."""
     directory = tmp_path_factory.mktemp("trust") / "cache"
-    cache = PlanCache(directory)
-    for make in GRAPHS.values():
-        gd.compile(make(), arch=ARCH, cache=cache)
+    cache = warm(directory, GRAPHS.values(), ARCH)
     assert cache.counters.compiles == 3
     return directory
 
 
 @pytest.fixture
 def cache_dir(trusted_dir: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "cache"
-    shutil.copytree(trusted_dir, copy)
-    return copy
+    return private_copy(trusted_dir, tmp_path)
 
 
 def _plan_path(directory: Path, graph: str) -> Path:

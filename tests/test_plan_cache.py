@@ -12,7 +12,6 @@ import io
 import json
 import multiprocessing
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -32,6 +31,7 @@ from graphdnn.cache.store import CacheWarning, DiskStore
 from graphdnn.cache.trust import trusted_plan
 from graphdnn.program import ArgKind
 from tests import plan_graphs
+from tests.cache_dirs import private_copy, warm
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = "sm_90"
@@ -41,9 +41,7 @@ ARCH = "sm_90"
 def warm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache directory holding add_relu and two_groups for sm_90 (2 distinct kernels)."""
     directory = tmp_path_factory.mktemp("warm") / "cache"
-    cache = PlanCache(directory)
-    gd.compile(plan_graphs.add_relu(), arch=ARCH, cache=cache)
-    gd.compile(plan_graphs.add_relu_and_sigmoid(), arch=ARCH, cache=cache)
+    cache = warm(directory, (plan_graphs.add_relu, plan_graphs.add_relu_and_sigmoid), ARCH)
     assert cache.counters.compiles == 2
     return directory
 
@@ -51,9 +49,7 @@ def warm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def cache_dir(warm_dir: Path, tmp_path: Path) -> Path:
     """A private copy of the warm cache directory."""
-    copy = tmp_path / "cache"
-    shutil.copytree(warm_dir, copy)
-    return copy
+    return private_copy(warm_dir, tmp_path)
 
 
 def fresh(directory: Path) -> PlanCache:
