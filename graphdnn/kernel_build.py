@@ -92,11 +92,7 @@ def claimed(store: DiskStore, sources: Mapping[str, KernelSource], arch: int, *,
 def matches(binary: KernelBinary, source: KernelSource, arch: int) -> bool:
     """True when a stored kernel is the compiled ``source``: same entry point, content and
     target (a stored entry that passed its own checks may still belong to another build)."""
-    return (binary.name, binary.content_hash, binary.arch) == (
-        source.name,
-        source.content_hash,
-        f"sm_{arch}{source.arch_suffix}",
-    )
+    return (binary.name, binary.content_hash, binary.arch) == (source.name, source.content_hash, source.target(arch))
 
 
 def compile_sources(sources: Mapping[str, KernelSource], arch: int, jobs: int | None = None) -> list[KernelBinary]:
@@ -107,8 +103,7 @@ def compile_sources(sources: Mapping[str, KernelSource], arch: int, jobs: int | 
     def one(item: tuple[str, KernelSource]) -> KernelBinary:
         kernel_key, source = item
         cubin = compile_cubin(source.source, source.name, arch, source.arch_suffix)
-        target = f"sm_{arch}{source.arch_suffix}"
-        return KernelBinary(kernel_key, source.name, source.content_hash, target, cubin, source.source)
+        return KernelBinary(kernel_key, source.name, source.content_hash, source.target(arch), cubin, source.source)
 
     items = list(sources.items())
     workers = max(1, min(jobs or os.cpu_count() or 1, len(items)))

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .arch import arch_name
 from .ir import Graph, Tensor
 from .layout import storage_extent
 from .program import Arg, ArgKind, Launch, LaunchProgram, WorkspaceBuffer, align
@@ -27,6 +28,10 @@ class KernelSource:
     source: str
     content_hash: str
     arch_suffix: str = ""  # "a": compiled for sm_XYa (see codegen.Kernel)
+
+    def target(self, arch: int) -> str:
+        """The NVRTC target this kernel is compiled for on sm_``arch``."""
+        return f"{arch_name(arch)}{self.arch_suffix}"
 
 
 @dataclass(frozen=True)
