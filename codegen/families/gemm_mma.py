@@ -9,32 +9,15 @@ import math
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
-from graphdnn.dtypes import DataType
 
 from ..context import EmitContext
 from ..kernel import Kernel
 from .gemm_block import BlockShape, TensorCoreBlock
 from .gemm_loaders import SmemTiles
 from .gemm_problem import Problem
+from .tensor_core import mma_fragments
 
-_MMA_PRELUDE = r"""
-__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-
-// D = A * B + D, one m16n8k16 tile, fp32 accumulators.
-__device__ __forceinline__ void mma_16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
+_SWIZZLES = r"""
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 64-byte rows (BK = 32
 // elements): XOR-swizzled so that the 8 rows one ldmatrix phase reads hit 8 distinct
 // bank groups, and so do the 8 chunks of a cp.async wave.
@@ -82,7 +65,7 @@ def mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig)
     )
     lines += _main_loop(shape.block_n, block.layout, shape.a_stage, shape.b_stage)
     lines += block.epilogue(_mma_staging(shape.c_stride))
-    functions = _MMA_PRELUDE.replace("MMA_TYPE", "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16")
+    functions = mma_fragments(p.a.data_type) + _SWIZZLES
     return block.kernel(ctx, lines, "_mma", functions, shared)
 
 
