@@ -1,0 +1,317 @@
+"""Flash attention forward on mma.sync tensor cores (sm_80+, fp16/bf16 Q/K/V, fp32 accumulation).
+
+A block owns ``16 * warps`` query rows of one (batch, head); each warp owns 16 of them. The
+block's Q tile stays in shared memory (in registers as mma fragments when D <= 128); K and V
+tiles of ``block_n`` keys stream through a double-buffered ``cp.async`` pipeline. Per key
+tile a warp computes S = Q Kᵀ (16 x block_n, fp32), applies scale, bias, ALiBi and the masks,
+updates the running row maximum and sum (online softmax, base 2), rescales its O
+accumulators and adds P V, with P converted to the input type in registers: the
+accumulator layout of m16n8 is the A-fragment layout of the next m16n8k16, so S never
+leaves registers. Shared-memory rows are padded by 16 bytes, which makes every ``ldmatrix``
+phase conflict-free for any head dim that is a multiple of 16 (D is zero-padded to one).
+
+Q/K/V rows are copied with 16-byte ``cp.async`` when the head dim is contiguous and every
+row starts 16-byte aligned (the runtime checks the pointers); otherwise element by element
+(any strides, any head dim), with the same tensor-core arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
+
+from ..context import EmitContext, indent, kernel_source, pattern_name
+from ..cuda_types import cuda_type
+from ..kernel import Kernel
+from .attention_problem import (
+    Attention,
+    block_setup,
+    declare,
+    key_range,
+    needs_mask,
+    o_store,
+    score_function,
+    stats_store,
+)
+from .gemm_loaders import ASYNC_COPY_PRELUDE
+from .tensor_core import mma_fragments
+
+_PACK = {
+    DataType.HALF: "__half2 v = __floats2half2_rn(x, y);",
+    DataType.BFLOAT16: "__nv_bfloat162 v = __floats2bfloat162_rn(x, y);",
+}
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    warps: int  # 16 query rows each
+    block_n: int  # keys per pipeline stage
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.warps
+
+
+def padded(extent: int) -> int:
+    return -(-extent // 16) * 16
+
+
+def config(a: Attention, tuning: dict[str, object]) -> FlashConfig:
+    """The tuned choice, else 4 warps and 64-key tiles (32 past a head dim of 128, where the
+    O accumulators need the registers)."""
+    if tuning:
+        return FlashConfig(int(tuning["warps"]), int(tuning["block_n"]))  # type: ignore[call-overload]
+    return FlashConfig(4, 64 if max(padded(a.d), padded(a.dv)) <= 128 else 32)
+
+
+def candidates(a: Attention) -> list[dict[str, object]]:
+    wide = max(padded(a.d), padded(a.dv)) > 128
+    return [
+        {"warps": warps, "block_n": block_n}
+        for warps in (4, 8)
+        for block_n in ((32, 64) if wide else (32, 64, 128))
+        if shared_bytes(a, FlashConfig(warps, block_n)) <= 160 * 1024
+    ]
+
+
+def shared_bytes(a: Attention, c: FlashConfig) -> int:
+    q_row, v_row = padded(a.d) + 8, padded(a.dv) + 8
+    return 2 * (c.block_m * q_row + 2 * c.block_n * (q_row + v_row))
+
+
+def vectorizable(a: Attention) -> bool:
+    """Rows of Q, K and V copy as 16-byte chunks (given aligned pointers)."""
+    for t in (a.q, a.k, a.v):
+        if t.stride[3] != 1 or t.dim[3] % 8:
+            return False
+        if any(stride % 8 for d, stride in zip(t.dim[:3], t.stride[:3]) if d != 1):
+            return False
+    return True
+
+
+def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfig) -> Kernel:
+    declared = declare(a)
+    names, params = declared.names, declared.params
+    vec = vectorizable(a)
+    aligned = params.aligned_flag() if vec else "false"
+    dp, dvp = padded(a.d), padded(a.dv)
+    q_in_registers = dp <= 128
+    t = cuda_type(a.q.data_type)
+    body = [
+        f"using T = {t};",
+        f"constexpr int WARPS = {c.warps}, THREADS = {32 * c.warps}, BM = {c.block_m}, BN = {c.block_n};",
+        f"constexpr int DP = {dp}, DVP = {dvp}, QROW = DP + 8, VROW = DVP + 8;  // padded rows: conflict-free ldmatrix",
+        f"constexpr int NT = BN / 8, OT = DVP / 8, QK = DP / 16;",
+        f"constexpr bool Q_IN_REGISTERS = {str(q_in_registers).lower()};",
+        *block_setup(a, names, c.block_m),
+        *key_range(a, c.block_m),
+        *score_function(a, names),
+        "extern __shared__ __align__(128) unsigned char smem[];",
+        "T* const q_s = reinterpret_cast<T*>(smem);",
+        "T* const k_s = q_s + BM * QROW;  // [2][BN][QROW]",
+        "T* const v_s = k_s + 2 * BN * QROW;  // [2][BN][VROW]",
+        "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
+        *_tile_loader(vec, aligned),
+        "const T* const q_g = " + names["Q"] + " + (long long)b * QS[0] + (long long)h * QS[1] + (long long)row0 * QS[2];",
+        "const T* const k_g = " + names["K"] + " + (long long)b * KS[0] + (long long)hk * KS[1];",
+        "const T* const v_g = " + names["V"] + " + (long long)b * VS[0] + (long long)hk * VS[1];",
+        "const int first = kv_begin / BN * BN;",
+        "const int tiles = kv_end > kv_begin ? (kv_end - first + BN - 1) / BN : 0;",
+        "load_rows(q_s, QROW, q_g, QS[2], QS[3], BM, min(BM, SQ - row0), D, DP);",
+        'asm volatile("cp.async.commit_group;\\n" ::);',
+        "auto load_kv = [&](int tile) {",
+        "  const int kv0 = first + tile * BN, stage = tile & 1;",
+        "  load_rows(k_s + stage * BN * QROW, QROW, k_g + (long long)kv0 * KS[2], KS[2], KS[3], BN, min(BN, skv - kv0), D, DP);",
+        "  load_rows(v_s + stage * BN * VROW, VROW, v_g + (long long)kv0 * VS[2], VS[2], VS[3], BN, min(BN, skv - kv0), DV, DVP);",
+        '  asm volatile("cp.async.commit_group;\\n" ::);',
+        "};",
+        "if (tiles > 0) load_kv(0);",
+        "float o[OT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};",
+        "#pragma unroll",
+        "for (int j = 0; j < OT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;",
+        "unsigned qf[Q_IN_REGISTERS ? QK : 1][4];",
+        "const int warp_row = row0 + warp * 16 + (lane >> 2);  // this thread's rows: warp_row and warp_row + 8",
+        "for (int tile = 0; tile < tiles; ++tile) {",
+        "  if (tile + 1 < tiles) {",
+        "    load_kv(tile + 1);",
+        '    asm volatile("cp.async.wait_group 1;\\n" ::);',
+        "  } else {",
+        '    asm volatile("cp.async.wait_group 0;\\n" ::);',
+        "  }",
+        "  __syncthreads();  // Q and this tile's K, V are in shared memory",
+        "  const int kv0 = first + tile * BN;",
+        "  const T* const k_tile = k_s + (tile & 1) * BN * QROW;",
+        "  const T* const v_tile = v_s + (tile & 1) * BN * VROW;",
+        *indent(_q_fragments(q_in_registers), 1).splitlines(),
+        *indent(_scores(), 1).splitlines(),
+        f"  const bool masked = {needs_mask(a, c.block_m, c.block_n)};",
+        "#pragma unroll",
+        "  for (int j = 0; j < NT; ++j)",
+        "#pragma unroll",
+        "    for (int e = 0; e < 4; ++e) s[j][e] = score(s[j][e], warp_row + ((e >> 1) << 3), kv0 + j * 8 + (lane & 3) * 2 + (e & 1), masked);",
+        *indent(_online_softmax(), 1).splitlines(),
+        *indent(_pv(), 1).splitlines(),
+        "  __syncthreads();  // everyone is done with this stage before it is refilled",
+        "}",
+        'asm volatile("cp.async.wait_group 0;\\n" ::);  // Q, when no key tile waited for it',
+        *_write(a, names),
+    ]
+    pattern = pattern_name(fused) + "_flash"
+    name, source = kernel_source(ctx, fused, pattern, params, 32 * c.warps, indent(body, 1))
+    functions = ASYNC_COPY_PRELUDE + mma_fragments(a.q.data_type) + _pack_function(a.q.data_type)
+    source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+    blocks = -(-a.sq // c.block_m) * a.heads * a.batch
+    return Kernel(name, source, (blocks, 1, 1), (32 * c.warps, 1, 1), shared_bytes(a, c), tuple(params.bindings))
+
+
+def _pack_function(data_type: DataType) -> str:
+    return (
+        "\n// Two floats as one register of two 16-bit values, x in the low half (an mma operand).\n"
+        "__device__ __forceinline__ unsigned pack2(float x, float y) {\n"
+        f"  {_PACK[data_type]}\n"
+        "  return *reinterpret_cast<unsigned*>(&v);\n"
+        "}\n"
+    )
+
+
+def _tile_loader(vec: bool, aligned: str) -> list[str]:
+    """``load_rows``: ``rows`` rows of ``width`` elements (row stride ``rs``, element stride
+    ``cs``) into shared rows of ``row_elems``, zero past ``valid`` rows and ``width``
+    columns up to the padded width."""
+    lines = [
+        "auto load_rows = [&](T* dst, int row_elems, const T* src, long long rs, long long cs, int rows, int valid, int width, int padded_width) {",
+    ]
+    if vec:
+        lines += [
+            f"  if ({aligned}) {{",
+            "    const int chunks = padded_width / 8;",
+            "    for (int c = tid; c < rows * chunks; c += THREADS) {",
+            "      const int r = c / chunks, k = c % chunks * 8;",
+            "      const bool ok = r < valid && k < width;",
+            "      copy16(smem_addr(dst + r * row_elems + k), ok ? src + r * rs + k : src, ok);",
+            "    }",
+            "    return;",
+            "  }",
+        ]
+    lines += [
+        "  for (int e = tid; e < rows * padded_width; e += THREADS) {",
+        "    const int r = e / padded_width, k = e % padded_width;",
+        "    dst[r * row_elems + k] = r < valid && k < width ? src[r * rs + k * cs] : gd::from<T>(0.0f);",
+        "  }",
+        "};",
+    ]
+    return lines
+
+
+def _q_fragments(in_registers: bool) -> list[str]:
+    """The warp's 16 rows of Q as A fragments, once (registers) or per k step (shared memory)."""
+    if not in_registers:
+        return []
+    return [
+        "if (tile == 0) {",
+        "#pragma unroll",
+        "  for (int kk = 0; kk < QK; ++kk)",
+        "    ldmatrix_x4(smem_addr(q_s + (warp * 16 + (lane & 15)) * QROW + kk * 16 + (lane >> 4) * 8), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);",
+        "}",
+    ]
+
+
+def _scores() -> list[str]:
+    """S = Q Kᵀ for the warp's 16 rows and the tile's BN keys (K rows are the B fragments' columns)."""
+    return [
+        "float s[NT][4];",
+        "#pragma unroll",
+        "for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;",
+        "#pragma unroll",
+        "for (int kk = 0; kk < DP / 16; ++kk) {",
+        "  unsigned a[4];",
+        "  if (Q_IN_REGISTERS) {",
+        "    a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];",
+        "  } else {",
+        "    ldmatrix_x4(smem_addr(q_s + (warp * 16 + (lane & 15)) * QROW + kk * 16 + (lane >> 4) * 8), a[0], a[1], a[2], a[3]);",
+        "  }",
+        "#pragma unroll",
+        "  for (int nj = 0; nj < NT / 2; ++nj) {",
+        "    unsigned b0, b1, b2, b3;",
+        "    const int row = nj * 16 + ((lane >> 4) << 3) + (lane & 7), col = kk * 16 + ((lane >> 3) & 1) * 8;",
+        "    ldmatrix_x4(smem_addr(k_tile + row * QROW + col), b0, b1, b2, b3);",
+        "    mma_16816(s[2 * nj], a, b0, b1);",
+        "    mma_16816(s[2 * nj + 1], a, b2, b3);",
+        "  }",
+        "}",
+    ]
+
+
+def _online_softmax() -> list[str]:
+    """New row maxima (over the quad of lanes sharing a row), rescale of l and O, P = 2^(S - max)."""
+    return [
+        "#pragma unroll",
+        "for (int r = 0; r < 2; ++r) {",
+        "  float mx = m[r];",
+        "#pragma unroll",
+        "  for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));",
+        "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));",
+        "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));",
+        "  const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays at 0",
+        "  const float correction = gd::exp2_approx(m[r] - base);",
+        "  m[r] = mx;",
+        "  l[r] *= correction;",
+        "#pragma unroll",
+        "  for (int j = 0; j < OT; ++j) {",
+        "    o[j][2 * r] *= correction;",
+        "    o[j][2 * r + 1] *= correction;",
+        "  }",
+        "#pragma unroll",
+        "  for (int j = 0; j < NT; ++j) {",
+        "    s[j][2 * r] = gd::exp2_approx(s[j][2 * r] - base);",
+        "    s[j][2 * r + 1] = gd::exp2_approx(s[j][2 * r + 1] - base);",
+        "    l[r] += s[j][2 * r] + s[j][2 * r + 1];",
+        "  }",
+        "}",
+    ]
+
+
+def _pv() -> list[str]:
+    """O += P V: P's accumulators become A fragments in place; V rows (keys) are k."""
+    return [
+        "#pragma unroll",
+        "for (int kk = 0; kk < BN / 16; ++kk) {",
+        "  const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),",
+        "                        pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};",
+        "#pragma unroll",
+        "  for (int nj = 0; nj < OT / 2; ++nj) {",
+        "    unsigned b0, b1, b2, b3;",
+        "    const int krow = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), col = nj * 16 + (lane >> 4) * 8;",
+        "    ldmatrix_x4_trans(smem_addr(v_tile + krow * VROW + col), b0, b1, b2, b3);",
+        "    mma_16816(o[2 * nj], a, b0, b1);",
+        "    mma_16816(o[2 * nj + 1], a, b2, b3);",
+        "  }",
+        "}",
+    ]
+
+
+def _write(a: Attention, names: dict[str, str]) -> list[str]:
+    """Each row's O = accumulators / sum (0 for a row that sees no key or lies past sq), STATS."""
+    return [
+        "#pragma unroll",
+        "for (int r = 0; r < 2; ++r) {",
+        "  l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);",
+        "  l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);",
+        "  const int i = warp_row + r * 8;",
+        "  if (i >= SQ) continue;",
+        "  const bool live = i < sq && l[r] > 0.0f;",
+        "  const float inv = live ? 1.0f / l[r] : 0.0f;",
+        "#pragma unroll",
+        "  for (int j = 0; j < OT; ++j)",
+        "#pragma unroll",
+        "    for (int e = 0; e < 2; ++e) {",
+        "      const int col = j * 8 + (lane & 3) * 2 + e;",
+        f"      if (col < DV) {o_store(a, names, 'i', 'col', 'live ? o[j][2 * r + e] * inv : 0.0f')}",
+        "    }",
+        *(
+            ["  if ((lane & 3) == 0) " + line for line in stats_store(a, names, "i", "live ? m[r] + log2f(l[r]) : -INFINITY")]
+        ),
+        "}",
+    ]

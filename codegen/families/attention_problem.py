@@ -1,0 +1,232 @@
+"""The attention family's problem: an ``sdpa`` node's tensors, masks and lengths, its kernel
+parameters, and the CUDA both attention paths share: which (batch, head, query block) a
+block computes, each batch's effective lengths, the visible key range of a block of rows,
+one score's scale / bias / ALiBi / mask, and the final write of a row of O and STATS.
+
+Masks follow the reference (graphdnn/ops/attention.py): key j is visible from query row i
+when j < skv, j <= i + diag under a causal mask and j > i + diag - window under a sliding
+window, where diag is skv - sq for the bottom-right alignment and 0 otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.ir import Node, Tensor
+from graphdnn.ops.attention import SdpaAttributes
+
+from ..context import KernelParams, scalar_value
+from ..cuda_types import cuda_type, load
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class Attention:
+    node: Node
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    o: Tensor
+    stats: Tensor | None
+    bias: Tensor | None
+    scale: Tensor | None
+    seq_len_q: Tensor | None
+    seq_len_kv: Tensor | None
+
+    @property
+    def attrs(self) -> SdpaAttributes:
+        assert isinstance(self.node.attributes, SdpaAttributes)
+        return self.node.attributes
+
+    @property
+    def batch(self) -> int:
+        return self.q.dim[0]
+
+    @property
+    def heads(self) -> int:
+        return self.q.dim[1]
+
+    @property
+    def kv_heads(self) -> int:
+        return self.k.dim[1]
+
+    @property
+    def sq(self) -> int:
+        return self.q.dim[2]
+
+    @property
+    def skv(self) -> int:
+        return self.k.dim[2]
+
+    @property
+    def d(self) -> int:
+        return self.q.dim[3]
+
+    @property
+    def dv(self) -> int:
+        return self.v.dim[3]
+
+    @property
+    def causal(self) -> bool:
+        return self.attrs.use_causal_mask or self.attrs.use_causal_mask_bottom_right
+
+    @property
+    def bottom_right(self) -> bool:
+        return self.attrs.use_causal_mask_bottom_right
+
+    @property
+    def window(self) -> int:
+        return self.attrs.sliding_window_length or 0
+
+    @property
+    def padded(self) -> bool:
+        return self.attrs.use_padding_mask
+
+
+def attention_of(fused: FusedNode) -> Attention:
+    node = fused.anchor
+    assert node is not None and node.op == "sdpa"
+    q, k, v, o = node.input("Q"), node.input("K"), node.input("V"), node.output("O")
+    assert q is not None and k is not None and v is not None and o is not None
+    return Attention(
+        node, q, k, v, o, node.output("STATS"), node.input("BIAS"), node.input("ATTN_SCALE"),
+        node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"),
+    )
+
+
+@dataclass
+class AttentionParams:
+    """The kernel parameters of an attention kernel and the C names of its tensors."""
+
+    params: KernelParams
+    names: dict[str, str]
+
+
+def declare(a: Attention) -> AttentionParams:
+    params = KernelParams()
+    names = {"Q": params.tensor(a.q), "K": params.tensor(a.k), "V": params.tensor(a.v)}
+    for role, tensor in (("ATTN_SCALE", a.scale), ("BIAS", a.bias), ("SEQ_LEN_Q", a.seq_len_q), ("SEQ_LEN_KV", a.seq_len_kv)):
+        if tensor is not None and not tensor.is_constant:
+            names[role] = params.tensor(tensor)
+    names["O"] = params.tensor(a.o, writable=True)
+    if a.stats is not None:
+        names["STATS"] = params.tensor(a.stats, writable=True)
+    return AttentionParams(params, names)
+
+
+def strides(tensor: Tensor) -> str:
+    """``[b, h, s, d]`` strides as C constants (0 for a broadcast size-1 dim)."""
+    return ", ".join(str(s if d != 1 else 0) + "LL" for d, s in zip(tensor.dim, tensor.stride))
+
+
+def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
+    """Constants; the block's batch ``b``, head ``h``, kv head ``hk`` and first row ``row0``
+    (heavy causal blocks first); the effective lengths ``sq``, ``skv``; ``diag``; the
+    scale ``scale`` (natural units) and the ALiBi slope."""
+    m_blocks = -(-a.sq // block_m)
+    lines = [
+        f"constexpr int HQ = {a.heads}, GROUP = {a.heads // a.kv_heads}, SQ = {a.sq}, SKV = {a.skv};",
+        f"constexpr int D = {a.d}, DV = {a.dv}, M_BLOCKS = {m_blocks};",
+        f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
+        f"constexpr long long OS[4] = {{{strides(a.o)}}};",
+        "const int m_block = M_BLOCKS - 1 - (int)(blockIdx.x % M_BLOCKS);  // the longest causal rows first",
+        "const int h = (int)((blockIdx.x / M_BLOCKS) % HQ), b = (int)(blockIdx.x / M_BLOCKS / HQ);",
+        "const int hk = h / GROUP;",
+        f"const int row0 = m_block * {block_m};",
+    ]
+    if a.padded:
+        assert a.seq_len_q is not None and a.seq_len_kv is not None
+        lines += [
+            f"const int sq = (int)min((long long)SQ, max(0LL, (long long){_element(a.seq_len_q, names['SEQ_LEN_Q'], 'b')}));",
+            f"const int skv = (int)min((long long)SKV, max(0LL, (long long){_element(a.seq_len_kv, names['SEQ_LEN_KV'], 'b')}));",
+        ]
+    else:
+        lines.append("constexpr int sq = SQ, skv = SKV;")
+    lines.append(f"const int diag = {'skv - sq' if a.bottom_right else '0'};  // key j is on row i's diagonal when j = i + diag")
+    scale = "1.0f" if a.scale is None else scalar_value(a.scale, names.get("ATTN_SCALE"), "float")
+    lines.append(f"const float scale = {scale};")
+    if a.attrs.use_alibi_mask:
+        lines.append(f"const float slope = {_alibi_slope(a.heads)};")
+    return lines
+
+
+def _element(tensor: Tensor, name: str, index: str) -> str:
+    return load(tensor.data_type, f"{name}[(long long){index} * {tensor.stride[0]}LL]", "double")
+
+
+def _alibi_slope(heads: int) -> str:
+    """ALiBi's slope for head h (the paper's sequence; see ops/attention.py alibi_slopes):
+    2^(-8 (h+1) / n) for the first n = 2^floor(log2 H) heads, the odd-numbered slopes of 2n
+    heads for the rest."""
+    n = 1 << (heads.bit_length() - 1)
+    if n == heads:
+        return f"exp2f(-8.0f * (float)(h + 1) / {n}.0f)"
+    return f"(h < {n} ? exp2f(-8.0f * (float)(h + 1) / {n}.0f) : exp2f(-4.0f * (float)(2 * (h - {n}) + 1) / {n}.0f))"
+
+
+def key_range(a: Attention, block_m: int) -> list[str]:
+    """``kv_begin`` / ``kv_end``: the keys any row of the block can see."""
+    lines = ["int kv_end = skv;", "int kv_begin = 0;"]
+    if a.causal:
+        lines.append(f"kv_end = max(0, min(kv_end, row0 + {block_m} + diag));")
+    if a.window:
+        lines.append(f"kv_begin = min(kv_end, max(0, row0 + diag - {a.window - 1}));")
+    lines.append(f"if (row0 >= sq) kv_end = kv_begin;  // rows past the sequence see nothing")
+    return lines
+
+
+def needs_mask(a: Attention, block_m: int, block_n: int) -> str:
+    """C condition: the key tile starting at ``kv0`` has keys some row of the block cannot see."""
+    terms = [f"kv0 + {block_n} > skv", f"row0 + {block_m} > sq"]
+    if a.causal:
+        terms.append(f"kv0 + {block_n - 1} > row0 + diag")
+    if a.window:
+        terms.append(f"kv0 <= row0 + {block_m - 1} + diag - {a.window}")
+    return " || ".join(terms)
+
+
+def score_function(a: Attention, names: dict[str, str]) -> list[str]:
+    """``score(dot, i, j, masked)``: the score of query row i and key j in log2 units (the
+    kernels use exp2), -inf when masked (rows past sq see nothing, which also keeps the bias
+    read inside its tensor); ``masked`` false skips the mask tests (tiles where every key is
+    visible to every row)."""
+    terms = ["dot * scale"]
+    if a.bias is not None:
+        bias = a.bias
+        offset = " + ".join(
+            f"(long long){var} * {s}LL" for var, d, s in zip(("b", "h", "i", "j"), bias.dim, bias.stride) if d != 1
+        ) or "0"
+        terms.append(load(bias.data_type, f"{names['BIAS']}[{offset}]", "float"))
+    if a.attrs.use_alibi_mask:
+        terms.append("slope * (float)(j - i - diag)")
+    conditions = ["j >= skv", "i >= sq"]
+    if a.causal:
+        conditions.append("j > i + diag")
+    if a.window:
+        conditions.append(f"j <= i + diag - {a.window}")
+    return [
+        "auto score = [&](float dot, int i, int j, bool masked) -> float {",
+        f"  if (masked && ({' || '.join(conditions)})) return -INFINITY;",
+        f"  return ({' + '.join(terms)}) * {LOG2E}f;",
+        "};",
+    ]
+
+
+def o_store(a: Attention, names: dict[str, str], row: str, col: str, value: str) -> str:
+    """One element of O, at (b, h, ``row``, ``col``)."""
+    offset = f"(long long)b * OS[0] + (long long)h * OS[1] + (long long)({row}) * OS[2] + (long long)({col}) * OS[3]"
+    return f"{names['O']}[{offset}] = gd::from<{cuda_type(a.o.data_type)}>({value});"
+
+
+def stats_store(a: Attention, names: dict[str, str], row: str, lse2: str) -> list[str]:
+    """STATS at (b, h, ``row``) from the log2-unit log-sum-exp ``lse2`` (-inf: no visible key)."""
+    if a.stats is None:
+        return []
+    s = a.stats
+    offset = " + ".join(
+        f"(long long)({var}) * {stride}LL" for var, d, stride in zip(("b", "h", row), s.dim, s.stride) if d != 1
+    ) or "0"
+    return [f"{names['STATS']}[{offset}] = ({lse2}) * {LN2}f;"]
