@@ -20,6 +20,7 @@ _FAMILY_MODULES = {
     Family.BATCHNORM_TRAIN: "batchnorm_train",
     Family.REDUCTION: "reduction",
     Family.GEMM: "gemm",
+    Family.ATTENTION: "attention",
     Family.DIRECT: "direct",
 }
 

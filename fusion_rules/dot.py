@@ -16,6 +16,7 @@ FAMILY_COLOURS = {
     Family.GROUP_NORM: "#c7e9c0",
     Family.BATCHNORM_TRAIN: "#fdae6b",
     Family.REDUCTION: "#bcbddc",
+    Family.ATTENTION: "#fcbba1",
     Family.ELEMENTWISE: "#fdd0a2",
     Family.DIRECT: "#d9d9d9",
 }

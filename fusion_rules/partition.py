@@ -23,6 +23,7 @@ class Family(enum.Enum):
     GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue
     BATCHNORM_TRAIN = "batchnorm_train"  # batch statistics, running averages, apply + epilogue
     REDUCTION = "reduction"  # reduction / softmax with an epilogue
+    ATTENTION = "attention"  # scaled dot-product attention (sdpa), alone for now
     ELEMENTWISE = "elementwise"  # a group of pointwise ops (and inference batch norms)
     DIRECT = "direct"  # any other single op, by a straightforward kernel
 
@@ -41,6 +42,7 @@ ANCHOR_FAMILY = {
     "batchnorm": Family.BATCHNORM_TRAIN,
     "reduction": Family.REDUCTION,
     "softmax": Family.REDUCTION,
+    "sdpa": Family.ATTENTION,
 }
 
 

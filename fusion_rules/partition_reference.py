@@ -220,4 +220,5 @@ _ANCHOR_KERNELS: dict[Family, dict[str, Kernel]] = {
     Family.ROW_NORM: {"layernorm": _standardize_sets, "rmsnorm": _standardize_sets},
     Family.GROUP_NORM: {"groupnorm": _standardize_sets, "instancenorm": _standardize_sets},
     Family.BATCHNORM_TRAIN: {"batchnorm": _batchnorm_train},
+    Family.ATTENTION: {"sdpa": _op_reference},
 }

@@ -296,6 +296,9 @@ class OperationGraphSpec(OpMethods):
                 spec._dim = inferred[role].dim
             if not spec._stride_is_set:
                 spec._stride = packed_strides(inferred[role].dim, inferred[role].order)
+            fixed = inferred[role].data_type
+            if fixed is not None and not spec._data_type.is_set:
+                spec._data_type = fixed
 
     # -- stages ---------------------------------------------------------------------------
     def validate(self) -> Graph:

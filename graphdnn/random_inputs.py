@@ -1,28 +1,43 @@
 """Random inputs for a graph, drawn so that every op sees values inside its domain.
 
 Used by ``graphdnn run``, the tests and the benchmarks: standard normal data, except
-where a consumer needs positive values (variances, square roots, logarithms), and
-never all zeros, which would hide unwritten outputs. An input whose strides map several
+where a consumer needs positive values (variances, square roots, logarithms) or a range
+of integers (sequence lengths), and never all zeros, which would hide unwritten outputs. An input whose strides map several
 elements to one address (a broadcast view) gets values drawn for its memory, so that
 elements sharing memory share their value, as they will in any buffer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from .dtypes import DataType
-from .ir import Graph, Tensor
+from .ir import Graph, Node, Tensor
 from .layout import overlap_reason, storage_extent
 
 
-def needs_positive(graph: Graph, tensor: Tensor) -> bool:
+def _uses(graph: Graph, tensor: Tensor) -> Iterator[tuple[Node, str]]:
+    """Each (consumer, role) that reads ``tensor``."""
     for node in graph.consumers(tensor):
         for role, bound in node.inputs:
             members = bound if isinstance(bound, tuple) else (bound,)
-            if tensor in members and node.definition.role(role).positive:
-                return True
-    return False
+            if tensor in members:
+                yield node, role
+
+
+def needs_positive(graph: Graph, tensor: Tensor) -> bool:
+    return any(node.definition.role(role).positive for node, role in _uses(graph, tensor))
+
+
+def integer_range(graph: Graph, tensor: Tensor) -> tuple[int, int]:
+    """The closed range an integer input is drawn from: what every consumer accepts
+    (sequence lengths lie in [0, S]), else -8 to 8."""
+    ranges = [r for node, role in _uses(graph, tensor) if (r := node.definition.value_range(node, role)) is not None]
+    if not ranges:
+        return -8, 8
+    return max(low for low, _ in ranges), min(high for _, high in ranges)
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
@@ -38,7 +53,8 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
         elif t.data_type is DataType.BOOLEAN:
             values = rng.integers(0, 2, shape)
         elif not t.data_type.is_floating:
-            values = rng.integers(-8, 9, shape)
+            low, high = integer_range(graph, t)
+            values = rng.integers(low, high + 1, shape)
         else:
             values = rng.standard_normal(shape)
         values = values.astype(t.data_type.numpy)

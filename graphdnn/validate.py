@@ -356,7 +356,7 @@ def _resolve_output(node: str, op: Op, role: str, t: TensorSpec, inferred: Infer
         _check_layout(t.name, inferred.dim, stride)
     else:  # packed strides of valid dims are distinct, non-negative and span numel(dims) elements
         _check_layout(t.name, inferred.dim)
-    data_type = _resolved_type(t, "output" if not t.is_virtual else "virtual tensor")
+    data_type = _output_type(node, op, role, t, inferred)
     if not t._dim_is_set:
         t._dim = inferred.dim
     if not t._stride_is_set:
@@ -370,6 +370,20 @@ def _resolve_output(node: str, op: Op, role: str, t: TensorSpec, inferred: Infer
         is_virtual=t.is_virtual,
         uid=t.uid,
     )
+
+
+def _output_type(node: str, op: Op, role: str, t: TensorSpec, inferred: Inferred) -> DataType:
+    """The output's own type, else the one the op fixes, else the graph's default."""
+    fixed = inferred.data_type
+    if fixed is None:
+        return _resolved_type(t, "output" if not t.is_virtual else "virtual tensor")
+    if t._data_type.is_set and t._data_type is not fixed:
+        raise DataTypeError(
+            f"output {role} '{t.name}' is {t._data_type.value}; {op.kind} writes it as {fixed.value}",
+            node=node,
+            tensor=t.name,
+        )
+    return fixed
 
 
 def _rebind(node: Node, fresh: dict[int, Tensor]) -> Node:

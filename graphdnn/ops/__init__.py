@@ -4,6 +4,7 @@ Each module declares one family: its ops (roles, attributes, shape inference,
 reference semantics) and the builder methods that add them to a graph.
 """
 
+from .attention import AttentionMethods
 from .base import Category, Inferred, Op, Role, get_op, op_kinds
 from .conv import ConvMethods
 from .matmul import MatmulMethods
@@ -16,6 +17,7 @@ from .shape import ShapeMethods
 
 
 class OpMethods(
+    AttentionMethods,
     ConvMethods,
     MatmulMethods,
     NormMethods,

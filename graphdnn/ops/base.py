@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import numpy as np
 
+from ..dtypes import DataType
 from ..errors import AttributeValueError, ShapeError, UndeclaredDimsError
 from .attributes import Attributes, NoAttributes
 from .registry import DEFINITIONS, lookup
@@ -34,6 +35,7 @@ class Category(enum.Enum):
     REDUCTION = "reduction"
     POOLING = "pooling"
     DATA_MOVEMENT = "data_movement"
+    ATTENTION = "attention"
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,13 @@ class Inferred:
     """An output's inferred dims, and the layout order its default strides follow.
 
     ``order`` lists dims outermost first, as :func:`graphdnn.layout.packed_strides`
-    takes it; None means row-major.
+    takes it; None means row-major. ``data_type``, where the op fixes the output's type
+    (attention statistics are float32), replaces the graph's default and refuses others.
     """
 
     dim: tuple[int, ...]
     order: tuple[int, ...] | None = None
+    data_type: DataType | None = None
 
 
 # Values the reference implementations receive: float64 arrays for tensor roles, a tuple
@@ -102,6 +106,13 @@ class Op(abc.ABC):
         averages) override it.
         """
         return self.output_names
+
+    def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
+        """The integers an input role accepts (sequence lengths lie in [0, S]), or None for any.
+
+        Random test inputs (:mod:`graphdnn.random_inputs`) draw integer tensors from it.
+        """
+        return None
 
     @functools.cached_property
     def input_names(self) -> frozenset[str]:

@@ -1,0 +1,229 @@
+"""Scaled dot-product attention forward (``sdpa``), in the cuDNN frontend's names and semantics.
+
+Q is ``[B, Hq, Sq, D]``, K ``[B, Hk, Skv, D]``, V ``[B, Hk, Skv, Dv]`` (BSHD or BHSD
+layouts come through strides); query head ``h`` reads key/value head ``h // (Hq // Hk)``
+(grouped-query and multi-query attention). O is ``[B, Hq, Sq, Dv]``, row-major; STATS, the
+natural-log log-sum-exp of each row's visible scores, ``[B, Hq, Sq, 1]`` float32, only
+with ``generate_stats``. An absent ATTN_SCALE means 1.0, as in the cuDNN frontend (not
+PyTorch's 1/sqrt(D)). docs/ops.md states the masks exactly; :meth:`Sdpa.reference` is
+their definition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..dtypes import DataType
+from ..errors import DataTypeError, StructureError
+from .attributes import Attributes
+from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
+
+if TYPE_CHECKING:
+    from ..ir import Node, Tensor
+    from ..tensor import TensorSpec
+
+MAX_HEAD_DIM = 256  # D and Dv: the largest head dimension the attention kernels take
+SEQ_LEN_ROLES = ("SEQ_LEN_Q", "SEQ_LEN_KV")
+
+
+@dataclasses.dataclass(frozen=True)
+class SdpaAttributes(Attributes):
+    generate_stats: bool = False
+    use_causal_mask: bool = False
+    use_causal_mask_bottom_right: bool = False
+    sliding_window_length: int | None = None
+    use_padding_mask: bool = False
+    use_alibi_mask: bool = False
+
+
+def alibi_slopes(heads: int) -> tuple[float, ...]:
+    """The ALiBi paper's per-head slopes (Press et al., 2022), one per query head.
+
+    For a power of two n: ``2^(-8 (h+1) / n)``. Otherwise the slopes of the closest
+    smaller power of two n, then every other slope of 2n, as the paper's code does.
+    """
+    if heads < 1:
+        raise ValueError(f"ALiBi needs at least one head, got {heads}")
+    closest = 1 << (heads.bit_length() - 1)
+    slopes = tuple(2.0 ** (-8.0 * (h + 1) / closest) for h in range(closest))
+    return slopes + alibi_slopes(2 * closest)[0::2][: heads - closest] if heads > closest else slopes
+
+
+@register
+class Sdpa(Op):
+    kind = "sdpa"
+    category = Category.ATTENTION
+    inputs = (
+        Role("Q", floating=True),
+        Role("K", floating=True),
+        Role("V", floating=True),
+        Role("ATTN_SCALE", optional=True, scalar=True),
+        Role("BIAS", optional=True, floating=True),
+        Role("SEQ_LEN_Q", optional=True),
+        Role("SEQ_LEN_KV", optional=True),
+    )
+    outputs = (Role("O"), Role("STATS"))
+    attributes = SdpaAttributes
+
+    def present_outputs(self, attributes: Attributes, bound_inputs: frozenset[str]) -> frozenset[str]:
+        return self.output_names if attributes.generate_stats else frozenset({"O"})  # type: ignore[attr-defined]
+
+    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+        q, k, v = (_rank4(node, role) for role in ("Q", "K", "V"))
+        batch, q_heads, sq, d = q.dim
+        if k.dim[0] != batch or k.dim[3] != d:
+            fail(node, f"K has dims {list(k.dim)}; expected [B, Hk, Skv, D] with Q's B = {batch} and D = {d}", role="K")
+        if v.dim[:3] != k.dim[:3]:
+            fail(
+                node,
+                f"V has dims {list(v.dim)}; expected [B, Hk, Skv, Dv] with K's [B, Hk, Skv] = {list(k.dim[:3])}",
+                role="V",
+            )
+        if q_heads % k.dim[1]:
+            fail(node, f"Q has {q_heads} heads, not a multiple of K and V's {k.dim[1]}", role="K")
+        for role, extent in (("Q", d), ("V", v.dim[3])):
+            if extent > MAX_HEAD_DIM:
+                fail(node, f"{role} has head dim {extent}; sdpa takes head dims up to {MAX_HEAD_DIM}", role=role)
+        _check_attributes(node)
+        _check_seq_lens(node, batch)
+        bias = node.input("BIAS")
+        scores = (batch, q_heads, sq, k.dim[2])
+        if bias is not None and (len(bias.dim) != 4 or any(e not in (1, s) for e, s in zip(bias.dim, scores))):
+            fail(
+                node,
+                f"BIAS has dims {list(bias.dim)}; expected rank 4, each dim 1 or that of [B, Hq, Sq, Skv] = {list(scores)}",
+                role="BIAS",
+            )
+        inferred = {"O": Inferred((batch, q_heads, sq, v.dim[3]))}
+        if node.attributes.generate_stats:  # type: ignore[attr-defined]
+            inferred["STATS"] = Inferred((batch, q_heads, sq, 1), data_type=DataType.FLOAT)
+        return inferred
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
+        q, k, v = x["Q"], x["K"], x["V"]
+        batch, q_heads, sq, _ = q.shape
+        skv = k.shape[2]
+        group = q_heads // k.shape[1]
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # head h reads head h // group
+        scores = x.get("ATTN_SCALE", 1.0) * np.matmul(q, k.swapaxes(-1, -2)) + x.get("BIAS", 0.0)
+
+        # Effective lengths per batch, as [B, 1, 1, 1]; rows i and keys j broadcast against them.
+        if attrs.use_padding_mask:
+            lq = np.clip(x["SEQ_LEN_Q"], 0, sq).reshape(batch, 1, 1, 1)
+            lkv = np.clip(x["SEQ_LEN_KV"], 0, skv).reshape(batch, 1, 1, 1)
+        else:
+            lq, lkv = np.full((batch, 1, 1, 1), sq), np.full((batch, 1, 1, 1), skv)
+        i, j = np.arange(sq).reshape(1, 1, sq, 1), np.arange(skv).reshape(1, 1, 1, skv)
+        diagonal = i + (lkv - lq if attrs.use_causal_mask_bottom_right else 0)  # the causal diagonal, per row
+        visible = (i < lq) & (j < lkv)
+        if attrs.use_causal_mask or attrs.use_causal_mask_bottom_right:
+            visible = visible & (j <= diagonal)
+        if attrs.sliding_window_length is not None:
+            visible = visible & (j > diagonal - attrs.sliding_window_length)
+        if attrs.use_alibi_mask:
+            scores = scores + np.array(alibi_slopes(q_heads)).reshape(1, q_heads, 1, 1) * (j - diagonal)
+
+        # Stable softmax over the visible keys; a row with none gives O = 0 and STATS = -inf.
+        row_max = np.where(visible, scores, -np.inf).max(axis=-1, keepdims=True)
+        row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+        weights = np.where(visible, np.exp(np.where(visible, scores, 0.0) - row_max), 0.0)
+        total = weights.sum(axis=-1, keepdims=True)
+        empty = total == 0.0
+        safe_total = np.where(empty, 1.0, total)
+        outputs = {"O": np.matmul(weights, v) / safe_total}
+        if attrs.generate_stats:
+            outputs["STATS"] = np.where(empty, -np.inf, row_max + np.log(safe_total))
+        return outputs
+
+    def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
+        """A sequence length lies in [0, S]; the kernels clamp others, random inputs need not."""
+        if role not in SEQ_LEN_ROLES:
+            return None
+        q, k = node.input("Q"), node.input("K")
+        assert q is not None and k is not None
+        return 0, (q if role == "SEQ_LEN_Q" else k).dim[2]
+
+
+def _rank4(node: Node, role: str) -> Tensor:
+    tensor = node.input(role)
+    assert tensor is not None
+    if len(tensor.dim) != 4:
+        fail(node, f"{role} has dims {list(tensor.dim)}; sdpa takes rank-4 [B, H, S, D] tensors", role=role)
+    return tensor
+
+
+def _check_attributes(node: Node) -> None:
+    attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
+    causal = attrs.use_causal_mask or attrs.use_causal_mask_bottom_right
+    if attrs.use_causal_mask and attrs.use_causal_mask_bottom_right:
+        fail_attribute(node, "use_causal_mask and use_causal_mask_bottom_right exclude each other; set one")
+    if attrs.sliding_window_length is not None and attrs.sliding_window_length < 1:
+        fail_attribute(node, f"sliding_window_length is {attrs.sliding_window_length}; it must be at least 1")
+    if attrs.use_alibi_mask and not causal:
+        fail_attribute(node, "use_alibi_mask needs a causal mask (use_causal_mask or use_causal_mask_bottom_right)")
+
+
+def _check_seq_lens(node: Node, batch: int) -> None:
+    """SEQ_LEN_Q and SEQ_LEN_KV: both bound, [B, 1, 1, 1] integers, exactly when use_padding_mask."""
+    bound = [role for role in SEQ_LEN_ROLES if node.input(role) is not None]
+    if node.attributes.use_padding_mask:  # type: ignore[attr-defined]
+        missing = [role for role in SEQ_LEN_ROLES if role not in bound]
+        if missing:
+            raise StructureError(f"use_padding_mask needs {' and '.join(missing)}, which is not given", node=node.name)
+    elif bound:
+        raise StructureError(f"{bound[0]} is given but use_padding_mask is false", node=node.name)
+    for role in bound:
+        tensor = node.input(role)
+        assert tensor is not None
+        if tensor.data_type.is_set and (tensor.data_type.is_floating or tensor.data_type is DataType.BOOLEAN):
+            raise DataTypeError(
+                f"{role} '{tensor.name}' is {tensor.data_type.value}; sequence lengths are integers",
+                node=node.name,
+                tensor=tensor.name,
+            )
+        if tensor.dim != (batch, 1, 1, 1):
+            fail(node, f"{role} has dims {list(tensor.dim)}, expected [B, 1, 1, 1] = [{batch}, 1, 1, 1]", role=role)
+
+
+class AttentionMethods:
+    _add_node: Callable[..., list[Any]]
+
+    def sdpa(
+        self,
+        q: TensorSpec,
+        k: TensorSpec,
+        v: TensorSpec,
+        attn_scale: TensorSpec | float | None = None,
+        bias: TensorSpec | None = None,
+        use_causal_mask: bool = False,
+        use_causal_mask_bottom_right: bool = False,
+        sliding_window_length: int | None = None,
+        use_padding_mask: bool = False,
+        seq_len_q: TensorSpec | None = None,
+        seq_len_kv: TensorSpec | None = None,
+        use_alibi_mask: bool = False,
+        generate_stats: bool = False,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> tuple[TensorSpec, TensorSpec | None]:
+        """Attention forward -> (O, STATS); STATS is None unless ``generate_stats``.
+
+        ``attn_scale`` None means 1.0 (the cuDNN frontend's default), not 1/sqrt(D).
+        """
+        inputs = {"Q": q, "K": k, "V": v, "ATTN_SCALE": attn_scale, "BIAS": bias}
+        inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
+        attrs = {
+            "generate_stats": generate_stats,
+            "use_causal_mask": use_causal_mask,
+            "use_causal_mask_bottom_right": use_causal_mask_bottom_right,
+            "sliding_window_length": sliding_window_length,
+            "use_padding_mask": use_padding_mask,
+            "use_alibi_mask": use_alibi_mask,
+        }
+        o, stats = self._add_node("sdpa", inputs, attrs, name=name, compute_data_type=compute_data_type)
+        return o, stats
