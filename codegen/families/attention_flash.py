@@ -101,9 +101,9 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
     t = cuda_type(a.q.data_type)
     body = [
         f"using T = {t};",
-        f"constexpr int WARPS = {c.warps}, THREADS = {32 * c.warps}, BM = {c.block_m}, BN = {c.block_n};",
+        f"constexpr int THREADS = {32 * c.warps}, BM = {c.block_m}, BN = {c.block_n};",
         f"constexpr int DP = {dp}, DVP = {dvp}, QROW = DP + 8, VROW = DVP + 8;  // padded rows: conflict-free ldmatrix",
-        f"constexpr int NT = BN / 8, OT = DVP / 8, QK = DP / 16;",
+        "constexpr int NT = BN / 8, OT = DVP / 8, QK = DP / 16;",
         f"constexpr bool Q_IN_REGISTERS = {str(q_in_registers).lower()};",
         *block_setup(a, names, c.block_m),
         *key_range(a, c.block_m),
@@ -114,7 +114,9 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         "T* const v_s = k_s + 2 * BN * QROW;  // [2][BN][VROW]",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
         *_tile_loader(vec, aligned),
-        "const T* const q_g = " + names["Q"] + " + (long long)b * QS[0] + (long long)h * QS[1] + (long long)row0 * QS[2];",
+        "const T* const q_g = "
+        + names["Q"]
+        + " + (long long)b * QS[0] + (long long)h * QS[1] + (long long)row0 * QS[2];",
         "const T* const k_g = " + names["K"] + " + (long long)b * KS[0] + (long long)hk * KS[1];",
         "const T* const v_g = " + names["V"] + " + (long long)b * VS[0] + (long long)hk * VS[1];",
         "const int first = kv_begin / BN * BN;",
@@ -128,7 +130,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "};",
         "if (tiles > 0) load_kv(0);",
-        "float o[OT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};",
+        "float o[OT][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};",
         "#pragma unroll",
         "for (int j = 0; j < OT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;",
         "unsigned qf[Q_IN_REGISTERS ? QK : 1][4];",
@@ -254,7 +256,7 @@ def _online_softmax() -> list[str]:
         "  for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));",
         "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));",
         "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));",
-        "  const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays at 0",
+        "  const float base = mx == NEG_INF ? 0.0f : mx;  // a row with nothing visible yet stays at 0",
         "  const float correction = gd::exp2_approx(m[r] - base);",
         "  m[r] = mx;",
         "  l[r] *= correction;",
@@ -311,7 +313,10 @@ def _write(a: Attention, names: dict[str, str]) -> list[str]:
         f"      if (col < DV) {o_store(a, names, 'i', 'col', 'live ? o[j][2 * r + e] * inv : 0.0f')}",
         "    }",
         *(
-            ["  if ((lane & 3) == 0) " + line for line in stats_store(a, names, "i", "live ? m[r] + log2f(l[r]) : -INFINITY")]
+            [
+                "  if ((lane & 3) == 0) " + line
+                for line in stats_store(a, names, "i", "live ? m[r] + log2f(l[r]) : NEG_INF")
+            ]
         ),
         "}",
     ]

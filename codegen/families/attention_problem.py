@@ -92,8 +92,16 @@ def attention_of(fused: FusedNode) -> Attention:
     q, k, v, o = node.input("Q"), node.input("K"), node.input("V"), node.output("O")
     assert q is not None and k is not None and v is not None and o is not None
     return Attention(
-        node, q, k, v, o, node.output("STATS"), node.input("BIAS"), node.input("ATTN_SCALE"),
-        node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"),
+        node,
+        q,
+        k,
+        v,
+        o,
+        node.output("STATS"),
+        node.input("BIAS"),
+        node.input("ATTN_SCALE"),
+        node.input("SEQ_LEN_Q"),
+        node.input("SEQ_LEN_KV"),
     )
 
 
@@ -108,7 +116,12 @@ class AttentionParams:
 def declare(a: Attention) -> AttentionParams:
     params = KernelParams()
     names = {"Q": params.tensor(a.q), "K": params.tensor(a.k), "V": params.tensor(a.v)}
-    for role, tensor in (("ATTN_SCALE", a.scale), ("BIAS", a.bias), ("SEQ_LEN_Q", a.seq_len_q), ("SEQ_LEN_KV", a.seq_len_kv)):
+    for role, tensor in (
+        ("ATTN_SCALE", a.scale),
+        ("BIAS", a.bias),
+        ("SEQ_LEN_Q", a.seq_len_q),
+        ("SEQ_LEN_KV", a.seq_len_kv),
+    ):
         if tensor is not None and not tensor.is_constant:
             names[role] = params.tensor(tensor)
     names["O"] = params.tensor(a.o, writable=True)
@@ -128,6 +141,7 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
     scale ``scale`` (natural units) and the ALiBi slope."""
     m_blocks = -(-a.sq // block_m)
     lines = [
+        "const float NEG_INF = __int_as_float(0xff800000);",
         f"constexpr int HQ = {a.heads}, GROUP = {a.heads // a.kv_heads}, SQ = {a.sq}, SKV = {a.skv};",
         f"constexpr int D = {a.d}, DV = {a.dv}, M_BLOCKS = {m_blocks};",
         f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
@@ -145,7 +159,9 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
         ]
     else:
         lines.append("constexpr int sq = SQ, skv = SKV;")
-    lines.append(f"const int diag = {'skv - sq' if a.bottom_right else '0'};  // key j is on row i's diagonal when j = i + diag")
+    lines.append(
+        f"const int diag = {'skv - sq' if a.bottom_right else '0'};  // key j is on row i's diagonal when j = i + diag"
+    )
     scale = "1.0f" if a.scale is None else scalar_value(a.scale, names.get("ATTN_SCALE"), "float")
     lines.append(f"const float scale = {scale};")
     if a.attrs.use_alibi_mask:
@@ -174,7 +190,7 @@ def key_range(a: Attention, block_m: int) -> list[str]:
         lines.append(f"kv_end = max(0, min(kv_end, row0 + {block_m} + diag));")
     if a.window:
         lines.append(f"kv_begin = min(kv_end, max(0, row0 + diag - {a.window - 1}));")
-    lines.append(f"if (row0 >= sq) kv_end = kv_begin;  // rows past the sequence see nothing")
+    lines.append("if (row0 >= sq) kv_end = kv_begin;  // rows past the sequence see nothing")
     return lines
 
 
@@ -196,9 +212,12 @@ def score_function(a: Attention, names: dict[str, str]) -> list[str]:
     terms = ["dot * scale"]
     if a.bias is not None:
         bias = a.bias
-        offset = " + ".join(
-            f"(long long){var} * {s}LL" for var, d, s in zip(("b", "h", "i", "j"), bias.dim, bias.stride) if d != 1
-        ) or "0"
+        offset = (
+            " + ".join(
+                f"(long long){var} * {s}LL" for var, d, s in zip(("b", "h", "i", "j"), bias.dim, bias.stride) if d != 1
+            )
+            or "0"
+        )
         terms.append(load(bias.data_type, f"{names['BIAS']}[{offset}]", "float"))
     if a.attrs.use_alibi_mask:
         terms.append("slope * (float)(j - i - diag)")
@@ -209,7 +228,7 @@ def score_function(a: Attention, names: dict[str, str]) -> list[str]:
         conditions.append(f"j <= i + diag - {a.window}")
     return [
         "auto score = [&](float dot, int i, int j, bool masked) -> float {",
-        f"  if (masked && ({' || '.join(conditions)})) return -INFINITY;",
+        f"  if (masked && ({' || '.join(conditions)})) return NEG_INF;",
         f"  return ({' + '.join(terms)}) * {LOG2E}f;",
         "};",
     ]
@@ -226,7 +245,10 @@ def stats_store(a: Attention, names: dict[str, str], row: str, lse2: str) -> lis
     if a.stats is None:
         return []
     s = a.stats
-    offset = " + ".join(
-        f"(long long)({var}) * {stride}LL" for var, d, stride in zip(("b", "h", row), s.dim, s.stride) if d != 1
-    ) or "0"
+    offset = (
+        " + ".join(
+            f"(long long)({var}) * {stride}LL" for var, d, stride in zip(("b", "h", row), s.dim, s.stride) if d != 1
+        )
+        or "0"
+    )
     return [f"{names['STATS']}[{offset}] = ({lse2}) * {LN2}f;"]

@@ -1,0 +1,57 @@
+"""The attention family's kernels: which path each case takes, and that every case's kernels
+compile for sm_80 and sm_90 (the GPU runs them in test_gpu_attention.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen.emit import candidates
+from codegen.families.attention_flash import FlashConfig, shared_bytes
+from codegen.families.attention_problem import attention_of
+from codegen.nvrtc import compile_cubin
+from fusion_rules import Family, fuse
+from graphdnn.lower import lower
+from graphdnn.signature import signature
+from tests.attention_cases import CASES
+from tests.compile_check import compile_graphs
+
+
+def attention_node(case: str):  # type: ignore[no-untyped-def]
+    graph = CASES[case].build().validate()
+    (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION]
+    return graph, fused
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_case_is_one_attention_kernel(case: str) -> None:
+    graph, fused = attention_node(case)
+    kernels = lower(fuse(graph, arch=90), 90, signature(graph), lambda content_hash: content_hash).sources
+    (source,) = kernels.values()
+    path = "_simt" if case.endswith("_simt") else "_flash"
+    assert path in source.name
+    assert "score" in source.source  # the score matrix stays in registers: no S-sized scratch
+    assert fused.nodes == (fused.anchor,)
+
+
+def test_every_case_compiles_for_sm80_and_sm90() -> None:
+    report = compile_graphs([case.build().validate() for case in CASES.values()])
+    assert not report.failures, "\n\n".join(report.failures)
+
+
+@pytest.mark.parametrize("case", ["d128_bshd", "d256_fp16", "one_row_one_key"])
+def test_flash_candidates_fit_shared_memory_and_compile(case: str) -> None:
+    graph, fused = attention_node(case)
+    choices = candidates(fused, 90)
+    assert len(choices) >= 2
+    attention = attention_of(fused)
+    partition = fuse(graph, arch=80)
+    position = [f.name for f in partition.nodes].index(fused.name)
+    for choice in choices:
+        assert shared_bytes(attention, FlashConfig(int(choice["warps"]), int(choice["block_n"]))) <= 160 * 1024
+        (source,) = lower(partition, 80, signature(graph), lambda h: h, tuning={position: choice}).sources.values()
+        compile_cubin(source.source, source.name, 80, source.arch_suffix)
+
+
+def test_simt_path_has_no_candidates() -> None:
+    _, fused = attention_node("fp32_simt")
+    assert candidates(fused, 90) == []

@@ -1,0 +1,56 @@
+"""Attention on the GPU against the reference: every case of attention_cases.py, each flash
+launch choice, and the rows that see no key (O = 0, STATS = -inf exactly)."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import graphdnn as gd
+from codegen.emit import candidates
+from fusion_rules import Family, fuse
+from graphdnn import reference
+from graphdnn.random_inputs import random_inputs
+from tests.attention_cases import CASES, AttentionCase
+from tests.gpu_check import check_on_gpu, poisoned, to_device, to_numpy
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_attention_matches_reference(case: str) -> None:
+    check_on_gpu(CASES[case].build(), seed=zlib.crc32(case.encode()))
+
+
+@pytest.mark.parametrize("case", ["gqa_4to1_causal", "d128_bshd", "d256_fp16", "padding_causal_bottom_right"])
+def test_every_flash_choice_matches_reference(case: str) -> None:
+    graph = CASES[case].build()
+    ir = graph.validate()
+    (fused,) = [f for f in fuse(ir).nodes if f.family is Family.ATTENTION]
+    for choice in candidates(fused, 90):
+        check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice})
+
+
+def test_rows_without_visible_keys_are_zero_with_minus_infinite_stats() -> None:
+    import torch
+
+    case = AttentionCase(b=3, sq=70, skv=40, padding=True, options={"use_causal_mask_bottom_right": True})
+    ir = case.build().validate()
+    feeds = random_inputs(ir, 5)
+    feeds["seq_q"] = np.array([70, 0, 13], dtype=np.int32).reshape(3, 1, 1, 1)
+    feeds["seq_kv"] = np.array([5, 40, 0], dtype=np.int32).reshape(3, 1, 1, 1)
+    expected = reference.execute(ir, feeds)
+    plan = gd.compile(ir)
+    outputs = {t.name: poisoned(t) for t in ir.outputs}
+    plan.execute({**{t.name: to_device(feeds[t.name], t) for t in ir.inputs}, **outputs})
+    torch.cuda.synchronize()
+    stats, want = to_numpy(outputs["stats"]), expected["stats"]
+    empty = np.isneginf(want)
+    assert empty.any() and (~empty).any()
+    assert np.array_equal(np.isneginf(stats), empty)
+    np.testing.assert_allclose(stats[~empty], want[~empty], rtol=1e-4, atol=1e-4)
+    o = to_numpy(outputs["o"])
+    assert (o[np.broadcast_to(empty, o.shape)] == 0).all()
+    np.testing.assert_allclose(o, expected["o"], atol=3e-2)
