@@ -2,9 +2,10 @@
 
 Seeds are the example graphs (examples/graphs/*.json, shrunk to small dims so the
 reference runs in milliseconds), the small graphs the plan tests build, and graphs drawn
-from the recipes of tests/graph_strategies.py. Each case applies one to three structural
-mutations (types, ids, dims, strides, data types, cycles, dangling references, attribute
-values, names, inserted and deleted nodes) to one seed's JSON document, then:
+from the recipes of tests/graph_strategies.py (pointwise, fusion and attention). Each
+case applies one to three structural mutations (types, ids, dims, strides, data types,
+cycles, dangling references, attribute values, names, inserted and deleted nodes) to one
+seed's JSON document, then:
 
 - reading it (``OperationGraphSpec.from_json``) either raises a :class:`graphdnn.GraphError` or gives
   a valid graph;
@@ -49,7 +50,7 @@ from graphdnn.reference_plan import ReferencePlan, host_array
 from graphdnn.serialize import graph_to_dict
 from graphdnn.signature import signature
 from tests import plan_graphs
-from tests.graph_strategies import build, fusion_recipes, pointwise_recipes
+from tests.graph_strategies import attention_recipes, build, fusion_recipes, pointwise_recipes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "graphs"
 # The example graphs' large dims, mapped to small ones that keep every graph valid.
@@ -88,7 +89,12 @@ def corpus() -> tuple[tuple[str, str], ...]:
         plan_graphs.matmul_relu,
     ):
         seeds.append((f"plan_graphs.{builder.__name__}", graph_to_dict(builder().validate())))
-    for kind, strategy, count in (("pointwise", pointwise_recipes(), 24), ("fusion", fusion_recipes(), 40)):
+    recipes = (
+        ("pointwise", pointwise_recipes(), 24),
+        ("fusion", fusion_recipes(), 40),
+        ("attention", attention_recipes(), 12),
+    )
+    for kind, strategy, count in recipes:
         for index, recipe in enumerate(_drawn(strategy, count)):
             seeds.append((f"{kind}_recipe[{index}]", graph_to_dict(build(recipe)[0].validate())))
     texts = tuple((name, json.dumps(doc)) for name, doc in seeds)

@@ -34,6 +34,13 @@ UNARY = [
 BINARY = ["add", "sub", "mul", "max", "min"]
 
 
+STRIDES = {  # a recipe input's layout -> its strides
+    "nchw": gd.packed_strides,
+    "nhwc": gd.nhwc_strides,
+    "bshd": lambda dim: gd.packed_strides(dim, (0, 2, 1, 3)),  # attention's [B, S, H, D] memory order
+}
+
+
 @dataclass
 class Step:
     op: str
@@ -51,6 +58,7 @@ class Recipe:
     input_layouts: list[str]
     steps: list[Step]
     outputs: set[int]  # value indices marked as outputs (all sinks plus some others)
+    input_types: dict[int, str] = field(default_factory=dict)  # inputs not of io_type (sequence lengths)
 
     @property
     def n_values(self) -> int:
@@ -71,8 +79,9 @@ def build(
     )
     values: dict[int, gd.TensorSpec] = {}
     for i, (dim, layout) in enumerate(zip(recipe.input_dims, recipe.input_layouts)):
-        stride = gd.nhwc_strides(dim) if layout == "nhwc" else gd.packed_strides(dim)
-        values[i] = g.tensor(name=f"{prefix}in{i}", dim=dim, stride=stride)
+        values[i] = g.tensor(
+            name=f"{prefix}in{i}", dim=dim, stride=STRIDES[layout](dim), data_type=recipe.input_types.get(i)
+        )
     n_in = len(recipe.input_dims)
     for s in order if order is not None else range(len(recipe.steps)):
         step = recipe.steps[s]
@@ -82,7 +91,7 @@ def build(
             out = method(name=f"{prefix}n{s}", **dict(zip(step.roles, operands)), **step.kwargs)
         else:
             out = method(*operands, name=f"{prefix}n{s}", **step.kwargs)
-        values[n_in + s] = out[0] if isinstance(out, list) else out
+        values[n_in + s] = out[0] if isinstance(out, (list, tuple)) else out
         for position in step.extra_outputs:
             out[position].set_output(True)
     for v in recipe.outputs:
@@ -182,12 +191,17 @@ class Draft:
     def __init__(self, draw: st.DrawFn) -> None:
         self.draw = draw
         self.inputs: list[tuple[tuple[int, ...], str]] = []
+        self.input_types: dict[int, str] = {}
         self.steps: list[tuple[str, dict[str, Handle], dict[str, Any], tuple[int, ...]]] = []
         self.dims: dict[Handle, tuple[int, ...]] = {}
 
-    def input(self, dims: tuple[int, ...]) -> Handle:
-        layout = self.draw(st.sampled_from(["nchw", "nhwc"])) if len(dims) == 4 else "nchw"
+    def input(
+        self, dims: tuple[int, ...], layouts: tuple[str, ...] = ("nchw", "nhwc"), data_type: str | None = None
+    ) -> Handle:
+        layout = self.draw(st.sampled_from(list(layouts))) if len(dims) == 4 else "nchw"
         handle = ("in", len(self.inputs))
+        if data_type is not None:
+            self.input_types[len(self.inputs)] = data_type
         self.inputs.append((dims, layout))
         self.dims[handle] = dims
         return handle
@@ -228,6 +242,7 @@ class Draft:
             input_layouts=[layout for _, layout in self.inputs],
             steps=steps,
             outputs=_outputs(self.draw, n_in, steps),
+            input_types=self.input_types,
         )
 
 
@@ -403,3 +418,41 @@ def fusion_recipes(draw: st.DrawFn, max_blocks: int = 3) -> Recipe:
     if not d.steps:
         v = d.op("relu", d.dims[v], {"input": v})
     return d.recipe(draw(st.sampled_from(["float", "float", "double"])))
+
+
+@st.composite
+def attention_recipes(draw: st.DrawFn) -> Recipe:
+    """One sdpa on small awkward shapes (GQA and MQA, Sq != Skv, D != Dv, BHSD or BSHD) with
+    any valid mix of scale, bias and masks, STATS maybe marked, and a pointwise tail on O."""
+    d = Draft(draw)
+    batch, kv_heads = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    heads = kv_heads * draw(st.sampled_from([1, 2, 3]))
+    sq, skv, dqk, dv = (draw(st.integers(1, 7)) for _ in range(4))
+    layouts = ("nchw", "bshd")
+    inputs = {
+        "q": d.input((batch, heads, sq, dqk), layouts),
+        "k": d.input((batch, kv_heads, skv, dqk), layouts),
+        "v": d.input((batch, kv_heads, skv, dv), layouts),
+    }
+    causal = draw(st.sampled_from(["none", "top_left", "bottom_right"]))
+    kw: dict[str, Any] = {
+        "use_causal_mask": causal == "top_left",
+        "use_causal_mask_bottom_right": causal == "bottom_right",
+        "sliding_window_length": draw(st.sampled_from([None, 1, 3])),
+        "use_alibi_mask": causal != "none" and draw(st.booleans()),
+        "generate_stats": draw(st.booleans()),
+    }
+    if draw(st.booleans()):
+        kw["attn_scale"] = draw(st.sampled_from([0.125, 0.5, 1.0]))
+    if draw(st.booleans()):
+        scores = (batch, heads, sq, skv)
+        mask = draw(st.lists(st.booleans(), min_size=4, max_size=4))
+        inputs["bias"] = d.input(tuple(1 if m else e for e, m in zip(scores, mask)))
+    if draw(st.booleans()):
+        kw["use_padding_mask"] = True
+        for role in ("seq_len_q", "seq_len_kv"):
+            inputs[role] = d.input((batch, 1, 1, 1), data_type="int32")
+    stats = (1,) if kw["generate_stats"] and draw(st.booleans()) else ()
+    o = d.op("sdpa", (batch, heads, sq, dv), inputs, stats, **kw)
+    _tail(d, o, 1, max_ops=2)
+    return d.recipe(draw(st.sampled_from(["float", "half", "bfloat16"])))

@@ -170,6 +170,30 @@ def movement(g: gd.OperationGraphSpec) -> None:
     g.reshape(x, [24, 10]).set_name("r").set_output(True)
 
 
+def attention(g: gd.OperationGraphSpec) -> None:
+    """Grouped-query attention (BSHD Q, BHSD K and V, D != Dv) with a broadcast bias, a
+    bottom-right causal window and statistics; and a padded, top-left causal ALiBi one."""
+    q = g.tensor(name="q", dim=[2, 4, 7, 16], stride=gd.packed_strides([2, 4, 7, 16], (0, 2, 1, 3)))
+    k, v = g.tensor(name="k", dim=[2, 2, 13, 16]), g.tensor(name="v", dim=[2, 2, 13, 8])
+    bias = g.tensor(name="bias", dim=[1, 1, 7, 13])
+    o, stats = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.25,
+        bias=bias,
+        use_causal_mask_bottom_right=True,
+        sliding_window_length=5,
+        generate_stats=True,
+    )
+    assert stats is not None
+    o.set_name("o").set_output(True)
+    stats.set_name("stats").set_output(True)
+    lengths = {role: g.tensor(name=role, dim=[2, 1, 1, 1], data_type="int32") for role in ("seq_len_q", "seq_len_kv")}
+    padded, _ = g.sdpa(q, k, v, use_causal_mask=True, use_alibi_mask=True, use_padding_mask=True, **lengths)
+    padded.set_name("padded").set_output(True)
+
+
 FAMILIES: dict[str, Build] = {
     build.__name__: build
     for build in (
@@ -187,6 +211,7 @@ FAMILIES: dict[str, Build] = {
         batchnorm_backward_genstats,
         windows,
         movement,
+        attention,
     )
 }
 

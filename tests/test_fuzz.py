@@ -31,6 +31,7 @@ def test_the_seed_corpus_holds_the_examples_the_test_graphs_and_the_recipes() ->
     assert kinds["examples"] == len(list(graph_fuzz.EXAMPLES.glob("*.json"))) >= 4
     assert kinds["plan_graphs"] >= 5
     assert kinds["pointwise_recipe"] >= 20 and kinds["fusion_recipe"] >= 30
+    assert kinds["attention_recipe"] >= 10
 
 
 def test_mutated_graphs_fail_only_with_graph_errors_and_otherwise_lower_and_run(
