@@ -22,10 +22,8 @@ from .gemm_problem import TENSOR_CORE_TYPES
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = attention_of(fused)
-    if on_tensor_cores(a):
-        kernel = flash_kernel(fused, ctx, a, config(a, ctx.tuning))
-    else:
-        kernel = simt_kernel(fused, ctx, a)
+    tensor_cores = on_tensor_cores(a)
+    kernel = flash_kernel(fused, ctx, a, config(a, ctx.tuning)) if tensor_cores else simt_kernel(fused, ctx, a)
     return FusedProgram(fused.name, (kernel,))
 
 

@@ -46,33 +46,51 @@ _PACK = {
 
 @dataclass(frozen=True)
 class FlashConfig:
-    warps: int  # 16 query rows each
+    warps: int
     block_n: int  # keys per pipeline stage
+    m_tiles: int = 1  # 16-row mma tiles per warp: each K / V fragment feeds this many
 
     @property
     def block_m(self) -> int:
-        return 16 * self.warps
+        return 16 * self.m_tiles * self.warps
+
+    def accumulators(self, a: Attention) -> int:
+        """fp32 registers a thread holds for S and O."""
+        return self.m_tiles * (self.block_n // 8 + padded(a.dv) // 8) * 4
 
 
 def padded(extent: int) -> int:
     return -(-extent // 16) * 16
 
 
+# Accumulator registers per thread a choice may use (S and O; 255 is the hardware's limit
+# for everything), and the shared memory every sm_80+ GPU grants a block.
+MAX_ACCUMULATORS = 192
+MAX_SHARED = 160 * 1024
+
+
 def config(a: Attention, tuning: dict[str, object]) -> FlashConfig:
-    """The tuned choice, else 4 warps and 64-key tiles (32 past a head dim of 128, where the
-    O accumulators need the registers)."""
+    """The tuned choice, else 4 warps of two 16-row tiles over 64-key tiles (as FlashAttention-2
+    for head dims up to 128), one tile per warp over 32 keys past that, where O needs the registers."""
     if tuning:
-        return FlashConfig(int(tuning["warps"]), int(tuning["block_n"]))  # type: ignore[call-overload]
-    return FlashConfig(4, 64 if max(padded(a.d), padded(a.dv)) <= 128 else 32)
+        return FlashConfig(int(tuning["warps"]), int(tuning["block_n"]), int(tuning["m_tiles"]))  # type: ignore[call-overload]
+    for choice in (FlashConfig(4, 64, 2), FlashConfig(4, 32, 1)):
+        if fits(a, choice):
+            return choice
+    return FlashConfig(4, 16, 1)
+
+
+def fits(a: Attention, c: FlashConfig) -> bool:
+    return c.accumulators(a) <= MAX_ACCUMULATORS and shared_bytes(a, c) <= MAX_SHARED
 
 
 def candidates(a: Attention) -> list[dict[str, object]]:
-    wide = max(padded(a.d), padded(a.dv)) > 128
     return [
-        {"warps": warps, "block_n": block_n}
+        {"warps": warps, "block_n": block_n, "m_tiles": m_tiles}
         for warps in (4, 8)
-        for block_n in ((32, 64) if wide else (32, 64, 128))
-        if shared_bytes(a, FlashConfig(warps, block_n)) <= 160 * 1024
+        for m_tiles in (1, 2)
+        for block_n in (32, 64, 128)
+        if fits(a, FlashConfig(warps, block_n, m_tiles))
     ]
 
 
@@ -97,13 +115,13 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
     vec = vectorizable(a)
     aligned = params.aligned_flag() if vec else "false"
     dp, dvp = padded(a.d), padded(a.dv)
-    q_in_registers = dp <= 128
+    q_in_registers = c.m_tiles * dp <= 128  # fragments a thread keeps: at most 32 registers
     t = cuda_type(a.q.data_type)
     body = [
         f"using T = {t};",
         f"constexpr int THREADS = {32 * c.warps}, BM = {c.block_m}, BN = {c.block_n};",
         f"constexpr int DP = {dp}, DVP = {dvp}, QROW = DP + 8, VROW = DVP + 8;  // padded rows: conflict-free ldmatrix",
-        "constexpr int NT = BN / 8, OT = DVP / 8, QK = DP / 16;",
+        f"constexpr int MI = {c.m_tiles}, NT = BN / 8, OT = DVP / 8, QK = DP / 16;",
         f"constexpr bool Q_IN_REGISTERS = {str(q_in_registers).lower()};",
         *block_setup(a, names, c.block_m),
         *key_range(a, c.block_m),
@@ -130,11 +148,17 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "};",
         "if (tiles > 0) load_kv(0);",
-        "float o[OT][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};",
+        "float o[MI][OT][4], m[MI][2], l[MI][2];",
         "#pragma unroll",
-        "for (int j = 0; j < OT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;",
-        "unsigned qf[Q_IN_REGISTERS ? QK : 1][4];",
-        "const int warp_row = row0 + warp * 16 + (lane >> 2);  // this thread's rows: warp_row and warp_row + 8",
+        "for (int mi = 0; mi < MI; ++mi) {",
+        "  m[mi][0] = m[mi][1] = NEG_INF;",
+        "  l[mi][0] = l[mi][1] = 0.0f;",
+        "#pragma unroll",
+        "  for (int j = 0; j < OT; ++j) o[mi][j][0] = o[mi][j][1] = o[mi][j][2] = o[mi][j][3] = 0.0f;",
+        "}",
+        "unsigned qf[MI][Q_IN_REGISTERS ? QK : 1][4];",
+        "// this thread's rows: warp_row + 16 mi and warp_row + 16 mi + 8",
+        "const int warp_row = row0 + warp * 16 * MI + (lane >> 2);",
         "for (int tile = 0; tile < tiles; ++tile) {",
         "  if (tile + 1 < tiles) {",
         "    load_kv(tile + 1);",
@@ -150,9 +174,12 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         *indent(_scores(), 1).splitlines(),
         f"  const bool masked = {needs_mask(a, c.block_m, c.block_n)};",
         "#pragma unroll",
-        "  for (int j = 0; j < NT; ++j)",
+        "  for (int mi = 0; mi < MI; ++mi)",
         "#pragma unroll",
-        "    for (int e = 0; e < 4; ++e) s[j][e] = score(s[j][e], warp_row + ((e >> 1) << 3), kv0 + j * 8 + (lane & 3) * 2 + (e & 1), masked);",
+        "    for (int j = 0; j < NT; ++j)",
+        "#pragma unroll",
+        "      for (int e = 0; e < 4; ++e)",
+        "        s[mi][j][e] = score(s[mi][j][e], warp_row + mi * 16 + ((e >> 1) << 3), kv0 + j * 8 + (lane & 3) * 2 + (e & 1), masked);",
         *indent(_online_softmax(), 1).splitlines(),
         *indent(_pv(), 1).splitlines(),
         "  __syncthreads();  // everyone is done with this stage before it is refilled",
@@ -208,39 +235,52 @@ def _tile_loader(vec: bool, aligned: str) -> list[str]:
 
 
 def _q_fragments(in_registers: bool) -> list[str]:
-    """The warp's 16 rows of Q as A fragments, once (registers) or per k step (shared memory)."""
+    """The warp's rows of Q as A fragments, once (registers) or per k step (shared memory)."""
     if not in_registers:
         return []
     return [
         "if (tile == 0) {",
         "#pragma unroll",
-        "  for (int kk = 0; kk < QK; ++kk)",
-        "    ldmatrix_x4(smem_addr(q_s + (warp * 16 + (lane & 15)) * QROW + kk * 16 + (lane >> 4) * 8), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);",
+        "  for (int mi = 0; mi < MI; ++mi)",
+        "#pragma unroll",
+        "    for (int kk = 0; kk < QK; ++kk)",
+        "      ldmatrix_x4(smem_addr(q_s + (warp * 16 * MI + mi * 16 + (lane & 15)) * QROW + kk * 16 + (lane >> 4) * 8),",
+        "                  qf[mi][kk][0], qf[mi][kk][1], qf[mi][kk][2], qf[mi][kk][3]);",
         "}",
     ]
 
 
 def _scores() -> list[str]:
-    """S = Q Kᵀ for the warp's 16 rows and the tile's BN keys (K rows are the B fragments' columns)."""
+    """S = Q Kᵀ for the warp's rows and the tile's BN keys (K rows are the B fragments' columns):
+    each K fragment feeds the warp's MI row tiles."""
     return [
-        "float s[NT][4];",
+        "float s[MI][NT][4];",
         "#pragma unroll",
-        "for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;",
+        "for (int mi = 0; mi < MI; ++mi)",
         "#pragma unroll",
-        "for (int kk = 0; kk < DP / 16; ++kk) {",
-        "  unsigned a[4];",
-        "  if (Q_IN_REGISTERS) {",
-        "    a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];",
-        "  } else {",
-        "    ldmatrix_x4(smem_addr(q_s + (warp * 16 + (lane & 15)) * QROW + kk * 16 + (lane >> 4) * 8), a[0], a[1], a[2], a[3]);",
+        "  for (int j = 0; j < NT; ++j) s[mi][j][0] = s[mi][j][1] = s[mi][j][2] = s[mi][j][3] = 0.0f;",
+        "#pragma unroll",
+        "for (int kk = 0; kk < QK; ++kk) {",
+        "  unsigned a[MI][4];",
+        "#pragma unroll",
+        "  for (int mi = 0; mi < MI; ++mi) {",
+        "    if (Q_IN_REGISTERS) {",
+        "      a[mi][0] = qf[mi][kk][0]; a[mi][1] = qf[mi][kk][1]; a[mi][2] = qf[mi][kk][2]; a[mi][3] = qf[mi][kk][3];",
+        "    } else {",
+        "      ldmatrix_x4(smem_addr(q_s + (warp * 16 * MI + mi * 16 + (lane & 15)) * QROW + kk * 16 + (lane >> 4) * 8),",
+        "                  a[mi][0], a[mi][1], a[mi][2], a[mi][3]);",
+        "    }",
         "  }",
         "#pragma unroll",
         "  for (int nj = 0; nj < NT / 2; ++nj) {",
         "    unsigned b0, b1, b2, b3;",
         "    const int row = nj * 16 + ((lane >> 4) << 3) + (lane & 7), col = kk * 16 + ((lane >> 3) & 1) * 8;",
         "    ldmatrix_x4(smem_addr(k_tile + row * QROW + col), b0, b1, b2, b3);",
-        "    mma_16816(s[2 * nj], a, b0, b1);",
-        "    mma_16816(s[2 * nj + 1], a, b2, b3);",
+        "#pragma unroll",
+        "    for (int mi = 0; mi < MI; ++mi) {",
+        "      mma_16816(s[mi][2 * nj], a[mi], b0, b1);",
+        "      mma_16816(s[mi][2 * nj + 1], a[mi], b2, b3);",
+        "    }",
         "  }",
         "}",
     ]
@@ -250,45 +290,57 @@ def _online_softmax() -> list[str]:
     """New row maxima (over the quad of lanes sharing a row), rescale of l and O, P = 2^(S - max)."""
     return [
         "#pragma unroll",
-        "for (int r = 0; r < 2; ++r) {",
-        "  float mx = m[r];",
+        "for (int mi = 0; mi < MI; ++mi)",
         "#pragma unroll",
-        "  for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));",
-        "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));",
-        "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));",
-        "  const float base = mx == NEG_INF ? 0.0f : mx;  // a row with nothing visible yet stays at 0",
-        "  const float correction = gd::exp2_approx(m[r] - base);",
-        "  m[r] = mx;",
-        "  l[r] *= correction;",
+        "  for (int r = 0; r < 2; ++r) {",
+        "    float mx = m[mi][r];",
         "#pragma unroll",
-        "  for (int j = 0; j < OT; ++j) {",
-        "    o[j][2 * r] *= correction;",
-        "    o[j][2 * r + 1] *= correction;",
+        "    for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * r], s[mi][j][2 * r + 1]));",
+        "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));",
+        "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));",
+        "    const float base = mx == NEG_INF ? 0.0f : mx;  // a row with nothing visible yet stays at 0",
+        "    const float correction = gd::exp2_approx(m[mi][r] - base);",
+        "    m[mi][r] = mx;",
+        "    l[mi][r] *= correction;",
+        "#pragma unroll",
+        "    for (int j = 0; j < OT; ++j) {",
+        "      o[mi][j][2 * r] *= correction;",
+        "      o[mi][j][2 * r + 1] *= correction;",
+        "    }",
+        "#pragma unroll",
+        "    for (int j = 0; j < NT; ++j) {",
+        "      s[mi][j][2 * r] = gd::exp2_approx(s[mi][j][2 * r] - base);",
+        "      s[mi][j][2 * r + 1] = gd::exp2_approx(s[mi][j][2 * r + 1] - base);",
+        "      l[mi][r] += s[mi][j][2 * r] + s[mi][j][2 * r + 1];",
+        "    }",
         "  }",
-        "#pragma unroll",
-        "  for (int j = 0; j < NT; ++j) {",
-        "    s[j][2 * r] = gd::exp2_approx(s[j][2 * r] - base);",
-        "    s[j][2 * r + 1] = gd::exp2_approx(s[j][2 * r + 1] - base);",
-        "    l[r] += s[j][2 * r] + s[j][2 * r + 1];",
-        "  }",
-        "}",
     ]
 
 
 def _pv() -> list[str]:
-    """O += P V: P's accumulators become A fragments in place; V rows (keys) are k."""
+    """O += P V: P's accumulators become A fragments in place; V rows (keys) are k. Each V
+    fragment feeds the warp's MI row tiles."""
     return [
         "#pragma unroll",
         "for (int kk = 0; kk < BN / 16; ++kk) {",
-        "  const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),",
-        "                        pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};",
+        "  unsigned a[MI][4];",
+        "#pragma unroll",
+        "  for (int mi = 0; mi < MI; ++mi) {",
+        "    a[mi][0] = pack2(s[mi][2 * kk][0], s[mi][2 * kk][1]);",
+        "    a[mi][1] = pack2(s[mi][2 * kk][2], s[mi][2 * kk][3]);",
+        "    a[mi][2] = pack2(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);",
+        "    a[mi][3] = pack2(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);",
+        "  }",
         "#pragma unroll",
         "  for (int nj = 0; nj < OT / 2; ++nj) {",
         "    unsigned b0, b1, b2, b3;",
         "    const int krow = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), col = nj * 16 + (lane >> 4) * 8;",
         "    ldmatrix_x4_trans(smem_addr(v_tile + krow * VROW + col), b0, b1, b2, b3);",
-        "    mma_16816(o[2 * nj], a, b0, b1);",
-        "    mma_16816(o[2 * nj + 1], a, b2, b3);",
+        "#pragma unroll",
+        "    for (int mi = 0; mi < MI; ++mi) {",
+        "      mma_16816(o[mi][2 * nj], a[mi], b0, b1);",
+        "      mma_16816(o[mi][2 * nj + 1], a[mi], b2, b3);",
+        "    }",
         "  }",
         "}",
     ]
@@ -296,27 +348,26 @@ def _pv() -> list[str]:
 
 def _write(a: Attention, names: dict[str, str]) -> list[str]:
     """Each row's O = accumulators / sum (0 for a row that sees no key or lies past sq), STATS."""
+    stats = stats_store(a, names, "i", "live ? m[mi][r] + log2f(sum) : NEG_INF")
     return [
         "#pragma unroll",
-        "for (int r = 0; r < 2; ++r) {",
-        "  l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);",
-        "  l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);",
-        "  const int i = warp_row + r * 8;",
-        "  if (i >= SQ) continue;",
-        "  const bool live = i < sq && l[r] > 0.0f;",
-        "  const float inv = live ? 1.0f / l[r] : 0.0f;",
+        "for (int mi = 0; mi < MI; ++mi)",
         "#pragma unroll",
-        "  for (int j = 0; j < OT; ++j)",
+        "  for (int r = 0; r < 2; ++r) {",
+        "    float sum = l[mi][r];",
+        "    sum += __shfl_xor_sync(0xffffffffu, sum, 1);",
+        "    sum += __shfl_xor_sync(0xffffffffu, sum, 2);",
+        "    const int i = warp_row + mi * 16 + r * 8;",
+        "    if (i >= SQ) continue;",
+        "    const bool live = i < sq && sum > 0.0f;",
+        "    const float inv = live ? 1.0f / sum : 0.0f;",
         "#pragma unroll",
-        "    for (int e = 0; e < 2; ++e) {",
-        "      const int col = j * 8 + (lane & 3) * 2 + e;",
-        f"      if (col < DV) {o_store(a, names, 'i', 'col', 'live ? o[j][2 * r + e] * inv : 0.0f')}",
-        "    }",
-        *(
-            [
-                "  if ((lane & 3) == 0) " + line
-                for line in stats_store(a, names, "i", "live ? m[r] + log2f(l[r]) : NEG_INF")
-            ]
-        ),
-        "}",
+        "    for (int j = 0; j < OT; ++j)",
+        "#pragma unroll",
+        "      for (int e = 0; e < 2; ++e) {",
+        "        const int col = j * 8 + (lane & 3) * 2 + e;",
+        f"        if (col < DV) {o_store(a, names, 'i', 'col', 'live ? o[mi][j][2 * r + e] * inv : 0.0f')}",
+        "      }",
+        *("    if ((lane & 3) == 0) " + line for line in stats),
+        "  }",
     ]

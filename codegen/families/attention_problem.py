@@ -29,7 +29,7 @@ class Attention:
     q: Tensor
     k: Tensor
     v: Tensor
-    o: Tensor
+    o: Tensor | None  # each output only when the fused node writes it to memory
     stats: Tensor | None
     bias: Tensor | None
     scale: Tensor | None
@@ -89,15 +89,17 @@ class Attention:
 def attention_of(fused: FusedNode) -> Attention:
     node = fused.anchor
     assert node is not None and node.op == "sdpa"
-    q, k, v, o = node.input("Q"), node.input("K"), node.input("V"), node.output("O")
-    assert q is not None and k is not None and v is not None and o is not None
+    q, k, v = node.input("Q"), node.input("K"), node.input("V")
+    assert q is not None and k is not None and v is not None
+    written = {t.id for t in fused.outputs}
+    o, stats = node.output("O"), node.output("STATS")
     return Attention(
         node,
         q,
         k,
         v,
-        o,
-        node.output("STATS"),
+        o if o is not None and o.id in written else None,
+        stats if stats is not None and stats.id in written else None,
         node.input("BIAS"),
         node.input("ATTN_SCALE"),
         node.input("SEQ_LEN_Q"),
@@ -124,7 +126,8 @@ def declare(a: Attention) -> AttentionParams:
     ):
         if tensor is not None and not tensor.is_constant:
             names[role] = params.tensor(tensor)
-    names["O"] = params.tensor(a.o, writable=True)
+    if a.o is not None:
+        names["O"] = params.tensor(a.o, writable=True)
     if a.stats is not None:
         names["STATS"] = params.tensor(a.stats, writable=True)
     return AttentionParams(params, names)
@@ -145,7 +148,7 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
         f"constexpr int HQ = {a.heads}, GROUP = {a.heads // a.kv_heads}, SQ = {a.sq}, SKV = {a.skv};",
         f"constexpr int D = {a.d}, DV = {a.dv}, M_BLOCKS = {m_blocks};",
         f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
-        f"constexpr long long OS[4] = {{{strides(a.o)}}};",
+        *([f"constexpr long long OS[4] = {{{strides(a.o)}}};"] if a.o is not None else []),
         "const int m_block = M_BLOCKS - 1 - (int)(blockIdx.x % M_BLOCKS);  // the longest causal rows first",
         "const int h = (int)((blockIdx.x / M_BLOCKS) % HQ), b = (int)(blockIdx.x / M_BLOCKS / HQ);",
         "const int hk = h / GROUP;",
@@ -235,7 +238,9 @@ def score_function(a: Attention, names: dict[str, str]) -> list[str]:
 
 
 def o_store(a: Attention, names: dict[str, str], row: str, col: str, value: str) -> str:
-    """One element of O, at (b, h, ``row``, ``col``)."""
+    """One element of O, at (b, h, ``row``, ``col``); nothing when O is not written."""
+    if a.o is None:
+        return ";"
     offset = f"(long long)b * OS[0] + (long long)h * OS[1] + (long long)({row}) * OS[2] + (long long)({col}) * OS[3]"
     return f"{names['O']}[{offset}] = gd::from<{cuda_type(a.o.data_type)}>({value});"
 
