@@ -229,10 +229,12 @@ def score_function(a: Attention, names: dict[str, str]) -> list[str]:
         conditions.append("j > i + diag")
     if a.window:
         conditions.append(f"j <= i + diag - {a.window}")
+    value = "dot * scale_log2" if len(terms) == 1 else f"({' + '.join(terms)}) * {LOG2E}f"
     return [
+        f"const float scale_log2 = scale * {LOG2E}f;",
         "auto score = [&](float dot, int i, int j, bool masked) -> float {",
         f"  if (masked && ({' || '.join(conditions)})) return NEG_INF;",
-        f"  return ({' + '.join(terms)}) * {LOG2E}f;",
+        f"  return {value};",
         "};",
     ]
 
