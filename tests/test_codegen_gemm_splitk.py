@@ -22,6 +22,7 @@ from codegen import FusedProgram, ParamKind
 from codegen.emit import emit_partition
 from codegen.families.gemm import candidates
 from codegen.nvrtc import compile_cubin
+from graphdnn.errors import UnsupportedError
 from graphdnn.lower import lower
 from graphdnn.runtime.driver import current_gpu_arch
 from graphdnn.signature import signature
@@ -72,6 +73,9 @@ def test_tuning_wins_over_the_heuristic() -> None:
     # A tuned tile without split_k (chosen before split-K existed) names the single kernel.
     assert split_of(program(graph, 90, {"block_m": 128, "block_n": 128, "stages": 3})) == 1
     assert split_of(program(graph, 90, {**WGMMA_128, "split_k": 4})) == 4
+    for wrong in (0, 2.5, 65536):
+        with pytest.raises(UnsupportedError, match="split_k must be an integer from 1 to 65535"):
+            program(graph, 90, {"split_k": wrong})
 
 
 def test_many_tile_kernels_are_unchanged() -> None:

@@ -34,7 +34,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if tensor_core_layout(problem) is None:
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
     if ctx.tuning.get("path") == "wgmma":
-        split = tuned_split(ctx) or 1
+        split = tuned_split(ctx, problem) or 1
         kernel = wgmma_kernel(fused, ctx, problem, split)
     else:
         tile, split = tile_config(problem, ctx)

@@ -72,8 +72,13 @@ def staged_epilogue(
         f"*reinterpret_cast<float4*>(acc8) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col);",
         f"*reinterpret_cast<float4*>(acc8 + 4) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col + 4);",
     ]
-    staged = ["float* const staged = reinterpret_cast<float*>(smem);", *staging, "__syncthreads();"]
-    return staged + tile_epilogue(fused, p, names, itype, aligned, fetch)
+    return stage_accumulators(staging) + tile_epilogue(fused, p, names, itype, aligned, fetch)
+
+
+def stage_accumulators(staging: list[str]) -> list[str]:
+    """``staging`` (a path's accumulators into the staged tile ``staged`` at the start of shared
+    memory), then a barrier: the tile is whole before anyone reads it."""
+    return ["float* const staged = reinterpret_cast<float*>(smem);", *staging, "__syncthreads();"]
 
 
 def tile_epilogue(

@@ -66,7 +66,7 @@ def tile_config(p: Problem, ctx: EmitContext) -> tuple[TileConfig, int]:
     is one, else the narrowest N tile that covers N, and then either split-K, when the output
     tiles (of 128 rows, 64 when M is that short) leave SMs idle and K is long, or no split and
     smaller M tiles when there would be too few blocks to fill the GPU (132 SMs)."""
-    split = tuned_split(ctx)
+    split = tuned_split(ctx, p)
     if "block_m" in ctx.tuning:
         tuned = TileConfig(int(ctx.tuning["block_m"]), int(ctx.tuning["block_n"]), int(ctx.tuning["stages"]))  # type: ignore[call-overload]
         return tuned, split or 1

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
+from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..kernel import Kernel, Scratch
-from .gemm_epilogue import tile_epilogue
+from .gemm_epilogue import stage_accumulators, tile_epilogue
 from .gemm_problem import Problem, declare, index_type_of
 
 PARTIALS = "partials"
@@ -36,7 +37,7 @@ class KSlices:
     """Which k tiles a tensor-core block walks: all KTILES (``split`` 1, the kernel as without
     split-K, word for word), or the ``slice_tiles`` tiles of its slice from ``kt_first`` on."""
 
-    split: int = 1
+    split: int
 
     @property
     def count(self) -> str:
@@ -73,9 +74,7 @@ def heuristic_split(p: Problem, tiles: int, arch: int) -> int:
     fill the SMs of sm_``arch``; else enough slices to fill about one wave of blocks, each slice
     keeping at least MIN_SLICE_K of K, at most MAX_SPLIT."""
     sms = sm_count(arch)
-    if tiles >= sms:
-        return 1
-    return max(1, min(-(-sms // tiles), p.k // MIN_SLICE_K, MAX_SPLIT, MAX_GRID_Z // math.prod(p.batch)))
+    return 1 if tiles >= sms else max(1, min(-(-sms // tiles), _most_slices(p)))
 
 
 def split_choices(p: Problem, tiles: int, arch: int) -> list[int]:
@@ -84,16 +83,25 @@ def split_choices(p: Problem, tiles: int, arch: int) -> list[int]:
     best = heuristic_split(p, tiles, arch)
     if best == 1:
         return []
-    limit = min(p.k // MIN_SLICE_K, MAX_SPLIT, MAX_GRID_Z // math.prod(p.batch))
-    return sorted({s for s in (best // 2, best, 2 * best) if 2 <= s <= limit})
+    return sorted({s for s in (best // 2, best, 2 * best) if 2 <= s <= _most_slices(p)})
 
 
-def tuned_split(ctx: EmitContext) -> int | None:
+def _most_slices(p: Problem) -> int:
+    return min(p.k // MIN_SLICE_K, MAX_SPLIT, MAX_GRID_Z // math.prod(p.batch))
+
+
+def tuned_split(ctx: EmitContext, p: Problem) -> int | None:
     """The tuning's split_k; 1 for a tuned tile without one (a choice made before split-K
     existed names today's kernel); None when nothing is tuned (the heuristic decides)."""
-    if "split_k" in ctx.tuning:
-        return int(ctx.tuning["split_k"])  # type: ignore[call-overload]
-    return 1 if "block_m" in ctx.tuning else None
+    if "split_k" not in ctx.tuning:
+        return 1 if "block_m" in ctx.tuning else None
+    split = ctx.tuning["split_k"]
+    if not isinstance(split, int) or isinstance(split, bool) or not 1 <= split <= MAX_GRID_Z // math.prod(p.batch):
+        raise UnsupportedError(
+            f"GEMM tuning {ctx.tuning}: split_k must be an integer from 1 to {MAX_GRID_Z // math.prod(p.batch)} "
+            f"(K slices times {math.prod(p.batch)} batch indices fill at most {MAX_GRID_Z} grid layers)"
+        )
+    return split
 
 
 def padded_n(p: Problem) -> int:
@@ -109,9 +117,7 @@ def store_partials(p: Problem, c_stride: int, staging: list[str]) -> list[str]:
     """A slice block's epilogue: its staged fp32 tile into ``partials`` (rows of NP floats), in
     8-column chunks; nothing else of the fused epilogue runs here."""
     return [
-        "float* const staged = reinterpret_cast<float*>(smem);",
-        *staging,
-        "__syncthreads();",
+        *stage_accumulators(staging),
         f"constexpr int NP = {padded_n(p)};",
         "float* const partial = partials + (size_t)blockIdx.z * GM * NP;  // this (batch, slice)'s M x NP tile",
         "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",
