@@ -178,6 +178,24 @@ def _conv_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
     return _cudnn_runner(graph, handle, {x: x_t, w: w_t, b: bias_t, y: out["y"]})
 
 
+# -- matmul (few output tiles: split-K) ---------------------------------------------------------
+MATMULS = [(128, 4096, 4096), (2048, 1024, 4096)]  # (M, N, K): decode-like, transformer fc2
+
+
+def _matmul_graph(m: int, n: int, k: int) -> Callable[[], gd.OperationGraphSpec]:
+    def build() -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(name=f"matmul_m{m}_n{n}_k{k}", io_data_type="bf16")
+        a, b = g.tensor(name="a", dim=[m, k]), g.tensor(name="b", dim=[k, n])
+        g.matmul(a, b).set_name("y").set_output(True)
+        return g
+
+    return build
+
+
+def _matmul_torch(t: Tensors) -> Any:
+    return t["a"] @ t["b"]  # cuBLAS
+
+
 # -- cuDNN frontend plumbing ------------------------------------------------------------------
 def _cudnn_graph() -> tuple[Any, Any]:
     import cudnn
@@ -302,6 +320,18 @@ def cases() -> list[Case]:
                 target="faster than eager; geomean ≥ 0.8x cuDNN fused",
                 cudnn=_conv_cudnn,
                 group="conv",
+            )
+        )
+    for m, n, k in MATMULS:
+        out.append(
+            Case(
+                f"matmul m{m} n{n} k{k}",
+                _matmul_graph(m, n, k),
+                _matmul_torch,
+                bytes=2 * (m * k + k * n + m * n),
+                flops=2 * m * n * k,
+                target="≥ 0.8x eager (cuBLAS)",
+                group="gemm",
             )
         )
     out.append(

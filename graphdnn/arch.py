@@ -14,6 +14,10 @@ DEFAULT_ARCH = 90  # the target when no GPU is present to ask
 # Architectures NVRTC 13.0 compiles for (nvrtcGetSupportedArchs; sm_75 Turing to sm_121): what the
 # command line accepts as a target.
 TARGETS = (75, 80, 86, 87, 88, 89, 90, 100, 103, 107, 110, 120, 121)
+# SMs of the target's largest part (A100, H100/H200 SXM), for launch heuristics that size grids
+# to the GPU; on a part with fewer the extra blocks start as others finish (correct, a longer tail).
+SM_COUNT = {80: 108, 86: 84, 89: 128, 90: 132}
+DEFAULT_SMS = 132  # a target not listed: a Hopper's count
 
 
 def parse_arch(arch: str | int | None) -> int:
@@ -35,6 +39,10 @@ def parse_target(arch: str) -> int:
         known = ", ".join(arch_name(a) for a in TARGETS)
         raise GraphError(f"{arch_name(parsed)} is not a target NVRTC compiles for; choose one of {known}")
     return parsed
+
+
+def sm_count(arch: int) -> int:
+    return SM_COUNT.get(arch, DEFAULT_SMS)
 
 
 def arch_name(arch: int) -> str:

@@ -25,6 +25,12 @@ def test_benchmark_cases_build_without_a_gpu() -> None:
     assert result.stdout.count("kernel(s), built in") == 2
 
 
+def test_the_few_tile_matmul_cases_build_with_split_k() -> None:
+    result = _benchmark("run.py", "--dry", "--only", "matmul m")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("2 kernel(s), built in") == 2  # the slices, then their reduction
+
+
 def test_execute_cost_runs_on_the_fake_driver() -> None:
     result = _benchmark("execute_cost.py", "--fake-driver", "--calls", "20")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -19,6 +19,7 @@ from codegen import Kernel, ParamKind, compile_cubin, emit_partition
 from codegen.context import EmitContext
 from codegen.families import groupnorm, rownorm, rownorm_launch, rownorm_layout
 from fusion_rules import Family, FusedNode, fuse
+from graphdnn.arch import sm_count
 from graphdnn.errors import GraphError
 from graphdnn.ir import Tensor
 from graphdnn.random_inputs import random_inputs
@@ -365,7 +366,7 @@ def test_pipelined_kernel_compiles(item: tuple[Case, dict[str, int]], arch: int)
     config = rownorm_launch.configured(layout, tuning)
     threads, blocks = config.threads, config.blocks_per_sm
     assert kernel.block == (threads, 1, 1) and f"__launch_bounds__({threads}, {blocks})" in kernel.source
-    groups, sms = -(-layout.rows // config.rows_per_block), rownorm_launch.SM_COUNT[arch]
+    groups, sms = -(-layout.rows // config.rows_per_block), sm_count(arch)
     assert kernel.grid == (min(groups, blocks * sms), 1, 1)
     # The main path prefetches where a block has a next row held in registers; the misaligned
     # fallback never does.

@@ -9,6 +9,9 @@ Two paths, both always correct:
   contiguous 16-byte vectors (gemm_block.py). On sm_90 the same problems can take ``wgmma``
   instead (gemm_sm90.py: same loaders and epilogue), when the tuning choice asks for it;
 - SIMT, one output element per thread, for everything else (gemm_simt.py).
+
+Problems with fewer output tiles than the GPU has SMs and a long K take split-K on either
+tensor-core path (gemm_splitk.py): a second kernel sums the K slices and runs the epilogue.
 """
 
 from __future__ import annotations
@@ -22,23 +25,29 @@ from .gemm_problem import problem_of, tensor_core_layout
 from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
 from .gemm_sm90 import wgmma_kernel
+from .gemm_splitk import output_tiles, reduce_kernel, scratch, split_choices, tuned_split
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert fused.anchor is not None
     problem = problem_of(fused.anchor)
     if tensor_core_layout(problem) is None:
-        kernel = simt_kernel(fused, ctx, problem)
-    elif ctx.tuning.get("path") == "wgmma":
-        kernel = wgmma_kernel(fused, ctx, problem)
+        return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
+    if ctx.tuning.get("path") == "wgmma":
+        split = tuned_split(ctx, problem) or 1
+        kernel = wgmma_kernel(fused, ctx, problem, split)
     else:
-        kernel = mma_kernel(fused, ctx, problem, tile_config(problem, ctx))
-    return FusedProgram(fused.name, (kernel,))
+        tile, split = tile_config(problem, ctx)
+        kernel = mma_kernel(fused, ctx, problem, tile, split)
+    if split == 1:
+        return FusedProgram(fused.name, (kernel,))
+    return FusedProgram(fused.name, (kernel, reduce_kernel(fused, ctx, problem, split)), (scratch(problem, split),))
 
 
 def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     """Launch choices the runtime may time on the GPU (autotuning); empty on the SIMT path.
-    The mma.sync tiles (no "path" key), then on sm_90 the wgmma ones ({"path": "wgmma", ...})."""
+    The mma.sync tiles (no "path" key) and, for problems with few output tiles, their split-K
+    variants ("split_k"), then on sm_90 the wgmma ones ({"path": "wgmma", ...})."""
     assert fused.anchor is not None
     problem = problem_of(fused.anchor)
     if tensor_core_layout(problem) is None:
@@ -46,4 +55,9 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     mma: list[dict[str, object]] = [
         {"block_m": c.block_m, "block_n": c.block_n, "stages": c.stages} for c in TILE_CANDIDATES
     ]
-    return mma + wgmma_candidates(problem, arch)
+    split: list[dict[str, object]] = [
+        {"block_m": c.block_m, "block_n": c.block_n, "stages": c.stages, "split_k": s}
+        for c in TILE_CANDIDATES
+        for s in split_choices(problem, output_tiles(problem, c.block_m, c.block_n), arch)
+    ]
+    return mma + split + wgmma_candidates(problem, arch)

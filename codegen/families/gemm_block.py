@@ -12,11 +12,11 @@ from fusion_rules import FusedNode
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
-from ..indexing import index_type
 from ..kernel import Kernel
 from .gemm_epilogue import staged_epilogue
 from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
-from .gemm_problem import Problem, batch_offsets, declare, tensor_core_layout
+from .gemm_problem import Problem, batch_offsets, declare, index_type_of, tensor_core_layout
+from .gemm_splitk import PARTIALS, KSlices, store_partials
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,19 @@ class BlockShape:
 
 class TensorCoreBlock:
     """One tensor-core kernel for ``p`` being written: its parameters (declared first, so both
-    paths bind them in the same order) and the shared parts of its body."""
+    paths bind them in the same order) and the shared parts of its body. With split-K
+    (``slices.split`` > 1) a block walks one K slice and stores its partial tile instead of
+    running the epilogue (gemm_splitk.py)."""
 
-    def __init__(self, fused: FusedNode, p: Problem, shape: BlockShape, tiles: SmemTiles) -> None:
+    def __init__(self, fused: FusedNode, p: Problem, shape: BlockShape, tiles: SmemTiles, slices: KSlices) -> None:
         layout = tensor_core_layout(p)
         assert layout is not None
-        self.fused, self.p, self.shape, self.tiles, self.layout = fused, p, shape, tiles, layout
+        self.fused, self.p, self.shape, self.tiles, self.layout, self.slices = fused, p, shape, tiles, layout, slices
         self.params, self.names = declare(fused, p)
         self.aligned = self.params.aligned_flag()
-        self.itype = index_type([*fused.inputs, *fused.outputs], p.m * max(p.n, 1))
+        if slices.split > 1:
+            self.params.scratch(PARTIALS, "float")
+        self.itype = index_type_of(fused, p)
 
     def prelude(self, shared_memory: list[str], warp_roles: str) -> list[str]:
         """Constants, the A and B tiles in ``smem`` (declared by ``shared_memory``), thread and
@@ -65,6 +69,7 @@ class TensorCoreBlock:
             f"using T = {cuda_type(p.a.data_type)};",
             f"constexpr int BM = {s.block_m}, BN = {s.block_n}, BK = {s.block_k}, STAGES = {s.stages}, THREADS = {s.threads};",
             f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // s.block_k)};",
+            *self.slices.setup(),
             *shared_memory,
             "unsigned char* const a_smem = smem;",
             f"unsigned char* const b_smem = smem + STAGES * {s.a_stage};",
@@ -74,32 +79,46 @@ class TensorCoreBlock:
             "const int block_n = blockIdx.y * BN;",
         ]
         if not p.is_conv:
-            lines += batch_offsets(p, itype)
+            lines += batch_offsets(p, itype, self.slices.batch_index)
         a_chunks = s.block_m * s.block_k // 8 // s.threads
         b_chunks = s.block_n * s.block_k // 8 // s.threads
         x, w = self.names[p.a.id], self.names[p.b.id]
         lines += a_loader_setup(p, itype, a_chunks, s.threads, self.tiles)
         lines += b_loader_setup(p, itype, b_chunks, s.threads, self.layout, self.tiles)
         lines += load_tile_lambda(
-            p, x, w, itype, a_chunks, b_chunks, s.a_stage, s.b_stage, s.block_n, self.layout, self.aligned, self.tiles
+            p,
+            x,
+            w,
+            itype,
+            a_chunks,
+            b_chunks,
+            s.a_stage,
+            s.b_stage,
+            s.block_n,
+            self.layout,
+            self.aligned,
+            self.tiles,
+            self.slices,
         )
         return lines
 
     def epilogue(self, staging: list[str]) -> list[str]:
-        """The staged epilogue, after ``staging`` wrote the accumulators into the staged tile."""
+        """The staged epilogue, after ``staging`` wrote the accumulators into the staged tile;
+        with split-K, the staged tile into the partials instead."""
+        if self.slices.split > 1:
+            return store_partials(self.p, self.shape.c_stride, staging)
         return staged_epilogue(self.fused, self.p, self.names, self.itype, self.shape.c_stride, self.aligned, staging)
 
     def kernel(
         self, ctx: EmitContext, body: list[str], path: str, device_functions: str, shared: int, arch_suffix: str = ""
     ) -> Kernel:
         """The kernel of ``body``, named after the fused pattern and ``path``, with the loaders' and
-        the path's ``device_functions`` before it; one block per output tile and batch index."""
-        s, p = self.shape, self.p
-        name, source = kernel_source(
-            ctx, self.fused, pattern_name(self.fused) + path, self.params, s.threads, indent(body, 1)
-        )
+        the path's ``device_functions`` before it; one block per output tile, batch index and K slice."""
+        s, p, split = self.shape, self.p, self.slices.split
+        pattern = pattern_name(self.fused) + path + ("_splitk" if split > 1 else "")
+        name, source = kernel_source(ctx, self.fused, pattern, self.params, s.threads, indent(body, 1))
         functions = ASYNC_COPY_PRELUDE + device_functions
         source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
-        grid = (-(-p.m // s.block_m), -(-p.n // s.block_n), math.prod(p.batch) if p.batch else 1)
+        grid = (-(-p.m // s.block_m), -(-p.n // s.block_n), math.prod(p.batch) * split)
         bindings = tuple(self.params.bindings)
         return Kernel(name, source, grid, (s.threads, 1, 1), shared, bindings, alignment=16, arch_suffix=arch_suffix)

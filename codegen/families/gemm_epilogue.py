@@ -67,6 +67,28 @@ def staged_epilogue(
 
     ``staging`` writes the path's accumulators into the BM x BN tile ``staged`` (rows of
     ``c_stride`` floats), after every thread is done with the pipeline's shared memory.
+    """
+    fetch = [
+        f"*reinterpret_cast<float4*>(acc8) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col);",
+        f"*reinterpret_cast<float4*>(acc8 + 4) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col + 4);",
+    ]
+    return stage_accumulators(staging) + tile_epilogue(fused, p, names, itype, aligned, fetch)
+
+
+def stage_accumulators(staging: list[str]) -> list[str]:
+    """``staging`` (a path's accumulators into the staged tile ``staged`` at the start of shared
+    memory), then a barrier: the tile is whole before anyone reads it."""
+    return ["float* const staged = reinterpret_cast<float*>(smem);", *staging, "__syncthreads();"]
+
+
+def tile_epilogue(
+    fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str, fetch: list[str]
+) -> list[str]:
+    """The epilogue of a BM x BN block tile (at ``block_m``, ``block_n``), 8 consecutive output
+    columns per thread and chunk: ``fetch`` fills ``float acc8[8]`` with the accumulators of
+    tile row ``row``, columns ``col``.. (output row ``m`` < GM), then every output is stored.
+    The tensor-core kernels fetch from their staged tile, the split-K reduction sums the
+    slices' partial tiles (gemm_splitk.py): one epilogue for both.
 
     A thread's 8 columns are the same in every chunk it handles (THREADS is a multiple of
     BN/8), so operands that vary only along the columns (batch-norm statistics, biases) are
@@ -106,9 +128,6 @@ def staged_epilogue(
         pixel_coordinates(p, "m", itype) if p.is_conv else [f"const {itype} c{rank - 2} = m;", *batch_coords(p, itype)]
     )
     lines = [
-        "float* const staged = reinterpret_cast<float*>(smem);",
-        *staging,
-        "__syncthreads();",
         *hoisted,
         "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",
         "  const int row = chunk / (BN / 8), col = (chunk % (BN / 8)) * 8;",
@@ -116,8 +135,7 @@ def staged_epilogue(
         "  if (m >= GM) continue;",
         *("  " + c for c in coords),
         "  float acc8[8];",
-        f"  *reinterpret_cast<float4*>(acc8) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col);",
-        f"  *reinterpret_cast<float4*>(acc8 + 4) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col + 4);",
+        *("  " + line for line in fetch),
     ]
     if vector_ok:
         results = [f"gd::Vec<{cuda_type(t.data_type)}, 8> r{t.id};" for t in fused.outputs]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from graphdnn.ops.conv import ConvMode
 
 from .gemm_problem import Problem, pixel_coordinates
+from .gemm_splitk import KSlices
 
 ASYNC_COPY_PRELUDE = r"""
 // ---- tensor-core GEMM building blocks (sm_80+) ----
@@ -102,14 +103,16 @@ def load_tile_lambda(
     layout: str,
     aligned: str,
     tiles: SmemTiles,
+    slices: KSlices,
 ) -> list[str]:
-    """`load_tile(stage, kt)`: issue the cp.async copies of k tile kt into a stage.
+    """`load_tile(stage, kt)`: issue the cp.async copies of the block's k tile kt (of its K
+    slice) into a stage; zeros past the slice's last tile.
 
     Without 16-byte aligned pointers the same chunks are copied with plain loads."""
     lines = [
         "auto load_tile = [&](int stage, int kt) {",
-        "  const int k = kt * BK + a_chunk * 8;",
-        "  const bool k_ok = kt < KTILES && k < GK;",
+        f"  const int k = {slices.tile('kt')} * BK + a_chunk * 8;",
+        f"  const bool k_ok = kt < {slices.count} && k < GK;",
     ]
     b_smem = f"b_smem + stage * {b_stage}"
     k_major_chunk = f"{tiles.k_major}({_thread_row(tiles)} + i * (THREADS / {tiles.lanes}), a_chunk)"
@@ -148,9 +151,9 @@ def load_tile_lambda(
             setup = [
                 "const int id = tid + i * THREADS;",
                 f"const int kr = id / {per_row}, nc = id % {per_row};",
-                "const int kk = kt * BK + kr, n = block_n + nc * 8;",
+                f"const int kk = {slices.tile('kt')} * BK + kr, n = block_n + nc * 8;",
             ]
-            ok = "kt < KTILES && kk < GK && n < GN"
+            ok = f"kt < {slices.count} && kk < GK && n < GN"
             b_src = f"b_base + ({itype})kk * {p.b.stride[-2]} + n"
             lines += _copy_loop(b_chunks, setup, ok, w, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
     lines.append("};")

@@ -5,7 +5,6 @@ for the epilogue (gemm_block.py)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
@@ -15,6 +14,7 @@ from ..kernel import Kernel
 from .gemm_block import BlockShape, TensorCoreBlock
 from .gemm_loaders import SmemTiles
 from .gemm_problem import Problem
+from .gemm_splitk import KSlices, heuristic_split, output_tiles, tuned_split
 from .tensor_core import mma_fragments
 
 _SWIZZLES = r"""
@@ -44,32 +44,45 @@ class TileConfig:
 TILE_CANDIDATES = (TileConfig(128, 64, 4), TileConfig(128, 128, 3), TileConfig(64, 64, 4), TileConfig(64, 128, 4))
 
 
-def tile_config(p: Problem, ctx: EmitContext) -> TileConfig:
-    """The tuned choice if there is one, else: the narrowest N tile that covers N, and
+def tile_config(p: Problem, ctx: EmitContext) -> tuple[TileConfig, int]:
+    """The tile and the number of K slices (split-K, gemm_splitk.py): the tuned choice if there
+    is one, else the narrowest N tile that covers N, and then either split-K, when the output
+    tiles (of 128 rows, 64 when M is that short) leave SMs idle and K is long, or no split and
     smaller M tiles when there would be too few blocks to fill the GPU (132 SMs)."""
-    if ctx.tuning:
-        return TileConfig(int(ctx.tuning["block_m"]), int(ctx.tuning["block_n"]), int(ctx.tuning["stages"]))  # type: ignore[call-overload]
+    split = tuned_split(ctx, p)
+    if "block_m" in ctx.tuning:
+        tuned = TileConfig(int(ctx.tuning["block_m"]), int(ctx.tuning["block_n"]), int(ctx.tuning["stages"]))  # type: ignore[call-overload]
+        return tuned, split or 1
     block_n = 64 if p.n <= 64 else 128
-    batches = math.prod(p.batch) if p.batch else 1
-    block_m = 128 if -(-p.m // 128) * -(-p.n // block_n) * batches >= 264 else 64
+    if split is None:
+        block_m = 64 if p.m <= 64 else 128
+        split = heuristic_split(p, output_tiles(p, block_m, block_n), ctx.arch)
+        if split > 1:
+            return _tile(block_m, block_n), split
+    block_m = 128 if output_tiles(p, 128, block_n) >= 264 else 64
+    return _tile(block_m, block_n), split or 1
+
+
+def _tile(block_m: int, block_n: int) -> TileConfig:
     return next(c for c in TILE_CANDIDATES if (c.block_m, c.block_n) == (block_m, block_n))
 
 
-def mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig) -> Kernel:
+def mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig, split: int) -> Kernel:
     shape = BlockShape(tile.block_m, tile.block_n, 32, tile.stages, tile.threads)
-    block = TensorCoreBlock(fused, p, shape, SmemTiles(shape.block_k, "swizzle64", f"swizzle_rows<{tile.block_n * 2}>"))
+    tiles = SmemTiles(shape.block_k, "swizzle64", f"swizzle_rows<{tile.block_n * 2}>")
+    block = TensorCoreBlock(fused, p, shape, tiles, KSlices(split))
     shared = max(shape.stages * (shape.a_stage + shape.b_stage), shape.block_m * shape.c_stride * 4)
     lines = block.prelude(
         ["extern __shared__ __align__(128) unsigned char smem[];"],
         "const int warp_m = warp / (BN / 32), warp_n = warp % (BN / 32);",
     )
-    lines += _main_loop(shape.block_n, block.layout, shape.a_stage, shape.b_stage)
+    lines += _main_loop(shape.block_n, block.layout, shape.a_stage, shape.b_stage, block.slices)
     lines += block.epilogue(_mma_staging(shape.c_stride))
     functions = mma_fragments(p.a.data_type) + _SWIZZLES
     return block.kernel(ctx, lines, "_mma", functions, shared)
 
 
-def _main_loop(bn: int, layout: str, a_stage: int, b_stage: int) -> list[str]:
+def _main_loop(bn: int, layout: str, a_stage: int, b_stage: int, slices: KSlices) -> list[str]:
     """The multistage pipeline: tiles kt+STAGES-1 load while tile kt feeds the tensor cores."""
     if layout == "nk":
         b_fragments = [
@@ -102,7 +115,7 @@ def _main_loop(bn: int, layout: str, a_stage: int, b_stage: int) -> list[str]:
         "  load_tile(s, s);",
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "}",
-        "for (int kt = 0; kt < KTILES; ++kt) {",
+        f"for (int kt = 0; kt < {slices.count}; ++kt) {{",
         '  asm volatile("cp.async.wait_group %0;\\n" ::"n"(STAGES - 2));',
         "  __syncthreads();  // tile kt is in shared memory, and everyone is done with tile kt-1",
         "  load_tile((kt + STAGES - 1) % STAGES, kt + STAGES - 1);",

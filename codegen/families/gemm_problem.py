@@ -19,7 +19,7 @@ from graphdnn.ir import Node, Tensor
 from graphdnn.ops.conv import ConvAttributes
 
 from ..context import KernelParams
-from ..indexing import coordinates
+from ..indexing import coordinates, index_type
 
 TENSOR_CORE_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
 
@@ -94,11 +94,16 @@ def declare(fused: FusedNode, problem: Problem) -> tuple[KernelParams, dict[int,
     return params, names
 
 
-def batch_offsets(p: Problem, itype: str) -> list[str]:
-    """Matmul: batch coordinates from blockIdx.z, and the A/B batch offsets `a_base`/`b_base`."""
+def index_type_of(fused: FusedNode, p: Problem) -> str:
+    """The index type of the tensor-core kernels of ``p`` (offsets into every tensor, m * n)."""
+    return index_type([*fused.inputs, *fused.outputs], p.m * max(p.n, 1))
+
+
+def batch_offsets(p: Problem, itype: str, batch_index: str = "blockIdx.z") -> list[str]:
+    """Matmul: batch coordinates from ``batch_index``, and the A/B batch offsets `a_base`/`b_base`."""
     if not p.batch:
         return [f"const {itype} a_base = 0;", f"const {itype} b_base = 0;"]
-    return [*batch_coords(p, itype), *batch_offsets_from_coords(p, itype)]
+    return [*batch_coords(p, itype, batch_index), *batch_offsets_from_coords(p, itype)]
 
 
 def pixel_coordinates(p: Problem, m: str, itype: str) -> list[str]:
@@ -122,8 +127,10 @@ def batch_offsets_from_coords(p: Problem, itype: str) -> list[str]:
     return lines
 
 
-def batch_coords(p: Problem, itype: str) -> list[str]:
+def batch_coords(p: Problem, itype: str, batch_index: str = "blockIdx.z") -> list[str]:
+    """Matmul: output batch coordinates c0.. of the grid layer's batch index (a split-K kernel
+    folds its slice into blockIdx.z too)."""
     rank = len(p.out.dim)
     if not p.batch:
         return []
-    return coordinates(f"({itype})blockIdx.z", p.out.dim[:-2], range(rank - 2), "c", itype)
+    return coordinates(f"({itype}){batch_index}", p.out.dim[:-2], range(rank - 2), "c", itype)

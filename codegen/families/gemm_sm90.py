@@ -27,6 +27,7 @@ from ..kernel import Kernel
 from .gemm_block import BlockShape, TensorCoreBlock
 from .gemm_loaders import SmemTiles
 from .gemm_problem import Problem, tensor_core_layout
+from .gemm_splitk import KSlices, output_tiles, split_choices
 
 ARCH = 90  # wgmma exists on sm_90a only (Blackwell's tensor cores take tcgen05 instead)
 BLOCK_K = 64
@@ -48,10 +49,18 @@ ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes
 
 
 def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
-    """The wgmma launch choices for ``p`` on sm_``arch``: none off sm_90 or off the tensor-core layouts."""
+    """The wgmma launch choices for ``p`` on sm_``arch``: none off sm_90 or off the tensor-core
+    layouts; the tiles, then their split-K variants where the output has few tiles."""
     if arch != ARCH or tensor_core_layout(p) is None:
         return []
-    return [{"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in TILES]
+    tiles: list[dict[str, object]] = [
+        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in TILES
+    ]
+    return tiles + [
+        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages, "split_k": split}
+        for bm, bn, stages in TILES
+        for split in split_choices(p, output_tiles(p, bm, bn), arch)
+    ]
 
 
 def _prelude(bn: int, elem: str, transpose_b: int) -> str:
@@ -121,15 +130,16 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[{count}], unsigned long lon
     )
 
 
-def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
-    """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry)."""
+def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) -> Kernel:
+    """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry), its
+    K cut into ``split`` slices (gemm_splitk.py)."""
     bm = int(ctx.tuning.get("block_m", 128))  # type: ignore[call-overload]
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
     shape = BlockShape(bm, bn, BLOCK_K, stages, bm * 2)  # one warpgroup (128 threads) per 64 rows
     shared = max(stages * (shape.a_stage + shape.b_stage), bm * shape.c_stride * 4) + ALIGN_SLACK
     _check(ctx, bm, bn, stages, shared)
 
-    block = TensorCoreBlock(fused, p, shape, SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n"))
+    block = TensorCoreBlock(fused, p, shape, SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n"), KSlices(split))
     shared_memory = [
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
@@ -138,7 +148,7 @@ def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     lines = block.prelude(
         shared_memory, "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile"
     )
-    lines += _main_loop(block.layout, shape.a_stage, shape.b_stage)
+    lines += _main_loop(block.layout, shape.a_stage, shape.b_stage, block.slices)
     lines += block.epilogue(_staging(shape.c_stride))
     elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
     functions = _prelude(bn, elem, 1 if block.layout == "kn" else 0)
@@ -156,7 +166,7 @@ def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int) -> None
         raise UnsupportedError(f"wgmma GEMM tile {ctx.tuning} needs {shared} bytes of shared memory, over {MAX_SHARED}")
 
 
-def _main_loop(layout: str, a_stage: int, b_stage: int) -> list[str]:
+def _main_loop(layout: str, a_stage: int, b_stage: int, slices: KSlices) -> list[str]:
     """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 k16 steps of a tile) in flight."""
     # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
@@ -171,7 +181,7 @@ def _main_loop(layout: str, a_stage: int, b_stage: int) -> list[str]:
         "}",
         "const unsigned a_tiles = smem_addr(a_smem) + warpgroup * (64 * 128);  // this warpgroup's 64 rows",
         "const unsigned b_tiles = smem_addr(b_smem);",
-        "for (int kt = 0; kt < KTILES; ++kt) {",
+        f"for (int kt = 0; kt < {slices.count}; ++kt) {{",
         "  // This thread's copies of tile kt have landed (groups after it: tiles kt+1 .. kt+STAGES-3);",
         "  // the proxy fence makes them visible to the tensor cores, which read through the async proxy.",
         '  asm volatile("cp.async.wait_group %0;\\n" ::"n"(STAGES - 3));',

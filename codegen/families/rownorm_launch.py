@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
 from graphdnn.errors import GraphError
 
 from .rownorm_layout import RowLayout, analyze
@@ -26,10 +27,6 @@ OVERHEAD_REGISTERS = 32  # indices, offsets, statistics: the estimate's fixed pa
 PIPELINED_OVERHEAD_REGISTERS = 48
 MAX_THREADS_PER_SM = 2048
 MAX_BLOCKS_PER_SM = 32
-# SMs of the target's largest part (A100, H100/H200 SXM), for resident grids; on a part with
-# fewer the extra blocks start as others finish (correct, a longer tail).
-SM_COUNT = {80: 108, 86: 84, 89: 128, 90: 132}
-DEFAULT_SMS = 132
 RESIDENT_WARPS = (8, 12, 16, 32)  # warps per SM the pipelined candidates keep resident
 
 
@@ -109,10 +106,6 @@ def _config(layout: RowLayout, group: int, rows_per_block: int) -> Config:
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-def sm_count(arch: int) -> int:
-    return SM_COUNT.get(arch, DEFAULT_SMS)
 
 
 def heuristic(layout: RowLayout) -> Config:

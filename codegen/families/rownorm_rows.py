@@ -5,13 +5,14 @@ vector loads and stores of the packed tensors, and element accesses of the other
 from __future__ import annotations
 
 from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
 from graphdnn.ir import Tensor
 from graphdnn.layout import storage_extent
 
 from ..context import EmitContext, KernelParams, compute_of, indent, scalar_value
 from ..cuda_types import cuda_type, load, store
 from ..indexing import coordinates, index_type, offset, restricted
-from .rownorm_launch import Config, sm_count
+from .rownorm_launch import Config
 from .rownorm_layout import RowLayout, memory_tensors
 
 

@@ -1,0 +1,163 @@
+"""Split-K for the tensor-core GEMM kernels: when the output has fewer tiles than the GPU has
+SMs, the k tiles are cut into ``split`` contiguous slices, one block per (tile, slice), so that
+more blocks share the work and each walks a shorter K.
+
+Deterministic, no atomics: every slice block stores its fp32 accumulator tile, whole (a slice
+with no k tile stores zeros), into the scratch buffer ``partials`` laid out
+[batch][slice][M][NP] (NP: N rounded up to 8, so that each 8-column chunk is two aligned
+float4); a second kernel sums the slices of each element in slice order and runs the same
+tile epilogue as the single-kernel path (gemm_epilogue.tile_epilogue). The slice is folded into
+blockIdx.z: ``blockIdx.z = batch * SPLIT + slice``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
+from graphdnn.errors import UnsupportedError
+
+from ..context import EmitContext, indent, kernel_source, pattern_name
+from ..kernel import Kernel, Scratch
+from .gemm_epilogue import stage_accumulators, tile_epilogue
+from .gemm_problem import Problem, declare, index_type_of
+
+PARTIALS = "partials"
+MAX_SPLIT = 16
+MIN_SLICE_K = 512  # k per slice at least: 16 mma.sync or 8 wgmma k tiles, to pay for the reduction
+MAX_GRID_Z = 65535
+# The reduction kernel's block: one 8-column chunk per thread
+REDUCE_BM, REDUCE_BN, REDUCE_THREADS = 16, 128, 256
+
+
+@dataclass(frozen=True)
+class KSlices:
+    """Which k tiles a tensor-core block walks: all KTILES (``split`` 1, the kernel as without
+    split-K, word for word), or the ``slice_tiles`` tiles of its slice from ``kt_first`` on."""
+
+    split: int
+
+    @property
+    def count(self) -> str:
+        """The number of k tiles the block walks (a C expression)."""
+        return "KTILES" if self.split == 1 else "slice_tiles"
+
+    def tile(self, kt: str) -> str:
+        """The global k tile of the block's ``kt``-th tile."""
+        return kt if self.split == 1 else f"(kt_first + {kt})"
+
+    @property
+    def batch_index(self) -> str:
+        return "blockIdx.z" if self.split == 1 else "(blockIdx.z / SPLIT)"
+
+    def setup(self) -> list[str]:
+        """The block's slice, after KTILES is defined."""
+        if self.split == 1:
+            return []
+        return [
+            f"constexpr int SPLIT = {self.split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT;",
+            "// The last slices may hold fewer k tiles, or none (they store a zero tile).",
+            "const int kt_first = (blockIdx.z % SPLIT) * SLICE_TILES;",
+            "const int slice_tiles = max(0, min(KTILES - kt_first, SLICE_TILES));",
+        ]
+
+
+def output_tiles(p: Problem, block_m: int, block_n: int) -> int:
+    """Blocks of a launch without split-K: output tiles times batch indices."""
+    return -(-p.m // block_m) * -(-p.n // block_n) * math.prod(p.batch)
+
+
+def heuristic_split(p: Problem, tiles: int, arch: int) -> int:
+    """How many K slices when nothing is tuned: 1 (no split-K) once the ``tiles`` output tiles
+    fill the SMs of sm_``arch``; else enough slices to fill about one wave of blocks, each slice
+    keeping at least MIN_SLICE_K of K, at most MAX_SPLIT."""
+    sms = sm_count(arch)
+    return 1 if tiles >= sms else max(1, min(-(-sms // tiles), _most_slices(p)))
+
+
+def split_choices(p: Problem, tiles: int, arch: int) -> list[int]:
+    """The split-K variants autotuning times for a tile giving ``tiles`` output tiles: the
+    heuristic's split, half and twice it (within the same limits); none for many tiles."""
+    best = heuristic_split(p, tiles, arch)
+    if best == 1:
+        return []
+    return sorted({s for s in (best // 2, best, 2 * best) if 2 <= s <= _most_slices(p)})
+
+
+def _most_slices(p: Problem) -> int:
+    return min(p.k // MIN_SLICE_K, MAX_SPLIT, MAX_GRID_Z // math.prod(p.batch))
+
+
+def tuned_split(ctx: EmitContext, p: Problem) -> int | None:
+    """The tuning's split_k; 1 for a tuned tile without one (a choice made before split-K
+    existed names today's kernel); None when nothing is tuned (the heuristic decides)."""
+    if "split_k" not in ctx.tuning:
+        return 1 if "block_m" in ctx.tuning else None
+    split = ctx.tuning["split_k"]
+    if not isinstance(split, int) or isinstance(split, bool) or not 1 <= split <= MAX_GRID_Z // math.prod(p.batch):
+        raise UnsupportedError(
+            f"GEMM tuning {ctx.tuning}: split_k must be an integer from 1 to {MAX_GRID_Z // math.prod(p.batch)} "
+            f"(K slices times {math.prod(p.batch)} batch indices fill at most {MAX_GRID_Z} grid layers)"
+        )
+    return split
+
+
+def padded_n(p: Problem) -> int:
+    """Floats per row of a partial tile: N rounded up to whole 8-column chunks."""
+    return -(-p.n // 8) * 8
+
+
+def scratch(p: Problem, split: int) -> Scratch:
+    return Scratch(PARTIALS, math.prod(p.batch) * split * p.m * padded_n(p) * 4)
+
+
+def store_partials(p: Problem, c_stride: int, staging: list[str]) -> list[str]:
+    """A slice block's epilogue: its staged fp32 tile into ``partials`` (rows of NP floats), in
+    8-column chunks; nothing else of the fused epilogue runs here."""
+    return [
+        *stage_accumulators(staging),
+        f"constexpr int NP = {padded_n(p)};",
+        "float* const partial = partials + (size_t)blockIdx.z * GM * NP;  // this (batch, slice)'s M x NP tile",
+        "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",
+        "  const int row = chunk / (BN / 8), col = (chunk % (BN / 8)) * 8;",
+        "  if (block_m + row >= GM || block_n + col >= GN) continue;",
+        "  float* const dst = partial + (size_t)(block_m + row) * NP + block_n + col;",
+        f"  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col);",
+        f"  *reinterpret_cast<float4*>(dst + 4) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col + 4);",
+        "}",
+    ]
+
+
+def reduce_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) -> Kernel:
+    """The second kernel: per output element, the sum of the slices' partials in slice order
+    (bitwise reproducible), then the fused epilogue; one grid layer per batch index."""
+    params, names = declare(fused, p)
+    params.scratch(PARTIALS, "const float")
+    itype = index_type_of(fused, p)
+    aligned = params.aligned_flag()
+    fetch = [
+        "if (block_n + col >= GN) continue;  // a chunk wholly past the last column",
+        "#pragma unroll",
+        "for (int e = 0; e < 8; ++e) acc8[e] = 0.0f;",
+        "for (int slice = 0; slice < SPLIT; ++slice) {  // a fixed order: the same sum every run",
+        "  const float* const part = partials + ((size_t)(blockIdx.z * SPLIT + slice) * GM + m) * NP + block_n + col;",
+        "  const float4 lo = *reinterpret_cast<const float4*>(part), hi = *reinterpret_cast<const float4*>(part + 4);",
+        "  acc8[0] += lo.x; acc8[1] += lo.y; acc8[2] += lo.z; acc8[3] += lo.w;",
+        "  acc8[4] += hi.x; acc8[5] += hi.y; acc8[6] += hi.z; acc8[7] += hi.w;",
+        "}",
+    ]
+    body = [
+        f"constexpr int BM = {REDUCE_BM}, BN = {REDUCE_BN}, THREADS = {REDUCE_THREADS};",
+        f"constexpr int GM = {p.m}, GN = {p.n}, NP = {padded_n(p)}, SPLIT = {split};",
+        "const int tid = threadIdx.x;",
+        f"const {itype} block_m = ({itype})blockIdx.x * BM;",
+        "const int block_n = blockIdx.y * BN;",
+        *tile_epilogue(fused, p, names, itype, aligned, fetch),
+    ]
+    name, source = kernel_source(
+        ctx, fused, pattern_name(fused) + "_splitk_reduce", params, REDUCE_THREADS, indent(body, 1)
+    )
+    grid = (-(-p.m // REDUCE_BM), -(-p.n // REDUCE_BN), math.prod(p.batch))
+    return Kernel(name, source, grid, (REDUCE_THREADS, 1, 1), 0, tuple(params.bindings), alignment=16)
