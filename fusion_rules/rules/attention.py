@@ -187,12 +187,9 @@ def _shape_reason(c: _Chain) -> str | None:
 
 def _operand_reason(c: _Chain) -> str | None:
     scores = c.qk.outputs[0][1].dim
-    if c.scale is not None and c.scale_operand is not None and not c.pre_scaled:
-        if c.scale_operand.numel != 1 or c.scale.outputs[0][1].dim != scores:
-            return (
-                f"{c.scale.name}'s operand '{c.scale_operand.name}' has dims {list(c.scale_operand.dim)}, "
-                "not one element (an attention scale)"
-            )
+    scale, operand = c.scale, c.scale_operand
+    if scale is not None and operand is not None and not c.pre_scaled and _not_a_scale(scale, operand, scores):
+        return f"{scale.name}'s operand '{operand.name}' has dims {list(operand.dim)}, not one element (an attention scale)"
     if c.bias is not None and c.bias_operand is not None:
         dims = c.bias_operand.dim
         if len(dims) != 4 or any(e not in (1, s) for e, s in zip(dims, scores)):
@@ -201,6 +198,11 @@ def _operand_reason(c: _Chain) -> str | None:
                 f"each dim 1 or that of the scores {list(scores)}"
             )
     return None
+
+
+def _not_a_scale(scale: Node, operand: Tensor, scores: tuple[int, ...]) -> bool:
+    """Whether ``scale`` multiplies by more than one value, or broadcasts the scores' dims."""
+    return operand.numel != 1 or scale.outputs[0][1].dim != scores
 
 
 def _type_reason(c: _Chain) -> str | None:
@@ -233,12 +235,11 @@ def _k(c: _Chain) -> Tensor:
     """K as [B, H, Skv, D]: a view of Kᵀ's memory, or of the transpose's input."""
     kt = c.qk.input("B")
     assert kt is not None
-    stride = kt.stride
-    base = kt
+    base, stride = kt, kt.stride
     if c.transpose is not None:
-        base = c.transpose.input("input")
-        assert base is not None
-        stride = tuple(base.stride[p] for p in c.transpose.attributes.permutation)  # type: ignore[attr-defined]
+        source = c.transpose.input("input")
+        assert source is not None
+        base, stride = source, tuple(source.stride[p] for p in c.transpose.attributes.permutation)  # type: ignore[attr-defined]
     swap = (0, 1, 3, 2)
     return dataclasses.replace(base, dim=tuple(kt.dim[i] for i in swap), stride=tuple(stride[i] for i in swap))
 
