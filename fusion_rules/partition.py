@@ -23,7 +23,7 @@ class Family(enum.Enum):
     GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue
     BATCHNORM_TRAIN = "batchnorm_train"  # batch statistics, running averages, apply + epilogue
     REDUCTION = "reduction"  # reduction / softmax with an epilogue
-    ATTENTION = "attention"  # scaled dot-product attention (sdpa), alone for now
+    ATTENTION = "attention"  # scaled dot-product attention: sdpa, or the attention rule's chain as one sdpa
     ELEMENTWISE = "elementwise"  # a group of pointwise ops (and inference batch norms)
     DIRECT = "direct"  # any other single op, by a straightforward kernel
 

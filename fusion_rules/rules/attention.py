@@ -268,7 +268,7 @@ ATTENTION = register_rule(
         name="attention",
         pattern=Pattern((op("softmax", bind="softmax"), op("matmul", bind="pv", via=["A"]))),
         family=Family.ATTENTION,
-        priority=5,
+        priority=38,  # before matmul_epilogue and reduction_epilogue, which would split the chain
         rewrite=rewrite,
         description=(
             "attention from primitives: matmul(Q, Kᵀ) (Kᵀ by strides or a transpose) → mul by a one-element "
