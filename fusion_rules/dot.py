@@ -61,6 +61,8 @@ def to_dot(partition: Partition) -> str:
 def _cluster(index: int, fused: FusedNode) -> list[str]:
     colour = FAMILY_COLOURS[fused.family]
     label = f"{fused.name} [{fused.family.value}, rule {fused.rule}]"
+    if fused.synthesized and fused.anchor is not None:
+        label += f"\nas one {fused.anchor.op}"
     lines = [
         f"  subgraph cluster_{index} {{",
         f"    label={quote(label)}; style=filled; fillcolor={quote(colour)}; color=gray30;",

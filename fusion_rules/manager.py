@@ -66,11 +66,14 @@ def fuse(
                     continue
                 node = ir.nodes[node_id]
                 asked = Claimed(claimed)
-                outcome = match(rule.pattern, MatchContext(ir, view, target, asked, quotient), node)
+                ctx = MatchContext(ir, view, target, asked, quotient)
+                outcome = match(rule.pattern, ctx, node)
+                result = outcome.result
+                if rule.rewrite is not None and isinstance(result, Match):
+                    result = rule.rewrite(ctx, result)
                 worklist.watch(asked.asked, index, node_id)
                 for miss in outcome.rejections:
                     reject(rule, miss)
-                result = outcome.result
                 if isinstance(result, Miss):
                     reject(rule, result)
                     continue
@@ -120,7 +123,7 @@ def _assemble(
     rewrites = []
     for rule, result, fused_name in matches:
         members = tuple(sorted(result.members, key=lambda n: order[n.id]))
-        anchor = result.bindings.get(rule.anchor) if rule.anchor else None
+        anchor = result.anchor or (result.bindings.get(rule.anchor) if rule.anchor else None)
         prologue = result.bindings.get(rule.prologue) if rule.prologue else None
         family = rule.family or (family_of(anchor) if anchor is not None else Family.ELEMENTWISE)
         if fused_name is None:
@@ -142,7 +145,8 @@ def _assemble(
     fused = []
     for i in ranked:
         rule_name, name, family, members, anchor, prologue = groups[i]
-        epilogue = tuple(n for n in members if n is not anchor and n is not prologue)
+        synthesized = anchor is not None and all(n is not anchor for n in members)
+        epilogue = () if synthesized else tuple(n for n in members if n is not anchor and n is not prologue)
         fused.append(
             FusedNode(
                 name=name,

@@ -23,7 +23,7 @@ class Family(enum.Enum):
     GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue
     BATCHNORM_TRAIN = "batchnorm_train"  # batch statistics, running averages, apply + epilogue
     REDUCTION = "reduction"  # reduction / softmax with an epilogue
-    ATTENTION = "attention"  # scaled dot-product attention (sdpa), alone for now
+    ATTENTION = "attention"  # scaled dot-product attention: sdpa, or the attention rule's chain as one sdpa
     ELEMENTWISE = "elementwise"  # a group of pointwise ops (and inference batch norms)
     DIRECT = "direct"  # any other single op, by a straightforward kernel
 
@@ -66,6 +66,11 @@ class FusedNode:
     ``epilogue`` the elementwise nodes after it, in topological order (for an
     elementwise group: all its nodes). ``inputs`` are read from memory, ``outputs``
     written to memory: graph outputs and tensors that later fused nodes read.
+
+    A *synthesized* anchor is no member: a rule built it to compute all the members at
+    once (attention written from primitives becomes an ``sdpa`` node). It reads the
+    members' inputs (a tensor it views under other dims or strides keeps that tensor's
+    id: the same memory) and writes their outputs; prologue and epilogue are then empty.
     """
 
     name: str
@@ -77,6 +82,11 @@ class FusedNode:
     epilogue: tuple[Node, ...]
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
+
+    @property
+    def synthesized(self) -> bool:
+        """Whether the anchor is a node the rule built rather than one of the members."""
+        return self.anchor is not None and all(node is not self.anchor for node in self.nodes)
 
     def __repr__(self) -> str:
         return f"FusedNode({self.name!r} {self.family.value}: {', '.join(n.name for n in self.nodes)})"
@@ -126,6 +136,9 @@ class Partition:
             lines.append(
                 f"  {fused.name} [{fused.family.value}, rule {fused.rule}]: {', '.join(n.name for n in fused.nodes)}"
             )
+            if fused.synthesized:
+                assert fused.anchor is not None
+                lines.append(f"    computes {_signature(self.graph, fused.anchor)}")
             lines.append(f"    reads  {', '.join(t.name for t in fused.inputs) or '-'}")
             lines.append(f"    writes {', '.join(t.name for t in fused.outputs)}")
         if self.materialized:
@@ -134,3 +147,15 @@ class Partition:
             lines.append("  not fused:")
             lines.extend(f"    {r}" for r in self.rejections)
         return "\n".join(lines)
+
+
+def _signature(graph: Graph, node: Node) -> str:
+    """``sdpa(Q=q, K=k [2, 4, 16, 8] view, ...)``: a synthesized node's roles and tensors,
+    with the dims of a tensor it views differently from the graph."""
+    parts = []
+    for role, bound in node.inputs:
+        for tensor in bound if isinstance(bound, tuple) else (bound,):
+            text = f"{role}={tensor.value if tensor.is_constant else tensor.name}"
+            viewed = (tensor.dim, tensor.stride) != (graph.tensors[tensor.id].dim, graph.tensors[tensor.id].stride)
+            parts.append(text + (f" viewed as {list(tensor.dim)} strides {list(tensor.stride)}" if viewed else ""))
+    return f"{node.op}({', '.join(parts)}) -> {', '.join(t.name for t in node.output_tensors())}"

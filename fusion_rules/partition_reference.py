@@ -59,18 +59,21 @@ def _run_fused_node(
     """Load the fused node's inputs, compute its members in order, store its outputs."""
     registers = _Registers(ir, fused, {t.id: _load(memory, t, fused) for t in fused.inputs})
     registers.update({t.id: memory[t.id] for t in ir.tensors if t.is_constant})
-    for node in fused.nodes:
+    for node in (fused.anchor,) if fused.synthesized else fused.nodes:
+        assert node is not None
         kernel = _anchor_kernel(fused, node) if node is fused.anchor else _elementwise_kernel(fused, node)
-        if kernel is _op_reference and _same_inputs(node, registers, plain):
+        # A synthesized anchor is not the graph's node: the plain values come from its members.
+        if kernel is _op_reference and not fused.synthesized and _same_inputs(node, registers, plain):
             registers.update({t.id: plain[t.id] for t in node.output_tensors()})
             continue
-        results = kernel(node, operands(node, registers))
+        results = kernel(node, operands(node, _Views(ir, node, registers) if fused.synthesized else registers))
         for role, tensor in node.outputs:
             value = np.asarray(results[role], dtype=np.float64)
             if value.shape != tensor.dim:
                 raise AssertionError(f"{fused.name}: {node.op} gave {value.shape} for '{tensor.name}' {tensor.dim}")
             registers[tensor.id] = round_to(tensor.data_type, value)
-    computed = {t.id for node in fused.nodes for t in node.output_tensors()}
+    computers = (fused.anchor,) if fused.synthesized else fused.nodes
+    computed = {t.id for node in computers if node is not None for t in node.output_tensors()}
     for tensor in fused.outputs:
         if tensor.id not in computed:
             raise StructureError(f"fused node '{fused.name}' writes '{tensor.name}', which none of its nodes computes")
@@ -100,6 +103,35 @@ class _Registers(dict[int, np.ndarray]):
         raise StructureError(
             f"fused node '{self.fused.name}' reads '{name}', which is neither among its inputs nor computed by it"
         )
+
+
+class _Views(dict[int, np.ndarray]):
+    """A synthesized anchor's operands: each input the anchor views under other dims or
+    strides than the graph's tensor of that id (the same memory) is laid out in memory
+    with the graph's strides and read back with the anchor's, as the kernel reads it."""
+
+    def __init__(self, graph: Graph, node: Node, registers: Mapping[int, np.ndarray]) -> None:
+        super().__init__()
+        for tensor in node.input_tensors():
+            stored = graph.tensors[tensor.id]
+            value = registers[tensor.id]
+            same = (tensor.dim, tensor.stride) == (stored.dim, stored.stride)
+            self[tensor.id] = value if same else _reinterpret(value, stored, tensor)
+
+
+def _reinterpret(value: np.ndarray, stored: Tensor, view: Tensor) -> np.ndarray:
+    """The elements ``view`` addresses in the memory that holds ``value`` as ``stored``."""
+    if min(stored.stride, default=0) < 0 or min(view.stride, default=0) < 0:
+        raise UnsupportedError(f"a view of '{stored.name}' with negative strides")
+    span = 1 + sum((d - 1) * s for d, s in zip(stored.dim, stored.stride))
+    reach = 1 + sum((d - 1) * s for d, s in zip(view.dim, view.stride))
+    if reach > span:
+        raise StructureError(f"a view {list(view.dim)} of '{stored.name}' reaches beyond its memory")
+    flat = np.zeros(span, dtype=value.dtype)
+    itemsize = flat.itemsize
+    np.lib.stride_tricks.as_strided(flat, stored.dim, [s * itemsize for s in stored.stride])[...] = value
+    read = np.lib.stride_tricks.as_strided(flat, view.dim, [s * itemsize for s in view.stride])
+    return np.array(read)
 
 
 def _load(memory: Mapping[int, np.ndarray], tensor: Tensor, fused: FusedNode | None) -> np.ndarray:

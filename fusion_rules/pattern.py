@@ -100,9 +100,13 @@ class MatchContext:
 
 @dataclass(frozen=True)
 class Match:
+    """What a pattern matched. ``anchor``, set by a rule's ``rewrite``: a node outside the
+    graph that computes every member at once (the fused node's anchor)."""
+
     bindings: dict[str, Node]
     epilogue: tuple[Node, ...]
     members: tuple[Node, ...]
+    anchor: Node | None = None
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from graphdnn.errors import GraphError
 
 from .partition import Family
-from .pattern import Group, Pattern
+from .pattern import Group, Match, MatchContext, Miss, Pattern
+
+Rewriter = Callable[[MatchContext, Match], "Match | Miss"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class Rule:
     description: str
     anchor: str | None = None
     prologue: str | None = None
+    rewrite: Rewriter | None = None
 
 
 _RULES: dict[str, Rule] = {}

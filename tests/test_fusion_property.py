@@ -92,7 +92,10 @@ def check_partition(partition: Partition) -> None:
 
 
 def check_members(fused: FusedNode) -> None:
-    split = [n for n in (fused.anchor, fused.prologue) if n is not None] + list(fused.epilogue)
+    if fused.synthesized:  # the anchor computes every member: no prologue, no epilogue
+        assert fused.prologue is None and not fused.epilogue
+    split = [n for n in (fused.anchor, fused.prologue) if n is not None and not fused.synthesized]
+    split += list(fused.nodes if fused.synthesized else fused.epilogue)
     assert sorted(n.id for n in split) == sorted(n.id for n in fused.nodes)
     assert list(fused.nodes) == sorted(fused.nodes, key=lambda n: n.id)
     if fused.family is Family.ELEMENTWISE:
