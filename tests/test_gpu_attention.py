@@ -54,3 +54,15 @@ def test_rows_without_visible_keys_are_zero_with_minus_infinite_stats() -> None:
     o = to_numpy(outputs["o"])
     assert (o[np.broadcast_to(empty, o.shape)] == 0).all()
     np.testing.assert_allclose(o, expected["o"], atol=3e-2)
+
+
+@pytest.mark.parametrize("k_form", ["strides", "transpose", "bshd"])
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_attention_written_from_primitives_runs_as_one_flash_kernel(k_form: str, kv_heads: int) -> None:
+    from tests.test_fusion_attention_rule import Form
+
+    form = Form(b=2, h=4, hk=kv_heads, sq=100, skv=130, d=64, dv=64, k_form=k_form, bias=(2, 1, 1, 130), io="bf16")
+    plan = check_on_gpu(form.build(), seed=kv_heads)
+    assert [kernel.name for kernel in plan.kernels if "_flash_" in kernel.name] == [
+        kernel.name for kernel in plan.kernels
+    ]
