@@ -34,6 +34,6 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     finite = np.isfinite(ref)
     if np.isnan(out[finite]).any() or not np.array_equal(np.isnan(out[~finite]), np.isnan(ref[~finite])):
         return float("inf")
-    diff = np.linalg.norm((out - ref)[finite])
+    diff = np.linalg.norm(out[finite] - ref[finite])
     scale = np.linalg.norm(ref[finite])
     return float(diff / scale) if scale > 0 else float(diff)

@@ -101,3 +101,12 @@ CASES = {
     "fp32_simt": AttentionCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24),
     "mixed_types_simt": AttentionCase(kv_type=DataType.HALF, sq=33, skv=65, options={"use_causal_mask": True}),
 }
+
+
+def self_attention(data_type: DataType) -> gd.OperationGraphSpec:
+    """One tensor as Q, K and V (the kernel takes it once)."""
+    g = gd.OperationGraphSpec(name="self_attention", io_data_type=data_type)
+    x = g.tensor(name="x", dim=[2, 2, 33, 64])
+    o, _ = g.sdpa(x, x, x, attn_scale=0.125, use_causal_mask=True)
+    o.set_output(True).set_name("o")
+    return g

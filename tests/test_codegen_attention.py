@@ -10,9 +10,10 @@ from codegen.families.attention_flash import FlashConfig, shared_bytes
 from codegen.families.attention_problem import attention_of
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
+from graphdnn.dtypes import DataType
 from graphdnn.lower import lower
 from graphdnn.signature import signature
-from tests.attention_cases import CASES
+from tests.attention_cases import CASES, self_attention
 from tests.compile_check import compile_graphs
 
 
@@ -34,7 +35,9 @@ def test_every_case_is_one_attention_kernel(case: str) -> None:
 
 
 def test_every_case_compiles_for_sm80_and_sm90() -> None:
-    report = compile_graphs([case.build().validate() for case in CASES.values()])
+    graphs = [case.build().validate() for case in CASES.values()]
+    graphs += [self_attention(t).validate() for t in (DataType.BFLOAT16, DataType.FLOAT)]
+    report = compile_graphs(graphs)
     assert not report.failures, "\n\n".join(report.failures)
 
 

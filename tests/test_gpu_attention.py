@@ -12,8 +12,9 @@ import graphdnn as gd
 from codegen.emit import candidates
 from fusion_rules import Family, fuse
 from graphdnn import reference
+from graphdnn.dtypes import DataType
 from graphdnn.random_inputs import random_inputs
-from tests.attention_cases import CASES, AttentionCase
+from tests.attention_cases import CASES, AttentionCase, self_attention
 from tests.gpu_check import check_on_gpu, poisoned, to_device, to_numpy
 
 pytestmark = pytest.mark.gpu
@@ -31,6 +32,11 @@ def test_every_flash_choice_matches_reference(case: str) -> None:
     (fused,) = [f for f in fuse(ir).nodes if f.family is Family.ATTENTION]
     for choice in candidates(fused, 90):
         check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice})
+
+
+@pytest.mark.parametrize("data_type", [DataType.BFLOAT16, DataType.FLOAT])
+def test_one_tensor_as_query_key_and_value(data_type: DataType) -> None:
+    check_on_gpu(self_attention(data_type))
 
 
 def test_rows_without_visible_keys_are_zero_with_minus_infinite_stats() -> None:

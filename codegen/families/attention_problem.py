@@ -116,20 +116,21 @@ class AttentionParams:
 
 
 def declare(a: Attention) -> AttentionParams:
+    """One parameter per tensor, however many roles it fills (self-attention may pass one
+    tensor as K and V, or as Q, K and V)."""
     params = KernelParams()
-    names = {"Q": params.tensor(a.q), "K": params.tensor(a.k), "V": params.tensor(a.v)}
-    for role, tensor in (
-        ("ATTN_SCALE", a.scale),
-        ("BIAS", a.bias),
-        ("SEQ_LEN_Q", a.seq_len_q),
-        ("SEQ_LEN_KV", a.seq_len_kv),
-    ):
-        if tensor is not None and not tensor.is_constant:
-            names[role] = params.tensor(tensor)
-    if a.o is not None:
-        names["O"] = params.tensor(a.o, writable=True)
-    if a.stats is not None:
-        names["STATS"] = params.tensor(a.stats, writable=True)
+    declared: dict[int, str] = {}
+
+    def name_of(tensor: Tensor, writable: bool = False) -> str:
+        if tensor.id not in declared:
+            declared[tensor.id] = params.tensor(tensor, writable=writable)
+        return declared[tensor.id]
+
+    inputs = {"Q": a.q, "K": a.k, "V": a.v, "ATTN_SCALE": a.scale, "BIAS": a.bias}
+    inputs |= {"SEQ_LEN_Q": a.seq_len_q, "SEQ_LEN_KV": a.seq_len_kv}
+    names = {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant}
+    outputs = {"O": a.o, "STATS": a.stats}
+    names |= {role: name_of(t, writable=True) for role, t in outputs.items() if t is not None}
     return AttentionParams(params, names)
 
 
