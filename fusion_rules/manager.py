@@ -11,7 +11,7 @@ from graphdnn.errors import GraphError
 from graphdnn.gc_pause import gc_paused
 from graphdnn.ir import Graph, Node, Tensor
 
-from .partition import Family, FusedNode, Partition, Rejection, Rewrite, family_of, is_elementwise
+from .partition import Family, FusedNode, Partition, Rejection, Rewrite, family_of, is_elementwise, is_synthesized
 from .pattern import Claimed, Group, Match, MatchContext, Miss, Op, match
 from .quotient import Quotient
 from .rule import Rule, registered_rules
@@ -145,8 +145,11 @@ def _assemble(
     fused = []
     for i in ranked:
         rule_name, name, family, members, anchor, prologue = groups[i]
-        synthesized = anchor is not None and all(n is not anchor for n in members)
-        epilogue = () if synthesized else tuple(n for n in members if n is not anchor and n is not prologue)
+        epilogue = (
+            ()
+            if is_synthesized(anchor, members)
+            else tuple(n for n in members if n is not anchor and n is not prologue)
+        )
         fused.append(
             FusedNode(
                 name=name,

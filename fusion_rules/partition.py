@@ -46,6 +46,19 @@ ANCHOR_FAMILY = {
 }
 
 
+def is_synthesized(anchor: Node | None, members: tuple[Node, ...]) -> bool:
+    """Whether ``anchor`` is a node a rule built (no member of the fused node)."""
+    return anchor is not None and all(node is not anchor for node in members)
+
+
+def computing_nodes(fused: FusedNode) -> tuple[Node, ...]:
+    """The nodes whose computation the fused node carries out: its built anchor alone, or its members."""
+    if fused.synthesized:
+        assert fused.anchor is not None
+        return (fused.anchor,)
+    return fused.nodes
+
+
 def is_elementwise(node: Node) -> bool:
     return node.definition.category is Category.POINTWISE or node.op in ELEMENTWISE_EXTRA
 
@@ -86,7 +99,7 @@ class FusedNode:
     @property
     def synthesized(self) -> bool:
         """Whether the anchor is a node the rule built rather than one of the members."""
-        return self.anchor is not None and all(node is not self.anchor for node in self.nodes)
+        return is_synthesized(self.anchor, self.nodes)
 
     def __repr__(self) -> str:
         return f"FusedNode({self.name!r} {self.family.value}: {', '.join(n.name for n in self.nodes)})"

@@ -27,11 +27,12 @@ from numpy.lib.stride_tricks import sliding_window_view
 from graphdnn.dtypes import round_to
 from graphdnn.errors import StructureError, UnsupportedError
 from graphdnn.ir import FeedKey, Graph, Node, Tensor
+from graphdnn.layout import storage_extent
 from graphdnn.ops.conv import ConvMode, conv_attrs
 from graphdnn.ops.norms import NormOp
 from graphdnn.reference import bind_feeds, operands, output_arrays
 
-from .partition import Family, FusedNode, Partition, is_elementwise
+from .partition import Family, FusedNode, Partition, computing_nodes, is_elementwise
 
 Kernel = Callable[[Node, Mapping[str, Any]], dict[str, np.ndarray]]
 
@@ -59,8 +60,8 @@ def _run_fused_node(
     """Load the fused node's inputs, compute its members in order, store its outputs."""
     registers = _Registers(ir, fused, {t.id: _load(memory, t, fused) for t in fused.inputs})
     registers.update({t.id: memory[t.id] for t in ir.tensors if t.is_constant})
-    for node in (fused.anchor,) if fused.synthesized else fused.nodes:
-        assert node is not None
+    computers = computing_nodes(fused)
+    for node in computers:
         kernel = _anchor_kernel(fused, node) if node is fused.anchor else _elementwise_kernel(fused, node)
         # A synthesized anchor is not the graph's node: the plain values come from its members.
         if kernel is _op_reference and not fused.synthesized and _same_inputs(node, registers, plain):
@@ -72,8 +73,7 @@ def _run_fused_node(
             if value.shape != tensor.dim:
                 raise AssertionError(f"{fused.name}: {node.op} gave {value.shape} for '{tensor.name}' {tensor.dim}")
             registers[tensor.id] = round_to(tensor.data_type, value)
-    computers = (fused.anchor,) if fused.synthesized else fused.nodes
-    computed = {t.id for node in computers if node is not None for t in node.output_tensors()}
+    computed = {t.id for node in computers for t in node.output_tensors()}
     for tensor in fused.outputs:
         if tensor.id not in computed:
             raise StructureError(f"fused node '{fused.name}' writes '{tensor.name}', which none of its nodes computes")
@@ -123,9 +123,8 @@ def _reinterpret(value: np.ndarray, stored: Tensor, view: Tensor) -> np.ndarray:
     """The elements ``view`` addresses in the memory that holds ``value`` as ``stored``."""
     if min(stored.stride, default=0) < 0 or min(view.stride, default=0) < 0:
         raise UnsupportedError(f"a view of '{stored.name}' with negative strides")
-    span = 1 + sum((d - 1) * s for d, s in zip(stored.dim, stored.stride))
-    reach = 1 + sum((d - 1) * s for d, s in zip(view.dim, view.stride))
-    if reach > span:
+    span = storage_extent(stored.dim, stored.stride)
+    if storage_extent(view.dim, view.stride) > span:
         raise StructureError(f"a view {list(view.dim)} of '{stored.name}' reaches beyond its memory")
     flat = np.zeros(span, dtype=value.dtype)
     itemsize = flat.itemsize

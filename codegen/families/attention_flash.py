@@ -34,6 +34,7 @@ from .attention_problem import (
     o_store,
     score_function,
     stats_store,
+    strides,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .tensor_core import mma_fragments
@@ -121,6 +122,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         f"using T = {t};",
         f"constexpr int THREADS = {32 * c.warps}, BM = {c.block_m}, BN = {c.block_n};",
         f"constexpr int DP = {dp}, DVP = {dvp}, QROW = DP + 8, VROW = DVP + 8;  // padded rows: conflict-free ldmatrix",
+        f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
         f"constexpr int MI = {c.m_tiles}, NT = BN / 8, OT = DVP / 8, QK = DP / 16;",
         f"constexpr bool Q_IN_REGISTERS = {str(q_in_registers).lower()};",
         *block_setup(a, names, c.block_m),

@@ -10,14 +10,17 @@ window, where diag is skv - sq for the bottom-right alignment and 0 otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Node, Tensor
-from graphdnn.ops.attention import SdpaAttributes
+from graphdnn.ops.attention import SdpaAttributes, alibi_slopes
 
 from ..context import KernelParams, scalar_value
 from ..cuda_types import cuda_type, load
+from ..indexing import offset_at
+from ..pointwise import literal
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -148,8 +151,6 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
         "const float NEG_INF = __int_as_float(0xff800000);",
         f"constexpr int HQ = {a.heads}, GROUP = {a.heads // a.kv_heads}, SQ = {a.sq}, SKV = {a.skv};",
         f"constexpr int D = {a.d}, DV = {a.dv}, M_BLOCKS = {m_blocks};",
-        f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
-        *([f"constexpr long long OS[4] = {{{strides(a.o)}}};"] if a.o is not None else []),
         "const int m_block = M_BLOCKS - 1 - (int)(blockIdx.x % M_BLOCKS);  // the longest causal rows first",
         "const int h = (int)((blockIdx.x / M_BLOCKS) % HQ), b = (int)(blockIdx.x / M_BLOCKS / HQ);",
         "const int hk = h / GROUP;",
@@ -158,8 +159,8 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
     if a.padded:
         assert a.seq_len_q is not None and a.seq_len_kv is not None
         lines += [
-            f"const int sq = (int)min((long long)SQ, max(0LL, (long long){_element(a.seq_len_q, names['SEQ_LEN_Q'], 'b')}));",
-            f"const int skv = (int)min((long long)SKV, max(0LL, (long long){_element(a.seq_len_kv, names['SEQ_LEN_KV'], 'b')}));",
+            f"const int sq = (int)min((long long)SQ, max(0LL, (long long){_length(a.seq_len_q, names['SEQ_LEN_Q'])}));",
+            f"const int skv = (int)min((long long)SKV, max(0LL, (long long){_length(a.seq_len_kv, names['SEQ_LEN_KV'])}));",
         ]
     else:
         lines.append("constexpr int sq = SQ, skv = SKV;")
@@ -169,22 +170,20 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
     scale = "1.0f" if a.scale is None else scalar_value(a.scale, names.get("ATTN_SCALE"), "float")
     lines.append(f"const float scale = {scale};")
     if a.attrs.use_alibi_mask:
-        lines.append(f"const float slope = {_alibi_slope(a.heads)};")
+        slopes = ", ".join(literal(slope, "float") for slope in alibi_slopes(a.heads))
+        lines.append(f"constexpr float SLOPES[HQ] = {{{slopes}}};")
+        lines.append("const float slope = SLOPES[h];")
     return lines
 
 
-def _element(tensor: Tensor, name: str, index: str) -> str:
-    return load(tensor.data_type, f"{name}[(long long){index} * {tensor.stride[0]}LL]", "double")
+def element(tensor: Tensor, name: str, coordinates: Sequence[str]) -> str:
+    """``name[...]`` at the given [b, h, s, d] coordinate expressions, in 64-bit offsets."""
+    return f"{name}[{offset_at(tensor, [f'(long long)({c})' for c in coordinates])}]"
 
 
-def _alibi_slope(heads: int) -> str:
-    """ALiBi's slope for head h (the paper's sequence; see ops/attention.py alibi_slopes):
-    2^(-8 (h+1) / n) for the first n = 2^floor(log2 H) heads, the odd-numbered slopes of 2n
-    heads for the rest."""
-    n = 1 << (heads.bit_length() - 1)
-    if n == heads:
-        return f"exp2f(-8.0f * (float)(h + 1) / {n}.0f)"
-    return f"(h < {n} ? exp2f(-8.0f * (float)(h + 1) / {n}.0f) : exp2f(-4.0f * (float)(2 * (h - {n}) + 1) / {n}.0f))"
+def _length(tensor: Tensor, name: str) -> str:
+    """Batch b's sequence length from a [B, 1, 1, 1] tensor."""
+    return load(tensor.data_type, element(tensor, name, ["b", "0", "0", "0"]), "double")
 
 
 def key_range(a: Attention, block_m: int) -> list[str]:
@@ -215,14 +214,7 @@ def score_function(a: Attention, names: dict[str, str]) -> list[str]:
     visible to every row)."""
     terms = ["dot * scale"]
     if a.bias is not None:
-        bias = a.bias
-        offset = (
-            " + ".join(
-                f"(long long){var} * {s}LL" for var, d, s in zip(("b", "h", "i", "j"), bias.dim, bias.stride) if d != 1
-            )
-            or "0"
-        )
-        terms.append(load(bias.data_type, f"{names['BIAS']}[{offset}]", "float"))
+        terms.append(load(a.bias.data_type, element(a.bias, names["BIAS"], ["b", "h", "i", "j"]), "float"))
     if a.attrs.use_alibi_mask:
         terms.append("slope * (float)(j - i - diag)")
     conditions = ["j >= skv", "i >= sq"]
@@ -244,19 +236,11 @@ def o_store(a: Attention, names: dict[str, str], row: str, col: str, value: str)
     """One element of O, at (b, h, ``row``, ``col``); nothing when O is not written."""
     if a.o is None:
         return ";"
-    offset = f"(long long)b * OS[0] + (long long)h * OS[1] + (long long)({row}) * OS[2] + (long long)({col}) * OS[3]"
-    return f"{names['O']}[{offset}] = gd::from<{cuda_type(a.o.data_type)}>({value});"
+    return f"{element(a.o, names['O'], ['b', 'h', row, col])} = gd::from<{cuda_type(a.o.data_type)}>({value});"
 
 
 def stats_store(a: Attention, names: dict[str, str], row: str, lse2: str) -> list[str]:
     """STATS at (b, h, ``row``) from the log2-unit log-sum-exp ``lse2`` (-inf: no visible key)."""
     if a.stats is None:
         return []
-    s = a.stats
-    offset = (
-        " + ".join(
-            f"(long long)({var}) * {stride}LL" for var, d, stride in zip(("b", "h", row), s.dim, s.stride) if d != 1
-        )
-        or "0"
-    )
-    return [f"{names['STATS']}[{offset}] = ({lse2}) * {LN2}f;"]
+    return [f"{element(a.stats, names['STATS'], ['b', 'h', row, '0'])} = ({lse2}) * {LN2}f;"]

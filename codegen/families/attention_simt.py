@@ -15,7 +15,16 @@ from graphdnn.ir import Tensor
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import load
 from ..kernel import Kernel
-from .attention_problem import Attention, block_setup, declare, key_range, o_store, score_function, stats_store
+from .attention_problem import (
+    Attention,
+    block_setup,
+    declare,
+    element,
+    key_range,
+    o_store,
+    score_function,
+    stats_store,
+)
 
 WARPS = 4
 
@@ -25,9 +34,8 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
     names, params = declared.names, declared.params
     columns = -(-a.dv // 32)
 
-    def element(tensor_name: str, tensor: Tensor, strides: str, head: str, row: str, col: str) -> str:
-        index = f"(long long)b * {strides}[0] + (long long){head} * {strides}[1] + (long long)({row}) * {strides}[2] + (long long)({col}) * {strides}[3]"
-        return load(tensor.data_type, f"{names[tensor_name]}[{index}]", "float")
+    def value(role: str, tensor: Tensor, head: str, row: str, col: str) -> str:
+        return load(tensor.data_type, element(tensor, names[role], ["b", head, row, col]), "float")
 
     body = [
         *block_setup(a, names, WARPS),
@@ -37,7 +45,7 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
         "const int i = row0 + warp;",
         "if (i >= SQ) return;",
-        "for (int d = lane; d < D; d += 32) q_s[warp][d] = " + element("Q", a.q, "QS", "h", "i", "d") + ";",
+        "for (int d = lane; d < D; d += 32) q_s[warp][d] = " + value("Q", a.q, "h", "i", "d") + ";",
         "__syncwarp();",
         f"float o[{columns}], m = NEG_INF, l = 0.0f;",
         "#pragma unroll",
@@ -47,7 +55,7 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
         "  float x = NEG_INF;",
         "  if (j < kv_end) {",
         "    float dot = 0.0f;",
-        "    for (int d = 0; d < D; ++d) dot += q_s[warp][d] * " + element("K", a.k, "KS", "hk", "j", "d") + ";",
+        "    for (int d = 0; d < D; ++d) dot += q_s[warp][d] * " + value("K", a.k, "hk", "j", "d") + ";",
         "    x = score(dot, i, j, true);",
         "  }",
         "  const float mx = fmaxf(m, gd::lanes_max<32>(x));",
@@ -64,7 +72,7 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
         "#pragma unroll",
         f"    for (int c = 0; c < {columns}; ++c) {{",
         "      const int d = lane + 32 * c;",
-        "      if (d < DV) o[c] += pj * " + element("V", a.v, "VS", "hk", "kv0 + jj", "d") + ";",
+        "      if (d < DV) o[c] += pj * " + value("V", a.v, "hk", "kv0 + jj", "d") + ";",
         "    }",
         "  }",
         "}",
