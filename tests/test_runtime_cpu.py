@@ -190,3 +190,14 @@ def test_a_gpu_plan_describes_its_kernels_and_workspace() -> None:
     assert "sum::y at workspace+0" in text and plan.kernels[0].name in text
     assert all(k.cubin and 'extern "C"' in k.source for k in plan.kernels)
     assert [t.name for t in plan.inputs] == ["x"] and [t.name for t in plan.outputs] == ["y"]
+
+
+def test_a_torch_pack_has_one_key_from_its_first_call_on() -> None:
+    """The first call meets the tensor class before it takes the inline path: the key must not
+    change between them, or the first binding is never reused."""
+    torch = pytest.importorskip("torch")
+    from graphdnn.runtime.bind_cache import pack_key
+
+    pack = {"x": torch.zeros(4, 3), "y": torch.zeros(4, 3)}
+    first = pack_key(pack, None, None)
+    assert first is not None and pack_key(pack, None, None) == first

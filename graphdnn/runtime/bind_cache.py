@@ -95,8 +95,8 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
             name = getattr(key, "name", None)  # a TensorSpec or IR Tensor is looked up by its name
             if not isinstance(name, str):
                 return None
-        if type(value) in _TORCH_TYPES:  # the common case, inline
-            parts.append((name, value.data_ptr(), value.is_cuda, value.shape, value.stride(), value.dtype))
+        if type(value) in _TORCH_TYPES:  # the common case, inline (the same key as _layout's)
+            parts.append((name, (value.data_ptr(), value.is_cuda, value.shape, value.stride(), value.dtype)))
             continue
         layout = _layout(value)
         if layout is None:
