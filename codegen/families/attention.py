@@ -17,7 +17,7 @@ from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
 from .attention_problem import Attention, attention_of
 from .attention_simt import simt_kernel
-from .gemm_problem import TENSOR_CORE_TYPES
+from .tensor_core import TENSOR_CORE_TYPES
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:

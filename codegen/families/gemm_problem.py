@@ -14,14 +14,12 @@ import math
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
-from graphdnn.dtypes import DataType
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.conv import ConvAttributes
 
 from ..context import KernelParams
 from ..indexing import coordinates, index_type
-
-TENSOR_CORE_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
+from .tensor_core import TENSOR_CORE_TYPES
 
 
 @dataclass(frozen=True)

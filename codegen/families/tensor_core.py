@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from graphdnn.dtypes import DataType
 
+# The operand types the mma.sync m16n8k16 tile takes (fp32 accumulation).
+TENSOR_CORE_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
+
 _FRAGMENTS = r"""
 __device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
