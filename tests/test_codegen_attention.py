@@ -11,6 +11,7 @@ from codegen.families.attention_problem import attention_of
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
 from graphdnn.dtypes import DataType
+from graphdnn.errors import UnsupportedError
 from graphdnn.lower import lower
 from graphdnn.signature import signature
 from tests.attention_cases import CASES, self_attention
@@ -58,3 +59,13 @@ def test_flash_candidates_fit_shared_memory_and_compile(case: str) -> None:
 def test_simt_path_has_no_candidates() -> None:
     _, fused = attention_node("fp32_simt")
     assert candidates(fused, 90) == []
+
+
+def test_a_tuning_outside_the_choices_is_a_clear_error() -> None:
+    graph, fused = attention_node("d128_bshd")
+    partition = fuse(graph, arch=90)
+    position = [f.name for f in partition.nodes].index(fused.name)
+    with pytest.raises(UnsupportedError, match=r"attention tuning .* is not one of"):
+        lower(
+            partition, 90, signature(graph), lambda h: h, tuning={position: {"warps": 3, "block_n": 64, "m_tiles": 1}}
+        )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
+from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
@@ -74,6 +75,9 @@ def config(a: Attention, tuning: dict[str, object]) -> FlashConfig:
     """The tuned choice, else 4 warps of two 16-row tiles over 64-key tiles (as FlashAttention-2
     for head dims up to 128), one tile per warp over 32 keys past that, where O needs the registers."""
     if tuning:
+        choices = candidates(a)
+        if dict(tuning) not in choices:
+            raise UnsupportedError(f"attention tuning {dict(tuning)} is not one of this problem's choices {choices}")
         return FlashConfig(int(tuning["warps"]), int(tuning["block_n"]), int(tuning["m_tiles"]))  # type: ignore[call-overload]
     for choice in (FlashConfig(4, 64, 2), FlashConfig(4, 32, 1)):
         if fits(a, choice):
