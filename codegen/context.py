@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.ir import Graph, Tensor
+from graphdnn.program import TensorMap
 
 from .cuda_types import compute_type, cuda_type, headers_for, load, rounded
 from .epilogue import rounded_constant
@@ -43,6 +44,14 @@ class KernelParams:
         qualifier = "" if writable else "const "
         self.declarations.append(f"{qualifier}{cuda_type(tensor.data_type)}* __restrict__ {name}")
         self.bindings.append(Param(ParamKind.TENSOR, tensor=tensor.id))
+        return name
+
+    def tensor_map(self, tensor: Tensor, tensor_map: TensorMap) -> str:
+        """Declare a TMA tensor map of ``tensor`` (a ``gd::TensorMapArg``, 64-byte aligned: declare
+        tensor maps first, so that no padding precedes them); return its name."""
+        name = f"tm{tensor.id}"
+        self.declarations.append(f"const __grid_constant__ gd::TensorMapArg {name}")
+        self.bindings.append(Param(ParamKind.TENSOR_MAP, tensor=tensor.id, tensor_map=tensor_map))
         return name
 
     def scratch(self, name: str, c_type: str) -> str:
@@ -93,7 +102,7 @@ def kernel_source(
     return name, compose(header=header, headers=headers_for(function), body=function)
 
 
-_GENERATED = re.compile(r"\b(t|s|v|r|a|o|in|out|base|col|exact)(\d+)\b")
+_GENERATED = re.compile(r"\b(t|tm|s|v|r|a|o|in|out|base|col|exact)(\d+)\b")
 
 
 def canonical_identifiers(text: str) -> tuple[str, dict[str, str]]:

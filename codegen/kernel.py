@@ -2,8 +2,10 @@
 
 Shapes are static (a graph's dims are part of its signature), so a kernel's dims,
 strides, grid and block are compile-time constants; at run time only pointers and
-pass-by-value scalars change. Every parameter is 8 bytes: a pointer, a double (runtime
-scalar) or a 64-bit flag, which keeps argument packing a flat array of words.
+pass-by-value scalars change. A parameter is an 8-byte word (a pointer, a double for a
+runtime scalar, a 64-bit flag) or a TMA tensor map (TENSOR_MAP_WORDS words: the map the
+driver encodes at bind time from the tensor's address, and the shift that address needed),
+so argument packing stays a flat array of words.
 """
 
 from __future__ import annotations
@@ -14,19 +16,23 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphdnn.program import TensorMap
+
 
 class ParamKind(enum.Enum):
     TENSOR = "tensor"  # device pointer of a graph tensor (input, output or workspace intermediate)
     SCALAR = "scalar"  # value of a pass-by-value runtime scalar, as a double
     SCRATCH = "scratch"  # device pointer of a scratch buffer of the fused node
     ALIGNED = "aligned"  # 1 if every pointer of the launch is aligned to the kernel's vector size
+    TENSOR_MAP = "tensor_map"  # a TMA tensor map of a graph tensor (gd::TensorMapArg in the kernel)
 
 
 @dataclass(frozen=True)
 class Param:
     kind: ParamKind
-    tensor: int | None = None  # tensor id for TENSOR and SCALAR
+    tensor: int | None = None  # tensor id for TENSOR, SCALAR and TENSOR_MAP
     scratch: str | None = None  # scratch buffer name for SCRATCH
+    tensor_map: TensorMap | None = None  # TENSOR_MAP
 
 
 @dataclass(frozen=True)

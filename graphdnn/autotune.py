@@ -21,7 +21,7 @@ from .compilation import Compilation
 from .ir import Graph, Tensor
 from .kernel_build import build_kernels
 from .lower import assemble
-from .program import ArgKind, LaunchProgram
+from .program import LaunchProgram
 from .random_inputs import random_inputs
 from .variant_pack import scalar_value
 
@@ -90,7 +90,7 @@ def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> tuple[Measure, str]:
         pointers = {tid: workspace.pointer + offset for tid, offset in intermediates.items()}
         for launch in program.launches:
             for arg in launch.args:
-                if arg.kind is ArgKind.TENSOR and arg.tensor is not None and arg.tensor not in intermediates:
+                if arg.reads_memory and arg.tensor is not None and arg.tensor not in intermediates:
                     pointers[arg.tensor] = buffer(ir.tensors[arg.tensor])
         kernels = [
             modules.load(device, launch.kernel_key, launch.name, binaries[launch.kernel_key].cubin, launch.shared_bytes)

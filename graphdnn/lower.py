@@ -128,10 +128,10 @@ def _arg(
         if (index, param.scratch) not in scratch:
             raise AssertionError(f"kernel {kernel.name} binds scratch '{param.scratch}' its fused node did not declare")
         return Arg(kind, offset=scratch[(index, param.scratch)])
-    if kind is ArgKind.TENSOR:
+    if kind in (ArgKind.TENSOR, ArgKind.TENSOR_MAP):
         t = ir.tensors[param.tensor]
         if t.is_pass_by_value:
             raise AssertionError(f"kernel {kernel.name} binds scalar '{t.name}' as a pointer")
         if t.is_virtual and t.id not in intermediates:
             raise AssertionError(f"kernel {kernel.name} reads virtual tensor '{t.name}', which no fused node writes")
-    return Arg(kind, tensor=param.tensor)
+    return Arg(kind, tensor=param.tensor, tensor_map=param.tensor_map)

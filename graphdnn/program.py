@@ -16,28 +16,94 @@ from typing import Any
 WORKSPACE_ALIGNMENT = 256  # bytes; every workspace buffer starts on such a boundary
 
 
+# gd::TensorMapArg: the 128-byte CUtensorMap, the shift, padding to its 64-byte alignment
+TENSOR_MAP_WORDS = 24
+TENSOR_MAP_SWIZZLES = (0, 32, 64, 128)  # bytes; 0: none
+MAX_TENSOR_MAP_RANK = 5
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """What is static about a TMA tensor map (cuTensorMapEncodeTiled's arguments but the address):
+    dims innermost first, the byte strides of dims 1.., the box copied per load, the swizzle.
+
+    The tensor's address need only be element-aligned: the runtime encodes the map from the
+    address rounded down to 16 bytes, with dims[0] grown by the ``shift`` (elements) that took,
+    and the kernel adds the shift to its innermost coordinate (TMA requires a 16-byte aligned
+    base; a view starting mid-row is common)."""
+
+    element_bytes: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int
+
+    def to_json(self) -> list[Any]:
+        return [self.element_bytes, list(self.dims), list(self.strides), list(self.box), self.swizzle]
+
+    @classmethod
+    def from_json(cls, value: list[Any]) -> TensorMap:
+        element_bytes, dims, strides, box, swizzle = value
+        return cls(
+            int(element_bytes), tuple(map(int, dims)), tuple(map(int, strides)), tuple(map(int, box)), int(swizzle)
+        )
+
+    def problems(self) -> list[str]:
+        """What the driver would refuse (cuTensorMapEncodeTiled's rules), for checks of cache entries."""
+        rank = len(self.dims)
+        found = []
+        if self.element_bytes not in (1, 2, 4, 8):
+            found.append(f"element size {self.element_bytes}")
+        if not 1 <= rank <= MAX_TENSOR_MAP_RANK or len(self.strides) != rank - 1 or len(self.box) != rank:
+            found.append(f"rank {rank} with {len(self.strides)} strides and a box of rank {len(self.box)}")
+        if any(not 1 <= d < 2**32 for d in self.dims):
+            found.append(f"dims {list(self.dims)}")
+        if any(s <= 0 or s % 16 or s >= 2**40 for s in self.strides):
+            found.append(f"strides {list(self.strides)} (multiples of 16 bytes below 2^40)")
+        if any(not 1 <= b <= 256 for b in self.box) or (self.box and self.box[0] * self.element_bytes % 16):
+            found.append(f"box {list(self.box)}")
+        if self.swizzle not in TENSOR_MAP_SWIZZLES or (
+            self.swizzle and self.box and self.box[0] * self.element_bytes > self.swizzle
+        ):
+            found.append(f"swizzle {self.swizzle}")
+        return found
+
+
 class ArgKind(enum.Enum):
-    """How the runtime fills one 8-byte kernel parameter (codegen.ParamKind, by value)."""
+    """How the runtime fills one kernel parameter (codegen.ParamKind, by value)."""
 
     TENSOR = "tensor"  # device pointer of a graph tensor (caller's buffer, or an intermediate in the workspace)
     SCALAR = "scalar"  # a pass-by-value scalar as a double
     SCRATCH = "scratch"  # device pointer into the workspace, at ``offset``
     ALIGNED = "aligned"  # 1 when every pointer of the launch is aligned to the kernel's alignment
+    TENSOR_MAP = "tensor_map"  # a TMA tensor map of a tensor, encoded at bind time (TENSOR_MAP_WORDS words)
 
 
 @dataclass(frozen=True)
 class Arg:
     kind: ArgKind
-    tensor: int | None = None  # tensor id (TENSOR, SCALAR)
+    tensor: int | None = None  # tensor id (TENSOR, SCALAR, TENSOR_MAP)
     offset: int | None = None  # workspace byte offset (SCRATCH)
+    tensor_map: TensorMap | None = None  # TENSOR_MAP
+
+    @property
+    def words(self) -> int:
+        """8-byte words the parameter takes."""
+        return TENSOR_MAP_WORDS if self.kind is ArgKind.TENSOR_MAP else 1
+
+    @property
+    def reads_memory(self) -> bool:
+        """The kernel reaches the tensor's memory through this parameter (a pointer or a tensor map)."""
+        return self.kind in (ArgKind.TENSOR, ArgKind.TENSOR_MAP)
 
     def to_json(self) -> list[Any]:
-        return [self.kind.value, self.tensor, self.offset]
+        base = [self.kind.value, self.tensor, self.offset]
+        return base if self.tensor_map is None else [*base, self.tensor_map.to_json()]
 
     @classmethod
     def from_json(cls, value: list[Any]) -> Arg:
-        kind, tensor, offset = value
-        return cls(ArgKind(kind), tensor, offset)
+        kind, tensor, offset, *rest = value
+        return cls(ArgKind(kind), tensor, offset, TensorMap.from_json(rest[0]) if rest else None)
 
 
 @dataclass(frozen=True)
@@ -56,6 +122,18 @@ class Launch:
     # Each thread reads the elements at an output position, then writes that position, and
     # nothing else: safe in place when an output is the same view as an input (see runtime.schedule).
     elementwise: bool = False
+
+    @property
+    def slot_starts(self) -> tuple[int, ...]:
+        """The first 8-byte slot of each parameter, then the total: where packing puts them."""
+        starts = [0]
+        for arg in self.args:
+            starts.append(starts[-1] + arg.words)
+        return tuple(starts)
+
+    @property
+    def parameter_bytes(self) -> int:
+        return 8 * self.slot_starts[-1]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,7 +206,7 @@ class LaunchProgram:
         """The same program with every tensor id replaced through ``mapping``."""
 
         def arg(a: Arg) -> Arg:
-            return a if a.tensor is None else Arg(a.kind, mapping[a.tensor], a.offset)
+            return a if a.tensor is None else Arg(a.kind, mapping[a.tensor], a.offset, a.tensor_map)
 
         def buffer(b: WorkspaceBuffer) -> WorkspaceBuffer:
             if b.tensor is None:

@@ -148,7 +148,7 @@ TAMPERED_PLANS = [
     ("sum_then_add", _buffer([0, 4, 0, None, None]), "smaller than the tensor"),
     ("sum_then_add", _buffer([0, 16, 1, None, None]), "not an intermediate"),
     ("sum_then_add", _buffer([0, 4096, 0, None, None]), "outside the workspace"),
-    ("sum_then_add", _dropped_arg(0), "2 arguments of 8 bytes, the kernel takes 24 bytes"),
+    ("sum_then_add", _dropped_arg(0), "its 2 arguments take 16 bytes, the kernel takes 24 bytes"),
     ("sum_then_add", _program(launches="xyz"), "malformed plan"),
     ("sum_then_add", _launch(0, grid=[1, 1]), "malformed plan: IndexError"),
     ("sum_then_add", _launch(0, grid=[1e400, 1, 1]), "malformed plan: OverflowError"),

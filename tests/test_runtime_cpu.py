@@ -85,7 +85,7 @@ def test_pack_arguments_fills_pointers_doubles_scratch_and_the_aligned_flag() ->
     assert int(slots[3]) == 1
     misaligned = pack_arguments(launch, {0: 0x7F0000001002}, {1: 0.0}, workspace=0x7F0000100000)
     assert int(misaligned[3]) == 0  # one pointer off a 16-byte boundary: the vector path is off
-    addresses = slot_addresses(slots)
+    addresses = slot_addresses(launch, slots)
     assert [int(a) - slots.ctypes.data for a in addresses] == [0, 8, 16, 24]
 
 

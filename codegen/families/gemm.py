@@ -26,6 +26,8 @@ from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
 from .gemm_sm90 import wgmma_kernel
 from .gemm_splitk import output_tiles, reduce_kernel, scratch, split_choices, tuned_split
+from .gemm_tma import candidates as tma_candidates
+from .gemm_tma import tma_kernel
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -33,6 +35,8 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     problem = problem_of(fused.anchor)
     if tensor_core_layout(problem) is None:
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
+    if ctx.tuning.get("path") == "tma":
+        return FusedProgram(fused.name, (tma_kernel(fused, ctx, problem),))
     if ctx.tuning.get("path") == "wgmma":
         split = tuned_split(ctx, problem) or 1
         kernel = wgmma_kernel(fused, ctx, problem, split)
@@ -60,4 +64,4 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
         for c in TILE_CANDIDATES
         for s in split_choices(problem, output_tiles(problem, c.block_m, c.block_n), arch)
     ]
-    return mma + split + wgmma_candidates(problem, arch)
+    return mma + split + wgmma_candidates(problem, arch) + tma_candidates(problem, arch)

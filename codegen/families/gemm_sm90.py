@@ -63,7 +63,8 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     ]
 
 
-def _prelude(bn: int, elem: str, transpose_b: int) -> str:
+def wgmma_prelude(bn: int, elem: str, transpose_b: int) -> str:
+    """The wgmma device functions for a warpgroup tile 64 x ``bn`` of ``elem`` (bf16 / f16)."""
     count = bn // 2
     outputs = ", ".join(f"%{i}" for i in range(count))
     constraints = ",\n                 ".join(
@@ -151,7 +152,7 @@ def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) -> 
     lines += _main_loop(block.layout, shape.a_stage, shape.b_stage, block.slices)
     lines += block.epilogue(_staging(shape.c_stride))
     elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
-    functions = _prelude(bn, elem, 1 if block.layout == "kn" else 0)
+    functions = wgmma_prelude(bn, elem, 1 if block.layout == "kn" else 0)
     return block.kernel(ctx, lines, "_wgmma", functions, shared, arch_suffix="a")
 
 

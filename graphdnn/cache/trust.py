@@ -54,7 +54,6 @@ MAX_SHARED_OPT_IN = {
     121: 99 * 1024,
 }
 MAX_ALIGNMENT = 4096
-ARG_BYTES = 8  # every kernel parameter graphdnn emits: a pointer, a double or a 64-bit flag (codegen.kernel)
 
 
 def trusted_kernel(data: bytes, kernel_key: str) -> KernelBinary:
@@ -125,6 +124,12 @@ def check_plan(entry: PlanEntry) -> None:
             elif arg.kind is ArgKind.ALIGNED:
                 if arg.tensor is not None or arg.offset is not None:
                     raise EntryError(f"{where}: the aligned flag carries a tensor or an offset")
+            elif (arg.kind is ArgKind.TENSOR_MAP) != (arg.tensor_map is not None):
+                raise EntryError(
+                    f"{where}: a {arg.kind.value} argument with{'out' if arg.tensor_map is None else ''} a tensor map"
+                )
+            elif arg.tensor_map is not None and arg.tensor_map.problems():
+                raise EntryError(f"{where}: a tensor map with {', '.join(arg.tensor_map.problems())}")
             elif arg.offset is not None:
                 raise EntryError(f"{where}: a {arg.kind.value} argument carries a workspace offset")
             else:
@@ -148,9 +153,10 @@ def check_kernels(entry: PlanEntry, kernels: Mapping[str, KernelBinary]) -> None
             declared = parameter_bytes(binary.cubin, launch.name)
         except CubinError as error:
             raise EntryError(f"kernel {launch.kernel_key[:16]}…: {error}") from None
-        if declared is not None and declared != ARG_BYTES * len(launch.args):
+        if declared is not None and declared != launch.parameter_bytes:
             raise EntryError(
-                f"launch {number}: {len(launch.args)} arguments of {ARG_BYTES} bytes, the kernel takes {declared} bytes"
+                f"launch {number}: its {len(launch.args)} arguments take {launch.parameter_bytes} bytes, "
+                f"the kernel takes {declared} bytes"
             )
 
 

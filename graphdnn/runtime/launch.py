@@ -1,9 +1,10 @@
 """Kernel parameters packed once, launched many times.
 
-Every kernel parameter is 8 bytes (codegen.kernel), so a launch's parameters are a NumPy
-array of uint64 slots (pointers, doubles by bit pattern, the aligned flag) and a second
-array holding the address of each slot: the ``void**`` that cuLaunchKernel takes as an
-int. :class:`BoundPlan` keeps both alive with the buffers they point into.
+Every kernel parameter is one or more 8-byte words (codegen.kernel), so a launch's parameters
+are a NumPy array of uint64 slots (pointers, doubles by bit pattern, the aligned flag, tensor
+maps) and a second array holding the address of each parameter's first slot: the ``void**``
+that cuLaunchKernel takes as an int. :class:`BoundPlan` keeps both alive with the buffers
+they point into.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..program import ArgKind, Launch
-from . import driver
+from . import driver, tensor_map
 from .device_array import DeviceMemory
 from .modules import LoadedKernel
 
@@ -25,14 +26,19 @@ def pack_arguments(
     launch: Launch, pointers: Mapping[int, int], scalars: Mapping[int, float], workspace: int
 ) -> np.ndarray:
     """The 8-byte parameter slots of ``launch``: ``pointers`` by tensor id (caller buffers and
-    intermediates), ``scalars`` by tensor id, scratch at ``workspace`` + offset. The aligned flag
-    is 1 when every pointer of the launch is a multiple of the kernel's alignment."""
-    slots = np.zeros(len(launch.args), dtype=np.uint64)
+    intermediates), ``scalars`` by tensor id, scratch at ``workspace`` + offset, tensor maps
+    encoded from their tensor's pointer. The aligned flag is 1 when every pointer of the launch
+    is a multiple of the kernel's alignment (a tensor map takes any: runtime.tensor_map)."""
+    starts = launch.slot_starts
+    slots = np.zeros(starts[-1] if starts else 0, dtype=np.uint64)
     doubles = slots.view(np.float64)
     addresses = []
     flags = []
-    for i, arg in enumerate(launch.args):
-        if arg.kind is ArgKind.TENSOR:
+    for i, arg in zip(starts, launch.args):
+        if arg.kind is ArgKind.TENSOR_MAP:
+            assert arg.tensor is not None and arg.tensor_map is not None
+            slots[i : i + arg.words] = tensor_map.encode(arg.tensor_map, pointers[arg.tensor])
+        elif arg.kind is ArgKind.TENSOR:
             assert arg.tensor is not None
             addresses.append(pointers[arg.tensor])
             slots[i] = addresses[-1]
@@ -51,9 +57,9 @@ def pack_arguments(
     return slots
 
 
-def slot_addresses(slots: np.ndarray) -> np.ndarray:
-    """The address of each slot: the kernelParams array."""
-    return np.uint64(slots.ctypes.data) + np.arange(len(slots), dtype=np.uint64) * np.uint64(8)
+def slot_addresses(launch: Launch, slots: np.ndarray) -> np.ndarray:
+    """The address of each parameter's first slot: the kernelParams array."""
+    return np.uint64(slots.ctypes.data) + np.array(launch.slot_starts[:-1], dtype=np.uint64) * np.uint64(8)
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class BoundPlan:
         self.launches = tuple(launches)
         self._keep_alive = keep_alive
         self._slots = list(slots)
-        self._addresses = [slot_addresses(s) for s in slots]
+        self._addresses = [slot_addresses(launch, s) for launch, s in zip(self.launches, slots)]
         self._kernels = list(kernels)  # keeps the modules loaded
         self._context = device.context_handle
         self._get_current = api.cuCtxGetCurrent

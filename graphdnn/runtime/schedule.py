@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import FeedError
-from ..program import ArgKind, Launch
+from ..program import Launch
 from .overlap import View, overlapping_pairs, same_view
 
 
@@ -48,7 +48,7 @@ def schedule(
     inputs = set(views) - outputs
     groups = _groups(launches)
     bound = [
-        {a.tensor for i in group for a in launches[i].args if a.tensor is not None and a.kind is ArgKind.TENSOR}
+        {a.tensor for i in group for a in launches[i].args if a.tensor is not None and a.reads_memory}
         for group in groups
     ]
     writer: dict[int, int] = {}

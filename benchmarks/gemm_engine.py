@@ -1,0 +1,85 @@
+"""The GEMM engines side by side on the matmuls of issue 9, beside cuBLAS (torch.matmul), in one
+run (bf16, L2 flushed by do_bench, outputs checked against fp32 torch):
+
+- mma.sync: the heuristic's choice on the mma.sync path (what a plan gets without tuning);
+- wgmma: the fastest tile of the cp.async-fed wgmma path (gemm_sm90.py), no split-K;
+- TMA: each tile of the persistent warp-specialised engine (gemm_tma.py).
+
+    PYTHONPATH=. python benchmarks/gemm_engine.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import graphdnn as gd  # noqa: E402
+from codegen.families.gemm import candidates  # noqa: E402
+
+# (M, N, K, B stored k-contiguous)
+SHAPES = [
+    (4096, 4096, 4096, False),
+    (8192, 8192, 8192, False),
+    (16384, 4096, 4096, False),
+    (2048, 4096, 1024, False),  # MLP fc1
+    (2048, 1024, 4096, False),  # MLP fc2
+    (4096, 4096, 4096, True),  # x @ W^T, W row-major [N, K] as in torch.nn.Linear
+]
+
+
+def graph(m: int, n: int, k: int, transposed: bool) -> gd.OperationGraphSpec:
+    g = gd.OperationGraphSpec(name=f"gemm_{m}x{n}x{k}{'_t' if transposed else ''}", io_data_type="bf16")
+    b = g.tensor(name="b", dim=[k, n], stride=[1, k] if transposed else [n, 1])
+    g.matmul(g.tensor(name="a", dim=[m, k]), b, name="mm").set_name("c").set_output(True)
+    return g
+
+
+def main() -> int:
+    print("| M×N×K | B | mma.sync TFLOP/s | best wgmma | TMA engine (best tile) | cuBLAS | TMA / cuBLAS |")
+    print("|---|---|---|---|---|---|---|")
+    for m, n, k, transposed in SHAPES:
+        mma, wgmma, (tma, tile), cublas = row(m, n, k, transposed)
+        layout = "[N,K]" if transposed else "[K,N]"
+        print(
+            f"| {m}×{n}×{k} | {layout} | {mma:.0f} | {wgmma:.0f} | {tma:.0f} ({tile}) | {cublas:.0f} | {tma / cublas:.2f} |",
+            flush=True,
+        )
+    return 0
+
+
+def row(m: int, n: int, k: int, transposed: bool) -> tuple[float, float, tuple[float, str], float]:
+    import torch
+
+    from benchmarks.measure import median_us
+
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    b = w.t() if transposed else w.t().contiguous()
+    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    want = a.float() @ b.float()
+    tflops = lambda us: 2 * m * n * k / us / 1e6  # noqa: E731
+
+    def timed(**options: object) -> float:
+        bound = gd.compile(graph(m, n, k, transposed), **options).bind({"a": a, "b": b, "c": c})  # type: ignore[arg-type]
+        c.fill_(float("nan"))
+        bound()
+        error = ((c.float() - want).norm() / want.norm()).item()
+        assert error < 1e-2, f"{m}x{n}x{k} {options}: relative error {error:.3g}"
+        return tflops(median_us(bound))
+
+    fused = gd.fuse(graph(m, n, k, transposed)).nodes[0]
+    choices = candidates(fused, 90)
+    wgmma = max(timed(tuning={fused.name: c}) for c in choices if c.get("path") == "wgmma" and "split_k" not in c)
+    tma = max(
+        (timed(tuning={fused.name: c}), f"{c['block_n']}, {c['stages']} stages")
+        for c in choices
+        if c.get("path") == "tma"
+    )
+    return timed(), wgmma, tma, tflops(median_us(lambda: torch.matmul(a, b, out=c)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

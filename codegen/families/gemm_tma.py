@@ -1,0 +1,322 @@
+"""GEMM family, Hopper engine: a persistent, warp-specialised matmul fed by TMA (sm_90a).
+
+A block of three warpgroups stays on its SM and walks output tiles ``blockIdx.x``,
+``+ gridDim.x``, ... (rasterised in groups of GROUP_M tile rows, so that the tiles in flight
+share A and B panels in L2):
+
+- the producer warpgroup gives its registers away (``setmaxnreg``) and one of its threads
+  issues the TMA copies of each k tile of A and B into a ring of STAGES shared-memory buffers
+  (128-byte swizzle, the layout the wgmma descriptors read), each buffer guarded by a *full*
+  mbarrier (the copies' bytes landed) and an *empty* one (the consumers are done with it);
+- two consumer warpgroups take the registers, each computes 64 rows of the 128 x BN tile
+  with ``wgmma`` from shared memory, one batch in flight, releasing a buffer as soon as the
+  batch that read it completes; then runs the fused epilogue from its accumulators straight
+  to global memory, while the producer already fills the ring with the next tile's k tiles.
+
+TMA zero-fills what lies outside the tensors, so ragged M, N and K need no predicates in the
+main loop, and a tensor map takes any element-aligned address (runtime.tensor_map). The
+matmul's batch dims become the tensor maps' outer dims.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
+from graphdnn.dtypes import DataType
+from graphdnn.errors import UnsupportedError
+from graphdnn.ir import Tensor
+from graphdnn.program import MAX_TENSOR_MAP_RANK, TensorMap
+
+from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
+from ..cuda_types import cuda_type
+from ..kernel import Kernel
+from .gemm_epilogue import Epilogue
+from .gemm_loaders import ASYNC_COPY_PRELUDE
+from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout
+from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
+
+BLOCK_M, BLOCK_K = 128, 64  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row
+THREADS = 384  # the producer warpgroup, then the two consumers
+CONSUMER_WARPS = 8
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 * 40 + 256 * 232 <= 64K registers
+GROUP_M = 8
+BARRIER_BYTES = 16  # a full and an empty mbarrier per stage
+ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
+BLOCK_NS = (128, 256)
+
+
+def tiles(block_n: int) -> list[dict[str, object]]:
+    """The deepest ring that fits for ``block_n``, and one stage less (shared memory for a
+    second block is out of reach either way)."""
+    stage = (BLOCK_M + block_n) * BLOCK_K * 2
+    deepest = (MAX_SHARED - ALIGN_SLACK) // (stage + BARRIER_BYTES)
+    return [{"path": "tma", "block_n": block_n, "stages": s} for s in (deepest, deepest - 1)]
+
+
+def supported(p: Problem, arch: int) -> bool:
+    """A matmul of 16-bit tensor-core operands whose tensors TMA can describe, on sm_90."""
+    if arch != ARCH or p.is_conv or tensor_core_layout(p) is None:
+        return False
+    return all(len(_map_axes(t, p)) <= MAX_TENSOR_MAP_RANK for t in (p.a, p.b))
+
+
+def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
+    if not supported(p, arch):
+        return []
+    return [choice for bn in BLOCK_NS for choice in tiles(bn)]
+
+
+def _map_axes(t: Tensor, p: Problem) -> list[int]:
+    """The axes of operand ``t`` its tensor map walks, innermost first: the contiguous matrix
+    axis, the other matrix axis, then the batch axes that hold more than one matrix."""
+    rank = len(t.dim)
+    inner = rank - 1 if t.stride[-1] == 1 else rank - 2
+    outer = rank - 2 if inner == rank - 1 else rank - 1
+    batch = [axis for axis in range(rank - 3, -1, -1) if t.dim[axis] > 1]
+    return [inner, outer, *batch]
+
+
+def _tensor_map(t: Tensor, p: Problem, box: tuple[int, int]) -> TensorMap:
+    axes = _map_axes(t, p)
+    size = t.data_type.itemsize
+    return TensorMap(
+        element_bytes=size,
+        dims=tuple(t.dim[a] for a in axes),
+        strides=tuple(t.stride[a] * size for a in axes[1:]),
+        box=(*box, *(1 for _ in axes[2:])),
+        swizzle=128,
+    )
+
+
+def tma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
+    """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry)."""
+    bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
+    layout = tensor_core_layout(p)
+    shared = stages * ((BLOCK_M + bn) * BLOCK_K * 2 + BARRIER_BYTES) + ALIGN_SLACK
+    if not supported(p, ctx.arch):
+        raise UnsupportedError(
+            f"the TMA GEMM engine takes 16-bit matmuls on sm_90 only, not this problem on sm_{ctx.arch}"
+        )
+    if bn not in BLOCK_NS or stages < 2 or shared > MAX_SHARED:
+        raise UnsupportedError(
+            f"TMA GEMM tile {ctx.tuning}: expected block_n in {list(BLOCK_NS)} and 2 or more stages within "
+            f"{MAX_SHARED} bytes of shared memory"
+        )
+    params = KernelParams()
+    # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of 64 k otherwise
+    b_box = (64, BLOCK_K) if layout == "kn" else (BLOCK_K, bn)
+    a_map = params.tensor_map(p.a, _tensor_map(p.a, p, (BLOCK_K, BLOCK_M)))
+    b_map = params.tensor_map(p.b, _tensor_map(p.b, p, b_box))
+    declared, names = declare(fused, p)
+    params.declarations += declared.declarations
+    params.bindings += declared.bindings
+    itype = index_type_of(fused, p)
+    tiles_total = -(-p.m // BLOCK_M) * -(-p.n // bn) * math.prod(p.batch)
+    body = [
+        f"using T = {cuda_type(p.a.data_type)};",
+        f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, GROUP_M = {GROUP_M};",
+        f"constexpr int GM = {p.m}, GN = {p.n}, KTILES = {-(-p.k // BLOCK_K)};",
+        "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
+        f"constexpr int TILES = {tiles_total};",
+        "constexpr unsigned A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;",
+        "extern __shared__ __align__(1024) unsigned char smem_raw[];",
+        "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
+        "const unsigned a_tiles = (smem_addr(smem_raw) + 1023u) & ~1023u;",
+        "const unsigned b_tiles = a_tiles + STAGES * A_STAGE;",
+        "const unsigned full = b_tiles + STAGES * B_STAGE, empty = full + STAGES * 8;  // mbarriers, 8 bytes each",
+        "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
+        "if (tid == 0) {",
+        "  for (int s = 0; s < STAGES; ++s) {",
+        "    mbar_init(full + 8 * s, 1);  // the producer's expect_tx arrival; the copies' bytes complete it",
+        f"    mbar_init(empty + 8 * s, {CONSUMER_WARPS});  // one arrival per consumer warp",
+        "  }",
+        '  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
+        "}",
+        "__syncthreads();",
+        "if (warpgroup == 0) {",
+        f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};\\n");',
+        "  if (tid == 0) {",
+        *indent(_producer(p, a_map, b_map, layout, bn, itype), 2).splitlines(),
+        "  }",
+        "} else {",
+        f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");',
+        *indent(_consumer(fused, p, names, layout, itype), 1).splitlines(),
+        "}",
+    ]
+    pattern = pattern_name(fused) + "_tma"
+    name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
+    elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
+    functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, elem, 1 if layout == "kn" else 0)
+    functions += _tma_prelude(max(len(_map_axes(t, p)) for t in (p.a, p.b)))
+    source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+    grid = (min(tiles_total, sm_count(ctx.arch)), 1, 1)
+    return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a")
+
+
+def _tile_coordinates(p: Problem, itype: str) -> list[str]:
+    """Tile ``tile`` -> its first row ``m0``, column ``n0`` and the output batch coordinates c0..:
+    GROUP_M tile rows at a time, column by column within the group."""
+    return [
+        "const int batch = tile / BATCH_TILES, t = tile % BATCH_TILES;",
+        "const int first = t / (GROUP_M * TILES_N) * GROUP_M, rows = min(TILES_M - first, GROUP_M);",
+        "const int tm = first + t % (GROUP_M * TILES_N) % rows, tn = t % (GROUP_M * TILES_N) / rows;",
+        f"const {itype} m0 = ({itype})tm * BM;",
+        "const int n0 = tn * BN;",
+        *batch_coords(p, itype, "batch"),
+    ]
+
+
+def _map_coordinates(t: Tensor, p: Problem, matrix: tuple[str, str]) -> list[str]:
+    """The tensor-map coordinates of ``t``'s tile: ``matrix`` (inner, outer) then its batch axes."""
+    shift = len(p.batch) - (len(t.dim) - 2)
+    batch = [f"(int)c{axis + shift}" for axis in range(len(t.dim) - 3, -1, -1) if t.dim[axis] > 1]
+    return [*matrix, *batch]
+
+
+def _producer(p: Problem, a_map: str, b_map: str, layout: str | None, bn: int, itype: str) -> list[str]:
+    a_coords = _map_coordinates(p.a, p, (f"kt * BK + (int){a_map}.shift", "(int)m0"))
+    if layout == "kn":  # BN / 64 boxes of 64 columns, 8 KB apart
+        b_loads = [
+            "#pragma unroll",
+            "for (int j = 0; j < BN / 64; ++j)",
+            f"  tma_load(b_tiles + stage * B_STAGE + j * 8192, &{b_map}, bar, "
+            + ", ".join(_map_coordinates(p.b, p, (f"n0 + j * 64 + (int){b_map}.shift", "kt * BK")))
+            + ");",
+        ]
+    else:
+        b_loads = [
+            f"tma_load(b_tiles + stage * B_STAGE, &{b_map}, bar, "
+            + ", ".join(_map_coordinates(p.b, p, (f"kt * BK + (int){b_map}.shift", "n0")))
+            + ");"
+        ]
+    return [
+        "int stage = 0;",
+        "unsigned phase = 0;",
+        "for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x) {",
+        *("  " + line for line in _tile_coordinates(p, itype)),
+        "  for (int kt = 0; kt < KTILES; ++kt) {",
+        "    mbar_wait(empty + 8 * stage, phase ^ 1);  // the consumers released this buffer (passes at first)",
+        "    const unsigned bar = full + 8 * stage;",
+        "    mbar_expect_tx(bar, A_STAGE + B_STAGE);",
+        f"    tma_load(a_tiles + stage * A_STAGE, &{a_map}, bar, {', '.join(a_coords)});",
+        *("    " + line for line in b_loads),
+        "    if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "  }",
+        "}",
+    ]
+
+
+def _consumer(fused: FusedNode, p: Problem, names: dict[int, str], layout: str | None, itype: str) -> list[str]:
+    # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
+    b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
+    return [
+        "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the tile",
+        "int stage = 0;",
+        "unsigned phase = 0;",
+        "for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x) {",
+        *("  " + line for line in _tile_coordinates(p, itype)),
+        "  float acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
+        "#pragma unroll",
+        "  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;",
+        "  int previous = 0;",
+        "  for (int kt = 0; kt < KTILES; ++kt) {",
+        "    mbar_wait(full + 8 * stage, phase);",
+        "    fence_accumulators(acc);",
+        "    wgmma_fence();",
+        "#pragma unroll",
+        "    for (int kk = 0; kk < BK / 16; ++kk)",
+        "      wgmma_k16(acc, wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128) + kk * 32, 16, 1024),",
+        f"                wgmma_descriptor(b_tiles + stage * B_STAGE + kk * {b_step}, {b_leading}, {b_stride}));",
+        "    wgmma_commit();",
+        "    wgmma_wait<1>();  // the batch of k tile kt-1 is done: its buffer goes back to the producer",
+        "    fence_accumulators(acc);",
+        "    if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * previous);",
+        "    previous = stage;",
+        "    if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "  }",
+        "  wgmma_wait<0>();",
+        "  fence_accumulators(acc);",
+        "  if (lane == 0) mbar_arrive(empty + 8 * previous);",
+        *("  " + line for line in _epilogue(fused, p, names, itype)),
+        "}",
+    ]
+
+
+def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str) -> list[str]:
+    """The fused epilogue at each accumulator. wgmma m64nN fragment: warp w of the warpgroup
+    holds rows 16w..16w+15; acc[4j + 2h + e] is row lane/4 + 8h, column 8j + 2 (lane % 4) + e."""
+    rank = len(p.out.dim)
+    row, column = f"c{rank - 2}", f"c{rank - 1}"
+    return [
+        "#pragma unroll",
+        "for (int j = 0; j < BN / 8; ++j) {",
+        "#pragma unroll",
+        "  for (int h = 0; h < 2; ++h) {",
+        f"    const {itype} {row} = m0 + consumer * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;",
+        "#pragma unroll",
+        "    for (int e = 0; e < 2; ++e) {",
+        f"      const int {column} = n0 + j * 8 + (lane & 3) * 2 + e;",
+        f"      if ({row} >= GM || {column} >= GN) continue;",
+        *("      " + line for line in Epilogue(fused, p, names, "float").statements("acc[4 * j + 2 * h + e]")),
+        "    }",
+        "  }",
+        "}",
+    ]
+
+
+def _tma_prelude(rank: int) -> str:
+    loads = "".join(_tma_load(r) for r in range(2, rank + 1))
+    return (
+        r"""
+// ---- TMA and mbarriers (sm_90) ----
+namespace gd {
+// A kernel parameter: the CUtensorMap the runtime encoded, and the elements its base was moved
+// back by to reach 16-byte alignment (added to the innermost coordinate).
+struct alignas(64) TensorMapArg {
+  unsigned long long map[16];
+  long long shift;
+};
+}  // namespace gd
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrives once and adds `bytes` to the transactions the current phase waits for.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+"""
+        + loads
+    )
+
+
+def _tma_load(rank: int) -> str:
+    coords = ", ".join(f"int x{i}" for i in range(rank))
+    operands = ", ".join(f"%{i + 3}" for i in range(rank))
+    inputs = ", ".join(f'"r"(x{i})' for i in range(rank))
+    return f"""
+// The box of `map` at coordinates x0.. (innermost first) into shared memory at `dst`, completing
+// bytes on mbarrier `bar`.
+__device__ __forceinline__ void tma_load(unsigned dst, const gd::TensorMapArg* map, unsigned bar, {coords}) {{
+  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{{operands}}}], [%2];\\n"
+               ::"r"(dst), "l"(map), "r"(bar), {inputs}
+               : "memory");
+}}
+"""

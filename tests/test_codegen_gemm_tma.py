@@ -1,0 +1,133 @@
+"""GEMM family, Hopper engine (gemm_tma.py): persistent, warp-specialised, fed by TMA.
+
+CPU: offered for 16-bit matmuls on sm_90 only; each candidate emits a 384-thread kernel whose
+first parameters are the two tensor maps, that NVRTC compiles for sm_90a (and, where
+cuobjdump is installed, that runs on UTMALDG + HGMMA without local memory); tensor maps
+survive the plan's JSON form, and a cache entry with a bad one is refused. GPU: every
+candidate against the reference on ragged, batched, broadcast and transposed problems, more
+tiles than SMs (each block walks several), and operands that start mid-row (the tensor
+map's base shift).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+import graphdnn as gd
+from codegen import ParamKind
+from codegen.families.gemm import candidates
+from codegen.families.gemm_tma import THREADS
+from codegen.nvrtc import compile_cubin
+from graphdnn.errors import UnsupportedError
+from graphdnn.program import Arg, ArgKind, Launch, TensorMap
+from graphdnn.runtime.driver import current_gpu_arch
+from tests.gpu_check import check_on_gpu, poisoned, relative_error, to_numpy
+from tests.test_codegen_gemm import TENSOR_CORE, Matmul
+from tests.test_codegen_gemm_sm90 import emit, gemm_node, sass
+
+MATMULS = {name: case for name, case in TENSOR_CORE.items() if isinstance(case, Matmul)}
+
+
+def tma_choices(graph: gd.OperationGraphSpec, arch: int = 90) -> list[dict[str, object]]:
+    _, fused = gemm_node(graph)
+    return [c for c in candidates(fused, arch) if c.get("path") == "tma"]
+
+
+def test_the_engine_is_offered_for_matmuls_on_sm90_only() -> None:
+    matmul = MATMULS["matmul_nk"].build()
+    choices = tma_choices(matmul)
+    assert {c["block_n"] for c in choices} == {128, 256}
+    assert tma_choices(matmul, 80) == [] and tma_choices(matmul, 100) == []
+    assert tma_choices(TENSOR_CORE["resnet_3x3"].build()) == []  # convolutions: not yet
+    assert tma_choices(Matmul(k=37).build()) == []  # rows not in 16-byte chunks: no tensor map
+    with pytest.raises(UnsupportedError, match="sm_90 only"):
+        emit(matmul, choices[0], arch=80)
+    with pytest.raises(UnsupportedError, match="block_n"):
+        emit(matmul, {"path": "tma", "block_n": 64, "stages": 4})
+    with pytest.raises(UnsupportedError, match="shared memory"):
+        emit(matmul, {"path": "tma", "block_n": 256, "stages": 5})
+
+
+@pytest.mark.parametrize("case", MATMULS)
+def test_every_candidate_compiles_for_sm90a(case: str) -> None:
+    graph = MATMULS[case].build()
+    for choice in tma_choices(graph):
+        kernel = emit(graph, choice)
+        assert "_tma_" in kernel.name and kernel.arch_suffix == "a" and kernel.block == (THREADS, 1, 1)
+        assert 1 <= kernel.grid[0] <= 132 and kernel.grid[1:] == (1, 1)  # persistent: at most one block per SM
+        maps = [p for p in kernel.params if p.kind is ParamKind.TENSOR_MAP]
+        assert kernel.params[:2] == tuple(maps) and len(maps) == 2  # first: no padding before them
+        assert all(m.tensor_map is not None and not m.tensor_map.problems() for m in maps)
+        code = sass(compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix))
+        if code is not None:
+            assert "UTMALDG" in code and "HGMMA" in code and "LDL" not in code and "STL" not in code
+
+
+def test_tensor_maps_survive_the_plans_json_and_bad_ones_are_named() -> None:
+    good = TensorMap(2, (72, 1000, 3), (160, 320000), (64, 128, 1), 128)
+    arg = Arg(ArgKind.TENSOR_MAP, tensor=4, tensor_map=good)
+    assert Arg.from_json(arg.to_json()) == arg and arg.words == 24 and arg.reads_memory
+    assert Arg.from_json(Arg(ArgKind.TENSOR, tensor=1).to_json()).tensor_map is None
+    launch = Launch("k", "x" * 64, "h", 0, (1, 1, 1), (1, 1, 1), 0, 16, (arg, Arg(ArgKind.TENSOR, tensor=2), arg))
+    assert launch.slot_starts == (0, 24, 25, 49) and launch.parameter_bytes == 49 * 8
+    assert good.problems() == []
+    assert TensorMap(2, (72, 1000), (100,), (64, 128), 128).problems() == [
+        "strides [100] (multiples of 16 bytes below 2^40)"
+    ]
+    assert "box [64, 300]" in TensorMap(2, (72, 1000), (160,), (64, 300), 128).problems()
+    assert "swizzle 64" in TensorMap(2, (72, 1000), (160,), (64, 128), 64).problems()  # 128-byte rows
+
+
+# GPU: ragged M/N/K, both B layouts, batches with broadcast, more tiles than SMs.
+GPU_CASES = {
+    **MATMULS,
+    "kn_long_k_batched": Matmul(batch_a=(2,), batch_b=(2,), m=300, k=1000, n=200, epilogue="bias_gelu_add"),
+    "nk_long_k": Matmul(m=257, k=1032, n=136, b_transposed=True, epilogue="bias"),
+    "more_tiles_than_sms": Matmul(m=2000, k=520, n=1100, epilogue="bias_add"),
+    "single_row_half": Matmul(m=1, k=8, n=8, dtype="half", epilogue=""),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_every_candidate_matches_reference_on_gpu(case: str) -> None:
+    if current_gpu_arch() != 90:
+        pytest.skip("the TMA engine runs on sm_90 GPUs only")
+    graph = GPU_CASES[case].build()
+    _, fused = gemm_node(graph)
+    for choice in tma_choices(graph):
+        plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice})
+        assert any("_tma_" in kernel.name for kernel in plan.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [1, 3, 8])
+def test_operands_that_start_mid_row_on_gpu(offset: int) -> None:
+    """A and B are views ``offset`` elements into larger buffers, 2 or 6 bytes past 16-byte
+    alignment: the tensor maps start from the aligned address before them."""
+    import torch
+
+    if current_gpu_arch() != 90:
+        pytest.skip("the TMA engine runs on sm_90 GPUs only")
+    m, k, n, row = 150, 200, 136, 216  # row stride: 432 bytes, a multiple of 16
+    g = gd.OperationGraphSpec(name="views", io_data_type="bf16")
+    a = g.tensor(name="A", dim=[m, k], stride=[row, 1])
+    b = g.tensor(name="B", dim=[k, n], stride=[row, 1])
+    g.matmul(a, b, name="mm").set_name("C").set_output(True)
+    ir = g.validate()
+    views = {
+        name: torch.randn(rows * row + offset, dtype=torch.bfloat16, device="cuda")[offset:].as_strided(
+            (rows, cols), (row, 1)
+        )
+        for name, rows, cols in (("A", m, k), ("B", k, n))
+    }
+    assert all(v.data_ptr() % 16 == 2 * offset % 16 for v in views.values())
+    _, fused = gemm_node(g)
+    for choice in tma_choices(g):
+        out = poisoned(ir.outputs[0])
+        gd.compile(g, tuning={fused.name: choice}).execute({**views, "C": out})
+        torch.cuda.synchronize()
+        want = views["A"].double() @ views["B"].double()
+        assert relative_error(to_numpy(out), want.cpu().numpy()) < 1e-2, choice
