@@ -3,9 +3,9 @@
 Shapes are static (a graph's dims are part of its signature), so a kernel's dims,
 strides, grid and block are compile-time constants; at run time only pointers and
 pass-by-value scalars change. A parameter is an 8-byte word (a pointer, a double for a
-runtime scalar, a 64-bit flag) or a TMA tensor map (TENSOR_MAP_WORDS words: the map the
-driver encodes at bind time from the tensor's address, and the shift that address needed),
-so argument packing stays a flat array of words.
+runtime scalar, a 64-bit flag) or a TMA tensor map (TENSOR_MAP_WORDS words, which the
+driver encodes at bind time from the tensor's address), so argument packing stays a flat
+array of words.
 """
 
 from __future__ import annotations

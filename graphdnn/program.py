@@ -16,8 +16,8 @@ from typing import Any
 WORKSPACE_ALIGNMENT = 256  # bytes; every workspace buffer starts on such a boundary
 
 
-# gd::TensorMapArg: the 128-byte CUtensorMap, the shift, padding to its 64-byte alignment
-TENSOR_MAP_WORDS = 24
+TENSOR_MAP_WORDS = 16  # a CUtensorMap: 128 bytes, 64-byte aligned
+TENSOR_MAP_ALIGNMENT = 16  # bytes: TMA needs the tensor's address (and strides) in 16-byte steps
 TENSOR_MAP_SWIZZLES = (0, 32, 64, 128)  # bytes; 0: none
 MAX_TENSOR_MAP_RANK = 5
 
@@ -26,11 +26,8 @@ MAX_TENSOR_MAP_RANK = 5
 class TensorMap:
     """What is static about a TMA tensor map (cuTensorMapEncodeTiled's arguments but the address):
     dims innermost first, the byte strides of dims 1.., the box copied per load, the swizzle.
-
-    The tensor's address need only be element-aligned: the runtime encodes the map from the
-    address rounded down to 16 bytes, with dims[0] grown by the ``shift`` (elements) that took,
-    and the kernel adds the shift to its innermost coordinate (TMA requires a 16-byte aligned
-    base; a view starting mid-row is common)."""
+    The address must be TENSOR_MAP_ALIGNMENT-aligned: binding copies an input that is not
+    (runtime.bind)."""
 
     element_bytes: int
     dims: tuple[int, ...]

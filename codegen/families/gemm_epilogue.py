@@ -82,7 +82,13 @@ def stage_accumulators(staging: list[str]) -> list[str]:
 
 
 def tile_epilogue(
-    fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str, fetch: list[str]
+    fused: FusedNode,
+    p: Problem,
+    names: dict[int, str],
+    itype: str,
+    aligned: str,
+    fetch: list[str],
+    batch_index: str = "blockIdx.z",
 ) -> list[str]:
     """The epilogue of a BM x BN block tile (at ``block_m``, ``block_n``), 8 consecutive output
     columns per thread and chunk: ``fetch`` fills ``float acc8[8]`` with the accumulators of
@@ -125,7 +131,9 @@ def tile_epilogue(
     # the column stride is 1 and every other stride keeps 8-element alignment.
     vector_ok = all(_columns_contiguous(t, column_axis) for t in fused.outputs)
     coords = (
-        pixel_coordinates(p, "m", itype) if p.is_conv else [f"const {itype} c{rank - 2} = m;", *batch_coords(p, itype)]
+        pixel_coordinates(p, "m", itype)
+        if p.is_conv
+        else [f"const {itype} c{rank - 2} = m;", *batch_coords(p, itype, batch_index)]
     )
     lines = [
         *hoisted,

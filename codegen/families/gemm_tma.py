@@ -14,8 +14,7 @@ share A and B panels in L2):
   to global memory, while the producer already fills the ring with the next tile's k tiles.
 
 TMA zero-fills what lies outside the tensors, so ragged M, N and K need no predicates in the
-main loop, and a tensor map takes any element-aligned address (runtime.tensor_map). The
-matmul's batch dims become the tensor maps' outer dims.
+main loop. The matmul's batch dims become the tensor maps' outer dims.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from graphdnn.program import MAX_TENSOR_MAP_RANK, TensorMap
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
 from ..kernel import Kernel
-from .gemm_epilogue import Epilogue
+from .gemm_epilogue import tile_epilogue
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
@@ -43,6 +42,8 @@ CONSUMER_WARPS = 8
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 * 40 + 256 * 232 <= 64K registers
 GROUP_M = 8
 BARRIER_BYTES = 16  # a full and an empty mbarrier per stage
+SUBTILE = 64  # a consumer stages its 64 rows of the tile 64 columns at a time for the epilogue
+STAGING = 2 * SUBTILE * SUBTILE * 4  # fp32, one subtile per consumer
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 BLOCK_NS = (128, 256)
 
@@ -51,7 +52,7 @@ def tiles(block_n: int) -> list[dict[str, object]]:
     """The deepest ring that fits for ``block_n``, and one stage less (shared memory for a
     second block is out of reach either way)."""
     stage = (BLOCK_M + block_n) * BLOCK_K * 2
-    deepest = (MAX_SHARED - ALIGN_SLACK) // (stage + BARRIER_BYTES)
+    deepest = (MAX_SHARED - ALIGN_SLACK - STAGING) // (stage + BARRIER_BYTES)
     return [{"path": "tma", "block_n": block_n, "stages": s} for s in (deepest, deepest - 1)]
 
 
@@ -94,7 +95,7 @@ def tma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry)."""
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
     layout = tensor_core_layout(p)
-    shared = stages * ((BLOCK_M + bn) * BLOCK_K * 2 + BARRIER_BYTES) + ALIGN_SLACK
+    shared = stages * ((BLOCK_M + bn) * BLOCK_K * 2 + BARRIER_BYTES) + STAGING + ALIGN_SLACK
     if not supported(p, ctx.arch):
         raise UnsupportedError(
             f"the TMA GEMM engine takes 16-bit matmuls on sm_90 only, not this problem on sm_{ctx.arch}"
@@ -112,6 +113,7 @@ def tma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     declared, names = declare(fused, p)
     params.declarations += declared.declarations
     params.bindings += declared.bindings
+    aligned = params.aligned_flag()
     itype = index_type_of(fused, p)
     tiles_total = -(-p.m // BLOCK_M) * -(-p.n // bn) * math.prod(p.batch)
     body = [
@@ -125,7 +127,8 @@ def tma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
         "const unsigned a_tiles = (smem_addr(smem_raw) + 1023u) & ~1023u;",
         "const unsigned b_tiles = a_tiles + STAGES * A_STAGE;",
-        "const unsigned full = b_tiles + STAGES * B_STAGE, empty = full + STAGES * 8;  // mbarriers, 8 bytes each",
+        "float* const staging = reinterpret_cast<float*>(smem_raw + (b_tiles + STAGES * B_STAGE - smem_addr(smem_raw)));",
+        f"const unsigned full = b_tiles + STAGES * B_STAGE + {STAGING}, empty = full + STAGES * 8;  // mbarriers, 8 bytes each",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
         "if (tid == 0) {",
         "  for (int s = 0; s < STAGES; ++s) {",
@@ -142,7 +145,7 @@ def tma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "  }",
         "} else {",
         f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");',
-        *indent(_consumer(fused, p, names, layout, itype), 1).splitlines(),
+        *indent(_consumer(fused, p, names, layout, itype, aligned), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_tma"
@@ -176,19 +179,19 @@ def _map_coordinates(t: Tensor, p: Problem, matrix: tuple[str, str]) -> list[str
 
 
 def _producer(p: Problem, a_map: str, b_map: str, layout: str | None, bn: int, itype: str) -> list[str]:
-    a_coords = _map_coordinates(p.a, p, (f"kt * BK + (int){a_map}.shift", "(int)m0"))
+    a_coords = _map_coordinates(p.a, p, ("kt * BK", "(int)m0"))
     if layout == "kn":  # BN / 64 boxes of 64 columns, 8 KB apart
         b_loads = [
             "#pragma unroll",
             "for (int j = 0; j < BN / 64; ++j)",
             f"  tma_load(b_tiles + stage * B_STAGE + j * 8192, &{b_map}, bar, "
-            + ", ".join(_map_coordinates(p.b, p, (f"n0 + j * 64 + (int){b_map}.shift", "kt * BK")))
+            + ", ".join(_map_coordinates(p.b, p, ("n0 + j * 64", "kt * BK")))
             + ");",
         ]
     else:
         b_loads = [
             f"tma_load(b_tiles + stage * B_STAGE, &{b_map}, bar, "
-            + ", ".join(_map_coordinates(p.b, p, (f"kt * BK + (int){b_map}.shift", "n0")))
+            + ", ".join(_map_coordinates(p.b, p, ("kt * BK", "n0")))
             + ");"
         ]
     return [
@@ -208,7 +211,9 @@ def _producer(p: Problem, a_map: str, b_map: str, layout: str | None, bn: int, i
     ]
 
 
-def _consumer(fused: FusedNode, p: Problem, names: dict[int, str], layout: str | None, itype: str) -> list[str]:
+def _consumer(
+    fused: FusedNode, p: Problem, names: dict[int, str], layout: str | None, itype: str, aligned: str
+) -> list[str]:
     # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
     return [
@@ -239,28 +244,41 @@ def _consumer(fused: FusedNode, p: Problem, names: dict[int, str], layout: str |
         "  wgmma_wait<0>();",
         "  fence_accumulators(acc);",
         "  if (lane == 0) mbar_arrive(empty + 8 * previous);",
-        *("  " + line for line in _epilogue(fused, p, names, itype)),
+        *("  " + line for line in _epilogue(fused, p, names, itype, aligned)),
         "}",
     ]
 
 
-def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str) -> list[str]:
-    """The fused epilogue at each accumulator. wgmma m64nN fragment: warp w of the warpgroup
-    holds rows 16w..16w+15; acc[4j + 2h + e] is row lane/4 + 8h, column 8j + 2 (lane % 4) + e."""
-    rank = len(p.out.dim)
-    row, column = f"c{rank - 2}", f"c{rank - 1}"
+def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str) -> list[str]:
+    """The warpgroup's 64 rows, SUBTILE columns at a time: accumulators into its fp32 staging
+    subtile (named barriers: the warpgroup alone), then the shared tile epilogue over the
+    subtile (gemm_epilogue.tile_epilogue: 8 consecutive columns per thread, 16-byte stores).
+
+    wgmma m64nN fragment: warp w of the warpgroup holds rows 16w..16w+15; acc[4j + 2h + e] is
+    row lane/4 + 8h, column 8j + 2 (lane % 4) + e."""
+    fetch = [
+        "*reinterpret_cast<float4*>(acc8) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col));",
+        "*reinterpret_cast<float4*>(acc8 + 4) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col + 4));",
+    ]
     return [
+        f"float* const subtile = staging + consumer * ({SUBTILE} * {SUBTILE});",
+        f"constexpr int SUBTILES = BN / {SUBTILE};",
         "#pragma unroll",
-        "for (int j = 0; j < BN / 8; ++j) {",
+        "for (int sub = 0; sub < SUBTILES; ++sub) {",
+        "  warpgroup_sync(consumer);  // the subtile before is read",
         "#pragma unroll",
-        "  for (int h = 0; h < 2; ++h) {",
-        f"    const {itype} {row} = m0 + consumer * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;",
-        "#pragma unroll",
-        "    for (int e = 0; e < 2; ++e) {",
-        f"      const int {column} = n0 + j * 8 + (lane & 3) * 2 + e;",
-        f"      if ({row} >= GM || {column} >= GN) continue;",
-        *("      " + line for line in Epilogue(fused, p, names, "float").statements("acc[4 * j + 2 * h + e]")),
-        "    }",
+        f"  for (int j = 0; j < {SUBTILE // 8}; ++j) {{",
+        "    const int row = (warp & 3) * 16 + (lane >> 2), col = j * 8 + (lane & 3) * 2, a = 4 * (sub * 8 + j);",
+        "    *reinterpret_cast<float2*>(subtile + staged_at(row, col)) = make_float2(acc[a], acc[a + 1]);",
+        "    *reinterpret_cast<float2*>(subtile + staged_at(row + 8, col)) = make_float2(acc[a + 2], acc[a + 3]);",
+        "  }",
+        "  warpgroup_sync(consumer);  // the subtile is whole",
+        "  {  // the tile epilogue's names, for this warpgroup's subtile",
+        f"    constexpr int BM = 64, BN = {SUBTILE}, THREADS = 128;",
+        "    const int tid = threadIdx.x % 128;",
+        f"    const {itype} block_m = m0 + consumer * 64;",
+        f"    const int block_n = n0 + sub * {SUBTILE};",
+        *("    " + line for line in tile_epilogue(fused, p, names, itype, aligned, fetch, batch_index="batch")),
         "  }",
         "}",
     ]
@@ -272,11 +290,9 @@ def _tma_prelude(rank: int) -> str:
         r"""
 // ---- TMA and mbarriers (sm_90) ----
 namespace gd {
-// A kernel parameter: the CUtensorMap the runtime encoded, and the elements its base was moved
-// back by to reach 16-byte alignment (added to the innermost coordinate).
+// A kernel parameter: the CUtensorMap the runtime encoded (runtime/tensor_map.py).
 struct alignas(64) TensorMapArg {
   unsigned long long map[16];
-  long long shift;
 };
 }  // namespace gd
 
@@ -290,6 +306,13 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// The 128 threads of consumer warpgroup `consumer` meet (named barrier 1 + consumer).
+__device__ __forceinline__ void warpgroup_sync(int consumer) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
+}
+// A consumer's staged fp32 subtile: rows of 64 floats; 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8), so that neither the fragment writes nor the 8-column reads conflict.
+__device__ __forceinline__ int staged_at(int row, int col) { return row * 64 + ((((col >> 2) ^ (row & 7))) << 2) + (col & 3); }
 // Waits until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   asm volatile(

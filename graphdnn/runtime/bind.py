@@ -3,19 +3,19 @@
 Everything that can be decided before the first launch is decided here, once: the
 device (where the buffers are), each buffer against its graph tensor (FeedError naming
 it), the order of the launches and the inputs to copy when outputs share memory with
-inputs (:mod:`.schedule`), the workspace, the loaded kernels and every kernel's
-parameter slots.
+inputs (:mod:`.schedule`) or when a TMA tensor map cannot start at their address, the
+workspace, the loaded kernels and every kernel's parameter slots.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ..arch import arch_name, runs_on
 from ..errors import FeedError, UnsupportedError
 from ..ir import Graph
-from ..program import WORKSPACE_ALIGNMENT, LaunchProgram
+from ..program import TENSOR_MAP_ALIGNMENT, WORKSPACE_ALIGNMENT, ArgKind, Launch, LaunchProgram
 from ..variant_pack import resolve, scalar_value
 from . import buffers, driver, frameworks
 from .device_array import DeviceMemory
@@ -68,8 +68,18 @@ def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream
     pointers = {tid: buffer.pointer for tid, buffer in described.items()}
     pointers.update({tid: base + offset for tid, offset in plan.program.intermediate_offsets().items()})
     copies = []
+    outputs_written = {t.id for t in ir.outputs}
     for tid in order.copies:  # the input as it was, for the kernels that read it after it is written over
         view = views[tid]
+        copies.append(Copy(DeviceMemory(device, view.end - view.pointer), view.pointer))
+        pointers[tid] = copies[-1].destination.pointer
+    for tid in _misaligned_map_operands(plan.program.launches, pointers):
+        if tid in outputs_written or tid not in views:
+            raise FeedError(
+                f"tensor '{names[tid]}' starts at {pointers[tid]:#x}; a kernel reads it through a TMA tensor map "
+                f"after the plan writes it, which needs a {TENSOR_MAP_ALIGNMENT}-byte aligned buffer"
+            )
+        view = views[tid]  # an input: TMA reads an aligned copy of it
         copies.append(Copy(DeviceMemory(device, view.end - view.pointer), view.pointer))
         pointers[tid] = copies[-1].destination.pointer
     scalars = dict(pack.scalars)
@@ -82,6 +92,17 @@ def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream
     outputs = {t.name: values[t.id] for t in ir.outputs}
     keep_alive = [b.owner for b in described.values()] + [workspace, plan]  # the plan owns the default workspace
     return BoundPlan(device, handle, launches, [kernels[i] for i in order.order], slots, outputs, keep_alive, copies)
+
+
+def _misaligned_map_operands(launches: Sequence[Launch], pointers: Mapping[int, int]) -> list[int]:
+    """Tensors that kernels read through TMA tensor maps from addresses TMA cannot take."""
+    found = {
+        a.tensor
+        for launch in launches
+        for a in launch.args
+        if a.kind is ArgKind.TENSOR_MAP and a.tensor is not None and pointers[a.tensor] % TENSOR_MAP_ALIGNMENT
+    }
+    return sorted(found)
 
 
 def _describe(name: str, value: Any, stream: int) -> buffers.Buffer:
