@@ -58,8 +58,9 @@ def split_of(emitted: FusedProgram) -> int:
 @pytest.mark.parametrize("arch", [80, 90])
 def test_the_heuristic_splits_few_tile_problems_with_long_k_only(arch: int) -> None:
     assert split_of(program(DECODE.build(), arch)) >= 2  # 32 tiles of 128x128 for 108 / 132 SMs
-    # 128 tiles: two slices fill an H100's 132 SMs; an A100's 108 are full without
-    assert split_of(program(FC2.build(), arch)) == (2 if arch == 90 else 1)
+    # 128 tiles: on an A100's 108 SMs a full wave without a split; on sm_90 the persistent TMA
+    # engine takes it whole (gemm_tma.py; 0.96x cuBLAS where two slices gave 0.66x)
+    assert split_of(program(FC2.build(), arch)) == 1
     assert split_of(program(LARGE.build(), arch)) == 1
     assert split_of(program(Matmul(m=128, k=256, n=4096).build(), arch)) == 1  # K too short to pay
     assert split_of(program(Matmul(m=1, k=4096, n=72).build(), arch)) == 8  # 4096 / 512: K bounds it
@@ -80,7 +81,7 @@ def test_tuning_wins_over_the_heuristic() -> None:
 
 def test_many_tile_kernels_are_unchanged() -> None:
     """The kernels of problems that do not split, as emitted before split-K existed (784531a)."""
-    (kernel,) = program(LARGE.build(), 90).kernels
+    (kernel,) = program(LARGE.build(), 80).kernels  # on sm_90 the TMA engine takes it
     assert kernel.content_hash == "dc92a832da139b56dbea7555b39fcc53c3669c130aca4c056620d93eba9e28b8"
     (kernel,) = program(Conv(n=32, c=64, hw=(56, 56), k=64).build(), 80).kernels
     assert kernel.content_hash == "c776da870b04ba1885db2524ac7f8afec68b043dd6aa00716b5155ffb08e585a"

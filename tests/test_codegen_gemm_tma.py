@@ -17,6 +17,7 @@ import pytest
 
 import graphdnn as gd
 from codegen import ParamKind
+from codegen.emit import emit_partition
 from codegen.families.gemm import candidates
 from codegen.families.gemm_tma import THREADS
 from codegen.nvrtc import compile_cubin
@@ -48,6 +49,21 @@ def test_the_engine_is_offered_for_matmuls_on_sm90_only() -> None:
         emit(matmul, {"path": "tma", "block_n": 64, "stages": 4})
     with pytest.raises(UnsupportedError, match="shared memory"):
         emit(matmul, {"path": "tma", "block_n": 256, "stages": 5})
+
+
+def test_the_engine_is_the_default_for_matmuls_that_fill_the_gpu() -> None:
+    """Enough 128 x 128 tiles for half the SMs: the engine (128 x 256 tiles where those fill all
+    of them); fewer: the other paths (split-K, test_codegen_gemm_splitk)."""
+    large, fc2, decode = (Matmul(m=4096, k=512, n=4096), Matmul(m=2048, k=4096, n=1024), Matmul(m=128, k=4096, n=4096))
+    for case, block_n in ((large, 256), (fc2, 128), (Matmul(m=500, k=64, n=3000, batch_a=(2,), batch_b=(2,)), 128)):
+        partition, fused = gemm_node(case.build())
+        (program,) = emit_partition(partition, 90)
+        (kernel,) = program.kernels
+        assert "_tma_" in kernel.name and f"BN = {block_n}," in kernel.source
+    partition, _ = gemm_node(decode.build())
+    assert "_tma_" not in emit_partition(partition, 90)[0].kernels[0].name
+    partition, _ = gemm_node(large.build())
+    assert "_mma_" in emit_partition(partition, 80)[0].kernels[0].name
 
 
 @pytest.mark.parametrize("case", MATMULS)

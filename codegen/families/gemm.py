@@ -12,9 +12,14 @@ Two paths, both always correct:
 
 Problems with fewer output tiles than the GPU has SMs and a long K take split-K on either
 tensor-core path (gemm_splitk.py): a second kernel sums the K slices and runs the epilogue.
+
+On sm_90, matmuls with enough tiles to fill the GPU take the persistent warp-specialised TMA
+engine (gemm_tma.py) unless a tuning says otherwise.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from fusion_rules import FusedNode
 
@@ -27,6 +32,7 @@ from .gemm_sm90 import candidates as wgmma_candidates
 from .gemm_sm90 import wgmma_kernel
 from .gemm_splitk import output_tiles, reduce_kernel, scratch, split_choices, tuned_split
 from .gemm_tma import candidates as tma_candidates
+from .gemm_tma import default_choice as default_tma
 from .gemm_tma import tma_kernel
 
 
@@ -35,6 +41,9 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     problem = problem_of(fused.anchor)
     if tensor_core_layout(problem) is None:
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
+    default = None if ctx.tuning else default_tma(problem, ctx.arch)
+    if default is not None:
+        return FusedProgram(fused.name, (tma_kernel(fused, dataclasses.replace(ctx, tuning=default), problem),))
     if ctx.tuning.get("path") == "tma":
         return FusedProgram(fused.name, (tma_kernel(fused, ctx, problem),))
     if ctx.tuning.get("path") == "wgmma":

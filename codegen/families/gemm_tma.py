@@ -69,6 +69,18 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     return [choice for bn in BLOCK_NS for choice in tiles(bn)]
 
 
+def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
+    """The engine's tile when nothing is tuned, or None to leave ``p`` to the other paths: those
+    with fewer 128 x 128 tiles than half the SMs (split-K pays there). 128 x 256 tiles where they
+    still fill every SM, 128 x 128 otherwise; the deepest ring."""
+    if not supported(p, arch):
+        return None
+    tiles_of = lambda bn: -(-p.m // BLOCK_M) * -(-p.n // bn) * math.prod(p.batch)  # noqa: E731
+    if tiles_of(128) * 2 < sm_count(arch):
+        return None
+    return tiles(256 if tiles_of(256) >= sm_count(arch) else 128)[0]
+
+
 def _map_axes(t: Tensor, p: Problem) -> list[int]:
     """The axes of operand ``t`` its tensor map walks, innermost first: the contiguous matrix
     axis, the other matrix axis, then the batch axes that hold more than one matrix."""
