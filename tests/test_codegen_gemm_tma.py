@@ -56,7 +56,7 @@ def test_the_engine_is_the_default_for_matmuls_that_fill_the_gpu() -> None:
     of them); fewer: the other paths (split-K, test_codegen_gemm_splitk)."""
     large, fc2, decode = (Matmul(m=4096, k=512, n=4096), Matmul(m=2048, k=4096, n=1024), Matmul(m=128, k=4096, n=4096))
     for case, block_n in ((large, 256), (fc2, 128), (Matmul(m=500, k=64, n=3000, batch_a=(2,), batch_b=(2,)), 128)):
-        partition, fused = gemm_node(case.build())
+        partition, _ = gemm_node(case.build())
         (program,) = emit_partition(partition, 90)
         (kernel,) = program.kernels
         assert "_tma_" in kernel.name and f"BN = {block_n}," in kernel.source
