@@ -3,7 +3,7 @@ run (bf16, L2 flushed by do_bench, outputs checked against fp32 torch):
 
 - mma.sync: the heuristic's choice on the mma.sync path (what a plan gets without tuning);
 - wgmma: the fastest tile of the cp.async-fed wgmma path (gemm_sm90.py), no split-K;
-- TMA: each tile of the persistent warp-specialised engine (gemm_tma.py).
+- TMA: each tile of the persistent warp-specialised engine (gemm_ws.py).
 
     PYTHONPATH=. python benchmarks/gemm_engine.py
 """
@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import graphdnn as gd  # noqa: E402
+from benchmarks.cases import cases  # noqa: E402
 from codegen.families.gemm import candidates  # noqa: E402
 
 # (M, N, K, B stored k-contiguous)
@@ -38,7 +40,7 @@ def graph(m: int, n: int, k: int, transposed: bool) -> gd.OperationGraphSpec:
 
 
 def main() -> int:
-    print("| M×N×K | B | mma.sync TFLOP/s | best wgmma | TMA engine (best tile) | cuBLAS | TMA / cuBLAS |")
+    print("| M×N×K | B | default plan TFLOP/s | best wgmma | ws engine (best tile) | cuBLAS | ws / cuBLAS |")
     print("|---|---|---|---|---|---|---|")
     for m, n, k, transposed in SHAPES:
         mma, wgmma, (tma, tile), cublas = row(m, n, k, transposed)
@@ -47,7 +49,46 @@ def main() -> int:
             f"| {m}×{n}×{k} | {layout} | {mma:.0f} | {wgmma:.0f} | {tma:.0f} ({tile}) | {cublas:.0f} | {tma / cublas:.2f} |",
             flush=True,
         )
+    print("\n| conv + BN + ReLU | default plan µs | ws engine µs (best tile) | cuDNN FE fused µs | torch eager µs |")
+    print("|---|---|---|---|---|")
+    for case in cases():
+        if case.group == "conv":
+            default, (ws, tile), cudnn, eager = conv_row(case)
+            print(f"| {case.name} | {default:.1f} | {ws:.1f} ({tile}) | {cudnn} | {eager:.1f} |", flush=True)
     return 0
+
+
+def conv_row(case: Any) -> tuple[float, tuple[float, str], str, float]:
+
+    from benchmarks.measure import median_us
+    from graphdnn.random_inputs import random_inputs
+    from graphdnn.runtime.frameworks import empty_torch, to_torch
+
+    ir = case.graph().validate()
+    feeds = random_inputs(ir, seed=1)
+    inputs = {t.name: to_torch(feeds[t.name], t) for t in ir.inputs}
+    out = {t.name: empty_torch(t) for t in ir.outputs}
+    want = case.torch_fn(inputs).float()
+
+    def timed(**options: object) -> float:
+        bound = gd.compile(case.graph(), **options).bind({**inputs, **out})  # type: ignore[arg-type]
+        out["y"].fill_(float("nan"))
+        bound()
+        error = ((out["y"].float() - want).norm() / want.norm()).item()
+        assert error < 2e-2, f"{case.name} {options}: relative error {error:.3g}"
+        return median_us(bound)
+
+    fused = next(f for f in gd.fuse(case.graph()).nodes if f.anchor is not None and f.anchor.op == "conv_fprop")
+    ws = min(
+        (timed(tuning={fused.name: c}), f"{c['block_n']}, {c['stages']} stages")
+        for c in candidates(fused, 90)
+        if c.get("path") == "ws"
+    )
+    try:
+        cudnn = f"{median_us(case.cudnn(inputs, {t.name: empty_torch(t) for t in ir.outputs})):.1f}"
+    except Exception as error:  # the frontend's wheel is optional
+        cudnn = f"n/a ({type(error).__name__})"
+    return timed(), ws, cudnn, median_us(lambda: case.torch_fn(inputs))
 
 
 def row(m: int, n: int, k: int, transposed: bool) -> tuple[float, float, tuple[float, str], float]:
@@ -76,7 +117,7 @@ def row(m: int, n: int, k: int, transposed: bool) -> tuple[float, float, tuple[f
     tma = max(
         (timed(tuning={fused.name: c}), f"{c['block_n']}, {c['stages']} stages")
         for c in choices
-        if c.get("path") == "tma"
+        if c.get("path") == "ws"
     )
     return timed(), wgmma, tma, tflops(median_us(lambda: torch.matmul(a, b, out=c)))
 

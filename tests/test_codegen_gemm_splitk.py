@@ -59,7 +59,7 @@ def split_of(emitted: FusedProgram) -> int:
 def test_the_heuristic_splits_few_tile_problems_with_long_k_only(arch: int) -> None:
     assert split_of(program(DECODE.build(), arch)) >= 2  # 32 tiles of 128x128 for 108 / 132 SMs
     # 128 tiles: on an A100's 108 SMs a full wave without a split; on sm_90 the persistent TMA
-    # engine takes it whole (gemm_tma.py; 0.96x cuBLAS where two slices gave 0.66x)
+    # engine takes it whole (gemm_ws.py; 0.96x cuBLAS where two slices gave 0.66x)
     assert split_of(program(FC2.build(), arch)) == 1
     assert split_of(program(LARGE.build(), arch)) == 1
     assert split_of(program(Matmul(m=128, k=256, n=4096).build(), arch)) == 1  # K too short to pay

@@ -14,7 +14,7 @@ Problems with fewer output tiles than the GPU has SMs and a long K take split-K 
 tensor-core path (gemm_splitk.py): a second kernel sums the K slices and runs the epilogue.
 
 On sm_90, matmuls with enough tiles to fill the GPU take the persistent warp-specialised TMA
-engine (gemm_tma.py) unless a tuning says otherwise.
+engine (gemm_ws.py) unless a tuning says otherwise.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
 from .gemm_sm90 import wgmma_kernel
 from .gemm_splitk import output_tiles, reduce_kernel, scratch, split_choices, tuned_split
-from .gemm_tma import candidates as tma_candidates
-from .gemm_tma import default_choice as default_tma
-from .gemm_tma import tma_kernel
+from .gemm_ws import candidates as ws_candidates
+from .gemm_ws import default_choice as default_ws
+from .gemm_ws import ws_kernel
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -41,11 +41,11 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     problem = problem_of(fused.anchor)
     if tensor_core_layout(problem) is None:
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
-    default = None if ctx.tuning else default_tma(problem, ctx.arch)
+    default = None if ctx.tuning else default_ws(problem, ctx.arch)
     if default is not None:
-        return FusedProgram(fused.name, (tma_kernel(fused, dataclasses.replace(ctx, tuning=default), problem),))
-    if ctx.tuning.get("path") == "tma":
-        return FusedProgram(fused.name, (tma_kernel(fused, ctx, problem),))
+        return FusedProgram(fused.name, (ws_kernel(fused, dataclasses.replace(ctx, tuning=default), problem),))
+    if ctx.tuning.get("path") == "ws":
+        return FusedProgram(fused.name, (ws_kernel(fused, ctx, problem),))
     if ctx.tuning.get("path") == "wgmma":
         split = tuned_split(ctx, problem) or 1
         kernel = wgmma_kernel(fused, ctx, problem, split)
@@ -73,4 +73,4 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
         for c in TILE_CANDIDATES
         for s in split_choices(problem, output_tiles(problem, c.block_m, c.block_n), arch)
     ]
-    return mma + split + wgmma_candidates(problem, arch) + tma_candidates(problem, arch)
+    return mma + split + wgmma_candidates(problem, arch) + ws_candidates(problem, arch)

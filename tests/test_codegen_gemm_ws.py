@@ -1,12 +1,14 @@
-"""GEMM family, Hopper engine (gemm_tma.py): persistent, warp-specialised, fed by TMA.
+"""GEMM family, Hopper engine (gemm_ws.py): persistent, warp-specialised; TMA-fed matmuls,
+gathered convolutions.
 
-CPU: offered for 16-bit matmuls on sm_90 only; each candidate emits a 384-thread kernel whose
-first parameters are the two tensor maps, that NVRTC compiles for sm_90a (and, where
-cuobjdump is installed, that runs on UTMALDG + HGMMA without local memory); tensor maps
+CPU: offered for 16-bit tensor-core problems on sm_90 only; each candidate emits a 384-thread
+kernel (a matmul's first parameters: the two tensor maps) that NVRTC compiles for sm_90a (and,
+where cuobjdump is installed, that runs on HGMMA, fed by UTMALDG for matmuls, without local
+memory); the default for matmuls that fill the GPU, not yet for convolutions; tensor maps
 survive the plan's JSON form, and the driver's rules for them are checked. GPU: every
-candidate against the reference on ragged, batched, broadcast and transposed problems, more
-tiles than SMs (each block walks several), and operands that start mid-row (TMA reads an
-aligned copy).
+candidate against the reference on ragged, batched, broadcast and transposed matmuls, the
+convolutions of the tensor-core cases, more tiles than SMs (each block walks several), and
+operands that start mid-row (TMA reads an aligned copy).
 """
 
 from __future__ import annotations
@@ -19,36 +21,37 @@ import graphdnn as gd
 from codegen import ParamKind
 from codegen.emit import emit_partition
 from codegen.families.gemm import candidates
-from codegen.families.gemm_tma import THREADS
+from codegen.families.gemm_ws import THREADS
 from codegen.nvrtc import compile_cubin
 from graphdnn.errors import UnsupportedError
 from graphdnn.program import Arg, ArgKind, Launch, TensorMap
 from graphdnn.runtime.driver import current_gpu_arch
 from tests.gpu_check import check_on_gpu, poisoned, relative_error, to_numpy
-from tests.test_codegen_gemm import TENSOR_CORE, Matmul
+from tests.test_codegen_gemm import SIMT, TENSOR_CORE, Conv, Matmul
 from tests.test_codegen_gemm_sm90 import emit, gemm_node, sass
 
 MATMULS = {name: case for name, case in TENSOR_CORE.items() if isinstance(case, Matmul)}
 
 
-def tma_choices(graph: gd.OperationGraphSpec, arch: int = 90) -> list[dict[str, object]]:
+def ws_choices(graph: gd.OperationGraphSpec, arch: int = 90) -> list[dict[str, object]]:
     _, fused = gemm_node(graph)
-    return [c for c in candidates(fused, arch) if c.get("path") == "tma"]
+    return [c for c in candidates(fused, arch) if c.get("path") == "ws"]
 
 
 def test_the_engine_is_offered_for_matmuls_on_sm90_only() -> None:
     matmul = MATMULS["matmul_nk"].build()
-    choices = tma_choices(matmul)
+    choices = ws_choices(matmul)
     assert {c["block_n"] for c in choices} == {128, 256}
-    assert tma_choices(matmul, 80) == [] and tma_choices(matmul, 100) == []
-    assert tma_choices(TENSOR_CORE["resnet_3x3"].build()) == []  # convolutions: not yet
-    assert tma_choices(Matmul(k=37).build()) == []  # rows not in 16-byte chunks: no tensor map
+    assert ws_choices(matmul, 80) == [] and ws_choices(matmul, 100) == []
+    assert ws_choices(TENSOR_CORE["resnet_3x3"].build()) == choices  # the gather producer
+    assert ws_choices(SIMT["grouped"].build()) == []
+    assert ws_choices(Matmul(k=37).build()) == []  # rows not in 16-byte chunks: no tensor map
     with pytest.raises(UnsupportedError, match="sm_90 only"):
         emit(matmul, choices[0], arch=80)
     with pytest.raises(UnsupportedError, match="block_n"):
-        emit(matmul, {"path": "tma", "block_n": 64, "stages": 4})
+        emit(matmul, {"path": "ws", "block_n": 64, "stages": 4})
     with pytest.raises(UnsupportedError, match="shared memory"):
-        emit(matmul, {"path": "tma", "block_n": 256, "stages": 5})
+        emit(matmul, {"path": "ws", "block_n": 256, "stages": 5})
 
 
 def test_the_engine_is_the_default_for_matmuls_that_fill_the_gpu() -> None:
@@ -59,26 +62,30 @@ def test_the_engine_is_the_default_for_matmuls_that_fill_the_gpu() -> None:
         partition, _ = gemm_node(case.build())
         (program,) = emit_partition(partition, 90)
         (kernel,) = program.kernels
-        assert "_tma_" in kernel.name and f"BN = {block_n}," in kernel.source
+        assert "_ws_" in kernel.name and f"BN = {block_n}," in kernel.source
     partition, _ = gemm_node(decode.build())
-    assert "_tma_" not in emit_partition(partition, 90)[0].kernels[0].name
+    assert "_ws_" not in emit_partition(partition, 90)[0].kernels[0].name
     partition, _ = gemm_node(large.build())
     assert "_mma_" in emit_partition(partition, 80)[0].kernels[0].name
+    partition, _ = gemm_node(Conv(n=32, c=64, hw=(56, 56), k=64).build())
+    assert "_mma_" in emit_partition(partition, 90)[0].kernels[0].name  # convolutions: tuned in only, for now
 
 
-@pytest.mark.parametrize("case", MATMULS)
+@pytest.mark.parametrize("case", TENSOR_CORE)
 def test_every_candidate_compiles_for_sm90a(case: str) -> None:
-    graph = MATMULS[case].build()
-    for choice in tma_choices(graph):
+    graph = TENSOR_CORE[case].build()
+    matmul = isinstance(TENSOR_CORE[case], Matmul)
+    for choice in ws_choices(graph):
         kernel = emit(graph, choice)
-        assert "_tma_" in kernel.name and kernel.arch_suffix == "a" and kernel.block == (THREADS, 1, 1)
+        assert "_ws_" in kernel.name and kernel.arch_suffix == "a" and kernel.block == (THREADS, 1, 1)
         assert 1 <= kernel.grid[0] <= 132 and kernel.grid[1:] == (1, 1)  # persistent: at most one block per SM
         maps = [p for p in kernel.params if p.kind is ParamKind.TENSOR_MAP]
-        assert kernel.params[:2] == tuple(maps) and len(maps) == 2  # first: no padding before them
+        assert len(maps) == (2 if matmul else 0) and kernel.params[: len(maps)] == tuple(maps)  # no padding first
         assert all(m.tensor_map is not None and not m.tensor_map.problems() for m in maps)
         code = sass(compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix))
         if code is not None:
-            assert "UTMALDG" in code and "HGMMA" in code and "LDL" not in code and "STL" not in code
+            assert "HGMMA" in code and "LDL" not in code and "STL" not in code
+            assert ("UTMALDG" in code) == matmul
 
 
 def test_tensor_maps_survive_the_plans_json_and_bad_ones_are_named() -> None:
@@ -96,9 +103,11 @@ def test_tensor_maps_survive_the_plans_json_and_bad_ones_are_named() -> None:
     assert "swizzle 64" in TensorMap(2, (72, 1000), (160,), (64, 128), 64).problems()  # 128-byte rows
 
 
-# GPU: ragged M/N/K, both B layouts, batches with broadcast, more tiles than SMs.
+# GPU: ragged M/N/K, both B layouts, batches with broadcast, convolutions, more tiles than SMs.
 GPU_CASES = {
-    **MATMULS,
+    **TENSOR_CORE,
+    "conv_136_channels": Conv(n=3, c=32, hw=(9, 11), k=136, epilogue="bias_add_relu"),
+    "resnet_56": Conv(n=2, c=64, hw=(56, 56), k=64),
     "kn_long_k_batched": Matmul(batch_a=(2,), batch_b=(2,), m=300, k=1000, n=200, epilogue="bias_gelu_add"),
     "nk_long_k": Matmul(m=257, k=1032, n=136, b_transposed=True, epilogue="bias"),
     "more_tiles_than_sms": Matmul(m=2000, k=520, n=1100, epilogue="bias_add"),
@@ -110,12 +119,12 @@ GPU_CASES = {
 @pytest.mark.parametrize("case", GPU_CASES)
 def test_every_candidate_matches_reference_on_gpu(case: str) -> None:
     if current_gpu_arch() != 90:
-        pytest.skip("the TMA engine runs on sm_90 GPUs only")
+        pytest.skip("the warp-specialised engine runs on sm_90 GPUs only")
     graph = GPU_CASES[case].build()
     _, fused = gemm_node(graph)
-    for choice in tma_choices(graph):
+    for choice in ws_choices(graph):
         plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice})
-        assert any("_tma_" in kernel.name for kernel in plan.kernels)
+        assert any("_ws_" in kernel.name for kernel in plan.kernels)
 
 
 @pytest.mark.gpu
@@ -126,7 +135,7 @@ def test_operands_that_start_mid_row_on_gpu(offset: int) -> None:
     import torch
 
     if current_gpu_arch() != 90:
-        pytest.skip("the TMA engine runs on sm_90 GPUs only")
+        pytest.skip("the warp-specialised engine runs on sm_90 GPUs only")
     m, k, n, row = 150, 200, 136, 216  # row stride: 432 bytes, a multiple of 16
     g = gd.OperationGraphSpec(name="views", io_data_type="bf16")
     a = g.tensor(name="A", dim=[m, k], stride=[row, 1])
@@ -141,7 +150,7 @@ def test_operands_that_start_mid_row_on_gpu(offset: int) -> None:
     }
     assert all(v.data_ptr() % 16 == 2 * offset % 16 for v in views.values())
     _, fused = gemm_node(g)
-    for choice in tma_choices(g):
+    for choice in ws_choices(g):
         out = poisoned(ir.outputs[0])
         gd.compile(g, tuning={fused.name: choice}).execute({**views, "C": out})
         torch.cuda.synchronize()

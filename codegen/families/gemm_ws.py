@@ -1,20 +1,23 @@
-"""GEMM family, Hopper engine: a persistent, warp-specialised matmul fed by TMA (sm_90a).
+"""GEMM family, Hopper engine: a persistent, warp-specialised GEMM (sm_90a).
 
 A block of three warpgroups stays on its SM and walks output tiles ``blockIdx.x``,
 ``+ gridDim.x``, ... (rasterised in groups of GROUP_M tile rows, so that the tiles in flight
 share A and B panels in L2):
 
-- the producer warpgroup gives its registers away (``setmaxnreg``) and one of its threads
-  issues the TMA copies of each k tile of A and B into a ring of STAGES shared-memory buffers
-  (128-byte swizzle, the layout the wgmma descriptors read), each buffer guarded by a *full*
-  mbarrier (the copies' bytes landed) and an *empty* one (the consumers are done with it);
+- the producer warpgroup fills a ring of STAGES shared-memory buffers with the k tiles of A
+  and B (128-byte swizzle, the layout the wgmma descriptors read), each buffer guarded by a
+  *full* mbarrier (the copies landed) and an *empty* one (the consumers are done with it).
+  For a matmul it gives its registers away (``setmaxnreg``) and one thread issues TMA copies;
+  for a convolution all 128 threads gather the implicit-GEMM tiles with ``cp.async``
+  (gemm_loaders.py, as the other tensor-core paths do), each thread's copies arriving on the
+  full barrier when they land (TMA's im2col mode is the next step);
 - two consumer warpgroups take the registers, each computes 64 rows of the 128 x BN tile
   with ``wgmma`` from shared memory, one batch in flight, releasing a buffer as soon as the
   batch that read it completes; then runs the fused epilogue from its accumulators straight
   to global memory, while the producer already fills the ring with the next tile's k tiles.
 
-TMA zero-fills what lies outside the tensors, so ragged M, N and K need no predicates in the
-main loop. The matmul's batch dims become the tensor maps' outer dims.
+TMA zero-fills what lies outside the tensors (the gather zero-fills too), so ragged M, N and K
+need no predicates in the main loop. The matmul's batch dims become the tensor maps' outer dims.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_
 from ..cuda_types import cuda_type
 from ..kernel import Kernel
 from .gemm_epilogue import tile_epilogue
-from .gemm_loaders import ASYNC_COPY_PRELUDE
+from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
 from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
+from .gemm_splitk import KSlices
 
 BLOCK_M, BLOCK_K = 128, 64  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row
 THREADS = 384  # the producer warpgroup, then the two consumers
@@ -53,14 +57,15 @@ def tiles(block_n: int) -> list[dict[str, object]]:
     second block is out of reach either way)."""
     stage = (BLOCK_M + block_n) * BLOCK_K * 2
     deepest = (MAX_SHARED - ALIGN_SLACK - STAGING) // (stage + BARRIER_BYTES)
-    return [{"path": "tma", "block_n": block_n, "stages": s} for s in (deepest, deepest - 1)]
+    return [{"path": "ws", "block_n": block_n, "stages": s} for s in (deepest, deepest - 1)]
 
 
 def supported(p: Problem, arch: int) -> bool:
-    """A matmul of 16-bit tensor-core operands whose tensors TMA can describe, on sm_90."""
-    if arch != ARCH or p.is_conv or tensor_core_layout(p) is None:
+    """On sm_90: a convolution the tensor-core paths take, or such a matmul whose operands TMA
+    can describe."""
+    if arch != ARCH or tensor_core_layout(p) is None:
         return False
-    return all(len(_map_axes(t, p)) <= MAX_TENSOR_MAP_RANK for t in (p.a, p.b))
+    return p.is_conv or all(len(_map_axes(t, p)) <= MAX_TENSOR_MAP_RANK for t in (p.a, p.b))
 
 
 def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
@@ -73,7 +78,7 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     """The engine's tile when nothing is tuned, or None to leave ``p`` to the other paths: those
     with fewer 128 x 128 tiles than half the SMs (split-K pays there). 128 x 256 tiles where they
     still fill every SM, 128 x 128 otherwise; the deepest ring."""
-    if not supported(p, arch):
+    if not supported(p, arch) or p.is_conv:
         return None
     tiles_of = lambda bn: -(-p.m // BLOCK_M) * -(-p.n // bn) * math.prod(p.batch)  # noqa: E731
     if tiles_of(128) * 2 < sm_count(arch):
@@ -103,25 +108,28 @@ def _tensor_map(t: Tensor, p: Problem, box: tuple[int, int]) -> TensorMap:
     )
 
 
-def tma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
+def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry)."""
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
     layout = tensor_core_layout(p)
     shared = stages * ((BLOCK_M + bn) * BLOCK_K * 2 + BARRIER_BYTES) + STAGING + ALIGN_SLACK
     if not supported(p, ctx.arch):
         raise UnsupportedError(
-            f"the TMA GEMM engine takes 16-bit matmuls on sm_90 only, not this problem on sm_{ctx.arch}"
+            f"the warp-specialised GEMM engine takes 16-bit tensor-core problems on sm_90 only, not this "
+            f"problem on sm_{ctx.arch}"
         )
     if bn not in BLOCK_NS or stages < 2 or shared > MAX_SHARED:
         raise UnsupportedError(
-            f"TMA GEMM tile {ctx.tuning}: expected block_n in {list(BLOCK_NS)} and 2 or more stages within "
-            f"{MAX_SHARED} bytes of shared memory"
+            f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(BLOCK_NS)} and 2 or more stages "
+            f"within {MAX_SHARED} bytes of shared memory"
         )
     params = KernelParams()
-    # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of 64 k otherwise
-    b_box = (64, BLOCK_K) if layout == "kn" else (BLOCK_K, bn)
-    a_map = params.tensor_map(p.a, _tensor_map(p.a, p, (BLOCK_K, BLOCK_M)))
-    b_map = params.tensor_map(p.b, _tensor_map(p.b, p, b_box))
+    gather = p.is_conv
+    if not gather:
+        # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of 64 k otherwise
+        b_box = (64, BLOCK_K) if layout == "kn" else (BLOCK_K, bn)
+        a_map = params.tensor_map(p.a, _tensor_map(p.a, p, (BLOCK_K, BLOCK_M)))
+        b_map = params.tensor_map(p.b, _tensor_map(p.b, p, b_box))
     declared, names = declare(fused, p)
     params.declarations += declared.declarations
     params.bindings += declared.bindings
@@ -131,7 +139,7 @@ def tma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     body = [
         f"using T = {cuda_type(p.a.data_type)};",
         f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, GROUP_M = {GROUP_M};",
-        f"constexpr int GM = {p.m}, GN = {p.n}, KTILES = {-(-p.k // BLOCK_K)};",
+        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // BLOCK_K)};",
         "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
         f"constexpr int TILES = {tiles_total};",
         "constexpr unsigned A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;",
@@ -144,27 +152,35 @@ def tma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
         "if (tid == 0) {",
         "  for (int s = 0; s < STAGES; ++s) {",
-        "    mbar_init(full + 8 * s, 1);  // the producer's expect_tx arrival; the copies' bytes complete it",
+        "    // the gathering threads' copies, or the TMA producer's expect_tx arrival and the copies' bytes",
+        f"    mbar_init(full + 8 * s, {128 if gather else 1});",
         f"    mbar_init(empty + 8 * s, {CONSUMER_WARPS});  // one arrival per consumer warp",
         "  }",
         '  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
         "}",
         "__syncthreads();",
         "if (warpgroup == 0) {",
-        f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};\\n");',
-        "  if (tid == 0) {",
-        *indent(_producer(p, a_map, b_map, layout, bn, itype), 2).splitlines(),
-        "  }",
+    ]
+    if gather:  # 128 threads gather: they keep their registers (the consumers fit in what is left)
+        body += indent(_gather_producer(p, names, bn, itype, aligned), 1).splitlines()
+    else:
+        body += [
+            f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};\\n");',
+            "  if (tid == 0) {",
+            *indent(_producer(p, a_map, b_map, layout, bn, itype), 2).splitlines(),
+            "  }",
+        ]
+    body += [
         "} else {",
-        f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");',
-        *indent(_consumer(fused, p, names, layout, itype, aligned), 1).splitlines(),
+        *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");']),
+        *indent(_consumer(fused, p, names, layout, itype, aligned, gather), 1).splitlines(),
         "}",
     ]
-    pattern = pattern_name(fused) + "_tma"
+    pattern = pattern_name(fused) + "_ws"
     name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
     elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
     functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, elem, 1 if layout == "kn" else 0)
-    functions += _tma_prelude(max(len(_map_axes(t, p)) for t in (p.a, p.b)))
+    functions += _tma_prelude(0 if gather else max(len(_map_axes(t, p)) for t in (p.a, p.b)))
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     grid = (min(tiles_total, sm_count(ctx.arch)), 1, 1)
     return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a")
@@ -223,8 +239,59 @@ def _producer(p: Problem, a_map: str, b_map: str, layout: str | None, bn: int, i
     ]
 
 
+def _gather_producer(p: Problem, names: dict[int, str], bn: int, itype: str, aligned: str) -> list[str]:
+    """All 128 threads copy each k tile with the shared loaders; ``cp.async.mbarrier.arrive``
+    counts a thread on the stage's full barrier once its copies have landed."""
+    tiles = SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n")
+    a_chunks, b_chunks = BLOCK_M * BLOCK_K // 8 // 128, bn * BLOCK_K // 8 // 128
+    loader = [
+        *a_loader_setup(p, itype, a_chunks, 128, tiles),
+        *b_loader_setup(p, itype, b_chunks, 128, "nk", tiles),
+        *load_tile_lambda(
+            p,
+            names[p.a.id],
+            names[p.b.id],
+            itype,
+            a_chunks,
+            b_chunks,
+            BLOCK_M * BLOCK_K * 2,
+            bn * BLOCK_K * 2,
+            bn,
+            "nk",
+            aligned,
+            tiles,
+            KSlices(1),
+        ),
+    ]
+    return [
+        "constexpr int THREADS = 128;  // the loaders' names, for the producer warpgroup",
+        "unsigned char* const a_smem = smem_raw + (a_tiles - smem_addr(smem_raw));",
+        "unsigned char* const b_smem = smem_raw + (b_tiles - smem_addr(smem_raw));",
+        "int stage = 0;",
+        "unsigned phase = 0;",
+        "for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x) {",
+        *("  " + line for line in _tile_coordinates(p, itype)),
+        f"  const {itype} block_m = m0;",
+        "  const int block_n = n0;",
+        *("  " + line for line in loader),
+        "  for (int kt = 0; kt < KTILES; ++kt) {",
+        "    mbar_wait(empty + 8 * stage, phase ^ 1);  // the consumers released this buffer (passes at first)",
+        "    load_tile(stage, kt);",
+        '    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\\n" ::"r"(full + 8 * stage) : "memory");',
+        "    if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "  }",
+        "}",
+    ]
+
+
 def _consumer(
-    fused: FusedNode, p: Problem, names: dict[int, str], layout: str | None, itype: str, aligned: str
+    fused: FusedNode,
+    p: Problem,
+    names: dict[int, str],
+    layout: str | None,
+    itype: str,
+    aligned: str,
+    gather: bool,
 ) -> list[str]:
     # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
@@ -240,6 +307,10 @@ def _consumer(
         "  int previous = 0;",
         "  for (int kt = 0; kt < KTILES; ++kt) {",
         "    mbar_wait(full + 8 * stage, phase);",
+        *(
+            # the gathered tile was written through the generic proxy; wgmma reads through the async one
+            ['    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");'] if gather else []
+        ),
         "    fence_accumulators(acc);",
         "    wgmma_fence();",
         "#pragma unroll",
