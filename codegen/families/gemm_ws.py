@@ -50,6 +50,7 @@ SUBTILE = 64  # a consumer stages its 64 rows of the tile 64 columns at a time f
 STAGING = 2 * SUBTILE * SUBTILE * 4  # fp32, one subtile per consumer
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 BLOCK_NS = (128, 256)
+GATHER_BLOCK_NS = (128,)  # 128 x 256 tiles: the gather's per-thread rows no longer fit in registers
 
 
 def tiles(block_n: int) -> list[dict[str, object]]:
@@ -71,7 +72,11 @@ def supported(p: Problem, arch: int) -> bool:
 def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     if not supported(p, arch):
         return []
-    return [choice for bn in BLOCK_NS for choice in tiles(bn)]
+    return [choice for bn in _block_ns(p) for choice in tiles(bn)]
+
+
+def _block_ns(p: Problem) -> tuple[int, ...]:
+    return GATHER_BLOCK_NS if p.is_conv else BLOCK_NS
 
 
 def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
@@ -118,9 +123,9 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
             f"the warp-specialised GEMM engine takes 16-bit tensor-core problems on sm_90 only, not this "
             f"problem on sm_{ctx.arch}"
         )
-    if bn not in BLOCK_NS or stages < 2 or shared > MAX_SHARED:
+    if bn not in _block_ns(p) or stages < 2 or shared > MAX_SHARED:
         raise UnsupportedError(
-            f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(BLOCK_NS)} and 2 or more stages "
+            f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(_block_ns(p))} and 2 or more stages "
             f"within {MAX_SHARED} bytes of shared memory"
         )
     params = KernelParams()
