@@ -7,6 +7,7 @@ plan hits and misses, plans loaded from disk, kernels compiled and kernels reuse
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import warnings
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from ..ir import Tensor
     from .archive import ArchiveReport
 
+_LOG = logging.getLogger("graphdnn.cache")
 PLANS_IN_MEMORY = 64
 KERNELS_IN_MEMORY = 512
 
@@ -91,6 +93,15 @@ class PlanCache:
                 self.counters.misses += 1
             else:
                 self.counters.hits += 1
+        if found is None:
+            _LOG.info("plan %s… not cached in %s", key[:16], self.directory or "memory")
+        else:  # memory hits are the steady state of a serving process: debug only
+            _LOG.log(
+                logging.DEBUG if found.origin == "memory cache" else logging.INFO,
+                "plan %s… found in the %s",
+                key[:16],
+                found.origin,
+            )
         return found
 
     def kernel(self, kernel_key: str) -> KernelBinary | None:
