@@ -32,7 +32,7 @@ def level_from_env() -> int | None:
     return LEVELS[word]
 
 
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _Stderr(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a record comes (a redirected or captured one too)."""
 
     def emit(self, record: logging.LogRecord) -> None:
