@@ -21,7 +21,7 @@ from .errors import GraphError
 from .files import load_graph
 from .fusion import fuse
 from .ir import Graph, Tensor
-from .logs import configure
+from .logs import verbose
 from .names import printable
 from .runtime.driver import CudaError
 from .signature import signature
@@ -32,10 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.run
-    if args.verbose:
-        configure(logging.INFO if args.verbose == 1 else logging.DEBUG)
     try:
-        return command(args)
+        if not args.verbose:
+            return command(args)
+        with verbose(logging.INFO if args.verbose == 1 else logging.DEBUG):
+            return command(args)
     except (GraphError, CudaError) as error:
         print(f"graphdnn: error: {printable(str(error), lines=True)}", file=sys.stderr)
         return 1

@@ -10,9 +10,11 @@ As a library graphdnn adds no handler of its own unless asked: ``GRAPHDNN_LOG=de
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 from .errors import GraphError
 
@@ -54,3 +56,16 @@ def configure_from_env() -> None:
     level = level_from_env()
     if level is not None:
         configure(level)
+
+
+@contextlib.contextmanager
+def verbose(level: int) -> Iterator[None]:
+    """Show records of ``level`` and above on stderr for the block (the CLI's ``-v``), then
+    put the logger back as it was (``graphdnn.cli.main`` may be called many times in a process)."""
+    before, handlers = LOGGER.level, list(LOGGER.handlers)
+    configure(level)
+    try:
+        yield
+    finally:
+        LOGGER.setLevel(before)
+        LOGGER.handlers[:] = handlers

@@ -110,13 +110,19 @@ def test_graphdnn_log_shows_fusion_decisions_on_stderr() -> None:
     )
 
 
-def test_verbose_flags_set_the_level(capsys: pytest.CaptureFixture[str], graphdnn_log: logging.Logger) -> None:
+def test_verbose_flags_set_the_level_for_the_command(
+    capsys: pytest.CaptureFixture[str], graphdnn_log: logging.Logger
+) -> None:
+    before = (graphdnn_log.level, list(graphdnn_log.handlers))
     assert cli.main(["-v", "inspect", "--fused", GRAPH]) == 0
     err = capsys.readouterr().err
     assert "graphdnn INFO graphdnn.fusion: graph 'conv_bn_relu_training'" in err and "DEBUG" not in err
     assert cli.main(["-vv", "inspect", "--fused", GRAPH]) == 0
     assert "graphdnn DEBUG graphdnn.fusion: rejected conv_epilogue" in capsys.readouterr().err
-    assert len(graphdnn_log.handlers) == 1  # configured twice, one handler
+    assert (graphdnn_log.level, graphdnn_log.handlers) == before  # put back after each command
+    logs.configure(logging.INFO)
+    logs.configure(logging.DEBUG)
+    assert len(graphdnn_log.handlers) == len(before[1]) + 1 and graphdnn_log.level == logging.DEBUG
 
 
 def test_the_log_shows_cache_misses_hits_and_compile_times(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
