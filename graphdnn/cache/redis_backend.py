@@ -1,6 +1,7 @@
 """The Redis backend of the remote plan cache (``pip install "graphdnn[redis]"``).
 
-One string value per entry. Reads are bounded (GETRANGE), writes are ``SET NX`` (with
+One string value per entry. Reads are bounded (GETRANGE, in a script that tells an empty
+value, which is a damaged entry, from an absent one), writes are ``SET NX`` (with
 ``EX`` for a TTL), and a damaged entry is removed only while it still holds the bytes
 found damaged (a server-side compare-and-delete), so a good entry written meanwhile
 stays. Every call has a short timeout and no retry: the remote cache turns itself off at
@@ -16,6 +17,10 @@ from urllib.parse import urlsplit, urlunsplit
 from ..errors import GraphError
 from .backend import RemoteError
 
+# KEYS[1]: the entry; ARGV[1]: the last byte offset to read (nil: absent).
+_GET = """local v = redis.call('GETRANGE', KEYS[1], 0, ARGV[1])
+if v == '' and redis.call('EXISTS', KEYS[1]) == 0 then return false end
+return v"""
 # KEYS[1]: the entry; ARGV[1]: the bytes found damaged.
 _REMOVE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
@@ -42,11 +47,12 @@ class RedisBackend:
             )
         except ValueError as error:
             raise GraphError(f"remote cache URL {self.url!r}: {error}") from None
+        self._get = self._client.register_script(_GET)
         self._remove_if = self._client.register_script(_REMOVE_IF)
 
     def get(self, name: str, limit: int) -> bytes | None:
-        value = self._do(self._client.getrange, name, 0, limit)
-        return bytes(value) if value else None  # GETRANGE of an absent key is empty
+        value = self._do(self._get, keys=[name], args=[limit])
+        return None if value is None else bytes(value)
 
     def put_if_absent(self, name: str, data: bytes, ttl: int | None) -> bool:
         return bool(self._do(self._client.set, name, data, nx=True, ex=ttl))

@@ -1,8 +1,8 @@
 """``graphdnn env``: what a bug report needs about this machine, with or without a GPU.
 
 graphdnn's version, Python, the versions of the packages graphdnn compiles and runs with,
-NVRTC and its headers, the CUDA driver and each GPU, the plan cache and the GRAPHDNN_*
-settings. Nothing here fails for a missing piece: each line says what is absent and why.
+NVRTC and its headers, the CUDA driver and each GPU, the plan cache (and remote cache,
+not contacted) and the GRAPHDNN_* settings. Nothing here fails for a missing piece: each line says what is absent and why.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from ..arch import arch_name
 from ..cache.plan_cache import default_directory
+from ..cache.remote import remote_from_env
 from ..errors import GraphError
 from ..names import printable
 from ..runtime import driver
@@ -46,6 +47,11 @@ def report() -> list[tuple[str, str]]:
     rows += [(name, _installed(name)) for name in PACKAGES]
     rows += _toolchain() + _gpus()
     rows.append(("plan cache", str(default_directory())))
+    try:
+        remote = remote_from_env()
+        rows.append(("remote cache", remote.describe() if remote is not None else "none"))
+    except GraphError as error:
+        rows.append(("remote cache", f"misconfigured: {error}"))
     rows += sorted((name, value) for name, value in os.environ.items() if name.startswith("GRAPHDNN_"))
     return rows
 
