@@ -40,7 +40,7 @@ KERNELS_IN_MEMORY = 512
 
 @dataclass
 class CacheCounters:
-    hits: int = 0  # plans found, in memory or on disk
+    hits: int = 0  # plans found, in memory, on disk or in the remote cache
     misses: int = 0  # plans not found (then built)
     loads: int = 0  # plans read from disk (a subset of hits)
     fetches: int = 0  # plans fetched from the remote cache (a subset of hits)
