@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
+from graphdnn.env import env_flag
 from graphdnn.errors import GraphError
 
 from .cubin import exports
@@ -38,9 +39,16 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+def compile_options() -> tuple[tuple[str, object], ...]:
+    """COMPILE_OPTIONS, plus ``lineinfo`` under GRAPHDNN_LINEINFO=1: source-line tables in the
+    cubin for Nsight Compute and compute-sanitizer (the machine code stays the same)."""
+    return COMPILE_OPTIONS + ((("lineinfo", True),) if env_flag("GRAPHDNN_LINEINFO") else ())
+
+
 def options_key() -> str:
-    """The compile options, as the plan-cache key records them."""
-    return ";".join(f"{name}={value}" for name, value in COMPILE_OPTIONS)
+    """The compile options, as the plan-cache key records them (read at each key: the switch
+    may change within a process, and a cubin with line tables is another entry)."""
+    return ";".join(f"{name}={value}" for name, value in compile_options())
 
 
 def compile_cubin(source: str, name: str, arch: int, arch_suffix: str = "") -> bytes:
@@ -57,7 +65,7 @@ def compile_cubin(source: str, name: str, arch: int, arch_suffix: str = "") -> b
         line = source.count("\n", 0, source.index("\0")) + 1
         raise CompileError(f"kernel '{name}': the generated source holds a NUL character (line {line}); not compiled")
     options = ProgramOptions(
-        name=f"{name}.cu", arch=target, include_path=list(include_paths()), **dict(COMPILE_OPTIONS)
+        name=f"{name}.cu", arch=target, include_path=list(include_paths()), **dict(compile_options())
     )
     try:
         program = Program(source, code_type="c++", options=options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -16,6 +17,8 @@ from .pattern import Claimed, Group, Match, MatchContext, Miss, Op, match
 from .quotient import Quotient
 from .rule import Rule, registered_rules
 from .view import GraphView
+
+_LOG = logging.getLogger("graphdnn.fusion")
 
 
 @gc_paused()
@@ -101,7 +104,27 @@ def fuse(
                 matches.append((rule, result, name))
                 claimed.update(n.id for n in result.members)
                 worklist.claimed(n.id for n in result.members)
-    return _assemble(ir, view, matches, claimed, tuple(rejections.values()))
+    partition = _assemble(ir, view, matches, claimed, tuple(rejections.values()))
+    _log_decisions(partition, target)
+    return partition
+
+
+def _log_decisions(partition: Partition, target: int) -> None:
+    """Every rewrite and rejected candidate at debug level, the outcome at info level."""
+    if _LOG.isEnabledFor(logging.DEBUG):
+        for rewrite in partition.rewrites:
+            _LOG.debug("fused %s", rewrite)
+        for rejection in partition.rejections:
+            _LOG.debug("rejected %s", rejection)
+    _LOG.info(
+        "graph %r for sm_%d: %d nodes -> %d fused nodes (%d rewrites, %d candidates rejected)",
+        partition.graph.name,
+        target,
+        len(partition.graph.nodes),
+        len(partition.nodes),
+        len(partition.rewrites),
+        len(partition.rejections),
+    )
 
 
 def _fused_name(rule: Rule, result: Match, counts: dict[str, int]) -> str | None:

@@ -25,11 +25,15 @@ from .fusion import fuse
 from .graph import OperationGraphSpec
 from .ir import Graph
 from .layout import nchw_strides, nhwc_strides, packed_strides
+from .logs import configure_from_env
 from .plan import Plan
 from .reference_plan import ReferencePlan
 from .runtime.device_array import DeviceArray
 from .runtime.driver import CudaError
 from .tensor import TensorSpec
+from .version import __version__
+
+configure_from_env()  # GRAPHDNN_LOG: a handler on the graphdnn logger, only when asked for
 
 __all__ = [
     "AttributeValueError",
@@ -55,6 +59,7 @@ __all__ = [
     "UnknownOpError",
     "UnsupportedError",
     "WarmupReport",
+    "__version__",
     "compile",
     "fuse",
     "load",

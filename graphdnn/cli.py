@@ -1,5 +1,8 @@
 """The ``graphdnn`` command: validate, inspect, run and warm up graph files; manage the plan cache.
 
+``-v`` shows graphdnn's log at info level (fusion outcomes, cache hits and misses, compile
+times), ``-vv`` at debug level (every fusion decision); without it GRAPHDNN_LOG decides.
+
 Every failure prints one line, ``graphdnn: error: <file>: <where>: <what>``, and exits
 non-zero; no traceback reaches the user for a bad file or a missing GPU.
 """
@@ -7,18 +10,22 @@ non-zero; no traceback reaches the user for a bad file or a missing GPU.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from .arch import parse_target
-from .commands import cache, run, warmup
+from .arch import parse_arch, parse_target
+from .commands import cache, env, run, warmup
 from .errors import GraphError
 from .files import load_graph
 from .fusion import fuse
 from .ir import Graph, Tensor
+from .logs import verbose
 from .names import printable
 from .runtime.driver import CudaError
 from .signature import signature
+from .version import __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,7 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.run
     try:
-        return command(args)
+        if not args.verbose:
+            return command(args)
+        with verbose(logging.INFO if args.verbose == 1 else logging.DEBUG):
+            return command(args)
     except (GraphError, CudaError) as error:
         print(f"graphdnn: error: {printable(str(error), lines=True)}", file=sys.stderr)
         return 1
@@ -36,6 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphdnn", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"graphdnn {__version__}")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log to stderr: -v info (cache hits and misses, compile times), -vv debug (every fusion decision)",
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     validate = commands.add_parser("validate", help="check graph files; exit 1 at the first bad one")
@@ -51,10 +69,16 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--disable", action="append", default=[], metavar="RULE", help="fuse without this rule (repeatable)"
     )
+    inspect.add_argument(
+        "--cuda",
+        action="store_true",
+        help="print the CUDA source of every kernel the graph compiles to (no GPU needed)",
+    )
+    inspect.add_argument("--out", metavar="DIR", help="with --cuda: write each kernel to DIR/<name>.<arch>.cu instead")
     inspect.add_argument("--arch", default=None, help="target architecture for fusion, e.g. sm_80 (default sm_90)")
     inspect.set_defaults(run=_inspect)
 
-    for command in (run, warmup, cache):
+    for command in (run, warmup, cache, env):
         command.add(commands)
     return parser
 
@@ -71,7 +95,11 @@ def _validate(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     if args.arch is not None:  # checked here, not by argparse: a bad target is a one-line error, exit 1
         parse_target(args.arch)
+    if args.out and not args.cuda:
+        raise GraphError("--out names where --cuda writes kernel sources: add --cuda")
     ir = load_graph(args.file)
+    if args.cuda:
+        return _inspect_cuda(ir, args)
     print(printable(describe(ir), lines=True))
     if args.fused or args.dot:
         partition = fuse(ir, arch=args.arch, disable=args.disable)
@@ -87,6 +115,24 @@ def _inspect(args: argparse.Namespace) -> int:
             except OSError as error:
                 raise GraphError(f"cannot write {args.dot}: {error.strerror}") from None
             print(f"wrote {args.dot}")
+    return 0
+
+
+def _inspect_cuda(ir: Graph, args: argparse.Namespace) -> int:
+    """Lower the graph as a compile would (fuse, emit; pure Python) and show each distinct kernel."""
+    from .compilation import Compilation
+    from .dump import write_sources
+    from .lower import lower
+
+    job = Compilation.of(ir, parse_arch(args.arch), args.disable)
+    sources = lower(job.partition, job.target, job.signature, job.fields.kernel_key).sources.values()
+    if args.out:
+        for path in write_sources(Path(args.out), sources, job.target, why="--out"):
+            print(f"wrote {path}")
+        return 0
+    for source in sources:
+        print(f"// ===== {source.name} ({source.target(job.target)}) =====")
+        print(source.source)
     return 0
 
 

@@ -9,6 +9,8 @@ Each product (signature, canonical order, key, partition) is computed once, in a
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,6 +27,7 @@ from .program import LaunchProgram
 from .reference_plan import ReferencePlan
 
 BACKENDS = ("gpu", "reference")
+_LOG = logging.getLogger("graphdnn.compile")
 
 
 def compile(
@@ -94,6 +97,7 @@ def _build(
     from .kernel_build import build_kernels
     from .lower import lower
 
+    start = time.perf_counter()
     tuned_on = None
     if autotune:
         tuning, tuned_on = tuned_choices(job, plan_cache, jobs)
@@ -101,6 +105,15 @@ def _build(
     binaries, compiled = build_kernels(lowered.sources, job.target, plan_cache, jobs)
     if plan_cache is not None:
         store_plan(plan_cache, job, lowered.program, binaries, tuned_on)
+    _LOG.info(
+        "built the plan of graph %r for %s in %.2f s: %d launches, %d kernels (%d compiled)",
+        job.ir.name,
+        arch_name(job.target),
+        time.perf_counter() - start,
+        len(lowered.program.launches),
+        len(binaries),
+        compiled,
+    )
     return Plan(
         job.ir,
         job.target,

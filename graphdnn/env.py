@@ -1,4 +1,4 @@
-"""Boolean environment switches (GRAPHDNN_REQUIRE_CACHED, GRAPHDNN_DISABLE_CACHE), parsed one way.
+"""Boolean environment switches (GRAPHDNN_REQUIRE_CACHED, GRAPHDNN_DISABLE_CACHE, GRAPHDNN_LINEINFO, ...), parsed one way.
 
 A switch is on for 1/true/yes/on and off for 0/false/no/off or empty/unset (any case,
 surrounding blanks ignored). Anything else is an error rather than a guess: reading

@@ -9,7 +9,9 @@ lock (DiskStore.claim), so processes sharing the cache compile it once between t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +20,10 @@ from dataclasses import dataclass, field
 from .cache.entries import KernelBinary
 from .cache.plan_cache import PlanCache
 from .cache.store import CacheWarning, DiskStore
+from .dump import dump_directory, write_sources
 from .lower import KernelSource
+
+_LOG = logging.getLogger("graphdnn.compile")
 
 
 def build_kernels(
@@ -97,12 +102,19 @@ def matches(binary: KernelBinary, source: KernelSource, arch: int) -> bool:
 
 def compile_sources(sources: Mapping[str, KernelSource], arch: int, jobs: int | None = None) -> list[KernelBinary]:
     """NVRTC-compile each source for sm_``arch`` (sm_``arch``a where the kernel asks for the
-    arch-specific target; ``jobs`` threads; default: one per CPU)."""
+    arch-specific target; ``jobs`` threads; default: one per CPU). Under GRAPHDNN_DUMP_DIR
+    each source is written there first."""
     from codegen.nvrtc import compile_cubin
+
+    dump = dump_directory()
+    if dump is not None:
+        write_sources(dump, sources.values(), arch, why="GRAPHDNN_DUMP_DIR")
 
     def one(item: tuple[str, KernelSource]) -> KernelBinary:
         kernel_key, source = item
+        start = time.perf_counter()
         cubin = compile_cubin(source.source, source.name, arch, source.arch_suffix)
+        _LOG.info("NVRTC compiled %s for %s in %.3f s", source.name, source.target(arch), time.perf_counter() - start)
         return KernelBinary(kernel_key, source.name, source.content_hash, source.target(arch), cubin, source.source)
 
     items = list(sources.items())

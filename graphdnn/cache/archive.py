@@ -19,9 +19,9 @@ from pathlib import Path
 
 from ..errors import GraphError
 from .container import EntryError
-from .entries import KernelBinary
+from .entries import KernelBinary, PlanEntry
 from .key import FORMAT_VERSION
-from .store import MAX_ENTRY_BYTES, CacheWarning, DiskStore, write_atomically
+from .store import MAX_ENTRY_BYTES, CacheWarning, DiskStore, StoredFile, write_atomically
 from .trust import KEY, check_kernels, trusted_kernel, trusted_plan
 
 ARCHIVE_VERSION = 1
@@ -46,29 +46,13 @@ def export_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
     plans: list[dict[str, object]] = []
     kernels: list[dict[str, object]] = []
     members: dict[str, bytes] = {}
-    skipped = 0
-    binaries: dict[str, KernelBinary] = {}
-    stored_files = sorted(store.files(), key=lambda f: f.kind != "kernel")  # kernels first
-    for stored in stored_files:
-        try:
-            data = store.read_bytes(stored.path)
-            if stored.kind == "kernel":
-                binary = binaries[stored.key] = trusted_kernel(data, stored.key)
-                kernels.append({"kernel_key": binary.kernel_key, "name": binary.name, "arch": binary.arch})
-            else:
-                entry = trusted_plan(data, stored.key)
-                absent = [k for k in entry.program.kernel_keys if k not in binaries]
-                if absent:
-                    raise EntryError(f"{len(absent)} of its kernels are missing or damaged")
-                check_kernels(entry, binaries)
-                plans.append({"key": entry.key, "graph": entry.graph_name, **asdict(entry.fields)})
-                plans[-1]["kernels"] = list(entry.program.kernel_keys)
-        except FileNotFoundError:  # removed since it was listed
-            continue
-        except EntryError as error:
-            skipped += 1
-            warnings.warn(f"graphdnn plan cache: not exporting {stored.path}: {error}", CacheWarning, stacklevel=2)
-            continue
+    found, skipped = valid_entries(store, "exporting")
+    for stored, data, entry in found:
+        if isinstance(entry, KernelBinary):
+            kernels.append({"kernel_key": entry.kernel_key, "name": entry.name, "arch": entry.arch})
+        else:
+            plans.append({"key": entry.key, "graph": entry.graph_name, **asdict(entry.fields)})
+            plans[-1]["kernels"] = list(entry.program.kernel_keys)
         members[f"{stored.kind}s/{stored.key}.{stored.kind}"] = data
     manifest = {
         "graphdnn_cache_archive": ARCHIVE_VERSION,
@@ -107,34 +91,75 @@ def import_cache(store: DiskStore, archive: str | Path) -> ArchiveReport:
         for kind, key in entries:
             if not isinstance(key, str) or not KEY.fullmatch(key):
                 raise GraphError(f"cache archive {archive}: bad {kind} key {key!r} in the manifest")
-            target = store.plan_path(key) if kind == "plan" else store.kernel_path(key)
             try:
                 data = _member(tar, f"{kind}s/{key}.{kind}")
                 if data is None:
                     raise EntryError("listed in the manifest but missing from the archive")
-                if kind == "kernel":
-                    trusted_kernel(data, key)
-                else:
-                    entry = trusted_plan(data, key)
-                    present = {k: store.read_kernel(k) for k in entry.program.kernel_keys}
-                    absent = [k for k, binary in present.items() if binary is None]
-                    if absent:
-                        raise EntryError(f"{len(absent)} of its kernels are in neither the archive nor the cache")
-                    check_kernels(entry, {k: b for k, b in present.items() if b is not None})
+                outcome = admit(store, kind, key, data, "the archive")
             except EntryError as error:
                 skipped += 1
                 warnings.warn(
                     f"graphdnn plan cache: not importing {kind} {key[:16]}…: {error}", CacheWarning, stacklevel=2
                 )
                 continue
-            if target.exists():
-                skipped += 1
-                continue
-            if store.write(target, data) is None:
+            if outcome == "added":
                 counts[kind] += 1
+            elif outcome == "present":
+                skipped += 1
             else:
                 failed += 1
     return ArchiveReport(counts["plan"], counts["kernel"], skipped, failed)
+
+
+def valid_entries(
+    store: DiskStore, action: str
+) -> tuple[list[tuple[StoredFile, bytes, KernelBinary | PlanEntry]], int]:
+    """Every entry of ``store`` that a read would accept, kernels first, each plan only with
+    all its kernels (so every plan listed can run), as (file, bytes, decoded entry); and how
+    many were left out, each reported as a CacheWarning ("not <action> <file>: why")."""
+    found: list[tuple[StoredFile, bytes, KernelBinary | PlanEntry]] = []
+    binaries: dict[str, KernelBinary] = {}
+    skipped = 0
+    for stored in sorted(store.files(), key=lambda f: f.kind != "kernel"):
+        try:
+            data = store.read_bytes(stored.path)
+            entry: KernelBinary | PlanEntry
+            if stored.kind == "kernel":
+                entry = binaries[stored.key] = trusted_kernel(data, stored.key)
+            else:
+                entry = trusted_plan(data, stored.key)
+                absent = [k for k in entry.program.kernel_keys if k not in binaries]
+                if absent:
+                    raise EntryError(f"{len(absent)} of its kernels are missing or damaged")
+                check_kernels(entry, binaries)
+        except FileNotFoundError:  # removed since it was listed
+            continue
+        except EntryError as error:
+            skipped += 1
+            warnings.warn(f"graphdnn plan cache: not {action} {stored.path}: {error}", CacheWarning, stacklevel=3)
+            continue
+        found.append((stored, data, entry))
+    return found, skipped
+
+
+def admit(store: DiskStore, kind: str, key: str, data: bytes, source: str) -> str:
+    """Add an entry from ``source`` ("the archive", "the remote cache") to ``store``, checked as a
+    read would check it, at the path its key determines: "added", "present" (kept as it
+    is), or "failed" (could not be written; a CacheWarning). A plan is added only when all
+    its kernels are in the store. EntryError when the entry cannot be trusted."""
+    target = store.plan_path(key) if kind == "plan" else store.kernel_path(key)
+    if kind == "kernel":
+        trusted_kernel(data, key)
+    else:
+        entry = trusted_plan(data, key)
+        present = {k: store.read_kernel(k) for k in entry.program.kernel_keys}
+        absent = [k for k, binary in present.items() if binary is None]
+        if absent:
+            raise EntryError(f"{len(absent)} of its kernels are in neither {source} nor the cache")
+        check_kernels(entry, {k: b for k, b in present.items() if b is not None})
+    if target.exists():
+        return "present"
+    return "added" if store.write(target, data) is None else "failed"
 
 
 def _open(archive: str | Path) -> tarfile.TarFile:

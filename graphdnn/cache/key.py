@@ -73,15 +73,15 @@ def key_fields(ir: Graph, arch: int, disable: Iterable[str] = (), graph_signatur
     )
 
 
-@cache
 def toolchain() -> tuple[str, str]:
     """(NVRTC version, compile options). Reads codegen.nvrtc, which imports neither
-    fusion_rules nor the emitters."""
+    fusion_rules nor the emitters. The options are read each time (GRAPHDNN_LINEINFO)."""
     from codegen.nvrtc import options_key
 
     return nvrtc_version(), options_key()
 
 
+@cache
 def nvrtc_version() -> str:
     """NVRTC's version, 'major.minor'.
 

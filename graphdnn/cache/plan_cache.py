@@ -1,12 +1,17 @@
-"""``PlanCache``: compiled plans by key, in memory (bounded LRU) and on disk, with counters.
+"""``PlanCache``: compiled plans by key, in memory (bounded LRU), on disk and optionally in
+a remote cache shared by a fleet (:mod:`.remote`), with counters.
 
-The default cache lives under ``$GRAPHDNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/graphdnn``,
-else ``~/.cache/graphdnn``. Counters tell what happened, for tests and warmup reports:
-plan hits and misses, plans loaded from disk, kernels compiled and kernels reused.
+Lookups go memory -> disk -> remote; a remote hit is copied to disk (the exact bytes) and
+memory. The default cache lives under ``$GRAPHDNN_CACHE_DIR``, else
+``$XDG_CACHE_HOME/graphdnn``, else ``~/.cache/graphdnn``, with the remote cache
+``$GRAPHDNN_REMOTE_CACHE`` names. Counters tell what happened, for tests and warmup
+reports: plan hits and misses, plans loaded from disk or fetched from the remote cache,
+kernels compiled and kernels reused.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import warnings
@@ -20,6 +25,7 @@ from ..env import env_flag
 from .container import EntryError
 from .entries import KernelBinary, PlanEntry
 from .lru import LRU
+from .remote import RemoteCache, remote_from_env
 from .store import CacheWarning, DiskStore
 from .trust import check_binding, check_kernels
 
@@ -27,15 +33,17 @@ if TYPE_CHECKING:
     from ..ir import Tensor
     from .archive import ArchiveReport
 
+_LOG = logging.getLogger("graphdnn.cache")
 PLANS_IN_MEMORY = 64
 KERNELS_IN_MEMORY = 512
 
 
 @dataclass
 class CacheCounters:
-    hits: int = 0  # plans found, in memory or on disk
+    hits: int = 0  # plans found, in memory, on disk or in the remote cache
     misses: int = 0  # plans not found (then built)
     loads: int = 0  # plans read from disk (a subset of hits)
+    fetches: int = 0  # plans fetched from the remote cache (a subset of hits)
     compiles: int = 0  # kernels compiled with NVRTC
     kernel_hits: int = 0  # kernels a build found already compiled (shared with another plan)
     rejected: int = 0  # entries that failed their checks (corrupt, truncated, other version) and were rebuilt
@@ -48,11 +56,12 @@ class CacheCounters:
 class CachedPlan:
     entry: PlanEntry
     kernels: dict[str, KernelBinary]  # by kernel key
-    origin: str = "memory cache"  # where this lookup found it: "memory cache" or "disk cache"
+    origin: str = "memory cache"  # where this lookup found it: "memory cache", "disk cache" or "remote cache"
 
 
 class PlanCache:
-    """Plans and compiled kernels; ``directory=None`` keeps them in memory only."""
+    """Plans and compiled kernels; ``directory=None`` keeps them in memory only. ``remote``:
+    a shared tier behind the disk (``remote.open_remote(url)``)."""
 
     def __init__(
         self,
@@ -60,8 +69,10 @@ class PlanCache:
         *,
         plans_in_memory: int = PLANS_IN_MEMORY,
         kernels_in_memory: int = KERNELS_IN_MEMORY,
+        remote: RemoteCache | None = None,
     ) -> None:
         self.store = DiskStore(directory) if directory is not None else None
+        self.remote = remote
         self.counters = CacheCounters()
         self._plans: LRU[str, CachedPlan] = LRU(plans_in_memory)
         self._kernels: LRU[str, KernelBinary] = LRU(kernels_in_memory)
@@ -80,6 +91,8 @@ class PlanCache:
         found = self._plans.get(key)
         if found is None and self.store is not None:
             found = self._load(key)
+        if found is None and self.remote is not None:
+            found = self._fetch(key)
         if found is not None and tensors is not None:
             try:
                 check_binding(found.entry.program, tensors)
@@ -91,6 +104,15 @@ class PlanCache:
                 self.counters.misses += 1
             else:
                 self.counters.hits += 1
+        if found is None:
+            _LOG.info("plan %s… not cached in %s", key[:16], self.directory or "memory")
+        else:  # memory hits are the steady state of a serving process: debug only
+            _LOG.log(
+                logging.DEBUG if found.origin == "memory cache" else logging.INFO,
+                "plan %s… found in the %s",
+                key[:16],
+                found.origin,
+            )
         return found
 
     def kernel(self, kernel_key: str) -> KernelBinary | None:
@@ -98,6 +120,9 @@ class PlanCache:
         binary = self._kernels.get(kernel_key)
         if binary is None and self.store is not None and not self._still_unreadable(kernel_key):
             binary = self._read_kernel(kernel_key)
+        if binary is None and self.remote is not None:
+            fetched = self.remote.kernel(kernel_key)
+            binary = self._keep_kernel(*fetched) if fetched is not None else None
         if binary is not None:
             with self._lock:
                 self.counters.kernel_hits += 1
@@ -118,9 +143,14 @@ class PlanCache:
         self._unreadable.pop(kernel_key, None)
 
     def add_plan(self, entry: PlanEntry, kernels: dict[str, KernelBinary]) -> OSError | None:
-        """Keep a plan (in memory, and on disk): the error if the disk write failed."""
+        """Keep a plan (in memory, on disk, and in the remote cache with its kernels, first):
+        the error if the disk write failed."""
         self._plans.put(entry.key, CachedPlan(entry, kernels))
-        return self.store.write_plan(entry) if self.store is not None else None
+        data = entry.encode()
+        failure = self.store.write(self.store.plan_path(entry.key), data) if self.store is not None else None
+        if self.remote is not None:
+            self.remote.publish(data, entry.key, {k: kernels[k].encode() for k in entry.program.kernel_keys})
+        return failure
 
     def export_archive(self, archive: str | os.PathLike[str]) -> ArchiveReport:
         """Write every valid entry to one archive file (.tar or .tar.gz), to ship a warmed cache."""
@@ -166,6 +196,49 @@ class PlanCache:
             self.counters.loads += 1
         return CachedPlan(entry, kernels, origin="disk cache")
 
+    def _fetch(self, key: str) -> CachedPlan | None:
+        """The plan from the remote cache, with its kernels (from here if present, else from
+        there), all checked; copied to disk, kernels first, so the next process reads it there."""
+        assert self.remote is not None
+        fetched = self.remote.plan(key)
+        if fetched is None:
+            return None
+        entry, data = fetched
+        kernels: dict[str, KernelBinary] = {}
+        copies: dict[str, bytes] = {}
+        for kernel_key in entry.program.kernel_keys:
+            binary = self._kernels.get(kernel_key)
+            if binary is None and self.store is not None and not self._still_unreadable(kernel_key):
+                binary = self._read_kernel(kernel_key)
+            if binary is None:
+                remote_kernel = self.remote.kernel(kernel_key)
+                if remote_kernel is None:
+                    return None  # missing or rejected: the plan cannot run here, build it
+                binary, copies[kernel_key] = remote_kernel
+            kernels[kernel_key] = binary
+        try:
+            check_kernels(entry, kernels)
+        except EntryError as error:
+            self.remote.reject("plan", key, data, str(error))
+            return None
+        for binary in kernels.values():
+            if binary.kernel_key in copies:
+                self._keep_kernel(binary, copies[binary.kernel_key])
+        if self.store is not None:
+            self.store.write(self.store.plan_path(key), data)
+        self._plans.put(key, CachedPlan(entry, kernels))
+        with self._lock:
+            self.counters.fetches += 1
+        return CachedPlan(entry, kernels, origin="remote cache")
+
+    def _keep_kernel(self, binary: KernelBinary, data: bytes) -> KernelBinary:
+        """A kernel fetched from the remote cache, kept in memory and on disk (its exact bytes)."""
+        self._kernels.put(binary.kernel_key, binary)
+        self._unreadable.pop(binary.kernel_key, None)
+        if self.store is not None:
+            self.store.write(self.store.kernel_path(binary.kernel_key), data)
+        return binary
+
     def _read_kernel(self, kernel_key: str) -> KernelBinary | None:
         assert self.store is not None
         binary = self.store.read_kernel(kernel_key)
@@ -203,7 +276,8 @@ class PlanCache:
 
     def __repr__(self) -> str:
         where = self.directory if self.directory else "memory only"
-        return f"PlanCache({where}, {self.counters.as_dict()})"
+        remote = f", remote {self.remote.url}" if self.remote is not None else ""
+        return f"PlanCache({where}{remote}, {self.counters.as_dict()})"
 
 
 def default_directory() -> Path:
@@ -222,11 +296,12 @@ _shared_lock = threading.Lock()
 
 def cache_at(directory: str | os.PathLike[str]) -> PlanCache:
     """The process's PlanCache for ``directory`` (the same object each time, so its memory
-    tier and counters carry across calls; the last few directories are kept)."""
+    tier and counters carry across calls; the last few directories are kept), with the
+    remote cache of GRAPHDNN_REMOTE_CACHE, if set when the directory is first used."""
     path = Path(directory).expanduser().resolve()
     with _shared_lock:
         if path not in _shared:
-            _shared[path] = PlanCache(path)
+            _shared[path] = PlanCache(path, remote=remote_from_env())
             while len(_shared) > _SHARED_CACHES:
                 _shared.popitem(last=False)
         _shared.move_to_end(path)

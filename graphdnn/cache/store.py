@@ -76,9 +76,6 @@ class DiskStore:
     def read_kernel(self, kernel_key: str) -> KernelBinary | None:
         return self._read(self.kernel_path(kernel_key), lambda data: trusted_kernel(data, kernel_key))
 
-    def write_plan(self, entry: PlanEntry) -> OSError | None:
-        return self.write(self.plan_path(entry.key), entry.encode())
-
     def write_kernel(self, binary: KernelBinary) -> OSError | None:
         return self.write(self.kernel_path(binary.kernel_key), binary.encode())
 

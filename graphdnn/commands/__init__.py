@@ -6,6 +6,7 @@ import argparse
 
 from ..arch import parse_target
 from ..cache.plan_cache import PlanCache, cache_at, default_cache, default_directory
+from ..cache.remote import RemoteCache, remote_from_env
 from ..errors import GraphError
 
 
@@ -15,6 +16,27 @@ def add_cache_dir(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="plan cache directory (default: $GRAPHDNN_CACHE_DIR, else $XDG_CACHE_HOME/graphdnn or ~/.cache/graphdnn)",
     )
+
+
+def add_remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="remote plan cache, redis://host:6379/0, rediss://... or unix:///path (default: $GRAPHDNN_REMOTE_CACHE)",
+    )
+
+
+def chosen_remote(args: argparse.Namespace) -> RemoteCache | None:
+    """The remote cache a command works with: --remote, else $GRAPHDNN_REMOTE_CACHE, else None."""
+    return remote_from_env(args.remote)
+
+
+def needed_remote(args: argparse.Namespace) -> RemoteCache:
+    """The remote cache of a command that needs one (push, pull)."""
+    remote = chosen_remote(args)
+    if remote is None:
+        raise GraphError("no remote cache: pass --remote URL or set GRAPHDNN_REMOTE_CACHE")
+    return remote
 
 
 def chosen_cache(args: argparse.Namespace) -> PlanCache | None:

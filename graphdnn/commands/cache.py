@@ -1,4 +1,4 @@
-"""``graphdnn cache key|stats|ls|verify|clear|export|import``: look after a plan cache."""
+"""``graphdnn cache key|stats|ls|verify|clear|export|import|push|pull``: look after a plan cache."""
 
 from __future__ import annotations
 
@@ -13,14 +13,17 @@ from ..cache.container import EntryError
 from ..cache.entries import KernelBinary, PlanEntry
 from ..cache.key import FORMAT_VERSION, key_fields
 from ..cache.store import DiskStore, StoredFile
+from ..cache.sync import pull, push
 from ..cache.trust import check_kernels, trusted_kernel, trusted_plan
 from ..files import load_graph
 from ..names import printable
-from . import add_cache_dir, chosen_directory, target
+from . import add_cache_dir, add_remote, chosen_directory, chosen_remote, needed_remote, target
 
 
 def add(commands: Any) -> None:
-    cache = commands.add_parser("cache", help="inspect, verify, clear, export or import the plan cache")
+    cache = commands.add_parser(
+        "cache", help="inspect, verify, clear, export or import the plan cache; push to or pull from a remote one"
+    )
     actions = cache.add_subparsers(required=True, metavar="ACTION")
 
     key = actions.add_parser("key", help="print every field of a graph's plan-cache key, and the key")
@@ -39,6 +42,15 @@ def add(commands: Any) -> None:
     ):
         action = actions.add_parser(name, help=helptext)
         add_cache_dir(action)
+        action.set_defaults(run=function)
+    add_remote(actions.choices["stats"])
+    for name, helptext, function in (
+        ("push", "add every valid entry to the remote cache (entries there are kept)", _push),
+        ("pull", "add every valid entry of the remote cache to the directory", _pull),
+    ):
+        action = actions.add_parser(name, help=helptext)
+        add_cache_dir(action)
+        add_remote(action)
         action.set_defaults(run=function)
     verify = actions.choices["verify"]
     verify.add_argument("--remove", action="store_true", help="delete the bad entries (they are rebuilt when needed)")
@@ -75,7 +87,14 @@ def _stats(args: argparse.Namespace) -> int:
     others = sorted(p.name for p in store.directory.glob("v*") if p.is_dir() and p != store.base)
     if others:
         print(f"  other format versions present (unused by this graphdnn): {printable(', '.join(others))}")
-    return 0
+    remote = chosen_remote(args)
+    if remote is None:
+        return 0
+    counts = {kind: sum(1 for _ in remote.keys(kind)) for kind in ("plan", "kernel")}
+    if remote.off is None:
+        print(f"remote cache {printable(remote.url)}: {counts['plan']} plans, {counts['kernel']} kernels")
+    print(f"  {printable(remote.describe())}")
+    return 0 if remote.off is None else 1
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -151,6 +170,19 @@ def _import(args: argparse.Namespace) -> int:
     store = _store(args)
     report = import_cache(store, args.archive)
     print(f"imported {report} from {args.archive} into {store.directory}")
+    return 1 if report.failed else 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    store, remote = _store(args), needed_remote(args)
+    print(f"pushed {push(store, remote)} from {store.directory} to {printable(remote.url)}")
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    store, remote = _store(args), needed_remote(args)
+    report = pull(store, remote)
+    print(f"pulled {report} from {printable(remote.url)} into {store.directory}")
     return 1 if report.failed else 0
 
 

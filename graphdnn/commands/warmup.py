@@ -6,10 +6,11 @@ import argparse
 import sys
 from typing import Any
 
+from ..cache.plan_cache import PlanCache
 from ..cache.warmup import warmup
 from ..errors import GraphError
 from ..names import printable
-from . import add_cache_dir, chosen_cache, positive, target
+from . import add_cache_dir, add_remote, chosen_cache, chosen_remote, positive, target
 
 
 def add(commands: Any) -> None:
@@ -26,6 +27,7 @@ def add(commands: Any) -> None:
         "--autotune", action="store_true", help="time launch candidates on this machine's GPU and keep the fastest"
     )
     add_cache_dir(parser)
+    add_remote(parser)
     parser.set_defaults(run=_warmup)
 
 
@@ -33,6 +35,8 @@ def _warmup(args: argparse.Namespace) -> int:
     cache = chosen_cache(args)
     if cache is None:
         raise GraphError("caching is off (GRAPHDNN_DISABLE_CACHE): nothing to warm; pass --cache-dir")
+    if args.remote:  # plans found there are copied here; plans built here are added there
+        cache = PlanCache(cache.directory, remote=chosen_remote(args))
     report = warmup(
         args.files,
         arch=args.arch,
@@ -45,4 +49,6 @@ def _warmup(args: argparse.Namespace) -> int:
     for graph, reason in report.failures:
         print(f"graphdnn: error: {printable(graph)}: {printable(reason, lines=True)}", file=sys.stderr)
     print(report.summary())
-    return 1 if report.failures else 0
+    if cache.remote is not None:
+        print(cache.remote.describe())
+    return 1 if report.failures or (cache.remote is not None and cache.remote.off) else 0
