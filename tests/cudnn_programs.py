@@ -1,0 +1,353 @@
+"""Programs written as cuDNN frontend users write them, for ``graphdnn.cudnn``.
+
+Each takes the torch device its buffers live on: "cpu" runs them on graphdnn's NumPy
+reference plan (tests/test_cudnn_compat.py), "cuda" on the compiled GPU plan
+(tests/test_gpu_cudnn.py). The graph-building code is the frontend's, unchanged: only the
+import differs. Each returns its results and the expected values, computed apart from
+graphdnn (NumPy in float64, torch's CPU autograd for gradients).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+import graphdnn.cudnn as cudnn
+from graphdnn.compare import relative_error, tolerance
+from graphdnn.dtypes import DataType
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    got: Any  # the torch tensor the graph wrote
+    want: np.ndarray
+    data_type: DataType
+
+    def check(self) -> None:
+        got = self.got.detach().to("cpu", torch.float64).numpy()
+        error = relative_error(got, self.want)
+        assert error <= tolerance(self.data_type), f"{self.name}: relative error {error:.3g}"
+
+
+def f64(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float64).numpy()
+
+
+def _stream(handle: cudnn.Handle, device: str) -> None:
+    if device == "cuda":
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+
+
+def conv_bias_relu(device: str) -> list[Result]:
+    """The frontend's conv + bias + relu sample: NHWC fp16, tensors from tensor_like,
+    a [K] bias buffer for the [1, K, 1, 1] bias tensor, the handle's stream."""
+    torch.manual_seed(1)
+    x = torch.randn(4, 16, 8, 8, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    w = torch.randn(32, 16, 3, 3, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    b = torch.randn(32, dtype=torch.half, device=device)
+
+    handle = cudnn.create_handle()
+    _stream(handle, device)
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
+    )
+    X = graph.tensor_like(x)
+    W = graph.tensor_like(w)
+    B = graph.tensor(name="B", dim=[1, 32, 1, 1], stride=[32, 1, 32, 32], data_type=cudnn.data_type.HALF)
+    conv_output = graph.conv_fprop(image=X, weight=W, padding=[1, 1], stride=[1, 1], dilation=[1, 1])
+    bias_output = graph.bias(name="bias", input=conv_output, bias=B)
+    Y = graph.relu(name="relu", input=bias_output)
+    Y.set_output(True)
+    graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+
+    y = torch.empty(Y.get_dim(), dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({X: x, W: w, B: b, Y: y}, workspace, handle=handle)
+    cudnn.destroy_handle(handle)
+
+    ref = torch.nn.functional.conv2d(torch.from_numpy(f64(x)), torch.from_numpy(f64(w)), padding=1)
+    want = np.maximum(ref.numpy() + f64(b).reshape(1, -1, 1, 1), 0)
+    return [Result("relu::OUT_0", y, want, DataType.HALF)]
+
+
+def batchnorm_training(device: str) -> list[Result]:
+    """The frontend's BN training sample: pass-by-value epsilon and momentum declared with
+    tensor(), their values as CPU tensors; five outputs, running statistics updated."""
+    torch.manual_seed(2)
+    n, c, h, w = 4, 16, 6, 6
+    x = torch.randn(n, c, h, w, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    scale = torch.randn(1, c, 1, 1, device=device)
+    bias = torch.randn(1, c, 1, 1, device=device)
+    running_mean = torch.randn(1, c, 1, 1, device=device)
+    running_var = torch.rand(1, c, 1, 1, device=device) + 0.5
+    epsilon_cpu = torch.full((1, 1, 1, 1), 1e-3)
+    momentum_cpu = torch.full((1, 1, 1, 1), 0.1)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    X = graph.tensor(name="X", dim=x.size(), stride=x.stride(), data_type=x.dtype)
+    stats = dict(dim=[1, c, 1, 1], stride=[c, 1, c, c], data_type=cudnn.data_type.FLOAT)
+    SCALE = graph.tensor(name="scale", **stats)
+    BIAS = graph.tensor(name="bias", **stats)
+    IN_MEAN = graph.tensor(name="in_running_mean", **stats)
+    IN_VAR = graph.tensor(name="in_running_var", **stats)
+    scalar = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT, is_pass_by_value=True)
+    EPSILON = graph.tensor(name="epsilon", **scalar)
+    MOMENTUM = graph.tensor(name="momentum", **scalar)
+    Y, MEAN, INV_VAR, NEXT_MEAN, NEXT_VAR = graph.batchnorm(
+        name="BN",
+        input=X,
+        scale=SCALE,
+        bias=BIAS,
+        in_running_mean=IN_MEAN,
+        in_running_var=IN_VAR,
+        epsilon=EPSILON,
+        momentum=MOMENTUM,
+    )
+    Y.set_output(True)
+    for t in (MEAN, INV_VAR, NEXT_MEAN, NEXT_VAR):
+        t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+
+    y = torch.empty_like(x)
+    mean, inv_var, next_mean, next_var = (torch.empty_like(running_mean) for _ in range(4))
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    pack = {X: x, SCALE: scale, BIAS: bias, IN_MEAN: running_mean, IN_VAR: running_var, EPSILON: epsilon_cpu}
+    pack |= {MOMENTUM: momentum_cpu, Y: y, MEAN: mean, INV_VAR: inv_var, NEXT_MEAN: next_mean, NEXT_VAR: next_var}
+    graph.execute(pack, workspace)
+
+    xs = f64(x)
+    m = xs.mean(axis=(0, 2, 3), keepdims=True)
+    var = xs.var(axis=(0, 2, 3), keepdims=True)
+    inv = 1 / np.sqrt(var + 1e-3)
+    count = n * h * w
+    return [
+        Result("BN::Y", y, (xs - m) * inv * f64(scale) + f64(bias), DataType.HALF),
+        Result("BN::MEAN", mean, m, DataType.FLOAT),
+        Result("BN::INV_VARIANCE", inv_var, inv, DataType.FLOAT),
+        Result("BN::NEXT_RUNNING_MEAN", next_mean, 0.9 * f64(running_mean) + 0.1 * m, DataType.FLOAT),
+        Result(
+            "BN::NEXT_RUNNING_VAR", next_var, 0.9 * f64(running_var) + 0.1 * var * count / (count - 1), DataType.FLOAT
+        ),
+    ]
+
+
+def layernorm_forward_backward(device: str) -> list[Result]:
+    """The frontend's layer norm samples: a [B*S, H, 1, 1] channels-last input, tensor_like
+    everywhere (a CPU epsilon becomes pass-by-value); the backward graph fed by uids."""
+    torch.manual_seed(3)
+    rows, hidden = 24, 64
+    x = torch.randn(rows, hidden, 1, 1, dtype=torch.float32, device=device).to(memory_format=torch.channels_last)
+    scale = torch.randn(1, hidden, 1, 1, device=device).to(memory_format=torch.channels_last)
+    bias = torch.randn(1, hidden, 1, 1, device=device).to(memory_format=torch.channels_last)
+    epsilon_cpu = torch.full((1, 1, 1, 1), 1e-5, dtype=torch.float32)
+
+    forward = cudnn.pygraph(intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    X = forward.tensor_like(x.detach())
+    SCALE = forward.tensor_like(scale.detach())
+    BIAS = forward.tensor_like(bias.detach())
+    EPSILON = forward.tensor_like(epsilon_cpu)
+    Y, MEAN, INV_VAR = forward.layernorm(
+        name="LN",
+        norm_forward_phase=cudnn.norm_forward_phase.TRAINING,
+        input=X,
+        scale=SCALE,
+        bias=BIAS,
+        epsilon=EPSILON,
+    )
+    Y.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    MEAN.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    INV_VAR.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    forward.build([cudnn.heur_mode.A])
+    y = torch.empty_like(x)
+    mean = torch.empty(rows, 1, 1, 1, device=device)
+    inv_var = torch.empty(rows, 1, 1, 1, device=device)
+    workspace = torch.empty(forward.get_workspace_size(), device=device, dtype=torch.uint8)
+    forward.execute(
+        {X: x, SCALE: scale, BIAS: bias, EPSILON: epsilon_cpu, Y: y, MEAN: mean, INV_VAR: inv_var}, workspace
+    )
+
+    dy = torch.randn_like(x)
+    backward = cudnn.pygraph(intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    DY = backward.tensor_like(dy)
+    X_BWD = backward.tensor_like(x)
+    SCALE_BWD = backward.tensor_like(scale)
+    MEAN_BWD = backward.tensor_like(mean)
+    INV_VAR_BWD = backward.tensor_like(inv_var)
+    DX, DSCALE, DBIAS = backward.layernorm_backward(
+        name="DLN", grad=DY, input=X_BWD, scale=SCALE_BWD, mean=MEAN_BWD, inv_variance=INV_VAR_BWD
+    )
+    for t in (DX, DSCALE, DBIAS):
+        t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    backward.build([cudnn.heur_mode.A])
+    dx, dscale, dbias = torch.empty_like(x), torch.empty_like(scale), torch.empty_like(bias)
+    by_uid = {t.get_uid(): v for t, v in ((DY, dy), (X_BWD, x), (SCALE_BWD, scale), (MEAN_BWD, mean))}
+    by_uid |= {t.get_uid(): v for t, v in ((INV_VAR_BWD, inv_var), (DX, dx), (DSCALE, dscale), (DBIAS, dbias))}
+    workspace = torch.empty(backward.get_workspace_size(), device=device, dtype=torch.uint8)
+    backward.execute(by_uid, workspace)
+
+    x64 = torch.from_numpy(f64(x).reshape(rows, hidden)).requires_grad_()
+    s64 = torch.from_numpy(f64(scale).reshape(hidden)).requires_grad_()
+    b64 = torch.from_numpy(f64(bias).reshape(hidden)).requires_grad_()
+    out = torch.nn.functional.layer_norm(x64, (hidden,), s64, b64, eps=1e-5)
+    out.backward(torch.from_numpy(f64(dy).reshape(rows, hidden)))
+    assert x64.grad is not None and s64.grad is not None and b64.grad is not None
+    xs = f64(x).reshape(rows, hidden)
+    return [
+        Result("LN::Y", y, out.detach().numpy().reshape(rows, hidden, 1, 1), DataType.FLOAT),
+        Result("LN::MEAN", mean, xs.mean(axis=1).reshape(rows, 1, 1, 1), DataType.FLOAT),
+        Result("LN::INV_VARIANCE", inv_var, 1 / np.sqrt(xs.var(axis=1) + 1e-5).reshape(rows, 1, 1, 1), DataType.FLOAT),
+        Result("DLN::DX", dx, x64.grad.numpy().reshape(rows, hidden, 1, 1), DataType.FLOAT),
+        Result("DLN::DSCALE", dscale, s64.grad.numpy().reshape(1, hidden, 1, 1), DataType.FLOAT),
+        Result("DLN::DBIAS", dbias, b64.grad.numpy().reshape(1, hidden, 1, 1), DataType.FLOAT),
+    ]
+
+
+def rmsnorm_inference(device: str) -> list[Result]:
+    """RMS norm in inference, bias None, bf16 input; the pack keyed by tensor names."""
+    torch.manual_seed(4)
+    rows, hidden = 32, 128
+    x = torch.randn(rows, hidden, 1, 1, dtype=torch.bfloat16, device=device)
+    scale = torch.randn(1, hidden, 1, 1, dtype=torch.float32, device=device)
+    epsilon_cpu = torch.full((1, 1, 1, 1), 1e-6, dtype=torch.float32)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.BFLOAT16,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    X = graph.tensor(name="X", dim=list(x.shape), stride=list(x.stride()), data_type=cudnn.data_type.BFLOAT16)
+    SCALE = graph.tensor_like(scale, name="scale")
+    EPSILON = graph.tensor_like(epsilon_cpu, name="epsilon")
+    Y, INV_VAR = graph.rmsnorm(
+        name="RMS",
+        norm_forward_phase=cudnn.norm_forward_phase.INFERENCE,
+        input=X,
+        scale=SCALE,
+        bias=None,
+        epsilon=EPSILON,
+    )
+    assert INV_VAR is None
+    Y.set_output(True)
+    graph.build([cudnn.heur_mode.A])
+    y = torch.empty_like(x)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({"X": x, "scale": scale, "epsilon": epsilon_cpu, "RMS::Y": y}, workspace)
+
+    xs = f64(x)
+    want = xs / np.sqrt((xs**2).mean(axis=1, keepdims=True) + 1e-6) * f64(scale)
+    return [Result("RMS::Y", y, want, DataType.BFLOAT16)]
+
+
+def matmul_bias(device: str) -> list[Result]:
+    """Batched matmul + bias, executed with raw ``data_ptr()`` integers as buffers."""
+    torch.manual_seed(5)
+    batch, m, k, n = 2, 16, 32, 24
+    a = torch.randn(batch, m, k, dtype=torch.half, device=device)
+    b = torch.randn(batch, k, n, dtype=torch.half, device=device)
+    bias = torch.randn(1, 1, n, dtype=torch.half, device=device)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    A = graph.tensor(name="A", dim=a.size(), stride=a.stride(), data_type=a.dtype)
+    B = graph.tensor(name="B", dim=b.size(), stride=b.stride(), data_type=b.dtype)
+    BIAS = graph.tensor(name="bias", dim=bias.size(), stride=bias.stride(), data_type=bias.dtype)
+    C = graph.matmul(name="matmul", A=A, B=B)
+    D = graph.add(name="add", a=C, b=BIAS)
+    D.set_output(True).set_data_type(cudnn.data_type.HALF)
+    graph.build([cudnn.heur_mode.A])
+    d = torch.empty(batch, m, n, dtype=torch.half, device=device)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    pack = {A: a.data_ptr(), B: b.data_ptr(), BIAS: bias.data_ptr(), D: d.data_ptr()}
+    graph.execute(pack, workspace.data_ptr())
+    return [Result("add::OUT_0", d, f64(a) @ f64(b) + f64(bias), DataType.HALF)]
+
+
+def genstats(device: str) -> list[Result]:
+    """Per-channel sum and sum of squares of an NHWC activation."""
+    torch.manual_seed(6)
+    x = torch.randn(8, 32, 5, 5, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    X = graph.tensor_like(x)
+    SUM, SQ_SUM = graph.genstats(name="genstats", input=X)
+    SUM.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    SQ_SUM.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    graph.build([cudnn.heur_mode.A])
+    total = torch.empty(1, 32, 1, 1, device=device)
+    squares = torch.empty(1, 32, 1, 1, device=device)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({X: x, SUM: total, SQ_SUM: squares}, workspace)
+    xs = f64(x)
+    return [
+        Result("genstats::SUM", total, xs.sum(axis=(0, 2, 3), keepdims=True), DataType.FLOAT),
+        Result("genstats::SQ_SUM", squares, (xs**2).sum(axis=(0, 2, 3), keepdims=True), DataType.FLOAT),
+    ]
+
+
+def sdpa(device: str) -> list[Result]:
+    """The frontend's causal SDPA sample: BSHD tensors seen as [B, H, S, D] through strides,
+    a Python float attention scale, training statistics."""
+    torch.manual_seed(7)
+    b, h, s, d = 2, 3, 32, 16
+    q, k, v = (torch.randn(b, s, h, d, dtype=torch.half, device=device).transpose(1, 2) for _ in range(3))
+    attn_scale = d**-0.5
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    Q = graph.tensor_like(q)
+    K = graph.tensor_like(k)
+    V = graph.tensor_like(v)
+    O, STATS = graph.sdpa(name="sdpa", q=Q, k=K, v=V, generate_stats=True, attn_scale=attn_scale, use_causal_mask=True)
+    o = torch.empty(b, s, h, d, dtype=torch.half, device=device).transpose(1, 2)
+    O.set_output(True).set_dim(o.size()).set_stride(o.stride())
+    STATS.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    graph.build([cudnn.heur_mode.A])
+    stats = torch.empty(b, h, s, 1, dtype=torch.float32, device=device)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({Q: q, K: k, V: v, O: o, STATS: stats}, workspace)
+
+    scores = np.einsum("bhqd,bhkd->bhqk", f64(q), f64(k)) * attn_scale
+    scores = np.where(np.tril(np.ones((s, s), dtype=bool)), scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    lse = top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True))
+    want = np.einsum("bhqk,bhkd->bhqd", np.exp(scores - lse), f64(v))
+    return [Result("sdpa::O", o, want, DataType.HALF), Result("sdpa::Stats", stats, lse, DataType.FLOAT)]
+
+
+PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
+    program.__name__: program
+    for program in (
+        conv_bias_relu,
+        batchnorm_training,
+        layernorm_forward_backward,
+        rmsnorm_inference,
+        matmul_bias,
+        genstats,
+        sdpa,
+    )
+}
