@@ -322,14 +322,14 @@ def sdpa(device: str) -> list[Result]:
     Q = graph.tensor_like(q)
     K = graph.tensor_like(k)
     V = graph.tensor_like(v)
-    O, STATS = graph.sdpa(name="sdpa", q=Q, k=K, v=V, generate_stats=True, attn_scale=attn_scale, use_causal_mask=True)
+    OUT, STATS = graph.sdpa(name="sdpa", q=Q, k=K, v=V, generate_stats=True, attn_scale=attn_scale, use_causal_mask=True)
     o = torch.empty(b, s, h, d, dtype=torch.half, device=device).transpose(1, 2)
-    O.set_output(True).set_dim(o.size()).set_stride(o.stride())
+    OUT.set_output(True).set_dim(o.size()).set_stride(o.stride())
     STATS.set_output(True).set_data_type(cudnn.data_type.FLOAT)
     graph.build([cudnn.heur_mode.A])
     stats = torch.empty(b, h, s, 1, dtype=torch.float32, device=device)
     workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
-    graph.execute({Q: q, K: k, V: v, O: o, STATS: stats}, workspace)
+    graph.execute({Q: q, K: k, V: v, OUT: o, STATS: stats}, workspace)
 
     scores = np.einsum("bhqd,bhkd->bhqk", f64(q), f64(k)) * attn_scale
     scores = np.where(np.tril(np.ones((s, s), dtype=bool)), scores, -np.inf)
