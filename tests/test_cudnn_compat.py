@@ -274,6 +274,9 @@ def test_sm_version_compiles_the_gpu_plan_without_a_gpu() -> None:
     got = np.empty(64, np.float32)
     graph.execute({x: rand(64), y: got})  # host buffers still run the reference plan
     np.testing.assert_array_equal(got, np.maximum(rand(64), 0))
+    values, got[:] = -rand(64), 0
+    graph.execute({x: values.ctypes.data, y: got.ctypes.data})  # and so do host pointers
+    np.testing.assert_array_equal(got, np.maximum(values, 0))
 
 
 # -- what graphdnn cannot do, said in the frontend's terms --------------------------------------------------

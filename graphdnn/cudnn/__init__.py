@@ -20,7 +20,7 @@ from .enums import (
     reshape_mode,
 )
 from .handle import Handle, create_handle, destroy_handle, get_stream, set_stream
-from .pygraph import pygraph
+from .frontend import pygraph
 
 __all__ = [
     "Handle",

@@ -79,8 +79,17 @@ def _on_host(value: Any, gpu: bool) -> bool:
     if is_torch(value):
         return not bool(value.is_cuda)
     if isinstance(value, int) and not isinstance(value, bool):
-        return not gpu or driver.pointer_device(value) is None
+        return not gpu or _device_of(value) is None
     return False
+
+
+def _device_of(pointer: int) -> int | None:
+    """The GPU that owns ``pointer``; None for host memory, or where there is no driver
+    (a plan compiled for ``sm_version`` on a machine without a GPU)."""
+    try:
+        return driver.pointer_device(pointer)
+    except driver.CudaError:
+        return None
 
 
 def _scalar(value: Any) -> Any:
@@ -156,7 +165,7 @@ def _host_view(t: Tensor, pointer: int) -> np.ndarray:
 
 
 def _device_view(t: Tensor, pointer: int) -> DeviceArray:
-    ordinal = driver.pointer_device(pointer)
+    ordinal = _device_of(pointer)
     if ordinal is None:
         raise FeedError(f"pointer {pointer:#x} is not device memory CUDA knows", tensor=t.name)
     return DeviceArray.wrap(pointer, t.dim, t.stride, t.data_type, driver.device(ordinal))
