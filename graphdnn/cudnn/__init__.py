@@ -19,8 +19,8 @@ from .enums import (
     reduction_mode,
     reshape_mode,
 )
-from .handle import Handle, create_handle, destroy_handle, get_stream, set_stream
 from .frontend import pygraph
+from .handle import Handle, create_handle, destroy_handle, get_stream, set_stream
 
 __all__ = [
     "Handle",
