@@ -322,7 +322,9 @@ def sdpa(device: str) -> list[Result]:
     Q = graph.tensor_like(q)
     K = graph.tensor_like(k)
     V = graph.tensor_like(v)
-    OUT, STATS = graph.sdpa(name="sdpa", q=Q, k=K, v=V, generate_stats=True, attn_scale=attn_scale, use_causal_mask=True)
+    OUT, STATS = graph.sdpa(
+        name="sdpa", q=Q, k=K, v=V, generate_stats=True, attn_scale=attn_scale, use_causal_mask=True
+    )
     o = torch.empty(b, s, h, d, dtype=torch.half, device=device).transpose(1, 2)
     OUT.set_output(True).set_dim(o.size()).set_stride(o.stride())
     STATS.set_output(True).set_data_type(cudnn.data_type.FLOAT)
