@@ -23,7 +23,7 @@ from ..runtime.driver import current_gpu_arch
 from ..serialize import graph_to_json, read_graph
 from ..signature import signature
 from ..tensor import TensorSpec
-from . import enums
+from .enums import build_plan_policy, heur_mode
 from .handle import Handle, get_stream
 from .ops import FrontendOps
 from .spec import LenientSpec
@@ -102,7 +102,7 @@ class pygraph(FrontendOps):
         )
         self._handle = handle
         self._arch = sm_version
-        self._modes: list[enums.heur_mode] = []
+        self._modes: list[heur_mode] = []
         self._plan: PlanBase | None = None  # the compiled plan, where there is a GPU or a target
         self._reference: ReferencePlan | None = None
 
@@ -165,9 +165,9 @@ class pygraph(FrontendOps):
         """Validate and assign the uids left at -1 (``get_uid`` reads them)."""
         self._spec.validate()
 
-    def create_execution_plans(self, heur_modes: Sequence[Any] = (enums.heur_mode.A,)) -> None:
+    def create_execution_plans(self, heur_modes: Sequence[Any] = (heur_mode.A,)) -> None:
         for mode in heur_modes:
-            if not isinstance(mode, enums.heur_mode):
+            if not isinstance(mode, heur_mode):
                 raise GraphError(f"create_execution_plans takes cudnn.heur_mode values, got {mode!r}")
         self._modes = list(heur_modes)
         self._spec.validate()
@@ -179,8 +179,8 @@ class pygraph(FrontendOps):
         """Compile the plan; raises cudnnGraphNotSupportedError (UnsupportedError) saying why not."""
         self.build_plans()
 
-    def build_plans(self, policy: Any = enums.build_plan_policy.HEURISTICS_CHOICE) -> None:
-        if not isinstance(policy, enums.build_plan_policy):
+    def build_plans(self, policy: Any = build_plan_policy.HEURISTICS_CHOICE) -> None:
+        if not isinstance(policy, build_plan_policy):
             raise GraphError(f"build_plans takes a cudnn.build_plan_policy, got {policy!r}")
         ir = self._spec.validate()
         gpu = self._arch is not None or current_gpu_arch() is not None
@@ -191,7 +191,7 @@ class pygraph(FrontendOps):
         _plan_index(index)
         self.build_plans()
 
-    def build(self, heur_modes: Sequence[Any] = (enums.heur_mode.A,)) -> None:
+    def build(self, heur_modes: Sequence[Any] = (heur_mode.A,)) -> None:
         """Every step: validate, build the operation graph, create, check and build the plan."""
         self.create_execution_plans(heur_modes)
         self.build_plans()

@@ -16,8 +16,8 @@ from ..errors import UnsupportedError
 from ..layout import overlap_reason, packed_strides
 from ..ops.conv import ConvMode
 from ..tensor import TensorSpec
-from . import enums
 from .enums import diagonal_alignment
+from .enums import reshape_mode as reshape_modes
 from .spec import LenientSpec
 
 Tensor = TensorSpec | None
@@ -364,7 +364,7 @@ class FrontendOps:
     def reshape(self, input: TensorSpec, name: str = "", reshape_mode: Any = None) -> TensorSpec:
         """Y, whose dims the caller sets (``set_dim``). graphdnn reshapes in row-major order
         (LOGICAL), which is the frontend's VIEW_ONLY (the default) for a packed row-major input."""
-        view_only = reshape_mode is None or reshape_mode is enums.reshape_mode.VIEW_ONLY
+        view_only = reshape_mode is None or reshape_mode is reshape_modes.VIEW_ONLY
         if view_only and input.dim is not None and input.stride != packed_strides(input.dim):
             raise UnsupportedError(
                 f"a VIEW_ONLY reshape of '{input.name}' with strides {input.stride}: graphdnn reshapes in row-major "
