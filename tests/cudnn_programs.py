@@ -341,6 +341,42 @@ def sdpa(device: str) -> list[Result]:
     return [Result("sdpa::O", o, want, DataType.HALF), Result("sdpa::Stats", stats, lse, DataType.FLOAT)]
 
 
+def high_level_graph(device: str) -> list[Result]:
+    """The frontend's ``cudnn.Graph``: framework tensors as op arguments, ``inputs=`` and
+    ``outputs=`` naming the call's order, the built graph called with new buffers."""
+    torch.manual_seed(8)
+    x = torch.randn(4, 32, 5, 5, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    w = torch.randn(16, 32, 3, 3, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    b = torch.randn(1, 16, 1, 1, dtype=torch.half, device=device)
+    with cudnn.Graph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        inputs=["conv2d::image", "conv2d::weight", b],
+        outputs=["act::OUT_0"],
+    ) as graph:
+        y = graph.conv_fprop(image=x, weight=w, padding=[1, 1], stride=[1, 1], dilation=[1, 1], name="conv2d")
+        y = graph.bias(input=y, bias=b)
+        y = graph.relu(y, name="act")
+        y.set_output(True).set_data_type(cudnn.data_type.HALF)
+
+    x2 = torch.randn_like(x)
+    out = graph(x2, w, b)
+    by_name = graph({"conv2d::image": x, "conv2d::weight": w, "bias.0::bias": b})
+    want = [
+        np.maximum(
+            torch.nn.functional.conv2d(torch.from_numpy(f64(image)), torch.from_numpy(f64(w)), padding=1).numpy()
+            + f64(b),
+            0,
+        )
+        for image in (x2, x)
+    ]
+    return [
+        Result("act::OUT_0 (positional)", out, want[0], DataType.HALF),
+        Result("act::OUT_0 (by name)", by_name["act::OUT_0"], want[1], DataType.HALF),
+    ]
+
+
 PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
     program.__name__: program
     for program in (
@@ -351,5 +387,6 @@ PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
         matmul_bias,
         genstats,
         sdpa,
+        high_level_graph,
     )
 }

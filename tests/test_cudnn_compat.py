@@ -336,3 +336,43 @@ def test_a_host_pointer_is_read_with_the_tensor_s_layout() -> None:
     got = np.empty((2, 2), np.float32)
     graph.execute({"x": ctypes.addressof(values), y: got})
     np.testing.assert_array_equal(got, [[1, 2], [3, 4]])
+
+
+# -- the high-level cudnn.Graph --------------------------------------------------------------------------------
+def test_graph_names_nodes_and_refuses_misuse() -> None:
+    x = rand(4, 8)
+    with pytest.raises(GraphError, match=r"inside `with cudnn\.Graph"):
+        cudnn.Graph().relu(x)
+    with pytest.raises(GraphError, match="inputs must be a list"):
+        cudnn.Graph(inputs="x")
+    with cudnn.Graph(io_data_type=FLOAT) as graph:
+        y = graph.relu(x)
+        z = graph.add(y, x)
+        assert (y.get_name(), z.get_name()) == ("relu.0::OUT_0", "add.0::OUT_0")
+        with pytest.raises(StructureError, match=r"'relu\.0' is already used"):
+            graph.relu(x, name="relu.0")
+        with pytest.raises(GraphError, match="builds itself"):
+            graph.build_plans()
+        with pytest.raises(GraphError, match="after its with block"):
+            graph(x)
+        z.set_output(True)
+    with pytest.raises(GraphError, match="after set_io_tuples"):
+        graph(x)
+    with pytest.raises(GraphError, match=r"input 0 \('nope'\) is no input"):
+        graph.set_io_tuples(["nope"], [z])
+    with pytest.raises(GraphError, match=r"'add\.0::OUT_0'.*neither an input nor an output"):
+        graph.set_io_tuples([x], [])
+    graph.set_io_tuples([x], [z])
+    out = graph(rand(4, 8, seed=5))
+    np.testing.assert_allclose(out, np.maximum(rand(4, 8, seed=5), 0) + rand(4, 8, seed=5), rtol=1e-6)
+    with pytest.raises(FeedError, match=r"'relu\.0::0'"):
+        graph({})
+
+
+def test_graph_without_a_workspace_needs_one_per_call() -> None:
+    x = rand(4)
+    with cudnn.Graph(io_data_type=FLOAT, workspace_alloc=False, inputs=[x], outputs=["neg.0::OUT_0"]) as graph:
+        graph.neg(x).set_output(True)
+    with pytest.raises(GraphError, match="workspace_alloc=False"):
+        graph(x)
+    np.testing.assert_array_equal(graph(x, workspace=np.empty(0, np.uint8)), -x)

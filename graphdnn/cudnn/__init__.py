@@ -5,7 +5,9 @@ tensor calls, op methods (argument names, positional order, return arity, output
 such as ``conv::Y``), enums, build steps and ``execute`` with tensors, uids or names as
 keys and framework tensors or raw ``data_ptr()`` ints as buffers. Host buffers (NumPy
 arrays, CPU tensors) run the NumPy reference plan; GPU buffers run the compiled plan.
-docs/cudnn-compat.md lists every frontend call and what graphdnn does with it.
+``cudnn.Graph`` is the frontend's high-level wrapper (framework tensors as op
+arguments, a callable graph). docs/cudnn-compat.md lists every frontend call and what
+graphdnn does with it.
 """
 
 from .enums import (
@@ -21,8 +23,10 @@ from .enums import (
 )
 from .frontend import pygraph
 from .handle import Handle, create_handle, destroy_handle, get_stream, set_stream
+from .wrapper import Graph
 
 __all__ = [
+    "Graph",
     "Handle",
     "build_plan_policy",
     "convolution_mode",

@@ -111,6 +111,11 @@ class pygraph(FrontendOps):
         """The graphdnn builder holding this graph (an OperationGraphSpec)."""
         return self._spec
 
+    @property
+    def ir(self) -> Graph:
+        """The validated graph the plans were built from (after a build step)."""
+        return self._built().graph
+
     # -- tensors ----------------------------------------------------------------------------------
     def tensor(
         self,
