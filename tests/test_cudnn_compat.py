@@ -376,3 +376,13 @@ def test_graph_without_a_workspace_needs_one_per_call() -> None:
     with pytest.raises(GraphError, match="workspace_alloc=False"):
         graph(x)
     np.testing.assert_array_equal(graph(x, workspace=np.empty(0, np.uint8)), -x)
+
+
+def test_a_tensor_of_another_graph_is_no_key() -> None:
+    graph, other = float_graph(name="mine"), float_graph(name="theirs")
+    x = graph.tensor(name="x", dim=[4])
+    y = graph.relu(x).set_output(True)
+    stranger = other.tensor(name="x", dim=[4])
+    graph.build([cudnn.heur_mode.A])
+    with pytest.raises(FeedError, match="tensor 'x': is a tensor of graph 'theirs', not of graph 'mine'"):
+        graph.execute({stranger: rand(4), y: np.empty(4, np.float32)})

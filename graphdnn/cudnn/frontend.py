@@ -105,6 +105,7 @@ class pygraph(FrontendOps):
         self._modes: list[heur_mode] = []
         self._plan: PlanBase | None = None  # the compiled plan, where there is a GPU or a target
         self._reference: ReferencePlan | None = None
+        self._unread: set[TensorSpec] = set()  # inputs no node reads, as of the build
 
     @property
     def spec(self) -> LenientSpec:
@@ -191,6 +192,7 @@ class pygraph(FrontendOps):
         gpu = self._arch is not None or current_gpu_arch() is not None
         self._plan = compile_graph(ir, arch=self._arch) if gpu else None
         self._reference = ReferencePlan(ir)
+        self._unread = self._spec.unread_inputs()
 
     def build_plan_at_index(self, index: int) -> None:
         _plan_index(index)
@@ -215,7 +217,7 @@ class pygraph(FrontendOps):
         """Run the plan on the buffers of ``variant_pack`` (keys: tensors, uids or names;
         values: framework tensors or raw ``data_ptr()`` ints), writing the outputs in place."""
         reference = self._built()
-        adapted = adapt(reference.graph, variant_pack, self._spec.unread_inputs(), self._plan is not None)
+        adapted = adapt(reference.graph, self._spec, variant_pack, self._unread, self._plan is not None)
         if adapted.on_host:
             reference.execute(adapted.pack)
             return

@@ -42,15 +42,18 @@ class Adapted:
     on_host: bool
 
 
-def adapt(ir: Graph, pack: Mapping[Any, Any], ignored: set[TensorSpec], gpu: bool) -> Adapted:
-    """Resolve ``pack`` against ``ir``; ``ignored`` are the builder's unread inputs, ``gpu``
-    whether a GPU plan exists (raw pointers are then device pointers where CUDA knows them)."""
+def adapt(ir: Graph, owner: Any, pack: Mapping[Any, Any], ignored: set[TensorSpec], gpu: bool) -> Adapted:
+    """Resolve ``pack`` against ``ir``, built by ``owner``; ``ignored`` are the builder's
+    unread inputs, ``gpu`` whether a GPU plan exists (raw pointers are then device
+    pointers where CUDA knows them)."""
     if not isinstance(pack, Mapping):
         raise FeedError(f"the variant pack must be a dict {{tensor: buffer}}, got a {type(pack).__name__}")
     resolved: list[tuple[Tensor, Any]] = []
     for key, value in pack.items():
         if key is None or _names_ignored(key, ignored):
             continue
+        if isinstance(key, TensorSpec) and key.graph is not owner:
+            raise FeedError(f"is a tensor of graph '{key.graph.name}', not of graph '{ir.name}'", tensor=key.name)
         resolved.append((resolve_tensor(ir, key), value))
     buffers = [(t, value) for t, value in resolved if not t.is_pass_by_value]
     where = {t.name: _on_host(value, gpu) for t, value in buffers}
