@@ -377,6 +377,94 @@ def high_level_graph(device: str) -> list[Result]:
     ]
 
 
+def conv_backward(device: str) -> list[Result]:
+    """Data and weight gradients of a strided convolution; DW's dims set by the user, as
+    the frontend asks."""
+    torch.manual_seed(9)
+    x = torch.randn(2, 8, 9, 9, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    w = torch.randn(16, 8, 3, 3, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    dy = torch.randn(2, 16, 5, 5, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    DY, W, X = graph.tensor_like(dy), graph.tensor_like(w), graph.tensor_like(x)
+    DX = graph.conv_dgrad(loss=DY, filter=W, padding=[1, 1], stride=[2, 2], dilation=[1, 1], name="dgrad")
+    DX.set_output(True).set_dim(x.size()).set_stride(x.stride())
+    DW = graph.conv_wgrad(image=X, loss=DY, padding=[1, 1], stride=[2, 2], dilation=[1, 1], name="wgrad")
+    DW.set_output(True).set_dim(w.size()).set_stride(w.stride())
+    graph.build([cudnn.heur_mode.A])
+    dx, dw = torch.empty_like(x), torch.empty_like(w)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({DY: dy, W: w, X: x, DX: dx, DW: dw}, workspace)
+
+    x64 = torch.from_numpy(f64(x)).requires_grad_()
+    w64 = torch.from_numpy(f64(w)).requires_grad_()
+    torch.nn.functional.conv2d(x64, w64, padding=1, stride=2).backward(torch.from_numpy(f64(dy)))
+    assert x64.grad is not None and w64.grad is not None
+    return [
+        Result("dgrad::DX", dx, x64.grad.numpy(), DataType.HALF),
+        Result("wgrad::DW", dw, w64.grad.numpy(), DataType.HALF),
+    ]
+
+
+def norms_inference_and_backward(device: str) -> list[Result]:
+    """Batch norm inference, instance norm inference, and the batch and RMS norm
+    backwards from saved statistics, in one graph."""
+    torch.manual_seed(10)
+    n, c, h, w = 4, 8, 3, 3
+    x = torch.randn(n, c, h, w, device=device)
+    dy = torch.randn(n, c, h, w, device=device)
+    scale, bias = torch.randn(1, c, 1, 1, device=device), torch.randn(1, c, 1, 1, device=device)
+    mean = x.mean(dim=(0, 2, 3), keepdim=True)
+    inv_var = (x.var(dim=(0, 2, 3), keepdim=True, unbiased=False) + 1e-5).rsqrt()
+    rms_inv = (x.square().mean(dim=(1, 2, 3), keepdim=True) + 1e-5).rsqrt()
+    rms_scale = torch.randn(1, c, h, w, device=device)
+    epsilon_cpu = torch.full((1, 1, 1, 1), 1e-5)
+
+    graph = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    X, DY, SCALE, BIAS = (graph.tensor_like(t) for t in (x, dy, scale, bias))
+    MEAN, INV_VAR, RMS_INV, RMS_SCALE = (graph.tensor_like(t) for t in (mean, inv_var, rms_inv, rms_scale))
+    EPSILON = graph.tensor_like(epsilon_cpu)
+    BN = graph.batchnorm_inference(X, MEAN, INV_VAR, SCALE, BIAS, name="bn")
+    IN, IN_MEAN, IN_INV_VAR = graph.instancenorm(cudnn.norm_forward_phase.INFERENCE, X, SCALE, BIAS, EPSILON, name="in")
+    DX, DSCALE, DBIAS = graph.batchnorm_backward(DY, X, SCALE, MEAN, INV_VAR, name="dbn")
+    RMS_DX, RMS_DSCALE, RMS_DBIAS = graph.rmsnorm_backward(DY, X, RMS_SCALE, RMS_INV, False, name="drms")
+    assert IN_MEAN is None and IN_INV_VAR is None and RMS_DBIAS is None
+    outputs = {BN: x, IN: x, DX: x, DSCALE: scale, DBIAS: bias, RMS_DX: x, RMS_DSCALE: rms_scale}
+    for t in outputs:
+        t.set_output(True)
+    graph.build([cudnn.heur_mode.A])
+    buffers = {t: torch.empty_like(like) for t, like in outputs.items()}
+    pack = {X: x, DY: dy, SCALE: scale, BIAS: bias, MEAN: mean, INV_VAR: inv_var, RMS_INV: rms_inv}
+    pack |= {RMS_SCALE: rms_scale, EPSILON: epsilon_cpu, **buffers}
+    graph.execute(pack, torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8))
+
+    xs, sc, bi = f64(x), f64(scale), f64(bias)
+    instance = (xs - xs.mean(axis=(2, 3), keepdims=True)) / np.sqrt(xs.var(axis=(2, 3), keepdims=True) + 1e-5)
+    x64, s64, b64 = (torch.from_numpy(a).requires_grad_() for a in (xs, sc.reshape(c), bi.reshape(c)))
+    torch.nn.functional.batch_norm(x64, None, None, s64, b64, training=True, eps=1e-5).backward(
+        torch.from_numpy(f64(dy))
+    )
+    r64, rs64 = torch.from_numpy(xs).requires_grad_(), torch.from_numpy(f64(rms_scale)).requires_grad_()
+    rms = r64 * (r64.square().mean(dim=(1, 2, 3), keepdim=True) + 1e-5).rsqrt() * rs64
+    rms.backward(torch.from_numpy(f64(dy)))
+    grads = [g.grad for g in (x64, s64, b64, r64, rs64)]
+    assert all(g is not None for g in grads)
+    dx, dscale, dbias, rms_dx, rms_dscale = (g.numpy() for g in grads if g is not None)
+    return [
+        Result("bn::Y", buffers[BN], (xs - f64(mean)) * f64(inv_var) * sc + bi, DataType.FLOAT),
+        Result("in::Y", buffers[IN], instance * sc + bi, DataType.FLOAT),
+        Result("dbn::DX", buffers[DX], dx, DataType.FLOAT),
+        Result("dbn::DSCALE", buffers[DSCALE], dscale.reshape(1, c, 1, 1), DataType.FLOAT),
+        Result("dbn::DBIAS", buffers[DBIAS], dbias.reshape(1, c, 1, 1), DataType.FLOAT),
+        Result("drms::DX", buffers[RMS_DX], rms_dx, DataType.FLOAT),
+        Result("drms::DSCALE", buffers[RMS_DSCALE], rms_dscale, DataType.FLOAT),
+    ]
+
+
 PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
     program.__name__: program
     for program in (
@@ -388,5 +476,7 @@ PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
         genstats,
         sdpa,
         high_level_graph,
+        conv_backward,
+        norms_inference_and_backward,
     )
 }
