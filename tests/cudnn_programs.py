@@ -465,6 +465,40 @@ def norms_inference_and_backward(device: str) -> list[Result]:
     ]
 
 
+def rope_in_place(device: str) -> list[Result]:
+    """Rotary position embedding written over its input (the output's buffer is the
+    input's), from slices, pointwise ops and a concatenation."""
+    torch.manual_seed(11)
+    b, h, s, d = 2, 4, 16, 32
+    x = torch.randn(b, h, s, d, dtype=torch.half, device=device)
+    angles = torch.arange(s, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(d // 2) / (d // 2))
+    cos = angles.cos().float().reshape(1, 1, s, d // 2).to(device)
+    sin = angles.sin().float().reshape(1, 1, s, d // 2).to(device)
+    before = f64(x)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    X, COS, SIN = graph.tensor_like(x), graph.tensor_like(cos), graph.tensor_like(sin)
+    whole = [slice(0, b), slice(0, h), slice(0, s)]
+    X1 = graph.slice(X, slices=[*whole, slice(0, d // 2)])
+    X2 = graph.slice(X, slices=[*whole, slice(d // 2, d)])
+    OUT1 = graph.sub(a=graph.mul(a=X1, b=COS), b=graph.mul(a=X2, b=SIN))
+    OUT2 = graph.add(a=graph.mul(a=X2, b=COS), b=graph.mul(a=X1, b=SIN))
+    Y = graph.concatenate([OUT1, OUT2], axis=3, name="rope")
+    Y.set_output(True).set_stride(x.stride())
+    graph.build([cudnn.heur_mode.A])
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({X: x, COS: cos, SIN: sin, Y: x}, workspace)
+
+    x1, x2 = before[..., : d // 2], before[..., d // 2 :]
+    c, sn = f64(cos), f64(sin)
+    want = np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], axis=3)
+    return [Result("rope::Y (in place)", x, want, DataType.HALF)]
+
+
 PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
     program.__name__: program
     for program in (
@@ -478,5 +512,6 @@ PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
         high_level_graph,
         conv_backward,
         norms_inference_and_backward,
+        rope_in_place,
     )
 }
