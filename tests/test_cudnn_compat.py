@@ -109,7 +109,9 @@ def test_sdpa_returns_o_and_stats_with_the_frontend_switches() -> None:
     assert stats2 is not None and stats2.get_name() == "attn::Stats"
     node = graph.spec.nodes[-1]
     assert node.attributes.use_causal_mask and node.attributes.generate_stats  # type: ignore[attr-defined]
-    graph.sdpa(q, k, v, diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT, diagonal_band_right_bound=0)
+    graph.scaled_dot_product_flash_attention(
+        q, k, v, diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT, diagonal_band_right_bound=0
+    )
     assert graph.spec.nodes[-1].attributes.use_causal_mask_bottom_right  # type: ignore[attr-defined]
 
 
@@ -298,6 +300,13 @@ def test_unsupported_frontend_calls_say_why(call: Any, message: str) -> None:
     x = graph.tensor(name="x", dim=[1, 1, 4, 4])
     with pytest.raises(GraphError, match=message):
         call(graph, x)
+
+
+def test_unsupported_module_calls_say_why() -> None:
+    with pytest.raises(UnsupportedError, match=r"cudnn\.backend_version is not supported: graphdnn is not cuDNN"):
+        cudnn.backend_version()
+    with pytest.raises(AttributeError, match="no attribute 'frobnicate'"):
+        cudnn.frobnicate  # noqa: B018
 
 
 def test_unsupported_graph_options_are_refused() -> None:

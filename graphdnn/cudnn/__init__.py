@@ -10,6 +10,9 @@ arguments, a callable graph). docs/cudnn-compat.md lists every frontend call and
 graphdnn does with it.
 """
 
+from typing import Any
+
+from ..errors import UnsupportedError
 from .enums import (
     build_plan_policy,
     convolution_mode,
@@ -43,3 +46,19 @@ __all__ = [
     "reshape_mode",
     "set_stream",
 ]
+
+# Module-level frontend calls graphdnn cannot serve, and why (AttributeError would not say).
+NOT_SUPPORTED = {
+    "backend_version": "graphdnn is not cuDNN: there is no cuDNN backend version",
+    "backend_version_string": "graphdnn is not cuDNN: there is no cuDNN backend version",
+    "get_last_error_string": "graphdnn's errors carry their whole message",
+    "jit": "the cudnn.jit decorator is not built yet",
+    "graph_cache": "the cudnn.graph_cache decorator is not built yet (graphdnn's plan cache caches compiled graphs)",
+    "create_kernel_cache": "graphdnn compiles static shapes; its plan cache keeps compiled kernels",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in NOT_SUPPORTED:
+        raise UnsupportedError(f"cudnn.{name} is not supported: {NOT_SUPPORTED[name]}")
+    raise AttributeError(f"module 'graphdnn.cudnn' has no attribute '{name}'")

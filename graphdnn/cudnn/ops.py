@@ -353,6 +353,8 @@ class FrontendOps:
         )  # fmt: skip
         return self._label(node, [o, stats], ("O", "Stats"))
 
+    scaled_dot_product_flash_attention = sdpa  # the frontend's other name for it
+
     # -- data movement ---------------------------------------------------------------------------
     def slice(
         self, input: TensorSpec, slices: Sequence[Any] = (), compute_data_type: Any = None, name: str = ""
