@@ -268,7 +268,7 @@ class pygraph(FrontendOps):
         raise AttributeError(f"'pygraph' object has no attribute '{name}'")
 
     def __repr__(self) -> str:
-        return f"pygraph({self._spec.name!r}, {len(self._spec.nodes)} nodes)"
+        return f"pygraph({self._spec.name!r}, {self._spec.node_count} nodes)"
 
 
 def _or_float(value: Any, what: str) -> DataType:

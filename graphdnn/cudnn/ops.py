@@ -20,7 +20,7 @@ from .enums import diagonal_alignment
 from .enums import reshape_mode as reshape_modes
 from .spec import LenientSpec
 
-Tensor = TensorSpec | None
+MaybeTensor = TensorSpec | None
 
 
 def compute_type(value: Any) -> Any:
@@ -42,9 +42,9 @@ class FrontendOps:
     _spec: LenientSpec
 
     def _node(self, name: str) -> str:
-        return name or str(len(self._spec.nodes))
+        return name or str(self._spec.node_count)
 
-    def _label(self, node: str, outputs: Sequence[Tensor], ports: Sequence[str]) -> list[Tensor]:
+    def _label(self, node: str, outputs: Sequence[MaybeTensor], ports: Sequence[str]) -> list[MaybeTensor]:
         for tensor, port in zip(outputs, ports, strict=True):
             if tensor is not None:
                 tensor.set_name(f"{node}::{port}")
@@ -137,14 +137,14 @@ class FrontendOps:
         input: TensorSpec,
         scale: TensorSpec,
         bias: TensorSpec,
-        in_running_mean: Tensor,
-        in_running_var: Tensor,
+        in_running_mean: MaybeTensor,
+        in_running_var: MaybeTensor,
         epsilon: TensorSpec | float,
-        momentum: Tensor | float,
+        momentum: MaybeTensor | float,
         peer_stats: Sequence[TensorSpec] = (),
         compute_data_type: Any = None,
         name: str = "",
-    ) -> list[Tensor]:
+    ) -> list[MaybeTensor]:
         """-> [Y, MEAN, INV_VARIANCE, NEXT_RUNNING_MEAN, NEXT_RUNNING_VAR] (the last two None
         without running statistics)."""
         _no_peer_stats(peer_stats, name)
@@ -180,7 +180,7 @@ class FrontendOps:
         epsilon: TensorSpec | float,
         compute_data_type: Any = None,
         name: str = "",
-    ) -> list[Tensor]:
+    ) -> list[MaybeTensor]:
         """-> [Y, MEAN, INV_VARIANCE]; the statistics are None in the inference phase."""
         node = self._node(name)
         outputs = self._spec.layernorm(
@@ -197,7 +197,7 @@ class FrontendOps:
         epsilon: TensorSpec | float,
         compute_data_type: Any = None,
         name: str = "",
-    ) -> list[Tensor]:
+    ) -> list[MaybeTensor]:
         """-> [Y, MEAN, INV_VARIANCE]; the statistics are None in the inference phase."""
         node = self._node(name)
         outputs = self._spec.instancenorm(
@@ -210,11 +210,11 @@ class FrontendOps:
         norm_forward_phase: Any,
         input: TensorSpec,
         scale: TensorSpec,
-        bias: Tensor = None,
+        bias: MaybeTensor = None,
         epsilon: TensorSpec | float | None = None,
         compute_data_type: Any = None,
         name: str = "",
-    ) -> list[Tensor]:
+    ) -> list[MaybeTensor]:
         """-> [Y, INV_VARIANCE]; INV_VARIANCE is None in the inference phase."""
         node = self._node(name)
         outputs = self._spec.rmsnorm(
@@ -232,7 +232,7 @@ class FrontendOps:
         peer_stats: Sequence[TensorSpec] = (),
         compute_data_type: Any = None,
         name: str = "",
-    ) -> list[Tensor]:
+    ) -> list[MaybeTensor]:
         """-> [DX, DSCALE, DBIAS]."""
         _no_peer_stats(peer_stats, name)
         node = self._node(name)
@@ -250,7 +250,7 @@ class FrontendOps:
         inv_variance: TensorSpec,
         compute_data_type: Any = None,
         name: str = "",
-    ) -> list[Tensor]:
+    ) -> list[MaybeTensor]:
         """-> [DX, DSCALE, DBIAS]."""
         node = self._node(name)
         outputs = self._spec.layernorm_backward(
@@ -267,7 +267,7 @@ class FrontendOps:
         has_dbias: bool,
         compute_data_type: Any = None,
         name: str = "",
-    ) -> list[Tensor]:
+    ) -> list[MaybeTensor]:
         """-> [DX, DSCALE, DBIAS]; DBIAS is None unless ``has_dbias``."""
         node = self._node(name)
         outputs = self._spec.rmsnorm_backward(
@@ -276,10 +276,10 @@ class FrontendOps:
         return self._label(node, outputs, ("DX", "DSCALE", "DBIAS"))
 
     # -- reductions ----------------------------------------------------------------------------
-    def genstats(self, input: TensorSpec, compute_data_type: Any = None, name: str = "") -> list[Tensor]:
+    def genstats(self, input: TensorSpec, compute_data_type: Any = None, name: str = "") -> list[MaybeTensor]:
         """-> [SUM, SQ_SUM], one value per channel."""
         node = self._node(name)
-        outputs: list[Tensor] = list(self._spec.genstats(input, compute_type(compute_data_type), node))
+        outputs: list[MaybeTensor] = list(self._spec.genstats(input, compute_type(compute_data_type), node))
         return self._label(node, outputs, ("SUM", "SQ_SUM"))
 
     def reduction(self, input: TensorSpec, mode: Any, compute_data_type: Any = None, name: str = "") -> TensorSpec:
@@ -296,11 +296,11 @@ class FrontendOps:
         v: TensorSpec,
         is_inference: bool | None = None,
         attn_scale: TensorSpec | float | None = None,
-        bias: Tensor = None,
+        bias: MaybeTensor = None,
         use_alibi_mask: bool = False,
         use_padding_mask: bool = False,
-        seq_len_q: Tensor = None,
-        seq_len_kv: Tensor = None,
+        seq_len_q: MaybeTensor = None,
+        seq_len_kv: MaybeTensor = None,
         use_causal_mask: bool = False,
         use_causal_mask_bottom_right: bool = False,
         sliding_window_length: int | None = None,
@@ -308,14 +308,14 @@ class FrontendOps:
         diagonal_band_left_bound: int | None = None,
         diagonal_band_right_bound: int | None = None,
         dropout: Any = None,
-        rng_dump: Tensor = None,
-        paged_attention_k_table: Tensor = None,
-        paged_attention_v_table: Tensor = None,
+        rng_dump: MaybeTensor = None,
+        paged_attention_k_table: MaybeTensor = None,
+        paged_attention_v_table: MaybeTensor = None,
         paged_attention_max_seq_len_kv: int | None = None,
         compute_data_type: Any = None,
         name: str = "",
         generate_stats: bool | None = None,
-    ) -> list[Tensor]:
+    ) -> list[MaybeTensor]:
         """-> [O, Stats]; Stats is None unless ``generate_stats`` (or ``is_inference=False``).
 
         The diagonal band maps onto graphdnn's masks: a right bound of 0 is the causal mask

@@ -14,6 +14,11 @@ from ..tensor import TensorSpec
 
 class LenientSpec(OperationGraphSpec):
     @property
+    def node_count(self) -> int:
+        """How many nodes the graph has (without copying them, as ``nodes`` does)."""
+        return len(self._nodes)
+
+    @property
     def tensors(self) -> tuple[TensorSpec, ...]:
         """Every tensor but the declared inputs that no node reads."""
         unread = self.unread_inputs()
