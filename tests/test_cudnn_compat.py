@@ -395,3 +395,14 @@ def test_a_tensor_of_another_graph_is_no_key() -> None:
     graph.build([cudnn.heur_mode.A])
     with pytest.raises(FeedError, match="tensor 'x': is a tensor of graph 'theirs', not of graph 'mine'"):
         graph.execute({stranger: rand(4), y: np.empty(4, np.float32)})
+
+
+def test_null_pointers_and_keys_given_twice_are_refused() -> None:
+    graph = float_graph()
+    x = graph.tensor(name="x", dim=[4])
+    y = graph.relu(x).set_output(True)
+    graph.build([cudnn.heur_mode.A])
+    with pytest.raises(FeedError, match="tensor 'x': is the pointer 0"):
+        graph.execute({x: 0, y: np.empty(4, np.float32)})
+    with pytest.raises(FeedError, match="tensor 'x': is given twice"):
+        graph.execute({x: rand(4), "x": rand(4), y: np.empty(4, np.float32)})

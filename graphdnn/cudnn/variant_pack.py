@@ -54,7 +54,10 @@ def adapt(ir: Graph, owner: Any, pack: Mapping[Any, Any], ignored: set[TensorSpe
             continue
         if isinstance(key, TensorSpec) and key.graph is not owner:
             raise FeedError(f"is a tensor of graph '{key.graph.name}', not of graph '{ir.name}'", tensor=key.name)
-        resolved.append((resolve_tensor(ir, key), value))
+        t = resolve_tensor(ir, key)
+        if any(t is seen for seen, _ in resolved):
+            raise FeedError("is given twice in the variant pack", tensor=t.name)
+        resolved.append((t, value))
     buffers = [(t, value) for t, value in resolved if not t.is_pass_by_value]
     where = {t.name: _on_host(value, gpu) for t, value in buffers}
     on_host = all(where.values())
@@ -104,6 +107,8 @@ def _scalar(value: Any) -> Any:
 
 def _buffer(t: Tensor, value: Any, on_host: bool) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise FeedError(f"is the pointer {value}: give the address of its memory (data_ptr())", tensor=t.name)
         return _host_view(t, value) if on_host else _device_view(t, value)
     shape, strides = _layout(value)
     if shape is None or strides is None:
