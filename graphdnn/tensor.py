@@ -151,6 +151,9 @@ class TensorSpec:
     def get_uid(self) -> int | None:
         return self._uid
 
+    def get_is_pass_by_value(self) -> bool:
+        return self._is_pass_by_value
+
     # -- fluent setters (cuDNN frontend style) ------------------------------------------
     def set_output(self, is_output: bool = True) -> TensorSpec:
         """Make this op output a graph output (non-virtual), or virtual again."""
@@ -159,6 +162,11 @@ class TensorSpec:
 
     def set_is_virtual(self, is_virtual: bool) -> TensorSpec:
         self._is_virtual = bool(is_virtual)
+        return self
+
+    def set_is_pass_by_value(self, is_pass_by_value: bool) -> TensorSpec:
+        """Make this input a one-element scalar whose value the variant pack gives (or not)."""
+        self._is_pass_by_value = bool(is_pass_by_value)
         return self
 
     def set_data_type(self, data_type: Any) -> TensorSpec:

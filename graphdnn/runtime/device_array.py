@@ -37,6 +37,14 @@ class DeviceMemory:
             pass
 
 
+class BorrowedMemory:
+    """Device bytes allocated elsewhere (a raw pointer from another library): never freed here."""
+
+    def __init__(self, pointer: int, nbytes: int) -> None:
+        self.pointer = pointer
+        self.nbytes = nbytes
+
+
 class DeviceArray:
     """``dims`` elements of ``data_type`` laid out with element ``strides`` (default: packed
     row-major) on ``device`` (default: the current one)."""
@@ -53,7 +61,27 @@ class DeviceArray:
         self.data_type = data_type
         self.device = device if device is not None else driver.current_device()
         self.nbytes = storage_extent(self.shape, self.strides) * data_type.itemsize
-        self._memory = DeviceMemory(self.device, self.nbytes)
+        self._memory: DeviceMemory | BorrowedMemory = DeviceMemory(self.device, self.nbytes)
+
+    @classmethod
+    def wrap(
+        cls,
+        pointer: int,
+        dims: Sequence[int],
+        strides: Sequence[int],
+        data_type: DataType,
+        device: driver.Device,
+    ) -> DeviceArray:
+        """A view of device memory at ``pointer`` that the caller owns and keeps alive:
+        a raw ``data_ptr()`` is memory whose dims, strides and type only the graph knows."""
+        array = cls.__new__(cls)
+        array.shape = tuple(int(d) for d in dims)
+        array.strides = tuple(int(s) for s in strides)
+        array.data_type = data_type
+        array.device = device
+        array.nbytes = storage_extent(array.shape, array.strides) * data_type.itemsize
+        array._memory = BorrowedMemory(pointer, array.nbytes)
+        return array
 
     @property
     def pointer(self) -> int:

@@ -1,0 +1,289 @@
+"""``cudnn.pygraph``: the frontend's graph object on graphdnn's builder, compiler and plans.
+
+The build steps keep the frontend's names and order (validate, build_operation_graph,
+create_execution_plans, check_support, build_plans, or build for all of them); graphdnn
+has one plan per graph, compiled by its fusion and code generation. ``build_plans``
+compiles it for the GPU when there is one (or for ``sm_version``), and always prepares
+the NumPy reference plan: ``execute`` runs whichever the buffers' memory asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..compiler import compile as compile_graph
+from ..dtypes import DataType, as_data_type
+from ..errors import GraphError, UnsupportedError
+from ..ir import Graph
+from ..plan import PlanBase
+from ..reference_plan import ReferencePlan
+from ..runtime.buffers import is_torch
+from ..runtime.driver import current_gpu_arch
+from ..serialize import graph_to_json, read_graph
+from ..signature import signature
+from ..tensor import TensorSpec
+from .enums import build_plan_policy, heur_mode
+from .handle import Handle, get_stream
+from .ops import FrontendOps
+from .spec import LenientSpec
+from .variant_pack import adapt
+
+# Frontend calls graphdnn cannot serve, and why (AttributeError would not say).
+NOT_SUPPORTED = {
+    "tan": "graphdnn has no tangent op (sin / cos gives it)",
+    "add_square": "graphdnn has no add_square op (mul then add gives it)",
+    "gen_index": "graphdnn has no index-generating op",
+    "instancenorm_backward": "graphdnn has no instance norm backward op",
+    "adalayernorm": "graphdnn has no adaptive layer norm",
+    "adalayernorm_backward": "graphdnn has no adaptive layer norm",
+    "sdpa_backward": "graphdnn's attention is forward only",
+    "sdpa_fp8": "graphdnn's attention has no fp8 scaling tensors",
+    "sdpa_fp8_backward": "graphdnn's attention is forward only",
+    "block_scale_quantize": "graphdnn has no block-scaled quantization op",
+    "block_scale_dequantize": "graphdnn has no block-scaled quantization op",
+    "moe_grouped_matmul": "graphdnn has no grouped matmul",
+    "moe_grouped_matmul_bwd": "graphdnn has no grouped matmul",
+    "populate_cuda_graph": "a graphdnn Plan captures its own CUDA graph (Plan.bind(..., cuda_graph=True))",
+    "update_cuda_graph": "a graphdnn Plan captures its own CUDA graph (Plan.bind(..., cuda_graph=True))",
+    "deselect_engines": "graphdnn builds one plan of its own kernels; there are no engines to choose",
+    "deselect_numeric_notes": "graphdnn builds one plan of its own kernels; there are no engines to choose",
+    "deselect_behavior_notes": "graphdnn builds one plan of its own kernels; there are no engines to choose",
+    "select_numeric_notes": "graphdnn builds one plan of its own kernels; there are no engines to choose",
+    "select_behavior_notes": "graphdnn builds one plan of its own kernels; there are no engines to choose",
+    "deselect_workspace_greater_than": "graphdnn builds one plan of its own kernels; there are no engines to choose",
+    "create_execution_plan": "graphdnn has no engine ids or knobs (gd.compile(tuning=...) picks launch choices)",
+    "get_knobs_for_engine": "graphdnn has no engine ids or knobs (gd.compile(tuning=...) picks launch choices)",
+    "get_engine_count": "graphdnn has no engine ids or knobs (gd.compile(tuning=...) picks launch choices)",
+}
+for _op in ("relu", "leaky_relu", "tanh", "sigmoid", "elu", "gelu", "softplus", "swish", "gelu_approx_tanh"):
+    NOT_SUPPORTED[f"{_op}_backward"] = "graphdnn has no activation backward ops"
+
+
+class pygraph(FrontendOps):
+    """A graph built with the frontend's calls; ``graph.spec`` is the graphdnn builder beneath.
+
+    Types that are NOT_SET take graphdnn's defaults: float for intermediates and compute.
+    ``sm_version`` (e.g. 90) is the target the GPU plan is compiled for, with or without a
+    GPU here; the frontend's SM carve-out, kernel cache and dynamic shapes are not supported.
+    """
+
+    def __init__(
+        self,
+        name: str = "test_graph",
+        io_data_type: Any = DataType.NOT_SET,
+        intermediate_data_type: Any = DataType.NOT_SET,
+        compute_data_type: Any = DataType.NOT_SET,
+        handle: Handle | None = None,
+        sm_count: int | None = None,
+        sm_version: int | None = None,
+        kernel_cache: Any = None,
+        device_property: Any = None,
+        is_dynamic_shape_enabled: bool = False,
+        is_override_shape_enabled: bool = False,
+    ) -> None:
+        for what, value in (
+            ("sm_count", sm_count),
+            ("kernel_cache", kernel_cache),
+            ("device_property", device_property),
+            ("is_dynamic_shape_enabled", is_dynamic_shape_enabled or None),
+            ("is_override_shape_enabled", is_override_shape_enabled or None),
+        ):
+            if value is not None:
+                raise UnsupportedError(
+                    f"pygraph {what}={value!r}: graphdnn compiles static shapes for a whole GPU (or the target "
+                    "sm_version names)"
+                )
+        self._spec = LenientSpec(
+            name,
+            io_data_type,
+            _or_float(intermediate_data_type, "intermediate_data_type"),
+            _or_float(compute_data_type, "compute_data_type"),
+        )
+        self._handle = handle
+        self._arch = sm_version
+        self._modes: list[heur_mode] = []
+        self._plan: PlanBase | None = None  # the compiled plan, where there is a GPU or a target
+        self._reference: ReferencePlan | None = None
+        self._unread: set[TensorSpec] = set()  # inputs no node reads, as of the build
+
+    @property
+    def spec(self) -> LenientSpec:
+        """The graphdnn builder holding this graph (an OperationGraphSpec)."""
+        return self._spec
+
+    @property
+    def ir(self) -> Graph:
+        """The validated graph the plans were built from (after a build step)."""
+        return self._built().graph
+
+    # -- tensors ----------------------------------------------------------------------------------
+    def tensor(
+        self,
+        dim: Sequence[int],
+        stride: Sequence[int] | None = None,
+        data_type: Any = DataType.NOT_SET,
+        is_virtual: bool = False,
+        is_pass_by_value: bool = False,
+        ragged_offset: TensorSpec | None = None,
+        reordering_type: Any = None,
+        name: str = "",
+        uid: int = -1,
+        ragged_offset_multiplier: int = 1,
+    ) -> TensorSpec:
+        """A graph input (or, with ``is_virtual``, a tensor a node will write). ``uid=-1``
+        means assigned at build, the smallest free from 1."""
+        if ragged_offset is not None or ragged_offset_multiplier != 1:
+            raise UnsupportedError("ragged tensors (ragged_offset) are not supported by graphdnn", tensor=name or None)
+        if reordering_type is not None and getattr(reordering_type, "name", reordering_type) != "NONE":
+            raise UnsupportedError(f"tensor reordering {reordering_type!r} is not supported", tensor=name or None)
+        return self._spec.tensor(
+            dim, stride, data_type, is_virtual, is_pass_by_value, name or None, None if uid == -1 else uid
+        )
+
+    def tensor_like(self, input: Any, name: str = "") -> TensorSpec:
+        """A tensor with the dims, strides and type of a graph tensor or a framework tensor.
+
+        A host tensor of one element (a CPU torch tensor, a NumPy array) becomes a
+        pass-by-value scalar, as in the frontend, whose value the variant pack gives.
+        """
+        spec = self._spec.tensor_like(input, name or None)
+        if not isinstance(input, TensorSpec) and _on_host(input) and spec.dim is not None and _one(spec.dim):
+            spec.set_is_pass_by_value(True)
+        return spec
+
+    def tensor_scalar(self, value: float, scalar_type: Any = None) -> TensorSpec:
+        """A one-element constant, compiled into the plan (both frontend scalar types)."""
+        return self._spec.scalar(value)
+
+    def query_tensor_attributes_of_uid(self, uid: int) -> TensorSpec:
+        for t in self._spec.tensors:
+            if t.uid == uid:
+                return t
+        raise GraphError(f"graph '{self._spec.name}' has no tensor with uid {uid} (uids are assigned at build)")
+
+    # -- build steps --------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check the whole graph; raises a GraphError (a ValueError) naming the node and tensor."""
+        self._spec.validate()
+
+    def build_operation_graph(self) -> None:
+        """Validate and assign the uids left at -1 (``get_uid`` reads them)."""
+        self._spec.validate()
+
+    def create_execution_plans(self, heur_modes: Sequence[Any] = (heur_mode.A,)) -> None:
+        for mode in heur_modes:
+            if not isinstance(mode, heur_mode):
+                raise GraphError(f"create_execution_plans takes cudnn.heur_mode values, got {mode!r}")
+        self._modes = list(heur_modes)
+        self._spec.validate()
+
+    def get_execution_plan_count(self) -> int:
+        return 1 if self._modes else 0
+
+    def check_support(self) -> None:
+        """Compile the plan; raises cudnnGraphNotSupportedError (UnsupportedError) saying why not."""
+        self.build_plans()
+
+    def build_plans(self, policy: Any = build_plan_policy.HEURISTICS_CHOICE) -> None:
+        if not isinstance(policy, build_plan_policy):
+            raise GraphError(f"build_plans takes a cudnn.build_plan_policy, got {policy!r}")
+        ir = self._spec.validate()
+        gpu = self._arch is not None or current_gpu_arch() is not None
+        self._plan = compile_graph(ir, arch=self._arch) if gpu else None
+        self._reference = ReferencePlan(ir)
+        self._unread = self._spec.unread_inputs()
+
+    def build_plan_at_index(self, index: int) -> None:
+        _plan_index(index)
+        self.build_plans()
+
+    def build(self, heur_modes: Sequence[Any] = (heur_mode.A,)) -> None:
+        """Every step: validate, build the operation graph, create, check and build the plan."""
+        self.create_execution_plans(heur_modes)
+        self.build_plans()
+
+    def get_workspace_size(self) -> int:
+        """Bytes of workspace the compiled plan needs (0 for the reference plan alone)."""
+        self._built()
+        return self._plan.workspace_size if self._plan is not None else 0  # type: ignore[attr-defined]
+
+    def get_workspace_size_plan_at_index(self, index: int) -> int:
+        _plan_index(index)
+        return self.get_workspace_size()
+
+    # -- execution ------------------------------------------------------------------------------------
+    def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, handle: Handle | None = None) -> None:
+        """Run the plan on the buffers of ``variant_pack`` (keys: tensors, uids or names;
+        values: framework tensors or raw ``data_ptr()`` ints), writing the outputs in place."""
+        reference = self._built()
+        adapted = adapt(reference.graph, self._spec, variant_pack, self._unread, self._plan is not None)
+        if adapted.on_host:
+            reference.execute(adapted.pack)
+            return
+        if self._plan is None:
+            raise UnsupportedError(
+                f"graph '{self._spec.name}' was built without a GPU (and without sm_version), so only host buffers "
+                "(NumPy arrays, CPU tensors) can run it, on the NumPy reference plan"
+            )
+        handle = handle if handle is not None else self._handle
+        self._plan.execute(adapted.pack, workspace, get_stream(handle) if handle is not None else None)
+
+    def execute_plan_at_index(
+        self, variant_pack: Mapping[Any, Any], workspace: Any, index: int, handle: Handle | None = None
+    ) -> None:
+        _plan_index(index)
+        self.execute(variant_pack, workspace, handle)
+
+    def _built(self) -> ReferencePlan:
+        if self._reference is None:
+            raise GraphError(
+                f"graph '{self._spec.name}' is not built: call build([cudnn.heur_mode.A]) or build_plans()"
+            )
+        return self._reference
+
+    # -- serialization ---------------------------------------------------------------------------------
+    def serialize(self) -> bytes:
+        """The graph as graphdnn's JSON (its plan comes back from the plan cache on deserialize)."""
+        return graph_to_json(self._built().graph).encode()
+
+    def deserialize(self, *args: Any) -> None:
+        """``deserialize([handle,] data)``: this graph becomes the serialized one, built."""
+        if len(args) not in (1, 2):
+            raise GraphError(f"deserialize takes ([handle,] data), got {len(args)} arguments")
+        if len(args) == 2:
+            self._handle = args[0]
+        data = args[-1]
+        self._spec = read_graph(bytes(data) if isinstance(data, (bytearray, list)) else data, LenientSpec)[0]
+        self.build_plans()
+
+    def key(self) -> int:
+        """A key for caching built graphs: graphdnn's signature (independent of names and uids)."""
+        ir: Graph = self._spec.validate()
+        return int(signature(ir)[:16], 16)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in NOT_SUPPORTED:
+            raise UnsupportedError(f"pygraph.{name} is not supported: {NOT_SUPPORTED[name]}")
+        raise AttributeError(f"'pygraph' object has no attribute '{name}'")
+
+    def __repr__(self) -> str:
+        return f"pygraph({self._spec.name!r}, {self._spec.node_count} nodes)"
+
+
+def _or_float(value: Any, what: str) -> DataType:
+    data_type = as_data_type(value, what=what)
+    return data_type if data_type.is_set else DataType.FLOAT
+
+
+def _on_host(value: Any) -> bool:
+    return not bool(value.is_cuda) if is_torch(value) else not hasattr(value, "__cuda_array_interface__")
+
+
+def _one(dim: Sequence[int]) -> bool:
+    return all(d == 1 for d in dim)
+
+
+def _plan_index(index: int) -> None:
+    if index != 0:
+        raise GraphError(f"plan index {index}: graphdnn builds one plan per graph (index 0)")

@@ -1,0 +1,46 @@
+"""The builder under a ``pygraph``: an OperationGraphSpec with the frontend's leniencies.
+
+Two things the frontend allows and graphdnn's builder refuses, kept here so that the
+builder itself stays strict: the same name for two tensors or two nodes (the second
+becomes ``name#2``, the next free suffix), and inputs that no node reads (left out of
+validation, as the frontend leaves them out of its operation graph).
+"""
+
+from __future__ import annotations
+
+from ..graph import OperationGraphSpec
+from ..tensor import TensorSpec
+
+
+class LenientSpec(OperationGraphSpec):
+    @property
+    def node_count(self) -> int:
+        """How many nodes the graph has (without copying them, as ``nodes`` does)."""
+        return len(self._nodes)
+
+    @property
+    def tensors(self) -> tuple[TensorSpec, ...]:
+        """Every tensor but the declared inputs that no node reads."""
+        unread = self.unread_inputs()
+        return tuple(t for t in self._tensors if t not in unread)
+
+    def unread_inputs(self) -> set[TensorSpec]:
+        """Non-virtual tensors that no node writes or reads: the frontend ignores them."""
+        touched = {t for node in self._nodes for t in (*node.input_tensors(), *node.outputs.values())}
+        return {t for t in self._tensors if t not in touched and not t.is_virtual}
+
+    def _fresh_tensor_name(self, name: str | None) -> str:
+        return super()._fresh_tensor_name(_free(name, self._tensor_names))
+
+    def _fresh_node_name(self, name: str | None, kind: str) -> str:
+        return super()._fresh_node_name(_free(name, self._node_names), kind)
+
+
+def _free(name: str | None, taken: set[str] | dict[str, TensorSpec]) -> str | None:
+    """``name``, or ``name#k`` for the smallest k >= 2 that is free."""
+    if not name or name not in taken:
+        return name
+    suffix = 2
+    while f"{name}#{suffix}" in taken:
+        suffix += 1
+    return f"{name}#{suffix}"

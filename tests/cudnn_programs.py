@@ -1,0 +1,517 @@
+"""Programs written as cuDNN frontend users write them, for ``graphdnn.cudnn``.
+
+Each takes the torch device its buffers live on: "cpu" runs them on graphdnn's NumPy
+reference plan (tests/test_cudnn_compat.py), "cuda" on the compiled GPU plan
+(tests/test_gpu_cudnn.py). The graph-building code is the frontend's, unchanged: only the
+import differs. Each returns its results and the expected values, computed apart from
+graphdnn (NumPy in float64, torch's CPU autograd for gradients).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+import graphdnn.cudnn as cudnn
+from graphdnn.compare import relative_error, tolerance
+from graphdnn.dtypes import DataType
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    got: Any  # the torch tensor the graph wrote
+    want: np.ndarray
+    data_type: DataType
+
+    def check(self) -> None:
+        got = self.got.detach().to("cpu", torch.float64).numpy()
+        error = relative_error(got, self.want)
+        assert error <= tolerance(self.data_type), f"{self.name}: relative error {error:.3g}"
+
+
+def f64(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float64).numpy()
+
+
+def _stream(handle: cudnn.Handle, device: str) -> None:
+    if device == "cuda":
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+
+
+def conv_bias_relu(device: str) -> list[Result]:
+    """The frontend's conv + bias + relu sample: NHWC fp16, tensors from tensor_like,
+    a [K] bias buffer for the [1, K, 1, 1] bias tensor, the handle's stream."""
+    torch.manual_seed(1)
+    x = torch.randn(4, 16, 8, 8, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    w = torch.randn(32, 16, 3, 3, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    b = torch.randn(32, dtype=torch.half, device=device)
+
+    handle = cudnn.create_handle()
+    _stream(handle, device)
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
+    )
+    X = graph.tensor_like(x)
+    W = graph.tensor_like(w)
+    B = graph.tensor(name="B", dim=[1, 32, 1, 1], stride=[32, 1, 32, 32], data_type=cudnn.data_type.HALF)
+    conv_output = graph.conv_fprop(image=X, weight=W, padding=[1, 1], stride=[1, 1], dilation=[1, 1])
+    bias_output = graph.bias(name="bias", input=conv_output, bias=B)
+    Y = graph.relu(name="relu", input=bias_output)
+    Y.set_output(True)
+    graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+
+    y = torch.empty(Y.get_dim(), dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({X: x, W: w, B: b, Y: y}, workspace, handle=handle)
+    cudnn.destroy_handle(handle)
+
+    ref = torch.nn.functional.conv2d(torch.from_numpy(f64(x)), torch.from_numpy(f64(w)), padding=1)
+    want = np.maximum(ref.numpy() + f64(b).reshape(1, -1, 1, 1), 0)
+    return [Result("relu::OUT_0", y, want, DataType.HALF)]
+
+
+def batchnorm_training(device: str) -> list[Result]:
+    """The frontend's BN training sample: pass-by-value epsilon and momentum declared with
+    tensor(), their values as CPU tensors; five outputs, running statistics updated."""
+    torch.manual_seed(2)
+    n, c, h, w = 4, 16, 6, 6
+    x = torch.randn(n, c, h, w, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    scale = torch.randn(1, c, 1, 1, device=device)
+    bias = torch.randn(1, c, 1, 1, device=device)
+    running_mean = torch.randn(1, c, 1, 1, device=device)
+    running_var = torch.rand(1, c, 1, 1, device=device) + 0.5
+    epsilon_cpu = torch.full((1, 1, 1, 1), 1e-3)
+    momentum_cpu = torch.full((1, 1, 1, 1), 0.1)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    X = graph.tensor(name="X", dim=x.size(), stride=x.stride(), data_type=x.dtype)
+    stats = dict(dim=[1, c, 1, 1], stride=[c, 1, c, c], data_type=cudnn.data_type.FLOAT)
+    SCALE = graph.tensor(name="scale", **stats)
+    BIAS = graph.tensor(name="bias", **stats)
+    IN_MEAN = graph.tensor(name="in_running_mean", **stats)
+    IN_VAR = graph.tensor(name="in_running_var", **stats)
+    scalar = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT, is_pass_by_value=True)
+    EPSILON = graph.tensor(name="epsilon", **scalar)
+    MOMENTUM = graph.tensor(name="momentum", **scalar)
+    Y, MEAN, INV_VAR, NEXT_MEAN, NEXT_VAR = graph.batchnorm(
+        name="BN",
+        input=X,
+        scale=SCALE,
+        bias=BIAS,
+        in_running_mean=IN_MEAN,
+        in_running_var=IN_VAR,
+        epsilon=EPSILON,
+        momentum=MOMENTUM,
+    )
+    Y.set_output(True)
+    for t in (MEAN, INV_VAR, NEXT_MEAN, NEXT_VAR):
+        t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+
+    y = torch.empty_like(x)
+    mean, inv_var, next_mean, next_var = (torch.empty_like(running_mean) for _ in range(4))
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    pack = {X: x, SCALE: scale, BIAS: bias, IN_MEAN: running_mean, IN_VAR: running_var, EPSILON: epsilon_cpu}
+    pack |= {MOMENTUM: momentum_cpu, Y: y, MEAN: mean, INV_VAR: inv_var, NEXT_MEAN: next_mean, NEXT_VAR: next_var}
+    graph.execute(pack, workspace)
+
+    xs = f64(x)
+    m = xs.mean(axis=(0, 2, 3), keepdims=True)
+    var = xs.var(axis=(0, 2, 3), keepdims=True)
+    inv = 1 / np.sqrt(var + 1e-3)
+    count = n * h * w
+    return [
+        Result("BN::Y", y, (xs - m) * inv * f64(scale) + f64(bias), DataType.HALF),
+        Result("BN::MEAN", mean, m, DataType.FLOAT),
+        Result("BN::INV_VARIANCE", inv_var, inv, DataType.FLOAT),
+        Result("BN::NEXT_RUNNING_MEAN", next_mean, 0.9 * f64(running_mean) + 0.1 * m, DataType.FLOAT),
+        Result(
+            "BN::NEXT_RUNNING_VAR", next_var, 0.9 * f64(running_var) + 0.1 * var * count / (count - 1), DataType.FLOAT
+        ),
+    ]
+
+
+def layernorm_forward_backward(device: str) -> list[Result]:
+    """The frontend's layer norm samples: a [B*S, H, 1, 1] channels-last input, tensor_like
+    everywhere (a CPU epsilon becomes pass-by-value); the backward graph fed by uids."""
+    torch.manual_seed(3)
+    rows, hidden = 24, 64
+    x = torch.randn(rows, hidden, 1, 1, dtype=torch.float32, device=device).to(memory_format=torch.channels_last)
+    scale = torch.randn(1, hidden, 1, 1, device=device).to(memory_format=torch.channels_last)
+    bias = torch.randn(1, hidden, 1, 1, device=device).to(memory_format=torch.channels_last)
+    epsilon_cpu = torch.full((1, 1, 1, 1), 1e-5, dtype=torch.float32)
+
+    forward = cudnn.pygraph(intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    X = forward.tensor_like(x.detach())
+    SCALE = forward.tensor_like(scale.detach())
+    BIAS = forward.tensor_like(bias.detach())
+    EPSILON = forward.tensor_like(epsilon_cpu)
+    Y, MEAN, INV_VAR = forward.layernorm(
+        name="LN",
+        norm_forward_phase=cudnn.norm_forward_phase.TRAINING,
+        input=X,
+        scale=SCALE,
+        bias=BIAS,
+        epsilon=EPSILON,
+    )
+    Y.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    MEAN.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    INV_VAR.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    forward.build([cudnn.heur_mode.A])
+    y = torch.empty_like(x)
+    mean = torch.empty(rows, 1, 1, 1, device=device)
+    inv_var = torch.empty(rows, 1, 1, 1, device=device)
+    workspace = torch.empty(forward.get_workspace_size(), device=device, dtype=torch.uint8)
+    forward.execute(
+        {X: x, SCALE: scale, BIAS: bias, EPSILON: epsilon_cpu, Y: y, MEAN: mean, INV_VAR: inv_var}, workspace
+    )
+
+    dy = torch.randn_like(x)
+    backward = cudnn.pygraph(intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    DY = backward.tensor_like(dy)
+    X_BWD = backward.tensor_like(x)
+    SCALE_BWD = backward.tensor_like(scale)
+    MEAN_BWD = backward.tensor_like(mean)
+    INV_VAR_BWD = backward.tensor_like(inv_var)
+    DX, DSCALE, DBIAS = backward.layernorm_backward(
+        name="DLN", grad=DY, input=X_BWD, scale=SCALE_BWD, mean=MEAN_BWD, inv_variance=INV_VAR_BWD
+    )
+    for t in (DX, DSCALE, DBIAS):
+        t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    backward.build([cudnn.heur_mode.A])
+    dx, dscale, dbias = torch.empty_like(x), torch.empty_like(scale), torch.empty_like(bias)
+    by_uid = {t.get_uid(): v for t, v in ((DY, dy), (X_BWD, x), (SCALE_BWD, scale), (MEAN_BWD, mean))}
+    by_uid |= {t.get_uid(): v for t, v in ((INV_VAR_BWD, inv_var), (DX, dx), (DSCALE, dscale), (DBIAS, dbias))}
+    workspace = torch.empty(backward.get_workspace_size(), device=device, dtype=torch.uint8)
+    backward.execute(by_uid, workspace)
+
+    x64 = torch.from_numpy(f64(x).reshape(rows, hidden)).requires_grad_()
+    s64 = torch.from_numpy(f64(scale).reshape(hidden)).requires_grad_()
+    b64 = torch.from_numpy(f64(bias).reshape(hidden)).requires_grad_()
+    out = torch.nn.functional.layer_norm(x64, (hidden,), s64, b64, eps=1e-5)
+    out.backward(torch.from_numpy(f64(dy).reshape(rows, hidden)))
+    assert x64.grad is not None and s64.grad is not None and b64.grad is not None
+    xs = f64(x).reshape(rows, hidden)
+    return [
+        Result("LN::Y", y, out.detach().numpy().reshape(rows, hidden, 1, 1), DataType.FLOAT),
+        Result("LN::MEAN", mean, xs.mean(axis=1).reshape(rows, 1, 1, 1), DataType.FLOAT),
+        Result("LN::INV_VARIANCE", inv_var, 1 / np.sqrt(xs.var(axis=1) + 1e-5).reshape(rows, 1, 1, 1), DataType.FLOAT),
+        Result("DLN::DX", dx, x64.grad.numpy().reshape(rows, hidden, 1, 1), DataType.FLOAT),
+        Result("DLN::DSCALE", dscale, s64.grad.numpy().reshape(1, hidden, 1, 1), DataType.FLOAT),
+        Result("DLN::DBIAS", dbias, b64.grad.numpy().reshape(1, hidden, 1, 1), DataType.FLOAT),
+    ]
+
+
+def rmsnorm_inference(device: str) -> list[Result]:
+    """RMS norm in inference, bias None, bf16 input; the pack keyed by tensor names."""
+    torch.manual_seed(4)
+    rows, hidden = 32, 128
+    x = torch.randn(rows, hidden, 1, 1, dtype=torch.bfloat16, device=device)
+    scale = torch.randn(1, hidden, 1, 1, dtype=torch.float32, device=device)
+    epsilon_cpu = torch.full((1, 1, 1, 1), 1e-6, dtype=torch.float32)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.BFLOAT16,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    X = graph.tensor(name="X", dim=list(x.shape), stride=list(x.stride()), data_type=cudnn.data_type.BFLOAT16)
+    SCALE = graph.tensor_like(scale, name="scale")
+    EPSILON = graph.tensor_like(epsilon_cpu, name="epsilon")
+    Y, INV_VAR = graph.rmsnorm(
+        name="RMS",
+        norm_forward_phase=cudnn.norm_forward_phase.INFERENCE,
+        input=X,
+        scale=SCALE,
+        bias=None,
+        epsilon=EPSILON,
+    )
+    assert INV_VAR is None
+    Y.set_output(True)
+    graph.build([cudnn.heur_mode.A])
+    y = torch.empty_like(x)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({"X": x, "scale": scale, "epsilon": epsilon_cpu, "RMS::Y": y}, workspace)
+
+    xs = f64(x)
+    want = xs / np.sqrt((xs**2).mean(axis=1, keepdims=True) + 1e-6) * f64(scale)
+    return [Result("RMS::Y", y, want, DataType.BFLOAT16)]
+
+
+def matmul_bias(device: str) -> list[Result]:
+    """Batched matmul + bias, executed with raw ``data_ptr()`` integers as buffers."""
+    torch.manual_seed(5)
+    batch, m, k, n = 2, 16, 32, 24
+    a = torch.randn(batch, m, k, dtype=torch.half, device=device)
+    b = torch.randn(batch, k, n, dtype=torch.half, device=device)
+    bias = torch.randn(1, 1, n, dtype=torch.half, device=device)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    A = graph.tensor(name="A", dim=a.size(), stride=a.stride(), data_type=a.dtype)
+    B = graph.tensor(name="B", dim=b.size(), stride=b.stride(), data_type=b.dtype)
+    BIAS = graph.tensor(name="bias", dim=bias.size(), stride=bias.stride(), data_type=bias.dtype)
+    C = graph.matmul(name="matmul", A=A, B=B)
+    D = graph.add(name="add", a=C, b=BIAS)
+    D.set_output(True).set_data_type(cudnn.data_type.HALF)
+    graph.build([cudnn.heur_mode.A])
+    d = torch.empty(batch, m, n, dtype=torch.half, device=device)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    pack = {A: a.data_ptr(), B: b.data_ptr(), BIAS: bias.data_ptr(), D: d.data_ptr()}
+    graph.execute(pack, workspace.data_ptr())
+    return [Result("add::OUT_0", d, f64(a) @ f64(b) + f64(bias), DataType.HALF)]
+
+
+def genstats(device: str) -> list[Result]:
+    """Per-channel sum and sum of squares of an NHWC activation."""
+    torch.manual_seed(6)
+    x = torch.randn(8, 32, 5, 5, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    X = graph.tensor_like(x)
+    SUM, SQ_SUM = graph.genstats(name="genstats", input=X)
+    SUM.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    SQ_SUM.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    graph.build([cudnn.heur_mode.A])
+    total = torch.empty(1, 32, 1, 1, device=device)
+    squares = torch.empty(1, 32, 1, 1, device=device)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({X: x, SUM: total, SQ_SUM: squares}, workspace)
+    xs = f64(x)
+    return [
+        Result("genstats::SUM", total, xs.sum(axis=(0, 2, 3), keepdims=True), DataType.FLOAT),
+        Result("genstats::SQ_SUM", squares, (xs**2).sum(axis=(0, 2, 3), keepdims=True), DataType.FLOAT),
+    ]
+
+
+def sdpa(device: str) -> list[Result]:
+    """The frontend's causal SDPA sample: BSHD tensors seen as [B, H, S, D] through strides,
+    a Python float attention scale, training statistics."""
+    torch.manual_seed(7)
+    b, h, s, d = 2, 3, 32, 16
+    q, k, v = (torch.randn(b, s, h, d, dtype=torch.half, device=device).transpose(1, 2) for _ in range(3))
+    attn_scale = d**-0.5
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    Q = graph.tensor_like(q)
+    K = graph.tensor_like(k)
+    V = graph.tensor_like(v)
+    OUT, STATS = graph.sdpa(
+        name="sdpa", q=Q, k=K, v=V, generate_stats=True, attn_scale=attn_scale, use_causal_mask=True
+    )
+    o = torch.empty(b, s, h, d, dtype=torch.half, device=device).transpose(1, 2)
+    OUT.set_output(True).set_dim(o.size()).set_stride(o.stride())
+    STATS.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    graph.build([cudnn.heur_mode.A])
+    stats = torch.empty(b, h, s, 1, dtype=torch.float32, device=device)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({Q: q, K: k, V: v, OUT: o, STATS: stats}, workspace)
+
+    scores = np.einsum("bhqd,bhkd->bhqk", f64(q), f64(k)) * attn_scale
+    scores = np.where(np.tril(np.ones((s, s), dtype=bool)), scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    lse = top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True))
+    want = np.einsum("bhqk,bhkd->bhqd", np.exp(scores - lse), f64(v))
+    return [Result("sdpa::O", o, want, DataType.HALF), Result("sdpa::Stats", stats, lse, DataType.FLOAT)]
+
+
+def high_level_graph(device: str) -> list[Result]:
+    """The frontend's ``cudnn.Graph``: framework tensors as op arguments, ``inputs=`` and
+    ``outputs=`` naming the call's order, the built graph called with new buffers."""
+    torch.manual_seed(8)
+    x = torch.randn(4, 32, 5, 5, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    w = torch.randn(16, 32, 3, 3, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    b = torch.randn(1, 16, 1, 1, dtype=torch.half, device=device)
+    with cudnn.Graph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        inputs=["conv2d::image", "conv2d::weight", b],
+        outputs=["act::OUT_0"],
+    ) as graph:
+        y = graph.conv_fprop(image=x, weight=w, padding=[1, 1], stride=[1, 1], dilation=[1, 1], name="conv2d")
+        y = graph.bias(input=y, bias=b)
+        y = graph.relu(y, name="act")
+        y.set_output(True).set_data_type(cudnn.data_type.HALF)
+
+    x2 = torch.randn_like(x)
+    out = graph(x2, w, b)
+    by_name = graph({"conv2d::image": x, "conv2d::weight": w, "bias.0::bias": b})
+    want = [
+        np.maximum(
+            torch.nn.functional.conv2d(torch.from_numpy(f64(image)), torch.from_numpy(f64(w)), padding=1).numpy()
+            + f64(b),
+            0,
+        )
+        for image in (x2, x)
+    ]
+    return [
+        Result("act::OUT_0 (positional)", out, want[0], DataType.HALF),
+        Result("act::OUT_0 (by name)", by_name["act::OUT_0"], want[1], DataType.HALF),
+    ]
+
+
+def conv_backward(device: str) -> list[Result]:
+    """Data and weight gradients of a strided convolution; DW's dims set by the user, as
+    the frontend asks."""
+    torch.manual_seed(9)
+    x = torch.randn(2, 8, 9, 9, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    w = torch.randn(16, 8, 3, 3, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+    dy = torch.randn(2, 16, 5, 5, dtype=torch.half, device=device).to(memory_format=torch.channels_last)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    DY, W, X = graph.tensor_like(dy), graph.tensor_like(w), graph.tensor_like(x)
+    DX = graph.conv_dgrad(loss=DY, filter=W, padding=[1, 1], stride=[2, 2], dilation=[1, 1], name="dgrad")
+    DX.set_output(True).set_dim(x.size()).set_stride(x.stride())
+    DW = graph.conv_wgrad(image=X, loss=DY, padding=[1, 1], stride=[2, 2], dilation=[1, 1], name="wgrad")
+    DW.set_output(True).set_dim(w.size()).set_stride(w.stride())
+    graph.build([cudnn.heur_mode.A])
+    dx, dw = torch.empty_like(x), torch.empty_like(w)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({DY: dy, W: w, X: x, DX: dx, DW: dw}, workspace)
+
+    x64 = torch.from_numpy(f64(x)).requires_grad_()
+    w64 = torch.from_numpy(f64(w)).requires_grad_()
+    torch.nn.functional.conv2d(x64, w64, padding=1, stride=2).backward(torch.from_numpy(f64(dy)))
+    assert x64.grad is not None and w64.grad is not None
+    return [
+        Result("dgrad::DX", dx, x64.grad.numpy(), DataType.HALF),
+        Result("wgrad::DW", dw, w64.grad.numpy(), DataType.HALF),
+    ]
+
+
+def norms_inference_and_backward(device: str) -> list[Result]:
+    """Batch norm inference, instance norm inference, and the batch and RMS norm
+    backwards from saved statistics, in one graph."""
+    torch.manual_seed(10)
+    n, c, h, w = 4, 8, 3, 3
+    x = torch.randn(n, c, h, w, device=device)
+    dy = torch.randn(n, c, h, w, device=device)
+    scale, bias = torch.randn(1, c, 1, 1, device=device), torch.randn(1, c, 1, 1, device=device)
+    mean = x.mean(dim=(0, 2, 3), keepdim=True)
+    inv_var = (x.var(dim=(0, 2, 3), keepdim=True, unbiased=False) + 1e-5).rsqrt()
+    rms_inv = (x.square().mean(dim=(1, 2, 3), keepdim=True) + 1e-5).rsqrt()
+    rms_scale = torch.randn(1, c, h, w, device=device)
+    epsilon_cpu = torch.full((1, 1, 1, 1), 1e-5)
+
+    graph = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    X, DY, SCALE, BIAS = (graph.tensor_like(t) for t in (x, dy, scale, bias))
+    MEAN, INV_VAR, RMS_INV, RMS_SCALE = (graph.tensor_like(t) for t in (mean, inv_var, rms_inv, rms_scale))
+    EPSILON = graph.tensor_like(epsilon_cpu)
+    BN = graph.batchnorm_inference(X, MEAN, INV_VAR, SCALE, BIAS, name="bn")
+    IN, IN_MEAN, IN_INV_VAR = graph.instancenorm(cudnn.norm_forward_phase.INFERENCE, X, SCALE, BIAS, EPSILON, name="in")
+    DX, DSCALE, DBIAS = graph.batchnorm_backward(DY, X, SCALE, MEAN, INV_VAR, name="dbn")
+    RMS_DX, RMS_DSCALE, RMS_DBIAS = graph.rmsnorm_backward(DY, X, RMS_SCALE, RMS_INV, False, name="drms")
+    assert IN_MEAN is None and IN_INV_VAR is None and RMS_DBIAS is None
+    outputs = {BN: x, IN: x, DX: x, DSCALE: scale, DBIAS: bias, RMS_DX: x, RMS_DSCALE: rms_scale}
+    for t in outputs:
+        t.set_output(True)
+    graph.build([cudnn.heur_mode.A])
+    buffers = {t: torch.empty_like(like) for t, like in outputs.items()}
+    pack = {X: x, DY: dy, SCALE: scale, BIAS: bias, MEAN: mean, INV_VAR: inv_var, RMS_INV: rms_inv}
+    pack |= {RMS_SCALE: rms_scale, EPSILON: epsilon_cpu, **buffers}
+    graph.execute(pack, torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8))
+
+    xs, sc, bi = f64(x), f64(scale), f64(bias)
+    instance = (xs - xs.mean(axis=(2, 3), keepdims=True)) / np.sqrt(xs.var(axis=(2, 3), keepdims=True) + 1e-5)
+    x64, s64, b64 = (torch.from_numpy(a).requires_grad_() for a in (xs, sc.reshape(c), bi.reshape(c)))
+    torch.nn.functional.batch_norm(x64, None, None, s64, b64, training=True, eps=1e-5).backward(
+        torch.from_numpy(f64(dy))
+    )
+    r64, rs64 = torch.from_numpy(xs).requires_grad_(), torch.from_numpy(f64(rms_scale)).requires_grad_()
+    rms = r64 * (r64.square().mean(dim=(1, 2, 3), keepdim=True) + 1e-5).rsqrt() * rs64
+    rms.backward(torch.from_numpy(f64(dy)))
+    grads = [g.grad for g in (x64, s64, b64, r64, rs64)]
+    assert all(g is not None for g in grads)
+    dx, dscale, dbias, rms_dx, rms_dscale = (g.numpy() for g in grads if g is not None)
+    return [
+        Result("bn::Y", buffers[BN], (xs - f64(mean)) * f64(inv_var) * sc + bi, DataType.FLOAT),
+        Result("in::Y", buffers[IN], instance * sc + bi, DataType.FLOAT),
+        Result("dbn::DX", buffers[DX], dx, DataType.FLOAT),
+        Result("dbn::DSCALE", buffers[DSCALE], dscale.reshape(1, c, 1, 1), DataType.FLOAT),
+        Result("dbn::DBIAS", buffers[DBIAS], dbias.reshape(1, c, 1, 1), DataType.FLOAT),
+        Result("drms::DX", buffers[RMS_DX], rms_dx, DataType.FLOAT),
+        Result("drms::DSCALE", buffers[RMS_DSCALE], rms_dscale, DataType.FLOAT),
+    ]
+
+
+def rope_in_place(device: str) -> list[Result]:
+    """Rotary position embedding written over its input (the output's buffer is the
+    input's), from slices, pointwise ops and a concatenation."""
+    torch.manual_seed(11)
+    b, h, s, d = 2, 4, 16, 32
+    x = torch.randn(b, h, s, d, dtype=torch.half, device=device)
+    angles = torch.arange(s, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(d // 2) / (d // 2))
+    cos = angles.cos().float().reshape(1, 1, s, d // 2).to(device)
+    sin = angles.sin().float().reshape(1, 1, s, d // 2).to(device)
+    before = f64(x)
+
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    X, COS, SIN = graph.tensor_like(x), graph.tensor_like(cos), graph.tensor_like(sin)
+    whole = [slice(0, b), slice(0, h), slice(0, s)]
+    X1 = graph.slice(X, slices=[*whole, slice(0, d // 2)])
+    X2 = graph.slice(X, slices=[*whole, slice(d // 2, d)])
+    OUT1 = graph.sub(a=graph.mul(a=X1, b=COS), b=graph.mul(a=X2, b=SIN))
+    OUT2 = graph.add(a=graph.mul(a=X2, b=COS), b=graph.mul(a=X1, b=SIN))
+    Y = graph.concatenate([OUT1, OUT2], axis=3, name="rope")
+    Y.set_output(True).set_stride(x.stride())
+    graph.build([cudnn.heur_mode.A])
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    graph.execute({X: x, COS: cos, SIN: sin, Y: x}, workspace)
+
+    x1, x2 = before[..., : d // 2], before[..., d // 2 :]
+    c, sn = f64(cos), f64(sin)
+    want = np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], axis=3)
+    return [Result("rope::Y (in place)", x, want, DataType.HALF)]
+
+
+PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
+    program.__name__: program
+    for program in (
+        conv_bias_relu,
+        batchnorm_training,
+        layernorm_forward_backward,
+        rmsnorm_inference,
+        matmul_bias,
+        genstats,
+        sdpa,
+        high_level_graph,
+        conv_backward,
+        norms_inference_and_backward,
+        rope_in_place,
+    )
+}
