@@ -78,6 +78,30 @@ template <class F, __nv_fp8_interpretation_t FORMAT> struct Fp8Elem {
 };
 template <> struct Elem<__nv_fp8_e4m3> : Fp8Elem<__nv_fp8_e4m3, __NV_E4M3> {};
 template <> struct Elem<__nv_fp8_e5m2> : Fp8Elem<__nv_fp8_e5m2, __NV_E5M2> {};
+
+// E8M0 (OCP MX scales): the byte is the biased exponent of a power of two, 0 is 2^-127 and
+// 255 NaN. Rounded by hand as ml_dtypes rounds (CUDA's own conversion has no round-to-nearest):
+// to the nearer power of two with ties up, anything below 2^-126 to 2^-127 unless it exceeds
+// it, and zero, negatives, inf, NaN and overflow to NaN. A double goes through float first,
+// as ml_dtypes converts it.
+template <> struct Elem<__nv_fp8_e8m0> {
+  __device__ __forceinline__ static float get(__nv_fp8_e8m0 x) {
+    const unsigned code = x.__x;
+    if (code == 255u) return __uint_as_float(0x7fc00000u);
+    return __uint_as_float(code == 0u ? 0x00400000u : code << 23);
+  }
+  __device__ __forceinline__ static __nv_fp8_e8m0 put(float v) {
+    __nv_fp8_e8m0 r;
+    const unsigned bits = __float_as_uint(v), exponent = bits >> 23, mantissa = bits & 0x7fffffu;
+    unsigned code;
+    if (!(v > 0.0f) || exponent == 255u) code = 255u;
+    else if (exponent == 0u) code = mantissa > 0x400000u ? 1u : 0u;
+    else code = min(exponent + (mantissa >= 0x400000u ? 1u : 0u), 255u);
+    r.__x = (__nv_fp8_storage_t)code;
+    return r;
+  }
+  __device__ __forceinline__ static __nv_fp8_e8m0 put(double v) { return put((float)v); }
+};
 #endif
 
 // to<C>(x): a stored element as compute type C; from<T>(v): a compute value stored as T.
