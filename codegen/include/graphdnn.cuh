@@ -191,6 +191,34 @@ struct Max {
   template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return max(a, b); }
 };
 
+// max that keeps NaN (a block maximum of block_scale_quantize is NaN when the block holds one).
+struct NanMax {
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
+};
+
+// ---- top-k ---------------------------------------------------------------------------------
+// The order topk and moe_router select in: NaN first, then larger values, then lower indices.
+template <class T> __device__ __forceinline__ bool ranks_before(T av, long long ai, T bv, long long bi) {
+  const bool a_nan = av != av, b_nan = bv != bv;
+  if (a_nan != b_nan) return a_nan;
+  if (!a_nan && av != bv) return av > bv;
+  return ai < bi;
+}
+
+// The first of the warp's candidates (v, i) in that order, on every lane; i < 0 is no
+// candidate. A total order has one first element, so every lane reaches the same one.
+template <class T> __device__ __forceinline__ void warp_first(T& v, long long& i) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const T other_v = __shfl_xor_sync(0xffffffffu, v, offset);
+    const long long other_i = __shfl_xor_sync(0xffffffffu, i, offset);
+    if (other_i >= 0 && (i < 0 || ranks_before(other_v, other_i, v, i))) {
+      v = other_v;
+      i = other_i;
+    }
+  }
+}
+
 // Sum (max) over the WIDTH consecutive lanes of a warp (WIDTH a power of 2 <= 32).
 template <int WIDTH, class T> __device__ __forceinline__ T lanes_sum(T v) { return lanes_reduce<WIDTH>(v, Sum()); }
 template <int WIDTH, class T> __device__ __forceinline__ T lanes_max(T v) { return lanes_reduce<WIDTH>(v, Max()); }
