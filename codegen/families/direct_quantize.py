@@ -47,7 +47,8 @@ def emit_quantize(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, y, scale = node.input("X"), node.output("Y"), node.output("scale")
     a = node.attributes
     assert x is not None and y is not None and scale is not None and isinstance(a, BlockScaleQuantizeAttributes)
-    axis, size = block_axis(node, len(x.dim)), a.block_size
+    axis = block_axis(node, len(x.dim))
+    size = min(a.block_size, x.dim[axis])  # a block longer than the axis is the whole axis
     itype = loop_index_type([x, y, scale], scale.numel * 32)
     params = KernelParams()
     source, out, scales = params.tensor(x), params.tensor(y, writable=True), params.tensor(scale, writable=True)

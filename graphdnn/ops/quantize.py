@@ -79,6 +79,7 @@ def _blocks(values: np.ndarray, axis: int, block_size: int) -> tuple[np.ndarray,
     """``values`` with ``axis`` zero-padded to whole blocks and split in two ([..., blocks,
     size, ...]); and how to undo it (zeros never change a block's maximum magnitude)."""
     extent = values.shape[axis]
+    block_size = min(block_size, extent)  # one block either way; never pad beyond the data
     blocks = -(-extent // block_size)
     padding = [(0, 0)] * values.ndim
     padding[axis] = (0, blocks * block_size - extent)
@@ -188,7 +189,7 @@ class BlockScaleDequantize(Op):
         value, scale = x["X"], x["scale"]
         axis = block_axis(node, value.ndim)
         block_size = node.attributes.block_size  # type: ignore[attr-defined]
-        return {"Y": value * np.repeat(scale, block_size, axis=axis).take(np.arange(value.shape[axis]), axis=axis)}
+        return {"Y": value * np.take(scale, np.arange(value.shape[axis]) // block_size, axis=axis)}
 
 
 class QuantizeMethods:
