@@ -103,11 +103,14 @@ def layernorm_gelu(rows: int = 4096, hidden: int = 1024) -> gd.OperationGraphSpe
 
 
 def moe_layer(
-    tokens: int = 256, hidden: int = 256, ffn: int = 512, experts: int = 8, k: int = 2
+    tokens: int = 120, hidden: int = 48, ffn: int = 80, experts: int = 8, k: int = 2
 ) -> gd.OperationGraphSpec:
     """A Mixtral-style MoE feed-forward layer, bf16: softmax router choosing 2 of 8 experts
     (weights renormalised), the tokens permuted by expert, one grouped matmul to the SwiGLU
-    gate and up projections, SwiGLU, a grouped matmul back, and the weighted un-permute."""
+    gate and up projections, SwiGLU, a grouped matmul back, and the weighted un-permute.
+
+    Small dims, none of which the fuzzer shrinks (tests/graph_fuzz.py SMALL_DIMS), so that the
+    slices and expert shapes stay consistent there, and the reference runs in a blink."""
     g = gd.OperationGraphSpec(name="moe_layer", io_data_type="bf16", intermediate_data_type="bf16")
     x = g.tensor(name="x", dim=[tokens, hidden])
     logits = g.matmul(x, g.tensor(name="router.weight", dim=[hidden, experts]), name="router.logits")
