@@ -216,3 +216,12 @@ def test_dequantize_scale_dims_must_match_the_blocks():
         gd.ShapeError, match=r"node 'dq'.*scale has dims \[2, 2\], expected \[2, 3\]: one per block of 32"
     ):
         g.block_scale_dequantize(x, s, 32, name="dq")
+
+
+def test_random_fp8_e8m0_inputs_are_powers_of_two_not_nan():
+    from graphdnn.random_inputs import random_inputs
+
+    g = gd.OperationGraphSpec(io_data_type="float")
+    g.mul(g.tensor([64], name="s", data_type="fp8_e8m0"), g.tensor([64], name="x")).set_output(True)
+    drawn = random_inputs(g.validate(), seed=0)["s"].astype(np.float64)
+    assert not np.isnan(drawn).any() and np.all(np.log2(drawn) == np.round(np.log2(drawn)))
