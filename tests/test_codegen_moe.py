@@ -97,6 +97,13 @@ def topk_down_columns_int64() -> gd.OperationGraphSpec:
 
 
 @case
+def topk_values_only_bf16() -> gd.OperationGraphSpec:
+    g = gd.OperationGraphSpec(io_data_type="bfloat16")  # the unread indices are never stored
+    values, _ = g.topk(g.tensor([5, 33], name="x"), 4, name="tk")
+    return outputs(g, values)
+
+
+@case
 def router_mixtral_top2_of_8() -> gd.OperationGraphSpec:
     g = gd.OperationGraphSpec(io_data_type="bfloat16", intermediate_data_type="float")
     weights, indices = g.moe_router(g.tensor([37, 8], name="logits"), 2, "softmax", name="router")
@@ -142,6 +149,31 @@ def sources(g: gd.OperationGraphSpec, arch: int) -> list[KernelSource]:
 def test_kernels_compile(name: str, arch: int) -> None:
     for source in sources(CASES[name](), arch):
         assert compile_cubin(source.source, source.name, arch, source.arch_suffix)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_parameter_is_bound_to_its_tensor(name: str) -> None:
+    """Kernels read only the fused node's inputs, write only its outputs, and write them all;
+    the permutation's offsets scratch is declared."""
+    from codegen import ParamKind
+    from tests.test_codegen_direct import emit_direct
+
+    for fused, program in emit_direct(CASES[name]()):
+        inputs, outputs = {t.id for t in fused.inputs}, {t.id for t in fused.outputs}
+        read, written = set(), set()
+        for kernel in program.kernels:
+            assert kernel.block == (256, 1, 1) and 1 <= kernel.grid[0] <= 65535
+            declarations = kernel.source.split(f"{kernel.name}(")[1].split(") {")[0].split(", ")
+            assert len(declarations) == len(kernel.params)
+            for declaration, param in zip(declarations, kernel.params):
+                if param.kind is ParamKind.SCRATCH:
+                    assert param.scratch in {s.name for s in program.scratch}
+                    continue
+                assert param.kind is ParamKind.TENSOR
+                writable = not declaration.startswith("const")
+                assert param.tensor in (outputs if writable else inputs), declaration
+                (written if writable else read).add(param.tensor)
+        assert read == inputs and written == outputs, fused.name
 
 
 def test_the_router_is_one_kernel() -> None:
