@@ -80,7 +80,8 @@ template <> struct Elem<__nv_fp8_e4m3> : Fp8Elem<__nv_fp8_e4m3, __NV_E4M3> {};
 template <> struct Elem<__nv_fp8_e5m2> : Fp8Elem<__nv_fp8_e5m2, __NV_E5M2> {};
 
 // E8M0 (OCP MX scales): the byte is the biased exponent of a power of two, 0 is 2^-127 and
-// 255 NaN. Rounded by hand as ml_dtypes rounds (CUDA's own conversion has no round-to-nearest):
+// 255 NaN. Rounded by hand as ml_dtypes rounds (CUDA's __nv_cvt_float_to_e8m0 rounds |x| up or
+// toward zero, never to nearest, and keeps negative values and zero as powers of two):
 // to the nearer power of two with ties up, anything below 2^-126 to 2^-127 unless it exceeds
 // it, and zero, negatives, inf, NaN and overflow to NaN. A double goes through float first,
 // as ml_dtypes converts it.
