@@ -19,6 +19,7 @@ CUDA_TYPE = {
     DataType.BOOLEAN: "bool",
     DataType.FP8_E4M3: "__nv_fp8_e4m3",
     DataType.FP8_E5M2: "__nv_fp8_e5m2",
+    DataType.FP8_E8M0: "__nv_fp8_e8m0",
 }
 
 _HEADERS = {
@@ -26,11 +27,12 @@ _HEADERS = {
     DataType.BFLOAT16: "cuda_bf16.h",
     DataType.FP8_E4M3: "cuda_fp8.h",
     DataType.FP8_E5M2: "cuda_fp8.h",
+    DataType.FP8_E8M0: "cuda_fp8.h",
 }
 
 # Types narrower than float: a value of such a tensor is rounded when stored, and a
 # virtual value of such a type is rounded inside fused kernels too.
-NARROW_FLOATS = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FP8_E4M3, DataType.FP8_E5M2})
+NARROW_FLOATS = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FP8_E4M3, DataType.FP8_E5M2, DataType.FP8_E8M0})
 
 
 def cuda_type(data_type: DataType) -> str:

@@ -102,11 +102,41 @@ def layernorm_gelu(rows: int = 4096, hidden: int = 1024) -> gd.OperationGraphSpe
     return g
 
 
+def moe_layer(
+    tokens: int = 120, hidden: int = 48, ffn: int = 80, experts: int = 8, k: int = 2
+) -> gd.OperationGraphSpec:
+    """A Mixtral-style MoE feed-forward layer, bf16: softmax router choosing 2 of 8 experts
+    (weights renormalised), the tokens permuted by expert, one grouped matmul to the SwiGLU
+    gate and up projections, SwiGLU, a grouped matmul back, and the weighted un-permute.
+
+    Small dims, none of which the fuzzer shrinks (tests/graph_fuzz.py SMALL_DIMS), so that the
+    slices and expert shapes stay consistent there, and the reference runs in a blink."""
+    g = gd.OperationGraphSpec(name="moe_layer", io_data_type="bf16", intermediate_data_type="bf16")
+    x = g.tensor(name="x", dim=[tokens, hidden])
+    logits = g.matmul(x, g.tensor(name="router.weight", dim=[hidden, experts]), name="router.logits")
+    weights, chosen = g.moe_router(logits, k, "softmax", name="router")
+    weights.set_data_type(gd.DataType.FLOAT)
+    token_index, slot, first_token_offset = g.moe_permutation(chosen, experts, name="permutation")
+    rows = g.gather(x, token_index, name="permute")
+    gate_up = g.moe_grouped_matmul(
+        rows, g.tensor(name="experts.w13", dim=[experts, hidden, 2 * ffn]), first_token_offset, name="experts.fc1"
+    )
+    gate = g.slice(gate_up, [slice(None), slice(0, ffn)], name="gate")
+    up = g.slice(gate_up, [slice(None), slice(ffn, 2 * ffn)], name="up")
+    act = g.mul(g.silu(gate, name="swiglu.silu"), up, name="swiglu")
+    down = g.moe_grouped_matmul(
+        act, g.tensor(name="experts.w2", dim=[experts, ffn, hidden]), first_token_offset, name="experts.fc2"
+    )
+    g.moe_unpermute(down, slot, weights, name="combine").set_name("y").set_output(True)
+    return g
+
+
 EXAMPLES: dict[str, Callable[[], gd.OperationGraphSpec]] = {
     "resnet50_bottleneck": resnet50_bottleneck,
     "transformer_block": transformer_block,
     "conv_bn_relu_training": conv_bn_relu_training,
     "layernorm_gelu": layernorm_gelu,
+    "moe_layer": moe_layer,
 }
 
 

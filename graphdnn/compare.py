@@ -19,6 +19,7 @@ TOLERANCE = {
     DataType.BFLOAT16: 1.5e-2,
     DataType.FP8_E4M3: 0.1,
     DataType.FP8_E5M2: 0.2,
+    DataType.FP8_E8M0: 0.5,  # powers of two: a value between two is up to a third from either
 }
 
 

@@ -30,6 +30,7 @@ class DataType(enum.Enum):
     BOOLEAN = "boolean"
     FP8_E4M3 = "fp8_e4m3"
     FP8_E5M2 = "fp8_e5m2"
+    FP8_E8M0 = "fp8_e8m0"  # a power of two 2^-127..2^127 or NaN (OCP MX scales): no sign, no zero
 
     @property
     def itemsize(self) -> int:
@@ -67,6 +68,7 @@ _FLOATING = frozenset(
         DataType.DOUBLE,
         DataType.FP8_E4M3,
         DataType.FP8_E5M2,
+        DataType.FP8_E8M0,
     }
 )
 
@@ -82,6 +84,7 @@ _NUMPY: dict[DataType, np.dtype] = {
     DataType.BOOLEAN: np.dtype(np.bool_),
     DataType.FP8_E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
     DataType.FP8_E5M2: np.dtype(ml_dtypes.float8_e5m2),
+    DataType.FP8_E8M0: np.dtype(ml_dtypes.float8_e8m0fnu),
 }
 
 _BY_NUMPY = {dtype: data_type for data_type, dtype in _NUMPY.items()}
@@ -104,6 +107,8 @@ _ALIASES = {
     "float8_e4m3fn": DataType.FP8_E4M3,
     "e5m2": DataType.FP8_E5M2,
     "float8_e5m2": DataType.FP8_E5M2,
+    "e8m0": DataType.FP8_E8M0,
+    "float8_e8m0fnu": DataType.FP8_E8M0,
 }
 
 
@@ -159,7 +164,9 @@ def round_to(data_type: DataType, values: Any) -> np.ndarray:
     The one rounding rule: the reference backend, variant-pack scalars and the constants
     compiled into kernels all use it, and the kernels' own conversions (``gd::from`` in
     codegen/include/graphdnn.cuh) compute the same. Floating types: nearest, ties to even
-    (ml_dtypes for bf16 and fp8); overflow gives inf, or NaN for fp8_e4m3. Integer types:
+    (ml_dtypes for bf16 and fp8); overflow gives inf, or NaN for fp8_e4m3. fp8_e8m0 holds
+    powers of two only: ml_dtypes rounds to the nearest (ties up), and zero, negative values,
+    inf, NaN and overflow become NaN. Integer types:
     nearest, ties to even, then saturated to the type's range, NaN becoming 0 (as the GPU's
     ``cvt.rni.sat`` does). Boolean: 1 for non-zero, NaN becoming 0.
     """

@@ -1,7 +1,8 @@
 """Random inputs for a graph, drawn so that every op sees values inside its domain.
 
 Used by ``graphdnn run``, the tests and the benchmarks: standard normal data, except
-where a consumer needs positive values (variances, square roots, logarithms) or a range
+where a consumer needs positive values (variances, square roots, logarithms; fp8_e8m0
+tensors, which hold powers of two only) or a range
 of integers (sequence lengths), and never all zeros, which would hide unwritten outputs. An input whose strides map several
 elements to one address (a broadcast view) gets values drawn for its memory, so that
 elements sharing memory share their value, as they will in any buffer.
@@ -48,7 +49,7 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
         overlapping = overlap_reason(t.dim, t.stride) is not None
         shape = (storage_extent(t.dim, t.stride),) if overlapping else t.dim
         values: np.ndarray
-        if needs_positive(graph, t):
+        if needs_positive(graph, t) or t.data_type is DataType.FP8_E8M0:  # e8m0 holds positive values only
             values = rng.uniform(0.5, 2.0, shape)
         elif t.data_type is DataType.BOOLEAN:
             values = rng.integers(0, 2, shape)

@@ -373,13 +373,16 @@ def _resolve_output(node: str, op: Op, role: str, t: TensorSpec, inferred: Infer
 
 
 def _output_type(node: str, op: Op, role: str, t: TensorSpec, inferred: Inferred) -> DataType:
-    """The output's own type, else the one the op fixes, else the graph's default."""
+    """The output's own type, else the one the op fixes (or its default), else the graph's default."""
     fixed = inferred.data_type
     if fixed is None:
         return _resolved_type(t, "output" if not t.is_virtual else "virtual tensor")
     if t._data_type.is_set and t._data_type is not fixed:
+        if t._data_type in inferred.allowed:
+            return t._data_type
+        choices = " or ".join(sorted(d.value for d in {fixed, *inferred.allowed}))
         raise DataTypeError(
-            f"output {role} '{t.name}' is {t._data_type.value}; {op.kind} writes it as {fixed.value}",
+            f"output {role} '{t.name}' is {t._data_type.value}; {op.kind} writes it as {choices}",
             node=node,
             tensor=t.name,
         )

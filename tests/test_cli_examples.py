@@ -27,13 +27,46 @@ def test_example_files_match_the_script_that_builds_them() -> None:
 
 def test_the_required_examples_exist() -> None:
     names = {path.stem for path in EXAMPLES}
-    assert {"resnet50_bottleneck", "transformer_block", "conv_bn_relu_training"} <= names
+    assert {"resnet50_bottleneck", "transformer_block", "conv_bn_relu_training", "moe_layer"} <= names
 
 
 def test_validate_accepts_every_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", *map(str, EXAMPLES)]) == 0
     out = capsys.readouterr().out
     assert out.count(": ok (") == len(EXAMPLES)
+
+
+def test_the_moe_layer_runs_on_the_reference_and_equals_a_dense_mixture(capsys: pytest.CaptureFixture[str]) -> None:
+    """The example end to end: each token's output is the renormalised-softmax-weighted sum,
+    over its top-2 experts, of that expert's SwiGLU MLP (rounded where the graph rounds)."""
+    import numpy as np
+    from ml_dtypes import bfloat16
+
+    from graphdnn.random_inputs import random_inputs
+
+    path = ROOT / "examples" / "graphs" / "moe_layer.json"
+    assert main(["run", "--backend", "reference", str(path)]) == 0
+    assert "11 nodes; backend reference" in capsys.readouterr().out
+    ir = gd.load(path).validate()
+    feeds = random_inputs(ir, seed=4)
+    got = gd.reference.execute(ir, feeds)["y"].astype(np.float64)
+
+    def bf16(v: np.ndarray) -> np.ndarray:
+        return v.astype(bfloat16).astype(np.float64)
+
+    x, router, w13, w2 = (feeds[n].astype(np.float64) for n in ("x", "router.weight", "experts.w13", "experts.w2"))
+    logits = bf16(x @ router)
+    ffn = w2.shape[1]
+    want = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        top = np.argsort(-logits[t], kind="stable")[:2]
+        p = np.exp(logits[t, top] - logits[t].max())
+        for e, weight in zip(top, (p / p.sum()).astype(np.float32)):
+            h = bf16(x[t] @ w13[e])
+            gate, up = h[:ffn], h[ffn:]
+            act = bf16(bf16(gate / (1 + np.exp(-gate))) * up)
+            want[t] += float(weight) * bf16(act @ w2[e])
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
 
 
 def test_inspect_prints_shapes_and_signature(capsys: pytest.CaptureFixture[str]) -> None:

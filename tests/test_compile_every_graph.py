@@ -194,6 +194,32 @@ def attention(g: gd.OperationGraphSpec) -> None:
     padded.set_name("padded").set_output(True)
 
 
+def block_scaled_quantization(g: gd.OperationGraphSpec) -> None:
+    """MXFP8 (e8m0 scales, a partial last block) round trip, and 1x16 fp32-scaled blocks down
+    the columns, transposed."""
+    x = g.tensor(name="x", dim=[5, 70])
+    y, s = g.block_scale_quantize(x, 32)
+    s.set_data_type("fp8_e8m0")
+    g.block_scale_dequantize(y, s, 32).set_name("back").set_output(True)
+    q, scale = g.block_scale_quantize(x, 16, axis=0, transpose=True)
+    q.set_name("q").set_output(True).set_data_type("fp8_e5m2")
+    scale.set_name("scale").set_output(True)
+
+
+def mixture_of_experts(g: gd.OperationGraphSpec) -> None:
+    """Router (sigmoid with bias, top-2 of 8), permutation, gather, grouped matmul, weighted
+    un-permute; and a top-k down the columns."""
+    logits, bias = g.tensor(name="logits", dim=[13, 8]), g.tensor(name="bias", dim=[8])
+    weights, chosen = g.moe_router(logits, 2, "sigmoid", bias=bias)
+    token_index, slot, firsts = g.moe_permutation(chosen, 8)
+    rows = g.gather(g.tensor(name="h", dim=[13, 16]), token_index)
+    y = g.moe_grouped_matmul(rows, g.tensor(name="w", dim=[8, 16, 12]), firsts)
+    g.moe_unpermute(y, slot, weights).set_name("y").set_output(True)
+    values, indices = g.topk(logits, 3, axis=0)
+    values.set_name("values").set_output(True)
+    indices.set_name("indices").set_output(True)
+
+
 FAMILIES: dict[str, Build] = {
     build.__name__: build
     for build in (
@@ -212,6 +238,8 @@ FAMILIES: dict[str, Build] = {
         windows,
         movement,
         attention,
+        block_scaled_quantization,
+        mixture_of_experts,
     )
 }
 

@@ -3,7 +3,8 @@
 A direct fused node holds one node, its anchor. Each op kind has one emitter (in the
 ``direct_*`` modules, by kind of work): data movement as strided copies, pooling and
 resampling as per-output gathers, convolution gradients, and the reductions (genstats,
-backward norms, conv_wgrad) on one reduction pattern.
+backward norms, conv_wgrad) on one reduction pattern; block-scaled quantization; top-k, the
+router and the mixture-of-experts movement ops and grouped matmul.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import FusedProgram
-from . import direct_conv, direct_movement, direct_norm, direct_window
+from . import direct_conv, direct_moe, direct_movement, direct_norm, direct_quantize, direct_window
 from .direct_common import anchor_of
 
 EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
@@ -31,6 +32,14 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "batchnorm_backward": direct_norm.emit_norm_backward,
     "layernorm_backward": direct_norm.emit_norm_backward,
     "rmsnorm_backward": direct_norm.emit_norm_backward,
+    "block_scale_quantize": direct_quantize.emit_quantize,
+    "block_scale_dequantize": direct_quantize.emit_dequantize,
+    "topk": direct_moe.emit_topk,
+    "moe_router": direct_moe.emit_router,
+    "gather": direct_moe.emit_gather,
+    "moe_permutation": direct_moe.emit_permutation,
+    "moe_unpermute": direct_moe.emit_unpermute,
+    "moe_grouped_matmul": direct_moe.emit_grouped_matmul,
 }
 
 

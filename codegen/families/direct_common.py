@@ -74,6 +74,19 @@ def grid_stride(index: str, start: str, count: int, itype: str, body: Sequence[s
     ]
 
 
+def warp_stride(index: str, count: int, itype: str, body: Sequence[str]) -> list[str]:
+    """``for`` over ``index`` = this warp + k * (all warps of the grid), below ``count``: one
+    warp per item, the same ``index`` on all 32 lanes (so warp shuffles inside stay converged),
+    with ``lane`` its position in the warp."""
+    warps = f"({itype})gridDim.x * (blockDim.x / 32)"
+    return [
+        "const int lane = threadIdx.x % 32;",
+        f"for ({itype} {index} = ({first_thread(itype)}) / 32; {index} < {count}; {index} += {warps}) {{",
+        *("  " + line for line in body),
+        "}",
+    ]
+
+
 def first_thread(itype: str) -> str:
     """The grid-wide index of this thread."""
     return f"({itype})blockIdx.x * blockDim.x + threadIdx.x"

@@ -78,6 +78,31 @@ template <class F, __nv_fp8_interpretation_t FORMAT> struct Fp8Elem {
 };
 template <> struct Elem<__nv_fp8_e4m3> : Fp8Elem<__nv_fp8_e4m3, __NV_E4M3> {};
 template <> struct Elem<__nv_fp8_e5m2> : Fp8Elem<__nv_fp8_e5m2, __NV_E5M2> {};
+
+// E8M0 (OCP MX scales): the byte is the biased exponent of a power of two, 0 is 2^-127 and
+// 255 NaN. Rounded by hand as ml_dtypes rounds (CUDA's __nv_cvt_float_to_e8m0 rounds |x| up or
+// toward zero, never to nearest, and keeps negative values and zero as powers of two):
+// to the nearer power of two with ties up, anything below 2^-126 to 2^-127 unless it exceeds
+// it, and zero, negatives, inf, NaN and overflow to NaN. A double goes through float first,
+// as ml_dtypes converts it.
+template <> struct Elem<__nv_fp8_e8m0> {
+  __device__ __forceinline__ static float get(__nv_fp8_e8m0 x) {
+    const unsigned code = x.__x;
+    if (code == 255u) return __uint_as_float(0x7fc00000u);
+    return __uint_as_float(code == 0u ? 0x00400000u : code << 23);
+  }
+  __device__ __forceinline__ static __nv_fp8_e8m0 put(float v) {
+    __nv_fp8_e8m0 r;
+    const unsigned bits = __float_as_uint(v), exponent = bits >> 23, mantissa = bits & 0x7fffffu;
+    unsigned code;
+    if (!(v > 0.0f) || exponent == 255u) code = 255u;
+    else if (exponent == 0u) code = mantissa > 0x400000u ? 1u : 0u;
+    else code = min(exponent + (mantissa >= 0x400000u ? 1u : 0u), 255u);
+    r.__x = (__nv_fp8_storage_t)code;
+    return r;
+  }
+  __device__ __forceinline__ static __nv_fp8_e8m0 put(double v) { return put((float)v); }
+};
 #endif
 
 // to<C>(x): a stored element as compute type C; from<T>(v): a compute value stored as T.
@@ -166,6 +191,34 @@ struct Sum {
 struct Max {
   template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return max(a, b); }
 };
+
+// max that keeps NaN (a block maximum of block_scale_quantize is NaN when the block holds one).
+struct NanMax {
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
+};
+
+// ---- top-k ---------------------------------------------------------------------------------
+// The order topk and moe_router select in: NaN first, then larger values, then lower indices.
+template <class T> __device__ __forceinline__ bool ranks_before(T av, long long ai, T bv, long long bi) {
+  const bool a_nan = av != av, b_nan = bv != bv;
+  if (a_nan != b_nan) return a_nan;
+  if (!a_nan && av != bv) return av > bv;
+  return ai < bi;
+}
+
+// The first of the warp's candidates (v, i) in that order, on every lane; i < 0 is no
+// candidate. A total order has one first element, so every lane reaches the same one.
+template <class T> __device__ __forceinline__ void warp_first(T& v, long long& i) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const T other_v = __shfl_xor_sync(0xffffffffu, v, offset);
+    const long long other_i = __shfl_xor_sync(0xffffffffu, i, offset);
+    if (other_i >= 0 && (i < 0 || ranks_before(other_v, other_i, v, i))) {
+      v = other_v;
+      i = other_i;
+    }
+  }
+}
 
 // Sum (max) over the WIDTH consecutive lanes of a warp (WIDTH a power of 2 <= 32).
 template <int WIDTH, class T> __device__ __forceinline__ T lanes_sum(T v) { return lanes_reduce<WIDTH>(v, Sum()); }

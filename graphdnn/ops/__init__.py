@@ -8,24 +8,30 @@ from .attention import AttentionMethods
 from .base import Category, Inferred, Op, Role, get_op, op_kinds
 from .conv import ConvMethods
 from .matmul import MatmulMethods
+from .moe import MoeMethods
 from .norm_backward import NormBackwardMethods
 from .norms import NormMethods
 from .pointwise import PointwiseMethods
 from .pooling import PoolingMethods
+from .quantize import QuantizeMethods
 from .reduction import ReductionMethods
 from .shape import ShapeMethods
+from .topk import TopkMethods
 
 
 class OpMethods(
     AttentionMethods,
     ConvMethods,
     MatmulMethods,
+    MoeMethods,
     NormMethods,
     NormBackwardMethods,
     PointwiseMethods,
     PoolingMethods,
+    QuantizeMethods,
     ReductionMethods,
     ShapeMethods,
+    TopkMethods,
 ):
     """Every op method of :class:`~graphdnn.OperationGraphSpec`."""
 

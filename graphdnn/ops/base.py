@@ -36,6 +36,7 @@ class Category(enum.Enum):
     POOLING = "pooling"
     DATA_MOVEMENT = "data_movement"
     ATTENTION = "attention"
+    QUANTIZATION = "quantization"
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,15 @@ class Inferred:
 
     ``order`` lists dims outermost first, as :func:`graphdnn.layout.packed_strides`
     takes it; None means row-major. ``data_type``, where the op fixes the output's type
-    (attention statistics are float32), replaces the graph's default and refuses others.
+    (attention statistics are float32), replaces the graph's default and refuses others;
+    ``allowed`` widens that to a choice (a quantized output is fp8_e4m3 unless set to
+    fp8_e5m2): ``data_type`` is then the default, and a type outside both is refused.
     """
 
     dim: tuple[int, ...]
     order: tuple[int, ...] | None = None
     data_type: DataType | None = None
+    allowed: frozenset[DataType] = frozenset()
 
 
 # Values the reference implementations receive: float64 arrays for tensor roles, a tuple

@@ -30,6 +30,7 @@ _TYPES = {
     (6, 8): DataType.BOOLEAN,
     (10, 8): DataType.FP8_E4M3,
     (12, 8): DataType.FP8_E5M2,
+    (14, 8): DataType.FP8_E8M0,
 }
 
 

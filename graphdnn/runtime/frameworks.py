@@ -31,6 +31,7 @@ TORCH_DTYPE_NAMES = {
     DataType.BOOLEAN: "bool",
     DataType.FP8_E4M3: "float8_e4m3fn",
     DataType.FP8_E5M2: "float8_e5m2",
+    DataType.FP8_E8M0: "float8_e8m0fnu",
 }
 
 _CUPY_TYPES = frozenset(
