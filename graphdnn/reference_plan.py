@@ -83,7 +83,7 @@ def check_host(t: Tensor, value: Any) -> None:
     if tuple(value.shape) != t.dim:
         raise FeedError(f"has dims {list(value.shape)}, the graph declares {list(t.dim)}", tensor=t.name)
     strides = tuple(s // value.itemsize for s in value.strides)
-    if not same_strides(t.dim, strides, t.stride):
+    if not same_strides(t.static_dim, strides, t.static_stride):
         raise FeedError(
             f"has strides {list(strides)}, the graph declares {list(t.stride)} (graphdnn.reference_plan.host_array "
             "makes an array with the graph's strides)",
@@ -102,7 +102,7 @@ def host_array(t: Tensor, values: np.ndarray | None = None) -> np.ndarray:
     of more than MAX_HOST_GAP_BYTES (strides of 2**40 would ask for terabytes).
     """
     itemsize = t.data_type.itemsize
-    extent = storage_extent(t.dim, t.stride)
+    extent = storage_extent(t.static_dim, t.static_stride)
     gap = (extent - t.numel) * itemsize
     if gap > MAX_HOST_GAP_BYTES:
         raise UnsupportedError(
