@@ -182,6 +182,16 @@ class Graph:
         """Non-virtual tensors that nodes write."""
         return tuple(t for t in self.tensors if t.id in self._producers and not t.is_virtual)
 
+    @cached_property
+    def symbols(self) -> tuple[Symbol, ...]:
+        """The symbols of its dynamic dims, by name; empty for a static graph (validation
+        checks that each name has one range and is a whole dim of some input)."""
+        return tuple(sorted({s for t in self.tensors for s in t.symbols}))
+
+    @property
+    def is_dynamic(self) -> bool:
+        return bool(self.symbols)
+
 
 def resolve_tensor(ir: Graph, key: FeedKey) -> Tensor:
     """Find the tensor a feed or variant-pack key names; FeedError if none."""
