@@ -79,7 +79,7 @@ class Sym:
             return _product(self.coefficient * other.coefficient, (*self.factors, *other.factors))
         if isinstance(other, int) and not isinstance(other, bool):
             if other < 0:
-                self._refuse("multiply by a negative number")
+                self._refuse("multiplying by a negative number")
             return _product(self.coefficient * other, self.factors)
         return NotImplemented
 
@@ -89,34 +89,35 @@ class Sym:
         return True  # every symbol is at least 1
 
     def _refuse(self, what: str) -> NoReturn:
-        raise SymbolicDimError(f"cannot {what} symbolic extent {self}", self)
+        ranges = ", ".join(f"{s.name} in {s.min}..{s.max}" for s in self.symbols)
+        raise SymbolicDimError(f"{what} needs the value of symbolic dim {self} ({ranges})", self)
 
     # Everything but multiplication depends on the value: refused, never guessed.
     def __add__(self, other: object) -> NoReturn:
-        self._refuse("add to")
+        self._refuse("adding")
 
     __radd__ = __add__
 
     def __sub__(self, other: object) -> NoReturn:
-        self._refuse("subtract with")
+        self._refuse("subtracting")
 
     __rsub__ = __sub__
 
     def __floordiv__(self, other: object) -> NoReturn:
-        self._refuse("divide")
+        self._refuse("dividing")
 
     __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = __pow__ = __floordiv__
 
     def __neg__(self) -> NoReturn:
-        self._refuse("negate")
+        self._refuse("negating")
 
     def __lt__(self, other: object) -> NoReturn:
-        self._refuse("order")
+        self._refuse("comparing")
 
     __le__ = __gt__ = __ge__ = __lt__
 
     def __index__(self) -> NoReturn:
-        self._refuse("use as a concrete integer")
+        self._refuse("an integer")
 
     __int__ = __float__ = __index__
 

@@ -192,6 +192,8 @@ class TensorSpec:
 
     def __repr__(self) -> str:
         dims = "?" if self._dim is None else "x".join(map(str, self._dim))
+        if self._dim is not None and any(isinstance(d, Sym) for d in self._dim):
+            dims = f"[{', '.join(map(str, self._dim))}]"
         kind = "virtual" if self._is_virtual else ("output" if self.is_output else "input")
         return f"TensorSpec({self._name!r}, {dims}, {self.data_type.value}, {kind})"
 
