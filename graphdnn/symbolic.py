@@ -176,7 +176,8 @@ def evaluate(value: Extent, values: Mapping[str, int]) -> int:
 
 
 def counterexample(a: Extent, b: Extent) -> dict[str, int] | None:
-    """None when ``a >= b`` for every value of the symbols in range; else values where ``a < b``.
+    """None when ``a >= b`` for every value of the symbols in range; else values of the
+    symbols that decide it (the others cancel out) where ``a < b``.
 
     ``a / b`` is a product of symbols with integer exponents, monotone in each symbol, so
     it is smallest at the corner where each symbol with a positive exponent is at its
@@ -187,8 +188,10 @@ def counterexample(a: Extent, b: Extent) -> dict[str, int] | None:
         exponent[s] = exponent.get(s, 0) + 1
     for s in b.factors if isinstance(b, Sym) else ():
         exponent[s] = exponent.get(s, 0) - 1
-    corner = {s.name: s.min if e > 0 else s.max for s, e in exponent.items()}
-    return corner if evaluate(a, corner) < evaluate(b, corner) else None
+    corner = {s.name: s.min if e >= 0 else s.max for s, e in exponent.items()}
+    if evaluate(a, corner) >= evaluate(b, corner):
+        return None
+    return {s.name: corner[s.name] for s, e in exponent.items() if e}  # the symbols the outcome depends on
 
 
 def show(values: Iterable[Extent]) -> str:

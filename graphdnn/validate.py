@@ -385,9 +385,8 @@ def _symbolic_error(op: Op, node: Node, error: SymbolicDimError) -> ShapeError:
         for t in bound if isinstance(bound, tuple) else (bound,):
             for axis, extent in enumerate(t.dim):
                 if isinstance(extent, Sym) and (not culprits or culprits & set(extent.symbols)):
-                    ranges = ", ".join(f"{s.name} in {s.min}..{s.max}" for s in extent.symbols)
                     return ShapeError(
-                        f"{op.kind} cannot take a symbolic dim as {role} '{t.name}' dim {axis} ({extent}, {ranges}): "
+                        f"{op.kind} cannot take a symbolic dim as {role} '{t.name}' dim {axis} ({extent}): "
                         f"{error.reason}; that dim must be static",
                         node=node.name,
                         tensor=t.name,
