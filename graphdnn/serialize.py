@@ -285,7 +285,7 @@ class _Reader:
             self.used.add(factor)
             has_symbol = True
             value = value * Sym.of(symbol)
-        _expect(has_symbol, path, f"must name a symbol, got {_short(text)}; write a static extent as a number")
+        _expect(has_symbol, path, f"must be an integer, got {_short(text)}")  # a string extent names a symbol
         return value
 
     def _tensors(self, graph: Builder, entries: Any) -> dict[int, tuple[str, TensorSpec]]:
