@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import graphdnn as gd
 from graphdnn.cli import main
 from graphdnn.layout import MAX_DIM, check_strides, packed_strides
+from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import canonical_form
 from graphdnn.specialize import specialize
 from graphdnn.symbolic import Sym, counterexample
@@ -299,6 +300,54 @@ def test_inspect_lists_the_symbols(tmp_path: Path, capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert "  symbols (2):\n    batch: 1..16\n    seq: 1..8\n" in out
     assert "x: [batch, seq, 16] float stride [16*seq, 16, 1]" in out
+
+
+def conv_family(g: gd.OperationGraphSpec, n: int | Sym) -> None:
+    x, w = g.tensor([n, 4, 6, 6], name="x"), g.tensor([8, 4, 3, 3], name="w")
+    y = g.conv_fprop(x, w, padding=[1, 1], name="fprop")
+    dy = g.tensor([n, 8, 6, 6], name="dy")
+    g.conv_dgrad(dy, w, padding=[1, 1], name="dgrad").set_output(True)
+    g.conv_wgrad(x, dy, padding=[1, 1], filter_dim=[8, 4, 3, 3], name="wgrad").set_output(True)
+    g.pooling(y, "max", window=[2, 2], name="pool").set_output(True)
+    g.resample(y, "nearest", size=[3, 3], name="resample").set_output(True)
+
+
+def norm_family(g: gd.OperationGraphSpec, n: int | Sym) -> None:
+    x = g.tensor([n, 4, 3, 3], name="x")
+
+    def channel(name: str) -> gd.TensorSpec:
+        return g.tensor([1, 4, 1, 1], name=name)
+
+    for out in g.batchnorm(x, channel("s"), channel("b"), channel("mean"), channel("var"), 1e-5, 0.1, name="bn"):
+        out.set_output(True)
+    g.instancenorm("training", x, channel("s2"), channel("b2"), 1e-5, name="inorm")[0].set_output(True)
+    g.groupnorm(x, channel("s3"), channel("b3"), 1e-5, groups=2, name="gn")[0].set_output(True)
+    for out in g.genstats(x, name="stats"):
+        out.set_output(True)
+    r = g.tensor([n, 3, 8], name="r")
+    g.rmsnorm("inference", r, g.tensor([1, 1, 8], name="rs"), epsilon=1e-5, name="rms")[0].set_output(True)
+    g.concatenate([x, x], axis=1, name="cat").set_output(True)
+
+
+def attention_family(g: gd.OperationGraphSpec, n: int | Sym) -> None:
+    s = g.dim("seq", 1, 16) if isinstance(n, Sym) else 5
+    q, k, v = (g.tensor([n, 2, s, 8], name=name) for name in "qkv")
+    g.sdpa(q, k, v, attn_scale=0.3, use_causal_mask=True, name="attn")[0].set_output(True)
+
+
+@pytest.mark.parametrize("family", [conv_family, norm_family, attention_family])
+def test_every_family_takes_a_dynamic_batch(family) -> None:  # type: ignore[no-untyped-def]
+    """The ops the docs list as taking a symbolic batch run as their static graphs do."""
+    dynamic, static = graph(), graph()
+    family(dynamic, dynamic.dim("n", 1, 8))
+    family(static, 3)
+    static_ir = static.validate()
+    feeds = random_inputs(static_ir, 0)  # variances positive
+    result = gd.reference.execute(dynamic, feeds)
+    expected = gd.reference.execute(static_ir, feeds)
+    assert result.keys() == expected.keys()
+    for name, array in expected.items():
+        np.testing.assert_array_equal(result[name], array)
 
 
 # -- property: a dynamic graph computes what the static graph of its values computes ---------------
