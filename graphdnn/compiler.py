@@ -58,8 +58,6 @@ def compile(
         return ReferencePlan(ir)
     if backend != "gpu":
         raise GraphError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    if ir.is_dynamic:
-        raise UnsupportedError(_dynamic_message(ir))
     plan_cache = resolve_cache(cache)
     require = env_flag("GRAPHDNN_REQUIRE_CACHED") if require_cached is None else require_cached
     job = Compilation.of(ir, resolve_arch(arch), disable)
@@ -152,15 +150,6 @@ def store_plan(
     canonical positions; the error if it could not be written to disk."""
     positions = {tid: position for position, tid in enumerate(job.order)}
     return plan_cache.add_plan(PlanEntry.new(job.fields, program.relabel(positions), job.ir.name, tuned_on), binaries)
-
-
-def _dynamic_message(ir: Graph) -> str:
-    symbols = ", ".join(f"{s.name} in {s.min}..{s.max}" for s in ir.symbols)
-    return (
-        f"graph '{ir.name}' has symbolic dims ({symbols}); GPU kernels do not take runtime extents yet (the next "
-        "step of dynamic shapes, docs/dynamic-shapes.md). Run it with backend='reference', see its fusion with "
-        "gd.fuse, or build a static graph for each shape"
-    )
 
 
 def _miss_message(ir: Graph, fields: KeyFields, plan_cache: PlanCache | None) -> str:

@@ -207,6 +207,10 @@ def _no_constants(name: str) -> Any:
 class _Reader:
     """Turns a parsed document into a validated graph under construction and its IR, checking as it goes."""
 
+    def __init__(self) -> None:
+        self.symbols: dict[str, Symbol] = {}  # declared in the document's "symbols"
+        self.used: set[str] = set()  # named by some dim or stride
+
     def read(self, doc: Any, new_graph: Callable[..., B]) -> tuple[B, Graph]:
         _expect(isinstance(doc, dict), "$", "the document must be a JSON object")
         _no_unknown_keys(doc, _GRAPH_KEYS, "$")
@@ -230,7 +234,8 @@ class _Reader:
         self.symbols = self._symbols(graph, doc.get("symbols", {}))
         tensors = self._tensors(graph, doc.get("tensors"))
         unused = sorted(set(self.symbols) - self.used)
-        _expect(not unused, f"symbols.{unused[0] if unused else ''}", "declared but no tensor's dims or strides use it")
+        if unused:
+            raise FormatError("declared but no tensor's dims or strides use it", path=f"symbols.{unused[0]}")
         node_paths = self._nodes(graph, doc.get("nodes"), tensors)
         tensor_paths = {spec.name: path for path, spec in tensors.values()}
         try:
@@ -245,10 +250,9 @@ class _Reader:
     def _symbols(self, graph: Builder, entries: Any) -> dict[str, Symbol]:
         _expect(isinstance(entries, dict), "symbols", "must be an object mapping symbol names to {min, max}")
         _expect(len(entries) <= MAX_SYMBOLS, "symbols", f"has {len(entries)} entries, over the limit of {MAX_SYMBOLS}")
-        self.used: set[str] = set()
         symbols = {}
         for name, entry in entries.items():
-            path = f"symbols.{name}"
+            path = f"symbols.{name[:64]}"
             _expect(isinstance(entry, dict), path, "must be an object {min, max}")
             _no_unknown_keys(entry, {"min", "max"}, path)
             low = _integer(entry.get("min"), f"{path}.min", 1, 2**62)
@@ -263,7 +267,12 @@ class _Reader:
         """A dim or stride list: integers, and strings naming a symbol or a product of symbols and integers."""
         if isinstance(value, list) and any(isinstance(v, str) for v in value):
             _expect(1 <= len(value) <= MAX_RANK, path, f"must hold 1 to {MAX_RANK} extents, has {len(value)}")
-            return [self._expression(v, f"{path}[{i}]") if isinstance(v, str) else v for i, v in enumerate(value)]
+            return [
+                self._expression(v, f"{path}[{i}]")
+                if isinstance(v, str)
+                else _integer(v, f"{path}[{i}]", -(2**62), 2**62)
+                for i, v in enumerate(value)
+            ]
         return _int_list(value, path)  # type: ignore[return-value]
 
     def _expression(self, text: str, path: str) -> Extent:

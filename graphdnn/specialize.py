@@ -49,7 +49,11 @@ def symbol_values(ir: Graph, shapes: Mapping[int, tuple[int, ...]]) -> dict[str,
     unread = [s for s in ir.symbols if s.name not in values]
     if unread:
         s = unread[0]
-        raise FeedError(f"no array given holds symbol '{s.name}' ({s.min}..{s.max}) as a dim: its value is unknown")
+        holders = [t.name for t in ir.inputs if Sym.of(s) in t.dim]
+        raise FeedError(
+            f"no array given holds symbol '{s.name}' ({s.min}..{s.max}) as a dim, so its value is unknown; "
+            f"give an array for {' or '.join(repr(n) for n in holders)}"
+        )
     return {name: value for name, (value, _) in values.items()}
 
 

@@ -216,6 +216,7 @@ def test_json_round_trip_schema_and_errors() -> None:
         return str(info.value)
 
     assert error("tensors.0.dim.0", "bat").startswith('tensors[0].dim[0]: "bat" is not a declared symbol')
+    assert error("tensors.0.dim.1", 2.5) == "tensors[0].dim[1]: must be an integer, got 2.5"
     assert error("tensors.0.dim.0", "4*2") == 'tensors[0].dim[0]: must be an integer, got "4*2"'
     assert (
         error("symbols.extra", {"min": 1, "max": 2}) == "symbols.extra: declared but no tensor's dims or strides use it"
@@ -277,11 +278,13 @@ def test_execution_checks_extents_against_ranges_and_each_other() -> None:
         gd.compile(g, backend="reference").execute({"x": 1.0, "y": 2.0})
 
 
-def test_the_gpu_backend_refuses_a_dynamic_graph_but_fusion_runs() -> None:
+def test_the_gpu_backend_refuses_a_dynamic_graph_but_fusion_runs(tmp_path: Path) -> None:
     with pytest.raises(
         gd.UnsupportedError, match=r"has symbolic dims \(batch in 1\.\.16, seq in 1\.\.8\); GPU kernels"
     ):
         gd.compile(ln_matmul(), arch="sm_90", cache=None)
+    report = gd.warmup([ln_matmul()], arch="sm_90", cache=tmp_path, jobs=1)
+    assert report.built == 0 and report.failures[0][1].startswith("graph 'dyn' has symbolic dims")
     partition = gd.fuse(ln_matmul(), arch=90)
     assert partition.nodes[0].rule == "norm_epilogue"
     g = graph("half")
