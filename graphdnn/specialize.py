@@ -4,7 +4,7 @@ the static graph those values make.
 Validation proved every constraint of a dynamic graph over the whole range of its
 symbols, so substituting values in range gives a valid static graph: the reference
 backend runs that graph, which is by construction the graph a user would have built
-with those extents. Each symbol is a whole dim of some graph input (validation checks
+with those extents (up to the strides of dims whose value is 1, which any stride fits). Each symbol is a whole dim of some graph input (validation checks
 it), so reading the inputs' shapes finds every value.
 """
 
