@@ -106,7 +106,10 @@ class Sym:
     def __floordiv__(self, other: object) -> NoReturn:
         self._refuse("dividing")
 
-    __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = __pow__ = __floordiv__
+    __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = __floordiv__
+
+    def __pow__(self, other: object) -> NoReturn:
+        self._refuse("raising to a power")  # products are written as repeated factors
 
     def __neg__(self) -> NoReturn:
         self._refuse("negating")
@@ -117,7 +120,7 @@ class Sym:
     __le__ = __gt__ = __ge__ = __lt__
 
     def __index__(self) -> NoReturn:
-        self._refuse("an integer")
+        self._refuse("using it as an integer")
 
     __int__ = __float__ = __index__
 
@@ -139,10 +142,6 @@ def _product(coefficient: int, factors: tuple[Symbol, ...]) -> int | Sym:
         if a.name == b.name and a != b:
             raise SymbolicDimError(f"symbol '{a.name}' is used with two ranges, {a.min}..{a.max} and {b.min}..{b.max}")
     return Sym(coefficient, ordered)
-
-
-def is_static(values: Iterable[Extent]) -> bool:
-    return not any(isinstance(v, Sym) for v in values)
 
 
 def symbols_of(values: Iterable[Extent]) -> tuple[Symbol, ...]:
