@@ -349,6 +349,7 @@ def test_every_family_takes_a_dynamic_batch(family: Callable[[gd.OperationGraphS
     feeds = random_inputs(static_ir, 0)  # variances positive
     result = gd.reference.execute(dynamic, feeds)
     expected = gd.reference.execute(static_ir, feeds)
+    assert sum(len(f.nodes) for f in gd.fuse(dynamic, arch=90).nodes) == len(static_ir.nodes)  # fusion runs
     assert result.keys() == expected.keys()
     for name, array in expected.items():
         np.testing.assert_array_equal(result[name], array)
@@ -368,6 +369,7 @@ def test_dynamic_pointwise_graphs_equal_their_static_graphs(recipe: Recipe, valu
     assert specialize(symbolic.validate(), {"n": value}).tensors == static_ir.tensors
     feeds = random_feeds(static_ir, seed)
     result = gd.reference.execute(symbolic, feeds)
+    assert sum(len(f.nodes) for f in gd.fuse(symbolic, arch=90).nodes) == len(static_ir.nodes)  # fusion runs
     for name, array in gd.reference.execute(static_ir, feeds).items():
         np.testing.assert_array_equal(result[name], array)
 
@@ -425,6 +427,7 @@ def test_dynamic_row_graphs_equal_their_static_graphs(
     feeds = random_feeds(static, seed)
     dynamic = row_graph(steps, channels)
     assert specialize(dynamic.validate(), {"batch": batch, "seq": seq}).tensors == static.tensors
+    assert sum(len(f.nodes) for f in gd.fuse(dynamic, arch=90).nodes) == len(static.nodes)  # fusion runs
     result = gd.reference.execute(dynamic, feeds)
     for name, array in gd.reference.execute(static, feeds).items():
         np.testing.assert_array_equal(result[name], array)
