@@ -263,6 +263,14 @@ def test_reference_equals_the_static_graph(batch: int, seq: int) -> None:
     plan = gd.compile(ln_matmul(), backend="reference")
     for name, value in plan.execute(feeds).items():  # outputs allocated for these extents
         np.testing.assert_array_equal(value, static[name])
+    given = np.zeros((batch * seq, 8), np.float32)  # an output given: written in place
+    plan.execute({**feeds, "flat::y": given})
+    np.testing.assert_array_equal(given, static["flat::y"])
+    wrong = batch * seq + 1  # batch*seq from x's dims; an output of another extent is refused
+    with pytest.raises(
+        gd.FeedError, match=rf"'flat::y': has dims \[{wrong}, 8\], the graph declares \[{wrong - 1}, 8\]"
+    ):
+        plan.execute({**feeds, "flat::y": np.zeros((wrong, 8), np.float32)})
 
 
 def test_execution_checks_extents_against_ranges_and_each_other() -> None:
