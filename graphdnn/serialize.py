@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .dtypes import as_data_type
@@ -263,7 +263,7 @@ class _Reader:
                 raise error.located(path=path) from None
         return symbols
 
-    def _extents(self, value: Any, path: str) -> list[Extent]:
+    def _extents(self, value: Any, path: str) -> Sequence[Extent]:
         """A dim or stride list: integers, and strings naming a symbol or a product of symbols and integers."""
         if isinstance(value, list) and any(isinstance(v, str) for v in value):
             _expect(1 <= len(value) <= MAX_RANK, path, f"must hold 1 to {MAX_RANK} extents, has {len(value)}")
@@ -273,7 +273,7 @@ class _Reader:
                 else _integer(v, f"{path}[{i}]", -(2**62), 2**62)
                 for i, v in enumerate(value)
             ]
-        return _int_list(value, path)  # type: ignore[return-value]
+        return _int_list(value, path)
 
     def _expression(self, text: str, path: str) -> Extent:
         _expect(len(text) <= MAX_EXPRESSION, path, f"is over {MAX_EXPRESSION} characters")
@@ -281,7 +281,7 @@ class _Reader:
         has_symbol = False
         for factor in text.split("*"):
             if factor.isascii() and factor.isdecimal():
-                _expect(len(factor) <= 19, path, f"factor {factor[:22]}... is over 2^62")
+                _expect(len(factor) <= 19, path, f"factor {_short(factor)} is over 2^62")
                 value = value * _integer(int(factor), path, 1, 2**62)
                 continue
             symbol = self.symbols.get(factor)
