@@ -16,7 +16,11 @@ from graphdnn.layout import storage_extent
 
 def index_type(tensors: Sequence[Tensor], *extra_extents: int) -> str:
     """32-bit indexing when every offset fits, else 64-bit (slower divisions)."""
-    largest = max([storage_extent(t.dim, t.stride) for t in tensors] + [t.numel for t in tensors] + list(extra_extents))
+    largest = max(
+        [storage_extent(t.static_dim, t.static_stride) for t in tensors]
+        + [t.static_numel for t in tensors]
+        + list(extra_extents)
+    )
     return "int" if largest < 2**31 - 1 else "long long"
 
 

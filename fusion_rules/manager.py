@@ -8,12 +8,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from graphdnn.arch import parse_arch
-from graphdnn.errors import GraphError
+from graphdnn.errors import GraphError, SymbolicDimError
 from graphdnn.gc_pause import gc_paused
 from graphdnn.ir import Graph, Node, Tensor
 
 from .partition import Family, FusedNode, Partition, Rejection, Rewrite, family_of, is_elementwise, is_synthesized
-from .pattern import Claimed, Group, Match, MatchContext, Miss, Op, match
+from .pattern import Claimed, Group, Match, MatchContext, Miss, Op, Outcome, match
 from .quotient import Quotient
 from .rule import Rule, registered_rules
 from .view import GraphView
@@ -70,10 +70,14 @@ def fuse(
                 node = ir.nodes[node_id]
                 asked = Claimed(claimed)
                 ctx = MatchContext(ir, view, target, asked, quotient)
-                outcome = match(rule.pattern, ctx, node)
-                result = outcome.result
-                if rule.rewrite is not None and isinstance(result, Match):
-                    result = rule.rewrite(ctx, result)
+                try:
+                    outcome = match(rule.pattern, ctx, node)
+                    result = outcome.result
+                    if rule.rewrite is not None and isinstance(result, Match):
+                        result = rule.rewrite(ctx, result)
+                except SymbolicDimError as error:  # a guard needs a concrete dim: the rule declines, saying why
+                    outcome = Outcome(Miss())
+                    result = Miss(f"the rule needs concrete dims here: {error.reason}", (node.name,))
                 worklist.watch(asked.asked, index, node_id)
                 for miss in outcome.rejections:
                     reject(rule, miss)

@@ -18,6 +18,7 @@ keep intermediates in the graph's intermediate type).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -123,13 +124,13 @@ def _reinterpret(value: np.ndarray, stored: Tensor, view: Tensor) -> np.ndarray:
     """The elements ``view`` addresses in the memory that holds ``value`` as ``stored``."""
     if min(stored.stride, default=0) < 0 or min(view.stride, default=0) < 0:
         raise UnsupportedError(f"a view of '{stored.name}' with negative strides")
-    span = storage_extent(stored.dim, stored.stride)
-    if storage_extent(view.dim, view.stride) > span:
+    span = storage_extent(stored.static_dim, stored.static_stride)
+    if storage_extent(view.static_dim, view.static_stride) > span:
         raise StructureError(f"a view {list(view.dim)} of '{stored.name}' reaches beyond its memory")
     flat = np.zeros(span, dtype=value.dtype)
     itemsize = flat.itemsize
-    np.lib.stride_tricks.as_strided(flat, stored.dim, [s * itemsize for s in stored.stride])[...] = value
-    read = np.lib.stride_tricks.as_strided(flat, view.dim, [s * itemsize for s in view.stride])
+    np.lib.stride_tricks.as_strided(flat, stored.static_dim, [s * itemsize for s in stored.static_stride])[...] = value
+    read = np.lib.stride_tricks.as_strided(flat, view.static_dim, [s * itemsize for s in view.static_stride])
     return np.array(read)
 
 
@@ -216,7 +217,7 @@ def _standardize_sets(node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]
     grouping = cast(NormOp, node.definition).checked(node)[1]
     sets = np.moveaxis(data.reshape(grouping.view), grouping.axes, range(-len(grouping.axes), 0))
     moved_shape = sets.shape
-    rows = sets.reshape(-1, int(np.prod([grouping.view[a] for a in grouping.axes])))
+    rows = sets.reshape(-1, math.prod(grouping.view[a] for a in grouping.axes))
     centered = node.op != "rmsnorm"
     mean = rows.sum(axis=1, keepdims=True) / rows.shape[1] if centered else np.zeros((rows.shape[0], 1))
     deviation = rows - mean

@@ -16,6 +16,7 @@ from .errors import (
     ShapeError,
     StrideError,
     StructureError,
+    SymbolicDimError,
     UndeclaredDimsError,
     UnknownOpError,
     UnsupportedError,
@@ -30,6 +31,7 @@ from .plan import Plan
 from .reference_plan import ReferencePlan
 from .runtime.device_array import DeviceArray
 from .runtime.driver import CudaError
+from .symbolic import Sym, Symbol
 from .tensor import TensorSpec
 from .version import __version__
 
@@ -54,6 +56,9 @@ __all__ = [
     "ShapeError",
     "StrideError",
     "StructureError",
+    "Sym",
+    "Symbol",
+    "SymbolicDimError",
     "TensorSpec",
     "UndeclaredDimsError",
     "UnknownOpError",

@@ -77,9 +77,9 @@ def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> tuple[Measure, str]:
     def buffer(t: Tensor) -> int:
         if t.id not in arrays:
             if t.name in feeds:
-                arrays[t.id] = DeviceArray.from_numpy(feeds[t.name], t.stride, t.data_type, device)
+                arrays[t.id] = DeviceArray.from_numpy(feeds[t.name], t.static_stride, t.data_type, device)
             else:
-                arrays[t.id] = DeviceArray(t.dim, t.stride, t.data_type, device)
+                arrays[t.id] = DeviceArray(t.static_dim, t.static_stride, t.data_type, device)
         return arrays[t.id].pointer
 
     def measure(program: LaunchProgram, binaries: Mapping[str, KernelBinary]) -> float:

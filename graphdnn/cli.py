@@ -137,8 +137,11 @@ def _inspect_cuda(ir: Graph, args: argparse.Namespace) -> int:
 
 
 def describe(ir: Graph) -> str:
-    """A human-readable listing of a graph: inputs, nodes with shapes, outputs, signature."""
+    """A human-readable listing of a graph: symbols, inputs, nodes with shapes, outputs, signature."""
     lines = [f"graph '{ir.name}'  signature {signature(ir)}"]
+    if ir.symbols:
+        lines.append(f"  symbols ({len(ir.symbols)}):")
+        lines.extend(f"    {s.name}: {s.min}..{s.max}" for s in ir.symbols)
     lines.append(f"  inputs ({len(ir.inputs)}):")
     lines.extend(f"    {_tensor_line(t)}" for t in ir.inputs)
     lines.append(f"  nodes ({len(ir.nodes)}):")
@@ -160,7 +163,7 @@ def describe(ir: Graph) -> str:
 
 def _tensor_line(t: Tensor) -> str:
     kind = "virtual" if t.is_virtual else ("constant" if t.is_constant else "")
-    shape = "x".join(map(str, t.dim))
+    shape = "x".join(map(str, t.dim)) if not t.symbols else f"[{', '.join(map(str, t.dim))}]"
     extra = f" = {t.value}" if t.is_constant else ""
     return f"{t.name}: {shape} {t.data_type.value} stride {list(t.stride)} {kind}{extra}".rstrip()
 

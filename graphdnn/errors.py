@@ -63,6 +63,18 @@ class UndeclaredDimsError(ShapeError):
     """An op output's dims cannot be inferred and the user has not declared them yet."""
 
 
+class SymbolicDimError(ShapeError):
+    """A symbolic dim is used where its value is needed (a sum, an order, a concrete size).
+
+    ``extent`` is the symbolic value at fault, when known, so that validation can name
+    the role and dim that hold it.
+    """
+
+    def __init__(self, message: str, extent: object = None, **where: str | None) -> None:
+        super().__init__(message, **where)
+        self.extent = extent
+
+
 class StrideError(GraphError):
     """Strides do not describe a valid, non-overlapping layout for the dims."""
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import DataType, as_data_type
-from .errors import GraphError, StructureError, UndeclaredDimsError
+from .errors import GraphError, ShapeError, StructureError, UndeclaredDimsError
 from .ir import Graph
-from .layout import packed_strides
+from .layout import MAX_DIM, packed_strides
 from .names import check_name
 from .node_spec import NodeSpec
 from .ops import OpMethods
@@ -16,6 +16,7 @@ from .ops.attributes import Attributes
 from .ops.base import Inferred, Op, get_op
 from .serialize import graph_to_json, read_graph
 from .signature import signature as signature_of
+from .symbolic import Extent, Sym, Symbol, symbol
 from .tensor import Scalar, TensorSpec
 from .validate import infer_node
 from .validate import validate as validate_spec
@@ -52,6 +53,7 @@ class OperationGraphSpec(OpMethods):
         self._nodes: list[NodeSpec] = []
         self._node_names: set[str] = set()
         self._nodes_of_kind: dict[str, int] = {}  # numbers default node names without a scan
+        self._symbols: dict[str, Symbol] = {}
 
     @property
     def name(self) -> str:
@@ -76,11 +78,33 @@ class OperationGraphSpec(OpMethods):
         except KeyError:
             raise GraphError(f"graph '{self.name}' has no tensor named '{name}'") from None
 
+    @property
+    def symbols(self) -> tuple[Symbol, ...]:
+        """The symbols declared with :meth:`dim`, in order of declaration."""
+        return tuple(self._symbols.values())
+
     # -- declaring tensors ---------------------------------------------------------------
+    def dim(self, name: str, min: int = 1, max: int = MAX_DIM) -> Sym:
+        """A symbolic dim: an extent known only at execution, anywhere in ``min..max``.
+
+        Use it in tensor dims (``g.tensor([batch, 768])``); the same name is the same
+        value in every tensor, and shape inference carries it through the ops. Products
+        (``batch * seq``) are symbolic dims too. Asking again for a declared name with the
+        same range returns it; with another range is a ShapeError.
+        """
+        declared = self._symbols.get(name)
+        if declared is None:
+            declared = self._symbols[name] = symbol(name, min, max, limit=MAX_DIM)
+        elif (declared.min, declared.max) != (min, max):
+            raise ShapeError(
+                f"symbol '{name}' is declared with range {declared.min}..{declared.max}; it cannot also be {min}..{max}"
+            )
+        return Sym.of(declared)
+
     def tensor(
         self,
-        dim: Sequence[int],
-        stride: Sequence[int] | None = None,
+        dim: Sequence[Extent],
+        stride: Sequence[Extent] | None = None,
         data_type: Any = None,
         is_virtual: bool = False,
         is_pass_by_value: bool = False,

@@ -8,16 +8,18 @@ be disturbed by later edits to the :class:`~graphdnn.OperationGraphSpec` it came
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from .dtypes import DataType
-from .errors import FeedError, GraphError
+from .errors import FeedError, GraphError, UnsupportedError
 from .layout import numel
 from .ops.attributes import Attributes
 from .ops.registry import lookup
+from .symbolic import Extent, Symbol, symbols_of
 
 Scalar = float | int | bool
 FeedKey = Any  # a TensorSpec, an IR Tensor, a tensor name or a uid
@@ -29,8 +31,8 @@ class Tensor:
 
     id: int
     name: str
-    dim: tuple[int, ...]
-    stride: tuple[int, ...]
+    dim: tuple[Extent, ...]
+    stride: tuple[Extent, ...]
     data_type: DataType
     is_virtual: bool
     is_pass_by_value: bool = False
@@ -38,8 +40,34 @@ class Tensor:
     uid: int | None = None
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> Extent:
         return numel(self.dim)
+
+    @cached_property
+    def symbols(self) -> tuple[Symbol, ...]:
+        """The symbols in its dims and strides; empty for a static tensor."""
+        return symbols_of((*self.dim, *self.stride))
+
+    # Lowering, kernels and the runtime work on static graphs only (gd.compile refuses a
+    # dynamic one before lowering); they read dims through these, typed as integers.
+    @property
+    def static_dim(self) -> tuple[int, ...]:
+        return self._static(self.dim)
+
+    @property
+    def static_stride(self) -> tuple[int, ...]:
+        return self._static(self.stride)
+
+    @property
+    def static_numel(self) -> int:
+        return math.prod(self.static_dim)
+
+    def _static(self, values: tuple[Extent, ...]) -> tuple[int, ...]:
+        if self.symbols:
+            raise UnsupportedError(
+                f"has symbolic dims {list(self.dim)}; this stage needs concrete extents", tensor=self.name
+            )
+        return cast(tuple[int, ...], values)
 
     @property
     def is_constant(self) -> bool:
@@ -153,6 +181,16 @@ class Graph:
     def outputs(self) -> tuple[Tensor, ...]:
         """Non-virtual tensors that nodes write."""
         return tuple(t for t in self.tensors if t.id in self._producers and not t.is_virtual)
+
+    @cached_property
+    def symbols(self) -> tuple[Symbol, ...]:
+        """The symbols of its dynamic dims, by name; empty for a static graph (validation
+        checks that each name has one range and is a whole dim of some input)."""
+        return tuple(sorted({s for t in self.tensors for s in t.symbols}))
+
+    @property
+    def is_dynamic(self) -> bool:
+        return bool(self.symbols)
 
 
 def resolve_tensor(ir: Graph, key: FeedKey) -> Tensor:

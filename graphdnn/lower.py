@@ -105,7 +105,7 @@ def _layout(intermediates: tuple[Tensor, ...], programs: tuple[FusedProgram, ...
     buffers = []
     offset = 0
     for t in intermediates:
-        size = storage_extent(t.dim, t.stride) * t.data_type.itemsize
+        size = storage_extent(t.static_dim, t.static_stride) * t.data_type.itemsize
         buffers.append(WorkspaceBuffer(offset, size, tensor=t.id))
         offset = align(offset + size)
     for index, program in enumerate(programs):

@@ -47,7 +47,7 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     feeds = {}
     for t in graph.inputs:
         overlapping = overlap_reason(t.dim, t.stride) is not None
-        shape = (storage_extent(t.dim, t.stride),) if overlapping else t.dim
+        shape = (storage_extent(t.static_dim, t.static_stride),) if overlapping else t.static_dim
         values: np.ndarray
         if needs_positive(graph, t) or t.data_type is DataType.FP8_E8M0:  # e8m0 holds positive values only
             values = rng.uniform(0.5, 2.0, shape)
@@ -60,7 +60,7 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
             values = rng.standard_normal(shape)
         values = values.astype(t.data_type.numpy)
         if overlapping:
-            strides = tuple(s * values.itemsize for s in t.stride)
-            values = np.lib.stride_tricks.as_strided(values, t.dim, strides).copy()
+            strides = tuple(s * values.itemsize for s in t.static_stride)
+            values = np.lib.stride_tricks.as_strided(values, t.static_dim, strides).copy()
         feeds[t.name] = values
     return feeds

@@ -15,6 +15,7 @@ import numpy as np
 from .dtypes import round_to
 from .errors import FeedError, UnsupportedError
 from .ir import FeedKey, Graph, Node, Tensor, resolve_tensor
+from .specialize import specialize_for
 
 # The reference holds every tensor in float64: 2**31 elements is 16 GiB. Dims may reach
 # 2**48 elements (the GPU's bound), so a small file could otherwise ask for petabytes.
@@ -27,6 +28,8 @@ def execute(graph: Any, feeds: Mapping[FeedKey, Any]) -> dict[str, np.ndarray]:
     ``feeds`` maps every graph input (by TensorSpec, name or uid) to an array of its
     logical dims and data type (bf16/fp8 as ml_dtypes arrays); pass-by-value scalars
     also take Python numbers. Returns ``{output name: array}`` in the outputs' types.
+    A dynamic graph takes its symbols' values from the arrays' shapes (checked against
+    the ranges) and runs as the static graph of those values.
     """
     ir: Graph = graph if isinstance(graph, Graph) else graph.validate()
     return output_arrays(ir, evaluate(ir, feeds))
@@ -35,6 +38,7 @@ def execute(graph: Any, feeds: Mapping[FeedKey, Any]) -> dict[str, np.ndarray]:
 def evaluate(ir: Graph, feeds: Mapping[FeedKey, Any]) -> dict[int, np.ndarray]:
     """Every tensor's float64 value by tensor id (feeds, constants, each node's outputs),
     for callers that check intermediates too, such as the fused-partition reference."""
+    ir = specialize_for(ir, feeds)
     values = bind_feeds(ir, feeds)
     run_nodes(ir.nodes, values)
     return values
@@ -47,6 +51,10 @@ def output_arrays(ir: Graph, values: Mapping[int, np.ndarray]) -> dict[str, np.n
 
 def check_size(ir: Graph) -> None:
     """UnsupportedError naming the first tensor too large for the reference to hold."""
+    if ir.is_dynamic:
+        raise UnsupportedError(
+            f"graph '{ir.name}' has symbolic dims; it runs for concrete extents (graphdnn.specialize.specialize_for)"
+        )
     for t in ir.tensors:
         if t.numel > MAX_REFERENCE_ELEMENTS:
             raise UnsupportedError(

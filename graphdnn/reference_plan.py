@@ -23,6 +23,7 @@ from .reference import check_size, execute
 from .runtime.buffers import same_strides
 from .runtime.overlap import View
 from .runtime.schedule import aliased_inputs
+from .specialize import specialize_for
 from .variant_pack import resolve
 
 # Host storage a strided array may waste between its elements (a slice of a bigger tensor
@@ -38,17 +39,23 @@ class ReferencePlan(PlanBase):
     origin = "reference"
 
     def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> ReferenceBound:
-        """Check the arrays once; the returned callable runs the reference and writes the outputs."""
-        check_size(self.graph)
-        pack = resolve(self.graph, variant_pack)
+        """Check the arrays once; the returned callable runs the reference and writes the outputs.
+
+        A dynamic graph is bound as the static graph of the extents the arrays have
+        (symbols read from the inputs, checked against their ranges); outputs left out of
+        the pack are allocated for those extents.
+        """
+        graph = specialize_for(self.graph, variant_pack) if isinstance(variant_pack, Mapping) else self.graph
+        check_size(graph)
+        pack = resolve(graph, variant_pack)
         for tid, value in pack.buffers.items():
-            check_host(self.graph.tensors[tid], value)
+            check_host(graph.tensors[tid], value)
         views = {tid: _view(value) for tid, value in pack.buffers.items()}
-        names = {tid: self.graph.tensors[tid].name for tid in views}
-        aliased_inputs(views, {t.id for t in self.graph.outputs if t.id in views}, names)  # outputs apart
+        names = {tid: graph.tensors[tid].name for tid in views}
+        aliased_inputs(views, {t.id for t in graph.outputs if t.id in views}, names)  # outputs apart
         arrays = dict(pack.buffers)
         arrays.update({t.id: host_array(t) for t in pack.missing_outputs})
-        return ReferenceBound(self.graph, arrays, pack.scalars)
+        return ReferenceBound(graph, arrays, pack.scalars)
 
     def describe(self) -> str:
         return f"reference plan for graph '{self.graph.name}': {len(self.graph.nodes)} nodes run by NumPy"
@@ -83,7 +90,7 @@ def check_host(t: Tensor, value: Any) -> None:
     if tuple(value.shape) != t.dim:
         raise FeedError(f"has dims {list(value.shape)}, the graph declares {list(t.dim)}", tensor=t.name)
     strides = tuple(s // value.itemsize for s in value.strides)
-    if not same_strides(t.dim, strides, t.stride):
+    if not same_strides(t.static_dim, strides, t.static_stride):
         raise FeedError(
             f"has strides {list(strides)}, the graph declares {list(t.stride)} (graphdnn.reference_plan.host_array "
             "makes an array with the graph's strides)",
@@ -102,7 +109,7 @@ def host_array(t: Tensor, values: np.ndarray | None = None) -> np.ndarray:
     of more than MAX_HOST_GAP_BYTES (strides of 2**40 would ask for terabytes).
     """
     itemsize = t.data_type.itemsize
-    extent = storage_extent(t.dim, t.stride)
+    extent = storage_extent(t.static_dim, t.static_stride)
     gap = (extent - t.numel) * itemsize
     if gap > MAX_HOST_GAP_BYTES:
         raise UnsupportedError(

@@ -2,7 +2,9 @@
 
 The format (``"format": "graphdnn.graph"``, ``"version": 1``) is specified in
 docs/json-format.md and by the JSON Schema in ``graphdnn/schema/graph-v1.schema.json``.
-Tensors are referenced by graph-local integer ids, never by name.
+Tensors are referenced by graph-local integer ids, never by name. A dynamic graph lists
+its symbols (``"symbols": {"batch": {"min": 1, "max": 256}}``) and writes a symbolic dim
+or stride as a string: a symbol's name or a product (``"64*batch*seq"``).
 
 Reading never trusts the file: sizes are bounded before anything is built from them,
 every field is type-checked, and every problem is a :class:`FormatError` (or another
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .dtypes import as_data_type
@@ -26,6 +28,7 @@ from .ir import Graph
 from .layout import MAX_RANK
 from .node_spec import NodeSpec
 from .ops.base import get_op
+from .symbolic import Extent, Sym, Symbol
 from .tensor import TensorSpec
 
 FORMAT = "graphdnn.graph"
@@ -37,6 +40,8 @@ MAX_NODES = 65_536
 MAX_TENSORS = 4 * MAX_NODES
 MAX_NAME = 256
 MAX_ID = 2**31 - 1
+MAX_SYMBOLS = 64
+MAX_EXPRESSION = 1024  # characters of a symbolic dim or stride
 
 _GRAPH_KEYS = {
     "format",
@@ -45,6 +50,7 @@ _GRAPH_KEYS = {
     "io_data_type",
     "intermediate_data_type",
     "compute_data_type",
+    "symbols",
     "tensors",
     "nodes",
 }
@@ -56,6 +62,8 @@ class Builder(Protocol):
     """What the reader needs of a graph under construction (an OperationGraphSpec)."""
 
     _nodes: list[NodeSpec]
+
+    def dim(self, name: str, min: int = ..., max: int = ...) -> Sym: ...
 
     def _new_tensor(self, name: str | None, **fields: Any) -> TensorSpec: ...
 
@@ -86,8 +94,8 @@ def graph_to_dict(ir: Graph) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "id": t.id,
             "name": t.name,
-            "dim": list(t.dim),
-            "stride": list(t.stride),
+            "dim": [_extent_json(d) for d in t.dim],
+            "stride": [_extent_json(s) for s in t.stride],
             "data_type": t.data_type.value,
             "is_virtual": t.is_virtual,
         }
@@ -113,16 +121,23 @@ def graph_to_dict(ir: Graph) -> dict[str, Any]:
                 "attributes": node.attributes.to_json(),
             }
         )
-    return {
+    document: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "name": ir.name,
         "io_data_type": ir.io_data_type.value,
         "intermediate_data_type": ir.intermediate_data_type.value,
         "compute_data_type": ir.compute_data_type.value,
-        "tensors": tensors,
-        "nodes": nodes,
     }
+    if ir.symbols:  # static graphs are written as before the format knew symbols
+        document["symbols"] = {s.name: {"min": s.min, "max": s.max} for s in ir.symbols}
+    document["tensors"] = tensors
+    document["nodes"] = nodes
+    return document
+
+
+def _extent_json(value: Extent) -> int | str:
+    return str(value) if isinstance(value, Sym) else value
 
 
 def graph_to_json(ir: Graph, *, indent: int | None = 2) -> str:
@@ -192,6 +207,10 @@ def _no_constants(name: str) -> Any:
 class _Reader:
     """Turns a parsed document into a validated graph under construction and its IR, checking as it goes."""
 
+    def __init__(self) -> None:
+        self.symbols: dict[str, Symbol] = {}  # declared in the document's "symbols"
+        self.used: set[str] = set()  # named by some dim or stride
+
     def read(self, doc: Any, new_graph: Callable[..., B]) -> tuple[B, Graph]:
         _expect(isinstance(doc, dict), "$", "the document must be a JSON object")
         _no_unknown_keys(doc, _GRAPH_KEYS, "$")
@@ -212,7 +231,11 @@ class _Reader:
             intermediate_data_type=_data_type(doc.get("intermediate_data_type"), "intermediate_data_type") or "float",
             compute_data_type=_data_type(doc.get("compute_data_type"), "compute_data_type") or "float",
         )
+        self.symbols = self._symbols(graph, doc.get("symbols", {}))
         tensors = self._tensors(graph, doc.get("tensors"))
+        unused = sorted(set(self.symbols) - self.used)
+        if unused:
+            raise FormatError("declared but no tensor's dims or strides use it", path=f"symbols.{unused[0]}")
         node_paths = self._nodes(graph, doc.get("nodes"), tensors)
         tensor_paths = {spec.name: path for path, spec in tensors.values()}
         try:
@@ -223,6 +246,56 @@ class _Reader:
             path = node_paths.get(error.node or "") or tensor_paths.get(error.tensor or "")
             raise error.located(path=path) from None
         return graph, ir
+
+    def _symbols(self, graph: Builder, entries: Any) -> dict[str, Symbol]:
+        _expect(isinstance(entries, dict), "symbols", "must be an object mapping symbol names to {min, max}")
+        _expect(len(entries) <= MAX_SYMBOLS, "symbols", f"has {len(entries)} entries, over the limit of {MAX_SYMBOLS}")
+        symbols = {}
+        for name, entry in entries.items():
+            path = f"symbols.{name[:64]}"
+            _expect(isinstance(entry, dict), path, "must be an object {min, max}")
+            _no_unknown_keys(entry, {"min", "max"}, path)
+            low = _integer(entry.get("min"), f"{path}.min", 1, 2**62)
+            high = _integer(entry.get("max"), f"{path}.max", 1, 2**62)
+            try:
+                symbols[name] = graph.dim(name, low, high).factors[0]
+            except GraphError as error:
+                raise error.located(path=path) from None
+        return symbols
+
+    def _extents(self, value: Any, path: str) -> Sequence[Extent]:
+        """A dim or stride list: integers, and strings naming a symbol or a product of symbols and integers."""
+        if isinstance(value, list) and any(isinstance(v, str) for v in value):
+            _expect(1 <= len(value) <= MAX_RANK, path, f"must hold 1 to {MAX_RANK} extents, has {len(value)}")
+            return [
+                self._expression(v, f"{path}[{i}]")
+                if isinstance(v, str)
+                else _integer(v, f"{path}[{i}]", -(2**62), 2**62)
+                for i, v in enumerate(value)
+            ]
+        return _int_list(value, path)
+
+    def _expression(self, text: str, path: str) -> Extent:
+        _expect(len(text) <= MAX_EXPRESSION, path, f"is over {MAX_EXPRESSION} characters")
+        value: Extent = 1
+        has_symbol = False
+        for factor in text.split("*"):
+            if factor.isascii() and factor.isdecimal():
+                _expect(len(factor) <= 19, path, f"factor {_short(factor)} is over 2^62")
+                value = value * _integer(int(factor), path, 1, 2**62)
+                continue
+            symbol = self.symbols.get(factor)
+            if symbol is None:
+                raise FormatError(
+                    f"{_short(factor)} is not a declared symbol (symbols: {', '.join(self.symbols) or 'none'}); "
+                    'a symbolic extent is a symbol or a product like "64*batch"',
+                    path=path,
+                )
+            self.used.add(factor)
+            has_symbol = True
+            value = value * Sym.of(symbol)
+        _expect(has_symbol, path, f"must be an integer, got {_short(text)}")  # a string extent names a symbol
+        return value
 
     def _tensors(self, graph: Builder, entries: Any) -> dict[int, tuple[str, TensorSpec]]:
         _expect(isinstance(entries, list), "tensors", "must be a list")
@@ -238,8 +311,8 @@ class _Reader:
             name = entry.get("name")
             if not (name is None or (isinstance(name, str) and 0 < len(name) <= MAX_NAME)):
                 raise FormatError(f"must be a string of 1 to {MAX_NAME} characters", path=f"{path}.name")
-            dim = _int_list(entry.get("dim"), f"{path}.dim")
-            stride = None if entry.get("stride") is None else _int_list(entry["stride"], f"{path}.stride")
+            dim = self._extents(entry.get("dim"), f"{path}.dim")
+            stride = None if entry.get("stride") is None else self._extents(entry["stride"], f"{path}.stride")
             is_virtual = _boolean(entry.get("is_virtual", False), f"{path}.is_virtual")
             by_value = _boolean(entry.get("is_pass_by_value", False), f"{path}.is_pass_by_value")
             value = entry.get("value")

@@ -11,6 +11,11 @@ they see. When no splitter splits anything, the elements still tied are structur
 alike; one member of the first tied cell is singled out and refinement goes on, until
 every element has a cell of its own. Its position is its number.
 
+A dynamic graph's symbols are elements too, labelled by their range and joined to each
+tensor whose dims or strides use them (by field and axis): so the signature covers the
+ranges and which dims share a symbol, never a symbol's name or any concrete value. A
+static graph has no symbol elements and its canonical form is what it always was.
+
 Every step is defined by positions and labels, never by names or ids, so the numbering
 is the same for every declaration of a graph whenever ties are true symmetries, which
 covers the graphs graphdnn is built for. A split re-queues all but its largest part
@@ -24,10 +29,12 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+from collections.abc import Callable
 from typing import Any
 
 from .gc_pause import gc_paused
-from .ir import Graph
+from .ir import Graph, Tensor
+from .symbolic import Sym
 
 FORM_VERSION = 2
 
@@ -64,11 +71,22 @@ def _hash(form: dict[str, Any]) -> str:
 
 @gc_paused()
 def _canonical(graph: Graph) -> tuple[dict[str, Any], tuple[int, ...]]:
-    tensor_labels = [_tensor_label(t) for t in graph.tensors]
+    tensor_labels = [_tensor_label(t, _range_form) for t in graph.tensors]
     node_labels = _node_labels(graph)
     rank = _canonical_ranks(graph, tensor_labels, node_labels)
     first = len(graph.tensors)
     order = tuple(sorted(range(first), key=rank.__getitem__))
+    form: dict[str, Any] = {"form": FORM_VERSION}
+    if graph.symbols:  # dims name symbols by canonical position; ranges listed in that order
+        after_nodes = first + len(graph.nodes)
+        by_rank = sorted(range(len(graph.symbols)), key=lambda k: rank[after_nodes + k])
+        position = {graph.symbols[k]: p for p, k in enumerate(by_rank)}
+        form["symbols"] = [[graph.symbols[k].min, graph.symbols[k].max] for k in by_rank]
+
+        def numbered(e: Sym) -> list[Any]:
+            return ["*", e.coefficient, sorted(position[s] for s in e.factors)]
+
+        tensor_labels = [_tensor_label(t, numbered) for t in graph.tensors]
     tensor_index = {tid: position for position, tid in enumerate(order)}
     nodes = []
     for i in sorted(range(len(graph.nodes)), key=lambda i: rank[first + i]):
@@ -79,12 +97,23 @@ def _canonical(graph: Graph) -> tuple[dict[str, Any], tuple[int, ...]]:
         ]
         outputs = [[role, tensor_index[t.id]] for role, t in node.outputs]
         nodes.append([*node_labels[i], inputs, outputs])
-    tensors = [tensor_labels[tid] for tid in order]
-    return {"form": FORM_VERSION, "tensors": tensors, "nodes": nodes}, order
+    form["tensors"] = [tensor_labels[tid] for tid in order]
+    form["nodes"] = nodes
+    return form, order
 
 
-def _tensor_label(t: Any) -> list[Any]:
-    return [list(t.dim), list(t.stride), t.data_type.value, t.is_virtual, t.is_pass_by_value, t.value]
+def _range_form(e: Sym) -> list[Any]:
+    """A symbolic extent without names, for the starting labels: its coefficient and its symbols' ranges."""
+    return ["*", e.coefficient, [[s.min, s.max] for s in e.factors]]
+
+
+def _tensor_label(t: Tensor, symbolic: Callable[[Sym], list[Any]]) -> list[Any]:
+    if t.symbols:
+        dims: list[Any] = [symbolic(d) if isinstance(d, Sym) else d for d in t.dim]
+        strides: list[Any] = [symbolic(s) if isinstance(s, Sym) else s for s in t.stride]
+    else:
+        dims, strides = list(t.dim), list(t.stride)
+    return [dims, strides, t.data_type.value, t.is_virtual, t.is_pass_by_value, t.value]
 
 
 def _node_labels(graph: Graph) -> list[list[Any]]:
@@ -117,6 +146,7 @@ def _canonical_ranks(graph: Graph, tensor_labels: list[list[Any]], node_labels: 
     for label in node_labels:
         text = node_texts.get(id(label))
         labels.append(text or node_texts.setdefault(id(label), json.dumps(["n", *label], sort_keys=True)))
+    labels.extend(json.dumps(["s", s.min, s.max]) for s in graph.symbols)
     partition = _Partition(labels, _edges(graph, first))
     partition.refine()
     while (tied := partition.first_tied_cell()) is not None:
@@ -138,8 +168,15 @@ def _edges(graph: Graph, first: int) -> list[list[tuple[int, int]]]:
                 raw.append((first + i, t.id, (0, role, position), (2, role, position)))
         for role, t in node.outputs:
             raw.append((first + i, t.id, (1, role, 0), (3, role, 0)))
+    symbol_id = {s: first + len(graph.nodes) + k for k, s in enumerate(graph.symbols)}
+    for t in graph.tensors:
+        if t.symbols:  # a symbol and each dim or stride using it (once per factor)
+            for field, values in (("dim", t.dim), ("stride", t.stride)):
+                for axis, value in enumerate(values):
+                    for s in value.factors if isinstance(value, Sym) else ():
+                        raw.append((symbol_id[s], t.id, (4, field, axis), (5, field, axis)))
     number = {label: n for n, label in enumerate(sorted({r[2] for r in raw} | {r[3] for r in raw}))}
-    adjacent: list[list[tuple[int, int]]] = [[] for _ in range(first + len(graph.nodes))]
+    adjacent: list[list[tuple[int, int]]] = [[] for _ in range(first + len(graph.nodes) + len(graph.symbols))]
     for element, tensor, seen_by_tensor, seen_by_node in raw:
         adjacent[element].append((tensor, number[seen_by_tensor]))
         adjacent[tensor].append((element, number[seen_by_node]))

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from .dtypes import DataType, as_data_type
 from .errors import GraphError
+from .symbolic import Extent, Sym
 
 Scalar = float | int | bool
 
@@ -57,8 +58,8 @@ class TensorSpec:
         graph: Owner,
         name: str,
         *,
-        dim: Sequence[int] | None,
-        stride: Sequence[int] | None,
+        dim: Sequence[Extent] | None,
+        stride: Sequence[Extent] | None,
         data_type: Any,
         is_virtual: bool,
         is_pass_by_value: bool = False,
@@ -88,12 +89,13 @@ class TensorSpec:
         return self._name
 
     @property
-    def dim(self) -> tuple[int, ...] | None:
-        """Logical dims; None until known (e.g. a reduction output the user must size)."""
+    def dim(self) -> tuple[Extent, ...] | None:
+        """Logical dims; None until known (e.g. a reduction output the user must size).
+        A dim may be symbolic (:class:`~graphdnn.Sym`, from ``graph.dim``)."""
         return self._dim
 
     @property
-    def stride(self) -> tuple[int, ...] | None:
+    def stride(self) -> tuple[Extent, ...] | None:
         return self._stride
 
     @property
@@ -136,10 +138,10 @@ class TensorSpec:
     def get_name(self) -> str:
         return self._name
 
-    def get_dim(self) -> list[int] | None:
+    def get_dim(self) -> list[Extent] | None:
         return None if self._dim is None else list(self._dim)
 
-    def get_stride(self) -> list[int] | None:
+    def get_stride(self) -> list[Extent] | None:
         return None if self._stride is None else list(self._stride)
 
     def get_data_type(self) -> DataType:
@@ -173,7 +175,7 @@ class TensorSpec:
         self._data_type = as_data_type(data_type)
         return self
 
-    def set_dim(self, dim: Sequence[int]) -> TensorSpec:
+    def set_dim(self, dim: Sequence[Extent]) -> TensorSpec:
         """Pin the dims. Op outputs are checked against inference at validation."""
         self._dim = _as_ints(dim, "dim", self._name)
         self._dim_is_set = True
@@ -181,7 +183,7 @@ class TensorSpec:
             self._stride = None  # inferred again for the new dims
         return self
 
-    def set_stride(self, stride: Sequence[int]) -> TensorSpec:
+    def set_stride(self, stride: Sequence[Extent]) -> TensorSpec:
         self._stride = _as_ints(stride, "stride", self._name)
         self._stride_is_set = True
         return self
@@ -198,21 +200,27 @@ class TensorSpec:
 
     def __repr__(self) -> str:
         dims = "?" if self._dim is None else "x".join(map(str, self._dim))
+        if self._dim is not None and any(isinstance(d, Sym) for d in self._dim):
+            dims = f"[{', '.join(map(str, self._dim))}]"
         kind = "virtual" if self._is_virtual else ("output" if self.is_output else "input")
         return f"TensorSpec({self._name!r}, {dims}, {self.data_type.value}, {kind})"
 
 
-def _as_ints(values: Sequence[int] | None, what: str, tensor: str) -> tuple[int, ...] | None:
+def _as_ints(values: Sequence[Extent] | None, what: str, tensor: str) -> tuple[Extent, ...] | None:
+    """Integers and symbolic extents, as a tuple; NumPy integers become ints."""
     if values is None:
         return None
     try:
         items = tuple(values)
     except TypeError:
         raise GraphError(f"{what} must be a list of integers, got {values!r}", tensor=tensor) from None
-    if all(type(item) is int for item in items):
+    if all(type(item) is int or type(item) is Sym for item in items):
         return items
     for item in items:
         # NumPy integers are fine (they have __index__); floats, strings, bools are not.
         if isinstance(item, bool) or not hasattr(item, "__index__"):
-            raise GraphError(f"{what} must hold integers, got {item!r}", tensor=tensor)
-    return tuple(int(item) for item in items)
+            raise GraphError(
+                f"{what} must hold integers, got {item!r}; a symbolic dim comes from graph.dim(name, min, max)",
+                tensor=tensor,
+            )
+    return tuple(item if isinstance(item, Sym) else int(item) for item in items)

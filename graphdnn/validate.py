@@ -13,12 +13,13 @@ from dataclasses import replace
 from typing import Protocol
 
 from .dtypes import DataType
-from .errors import DataTypeError, GraphError, ShapeError, StructureError
+from .errors import DataTypeError, GraphError, ShapeError, StructureError, SymbolicDimError
 from .gc_pause import gc_paused
 from .ir import Graph, Node, Tensor
 from .layout import check_dims, check_extent, check_strides, numel, packed_strides
 from .node_spec import NodeSpec
 from .ops.base import Category, Inferred, Op
+from .symbolic import Extent, Sym, Symbol
 from .tensor import Owner, TensorSpec
 
 
@@ -72,6 +73,7 @@ def validate(spec: GraphSpec) -> Graph:
 
     tensors = tuple(resolved[t] for t in spec.tensors)
     _check_outputs_and_liveness(spec, nodes, tensors)
+    _check_symbols(tensors, writer.keys())
     numbered = _assign_uids(spec, tensors)
     fresh = {t.id: t for t, before in zip(numbered, tensors, strict=True) if t is not before}
     nodes = [_rebind(node, fresh) for node in nodes]
@@ -159,6 +161,38 @@ def _check_outputs_and_liveness(spec: GraphSpec, nodes: list[Node], tensors: tup
             )
 
 
+def _check_symbols(tensors: tuple[Tensor, ...], written: Iterable[TensorSpec]) -> None:
+    """One range per symbol name, and each symbol a whole dim of some graph input, where
+    execution reads its value (a symbol seen only inside products could not be solved for)."""
+    seen: dict[str, tuple[Symbol, str]] = {}
+    for t in tensors:
+        for s in t.symbols:
+            first = seen.setdefault(s.name, (s, t.name))
+            if first[0] != s:
+                raise ShapeError(
+                    f"symbol '{s.name}' has range {s.min}..{s.max} here but {first[0].min}..{first[0].max} in tensor "
+                    f"'{first[1]}'; a symbol has one range in a graph",
+                    tensor=t.name,
+                )
+    if not seen:
+        return
+    outputs = {t.name for t in written}
+    readable = {
+        d.factors[0].name
+        for t in tensors
+        if t.name not in outputs and not t.is_virtual
+        for d in t.dim
+        if isinstance(d, Sym) and d.coefficient == 1 and len(d.factors) == 1
+    }
+    for name, (s, where) in seen.items():
+        if name not in readable:
+            raise ShapeError(
+                f"symbol {s} is in tensor '{where}' but is not a whole dim of any graph input; execution reads a "
+                "symbol's value from an input's dims",
+                tensor=where,
+            )
+
+
 def _assign_uids(spec: GraphSpec, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     """Check user uids are unique; give other non-virtual tensors the smallest free ones."""
     taken: dict[int, str] = {}
@@ -215,7 +249,7 @@ def _resolved_type(t: TensorSpec, what: str) -> DataType:
 
 
 def _check_layout(
-    name: str, dim: Iterable[int], stride: Iterable[int] | None = None, *, read_only: bool = False
+    name: str, dim: Iterable[Extent], stride: Iterable[Extent] | None = None, *, read_only: bool = False
 ) -> None:
     """Check ``dim``, and ``stride`` unless it is None (packed strides, valid by construction)."""
     dim = tuple(dim)
@@ -338,7 +372,26 @@ def _infer(op: Op, node: Node, node_spec: NodeSpec) -> dict[str, Inferred]:
         for role in op.declared_outputs
         if role in node_spec.outputs
     }
-    return op.infer(node, declared)
+    try:
+        return op.infer(node, declared)
+    except SymbolicDimError as error:
+        raise _symbolic_error(op, node, error) from None
+
+
+def _symbolic_error(op: Op, node: Node, error: SymbolicDimError) -> ShapeError:
+    """Name the role and dim holding the symbol that ``op``'s inference needed a value of."""
+    culprits = set(error.extent.symbols) if isinstance(error.extent, Sym) else set()
+    for role, bound in node.inputs:
+        for t in bound if isinstance(bound, tuple) else (bound,):
+            for axis, extent in enumerate(t.dim):
+                if isinstance(extent, Sym) and (not culprits or culprits & set(extent.symbols)):
+                    return ShapeError(
+                        f"{op.kind} cannot take a symbolic dim as {role} '{t.name}' dim {axis} ({extent}): "
+                        f"{error.reason}; that dim must be static",
+                        node=node.name,
+                        tensor=t.name,
+                    )
+    return ShapeError(f"{op.kind}: {error.reason}", node=node.name)
 
 
 def _resolve_output(node: str, op: Op, role: str, t: TensorSpec, inferred: Inferred, tensor_id: int) -> Tensor:

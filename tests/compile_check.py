@@ -28,14 +28,16 @@ MAX_NODES = 2000
 
 class GraphRecorder:
     """Keeps every graph ``OperationGraphSpec.validate`` returns while installed (counting,
-    not keeping, those over MAX_NODES and those using ops a test registers for a while, such
-    as the docs' example op, gone by the time the graphs compile): builders, files and
-    ``gd.compile`` all validate through it."""
+    not keeping, those over MAX_NODES, those using ops a test registers for a while, such
+    as the docs' example op, gone by the time the graphs compile, and dynamic graphs, whose
+    kernels with runtime extents are the next step of docs/dynamic-shapes.md): builders,
+    files and ``gd.compile`` all validate through it."""
 
     def __init__(self) -> None:
         self._graphs: list[Graph] = []
         self.too_large = 0
         self.test_ops = 0
+        self.dynamic = 0
         self._original: Callable[[Any], Graph] | None = None
 
     def install(self) -> None:
@@ -51,6 +53,8 @@ class GraphRecorder:
                 self.too_large += 1
             elif any(node.op not in built_in for node in graph.nodes):
                 self.test_ops += 1
+            elif graph.is_dynamic:
+                self.dynamic += 1
             else:
                 self._graphs.append(graph)  # deduplicated later, so a test's validate costs nothing more
             return graph

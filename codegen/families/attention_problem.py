@@ -46,31 +46,31 @@ class Attention:
 
     @property
     def batch(self) -> int:
-        return self.q.dim[0]
+        return self.q.static_dim[0]
 
     @property
     def heads(self) -> int:
-        return self.q.dim[1]
+        return self.q.static_dim[1]
 
     @property
     def kv_heads(self) -> int:
-        return self.k.dim[1]
+        return self.k.static_dim[1]
 
     @property
     def sq(self) -> int:
-        return self.q.dim[2]
+        return self.q.static_dim[2]
 
     @property
     def skv(self) -> int:
-        return self.k.dim[2]
+        return self.k.static_dim[2]
 
     @property
     def d(self) -> int:
-        return self.q.dim[3]
+        return self.q.static_dim[3]
 
     @property
     def dv(self) -> int:
-        return self.v.dim[3]
+        return self.v.static_dim[3]
 
     @property
     def causal(self) -> bool:

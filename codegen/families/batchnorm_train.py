@@ -62,7 +62,7 @@ def _statistics(bn: Node, fused: FusedNode, count: int, compute: str) -> Finish:
     the channel's (mean as hi + lo, scale * inv_variance, bias) in the ``affine`` scratch."""
     x, scale, bias = (bn.input(role) for role in ("input", "scale", "bias"))
     assert x is not None and scale is not None and bias is not None
-    kept = tuple(d if axis == 1 else 1 for axis, d in enumerate(x.dim))
+    kept = tuple(d if axis == 1 else 1 for axis, d in enumerate(x.static_dim))
     channels = x.dim[1]
     written = {t.id for t in fused.outputs}
     stats = {role: t for role, t in bn.outputs if role != "y" and t.id in written}
@@ -121,7 +121,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, y = bn.input("input"), bn.output("y")
     assert x is not None and y is not None
     compute = compute_of([*fused.inputs, *fused.outputs])
-    kept = tuple(d if axis == 1 else 1 for axis, d in enumerate(x.dim))
+    kept = tuple(d if axis == 1 else 1 for axis, d in enumerate(x.static_dim))
     statistics = _statistics(bn, fused, x.numel // x.dim[1], compute)
     walk = plan_walk(x, kept, [*statistics.inputs, *statistics.outputs], slot_bytes=3 * type_bytes(compute))
 
@@ -137,7 +137,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     acc = Accumulator(compute, 3, 0.0, "add", fold, "double", shifted=True)
     pattern = pattern_name(fused)
     kernels, scratch = walk_kernels(ctx, fused, walk, acc, statistics, pattern)
-    affine = Scratch("affine", AFFINE * x.dim[1] * type_bytes(compute))
+    affine = Scratch("affine", AFFINE * x.static_dim[1] * type_bytes(compute))
     normalized = {y.id, *(t.id for node in fused.epilogue for t in node.output_tensors())}
     full = [t for t in fused.outputs if t.id in normalized]
     if full:
@@ -154,7 +154,7 @@ def _inner_run(x: Tensor, order: Sequence[int]) -> list[int]:
         if x.stride[axis] != span:
             break
         run.insert(0, axis)
-        span *= x.dim[axis]
+        span *= x.static_dim[axis]
     return run
 
 
@@ -182,7 +182,7 @@ def _apply_kernel(
 ) -> Kernel:
     """Each thread normalizes VEC consecutive elements (in x's memory order) per step of a
     grid-stride loop; the per-channel affine comes from scratch (L1-resident)."""
-    dims, order = x.dim, stride_order(x.dim, x.stride)
+    dims, order = x.static_dim, stride_order(x.static_dim, x.static_stride)
     operands = [t for t in epilogue_operands(fused) if t.id != x.id]
     params = KernelParams()
     names = declare(params, [x, *operands], outputs)
@@ -205,7 +205,7 @@ def _apply_kernel(
     stationary = vec > 1 and run == [1] and -(-blocks // period) * period <= MAX_BLOCKS
     if stationary:
         blocks = -(-blocks // period) * period
-    itype = loop_index_type(tensors, x.numel, blocks * THREADS * vec)
+    itype = loop_index_type(tensors, x.static_numel, blocks * THREADS * vec)
 
     def element(prefix: str, vector: bool) -> list[str]:
         """Statements normalizing and storing the element at coordinates ``{prefix}*``."""

@@ -52,7 +52,7 @@ def emit_dgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     dy, w, dx = node.input("loss"), node.input("filter"), node.output("dx")
     assert dy is not None and w is not None and dx is not None
     a = _attributes(fused)
-    compute, itype = compute_for(fused), loop_index_type([dy, w, dx], dx.numel)
+    compute, itype = compute_for(fused), loop_index_type([dy, w, dx], dx.static_numel)
     params = KernelParams()
     names = declare(params, [dy, w])
     out = params.tensor(dx, writable=True)
@@ -61,7 +61,7 @@ def emit_dgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     spatial = range(2, len(dx.dim))
 
     body = [
-        *coordinates("i", dx.dim, stride_order(dx.dim, dx.stride), "c", itype),
+        *coordinates("i", dx.static_dim, stride_order(dx.static_dim, dx.static_stride), "c", itype),
         f"const {itype} group = c1 / {per_group};",
         f"const {itype} channel = c1 - group * {per_group};",
         f"{compute} acc = {literal(0, compute)};",
@@ -79,16 +79,16 @@ def emit_dgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         depth += 1
     pad = "  " * depth
     loss_at = offset_at(dy, ["c0", "k", *(f"p{axis}" for axis in spatial)])
-    filter_at = offset_at(w, ["k", "channel", *(_tap(a, w.dim[axis], f"f{axis}") for axis in spatial)])
+    filter_at = offset_at(w, ["k", "channel", *(_tap(a, w.static_dim[axis], f"f{axis}") for axis in spatial)])
     body += [
         f"{pad}for ({itype} k = group * {k_per_group}; k < (group + 1) * {k_per_group}; ++k) {{",
         f"{pad}  acc += {read(dy, names[dy.id], loss_at, compute)} * {read(w, names[w.id], filter_at, compute)};",
         f"{pad}}}",
         *("  " * level + "}" for level in reversed(range(depth))),
-        f"{out}[{offset(dx, dx.dim, 'c')}] = {store(dx.data_type, 'acc')};",
+        f"{out}[{offset(dx, dx.static_dim, 'c')}] = {store(dx.data_type, 'acc')};",
     ]
-    loop = grid_stride("i", first_thread(itype), dx.numel, itype, body)
-    kernel = make_kernel(ctx, fused, "conv_dgrad", params, loop, (blocks_for(dx.numel), 1, 1))
+    loop = grid_stride("i", first_thread(itype), dx.static_numel, itype, body)
+    kernel = make_kernel(ctx, fused, "conv_dgrad", params, loop, (blocks_for(dx.static_numel), 1, 1))
     return FusedProgram(fused.name, (kernel,))
 
 
@@ -106,10 +106,12 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     compute = compute_for(fused)
     rank = len(dw.dim)
     sample = rank  # the space axis of n; p_d is at rank + 1 + d
-    dims = (*dw.dim, dy.dim[0], *dy.dim[2:])
+    dims = (*dw.static_dim, dy.static_dim[0], *dy.static_dim[2:])
     loss_axes = [sample if axis == 0 else rank + axis - 1 for axis in range(len(dy.dim))]  # dy axis -> space axis
     reduced = tuple(loss_axes[axis] for axis in stride_order(dy.dim, dy.stride) if axis != 1)
-    rows = innermost_reduced(dy.dim, dy.stride, tuple(axis for axis in range(len(dy.dim)) if axis != 1))
+    rows = innermost_reduced(
+        dy.static_dim, dy.static_stride, tuple(axis for axis in range(len(dy.static_dim)) if axis != 1)
+    )
     per_group = dw.dim[1]
     k_per_group = dw.dim[0] // (x.dim[1] // per_group)
 
@@ -120,7 +122,7 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         for d, (extent, s, dilation, pre, post) in enumerate(
             zip(x.dim[2:], a.stride, a.dilation, a.pre_padding, a.post_padding)
         ):
-            tap = _tap(a, dw.dim[2 + d], f"c{2 + d}")
+            tap = _tap(a, dw.static_dim[2 + d], f"c{2 + d}")
             statements.append(f"const {itype} i{d} = c{rank + 1 + d} * {s} + ({tap}) * {dilation} - {pre};")
             # The last tap of the last output reaches extent + post - 1: only padding can fall outside.
             inside += [f"i{d} >= 0"] * (pre > 0) + [f"i{d} < {extent}"] * (post > 0)
@@ -138,9 +140,11 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         return statements, [f"{image} * {loss}"]
 
     def finish(params: KernelParams, totals: list[str]) -> list[str]:
-        return [f"{params.tensor(dw, writable=True)}[{offset(dw, dw.dim, 'c')}] = {store(dw.data_type, totals[0])};"]
+        return [
+            f"{params.tensor(dw, writable=True)}[{offset(dw, dw.static_dim, 'c')}] = {store(dw.data_type, totals[0])};"
+        ]
 
-    kept = stride_order(dw.dim, dw.stride)
+    kept = stride_order(dw.static_dim, dw.static_stride)
     sums = Sums("conv_wgrad", dims, kept, reduced, rows, terms, finish)
     kernels, scratch = sums_kernels(ctx, fused, sums, compute)
     return FusedProgram(fused.name, kernels, scratch)

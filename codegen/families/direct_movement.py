@@ -52,25 +52,25 @@ def emit_reshape(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, y = _operands(fused)
     # A packed row-major input is a view of the output's dims: its element offset is the row-major index.
     row_major = all(s == p for d, s, p in zip(x.dim, x.stride, packed_strides(x.dim)) if d > 1)
-    source = View(packed_strides(y.dim)) if row_major else None
-    return _program(ctx, fused, [Copy(x, y, y.dim, View(y.stride), source)])
+    source = View(packed_strides(y.static_dim)) if row_major else None
+    return _program(ctx, fused, [Copy(x, y, y.static_dim, View(y.static_stride), source)])
 
 
 def emit_transpose(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, y = _operands(fused)
     attributes = anchor_of(fused).attributes
     assert isinstance(attributes, TransposeAttributes)
-    source = View(tuple(x.stride[axis] for axis in attributes.permutation))
-    return _program(ctx, fused, [Copy(x, y, y.dim, View(y.stride), source)])
+    source = View(tuple(x.static_stride[axis] for axis in attributes.permutation))
+    return _program(ctx, fused, [Copy(x, y, y.static_dim, View(y.static_stride), source)])
 
 
 def emit_slice(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, y = _operands(fused)
     a = anchor_of(fused).attributes
     assert isinstance(a, SliceAttributes)
-    strides = tuple(stride * step for stride, step in zip(x.stride, a.step))
-    base = sum(start * stride for start, stride, extent in zip(a.start, x.stride, x.dim) if extent > 1)
-    return _program(ctx, fused, [Copy(x, y, y.dim, View(y.stride), View(strides, base))])
+    strides = tuple(stride * step for stride, step in zip(x.static_stride, a.step))
+    base = sum(start * stride for start, stride, extent in zip(a.start, x.static_stride, x.static_dim) if extent > 1)
+    return _program(ctx, fused, [Copy(x, y, y.static_dim, View(y.static_stride), View(strides, base))])
 
 
 def emit_concatenate(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -81,7 +81,9 @@ def emit_concatenate(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     axis = node.attributes.axis % len(y.dim)
     copies, start = [], 0
     for x in node.inputs_of("inputs"):
-        copies.append(Copy(x, y, x.dim, View(y.stride, start * y.stride[axis]), View(x.stride)))
+        copies.append(
+            Copy(x, y, x.static_dim, View(y.static_stride, start * y.static_stride[axis]), View(x.static_stride))
+        )
         start += x.dim[axis]
     return _program(ctx, fused, copies)
 
@@ -199,10 +201,10 @@ def _move_vector(c: Copy, dst: str, src: str, vec: int, compute: str, dst_offset
 def _relinearized(c: Copy, itype: str, move: Callable[[str, str], str]) -> list[str]:
     """A reshape element by element, the destination in memory order: its coordinates give
     the row-major index, which gives the source coordinates."""
-    assert c.dst_at == View(c.dst.stride) and c.dims == c.dst.dim
+    assert c.dst_at == View(c.dst.static_stride) and c.dims == c.dst.static_dim
     return [
         *coordinates("p", c.dims, stride_order(c.dims, c.dst.stride), "c", itype),
         f"const {itype} row_major = {linear_index(c.dims, range(len(c.dims)), 'c')};",
-        *coordinates("row_major", c.src.dim, range(len(c.src.dim)), "x", itype),
-        move(offset(c.dst, c.dims, "c"), offset(c.src, c.src.dim, "x")),
+        *coordinates("row_major", c.src.static_dim, range(len(c.src.static_dim)), "x", itype),
+        move(offset(c.dst, c.dims, "c"), offset(c.src, c.src.static_dim, "x")),
     ]

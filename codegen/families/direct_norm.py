@@ -55,7 +55,7 @@ def emit_genstats(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     reduced = tuple(axis for axis in stride_order(x.dim, x.stride) if axis != 1)
 
     def terms(params: KernelParams, itype: str) -> tuple[list[str], list[str]]:
-        value = operand_loader({x.id: params.tensor(x)}, x.dim, "c", compute)(x)
+        value = operand_loader({x.id: params.tensor(x)}, x.static_dim, "c", compute)(x)
         return [f"const {compute} v = {value};"], ["v", "v * v"]
 
     def finish(params: KernelParams, totals: list[str]) -> list[str]:
@@ -64,11 +64,19 @@ def emit_genstats(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             t = node.output(role)
             if t is not None and written(fused, t):
                 stores.append(
-                    f"{params.tensor(t, writable=True)}[{offset(t, x.dim, 'c')}] = {store(t.data_type, total)};"
+                    f"{params.tensor(t, writable=True)}[{offset(t, x.static_dim, 'c')}] = {store(t.data_type, total)};"
                 )
         return stores
 
-    sums = Sums("genstats", x.dim, (1,), reduced, innermost_reduced(x.dim, x.stride, reduced), terms, finish)
+    sums = Sums(
+        "genstats",
+        x.static_dim,
+        (1,),
+        reduced,
+        innermost_reduced(x.static_dim, x.static_stride, reduced),
+        terms,
+        finish,
+    )
     kernels, scratch = sums_kernels(ctx, fused, sums, compute)
     return FusedProgram(fused.name, kernels, scratch)
 
@@ -137,7 +145,7 @@ class _Backward:
 
     @property
     def set_count(self) -> int:
-        return math.prod(self.x.dim[axis] for axis in self.set_kept)
+        return math.prod(self.x.static_dim[axis] for axis in self.set_kept)
 
     def reductions(self) -> list[Sums]:
         """The parameter sums (dscale, dbias; in the shared case also dx's), then the set sums."""
@@ -154,7 +162,7 @@ class _Backward:
     def _values(self, params: KernelParams, with_g: bool) -> list[str]:
         """grad, inv, xhat (and g) at the coordinates c{axis} of x."""
         names = declare(params, [self.grad, self.x, self.mean, self.inv] + ([self.scale] if with_g else []))
-        at = operand_loader(names, self.x.dim, "c", self.compute)
+        at = operand_loader(names, self.x.static_dim, "c", self.compute)
 
         centered = f"{at(self.x)} - {at(self.mean)}" if self.mean is not None else at(self.x)
         statements = [
@@ -180,7 +188,7 @@ class _Backward:
             for t, total in zip(targets, totals):
                 if t is not None and written(self.fused, t):
                     target = params.tensor(t, writable=True)
-                    stores.append(f"{target}[{offset(t, self.x.dim, 'c')}] = {store(t.data_type, total)};")
+                    stores.append(f"{target}[{offset(t, self.x.static_dim, 'c')}] = {store(t.data_type, total)};")
             if to_scratch:
                 sums = params.scratch(SET_SUMS, self.compute)
                 stores += [f"{sums}[{f'{k * count} + ' if k else ''}o] = {total};" for k, total in enumerate(totals)]
@@ -188,10 +196,10 @@ class _Backward:
 
         return Sums(
             f"{anchor_of(self.fused).op}_{kind}",
-            self.x.dim,
+            self.x.static_dim,
             kept,
             reduced,
-            innermost_reduced(self.x.dim, self.x.stride, reduced),
+            innermost_reduced(self.x.static_dim, self.x.static_stride, reduced),
             lambda params, itype: (self._values(params, with_g=kind == "sets"), terms),
             finish,
         )
@@ -199,16 +207,16 @@ class _Backward:
     def dx_kernel(self, ctx: EmitContext) -> Kernel:
         """One thread per element of dx (in its memory order), from the set sums."""
         c, x = self.compute, self.x
-        itype = loop_index_type(tensors_of(self.fused), x.numel)
+        itype = loop_index_type(tensors_of(self.fused), x.static_numel)
         params = KernelParams()
-        body = [*coordinates("p", x.dim, stride_order(self.dx.dim, self.dx.stride), "c", itype)]
+        body = [*coordinates("p", x.static_dim, stride_order(self.dx.static_dim, self.dx.static_stride), "c", itype)]
         body += self._values(params, with_g=True)
         sums = params.scratch(SET_SUMS, c)
         out = params.tensor(self.dx, writable=True)
         factor = "scale * " if self.shared else ""
-        n = literal(math.prod(x.dim[axis] for axis in self.set_axes), c)
+        n = literal(math.prod(x.static_dim[axis] for axis in self.set_axes), c)
         body += [
-            f"const {itype} o = {linear_index(x.dim, self.set_kept, 'c')};",
+            f"const {itype} o = {linear_index(x.static_dim, self.set_kept, 'c')};",
             f"const {c} mean_gx = {factor}{sums}[o] / {n};",
         ]
         if self.mean is not None:
@@ -216,6 +224,8 @@ class _Backward:
             value = "inv * (g - mean_g - xhat * mean_gx)"
         else:
             value = "inv * (g - xhat * mean_gx)"
-        body.append(f"{out}[{offset(self.dx, x.dim, 'c')}] = {store(self.dx.data_type, value)};")
-        loop = grid_stride("p", first_thread(itype), x.numel, itype, body)
-        return make_kernel(ctx, self.fused, f"{anchor_of(self.fused).op}_dx", params, loop, (blocks_for(x.numel), 1, 1))
+        body.append(f"{out}[{offset(self.dx, x.static_dim, 'c')}] = {store(self.dx.data_type, value)};")
+        loop = grid_stride("p", first_thread(itype), x.static_numel, itype, body)
+        return make_kernel(
+            ctx, self.fused, f"{anchor_of(self.fused).op}_dx", params, loop, (blocks_for(x.static_numel), 1, 1)
+        )

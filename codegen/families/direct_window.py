@@ -42,11 +42,11 @@ def emit_pooling(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, y = node.input("input"), node.output("y")
     a = node.attributes
     assert x is not None and y is not None and isinstance(a, PoolingAttributes)
-    compute, itype = compute_for(fused), loop_index_type([x, y], y.numel)
+    compute, itype = compute_for(fused), loop_index_type([x, y], y.static_numel)
     params = KernelParams()
     source, out = params.tensor(x), params.tensor(y, writable=True)
 
-    body = coordinates("p", y.dim, stride_order(y.dim, y.stride), "c", itype)
+    body = coordinates("p", y.static_dim, stride_order(y.static_dim, y.static_stride), "c", itype)
     loops, counts = [], []
     for d, (w, s, pre) in enumerate(zip(a.window, a.stride, a.pre_padding)):
         axis = d + 2
@@ -76,10 +76,12 @@ def emit_pooling(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         f"  const {compute} v = {value};",
         f"  {update}",
         "}",
-        f"{out}[{offset(y, y.dim, 'c')}] = {store(y.data_type, result)};",
+        f"{out}[{offset(y, y.static_dim, 'c')}] = {store(y.data_type, result)};",
     ]
-    loop = grid_stride("p", first_thread(itype), y.numel, itype, body)
-    return FusedProgram(fused.name, (make_kernel(ctx, fused, "pooling", params, loop, (blocks_for(y.numel), 1, 1)),))
+    loop = grid_stride("p", first_thread(itype), y.static_numel, itype, body)
+    return FusedProgram(
+        fused.name, (make_kernel(ctx, fused, "pooling", params, loop, (blocks_for(y.static_numel), 1, 1)),)
+    )
 
 
 def emit_resample(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -91,11 +93,11 @@ def emit_resample(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, y = node.input("input"), node.output("y")
     a = node.attributes
     assert x is not None and y is not None and isinstance(a, ResampleAttributes)
-    compute, itype = compute_for(fused), loop_index_type([x, y], y.numel)
+    compute, itype = compute_for(fused), loop_index_type([x, y], y.static_numel)
     params = KernelParams()
     source, out = params.tensor(x), params.tensor(y, writable=True)
 
-    body = coordinates("p", y.dim, stride_order(y.dim, y.stride), "c", itype)
+    body = coordinates("p", y.static_dim, stride_order(y.static_dim, y.static_stride), "c", itype)
     axes = range(2, len(y.dim))
     if a.mode is ResampleMode.NEAREST:
         body += [
@@ -104,7 +106,7 @@ def emit_resample(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         result = read(x, source, offset_at(x, ["c0", "c1", *(f"i{axis}" for axis in axes)]), compute)
     else:
         for axis in axes:
-            body += _linear_source(axis, x.dim[axis], y.dim[axis], a.align_corners, compute, itype)
+            body += _linear_source(axis, x.static_dim[axis], y.static_dim[axis], a.align_corners, compute, itype)
         corners = []
         for picks in itertools.product(("lo", "hi"), repeat=len(axes)):
             weights = " * ".join(
@@ -113,9 +115,11 @@ def emit_resample(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             at = offset_at(x, ["c0", "c1", *(f"{pick}{axis}" for axis, pick in zip(axes, picks))])
             corners.append(f"{weights} * {read(x, source, at, compute)}")
         result = " + ".join(corners)
-    body.append(f"{out}[{offset(y, y.dim, 'c')}] = {store(y.data_type, result)};")
-    loop = grid_stride("p", first_thread(itype), y.numel, itype, body)
-    return FusedProgram(fused.name, (make_kernel(ctx, fused, "resample", params, loop, (blocks_for(y.numel), 1, 1)),))
+    body.append(f"{out}[{offset(y, y.static_dim, 'c')}] = {store(y.data_type, result)};")
+    loop = grid_stride("p", first_thread(itype), y.static_numel, itype, body)
+    return FusedProgram(
+        fused.name, (make_kernel(ctx, fused, "resample", params, loop, (blocks_for(y.static_numel), 1, 1)),)
+    )
 
 
 def _linear_source(axis: int, extent: int, out: int, align_corners: bool, compute: str, itype: str) -> list[str]:

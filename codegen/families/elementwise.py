@@ -26,8 +26,8 @@ MAX_BLOCKS = 65535
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     outputs = list(fused.outputs)
-    dims = outputs[0].dim
-    order = stride_order(dims, outputs[0].stride)
+    dims = outputs[0].static_dim
+    order = stride_order(dims, outputs[0].static_stride)
     tensors = [*fused.inputs, *outputs]
     compute = compute_of(tensors)
     packed = packed_strides(dims, order)
@@ -35,7 +35,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     vectorizable = all(t.stride == packed for t in contiguous)
     widest = max(t.data_type.itemsize for t in contiguous)
     vec = max(1, 16 // widest) if vectorizable else 1
-    numel = outputs[0].numel
+    numel = outputs[0].static_numel
     blocks = min(max(1, -(-numel // (vec * THREADS))), MAX_BLOCKS)
     itype = loop_index_type(tensors, numel, blocks * THREADS)
     params = KernelParams()

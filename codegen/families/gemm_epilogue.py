@@ -30,7 +30,7 @@ class Epilogue:
     def statements(self, acc: str, vector_slot: str | None = None, vectors: frozenset[int] = frozenset()) -> list[str]:
         """``vectors``: operands already loaded as 8-wide vectors ``in{id}`` (the vector path)."""
         out = self.problem.out
-        dims = out.dim
+        dims = out.static_dim
 
         def load_operand(t: Tensor) -> str:
             if t.is_pass_by_value:
@@ -122,7 +122,7 @@ def tile_epilogue(
             "for (int e = 0; e < 8; ++e) {",
             f"  const int {column} = block_n + (tid % (BN / 8)) * 8 + e;",
             *(
-                f"  col{t.id}[e] = {column} < GN ? {load(t.data_type, f'{names[t.id]}[{offset(t, out.dim, coordinate)}]', compute)} : 0.0f;"
+                f"  col{t.id}[e] = {column} < GN ? {load(t.data_type, f'{names[t.id]}[{offset(t, out.static_dim, coordinate)}]', compute)} : 0.0f;"
                 for t in per_column
             ),
             "}",
@@ -149,7 +149,7 @@ def tile_epilogue(
         results = [f"gd::Vec<{cuda_type(t.data_type)}, 8> r{t.id};" for t in fused.outputs]
         stores = []
         for t in fused.outputs:
-            first_offset = offset(t, out.dim, "c").replace(column, "(block_n + col)")
+            first_offset = offset(t, out.static_dim, "c").replace(column, "(block_n + col)")
             stores.append(f"gd::store_vec<{cuda_type(t.data_type)}, 8>({names[t.id]} + {first_offset}, r{t.id});")
         # Full-size operands laid out like the output (a residual) arrive as one vector too.
         full = [
@@ -157,7 +157,7 @@ def tile_epilogue(
         ]
         vector_loads = [
             f"const gd::Vec<{cuda_type(t.data_type)}, 8> in{t.id} = gd::load_vec<{cuda_type(t.data_type)}, 8>("
-            f"{names[t.id]} + {offset(t, out.dim, 'c').replace(column, '(block_n + col)')});"
+            f"{names[t.id]} + {offset(t, out.static_dim, 'c').replace(column, '(block_n + col)')});"
             for t in full
         ]
         lines += [

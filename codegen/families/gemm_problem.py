@@ -53,11 +53,21 @@ def problem_of(node: Node) -> Problem:
         assert x is not None and w is not None
         groups = x.dim[1] // w.dim[1]
         return Problem(
-            node, x, w, out, out.dim[0] * math.prod(out.dim[2:]), w.dim[0], w.dim[1] * math.prod(w.dim[2:]), groups, ()
+            node,
+            x,
+            w,
+            out,
+            out.static_dim[0] * math.prod(out.static_dim[2:]),
+            w.static_dim[0],
+            w.static_dim[1] * math.prod(w.static_dim[2:]),
+            groups,
+            (),
         )
     a, b = node.input("A"), node.input("B")
     assert a is not None and b is not None
-    return Problem(node, a, b, out, out.dim[-2], out.dim[-1], a.dim[-1], 1, tuple(out.dim[:-2]))
+    return Problem(
+        node, a, b, out, out.static_dim[-2], out.static_dim[-1], a.static_dim[-1], 1, tuple(out.static_dim[:-2])
+    )
 
 
 def tensor_core_layout(p: Problem) -> str | None:
@@ -106,9 +116,9 @@ def batch_offsets(p: Problem, itype: str, batch_index: str = "blockIdx.z") -> li
 
 def pixel_coordinates(p: Problem, m: str, itype: str) -> list[str]:
     """Conv: output coordinates c0 (image), c2.. (spatial) of output pixel m."""
-    spatial = p.out.dim[2:]
+    spatial = p.out.static_dim[2:]
     rank = len(p.out.dim)
-    dims = (p.out.dim[0], *spatial)
+    dims = (p.out.static_dim[0], *spatial)
     lines = coordinates(m, dims, range(len(dims)), "u", itype)
     lines.append(f"const {itype} c0 = u0;")
     lines += [f"const {itype} c{axis + 1} = u{axis};" for axis in range(1, rank - 1)]
@@ -131,4 +141,4 @@ def batch_coords(p: Problem, itype: str, batch_index: str = "blockIdx.z") -> lis
     rank = len(p.out.dim)
     if not p.batch:
         return []
-    return coordinates(f"({itype}){batch_index}", p.out.dim[:-2], range(rank - 2), "c", itype)
+    return coordinates(f"({itype}){batch_index}", p.out.static_dim[:-2], range(rank - 2), "c", itype)

@@ -23,14 +23,14 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     tensors = [*fused.inputs, *fused.outputs]
     compute = compute_of([p.a, p.b, *fused.outputs])
     blocks = min(max(1, -(-p.out.numel // SIMT_THREADS)), MAX_BLOCKS)
-    itype = loop_index_type(tensors, p.out.numel, blocks * SIMT_THREADS)
+    itype = loop_index_type(tensors, p.out.static_numel, blocks * SIMT_THREADS)
     out = p.out
     rank = len(out.dim)
     body = [
         f"const {itype} stride = ({itype})gridDim.x * blockDim.x;",
         f"for ({itype} e = ({itype})blockIdx.x * blockDim.x + threadIdx.x; e < {out.numel}; e += stride) {{",
     ]
-    inner = coordinates("e", out.dim, range(rank), "c", itype)
+    inner = coordinates("e", out.static_dim, range(rank), "c", itype)
     inner.append(f"{compute} acc = 0;")
     a, b = names[p.a.id], names[p.b.id]
     if p.is_conv:

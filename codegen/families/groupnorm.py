@@ -46,7 +46,7 @@ class SetLayout:
 
     @property
     def sets(self) -> int:
-        return self.x.dim[0] * self.groups
+        return self.x.static_dim[0] * self.groups
 
 
 def analyze(fused: FusedNode) -> SetLayout:
@@ -54,9 +54,9 @@ def analyze(fused: FusedNode) -> SetLayout:
     assert anchor is not None
     x = anchor.input("input")
     assert x is not None
-    groups = anchor.attributes.groups if anchor.op == "groupnorm" else x.dim[1]  # type: ignore[attr-defined]
-    channels = x.dim[1] // groups
-    return SetLayout(x, groups, channels, channels * math.prod(x.dim[2:]))
+    groups = anchor.attributes.groups if anchor.op == "groupnorm" else x.static_dim[1]  # type: ignore[attr-defined]
+    channels = x.static_dim[1] // groups
+    return SetLayout(x, groups, channels, channels * math.prod(x.static_dim[2:]))
 
 
 def heuristic(layout: SetLayout) -> int:
@@ -107,8 +107,8 @@ class _SetKernel:
 
     def element_coordinates(self) -> list[str]:
         """Coordinates c{axis} in x of the set's element m (enumerated in x's memory order)."""
-        dims = [1, self.layout.channels, *self.x.dim[2:]]
-        lines = coordinates("m", dims, stride_order(self.x.dim, self.x.stride), "m", self.itype)
+        dims = [1, self.layout.channels, *self.x.static_dim[2:]]
+        lines = coordinates("m", dims, stride_order(self.x.static_dim, self.x.static_stride), "m", self.itype)
         channel = " + ".join(
             term
             for term, needed in (
@@ -125,7 +125,7 @@ class _SetKernel:
         """``t`` at the current element."""
         if t.is_pass_by_value:
             return scalar_value(t, self.names[t.id], self.compute)
-        return load(t.data_type, f"{self.names[t.id]}[{offset(t, self.x.dim, 'c')}]", self.compute)
+        return load(t.data_type, f"{self.names[t.id]}[{offset(t, self.x.static_dim, 'c')}]", self.compute)
 
     def walk(self, body: list[str]) -> list[str]:
         """``body`` for each element m of the set this thread visits."""
@@ -144,7 +144,7 @@ class _SetKernel:
         values.get(self.x)
         normalize(self.fused, values)
         stores = [
-            f"{self.names[t.id]}[{offset(t, self.x.dim, 'c')}] = {store(t.data_type, values.get(t))};"
+            f"{self.names[t.id]}[{offset(t, self.x.static_dim, 'c')}] = {store(t.data_type, values.get(t))};"
             for t in self.results
         ]
         return self.walk([*values.statements, *stores])
@@ -165,7 +165,7 @@ class _SetKernel:
             *write_statistics(
                 self.anchor,
                 self.names,
-                lambda t: offset(t, t.dim, "k"),
+                lambda t: offset(t, t.static_dim, "k"),
                 "threadIdx.x == 0",
                 [f"const {self.itype} k0 = n, k1 = g;"],
             ),

@@ -70,7 +70,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert x is not None and y is not None
     mode = MODES[anchor.attributes.mode]  # type: ignore[attr-defined]
     compute = compute_of([*fused.inputs, *fused.outputs])
-    walk = plan_walk(x, y.dim, [*fused.inputs, *fused.outputs], slot_bytes=type_bytes(compute))
+    walk = plan_walk(x, y.static_dim, [*fused.inputs, *fused.outputs], slot_bytes=type_bytes(compute))
     acc = Accumulator(
         compute,
         1,
@@ -79,6 +79,8 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         lambda slot, v: [f"acc[{slot}] = merge(acc[{slot}], {mode.element(v, compute)});"],
         compute,
     )
-    finish = epilogue_finish(fused, y, compute, lambda merged: mode.result(merged[0], walk.count, compute), y.dim)
+    finish = epilogue_finish(
+        fused, y, compute, lambda merged: mode.result(merged[0], walk.count, compute), y.static_dim
+    )
     kernels, scratch = walk_kernels(ctx, fused, walk, acc, finish, pattern_name(fused))
     return FusedProgram(fused.name, tuple(kernels), tuple(scratch))

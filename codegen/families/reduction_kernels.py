@@ -125,7 +125,7 @@ def _walk_kernel(
         f"const bool active = o < {walk.outputs};",
         f"const {itype} first = active ? o : 0;",
         *coordinates("first", walk.kept, walk.order, "o", itype),
-        f"const {itype} base = {offset(x, x.dim, 'o')};",
+        f"const {itype} base = {offset(x, x.static_dim, 'o')};",
         f"{acc.c_type} acc[{slots * width}];",
         "#pragma unroll",
         f"for (int i = 0; i < {slots * width}; ++i) acc[i] = {literal(acc.identity, acc.c_type)};",
@@ -229,7 +229,7 @@ def _combine_kernel(
     ]
     shift = None
     if acc.shifted:
-        first = f"{names[x.id]}[{offset(x, x.dim, 'o')}]"
+        first = f"{names[x.id]}[{offset(x, x.static_dim, 'o')}]"
         body.append(f"  const {merged} shift = {load(x.data_type, first, merged)};")
         shift = "shift"
     body += ["  " + s for s in finish.statements(names, [f"acc[{i}]" for i in range(width)], "o", shift)]

@@ -60,7 +60,7 @@ class _Softmax:
     def write(self, value: str, vec: int, moved: dict[int, str], along: str) -> list[str]:
         """Statements computing ``value`` (of element e) for e < vec, the epilogue on it, and the
         stores of every output at its base + ``along`` steps of the softmax axis."""
-        c, dims = self.compute, self.x.dim
+        c, dims = self.compute, self.x.static_dim
         lines = [f"gd::Vec<{cuda_type(t.data_type)}, {vec}> r{t.id};" for t in self.fused.outputs]
         values = epilogue.Values(c, operand_loader(self.names, dims, "q", c))
         values.define(self.y, rounded(self.y.data_type, value, c))
@@ -74,7 +74,9 @@ class _Softmax:
         return lines
 
     def bases(self) -> list[str]:
-        return [f"const {self.itype} base{t.id} = {offset(t, t.dim, 'o')};" for t in (self.x, *self.fused.outputs)]
+        return [
+            f"const {self.itype} base{t.id} = {offset(t, t.static_dim, 'o')};" for t in (self.x, *self.fused.outputs)
+        ]
 
 
 def emit_softmax(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -83,15 +85,15 @@ def emit_softmax(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, y = anchor.input("input"), anchor.output("y")
     assert x is not None and y is not None
     axis = anchor.attributes.axis % len(x.dim)  # type: ignore[attr-defined]
-    kept = tuple(1 if a == axis else d for a, d in enumerate(x.dim))
+    kept = tuple(1 if a == axis else d for a, d in enumerate(x.static_dim))
     tensors = [*fused.inputs, *fused.outputs]
     compute = compute_of(tensors)
     params = KernelParams()
     names = declare(params, [x, *epilogue_operands(fused)], fused.outputs)
     params.aligned_flag()
-    softmax = _Softmax(fused, x, y, axis, compute, loop_index_type(tensors, x.numel, MAX_GROUP * 16), names)
-    order = stride_order(x.dim, x.stride)
-    if innermost(x.dim, order) == axis:
+    softmax = _Softmax(fused, x, y, axis, compute, loop_index_type(tensors, x.static_numel, MAX_GROUP * 16), names)
+    order = stride_order(x.static_dim, x.static_stride)
+    if innermost(x.static_dim, order) == axis:
         body, threads, shared, blocks, label = _softmax_rows(softmax, kept, order)
     else:
         body, threads, shared, blocks, label = _softmax_columns(

@@ -156,12 +156,12 @@ def plan_walk(
     innermost axis."""
     order = stride_order(x.dim, x.stride)
     reduced = [axis for axis in order if kept[axis] == 1]
-    runs = tuple(merged_runs(x.dim, x.stride, reduced))
-    inner = innermost(x.dim, order)
+    runs = tuple(merged_runs(x.static_dim, x.static_stride, reduced))
+    inner = innermost(x.static_dim, order)
     outputs = math.prod(kept)
     count = x.numel // outputs
     # Loop indices pass their bound by up to a vector per thread of a block; partials' indices too.
-    itype = loop_index_type([x, *tensors], x.numel, MAX_GROUP * 16, slot_bytes * outputs * TARGET_BLOCKS)
+    itype = loop_index_type([x, *tensors], x.static_numel, MAX_GROUP * 16, slot_bytes * outputs * TARGET_BLOCKS)
     if inner is not None and kept[inner] == 1:
         vec = _run_vector(x, kept, runs)
         vectors = count // vec

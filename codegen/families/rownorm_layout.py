@@ -67,8 +67,8 @@ def analyze(fused: FusedNode) -> RowLayout:
     assert x is not None
     grouping = cast(NormOp, anchor.definition).checked(anchor)[1]
     axes = frozenset(grouping.axes)
-    order = stride_order(x.dim, x.stride)
-    width = math.prod(x.dim[axis] for axis in axes)
+    order = stride_order(x.static_dim, x.static_stride)
+    width = math.prod(x.static_dim[axis] for axis in axes)
     memory = memory_tensors(fused)
     packed = frozenset(t.id for t in memory if _packed_along_row(t, x, axes, order))
     full = [t for t in memory if t.dim == x.dim]
@@ -124,7 +124,7 @@ def _packed_along_row(t: Tensor, x: Tensor, axes: frozenset[int], order: tuple[i
     for axis in reversed(order):
         if axis not in axes or x.dim[axis] == 1:
             continue
-        extent = t.dim[axis - shift] if axis >= shift else 1
+        extent = t.static_dim[axis - shift] if axis >= shift else 1
         if extent == 1 or t.stride[axis - shift] != expected:
             return False
         expected *= extent

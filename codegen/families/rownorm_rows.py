@@ -66,7 +66,7 @@ class RowAccess:
         if config.blocks_per_sm:
             self.blocks = min(self.blocks, config.blocks_per_sm * self.sms)
         # Margins: the row loop steps past ROWS once, inactive rows' offsets run past the end.
-        margins = [2 * storage_extent(t.dim, t.stride) for t in self.memory]
+        margins = [2 * storage_extent(t.static_dim, t.static_stride) for t in self.memory]
         self.itype = index_type(self.memory, 2 * layout.rows, layout.width + chunk, *margins)
         self.params = KernelParams()
         self.names = {t.id: self.params.tensor(t) for t in fused.inputs}
@@ -83,25 +83,25 @@ class RowAccess:
 
     # -- offsets -------------------------------------------------------------------------------
     def row_offset(self, t: Tensor) -> str:
-        part = offset(restricted(t, self.layout.row_axes, self.rank), self.x.dim, "r")
+        part = offset(restricted(t, self.layout.row_axes, self.rank), self.x.static_dim, "r")
         return "0" if part == "0" else f"o{t.id}"
 
     def column_offset(self, t: Tensor) -> str:
         """The column part of ``t``'s offset at element j + e (general tensors)."""
-        return offset(restricted(t, self.layout.norm_axes, self.rank), self.x.dim, "c")
+        return offset(restricted(t, self.layout.norm_axes, self.rank), self.x.static_dim, "c")
 
     def row_prelude(self) -> list[str]:
         """The row's coordinates and each tensor's row offset."""
-        dims = [1 if axis in self.layout.norm_axes else extent for axis, extent in enumerate(self.x.dim)]
+        dims = [1 if axis in self.layout.norm_axes else extent for axis, extent in enumerate(self.x.static_dim)]
         lines = coordinates("row", dims, self.layout.order, "r", self.itype)
         for t in self.memory:
-            part = offset(restricted(t, self.layout.row_axes, self.rank), self.x.dim, "r")
+            part = offset(restricted(t, self.layout.row_axes, self.rank), self.x.static_dim, "r")
             if part != "0":
                 lines.append(f"const {self.itype} o{t.id} = {part};")
         return lines
 
     def column_coordinates(self) -> list[str]:
-        dims = [extent if axis in self.layout.norm_axes else 1 for axis, extent in enumerate(self.x.dim)]
+        dims = [extent if axis in self.layout.norm_axes else 1 for axis, extent in enumerate(self.x.static_dim)]
         return coordinates("(j + e)", dims, self.layout.order, "c", self.itype)
 
     # -- per-slot loops ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from graphdnn.dtypes import DataType
 from graphdnn.errors import GraphError
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.attention import MAX_HEAD_DIM, SdpaAttributes
+from graphdnn.symbolic import Extent
 
 from ..partition import Family
 from ..pattern import Match, MatchContext, Miss, Pattern, link_reason, op
@@ -200,7 +201,7 @@ def _operand_reason(c: _Chain) -> str | None:
     return None
 
 
-def _not_a_scale(scale: Node, operand: Tensor, scores: tuple[int, ...]) -> bool:
+def _not_a_scale(scale: Node, operand: Tensor, scores: tuple[Extent, ...]) -> bool:
     """Whether ``scale`` multiplies by more than one value, or broadcasts the scores' dims."""
     return operand.numel != 1 or scale.outputs[0][1].dim != scores
 

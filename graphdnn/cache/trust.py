@@ -169,7 +169,7 @@ def check_binding(program: LaunchProgram, tensors: Sequence[Tensor]) -> None:
         if position >= len(tensors) or not tensors[position].is_virtual:
             raise EntryError(f"a workspace buffer holds tensor {position}, not an intermediate of this graph")
         t = tensors[position]
-        if nbytes < storage_extent(t.dim, t.stride) * t.data_type.itemsize:
+        if nbytes < storage_extent(t.static_dim, t.static_stride) * t.data_type.itemsize:
             raise EntryError(f"the workspace buffer of tensor {position} ({nbytes} B) is smaller than the tensor")
     for number, launch in enumerate(program.launches):
         for arg in launch.args:

@@ -93,10 +93,10 @@ def _run_gpu(plan: Plan, ir: Graph, feeds: dict[str, np.ndarray], repeat: int) -
     pack: dict[str, Any] = {
         t.name: _number(feeds[t.name])
         if t.is_pass_by_value
-        else DeviceArray.from_numpy(feeds[t.name], t.stride, t.data_type, device)
+        else DeviceArray.from_numpy(feeds[t.name], t.static_stride, t.data_type, device)
         for t in ir.inputs
     }
-    outputs = {t.name: DeviceArray(t.dim, t.stride, t.data_type, device) for t in ir.outputs}
+    outputs = {t.name: DeviceArray(t.static_dim, t.static_stride, t.data_type, device) for t in ir.outputs}
     for array in outputs.values():
         array.fill_bytes(0xFF)
     bound = plan.bind({**pack, **outputs})

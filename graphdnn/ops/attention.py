@@ -19,6 +19,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..errors import DataTypeError, StructureError
+from ..symbolic import Extent
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
 
@@ -72,7 +73,7 @@ class Sdpa(Op):
     def present_outputs(self, attributes: Attributes, bound_inputs: frozenset[str]) -> frozenset[str]:
         return self.output_names if attributes.generate_stats else frozenset({"O"})  # type: ignore[attr-defined]
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         q, k, v = (_rank4(node, role) for role in ("Q", "K", "V"))
         batch, q_heads, sq, d = q.dim
         if k.dim[0] != batch or k.dim[3] != d:
@@ -146,7 +147,7 @@ class Sdpa(Op):
             return None
         q, k = node.input("Q"), node.input("K")
         assert q is not None and k is not None
-        return 0, (q if role == "SEQ_LEN_Q" else k).dim[2]
+        return 0, (q if role == "SEQ_LEN_Q" else k).static_dim[2]
 
 
 def _rank4(node: Node, role: str) -> Tensor:
@@ -168,7 +169,7 @@ def _check_attributes(node: Node) -> None:
         fail_attribute(node, "use_alibi_mask needs a causal mask (use_causal_mask or use_causal_mask_bottom_right)")
 
 
-def _check_seq_lens(node: Node, batch: int) -> None:
+def _check_seq_lens(node: Node, batch: Extent) -> None:
     """SEQ_LEN_Q and SEQ_LEN_KV: both bound, [B, 1, 1, 1] integers, exactly when use_padding_mask."""
     bound = [role for role in SEQ_LEN_ROLES if node.input(role) is not None]
     if node.attributes.use_padding_mask:  # type: ignore[attr-defined]

@@ -12,12 +12,14 @@ import enum
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import numpy as np
 
 from ..dtypes import DataType
 from ..errors import AttributeValueError, ShapeError, UndeclaredDimsError
+from ..symbolic import Extent, Sym, evaluate, show_values, symbols_of
 from .attributes import Attributes, NoAttributes
 from .registry import DEFINITIONS, lookup
 
@@ -68,7 +70,7 @@ class Inferred:
     fp8_e5m2): ``data_type`` is then the default, and a type outside both is refused.
     """
 
-    dim: tuple[int, ...]
+    dim: tuple[Extent, ...]
     order: tuple[int, ...] | None = None
     data_type: DataType | None = None
     allowed: frozenset[DataType] = frozenset()
@@ -92,7 +94,7 @@ class Op(abc.ABC):
     declared_outputs: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         """Check the node's inputs and attributes; return the dims of each output it has.
 
         Outputs absent from the result are not produced (e.g. a layernorm's statistics in
@@ -169,27 +171,55 @@ def fail_attribute(node: Node, message: str) -> NoReturn:
     raise AttributeValueError(message, node=node.name)
 
 
-def broadcast_dims(node: Node, tensors: Sequence[tuple[str, Tensor]]) -> tuple[int, ...]:
+def broadcast_dims(node: Node, tensors: Sequence[tuple[str, Tensor]]) -> tuple[Extent, ...]:
     """NumPy-style broadcast (right-aligned, size-1 stretches) of the given roles' dims."""
     first = tensors[0][1].dim
     if all(tensor.dim == first for _, tensor in tensors):
         return first  # the usual case: nothing to stretch
-    rank = max(len(t.dim) for _, t in tensors)
-    out = [1] * rank
-    for role, tensor in tensors:
-        padded = (1,) * (rank - len(tensor.dim)) + tensor.dim
+    out, mismatch = broadcast([t.dim for _, t in tensors])
+    if mismatch is not None:
+        index, axis = mismatch
+        role, tensor = tensors[index]
+        extent = ((1,) * (len(out) - len(tensor.dim)) + tensor.dim)[axis]
+        shapes = ", ".join(f"{r} {list(t.dim)}" for r, t in tensors)
+        fail(
+            node,
+            f"cannot broadcast {shapes}: dim {axis} is {out[axis]} and {extent}{_where(out[axis], extent)}",
+            role=role,
+        )
+    return out
+
+
+def broadcast(shapes: Sequence[tuple[Extent, ...]]) -> tuple[tuple[Extent, ...], tuple[int, int] | None]:
+    """NumPy's broadcast of ``shapes`` (right-aligned, size-1 stretches), and where it fails:
+    (shape index, axis) of the first dim that fits neither 1 nor the others, else None.
+
+    A symbolic dim matches only an equal dim or 1: its value is unknown, so it can neither
+    be assumed to equal another dim nor to be 1 and stretch.
+    """
+    rank = max(len(s) for s in shapes)
+    out: list[Extent] = [1] * rank
+    for index, shape in enumerate(shapes):
+        padded = (1,) * (rank - len(shape)) + tuple(shape)
         for axis, extent in enumerate(padded):
             if extent == out[axis] or extent == 1:
                 continue
-            if out[axis] == 1:
-                out[axis] = extent
-                continue
-            shapes = ", ".join(f"{r} {list(t.dim)}" for r, t in tensors)
-            fail(node, f"cannot broadcast {shapes}: dim {axis} is {out[axis]} and {extent}", role=role)
-    return tuple(out)
+            if out[axis] != 1:
+                return tuple(out), (index, axis)
+            out[axis] = extent
+    return tuple(out), None
 
 
-def same_dims(node: Node, role: str, tensor: Tensor, expected: Sequence[int], what: str) -> None:
+def _where(a: Extent, b: Extent) -> str:
+    """For symbolic dims that fail to broadcast: the rule, and values of the symbols where they differ."""
+    if not isinstance(a, Sym) and not isinstance(b, Sym):
+        return ""
+    corners = [{s.name: pick(s) for s in symbols_of((a, b))} for pick in (attrgetter("max"), attrgetter("min"))]
+    values = next((c for c in corners if evaluate(a, c) != evaluate(b, c)), corners[0])
+    return f" (a symbolic dim broadcasts only against 1 or an equal dim; these differ at {show_values(values)})"
+
+
+def same_dims(node: Node, role: str, tensor: Tensor, expected: Sequence[Extent], what: str) -> None:
     if tuple(tensor.dim) != tuple(expected):
         fail(node, f"{role} has dims {list(tensor.dim)}, expected {list(expected)} ({what})", role=role)
 

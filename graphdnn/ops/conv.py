@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..layout import stride_order
+from ..symbolic import Extent
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, need_declared, register
 
@@ -38,7 +39,7 @@ class ConvAttributes(Attributes):
     convolution_mode: ConvMode = ConvMode.CROSS_CORRELATION
 
 
-def output_extent(extent: int, filt: int, pre: int, post: int, stride: int, dilation: int) -> int:
+def output_extent(extent: Extent, filt: int, pre: int, post: int, stride: int, dilation: int) -> int:
     """Forward-convolution output size along one spatial dim (may be < 1 if invalid)."""
     return (extent + pre + post - dilation * (filt - 1) - 1) // stride + 1
 
@@ -69,7 +70,7 @@ def _check_ranks(node: Node, **tensors: Tensor) -> int:
     return rank - 2
 
 
-def _groups(node: Node, channels: int, weight: Tensor, what: str) -> int:
+def _groups(node: Node, channels: Extent, weight: Tensor, what: str) -> int:
     per_group = weight.dim[1]
     if channels % per_group:
         fail(
@@ -82,7 +83,9 @@ def _groups(node: Node, channels: int, weight: Tensor, what: str) -> int:
     return groups
 
 
-def _spatial_out(node: Node, a: ConvAttributes, in_spatial: Sequence[int], filt: Sequence[int]) -> tuple[int, ...]:
+def _spatial_out(
+    node: Node, a: ConvAttributes, in_spatial: Sequence[Extent], filt: Sequence[Extent]
+) -> tuple[int, ...]:
     """Output spatial dims; padding on either side is at most the larger of the input extent
     and the dilated filter extent, so a small graph cannot ask for a huge padded image."""
     out = []
@@ -111,7 +114,7 @@ class ConvFprop(Op):
     outputs = (Role("y"),)
     attributes = ConvAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, w = node.input("image"), node.input("weight")
         assert x is not None and w is not None
         spatial = _check_ranks(node, image=x, weight=w)
@@ -122,7 +125,7 @@ class ConvFprop(Op):
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         image, weight = x["image"], _oriented(node, x["weight"])
-        y_dim = node.output("y").dim  # type: ignore[union-attr]
+        y_dim = node.output("y").static_dim  # type: ignore[union-attr]
         groups = image.shape[1] // weight.shape[1]
         padded = _pad(image, conv_attrs(node))
         y = np.zeros(y_dim)
@@ -144,7 +147,7 @@ class ConvDgrad(Op):
     attributes = ConvAttributes
     declared_outputs = frozenset({"dx"})
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         dy, w = node.input("loss"), node.input("filter")
         assert dy is not None and w is not None
         spatial = _check_ranks(node, loss=dy, filter=w)
@@ -199,7 +202,7 @@ class ConvWgrad(Op):
     attributes = ConvAttributes
     declared_outputs = frozenset({"dw"})
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, dy = node.input("image"), node.input("loss")
         assert x is not None and dy is not None
         spatial = _check_ranks(node, image=x, loss=dy)
@@ -226,7 +229,7 @@ class ConvWgrad(Op):
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         image, dy = x["image"], x["loss"]
-        dw_dim = node.output("dw").dim  # type: ignore[union-attr]
+        dw_dim = node.output("dw").static_dim  # type: ignore[union-attr]
         groups = image.shape[1] // dw_dim[1]
         padded = _pad(image, conv_attrs(node))
         dys = _grouped(dy, groups)  # [N, G, Kg, *out]

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import Category, Inferred, Op, Role, fail, register
+from ..symbolic import Extent
+from .base import Category, Inferred, Op, Role, broadcast, fail, register
 
 if TYPE_CHECKING:
     from ..ir import Node
@@ -25,7 +26,7 @@ class Matmul(Op):
     inputs = (Role("A"), Role("B"))
     outputs = (Role("C"),)
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         a, b = node.input("A"), node.input("B")
         assert a is not None and b is not None
         for role, t in (("A", a), ("B", b)):
@@ -37,13 +38,12 @@ class Matmul(Op):
                 f"A {list(a.dim)} has K = {a.dim[-1]} columns but B {list(b.dim)} has K = {b.dim[-2]} rows",
                 role="B",
             )
-        try:
-            batch = np.broadcast_shapes(a.dim[:-2], b.dim[:-2])
-        except ValueError:
+        batch, mismatch = broadcast([a.dim[:-2], b.dim[:-2]])
+        if mismatch is not None:
             fail(
                 node,
                 f"batch dims {list(a.dim[:-2])} of A {list(a.dim)} and {list(b.dim[:-2])} of B {list(b.dim)} "
-                "do not broadcast (each pair, right-aligned, must be equal or contain a 1)",
+                "do not broadcast (each pair, right-aligned, must be equal or contain a 1; a symbolic dim only equals itself)",
                 role="B",
             )
         return {"C": Inferred((*batch, a.dim[-2], b.dim[-1]))}

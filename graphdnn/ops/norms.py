@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import StructureError
 from ..layout import stride_order
+from ..symbolic import Extent
 from .attributes import Attributes, NoAttributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register, same_dims
 
@@ -54,13 +55,13 @@ class Grouping:
     the statistics of the sets, one value each, have dims ``stats`` (``what`` in words).
     """
 
-    view: tuple[int, ...]
+    view: tuple[Extent, ...]
     axes: tuple[int, ...]
-    stats: tuple[int, ...]
+    stats: tuple[Extent, ...]
     what: str
 
     @property
-    def kept(self) -> tuple[int, ...]:
+    def kept(self) -> tuple[Extent, ...]:
         """The view's dims with the reduced axes set to 1: statistics that broadcast over it."""
         return tuple(1 if axis in self.axes else extent for axis, extent in enumerate(self.view))
 
@@ -71,11 +72,11 @@ def _check_rank(node: Node, x: Tensor, low: int, high: int) -> None:
         fail(node, f"input has dims {list(x.dim)}, expected [N, C, *spatial] of rank {low} to {high}", role="input")
 
 
-def _channel_dims(x: Tensor) -> tuple[int, ...]:
+def _channel_dims(x: Tensor) -> tuple[Extent, ...]:
     return (1, x.dim[1], *[1] * (len(x.dim) - 2))
 
 
-def _check_affine(node: Node, expected: tuple[int, ...], what: str) -> None:
+def _check_affine(node: Node, expected: tuple[Extent, ...], what: str) -> None:
     for role in ("scale", "bias"):
         tensor = node.input(role)
         if tensor is not None:
@@ -174,7 +175,7 @@ class NormOp(Op):
     def side_output(self, node: Node, grouping: Grouping) -> Inferred:
         return Inferred(grouping.stats)
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, grouping = self.checked(node)
         main = Inferred(x.dim, stride_order(x.dim, x.stride))
         side = self.side_output(node, grouping)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..layout import stride_order
+from ..symbolic import Extent
 from .attributes import Attributes, NoAttributes
 from .base import Category, Inferred, Op, Role, broadcast_dims, register
 
@@ -146,7 +147,7 @@ class PointwiseOp(Op):
     outputs = (Role("y"),)
     evaluate: Callable[[list[np.ndarray], Any], np.ndarray]
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         tensors = [(role, t) for role, t in node.inputs if not isinstance(t, tuple)]
         dim = broadcast_dims(node, tensors)
         # The output takes the layout of the first input that already has its dims.
@@ -157,7 +158,7 @@ class PointwiseOp(Op):
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         values = [np.asarray(x[role.name], dtype=np.float64) for role in self.inputs]
-        out_dim = node.output("y").dim  # type: ignore[union-attr]
+        out_dim = node.output("y").static_dim  # type: ignore[union-attr]
         with np.errstate(all="ignore"):  # NaN and inf are results here, not errors
             y = np.asarray(type(self).evaluate(values, node.attributes), dtype=np.float64)
         return {"y": y if y.shape == out_dim else np.broadcast_to(y, out_dim)}

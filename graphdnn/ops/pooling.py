@@ -17,6 +17,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import AttributeValueError
 from ..layout import stride_order
+from ..symbolic import Extent
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
 from .conv import output_extent
@@ -83,7 +84,7 @@ class Pooling(Op):
     outputs = (Role("y"),)
     attributes = PoolingAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, spatial = _spatial_rank(node, "pooling")
         a: PoolingAttributes = node.attributes  # type: ignore[assignment]
         _check_lengths(
@@ -141,7 +142,7 @@ class Resample(Op):
     outputs = (Role("y"),)
     attributes = ResampleAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, spatial = _spatial_rank(node, "resample")
         a: ResampleAttributes = node.attributes  # type: ignore[assignment]
         _check_lengths(node, spatial, size=a.size)

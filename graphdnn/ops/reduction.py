@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import AttributeValueError
 from ..layout import stride_order
+from ..symbolic import Extent
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, check_axis, fail, need_declared, register
 from .shape import known_dims
@@ -70,7 +71,7 @@ class Reduction(Op):
     attributes = ReductionAttributes
     declared_outputs = frozenset({"y"})
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x = node.input("input")
         assert x is not None
         y = declared.get("y")
@@ -99,7 +100,7 @@ class Softmax(Op):
     outputs = (Role("y"),)
     attributes = SoftmaxAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x = node.input("input")
         assert x is not None
         check_axis(node, node.attributes.axis, len(x.dim))  # type: ignore[attr-defined]
@@ -122,7 +123,7 @@ class Genstats(Op):
     inputs = (Role("input"),)
     outputs = (Role("sum"), Role("sq_sum"))
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x = node.input("input")
         assert x is not None
         if len(x.dim) < 2:
@@ -141,10 +142,10 @@ class Genstats(Op):
         }
 
 
-def _reduced_dims(input: TensorSpec, axes: Sequence[int], node: str | None) -> tuple[int, ...]:
+def _reduced_dims(input: TensorSpec, axes: Sequence[int], node: str | None) -> tuple[Extent, ...]:
     """The input's dims with ``axes`` (negative allowed) set to 1."""
     dim = known_dims(input, "reduction axes=", node)
-    out = list(dim)
+    out: list[Extent] = list(dim)
     for axis in axes:
         if isinstance(axis, bool) or not hasattr(axis, "__index__") or not -len(dim) <= axis < len(dim):
             raise AttributeValueError(

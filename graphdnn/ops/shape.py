@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import AttributeValueError, ShapeError
 from ..layout import numel
+from ..symbolic import Extent, Sym
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, check_axis, fail, fail_attribute, need_declared, register
 
@@ -42,7 +43,7 @@ class ConcatenateAttributes(Attributes):
     axis: int
 
 
-def _input(node: Node) -> tuple[int, ...]:
+def _input(node: Node) -> tuple[Extent, ...]:
     x = node.input("input")
     assert x is not None
     return x.dim
@@ -58,7 +59,7 @@ class Reshape(Op):
     outputs = (Role("y"),)
     declared_outputs = frozenset({"y"})
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         dim = _input(node)
         y = declared.get("y")
         if y is None:
@@ -81,7 +82,7 @@ class Transpose(Op):
     outputs = (Role("y"),)
     attributes = TransposeAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         dim = _input(node)
         permutation = node.attributes.permutation  # type: ignore[attr-defined]
         if sorted(permutation) != list(range(len(dim))):
@@ -105,7 +106,7 @@ class Slice(Op):
     outputs = (Role("y"),)
     attributes = SliceAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         dim = _input(node)
         a: SliceAttributes = node.attributes  # type: ignore[assignment]
         for name in ("start", "stop", "step"):
@@ -138,7 +139,7 @@ class Concatenate(Op):
     outputs = (Role("y"),)
     attributes = ConcatenateAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         tensors = node.inputs_of("inputs")
         first = tensors[0].dim
         for index, t in enumerate(tensors[1:], start=1):
@@ -164,7 +165,7 @@ class Concatenate(Op):
 
 
 # -- builder helpers ----------------------------------------------------------------------
-def known_dims(t: TensorSpec, what: str, node: str | None) -> tuple[int, ...]:
+def known_dims(t: TensorSpec, what: str, node: str | None) -> tuple[Extent, ...]:
     """``t``'s dims, which a builder argument (``what``) is resolved against; they must be set now."""
     if t.dim is None:
         raise ShapeError(
@@ -183,6 +184,12 @@ def _slice_attributes(input: TensorSpec, slices: Sequence[SliceLike], node: str 
         raise AttributeValueError(f"{len(slices)} slices for input '{input.name}' of rank {len(dim)}", node=node)
     bounds: dict[str, list[int]] = {"start": [], "stop": [], "step": []}
     for axis, extent in enumerate(dim):
+        if isinstance(extent, Sym):
+            raise AttributeValueError(
+                f"slice cannot cut dim {axis} of input '{input.name}': it is symbolic ({extent}) and slice bounds are "
+                "integers; reshape or slice a static dim",
+                node=node,
+            )
         start, stop, step = _normalised(slices[axis] if axis < len(slices) else slice(None), axis, extent, node)
         bounds["start"].append(start)
         bounds["stop"].append(max(stop, start))  # an empty slice is reported by validation

@@ -89,7 +89,7 @@ def check(tensor: Tensor, buffer: Buffer, device: int) -> None:
         fail(f"has data type {buffer.type_name}, the graph declares {tensor.data_type.value}")
     if buffer.shape != tensor.dim:
         fail(f"has dims {list(buffer.shape)}, the graph declares {list(tensor.dim)}")
-    if not same_strides(tensor.dim, buffer.strides, tensor.stride):
+    if not same_strides(tensor.static_dim, buffer.strides, tensor.static_stride):
         fail(
             f"has strides {list(buffer.strides)}, the graph declares {list(tensor.stride)}: kernels are compiled "
             "for the graph's strides; pass a buffer with exactly these (e.g. torch.empty_strided) or build the "

@@ -59,9 +59,9 @@ def to_torch(array: np.ndarray, tensor: Tensor) -> Any:
     the tensor's NumPy type: ml_dtypes bf16 / fp8 arrays cross by their bits). Strides that map
     several elements to one address (a broadcast input) hold, there, one of their values."""
     if overlap_reason(tensor.dim, tensor.stride) is not None:  # torch copies into no such view
-        storage = np.zeros(storage_extent(tensor.dim, tensor.stride), dtype=array.dtype)
-        strides = tuple(s * storage.itemsize for s in tensor.stride)
-        np.lib.stride_tricks.as_strided(storage, tensor.dim, strides)[...] = array
+        storage = np.zeros(storage_extent(tensor.static_dim, tensor.static_stride), dtype=array.dtype)
+        strides = tuple(s * storage.itemsize for s in tensor.static_stride)
+        np.lib.stride_tricks.as_strided(storage, tensor.static_dim, strides)[...] = array
         return _torch_host(storage, tensor).to("cuda").as_strided(tensor.dim, tensor.stride)
     device = empty_torch(tensor)
     device.copy_(_torch_host(array, tensor).reshape(tensor.dim))
@@ -83,7 +83,9 @@ def empty_torch(tensor: Tensor, device: str = "cuda") -> Any:
     """An uninitialised torch tensor with ``tensor``'s dims, strides and type."""
     import torch
 
-    return torch.empty_strided(tensor.dim, tensor.stride, dtype=torch_dtype(tensor.data_type), device=device)
+    return torch.empty_strided(
+        tensor.static_dim, tensor.static_stride, dtype=torch_dtype(tensor.data_type), device=device
+    )
 
 
 def library_of(values: Iterable[Any]) -> str:
@@ -105,11 +107,11 @@ def allocate(tensor: Tensor, device: driver.Device, library: str) -> Any:
 
         itemsize = tensor.data_type.itemsize
         with cupy.cuda.Device(device.ordinal):
-            memory = cupy.cuda.alloc(storage_extent(tensor.dim, tensor.stride) * itemsize)
+            memory = cupy.cuda.alloc(storage_extent(tensor.static_dim, tensor.static_stride) * itemsize)
             return cupy.ndarray(
                 tensor.dim,
                 dtype=tensor.data_type.numpy,
                 memptr=memory,
                 strides=tuple(s * itemsize for s in tensor.stride),
             )
-    return DeviceArray(tensor.dim, tensor.stride, tensor.data_type, device)
+    return DeviceArray(tensor.static_dim, tensor.static_stride, tensor.data_type, device)
