@@ -44,7 +44,7 @@ from .direct_common import (
 
 def _at(tensor: Tensor, axis: int, along: str) -> str:
     """The offset of the element at coordinates c*, with ``along`` on ``axis``."""
-    return offset_at(tensor, [along if d == axis else f"c{d}" for d in range(len(tensor.dim))])
+    return offset_at(tensor, [along if d == axis else f"c{d}" for d in range(len(tensor.static_dim))])
 
 
 def _selection(k: int, key: str, itype: str, extent: int, compute: str) -> list[str]:
@@ -83,9 +83,9 @@ def emit_topk(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, values, indices = node.input("input"), node.output("values"), node.output("indices")
     a = node.attributes
     assert x is not None and values is not None and indices is not None and isinstance(a, TopkAttributes)
-    axis = a.axis % len(x.dim)
-    rows = x.numel // x.dim[axis]
-    row_dims = tuple(1 if d == axis else extent for d, extent in enumerate(x.dim))
+    axis = a.axis % len(x.static_dim)
+    rows = x.static_numel // x.static_dim[axis]
+    row_dims = tuple(1 if d == axis else extent for d, extent in enumerate(x.static_dim))
     compute, itype = compute_for(fused), loop_index_type([x, values, indices], rows * 32)
     params = KernelParams()
     source = params.tensor(x)
@@ -98,8 +98,8 @@ def emit_topk(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         stores.append(f"if (lane == 0) {name}[{_at(indices, axis, 'r')}] = ({cuda_type(indices.data_type)})best_i;")
     key = read(x, source, _at(x, axis, "j"), compute)
     body = [
-        *coordinates("row", row_dims, stride_order(x.dim, x.stride), "c", itype),
-        *_with_selected(_selection(a.k, key, itype, x.dim[axis], compute), stores),
+        *coordinates("row", row_dims, stride_order(x.static_dim, x.static_stride), "c", itype),
+        *_with_selected(_selection(a.k, key, itype, x.static_dim[axis], compute), stores),
     ]
     loop = warp_stride("row", rows, itype, body)
     return FusedProgram(fused.name, (make_kernel(ctx, fused, "topk", params, loop, (blocks_for(rows * 32), 1, 1)),))
@@ -114,14 +114,14 @@ def emit_router(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = node.attributes
     assert logits is not None and weights is not None and indices is not None
     assert isinstance(a, MoeRouterAttributes)
-    experts = logits.dim[-1]
-    rows = logits.numel // experts
-    axis = len(logits.dim) - 1
+    experts = logits.static_dim[-1]
+    rows = logits.static_numel // experts
+    axis = len(logits.static_dim) - 1
     itype = loop_index_type([logits, weights, indices], rows * 32)
     params = KernelParams()
     source = params.tensor(logits)
     logit = read(logits, source, _at(logits, axis, "j"), "float")
-    body = coordinates("row", (*logits.dim[:-1], 1), range(len(logits.dim)), "c", itype)
+    body = coordinates("row", (*logits.static_dim[:-1], 1), range(len(logits.static_dim)), "c", itype)
     if a.score_function is RouterScore.SOFTMAX:
         body += [
             f"float top = {literal(float('-inf'), 'float')};",
@@ -171,25 +171,25 @@ def emit_gather(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, index, y = node.input("input"), node.input("index"), node.output("y")
     a = node.attributes
     assert x is not None and index is not None and y is not None and isinstance(a, GatherAttributes)
-    axis = a.axis % len(x.dim)
-    compute, itype = compute_for(fused), loop_index_type([x, index, y], y.numel)
+    axis = a.axis % len(x.static_dim)
+    compute, itype = compute_for(fused), loop_index_type([x, index, y], y.static_numel)
     params = KernelParams()
     source, picks, out = params.tensor(x), params.tensor(index), params.tensor(y, writable=True)
     body = [
-        *coordinates("p", y.dim, stride_order(y.dim, y.stride), "c", itype),
+        *coordinates("p", y.static_dim, stride_order(y.static_dim, y.static_stride), "c", itype),
         f"const long long i = (long long){picks}[{offset_at(index, [f'c{axis}'])}];",
-        f"const {compute} v = i >= 0 && i < {x.dim[axis]} ? {read(x, source, _at(x, axis, 'i'), compute)} : 0;",
+        f"const {compute} v = i >= 0 && i < {x.static_dim[axis]} ? {read(x, source, _at(x, axis, 'i'), compute)} : 0;",
         f"{out}[{_at(y, axis, f'c{axis}')}] = {store(y.data_type, 'v')};",
     ]
-    loop = grid_stride("p", first_thread(itype), y.numel, itype, body)
-    return FusedProgram(fused.name, (make_kernel(ctx, fused, "gather", params, loop, (blocks_for(y.numel), 1, 1)),))
+    loop = grid_stride("p", first_thread(itype), y.static_numel, itype, body)
+    return FusedProgram(fused.name, (make_kernel(ctx, fused, "gather", params, loop, (blocks_for(y.static_numel), 1, 1)),))
 
 
 def emit_unpermute(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     node = anchor_of(fused)
     x, slot, weights, y = node.input("input"), node.input("slot"), node.input("weights"), node.output("y")
     assert x is not None and slot is not None and y is not None
-    compute, itype = compute_for(fused), loop_index_type([x, slot, y], y.numel)
+    compute, itype = compute_for(fused), loop_index_type([x, slot, y], y.static_numel)
     params = KernelParams()
     source, slots = params.tensor(x), params.tensor(slot)
     scales = params.tensor(weights) if weights is not None else None
@@ -198,16 +198,16 @@ def emit_unpermute(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if weights is not None and scales is not None:
         term = f"{read(weights, scales, offset_at(weights, ['c0', 'j']), compute)} * {term}"
     body = [
-        *coordinates("p", y.dim, stride_order(y.dim, y.stride), "c", itype),
+        *coordinates("p", y.static_dim, stride_order(y.static_dim, y.static_stride), "c", itype),
         f"{compute} acc = 0;",
-        f"for (int j = 0; j < {slot.dim[1]}; ++j) {{  // in order: the same sum every run",
+        f"for (int j = 0; j < {slot.static_dim[1]}; ++j) {{  // in order: the same sum every run",
         f"  const long long s = (long long){slots}[{offset_at(slot, ['c0', 'j'])}];",
-        f"  if (s >= 0 && s < {x.dim[0]}) acc += {term};",
+        f"  if (s >= 0 && s < {x.static_dim[0]}) acc += {term};",
         "}",
         f"{out}[{offset_at(y, ['c0', 'c1'])}] = {store(y.data_type, 'acc')};",
     ]
-    loop = grid_stride("p", first_thread(itype), y.numel, itype, body)
-    kernel = make_kernel(ctx, fused, "moe_unpermute", params, loop, (blocks_for(y.numel), 1, 1))
+    loop = grid_stride("p", first_thread(itype), y.static_numel, itype, body)
+    kernel = make_kernel(ctx, fused, "moe_unpermute", params, loop, (blocks_for(y.static_numel), 1, 1))
     return FusedProgram(fused.name, (kernel,))
 
 
@@ -218,27 +218,27 @@ def emit_grouped_matmul(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     token, weight, offsets = node.input("token"), node.input("weight"), node.input("first_token_offset")
     out_t = node.output("output")
     assert token is not None and weight is not None and offsets is not None and out_t is not None
-    compute, itype = compute_for(fused), loop_index_type([token, weight, offsets, out_t], out_t.numel)
+    compute, itype = compute_for(fused), loop_index_type([token, weight, offsets, out_t], out_t.static_numel)
     params = KernelParams()
     a, b, firsts = params.tensor(token), params.tensor(weight), params.tensor(offsets)
     out = params.tensor(out_t, writable=True)
     body = [
-        *coordinates("p", out_t.dim, stride_order(out_t.dim, out_t.stride), "c", itype),
+        *coordinates("p", out_t.static_dim, stride_order(out_t.static_dim, out_t.static_stride), "c", itype),
         "int e = -1;",
-        f"for (int i = 0; i < {weight.dim[0]}; ++i) {{",
+        f"for (int i = 0; i < {weight.static_dim[0]}; ++i) {{",
         f"  if ((long long){firsts}[{offset_at(offsets, ['i'])}] <= (long long)c0) e = i;",
         "}",
         f"{compute} acc = 0;",
         "if (e >= 0) {",
-        f"  for ({itype} k = 0; k < {token.dim[1]}; ++k) {{",
+        f"  for ({itype} k = 0; k < {token.static_dim[1]}; ++k) {{",
         f"    acc += {read(token, a, offset_at(token, ['c0', 'k']), compute)} * "
         f"{read(weight, b, offset_at(weight, ['e', 'k', 'c1']), compute)};",
         "  }",
         "}",
         f"{out}[{offset_at(out_t, ['c0', 'c1'])}] = {store(out_t.data_type, 'acc')};",
     ]
-    loop = grid_stride("p", first_thread(itype), out_t.numel, itype, body)
-    kernel = make_kernel(ctx, fused, "moe_grouped_matmul", params, loop, (blocks_for(out_t.numel), 1, 1))
+    loop = grid_stride("p", first_thread(itype), out_t.static_numel, itype, body)
+    kernel = make_kernel(ctx, fused, "moe_grouped_matmul", params, loop, (blocks_for(out_t.static_numel), 1, 1))
     return FusedProgram(fused.name, (kernel,))
 
 
@@ -249,7 +249,7 @@ def emit_permutation(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = node.attributes
     assert chosen is not None and token_index is not None and slot is not None and firsts is not None
     assert isinstance(a, MoePermutationAttributes)
-    experts, (tokens, k) = a.num_experts, chosen.dim
+    experts, (tokens, k) = a.num_experts, chosen.static_dim
     count = tokens * k
     itype = loop_index_type([chosen, token_index, slot], count + THREADS)
     params = KernelParams()

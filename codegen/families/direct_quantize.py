@@ -47,21 +47,21 @@ def emit_quantize(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, y, scale = node.input("X"), node.output("Y"), node.output("scale")
     a = node.attributes
     assert x is not None and y is not None and scale is not None and isinstance(a, BlockScaleQuantizeAttributes)
-    axis = block_axis(node, len(x.dim))
-    size = min(a.block_size, x.dim[axis])  # a block longer than the axis is the whole axis
-    itype = loop_index_type([x, y, scale], scale.numel * 32)
+    axis = block_axis(node, len(x.static_dim))
+    size = min(a.block_size, x.static_dim[axis])  # a block longer than the axis is the whole axis
+    itype = loop_index_type([x, y, scale], scale.static_numel * 32)
     params = KernelParams()
     source, out, scales = params.tensor(x), params.tensor(y, writable=True), params.tensor(scale, writable=True)
     largest = literal(LARGEST[y.data_type], "float")
 
     def at(tensor: Tensor, along: str) -> str:
-        return offset_at(tensor, [along if d == axis else f"c{d}" for d in range(len(x.dim))])
+        return offset_at(tensor, [along if d == axis else f"c{d}" for d in range(len(x.static_dim))])
 
     element = f"(c{axis} * {size} + j)"
     # The last block of an axis the size does not divide is partial.
-    bound = f"j < {size} && {element} < {x.dim[axis]}" if x.dim[axis] % size else f"j < {size}"
+    bound = f"j < {size} && {element} < {x.static_dim[axis]}" if x.static_dim[axis] % size else f"j < {size}"
     body = [
-        *coordinates("b", scale.dim, stride_order(scale.dim, scale.stride), "c", itype),
+        *coordinates("b", scale.static_dim, stride_order(scale.static_dim, scale.static_stride), "c", itype),
         "float amax = 0.0f;",
         f"for ({itype} j = lane; {bound}; j += 32) {{",
         f"  amax = gd::NanMax()(amax, fabsf({read(x, source, at(x, element), 'float')}));",
@@ -75,8 +75,8 @@ def emit_quantize(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         f"  {out}[{at(y, element)}] = {store(y.data_type, 'q')};",
         "}",
     ]
-    loop = warp_stride("b", scale.numel, itype, body)
-    kernel = make_kernel(ctx, fused, "block_scale_quantize", params, loop, (blocks_for(scale.numel * 32), 1, 1))
+    loop = warp_stride("b", scale.static_numel, itype, body)
+    kernel = make_kernel(ctx, fused, "block_scale_quantize", params, loop, (blocks_for(scale.static_numel * 32), 1, 1))
     return FusedProgram(fused.name, (kernel,))
 
 
@@ -101,18 +101,18 @@ def emit_dequantize(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, scale, y = node.input("X"), node.input("scale"), node.output("Y")
     a = node.attributes
     assert x is not None and scale is not None and y is not None and isinstance(a, BlockScaleDequantizeAttributes)
-    axis = block_axis(node, len(x.dim))
+    axis = block_axis(node, len(x.static_dim))
     compute = "double" if y.data_type is DataType.DOUBLE else "float"
-    itype = loop_index_type([x, scale, y], y.numel)
+    itype = loop_index_type([x, scale, y], y.static_numel)
     params = KernelParams()
     source, scales, out = params.tensor(x), params.tensor(scale), params.tensor(y, writable=True)
-    block = [f"c{d}" if d != axis else f"c{d} / {a.block_size}" for d in range(len(x.dim))]
-    value = f"{read(x, source, offset_at(x, [f'c{d}' for d in range(len(x.dim))]), compute)}"
+    block = [f"c{d}" if d != axis else f"c{d} / {a.block_size}" for d in range(len(x.static_dim))]
+    value = f"{read(x, source, offset_at(x, [f'c{d}' for d in range(len(x.static_dim))]), compute)}"
     body = [
-        *coordinates("p", y.dim, stride_order(y.dim, y.stride), "c", itype),
+        *coordinates("p", y.static_dim, stride_order(y.static_dim, y.static_stride), "c", itype),
         f"const {compute} v = {value} * {read(scale, scales, offset_at(scale, block), compute)};",
-        f"{out}[{offset_at(y, [f'c{d}' for d in range(len(y.dim))])}] = {store(y.data_type, 'v')};",
+        f"{out}[{offset_at(y, [f'c{d}' for d in range(len(y.static_dim))])}] = {store(y.data_type, 'v')};",
     ]
-    loop = grid_stride("p", first_thread(itype), y.numel, itype, body)
-    kernel = make_kernel(ctx, fused, "block_scale_dequantize", params, loop, (blocks_for(y.numel, THREADS), 1, 1))
+    loop = grid_stride("p", first_thread(itype), y.static_numel, itype, body)
+    kernel = make_kernel(ctx, fused, "block_scale_dequantize", params, loop, (blocks_for(y.static_numel, THREADS), 1, 1))
     return FusedProgram(fused.name, (kernel,))

@@ -94,10 +94,10 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
 def _map_axes(t: Tensor, p: Problem) -> list[int]:
     """The axes of operand ``t`` its tensor map walks, innermost first: the contiguous matrix
     axis, the other matrix axis, then the batch axes that hold more than one matrix."""
-    rank = len(t.dim)
-    inner = rank - 1 if t.stride[-1] == 1 else rank - 2
+    rank = len(t.static_dim)
+    inner = rank - 1 if t.static_stride[-1] == 1 else rank - 2
     outer = rank - 2 if inner == rank - 1 else rank - 1
-    batch = [axis for axis in range(rank - 3, -1, -1) if t.dim[axis] > 1]
+    batch = [axis for axis in range(rank - 3, -1, -1) if t.static_dim[axis] > 1]
     return [inner, outer, *batch]
 
 
@@ -106,8 +106,8 @@ def _tensor_map(t: Tensor, p: Problem, box: tuple[int, int]) -> TensorMap:
     size = t.data_type.itemsize
     return TensorMap(
         element_bytes=size,
-        dims=tuple(t.dim[a] for a in axes),
-        strides=tuple(t.stride[a] * size for a in axes[1:]),
+        dims=tuple(t.static_dim[a] for a in axes),
+        strides=tuple(t.static_stride[a] * size for a in axes[1:]),
         box=(*box, *(1 for _ in axes[2:])),
         swizzle=128,
     )
@@ -206,8 +206,8 @@ def _tile_coordinates(p: Problem, itype: str) -> list[str]:
 
 def _map_coordinates(t: Tensor, p: Problem, matrix: tuple[str, str]) -> list[str]:
     """The tensor-map coordinates of ``t``'s tile: ``matrix`` (inner, outer) then its batch axes."""
-    shift = len(p.batch) - (len(t.dim) - 2)
-    batch = [f"(int)c{axis + shift}" for axis in range(len(t.dim) - 3, -1, -1) if t.dim[axis] > 1]
+    shift = len(p.batch) - (len(t.static_dim) - 2)
+    batch = [f"(int)c{axis + shift}" for axis in range(len(t.static_dim) - 3, -1, -1) if t.static_dim[axis] > 1]
     return [*matrix, *batch]
 
 

@@ -22,6 +22,7 @@ from ..runtime.buffers import is_torch
 from ..runtime.driver import current_gpu_arch
 from ..serialize import graph_to_json, read_graph
 from ..signature import signature
+from ..symbolic import Extent
 from ..tensor import TensorSpec
 from .enums import build_plan_policy, heur_mode
 from .handle import Handle, get_stream
@@ -280,7 +281,7 @@ def _on_host(value: Any) -> bool:
     return not bool(value.is_cuda) if is_torch(value) else not hasattr(value, "__cuda_array_interface__")
 
 
-def _one(dim: Sequence[int]) -> bool:
+def _one(dim: Sequence[Extent]) -> bool:
     return all(d == 1 for d in dim)
 
 

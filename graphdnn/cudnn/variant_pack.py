@@ -113,19 +113,19 @@ def _buffer(t: Tensor, value: Any, on_host: bool) -> Any:
     shape, strides = _layout(value)
     if shape is None or strides is None:
         return value  # CuPy, DLPack...: graphdnn's runtime reads and checks them
-    if shape != t.dim and not same_memory(shape, strides, t.dim, t.stride):
+    if shape != t.static_dim and not same_memory(shape, strides, t.static_dim, t.static_stride):
         raise FeedError(
             f"has dims {list(shape)} and strides {list(strides)}, which do not lay out the memory of the graph's "
-            f"dims {list(t.dim)} and strides {list(t.stride)}",
+            f"dims {list(t.static_dim)} and strides {list(t.static_stride)}",
             tensor=t.name,
         )
     if on_host:
-        if isinstance(value, np.ndarray) and shape == t.dim:
+        if isinstance(value, np.ndarray) and shape == t.static_dim:
             return value  # the reference plan checks its type and strides
         _check_type(t, value)
         return _host_view(t, value.ctypes.data if isinstance(value, np.ndarray) else int(value.data_ptr()))
-    if shape != t.dim:
-        return value.as_strided(t.dim, t.stride)  # a torch CUDA tensor: the same memory, the graph's dims
+    if shape != t.static_dim:
+        return value.as_strided(t.static_dim, t.static_stride)  # a torch CUDA tensor: the same memory, the graph's dims
     return value
 
 
@@ -167,13 +167,13 @@ def _host_view(t: Tensor, pointer: int) -> np.ndarray:
     """A NumPy array of ``t``'s dims, strides and type over host memory at ``pointer``; the
     caller keeps that memory alive (the frontend's contract for raw pointers)."""
     itemsize = t.data_type.itemsize
-    raw = (ctypes.c_byte * (storage_extent(t.dim, t.stride) * itemsize)).from_address(pointer)
+    raw = (ctypes.c_byte * (storage_extent(t.static_dim, t.static_stride) * itemsize)).from_address(pointer)
     storage = np.frombuffer(memoryview(raw), dtype=t.data_type.numpy)
-    return np.ndarray(t.dim, t.data_type.numpy, storage, strides=tuple(s * itemsize for s in t.stride))
+    return np.ndarray(t.static_dim, t.data_type.numpy, storage, strides=tuple(s * itemsize for s in t.static_stride))
 
 
 def _device_view(t: Tensor, pointer: int) -> DeviceArray:
     ordinal = _device_of(pointer)
     if ordinal is None:
         raise FeedError(f"pointer {pointer:#x} is not device memory CUDA knows", tensor=t.name)
-    return DeviceArray.wrap(pointer, t.dim, t.stride, t.data_type, driver.device(ordinal))
+    return DeviceArray.wrap(pointer, t.static_dim, t.static_stride, t.data_type, driver.device(ordinal))

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..errors import DataTypeError, FeedError
+from ..symbolic import Extent
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, check_axis, fail, fail_attribute, register
 
@@ -77,7 +78,7 @@ class Gather(Op):
     outputs = (Role("y"),)
     attributes = GatherAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, index = node.input("input"), _integer(node, "index")
         assert x is not None
         axis = check_axis(node, node.attributes.axis, len(x.dim))  # type: ignore[attr-defined]
@@ -113,7 +114,7 @@ class MoePermutation(Op):
     outputs = (Role("token_index"), Role("slot"), Role("first_token_offset"))
     attributes = MoePermutationAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         chosen = _integer(node, "expert_indices")
         experts = node.attributes.num_experts  # type: ignore[attr-defined]
         if experts < 1:
@@ -156,7 +157,7 @@ class MoeUnpermute(Op):
     inputs = (Role("input", floating=True), Role("slot"), Role("weights", optional=True, floating=True))
     outputs = (Role("y"),)
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, slot, weights = node.input("input"), _integer(node, "slot"), node.input("weights")
         assert x is not None
         if len(x.dim) != 2:
@@ -193,7 +194,7 @@ class MoeGroupedMatmul(Op):
     inputs = (Role("token", floating=True), Role("weight", floating=True), Role("first_token_offset"))
     outputs = (Role("output"),)
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         token, weight = node.input("token"), node.input("weight")
         offsets = _integer(node, "first_token_offset")
         assert token is not None and weight is not None
@@ -212,7 +213,7 @@ class MoeGroupedMatmul(Op):
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
         token = node.input("token")
         assert token is not None
-        return (0, token.dim[0]) if role == "first_token_offset" else None
+        return (0, int(token.dim[0])) if role == "first_token_offset" else None
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         token, weight, offsets = x["token"], x["weight"], x["first_token_offset"]

@@ -19,6 +19,7 @@ import numpy as np
 from ..dtypes import DataType, round_to
 from ..errors import DataTypeError
 from ..layout import stride_order
+from ..symbolic import Extent
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, check_axis, fail, fail_attribute, register
 
@@ -53,7 +54,7 @@ def block_axis(node: Node, rank: int) -> int:
     return rank - 1 if axis is None else check_axis(node, axis, rank)
 
 
-def scale_dims(dims: tuple[int, ...], axis: int, block_size: int) -> tuple[int, ...]:
+def scale_dims(dims: tuple[Extent, ...], axis: int, block_size: int) -> tuple[Extent, ...]:
     """One scale per block: the last block of an axis not divisible by the size is partial."""
     return tuple(-(-extent // block_size) if a == axis else extent for a, extent in enumerate(dims))
 
@@ -134,7 +135,7 @@ class BlockScaleQuantize(Op):
     outputs = (Role("Y"), Role("scale"))
     attributes = BlockScaleQuantizeAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x = node.input("X")
         assert x is not None
         _check_input_type(node, "X", x, INPUT_TYPES, "a float, half or bfloat16 input")
@@ -168,7 +169,7 @@ class BlockScaleDequantize(Op):
     outputs = (Role("Y"),)
     attributes = BlockScaleDequantizeAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, scale = node.input("X"), node.input("scale")
         assert x is not None and scale is not None
         _check_input_type(node, "X", x, ELEMENT_TYPES, "fp8 values")

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..layout import stride_order
+from ..symbolic import Extent
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, check_axis, fail, fail_attribute, register
 
@@ -68,13 +69,13 @@ class Topk(Op):
     outputs = (Role("values"), Role("indices"))
     attributes = TopkAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x = node.input("input")
         assert x is not None
         a = node.attributes
         assert isinstance(a, TopkAttributes)
         axis = check_axis(node, a.axis, len(x.dim))
-        _check_k(node, a.k, x.dim[axis], f"the extent of axis {axis} of input {list(x.dim)}")
+        _check_k(node, a.k, int(x.dim[axis]), f"the extent of axis {axis} of input {list(x.dim)}")
         dims = tuple(a.k if i == axis else extent for i, extent in enumerate(x.dim))
         order = stride_order(x.dim, x.stride)
         return {"values": Inferred(dims, order), "indices": Inferred(dims, order, DataType.INT32, INDEX_TYPES)}
@@ -101,13 +102,13 @@ class MoeRouter(Op):
     outputs = (Role("weights"), Role("indices"))
     attributes = MoeRouterAttributes
 
-    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         logits, bias = node.input("logits"), node.input("bias")
         assert logits is not None
         a = node.attributes
         assert isinstance(a, MoeRouterAttributes)
         experts = logits.dim[-1]
-        _check_k(node, a.k, experts, f"the number of experts, the last dim of logits {list(logits.dim)}")
+        _check_k(node, a.k, int(experts), f"the number of experts, the last dim of logits {list(logits.dim)}")
         if bias is not None and tuple(bias.dim) != (experts,):
             fail(node, f"bias has dims {list(bias.dim)}, expected [{experts}] (one per expert)", role="bias")
         dims = (*logits.dim[:-1], a.k)
