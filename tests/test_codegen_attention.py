@@ -8,6 +8,7 @@ import pytest
 from codegen.emit import candidates
 from codegen.families.attention_flash import FlashConfig, shared_bytes
 from codegen.families.attention_problem import attention_of
+from codegen.families.attention_wgmma import supported as wgmma_supported
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
 from graphdnn.dtypes import DataType
@@ -16,6 +17,7 @@ from graphdnn.lower import lower
 from graphdnn.signature import signature
 from tests.attention_cases import CASES, self_attention
 from tests.compile_check import compile_graphs
+from tests.test_codegen_gemm_sm90 import sass
 
 
 def attention_node(case: str):  # type: ignore[no-untyped-def]
@@ -45,7 +47,7 @@ def test_every_case_compiles_for_sm80_and_sm90() -> None:
 @pytest.mark.parametrize("case", ["d128_bshd", "d256_fp16", "one_row_one_key"])
 def test_flash_candidates_fit_shared_memory_and_compile(case: str) -> None:
     graph, fused = attention_node(case)
-    choices = candidates(fused, 90)
+    choices = [c for c in candidates(fused, 90) if "path" not in c]  # the mma.sync kernel's
     assert len(choices) >= 2
     attention = attention_of(fused)
     partition = fuse(graph, arch=80)
@@ -54,6 +56,36 @@ def test_flash_candidates_fit_shared_memory_and_compile(case: str) -> None:
         assert shared_bytes(attention, FlashConfig(int(choice["warps"]), int(choice["block_n"]))) <= 160 * 1024
         (source,) = lower(partition, 80, signature(graph), lambda h: h, tuning={position: choice}).sources.values()
         compile_cubin(source.source, source.name, 80, source.arch_suffix)
+
+
+WGMMA_CASES = sorted(name for name in CASES if wgmma_supported(attention_of(attention_node(name)[1]), 90))
+
+
+def test_the_hopper_kernel_is_offered_for_head_dims_64_and_128_with_contiguous_rows() -> None:
+    assert {"gqa_4to1_causal", "d128_bshd", "padding_causal_bottom_right", "bias_full"} <= set(WGMMA_CASES)
+    for case in ("d256_fp16", "d72_dv40", "d100_scalar_loads", "fp32_simt"):
+        assert {"path": "wgmma"} not in candidates(attention_node(case)[1], 90)
+    assert {"path": "wgmma"} in candidates(attention_node("d128_bshd")[1], 90)
+    assert {"path": "wgmma"} not in candidates(attention_node("d128_bshd")[1], 80)
+    graph, fused = attention_node("d256_fp16")
+    partition = fuse(graph, arch=90)
+    position = [f.name for f in partition.nodes].index(fused.name)
+    with pytest.raises(UnsupportedError, match=r"head dims \[64, 128\].*not D=256"):
+        lower(partition, 90, signature(graph), lambda h: h, tuning={position: {"path": "wgmma"}})
+
+
+@pytest.mark.parametrize("case", WGMMA_CASES)
+def test_the_hopper_kernel_compiles_for_sm90a(case: str) -> None:
+    graph, fused = attention_node(case)
+    partition = fuse(graph, arch=90)
+    position = [f.name for f in partition.nodes].index(fused.name)
+    (source,) = lower(
+        partition, 90, signature(graph), lambda h: h, tuning={position: {"path": "wgmma"}}
+    ).sources.values()
+    assert "_wgmma_" in source.name and source.arch_suffix == "a"
+    code = sass(compile_cubin(source.source, source.name, 90, source.arch_suffix))
+    if code is not None:
+        assert "HGMMA" in code and "LDL" not in code and "STL" not in code
 
 
 def test_simt_path_has_no_candidates() -> None:

@@ -14,8 +14,17 @@ from fusion_rules import Family, fuse
 from graphdnn import reference
 from graphdnn.dtypes import DataType
 from graphdnn.random_inputs import random_inputs
+from graphdnn.runtime.driver import current_gpu_arch
 from tests.attention_cases import CASES, AttentionCase, self_attention
-from tests.gpu_check import check_on_gpu, poisoned, to_device, to_numpy
+from tests.gpu_check import check_on_gpu, poisoned, relative_error, to_device, to_numpy
+from tests.test_codegen_attention import WGMMA_CASES
+
+# Many key tiles through the two-stage ring, GQA, causal skipping, rows past the last block.
+HOPPER_CASES = {
+    "long_causal_gqa": AttentionCase(
+        b=2, hq=8, hk=2, sq=1000, skv=1000, d=128, dv=128, options={"use_causal_mask": True}
+    ),
+}
 
 pytestmark = pytest.mark.gpu
 
@@ -32,6 +41,47 @@ def test_every_flash_choice_matches_reference(case: str) -> None:
     (fused,) = [f for f in fuse(ir).nodes if f.family is Family.ATTENTION]
     for choice in candidates(fused, 90):
         check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice})
+
+
+@pytest.mark.parametrize("case", [*WGMMA_CASES, "long_causal_gqa"])
+def test_the_hopper_kernel_matches_reference(case: str) -> None:
+    if current_gpu_arch() != 90:
+        pytest.skip("the wgmma attention kernel runs on sm_90 GPUs only")
+    graph = (CASES | HOPPER_CASES)[case].build()
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: {"path": "wgmma"}})
+    assert any("_wgmma_" in kernel.name for kernel in plan.kernels)
+
+
+def test_the_hopper_kernel_reads_rows_that_are_not_16_byte_aligned() -> None:
+    """Q, K and V start 2 bytes into their buffers: the producer copies element by element."""
+    import torch
+
+    if current_gpu_arch() != 90:
+        pytest.skip("the wgmma attention kernel runs on sm_90 GPUs only")
+    case = AttentionCase(b=2, hq=4, hk=2, sq=150, skv=200, d=64, dv=64, options={"use_causal_mask": True})
+    graph = case.build()
+    ir = graph.validate()
+    (fused,) = [f for f in fuse(ir).nodes if f.family is Family.ATTENTION]
+    feeds = random_inputs(ir, 3)
+    expected = reference.execute(ir, feeds)
+    pack = {}
+    for t in ir.inputs:
+        if t.is_pass_by_value:
+            pack[t.name] = feeds[t.name]
+            continue
+        aligned = to_device(feeds[t.name], t)
+        storage = torch.empty(aligned.untyped_storage().nbytes() // 2 + 8, dtype=aligned.dtype, device="cuda")
+        view = storage[1:].as_strided(aligned.shape, aligned.stride())
+        view.copy_(aligned)
+        assert view.data_ptr() % 16 == 2
+        pack[t.name] = view
+    outputs = {t.name: poisoned(t) for t in ir.outputs}
+    plan = gd.compile(graph, tuning={fused.name: {"path": "wgmma"}})
+    plan.execute({**pack, **outputs})
+    torch.cuda.synchronize()
+    for t in ir.outputs:
+        assert relative_error(to_numpy(outputs[t.name]), expected[t.name]) < 2e-2, t.name
 
 
 @pytest.mark.parametrize("data_type", [DataType.BFLOAT16, DataType.FLOAT])

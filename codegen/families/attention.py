@@ -2,8 +2,9 @@
 never writes the score matrix to memory.
 
 Two paths, both correct for every mask, layout and head dim up to 256:
-- flash attention on mma.sync tensor cores when Q, K and V are all fp16 or all bf16
-  (attention_flash.py);
+- flash attention on tensor cores when Q, K and V are all fp16 or all bf16: mma.sync
+  (attention_flash.py), or on sm_90 for head dims 64 and 128 with contiguous rows the
+  warp-specialised wgmma kernel (attention_wgmma.py; tuning ``{"path": "wgmma"}``);
 - one warp per query row in fp32 for anything else (attention_simt.py).
 """
 
@@ -17,20 +18,29 @@ from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
 from .attention_problem import Attention, attention_of
 from .attention_simt import simt_kernel
+from .attention_wgmma import supported as wgmma_supported
+from .attention_wgmma import wgmma_attention_kernel
 from .tensor_core import TENSOR_CORE_TYPES
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = attention_of(fused)
-    tensor_cores = on_tensor_cores(a)
-    kernel = flash_kernel(fused, ctx, a, config(a, ctx.tuning)) if tensor_cores else simt_kernel(fused, ctx, a)
-    return FusedProgram(fused.name, (kernel,))
+    if not on_tensor_cores(a):
+        return FusedProgram(fused.name, (simt_kernel(fused, ctx, a),))
+    if ctx.tuning == WGMMA:
+        return FusedProgram(fused.name, (wgmma_attention_kernel(fused, ctx, a),))
+    return FusedProgram(fused.name, (flash_kernel(fused, ctx, a, config(a, ctx.tuning)),))
 
 
 def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     """Warps per block and keys per tile of the flash kernel (autotuning); none on the SIMT path."""
     a = attention_of(fused)
-    return flash_candidates(a) if on_tensor_cores(a) else []
+    if not on_tensor_cores(a):
+        return []
+    return flash_candidates(a) + ([WGMMA] if wgmma_supported(a, arch) else [])
+
+
+WGMMA: dict[str, object] = {"path": "wgmma"}
 
 
 def on_tensor_cores(a: Attention) -> bool:

@@ -195,13 +195,13 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
     ]
     pattern = pattern_name(fused) + "_flash"
     name, source = kernel_source(ctx, fused, pattern, params, 32 * c.warps, indent(body, 1))
-    functions = ASYNC_COPY_PRELUDE + mma_fragments(a.q.data_type) + _pack_function(a.q.data_type)
+    functions = ASYNC_COPY_PRELUDE + mma_fragments(a.q.data_type) + pack_function(a.q.data_type)
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     blocks = -(-a.sq // c.block_m) * a.heads * a.batch
     return Kernel(name, source, (blocks, 1, 1), (32 * c.warps, 1, 1), shared_bytes(a, c), tuple(params.bindings))
 
 
-def _pack_function(data_type: DataType) -> str:
+def pack_function(data_type: DataType) -> str:
     return (
         "\n// Two floats as one register of two 16-bit values, x in the low half (an mma operand).\n"
         "__device__ __forceinline__ unsigned pack2(float x, float y) {\n"

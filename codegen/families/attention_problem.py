@@ -171,7 +171,9 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
     lines.append(f"const float scale = {scale};")
     if a.attrs.use_alibi_mask:
         slopes = ", ".join(literal(slope, "float") for slope in alibi_slopes(a.heads))
-        lines.append(f"constexpr float SLOPES[HQ] = {{{slopes}}};")
+        lines.append(
+            f"static constexpr float SLOPES[HQ] = {{{slopes}}};  // static: in constant memory, not per-thread"
+        )
         lines.append("const float slope = SLOPES[h];")
     return lines
 

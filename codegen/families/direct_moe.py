@@ -182,7 +182,9 @@ def emit_gather(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         f"{out}[{_at(y, axis, f'c{axis}')}] = {store(y.data_type, 'v')};",
     ]
     loop = grid_stride("p", first_thread(itype), y.static_numel, itype, body)
-    return FusedProgram(fused.name, (make_kernel(ctx, fused, "gather", params, loop, (blocks_for(y.static_numel), 1, 1)),))
+    return FusedProgram(
+        fused.name, (make_kernel(ctx, fused, "gather", params, loop, (blocks_for(y.static_numel), 1, 1)),)
+    )
 
 
 def emit_unpermute(fused: FusedNode, ctx: EmitContext) -> FusedProgram:

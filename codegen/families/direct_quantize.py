@@ -114,5 +114,7 @@ def emit_dequantize(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         f"{out}[{offset_at(y, [f'c{d}' for d in range(len(y.static_dim))])}] = {store(y.data_type, 'v')};",
     ]
     loop = grid_stride("p", first_thread(itype), y.static_numel, itype, body)
-    kernel = make_kernel(ctx, fused, "block_scale_dequantize", params, loop, (blocks_for(y.static_numel, THREADS), 1, 1))
+    kernel = make_kernel(
+        ctx, fused, "block_scale_dequantize", params, loop, (blocks_for(y.static_numel, THREADS), 1, 1)
+    )
     return FusedProgram(fused.name, (kernel,))

@@ -185,7 +185,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
     elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
     functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, elem, 1 if layout == "kn" else 0)
-    functions += _tma_prelude(0 if gather else max(len(_map_axes(t, p)) for t in (p.a, p.b)))
+    functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t, p)) for t in (p.a, p.b)))
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     grid = (min(tiles_total, sm_count(ctx.arch)), 1, 1)
     return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a")
@@ -372,7 +372,9 @@ def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, a
     ]
 
 
-def _tma_prelude(rank: int) -> str:
+def mbarrier_prelude(rank: int) -> str:
+    """mbarrier and named-barrier helpers, the tensor-map parameter type, and TMA loads of
+    2 .. ``rank`` dims (none for 0)."""
     loads = "".join(_tma_load(r) for r in range(2, rank + 1))
     return (
         r"""

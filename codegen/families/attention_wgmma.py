@@ -1,0 +1,303 @@
+"""Flash attention forward on Hopper: warp-specialised, wgmma (sm_90a, fp16/bf16, head dims 64 and 128).
+
+A block owns 128 query rows of one (batch, head) and is three warpgroups:
+
+- the producer copies the Q tile once, then each tile of BN keys of K and V, into a ring of
+  two shared-memory stages in the 128-byte-swizzle layout the wgmma descriptors read, with
+  16-byte ``cp.async`` (element by element when a pointer is not 16-byte aligned); each
+  thread's arrival on a stage's *full* mbarrier follows its copies, the consumers release
+  the stage on its *empty* one;
+- two consumer warpgroups own 64 rows each: S = Q Kᵀ with ``wgmma`` (both operands in
+  shared memory), scale / bias / masks and the online softmax in registers as the flash
+  kernel does (base 2), then O += P V with P straight from the registers (the accumulator
+  layout of S is the register A operand of the next wgmma) and V in shared memory.
+
+While one consumer runs its softmax the other's wgmma keeps the tensor cores busy, and the
+producer fills the next stage. Rows, lengths, masks and the final write are the family's
+(attention_problem.py).
+"""
+
+from __future__ import annotations
+
+from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
+from graphdnn.errors import UnsupportedError
+
+from ..context import EmitContext, indent, kernel_source, pattern_name
+from ..cuda_types import cuda_type
+from ..kernel import Kernel
+from .attention_flash import pack_function, vectorizable
+from .attention_problem import (
+    Attention,
+    block_setup,
+    declare,
+    key_range,
+    needs_mask,
+    o_store,
+    score_function,
+    stats_store,
+    strides,
+)
+from .gemm_loaders import ASYNC_COPY_PRELUDE
+from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
+from .gemm_ws import mbarrier_prelude
+from .tensor_core import TENSOR_CORE_TYPES
+
+BLOCK_M = 128
+THREADS = 384
+STAGES = 2
+HEAD_DIMS = (64, 128)
+ALIGN_SLACK = 1024
+
+
+def block_n(a: Attention) -> int:
+    """Keys per stage: S (BN / 2) and O (DV / 2) accumulators per thread stay within registers."""
+    return 128 if a.dv <= 64 else 64
+
+
+def shared_bytes(a: Attention) -> int:
+    bn = block_n(a)
+    return 2 * (BLOCK_M * a.d + STAGES * bn * (a.d + a.dv)) + 8 * (1 + 2 * STAGES) + ALIGN_SLACK
+
+
+def supported(a: Attention, arch: int) -> bool:
+    types = {a.q.data_type, a.k.data_type, a.v.data_type}
+    return (
+        arch == ARCH
+        and len(types) == 1
+        and types <= TENSOR_CORE_TYPES
+        and a.d in HEAD_DIMS
+        and a.dv in HEAD_DIMS
+        and vectorizable(a)
+        and shared_bytes(a) <= MAX_SHARED
+    )
+
+
+def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
+    if not supported(a, ctx.arch):
+        raise UnsupportedError(
+            f"the Hopper attention kernel takes head dims {list(HEAD_DIMS)} with contiguous rows on sm_90; "
+            f"not D={a.d}, Dv={a.dv} on sm_{ctx.arch}"
+        )
+    declared = declare(a)
+    names, params = declared.names, declared.params
+    aligned = params.aligned_flag()
+    bn = block_n(a)
+    elem = "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16"
+    body = [
+        f"using T = {cuda_type(a.q.data_type)};",
+        f"constexpr int BM = {BLOCK_M}, BN = {bn}, STAGES = {STAGES};",
+        f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
+        *block_setup(a, names, BLOCK_M),
+        "constexpr unsigned Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2;",
+        *key_range(a, BLOCK_M),
+        *score_function(a, names),
+        "extern __shared__ __align__(1024) unsigned char smem_raw[];",
+        "const unsigned q_tile = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024-byte aligned: the swizzle's unit",
+        "const unsigned kv_tiles = q_tile + Q_BYTES;  // per stage: K, then V",
+        "const unsigned q_full = kv_tiles + STAGES * (K_BYTES + V_BYTES), full = q_full + 8, empty = full + 8 * STAGES;",
+        "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
+        "const int first = kv_begin / BN * BN;",
+        "const int tiles = kv_end > kv_begin ? (kv_end - first + BN - 1) / BN : 0;",
+        "if (tid == 0) {",
+        "  mbar_init(q_full, 128);",
+        "  for (int s = 0; s < STAGES; ++s) {",
+        "    mbar_init(full + 8 * s, 128);  // every producer thread, once its copies landed",
+        "    mbar_init(empty + 8 * s, 8);  // every consumer warp, once its wgmma read the stage",
+        "  }",
+        '  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
+        "}",
+        "__syncthreads();",
+        "if (warpgroup == 0) {",
+        '  asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\\n");',
+        *indent(_producer(names, aligned), 1).splitlines(),
+        "} else {",
+        '  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\\n");',
+        *indent(_consumer(a, names, bn), 1).splitlines(),
+        "}",
+    ]
+    pattern = pattern_name(fused) + "_wgmma"
+    name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
+    functions = (
+        ASYNC_COPY_PRELUDE
+        + wgmma_prelude(bn, elem, 0)
+        + _wgmma_registers_a(a.dv, elem)
+        + mbarrier_prelude(0)
+        + pack_function(a.q.data_type)
+    )
+    source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+    blocks = -(-a.sq // BLOCK_M) * a.heads * a.batch
+    return Kernel(
+        name, source, (blocks, 1, 1), (THREADS, 1, 1), shared_bytes(a), tuple(params.bindings), arch_suffix="a"
+    )
+
+
+def _producer(names: dict[str, str], aligned: str) -> list[str]:
+    """Rows into the swizzled layout: row r's 16-byte chunk c of its 64-element block c / 8 sits
+    at block * (rows * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16. Rows past the tensor are zeros."""
+    return [
+        "const T* const q_g = " + names["Q"] + " + (long long)b * QS[0] + (long long)h * QS[1];",
+        "const T* const k_g = " + names["K"] + " + (long long)b * KS[0] + (long long)hk * KS[1];",
+        "const T* const v_g = " + names["V"] + " + (long long)b * VS[0] + (long long)hk * VS[1];",
+        "auto load_rows = [&](unsigned dst, const T* src, long long rs, int rows, int valid, int width) {",
+        "  const int chunks = width / 8;",
+        "  for (int c = tid; c < rows * chunks; c += 128) {",
+        "    const int r = c / chunks, k = c % chunks;",
+        "    const bool ok = r < valid;",
+        "    const unsigned at = dst + (k >> 3) * (rows * 128) + r * 128 + (((k & 7) ^ (r & 7)) << 4);",
+        "    const T* const from = ok ? src + r * rs + k * 8 : src;",
+        f"    if ({aligned}) {{",
+        "      copy16(at, from, ok);",
+        "    } else {  // unaligned rows: the same 16 bytes, element by element",
+        "      gd::Vec<T, 8> chunk;",
+        "#pragma unroll",
+        "      for (int e = 0; e < 8; ++e) chunk.v[e] = ok ? from[e] : gd::from<T>(0.0f);",
+        "      gd::store_vec<T, 8>(reinterpret_cast<T*>(smem_raw + (at - smem_addr(smem_raw))), chunk);",
+        "    }",
+        "  }",
+        "};",
+        "// a thread's arrival once its copies landed (cp.async), or after its plain stores",
+        "auto arrive = [&](unsigned bar) {",
+        f"  if ({aligned}) {{",
+        '    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\\n" ::"r"(bar) : "memory");',
+        "  } else {",
+        "    mbar_arrive(bar);",
+        "  }",
+        "};",
+        "load_rows(q_tile, q_g + (long long)row0 * QS[2], QS[2], BM, min(BM, SQ - row0), D);",
+        "arrive(q_full);",
+        "int stage = 0;",
+        "unsigned phase = 0;",
+        "for (int tile = 0; tile < tiles; ++tile) {",
+        "  const int kv0 = first + tile * BN;",
+        "  mbar_wait(empty + 8 * stage, phase ^ 1);",
+        "  const unsigned k_tile = kv_tiles + stage * (K_BYTES + V_BYTES);",
+        "  load_rows(k_tile, k_g + (long long)kv0 * KS[2], KS[2], BN, min(BN, SKV - kv0), D);",
+        "  load_rows(k_tile + K_BYTES, v_g + (long long)kv0 * VS[2], VS[2], BN, min(BN, SKV - kv0), DV);",
+        "  arrive(full + 8 * stage);",
+        "  if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "}",
+    ]
+
+
+def _consumer(a: Attention, names: dict[str, str], bn: int) -> list[str]:
+    stats = stats_store(a, names, "i", "live ? m[r] + log2f(sum) : NEG_INF")
+    return [
+        "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the block",
+        "// this thread's rows: row_base and row_base + 8 (wgmma fragment: warp w of the warpgroup",
+        "// holds rows 16w..16w+15; acc[4j + 2r + e] is row lane/4 + 8r, column 8j + 2 (lane % 4) + e)",
+        "const int row_base = row0 + consumer * 64 + (warp & 3) * 16 + (lane >> 2);",
+        "float o[DV / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};",
+        "#pragma unroll",
+        "for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;",
+        "mbar_wait(q_full, 0);",
+        "// the tiles were written through the generic proxy; wgmma reads through the async one",
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        "const unsigned q_rows = q_tile + consumer * (64 * 128);",
+        "int stage = 0;",
+        "unsigned phase = 0;",
+        "for (int tile = 0; tile < tiles; ++tile) {",
+        "  const int kv0 = first + tile * BN;",
+        "  const unsigned k_tile = kv_tiles + stage * (K_BYTES + V_BYTES), v_tile = k_tile + K_BYTES;",
+        "  mbar_wait(full + 8 * stage, phase);",
+        '  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        "  float s[BN / 2];",
+        "#pragma unroll",
+        "  for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;",
+        "  fence_accumulators(s);",
+        "  wgmma_fence();",
+        "#pragma unroll",
+        "  for (int kk = 0; kk < D / 16; ++kk)  // 64-element blocks of the head dim, 4 k16 steps each",
+        "    wgmma_k16(s, wgmma_descriptor(q_rows + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),",
+        "              wgmma_descriptor(k_tile + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));",
+        "  wgmma_commit();",
+        "  wgmma_wait<0>();",
+        "  fence_accumulators(s);",
+        f"  const bool masked = {needs_mask(a, BLOCK_M, bn)};",
+        "#pragma unroll",
+        "  for (int j = 0; j < BN / 8; ++j)",
+        "#pragma unroll",
+        "    for (int e = 0; e < 4; ++e)",
+        "      s[4 * j + e] = score(s[4 * j + e], row_base + ((e >> 1) << 3), kv0 + j * 8 + (lane & 3) * 2 + (e & 1), masked);",
+        *indent(_online_softmax(), 1).splitlines(),
+        "  fence_accumulators(o);",
+        "  wgmma_fence();",
+        "#pragma unroll",
+        "  for (int kk = 0; kk < BN / 16; ++kk) {  // P's k16 step kk: S chunks 2kk and 2kk + 1",
+        "    const unsigned p[4] = {pack2(s[8 * kk], s[8 * kk + 1]), pack2(s[8 * kk + 2], s[8 * kk + 3]),",
+        "                           pack2(s[8 * kk + 4], s[8 * kk + 5]), pack2(s[8 * kk + 6], s[8 * kk + 7])};",
+        "    wgmma_rs(o, p, wgmma_descriptor(v_tile + kk * 2048, BN * 128, 1024));",
+        "  }",
+        "  wgmma_commit();",
+        "  wgmma_wait<0>();",
+        "  fence_accumulators(o);",
+        "  if (lane == 0) mbar_arrive(empty + 8 * stage);  // K and V of this stage are read",
+        "  if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "}",
+        "#pragma unroll",
+        "for (int r = 0; r < 2; ++r) {",
+        "  float sum = l[r];",
+        "  sum += __shfl_xor_sync(0xffffffffu, sum, 1);",
+        "  sum += __shfl_xor_sync(0xffffffffu, sum, 2);",
+        "  const int i = row_base + r * 8;",
+        "  if (i >= SQ) continue;",
+        "  const bool live = i < sq && sum > 0.0f;",
+        "  const float inv = live ? 1.0f / sum : 0.0f;",
+        "#pragma unroll",
+        "  for (int j = 0; j < DV / 8; ++j)",
+        "#pragma unroll",
+        "    for (int e = 0; e < 2; ++e) {",
+        "      const int col = j * 8 + (lane & 3) * 2 + e;",
+        f"      {o_store(a, names, 'i', 'col', 'live ? o[4 * j + 2 * r + e] * inv : 0.0f')}",
+        "    }",
+        *("  if ((lane & 3) == 0) " + line for line in stats),
+        "}",
+    ]
+
+
+def _online_softmax() -> list[str]:
+    """New row maxima (over the quad of lanes sharing a row), rescale of l and O, P = 2^(S - max)."""
+    return [
+        "#pragma unroll",
+        "for (int r = 0; r < 2; ++r) {",
+        "  float mx = m[r];",
+        "#pragma unroll",
+        "  for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));",
+        "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));",
+        "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));",
+        "  const float base = mx == NEG_INF ? 0.0f : mx;  // a row with nothing visible yet stays at 0",
+        "  const float correction = gd::exp2_approx(m[r] - base);",
+        "  m[r] = mx;",
+        "  l[r] *= correction;",
+        "#pragma unroll",
+        "  for (int j = 0; j < DV / 8; ++j) {",
+        "    o[4 * j + 2 * r] *= correction;",
+        "    o[4 * j + 2 * r + 1] *= correction;",
+        "  }",
+        "#pragma unroll",
+        "  for (int j = 0; j < BN / 8; ++j) {",
+        "    s[4 * j + 2 * r] = gd::exp2_approx(s[4 * j + 2 * r] - base);",
+        "    s[4 * j + 2 * r + 1] = gd::exp2_approx(s[4 * j + 2 * r + 1] - base);",
+        "    l[r] += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];",
+        "  }",
+        "}",
+    ]
+
+
+def _wgmma_registers_a(n: int, elem: str) -> str:
+    """``wgmma_rs``: d (64 x n fp32) += A (64 x 16, four registers per thread) * B (16 x n from
+    shared memory, n contiguous: the transpose bit)."""
+    count = n // 2
+    outputs = ", ".join(f"%{i}" for i in range(count))
+    constraints = ",\n                 ".join(
+        ", ".join(f'"+f"(d[{i}])' for i in range(row, min(row + 8, count))) for row in range(0, count, 8)
+    )
+    return f"""
+__device__ __forceinline__ void wgmma_rs(float (&d)[{count}], const unsigned (&a)[4], unsigned long long b) {{
+  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{elem}.{elem} "
+               "{{{outputs}}}, {{%{count}, %{count + 1}, %{count + 2}, %{count + 3}}}, %{count + 4}, 1, 1, 1, 1;\\n"
+               : {constraints}
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+               : "memory");
+}}
+"""
