@@ -3,7 +3,7 @@
 A block owns 128 query rows of one (batch, head) and is three warpgroups:
 
 - the producer copies the Q tile once, then each tile of BN keys of K and V, into a ring of
-  two shared-memory stages in the 128-byte-swizzle layout the wgmma descriptors read, with
+  up to four shared-memory stages in the 128-byte-swizzle layout the wgmma descriptors read, with
   16-byte ``cp.async`` (element by element when a pointer is not 16-byte aligned); each
   thread's arrival on a stage's *full* mbarrier follows its copies, the consumers release
   the stage on its *empty* one;
@@ -12,8 +12,9 @@ A block owns 128 query rows of one (batch, head) and is three warpgroups:
   kernel does (base 2), then O += P V with P straight from the registers (the accumulator
   layout of S is the register A operand of the next wgmma) and V in shared memory.
 
-While one consumer runs its softmax the other's wgmma keeps the tensor cores busy, and the
-producer fills the next stage. Rows, lengths, masks and the final write are the family's
+Each consumer pipelines its key tiles: the scores and exponentials of tile j run while the
+tensor cores finish P V of tile j - 1; and while one consumer runs its softmax the other's
+wgmma keeps them busy. Rows, lengths, masks and the final write are the family's
 (attention_problem.py).
 """
 
@@ -45,7 +46,7 @@ from .tensor_core import TENSOR_CORE_TYPES
 
 BLOCK_M = 128
 THREADS = 384
-STAGES = 2
+MAX_STAGES = 4
 HEAD_DIMS = (64, 128)
 ALIGN_SLACK = 1024
 
@@ -55,9 +56,15 @@ def block_n(a: Attention) -> int:
     return 128 if a.dv <= 64 else 64
 
 
+def stages(a: Attention) -> int:
+    """As many K/V stages as fit beside the Q tile, up to MAX_STAGES."""
+    fixed = 2 * BLOCK_M * a.d + 8 + ALIGN_SLACK
+    return max(2, min(MAX_STAGES, (MAX_SHARED - fixed) // (2 * block_n(a) * (a.d + a.dv) + 16)))
+
+
 def shared_bytes(a: Attention) -> int:
-    bn = block_n(a)
-    return 2 * (BLOCK_M * a.d + STAGES * bn * (a.d + a.dv)) + 8 * (1 + 2 * STAGES) + ALIGN_SLACK
+    ring = stages(a)
+    return 2 * (BLOCK_M * a.d + ring * block_n(a) * (a.d + a.dv)) + 8 * (1 + 2 * ring) + ALIGN_SLACK
 
 
 def supported(a: Attention, arch: int) -> bool:
@@ -86,7 +93,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     elem = "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16"
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
-        f"constexpr int BM = {BLOCK_M}, BN = {bn}, STAGES = {STAGES};",
+        f"constexpr int BM = {BLOCK_M}, BN = {bn}, STAGES = {stages(a)};",
         f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
         *block_setup(a, names, BLOCK_M),
         "constexpr unsigned Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2;",
@@ -181,27 +188,33 @@ def _producer(names: dict[str, str], aligned: str) -> list[str]:
 
 
 def _consumer(a: Attention, names: dict[str, str], bn: int) -> list[str]:
+    """Software-pipelined over key tiles: S_j = Q K_jᵀ is issued with P_{j-1} V_{j-1} behind it;
+    once S_j is in, its scores and exponentials run while the tensor cores finish P_{j-1} V_{j-1};
+    then O is rescaled and P_j packed for the next round."""
     stats = stats_store(a, names, "i", "live ? m[r] + log2f(sum) : NEG_INF")
     return [
         "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the block",
         "// this thread's rows: row_base and row_base + 8 (wgmma fragment: warp w of the warpgroup",
         "// holds rows 16w..16w+15; acc[4j + 2r + e] is row lane/4 + 8r, column 8j + 2 (lane % 4) + e)",
         "const int row_base = row0 + consumer * 64 + (warp & 3) * 16 + (lane >> 2);",
-        "float o[DV / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};",
+        "float o[DV / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, correction[2];",
+        "unsigned p[BN / 16][4];  // P of the previous tile: the A operand of its P V",
         "#pragma unroll",
         "for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;",
         "mbar_wait(q_full, 0);",
         "// the tiles were written through the generic proxy; wgmma reads through the async one",
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
         "const unsigned q_rows = q_tile + consumer * (64 * 128);",
-        "int stage = 0;",
-        "unsigned phase = 0;",
-        "for (int tile = 0; tile < tiles; ++tile) {",
-        "  const int kv0 = first + tile * BN;",
-        "  const unsigned k_tile = kv_tiles + stage * (K_BYTES + V_BYTES), v_tile = k_tile + K_BYTES;",
-        "  mbar_wait(full + 8 * stage, phase);",
-        '  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
-        "  float s[BN / 2];",
+        "// P_{j-1} V_{j-1} into O, V from the stage at v_tile (not waited for)",
+        "auto issue_pv = [&](unsigned v_tile) {",
+        "  wgmma_fence();",
+        "#pragma unroll",
+        "  for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs(o, p[kk], wgmma_descriptor(v_tile + kk * 2048, BN * 128, 1024));",
+        "  wgmma_commit();",
+        "};",
+        "float s[BN / 2];  // S of the current tile, then its P in fp32",
+        "// S = Q Kᵀ for the key tile at k_tile (committed, not waited for)",
+        "auto issue_s = [&](unsigned k_tile) {",
         "#pragma unroll",
         "  for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;",
         "  fence_accumulators(s);",
@@ -211,7 +224,9 @@ def _consumer(a: Attention, names: dict[str, str], bn: int) -> list[str]:
         "    wgmma_k16(s, wgmma_descriptor(q_rows + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),",
         "              wgmma_descriptor(k_tile + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));",
         "  wgmma_commit();",
-        "  wgmma_wait<0>();",
+        "};",
+        "// scale, bias, masks and the online softmax of the tile of keys from kv0 (S is in)",
+        "auto softmax = [&](int kv0) {",
         "  fence_accumulators(s);",
         f"  const bool masked = {needs_mask(a, BLOCK_M, bn)};",
         "#pragma unroll",
@@ -220,19 +235,58 @@ def _consumer(a: Attention, names: dict[str, str], bn: int) -> list[str]:
         "    for (int e = 0; e < 4; ++e)",
         "      s[4 * j + e] = score(s[4 * j + e], row_base + ((e >> 1) << 3), kv0 + j * 8 + (lane & 3) * 2 + (e & 1), masked);",
         *indent(_online_softmax(), 1).splitlines(),
-        "  fence_accumulators(o);",
-        "  wgmma_fence();",
+        "};",
+        "// O to the new maxima (no P V in flight), then P as the next P V's A operand",
+        "auto rescale_and_pack = [&]() {",
+        "#pragma unroll",
+        "  for (int r = 0; r < 2; ++r)",
+        "#pragma unroll",
+        "    for (int j = 0; j < DV / 8; ++j) {",
+        "      o[4 * j + 2 * r] *= correction[r];",
+        "      o[4 * j + 2 * r + 1] *= correction[r];",
+        "    }",
         "#pragma unroll",
         "  for (int kk = 0; kk < BN / 16; ++kk) {  // P's k16 step kk: S chunks 2kk and 2kk + 1",
-        "    const unsigned p[4] = {pack2(s[8 * kk], s[8 * kk + 1]), pack2(s[8 * kk + 2], s[8 * kk + 3]),",
-        "                           pack2(s[8 * kk + 4], s[8 * kk + 5]), pack2(s[8 * kk + 6], s[8 * kk + 7])};",
-        "    wgmma_rs(o, p, wgmma_descriptor(v_tile + kk * 2048, BN * 128, 1024));",
+        "    p[kk][0] = pack2(s[8 * kk], s[8 * kk + 1]);",
+        "    p[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);",
+        "    p[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);",
+        "    p[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);",
         "  }",
-        "  wgmma_commit();",
+        "};",
+        "auto k_tile_of = [&](int stage) { return kv_tiles + stage * (K_BYTES + V_BYTES); };",
+        "int stage = 0, previous = 0;",
+        "unsigned phase = 0;",
+        "auto next_stage = [&]() {",
+        "  previous = stage;",
+        "  if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "};",
+        "if (tiles > 0) {",
+        "  mbar_wait(full, 0);",
+        '  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        "  issue_s(k_tile_of(0));",
+        "  wgmma_wait<0>();",
+        "  softmax(first);",
+        "  rescale_and_pack();",
+        "  next_stage();",
+        "}",
+        "for (int tile = 1; tile < tiles; ++tile) {",
+        "  mbar_wait(full + 8 * stage, phase);",
+        '  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        "  issue_s(k_tile_of(stage));",
+        "  issue_pv(k_tile_of(previous) + K_BYTES);  // P_{j-1} V_{j-1}, behind S_j",
+        "  wgmma_wait<1>();  // S_j is in; P_{j-1} V_{j-1} may still run",
+        "  softmax(first + tile * BN);",
         "  wgmma_wait<0>();",
         "  fence_accumulators(o);",
-        "  if (lane == 0) mbar_arrive(empty + 8 * stage);  // K and V of this stage are read",
-        "  if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "  if (lane == 0) mbar_arrive(empty + 8 * previous);  // K and V of tile j-1 are read",
+        "  rescale_and_pack();",
+        "  next_stage();",
+        "}",
+        "if (tiles > 0) {",
+        "  issue_pv(k_tile_of(previous) + K_BYTES);",
+        "  wgmma_wait<0>();",
+        "  fence_accumulators(o);",
+        "  if (lane == 0) mbar_arrive(empty + 8 * previous);",
         "}",
         "#pragma unroll",
         "for (int r = 0; r < 2; ++r) {",
@@ -256,7 +310,8 @@ def _consumer(a: Attention, names: dict[str, str], bn: int) -> list[str]:
 
 
 def _online_softmax() -> list[str]:
-    """New row maxima (over the quad of lanes sharing a row), rescale of l and O, P = 2^(S - max)."""
+    """New row maxima (over the quad of lanes sharing a row), the rescale of l (O's factor in
+    ``correction``), P = 2^(S - max)."""
     return [
         "#pragma unroll",
         "for (int r = 0; r < 2; ++r) {",
@@ -266,14 +321,9 @@ def _online_softmax() -> list[str]:
         "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));",
         "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));",
         "  const float base = mx == NEG_INF ? 0.0f : mx;  // a row with nothing visible yet stays at 0",
-        "  const float correction = gd::exp2_approx(m[r] - base);",
+        "  correction[r] = gd::exp2_approx(m[r] - base);  // O's rescale waits for the P V in flight",
         "  m[r] = mx;",
-        "  l[r] *= correction;",
-        "#pragma unroll",
-        "  for (int j = 0; j < DV / 8; ++j) {",
-        "    o[4 * j + 2 * r] *= correction;",
-        "    o[4 * j + 2 * r + 1] *= correction;",
-        "  }",
+        "  l[r] *= correction[r];",
         "#pragma unroll",
         "  for (int j = 0; j < BN / 8; ++j) {",
         "    s[4 * j + 2 * r] = gd::exp2_approx(s[4 * j + 2 * r] - base);",
