@@ -229,6 +229,35 @@ template <class T> __device__ __forceinline__ T relu_clip(T x, T slope, T lower,
 
 template <class T> __device__ __forceinline__ T elu(T x, T alpha) { return x > T(0) ? x : alpha * expm1(x); }
 
+// ---- activation derivatives (the *_backward ops: loss * f'(x), x the forward input) ---------
+// sigmoid'(x) = e / (1 + e)^2 with e = e^-|x|, and tanh'(x) = 4 e / (1 + e)^2 with e = e^-2|x|:
+// one exponential, and no 1 - s or 1 - t^2 cancelling where the slope is small.
+template <class T> __device__ __forceinline__ T sigmoid_grad(T x) {
+  const T e = exp(-fabs(x)), d = T(1) + e;
+  return e / (d * d);
+}
+template <class T> __device__ __forceinline__ T tanh_grad(T x) {
+  const T e = exp(T(-2) * fabs(x)), d = T(1) + e;
+  return T(4) * e / (d * d);
+}
+
+// Phi(x) + x phi(x).
+template <class T> __device__ __forceinline__ T gelu_erf_grad(T x) {
+  return T(0.5) * (T(1) + erf(x * T(0.70710678118654752440))) + x * T(0.39894228040143267794) * exp(T(-0.5) * x * x);
+}
+
+// d/dx 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+template <class T> __device__ __forceinline__ T gelu_tanh_grad(T x) {
+  const T t = tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x));
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(0.79788456080286535588) * (T(1) + T(0.134145) * x * x);
+}
+
+// s (1 + beta x (1 - s)), s = sigmoid(beta x).
+template <class T> __device__ __forceinline__ T swish_grad(T x, T beta) {
+  const T s = sigmoid<T>(beta * x);
+  return s * (T(1) + beta * x * (T(1) - s));
+}
+
 // Threads laid out as ROWS x COLUMNS (threadIdx.x = row * COLUMNS + column, ROWS a power of
 // 2) combine their N values down each column: a fixed-order tree through shared memory.
 // Every thread ends with its column's totals. `scratch` holds ROWS * COLUMNS * N values;
