@@ -12,13 +12,13 @@ REDUCTION_EPILOGUE = register_rule(
         name="reduction_epilogue",
         pattern=Pattern(
             (
-                op("reduction", "softmax", bind="reduction", where=FUSED_GUARDS),
+                op("reduction", "softmax", "log_softmax", "softmax_backward", bind="reduction", where=FUSED_GUARDS),
                 Epilogue(min_nodes=1, guards=FUSED_GUARDS),
             )
         ),
         family=Family.REDUCTION,
         anchor="reduction",
         priority=50,
-        description="reduction or softmax followed by elementwise ops on its output",
+        description="reduction, softmax, log_softmax or softmax_backward followed by elementwise ops on its output",
     )
 )

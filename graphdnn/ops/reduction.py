@@ -1,4 +1,5 @@
-"""Reductions: ``reduction`` (declared output dims, as in cuDNN), ``softmax`` and ``genstats``.
+"""Reductions: ``reduction`` (declared output dims, as in cuDNN), ``softmax``, ``log_softmax``,
+``softmax_backward`` and ``genstats``.
 
 A reduction's output has the input's rank; each output dim equals the input's or is 1,
 and the axes reduced are those where the output is 1 and the input is not. The output
@@ -114,6 +115,41 @@ class Softmax(Op):
 
 
 @register
+class LogSoftmax(Softmax):
+    kind = "log_softmax"
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        value = x["input"]
+        axis = node.attributes.axis  # type: ignore[attr-defined]
+        shifted = value - np.max(value, axis=axis, keepdims=True)
+        return {"y": shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))}
+
+
+@register
+class SoftmaxBackward(Op):
+    """The gradient through ``softmax`` from its output: dx = y * (dy - sum(dy * y)) along axis."""
+
+    kind = "softmax_backward"
+    category = Category.REDUCTION
+    inputs = (Role("dy"), Role("y"))
+    outputs = (Role("dx"),)
+    attributes = SoftmaxAttributes
+
+    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+        dy, y = node.input("dy"), node.input("y")
+        assert dy is not None and y is not None
+        if dy.dim != y.dim:
+            fail(node, f"dy has dims {list(dy.dim)} and y {list(y.dim)}; they must be equal", role="y")
+        check_axis(node, node.attributes.axis, len(y.dim))  # type: ignore[attr-defined]
+        return {"dx": Inferred(dy.dim, stride_order(dy.dim, dy.stride))}
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        dy, y = x["dy"], x["y"]
+        axis = node.attributes.axis  # type: ignore[attr-defined]
+        return {"dx": y * (dy - np.sum(dy * y, axis=axis, keepdims=True))}
+
+
+@register
 class Genstats(Op):
     """Per-channel (dim 1) sum and sum of squares, as cuDNN's genstats feeds batchnorm."""
 
@@ -182,6 +218,22 @@ class ReductionMethods:
         """exp(x) / sum(exp(x)) along ``axis``."""
         return self._add_node(
             "softmax", {"input": input}, {"axis": axis}, name=name, compute_data_type=compute_data_type
+        )[0]
+
+    def log_softmax(
+        self, input: TensorSpec, axis: int = -1, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        """x - log(sum(exp(x))) along ``axis``, without forming exp(x)."""
+        return self._add_node(
+            "log_softmax", {"input": input}, {"axis": axis}, name=name, compute_data_type=compute_data_type
+        )[0]
+
+    def softmax_backward(
+        self, dy: TensorSpec, y: TensorSpec, axis: int = -1, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        """The gradient through ``softmax(x, axis)`` given its output ``y`` and the gradient ``dy`` at y."""
+        return self._add_node(
+            "softmax_backward", {"dy": dy, "y": y}, {"axis": axis}, name=name, compute_data_type=compute_data_type
         )[0]
 
     def genstats(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> list[TensorSpec]:
