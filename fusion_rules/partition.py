@@ -44,6 +44,8 @@ ANCHOR_FAMILY = {
     "softmax": Family.REDUCTION,
     "log_softmax": Family.REDUCTION,
     "softmax_backward": Family.REDUCTION,
+    "argmax": Family.REDUCTION,
+    "argmin": Family.REDUCTION,
     "sdpa": Family.ATTENTION,
 }
 

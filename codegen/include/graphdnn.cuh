@@ -136,9 +136,33 @@ __device__ __forceinline__ void hold(double& v) { asm volatile("" : "+d"(v)); }
 // ---- reductions ------------------------------------------------------------------------
 // `op` is a functor combining two values (sum, product, NaN-propagating min/max...); the
 // combination order is fixed by the thread layout, so results are reproducible run to run.
+template <class T> __device__ __forceinline__ T shfl_xor(T v, int offset) {
+  return __shfl_xor_sync(0xffffffffu, v, offset);
+}
+
+// A value and its index along a reduced axis: what argmax / argmin reduce.
+template <class C> struct Arg {
+  C value;
+  long long index;
+};
+template <class C> __device__ __forceinline__ Arg<C> shfl_xor(Arg<C> v, int offset) {
+  return {shfl_xor(v.value, offset), shfl_xor(v.index, offset)};
+}
+
+// The preferred of two Args under a total order, so any combination order gives the same
+// result: the larger (MAX) or smaller value, NaN before every number, the smaller index on ties.
+template <bool MAX> struct ArgBest {
+  template <class C> __device__ __forceinline__ Arg<C> operator()(Arg<C> a, Arg<C> b) const {
+    const bool a_nan = a.value != a.value, b_nan = b.value != b.value;
+    if (a_nan || b_nan) return a_nan && (!b_nan || a.index < b.index) ? a : b;
+    if (a.value == b.value) return a.index < b.index ? a : b;
+    return (MAX ? a.value > b.value : a.value < b.value) ? a : b;
+  }
+};
+
 template <int WIDTH, class T, class Op> __device__ __forceinline__ T lanes_reduce(T v, Op op) {
 #pragma unroll
-  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, shfl_xor(v, offset));
   return v;
 }
 

@@ -1,5 +1,5 @@
 """Reductions: ``reduction`` (declared output dims, as in cuDNN), ``softmax``, ``log_softmax``,
-``softmax_backward`` and ``genstats``.
+``softmax_backward``, ``argmax`` / ``argmin`` and ``genstats``.
 
 A reduction's output has the input's rank; each output dim equals the input's or is 1,
 and the axes reduced are those where the output is 1 and the input is not. The output
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..dtypes import DataType
 from ..errors import AttributeValueError
 from ..layout import stride_order
 from .attributes import Attributes
@@ -149,6 +150,57 @@ class SoftmaxBackward(Op):
         return {"dx": y * (dy - np.sum(dy * y, axis=axis, keepdims=True))}
 
 
+class IndexType(enum.Enum):
+    """The integer types an index output may take."""
+
+    INT32 = "int32"
+    INT64 = "int64"
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgReductionAttributes(Attributes):
+    axis: int = -1
+    index_data_type: IndexType = IndexType.INT64
+
+
+class _ArgReduction(Op):
+    """The index along ``axis`` of the largest (argmax) or smallest (argmin) element, the first
+    one on ties and the first NaN where there is one (as NumPy and PyTorch); ``axis`` kept as 1."""
+
+    category = Category.REDUCTION
+    inputs = (Role("input"),)
+    outputs = (Role("y"),)
+    attributes = ArgReductionAttributes
+    find: Callable[..., Any]
+
+    def infer(self, node: Node, declared: Mapping[str, tuple[int, ...] | None]) -> dict[str, Inferred]:
+        x = node.input("input")
+        assert x is not None
+        attributes: ArgReductionAttributes = node.attributes  # type: ignore[assignment]
+        axis = check_axis(node, attributes.axis, len(x.dim))
+        if attributes.index_data_type is IndexType.INT32 and x.dim[axis] > 2**31:
+            fail(node, f"axis {axis} has {x.dim[axis]} elements: its indices need index_data_type int64", role="input")
+        dims = tuple(1 if a == axis else d for a, d in enumerate(x.dim))
+        index_type = DataType(attributes.index_data_type.value)
+        return {"y": Inferred(dims, stride_order(x.dim, x.stride), data_type=index_type)}
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        axis = node.attributes.axis  # type: ignore[attr-defined]
+        return {"y": type(self).find(x["input"], axis=axis, keepdims=True).astype(np.float64)}
+
+
+@register
+class ArgMax(_ArgReduction):
+    kind = "argmax"
+    find = staticmethod(np.argmax)
+
+
+@register
+class ArgMin(_ArgReduction):
+    kind = "argmin"
+    find = staticmethod(np.argmin)
+
+
 @register
 class Genstats(Op):
     """Per-channel (dim 1) sum and sum of squares, as cuDNN's genstats feeds batchnorm."""
@@ -235,6 +287,30 @@ class ReductionMethods:
         return self._add_node(
             "softmax_backward", {"dy": dy, "y": y}, {"axis": axis}, name=name, compute_data_type=compute_data_type
         )[0]
+
+    def argmax(
+        self,
+        input: TensorSpec,
+        axis: int = -1,
+        index_data_type: Any = "int64",
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        """The first index of the maximum along ``axis`` (kept as 1), as int64 or int32."""
+        attributes = {"axis": axis, "index_data_type": index_data_type}
+        return self._add_node("argmax", {"input": input}, attributes, name=name, compute_data_type=compute_data_type)[0]
+
+    def argmin(
+        self,
+        input: TensorSpec,
+        axis: int = -1,
+        index_data_type: Any = "int64",
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        """The first index of the minimum along ``axis`` (kept as 1), as int64 or int32."""
+        attributes = {"axis": axis, "index_data_type": index_data_type}
+        return self._add_node("argmin", {"input": input}, attributes, name=name, compute_data_type=compute_data_type)[0]
 
     def genstats(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> list[TensorSpec]:
         """[sum, sq_sum] per channel, dims [1, C, 1, ...]: the statistics a batchnorm needs."""
