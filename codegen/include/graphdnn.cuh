@@ -253,6 +253,20 @@ template <class T> __device__ __forceinline__ T relu_clip(T x, T slope, T lower,
 
 template <class T> __device__ __forceinline__ T elu(T x, T alpha) { return x > T(0) ? x : alpha * expm1(x); }
 
+// ---- random numbers ---------------------------------------------------------------------
+// Philox4x32-10 (Salmon et al., SC'11, the Random123 constants): graphdnn.ops.random computes the
+// same 32-bit words in NumPy, so masks drawn from it are bit-identical to the reference's.
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    if (round) k = make_uint2(k.x + 0x9E3779B9u, k.y + 0xBB67AE85u);
+    const unsigned hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+    const unsigned hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+  }
+  return c;
+}
+
 // ---- activation derivatives (the *_backward ops: loss * f'(x), x the forward input) ---------
 // sigmoid'(x) = e / (1 + e)^2 with e = e^-|x|, and tanh'(x) = 4 e / (1 + e)^2 with e = e^-2|x|:
 // one exponential, and no 1 - s or 1 - t^2 cancelling where the slope is small.

@@ -12,6 +12,7 @@ from .norm_backward import NormBackwardMethods
 from .norms import NormMethods
 from .pointwise import PointwiseMethods
 from .pooling import PoolingMethods
+from .random import RandomMethods
 from .reduction import ReductionMethods
 from .shape import ShapeMethods
 
@@ -24,6 +25,7 @@ class OpMethods(
     NormBackwardMethods,
     PointwiseMethods,
     PoolingMethods,
+    RandomMethods,
     ReductionMethods,
     ShapeMethods,
 ):

@@ -36,6 +36,7 @@ class Category(enum.Enum):
     POOLING = "pooling"
     DATA_MOVEMENT = "data_movement"
     ATTENTION = "attention"
+    RANDOM = "random"
 
 
 @dataclass(frozen=True)
