@@ -41,8 +41,9 @@ def emit_arg_reduction(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     params.aligned_flag()
     pair = f"gd::Arg<{exact}>"
     extreme = literal(-math.inf if anchor.op == "argmax" else math.inf, exact)
+    shared_scratch = not walk.rows or walk.lanes > 32  # the rows of a warp combine through shuffles alone
     body = [
-        shared_buffer(pair),
+        *([shared_buffer(pair)] if shared_scratch else []),
         f"const gd::ArgBest<{'true' if anchor.op == 'argmax' else 'false'}> best;",
         *_thread(walk),
         f"const bool active = o < {walk.outputs};",
@@ -66,12 +67,12 @@ def emit_arg_reduction(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             f"    for (int e = 0; e < {walk.vec}; ++e) acc[0] = best(acc[0], {pair}{{xs[e], v * {walk.vec} + e}});",
             "  }",
             "}",
-            f"acc[0] = gd::group_reduce<{walk.lanes}>(acc[0], {'red' if walk.lanes > 32 else f'({pair}*)nullptr'}, best);",
+            f"acc[0] = gd::group_reduce<{walk.lanes}>(acc[0], {'red' if shared_scratch else f'({pair}*)nullptr'}, best);",
             "if (active && lane == 0) {",
             *("  " + s for s in finish.statements(names, ["acc[0]"], "o", None)),
             "}",
         ]
-        shared = walk.threads // 32 * PAIR_BYTES if walk.lanes > 32 else 0
+        shared = walk.threads // 32 * PAIR_BYTES if shared_scratch else 0
     else:
         body += [
             "if (active) {",

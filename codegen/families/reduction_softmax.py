@@ -124,7 +124,7 @@ class RowShape:
         return self.threads // 32 * type_bytes(compute) if self.group > 32 else 0
 
     def guard(self, itype: str) -> list[str]:
-        """Opens the two blocks of a held slot that exists: close with two braces."""
+        """A held slot's vector index ``v`` and the test, opening a brace, that it exists in the row."""
         return [f"const {itype} v = lane + slot * {self.group};", f"if (active && v < {self.vectors}) {{"]
 
 
