@@ -13,6 +13,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from graphdnn.ir import Tensor
 
 
 class ParamKind(enum.Enum):
@@ -27,6 +31,12 @@ class Param:
     kind: ParamKind
     tensor: int | None = None  # tensor id for TENSOR and SCALAR
     scratch: str | None = None  # scratch buffer name for SCRATCH
+
+
+def param_name(tensor: Tensor) -> str:
+    """A tensor's parameter name in every kernel: s<id> for a runtime scalar (a double), t<id> for
+    a pointer (generated names are renumbered after emission, consistently)."""
+    return f"s{tensor.id}" if tensor.is_pass_by_value else f"t{tensor.id}"
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ and returns an expression of the compute type that matches the op's reference.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from graphdnn.dtypes import DataType, round_to
 from graphdnn.ops.pointwise import ACTIVATION_KINDS, BACKWARD_OF, BINARY_KINDS, UNARY_KINDS
+from graphdnn.ops.random import PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1
 
 Render = Callable[[list[str], Any, str], str]
 
@@ -67,6 +69,23 @@ def _relu_backward(a: list[str], attrs: Any, c: str) -> str:
 def _slope(derivative: Callable[[str, Any, str], str]) -> Render:
     """An activation backward op: loss (a[0]) times the derivative at the forward input (a[1])."""
     return lambda a, attrs, c: f"({a[0]} * {derivative(a[1], attrs, c)})"
+
+
+# gd::philox4x32_10 (graphdnn.cuh) hard-codes the reference's constants, the Random123 ones.
+assert (PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, PHILOX_ROUNDS) == (
+    0xD2511F53,
+    0xCD9E8D57,
+    0x9E3779B9,
+    0xBB67AE85,
+    10,
+)
+
+
+def _rng(a: list[str], attrs: Any, c: str) -> str:
+    """a: seed, offset (64-bit integers), the element's row-major index. u = k / 2^24 < p with k an
+    integer exactly when k < ceil(p 2^24): the test is on integers, as exact as the reference's."""
+    threshold = math.ceil(attrs.bernoulli_probability * 2**24)
+    return f"(gd::bernoulli({a[0]}, {a[1]}, {a[2]}, {threshold}u) ? {literal(1, c)} : {literal(0, c)})"
 
 
 def _compare(op: str) -> Render:
@@ -144,6 +163,7 @@ EXPRESSIONS: dict[str, Render] = {
     "cmp_ge": _compare(">="),
     "cmp_lt": _compare("<"),
     "cmp_le": _compare("<="),
+    "rng": _rng,
     "binary_select": lambda a, attrs, c: f"({a[2]} != {literal(0, c)} ? {a[0]} : {a[1]})",
     # Inference batch norm, folded: scale = gamma * inv_variance, shift = beta - mean * scale.
     "batchnorm_inference": lambda a, attrs, c: f"({a[0]} * ({a[3]} * {a[2]}) + ({a[4]} - {a[1]} * ({a[3]} * {a[2]})))",

@@ -4,6 +4,8 @@ to the reference (poisoned outputs) and dropout built on them."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -87,51 +89,82 @@ def test_errors_json_and_runtime_scalars() -> None:
     np.testing.assert_array_equal(gd.reference.execute(g, feeds)[y.name], run_mask(9, 4, 0.5, [5, 6]))
 
 
-def dropout(io: str) -> gd.OperationGraphSpec:
-    """y = x * mask / (1 - rate), the mask from runtime seed and offset; the mask, in a column-major
-    layout, also written as a boolean output."""
-    rate = 0.25
-    g = gd.OperationGraphSpec(name=f"dropout_{io}", io_data_type=io, intermediate_data_type="float")
-    x = g.tensor([7, 1000], name="x")
+RATE = 0.25
+
+
+def dropout_graph(io: str, where: str) -> gd.OperationGraphSpec:
+    """y = dropout(value) with the mask from runtime seed and offset, the value made by ``where``:
+    an elementwise op, a matmul + bias, a layernorm or a softmax, whose kernel draws the mask;
+    plus the same mask written alone, column-major (the first axis innermost) and boolean."""
+    g = gd.OperationGraphSpec(name=f"dropout_{where}_{io}", io_data_type=io, intermediate_data_type="float")
     seed = g.tensor([1], data_type="int64", is_pass_by_value=True, name="seed")
     offset = g.tensor([1], data_type="int64", is_pass_by_value=True, name="offset")
-    mask = g.rng(seed, offset, 1.0 - rate, shape=[7, 1000], name="keep")
-    g.scale(g.mul(x, mask), 1.0 / (1.0 - rate)).set_name("y").set_output(True)
-    g.rng(seed, offset, 1.0 - rate, shape=[7, 1000], name="keep_mask").set_name("mask").set_stride(
-        [1, 7]
-    ).set_data_type("boolean").set_output(True)
+    if where == "matmul":
+        a, b, bias = g.tensor([40, 24], name="a"), g.tensor([24, 56], name="b"), g.tensor([1, 56], name="bias")
+        value = g.add(g.matmul(a, b), bias)
+    else:
+        x = g.tensor([7, 40, 56], name="x")
+        if where == "layernorm":
+            value = g.layernorm("inference", x, g.tensor([56], name="s"), g.tensor([56], name="b"), epsilon=1e-5)[0]
+        else:
+            value = g.softmax(x) if where == "softmax" else g.neg(x)
+    dims = list(value.dim)
+    keep = g.rng(seed, offset, 1.0 - RATE, shape=dims, name="keep")
+    g.scale(g.mul(value, keep), 1.0 / (1.0 - RATE)).set_name("y").set_output(True)
+    mask = g.rng(seed, offset, 1.0 - RATE, shape=dims, name="keep_mask").set_name("mask")
+    mask.set_stride([math.prod(dims[:axis]) for axis in range(len(dims))]).set_data_type("boolean")
+    mask.set_output(True)
     return g
 
 
-@pytest.mark.parametrize("io", ["float", "half", "bfloat16", "int8"])
+WHERE = ("elementwise", "matmul", "layernorm", "softmax")
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_the_mask_is_drawn_in_the_kernel_that_uses_it(where: str) -> None:
+    """rng reads no tensor: the epilogue (or group) that multiplies by it draws it in registers."""
+    partition = gd.fuse(dropout_graph("half", where).validate())
+    [fused] = [f for f in partition.nodes if any(n.name == "keep" for n in f.nodes)]
+    assert {"keep", "y"} <= {n.name for n in fused.nodes} | {t.name for t in fused.outputs}
+    assert not partition.materialized  # no mask in the workspace
+    [alone] = [f for f in partition.nodes if any(n.name == "keep_mask" for n in f.nodes)]
+    assert [n.name for n in alone.nodes] == ["keep_mask"]  # a graph output: its own kernel
+
+
+@pytest.mark.parametrize("io", ["float", "half", "bfloat16", "fp8_e4m3"])
 def test_kernels_compile_for_every_target(io: str) -> None:
     g, _ = mask_graph(2**40 + 1, 3, 0.5, [3, 5, 7])
-    report = compile_graphs([dropout(io).validate(), g.validate()])
+    graphs = [dropout_graph(io, where).validate() for where in WHERE] + [g.validate()]
+    report = compile_graphs(graphs)
     assert report.failures == [], "\n\n".join(report.failures)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("seed", "offset"), [(0, 0), (1234, 1), (2**40 + 3, 2**35 + 7)])
+@pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("io", ["float", "half", "bfloat16"])
-def test_gpu_masks_are_bit_identical_to_the_reference(io: str, seed: int, offset: int) -> None:
+def test_gpu_masks_are_bit_identical_to_the_reference(io: str, where: str, seed: int, offset: int) -> None:
+    """The standalone mask exactly; y's zeros exactly where the reference drops (the values it
+    scales are never 0), its values within the type's tolerance."""
     import torch
 
     from graphdnn.compare import relative_error, tolerance
+    from graphdnn.random_inputs import random_inputs
     from tests.gpu_check import poisoned, to_device, to_numpy
 
-    ir = dropout(io).validate()
-    rng = np.random.default_rng(seed % 1000)
+    ir = dropout_graph(io, where).validate()
     feeds = {
-        "x": rng.standard_normal((7, 1000)).astype(gd.DataType(io).numpy),
+        **random_inputs(ir, seed=offset % 97),
         "seed": np.array([seed], dtype=np.int64),
         "offset": np.array([offset], dtype=np.int64),
     }
     expected = gd.reference.execute(ir, feeds)
     outputs = {t.name: poisoned(t) for t in ir.outputs}
-    pack = {"x": to_device(feeds["x"], ir.tensor("x")), "seed": feeds["seed"], "offset": feeds["offset"]}
+    pack = {t.name: feeds[t.name] if t.is_pass_by_value else to_device(feeds[t.name], t) for t in ir.inputs}
     gd.compile(ir).execute({**pack, **outputs})
     torch.cuda.synchronize()
     np.testing.assert_array_equal(to_numpy(outputs["mask"]), expected["mask"].astype(np.float64))
-    # y is x times the mask and 1 / (1 - rate): the kernel rounds the product to float first
-    error = relative_error(to_numpy(outputs["y"]), expected["y"])
+    y, want = to_numpy(outputs["y"]), expected["y"].astype(np.float64)
+    np.testing.assert_array_equal(y == 0, want == 0)
+    error = relative_error(y, want)
     assert error <= tolerance(gd.DataType(io)), f"y: relative error {error:.3g}"

@@ -2,8 +2,8 @@
 
 A direct fused node holds one node, its anchor. Each op kind has one emitter (in the
 ``direct_*`` modules, by kind of work): data movement as strided copies, pooling and
-resampling as per-output gathers, convolution gradients, the reductions (genstats,
-backward norms, conv_wgrad) on one reduction pattern, and rng's Philox masks.
+resampling as per-output gathers, convolution gradients, and the reductions (genstats,
+backward norms, conv_wgrad) on one reduction pattern.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import FusedProgram
-from . import direct_conv, direct_movement, direct_norm, direct_random, direct_window
+from . import direct_conv, direct_movement, direct_norm, direct_window
 from .direct_common import anchor_of
 
 EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
@@ -31,7 +31,6 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "batchnorm_backward": direct_norm.emit_norm_backward,
     "layernorm_backward": direct_norm.emit_norm_backward,
     "rmsnorm_backward": direct_norm.emit_norm_backward,
-    "rng": direct_random.emit_rng,
 }
 
 

@@ -20,7 +20,7 @@ from graphdnn.layout import stride_order
 from .. import epilogue
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, operand_loader, pattern_name
 from ..cuda_types import cuda_type, rounded, store
-from ..indexing import coordinates, loop_index_type, offset
+from ..indexing import coordinates, loop_index_type, offset, row_major_index
 from ..kernel import FusedProgram, Kernel
 from ..pointwise import literal
 from .reduction_fragments import (
@@ -80,7 +80,7 @@ class AlongAxis:
         stores of every output at its base + ``along`` steps of the axis."""
         c, dims = self.compute, self.x.dim
         lines = [f"gd::Vec<{cuda_type(t.data_type)}, {vec}> r{t.id};" for t in self.fused.outputs]
-        values = epilogue.Values(c, operand_loader(self.names, dims, "q", c))
+        values = epilogue.Values(c, operand_loader(self.names, dims, "q", c), lambda t: row_major_index(t, dims, "q"))
         values.define(self.y, rounded(self.y.data_type, value, c))
         epilogue.apply(self.fused.epilogue, values)
         element = aliases(dims, "o", "q", self.itype, moved) + values.statements

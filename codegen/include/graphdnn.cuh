@@ -267,6 +267,16 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
   return c;
 }
 
+// rng's Bernoulli draw for the element of row-major index i: word 0 of the block at key
+// (seed_lo, seed_hi) and counter (i_lo, i_hi, offset_lo, offset_hi); u = (word0 >> 8) / 2^24
+// is below p exactly when word0 >> 8 is below threshold = ceil(p 2^24).
+__device__ __forceinline__ bool bernoulli(unsigned long long seed, unsigned long long offset, unsigned long long i,
+                                          unsigned threshold) {
+  const uint4 r = philox4x32_10(make_uint4((unsigned)i, (unsigned)(i >> 32), (unsigned)offset, (unsigned)(offset >> 32)),
+                                make_uint2((unsigned)seed, (unsigned)(seed >> 32)));
+  return (r.x >> 8) < threshold;
+}
+
 // ---- activation derivatives (the *_backward ops: loss * f'(x), x the forward input) ---------
 // sigmoid'(x) = e / (1 + e)^2 with e = e^-|x|, and tanh'(x) = 4 e / (1 + e)^2 with e = e^-2|x|:
 // one exponential, and no 1 - s or 1 - t^2 cancelling where the slope is small.

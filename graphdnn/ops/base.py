@@ -36,7 +36,6 @@ class Category(enum.Enum):
     POOLING = "pooling"
     DATA_MOVEMENT = "data_movement"
     ATTENTION = "attention"
-    RANDOM = "random"
 
 
 @dataclass(frozen=True)

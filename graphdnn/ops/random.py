@@ -5,8 +5,9 @@ Element ``i`` (its row-major index over the output's dims) draws one Philox4x32-
 ``(i_lo, i_hi, offset_lo, offset_hi)``, 32-bit halves of 64-bit integers; ``u = (word0 >> 8) / 2^24``
 is uniform on [0, 1) in steps of 2^-24, exact in every float type, and the element is 1 where
 ``u < bernoulli_probability``, else 0. The reference computes the same integers in NumPy uint32
-arithmetic, so GPU masks are bit-identical to it. Dropout with drop rate r is
-``x * rng(..., bernoulli_probability=1 - r) / (1 - r)``, pointwise ops that fuse.
+arithmetic, so GPU masks are bit-identical to it. Being a function of the element's index, rng
+is a pointwise op: it joins elementwise kernels and epilogues, and dropout with drop rate r,
+``x * rng(..., bernoulli_probability=1 - r) / (1 - r)``, draws its mask in the kernel that uses it.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class Rng(Op):
     """A mask of declared dims: 1 with probability ``bernoulli_probability``, else 0."""
 
     kind = "rng"
-    category = Category.RANDOM
+    category = Category.POINTWISE  # a function of the element's index: it fuses like one
     inputs = (Role("seed", scalar=True), Role("offset", scalar=True))
     outputs = (Role("y"),)
     attributes = RngAttributes
