@@ -233,6 +233,7 @@ def grow_epilogue(
     candidates: list[Node] = []
     group = {node.id for node in members}
     frontier = deque([(producer, value)])
+    reader_of: dict[int, int] = {}  # a source's id -> the id of the one member that reads it
     while frontier:
         source, tensor = frontier.popleft()
         for consumer in ctx.graph.consumers(tensor):
@@ -251,6 +252,7 @@ def grow_epilogue(
             for source in _sources(ctx, consumer, value, guards, rejected):
                 candidates.append(source)
                 group.add(source.id)
+                reader_of[source.id] = consumer.id
     floor = min(group, default=0)
     remaining = {node.id: node for node in candidates}
     found = {node.id: i for i, node in enumerate(candidates)}  # passes judge in this order
@@ -269,7 +271,8 @@ def grow_epilogue(
             for reader in ctx.graph.consumers(t)
         }
         pending = sorted((remaining[i] for i in touched if i in remaining), key=lambda n: found[n.id])
-    return [remaining[i] for i in sorted(remaining)], rejected
+    # A source whose reader left goes too: it would be computed here only to be stored.
+    return [remaining[i] for i in sorted(remaining) if reader_of.get(i, i) in remaining], rejected
 
 
 def _sources(

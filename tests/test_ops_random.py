@@ -131,6 +131,18 @@ def test_the_mask_is_drawn_in_the_kernel_that_uses_it(where: str) -> None:
     assert [n.name for n in alone.nodes] == ["keep_mask"]  # a graph output: its own kernel
 
 
+def test_an_rng_leaves_an_epilogue_with_its_reader() -> None:
+    """The sum is also a graph output, so the multiply cannot join the GEMM's epilogue: the mask
+    goes with it into the elementwise kernel, not into the GEMM to be stored."""
+    g = gd.OperationGraphSpec(name="leave", io_data_type="half", intermediate_data_type="float")
+    a, b, bias = g.tensor([40, 24], name="a"), g.tensor([24, 56], name="b"), g.tensor([1, 56], name="bias")
+    total = g.add(g.matmul(a, b), bias, name="sum").set_name("total").set_output(True)
+    g.mul(total, g.rng(3, 4, 0.5, shape=[40, 56], name="keep"), name="drop").set_name("y").set_output(True)
+    partition = gd.fuse(g.validate())
+    assert [sorted(n.name for n in f.nodes) for f in partition.nodes] == [["matmul_0", "sum"], ["drop", "keep"]]
+    assert not partition.materialized
+
+
 @pytest.mark.parametrize("io", ["float", "half", "bfloat16", "fp8_e4m3"])
 def test_kernels_compile_for_every_target(io: str) -> None:
     g, _ = mask_graph(2**40 + 1, 3, 0.5, [3, 5, 7])
