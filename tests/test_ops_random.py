@@ -94,7 +94,8 @@ RATE = 0.25
 
 def dropout_graph(io: str, where: str) -> gd.OperationGraphSpec:
     """y = dropout(value) with the mask from runtime seed and offset, the value made by ``where``:
-    an elementwise op, a matmul + bias, a layernorm or a softmax, whose kernel draws the mask;
+    an elementwise op, a matmul + bias, a layer, group or (training) batch norm or a softmax,
+    whose kernel draws the mask;
     plus the same mask written alone, column-major (the first axis innermost) and boolean."""
     g = gd.OperationGraphSpec(name=f"dropout_{where}_{io}", io_data_type=io, intermediate_data_type="float")
     seed = g.tensor([1], data_type="int64", is_pass_by_value=True, name="seed")
@@ -102,6 +103,13 @@ def dropout_graph(io: str, where: str) -> gd.OperationGraphSpec:
     if where == "matmul":
         a, b, bias = g.tensor([40, 24], name="a"), g.tensor([24, 56], name="b"), g.tensor([1, 56], name="bias")
         value = g.add(g.matmul(a, b), bias)
+    elif where in ("groupnorm", "batchnorm"):
+        x = g.tensor([4, 8, 5, 7], stride=gd.nhwc_strides([4, 8, 5, 7]), name="x")
+        s, b = g.tensor([1, 8, 1, 1], name="s"), g.tensor([1, 8, 1, 1], name="b")
+        if where == "groupnorm":
+            value = g.groupnorm(x, s, b, epsilon=1e-5, groups=2)[0]
+        else:
+            value = g.batchnorm(x, s, b, epsilon=1e-5)[0]
     else:
         x = g.tensor([7, 40, 56], name="x")
         if where == "layernorm":
@@ -117,7 +125,7 @@ def dropout_graph(io: str, where: str) -> gd.OperationGraphSpec:
     return g
 
 
-WHERE = ("elementwise", "matmul", "layernorm", "softmax")
+WHERE = ("elementwise", "matmul", "layernorm", "softmax", "groupnorm", "batchnorm")
 
 
 @pytest.mark.parametrize("where", WHERE)
