@@ -11,11 +11,10 @@ from graphdnn.dtypes import DataType
 from graphdnn.ir import Graph, Tensor
 from graphdnn.program import TensorMap
 
-from .cuda_types import compute_type, cuda_type, headers_for, load, rounded
-from .epilogue import rounded_constant
+from .cuda_types import compute_type, cuda_type, headers_for, load
+from .epilogue import scalar_value
 from .indexing import offset
-from .kernel import Param, ParamKind, compose, kernel_name
-from .pointwise import literal
+from .kernel import Param, ParamKind, compose, kernel_name, param_name
 
 
 @dataclass(frozen=True)
@@ -35,12 +34,11 @@ class KernelParams:
 
     def tensor(self, tensor: Tensor, *, writable: bool = False) -> str:
         """Declare a pointer to ``tensor`` (or a double for a runtime scalar); return its name."""
+        name = param_name(tensor)
         if tensor.is_pass_by_value:
-            name = f"s{tensor.id}"
             self.declarations.append(f"const double {name}")
             self.bindings.append(Param(ParamKind.SCALAR, tensor=tensor.id))
             return name
-        name = f"t{tensor.id}"
         qualifier = "" if writable else "const "
         self.declarations.append(f"{qualifier}{cuda_type(tensor.data_type)}* __restrict__ {name}")
         self.bindings.append(Param(ParamKind.TENSOR, tensor=tensor.id))
@@ -146,14 +144,3 @@ def operand_loader(names: Mapping[int, str], dims: Sequence[int], prefix: str, c
         return load(tensor.data_type, f"{names[tensor.id]}[{offset(tensor, dims, prefix)}]", compute)
 
     return load_operand
-
-
-def scalar_value(tensor: Tensor, name: str | None, compute: str) -> str:
-    """The compute-type value of a one-element tensor: a constant's literal, a pass-by-value
-    parameter ``name`` rounded to its type (as the reference rounds it), or element 0 of a
-    device scalar ``name``."""
-    if tensor.is_constant:
-        return literal(rounded_constant(tensor), compute)
-    if tensor.is_pass_by_value:
-        return rounded(tensor.data_type, f"({compute}){name}", compute)
-    return load(tensor.data_type, f"{name}[0]", compute)

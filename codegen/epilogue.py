@@ -12,16 +12,20 @@ from collections.abc import Callable, Iterable
 from graphdnn.dtypes import round_to
 from graphdnn.ir import Node, Tensor
 
-from .cuda_types import rounded
+from .cuda_types import load, rounded
+from .kernel import param_name
 from .pointwise import literal, render
 
 
 class Values:
     """The compute-type value of each tensor at the current element, as C variables."""
 
-    def __init__(self, compute: str, load: Callable[[Tensor], str]) -> None:
+    def __init__(self, compute: str, load: Callable[[Tensor], str], index: Callable[[Tensor], str]) -> None:
+        """``load``: a tensor's value at the current element; ``index``: the current element's
+        row-major index in a tensor's own dims (broadcast axes at 0), which rng draws from."""
         self.compute = compute
         self._load = load
+        self._index = index
         self._names: dict[int, str] = {}
         self._exact: dict[int, str] = {}  # tensor id -> its value before rounding to the tensor's type
         self.statements: list[str] = []
@@ -49,6 +53,9 @@ class Values:
         when it was defined rounded to that type, which stores the same element."""
         return self._exact.get(tensor.id) or self.get(tensor)
 
+    def index(self, tensor: Tensor) -> str:
+        return self._index(tensor)
+
     def get(self, tensor: Tensor) -> str:
         if tensor.id in self._names:
             return self._names[tensor.id]
@@ -67,7 +74,30 @@ def rounded_constant(tensor: Tensor) -> float:
 def apply(nodes: Iterable[Node], values: Values) -> None:
     """Emit each node's output value into ``values``, in order."""
     for node in nodes:
-        args = [values.get(tensor) for _, tensor in node.inputs]  # type: ignore[arg-type]
         out = node.outputs[0][1]
+        assert isinstance(out, Tensor)
+        if node.op == "rng":  # seed and offset as exact integers, and the element's own index
+            args = [scalar_integer(tensor) for _, tensor in node.inputs] + [values.index(out)]  # type: ignore[arg-type]
+        else:
+            args = [values.get(tensor) for _, tensor in node.inputs]  # type: ignore[arg-type]
         expression = render(node.op, args, node.attributes, values.compute)
         values.define_rounded(out, expression)
+
+
+def scalar_value(tensor: Tensor, name: str | None, compute: str) -> str:
+    """The compute-type value of a one-element tensor: a constant's literal, a pass-by-value
+    parameter ``name`` rounded to its type (as the reference rounds it), or element 0 of a
+    device scalar ``name``."""
+    if tensor.is_constant:
+        return literal(rounded_constant(tensor), compute)
+    if tensor.is_pass_by_value:
+        return rounded(tensor.data_type, f"({compute}){name}", compute)
+    return load(tensor.data_type, f"{name}[0]", compute)
+
+
+def scalar_integer(tensor: Tensor) -> str:
+    """A one-element tensor's value as a 64-bit unsigned integer, exact below 2^53 (rng's seed and
+    offset): truncated, two's complement, as graphdnn.ops.random.as_uint64. Every kernel has the
+    tensor as a parameter under ``param_name`` unless it is a constant."""
+    value = scalar_value(tensor, None if tensor.is_constant else param_name(tensor), "double")
+    return f"(unsigned long long)(long long)({value})"

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Collection, Sequence
 
 from graphdnn.ir import Tensor
-from graphdnn.layout import storage_extent
+from graphdnn.layout import packed_strides, storage_extent
 
 
 def index_type(tensors: Sequence[Tensor], *extra_extents: int) -> str:
@@ -61,6 +61,17 @@ def offset(tensor: Tensor, out_dims: Sequence[int], prefix: str) -> str:
         coordinate = f"{prefix}{axis + shift}"
         terms.append(coordinate if stride == 1 else f"{coordinate} * {stride}")
     return " + ".join(terms) if terms else "0"
+
+
+def row_major(tensor: Tensor) -> Tensor:
+    """``tensor`` with packed row-major strides: its ``offset`` is the element's row-major index."""
+    return dataclasses.replace(tensor, stride=packed_strides(tensor.dim))
+
+
+def row_major_index(tensor: Tensor, out_dims: Sequence[int], prefix: str) -> str:
+    """The row-major index, in ``tensor``'s own dims, of its element at the output coordinates
+    ``{prefix}{axis}`` (broadcast axes at 0): what rng draws its element from."""
+    return offset(row_major(tensor), out_dims, prefix)
 
 
 def is_full(tensor: Tensor, out_dims: Sequence[int]) -> bool:

@@ -15,6 +15,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from graphdnn.ir import Tensor
 
 from graphdnn.program import TensorMap
 
@@ -33,6 +37,12 @@ class Param:
     tensor: int | None = None  # tensor id for TENSOR, SCALAR and TENSOR_MAP
     scratch: str | None = None  # scratch buffer name for SCRATCH
     tensor_map: TensorMap | None = None  # TENSOR_MAP
+
+
+def param_name(tensor: Tensor) -> str:
+    """A tensor's parameter name in every kernel: s<id> for a runtime scalar (a double), t<id> for
+    a pointer (generated names are renumbered after emission, consistently)."""
+    return f"s{tensor.id}" if tensor.is_pass_by_value else f"t{tensor.id}"
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ and returns an expression of the compute type that matches the op's reference.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from graphdnn.dtypes import DataType, round_to
-from graphdnn.ops.pointwise import ACTIVATION_KINDS, BINARY_KINDS, UNARY_KINDS
+from graphdnn.ops.pointwise import ACTIVATION_KINDS, BACKWARD_OF, BINARY_KINDS, UNARY_KINDS
+from graphdnn.ops.random import PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1
 
 Render = Callable[[list[str], Any, str], str]
 
@@ -55,6 +57,35 @@ def _relu(a: list[str], attrs: Any, c: str) -> str:
         x if attrs.upper_clip is None else f"{'fminf' if c == 'float' else 'fmin'}({x}, {literal(attrs.upper_clip, c)})"
     )
     return f"({x} > {lower} ? {upper} : {lower} + {slope} * ({x} - {lower}))"
+
+
+def _relu_backward(a: list[str], attrs: Any, c: str) -> str:
+    dy, x = a
+    lower, slope, one, zero = (literal(v, c) for v in (attrs.lower_clip, attrs.negative_slope, 1, 0))
+    inside = one if attrs.upper_clip is None else f"({x} < {literal(attrs.upper_clip, c)} ? {one} : {zero})"
+    return f"({dy} * ({x} > {lower} ? {inside} : {slope}))"
+
+
+def _slope(derivative: Callable[[str, Any, str], str]) -> Render:
+    """An activation backward op: loss (a[0]) times the derivative at the forward input (a[1])."""
+    return lambda a, attrs, c: f"({a[0]} * {derivative(a[1], attrs, c)})"
+
+
+# gd::philox4x32_10 (graphdnn.cuh) hard-codes the reference's constants, the Random123 ones.
+assert (PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, PHILOX_ROUNDS) == (
+    0xD2511F53,
+    0xCD9E8D57,
+    0x9E3779B9,
+    0xBB67AE85,
+    10,
+)
+
+
+def _rng(a: list[str], attrs: Any, c: str) -> str:
+    """a: seed, offset (64-bit integers), the element's row-major index. u = k / 2^24 < p with k an
+    integer exactly when k < ceil(p 2^24): the test is on integers, as exact as the reference's."""
+    threshold = math.ceil(attrs.bernoulli_probability * 2**24)
+    return f"(gd::bernoulli({a[0]}, {a[1]}, {a[2]}, {threshold}u) ? {literal(1, c)} : {literal(0, c)})"
 
 
 def _compare(op: str) -> Render:
@@ -101,6 +132,19 @@ EXPRESSIONS: dict[str, Render] = {
     "sigmoid": lambda a, attrs, c: f"gd::sigmoid<{c}>({a[0]})",
     "tanh": _math("tanh"),
     "softplus": lambda a, attrs, c: f"gd::softplus<{c}>({a[0]}, {literal(attrs.softplus_beta, c)})",
+    "relu_backward": _relu_backward,
+    "leaky_relu_backward": _slope(
+        lambda x, attrs, c: f"({x} > {literal(0, c)} ? {literal(1, c)} : {literal(attrs.negative_slope, c)})"
+    ),
+    "elu_backward": _slope(
+        lambda x, attrs, c: f"({x} > {literal(0, c)} ? {literal(1, c)} : {literal(attrs.alpha, c)} * exp({x}))"
+    ),
+    "gelu_backward": _slope(lambda x, attrs, c: f"gd::gelu_erf_grad<{c}>({x})"),
+    "gelu_approx_tanh_backward": _slope(lambda x, attrs, c: f"gd::gelu_tanh_grad<{c}>({x})"),
+    "swish_backward": _slope(lambda x, attrs, c: f"gd::swish_grad<{c}>({x}, {literal(attrs.swish_beta, c)})"),
+    "sigmoid_backward": _slope(lambda x, attrs, c: f"gd::sigmoid_grad<{c}>({x})"),
+    "tanh_backward": _slope(lambda x, attrs, c: f"gd::tanh_grad<{c}>({x})"),
+    "softplus_backward": _slope(lambda x, attrs, c: f"gd::sigmoid<{c}>({literal(attrs.softplus_beta, c)} * {x})"),
     "add": lambda a, attrs, c: f"({a[0]} + {a[1]})",
     "sub": lambda a, attrs, c: f"({a[0]} - {a[1]})",
     "mul": lambda a, attrs, c: f"({a[0]} * {a[1]})",
@@ -119,12 +163,13 @@ EXPRESSIONS: dict[str, Render] = {
     "cmp_ge": _compare(">="),
     "cmp_lt": _compare("<"),
     "cmp_le": _compare("<="),
+    "rng": _rng,
     "binary_select": lambda a, attrs, c: f"({a[2]} != {literal(0, c)} ? {a[0]} : {a[1]})",
     # Inference batch norm, folded: scale = gamma * inv_variance, shift = beta - mean * scale.
     "batchnorm_inference": lambda a, attrs, c: f"({a[0]} * ({a[3]} * {a[2]}) + ({a[4]} - {a[1]} * ({a[3]} * {a[2]})))",
 }
 
-assert set(EXPRESSIONS) >= UNARY_KINDS | BINARY_KINDS | ACTIVATION_KINDS | {"binary_select"}
+assert set(EXPRESSIONS) >= UNARY_KINDS | BINARY_KINDS | ACTIVATION_KINDS | set(BACKWARD_OF) | {"binary_select"}
 
 
 def render(op: str, args: list[str], attributes: Any, compute: str) -> str:

@@ -42,6 +42,10 @@ ANCHOR_FAMILY = {
     "batchnorm": Family.BATCHNORM_TRAIN,
     "reduction": Family.REDUCTION,
     "softmax": Family.REDUCTION,
+    "log_softmax": Family.REDUCTION,
+    "softmax_backward": Family.REDUCTION,
+    "argmax": Family.REDUCTION,
+    "argmin": Family.REDUCTION,
     "sdpa": Family.ATTENTION,
 }
 

@@ -221,7 +221,8 @@ def grow_epilogue(
     """The largest elementwise DAG fed by ``value`` whose intermediates stay inside.
 
     First collects every elementwise node reachable from the value through elementwise
-    nodes of the same output dims that pass the guards; then removes, pass after pass
+    nodes of the same output dims that pass the guards, with the scalar-fed nodes (``_sources``)
+    that only they read; then removes, pass after pass
     until nothing changes, nodes reading a value that something outside also reads or
     that is a graph output, and nodes whose other operands depend on the group (that
     would be a cycle). Each pass judges against the group as it was when the pass began,
@@ -232,6 +233,7 @@ def grow_epilogue(
     candidates: list[Node] = []
     group = {node.id for node in members}
     frontier = deque([(producer, value)])
+    reader_of: dict[int, int] = {}  # a source's id -> the id of the one member that reads it
     while frontier:
         source, tensor = frontier.popleft()
         for consumer in ctx.graph.consumers(tensor):
@@ -247,6 +249,10 @@ def grow_epilogue(
             candidates.append(consumer)
             group.add(consumer.id)
             frontier.append((consumer, primary_output(consumer)))
+            for source in _sources(ctx, consumer, value, guards, rejected):
+                candidates.append(source)
+                group.add(source.id)
+                reader_of[source.id] = consumer.id
     floor = min(group, default=0)
     remaining = {node.id: node for node in candidates}
     found = {node.id: i for i, node in enumerate(candidates)}  # passes judge in this order
@@ -265,7 +271,35 @@ def grow_epilogue(
             for reader in ctx.graph.consumers(t)
         }
         pending = sorted((remaining[i] for i in touched if i in remaining), key=lambda n: found[n.id])
-    return [remaining[i] for i in sorted(remaining)], rejected
+    # A source whose reader left goes too: it would be computed here only to be stored.
+    return [remaining[i] for i in sorted(remaining) if reader_of.get(i, i) in remaining], rejected
+
+
+def _sources(
+    ctx: MatchContext, consumer: Node, value: Tensor, guards: Sequence[Guard], rejected: list[Miss]
+) -> list[Node]:
+    """The elementwise nodes that read no graph tensor but scalars (an rng drawing a dropout mask)
+    whose output, virtual and of the fused output's dims, only ``consumer`` reads: computed in the
+    epilogue, they never reach memory."""
+    sources = []
+    for tensor in consumer.input_tensors():
+        source = ctx.graph.producer(tensor)
+        if (
+            source is None
+            or source.id in ctx.claimed
+            or not is_elementwise(source)
+            or not tensor.is_virtual
+            or any(t.numel != 1 for t in source.input_tensors())
+            or any(reader is not consumer for reader in ctx.graph.consumers(tensor))
+        ):
+            continue
+        ctx.value = None
+        reason = _shape_reason(source, value) or _first_reason(guards, ctx, source)
+        if reason is not None:
+            rejected.append(Miss(reason, (source.name, consumer.name)))
+            continue
+        sources.append(source)
+    return sources
 
 
 def _leak_or_cycle(

@@ -31,10 +31,8 @@ def test_every_case_is_one_attention_kernel(case: str) -> None:
     graph, fused = attention_node(case)
     kernels = lower(fuse(graph, arch=90), 90, signature(graph), lambda content_hash: content_hash).sources
     (source,) = kernels.values()
-    if case.endswith("_simt"):
-        path = "_simt"
-    else:  # on sm_90 the Hopper kernel where it takes the problem
-        path = "_wgmma" if case in WGMMA_CASES else "_flash"
+    # on sm_90 the Hopper kernel where it takes the problem
+    path = "_simt" if case.endswith("_simt") else "_wgmma" if case in WGMMA_CASES else "_flash"
     assert path in source.name
     assert "score" in source.source  # the score matrix stays in registers: no S-sized scratch
     assert fused.nodes == (fused.anchor,)

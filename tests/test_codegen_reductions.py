@@ -51,12 +51,22 @@ def reduction_graph(
 
 
 def softmax_graph(
-    dims: Sequence[int], axis: int, dtype: str = "float", layout: str = "nchw", epilogue: bool = False
+    dims: Sequence[int],
+    axis: int,
+    dtype: str = "float",
+    layout: str = "nchw",
+    epilogue: bool = False,
+    op: str = "softmax",
 ) -> gd.OperationGraphSpec:
-    """softmax along ``axis``; with ``epilogue``: times a weight per position along the axis."""
+    """``op`` (softmax, log_softmax, softmax_backward) along ``axis``; with ``epilogue``: times a
+    weight per position along the axis. softmax_backward's dy and y both take ``layout``."""
     g = new_graph(dtype)
     x = g.tensor(list(dims), stride=_strides(dims, layout), name="x")
-    y = g.softmax(x, axis=axis, name="softmax")
+    if op == "softmax_backward":
+        dy = g.tensor(list(dims), stride=_strides(dims, layout), name="dy")
+        y = g.softmax_backward(dy, x, axis=axis, name=op)
+    else:
+        y = getattr(g, op)(x, axis=axis, name=op)
     if epilogue:
         along = [d if a == axis % len(dims) else 1 for a, d in enumerate(dims)]
         y = g.mul(y, g.tensor(along, name="weight"))
@@ -203,6 +213,7 @@ SOFTMAXES = {
     "channels_nhwc": ((4, 64, 5, 5), 1, "nhwc"),
     "long_columns": ((2, 65536, 3), 1, "nchw"),
 }
+SOFTMAX_OPS = ("softmax", "log_softmax", "softmax_backward")
 SOFTMAX_CASES = [
     ("short_rows", "float"),
     ("rows_4096", "bfloat16"),
@@ -234,9 +245,9 @@ def layout_graph(name: str, dtype: str, mode: str = "add", epilogue: bool = Fals
     return reduction_graph(dims, axes, mode, dtype, layout, epilogue)
 
 
-def softmax_case(name: str, dtype: str, epilogue: bool = False) -> gd.OperationGraphSpec:
+def softmax_case(name: str, dtype: str, epilogue: bool = False, op: str = "softmax") -> gd.OperationGraphSpec:
     dims, axis, layout = SOFTMAXES[name]
-    return softmax_graph(dims, axis, dtype, layout, epilogue)
+    return softmax_graph(dims, axis, dtype, layout, epilogue, op)
 
 
 def batchnorm_case(name: str, runtime_scalars: bool = False) -> gd.OperationGraphSpec:
@@ -256,9 +267,11 @@ def test_reduced_axis_sets_compile(name: str, dtype: str) -> None:
     check_compiles(layout_graph(name, dtype, epilogue=name in ("inner", "outer", "all")), Family.REDUCTION)
 
 
+@pytest.mark.parametrize("op", SOFTMAX_OPS)
 @pytest.mark.parametrize(("name", "dtype"), SOFTMAX_CASES)
-def test_softmax_compiles(name: str, dtype: str) -> None:
-    (kernel,) = check_compiles(softmax_case(name, dtype, epilogue=name in ("rows_4096", "long_rows")), Family.REDUCTION)
+def test_softmax_compiles(name: str, dtype: str, op: str) -> None:
+    graph = softmax_case(name, dtype, epilogue=name in ("rows_4096", "long_rows"), op=op)
+    (kernel,) = check_compiles(graph, Family.REDUCTION)
     assert kernel.grid[1] == 1
 
 
@@ -355,25 +368,30 @@ def test_reduction_mapping_follows_the_layout(name: str, label: str, vec: int) -
 
 
 @pytest.mark.parametrize(
-    ("name", "dtype", "label", "threads"),
+    ("name", "dtype", "label", "threads", "backward_threads"),
     [
-        ("short_rows", "float", "softmax_rows", 256),
-        ("rows_4096", "bfloat16", "softmax_rows", 256),
-        ("long_rows", "float", "softmax_long_rows", 1024),
-        ("single_long_row", "bfloat16", "softmax_long_rows", 1024),
-        ("channels_nchw", "half", "softmax_columns", 256),
-        ("channels_nhwc", "bfloat16", "softmax_rows", 256),
-        ("long_columns", "float", "softmax_columns", 256),
+        ("short_rows", "float", "softmax_rows", 256, 256),
+        # dy and y held: 8 values of each a thread, so twice the threads of softmax's 16
+        ("rows_4096", "bfloat16", "softmax_rows", 256, 512),
+        ("long_rows", "float", "softmax_long_rows", 1024, 1024),
+        ("single_long_row", "bfloat16", "softmax_long_rows", 1024, 1024),
+        ("channels_nchw", "half", "softmax_columns", 256, 256),
+        ("channels_nhwc", "bfloat16", "softmax_rows", 256, 256),
+        ("long_columns", "float", "softmax_columns", 256, 256),
     ],
 )
-def test_softmax_mapping(name: str, dtype: str, label: str, threads: int) -> None:
-    _, (program,) = emitted(softmax_case(name, dtype))
+@pytest.mark.parametrize("op", SOFTMAX_OPS)
+def test_softmax_mapping(name: str, dtype: str, label: str, threads: int, backward_threads: int, op: str) -> None:
+    """The same mapping for each op; softmax_backward reads two tensors (dy and y) per element."""
+    _, (program,) = emitted(softmax_case(name, dtype, op=op))
     (kernel,) = program.kernels
-    assert labels([kernel]) == [label] and kernel.block[0] == threads
+    assert labels([kernel]) == [label.replace("softmax", op)]
+    assert kernel.block[0] == (backward_threads if op == "softmax_backward" else threads)
+    reads = 2 if op == "softmax_backward" else 1
     if label == "softmax_long_rows":
-        assert kernel.source.count("gd::load_vec") == 2  # the row is read twice
+        assert kernel.source.count("gd::load_vec") == 2 * reads  # the row is read twice
     if label == "softmax_rows":
-        assert kernel.source.count("gd::load_vec") == 1  # the row stays in registers
+        assert kernel.source.count("gd::load_vec") == reads  # the row stays in registers
 
 
 @pytest.mark.parametrize(
@@ -461,10 +479,34 @@ def test_gpu_reduced_axis_sets(name: str, dtype: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize(("name", "dtype"), SOFTMAX_CASES)
 @pytest.mark.parametrize("epilogue", [False, True])
-def test_gpu_softmax(name: str, dtype: str, epilogue: bool) -> None:
+@pytest.mark.parametrize("op", SOFTMAX_OPS)
+def test_gpu_softmax(name: str, dtype: str, epilogue: bool, op: str) -> None:
     from tests.gpu_check import check_on_gpu
 
-    check_on_gpu(softmax_case(name, dtype, epilogue))
+    check_on_gpu(softmax_case(name, dtype, epilogue, op))
+
+
+def mixed_layout_softmax_backward(axis: int) -> gd.OperationGraphSpec:
+    """dy row-major, y NHWC: the two reads' strides differ along every axis but one."""
+    dims = [3, 12, 5, 7]
+    g = new_graph("half")
+    dy, y = g.tensor(dims, name="dy"), g.tensor(dims, stride=gd.nhwc_strides(dims), name="y")
+    g.softmax_backward(dy, y, axis=axis, name="dsm").set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("axis", [1, 3])
+def test_softmax_backward_of_mixed_layouts_compiles(axis: int) -> None:
+    (kernel,) = check_compiles(mixed_layout_softmax_backward(axis), Family.REDUCTION)
+    assert "gd::load_vec" not in kernel.source  # no axis is contiguous in both
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("axis", [1, 3])
+def test_gpu_softmax_backward_of_mixed_layouts(axis: int) -> None:
+    from tests.gpu_check import check_on_gpu
+
+    check_on_gpu(mixed_layout_softmax_backward(axis))
 
 
 @pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""matmul, reduction, softmax and genstats: reference semantics against loops, shapes, errors."""
+"""matmul, reduction, softmax (log, backward) and genstats: reference semantics against loops and
+finite differences, shapes, errors."""
 
 import itertools
 import math
@@ -253,6 +254,55 @@ def test_softmax_keeps_layout_and_rejects_bad_axis():
         g.softmax(x, axis=3, name="sm")
     with pytest.raises(gd.AttributeValueError, match=r"node 'sm2'.*axis -4 is out of range for rank 3"):
         g.softmax(x, axis=-4, name="sm2")
+
+
+@pytest.mark.parametrize("axis", [0, 2, -1])
+def test_log_softmax_is_the_log_of_softmax(axis, rng):
+    x = rng.standard_normal((2, 1, 3, 5))
+    (y,) = run(lambda g, x: g.log_softmax(x, axis=axis), x=x)
+    np.testing.assert_allclose(y, np.log(loop_softmax(x, axis)), rtol=1e-13, atol=1e-15)
+
+
+def test_log_softmax_is_finite_where_softmax_underflows():
+    """log(softmax) would be log(0) = -inf for x - max below -745; log_softmax is x - max - log(sum)."""
+    x = np.array([[0.0, -800.0, -1e300], [1000.0, 1000.0, 999.0]])
+    (y,) = run(lambda g, x: g.log_softmax(x), x=x)
+    lse = math.log(2.0 + math.exp(-1.0))
+    np.testing.assert_allclose(y, [[0.0, -800.0, -1e300], [-lse, -lse, -1 - lse]])
+
+
+def softmax_loss(x: np.ndarray, dy: np.ndarray, axis: int) -> float:
+    """sum(dy * softmax(x)): its gradient in x is softmax_backward(dy, softmax(x))."""
+    (y,) = run(lambda g, x: g.softmax(x, axis=axis), x=x)
+    return float(np.sum(dy * y))
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_backward_is_the_central_difference_of_softmax(axis, rng):
+    x, dy = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 4, 5))
+    (y,) = run(lambda g, x: g.softmax(x, axis=axis), x=x)
+    (dx,) = run(lambda g, dy, y: g.softmax_backward(dy, y, axis=axis), dy=dy, y=y)
+    step, numeric = 1e-6, np.empty_like(x)
+    for index in np.ndindex(*x.shape):
+        bump = np.zeros_like(x)
+        bump[index] = step
+        numeric[index] = (softmax_loss(x + bump, dy, axis) - softmax_loss(x - bump, dy, axis)) / (2 * step)
+    np.testing.assert_allclose(dx, numeric, rtol=1e-6, atol=1e-9)
+
+
+def test_softmax_backward_shapes_layout_json_and_errors():
+    g = new_graph()
+    nhwc = gd.nhwc_strides([2, 3, 4, 5])
+    dy, y = g.tensor([2, 3, 4, 5], stride=nhwc, name="dy"), g.tensor([2, 3, 4, 5], name="y")
+    dx = g.softmax_backward(dy, y, axis=1).set_output(True)
+    assert dx.dim == (2, 3, 4, 5) and dx.stride == nhwc  # dy's layout
+    again = gd.OperationGraphSpec.from_json(g.to_json())
+    assert '"op": "softmax_backward"' in g.to_json() and again.signature() == g.signature()
+    message = r"node 'bad', tensor 'y2': dy has dims \[2, 3, 4, 5\] and y \[2, 3, 4, 1\]; they must be equal"
+    with pytest.raises(gd.ShapeError, match=message):
+        g.softmax_backward(dy, g.tensor([2, 3, 4, 1], name="y2"), name="bad")
+    with pytest.raises(gd.AttributeValueError, match=r"node 'far'.*axis 4 is out of range for rank 4"):
+        g.softmax_backward(dy, y, axis=4, name="far")
 
 
 # -- genstats -------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from ..context import (
     scalar_value,
 )
 from ..cuda_types import cuda_type, load, rounded, store
-from ..indexing import coordinates, loop_index_type, offset
+from ..indexing import coordinates, loop_index_type, offset, row_major_index
 from ..kernel import FusedProgram, Kernel, Scratch
 from .reduction_fragments import Names, declare, type_bytes
 from .reduction_kernels import Accumulator, Finish, epilogue_operands, refuse_tuning, walk_kernels
@@ -215,7 +215,7 @@ def _apply_kernel(
                 return load(t.data_type, f"a{t.id}.v[e]", compute)
             return operand_loader(names, dims, prefix, compute)(t)
 
-        values = epilogue.Values(compute, load_operand)
+        values = epilogue.Values(compute, load_operand, lambda t: row_major_index(t, dims, prefix))
         if vector and stationary:
             high, low, scale, bias = (f"channel[{k}][e]" for k in range(AFFINE))
         else:

@@ -17,7 +17,7 @@ from graphdnn.layout import packed_strides, stride_order
 from .. import epilogue
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type, load, store
-from ..indexing import coordinates, is_full, loop_index_type, offset
+from ..indexing import coordinates, is_full, loop_index_type, offset, row_major_index
 from ..kernel import FusedProgram, Kernel
 
 THREADS = 256
@@ -54,7 +54,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
                 return load(t.data_type, f"a{t.id}.v[{vector_slot}]", compute)
             return load(t.data_type, f"{names[t.id]}[{offset(t, dims, 'c')}]", compute)
 
-        values = epilogue.Values(compute, load_operand)
+        values = epilogue.Values(compute, load_operand, lambda t: row_major_index(t, dims, "c"))
         epilogue.apply(fused.epilogue, values)
         statements += values.statements
         for t in outputs:

@@ -9,7 +9,7 @@ from graphdnn.ir import Tensor
 
 from .. import epilogue
 from ..cuda_types import cuda_type, load, rounded, store
-from ..indexing import offset
+from ..indexing import offset, row_major_index
 from .gemm_problem import Problem, batch_coords, pixel_coordinates
 
 
@@ -41,7 +41,7 @@ class Epilogue:
                 return load(t.data_type, f"in{t.id}.v[e]", self.compute)
             return load(t.data_type, f"{self.names[t.id]}[{offset(t, dims, 'c')}]", self.compute)
 
-        values = epilogue.Values(self.compute, load_operand)
+        values = epilogue.Values(self.compute, load_operand, lambda t: row_major_index(t, dims, "c"))
         values.define(out, rounded(out.data_type, acc, self.compute))
         epilogue.apply(self.fused.epilogue, values)
         lines = list(values.statements)

@@ -28,7 +28,7 @@ from graphdnn.layout import stride_order
 from .. import epilogue
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, pattern_name, scalar_value
 from ..cuda_types import load, store
-from ..indexing import coordinates, index_type, offset
+from ..indexing import coordinates, index_type, offset, row_major_index
 from ..kernel import FusedProgram, Kernel
 from ..pointwise import literal
 from .norm_statistics import epsilon, normalize, write_statistics
@@ -140,7 +140,7 @@ class _SetKernel:
         return f"gd::group_sum<THREADS, {self.compute}>({value}, {scratch}) / {literal(self.layout.size, self.compute)}"
 
     def apply(self) -> list[str]:
-        values = epilogue.Values(self.compute, self.value)
+        values = epilogue.Values(self.compute, self.value, lambda t: row_major_index(t, self.x.static_dim, "c"))
         values.get(self.x)
         normalize(self.fused, values)
         stores = [

@@ -1,6 +1,7 @@
 """Reductions (sum, mean, norms, products, min / max), with an elementwise epilogue on their
 output, on the reduction walk (reduction_walk.py, reduction_kernels.py); softmax shares the
-family (reduction_softmax.py).
+family (reduction_softmax.py, reduction_softmax_backward.py), and so do argmax and argmin
+(reduction_argmax.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from graphdnn.ops.reduction import ReductionMode
 from ..context import EmitContext, compute_of, pattern_name
 from ..kernel import FusedProgram
 from ..pointwise import literal, render
+from .reduction_argmax import emit_arg_reduction
 from .reduction_fragments import type_bytes
 from .reduction_kernels import Accumulator, epilogue_finish, refuse_tuning, walk_kernels
 from .reduction_softmax import emit_softmax
+from .reduction_softmax_backward import emit_softmax_backward
 from .reduction_walk import plan_walk
 
 
@@ -64,8 +67,12 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     refuse_tuning(fused, ctx)
     anchor = fused.anchor
     assert anchor is not None
-    if anchor.op == "softmax":
+    if anchor.op in ("softmax", "log_softmax"):
         return emit_softmax(fused, ctx)
+    if anchor.op == "softmax_backward":
+        return emit_softmax_backward(fused, ctx)
+    if anchor.op in ("argmax", "argmin"):
+        return emit_arg_reduction(fused, ctx)
     x, y = anchor.input("input"), anchor.output("y")
     assert x is not None and y is not None
     mode = MODES[anchor.attributes.mode]  # type: ignore[attr-defined]

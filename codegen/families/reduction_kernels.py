@@ -17,7 +17,7 @@ from graphdnn.ir import Tensor
 from .. import epilogue
 from ..context import EmitContext, KernelParams, indent, kernel_source, operand_loader
 from ..cuda_types import load, rounded, store
-from ..indexing import coordinates, offset, run_offset
+from ..indexing import coordinates, offset, row_major_index, run_offset
 from ..kernel import Kernel, Scratch
 from ..pointwise import literal
 from .reduction_fragments import Names, aliases, declare, load_elements, merge_lambda, shared_buffer, type_bytes
@@ -66,7 +66,8 @@ def epilogue_finish(
     epilogue, then every output of the fused node stored at the output's coordinates."""
 
     def statements(names: Names, merged: list[str], prefix: str, shift: str | None) -> list[str]:
-        values = epilogue.Values(compute, operand_loader(names, dims, prefix, compute))
+        loader = operand_loader(names, dims, prefix, compute)
+        values = epilogue.Values(compute, loader, lambda t: row_major_index(t, dims, prefix))
         values.define(value, rounded(value.data_type, result(merged), compute))
         epilogue.apply(fused.epilogue, values)
         stores = [

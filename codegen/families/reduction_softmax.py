@@ -1,12 +1,16 @@
-"""Softmax, with an elementwise epilogue on y: normalised along one axis with the reduction
-walk's two mappings (reduction_walk.py), a max then a sum of exponentials. ROW rows of up to HELD
-values per thread stay in registers (x is read once); longer rows keep an online (max, sum)
-pair per thread and read x again to write y (that second read mostly hits L2).
+"""Softmax and log-softmax, with an elementwise epilogue on y: normalised along one axis with the
+reduction walk's two mappings (reduction_walk.py), a max then a sum of exponentials. ROW rows of
+up to HELD values per thread stay in registers (x is read once); longer rows keep an online
+(max, sum) pair per thread and read x again to write y (that second read mostly hits L2).
+
+``emit_along_axis`` and the preludes are what every op normalised along one axis shares
+(softmax_backward too, reduction_softmax_backward.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
@@ -16,7 +20,7 @@ from graphdnn.layout import stride_order
 from .. import epilogue
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, operand_loader, pattern_name
 from ..cuda_types import cuda_type, rounded, store
-from ..indexing import coordinates, loop_index_type, offset
+from ..indexing import coordinates, loop_index_type, offset, row_major_index
 from ..kernel import FusedProgram, Kernel
 from ..pointwise import literal
 from .reduction_fragments import (
@@ -42,107 +46,218 @@ from .reduction_walk import (
     pow2_floor,
 )
 
-HELD = 16  # softmax values a thread holds in registers (16 at 1024 threads: 64 registers each)
+HELD = 16  # values a thread holds in registers (16 at 1024 threads: 64 registers each)
 
 
 @dataclass(frozen=True)
-class _Softmax:
-    """What the softmax kernels share: the tensors, names, dims and how each result is stored."""
+class AlongAxis:
+    """What the kernels of an op along one axis share: the tensors read at every element
+    (``reads``, all of the first one's dims), the anchor's output ``y``, names and index type."""
 
     fused: FusedNode
-    x: Tensor
+    reads: tuple[Tensor, ...]
     y: Tensor
     axis: int
     compute: str
     itype: str
     names: Names
 
+    @property
+    def x(self) -> Tensor:
+        return self.reads[0]
+
+    def load(self, into: str, at: str, vec: int) -> list[str]:
+        """Load the ``vec`` elements ``at`` steps along the axis from each read tensor's base into
+        ``into`` with ``#`` replaced by the tensor's id (``xs#[slot]``)."""
+        lines = []
+        for t in self.reads:
+            pointer, target = self.names[t.id], into.replace("#", str(t.id))
+            lines += load_elements(
+                pointer, t, f"base{t.id} + {at} * {t.static_stride[self.axis]}", vec, self.compute, target
+            )
+        return lines
+
     def write(self, value: str, vec: int, moved: dict[int, str], along: str) -> list[str]:
         """Statements computing ``value`` (of element e) for e < vec, the epilogue on it, and the
-        stores of every output at its base + ``along`` steps of the softmax axis."""
+        stores of every output at its base + ``along`` steps of the axis."""
         c, dims = self.compute, self.x.static_dim
         lines = [f"gd::Vec<{cuda_type(t.data_type)}, {vec}> r{t.id};" for t in self.fused.outputs]
-        values = epilogue.Values(c, operand_loader(self.names, dims, "q", c))
+        values = epilogue.Values(c, operand_loader(self.names, dims, "q", c), lambda t: row_major_index(t, dims, "q"))
         values.define(self.y, rounded(self.y.data_type, value, c))
         epilogue.apply(self.fused.epilogue, values)
         element = aliases(dims, "o", "q", self.itype, moved) + values.statements
         element += [f"r{t.id}.v[e] = {store(t.data_type, values.get(t))};" for t in self.fused.outputs]
         lines += ["#pragma unroll", f"for (int e = 0; e < {vec}; ++e) {{", *("  " + s for s in element), "}"]
         for t in self.fused.outputs:
-            at = f"base{t.id} + {along} * {t.stride[self.axis]}"
+            at = f"base{t.id} + {along} * {t.static_stride[self.axis]}"
             lines += store_elements(self.names[t.id], t, at, vec, f"r{t.id}")
         return lines
 
     def bases(self) -> list[str]:
-        return [
-            f"const {self.itype} base{t.id} = {offset(t, t.static_dim, 'o')};" for t in (self.x, *self.fused.outputs)
-        ]
+        tensors = (*self.reads, *self.fused.outputs)
+        return [f"const {self.itype} base{t.id} = {offset(t, t.static_dim, 'o')};" for t in tensors]
 
 
-def emit_softmax(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
+@dataclass(frozen=True)
+class RowShape:
+    """``group`` threads per row, ``per_block`` rows a block; rows of ``vectors`` vectors of
+    ``vec`` elements, ``slots`` vectors a thread, kept in registers when ``held``."""
+
+    vec: int
+    vectors: int
+    group: int
+    slots: int
+    held: bool
+    rows: int
+
+    @property
+    def threads(self) -> int:
+        return max(self.group, THREADS)
+
+    @property
+    def per_block(self) -> int:
+        return self.threads // self.group
+
+    def red(self, compute: str) -> str:
+        """The group reductions' scratch: shared memory once a group spans several warps."""
+        return "red" if self.group > 32 else f"({compute}*)nullptr"
+
+    def shared(self, compute: str) -> int:
+        return self.threads // 32 * type_bytes(compute) if self.group > 32 else 0
+
+    def guard(self, itype: str) -> list[str]:
+        """A held slot's vector index ``v`` and the test, opening a brace, that it exists in the row."""
+        return [f"const {itype} v = lane + slot * {self.group};", f"if (active && v < {self.vectors}) {{"]
+
+
+def row_shape(s: AlongAxis) -> RowShape:
+    """Rows whose values (every read tensor's) fit HELD registers a thread stay in registers;
+    longer ones get a group of threads that each load at least MIN_STEPS vectors."""
+    count = s.x.static_dim[s.axis]
+    vec = axis_vector([*s.reads, *s.fused.outputs], s.axis)
+    vectors = count // vec
+    per_thread = HELD // len(s.reads)
+    group = min(MAX_GROUP, pow2_ceil(-(-count // per_thread)))
+    slots = -(-vectors // group)
+    held = slots * vec <= per_thread
+    if not held:
+        group = min(MAX_GROUP, pow2_floor(vectors // MIN_STEPS))
+    return RowShape(vec, vectors, group, slots, held, s.x.static_numel // count)
+
+
+def row_prelude(s: AlongAxis, shape: RowShape, kept: tuple[int, ...], order: tuple[int, ...]) -> list[str]:
+    """Each thread's row ``o`` (``active`` when it exists), its lane, coordinates and bases."""
+    itype = s.itype
+    return [
+        *([shared_buffer(s.compute)] if shape.group > 32 else []),
+        f"const int lane = threadIdx.x % {shape.group};",
+        f"const {itype} o = ({itype})blockIdx.x * {shape.per_block} + threadIdx.x / {shape.group};",
+        f"const bool active = o < {shape.rows};",
+        f"const {itype} first = active ? o : 0;",
+        *coordinates("first", kept, order, "o", itype),
+        *s.bases(),
+    ]
+
+
+def column_prelude(s: AlongAxis, walk: Walk) -> list[str]:
+    """Each thread's VEC neighbouring rows from ``o`` (``active`` when they exist), its lane and
+    its depth ``ty`` along the axis, coordinates and bases."""
+    itype = s.itype
+    return [
+        shared_buffer(s.compute),
+        f"const int lane = threadIdx.x % {walk.lanes}, ty = threadIdx.x / {walk.lanes};",
+        f"const {itype} o = (({itype})blockIdx.x * {walk.lanes} + lane) * {walk.vec};",
+        f"const bool active = o < {walk.outputs};",
+        f"const {itype} first = active ? o : 0;",
+        *coordinates("first", walk.kept, walk.order, "o", itype),
+        *s.bases(),
+    ]
+
+
+def column_moved(s: AlongAxis, walk: Walk) -> dict[int, str]:
+    """Coordinates of element e at step ``j`` along the axis, in a column walk."""
+    inner = innermost(walk.kept, walk.order)
+    return {s.axis: "j", **({} if inner is None else {inner: f"o{inner} + e"})}
+
+
+Emitted = tuple[list[str], int, int, int, str]  # body, threads, shared bytes, blocks, label
+
+
+def emit_along_axis(
+    fused: FusedNode,
+    ctx: EmitContext,
+    reads: tuple[str, ...],
+    rows: Callable[[AlongAxis, tuple[int, ...], tuple[int, ...]], Emitted],
+    columns: Callable[[AlongAxis, Walk], Emitted],
+) -> FusedProgram:
+    """One kernel for an anchor that reads the roles ``reads`` (of equal dims) and normalises
+    along its ``axis`` attribute: ``rows`` when the axis is innermost in memory, else ``columns``."""
     anchor = fused.anchor
     assert anchor is not None
-    x, y = anchor.input("input"), anchor.output("y")
-    assert x is not None and y is not None
-    axis = anchor.attributes.axis % len(x.dim)  # type: ignore[attr-defined]
+    bound = [anchor.input(role) for role in reads]
+    tensors_read = tuple(t for t in bound if t is not None)
+    y = anchor.outputs[0][1]
+    assert len(tensors_read) == len(reads) and isinstance(y, Tensor)
+    x = tensors_read[0]
+    axis = anchor.attributes.axis % len(x.static_dim)  # type: ignore[attr-defined]
     kept = tuple(1 if a == axis else d for a, d in enumerate(x.static_dim))
     tensors = [*fused.inputs, *fused.outputs]
     compute = compute_of(tensors)
     params = KernelParams()
-    names = declare(params, [x, *epilogue_operands(fused)], fused.outputs)
+    names = declare(params, [*tensors_read, *epilogue_operands(fused)], fused.outputs)
     params.aligned_flag()
-    softmax = _Softmax(fused, x, y, axis, compute, loop_index_type(tensors, x.static_numel, MAX_GROUP * 16), names)
+    itype = loop_index_type(tensors, x.static_numel, MAX_GROUP * 16)
+    s = AlongAxis(fused, tensors_read, y, axis, compute, itype, names)
     order = stride_order(x.static_dim, x.static_stride)
     if innermost(x.static_dim, order) == axis:
-        body, threads, shared, blocks, label = _softmax_rows(softmax, kept, order)
+        body, threads, shared, blocks, label = rows(s, kept, order)
     else:
-        body, threads, shared, blocks, label = _softmax_columns(
-            softmax, plan_walk(x, kept, tensors, slot_bytes=type_bytes(compute), along=fused.outputs, split=False)
-        )
+        along = [*tensors_read[1:], *fused.outputs]
+        walk = plan_walk(x, kept, tensors, slot_bytes=type_bytes(compute), along=along, split=False)
+        body, threads, shared, blocks, label = columns(s, walk)
     name, source = kernel_source(ctx, fused, f"{pattern_name(fused)}_{label}", params, threads, indent(body, 1))
     kernel = Kernel(name, source, (blocks, 1, 1), (threads, 1, 1), shared, tuple(params.bindings))
     return FusedProgram(fused.name, (kernel,))
 
 
-def _softmax_rows(s: _Softmax, kept: tuple[int, ...], order: tuple[int, ...]) -> tuple[list[str], int, int, int, str]:
+def emit_softmax(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
+    """softmax, or log_softmax: the same statistics, y = (x - max) - log(sum) instead of a quotient."""
+    return emit_along_axis(fused, ctx, ("input",), _softmax_rows, _softmax_columns)
+
+
+def _is_log(s: AlongAxis) -> bool:
+    assert s.fused.anchor is not None
+    return s.fused.anchor.op == "log_softmax"
+
+
+def _softmax_rows(s: AlongAxis, kept: tuple[int, ...], order: tuple[int, ...]) -> Emitted:
     """A group of G threads per row. Rows of up to G * HELD values stay in registers: load,
     group max, exponentials and group sum, scale and store. Longer rows: an online (max, sum)
     pass, then a second read of the row that writes y."""
-    x, c, itype = s.x, s.compute, s.itype
-    count = x.dim[s.axis]
-    vec = axis_vector([x, *s.fused.outputs], s.axis)
-    vectors = count // vec
-    group = min(MAX_GROUP, pow2_ceil(-(-count // HELD)))
-    slots = -(-vectors // group)
-    held = slots * vec <= HELD
-    if not held:
-        group = min(MAX_GROUP, pow2_floor(vectors // MIN_STEPS))
-    threads = max(group, THREADS)
-    per_block = threads // group
-    rows = x.numel // count
-    red = "red" if group > 32 else f"({c}*)nullptr"
-    step = vec * x.stride[s.axis]
+    c, itype, log = s.compute, s.itype, _is_log(s)
+    shape = row_shape(s)
+    vec, group, slots = shape.vec, shape.group, shape.slots
+    red = shape.red(c)
     minus_inf, one = literal(-math.inf, c), literal(1, c)
-    body = [shared_buffer(c)] if group > 32 else []
-    body += [
-        f"const int lane = threadIdx.x % {group};",
-        f"const {itype} o = ({itype})blockIdx.x * {per_block} + threadIdx.x / {group};",
-        f"const bool active = o < {rows};",
-        f"const {itype} first = active ? o : 0;",
-        *coordinates("first", kept, order, "o", itype),
-        *s.bases(),
-    ]
+    # softmax: y = e^(x - max) / sum; log_softmax: y = (x - max) - log(sum)
+    finish = f"const {c} lse = log(sum);" if log else f"const {c} inv = {one} / sum;"
+    body = row_prelude(s, shape, kept, order)
     moved = {s.axis: f"v * {vec} + e"}
-    if held:
-        guard = [f"const {itype} v = lane + slot * {group};", f"if (active && v < {vectors}) {{"]
-        load_row = load_elements(s.names[x.id], x, f"base{x.id} + v * {step}", vec, c, "xs[slot]")
-        exponentials = ["xs[slot][e] = exp(xs[slot][e] - m);", "sum += xs[slot][e];"]
+    if shape.held:
+        guard = shape.guard(itype)
+        # softmax keeps the exponentials in place of x; log_softmax keeps x - max
+        exponentials = (
+            ["xs[slot][e] -= m;", "sum += exp(xs[slot][e]);"]
+            if log
+            else ["xs[slot][e] = exp(xs[slot][e] - m);", "sum += xs[slot][e];"]
+        )
+        value = "xs[slot][e] - lse" if log else "xs[slot][e] * inv"
         body += [
             f"{c} xs[{slots}][{vec}];",
             f"{c} m = {minus_inf};",
             "#pragma unroll",
             f"for (int slot = 0; slot < {slots}; ++slot) {{",
-            *("  " + line for line in guard + load_row),
+            *("  " + line for line in guard + s.load("xs[slot]", f"v * {vec}", vec)),
             "#pragma unroll",
             f"    for (int e = 0; e < {vec}; ++e) m = max(m, xs[slot][e]);",
             "  }",
@@ -159,20 +274,21 @@ def _softmax_rows(s: _Softmax, kept: tuple[int, ...], order: tuple[int, ...]) ->
             "  }",
             "}",
             f"sum = gd::group_sum<{group}>(sum, {red});",
-            f"const {c} inv = {one} / sum;",
+            finish,
             "#pragma unroll",
             f"for (int slot = 0; slot < {slots}; ++slot) {{",
             *("  " + line for line in guard),
-            *("    " + line for line in s.write("xs[slot][e] * inv", vec, moved, f"v * {vec}")),
+            *("    " + line for line in s.write(value, vec, moved, f"v * {vec}")),
             "  }",
             "}",
         ]
     else:
         walk = [
-            f"for ({itype} v = lane; v < {vectors}; v += {group}) {{",
+            f"for ({itype} v = lane; v < {shape.vectors}; v += {group}) {{",
             f"  {c} xs[{vec}];",
-            *("  " + line for line in load_elements(s.names[x.id], x, f"base{x.id} + v * {step}", vec, c, "xs")),
+            *("  " + line for line in s.load("xs", f"v * {vec}", vec)),
         ]
+        value = "(xs[e] - row_max) - lse" if log else "exp(xs[e] - row_max) * inv"
         body += [
             f"{c} m = {minus_inf}, sum = 0;",
             "if (active) {",
@@ -188,42 +304,34 @@ def _softmax_rows(s: _Softmax, kept: tuple[int, ...], order: tuple[int, ...]) ->
             "}",
             f"const {c} row_max = gd::group_max<{group}>(m, {red});",
             f"sum = gd::group_sum<{group}>(sum * (m == row_max ? {one} : exp(m - row_max)), {red});",
-            f"const {c} inv = {one} / sum;",
+            finish,
             "if (active) {",
             *("  " + line for line in walk),
-            *("    " + line for line in s.write("exp(xs[e] - row_max) * inv", vec, moved, f"v * {vec}")),
+            *("    " + line for line in s.write(value, vec, moved, f"v * {vec}")),
             "  }",
             "}",
         ]
-    shared = threads // 32 * type_bytes(c) if group > 32 else 0
-    return body, threads, shared, -(-rows // per_block), "rows" if held else "long_rows"
+    blocks = -(-shape.rows // shape.per_block)
+    return body, shape.threads, shape.shared(c), blocks, "rows" if shape.held else "long_rows"
 
 
-def _softmax_columns(s: _Softmax, walk: Walk) -> tuple[list[str], int, int, int, str]:
+def _softmax_columns(s: AlongAxis, walk: Walk) -> Emitted:
     """The softmax axis is not innermost: a thread owns VEC neighbouring rows, the TY threads of
     a block column split the axis with an online (max, sum) pair each, merge them through shared
     memory, and read x again to write y."""
-    x, c, itype, vec = s.x, s.compute, s.itype, walk.vec
-    count = x.dim[s.axis]
-    inner = innermost(walk.kept, walk.order)
-    moved = {s.axis: "j", **({} if inner is None else {inner: f"o{inner} + e"})}
+    c, itype, vec, log = s.compute, s.itype, walk.vec, _is_log(s)
+    count = s.x.static_dim[s.axis]
     one = literal(1, c)
     walk_axis = [
         f"for ({itype} j = ty; j < {count}; j += {walk.depth}) {{",
         f"  {c} xs[{vec}];",
-        *(
-            "  " + line
-            for line in load_elements(s.names[x.id], x, f"base{x.id} + j * {x.stride[s.axis]}", vec, c, "xs")
-        ),
+        *("  " + line for line in s.load("xs", "j", vec)),
     ]
+    # inv: 1 / sum for softmax, log(sum) for log_softmax
+    finish = "inv[e] = log(sum[e]);" if log else f"inv[e] = {one} / sum[e];"
+    value = "(xs[e] - top[e]) - inv[e]" if log else "exp(xs[e] - top[e]) * inv[e]"
     body = [
-        shared_buffer(c),
-        f"const int lane = threadIdx.x % {walk.lanes}, ty = threadIdx.x / {walk.lanes};",
-        f"const {itype} o = (({itype})blockIdx.x * {walk.lanes} + lane) * {vec};",
-        f"const bool active = o < {walk.outputs};",
-        f"const {itype} first = active ? o : 0;",
-        *coordinates("first", walk.kept, walk.order, "o", itype),
-        *s.bases(),
+        *column_prelude(s, walk),
         f"{c} m[{vec}], sum[{vec}], top[{vec}], inv[{vec}];",
         "#pragma unroll",
         f"for (int e = 0; e < {vec}; ++e) m[e] = {literal(-math.inf, c)}, sum[e] = 0;",
@@ -244,10 +352,10 @@ def _softmax_columns(s: _Softmax, walk: Walk) -> tuple[list[str], int, int, int,
         f"for (int e = 0; e < {vec}; ++e) sum[e] *= m[e] == top[e] ? {one} : exp(m[e] - top[e]);",
         f"gd::column_reduce<{walk.lanes}, {walk.depth}, {vec}>(sum, red, {merge_lambda('add', c)});",
         "#pragma unroll",
-        f"for (int e = 0; e < {vec}; ++e) inv[e] = {one} / sum[e];",
+        f"for (int e = 0; e < {vec}; ++e) {finish}",
         "if (active) {",
         *("  " + line for line in walk_axis),
-        *("    " + line for line in s.write("exp(xs[e] - top[e]) * inv[e]", vec, moved, "j")),
+        *("    " + line for line in s.write(value, vec, column_moved(s, walk), "j")),
         "  }",
         "}",
     ]

@@ -66,7 +66,7 @@ class _RowKernel(RowAccess):
         """(the packed tensors read as raw vectors in{id}[k], the statements that fill x[] from
         them: the rounded residual sum with a prologue, which is also stored when written)."""
         operands = Operands(self, "in{id}[k]", width)
-        values = epilogue.Values(self.compute, operands)
+        values = epilogue.Values(self.compute, operands, operands.index)
         if self.fused.prologue is not None:
             epilogue.apply([self.fused.prologue], values)
         value = values.get(self.x)
@@ -87,7 +87,7 @@ class _RowKernel(RowAccess):
     def apply_pass(self, width: int) -> list[str]:
         """y and the epilogue from x[], stored."""
         operands = Operands(self, "a{id}", width)
-        values = epilogue.Values(self.compute, operands)
+        values = epilogue.Values(self.compute, operands, operands.index)
         values.define(self.x, f"x[k * {width} + e]")
         normalize(self.fused, values)
         outputs = [(t, values.stored(t)) for t in self.results]

@@ -11,7 +11,7 @@ from graphdnn.layout import storage_extent
 
 from ..context import EmitContext, KernelParams, compute_of, indent, scalar_value
 from ..cuda_types import cuda_type, load, store
-from ..indexing import coordinates, index_type, offset, restricted
+from ..indexing import coordinates, index_type, offset, restricted, row_major
 from .rownorm_launch import Config
 from .rownorm_layout import RowLayout, memory_tensors
 
@@ -37,6 +37,14 @@ class Operands:
             self.vectors[t.id] = t
             return f"gd::element<{k.compute}>({self.vector_name.format(id=t.id)}, e)"
         return load(t.data_type, self.element(t), k.compute)
+
+    def index(self, t: Tensor) -> str:
+        """``t``'s own row-major index of the current element (rng draws from it)."""
+        k, rows_major = self.kernel, row_major(t)
+        row = offset(restricted(rows_major, k.layout.row_axes, k.rank), k.x.static_dim, "r")
+        column = k.column_offset(rows_major)
+        self.columns |= column != "0"
+        return f"({row} + {column})"
 
     def element(self, t: Tensor) -> str:
         """``t``'s element at column j + e, through its strides."""

@@ -161,9 +161,33 @@ __device__ __forceinline__ void hold(double& v) { asm volatile("" : "+d"(v)); }
 // ---- reductions ------------------------------------------------------------------------
 // `op` is a functor combining two values (sum, product, NaN-propagating min/max...); the
 // combination order is fixed by the thread layout, so results are reproducible run to run.
+template <class T> __device__ __forceinline__ T shfl_xor(T v, int offset) {
+  return __shfl_xor_sync(0xffffffffu, v, offset);
+}
+
+// A value and its index along a reduced axis: what argmax / argmin reduce.
+template <class C> struct Arg {
+  C value;
+  long long index;
+};
+template <class C> __device__ __forceinline__ Arg<C> shfl_xor(Arg<C> v, int offset) {
+  return {shfl_xor(v.value, offset), shfl_xor(v.index, offset)};
+}
+
+// The preferred of two Args under a total order, so any combination order gives the same
+// result: the larger (MAX) or smaller value, NaN before every number, the smaller index on ties.
+template <bool MAX> struct ArgBest {
+  template <class C> __device__ __forceinline__ Arg<C> operator()(Arg<C> a, Arg<C> b) const {
+    const bool a_nan = a.value != a.value, b_nan = b.value != b.value;
+    if (a_nan || b_nan) return a_nan && (!b_nan || a.index < b.index) ? a : b;
+    if (a.value == b.value) return a.index < b.index ? a : b;
+    return (MAX ? a.value > b.value : a.value < b.value) ? a : b;
+  }
+};
+
 template <int WIDTH, class T, class Op> __device__ __forceinline__ T lanes_reduce(T v, Op op) {
 #pragma unroll
-  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, shfl_xor(v, offset));
   return v;
 }
 
@@ -281,6 +305,59 @@ template <class T> __device__ __forceinline__ T relu_clip(T x, T slope, T lower,
 }
 
 template <class T> __device__ __forceinline__ T elu(T x, T alpha) { return x > T(0) ? x : alpha * expm1(x); }
+
+// ---- random numbers ---------------------------------------------------------------------
+// Philox4x32-10 (Salmon et al., SC'11, the Random123 constants): graphdnn.ops.random computes the
+// same 32-bit words in NumPy, so masks drawn from it are bit-identical to the reference's.
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    if (round) k = make_uint2(k.x + 0x9E3779B9u, k.y + 0xBB67AE85u);
+    const unsigned hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+    const unsigned hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+  }
+  return c;
+}
+
+// rng's Bernoulli draw for the element of row-major index i: word 0 of the block at key
+// (seed_lo, seed_hi) and counter (i_lo, i_hi, offset_lo, offset_hi); u = (word0 >> 8) / 2^24
+// is below p exactly when word0 >> 8 is below threshold = ceil(p 2^24).
+__device__ __forceinline__ bool bernoulli(unsigned long long seed, unsigned long long offset, unsigned long long i,
+                                          unsigned threshold) {
+  const uint4 r = philox4x32_10(make_uint4((unsigned)i, (unsigned)(i >> 32), (unsigned)offset, (unsigned)(offset >> 32)),
+                                make_uint2((unsigned)seed, (unsigned)(seed >> 32)));
+  return (r.x >> 8) < threshold;
+}
+
+// ---- activation derivatives (the *_backward ops: loss * f'(x), x the forward input) ---------
+// sigmoid'(x) = e / (1 + e)^2 with e = e^-|x|, and tanh'(x) = 4 e / (1 + e)^2 with e = e^-2|x|:
+// one exponential, and no 1 - s or 1 - t^2 cancelling where the slope is small.
+template <class T> __device__ __forceinline__ T sigmoid_grad(T x) {
+  const T e = exp(-fabs(x)), d = T(1) + e;
+  return e / (d * d);
+}
+template <class T> __device__ __forceinline__ T tanh_grad(T x) {
+  const T e = exp(T(-2) * fabs(x)), d = T(1) + e;
+  return T(4) * e / (d * d);
+}
+
+// Phi(x) + x phi(x).
+template <class T> __device__ __forceinline__ T gelu_erf_grad(T x) {
+  return T(0.5) * (T(1) + erf(x * T(0.70710678118654752440))) + x * T(0.39894228040143267794) * exp(T(-0.5) * x * x);
+}
+
+// d/dx 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+template <class T> __device__ __forceinline__ T gelu_tanh_grad(T x) {
+  const T t = tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x));
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(0.79788456080286535588) * (T(1) + T(0.134145) * x * x);
+}
+
+// s (1 + beta x (1 - s)), s = sigmoid(beta x).
+template <class T> __device__ __forceinline__ T swish_grad(T x, T beta) {
+  const T s = sigmoid<T>(beta * x);
+  return s * (T(1) + beta * x * (T(1) - s));
+}
 
 // Threads laid out as ROWS x COLUMNS (threadIdx.x = row * COLUMNS + column, ROWS a power of
 // 2) combine their N values down each column: a fixed-order tree through shared memory.

@@ -1,4 +1,4 @@
-"""Reductions and softmax with the elementwise epilogue on their output."""
+"""Reductions, the softmax ops, argmax and argmin with the elementwise epilogue on their output."""
 
 from __future__ import annotations
 
@@ -12,13 +12,22 @@ REDUCTION_EPILOGUE = register_rule(
         name="reduction_epilogue",
         pattern=Pattern(
             (
-                op("reduction", "softmax", bind="reduction", where=FUSED_GUARDS),
+                op(
+                    "reduction",
+                    "softmax",
+                    "log_softmax",
+                    "softmax_backward",
+                    "argmax",
+                    "argmin",
+                    bind="reduction",
+                    where=FUSED_GUARDS,
+                ),
                 Epilogue(min_nodes=1, guards=FUSED_GUARDS),
             )
         ),
         family=Family.REDUCTION,
         anchor="reduction",
         priority=50,
-        description="reduction or softmax followed by elementwise ops on its output",
+        description="reduction, a softmax op, argmax or argmin followed by elementwise ops on its output",
     )
 )

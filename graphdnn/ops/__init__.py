@@ -14,6 +14,7 @@ from .norms import NormMethods
 from .pointwise import PointwiseMethods
 from .pooling import PoolingMethods
 from .quantize import QuantizeMethods
+from .random import RandomMethods
 from .reduction import ReductionMethods
 from .shape import ShapeMethods
 from .topk import TopkMethods
@@ -29,6 +30,7 @@ class OpMethods(
     PointwiseMethods,
     PoolingMethods,
     QuantizeMethods,
+    RandomMethods,
     ReductionMethods,
     ShapeMethods,
     TopkMethods,

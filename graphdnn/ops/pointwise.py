@@ -113,6 +113,43 @@ _UNARY: dict[str, tuple[type[Attributes], bool, Callable[..., np.ndarray]]] = {
     "softplus": (SoftplusAttributes, True, lambda x, a: np.logaddexp(0.0, a.softplus_beta * x) / a.softplus_beta),
 }
 
+
+def _relu_slope(x: np.ndarray, a: ReluAttributes) -> np.ndarray:
+    """relu's derivative: 1 strictly between the clips, 0 at and above upper_clip (as PyTorch's
+    hardtanh backward), negative_slope at and below lower_clip."""
+    upper = np.inf if a.upper_clip is None else a.upper_clip
+    return np.where(x > a.lower_clip, np.where(x < upper, 1.0, 0.0), a.negative_slope)
+
+
+def _gelu_approx_tanh_slope(x: np.ndarray) -> np.ndarray:
+    t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+
+
+def _swish_slope(x: np.ndarray, a: SwishAttributes) -> np.ndarray:
+    s = _sigmoid(a.swish_beta * x)
+    return s * (1.0 + a.swish_beta * x * (1.0 - s))
+
+
+# Activation backward ops, as the cuDNN frontend's *_backward(loss, input): the forward op's
+# derivative at its *input* x (the backend's xDesc; sigmoid and tanh too, not their output),
+# times loss: dx = loss * f'(x). kind -> (attributes, the forward activation, f'(x, attributes)).
+_BACKWARD: dict[str, tuple[type[Attributes], str, Callable[..., np.ndarray]]] = {
+    "relu_backward": (ReluAttributes, "relu", _relu_slope),
+    "leaky_relu_backward": (LeakyReluAttributes, "leaky_relu", lambda x, a: np.where(x > 0, 1.0, a.negative_slope)),
+    "elu_backward": (EluAttributes, "elu", lambda x, a: np.where(x > 0, 1.0, a.alpha * np.exp(np.minimum(x, 0)))),
+    "gelu_backward": (
+        NoAttributes,
+        "gelu",
+        lambda x, a: 0.5 * (1.0 + _erf(x / np.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi),
+    ),
+    "gelu_approx_tanh_backward": (NoAttributes, "gelu_approx_tanh", lambda x, a: _gelu_approx_tanh_slope(x)),
+    "swish_backward": (SwishAttributes, "swish", _swish_slope),
+    "sigmoid_backward": (NoAttributes, "sigmoid", lambda x, a: _sigmoid(x) * _sigmoid(-x)),
+    "tanh_backward": (NoAttributes, "tanh", lambda x, a: 1.0 - np.tanh(x) ** 2),
+    "softplus_backward": (SoftplusAttributes, "softplus", lambda x, a: _sigmoid(a.softplus_beta * x)),
+}
+
 # kind -> (input roles, reference(x, y)); the second operand may be a Python number.
 _BINARY: dict[str, tuple[tuple[str, str], Callable[[np.ndarray, np.ndarray], np.ndarray]]] = {
     "add": (("a", "b"), np.add),
@@ -140,12 +177,15 @@ _BINARY: dict[str, tuple[tuple[str, str], Callable[[np.ndarray, np.ndarray], np.
 _POSITIVE_INPUTS = {("log", "input"), ("sqrt", "input"), ("rsqrt", "input"), ("pow", "a")}
 
 
+Evaluate = Callable[[list[np.ndarray], Any], Any]
+
+
 class PointwiseOp(Op):
     """Base of every pointwise op: broadcast the inputs, apply ``evaluate`` elementwise."""
 
     category = Category.POINTWISE
     outputs = (Role("y"),)
-    evaluate: Callable[[list[np.ndarray], Any], np.ndarray]
+    evaluate: Evaluate
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         tensors = [(role, t) for role, t in node.inputs if not isinstance(t, tuple)]
@@ -164,30 +204,47 @@ class PointwiseOp(Op):
         return {"y": y if y.shape == out_dim else np.broadcast_to(y, out_dim)}
 
 
-def _define(kind: str, roles: tuple[str, ...], attrs: type[Attributes], fn: Callable[..., Any]) -> None:
-    if len(roles) == 1:
-        evaluate = staticmethod(lambda values, attributes: fn(values[0], attributes))
-    else:
-        evaluate = staticmethod(lambda values, attributes: fn(*values))
+def _define(kind: str, roles: tuple[str, ...], attrs: type[Attributes], evaluate: Evaluate) -> None:
     namespace = {
         "kind": kind,
         "inputs": tuple(Role(r, positive=(kind, r) in _POSITIVE_INPUTS) for r in roles),
         "attributes": attrs,
-        "evaluate": evaluate,
+        "evaluate": staticmethod(evaluate),
         "__doc__": f"Pointwise {kind}.",
     }
     register(type(f"Pointwise_{kind}", (PointwiseOp,), namespace))
 
 
+def _unary(fn: Callable[..., Any]) -> Evaluate:
+    return lambda values, attributes: fn(values[0], attributes)
+
+
+def _plain(fn: Callable[..., Any]) -> Evaluate:
+    return lambda values, attributes: fn(*values)
+
+
+def _backward(slope: Callable[..., np.ndarray]) -> Evaluate:
+    return lambda values, attributes: values[0] * slope(values[1], attributes)
+
+
 for _kind, (_attrs, _, _fn) in _UNARY.items():
-    _define(_kind, ("input",), _attrs, _fn)
+    _define(_kind, ("input",), _attrs, _unary(_fn))
 for _kind, (_roles, _fn) in _BINARY.items():
-    _define(_kind, _roles, NoAttributes, _fn)
-_define("binary_select", ("input0", "input1", "mask"), NoAttributes, lambda a, b, mask: np.where(mask != 0, a, b))
+    _define(_kind, _roles, NoAttributes, _plain(_fn))
+for _kind, (_attrs, _forward, _slope) in _BACKWARD.items():
+    _define(_kind, ("loss", "input"), _attrs, _backward(_slope))
+_define(
+    "binary_select",
+    ("input0", "input1", "mask"),
+    NoAttributes,
+    _plain(lambda a, b, mask: np.where(mask != 0, a, b)),
+)
 
 UNARY_KINDS = frozenset(_UNARY)
 BINARY_KINDS = frozenset(_BINARY)
 ACTIVATION_KINDS = frozenset(kind for kind, (_, activation, _) in _UNARY.items() if activation)
+# backward kind -> the forward activation it differentiates
+BACKWARD_OF = {kind: forward for kind, (_, forward, _) in _BACKWARD.items()}
 
 
 class PointwiseMethods:
@@ -400,3 +457,91 @@ class PointwiseMethods:
         self, input: TensorSpec, softplus_beta: float = 1.0, compute_data_type: Any = None, name: str | None = None
     ) -> TensorSpec:
         return self._pointwise("softplus", {"input": input}, name, compute_data_type, softplus_beta=softplus_beta)
+
+    # activation backward (cuDNN frontend names and roles): loss * f'(input), input = the forward op's input
+    def relu_backward(
+        self,
+        loss: TensorSpec,
+        input: TensorSpec,
+        negative_slope: float | None = None,
+        lower_clip: float | None = None,
+        upper_clip: float | None = None,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        """The gradient through ``relu`` with the same slope and clips; unset ones keep the defaults."""
+        attrs = {"negative_slope": negative_slope, "lower_clip": lower_clip, "upper_clip": upper_clip}
+        set_attrs = {k: v for k, v in attrs.items() if v is not None}
+        return self._pointwise("relu_backward", {"loss": loss, "input": input}, name, compute_data_type, **set_attrs)
+
+    def leaky_relu_backward(
+        self,
+        loss: TensorSpec,
+        input: TensorSpec,
+        negative_slope: float = 0.01,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        return self._pointwise(
+            "leaky_relu_backward",
+            {"loss": loss, "input": input},
+            name,
+            compute_data_type,
+            negative_slope=negative_slope,
+        )
+
+    def elu_backward(
+        self,
+        loss: TensorSpec,
+        input: TensorSpec,
+        alpha: float = 1.0,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        return self._pointwise("elu_backward", {"loss": loss, "input": input}, name, compute_data_type, alpha=alpha)
+
+    def gelu_backward(
+        self, loss: TensorSpec, input: TensorSpec, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        return self._pointwise("gelu_backward", {"loss": loss, "input": input}, name, compute_data_type)
+
+    def gelu_approx_tanh_backward(
+        self, loss: TensorSpec, input: TensorSpec, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        return self._pointwise("gelu_approx_tanh_backward", {"loss": loss, "input": input}, name, compute_data_type)
+
+    def swish_backward(
+        self,
+        loss: TensorSpec,
+        input: TensorSpec,
+        swish_beta: float = 1.0,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        return self._pointwise(
+            "swish_backward", {"loss": loss, "input": input}, name, compute_data_type, swish_beta=swish_beta
+        )
+
+    def sigmoid_backward(
+        self, loss: TensorSpec, input: TensorSpec, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        """loss * sigmoid'(input), with ``input`` the forward op's input x (not its output)."""
+        return self._pointwise("sigmoid_backward", {"loss": loss, "input": input}, name, compute_data_type)
+
+    def tanh_backward(
+        self, loss: TensorSpec, input: TensorSpec, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        """loss * (1 - tanh(input)^2), with ``input`` the forward op's input x (not its output)."""
+        return self._pointwise("tanh_backward", {"loss": loss, "input": input}, name, compute_data_type)
+
+    def softplus_backward(
+        self,
+        loss: TensorSpec,
+        input: TensorSpec,
+        softplus_beta: float = 1.0,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        return self._pointwise(
+            "softplus_backward", {"loss": loss, "input": input}, name, compute_data_type, softplus_beta=softplus_beta
+        )

@@ -1,4 +1,5 @@
-"""Reductions: ``reduction`` (declared output dims, as in cuDNN), ``softmax`` and ``genstats``.
+"""Reductions: ``reduction`` (declared output dims, as in cuDNN), ``softmax``, ``log_softmax``,
+``softmax_backward``, ``argmax`` / ``argmin`` and ``genstats``.
 
 A reduction's output has the input's rank; each output dim equals the input's or is 1,
 and the axes reduced are those where the output is 1 and the input is not. The output
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..dtypes import DataType
 from ..errors import AttributeValueError
 from ..layout import stride_order
 from ..symbolic import Extent
@@ -115,6 +117,92 @@ class Softmax(Op):
 
 
 @register
+class LogSoftmax(Softmax):
+    kind = "log_softmax"
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        value = x["input"]
+        axis = node.attributes.axis  # type: ignore[attr-defined]
+        shifted = value - np.max(value, axis=axis, keepdims=True)
+        return {"y": shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))}
+
+
+@register
+class SoftmaxBackward(Op):
+    """The gradient through ``softmax`` from its output: dx = y * (dy - sum(dy * y)) along axis."""
+
+    kind = "softmax_backward"
+    category = Category.REDUCTION
+    inputs = (Role("dy"), Role("y"))
+    outputs = (Role("dx"),)
+    attributes = SoftmaxAttributes
+
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
+        dy, y = node.input("dy"), node.input("y")
+        assert dy is not None and y is not None
+        if dy.dim != y.dim:
+            fail(node, f"dy has dims {list(dy.dim)} and y {list(y.dim)}; they must be equal", role="y")
+        check_axis(node, node.attributes.axis, len(y.dim))  # type: ignore[attr-defined]
+        return {"dx": Inferred(dy.dim, stride_order(dy.dim, dy.stride))}
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        dy, y = x["dy"], x["y"]
+        axis = node.attributes.axis  # type: ignore[attr-defined]
+        return {"dx": y * (dy - np.sum(dy * y, axis=axis, keepdims=True))}
+
+
+class IndexType(enum.Enum):
+    """The integer types an index output may take."""
+
+    INT32 = "int32"
+    INT64 = "int64"
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgReductionAttributes(Attributes):
+    axis: int = -1
+    index_data_type: IndexType = IndexType.INT64
+
+
+class _ArgReduction(Op):
+    """The index along ``axis`` of the largest (argmax) or smallest (argmin) element, the first
+    one on ties and the first NaN where there is one (as NumPy and PyTorch); ``axis`` kept as 1."""
+
+    category = Category.REDUCTION
+    inputs = (Role("input"),)
+    outputs = (Role("y"),)
+    attributes = ArgReductionAttributes
+    find: Callable[..., Any]
+
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
+        x = node.input("input")
+        assert x is not None
+        attributes: ArgReductionAttributes = node.attributes  # type: ignore[assignment]
+        axis = check_axis(node, attributes.axis, len(x.dim))
+        if attributes.index_data_type is IndexType.INT32 and x.dim[axis] > 2**31:
+            fail(node, f"axis {axis} has {x.dim[axis]} elements: its indices need index_data_type int64", role="input")
+        dims = tuple(1 if a == axis else d for a, d in enumerate(x.dim))
+        index_type = DataType(attributes.index_data_type.value)
+        return {"y": Inferred(dims, stride_order(x.dim, x.stride), data_type=index_type)}
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        axis = node.attributes.axis  # type: ignore[attr-defined]
+        return {"y": type(self).find(x["input"], axis=axis, keepdims=True).astype(np.float64)}
+
+
+@register
+class ArgMax(_ArgReduction):
+    kind = "argmax"
+    find = staticmethod(np.argmax)
+
+
+@register
+class ArgMin(_ArgReduction):
+    kind = "argmin"
+    find = staticmethod(np.argmin)
+
+
+@register
 class Genstats(Op):
     """Per-channel (dim 1) sum and sum of squares, as cuDNN's genstats feeds batchnorm."""
 
@@ -184,6 +272,46 @@ class ReductionMethods:
         return self._add_node(
             "softmax", {"input": input}, {"axis": axis}, name=name, compute_data_type=compute_data_type
         )[0]
+
+    def log_softmax(
+        self, input: TensorSpec, axis: int = -1, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        """x - log(sum(exp(x))) along ``axis``, without forming exp(x)."""
+        return self._add_node(
+            "log_softmax", {"input": input}, {"axis": axis}, name=name, compute_data_type=compute_data_type
+        )[0]
+
+    def softmax_backward(
+        self, dy: TensorSpec, y: TensorSpec, axis: int = -1, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        """The gradient through ``softmax(x, axis)`` given its output ``y`` and the gradient ``dy`` at y."""
+        return self._add_node(
+            "softmax_backward", {"dy": dy, "y": y}, {"axis": axis}, name=name, compute_data_type=compute_data_type
+        )[0]
+
+    def argmax(
+        self,
+        input: TensorSpec,
+        axis: int = -1,
+        index_data_type: Any = "int64",
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        """The first index of the maximum along ``axis`` (kept as 1), as int64 or int32."""
+        attributes = {"axis": axis, "index_data_type": index_data_type}
+        return self._add_node("argmax", {"input": input}, attributes, name=name, compute_data_type=compute_data_type)[0]
+
+    def argmin(
+        self,
+        input: TensorSpec,
+        axis: int = -1,
+        index_data_type: Any = "int64",
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> TensorSpec:
+        """The first index of the minimum along ``axis`` (kept as 1), as int64 or int32."""
+        attributes = {"axis": axis, "index_data_type": index_data_type}
+        return self._add_node("argmin", {"input": input}, attributes, name=name, compute_data_type=compute_data_type)[0]
 
     def genstats(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> list[TensorSpec]:
         """[sum, sq_sum] per channel, dims [1, C, 1, ...]: the statistics a batchnorm needs."""
