@@ -20,9 +20,9 @@ import pytest
 import fusion_rules as fr
 import graphdnn as gd
 from codegen import FusedProgram, Kernel, ParamKind
-from codegen.kernel import HELPERS
 from codegen.emit import emit_partition
 from codegen.families.gemm import candidates
+from codegen.kernel import HELPERS
 from codegen.nvrtc import compile_cubin
 from graphdnn.errors import UnsupportedError
 from graphdnn.lower import lower
