@@ -20,6 +20,7 @@ class Family(enum.Enum):
 
     GEMM = "gemm"  # convolution forward or matmul, with an elementwise epilogue
     ROW_NORM = "row_norm"  # layernorm / rmsnorm, optionally after a residual add, with an epilogue
+    ROW_NORM_BACKWARD = "row_norm_backward"  # layernorm / rmsnorm backward: dx per row, dscale / dbias partials
     GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue
     BATCHNORM_TRAIN = "batchnorm_train"  # batch statistics, running averages, apply + epilogue
     REDUCTION = "reduction"  # reduction / softmax with an epilogue
@@ -37,6 +38,8 @@ ANCHOR_FAMILY = {
     "matmul": Family.GEMM,
     "layernorm": Family.ROW_NORM,
     "rmsnorm": Family.ROW_NORM,
+    "layernorm_backward": Family.ROW_NORM_BACKWARD,
+    "rmsnorm_backward": Family.ROW_NORM_BACKWARD,
     "groupnorm": Family.GROUP_NORM,
     "instancenorm": Family.GROUP_NORM,
     "batchnorm": Family.BATCHNORM_TRAIN,

@@ -29,8 +29,6 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "conv_wgrad": direct_conv.emit_wgrad,
     "genstats": direct_norm.emit_genstats,
     "batchnorm_backward": direct_norm.emit_norm_backward,
-    "layernorm_backward": direct_norm.emit_norm_backward,
-    "rmsnorm_backward": direct_norm.emit_norm_backward,
 }
 
 

@@ -1,0 +1,248 @@
+"""Layer / RMS norm backward in one pass over the rows; dscale and dbias from per-block partial sums.
+
+With xhat = (x - mean) * inv_variance (RMS norm: x * inv_variance) and g = grad * scale, per row
+of D elements:
+
+    dx = inv_variance * (g - sum(g) / D - xhat * sum(g * xhat) / D)     (RMS norm: no sum(g) term)
+    dscale = sum over the rows of grad * xhat,  dbias = sum over the rows of grad
+
+Kernel 1 walks the rows as the row-norm family does (rownorm_layout.py, rownorm_rows.py: G
+threads per row, R rows per block, 16-byte vectors of the packed tensors behind the runtime
+``aligned`` flag). Each thread loads its share of grad and x once, keeps xhat and g in
+registers, adds grad * xhat and grad to per-column accumulators (fp32), reduces the two row
+sums over its group and stores dx. The grid is about as many blocks as the registers let run at
+once (at most one per R rows), each block walking rows with a grid stride, so the accumulators
+cover many rows. At the end the block's R groups are added through shared memory in group order
+and stored as the block's row of the workspace ``norm_partials``, laid out
+[block][parameter][D] in the compute type.
+
+Kernel 2 is the direct family's sums over axes (direct_reduce.py), as split-K's reduce kernel
+is for GEMMs: per column, the blocks' partials added in block order, stored as dscale and dbias
+in their type. No atomics anywhere: the same bits every run.
+
+Rows too long for a group's registers (where the row-norm heuristic walks them in chunks) keep
+the direct family's kernels (direct_norm.py): the parameter sums, the row sums and dx as
+separate passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from fusion_rules import FusedNode
+from graphdnn.ir import Tensor
+
+from ..context import EmitContext, KernelParams
+from ..cuda_types import store
+from ..indexing import linear_index, offset
+from ..kernel import FusedProgram, Scratch
+from .direct_common import written
+from .direct_norm import emit_norm_backward
+from .direct_reduce import Sums, sums_kernels
+from .reduction_kernels import refuse_tuning
+from .rownorm_launch import MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM, REGISTERS_PER_SM, Config, heuristic, registers
+from .rownorm_layout import RowLayout, analyze, raw_register_bytes
+from .rownorm_rows import Operands, RowAccess
+
+PARTIALS = "norm_partials"
+COMBINE_BYTES = 32 * 1024  # the shared memory that adds a block's groups' sums, at most
+
+
+def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
+    refuse_tuning(fused, ctx)
+    anchor = fused.anchor
+    assert anchor is not None and fused.nodes == (anchor,), f"{fused.name}: a backward norm alone"
+    sums = [t for t in (anchor.output("dscale"), anchor.output("dbias")) if t is not None and written(fused, t)]
+    # Kernel 1 writes dx only: it sees the fused node with dx as its one output.
+    dx = anchor.output("dx")
+    rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if dx is not None and t.id == dx.id))
+    layout = backward_layout(rows, len(sums))
+    config = heuristic(layout)
+    combine = config.rows_per_block * layout.width * layout.compute_bytes // (2 + len(sums))  # one value each
+    if config.chunks(layout) > 1 or (config.rows_per_block > 1 and sums and combine > COMBINE_BYTES):
+        return emit_norm_backward(fused, ctx)
+    kernel = _RowsKernel(rows, ctx, layout, config, sums)
+    programs = [kernel.kernel(kernel.body())]
+    if not sums:
+        return FusedProgram(fused.name, tuple(programs))
+    reduce, split = sums_kernels(ctx, fused, kernel.parameter_sums(fused), kernel.compute)
+    partials = Scratch(PARTIALS, kernel.blocks * len(sums) * layout.width * (8 if kernel.compute == "double" else 4))
+    return FusedProgram(fused.name, (*programs, *reduce), (partials, *split))
+
+
+def backward_layout(fused: FusedNode, sums: int) -> RowLayout:
+    """The row layout with this kernel's register bytes per element: xhat, g and one accumulator
+    per parameter sum in the compute type, and the raw vectors of grad, x and scale."""
+    layout = analyze(fused)
+    anchor = fused.anchor
+    assert anchor is not None
+    loaded = {t.id: t for t in (anchor.input(role) for role in ("grad", "input", "scale")) if t is not None}
+    return dataclasses.replace(
+        layout,
+        compute_bytes=(2 + sums) * layout.compute_bytes,
+        raw_bytes=sum(raw_register_bytes(t, layout.vec) for t in loaded.values() if t.id in layout.packed),
+    )
+
+
+def resident_blocks(layout: RowLayout, config: Config, sms: int) -> int:
+    """Blocks that run at once by the register estimate (at least one per SM), but no more than
+    there are groups of rows: the fewer blocks, the fewer partial rows kernel 2 adds."""
+    per_thread = math.ceil(registers(layout, config.vectors_per_thread))
+    per_sm = min(
+        MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM // config.threads, REGISTERS_PER_SM // (per_thread * config.threads)
+    )
+    return min(config.groups(layout), max(1, per_sm) * sms)
+
+
+class _RowsKernel(RowAccess):
+    """Kernel 1: dx row by row, and the block's partial sums of dscale and dbias."""
+
+    def __init__(self, fused: FusedNode, ctx: EmitContext, layout: RowLayout, config: Config, sums: list[Tensor]):
+        super().__init__(fused, ctx, layout, config)
+        anchor = self.anchor
+        self.grad, self.scale, self.mean, self.inv = (
+            anchor.input(role) for role in ("grad", "scale", "mean", "inv_variance")
+        )
+        self.dx = fused.outputs[0] if fused.outputs else None
+        dscale = anchor.output("dscale")
+        # What each accumulator sums: grad * xhat for dscale, grad for dbias.
+        self.terms = ["grad * xh" if dscale is not None and t.id == dscale.id else "grad" for t in sums]
+        self.sums = sums
+        self.blocks = resident_blocks(layout, config, self.sms)
+        self.partials = self.params.scratch(PARTIALS, self.compute) if sums else ""
+
+    def element(self, slot: str, width: int) -> str:
+        return f"{slot}[k * {width} + e]"
+
+    def load_pass(self, width: int) -> list[str]:
+        """xhat[] and g[] <- this thread's elements of the row; the accumulators take them in."""
+        assert self.grad is not None and self.scale is not None and self.inv is not None
+        c = self.compute
+        operands = Operands(self, "in{id}[k]", width)
+        x = operands(self.x)
+        centered = f"({x} - mean)" if self.mean is not None else x
+        each = [
+            f"const {c} grad = {operands(self.grad)};",
+            f"const {c} xh = {centered} * inv;",
+            *(f"{self.element(f'acc{p}', width)} += {term};" for p, term in enumerate(self.terms)),
+            f"{self.element('xhat', width)} = xh;",
+            f"{self.element('g', width)} = grad * {operands(self.scale)};",
+        ]
+        each = [*(self.column_coordinates() if operands.columns else []), *each]
+        zero = self.element_loop(width, [f"{self.element('xhat', width)} = 0;", f"{self.element('g', width)} = 0;"])
+        convert = self.slot_loop(width, self.element_loop(width, each), zero)
+        raw = operands.vectors
+        return [*self.raw_vectors(raw, width), *self.raw_loads(raw, width), *convert]
+
+    def dx_pass(self, width: int) -> list[str]:
+        """dx from xhat[], g[] and the row's means, stored."""
+        if self.dx is None:
+            return []
+        g, xhat = self.element("g", width), self.element("xhat", width)
+        centered = f"{g} - mean_g" if self.mean is not None else g
+        operands = Operands(self, "", width)
+        declare, each, after = self.stores([(self.dx, f"inv * ({centered} - {xhat} * mean_gx)")], width, operands)
+        each = [*(self.column_coordinates() if operands.columns else []), *each]
+        return self.slot_loop(width, [*declare, *self.element_loop(width, each), *after])
+
+    def per_row(self, width: int) -> list[str]:
+        c = self.compute
+        active = "active" if self.layout.rows % self.config.rows_per_block else "true"
+        statistics = Operands(self, "", width)
+        lines = [*self.this_row("first")]
+        for name, t in (("mean", self.mean), ("inv", self.inv)):
+            if t is not None:
+                value = statistics(t)
+                lines.append(f"const {c} {name} = {value if active == 'true' else f'{active} ? {value} : 0'};")
+        lines += [
+            f"{c} xhat[{self.slots}], g[{self.slots}];  // this thread's elements of the row",
+            *self.load_pass(width),
+            f"{c} sum_gx = 0, sum_g = 0;",
+            "#pragma unroll",
+            f"for (int i = 0; i < {self.slots}; ++i) {{",
+            "  sum_gx += g[i] * xhat[i];",
+            "  sum_g += g[i];",
+            "}",
+            f"const {c} mean_gx = {self.reduce('sum_gx')};",
+        ]
+        if self.mean is not None:
+            lines.append(f"const {c} mean_g = {self.reduce('sum_g')};")
+        return [*lines, *self.dx_pass(width)]
+
+    def store_partials(self, width: int) -> list[str]:
+        """The block's sums of each parameter (its groups' added in group order) into its row of the partials."""
+        count = len(self.sums)
+        row = f"{self.partials}[((size_t)blockIdx.x * {count} + {{p}}) * WIDTH + {{column}}]"
+        if self.config.rows_per_block == 1:
+            each = [f"{row.format(p=p, column='j + e')} = {self.element(f'acc{p}', width)};" for p in range(count)]
+            return self.slot_loop(width, self.element_loop(width, each), rows=False)
+        lines = []
+        for p in range(count):
+            share = [f"combine[(threadIdx.x / GROUP) * WIDTH + j + e] = {self.element(f'acc{p}', width)};"]
+            lines += [
+                "__syncthreads();  // combine[] is no longer read",
+                *self.slot_loop(width, self.element_loop(width, share), rows=False),
+                "__syncthreads();",
+                f"for (int column = threadIdx.x; column < WIDTH; column += {self.config.threads}) {{",
+                f"  {self.compute} total = 0;",
+                "  for (int group = 0; group < ROWS_PER_BLOCK; ++group) total += combine[group * WIDTH + column];",
+                f"  {row.format(p=p, column='column')} = total;",
+                "}",
+            ]
+        return lines
+
+    def walk_rows(self, width: int) -> list[str]:
+        return [*self.walk(self.per_row(width)), *(self.store_partials(width) if self.sums else [])]
+
+    def body(self) -> list[str]:
+        config, layout, c = self.config, self.layout, self.compute
+        lines = [
+            f"constexpr {self.itype} ROWS = {layout.rows}, WIDTH = {layout.width};",
+            f"constexpr int GROUP = {config.threads_per_row}, ROWS_PER_BLOCK = {config.rows_per_block};",
+            "const int lane = threadIdx.x % GROUP;  // this thread's place in its row's group",
+            f"const {self.itype} chunk = 0;  // the row is held whole",
+        ]
+        if config.threads_per_row > 32:
+            lines.append(f"__shared__ {c} red[{config.threads // 32}];  // group_sum's per-warp partials")
+        if self.sums and config.rows_per_block > 1:
+            lines.append(f"__shared__ {c} combine[{config.rows_per_block * layout.width}];  // [group][column]")
+        for p in range(len(self.sums)):
+            lines += [
+                f"{c} acc{p}[{self.slots}];  // this thread's columns of {self.terms[p]}, over its rows",
+                "#pragma unroll",
+                f"for (int i = 0; i < {self.slots}; ++i) acc{p}[i] = 0;",
+            ]
+        if layout.vec == 1:
+            return [*lines, *self.walk_rows(1)]
+        return [
+            *lines,
+            f"if ({self.aligned}) {{  // {layout.vec}-element vector accesses",
+            *[f"  {line}" for line in self.walk_rows(layout.vec)],
+            "} else {  // a pointer is not aligned for vectors: element accesses, the same mapping",
+            *[f"  {line}" for line in self.walk_rows(1)],
+            "}",
+        ]
+
+    def parameter_sums(self, fused: FusedNode) -> Sums:
+        """Kernel 2: over the space [columns..., blocks] (the columns on x's normalized axes, in its
+        memory order; the blocks last), each column's partials summed over the blocks."""
+        x, layout, count, compute = self.x, self.layout, len(self.sums), self.compute
+        rank = len(x.dim)
+        dims = (*(x.dim[a] if a in layout.norm_axes else 1 for a in range(rank)), self.blocks)
+        columns = tuple(a for a in layout.order if a in layout.norm_axes)
+        column = linear_index(dims, columns, "c")
+
+        def terms(params: KernelParams, itype: str) -> tuple[list[str], list[str]]:
+            partials = params.scratch(PARTIALS, f"const {compute}")
+            at = f"{partials}[((size_t)c{rank} * {count} + {{p}}) * {layout.width} + {column}]"
+            return [], [at.format(p=p) for p in range(count)]
+
+        def finish(params: KernelParams, totals: list[str]) -> list[str]:
+            return [
+                f"{params.tensor(t, writable=True)}[{offset(t, x.dim, 'c')}] = {store(t.data_type, total)};"
+                for t, total in zip(self.sums, totals)
+            ]
+
+        assert fused.anchor is not None
+        return Sums(f"{fused.anchor.op}_params", dims, columns, (rank,), False, terms, finish)

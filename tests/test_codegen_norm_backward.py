@@ -1,0 +1,276 @@
+"""Layer and RMS norm backward: the row_norm_backward family (codegen/families/rownorm_backward.py).
+
+CPU: which kernels each graph gets (one pass over the rows, then the partial sums reduced; the
+direct kernels for rows too long for registers), their launch shapes, bindings and workspace, and
+that they compile with NVRTC for sm_80 and sm_90. GPU (``gpu`` marker): every case of the
+awkward-shape matrix against the reference with poisoned outputs, misaligned pointers, and the
+same bits on every run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import graphdnn as gd
+from codegen import FusedProgram, ParamKind, compile_cubin
+from codegen.context import EmitContext
+from codegen.families import rownorm_backward
+from fusion_rules import Family, FusedNode, fuse
+from fusion_rules.partition_reference import execute_partition
+from graphdnn.arch import sm_count
+from graphdnn.errors import GraphError
+from graphdnn.ir import Tensor
+from graphdnn.random_inputs import random_inputs
+from graphdnn.signature import signature
+
+ARCHS = (80, 90)
+
+
+@dataclass(frozen=True)
+class Case:
+    norm: str  # layernorm_backward, rmsnorm_backward (with dbias), rmsnorm_backward_nobias
+    dtype: str
+    dims: tuple[int, ...]
+    scale_dims: tuple[int, ...]
+    layout: str = "rows"  # rows (row-major) or nhwc
+    outputs: tuple[str, ...] = ("dx", "dscale", "dbias")  # those marked as graph outputs
+
+    def __str__(self) -> str:
+        return "-".join([self.norm, self.dtype, "x".join(map(str, self.dims)), self.layout, *self.outputs])
+
+
+def build(case: Case) -> gd.OperationGraphSpec:
+    g = gd.OperationGraphSpec(name=str(case), io_data_type=case.dtype)
+    dims = list(case.dims)
+    stride = gd.nhwc_strides(dims) if case.layout == "nhwc" else gd.nchw_strides(dims)
+    grad, x = (g.tensor(dims, stride=stride, name=name) for name in ("dy", "x"))
+    scale = g.tensor(list(case.scale_dims), name="scale")
+    padded = [1] * (len(dims) - len(case.scale_dims)) + list(case.scale_dims)
+    stats = [extent if s == 1 else 1 for extent, s in zip(dims, padded)]
+    inv = g.tensor(stats, name="inv_variance", data_type="float")
+    if case.norm == "layernorm_backward":
+        mean = g.tensor(stats, name="mean", data_type="float")
+        results = g.layernorm_backward(grad, x, scale, mean, inv, name="bwd")
+    else:
+        results = g.rmsnorm_backward(grad, x, scale, inv, has_dbias=case.norm == "rmsnorm_backward", name="bwd")
+    for role, t in zip(("dx", "dscale", "dbias"), results):
+        if t is not None and role in case.outputs:
+            t.set_output(True)
+    return g
+
+
+# The awkward-shape matrix (run on the GPU): rows 1, 7, 1000; widths 1, 33, 768, 1000, 4096.
+MATRIX = [
+    Case(norm, dtype, (rows, width), (1, width))
+    for norm, dtype, rows, width in itertools.product(
+        ("layernorm_backward", "rmsnorm_backward", "rmsnorm_backward_nobias"),
+        ("bfloat16", "half", "float"),
+        (1, 7, 1000),
+        (1, 33, 768, 1000, 4096),
+    )
+]
+# Compiled on the CPU: each path of the kernel (vectors, elements only, a block of several rows
+# or one, a group wider than a warp, strided columns) and each set of written outputs.
+COMPILED = [
+    Case("layernorm_backward", "bfloat16", (2048, 1024), (1, 1024)),
+    Case("layernorm_backward", "half", (7, 33), (1, 33)),
+    Case("layernorm_backward", "float", (1000, 4096), (1, 4096)),
+    Case("layernorm_backward", "bfloat16", (3, 6, 5, 7), (1, 6, 5, 7), layout="nhwc"),
+    Case("layernorm_backward", "half", (4, 3, 5), (1, 3, 1)),  # the normalized axis is strided
+    Case("rmsnorm_backward", "bfloat16", (1, 1), (1, 1)),
+    Case("rmsnorm_backward_nobias", "bfloat16", (16384, 4096), (1, 4096)),
+    Case("rmsnorm_backward_nobias", "half", (3, 5, 16), (1, 1, 16)),
+    Case("layernorm_backward", "bfloat16", (1000, 768), (1, 768), outputs=("dx",)),
+    Case("layernorm_backward", "half", (1000, 768), (1, 768), outputs=("dscale",)),
+]
+
+
+def emitted(case: Case) -> tuple[FusedNode, FusedProgram]:
+    ir = build(case).validate()
+    (fused,) = fuse(ir, arch=90).nodes
+    return fused, rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90))
+
+
+def tensor_named(fused: FusedNode, name: str) -> Tensor:
+    (found,) = [t for t in (*fused.inputs, *fused.outputs) if t.name == name]
+    return found
+
+
+def bound(kernel, kind: ParamKind) -> list:
+    return [p.tensor if kind is ParamKind.TENSOR else p.scratch for p in kernel.params if p.kind is kind]
+
+
+# -- CPU tests ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", COMPILED, ids=str)
+def test_kernels_compile(case: Case, arch: int) -> None:
+    _, program = emitted(case)
+    for kernel in program.kernels:
+        compile_cubin(kernel.source, kernel.name, arch)
+
+
+@pytest.mark.parametrize("case", COMPILED, ids=str)
+def test_one_pass_then_the_partial_sums(case: Case) -> None:
+    """Kernel 1 reads the inputs and writes dx only; kernel 2 reads the partials and writes
+    dscale (and dbias); the workspace holds one row of partials per block of kernel 1."""
+    fused, program = emitted(case)
+    assert fused.family is Family.ROW_NORM_BACKWARD
+    rows_kernel, *reduce = program.kernels
+    dx = fused.anchor.output("dx")
+    sums = [t for t in fused.outputs if t.id != dx.id]
+    assert set(bound(rows_kernel, ParamKind.TENSOR)) == {t.id for t in fused.inputs} | (
+        {dx.id} if "dx" in case.outputs else set()
+    )
+    if not sums:
+        assert not reduce and not program.scratch and not bound(rows_kernel, ParamKind.SCRATCH)
+        return
+    (partials,) = program.scratch
+    width = int(np.prod(case.scale_dims))
+    assert partials.name == rownorm_backward.PARTIALS
+    assert partials.bytes == rows_kernel.grid[0] * len(sums) * width * 4
+    assert bound(rows_kernel, ParamKind.SCRATCH) == [partials.name]
+    (reduce_kernel,) = reduce  # few enough partial rows: no split of the reduction
+    assert bound(reduce_kernel, ParamKind.SCRATCH) == [partials.name]
+    assert bound(reduce_kernel, ParamKind.TENSOR) == [t.id for t in sums]
+    assert "atomic" not in rows_kernel.source + reduce_kernel.source
+
+
+@pytest.mark.parametrize(
+    ("case", "blocks", "threads", "partial_rows"),
+    [
+        # 512 groups of 4 rows; two 128-thread blocks per SM by the register estimate
+        (Case("layernorm_backward", "bfloat16", (2048, 1024), (1, 1024)), 2 * 132, 128, 2 * 132),
+        # one row per block: 16384 rows on a resident grid, each block walks 62 or 63 of them
+        (Case("rmsnorm_backward_nobias", "bfloat16", (16384, 4096), (1, 4096)), 2 * 132, 128, 2 * 132),
+        # 7 rows: one block each
+        (Case("layernorm_backward", "float", (7, 4096), (1, 4096)), 7, 1024, 7),
+    ],
+    ids=lambda v: str(v) if isinstance(v, Case) else None,
+)
+def test_launch_shape(case: Case, blocks: int, threads: int, partial_rows: int) -> None:
+    fused, program = emitted(case)
+    rows_kernel = program.kernels[0]
+    assert rows_kernel.grid == (blocks, 1, 1) and rows_kernel.block == (threads, 1, 1)
+    sums = len(fused.outputs) - 1
+    assert program.scratch[0].bytes == partial_rows * sums * case.dims[-1] * 4
+    assert blocks <= 16 * sm_count(90)
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=str)
+def test_every_awkward_shape_takes_the_one_pass_kernel(case: Case) -> None:
+    """(The suite's last test compiles these graphs' kernels for sm_80 and sm_90.)"""
+    fused, program = emitted(case)
+    assert fused.family is Family.ROW_NORM_BACKWARD and len(program.kernels) == 2
+    assert [s.name for s in program.scratch] == [rownorm_backward.PARTIALS]
+
+
+def test_vector_and_element_paths() -> None:
+    _, program = emitted(Case("layernorm_backward", "bfloat16", (2048, 1024), (1, 1024)))
+    source = program.kernels[0].source
+    assert "if (aligned)" in source and "gd::load_vec<__nv_bfloat16, 8>" in source
+    assert "__shared__ float combine[4096]" in source  # 4 rows per block, added in group order
+    _, program = emitted(Case("layernorm_backward", "half", (7, 33), (1, 33)))
+    assert "if (aligned)" not in program.kernels[0].source  # 33 columns: element accesses only
+
+
+def test_rows_too_long_for_registers_keep_the_direct_kernels() -> None:
+    fused, program = emitted(Case("layernorm_backward", "bfloat16", (3, 65536), (1, 65536)))
+    assert fused.family is Family.ROW_NORM_BACKWARD
+    names = [k.name for k in program.kernels]
+    assert any("params_sums" in n for n in names) and any("sets_sums" in n for n in names)
+    assert "dx" in names[-1] and rownorm_backward.PARTIALS not in {s.name for s in program.scratch}
+
+
+def test_tuning_is_refused() -> None:
+    ir = build(COMPILED[0]).validate()
+    (fused,) = fuse(ir).nodes
+    with pytest.raises(GraphError, match="row_norm_backward family takes no launch choices"):
+        rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90, {"threads_per_row": 32}))
+
+
+def test_the_partition_reference_is_the_ops_reference() -> None:
+    graph = build(Case("layernorm_backward", "float", (7, 33), (1, 33)))
+    ir = graph.validate()
+    feeds = random_inputs(ir, 0)
+    fused = execute_partition(fuse(ir), feeds)
+    expected = gd.reference.execute(ir, feeds)
+    assert all(np.array_equal(fused[name], expected[name]) for name in expected)
+
+
+def test_the_rows_kernel_sees_dx_as_its_only_output() -> None:
+    fused, _ = emitted(COMPILED[0])
+    rows = dataclasses.replace(fused, outputs=(fused.anchor.output("dx"),))
+    layout = rownorm_backward.backward_layout(rows, 2)
+    # xhat, g and two accumulators in float; grad's, x's and scale's bf16 vectors
+    assert layout.compute_bytes == 16 and layout.raw_bytes == 6 and layout.vec == 8
+
+
+# -- GPU tests ----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MATRIX + COMPILED, ids=str)
+def test_matches_reference_on_gpu(case: Case) -> None:
+    from tests.gpu_check import check_on_gpu
+
+    check_on_gpu(build(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("layernorm_backward", "bfloat16", (1000, 1000), (1, 1000)),
+        Case("rmsnorm_backward", "half", (2048, 1024), (1, 1024)),
+    ],
+    ids=str,
+)
+def test_misaligned_pointers_take_the_element_path(case: Case) -> None:
+    """Inputs starting one element past a 16-byte boundary: the kernel sees aligned = 0."""
+    import torch
+
+    from tests.gpu_check import TOLERANCE, poisoned, relative_error, to_device, to_numpy
+
+    graph = build(case)
+    ir = graph.validate()
+    feeds = random_inputs(ir, 3)
+    expected = gd.reference.execute(ir, feeds)
+
+    def shifted(array: np.ndarray, t: Tensor) -> torch.Tensor:
+        dense = to_device(array, t)
+        storage = torch.empty(dense.numel() + 1, dtype=dense.dtype, device="cuda")
+        view = storage[1:].view(dense.shape)
+        view.copy_(dense)
+        return view
+
+    pack = {t.name: shifted(feeds[t.name], t) for t in ir.inputs}
+    outputs = {t.name: poisoned(t) for t in ir.outputs}
+    gd.compile(graph).execute({**pack, **outputs})
+    torch.cuda.synchronize()
+    for t in ir.outputs:
+        error = relative_error(to_numpy(outputs[t.name]), expected[t.name].astype(np.float64))
+        assert error <= TOLERANCE[t.data_type], f"{t.name}: {error:.3g}"
+
+
+@pytest.mark.gpu
+def test_the_same_bits_every_run() -> None:
+    """No atomics: dscale and dbias are added in a fixed order."""
+    import torch
+
+    from tests.gpu_check import poisoned, to_device
+
+    graph = build(Case("layernorm_backward", "float", (16384, 1024), (1, 1024)))
+    ir = graph.validate()
+    feeds = random_inputs(ir, 1)
+    plan = gd.compile(graph)
+    pack = {t.name: to_device(feeds[t.name], t) for t in ir.inputs}
+    runs = []
+    for _ in range(3):
+        outputs = {t.name: poisoned(t) for t in ir.outputs}
+        plan.execute({**pack, **outputs})
+        torch.cuda.synchronize()
+        runs.append({name: value.cpu() for name, value in outputs.items()})
+    assert all(torch.equal(run[name], runs[0][name]) for run in runs[1:] for name in runs[0])
