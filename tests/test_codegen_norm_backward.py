@@ -210,6 +210,113 @@ def test_the_rows_kernel_sees_dx_as_its_only_output() -> None:
     assert layout.compute_bytes == 16 and layout.raw_bytes == 6 and layout.vec == 8
 
 
+# -- fusion: the grad's pointwise op before, the residual-add backward after ----------------------
+def fused_graph(
+    dtype: str, rows: int, width: int, norm: str = "layernorm_backward", prologue: str = "mask", epilogue: str = "add"
+) -> gd.OperationGraphSpec:
+    """grad = dy * mask (a dropout or ReLU mask; ``prologue`` "" for none), the norm's backward,
+    dx + dresidual (``epilogue`` "add"), "reads_dscale" (dx * dscale) or "" for none."""
+    g = gd.OperationGraphSpec(name=f"fused_{norm}_{dtype}_{rows}x{width}", io_data_type=dtype)
+    dy, x = g.tensor([rows, width], name="dy"), g.tensor([rows, width], name="x")
+    scale, inv = g.tensor([1, width], name="scale"), g.tensor([rows, 1], name="inv_variance", data_type="float")
+    grad = g.mul(dy, g.tensor([rows, width], name="mask"), name="mask_mul") if prologue else dy
+    if norm == "layernorm_backward":
+        mean = g.tensor([rows, 1], name="mean", data_type="float")
+        dx, dscale, dbias = g.layernorm_backward(grad, x, scale, mean, inv, name="bwd")
+    else:
+        dx, dscale, dbias = g.rmsnorm_backward(grad, x, scale, inv, has_dbias=False, name="bwd")
+    for t in (dscale, dbias):
+        if t is not None:
+            t.set_output(True)
+    if epilogue == "add":
+        dx = g.add(dx, g.tensor([rows, width], name="dresidual"), name="dadd")
+    elif epilogue == "reads_dscale":
+        dx = g.mul(dx, dscale, name="peek")
+    dx.set_name("dx_out").set_output(True)
+    return g
+
+
+FUSED = [
+    fused_graph(dtype, rows, width)
+    for dtype, rows, width in itertools.product(("bfloat16", "half", "float"), (1, 7, 1000), (1, 33, 768, 1000, 4096))
+] + [
+    fused_graph("bfloat16", 2048, 1024, "rmsnorm_backward", prologue=""),
+    fused_graph("half", 7, 4096, "rmsnorm_backward", epilogue=""),
+]
+
+
+def test_the_prologue_and_the_epilogue_join_the_one_pass_kernel() -> None:
+    ir = fused_graph("bfloat16", 7, 33).validate()
+    partition = fuse(ir)
+    (fused,) = partition.nodes
+    assert (fused.rule, fused.family) == ("norm_backward_prologue", Family.ROW_NORM_BACKWARD)
+    assert [n.name for n in fused.nodes] == ["mask_mul", "bwd", "dadd"] and fused.prologue.name == "mask_mul"
+    assert {t.name for t in fused.outputs} == {"bwd::dscale", "bwd::dbias", "dx_out"}
+    program = rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90))
+    assert [k.name.rsplit("_", 1)[0] for k in program.kernels] == [
+        "gd_mul_layernorm_backward_add",
+        "gd_layernorm_backward_params_sums",
+    ]
+    for arch in ARCHS:
+        for kernel in program.kernels:
+            compile_cubin(kernel.source, kernel.name, arch)
+    feeds = random_inputs(ir, 0)
+    got, expected = execute_partition(partition, feeds), gd.reference.execute(ir, feeds)
+    assert all(np.array_equal(got[name], expected[name]) for name in expected)
+
+
+def test_an_epilogue_alone_fuses_too() -> None:
+    (fused,) = fuse(fused_graph("half", 7, 4096, "rmsnorm_backward", prologue="").validate()).nodes
+    assert fused.rule == "norm_backward_epilogue" and fused.prologue is None
+
+
+@pytest.mark.parametrize("graph", FUSED, ids=lambda g: g.name)
+def test_every_fused_shape_takes_the_one_pass_kernel(graph: gd.OperationGraphSpec) -> None:
+    """Rows up to the rule's limit fit the kernel with its prologue and epilogue, in every type
+    (the suite's last test compiles these kernels for sm_80 and sm_90)."""
+    ir = graph.validate()
+    (fused,) = fuse(ir).nodes
+    program = rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90))
+    assert len(program.kernels) == 2 and fused.rule.startswith("norm_backward")
+
+
+@pytest.mark.parametrize(
+    ("graph", "reason", "members"),
+    [
+        (
+            fused_graph("bfloat16", 3, 8192),
+            "bwd normalizes rows of 8192 elements; the one-pass kernel that fuses ops around it holds rows of at most 4096",
+            ["bwd"],  # alone: the direct kernels
+        ),
+        (
+            fused_graph("half", 7, 33, epilogue="reads_dscale"),
+            "peek reads bwd's dscale 'bwd::dscale', not only its output",
+            ["mask_mul", "bwd"],
+        ),
+    ],
+    ids=["long-rows", "reads-dscale"],
+)
+def test_near_misses_say_why(graph: gd.OperationGraphSpec, reason: str, members: list[str]) -> None:
+    partition = fuse(graph.validate())
+    assert reason in {r.reason for r in partition.rejections}
+    (norm,) = [f for f in partition.nodes if f.anchor is not None and f.anchor.name == "bwd"]
+    assert [n.name for n in norm.nodes] == members
+
+
+def test_a_prologue_value_read_elsewhere_stays_out() -> None:
+    """Its value would have to be written: the norm fuses with its epilogue instead."""
+    g = gd.OperationGraphSpec(io_data_type="half")
+    dy, x, mask = (g.tensor([7, 33], name=n) for n in ("dy", "x", "mask"))
+    scale, stats = g.tensor([1, 33], name="scale"), [g.tensor([7, 1], name=n, data_type="float") for n in "mv"]
+    grad = g.mul(dy, mask, name="mask_mul")
+    dx = g.layernorm_backward(grad, x, scale, *stats, name="bwd")[0]
+    g.add(dx, grad, name="both").set_output(True)
+    partition = fuse(g.validate())
+    assert "mask_mul's output is also read by both" in {r.reason for r in partition.rejections}
+    (norm,) = [f for f in partition.nodes if f.anchor is not None and f.anchor.name == "bwd"]
+    assert (norm.rule, [n.name for n in norm.nodes]) == ("norm_backward_epilogue", ["bwd", "both"])
+
+
 # -- GPU tests ----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", MATRIX + COMPILED, ids=str)
@@ -217,6 +324,14 @@ def test_matches_reference_on_gpu(case: Case) -> None:
     from tests.gpu_check import check_on_gpu
 
     check_on_gpu(build(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", FUSED, ids=lambda g: g.name)
+def test_fused_matches_reference_on_gpu(graph: gd.OperationGraphSpec) -> None:
+    from tests.gpu_check import check_on_gpu
+
+    check_on_gpu(graph)
 
 
 @pytest.mark.gpu

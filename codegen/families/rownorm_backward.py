@@ -31,8 +31,11 @@ import dataclasses
 import math
 
 from fusion_rules import FusedNode
+from fusion_rules.rules.norm_backward import MAX_FUSED_ROW
+from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
 
+from .. import epilogue
 from ..context import EmitContext, KernelParams
 from ..cuda_types import store
 from ..indexing import linear_index, offset
@@ -52,15 +55,22 @@ COMBINE_BYTES = 32 * 1024  # the shared memory that adds a block's groups' sums,
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     refuse_tuning(fused, ctx)
     anchor = fused.anchor
-    assert anchor is not None and fused.nodes == (anchor,), f"{fused.name}: a backward norm alone"
+    assert anchor is not None
     sums = [t for t in (anchor.output("dscale"), anchor.output("dbias")) if t is not None and written(fused, t)]
-    # Kernel 1 writes dx only: it sees the fused node with dx as its one output.
-    dx = anchor.output("dx")
-    rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if dx is not None and t.id == dx.id))
+    # Kernel 1 writes dx and the epilogue's results: it sees the fused node without dscale and dbias.
+    side = {t.id for t in sums}
+    rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if t.id not in side))
     layout = backward_layout(rows, len(sums))
     config = heuristic(layout)
     combine = config.rows_per_block * layout.width * layout.compute_bytes // (2 + len(sums))  # one value each
     if config.chunks(layout) > 1 or (config.rows_per_block > 1 and sums and combine > COMBINE_BYTES):
+        if fused.nodes != (anchor,):
+            raise UnsupportedError(
+                f"fused node '{fused.name}': rows of {layout.width} elements do not fit the registers of the "
+                f"one-pass kernel, which its prologue and epilogue need (the {fused.rule} rule takes rows of at "
+                f"most {MAX_FUSED_ROW} elements)",
+                node=anchor.name,
+            )
         return emit_norm_backward(fused, ctx)
     kernel = _RowsKernel(rows, ctx, layout, config, sums)
     programs = [kernel.kernel(kernel.body())]
@@ -73,11 +83,15 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
 def backward_layout(fused: FusedNode, sums: int) -> RowLayout:
     """The row layout with this kernel's register bytes per element: xhat, g and one accumulator
-    per parameter sum in the compute type, and the raw vectors of grad, x and scale."""
+    per parameter sum in the compute type, and the raw vectors of what it loads (grad or the
+    prologue's operands, x, scale, the epilogue's operands)."""
     layout = analyze(fused)
     anchor = fused.anchor
     assert anchor is not None
-    loaded = {t.id: t for t in (anchor.input(role) for role in ("grad", "input", "scale")) if t is not None}
+    read = [anchor.input(role) for role in ("grad", "input", "scale")]
+    read += [t for node in (fused.prologue, *fused.epilogue) if node is not None for t in node.input_tensors()]
+    inputs = {t.id for t in fused.inputs}
+    loaded = {t.id: t for t in read if t is not None and t.id in inputs}
     return dataclasses.replace(
         layout,
         compute_bytes=(2 + sums) * layout.compute_bytes,
@@ -104,7 +118,7 @@ class _RowsKernel(RowAccess):
         self.grad, self.scale, self.mean, self.inv = (
             anchor.input(role) for role in ("grad", "scale", "mean", "inv_variance")
         )
-        self.dx = fused.outputs[0] if fused.outputs else None
+        self.dx = anchor.output("dx")
         dscale = anchor.output("dscale")
         # What each accumulator sums: grad * xhat for dscale, grad for dbias.
         self.terms = ["grad * xh" if dscale is not None and t.id == dscale.id else "grad" for t in sums]
@@ -116,18 +130,23 @@ class _RowsKernel(RowAccess):
         return f"{slot}[k * {width} + e]"
 
     def load_pass(self, width: int) -> list[str]:
-        """xhat[] and g[] <- this thread's elements of the row; the accumulators take them in."""
+        """xhat[] and g[] <- this thread's elements of the row (grad computed by the prologue when
+        there is one); the accumulators take them in."""
         assert self.grad is not None and self.scale is not None and self.inv is not None
         c = self.compute
         operands = Operands(self, "in{id}[k]", width)
-        x = operands(self.x)
+        values = epilogue.Values(c, operands)
+        if self.fused.prologue is not None:
+            epilogue.apply([self.fused.prologue], values)
+        grad, x, scale = values.get(self.grad), values.get(self.x), values.get(self.scale)
         centered = f"({x} - mean)" if self.mean is not None else x
         each = [
-            f"const {c} grad = {operands(self.grad)};",
+            *values.statements,
+            f"const {c} grad = {grad};",
             f"const {c} xh = {centered} * inv;",
             *(f"{self.element(f'acc{p}', width)} += {term};" for p, term in enumerate(self.terms)),
             f"{self.element('xhat', width)} = xh;",
-            f"{self.element('g', width)} = grad * {operands(self.scale)};",
+            f"{self.element('g', width)} = grad * {scale};",
         ]
         each = [*(self.column_coordinates() if operands.columns else []), *each]
         zero = self.element_loop(width, [f"{self.element('xhat', width)} = 0;", f"{self.element('g', width)} = 0;"])
@@ -136,15 +155,21 @@ class _RowsKernel(RowAccess):
         return [*self.raw_vectors(raw, width), *self.raw_loads(raw, width), *convert]
 
     def dx_pass(self, width: int) -> list[str]:
-        """dx from xhat[], g[] and the row's means, stored."""
-        if self.dx is None:
+        """dx from xhat[], g[] and the row's means, then the epilogue; what is written, stored."""
+        if not self.fused.outputs:
             return []
+        assert self.dx is not None
         g, xhat = self.element("g", width), self.element("xhat", width)
         centered = f"{g} - mean_g" if self.mean is not None else g
-        operands = Operands(self, "", width)
-        declare, each, after = self.stores([(self.dx, f"inv * ({centered} - {xhat} * mean_gx)")], width, operands)
-        each = [*(self.column_coordinates() if operands.columns else []), *each]
-        return self.slot_loop(width, [*declare, *self.element_loop(width, each), *after])
+        operands = Operands(self, "a{id}", width)
+        values = epilogue.Values(self.compute, operands)
+        values.define_rounded(self.dx, f"inv * ({centered} - {xhat} * mean_gx)")
+        epilogue.apply(self.fused.epilogue, values)
+        outputs = [(t, values.stored(t)) for t in self.fused.outputs]
+        declare, each, after = self.stores(outputs, width, operands)
+        each = [*(self.column_coordinates() if operands.columns else []), *values.statements, *each]
+        loads = self.vector_loads(operands.vectors, width, "a{id}", declare=True)
+        return self.slot_loop(width, [*loads, *declare, *self.element_loop(width, each), *after])
 
     def per_row(self, width: int) -> list[str]:
         c = self.compute
