@@ -19,6 +19,7 @@ _FAMILY_MODULES = {
     Family.ROW_NORM_BACKWARD: "rownorm_backward",
     Family.GROUP_NORM: "groupnorm",
     Family.BATCHNORM_TRAIN: "batchnorm_train",
+    Family.BATCHNORM_BACKWARD: "batchnorm_backward",
     Family.REDUCTION: "reduction",
     Family.GEMM: "gemm",
     Family.ATTENTION: "attention",

@@ -23,6 +23,7 @@ class Family(enum.Enum):
     ROW_NORM_BACKWARD = "row_norm_backward"  # layernorm / rmsnorm backward: dx per row, dscale / dbias partials
     GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue
     BATCHNORM_TRAIN = "batchnorm_train"  # batch statistics, running averages, apply + epilogue
+    BATCHNORM_BACKWARD = "batchnorm_backward"  # per-channel sums of the grad, then dx + epilogue
     REDUCTION = "reduction"  # reduction / softmax with an epilogue
     ATTENTION = "attention"  # scaled dot-product attention: sdpa, or the attention rule's chain as one sdpa
     ELEMENTWISE = "elementwise"  # a group of pointwise ops (and inference batch norms)
@@ -43,6 +44,7 @@ ANCHOR_FAMILY = {
     "groupnorm": Family.GROUP_NORM,
     "instancenorm": Family.GROUP_NORM,
     "batchnorm": Family.BATCHNORM_TRAIN,
+    "batchnorm_backward": Family.BATCHNORM_BACKWARD,
     "reduction": Family.REDUCTION,
     "softmax": Family.REDUCTION,
     "sdpa": Family.ATTENTION,

@@ -252,5 +252,6 @@ _ANCHOR_KERNELS: dict[Family, dict[str, Kernel]] = {
     Family.ROW_NORM_BACKWARD: {"layernorm_backward": _op_reference, "rmsnorm_backward": _op_reference},
     Family.GROUP_NORM: {"groupnorm": _standardize_sets, "instancenorm": _standardize_sets},
     Family.BATCHNORM_TRAIN: {"batchnorm": _batchnorm_train},
+    Family.BATCHNORM_BACKWARD: {"batchnorm_backward": _op_reference},
     Family.ATTENTION: {"sdpa": _op_reference},
 }

@@ -391,9 +391,14 @@ def pool_global_avg_nhwc_half() -> gd.OperationGraphSpec:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-# Layer and RMS norm backward have a family of their own, which falls back to these kernels for
-# rows too long for registers: their cases check those kernels (and run the family on a GPU).
-DIRECT_EMITTERS = {Family.DIRECT: direct.emit, Family.ROW_NORM_BACKWARD: direct_norm.emit_norm_backward}
+# The backward norms have families of their own; layer and RMS norm backward fall back to these
+# kernels for rows too long for registers. Their cases check these kernels on the CPU and run the
+# families on a GPU.
+DIRECT_EMITTERS = {
+    Family.DIRECT: direct.emit,
+    Family.ROW_NORM_BACKWARD: direct_norm.emit_norm_backward,
+    Family.BATCHNORM_BACKWARD: direct_norm.emit_norm_backward,
+}
 
 
 def emit_direct(spec: gd.OperationGraphSpec) -> tuple[tuple[FusedNode, FusedProgram], ...]:

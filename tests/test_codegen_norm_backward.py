@@ -214,12 +214,15 @@ def test_the_rows_kernel_sees_dx_as_its_only_output() -> None:
 def fused_graph(
     dtype: str, rows: int, width: int, norm: str = "layernorm_backward", prologue: str = "mask", epilogue: str = "add"
 ) -> gd.OperationGraphSpec:
-    """grad = dy * mask (a dropout or ReLU mask; ``prologue`` "" for none), the norm's backward,
+    """grad = dy * mask (a dropout or ReLU mask; ``prologue`` "" for none, "mask_out" to write the
+    grad as well: a residual branch's gradient), the norm's backward,
     dx + dresidual (``epilogue`` "add"), "reads_dscale" (dx * dscale) or "" for none."""
     g = gd.OperationGraphSpec(name=f"fused_{norm}_{dtype}_{rows}x{width}", io_data_type=dtype)
     dy, x = g.tensor([rows, width], name="dy"), g.tensor([rows, width], name="x")
     scale, inv = g.tensor([1, width], name="scale"), g.tensor([rows, 1], name="inv_variance", data_type="float")
     grad = g.mul(dy, g.tensor([rows, width], name="mask"), name="mask_mul") if prologue else dy
+    if prologue == "mask_out":
+        grad.set_name("dresidual").set_output(True)
     if norm == "layernorm_backward":
         mean = g.tensor([rows, 1], name="mean", data_type="float")
         dx, dscale, dbias = g.layernorm_backward(grad, x, scale, mean, inv, name="bwd")
@@ -242,6 +245,8 @@ FUSED = [
 ] + [
     fused_graph("bfloat16", 2048, 1024, "rmsnorm_backward", prologue=""),
     fused_graph("half", 7, 4096, "rmsnorm_backward", epilogue=""),
+    fused_graph("bfloat16", 1000, 768, prologue="mask_out"),
+    fused_graph("float", 7, 33, "rmsnorm_backward", prologue="mask_out", epilogue=""),
 ]
 
 
@@ -303,18 +308,27 @@ def test_near_misses_say_why(graph: gd.OperationGraphSpec, reason: str, members:
     assert [n.name for n in norm.nodes] == members
 
 
-def test_a_prologue_value_read_elsewhere_stays_out() -> None:
-    """Its value would have to be written: the norm fuses with its epilogue instead."""
+def test_an_escaping_prologue_is_written_but_not_read_by_the_epilogue() -> None:
+    """The grad read elsewhere (a residual branch's gradient) is written by the first pass; an
+    epilogue op reading it is refused (the row kernel keeps grad * scale, not the grad)."""
     g = gd.OperationGraphSpec(io_data_type="half")
     dy, x, mask = (g.tensor([7, 33], name=n) for n in ("dy", "x", "mask"))
     scale, stats = g.tensor([1, 33], name="scale"), [g.tensor([7, 1], name=n, data_type="float") for n in "mv"]
     grad = g.mul(dy, mask, name="mask_mul")
     dx = g.layernorm_backward(grad, x, scale, *stats, name="bwd")[0]
     g.add(dx, grad, name="both").set_output(True)
-    partition = fuse(g.validate())
-    assert "mask_mul's output is also read by both" in {r.reason for r in partition.rejections}
-    (norm,) = [f for f in partition.nodes if f.anchor is not None and f.anchor.name == "bwd"]
-    assert (norm.rule, [n.name for n in norm.nodes]) == ("norm_backward_epilogue", ["bwd", "both"])
+    ir = g.validate()
+    partition = fuse(ir)
+    assert "both reads 'mask_mul::y', which mask_mul computes before the norm" in {
+        r.reason for r in partition.rejections
+    }
+    norm, both = partition.nodes
+    assert (norm.rule, [n.name for n in norm.nodes]) == ("norm_backward_prologue", ["mask_mul", "bwd"])
+    assert [t.name for t in norm.outputs] == ["mask_mul::y", "bwd::dx"] and both.nodes[0].name == "both"
+    program = rownorm_backward.emit(norm, EmitContext(ir, signature(ir), 90))
+    (rows_kernel,) = program.kernels
+    assert set(bound(rows_kernel, ParamKind.TENSOR)) >= {t.id for t in norm.outputs}
+    compile_cubin(rows_kernel.source, rows_kernel.name, 90)
 
 
 # -- GPU tests ----------------------------------------------------------------------------------

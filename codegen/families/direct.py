@@ -28,7 +28,6 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "conv_dgrad": direct_conv.emit_dgrad,
     "conv_wgrad": direct_conv.emit_wgrad,
     "genstats": direct_norm.emit_genstats,
-    "batchnorm_backward": direct_norm.emit_norm_backward,
 }
 
 

@@ -119,6 +119,10 @@ class _RowsKernel(RowAccess):
             anchor.input(role) for role in ("grad", "scale", "mean", "inv_variance")
         )
         self.dx = anchor.output("dx")
+        # The prologue's value (the grad), written in the load pass when it escapes.
+        self.escaping = [
+            t for t in fused.outputs if fused.prologue is not None and t in fused.prologue.output_tensors()
+        ]
         dscale = anchor.output("dscale")
         # What each accumulator sums: grad * xhat for dscale, grad for dbias.
         self.terms = ["grad * xh" if dscale is not None and t.id == dscale.id else "grad" for t in sums]
@@ -131,7 +135,7 @@ class _RowsKernel(RowAccess):
 
     def load_pass(self, width: int) -> list[str]:
         """xhat[] and g[] <- this thread's elements of the row (grad computed by the prologue when
-        there is one); the accumulators take them in."""
+        there is one, and stored when written); the accumulators take them in."""
         assert self.grad is not None and self.scale is not None and self.inv is not None
         c = self.compute
         operands = Operands(self, "in{id}[k]", width)
@@ -148,15 +152,16 @@ class _RowsKernel(RowAccess):
             f"{self.element('xhat', width)} = xh;",
             f"{self.element('g', width)} = grad * {scale};",
         ]
-        each = [*(self.column_coordinates() if operands.columns else []), *each]
+        declare, stores, after = self.stores([(t, values.stored(t)) for t in self.escaping], width, operands)
+        each = [*(self.column_coordinates() if operands.columns else []), *each, *stores]
         zero = self.element_loop(width, [f"{self.element('xhat', width)} = 0;", f"{self.element('g', width)} = 0;"])
-        convert = self.slot_loop(width, self.element_loop(width, each), zero)
+        convert = self.slot_loop(width, [*declare, *self.element_loop(width, each), *after], zero)
         raw = operands.vectors
         return [*self.raw_vectors(raw, width), *self.raw_loads(raw, width), *convert]
 
     def dx_pass(self, width: int) -> list[str]:
         """dx from xhat[], g[] and the row's means, then the epilogue; what is written, stored."""
-        if not self.fused.outputs:
+        if len(self.fused.outputs) == len(self.escaping):
             return []
         assert self.dx is not None
         g, xhat = self.element("g", width), self.element("xhat", width)
@@ -165,7 +170,7 @@ class _RowsKernel(RowAccess):
         values = epilogue.Values(self.compute, operands)
         values.define_rounded(self.dx, f"inv * ({centered} - {xhat} * mean_gx)")
         epilogue.apply(self.fused.epilogue, values)
-        outputs = [(t, values.stored(t)) for t in self.fused.outputs]
+        outputs = [(t, values.stored(t)) for t in self.fused.outputs if t not in self.escaping]
         declare, each, after = self.stores(outputs, width, operands)
         each = [*(self.column_coordinates() if operands.columns else []), *values.statements, *each]
         loads = self.vector_loads(operands.vectors, width, "a{id}", declare=True)

@@ -1,5 +1,6 @@
-"""Layer / RMS norm backward with the elementwise op that makes its grad (an activation
-backward, a dropout or ReLU mask) and the elementwise ops after dx (the residual-add backward)."""
+"""Layer, RMS and batch norm backward with the pointwise op that makes their grad (an activation
+backward, a dropout or ReLU mask; its value also written for a residual branch: the add backward)
+and the elementwise ops after dx (the residual-add backward)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ from graphdnn.ops.norms import NormOp
 
 from ..guards import FUSED_GUARDS, reads_only_main_output
 from ..partition import Family
-from ..pattern import Epilogue, MatchContext, Pattern, op
+from ..pattern import Epilogue, Guard, MatchContext, Pattern, op
 from ..rule import Rule, register_rule
 
-NORMS_BACKWARD = ("layernorm_backward", "rmsnorm_backward")
 # Any pointwise op may make the grad: the kernel computes it per element as it loads.
 POINTWISE = tuple(sorted(kind for kind in op_kinds() if get_op(kind).category is Category.POINTWISE))
 # The kernel keeps the grad's and x's part of a row in registers, and rows of this many
@@ -36,43 +36,72 @@ def row_fits(ctx: MatchContext, node: Node) -> str | None:
 
 
 NORM_GUARDS = (*FUSED_GUARDS, row_fits)
-# The kernel sums dscale and dbias in a second kernel: the epilogue reads dx only. (It cannot read
-# the prologue's value either: that is read only by the norm, or the prologue does not join.)
+
+
+def reads_no_prologue_value(ctx: MatchContext, node: Node) -> str | None:
+    """The row kernel computes the prologue's value in its first pass over the row and keeps only
+    what the norm needs for dx, so an epilogue op cannot read it."""
+    prologue = ctx.bindings.get("prologue")
+    if prologue is None:
+        return None
+    made = {t.id for t in prologue.output_tensors()}
+    for operand in node.input_tensors():
+        if operand.id in made:
+            return f"{node.name} reads '{operand.name}', which {prologue.name} computes before the norm"
+    return None
+
+
+# The kernels sum dscale and dbias before (batch norm) or after (row norms) dx: the epilogue reads
+# dx only.
 EPILOGUE_GUARDS = (*FUSED_GUARDS, reads_only_main_output("norm"))
+ROW_EPILOGUE_GUARDS = (*EPILOGUE_GUARDS, reads_no_prologue_value)
 
-NORM_BACKWARD_PROLOGUE = register_rule(
-    Rule(
-        name="norm_backward_prologue",
-        pattern=Pattern(
-            (
-                op(*POINTWISE, bind="prologue", where=FUSED_GUARDS),
-                op(*NORMS_BACKWARD, bind="norm", via=["grad"], where=NORM_GUARDS),
-                Epilogue(guards=EPILOGUE_GUARDS),
-            )
-        ),
-        family=Family.ROW_NORM_BACKWARD,
-        anchor="norm",
-        prologue="prologue",
-        priority=32,
-        description=(
-            "a pointwise op making the grad (activation backward, dropout or ReLU mask) + layernorm_backward or "
-            "rmsnorm_backward, then any elementwise epilogue on dx (the residual-add backward)"
-        ),
-    )
-)
 
-NORM_BACKWARD_EPILOGUE = register_rule(
-    Rule(
-        name="norm_backward_epilogue",
-        pattern=Pattern(
-            (
-                op(*NORMS_BACKWARD, bind="norm", where=NORM_GUARDS),
-                Epilogue(min_nodes=1, guards=EPILOGUE_GUARDS),
-            )
-        ),
-        family=Family.ROW_NORM_BACKWARD,
-        anchor="norm",
-        priority=33,
-        description="layernorm_backward or rmsnorm_backward followed by elementwise ops on dx (the residual-add backward)",
+def _rules(
+    name: str,
+    kinds: tuple[str, ...],
+    family: Family,
+    guards: tuple[Guard, ...],
+    epilogue_guards: tuple[Guard, ...],
+    priority: int,
+) -> None:
+    """``{name}_prologue``: a pointwise op making the grad, the norm reading it as ``grad``, then
+    any epilogue; ``{name}_epilogue``: the norm, then an epilogue of at least one op."""
+    norms = " or ".join(kinds)
+    register_rule(
+        Rule(
+            name=f"{name}_prologue",
+            pattern=Pattern(
+                (
+                    op(*POINTWISE, bind="prologue", where=FUSED_GUARDS),
+                    op(*kinds, bind="norm", via=["grad"], where=guards),
+                    Epilogue(guards=epilogue_guards),
+                ),
+                may_escape=frozenset({"prologue"}),
+            ),
+            family=family,
+            anchor="norm",
+            prologue="prologue",
+            priority=priority,
+            description=(
+                f"a pointwise op making the grad (activation backward, dropout or ReLU mask) + {norms}, then "
+                "any elementwise epilogue on dx (the residual-add backward); the grad is also written when a "
+                "graph output or read elsewhere (the add backward: a residual branch's gradient)"
+            ),
+        )
     )
-)
+    register_rule(
+        Rule(
+            name=f"{name}_epilogue",
+            pattern=Pattern((op(*kinds, bind="norm", where=guards), Epilogue(min_nodes=1, guards=epilogue_guards))),
+            family=family,
+            anchor="norm",
+            priority=priority + 1,
+            description=f"{norms} followed by elementwise ops on dx (the residual-add backward)",
+        )
+    )
+
+
+ROW_NORMS = ("layernorm_backward", "rmsnorm_backward")
+_rules("norm_backward", ROW_NORMS, Family.ROW_NORM_BACKWARD, NORM_GUARDS, ROW_EPILOGUE_GUARDS, 32)
+_rules("bn_backward", ("batchnorm_backward",), Family.BATCHNORM_BACKWARD, FUSED_GUARDS, EPILOGUE_GUARDS, 36)
