@@ -217,12 +217,12 @@ def fused_graph(
     """grad = dy * mask (a dropout or ReLU mask; ``prologue`` "" for none, "mask_out" to write the
     grad as well: a residual branch's gradient), the norm's backward,
     dx + dresidual (``epilogue`` "add"), "reads_dscale" (dx * dscale) or "" for none."""
-    g = gd.OperationGraphSpec(name=f"fused_{norm}_{dtype}_{rows}x{width}", io_data_type=dtype)
+    g = gd.OperationGraphSpec(name=f"fused_{norm}_{dtype}_{rows}x{width}_{prologue}_{epilogue}", io_data_type=dtype)
     dy, x = g.tensor([rows, width], name="dy"), g.tensor([rows, width], name="x")
     scale, inv = g.tensor([1, width], name="scale"), g.tensor([rows, 1], name="inv_variance", data_type="float")
     grad = g.mul(dy, g.tensor([rows, width], name="mask"), name="mask_mul") if prologue else dy
     if prologue == "mask_out":
-        grad.set_name("dresidual").set_output(True)
+        grad.set_name("dgrad").set_output(True)
     if norm == "layernorm_backward":
         mean = g.tensor([rows, 1], name="mean", data_type="float")
         dx, dscale, dbias = g.layernorm_backward(grad, x, scale, mean, inv, name="bwd")
