@@ -215,12 +215,17 @@ def fused_graph(
     dtype: str, rows: int, width: int, norm: str = "layernorm_backward", prologue: str = "mask", epilogue: str = "add"
 ) -> gd.OperationGraphSpec:
     """grad = dy * mask (a dropout or ReLU mask; ``prologue`` "" for none, "mask_out" to write the
-    grad as well: a residual branch's gradient), the norm's backward,
+    grad as well: a residual branch's gradient, "zero_centred" for the scale gamma + 1 instead),
+    the norm's backward,
     dx + dresidual (``epilogue`` "add"), "reads_dscale" (dx * dscale) or "" for none."""
     g = gd.OperationGraphSpec(name=f"fused_{norm}_{dtype}_{rows}x{width}_{prologue}_{epilogue}", io_data_type=dtype)
     dy, x = g.tensor([rows, width], name="dy"), g.tensor([rows, width], name="x")
-    scale, inv = g.tensor([1, width], name="scale"), g.tensor([rows, 1], name="inv_variance", data_type="float")
-    grad = g.mul(dy, g.tensor([rows, width], name="mask"), name="mask_mul") if prologue else dy
+    inv = g.tensor([rows, 1], name="inv_variance", data_type="float")
+    if prologue == "zero_centred":
+        scale = g.add(g.tensor([1, width], name="gamma"), 1.0, name="gamma_plus_one")
+    else:
+        scale = g.tensor([1, width], name="scale")
+    grad = g.mul(dy, g.tensor([rows, width], name="mask"), name="mask_mul") if "mask" in prologue else dy
     if prologue == "mask_out":
         grad.set_name("dgrad").set_output(True)
     if norm == "layernorm_backward":
@@ -247,6 +252,8 @@ FUSED = [
     fused_graph("half", 7, 4096, "rmsnorm_backward", epilogue=""),
     fused_graph("bfloat16", 1000, 768, prologue="mask_out"),
     fused_graph("float", 7, 33, "rmsnorm_backward", prologue="mask_out", epilogue=""),
+    fused_graph("bfloat16", 4096, 768, prologue="zero_centred", epilogue=""),  # the frontend sample's shape
+    fused_graph("half", 7, 1000, "rmsnorm_backward", prologue="zero_centred"),
 ]
 
 
@@ -265,6 +272,18 @@ def test_the_prologue_and_the_epilogue_join_the_one_pass_kernel() -> None:
     for arch in ARCHS:
         for kernel in program.kernels:
             compile_cubin(kernel.source, kernel.name, arch)
+    feeds = random_inputs(ir, 0)
+    got, expected = execute_partition(partition, feeds), gd.reference.execute(ir, feeds)
+    assert all(np.array_equal(got[name], expected[name]) for name in expected)
+
+
+def test_zero_centred_gamma_is_a_prologue_on_the_scale() -> None:
+    ir = fused_graph("bfloat16", 4096, 768, prologue="zero_centred", epilogue="").validate()
+    partition = fuse(ir)
+    (fused,) = partition.nodes
+    assert (fused.rule, [n.name for n in fused.nodes]) == ("norm_backward_scale_prologue", ["gamma_plus_one", "bwd"])
+    program = rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90))
+    assert len(program.kernels) == 2 and "gamma" in {t.name for t in fused.inputs}
     feeds = random_inputs(ir, 0)
     got, expected = execute_partition(partition, feeds), gd.reference.execute(ir, feeds)
     assert all(np.array_equal(got[name], expected[name]) for name in expected)

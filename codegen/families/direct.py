@@ -3,7 +3,8 @@
 A direct fused node holds one node, its anchor. Each op kind has one emitter (in the
 ``direct_*`` modules, by kind of work): data movement as strided copies, pooling and
 resampling as per-output gathers, convolution gradients, and the reductions (genstats,
-backward norms, conv_wgrad) on one reduction pattern.
+conv_wgrad) on one reduction pattern. The backward norms have families of their own; layer and
+RMS norm backward of rows too long for registers come back to direct_norm.py's kernels.
 """
 
 from __future__ import annotations

@@ -65,8 +65,9 @@ def _rules(
     epilogue_guards: tuple[Guard, ...],
     priority: int,
 ) -> None:
-    """``{name}_prologue``: a pointwise op making the grad, the norm reading it as ``grad``, then
-    any epilogue; ``{name}_epilogue``: the norm, then an epilogue of at least one op."""
+    """``{name}_prologue`` (at ``priority``): a pointwise op making the grad, the norm reading it as
+    ``grad``, then any epilogue; ``{name}_epilogue`` (two after): the norm, then an epilogue of at
+    least one op."""
     norms = " or ".join(kinds)
     register_rule(
         Rule(
@@ -96,7 +97,7 @@ def _rules(
             pattern=Pattern((op(*kinds, bind="norm", where=guards), Epilogue(min_nodes=1, guards=epilogue_guards))),
             family=family,
             anchor="norm",
-            priority=priority + 1,
+            priority=priority + 2,
             description=f"{norms} followed by elementwise ops on dx (the residual-add backward)",
         )
     )
@@ -105,3 +106,27 @@ def _rules(
 ROW_NORMS = ("layernorm_backward", "rmsnorm_backward")
 _rules("norm_backward", ROW_NORMS, Family.ROW_NORM_BACKWARD, NORM_GUARDS, ROW_EPILOGUE_GUARDS, 32)
 _rules("bn_backward", ("batchnorm_backward",), Family.BATCHNORM_BACKWARD, FUSED_GUARDS, EPILOGUE_GUARDS, 36)
+
+# Zero-centred gamma (the frontend's sample: the norm's scale is gamma + 1): the row kernel
+# computes the scale per column as it loads it. The scale is the same for every row, so it is
+# never written by the kernel (it may not escape); its gradient is dscale.
+NORM_BACKWARD_SCALE_PROLOGUE = register_rule(
+    Rule(
+        name="norm_backward_scale_prologue",
+        pattern=Pattern(
+            (
+                op(*POINTWISE, bind="prologue", where=FUSED_GUARDS),
+                op(*ROW_NORMS, bind="norm", via=["scale"], where=NORM_GUARDS),
+                Epilogue(guards=ROW_EPILOGUE_GUARDS),
+            )
+        ),
+        family=Family.ROW_NORM_BACKWARD,
+        anchor="norm",
+        prologue="prologue",
+        priority=33,
+        description=(
+            "a pointwise op making the scale (zero-centred gamma: gamma + 1) + layernorm_backward or "
+            "rmsnorm_backward, then any elementwise epilogue on dx"
+        ),
+    )
+)
