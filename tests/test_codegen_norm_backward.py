@@ -87,6 +87,8 @@ COMPILED = [
     Case("rmsnorm_backward_nobias", "half", (3, 5, 16), (1, 1, 16)),
     Case("layernorm_backward", "bfloat16", (1000, 768), (1, 768), outputs=("dx",)),
     Case("layernorm_backward", "half", (1000, 768), (1, 768), outputs=("dscale",)),
+    Case("layernorm_backward", "double", (3, 17), (1, 17)),  # fp64 sums and partials
+    Case("rmsnorm_backward", "double", (2, 9), (1, 9)),
 ]
 
 
@@ -132,7 +134,7 @@ def test_one_pass_then_the_partial_sums(case: Case) -> None:
     (partials,) = program.scratch
     width = int(np.prod(case.scale_dims))
     assert partials.name == rownorm_backward.PARTIALS
-    assert partials.bytes == rows_kernel.grid[0] * len(sums) * width * 4
+    assert partials.bytes == rows_kernel.grid[0] * len(sums) * width * (8 if case.dtype == "double" else 4)
     assert bound(rows_kernel, ParamKind.SCRATCH) == [partials.name]
     (reduce_kernel,) = reduce  # few enough partial rows: no split of the reduction
     assert bound(reduce_kernel, ParamKind.SCRATCH) == [partials.name]
