@@ -1,4 +1,6 @@
 """Layer / RMS norm backward in one pass over the rows; dscale and dbias from per-block partial sums.
+With the fusion rules (fusion_rules/rules/norm_backward.py), also the pointwise op making the grad
+or the scale (the prologue) and the elementwise ops on dx (the epilogue).
 
 With xhat = (x - mean) * inv_variance (RMS norm: x * inv_variance) and g = grad * scale, per row
 of D elements:
@@ -14,7 +16,9 @@ sums over its group and stores dx. The grid is about as many blocks as the regis
 once (at most one per R rows), each block walking rows with a grid stride, so the accumulators
 cover many rows. At the end the block's R groups are added through shared memory in group order
 and stored as the block's row of the workspace ``norm_partials``, laid out
-[block][parameter][D] in the compute type.
+[block][parameter][D] in the compute type. A prologue is computed per element as the row is
+loaded (so the sums see the grad it makes; the grad is stored there when it escapes, a residual
+branch's gradient); the epilogue (the residual-add backward) runs on dx before its store.
 
 Kernel 2 is the direct family's sums over axes (direct_reduce.py), as split-K's reduce kernel
 is for GEMMs: per column, the blocks' partials added in block order, stored as dscale and dbias
@@ -22,7 +26,7 @@ in their type. No atomics anywhere: the same bits every run.
 
 Rows too long for a group's registers (where the row-norm heuristic walks them in chunks) keep
 the direct family's kernels (direct_norm.py): the parameter sums, the row sums and dx as
-separate passes.
+separate passes, for the norm alone (the rules fuse rows of at most MAX_FUSED_ROW elements).
 """
 
 from __future__ import annotations
@@ -57,12 +61,14 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     anchor = fused.anchor
     assert anchor is not None
     sums = [t for t in (anchor.output("dscale"), anchor.output("dbias")) if t is not None and written(fused, t)]
-    # Kernel 1 writes dx and the epilogue's results: it sees the fused node without dscale and dbias.
+    # Kernel 1 writes dx, the epilogue's results and an escaping grad: it sees the fused node
+    # without dscale and dbias.
     side = {t.id for t in sums}
     rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if t.id not in side))
     layout = backward_layout(rows, len(sums))
     config = heuristic(layout)
-    combine = config.rows_per_block * layout.width * layout.compute_bytes // (2 + len(sums))  # one value each
+    element_bytes = layout.compute_bytes // (2 + len(sums))  # one value in the compute type
+    combine = config.rows_per_block * layout.width * element_bytes
     if config.chunks(layout) > 1 or (config.rows_per_block > 1 and sums and combine > COMBINE_BYTES):
         if fused.nodes != (anchor,):
             raise UnsupportedError(
@@ -77,7 +83,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if not sums:
         return FusedProgram(fused.name, tuple(programs))
     reduce, split = sums_kernels(ctx, fused, kernel.parameter_sums(fused), kernel.compute)
-    partials = Scratch(PARTIALS, kernel.blocks * len(sums) * layout.width * (8 if kernel.compute == "double" else 4))
+    partials = Scratch(PARTIALS, kernel.blocks * len(sums) * layout.width * element_bytes)
     return FusedProgram(fused.name, (*programs, *reduce), (partials, *split))
 
 
