@@ -9,8 +9,9 @@ S2 = sum(grad * xhat) (over the batch and the spatial dims):
 Two phases, every sum in a fixed order (no atomics):
 
 1. the per-channel sums: the direct family's sums over axes (direct_reduce.py: a group of
-   threads per channel for NCHW, 32 channels per block for NHWC, split over blockIdx.y with a
-   finalize kernel when the channels are few and long), the grad computed from the prologue's
+   threads per channel for NCHW, 32 channels per block for NHWC, split over blockIdx.y into
+   chunks of at least MIN_SPLIT elements with a finalize kernel when the channels are few and
+   long), the grad computed from the prologue's
    operands where there is one. Each channel's finish stores dscale and dbias and, for phase 2,
    (a, a * S1 / n, k, mean) in the ``dx_coefficients`` scratch;
 2. dx: training batch norm's apply kernel (batchnorm_train.py: 16-byte vectors in x's memory
@@ -40,6 +41,9 @@ from .reduction_fragments import type_bytes
 from .reduction_kernels import refuse_tuning
 
 COEFFICIENTS = "dx_coefficients"  # [4][C]: a, a * S1 / n, k, mean
+# Reduced elements per split of the sums at least: finer than the direct family's default, as
+# the few channels of early layers (16 to 64) would otherwise leave most SMs idle.
+MIN_SPLIT = 512
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -98,7 +102,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
     reduced = tuple(axis for axis in stride_order(x.dim, x.stride) if axis != 1)
     rows = innermost_reduced(x.dim, x.stride, reduced)
-    sums = Sums(f"{bn.op}_channels", x.dim, (1,), reduced, rows, terms, finish)
+    sums = Sums(f"{bn.op}_channels", x.dim, (1,), reduced, rows, terms, finish, MIN_SPLIT)
     kernels, scratch = sums_kernels(ctx, fused, sums, compute)
     if not full:
         return FusedProgram(fused.name, kernels, scratch)
