@@ -208,6 +208,77 @@ def _norm_bwd_bytes(rows: int, hidden: int, rms: bool) -> int:
     return 3 * 2 * rows * hidden + (1 if rms else 2) * 4 * rows + parameters * 2 * hidden
 
 
+# -- ReLU backward (a given mask) + add backward + batch norm backward -------------------------
+def _dbn_graph(n: int, c: int, hw: int) -> Callable[[], gd.OperationGraphSpec]:
+    """The frontend's drelu-dadd-dbn sample, NHWC: grad = dy * mask (written: the residual
+    branch's gradient), batch norm backward, dx + dskip."""
+
+    def build() -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(name=f"drelu_dadd_dbn_n{n}_c{c}_{hw}", io_data_type="bf16")
+        dims = [n, c, hw, hw]
+        dy, x, mask, skip = (
+            g.tensor(name=k, dim=dims, stride=gd.nhwc_strides(dims)) for k in ("dy", "x", "mask", "dskip")
+        )
+        scale, mean, inv = (
+            g.tensor(name=k, dim=[1, c, 1, 1], data_type="float") for k in ("scale", "mean", "inv_variance")
+        )
+        grad = g.mul(dy, mask).set_name("dresidual").set_output(True)
+        dx, dscale, dbias = g.batchnorm_backward(grad, x, scale, mean, inv)
+        g.add(dx, skip).set_name("dx").set_output(True)
+        for name, t in (("dscale", dscale), ("dbias", dbias)):
+            t.set_name(name).set_output(True).set_data_type("float")  # type: ignore[union-attr]
+        return g
+
+    return build
+
+
+def _dbn_torch(t: Tensors) -> Any:
+    import torch
+
+    c = t["x"].shape[1]
+    grad = t["dy"] * t["mask"]
+    dx, dscale, dbias = torch.ops.aten.native_batch_norm_backward(
+        grad,
+        t["x"],
+        t["scale"].view(c),
+        None,
+        None,
+        t["mean"].view(c),
+        t["inv_variance"].view(c),
+        True,
+        EPS,
+        [True, True, True],
+    )
+    return grad, dx + t["dskip"], dscale, dbias
+
+
+def _dbn_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
+    import cudnn
+
+    graph, handle = _cudnn_graph()
+    bf16, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
+    full = {
+        k: graph.tensor(name=k, dim=list(t[k].shape), stride=list(t[k].stride()), data_type=bf16)
+        for k in ("dy", "x", "mask", "dskip")
+    }
+    channel = {
+        k: graph.tensor(name=k, dim=list(t[k].shape), stride=list(t[k].stride()), data_type=f32)
+        for k in ("scale", "mean", "inv_variance")
+    }
+    grad = graph.mul(a=full["dy"], b=full["mask"])
+    grad.set_output(True).set_data_type(bf16)
+    dx, dscale, dbias = graph.batchnorm_backward(
+        grad=grad, input=full["x"], scale=channel["scale"], mean=channel["mean"], inv_variance=channel["inv_variance"]
+    )
+    total = graph.add(a=dx, b=full["dskip"])
+    total.set_output(True).set_data_type(bf16)
+    dscale.set_output(True).set_data_type(f32)
+    dbias.set_output(True).set_data_type(f32)
+    pack = {tensor: t[k] for k, tensor in (*full.items(), *channel.items())}
+    pack |= {grad: out["dresidual"], total: out["dx"], dscale: out["dscale"], dbias: out["dbias"]}
+    return _cudnn_runner(graph, handle, pack)
+
+
 # -- conv + BN(inference) + ReLU --------------------------------------------------------------
 def _conv_graph(n: int, c: int, hw: int, k: int, size: int) -> Callable[[], gd.OperationGraphSpec]:
     def build() -> gd.OperationGraphSpec:
@@ -400,6 +471,18 @@ def cases() -> list[Case]:
                     group="backward",
                 )
             )
+    n, c, hw = 4, 16, 56  # the issue's table: the frontend sample's shape
+    out.append(
+        Case(
+            f"drelu+dadd+batchnorm backward n{n} c{c} {hw}²",
+            _dbn_graph(n, c, hw),
+            _dbn_torch,
+            bytes=2 * 6 * n * c * hw * hw + 4 * 5 * c,  # dy, x, mask, dskip read; dresidual, dx written
+            target="≥ 0.9x cuDNN",
+            cudnn=_dbn_cudnn,
+            group="backward",
+        )
+    )
     for layer in RESNET_LAYERS:
         n, c, hw, k, size = layer
         out.append(
