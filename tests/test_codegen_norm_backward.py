@@ -188,11 +188,26 @@ def test_rows_too_long_for_registers_keep_the_direct_kernels() -> None:
     assert "dx" in names[-1] and rownorm_backward.PARTIALS not in {s.name for s in program.scratch}
 
 
-def test_tuning_is_refused() -> None:
+def test_launch_candidates_fit_and_emit() -> None:
+    """The row-norm family's choices (the heuristic's first) whose rows fit; a resident grid of B
+    blocks per SM when the choice sets one; a choice whose rows do not fit is refused."""
     ir = build(COMPILED[0]).validate()
     (fused,) = fuse(ir).nodes
-    with pytest.raises(GraphError, match="row_norm_backward family takes no launch choices"):
-        rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90, {"threads_per_row": 32}))
+    choices = rownorm_backward.candidates(fused, 90)
+    assert len(choices) > 3 and choices[0]["blocks_per_sm"] == 0
+    kernels = {}
+    for choice in choices:
+        program = rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90, choice))
+        rows_kernel = program.kernels[0]
+        if choice["blocks_per_sm"]:
+            assert rows_kernel.grid[0] == choice["blocks_per_sm"] * sm_count(90)
+        kernels[rows_kernel.name] = rows_kernel
+    assert len(kernels) == len(choices)
+    last = list(kernels.values())[-1]
+    compile_cubin(last.source, last.name, 90)
+    too_few = {"threads_per_row": 32, "rows_per_block": 4, "vectors_per_thread": 1}  # 256 of 1024 columns
+    with pytest.raises(GraphError, match=r"row_norm_backward tuning .* rows of 1024 elements do not fit"):
+        rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90, too_few))
 
 
 def test_the_partition_reference_is_the_ops_reference() -> None:
@@ -403,6 +418,24 @@ def test_misaligned_pointers_take_the_element_path(case: Case) -> None:
     for t in ir.outputs:
         error = relative_error(to_numpy(outputs[t.name]), expected[t.name].astype(np.float64))
         assert error <= TOLERANCE[t.data_type], f"{t.name}: {error:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("layernorm_backward", "bfloat16", (2048, 1024), (1, 1024)),
+        Case("rmsnorm_backward", "half", (7, 33), (1, 33)),
+    ],
+    ids=str,
+)
+def test_every_launch_candidate_matches_reference_on_gpu(case: Case) -> None:
+    from tests.gpu_check import check_on_gpu
+
+    graph = build(case)
+    (fused,) = fuse(graph.validate()).nodes
+    for choice in rownorm_backward.candidates(fused, 90):
+        check_on_gpu(graph, tuning={fused.name: choice})
 
 
 @pytest.mark.gpu

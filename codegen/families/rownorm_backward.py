@@ -13,8 +13,9 @@ threads per row, R rows per block, 16-byte vectors of the packed tensors behind 
 ``aligned`` flag). Each thread loads its share of grad and x once, keeps xhat and g in
 registers, adds grad * xhat and grad to per-column accumulators (fp32), reduces the two row
 sums over its group and stores dx. The grid is about as many blocks as the registers let run at
-once (at most one per R rows), each block walking rows with a grid stride, so the accumulators
-cover many rows. At the end the block's R groups are added through shared memory in group order
+once (at most one per R rows; autotuning times the row-norm family's launch choices, grids of B
+blocks per SM among them), each block walking rows with a grid stride, so the accumulators cover
+many rows. At the end the block's R groups are added through shared memory in group order
 and stored as the block's row of the workspace ``norm_partials``, laid out
 [block][parameter][D] in the compute type. A prologue is computed per element as the row is
 loaded (so the sums see the grad it makes; the grad is stored there when it escapes, a residual
@@ -36,7 +37,7 @@ import math
 
 from fusion_rules import FusedNode
 from fusion_rules.rules.norm_backward import MAX_FUSED_ROW
-from graphdnn.errors import UnsupportedError
+from graphdnn.errors import GraphError, UnsupportedError
 from graphdnn.ir import Tensor
 
 from .. import epilogue
@@ -47,8 +48,15 @@ from ..kernel import FusedProgram, Scratch
 from .direct_common import written
 from .direct_norm import emit_norm_backward
 from .direct_reduce import Sums, sums_kernels
-from .reduction_kernels import refuse_tuning
-from .rownorm_launch import MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM, REGISTERS_PER_SM, Config, heuristic, registers
+from .rownorm_launch import (
+    MAX_BLOCKS_PER_SM,
+    MAX_THREADS_PER_SM,
+    REGISTERS_PER_SM,
+    Config,
+    configured,
+    layout_candidates,
+    registers,
+)
 from .rownorm_layout import RowLayout, analyze, raw_register_bytes
 from .rownorm_rows import Operands, RowAccess
 
@@ -57,19 +65,16 @@ COMBINE_BYTES = 32 * 1024  # the shared memory that adds a block's groups' sums,
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
-    refuse_tuning(fused, ctx)
     anchor = fused.anchor
     assert anchor is not None
-    sums = [t for t in (anchor.output("dscale"), anchor.output("dbias")) if t is not None and written(fused, t)]
-    # Kernel 1 writes dx, the epilogue's results and an escaping grad: it sees the fused node
-    # without dscale and dbias.
-    side = {t.id for t in sums}
-    rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if t.id not in side))
-    layout = backward_layout(rows, len(sums))
-    config = heuristic(layout)
-    element_bytes = layout.compute_bytes // (2 + len(sums))  # one value in the compute type
-    combine = config.rows_per_block * layout.width * element_bytes
-    if config.chunks(layout) > 1 or (config.rows_per_block > 1 and sums and combine > COMBINE_BYTES):
+    rows, sums, layout = _rows_kernel_view(fused)
+    config = configured(layout, ctx.tuning)
+    if not _fits(layout, config, len(sums)):
+        if ctx.tuning:
+            raise GraphError(
+                f"row_norm_backward tuning {ctx.tuning}: rows of {layout.width} elements do not fit its "
+                "registers, or its rows per block the shared memory that adds their sums"
+            )
         if fused.nodes != (anchor,):
             raise UnsupportedError(
                 f"fused node '{fused.name}': rows of {layout.width} elements do not fit the registers of the "
@@ -83,8 +88,38 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if not sums:
         return FusedProgram(fused.name, tuple(programs))
     reduce, split = sums_kernels(ctx, fused, kernel.parameter_sums(fused), kernel.compute)
-    partials = Scratch(PARTIALS, kernel.blocks * len(sums) * layout.width * element_bytes)
+    partials = Scratch(PARTIALS, kernel.blocks * len(sums) * layout.width * _element_bytes(layout, len(sums)))
     return FusedProgram(fused.name, (*programs, *reduce), (partials, *split))
+
+
+def candidates(fused: FusedNode, arch: int) -> list[dict[str, int]]:
+    """The row-norm family's launch choices (rownorm_launch.py), sized by this kernel's register
+    bytes, whose rows fit: each on its grid of ``blocks_per_sm`` blocks per SM where it sets one
+    (resident grids of 8 to 32 warps per SM), else on the register estimate's."""
+    _, sums, layout = _rows_kernel_view(fused)
+    return [c.as_dict() for c in layout_candidates(layout, arch) if _fits(layout, c, len(sums))]
+
+
+def _rows_kernel_view(fused: FusedNode) -> tuple[FusedNode, list[Tensor], RowLayout]:
+    """(the fused node as kernel 1 sees it, the parameter sums it adds, its layout). Kernel 1
+    writes dx, the epilogue's results and an escaping grad, not dscale and dbias."""
+    anchor = fused.anchor
+    assert anchor is not None
+    sums = [t for t in (anchor.output("dscale"), anchor.output("dbias")) if t is not None and written(fused, t)]
+    side = {t.id for t in sums}
+    rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if t.id not in side))
+    return rows, sums, backward_layout(rows, len(sums))
+
+
+def _element_bytes(layout: RowLayout, sums: int) -> int:
+    """One value in the compute type."""
+    return layout.compute_bytes // (2 + sums)
+
+
+def _fits(layout: RowLayout, config: Config, sums: int) -> bool:
+    """Whether a group holds its row in registers, and the block's groups' sums fit the shared memory."""
+    combine = config.rows_per_block * layout.width * _element_bytes(layout, sums)
+    return config.chunks(layout) == 1 and (config.rows_per_block == 1 or not sums or combine <= COMBINE_BYTES)
 
 
 def backward_layout(fused: FusedNode, sums: int) -> RowLayout:
@@ -133,7 +168,8 @@ class _RowsKernel(RowAccess):
         # What each accumulator sums: grad * xhat for dscale, grad for dbias.
         self.terms = ["grad * xh" if dscale is not None and t.id == dscale.id else "grad" for t in sums]
         self.sums = sums
-        self.blocks = resident_blocks(layout, config, self.sms)
+        if not config.blocks_per_sm:  # (else RowAccess's grid: blocks_per_sm per SM)
+            self.blocks = resident_blocks(layout, config, self.sms)
         self.partials = self.params.scratch(PARTIALS, self.compute) if sums else ""
 
     def element(self, slot: str, width: int) -> str:

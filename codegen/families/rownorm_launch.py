@@ -159,7 +159,11 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, int]]:
     launch in a single wave where its grid is just over one; then pipelined resident grids
     (sized for ``arch``'s SMs) of the heuristic's group and of the group half its size (twice the
     vectors per thread), 128-thread blocks."""
-    layout = analyze(fused)
+    return [c.as_dict() for c in layout_candidates(analyze(fused), arch)]
+
+
+def layout_candidates(layout: RowLayout, arch: int) -> list[Config]:
+    """:func:`candidates` for a layout (whose register bytes per element size them)."""
     first = heuristic(layout)
     found = [first]
     group = min(_pow2_at_least(-(-layout.vectors // MAX_VECTORS)), MAX_THREADS // 4)
@@ -175,7 +179,7 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, int]]:
         if group >= 1:
             base = _config(layout, group, _rows_per_block(group))
             found += [c for c in _pipelined(layout, arch, base) if c not in found]
-    return [c.as_dict() for c in found]
+    return list(dict.fromkeys(found))  # two warp counts can make the same blocks per SM
 
 
 def configured(layout: RowLayout, tuning: dict[str, object]) -> Config:
