@@ -1,7 +1,8 @@
 """Generated kernels run on the CPU, to check their index math on a machine without a GPU.
 
-A kernel's source (float and double kernels only: no fp16/bf16 headers) is compiled with g++
-after a few stand-ins for the CUDA built-ins: each block runs after the previous one, its threads
+A kernel's source (float, double and half kernels: half is GCC's _Float16 behind a stand-in
+cuda_fp16.h, both rounding to nearest even; no bf16 or fp8) is compiled with g++ after a few
+stand-ins for the CUDA built-ins: each block runs after the previous one, its threads
 as std::threads; ``__shared__`` variables are function statics (one block at a time);
 ``__syncthreads`` is a barrier of the block; ``__shfl_xor_sync`` goes through a buffer and two
 barriers, so every thread of the block must call it together, as ``gd::group_sum`` does.
@@ -59,6 +60,14 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int offset) {
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 """
 
+FP16 = """#pragma once
+#define __CUDA_FP16_H__
+struct __half { _Float16 value; };
+inline float __half2float(__half h) { return (float)h.value; }
+inline __half __float2half_rn(float f) { return __half{(_Float16)f}; }
+inline __half __double2half(double d) { return __half{(_Float16)d}; }
+"""
+
 LAUNCH = """
 extern "C" void launch(void** args, int gx, int gy, int gz, int threads) {{
   gridDim = {{(unsigned)gx, (unsigned)gy, (unsigned)gz}};
@@ -94,7 +103,9 @@ def _library(kernel: Kernel, build: Path) -> ctypes.CDLL:
     if not library.exists():
         source = build / f"{key}.cpp"
         source.write_text(text)
-        command = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(source), "-o", str(library)]
+        (build / "cuda_fp16.h").write_text(FP16)
+        command = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", f"-I{build}", str(source)]
+        command += ["-o", str(library)]
         subprocess.run(command, check=True, capture_output=True)
     return ctypes.CDLL(str(library))
 
@@ -112,7 +123,7 @@ def run(
     for t in (*fused.inputs, *fused.outputs):
         if t.is_pass_by_value:
             continue
-        dtype = np.float64 if t.data_type.value == "double" else np.float32
+        dtype = {"double": np.float64, "half": np.float16}.get(t.data_type.value, np.float32)
         buffers[t.id] = np.full(storage_extent(t.dim, t.stride), np.nan, dtype=dtype)
         if t in fused.inputs:
             _strided(buffers[t.id], t)[...] = memory[t.name]

@@ -1,6 +1,6 @@
 """The backward-norm kernels run on the CPU (tests/cpu_emulation.py) against the reference:
 their index math (rows and columns of each thread, the blocks' partial sums, the per-channel
-sums, the vector and element paths) checked on a machine without a GPU. Float and double
+sums, the vector and element paths) checked on a machine without a GPU. Float, double and half
 kernels, small shapes; the `gpu` tests run every type and the large shapes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import graphdnn as gd
 from codegen import emitter
 from codegen.context import EmitContext
 from fusion_rules import fuse
-from graphdnn.compare import relative_error
+from graphdnn.compare import relative_error, tolerance
 from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import signature
 from tests import cpu_emulation
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++
 
 GRAPHS = [
     build(Case("layernorm_backward", "float", (7, 33), (1, 33))),  # 2 rows per block, a 64-thread group
+    build(Case("layernorm_backward", "half", (7, 1000), (1, 1000))),  # 8-element vectors
     build(Case("rmsnorm_backward", "float", (1000, 1), (1, 1))),  # 128 rows per block
     build(Case("rmsnorm_backward_nobias", "float", (3, 768), (1, 768))),
     build(Case("layernorm_backward", "float", (3, 6, 5, 7), (1, 6, 5, 7), layout="nhwc")),
@@ -33,8 +34,10 @@ GRAPHS = [
     build(Case("layernorm_backward", "float", (3, 5000), (1, 5000))),  # too long: the direct kernels
     fused_graph("float", 7, 1000, prologue="mask_out"),
     fused_graph("float", 7, 33, "rmsnorm_backward", prologue="zero_centred"),
+    fused_graph("half", 7, 768, "rmsnorm_backward", prologue="mask_out"),
     bn_backward("float", [7, 3, 5, 5], "nhwc", fused=True),
     bn_backward("float", [3, 33, 7]),
+    bn_backward("half", [2, 37, 5, 3], "nhwc", fused=True),
     bn_backward("float", [8, 2, 16, 16], fused=True),  # the sums split in 4, then finalized
     bn_backward("double", [2, 3, 4, 5]),
 ]
@@ -56,4 +59,4 @@ def test_matches_reference_on_the_cpu(
         memory.update(cpu_emulation.run(fused, program, memory, aligned, build_dir))
     for t in ir.outputs:
         error = relative_error(memory[t.name].astype(np.float64), expected[t.name].astype(np.float64))
-        assert error <= (1e-10 if t.data_type is gd.DataType.DOUBLE else 2e-5), f"{t.name}: {error:.3g}"
+        assert error <= tolerance(t.data_type), f"{t.name}: {error:.3g}"
