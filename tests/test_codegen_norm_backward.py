@@ -210,6 +210,19 @@ def test_launch_candidates_fit_and_emit() -> None:
         rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90, too_few))
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_resident_grid_prefetches_the_next_rows(arch: int) -> None:
+    """B blocks per SM, each walking several row groups: the next rows' loads are issued as soon
+    as a row is converted (the vector path; the misaligned-pointer fallback walks without)."""
+    ir = build(COMPILED[0]).validate()
+    (fused,) = fuse(ir).nodes
+    choice = {"threads_per_row": 32, "rows_per_block": 4, "vectors_per_thread": 4, "blocks_per_sm": 2}
+    rows_kernel = rownorm_backward.emit(fused, EmitContext(ir, signature(ir), arch, choice)).kernels[0]
+    assert rows_kernel.grid == (2 * sm_count(arch), 1, 1)
+    assert rows_kernel.source.count("the next rows' loads") == 1 and "__launch_bounds__(128, 2)" in rows_kernel.source
+    compile_cubin(rows_kernel.source, rows_kernel.name, arch)
+
+
 def test_the_partition_reference_is_the_ops_reference() -> None:
     graph = build(Case("layernorm_backward", "float", (7, 33), (1, 33)))
     ir = graph.validate()

@@ -43,10 +43,36 @@ GRAPHS = [
 ]
 
 
+# Resident grids of one block per SM whose blocks walk several row groups: the next rows' loads
+# are prefetched (tuned: the heuristic does not choose them).
+PIPELINED = [
+    (build(Case("layernorm_backward", "float", (1000, 33), (1, 33))), (64, 2, 1, 1)),
+    (fused_graph("half", 999, 256, "rmsnorm_backward", prologue="zero_centred"), (32, 4, 1, 1)),
+]
+
+
 @pytest.mark.parametrize("aligned", [1, 0], ids=["vectors", "elements"])
 @pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: g.name)
 def test_matches_reference_on_the_cpu(
     graph: gd.OperationGraphSpec, aligned: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    check(graph, aligned, {}, tmp_path_factory)
+
+
+@pytest.mark.parametrize("aligned", [1, 0], ids=["vectors", "elements"])
+@pytest.mark.parametrize("item", PIPELINED, ids=lambda item: item[0].name)
+def test_pipelined_matches_reference_on_the_cpu(
+    item: tuple[gd.OperationGraphSpec, tuple[int, int, int, int]],
+    aligned: int,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    graph, choice = item
+    keys = ("threads_per_row", "rows_per_block", "vectors_per_thread", "blocks_per_sm")
+    check(graph, aligned, dict(zip(keys, choice)), tmp_path_factory)
+
+
+def check(
+    graph: gd.OperationGraphSpec, aligned: int, tuning: dict[str, object], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
     build_dir.mkdir(exist_ok=True)
@@ -55,7 +81,9 @@ def test_matches_reference_on_the_cpu(
     expected = gd.reference.execute(ir, feeds)
     memory = dict(feeds)
     for fused in fuse(ir).nodes:
-        program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90))
+        program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning))
+        if tuning:
+            assert "the next rows' loads" in program.kernels[0].source
         memory.update(cpu_emulation.run(fused, program, memory, aligned, build_dir))
     for t in ir.outputs:
         error = relative_error(memory[t.name].astype(np.float64), expected[t.name].astype(np.float64))

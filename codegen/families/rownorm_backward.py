@@ -14,8 +14,9 @@ threads per row, R rows per block, 16-byte vectors of the packed tensors behind 
 registers, adds grad * xhat and grad to per-column accumulators (fp32), reduces the two row
 sums over its group and stores dx. The grid is about as many blocks as the registers let run at
 once (at most one per R rows; autotuning times the row-norm family's launch choices, grids of B
-blocks per SM among them), each block walking rows with a grid stride, so the accumulators cover
-many rows. At the end the block's R groups are added through shared memory in group order
+blocks per SM among them, whose blocks prefetch their next rows' raw vectors as soon as a row is
+converted, as the forward's pipelined loop does), each block walking rows with a grid stride, so
+the accumulators cover many rows. At the end the block's R groups are added through shared memory in group order
 and stored as the block's row of the workspace ``norm_partials``, laid out
 [block][parameter][D] in the compute type. A prologue is computed per element as the row is
 loaded (so the sums see the grad it makes; the grad is stored there when it escapes, a residual
@@ -41,7 +42,7 @@ from graphdnn.errors import GraphError, UnsupportedError
 from graphdnn.ir import Tensor
 
 from .. import epilogue
-from ..context import EmitContext, KernelParams
+from ..context import EmitContext, KernelParams, indent
 from ..cuda_types import store
 from ..indexing import linear_index, offset
 from ..kernel import FusedProgram, Scratch
@@ -175,9 +176,10 @@ class _RowsKernel(RowAccess):
     def element(self, slot: str, width: int) -> str:
         return f"{slot}[k * {width} + e]"
 
-    def load_pass(self, width: int) -> list[str]:
-        """xhat[] and g[] <- this thread's elements of the row (grad computed by the prologue when
-        there is one, and stored when written); the accumulators take them in."""
+    def load_pass(self, width: int) -> tuple[dict[int, Tensor], list[str]]:
+        """(the packed tensors read as raw vectors in{id}[k], the statements that fill xhat[] and
+        g[] from them: grad computed by the prologue when there is one, and stored when written;
+        the accumulators take them in)."""
         assert self.grad is not None and self.scale is not None and self.inv is not None
         c = self.compute
         operands = Operands(self, "in{id}[k]", width)
@@ -197,9 +199,7 @@ class _RowsKernel(RowAccess):
         declare, stores, after = self.stores([(t, values.stored(t)) for t in self.escaping], width, operands)
         each = [*(self.column_coordinates() if operands.columns else []), *each, *stores]
         zero = self.element_loop(width, [f"{self.element('xhat', width)} = 0;", f"{self.element('g', width)} = 0;"])
-        convert = self.slot_loop(width, [*declare, *self.element_loop(width, each), *after], zero)
-        raw = operands.vectors
-        return [*self.raw_vectors(raw, width), *self.raw_loads(raw, width), *convert]
+        return operands.vectors, self.slot_loop(width, [*declare, *self.element_loop(width, each), *after], zero)
 
     def dx_pass(self, width: int) -> list[str]:
         """dx from xhat[], g[] and the row's means, then the epilogue; what is written, stored."""
@@ -218,7 +218,9 @@ class _RowsKernel(RowAccess):
         loads = self.vector_loads(operands.vectors, width, "a{id}", declare=True)
         return self.slot_loop(width, [*loads, *declare, *self.element_loop(width, each), *after])
 
-    def per_row(self, width: int) -> list[str]:
+    def per_row(self, width: int, prefetch: list[str] | None = None) -> list[str]:
+        """The row's dx and its terms added to the accumulators. ``prefetch``: the raw vectors
+        are loaded already, and these statements (the next row's loads) follow their conversion."""
         c = self.compute
         active = "active" if self.layout.rows % self.config.rows_per_block else "true"
         statistics = Operands(self, "", width)
@@ -227,9 +229,13 @@ class _RowsKernel(RowAccess):
             if t is not None:
                 value = statistics(t)
                 lines.append(f"const {c} {name} = {value if active == 'true' else f'{active} ? {value} : 0'};")
+        raw, convert = self.load_pass(width)
+        loads = [*self.raw_vectors(raw, width), *self.raw_loads(raw, width)] if prefetch is None else []
         lines += [
             f"{c} xhat[{self.slots}], g[{self.slots}];  // this thread's elements of the row",
-            *self.load_pass(width),
+            *loads,
+            *convert,
+            *(prefetch or []),
             f"{c} sum_gx = 0, sum_g = 0;",
             "#pragma unroll",
             f"for (int i = 0; i < {self.slots}; ++i) {{",
@@ -264,8 +270,28 @@ class _RowsKernel(RowAccess):
             ]
         return lines
 
-    def walk_rows(self, width: int) -> list[str]:
-        return [*self.walk(self.per_row(width)), *(self.store_partials(width) if self.sums else [])]
+    def walk_rows(self, width: int, pipelined: bool = False) -> list[str]:
+        partials = self.store_partials(width) if self.sums else []
+        if not pipelined:
+            return [*self.walk(self.per_row(width)), *partials]
+        # As the row-norm family's pipelined loop: the next rows' loads are issued as soon as this
+        # row is converted, and are in flight through its reductions and dx. Uniform over the block.
+        raw, _ = self.load_pass(width)
+        step = f"({self.itype})gridDim.x * ROWS_PER_BLOCK"
+        prefetch = [
+            f"if (first + {step} < ROWS) {{  // the next rows' loads, in flight through this row's work",
+            *indent([*self.this_row(f"(first + {step})"), *self.raw_loads(raw, width)], 1).splitlines(),
+            "}",
+        ]
+        first = [*self.this_row(f"({self.itype})blockIdx.x * ROWS_PER_BLOCK"), *self.raw_loads(raw, width)]
+        return [
+            *self.raw_vectors(raw, width),
+            "{  // the first rows' loads",
+            *indent(first, 1).splitlines(),
+            "}",
+            *self.walk(self.per_row(width, prefetch)),
+            *partials,
+        ]
 
     def body(self) -> list[str]:
         config, layout, c = self.config, self.layout, self.compute
@@ -285,12 +311,14 @@ class _RowsKernel(RowAccess):
                 "#pragma unroll",
                 f"for (int i = 0; i < {self.slots}; ++i) acc{p}[i] = 0;",
             ]
+        # The main path (vectors, or elements when the layout has none) is pipelined when chosen.
+        pipelined = config.pipelined(layout, self.sms)
         if layout.vec == 1:
-            return [*lines, *self.walk_rows(1)]
+            return [*lines, *self.walk_rows(1, pipelined)]
         return [
             *lines,
             f"if ({self.aligned}) {{  // {layout.vec}-element vector accesses",
-            *[f"  {line}" for line in self.walk_rows(layout.vec)],
+            *[f"  {line}" for line in self.walk_rows(layout.vec, pipelined)],
             "} else {  // a pointer is not aligned for vectors: element accesses, the same mapping",
             *[f"  {line}" for line in self.walk_rows(1)],
             "}",
