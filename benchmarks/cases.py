@@ -130,6 +130,155 @@ def _add_rms_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
     return _cudnn_runner(graph, handle, pack)
 
 
+# -- layernorm / RMSNorm backward ------------------------------------------------------------------
+def _norm_bwd_graph(rows: int, hidden: int, rms: bool) -> Callable[[], gd.OperationGraphSpec]:
+    def build() -> gd.OperationGraphSpec:
+        kind = "rmsnorm" if rms else "layernorm"
+        g = gd.OperationGraphSpec(name=f"{kind}_backward_{rows}x{hidden}", io_data_type="bf16")
+        dy, x = g.tensor(name="dy", dim=[rows, hidden]), g.tensor(name="x", dim=[rows, hidden])
+        scale = g.tensor(name="scale", dim=[1, hidden])
+        inv = g.tensor(name="inv_variance", dim=[rows, 1], data_type="float")
+        if rms:
+            results = g.rmsnorm_backward(dy, x, scale, inv, has_dbias=False)
+        else:
+            results = g.layernorm_backward(dy, x, scale, g.tensor(name="mean", dim=[rows, 1], data_type="float"), inv)
+        for name, t in zip(("dx", "dscale", "dbias"), results):
+            if t is not None:
+                t.set_name(name).set_output(True)
+        return g
+
+    return build
+
+
+def _ln_bwd_torch(t: Tensors) -> Any:
+    """What autograd runs for F.layer_norm's backward."""
+    import torch
+
+    hidden = t["x"].shape[-1]
+    return torch.ops.aten.native_layer_norm_backward(
+        t["dy"], t["x"], [hidden], t["mean"], t["inv_variance"], t["scale"].view(hidden), None, [True, True, True]
+    )
+
+
+def _rms_bwd_torch(t: Tensors) -> Any:
+    """RMSNorm's gradients written out (eager runs it op by op; torch.compile fuses it)."""
+    x, inv, dy = t["x"].float(), t["inv_variance"], t["dy"].float()
+    xhat, g = x * inv, dy * t["scale"].float()
+    dx = inv * (g - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+    return dx.to(t["x"].dtype), (dy * xhat).sum(dim=0, keepdim=True).to(t["scale"].dtype)
+
+
+def _norm_bwd_cudnn(t: Tensors, out: Tensors, *, rms: bool) -> Callable[[], Any]:
+    """The frontend's layernorm_backward / rmsnorm_backward sample graphs."""
+    import cudnn
+
+    rows, hidden = t["x"].shape
+    graph, handle = _cudnn_graph()
+    row, stat = [hidden, 1, hidden, hidden], [1, 1, 1, 1]
+    bf16, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
+    dy = graph.tensor(name="dy", dim=[rows, hidden, 1, 1], stride=row, data_type=bf16)
+    x = graph.tensor(name="x", dim=[rows, hidden, 1, 1], stride=row, data_type=bf16)
+    scale = graph.tensor(name="scale", dim=[1, hidden, 1, 1], stride=row, data_type=bf16)
+    inv = graph.tensor(name="inv_variance", dim=[rows, 1, 1, 1], stride=stat, data_type=f32)
+    pack = {dy: t["dy"], x: t["x"], scale: t["scale"], inv: t["inv_variance"]}
+    if rms:
+        dx, dscale, _ = graph.rmsnorm_backward(grad=dy, input=x, scale=scale, inv_variance=inv, has_dbias=False)
+        results = {dx: out["dx"], dscale: out["dscale"]}
+    else:
+        mean = graph.tensor(name="mean", dim=[rows, 1, 1, 1], stride=stat, data_type=f32)
+        pack[mean] = t["mean"]
+        dx, dscale, dbias = graph.layernorm_backward(grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv)
+        results = {dx: out["dx"], dscale: out["dscale"], dbias: out["dbias"]}
+    for tensor in results:
+        tensor.set_output(True).set_data_type(bf16)
+    return _cudnn_runner(graph, handle, {**pack, **results})
+
+
+def _ln_bwd_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
+    return _norm_bwd_cudnn(t, out, rms=False)
+
+
+def _rms_bwd_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
+    return _norm_bwd_cudnn(t, out, rms=True)
+
+
+def _norm_bwd_bytes(rows: int, hidden: int, rms: bool) -> int:
+    """dy and x read and dx written (bf16), the float statistics, scale read and its gradients written."""
+    parameters = 2 if rms else 3
+    return 3 * 2 * rows * hidden + (1 if rms else 2) * 4 * rows + parameters * 2 * hidden
+
+
+# -- ReLU backward (a given mask) + add backward + batch norm backward -------------------------
+def _dbn_graph(n: int, c: int, hw: int) -> Callable[[], gd.OperationGraphSpec]:
+    """The frontend's drelu-dadd-dbn sample, NHWC: grad = dy * mask (written: the residual
+    branch's gradient), batch norm backward, dx + dskip."""
+
+    def build() -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(name=f"drelu_dadd_dbn_n{n}_c{c}_{hw}", io_data_type="bf16")
+        dims = [n, c, hw, hw]
+        dy, x, mask, skip = (
+            g.tensor(name=k, dim=dims, stride=gd.nhwc_strides(dims)) for k in ("dy", "x", "mask", "dskip")
+        )
+        scale, mean, inv = (
+            g.tensor(name=k, dim=[1, c, 1, 1], data_type="float") for k in ("scale", "mean", "inv_variance")
+        )
+        grad = g.mul(dy, mask).set_name("dresidual").set_output(True)
+        dx, dscale, dbias = g.batchnorm_backward(grad, x, scale, mean, inv)
+        g.add(dx, skip).set_name("dx").set_output(True)
+        for name, t in (("dscale", dscale), ("dbias", dbias)):
+            t.set_name(name).set_output(True).set_data_type("float")  # type: ignore[union-attr]
+        return g
+
+    return build
+
+
+def _dbn_torch(t: Tensors) -> Any:
+    import torch
+
+    c = t["x"].shape[1]
+    grad = t["dy"] * t["mask"]
+    dx, dscale, dbias = torch.ops.aten.native_batch_norm_backward(
+        grad,
+        t["x"],
+        t["scale"].view(c),
+        None,
+        None,
+        t["mean"].view(c),
+        t["inv_variance"].view(c),
+        True,
+        EPS,
+        [True, True, True],
+    )
+    return grad, dx + t["dskip"], dscale, dbias
+
+
+def _dbn_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
+    import cudnn
+
+    graph, handle = _cudnn_graph()
+    bf16, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
+    full = {
+        k: graph.tensor(name=k, dim=list(t[k].shape), stride=list(t[k].stride()), data_type=bf16)
+        for k in ("dy", "x", "mask", "dskip")
+    }
+    channel = {
+        k: graph.tensor(name=k, dim=list(t[k].shape), stride=list(t[k].stride()), data_type=f32)
+        for k in ("scale", "mean", "inv_variance")
+    }
+    grad = graph.mul(a=full["dy"], b=full["mask"])
+    grad.set_output(True).set_data_type(bf16)
+    dx, dscale, dbias = graph.batchnorm_backward(
+        grad=grad, input=full["x"], scale=channel["scale"], mean=channel["mean"], inv_variance=channel["inv_variance"]
+    )
+    total = graph.add(a=dx, b=full["dskip"])
+    total.set_output(True).set_data_type(bf16)
+    dscale.set_output(True).set_data_type(f32)
+    dbias.set_output(True).set_data_type(f32)
+    pack = {tensor: t[k] for k, tensor in (*full.items(), *channel.items())}
+    pack |= {grad: out["dresidual"], total: out["dx"], dscale: out["dscale"], dbias: out["dbias"]}
+    return _cudnn_runner(graph, handle, pack)
+
+
 # -- conv + BN(inference) + ReLU --------------------------------------------------------------
 def _conv_graph(n: int, c: int, hw: int, k: int, size: int) -> Callable[[], gd.OperationGraphSpec]:
     def build() -> gd.OperationGraphSpec:
@@ -308,6 +457,32 @@ def cases() -> list[Case]:
                 cudnn=_add_rms_cudnn,
             )
         )
+    for rows, hidden in [(2048, 1024), (16384, 4096)]:
+        big = rows == 16384
+        for rms, kind in ((False, "layernorm"), (True, "rmsnorm")):
+            out.append(
+                Case(
+                    f"{kind} backward {rows}x{hidden}",
+                    _norm_bwd_graph(rows, hidden, rms),
+                    _rms_bwd_torch if rms else _ln_bwd_torch,
+                    bytes=_norm_bwd_bytes(rows, hidden, rms),
+                    target="≥ 85% of roofline" if big else "≥ 0.9x cuDNN",
+                    cudnn=_rms_bwd_cudnn if rms else _ln_bwd_cudnn,
+                    group="backward",
+                )
+            )
+    n, c, hw = 4, 16, 56  # the issue's table: the frontend sample's shape
+    out.append(
+        Case(
+            f"drelu+dadd+batchnorm backward n{n} c{c} {hw}²",
+            _dbn_graph(n, c, hw),
+            _dbn_torch,
+            bytes=2 * 6 * n * c * hw * hw + 4 * 5 * c,  # dy, x, mask, dskip read; dresidual, dx written
+            target="≥ 0.9x cuDNN",
+            cudnn=_dbn_cudnn,
+            group="backward",
+        )
+    )
     for layer in RESNET_LAYERS:
         n, c, hw, k, size = layer
         out.append(

@@ -16,8 +16,10 @@ from .kernel import FusedProgram
 _FAMILY_MODULES = {
     Family.ELEMENTWISE: "elementwise",
     Family.ROW_NORM: "rownorm",
+    Family.ROW_NORM_BACKWARD: "rownorm_backward",
     Family.GROUP_NORM: "groupnorm",
     Family.BATCHNORM_TRAIN: "batchnorm_train",
+    Family.BATCHNORM_BACKWARD: "batchnorm_backward",
     Family.REDUCTION: "reduction",
     Family.GEMM: "gemm",
     Family.ATTENTION: "attention",

@@ -13,8 +13,10 @@ from .partition import Family, FusedNode, Partition
 FAMILY_COLOURS = {
     Family.GEMM: "#9ecae1",
     Family.ROW_NORM: "#a1d99b",
+    Family.ROW_NORM_BACKWARD: "#74c476",
     Family.GROUP_NORM: "#c7e9c0",
     Family.BATCHNORM_TRAIN: "#fdae6b",
+    Family.BATCHNORM_BACKWARD: "#fd8d3c",
     Family.REDUCTION: "#bcbddc",
     Family.ATTENTION: "#fcbba1",
     Family.ELEMENTWISE: "#fdd0a2",

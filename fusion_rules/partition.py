@@ -20,8 +20,10 @@ class Family(enum.Enum):
 
     GEMM = "gemm"  # convolution forward or matmul, with an elementwise epilogue
     ROW_NORM = "row_norm"  # layernorm / rmsnorm, optionally after a residual add, with an epilogue
+    ROW_NORM_BACKWARD = "row_norm_backward"  # layernorm / rmsnorm backward: dx per row, dscale / dbias partials
     GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue
     BATCHNORM_TRAIN = "batchnorm_train"  # batch statistics, running averages, apply + epilogue
+    BATCHNORM_BACKWARD = "batchnorm_backward"  # per-channel sums of the grad, then dx + epilogue
     REDUCTION = "reduction"  # reduction / softmax with an epilogue
     ATTENTION = "attention"  # scaled dot-product attention: sdpa, or the attention rule's chain as one sdpa
     ELEMENTWISE = "elementwise"  # a group of pointwise ops (and inference batch norms)
@@ -37,9 +39,12 @@ ANCHOR_FAMILY = {
     "matmul": Family.GEMM,
     "layernorm": Family.ROW_NORM,
     "rmsnorm": Family.ROW_NORM,
+    "layernorm_backward": Family.ROW_NORM_BACKWARD,
+    "rmsnorm_backward": Family.ROW_NORM_BACKWARD,
     "groupnorm": Family.GROUP_NORM,
     "instancenorm": Family.GROUP_NORM,
     "batchnorm": Family.BATCHNORM_TRAIN,
+    "batchnorm_backward": Family.BATCHNORM_BACKWARD,
     "reduction": Family.REDUCTION,
     "softmax": Family.REDUCTION,
     "log_softmax": Family.REDUCTION,

@@ -38,3 +38,10 @@ def test_execute_cost_runs_on_the_fake_driver() -> None:
     result = _benchmark("execute_cost.py", "--fake-driver", "--calls", "20")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("µs per call") == 5
+
+
+def test_the_norm_backward_cases_build_as_one_pass_and_a_reduction() -> None:
+    result = _benchmark("run.py", "--dry", "--only", "backward")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("2 kernel(s), built in") == 4  # layer and RMS norm, two sizes each
+    assert "drelu+dadd+batchnorm backward n4 c16 56²: 3 kernel(s)" in result.stdout  # sums, finalize, dx

@@ -18,7 +18,7 @@ import pytest
 import graphdnn as gd
 from codegen import FusedProgram, ParamKind, compile_cubin
 from codegen.context import EmitContext
-from codegen.families import direct
+from codegen.families import direct, direct_norm
 from fusion_rules import Family, FusedNode, fuse
 from fusion_rules.partition import ANCHOR_FAMILY, ELEMENTWISE_EXTRA
 from graphdnn.errors import UnsupportedError
@@ -391,11 +391,22 @@ def pool_global_avg_nhwc_half() -> gd.OperationGraphSpec:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+# The backward norms have families of their own; layer and RMS norm backward fall back to these
+# kernels for rows too long for registers. Their cases check these kernels on the CPU and run the
+# families on a GPU.
+DIRECT_EMITTERS = {
+    Family.DIRECT: direct.emit,
+    Family.ROW_NORM_BACKWARD: direct_norm.emit_norm_backward,
+    Family.BATCHNORM_BACKWARD: direct_norm.emit_norm_backward,
+}
+
+
 def emit_direct(spec: gd.OperationGraphSpec) -> tuple[tuple[FusedNode, FusedProgram], ...]:
     """The direct fused nodes of a graph and their programs (emission does not depend on the arch)."""
     ir = spec.validate()
     ctx = EmitContext(ir, signature(ir), 90)
-    return tuple((f, direct.emit(f, ctx)) for f in fuse(ir, arch=90).nodes if f.family is Family.DIRECT)
+    nodes = fuse(ir, arch=90).nodes
+    return tuple((f, DIRECT_EMITTERS[f.family](f, ctx)) for f in nodes if f.family in DIRECT_EMITTERS)
 
 
 @functools.cache

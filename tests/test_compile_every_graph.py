@@ -155,6 +155,27 @@ def batchnorm_backward_genstats(g: gd.OperationGraphSpec) -> None:
         out.set_output(True)
 
 
+def norm_backward_fused(g: gd.OperationGraphSpec) -> None:
+    """The backward norms with the op making the grad (written too) and the residual add on dx."""
+    x, dy, mask = (g.tensor(name=n, dim=[6, 40]) for n in ("x", "dy", "mask"))
+    scale, mean, inv = (
+        g.tensor(name="scale", dim=[1, 40]),
+        g.tensor(name="mean", dim=[6, 1]),
+        g.tensor(name="inv", dim=[6, 1]),
+    )
+    grad = g.mul(dy, mask).set_name("grad").set_output(True)
+    dx, dscale, dbias = g.layernorm_backward(grad, x, scale, mean, inv)
+    g.add(dx, g.tensor(name="dres", dim=[6, 40])).set_name("dx").set_output(True)
+    for out in (dscale, dbias):
+        out.set_output(True)  # type: ignore[union-attr]
+    bx, bdy, bmask = (_nhwc(g, [4, 8, 3, 3], n) for n in ("bx", "bdy", "bmask"))
+    bgrad = g.mul(bdy, bmask).set_name("bgrad").set_output(True)
+    bdx, bdscale, bdbias = g.batchnorm_backward(bgrad, bx, *(_channel(g, n, 8) for n in ("bscale", "bmean", "binv")))
+    g.add(bdx, _nhwc(g, [4, 8, 3, 3], "bdres")).set_name("bdx").set_output(True)
+    for out in (bdscale, bdbias):
+        out.set_output(True)  # type: ignore[union-attr]
+
+
 def windows(g: gd.OperationGraphSpec) -> None:
     x = _nhwc(g, [2, 8, 9, 11], "x")
     g.pooling(x, "max", window=[3, 3], stride=[2, 2], padding=[1, 1]).set_name("pmax").set_output(True)
@@ -235,6 +256,7 @@ FAMILIES: dict[str, Build] = {
         group_and_instance_norm,
         norm_backward,
         batchnorm_backward_genstats,
+        norm_backward_fused,
         windows,
         movement,
         attention,

@@ -28,7 +28,8 @@ Three kernels, all fixed-order (reproducible, no float atomics):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Node, Tensor
@@ -141,8 +142,27 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     normalized = {y.id, *(t.id for node in fused.epilogue for t in node.output_tensors())}
     full = [t for t in fused.outputs if t.id in normalized]
     if full:
-        kernels.append(_apply_kernel(ctx, fused, x, y, full, compute, pattern))
+
+        def normalize(values: epilogue.Values, channel: list[str]) -> None:
+            high, low, scale, bias = channel
+            normalized = f"(({values.get(x)} - {high}) - {low}) * {scale} + {bias}"
+            values.define(y, rounded(y.data_type, normalized, compute))
+
+        reads = [x, *(t for t in epilogue_operands(fused) if t.id != x.id)]
+        per_channel = PerChannel("affine", AFFINE, normalize)
+        kernels.append(apply_kernel(ctx, fused, x, reads, full, compute, f"{pattern}_apply", per_channel))
     return FusedProgram(fused.name, tuple(kernels), (*scratch, affine))
+
+
+@dataclass(frozen=True)
+class PerChannel:
+    """What an apply kernel computes from ``count`` values per channel, read from the scratch
+    buffer ``scratch`` laid out [count][C]: ``define(values, channel)`` defines the anchor's
+    output in ``values`` from the C expressions of the element's channel's values."""
+
+    scratch: str
+    count: int
+    define: Callable[[epilogue.Values, list[str]], None]
 
 
 def _inner_run(x: Tensor, order: Sequence[int]) -> list[int]:
@@ -177,18 +197,26 @@ def _run_vector(full: Sequence[Tensor], x: Tensor, run: Sequence[int]) -> int:
     return widest_vector(full, fits)
 
 
-def _apply_kernel(
-    ctx: EmitContext, fused: FusedNode, x: Tensor, y: Tensor, outputs: list[Tensor], compute: str, pattern: str
+def apply_kernel(
+    ctx: EmitContext,
+    fused: FusedNode,
+    x: Tensor,
+    reads: list[Tensor],
+    outputs: list[Tensor],
+    compute: str,
+    pattern: str,
+    per_channel: PerChannel,
 ) -> Kernel:
-    """Each thread normalizes VEC consecutive elements (in x's memory order) per step of a
-    grid-stride loop; the per-channel affine comes from scratch (L1-resident)."""
+    """Each thread computes VEC consecutive elements (in x's memory order) per step of a
+    grid-stride loop from ``reads`` and the channel's values (scratch, L1-resident), then the
+    epilogue, and stores ``outputs`` (every one the size of x)."""
     dims, order = x.static_dim, stride_order(x.static_dim, x.static_stride)
-    operands = [t for t in epilogue_operands(fused) if t.id != x.id]
     params = KernelParams()
-    names = declare(params, [x, *operands], outputs)
-    params.scratch("affine", f"const {compute}")
+    names = declare(params, reads, outputs)
+    params.scratch(per_channel.scratch, f"const {compute}")
     params.aligned_flag()
-    tensors = [x, *operands, *outputs]
+    tensors = [*reads, *outputs]
+    count, values_of = per_channel.count, per_channel.scratch
     full = [t for t in tensors if not t.is_pass_by_value and t.dim == dims]
     # Vectors within the axes inside the channel (NCHW: H*W; NHWC: C itself), so that a
     # vector's channels follow from its first element; across the whole inner run otherwise.
@@ -217,11 +245,10 @@ def _apply_kernel(
 
         values = epilogue.Values(compute, load_operand, lambda t: row_major_index(t, dims, prefix))
         if vector and stationary:
-            high, low, scale, bias = (f"channel[{k}][e]" for k in range(AFFINE))
+            channel = [f"channel[{k}][e]" for k in range(count)]
         else:
-            high, low, scale, bias = (f"affine[{k * channels} + {prefix}1]" for k in range(AFFINE))
-        normalized = f"(({values.get(x)} - {high}) - {low}) * {scale} + {bias}"
-        values.define(y, rounded(y.data_type, normalized, compute))
+            channel = [f"{values_of}[{k * channels} + {prefix}1]" for k in range(count)]
+        per_channel.define(values, channel)
         epilogue.apply(fused.epilogue, values)
         if vector:
             stores = [f"r{t.id}.v[e] = {store(t.data_type, values.get(t))};" for t in outputs]
@@ -259,11 +286,11 @@ def _apply_kernel(
         if stationary:
             body += [
                 f"  const {itype} c0 = first * {vec} % {channels};  // the thread's channels, the same at every step",
-                f"  {compute} channel[{AFFINE}][{vec}];",
+                f"  {compute} channel[{count}][{vec}];",
                 "#pragma unroll",
                 f"  for (int e = 0; e < {vec}; ++e)",
                 "#pragma unroll",
-                f"    for (int k = 0; k < {AFFINE}; ++k) channel[k][e] = affine[k * {channels} + c0 + e];",
+                f"    for (int k = 0; k < {count}; ++k) channel[k][e] = {values_of}[k * {channels} + c0 + e];",
             ]
         body += [
             f"  for ({itype} v = first; v < {vectors}; v += stride) {{",
@@ -282,5 +309,5 @@ def _apply_kernel(
         *("  " + s for s in coordinates("p", dims, order, "q", itype) + element("q", False)),
         "}",
     ]
-    name, source = kernel_source(ctx, fused, f"{pattern}_apply", params, THREADS, indent(body, 1))
+    name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1))
     return Kernel(name, source, (blocks, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings))

@@ -3,8 +3,10 @@
 A direct fused node holds one node, its anchor. Each op kind has one emitter (in the
 ``direct_*`` modules, by kind of work): data movement as strided copies, pooling and
 resampling as per-output gathers, convolution gradients, and the reductions (genstats,
-backward norms, conv_wgrad) on one reduction pattern; block-scaled quantization; top-k, the
-router and the mixture-of-experts movement ops and grouped matmul.
+conv_wgrad) on one reduction pattern; block-scaled quantization; top-k, the
+router and the mixture-of-experts movement ops and grouped matmul. The backward norms have
+families of their own; layer and RMS norm backward of rows too long for registers come back
+to direct_norm.py's kernels.
 """
 
 from __future__ import annotations
@@ -29,9 +31,6 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "conv_dgrad": direct_conv.emit_dgrad,
     "conv_wgrad": direct_conv.emit_wgrad,
     "genstats": direct_norm.emit_genstats,
-    "batchnorm_backward": direct_norm.emit_norm_backward,
-    "layernorm_backward": direct_norm.emit_norm_backward,
-    "rmsnorm_backward": direct_norm.emit_norm_backward,
     "block_scale_quantize": direct_quantize.emit_quantize,
     "block_scale_dequantize": direct_quantize.emit_dequantize,
     "topk": direct_moe.emit_topk,

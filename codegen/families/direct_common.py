@@ -40,12 +40,17 @@ def written(fused: FusedNode, tensor: Tensor | None) -> bool:
 
 
 def declare(params: KernelParams, tensors: Iterable[Tensor | None], *, writable: bool = False) -> dict[int, str]:
-    """Declare each distinct tensor once (an op may read one tensor through two roles)."""
-    names: dict[int, str] = {}
+    """Declare each distinct tensor once per kernel (an op may read one tensor through two roles,
+    and two parts of a kernel may read the same one): those ``params`` has are reused."""
+    names = {
+        binding.tensor: declaration.split()[-1]
+        for declaration, binding in zip(params.declarations, params.bindings)
+        if binding.tensor is not None
+    }
     for t in tensors:
         if t is not None and t.id not in names:
             names[t.id] = params.tensor(t, writable=writable)
-    return names
+    return {t.id: names[t.id] for t in tensors if t is not None}
 
 
 def read(tensor: Tensor, name: str, offset: str, compute: str) -> str:

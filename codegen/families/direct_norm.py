@@ -1,5 +1,8 @@
 """Per-channel statistics (genstats) and the backward norms, on the reduction pattern.
 
+The backward norms have families of their own (rownorm_backward.py, batchnorm_backward.py);
+layer and RMS norm backward of rows too long for registers fall back to these kernels.
+
 genstats: the sum and the sum of squares over every axis but the channel axis (1).
 
 Backward norms (graphdnn/ops/norm_backward.py), with xhat = (x - mean) * inv_variance

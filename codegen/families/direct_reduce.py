@@ -52,6 +52,7 @@ class Sums:
     rows: bool  # the innermost axis in memory is reduced
     terms: Terms
     finish: Finish
+    min_split: int = MIN_SPLIT  # fewest reduced elements per split
 
     @property
     def kept_count(self) -> int:
@@ -76,7 +77,7 @@ def sums_kernels(
     group = min(THREADS, 1 << max(reduced - 1, 0).bit_length())  # a power of 2 >= reduced elements, <= THREADS
     per_block = THREADS // group if sums.rows else COLUMNS
     blocks = -(-kept // per_block)
-    splits = max(1, min(-(-TARGET_BLOCKS // blocks), reduced // MIN_SPLIT))
+    splits = max(1, min(-(-TARGET_BLOCKS // blocks), reduced // sums.min_split))
     chunk = -(-reduced // splits)
     splits = -(-reduced // chunk)
     count = len(sums.terms(KernelParams(), "long long")[1])

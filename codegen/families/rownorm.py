@@ -42,8 +42,8 @@ from fusion_rules import FusedNode
 from graphdnn.ir import Tensor
 
 from .. import epilogue
-from ..context import EmitContext, indent, kernel_source, pattern_name
-from ..kernel import FusedProgram, Kernel
+from ..context import EmitContext, indent
+from ..kernel import FusedProgram
 from ..pointwise import literal
 from .norm_statistics import epsilon, normalize, write_statistics
 from .rownorm_launch import candidates, configured
@@ -55,7 +55,8 @@ __all__ = ["candidates", "emit"]
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     layout = analyze(fused)
-    return FusedProgram(fused.name, (_RowKernel(fused, ctx, layout, configured(layout, ctx.tuning)).kernel(),))
+    row_kernel = _RowKernel(fused, ctx, layout, configured(layout, ctx.tuning))
+    return FusedProgram(fused.name, (row_kernel.kernel(row_kernel.body()),))
 
 
 class _RowKernel(RowAccess):
@@ -97,10 +98,6 @@ class _RowKernel(RowAccess):
         return self.slot_loop(width, [*loads, *declare, *self.element_loop(width, element), *after])
 
     # -- statistics ----------------------------------------------------------------------------
-    def reduce(self, value: str) -> str:
-        scratch = "red" if self.config.threads_per_row > 32 else "nullptr"
-        return f"gd::group_sum<GROUP, {self.compute}>({value}, {scratch}) / {literal(self.layout.width, self.compute)}"
-
     def squares(self, width: int) -> list[str]:
         """squares += this thread's (x - mean)^2 (RMS norm: x^2) over the elements it holds."""
         if not self.centered:
@@ -145,14 +142,6 @@ class _RowKernel(RowAccess):
         return write_statistics(self.anchor, self.names, self.row_offset, f"{active}lane == 0")
 
     # -- walking the rows ------------------------------------------------------------------------
-    def this_row(self, first: str) -> list[str]:
-        """``row``, ``active`` and the row offsets of this thread's row in the group starting at ``first``."""
-        return [
-            f"const {self.itype} row = {first} + threadIdx.x / GROUP;",
-            *(["const bool active = row < ROWS;"] if self.layout.rows % self.config.rows_per_block else []),
-            *self.row_prelude(),
-        ]
-
     def row_loop(self, width: int) -> list[str]:
         """Every row of this block's groups, the row's elements held width at a time."""
         per_row = [
@@ -166,15 +155,6 @@ class _RowKernel(RowAccess):
         else:
             per_row += self.chunked([*self.load_pass(width, False), *self.apply_pass(width)])
         return self.walk(per_row)
-
-    def walk(self, per_row: list[str]) -> list[str]:
-        """``per_row`` for each group of rows of this block (first: the group's first row)."""
-        step = f"({self.itype})gridDim.x * ROWS_PER_BLOCK"
-        return [
-            f"for ({self.itype} first = ({self.itype})blockIdx.x * ROWS_PER_BLOCK; first < ROWS; first += {step}) {{",
-            *indent(per_row, 1).splitlines(),
-            "}",
-        ]
 
     def pipelined_row_loop(self, width: int) -> list[str]:
         """The row loop with this thread's next row prefetched into in{id}[] (and the per-column
@@ -254,19 +234,3 @@ class _RowKernel(RowAccess):
             *indent(self.row_loop(1), 1).splitlines(),
             "}",
         ]
-
-    def kernel(self) -> Kernel:
-        threads = self.config.threads
-        name, source = kernel_source(
-            self.ctx,
-            self.fused,
-            pattern_name(self.fused),
-            self.params,
-            threads,
-            indent(self.body(), 1),
-            self.config.blocks_per_sm,
-        )
-        vectors = [t for t in self.memory if t.id in self.layout.packed]
-        alignment = max((self.layout.vec * t.data_type.itemsize for t in vectors), default=16)
-        grid = (min(self.blocks, 2**31 - 1), 1, 1)
-        return Kernel(name, source, grid, (threads, 1, 1), 0, tuple(self.params.bindings), max(alignment, 16))

@@ -57,7 +57,7 @@ class Config:
 
     def holds_columns(self, layout: RowLayout, sms: int) -> bool:
         """Whether the per-column operands stay in registers across rows (pipelined, where they fit)."""
-        needed = _registers(layout, self.vectors_per_thread, pipelined=True, hold=True)
+        needed = registers(layout, self.vectors_per_thread, pipelined=True, hold=True)
         fits = needed <= _limit(self.threads, self.blocks_per_sm)
         return self.pipelined(layout, sms) and bool(layout.columns) and fits
 
@@ -70,7 +70,7 @@ class Config:
         }
 
 
-def _registers(layout: RowLayout, vectors: int, pipelined: bool = False, hold: bool = False) -> float:
+def registers(layout: RowLayout, vectors: int, pipelined: bool = False, hold: bool = False) -> float:
     """Registers a thread needs (an estimate): its share of the row as loaded, and a fixed part;
     pipelined, the next row's raw vectors stay live through the apply pass and its operand
     loads, and the per-column operands when held."""
@@ -88,7 +88,7 @@ def _limit(threads: int, blocks_per_sm: int = 0) -> int:
 def _fits(layout: RowLayout, group: int, rows_per_block: int, vectors: int, blocks_per_sm: int = 0) -> bool:
     """Whether a thread's share of the row fits the registers __launch_bounds__ leaves it (with
     ``blocks_per_sm`` blocks resident: the pipelined loop)."""
-    needed = _registers(layout, vectors, pipelined=blocks_per_sm > 0)
+    needed = registers(layout, vectors, pipelined=blocks_per_sm > 0)
     return needed <= _limit(group * rows_per_block, blocks_per_sm)
 
 
@@ -147,7 +147,7 @@ def _single_wave(layout: RowLayout, arch: int, base: Config) -> Config | None:
         2 <= blocks <= MAX_BLOCKS_PER_SM
         and blocks * base.threads <= MAX_THREADS_PER_SM
         and base.chunks(layout) == 1
-        and floor <= _limit(base.threads, blocks) < _registers(layout, base.vectors_per_thread)
+        and floor <= _limit(base.threads, blocks) < registers(layout, base.vectors_per_thread)
     ):
         return Config(base.threads_per_row, base.rows_per_block, base.vectors_per_thread, blocks)
     return None
@@ -159,7 +159,11 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, int]]:
     launch in a single wave where its grid is just over one; then pipelined resident grids
     (sized for ``arch``'s SMs) of the heuristic's group and of the group half its size (twice the
     vectors per thread), 128-thread blocks."""
-    layout = analyze(fused)
+    return [c.as_dict() for c in layout_candidates(analyze(fused), arch)]
+
+
+def layout_candidates(layout: RowLayout, arch: int) -> list[Config]:
+    """:func:`candidates` for a layout (whose register bytes per element size them)."""
     first = heuristic(layout)
     found = [first]
     group = min(_pow2_at_least(-(-layout.vectors // MAX_VECTORS)), MAX_THREADS // 4)
@@ -175,7 +179,7 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, int]]:
         if group >= 1:
             base = _config(layout, group, _rows_per_block(group))
             found += [c for c in _pipelined(layout, arch, base) if c not in found]
-    return [c.as_dict() for c in found]
+    return list(dict.fromkeys(found))  # two warp counts can make the same blocks per SM
 
 
 def configured(layout: RowLayout, tuning: dict[str, object]) -> Config:

@@ -80,7 +80,7 @@ def analyze(fused: FusedNode) -> RowLayout:
     )
     vec = vec if vectorizable else 1
     loaded = fused.prologue.input_tensors() if fused.prologue is not None else [x]
-    raw = sum(_raw_bytes(t, vec) for t in {t.id: t for t in loaded}.values() if t.id in packed)
+    raw = sum(raw_register_bytes(t, vec) for t in {t.id: t for t in loaded}.values() if t.id in packed)
     applied = [t for t in _apply_operands(fused) if t.id in packed]
     columns = [t for t in applied if t.dim != x.dim and _same_for_every_row(t, x, axes)]
     compute_bytes = 8 if compute_of(memory) == "double" else 4
@@ -94,9 +94,9 @@ def analyze(fused: FusedNode) -> RowLayout:
         vec,
         compute_bytes,
         raw,
-        sum(_raw_bytes(t, vec) for t in applied),
+        sum(raw_register_bytes(t, vec) for t in applied),
         tuple(sorted(t.id for t in columns)),
-        sum(compute_bytes - _raw_bytes(t, vec) for t in columns),
+        sum(compute_bytes - raw_register_bytes(t, vec) for t in columns),
     )
 
 
@@ -111,7 +111,7 @@ def _apply_operands(fused: FusedNode) -> list[Tensor]:
     return [t for t in {t.id: t for t in read}.values() if t.id in inputs and t.id != x.id]
 
 
-def _raw_bytes(t: Tensor, vec: int) -> float:
+def raw_register_bytes(t: Tensor, vec: int) -> float:
     """Register bytes per element of ``t``'s raw vectors: whole 32-bit registers, so a 16-bit
     element alone (vec 1) takes four."""
     return max(4, t.data_type.itemsize * vec) / vec

@@ -9,9 +9,11 @@ from graphdnn.arch import sm_count
 from graphdnn.ir import Tensor
 from graphdnn.layout import storage_extent
 
-from ..context import EmitContext, KernelParams, compute_of, indent, scalar_value
+from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, pattern_name, scalar_value
 from ..cuda_types import cuda_type, load, store
 from ..indexing import coordinates, index_type, offset, restricted, row_major
+from ..kernel import Kernel
+from ..pointwise import literal
 from .rownorm_launch import Config
 from .rownorm_layout import RowLayout, memory_tensors
 
@@ -88,6 +90,46 @@ class RowAccess:
         self.results = [t for t in fused.outputs if t.id != self.x.id and t.id not in self.stats]
         # Per-column operands held in registers across rows (col{id}[]) on the path being written.
         self.held: dict[int, Tensor] = {}
+
+    # -- walking the rows ------------------------------------------------------------------------
+    def this_row(self, first: str) -> list[str]:
+        """``row``, ``active`` and the row offsets of this thread's row in the group starting at ``first``."""
+        return [
+            f"const {self.itype} row = {first} + threadIdx.x / GROUP;",
+            *(["const bool active = row < ROWS;"] if self.layout.rows % self.config.rows_per_block else []),
+            *self.row_prelude(),
+        ]
+
+    def walk(self, per_row: list[str]) -> list[str]:
+        """``per_row`` for each group of rows of this block (first: the group's first row)."""
+        step = f"({self.itype})gridDim.x * ROWS_PER_BLOCK"
+        return [
+            f"for ({self.itype} first = ({self.itype})blockIdx.x * ROWS_PER_BLOCK; first < ROWS; first += {step}) {{",
+            *indent(per_row, 1).splitlines(),
+            "}",
+        ]
+
+    def reduce(self, value: str) -> str:
+        """The mean over the row of ``value``, summed over the row's group (every thread of the block calls it)."""
+        scratch = "red" if self.config.threads_per_row > 32 else "nullptr"
+        return f"gd::group_sum<GROUP, {self.compute}>({value}, {scratch}) / {literal(self.layout.width, self.compute)}"
+
+    def kernel(self, body: list[str]) -> Kernel:
+        """The kernel running ``body`` on this launch's grid (``blocks``) and blocks."""
+        threads = self.config.threads
+        name, source = kernel_source(
+            self.ctx,
+            self.fused,
+            pattern_name(self.fused),
+            self.params,
+            threads,
+            indent(body, 1),
+            self.config.blocks_per_sm,
+        )
+        vectors = [t for t in self.memory if t.id in self.layout.packed]
+        alignment = max((self.layout.vec * t.data_type.itemsize for t in vectors), default=16)
+        grid = (min(self.blocks, 2**31 - 1), 1, 1)
+        return Kernel(name, source, grid, (threads, 1, 1), 0, tuple(self.params.bindings), max(alignment, 16))
 
     # -- offsets -------------------------------------------------------------------------------
     def row_offset(self, t: Tensor) -> str:

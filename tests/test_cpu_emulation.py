@@ -1,0 +1,90 @@
+"""The backward-norm kernels run on the CPU (tests/cpu_emulation.py) against the reference:
+their index math (rows and columns of each thread, the blocks' partial sums, the per-channel
+sums, the vector and element paths) checked on a machine without a GPU. Float, double and half
+kernels, small shapes; the `gpu` tests run every type and the large shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graphdnn as gd
+from codegen import emitter
+from codegen.context import EmitContext
+from fusion_rules import fuse
+from graphdnn.compare import relative_error, tolerance
+from graphdnn.random_inputs import random_inputs
+from graphdnn.signature import signature
+from tests import cpu_emulation
+from tests.test_codegen_batchnorm_backward import bn_backward
+from tests.test_codegen_norm_backward import Case, build, fused_graph
+
+pytestmark = pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+
+GRAPHS = [
+    build(Case("layernorm_backward", "float", (7, 33), (1, 33))),  # 2 rows per block, a 64-thread group
+    build(Case("layernorm_backward", "half", (7, 1000), (1, 1000))),  # 8-element vectors
+    build(Case("rmsnorm_backward", "float", (1000, 1), (1, 1))),  # 128 rows per block
+    build(Case("rmsnorm_backward_nobias", "float", (3, 768), (1, 768))),
+    build(Case("layernorm_backward", "float", (3, 6, 5, 7), (1, 6, 5, 7), layout="nhwc")),
+    build(Case("layernorm_backward", "float", (4, 3, 5), (1, 3, 1))),  # a strided normalized axis
+    build(Case("layernorm_backward", "double", (3, 17), (1, 17))),
+    build(Case("layernorm_backward", "float", (3, 5000), (1, 5000))),  # too long: the direct kernels
+    fused_graph("float", 7, 1000, prologue="mask_out"),
+    fused_graph("float", 7, 33, "rmsnorm_backward", prologue="zero_centred"),
+    fused_graph("half", 7, 768, "rmsnorm_backward", prologue="mask_out"),
+    bn_backward("float", [7, 3, 5, 5], "nhwc", fused=True),
+    bn_backward("float", [3, 33, 7]),
+    bn_backward("half", [2, 37, 5, 3], "nhwc", fused=True),
+    bn_backward("float", [8, 2, 16, 16], fused=True),  # the sums split in 4, then finalized
+    bn_backward("double", [2, 3, 4, 5]),
+]
+
+
+# Resident grids of one block per SM whose blocks walk several row groups: the next rows' loads
+# are prefetched (tuned: the heuristic does not choose them).
+PIPELINED = [
+    (build(Case("layernorm_backward", "float", (1000, 33), (1, 33))), (64, 2, 1, 1)),
+    (fused_graph("half", 999, 256, "rmsnorm_backward", prologue="zero_centred"), (32, 4, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("aligned", [1, 0], ids=["vectors", "elements"])
+@pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: g.name)
+def test_matches_reference_on_the_cpu(
+    graph: gd.OperationGraphSpec, aligned: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    check(graph, aligned, {}, tmp_path_factory)
+
+
+@pytest.mark.parametrize("aligned", [1, 0], ids=["vectors", "elements"])
+@pytest.mark.parametrize("item", PIPELINED, ids=lambda item: item[0].name)
+def test_pipelined_matches_reference_on_the_cpu(
+    item: tuple[gd.OperationGraphSpec, tuple[int, int, int, int]],
+    aligned: int,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    graph, choice = item
+    keys = ("threads_per_row", "rows_per_block", "vectors_per_thread", "blocks_per_sm")
+    check(graph, aligned, dict(zip(keys, choice)), tmp_path_factory)
+
+
+def check(
+    graph: gd.OperationGraphSpec, aligned: int, tuning: dict[str, object], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build_dir.mkdir(exist_ok=True)
+    ir = graph.validate()
+    feeds = random_inputs(ir, 0)
+    expected = gd.reference.execute(ir, feeds)
+    memory = dict(feeds)
+    for fused in fuse(ir).nodes:
+        program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning))
+        if tuning:
+            assert "the next rows' loads" in program.kernels[0].source
+        memory.update(cpu_emulation.run(fused, program, memory, aligned, build_dir))
+    for t in ir.outputs:
+        error = relative_error(memory[t.name].astype(np.float64), expected[t.name].astype(np.float64))
+        assert error <= tolerance(t.data_type), f"{t.name}: {error:.3g}"
