@@ -75,7 +75,9 @@ class PlanEntry:
 
     @property
     def key(self) -> str:
-        return self.fields.key
+        """The key it is stored under: its fields' key, or, for a plan autotuned on a GPU model,
+        the key of that model's tuned plan (so a plan tuned on one model never answers another)."""
+        return self.fields.key if self.tuned_on is None else self.fields.tuned_key(self.tuned_on)
 
     def encode(self) -> bytes:
         document = {
