@@ -101,6 +101,15 @@ def test_the_cuda_headers_version_is_the_runtime_wheels() -> None:
     assert other.key != fields.key and other.kernel_key("0" * 64) != fields.kernel_key("0" * 64)
 
 
+def test_a_plan_of_a_key_without_the_headers_field_is_refused_clearly(cache_dir: Path) -> None:
+    stored = next(f for f in DiskStore(cache_dir).files() if f.kind == "plan")
+    document = json.loads(container.decode(stored.path.read_bytes(), "plan")["plan"])
+    del document["fields"]["headers"]  # as graphdnn wrote it before the headers' version was a field
+    old = container.encode("plan", {"plan": json.dumps(document).encode()})
+    with pytest.raises(container.EntryError, match="written by an older graphdnn: no key field headers"):
+        trusted_plan(old, stored.key)
+
+
 def test_toolkit_headers_are_known_by_their_version_macro(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from codegen import nvrtc
 

@@ -7,6 +7,7 @@ that the entry is the one its file name promises.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -96,6 +97,9 @@ class PlanEntry:
         read entries through ``trust.trusted_plan``."""
         document = _json(container.decode(data, "plan"), "plan")
         try:
+            missing = [f.name for f in dataclasses.fields(KeyFields) if f.name not in document["fields"]]
+            if missing:  # an entry of a graphdnn whose key had fewer fields: its key is never looked up again
+                raise EntryError(f"written by an older graphdnn: no key field {', '.join(missing)}")
             entry = cls(
                 fields=KeyFields(**{name: _scalar(value) for name, value in document["fields"].items()}),
                 program=LaunchProgram.from_json(document["program"]),
