@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import graphdnn as gd
-from graphdnn import autotune
+from graphdnn import autotune, cli
 from graphdnn.cache.entries import KernelBinary
 from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.cache.trust import trusted_plan
@@ -98,7 +98,7 @@ def test_autotuning_on_the_gpu() -> None:
 
 
 def test_each_gpu_model_keeps_its_own_tuned_plan(
-    fake_gpu: PreferSecond, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    fake_gpu: PreferSecond, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     graph = plan_graphs.matmul_relu()
     untuned = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path))
@@ -120,6 +120,9 @@ def test_each_gpu_model_keeps_its_own_tuned_plan(
         for entry in [trusted_plan(f.path.read_bytes(), f.key)]
     }
     assert stored == {None, "NVIDIA H200", "NVIDIA H100 80GB HBM3"}  # nobody overwrote anybody
+    assert cli.main(["cache", "ls", "--cache-dir", str(tmp_path)]) == 0
+    listed = capsys.readouterr().out
+    assert "tuned on NVIDIA H200" in listed and "tuned on NVIDIA H100 80GB HBM3" in listed
     fake_model(monkeypatch, "NVIDIA H200")
     again = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
     assert (again.origin, again.tuned_on, again.key) == ("disk cache", "NVIDIA H200", h200.key)

@@ -119,9 +119,10 @@ def _ls(args: argparse.Namespace) -> int:
             print(f"{printable(stored.key[:16])}…  BAD: {printable(str(error))}")
             continue
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created))
+        tuned = f"  tuned on {printable(entry.tuned_on)}" if entry.tuned_on is not None else ""
         print(
             f"{stored.key[:16]}…  {printable(entry.graph_name)[:28]:<28} {entry.fields.arch:<6} "
-            f"{len(entry.program.kernel_keys):>7} {_size(entry.program.workspace_size):>10}  {created}"
+            f"{len(entry.program.kernel_keys):>7} {_size(entry.program.workspace_size):>10}  {created}{tuned}"
         )
     return 0
 
