@@ -96,9 +96,12 @@ class SizeCap:
     def evict(self) -> Eviction | None:
         """Remove the least recently used entries until they fill at most LOW_WATER of the cap
         (none when under it), then every plan left without one of its kernels (it could only
-        be rebuilt); None when another process is evicting."""
-        self._base.mkdir(parents=True, exist_ok=True)
-        handle = os.open(self._base / "evict.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        be rebuilt); None when another process is evicting or the lock cannot be made."""
+        try:
+            self._base.mkdir(parents=True, exist_ok=True)
+            handle = os.open(self._base / "evict.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return None  # a cache this process cannot write: nothing it could remove either
         try:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
