@@ -7,7 +7,8 @@ heuristic choice, which is also what a machine without a GPU gets. With
 is emitted and compiled (into the plan cache, so the winner costs nothing more when the
 plan is built), then run alone on the GPU on random inputs and timed with CUDA events
 (median of rounds); the choices of the fastest are stored in the plan-cache entry with
-the plan, together with the name of the GPU they were timed on.
+the plan, together with the name of the GPU model they were timed on: a tuned plan is
+stored per model (two sm_90 models keep one each), beside the untuned plan of the arch.
 """
 
 from __future__ import annotations
@@ -61,9 +62,8 @@ def tune(
     return chosen
 
 
-def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> tuple[Measure, str]:
-    """A Measure that runs programs on the current GPU (random graph inputs, zeroed
-    workspace), and that GPU's name."""
+def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> Measure:
+    """A Measure that runs programs on the current GPU (random graph inputs, zeroed workspace)."""
     from .runtime import driver, modules
     from .runtime.device_array import DeviceArray, DeviceMemory
     from .runtime.launch import BoundPlan, pack_arguments
@@ -100,7 +100,7 @@ def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> tuple[Measure, str]:
         bound = BoundPlan(device, 0, program.launches, kernels, slots, {}, [workspace, arrays])
         return sum(kernel_times_us(bound, rounds))
 
-    return measure, device.name
+    return measure
 
 
 def _scalars(ir: Graph) -> list[Tensor]:

@@ -50,8 +50,9 @@ def compile(
     $GRAPHDNN_CACHE_DIR, else the user cache directory), a directory, a PlanCache, or
     None for no caching. ``disable``: fusion rules to turn off. ``require_cached``: make
     any cache miss an error (default: $GRAPHDNN_REQUIRE_CACHED=1). ``jobs``: NVRTC threads.
-    ``autotune``: time the families' launch candidates on the current GPU and keep the
-    fastest (a cached plan built without tuning is then rebuilt, unless require_cached).
+    ``autotune``: use the plan tuned on the current GPU's model, else time the families'
+    launch candidates on that GPU and store the fastest for that model (under
+    require_cached, the untuned plan serves when no tuned one is stored).
     ``tuning``: explicit launch choices by fused-node name (as ``graphdnn inspect --fused``
     names them), e.g. ``{"conv_bn_act_0": {"block_m": 64, "block_n": 64, "stages": 4}}``;
     for experiments and tests, so such a plan bypasses the cache.
@@ -65,13 +66,27 @@ def compile(
     require = env_flag("GRAPHDNN_REQUIRE_CACHED") if require_cached is None else require_cached
     job = Compilation.of(ir, resolve_arch(arch), disable)
     if tuning is not None:
-        return _build(job, None, jobs, False, _positions(job, tuning))
-    found = plan_cache.lookup(job.fields.key, job.canonical_tensors) if plan_cache is not None else None
-    if found is not None and (not autotune or found.entry.tuned_on is not None or require):
+        return _build(job, None, jobs, None, _positions(job, tuning))
+    gpu = tuning_gpu(job.target) if autotune else None
+    found = cached_plan(plan_cache, job, gpu, require)
+    if found is not None:
         return _from_cache(job, found)
     if require:
         raise CacheMissError(_miss_message(ir, job.fields, plan_cache))
-    return _build(job, plan_cache, jobs, autotune)
+    return _build(job, plan_cache, jobs, gpu)
+
+
+def cached_plan(plan_cache: PlanCache | None, job: Compilation, gpu: str | None, require: bool) -> CachedPlan | None:
+    """The stored plan of ``job``: the untuned one shared by every GPU of the arch, or with
+    autotuning (``gpu``: the model tuned on) the one tuned on that model; under
+    ``require`` a missing tuned plan falls back to the untuned one."""
+    if plan_cache is None:
+        return None
+    if gpu is not None:
+        found = plan_cache.lookup(job.fields.tuned_key(gpu), job.canonical_tensors)
+        if found is not None or not require:
+            return found
+    return plan_cache.lookup(job.fields.key, job.canonical_tensors)
 
 
 def _from_cache(job: Compilation, found: CachedPlan) -> Plan:
@@ -91,16 +106,15 @@ def _build(
     job: Compilation,
     plan_cache: PlanCache | None,
     jobs: int | None,
-    autotune: bool,
+    tuned_on: str | None,
     tuning: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> Plan:
     from .kernel_build import build_kernels
     from .lower import lower
 
     start = time.perf_counter()
-    tuned_on = None
-    if autotune:
-        tuning, tuned_on = tuned_choices(job, plan_cache, jobs)
+    if tuned_on is not None:
+        tuning = tuned_choices(job, plan_cache, jobs)
     lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key, tuning=tuning)
     binaries, compiled = build_kernels(lowered.sources, job.target, plan_cache, jobs)
     if plan_cache is not None:
@@ -119,7 +133,7 @@ def _build(
         job.target,
         lowered.program,
         binaries,
-        key=job.fields.key,
+        key=job.fields.key if tuned_on is None else job.fields.tuned_key(tuned_on),
         origin="compiled",
         compiled=compiled,
         tuned_on=tuned_on,
@@ -137,19 +151,23 @@ def _positions(job: Compilation, tuning: Mapping[str, Mapping[str, Any]]) -> dic
     return {names.index(name): choice for name, choice in tuning.items()}
 
 
-def tuned_choices(
-    job: Compilation, plan_cache: PlanCache | None, jobs: int | None
-) -> tuple[dict[int, dict[str, Any]], str]:
-    """Autotuned launch choices by fused-node position, and the GPU they were timed on."""
-    from .autotune import gpu_measure, tune
-    from .runtime.driver import current_gpu_arch
+def tuning_gpu(target: int) -> str:
+    """The model of the current GPU (its name, e.g. 'NVIDIA H100 80GB HBM3'): autotuning times
+    kernels on it, and stores the plan for that model. UnsupportedError unless it runs ``target``."""
+    from .runtime.driver import current_device, current_gpu_arch
 
     current = current_gpu_arch()
-    if current is None or not runs_on(job.target, current):
+    if current is None or not runs_on(target, current):
         found = "no usable GPU" if current is None else f"the current GPU is {arch_name(current)}"
-        raise UnsupportedError(f"autotuning times kernels on a GPU that runs {arch_name(job.target)}: {found}")
-    measure, device_name = gpu_measure(job.ir)
-    return tune(job, measure, cache=plan_cache, jobs=jobs), device_name
+        raise UnsupportedError(f"autotuning times kernels on a GPU that runs {arch_name(target)}: {found}")
+    return current_device().name
+
+
+def tuned_choices(job: Compilation, plan_cache: PlanCache | None, jobs: int | None) -> dict[int, dict[str, Any]]:
+    """Launch choices by fused-node position, autotuned on the current GPU (see tuning_gpu)."""
+    from .autotune import gpu_measure, tune
+
+    return tune(job, gpu_measure(job.ir), cache=plan_cache, jobs=jobs)
 
 
 def store_plan(

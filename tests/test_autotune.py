@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import graphdnn as gd
-from graphdnn import autotune
+from graphdnn import autotune, cli
 from graphdnn.cache.entries import KernelBinary
 from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.cache.trust import trusted_plan
@@ -38,8 +38,14 @@ class PreferSecond:
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> PreferSecond:
     timer = PreferSecond()
     monkeypatch.setattr(driver, "current_gpu_arch", lambda: 90)
-    monkeypatch.setattr(autotune, "gpu_measure", lambda ir: (timer, "Fake GPU"))
+    monkeypatch.setattr(autotune, "gpu_measure", lambda ir: timer)
+    fake_model(monkeypatch, "Fake GPU")
     return timer
+
+
+def fake_model(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The current GPU is an sm_90 GPU of model ``name``."""
+    monkeypatch.setattr(driver, "current_device", lambda: driver.Device(0, 0, 0, 90, name))
 
 
 def test_the_fastest_candidate_is_built_and_stored(fake_gpu: PreferSecond, tmp_path: Path) -> None:
@@ -89,3 +95,53 @@ def test_autotuning_on_the_gpu() -> None:
     plan = check_on_gpu(plan_graphs.matmul_relu(), cache=None, autotune=True)
     assert plan.tuned_on is not None and plan.program.tuning[0]
     assert driver.current_gpu_arch() is not None
+
+
+def test_each_gpu_model_keeps_its_own_tuned_plan(
+    fake_gpu: PreferSecond, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    graph = plan_graphs.matmul_relu()
+    untuned = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path))
+    fake_model(monkeypatch, "NVIDIA H200")
+    h200 = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
+    fake_model(monkeypatch, "NVIDIA H100 80GB HBM3")
+    h100 = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
+    assert (h200.origin, h200.tuned_on, h100.origin, h100.tuned_on) == (
+        "compiled",
+        "NVIDIA H200",
+        "compiled",
+        "NVIDIA H100 80GB HBM3",
+    )  # the H200's tuned plan was not used on the H100
+    assert len({untuned.key, h200.key, h100.key}) == 3
+    stored = {
+        entry.tuned_on
+        for f in PlanCache(tmp_path).store.files()  # type: ignore[union-attr]
+        if f.kind == "plan"
+        for entry in [trusted_plan(f.path.read_bytes(), f.key)]
+    }
+    assert stored == {None, "NVIDIA H200", "NVIDIA H100 80GB HBM3"}  # nobody overwrote anybody
+    assert cli.main(["cache", "ls", "--cache-dir", str(tmp_path)]) == 0
+    listed = capsys.readouterr().out
+    assert "tuned on NVIDIA H200" in listed and "tuned on NVIDIA H100 80GB HBM3" in listed
+    fake_model(monkeypatch, "NVIDIA H200")
+    again = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
+    assert (again.origin, again.tuned_on, again.key) == ("disk cache", "NVIDIA H200", h200.key)
+    plain = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path))  # untuned plans stay shared per arch
+    assert (plain.origin, plain.tuned_on, plain.key) == ("disk cache", None, untuned.key)
+
+
+def test_a_tuned_plan_filed_under_another_models_key_is_rejected(
+    fake_gpu: PreferSecond, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    graph = plan_graphs.matmul_relu()
+    fake_model(monkeypatch, "NVIDIA H200")
+    h200 = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
+    store = PlanCache(tmp_path).store
+    assert store is not None and h200.key is not None
+    h100_key = trusted_plan(store.plan_path(h200.key).read_bytes(), h200.key).fields.tuned_key("NVIDIA H100")
+    store.plan_path(h100_key).parent.mkdir(parents=True, exist_ok=True)
+    store.plan_path(h100_key).write_bytes(store.plan_path(h200.key).read_bytes())
+    fake_model(monkeypatch, "NVIDIA H100")
+    with pytest.warns(gd.CacheWarning, match="holds plan"):
+        h100 = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
+    assert (h100.origin, h100.tuned_on, h100.key) == ("compiled", "NVIDIA H100", h100_key)

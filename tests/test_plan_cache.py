@@ -8,6 +8,7 @@ copy of it, so the whole file needs only a handful of NVRTC compiles.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import io
 import json
 import multiprocessing
@@ -24,7 +25,7 @@ import graphdnn as gd
 from graphdnn import cli
 from graphdnn.cache import container
 from graphdnn.cache.archive import export_cache, import_cache
-from graphdnn.cache.key import FORMAT_VERSION, KeyFields, _source_files, key_fields
+from graphdnn.cache.key import FORMAT_VERSION, KeyFields, _source_files, headers_version, key_fields
 from graphdnn.cache.lru import LRU
 from graphdnn.cache.plan_cache import PlanCache, default_directory
 from graphdnn.cache.store import CacheWarning, DiskStore
@@ -66,6 +67,7 @@ def test_every_key_field_changes_the_key() -> None:
         "arch": "sm_80",
         "codegen": "1" * 64,
         "nvrtc": "99.9",
+        "headers": "CUDART_VERSION 99090",
         "options": fields.options + ";extra",
         "disabled_rules": "pointwise_group",
     }
@@ -87,6 +89,41 @@ def test_names_uids_and_declaration_order_do_not_change_the_key() -> None:
     base = key_fields(plan_graphs.add_relu().validate(), 90)
     renamed = plan_graphs.add_relu("other", names=("input", "bias", "out"), bias_first=True)
     assert key_fields(renamed.validate(), 90) == base
+
+
+def test_the_cuda_headers_version_is_the_runtime_wheels() -> None:
+    from codegen.nvrtc import include_paths
+
+    fields = key_fields(plan_graphs.add_relu().validate(), 90)
+    assert fields.headers == f"nvidia-cuda-runtime {importlib.metadata.version('nvidia-cuda-runtime')}"
+    assert any(Path(d, "cuda_runtime_api.h").is_file() for d in include_paths())
+    other = dataclasses.replace(fields, headers="nvidia-cuda-runtime 0.0.1")
+    assert other.key != fields.key and other.kernel_key("0" * 64) != fields.kernel_key("0" * 64)
+
+
+def test_a_plan_of_a_key_without_the_headers_field_is_refused_clearly(cache_dir: Path) -> None:
+    stored = next(f for f in DiskStore(cache_dir).files() if f.kind == "plan")
+    document = json.loads(container.decode(stored.path.read_bytes(), "plan")["plan"])
+    del document["fields"]["headers"]  # as graphdnn wrote it before the headers' version was a field
+    old = container.encode("plan", {"plan": json.dumps(document).encode()})
+    with pytest.raises(container.EntryError, match="written by an older graphdnn: no key field headers"):
+        trusted_plan(old, stored.key)
+
+
+def test_toolkit_headers_are_known_by_their_version_macro(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from codegen import nvrtc
+
+    (tmp_path / "cuda_runtime_api.h").write_text("#ifndef X\n#define CUDART_VERSION  12080\n#endif\n")
+    monkeypatch.setattr(nvrtc, "include_paths", lambda: (str(tmp_path),))
+    headers_version.cache_clear()
+    try:
+        assert headers_version() == "CUDART_VERSION 12080"
+        (tmp_path / "cuda_runtime_api.h").write_text("/* no version */\n")
+        headers_version.cache_clear()
+        with pytest.raises(gd.GraphError, match="defines no CUDART_VERSION"):
+            headers_version()
+    finally:
+        headers_version.cache_clear()
 
 
 def test_the_codegen_version_covers_codegen_fusion_rules_and_the_ir() -> None:

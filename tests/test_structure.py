@@ -119,6 +119,7 @@ def test_autotuning_fuses_once_and_signs_once(
     calls: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(driver, "current_gpu_arch", lambda: 90)
-    monkeypatch.setattr(autotune, "gpu_measure", lambda ir: (lambda program, binaries: 1.0, "Fake GPU"))
+    monkeypatch.setattr(autotune, "gpu_measure", lambda ir: lambda program, binaries: 1.0)
+    monkeypatch.setattr(driver, "current_device", lambda: driver.Device(0, 0, 0, 90, "Fake GPU"))
     gd.compile(plan_graphs.matmul_relu().validate(), arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
     assert calls == {"fuse": 1, "signature": 1}

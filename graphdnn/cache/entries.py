@@ -7,6 +7,7 @@ that the entry is the one its file name promises.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -75,7 +76,9 @@ class PlanEntry:
 
     @property
     def key(self) -> str:
-        return self.fields.key
+        """The key it is stored under: its fields' key, or, for a plan autotuned on a GPU model,
+        the key of that model's tuned plan (so a plan tuned on one model never answers another)."""
+        return self.fields.key if self.tuned_on is None else self.fields.tuned_key(self.tuned_on)
 
     def encode(self) -> bytes:
         document = {
@@ -94,6 +97,9 @@ class PlanEntry:
         read entries through ``trust.trusted_plan``."""
         document = _json(container.decode(data, "plan"), "plan")
         try:
+            missing = [f.name for f in dataclasses.fields(KeyFields) if f.name not in document["fields"]]
+            if missing:  # an entry of a graphdnn whose key had fewer fields: its key is never looked up again
+                raise EntryError(f"written by an older graphdnn: no key field {', '.join(missing)}")
             entry = cls(
                 fields=KeyFields(**{name: _scalar(value) for name, value in document["fields"].items()}),
                 program=LaunchProgram.from_json(document["program"]),

@@ -9,6 +9,7 @@ emit stage: the codegen version is a hash of source files, read as bytes.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import re
@@ -39,6 +40,7 @@ class KeyFields:
     arch: str  # compilation target, e.g. sm_90
     codegen: str  # sha256 of the codegen, fusion_rules and code-shaping graphdnn sources
     nvrtc: str  # NVRTC version, e.g. 13.0
+    headers: str  # the CUDA headers NVRTC compiles against, e.g. nvidia-cuda-runtime 13.0.96 (headers_version())
     options: str  # NVRTC compile options (codegen.nvrtc.options_key())
     disabled_rules: str  # fusion rules turned off for this build, sorted, comma-separated
 
@@ -49,7 +51,15 @@ class KeyFields:
 
     def kernel_key(self, content_hash: str) -> str:
         """The key of one compiled kernel: its source plus what compiles it (not the graph)."""
-        text = json.dumps([self.format, content_hash, self.arch, self.nvrtc, self.options], separators=(",", ":"))
+        text = json.dumps(
+            [self.format, content_hash, self.arch, self.nvrtc, self.headers, self.options], separators=(",", ":")
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def tuned_key(self, gpu: str) -> str:
+        """The key of the plan autotuned on GPU model ``gpu``: one per model, beside the untuned
+        plan (``key``) that every GPU of the arch shares."""
+        text = json.dumps([self.key, gpu], separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
     def describe(self) -> str:
@@ -61,24 +71,64 @@ class KeyFields:
 
 def key_fields(ir: Graph, arch: int, disable: Iterable[str] = (), graph_signature: str | None = None) -> KeyFields:
     """The key fields of compiling ``ir`` for sm_``arch`` (``graph_signature``: ``ir``'s, if already known)."""
-    nvrtc, options = toolchain()
+    nvrtc, headers, options = toolchain()
     return KeyFields(
         format=FORMAT_VERSION,
         signature=graph_signature or signature(ir),
         arch=arch_name(arch),
         codegen=codegen_version(),
         nvrtc=nvrtc,
+        headers=headers,
         options=options,
         disabled_rules=",".join(sorted(set(disable))),
     )
 
 
-def toolchain() -> tuple[str, str]:
-    """(NVRTC version, compile options). Reads codegen.nvrtc, which imports neither
-    fusion_rules nor the emitters. The options are read each time (GRAPHDNN_LINEINFO)."""
+def toolchain() -> tuple[str, str, str]:
+    """(NVRTC version, CUDA headers version, compile options). Reads codegen.nvrtc, which
+    imports neither fusion_rules nor the emitters. The options are read each time
+    (GRAPHDNN_LINEINFO)."""
     from codegen.nvrtc import options_key
 
-    return nvrtc_version(), options_key()
+    return nvrtc_version(), headers_version(), options_key()
+
+
+@cache
+def headers_version() -> str:
+    """The version of the CUDA headers NVRTC compiles against (``codegen.nvrtc.include_paths()``).
+
+    Where they are the nvidia-cuda-runtime wheel's, the wheel's full version
+    ('nvidia-cuda-runtime 13.0.96'): a patch release may change ``cuda_fp16.hpp`` and
+    friends without changing the version macro. Otherwise (a CUDA toolkit's include
+    directory) the ``CUDART_VERSION`` macro of its ``cuda_runtime_api.h`` ('CUDART_VERSION 13000').
+    """
+    from codegen.nvrtc import CompileError, include_paths
+
+    header = next((Path(d) / _HEADER for d in include_paths() if (Path(d) / _HEADER).is_file()), None)
+    if header is None:
+        raise CompileError(f"{_HEADER} not found in the CUDA include path {', '.join(include_paths())}")
+    wheel = _wheel_version(header.resolve())
+    if wheel is not None:
+        return f"nvidia-cuda-runtime {wheel}"
+    found = re.search(rb"^\s*#\s*define\s+CUDART_VERSION\s+(\d+)", header.read_bytes(), re.MULTILINE)
+    if found is None:
+        raise CompileError(f"{header} defines no CUDART_VERSION: cannot tell the CUDA headers' version")
+    return f"CUDART_VERSION {found.group(1).decode()}"
+
+
+_HEADER = "cuda_runtime_api.h"
+
+
+def _wheel_version(header: Path) -> str | None:
+    """The version of the nvidia-cuda-runtime distribution, if ``header`` is one of its files."""
+    try:
+        wheel = importlib.metadata.distribution("nvidia-cuda-runtime")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in wheel.files or ():
+        if file.name == _HEADER and Path(str(wheel.locate_file(file))).resolve() == header:
+            return wheel.version
+    return None
 
 
 @cache

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..env import env_flag
 from .container import EntryError
 from .entries import KernelBinary, PlanEntry
+from .evict import max_bytes_from_env
 from .lru import LRU
 from .remote import RemoteCache, remote_from_env
 from .store import CacheWarning, DiskStore
@@ -61,7 +62,8 @@ class CachedPlan:
 
 class PlanCache:
     """Plans and compiled kernels; ``directory=None`` keeps them in memory only. ``remote``:
-    a shared tier behind the disk (``remote.open_remote(url)``)."""
+    a shared tier behind the disk (``remote.open_remote(url)``). ``max_bytes``: a size cap
+    on the directory, least recently used entries evicted past it (None: no cap)."""
 
     def __init__(
         self,
@@ -70,8 +72,9 @@ class PlanCache:
         plans_in_memory: int = PLANS_IN_MEMORY,
         kernels_in_memory: int = KERNELS_IN_MEMORY,
         remote: RemoteCache | None = None,
+        max_bytes: int | None = None,
     ) -> None:
-        self.store = DiskStore(directory) if directory is not None else None
+        self.store = DiskStore(directory, max_bytes) if directory is not None else None
         self.remote = remote
         self.counters = CacheCounters()
         self._plans: LRU[str, CachedPlan] = LRU(plans_in_memory)
@@ -297,11 +300,12 @@ _shared_lock = threading.Lock()
 def cache_at(directory: str | os.PathLike[str]) -> PlanCache:
     """The process's PlanCache for ``directory`` (the same object each time, so its memory
     tier and counters carry across calls; the last few directories are kept), with the
-    remote cache of GRAPHDNN_REMOTE_CACHE, if set when the directory is first used."""
+    remote cache of GRAPHDNN_REMOTE_CACHE and the size cap of GRAPHDNN_CACHE_MAX_BYTES, if
+    set when the directory is first used."""
     path = Path(directory).expanduser().resolve()
     with _shared_lock:
         if path not in _shared:
-            _shared[path] = PlanCache(path, remote=remote_from_env())
+            _shared[path] = PlanCache(path, remote=remote_from_env(), max_bytes=max_bytes_from_env())
             while len(_shared) > _SHARED_CACHES:
                 _shared.popitem(last=False)
         _shared.move_to_end(path)

@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from .container import EntryError
 from .entries import KernelBinary, PlanEntry
+from .evict import SizeCap, touch
 from .key import FORMAT_VERSION
 from .trust import KEY, trusted_kernel, trusted_plan
 
@@ -58,9 +59,15 @@ class StoredFile:
 
 
 class DiskStore:
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    """Entry files under ``directory``; ``max_bytes``: a size cap, past which the least
+    recently used entries are removed (:mod:`.evict`; None: no cap)."""
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int | None = None) -> None:
         self.directory = Path(directory).expanduser()
         self.base = self.directory / f"v{FORMAT_VERSION}"
+        self.cap = (
+            SizeCap(max_bytes, self.base, self._entry_paths, self._kernel_files) if max_bytes is not None else None
+        )
         self.rejected = 0  # entries that failed their checks, since this store was opened
         self._resolved: Path | None = None  # the directory with its links resolved, once known
 
@@ -93,6 +100,19 @@ class DiskStore:
         for kind, folder, suffix in (("plan", "plans", ".plan"), ("kernel", "kernels", ".kernel")):
             for path in sorted((self.base / folder).glob(f"*/*{suffix}")):
                 yield StoredFile(kind, path.name.removesuffix(suffix), path)
+
+    def _entry_paths(self) -> Iterator[Path]:
+        return (stored.path for stored in self.files())
+
+    def _kernel_files(self, path: Path) -> list[Path] | None:
+        """The kernel files the plan file at ``path`` uses; None when it is no readable plan."""
+        if path.suffix != ".plan":
+            return None
+        try:
+            entry = PlanEntry.decode(self.read_bytes(path), path.stem)
+            return [self.kernel_path(kernel_key) for kernel_key in entry.program.kernel_keys]
+        except (OSError, EntryError):
+            return None
 
     def read_bytes(self, path: Path) -> bytes:
         """An entry file's bytes. FileNotFoundError when there is none; EntryError when it is
@@ -190,8 +210,11 @@ class DiskStore:
             os.close(handle)  # releases the lock
 
     def _read(self, path: Path, decode: Callable[[bytes], T]) -> T | None:
+        """A lookup's read: the decoded entry, marked used now (its last use decides eviction)."""
         try:
-            return decode(self.read_bytes(path))
+            entry = decode(self.read_bytes(path))
+            touch(path)
+            return entry
         except FileNotFoundError:
             return None
         except EntryError as error:
@@ -209,6 +232,8 @@ class DiskStore:
         except OSError as error:
             warnings.warn(f"graphdnn plan cache: cannot write {path}: {error}", CacheWarning, stacklevel=4)
             return error
+        if self.cap is not None:
+            self.cap.added(len(data))
         return None
 
 

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from ..arch import arch_name, resolve_arch
 from ..compilation import Compilation
-from ..compiler import store_plan, tuned_choices
+from ..compiler import cached_plan, store_plan, tuned_choices, tuning_gpu
 from ..errors import GraphError
 from ..ir import Graph
 from ..kernel_build import claimed, compile_sources, matches
@@ -75,7 +75,7 @@ def warmup(
     """Compile and store the plans of ``graphs`` (graph files, OperationGraphSpecs or
     validated Graphs) for ``arch``; ``jobs`` compiler processes (default: one per CPU).
     ``progress``: a stream for the progress bar (None: no bar). ``autotune``: time launch
-    candidates on the current GPU (see graphdnn.autotune); plans cached untuned are redone."""
+    candidates on the current GPU (see graphdnn.autotune) and store plans tuned for its model."""
     start = time.perf_counter()
     plan_cache = resolve_cache(cache)
     if plan_cache is None or plan_cache.store is None:
@@ -117,13 +117,13 @@ def _lower_missing(
         report.graphs += 1
         try:
             job = Compilation.of(_validated(graph), target, disable)
-            found = plan_cache.lookup(job.fields.key, job.canonical_tensors)
-            if found is not None and (not autotune or found.entry.tuned_on is not None):
+            gpu = tuning_gpu(target) if autotune else None
+            if cached_plan(plan_cache, job, gpu, require=False) is not None:
                 report.cached += 1
             else:
-                tuning, tuned_on = tuned_choices(job, plan_cache, None) if autotune else ({}, None)
+                tuning = tuned_choices(job, plan_cache, None) if gpu is not None else {}
                 lowered = lower(job.partition, target, job.signature, job.fields.kernel_key, tuning=tuning)
-                pending.append(_Pending(label, job, lowered, tuned_on))
+                pending.append(_Pending(label, job, lowered, gpu))
         except GraphError as error:
             report.failures.append((label, str(error)))
         except Exception as error:  # a defect in graphdnn: reported for this graph, the batch goes on

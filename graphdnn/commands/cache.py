@@ -11,6 +11,7 @@ from ..arch import resolve_arch
 from ..cache.archive import export_cache, import_cache
 from ..cache.container import EntryError
 from ..cache.entries import KernelBinary, PlanEntry
+from ..cache.evict import SizeCap
 from ..cache.key import FORMAT_VERSION, key_fields
 from ..cache.store import DiskStore, StoredFile
 from ..cache.sync import pull, push
@@ -84,6 +85,7 @@ def _stats(args: argparse.Namespace) -> int:
     for kind in ("plan", "kernel"):
         mine = [f for f in files if f.kind == kind]
         print(f"  {kind}s: {len(mine):6d}  {_size(sum(f.bytes for f in mine))}")
+    print(f"  size cap:  {_cap(store.cap, sum(f.bytes for f in files))}")
     others = sorted(p.name for p in store.directory.glob("v*") if p.is_dir() and p != store.base)
     if others:
         print(f"  other format versions present (unused by this graphdnn): {printable(', '.join(others))}")
@@ -95,6 +97,14 @@ def _stats(args: argparse.Namespace) -> int:
         print(f"remote cache {printable(remote.url)}: {counts['plan']} plans, {counts['kernel']} kernels")
     print(f"  {printable(remote.describe())}")
     return 0 if remote.off is None else 1
+
+
+def _cap(cap: SizeCap | None, used: int) -> str:
+    if cap is None:
+        return "none (GRAPHDNN_CACHE_MAX_BYTES sets one: least recently used entries are evicted past it)"
+    share = f"{used / cap.limit:.0%} used" if cap.limit else "everything written is evicted"
+    over = "; over it: the next write evicts" if used > cap.limit else ""
+    return f"{_size(cap.limit)} (GRAPHDNN_CACHE_MAX_BYTES), {share}, least recently used evicted first{over}"
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -109,9 +119,10 @@ def _ls(args: argparse.Namespace) -> int:
             print(f"{printable(stored.key[:16])}…  BAD: {printable(str(error))}")
             continue
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created))
+        tuned = f"  tuned on {printable(entry.tuned_on)}" if entry.tuned_on is not None else ""
         print(
             f"{stored.key[:16]}…  {printable(entry.graph_name)[:28]:<28} {entry.fields.arch:<6} "
-            f"{len(entry.program.kernel_keys):>7} {_size(entry.program.workspace_size):>10}  {created}"
+            f"{len(entry.program.kernel_keys):>7} {_size(entry.program.workspace_size):>10}  {created}{tuned}"
         )
     return 0
 

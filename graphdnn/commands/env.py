@@ -74,10 +74,13 @@ def _installed(package: str) -> str:
 def _toolchain() -> list[tuple[str, str]]:
     from codegen.nvrtc import include_paths, options_key
 
-    from ..cache.key import nvrtc_version
+    from ..cache.key import headers_version, nvrtc_version
 
     rows = []
-    for what, ask in (("NVRTC", nvrtc_version), ("CUDA headers", lambda: ", ".join(include_paths()))):
+    for what, ask in (
+        ("NVRTC", nvrtc_version),
+        ("CUDA headers", lambda: f"{', '.join(include_paths())} ({headers_version()})"),
+    ):
         try:
             rows.append((what, ask()))
         except (GraphError, ImportError, OSError) as error:
