@@ -154,6 +154,50 @@ def pool_max_nhwc_double() -> gd.OperationGraphSpec:
 
 
 @case()
+def pool_backward_max_stride3_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # stride > window: elements between windows get 0
+    x = tensor(g, [2, 3, 11, 10])
+    dy = tensor(g, [2, 3, 4, 4], name="dy")
+    return outputs(
+        g, g.pooling_backward(dy, "max", [2, 3], stride=[3, 3], pre_padding=[1, 1], post_padding=[0, 2], x=x)
+    )
+
+
+@case()
+def pool_backward_max_nhwc_3d_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x = tensor(g, [1, 5, 5, 7, 4], "nhwc")
+    dy = tensor(g, [1, 5, 3, 4, 2], "nhwc", name="dy")
+    return outputs(g, g.pooling_backward(dy, "max", [3, 3, 2], stride=[2, 2, 2], padding=[1, 1, 0], x=x))
+
+
+@case()
+def pool_backward_avg_include_1d_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")
+    dy = tensor(g, [3, 4, 6], name="dy")
+    return outputs(g, g.pooling_backward(dy, "avg_include_padding", [4], stride=[3], padding=[2], dx_dim=[3, 4, 17]))
+
+
+@case()
+def pool_backward_avg_exclude_nhwc_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    dy = tensor(g, [2, 3, 4, 3], "nhwc", name="dy")
+    return outputs(g, g.pooling_backward(dy, "avg_exclude_padding", [3, 3], stride=[2, 3], padding=[1, 1]))
+
+
+@case()
+def adaptive_avg_odd_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # 7 -> 3 overlaps, 5 -> 8 repeats
+    return outputs(g, g.adaptive_pooling(tensor(g, [2, 3, 7, 5]), "avg", [3, 8]))
+
+
+@case()
+def adaptive_max_nhwc_3d_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, g.adaptive_pooling(tensor(g, [2, 4, 5, 9, 6], "nhwc"), "max", [2, 4, 1]))
+
+
+@case()
 def resample_nearest_nhwc_half() -> gd.OperationGraphSpec:
     g = graph("half")
     return outputs(g, g.resample(tensor(g, [2, 3, 5, 7], "nhwc"), "nearest", size=[12, 10]))
@@ -388,6 +432,20 @@ def reshape_long_bf16() -> gd.OperationGraphSpec:
 def pool_global_avg_nhwc_half() -> gd.OperationGraphSpec:
     g = graph("half")
     return outputs(g, g.pooling(tensor(g, [4, 64, 7, 7], "nhwc"), "avg_include_padding", [7, 7]))
+
+
+@case(gpu_only=True)
+def pool_backward_max_resnet_stem_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # ResNet's 3x3 / 2 max pool after the stem
+    x = tensor(g, [8, 64, 112, 112], "nhwc")
+    dy = tensor(g, [8, 64, 56, 56], "nhwc", name="dy")
+    return outputs(g, g.pooling_backward(dy, "max", [3, 3], stride=[2, 2], padding=[1, 1], x=x))
+
+
+@case(gpu_only=True)
+def adaptive_avg_global_nchw_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, g.adaptive_pooling(tensor(g, [4, 96, 13, 17]), "avg", [1, 1]))
 
 
 # -- helpers ------------------------------------------------------------------------------------
