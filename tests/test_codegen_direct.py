@@ -443,6 +443,14 @@ def pool_backward_max_resnet_stem_nhwc_half() -> gd.OperationGraphSpec:
 
 
 @case(gpu_only=True)
+def pool_backward_avg_exclude_gaps_with_x_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # stride > window in both dims, odd sizes; x bound but never read
+    x = tensor(g, [3, 5, 13, 11])
+    dy = tensor(g, [3, 5, 4, 3], name="dy")
+    return outputs(g, g.pooling_backward(dy, "avg_exclude_padding", [2, 3], stride=[4, 5], padding=[1, 2], x=x))
+
+
+@case(gpu_only=True)
 def adaptive_avg_global_nchw_float() -> gd.OperationGraphSpec:
     g = graph("float")
     return outputs(g, g.adaptive_pooling(tensor(g, [4, 96, 13, 17]), "avg", [1, 1]))
@@ -619,6 +627,21 @@ def test_unread_virtual_outputs_are_not_written():
     ((_, program),) = emit_direct(outputs(g, dscale))
     assert len(program.kernels) == 1 and not program.scratch
     assert function(program.kernels[0]).count("gd::from<__half>") == 1  # dbias is never stored
+
+
+def test_pooling_backward_gathers_without_atomics():
+    for name in ("pool_backward_max_stride3_half", "pool_backward_avg_exclude_nhwc_double"):
+        (kernel,) = kernels(name)
+        assert "atomic" not in function(kernel) and "for (int o0 = first" in function(kernel)
+
+
+def test_average_pooling_backward_does_not_read_x():
+    ((fused, program),) = emit_direct(pool_backward_avg_exclude_gaps_with_x_half())
+    (kernel,) = program.kernels
+    x = next(t for t in fused.inputs if t.name == "x")
+    assert [p.tensor for p in kernel.params if p.kind is ParamKind.TENSOR] == [
+        t.id for t in (*fused.inputs, *fused.outputs) if t.id != x.id
+    ]
 
 
 # -- GPU tests ----------------------------------------------------------------------------------
