@@ -9,6 +9,7 @@ import pytest
 import graphdnn as gd
 from graphdnn import reference
 from graphdnn.ops.pooling import AdaptivePoolingMode, PoolingMode, ResampleMode
+from graphdnn.signature import signature
 
 
 def new_graph() -> gd.OperationGraphSpec:
@@ -320,6 +321,20 @@ def test_adaptive_pooling_rank_error():
     g = new_graph()
     with pytest.raises(gd.ShapeError, match=r"node 'ap'.*adaptive_pooling needs \[N, C, \*spatial\]"):
         g.adaptive_pooling(g.tensor([4, 5], name="x"), "avg", [2], name="ap")
+
+
+def test_pooling_backward_and_adaptive_pooling_round_trip_through_json(rng):
+    g = new_graph()
+    x, dy = g.tensor([1, 2, 7, 6], name="x"), g.tensor([1, 2, 4, 3], name="dy")
+    g.pooling_backward(dy, "max", [3, 2], stride=[2, 2], padding=[1, 0], x=x, name="dmax").set_output(True)
+    g.pooling_backward(dy, "avg_exclude_padding", [3, 2], stride=[2, 2], padding=[1, 0], name="davg").set_output(True)
+    g.adaptive_pooling(x, "max", [3, 4], name="adaptive").set_output(True)
+    again = gd.OperationGraphSpec.from_json(g.to_json())
+    assert signature(again.validate()) == signature(g.validate())
+    assert '"mode": "avg_exclude_padding"' in g.to_json() and '"size": [3, 4]' in g.to_json()
+    feeds = {"x": rng.standard_normal((1, 2, 7, 6)), "dy": rng.standard_normal((1, 2, 4, 3))}
+    for name, value in reference.execute(g, feeds).items():
+        np.testing.assert_array_equal(reference.execute(again, feeds)[name], value)
 
 
 # -- resample -------------------------------------------------------------------------------
