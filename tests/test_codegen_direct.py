@@ -186,6 +186,34 @@ def pool_backward_avg_exclude_nhwc_double() -> gd.OperationGraphSpec:
 
 
 @case()
+def pool_max_index_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    y, index = g.pooling(
+        tensor(g, [2, 5, 9, 8], "nhwc"), "max", [3, 2], stride=[2, 3], padding=[1, 1], generate_index=True
+    )
+    return outputs(g, y, index)
+
+
+@case()
+def pool_max_index_to_backward_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # y is never read: the forward writes the index only
+    _, index = g.pooling(
+        tensor(g, [2, 3, 10, 7]), "max", [2, 2], stride=[3, 2], pre_padding=[1, 0], generate_index=True
+    )
+    dy = tensor(g, [2, 3, 4, 3], name="dy")
+    kw = {"stride": [3, 2], "pre_padding": [1, 0], "post_padding": [0, 0]}
+    return outputs(g, g.pooling_backward(dy, "max", [2, 2], index=index, dx_dim=[2, 3, 10, 7], **kw))
+
+
+@case()
+def pool_backward_index_input_int64_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # random positions, padded ones included: their dy goes nowhere
+    dy = tensor(g, [2, 3, 4, 5], "nhwc", name="dy")
+    index = tensor(g, [2, 3, 4, 5], "nhwc", name="index", data_type="int64")
+    return outputs(g, g.pooling_backward(dy, "max", [3, 3], stride=[2, 2], padding=[1, 1], index=index))
+
+
+@case()
 def adaptive_avg_odd_half() -> gd.OperationGraphSpec:
     g = graph("half")  # 7 -> 3 overlaps, 5 -> 8 repeats
     return outputs(g, g.adaptive_pooling(tensor(g, [2, 3, 7, 5]), "avg", [3, 8]))
@@ -633,6 +661,11 @@ def test_pooling_backward_gathers_without_atomics():
     for name in ("pool_backward_max_stride3_half", "pool_backward_avg_exclude_nhwc_double"):
         (kernel,) = kernels(name)
         assert "atomic" not in function(kernel) and "for (int o0 = first" in function(kernel)
+
+
+def test_an_unread_pooling_output_is_not_written():
+    forward, _ = kernels("pool_max_index_to_backward_float")
+    assert "pooling_index" in forward.name and function(forward).count("= gd::from<") == 1  # the index only
 
 
 def test_average_pooling_backward_does_not_read_x():

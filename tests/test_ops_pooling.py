@@ -213,7 +213,11 @@ def test_pooling_backward_dims_and_layout():
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"mode": "max", "x": None}, gd.AttributeValueError, "max pooling backward recomputes .* from x: bind x"),
+        (
+            {"mode": "max", "x": None},
+            gd.AttributeValueError,
+            "max pooling backward needs where each window's maximum is: bind x or index",
+        ),
         (
             {"dx_dim": [1, 2, 6, 4]},
             gd.ShapeError,
@@ -246,6 +250,73 @@ def test_pooling_backward_errors(kwargs, error, message):
     kwargs = {"mode": "max", "window": [2, 2], "x": x, **kwargs}
     with pytest.raises(error, match=f"node 'pb'.*{message}"):
         g.pooling_backward(dy, name="pb", **kwargs)
+
+
+def test_pooling_index_is_the_first_maximum_in_its_window():
+    # windows [pad, 2, 2] [2, 1, 5] [5, 5, pad]: positions 1, 2, 0 (padding counted)
+    g = new_graph()
+    t = g.tensor([1, 1, 5], name="x")
+    y, index = g.pooling(t, "max", [3], stride=[2], padding=[1], generate_index=True)
+    assert index.data_type is gd.DataType.INT32 and index.dim == y.dim
+    index.set_output(True)
+    out = reference.execute(g, {"x": np.array([[[2.0, 2.0, 1.0, 5.0, 5.0]]])})
+    np.testing.assert_array_equal(out[index.name], [[[1, 2, 0]]])
+
+
+@pytest.mark.parametrize(("dim", "window", "stride", "pre", "post"), POOL_CASES)
+def test_pooling_backward_from_the_index_matches_the_recomputed_maximum(dim, window, stride, pre, post, rng):
+    x = rng.integers(0, 3, dim).astype(np.float64)  # many ties
+    g = new_graph()
+    tx = g.tensor_like(x, name="x")
+    y, index = g.pooling(tx, "max", window, stride=stride, pre_padding=pre, post_padding=post, generate_index=True)
+    dy = g.tensor(list(y.dim), name="dy")
+    kw = {"stride": stride, "pre_padding": pre, "post_padding": post}
+    from_index = g.pooling_backward(dy, "max", window, index=index, dx_dim=dim, **kw).set_output(True)
+    from_x = g.pooling_backward(dy, "max", window, x=tx, **kw).set_output(True)
+    out = reference.execute(g, {"x": x, "dy": rng.standard_normal(y.dim)})
+    np.testing.assert_array_equal(out[from_index.name], out[from_x.name])
+
+
+def test_pooling_backward_refuses_an_index_outside_the_window():
+    g = new_graph()
+    dy, index = g.tensor([1, 1, 2], name="dy"), g.tensor([1, 1, 2], name="idx", data_type="int32")
+    g.pooling_backward(dy, "max", [3], stride=[2], index=index, name="pb").set_output(True)
+    with pytest.raises(gd.FeedError, match=r"node 'pb'.*index 'idx' holds 3 at flat position 1; window positions"):
+        reference.execute(g, {"dy": np.ones((1, 1, 2)), "idx": np.array([[[0, 3]]], dtype=np.int32)})
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (
+            lambda g, x, dy, i: g.pooling(x, "avg_include_padding", [2, 2], generate_index=True, name="pb"),
+            gd.AttributeValueError,
+            "generate_index applies to max pooling only, not avg_include_padding",
+        ),
+        (
+            lambda g, x, dy, i: g.pooling_backward(dy, "avg_exclude_padding", [2, 2], index=i, name="pb"),
+            gd.AttributeValueError,
+            "index applies to max pooling only, not avg_exclude_padding",
+        ),
+        (
+            lambda g, x, dy, i: g.pooling_backward(
+                dy, "max", [2, 2], index=g.tensor([1, 2, 2, 1], data_type="int32"), name="pb"
+            ),
+            gd.ShapeError,
+            r"index has dims \[1, 2, 2, 1\], expected dy's \[1, 2, 2, 2\]",
+        ),
+        (
+            lambda g, x, dy, i: g.pooling_backward(dy, "max", [2, 2], index=x, name="pb"),
+            gd.DataTypeError,
+            "index 'x' is double; pooling_backward takes int32 or int64 indices",
+        ),
+    ],
+)
+def test_pooling_index_errors(build, error, message):
+    g = new_graph()
+    x, dy = g.tensor([1, 2, 5, 4], name="x"), g.tensor([1, 2, 2, 2], name="dy")
+    with pytest.raises(error, match=f"node 'pb'.*{message}"):
+        build(g, x, dy, g.tensor([1, 2, 2, 2], name="i", data_type="int32"))
 
 
 # -- adaptive_pooling ---------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from .direct_common import (
     loop_index_type,
     make_kernel,
     read,
+    written,
 )
 
 
@@ -45,33 +46,48 @@ def emit_pooling(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     """Each thread loops over the part of its window inside the input (padding is never read).
 
     Max starts at -inf and keeps NaN once seen (as NumPy's max); every window holds at least
-    one real element because the padding is smaller than the window. Averages divide the
-    sum by the window size, or by the number of real elements (exclude padding).
+    one real element because the padding is smaller than the window. With its index output,
+    max tracks where the first maximum is instead (the first NaN, if any). Averages divide
+    the sum by the window size, or by the number of real elements (exclude padding).
     """
     node = anchor_of(fused)
-    x, y = node.input("input"), node.output("y")
+    x, y, index = node.input("input"), node.output("y"), node.output("index")
     a = node.attributes
     assert x is not None and y is not None and isinstance(a, PoolingAttributes)
     compute, itype = compute_for(fused), loop_index_type([x, y], y.static_numel)
     params = KernelParams()
-    source, out = params.tensor(x), params.tensor(y, writable=True)
+    source = params.tensor(x)
+    out = params.tensor(y, writable=True) if written(fused, y) else None
+    positions = params.tensor(index, writable=True) if index is not None and written(fused, index) else None
 
     body = coordinates("p", y.static_dim, stride_order(y.static_dim, y.static_stride), "c", itype)
     axes = range(2, len(y.dim))
     for axis, w, s, pre in zip(axes, a.window, a.stride, a.pre_padding):
         body += _window_bounds(axis, f"c{axis}", w, s, pre, x.static_dim[axis], itype)
-    maximum = a.mode is PoolingMode.MAX
-    body += _reduce_window(x, source, axes, maximum, compute, itype)
-    if maximum:
-        result = "acc"
-    elif a.mode is PoolingMode.AVG_INCLUDE_PADDING:
-        result = f"acc / {literal(math.prod(a.window), compute)}"
+    if index is not None:
+        body += _first_maximum(x, source, axes, compute, itype)
+        result = "top"
+        if positions is not None:
+            # the row-major position in the window, padding counted, as the reference's index
+            tap = " + ".join(
+                f"(best{axis} - start{axis}){_times(math.prod(a.window[d + 1 :]))}" for d, axis in enumerate(axes)
+            )
+            body.append(
+                f"{positions}[{offset(index, y.static_dim, 'c')}] = {store(index.data_type, f'({compute})({tap})')};"
+            )
     else:
-        result = f"acc / {_real_count(axes, compute)}"
-    body.append(f"{out}[{offset(y, y.static_dim, 'c')}] = {store(y.data_type, result)};")
+        body += _reduce_window(x, source, axes, a.mode is PoolingMode.MAX, compute, itype)
+        result = {
+            PoolingMode.MAX: "acc",
+            PoolingMode.AVG_INCLUDE_PADDING: f"acc / {literal(math.prod(a.window), compute)}",
+            PoolingMode.AVG_EXCLUDE_PADDING: f"acc / {_real_count(axes, compute)}",
+        }[a.mode]
+    if out is not None:
+        body.append(f"{out}[{offset(y, y.static_dim, 'c')}] = {store(y.data_type, result)};")
     loop = grid_stride("p", first_thread(itype), y.static_numel, itype, body)
+    pattern = "pooling_index" if index is not None else "pooling"
     return FusedProgram(
-        fused.name, (make_kernel(ctx, fused, "pooling", params, loop, (blocks_for(y.static_numel), 1, 1)),)
+        fused.name, (make_kernel(ctx, fused, pattern, params, loop, (blocks_for(y.static_numel), 1, 1)),)
     )
 
 
@@ -109,18 +125,20 @@ def emit_pooling_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
     Along an axis, element i (at p = i + pre_padding in the padded input) lies in windows
     (p - w) / s + 1 to p / s (clamped to the output): at most ceil(w / s) of them. Averages
-    add each window's dy divided as the forward divides; max recomputes each window's
-    first maximum with the forward's loop and tie rule and adds dy where it is this element.
+    add each window's dy divided as the forward divides; max adds dy where the window's first
+    maximum is this element: the forward's index says where (an index outside the window
+    sends dy nowhere), or the forward's loop and tie rule recompute it from x.
     """
     node = anchor_of(fused)
-    dy, x, dx = node.input("dy"), node.input("x"), node.output("dx")
+    dy, x, index, dx = node.input("dy"), node.input("x"), node.input("index"), node.output("dx")
     a = node.attributes
     assert dy is not None and dx is not None and isinstance(a, PoolingAttributes)
     compute, itype = compute_for(fused), loop_index_type([dy, dx], dx.static_numel)
     params = KernelParams()
     gradient = params.tensor(dy)
-    maximum = a.mode is PoolingMode.MAX
-    source = params.tensor(x) if maximum and x is not None else None  # averages never read x
+    # Averages never read x, nor max with the index.
+    positions = params.tensor(index) if index is not None else None
+    source = params.tensor(x) if a.mode is PoolingMode.MAX and index is None and x is not None else None
     out = params.tensor(dx, writable=True)
 
     body = coordinates("p", dx.static_dim, stride_order(dx.static_dim, dx.static_stride), "c", itype)
@@ -137,9 +155,21 @@ def emit_pooling_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     inner: list[str] = []
     if a.mode is not PoolingMode.AVG_INCLUDE_PADDING:
         for axis, w, s, pre in zip(axes, a.window, a.stride, a.pre_padding):
-            inner += _window_bounds(axis, f"o{axis}", w, s, pre, dx.static_dim[axis], itype)
-    if maximum:
-        assert x is not None and source is not None
+            bounds = _window_bounds(axis, f"o{axis}", w, s, pre, dx.static_dim[axis], itype)
+            inner += bounds[:1] if positions is not None else bounds  # the index needs the start only
+    if positions is not None:
+        assert index is not None
+        size = math.prod(a.window)
+        at = offset_at(index, ["c0", "c1", *(f"o{axis}" for axis in axes)])
+        inner.append(f"const long long tap = (long long){positions}[{at}];")
+        hit = " && ".join(
+            f"start{axis} + tap{_over(math.prod(a.window[d + 1 :]))} % {w} == c{axis}"
+            for d, (axis, w) in enumerate(zip(axes, a.window))
+        )
+        inner.append(f"if (tap >= 0 && tap < {size} && {hit}) acc += {term};")
+        result = "acc"
+    elif source is not None:
+        assert x is not None
         inner += _first_maximum(x, source, axes, compute, itype)
         hit = " && ".join(f"best{axis} == c{axis}" for axis in axes)
         inner.append(f"if ({hit}) acc += {term};")
@@ -163,10 +193,18 @@ def emit_pooling_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     )
 
 
+def _times(factor: int) -> str:
+    return f" * {factor}" if factor != 1 else ""
+
+
+def _over(divisor: int) -> str:
+    return f" / {divisor}" if divisor != 1 else ""
+
+
 def _window_bounds(axis: int, index: str, w: int, s: int, pre: int, extent: int, itype: str) -> list[str]:
     """lo{axis}, hi{axis}: the input range of window ``index`` along ``axis`` without its padding."""
     return [
-        f"const {itype} start{axis} = {index}{f' * {s}' if s > 1 else ''}{f' - {pre}' if pre else ''};",
+        f"const {itype} start{axis} = {index}{_times(s)}{f' - {pre}' if pre else ''};",
         f"const {itype} lo{axis} = start{axis} > 0 ? start{axis} : 0;",
         f"const {itype} hi{axis} = start{axis} + {w} < {extent} ? start{axis} + {w} : {extent};",
     ]

@@ -12,16 +12,28 @@ import enum
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..dtypes import DataType
 from ..errors import AttributeValueError
 from ..layout import stride_order
 from ..symbolic import Extent
 from .attributes import Attributes
-from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
+from .base import (
+    INDEX_TYPES,
+    Category,
+    Inferred,
+    Op,
+    Role,
+    fail,
+    fail_attribute,
+    index_tensor,
+    indices_in_range,
+    register,
+)
 from .conv import output_extent
 from .shape import known_dims
 
@@ -43,6 +55,9 @@ class PoolingAttributes(Attributes):
     stride: tuple[int, ...]
     pre_padding: tuple[int, ...]
     post_padding: tuple[int, ...]
+    # Max pooling's training output (the cuDNN frontend's generate_index): where each window's
+    # maximum is, for pooling_backward. Backward ignores it.
+    generate_index: bool = False
 
 
 class AdaptivePoolingMode(enum.Enum):
@@ -123,23 +138,35 @@ def _pooled_extents(node: Node, a: PoolingAttributes, extents: Sequence[Extent],
 
 @register
 class Pooling(Op):
+    """Max or average over windows; with ``generate_index`` (max only) also ``index``: the
+    row-major position, within its window (padding counted), of each window's first maximum."""
+
     kind = "pooling"
     category = Category.POOLING
     inputs = (Role("input"),)
-    outputs = (Role("y"),)
+    outputs = (Role("y"), Role("index"))
     attributes = PoolingAttributes
+
+    def present_outputs(self, attributes: Attributes, bound_inputs: frozenset[str]) -> frozenset[str]:
+        return self.output_names if attributes.generate_index else frozenset({"y"})  # type: ignore[attr-defined]
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, spatial = _spatial_rank(node, "pooling")
-        out = _pooled_extents(node, _checked_window(node, spatial), x.dim[2:], "input")
-        return {"y": Inferred((*x.dim[:2], *out), stride_order(x.dim, x.stride))}
+        a = _checked_window(node, spatial)
+        y = Inferred((*x.dim[:2], *_pooled_extents(node, a, x.dim[2:], "input")), stride_order(x.dim, x.stride))
+        if not a.generate_index:
+            return {"y": y}
+        if a.mode is not PoolingMode.MAX:
+            fail_attribute(node, f"generate_index applies to max pooling only, not {a.mode.value}")
+        return {"y": y, "index": dataclasses.replace(y, data_type=DataType.INT32, allowed=INDEX_TYPES)}
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         a: PoolingAttributes = node.attributes  # type: ignore[assignment]
         value = x["input"]
         over = tuple(range(-len(a.window), 0))  # the window axes, last in the windows view
         if a.mode is PoolingMode.MAX:
-            return {"y": np.max(_windows(value, a, -np.inf), axis=over)}
+            y = np.max(_windows(value, a, -np.inf), axis=over)
+            return {"y": y, "index": _first_maximum(value, a)} if a.generate_index else {"y": y}
         total = np.sum(_windows(value, a, 0.0), axis=over)
         if a.mode is PoolingMode.AVG_INCLUDE_PADDING:
             return {"y": total / math.prod(a.window)}
@@ -159,14 +186,15 @@ class PoolingBackward(Op):
     """dx of ``pooling``: each dy element flows back to its window, as the forward read it.
 
     Average modes spread dy over the window's real elements (divided as the forward
-    divides); max gives it to the window's first maximum, recomputed from ``x`` (the
-    forward's input) with the forward's tie rule. dx has ``x``'s dims and layout; without
-    ``x`` (average only) the declared dims, else the smallest input that gives dy's dims.
+    divides); max gives it to the window's first maximum: the forward's ``index`` output
+    where it is bound, else recomputed from ``x`` (the forward's input) with the forward's
+    tie rule. dx has ``x``'s dims and layout; without ``x``, the declared dims, else the
+    smallest input that gives dy's dims.
     """
 
     kind = "pooling_backward"
     category = Category.POOLING
-    inputs = (Role("dy", floating=True), Role("x", optional=True, floating=True))
+    inputs = (Role("dy", floating=True), Role("x", optional=True, floating=True), Role("index", optional=True))
     outputs = (Role("dx"),)
     attributes = PoolingAttributes
     declared_outputs = frozenset({"dx"})
@@ -177,13 +205,21 @@ class PoolingBackward(Op):
         if not 3 <= len(dy.dim) <= 5:
             fail(node, f"dy has dims {list(dy.dim)}; pooling_backward needs [N, C, *spatial]", role="dy")
         a = _checked_window(node, len(dy.dim) - 2)
+        if a.generate_index:
+            fail_attribute(node, "generate_index is pooling's (the forward's) attribute; bind its index here instead")
         dx, layout = declared.get("dx"), dy
         if x is not None:
             if dx is not None and tuple(dx) != tuple(x.dim):
                 fail(node, f"dx dims {list(dx)} differ from x's {list(x.dim)}", role="x")
             dx, layout = x.dim, x
-        elif a.mode is PoolingMode.MAX:
-            fail_attribute(node, "max pooling backward recomputes each window's maximum from x: bind x")
+        if a.mode is PoolingMode.MAX and x is None and node.input("index") is None:
+            fail_attribute(node, "max pooling backward needs where each window's maximum is: bind x or index")
+        if node.input("index") is not None:
+            index = index_tensor(node, "index")
+            if a.mode is not PoolingMode.MAX:
+                fail_attribute(node, f"index applies to max pooling only, not {a.mode.value}")
+            if tuple(index.dim) != tuple(dy.dim):
+                fail(node, f"index has dims {list(index.dim)}, expected dy's {list(dy.dim)}", role="index")
         if dx is None:
             axes = zip(dy.dim[2:], a.window, a.stride, a.pre_padding, a.post_padding)
             dx = (*dy.dim[:2], *((o - 1) * s + w - lo - hi for o, w, s, lo, hi in axes))
@@ -196,12 +232,18 @@ class PoolingBackward(Op):
             fail(node, f"pooling dx {list(dx)} gives spatial dims {out}, but dy has {list(dy.dim[2:])}", role="dy")
         return {"dx": Inferred(tuple(dx), stride_order(layout.dim, layout.stride))}
 
+    def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
+        return (0, math.prod(node.attributes.window) - 1) if role == "index" else None  # type: ignore[attr-defined]
+
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         a: PoolingAttributes = node.attributes  # type: ignore[assignment]
         dy, dx_dim = x["dy"], node.output("dx").dim  # type: ignore[union-attr]
         padded = np.zeros((*dx_dim[:2], *(d + lo + hi for d, lo, hi in zip(dx_dim[2:], a.pre_padding, a.post_padding))))
         if a.mode is PoolingMode.MAX:
-            first = _first_maximum(x["x"], a)
+            if "index" in x:
+                first = indices_in_range(node, "index", x["index"], math.prod(a.window), "window positions")
+            else:
+                first = _first_maximum(x["x"], a)
         else:
             count: Any = math.prod(a.window)
             if a.mode is PoolingMode.AVG_EXCLUDE_PADDING:
@@ -359,6 +401,37 @@ def _pooling_attributes(
 class PoolingMethods:
     _add_node: Callable[..., list[Any]]
 
+    @overload
+    def pooling(
+        self,
+        input: TensorSpec,
+        mode: Any,
+        window: Sequence[int],
+        stride: Sequence[int] | None = ...,
+        padding: Sequence[int] | None = ...,
+        pre_padding: Sequence[int] | None = ...,
+        post_padding: Sequence[int] | None = ...,
+        generate_index: Literal[False] = ...,
+        compute_data_type: Any = ...,
+        name: str | None = ...,
+    ) -> TensorSpec: ...
+
+    @overload
+    def pooling(
+        self,
+        input: TensorSpec,
+        mode: Any,
+        window: Sequence[int],
+        stride: Sequence[int] | None = ...,
+        padding: Sequence[int] | None = ...,
+        pre_padding: Sequence[int] | None = ...,
+        post_padding: Sequence[int] | None = ...,
+        *,
+        generate_index: Literal[True],
+        compute_data_type: Any = ...,
+        name: str | None = ...,
+    ) -> list[TensorSpec]: ...
+
     def pooling(
         self,
         input: TensorSpec,
@@ -368,12 +441,21 @@ class PoolingMethods:
         padding: Sequence[int] | None = None,
         pre_padding: Sequence[int] | None = None,
         post_padding: Sequence[int] | None = None,
+        generate_index: bool = False,
         compute_data_type: Any = None,
         name: str | None = None,
-    ) -> TensorSpec:
-        """Max or average over windows. ``stride`` defaults to the window; ``padding`` sets both sides."""
+    ) -> TensorSpec | list[TensorSpec]:
+        """Max or average over windows. ``stride`` defaults to the window; ``padding`` sets both
+        sides. With ``generate_index`` (max only), ``[y, index]`` as the cuDNN frontend returns them."""
         attrs = _pooling_attributes(mode, window, stride, padding, pre_padding, post_padding)
-        return self._add_node("pooling", {"input": input}, attrs, name=name, compute_data_type=compute_data_type)[0]
+        y, index = self._add_node(
+            "pooling",
+            {"input": input},
+            {**attrs, "generate_index": generate_index},
+            name=name,
+            compute_data_type=compute_data_type,
+        )
+        return [y, index] if generate_index else y
 
     def pooling_backward(
         self,
@@ -385,15 +467,16 @@ class PoolingMethods:
         pre_padding: Sequence[int] | None = None,
         post_padding: Sequence[int] | None = None,
         x: TensorSpec | None = None,
+        index: TensorSpec | None = None,
         dx_dim: Sequence[int] | None = None,
         compute_data_type: Any = None,
         name: str | None = None,
     ) -> TensorSpec:
-        """dx of ``pooling(x, mode, window, ...)`` from dy. Max needs ``x``; without it, dx has
-        ``dx_dim``, or the smallest input dims that give dy's."""
+        """dx of ``pooling(x, mode, window, ...)`` from dy. Max needs the forward's ``index``
+        or ``x``; without ``x``, dx has ``dx_dim``, or the smallest input dims that give dy's."""
         return self._add_node(
             "pooling_backward",
-            {"dy": dy, "x": x},
+            {"dy": dy, "x": x, "index": index},
             _pooling_attributes(mode, window, stride, padding, pre_padding, post_padding),
             name=name,
             compute_data_type=compute_data_type,
