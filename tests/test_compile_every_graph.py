@@ -170,6 +170,10 @@ def pooling_backward(g: gd.OperationGraphSpec) -> None:
     g.pooling_backward(dy, "avg_include_padding", [3, 3], stride=[2, 2], padding=[1, 1], x=x).set_name(
         "davg"
     ).set_output(True)
+    _, index = g.pooling(x, "max", [3, 3], stride=[2, 2], padding=[1, 1], generate_index=True)
+    g.pooling_backward(dy, "max", [3, 3], stride=[2, 2], padding=[1, 1], x=x, index=index).set_name(
+        "dindex"
+    ).set_output(True)
 
 
 def movement(g: gd.OperationGraphSpec) -> None:
