@@ -195,6 +195,15 @@ def pool_max_index_nhwc_half() -> gd.OperationGraphSpec:
 
 
 @case()
+def pool_max_index_int64_3d_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    y, index = g.pooling(
+        tensor(g, [2, 3, 7, 5, 4]), "max", [2, 3, 2], stride=[2, 1, 2], padding=[1, 1, 0], generate_index=True
+    )
+    return outputs(g, y, index.set_data_type("int64"))
+
+
+@case()
 def pool_max_index_to_backward_float() -> gd.OperationGraphSpec:
     g = graph("float")  # y is never read: the forward writes the index only
     _, index = g.pooling(
