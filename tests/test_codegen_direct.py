@@ -154,6 +154,87 @@ def pool_max_nhwc_double() -> gd.OperationGraphSpec:
 
 
 @case()
+def pool_backward_max_stride3_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # stride > window: elements between windows get 0
+    x = tensor(g, [2, 3, 11, 10])
+    dy = tensor(g, [2, 3, 4, 4], name="dy")
+    return outputs(
+        g, g.pooling_backward(dy, "max", [2, 3], stride=[3, 3], pre_padding=[1, 1], post_padding=[0, 2], x=x)
+    )
+
+
+@case()
+def pool_backward_max_nhwc_3d_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x = tensor(g, [1, 5, 5, 7, 4], "nhwc")
+    dy = tensor(g, [1, 5, 3, 4, 2], "nhwc", name="dy")
+    return outputs(g, g.pooling_backward(dy, "max", [3, 3, 2], stride=[2, 2, 2], padding=[1, 1, 0], x=x))
+
+
+@case()
+def pool_backward_avg_include_1d_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")
+    dy = tensor(g, [3, 4, 6], name="dy")
+    return outputs(g, g.pooling_backward(dy, "avg_include_padding", [4], stride=[3], padding=[2], dx_dim=[3, 4, 17]))
+
+
+@case()
+def pool_backward_avg_exclude_nhwc_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    dy = tensor(g, [2, 3, 4, 3], "nhwc", name="dy")
+    return outputs(g, g.pooling_backward(dy, "avg_exclude_padding", [3, 3], stride=[2, 3], padding=[1, 1]))
+
+
+@case()
+def pool_max_index_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    y, index = g.pooling(
+        tensor(g, [2, 5, 9, 8], "nhwc"), "max", [3, 2], stride=[2, 3], padding=[1, 1], generate_index=True
+    )
+    return outputs(g, y, index)
+
+
+@case()
+def pool_max_index_int64_3d_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    y, index = g.pooling(
+        tensor(g, [2, 3, 7, 5, 4]), "max", [2, 3, 2], stride=[2, 1, 2], padding=[1, 1, 0], generate_index=True
+    )
+    return outputs(g, y, index.set_data_type("int64"))
+
+
+@case()
+def pool_max_index_to_backward_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # y is never read: the forward writes the index only
+    _, index = g.pooling(
+        tensor(g, [2, 3, 10, 7]), "max", [2, 2], stride=[3, 2], pre_padding=[1, 0], generate_index=True
+    )
+    dy = tensor(g, [2, 3, 4, 3], name="dy")
+    kw = {"stride": [3, 2], "pre_padding": [1, 0], "post_padding": [0, 0]}
+    return outputs(g, g.pooling_backward(dy, "max", [2, 2], index=index, dx_dim=[2, 3, 10, 7], **kw))
+
+
+@case()
+def pool_backward_index_input_int64_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # random positions, padded ones included: their dy goes nowhere
+    dy = tensor(g, [2, 3, 4, 5], "nhwc", name="dy")
+    index = tensor(g, [2, 3, 4, 5], "nhwc", name="index", data_type="int64")
+    return outputs(g, g.pooling_backward(dy, "max", [3, 3], stride=[2, 2], padding=[1, 1], index=index))
+
+
+@case()
+def adaptive_avg_odd_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # 7 -> 3 overlaps, 5 -> 8 repeats
+    return outputs(g, g.adaptive_pooling(tensor(g, [2, 3, 7, 5]), "avg", [3, 8]))
+
+
+@case()
+def adaptive_max_nhwc_3d_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, g.adaptive_pooling(tensor(g, [2, 4, 5, 9, 6], "nhwc"), "max", [2, 4, 1]))
+
+
+@case()
 def resample_nearest_nhwc_half() -> gd.OperationGraphSpec:
     g = graph("half")
     return outputs(g, g.resample(tensor(g, [2, 3, 5, 7], "nhwc"), "nearest", size=[12, 10]))
@@ -390,6 +471,28 @@ def pool_global_avg_nhwc_half() -> gd.OperationGraphSpec:
     return outputs(g, g.pooling(tensor(g, [4, 64, 7, 7], "nhwc"), "avg_include_padding", [7, 7]))
 
 
+@case(gpu_only=True)
+def pool_backward_max_resnet_stem_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # ResNet's 3x3 / 2 max pool after the stem
+    x = tensor(g, [8, 64, 112, 112], "nhwc")
+    dy = tensor(g, [8, 64, 56, 56], "nhwc", name="dy")
+    return outputs(g, g.pooling_backward(dy, "max", [3, 3], stride=[2, 2], padding=[1, 1], x=x))
+
+
+@case(gpu_only=True)
+def pool_backward_avg_exclude_gaps_with_x_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # stride > window in both dims, odd sizes; x bound but never read
+    x = tensor(g, [3, 5, 13, 11])
+    dy = tensor(g, [3, 5, 4, 3], name="dy")
+    return outputs(g, g.pooling_backward(dy, "avg_exclude_padding", [2, 3], stride=[4, 5], padding=[1, 2], x=x))
+
+
+@case(gpu_only=True)
+def adaptive_avg_global_nchw_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, g.adaptive_pooling(tensor(g, [4, 96, 13, 17]), "avg", [1, 1]))
+
+
 # -- helpers ------------------------------------------------------------------------------------
 # The backward norms have families of their own; layer and RMS norm backward fall back to these
 # kernels for rows too long for registers. Their cases check these kernels on the CPU and run the
@@ -572,6 +675,26 @@ def test_unread_virtual_outputs_are_not_written():
     ((_, program),) = emit_direct(outputs(g, dscale))
     assert len(program.kernels) == 1 and not program.scratch
     assert function(program.kernels[0]).count("gd::from<__half>") == 1  # dbias is never stored
+
+
+def test_pooling_backward_gathers_without_atomics():
+    for name in ("pool_backward_max_stride3_half", "pool_backward_avg_exclude_nhwc_double"):
+        (kernel,) = kernels(name)
+        assert "atomic" not in function(kernel) and "for (int o0 = first" in function(kernel)
+
+
+def test_an_unread_pooling_output_is_not_written():
+    forward, _ = kernels("pool_max_index_to_backward_float")
+    assert "pooling_index" in forward.name and function(forward).count("= gd::from<") == 1  # the index only
+
+
+def test_average_pooling_backward_does_not_read_x():
+    ((fused, program),) = emit_direct(pool_backward_avg_exclude_gaps_with_x_half())
+    (kernel,) = program.kernels
+    x = next(t for t in fused.inputs if t.name == "x")
+    assert [p.tensor for p in kernel.params if p.kind is ParamKind.TENSOR] == [
+        t.id for t in (*fused.inputs, *fused.outputs) if t.id != x.id
+    ]
 
 
 # -- GPU tests ----------------------------------------------------------------------------------

@@ -181,6 +181,20 @@ def windows(g: gd.OperationGraphSpec) -> None:
     g.pooling(x, "max", window=[3, 3], stride=[2, 2], padding=[1, 1]).set_name("pmax").set_output(True)
     g.pooling(x, "avg_exclude_padding", window=[2, 2], stride=[2, 2]).set_name("pavg").set_output(True)
     g.resample(x, "linear", size=[13, 7]).set_name("up").set_output(True)
+    g.adaptive_pooling(x, "avg", size=[4, 5]).set_name("adaptive").set_output(True)
+
+
+def pooling_backward(g: gd.OperationGraphSpec) -> None:
+    """Its own family: dy and x must be floating, which int8 IO is not."""
+    x, dy = _nhwc(g, [2, 8, 9, 11], "x"), _nhwc(g, [2, 8, 5, 6], "dy")
+    g.pooling_backward(dy, "max", [3, 3], stride=[2, 2], padding=[1, 1], x=x).set_name("dmax").set_output(True)
+    g.pooling_backward(dy, "avg_include_padding", [3, 3], stride=[2, 2], padding=[1, 1], x=x).set_name(
+        "davg"
+    ).set_output(True)
+    _, index = g.pooling(x, "max", [3, 3], stride=[2, 2], padding=[1, 1], generate_index=True)
+    g.pooling_backward(dy, "max", [3, 3], stride=[2, 2], padding=[1, 1], x=x, index=index).set_name(
+        "dindex"
+    ).set_output(True)
 
 
 def movement(g: gd.OperationGraphSpec) -> None:
@@ -258,6 +272,7 @@ FAMILIES: dict[str, Build] = {
         batchnorm_backward_genstats,
         norm_backward_fused,
         windows,
+        pooling_backward,
         movement,
         attention,
         block_scaled_quantization,

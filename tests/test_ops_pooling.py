@@ -8,7 +8,8 @@ import pytest
 
 import graphdnn as gd
 from graphdnn import reference
-from graphdnn.ops.pooling import ResampleMode
+from graphdnn.ops.pooling import AdaptivePoolingMode, PoolingMode, ResampleMode
+from graphdnn.signature import signature
 
 
 def new_graph() -> gd.OperationGraphSpec:
@@ -131,6 +132,280 @@ def test_pooling_rank_error():
     g = new_graph()
     with pytest.raises(gd.ShapeError, match=r"node 'pool'.*input has dims \[4, 5\]; pooling needs \[N, C, \*spatial\]"):
         g.pooling(g.tensor([4, 5], name="x"), "max", [2], name="pool")
+
+
+# -- pooling_backward -------------------------------------------------------------------------
+def pooled(x, mode, window, stride, pre, post):
+    return run(lambda g, t: g.pooling(t, mode, window, stride=stride, pre_padding=pre, post_padding=post), x)
+
+
+def pooling_dx(dy, mode, window, stride, pre, post, x=None, dx_dim=None):
+    g = new_graph()
+    tdy = g.tensor_like(dy, name="dy")
+    tx = g.tensor_like(x, name="x") if x is not None else None
+    dx = g.pooling_backward(
+        tdy, mode, window, stride=stride, pre_padding=pre, post_padding=post, x=tx, dx_dim=dx_dim
+    ).set_output(True)
+    feeds = {tdy: dy} if x is None else {tdy: dy, tx: x}
+    return reference.execute(g, feeds)[dx.name]
+
+
+def finite_differences(x, dy, forward, h):
+    """d sum(dy * forward(x)) / dx, element by element, by central differences."""
+    grad = np.empty_like(x)
+    for i in np.ndindex(*x.shape):
+        step = np.zeros_like(x)
+        step[i] = h
+        grad[i] = (np.sum(dy * forward(x + step)) - np.sum(dy * forward(x - step))) / (2 * h)
+    return grad
+
+
+@pytest.mark.parametrize("mode", ["max", "avg_include_padding", "avg_exclude_padding"])
+@pytest.mark.parametrize(("dim", "window", "stride", "pre", "post"), POOL_CASES)
+def test_pooling_backward_matches_finite_differences(mode, dim, window, stride, pre, post, rng):
+    # Distinct values 1 apart: a step of 1/4 never reorders a window, so max is linear around x.
+    x = rng.permutation(math.prod(dim)).reshape(dim).astype(np.float64)
+    dy = rng.standard_normal(pooled(x, mode, window, stride, pre, post).shape)
+    expected = finite_differences(x, dy, lambda v: pooled(v, mode, window, stride, pre, post), 0.25)
+    got = pooling_dx(dy, mode, window, stride, pre, post, x=x)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    if mode != "max":  # averages need only dx's dims
+        np.testing.assert_allclose(pooling_dx(dy, mode, window, stride, pre, post, dx_dim=dim), expected, atol=1e-12)
+
+
+def test_pooling_backward_max_ties_go_to_the_first_maximum():
+    # windows [pad, 2, 2] [2, 1, 5] [5, 5, pad]: the first 2 and the first 5 win their ties
+    x = np.array([[[2.0, 2.0, 1.0, 5.0, 5.0]]])
+    dy = np.array([[[1.0, 10.0, 100.0]]])
+    dx = pooling_dx(dy, "max", [3], [2], [1], [1], x=x)
+    np.testing.assert_array_equal(dx, [[[1.0, 0.0, 0.0, 110.0, 0.0]]])
+
+
+def test_pooling_backward_max_takes_a_real_minus_infinity_and_the_first_nan():
+    x = np.array([[[-np.inf, -np.inf, np.nan, 3.0, np.nan]]])
+    dy = np.array([[[1.0, 10.0]]])
+    dx = pooling_dx(dy, "max", [3], [3], [1], [0], x=x)  # windows [pad, -inf, -inf] and [nan, 3, nan]
+    np.testing.assert_array_equal(dx, [[[1.0, 0.0, 10.0, 0.0, 0.0]]])
+
+
+def test_pooling_backward_stride_over_window_leaves_gaps():
+    dy = np.array([[[1.0, 2.0]]])
+    dx = pooling_dx(dy, "avg_include_padding", [2], [3], [0], [0], dx_dim=[1, 1, 6])
+    np.testing.assert_allclose(dx, [[[0.5, 0.5, 0.0, 1.0, 1.0, 0.0]]], rtol=1e-15)
+
+
+def test_pooling_backward_dims_and_layout():
+    g = new_graph()
+    x = g.tensor([2, 3, 9, 8], stride=gd.nhwc_strides([2, 3, 9, 8]), name="x")
+    dy = g.tensor([2, 3, 4, 4], name="dy")
+    dx = g.pooling_backward(dy, "max", [3, 2], stride=[2, 2], x=x)
+    assert dx.dim == (2, 3, 9, 8) and dx.stride == gd.nhwc_strides([2, 3, 9, 8])  # x's layout
+    assert g.pooling_backward(dy, "avg_include_padding", [3, 2], stride=[2, 2]).dim == (2, 3, 9, 8)  # smallest
+    assert g.pooling_backward(dy, "avg_include_padding", [3, 2], stride=[2, 2], dx_dim=[2, 3, 10, 9]).dim == (
+        2,
+        3,
+        10,
+        9,
+    )
+    assert g.nodes[-1].attributes.mode is PoolingMode.AVG_INCLUDE_PADDING
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"mode": "max", "x": None},
+            gd.AttributeValueError,
+            "max pooling backward needs where each window's maximum is: bind x or index",
+        ),
+        (
+            {"dx_dim": [1, 2, 6, 4]},
+            gd.ShapeError,
+            r"dx dims \[1, 2, 6, 4\] differ from x's \[1, 2, 5, 4\]",
+        ),
+        (
+            {"dy": [1, 2, 3, 2]},
+            gd.ShapeError,
+            r"pooling dx \[1, 2, 5, 4\] gives spatial dims \[2, 2\], but dy has \[3, 2\]",
+        ),
+        ({"dy": [1, 3, 2, 2]}, gd.ShapeError, r"dx dims \[1, 2, 5, 4\] do not match dy dims \[1, 3, 2, 2\]"),
+        ({"dy": [1, 2, 2]}, gd.AttributeValueError, "window has 2 values for 1 spatial dims"),
+        ({"dy": [2, 2]}, gd.ShapeError, r"dy has dims \[2, 2\]; pooling_backward needs \[N, C, \*spatial\]"),
+        (
+            {"padding": [2, 0]},
+            gd.AttributeValueError,
+            r"padding 2\+2 of spatial dim 0 must be smaller than the window 2",
+        ),
+        (
+            {"x": None, "mode": "avg_exclude_padding", "window": [3, 3], "padding": [2, 2], "dy": [1, 2, 1, 1]},
+            gd.ShapeError,
+            r"no input size gives dy dims \[1, 2, 1, 1\] with this window and padding",
+        ),
+    ],
+)
+def test_pooling_backward_errors(kwargs, error, message):
+    g = new_graph()
+    x = g.tensor([1, 2, 5, 4], name="x")
+    dy = g.tensor(kwargs.pop("dy", [1, 2, 2, 2]), name="dy")
+    kwargs = {"mode": "max", "window": [2, 2], "x": x, **kwargs}
+    with pytest.raises(error, match=f"node 'pb'.*{message}"):
+        g.pooling_backward(dy, name="pb", **kwargs)
+
+
+def test_pooling_index_is_the_first_maximum_in_its_window():
+    # windows [pad, 2, 2] [2, 1, 5] [5, 5, pad]: positions 1, 2, 0 (padding counted)
+    g = new_graph()
+    t = g.tensor([1, 1, 5], name="x")
+    y, index = g.pooling(t, "max", [3], stride=[2], padding=[1], generate_index=True)
+    assert index.data_type is gd.DataType.INT32 and index.dim == y.dim
+    index.set_output(True)
+    out = reference.execute(g, {"x": np.array([[[2.0, 2.0, 1.0, 5.0, 5.0]]])})
+    np.testing.assert_array_equal(out[index.name], [[[1, 2, 0]]])
+
+
+@pytest.mark.parametrize(("dim", "window", "stride", "pre", "post"), POOL_CASES)
+def test_pooling_backward_from_the_index_matches_the_recomputed_maximum(dim, window, stride, pre, post, rng):
+    x = rng.integers(0, 3, dim).astype(np.float64)  # many ties
+    g = new_graph()
+    tx = g.tensor_like(x, name="x")
+    y, index = g.pooling(tx, "max", window, stride=stride, pre_padding=pre, post_padding=post, generate_index=True)
+    dy = g.tensor(list(y.dim), name="dy")
+    kw = {"stride": stride, "pre_padding": pre, "post_padding": post}
+    from_index = g.pooling_backward(dy, "max", window, index=index, dx_dim=dim, **kw).set_output(True)
+    from_x = g.pooling_backward(dy, "max", window, x=tx, **kw).set_output(True)
+    out = reference.execute(g, {"x": x, "dy": rng.standard_normal(y.dim)})
+    np.testing.assert_array_equal(out[from_index.name], out[from_x.name])
+
+
+def test_pooling_backward_refuses_an_index_outside_the_window():
+    g = new_graph()
+    dy, index = g.tensor([1, 1, 2], name="dy"), g.tensor([1, 1, 2], name="idx", data_type="int32")
+    g.pooling_backward(dy, "max", [3], stride=[2], index=index, name="pb").set_output(True)
+    with pytest.raises(gd.FeedError, match=r"node 'pb'.*index 'idx' holds 3 at flat position 1; window positions"):
+        reference.execute(g, {"dy": np.ones((1, 1, 2)), "idx": np.array([[[0, 3]]], dtype=np.int32)})
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (
+            lambda g, x, dy, i: g.pooling(x, "avg_include_padding", [2, 2], generate_index=True, name="pb"),
+            gd.AttributeValueError,
+            "generate_index applies to max pooling only, not avg_include_padding",
+        ),
+        (
+            lambda g, x, dy, i: g.pooling_backward(dy, "avg_exclude_padding", [2, 2], index=i, name="pb"),
+            gd.AttributeValueError,
+            "index applies to max pooling only, not avg_exclude_padding",
+        ),
+        (
+            lambda g, x, dy, i: g.pooling_backward(
+                dy, "max", [2, 2], index=g.tensor([1, 2, 2, 1], data_type="int32"), name="pb"
+            ),
+            gd.ShapeError,
+            r"index has dims \[1, 2, 2, 1\], expected dy's \[1, 2, 2, 2\]",
+        ),
+        (
+            lambda g, x, dy, i: g.pooling_backward(dy, "max", [2, 2], index=x, name="pb"),
+            gd.DataTypeError,
+            "index 'x' is double; pooling_backward takes int32 or int64 indices",
+        ),
+    ],
+)
+def test_pooling_index_errors(build, error, message):
+    g = new_graph()
+    x, dy = g.tensor([1, 2, 5, 4], name="x"), g.tensor([1, 2, 2, 2], name="dy")
+    with pytest.raises(error, match=f"node 'pb'.*{message}"):
+        build(g, x, dy, g.tensor([1, 2, 2, 2], name="i", data_type="int32"))
+
+
+# -- adaptive_pooling ---------------------------------------------------------------------------
+def loop_adaptive(x, mode, size):
+    """Each output element over its box: PyTorch's start floor(i * n / s), end ceil((i + 1) * n / s)."""
+    spatial = x.shape[2:]
+    y = np.empty((*x.shape[:2], *size))
+    for n, c in np.ndindex(*x.shape[:2]):
+        for o in np.ndindex(*size):
+            box = tuple(slice(i * e // s, math.ceil((i + 1) * e / s)) for i, e, s in zip(o, spatial, size))
+            values = x[(n, c, *box)]
+            y[(n, c, *o)] = values.max() if mode == "max" else math.fsum(values.ravel()) / values.size
+    return y
+
+
+ADAPTIVE_CASES = [
+    ((2, 3, 7), [3]),
+    ((1, 2, 5, 4), [5, 4]),
+    ((2, 1, 7, 5), [3, 8]),
+    ((1, 2, 3, 4, 5), [2, 1, 3]),
+    ((1, 1, 10, 6), [1, 1]),
+]
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize(("dim", "size"), ADAPTIVE_CASES)
+def test_adaptive_pooling_matches_loops(mode, dim, size, rng):
+    x = rng.standard_normal(dim)
+    y = run(lambda g, t: g.adaptive_pooling(t, mode, size), x)
+    np.testing.assert_allclose(y, loop_adaptive(x, mode, size), rtol=1e-13)
+
+
+@pytest.mark.parametrize(
+    ("mode", "size", "expected"),
+    [
+        ("avg", 2, [2.0, 4.0]),  # [1, 2, 3], [3, 4, 5]: the bins overlap
+        ("avg", 3, [1.5, 3.0, 4.5]),  # [1, 2], [2, 3, 4], [4, 5]
+        ("max", 3, [2.0, 4.0, 5.0]),
+        ("max", 7, [1.0, 2.0, 3.0, 3.0, 4.0, 5.0, 5.0]),  # [1] [1, 2] [2, 3] [3] [3, 4] [4, 5] [5]
+    ],
+)
+def test_adaptive_pooling_hand_computed(mode, size, expected):
+    y = run(lambda g, t: g.adaptive_pooling(t, mode, [size]), np.array([[[1.0, 2.0, 3.0, 4.0, 5.0]]]))
+    np.testing.assert_allclose(y, [[expected]], rtol=1e-15)
+
+
+def test_adaptive_pooling_layout_and_mode():
+    g = new_graph()
+    x = g.tensor([2, 3, 9, 8], stride=gd.nhwc_strides([2, 3, 9, 8]), name="x")
+    y = g.adaptive_pooling(x, "AVG", [4, 4])
+    assert y.dim == (2, 3, 4, 4) and y.stride == gd.nhwc_strides([2, 3, 4, 4])
+    assert g.nodes[-1].attributes.mode is AdaptivePoolingMode.AVG
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"size": [4]}, gd.AttributeValueError, "size has 1 values for 2 spatial dims"),
+        ({"size": [0, 3]}, gd.AttributeValueError, r"size \[0, 3\] must be >= 1 in every spatial dim"),
+        ({"size": [2, 257]}, gd.AttributeValueError, r"size 257 of spatial dim 1 is over 64 x its input extent 4"),
+        ({"mode": "avg_include_padding"}, gd.AttributeValueError, "attribute 'mode' must be one of 'max', 'avg'"),
+    ],
+)
+def test_adaptive_pooling_errors(kwargs, error, message):
+    g = new_graph()
+    x = g.tensor([1, 2, 5, 4], name="x")
+    kwargs = {"mode": "max", "size": [2, 2], **kwargs}
+    with pytest.raises(error, match=f"node 'ap'.*{message}"):
+        g.adaptive_pooling(x, name="ap", **kwargs)
+
+
+def test_adaptive_pooling_rank_error():
+    g = new_graph()
+    with pytest.raises(gd.ShapeError, match=r"node 'ap'.*adaptive_pooling needs \[N, C, \*spatial\]"):
+        g.adaptive_pooling(g.tensor([4, 5], name="x"), "avg", [2], name="ap")
+
+
+def test_pooling_backward_and_adaptive_pooling_round_trip_through_json(rng):
+    g = new_graph()
+    x, dy = g.tensor([1, 2, 7, 6], name="x"), g.tensor([1, 2, 4, 3], name="dy")
+    g.pooling_backward(dy, "max", [3, 2], stride=[2, 2], padding=[1, 0], x=x, name="dmax").set_output(True)
+    g.pooling_backward(dy, "avg_exclude_padding", [3, 2], stride=[2, 2], padding=[1, 0], name="davg").set_output(True)
+    g.adaptive_pooling(x, "max", [3, 4], name="adaptive").set_output(True)
+    again = gd.OperationGraphSpec.from_json(g.to_json())
+    assert signature(again.validate()) == signature(g.validate())
+    assert '"mode": "avg_exclude_padding"' in g.to_json() and '"size": [3, 4]' in g.to_json()
+    feeds = {"x": rng.standard_normal((1, 2, 7, 6)), "dy": rng.standard_normal((1, 2, 4, 3))}
+    for name, value in reference.execute(g, feeds).items():
+        np.testing.assert_array_equal(reference.execute(again, feeds)[name], value)
 
 
 # -- resample -------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The direct family: a simple, correct kernel for every op that no other family takes.
 
 A direct fused node holds one node, its anchor. Each op kind has one emitter (in the
-``direct_*`` modules, by kind of work): data movement as strided copies, pooling and
-resampling as per-output gathers, convolution gradients, and the reductions (genstats,
-conv_wgrad) on one reduction pattern; block-scaled quantization; top-k, the
-router and the mixture-of-experts movement ops and grouped matmul. The backward norms have
+``direct_*`` modules, by kind of work): data movement as strided copies, pooling (forward,
+backward, adaptive) and resampling as per-output gathers, convolution gradients, and the
+reductions (genstats, conv_wgrad) on one reduction pattern; block-scaled quantization; top-k,
+the router and the mixture-of-experts movement ops and grouped matmul. The backward norms have
 families of their own; layer and RMS norm backward of rows too long for registers come back
 to direct_norm.py's kernels.
 """
@@ -27,6 +27,8 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "slice": direct_movement.emit_slice,
     "concatenate": direct_movement.emit_concatenate,
     "pooling": direct_window.emit_pooling,
+    "pooling_backward": direct_window.emit_pooling_backward,
+    "adaptive_pooling": direct_window.emit_adaptive_pooling,
     "resample": direct_window.emit_resample,
     "conv_dgrad": direct_conv.emit_dgrad,
     "conv_wgrad": direct_conv.emit_wgrad,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 import numpy as np
 
 from ..dtypes import DataType
-from ..errors import AttributeValueError, ShapeError, UndeclaredDimsError
+from ..errors import AttributeValueError, DataTypeError, FeedError, ShapeError, UndeclaredDimsError
 from ..symbolic import Extent, Sym, evaluate, show_values, symbols_of
 from .attributes import Attributes, NoAttributes
 from .registry import DEFINITIONS, lookup
@@ -152,6 +152,10 @@ def op_kinds() -> tuple[str, ...]:
     return tuple(sorted(DEFINITIONS))
 
 
+# Index tensors (gather rows, expert choices, top-k picks, pooling window positions).
+INDEX_TYPES = frozenset({DataType.INT32, DataType.INT64})
+
+
 # -- helpers for infer() ------------------------------------------------------------------
 def fail(node: Node, message: str, *, role: str | None = None) -> NoReturn:
     """Raise a ShapeError located at ``node`` (and the tensor bound to ``role``)."""
@@ -229,3 +233,31 @@ def check_axis(node: Node, axis: int, rank: int, what: str = "axis") -> int:
     if not -rank <= axis < rank:
         fail_attribute(node, f"{what} {axis} is out of range for rank {rank}")
     return axis % rank
+
+
+def index_tensor(node: Node, role: str) -> Tensor:
+    """The tensor bound to ``role``, or a DataTypeError unless it holds int32 or int64 indices."""
+    tensor = node.input(role)
+    assert tensor is not None
+    if tensor.data_type.is_set and tensor.data_type not in INDEX_TYPES:
+        raise DataTypeError(
+            f"{role} '{tensor.name}' is {tensor.data_type.value}; {node.op} takes int32 or int64 indices",
+            node=node.name,
+            tensor=tensor.name,
+        )
+    return tensor
+
+
+def indices_in_range(node: Node, role: str, values: np.ndarray, extent: int, what: str) -> np.ndarray:
+    """``values`` as integers, or a FeedError naming the first one outside [0, extent)."""
+    bad = np.flatnonzero((values < 0) | (values >= extent))
+    if bad.size:
+        tensor = node.input(role)
+        assert tensor is not None
+        raise FeedError(
+            f"{role} '{tensor.name}' holds {int(values.flat[bad[0]])} at flat position {int(bad[0])}; "
+            f"{what} must be in [0, {extent})",
+            node=node.name,
+            tensor=tensor.name,
+        )
+    return values.astype(np.int64)

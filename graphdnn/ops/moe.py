@@ -19,16 +19,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..dtypes import DataType
-from ..errors import DataTypeError, FeedError
 from ..symbolic import Extent
 from .attributes import Attributes
-from .base import Category, Inferred, Op, Role, check_axis, fail, fail_attribute, register
+from .base import (
+    INDEX_TYPES,
+    Category,
+    Inferred,
+    Op,
+    Role,
+    check_axis,
+    fail,
+    fail_attribute,
+    index_tensor,
+    indices_in_range,
+    register,
+)
 
 if TYPE_CHECKING:
-    from ..ir import Node, Tensor
+    from ..ir import Node
     from ..tensor import TensorSpec
-
-INDEX_TYPES = frozenset({DataType.INT32, DataType.INT64})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,33 +48,6 @@ class GatherAttributes(Attributes):
 @dataclasses.dataclass(frozen=True)
 class MoePermutationAttributes(Attributes):
     num_experts: int
-
-
-def _integer(node: Node, role: str) -> Tensor:
-    tensor = node.input(role)
-    assert tensor is not None
-    if tensor.data_type.is_set and tensor.data_type not in INDEX_TYPES:
-        raise DataTypeError(
-            f"{role} '{tensor.name}' is {tensor.data_type.value}; {node.op} takes int32 or int64 indices",
-            node=node.name,
-            tensor=tensor.name,
-        )
-    return tensor
-
-
-def _in_range(node: Node, role: str, values: np.ndarray, extent: int, what: str) -> np.ndarray:
-    """``values`` as integers, or a FeedError naming the first one outside [0, extent)."""
-    bad = np.flatnonzero((values < 0) | (values >= extent))
-    if bad.size:
-        tensor = node.input(role)
-        assert tensor is not None
-        raise FeedError(
-            f"{role} '{tensor.name}' holds {int(values.flat[bad[0]])} at flat position {int(bad[0])}; "
-            f"{what} must be in [0, {extent})",
-            node=node.name,
-            tensor=tensor.name,
-        )
-    return values.astype(np.int64)
 
 
 @register
@@ -79,7 +61,7 @@ class Gather(Op):
     attributes = GatherAttributes
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
-        x, index = node.input("input"), _integer(node, "index")
+        x, index = node.input("input"), index_tensor(node, "index")
         assert x is not None
         axis = check_axis(node, node.attributes.axis, len(x.dim))  # type: ignore[attr-defined]
         if len(index.dim) != 1:
@@ -94,7 +76,7 @@ class Gather(Op):
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         value = x["input"]
         axis = node.attributes.axis  # type: ignore[attr-defined]
-        index = _in_range(node, "index", x["index"], value.shape[axis], "rows")
+        index = indices_in_range(node, "index", x["index"], value.shape[axis], "rows")
         return {"y": np.take(value, index, axis=axis)}
 
 
@@ -115,7 +97,7 @@ class MoePermutation(Op):
     attributes = MoePermutationAttributes
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
-        chosen = _integer(node, "expert_indices")
+        chosen = index_tensor(node, "expert_indices")
         experts = node.attributes.num_experts  # type: ignore[attr-defined]
         if experts < 1:
             fail_attribute(node, f"num_experts must be >= 1, got {experts}")
@@ -134,7 +116,7 @@ class MoePermutation(Op):
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         experts = node.attributes.num_experts  # type: ignore[attr-defined]
-        chosen = _in_range(node, "expert_indices", x["expert_indices"], experts, "expert indices")
+        chosen = indices_in_range(node, "expert_indices", x["expert_indices"], experts, "expert indices")
         tokens, k = chosen.shape
         order = np.argsort(chosen.ravel(), kind="stable")  # by expert, then token and choice (row-major)
         slot = np.empty(tokens * k, dtype=np.int64)
@@ -158,7 +140,7 @@ class MoeUnpermute(Op):
     outputs = (Role("y"),)
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
-        x, slot, weights = node.input("input"), _integer(node, "slot"), node.input("weights")
+        x, slot, weights = node.input("input"), index_tensor(node, "slot"), node.input("weights")
         assert x is not None
         if len(x.dim) != 2:
             fail(node, f"input has dims {list(x.dim)}; expected [rows, hidden]", role="input")
@@ -175,7 +157,7 @@ class MoeUnpermute(Op):
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         value = x["input"]
-        slot = _in_range(node, "slot", x["slot"], value.shape[0], "slots (rows of input)")
+        slot = indices_in_range(node, "slot", x["slot"], value.shape[0], "slots (rows of input)")
         weights = x.get("weights")
         rows = value[slot]  # [T, k, H]
         if weights is not None:
@@ -196,7 +178,7 @@ class MoeGroupedMatmul(Op):
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         token, weight = node.input("token"), node.input("weight")
-        offsets = _integer(node, "first_token_offset")
+        offsets = index_tensor(node, "first_token_offset")
         assert token is not None and weight is not None
         if len(token.dim) != 2:
             fail(node, f"token has dims {list(token.dim)}; expected [rows, K]", role="token")

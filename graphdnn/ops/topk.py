@@ -19,13 +19,11 @@ from ..dtypes import DataType
 from ..layout import stride_order
 from ..symbolic import Extent
 from .attributes import Attributes
-from .base import Category, Inferred, Op, Role, check_axis, fail, fail_attribute, register
+from .base import INDEX_TYPES, Category, Inferred, Op, Role, check_axis, fail, fail_attribute, register
 
 if TYPE_CHECKING:
     from ..ir import Node
     from ..tensor import TensorSpec
-
-INDEX_TYPES = frozenset({DataType.INT32, DataType.INT64})
 
 
 @dataclasses.dataclass(frozen=True)
