@@ -114,11 +114,11 @@ def test_rows_without_visible_keys_are_zero_with_minus_infinite_stats() -> None:
 
 @pytest.mark.parametrize("k_form", ["strides", "transpose", "bshd"])
 @pytest.mark.parametrize("kv_heads", [1, 4])
-def test_attention_written_from_primitives_runs_as_one_flash_kernel(k_form: str, kv_heads: int) -> None:
+def test_attention_written_from_primitives_runs_as_one_attention_kernel(k_form: str, kv_heads: int) -> None:
+    """One flash kernel: mma.sync, or on sm_90 the wgmma one (head dim 64 takes it)."""
     from tests.test_fusion_attention_rule import Form
 
     form = Form(b=2, h=4, hk=kv_heads, sq=100, skv=130, d=64, dv=64, k_form=k_form, bias=(2, 1, 1, 130), io="bf16")
     plan = check_on_gpu(form.build(), seed=kv_heads)
-    assert [kernel.name for kernel in plan.kernels if "_flash_" in kernel.name] == [
-        kernel.name for kernel in plan.kernels
-    ]
+    (kernel,) = plan.kernels
+    assert "_flash_" in kernel.name or "_wgmma_" in kernel.name

@@ -37,7 +37,7 @@ import dataclasses
 import math
 
 from fusion_rules import FusedNode
-from fusion_rules.rules.norm_backward import MAX_FUSED_ROW
+from fusion_rules.rules.norm_backward import MAX_FUSED_ROW, per_column_parameters
 from graphdnn.errors import GraphError, UnsupportedError
 from graphdnn.ir import Tensor
 
@@ -70,6 +70,8 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert anchor is not None
     rows, sums, layout = _rows_kernel_view(fused)
     config = configured(layout, ctx.tuning)
+    if not per_column_parameters(anchor) and fused.nodes == (anchor,):
+        return emit_norm_backward(fused, ctx)  # the rule declines to fuse around such a norm
     if not _fits(layout, config, len(sums)):
         if ctx.tuning:
             raise GraphError(

@@ -106,7 +106,20 @@ template <> struct Elem<__nv_fp8_e8m0> {
 #endif
 
 // to<C>(x): a stored element as compute type C; from<T>(v): a compute value stored as T.
-template <class C, class T> __device__ __forceinline__ C to(T x) { return (C)Elem<T>::get(x); }
+// Integers convert straight to the compute type (Elem<I>::get gives a float, which would round
+// int32 / int64 values past 2^24 on their way to a double).
+template <class T> struct IsInteger { static constexpr bool value = false; };
+template <> struct IsInteger<signed char> { static constexpr bool value = true; };
+template <> struct IsInteger<unsigned char> { static constexpr bool value = true; };
+template <> struct IsInteger<int> { static constexpr bool value = true; };
+template <> struct IsInteger<long long> { static constexpr bool value = true; };
+template <class C, class T> __device__ __forceinline__ C to(T x) {
+  if constexpr (IsInteger<T>::value) {
+    return (C)x;
+  } else {
+    return (C)Elem<T>::get(x);
+  }
+}
 template <class T, class C> __device__ __forceinline__ T from(C v) { return Elem<T>::put(v); }
 
 // rounded<T>(v): the compute value v rounded to T and back, the value of a virtual tensor of

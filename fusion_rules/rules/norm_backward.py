@@ -32,7 +32,21 @@ def row_fits(ctx: MatchContext, node: Node) -> str | None:
             f"{node.name} normalizes rows of {width} elements; the one-pass kernel that fuses ops around it "
             f"holds rows of at most {MAX_FUSED_ROW}"
         )
+    if not per_column_parameters(node):
+        return f"{node.name}'s scale is shared by several columns of a row; the one-pass kernel sums per column"
     return None
+
+
+def per_column_parameters(node: Node) -> bool:
+    """The scale has its own value at every column of a normalized row (the one-pass kernel's
+    dscale / dbias partials are per column; a scale broadcast along the row needs them summed)."""
+    x, scale = node.input("input"), node.input("scale")
+    assert x is not None
+    if scale is None:
+        return True
+    axes = cast(NormOp, node.definition).checked(node)[1].axes
+    padded = (1,) * (len(x.dim) - len(scale.dim)) + tuple(scale.dim)
+    return all(padded[axis] == x.dim[axis] for axis in axes)
 
 
 NORM_GUARDS = (*FUSED_GUARDS, row_fits)
