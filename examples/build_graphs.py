@@ -161,7 +161,8 @@ def rope(g: gd.OperationGraphSpec, x: gd.TensorSpec, theta: float = 10000.0, nam
     x1 = g.slice(x, [slice(None)] * 3 + [slice(0, half)], name=f"{name}.x1")
     x2 = g.slice(x, [slice(None)] * 3 + [slice(half, d)], name=f"{name}.x2")
     rotated = g.concatenate([x2, x1], axis=3, name=f"{name}.swap")
-    return g.add(g.mul(x, cos, name=f"{name}.x_cos"), g.mul(rotated, sin, name=f"{name}.rot_sin"), name=name)
+    x_cos = fp32(g.mul(x, cos, name=f"{name}.x_cos"))
+    return g.add(x_cos, fp32(g.mul(rotated, sin, name=f"{name}.rot_sin")), name=name)
 
 
 def llama_layer(
