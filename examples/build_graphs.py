@@ -175,7 +175,7 @@ def llama_layer(
     Tokens are [B, 1, S, hidden]: the 1 broadcasts against the heads of the per-head projection
     weights [H, hidden, D], so the projections give Q, K, V as [B, H, S, D] for sdpa without a
     transpose, and the output projection is per-head GEMMs [H, D, hidden] summed over the heads
-    (a reduction the residual add joins). The fuzzer shrinks the examples' large dims
+    (a reduction over the head axis). The fuzzer shrinks the examples' large dims
     (tests/graph_fuzz.py SMALL_DIMS: 64 -> 4, 2048 -> 6...) but not slice bounds, so D and D/2
     are none of them (RoPE slices at D/2), and neither is H * D."""
     head_dim = hidden // heads
