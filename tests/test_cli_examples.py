@@ -92,14 +92,17 @@ def numpy_rope(x: np.ndarray, theta: float = 10000.0) -> np.ndarray:
     return x * np.cos(angle) + rotated * np.sin(angle)
 
 
+def rope_graph(io: str, dims: list[int], theta: float = 10000.0) -> gd.OperationGraphSpec:
+    g = gd.OperationGraphSpec(name=f"rope_{io}", io_data_type=io, intermediate_data_type=io)
+    build_graphs().rope(g, g.tensor(dims, name="x"), theta=theta, name="rope").set_name("y").set_output(True)
+    return g
+
+
 def test_rope_from_primitives_equals_numpy_rope() -> None:
     """The helper's graph (float tensors, an odd sequence length) against NumPy within float's
     error; positions, frequencies, sin, cos and the combine in one elementwise kernel, the halves
     swapped by the two slices and the concatenate."""
-    g = gd.OperationGraphSpec(name="rope", io_data_type="float", intermediate_data_type="float")
-    x = g.tensor([2, 3, 37, 16], name="x")
-    build_graphs().rope(g, x, theta=500.0, name="rope").set_name("y").set_output(True)
-    ir = g.validate()
+    ir = rope_graph("float", [2, 3, 37, 16], theta=500.0).validate()
     feeds = {"x": np.random.default_rng(0).standard_normal([2, 3, 37, 16]).astype(np.float32)}
     got = gd.reference.execute(ir, feeds)["y"].astype(np.float64)
     want = numpy_rope(feeds["x"].astype(np.float64), theta=500.0)
@@ -108,6 +111,16 @@ def test_rope_from_primitives_equals_numpy_rope() -> None:
     kernels = sorted(sorted(n.name for n in f.nodes) for f in partition.nodes)
     assert kernels[1:] == [["rope.swap"], ["rope.x1"], ["rope.x2"]]
     assert {"rope.position", "rope.column", "rope.sin", "rope.cos", "rope"} <= set(kernels[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("io", "dims"), [("float", [2, 3, 37, 16]), ("bfloat16", [1, 8, 129, 96]), ("half", [2, 2, 7, 64])]
+)
+def test_gpu_rope_matches_the_reference(io: str, dims: list[int]) -> None:
+    from tests.gpu_check import check_on_gpu
+
+    check_on_gpu(rope_graph(io, dims))
 
 
 def numpy_llama_layer(
