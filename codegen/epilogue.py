@@ -13,6 +13,7 @@ from graphdnn.dtypes import round_to
 from graphdnn.ir import Node, Tensor
 
 from .cuda_types import load, rounded
+from .indexing import along
 from .kernel import param_name
 from .pointwise import literal, render
 
@@ -22,7 +23,8 @@ class Values:
 
     def __init__(self, compute: str, load: Callable[[Tensor], str], index: Callable[[Tensor], str]) -> None:
         """``load``: a tensor's value at the current element; ``index``: the current element's
-        row-major index in a tensor's own dims (broadcast axes at 0), which rng draws from."""
+        row-major index in a tensor's own dims (broadcast axes at 0), which rng draws from and
+        gen_index reads its coordinate from (``indexing.along``)."""
         self.compute = compute
         self._load = load
         self._index = index
@@ -78,6 +80,8 @@ def apply(nodes: Iterable[Node], values: Values) -> None:
         assert isinstance(out, Tensor)
         if node.op == "rng":  # seed and offset as exact integers, and the element's own index
             args = [scalar_integer(tensor) for _, tensor in node.inputs] + [values.index(out)]  # type: ignore[arg-type]
+        elif node.op == "gen_index":  # the element's coordinate along the axis; the input is not read
+            args = [values.index(along(out, node.attributes.axis % len(out.dim)))]  # type: ignore[attr-defined]
         else:
             args = [values.get(tensor) for _, tensor in node.inputs]  # type: ignore[arg-type]
         expression = render(node.op, args, node.attributes, values.compute)

@@ -74,6 +74,12 @@ def row_major_index(tensor: Tensor, out_dims: Sequence[int], prefix: str) -> str
     return offset(row_major(tensor), out_dims, prefix)
 
 
+def along(tensor: Tensor, axis: int) -> Tensor:
+    """``tensor`` with every dim but ``axis`` made 1: the row-major index of an element in it, as
+    ``Values.index`` gives it, is the element's coordinate along ``axis`` (what gen_index holds)."""
+    return dataclasses.replace(tensor, dim=tuple(d if a == axis else 1 for a, d in enumerate(tensor.dim)))
+
+
 def is_full(tensor: Tensor, out_dims: Sequence[int]) -> bool:
     return tuple(tensor.dim) == tuple(out_dims)
 

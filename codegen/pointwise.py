@@ -164,6 +164,7 @@ EXPRESSIONS: dict[str, Render] = {
     "cmp_lt": _compare("<"),
     "cmp_le": _compare("<="),
     "rng": _rng,
+    "gen_index": lambda a, attrs, c: f"(({c}){a[0]})",  # a: the coordinate along the axis (an integer)
     "binary_select": lambda a, attrs, c: f"({a[2]} != {literal(0, c)} ? {a[0]} : {a[1]})",
     # Inference batch norm, folded: scale = gamma * inv_variance, shift = beta - mean * scale.
     "batchnorm_inference": lambda a, attrs, c: f"({a[0]} * ({a[3]} * {a[2]}) + ({a[4]} - {a[1]} * ({a[3]} * {a[2]})))",

@@ -7,6 +7,7 @@ python examples/build_graphs.py --check  # exit 1 if a file differs from what th
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -131,12 +132,84 @@ def moe_layer(
     return g
 
 
+def rope(g: gd.OperationGraphSpec, x: gd.TensorSpec, theta: float = 10000.0, name: str = "rope") -> gd.TensorSpec:
+    """Rotary position embedding of ``x`` [B, H, S, D] at positions 0..S-1, rotate-half (GPT-NeoX,
+    Llama) form, from primitives: ``y = x cos(a) + rotate_half(x) sin(a)`` with ``a = s * theta^(-2i/D)``
+    for sequence position s and frequency i = d mod D/2 of column d, ``rotate_half(x) = [-x2, x1]``.
+
+    Positions and frequencies come from gen_index on ``x`` itself, so they, the angles, sin, cos and
+    the combine are all pointwise on x's dims and compute in one kernel, in float (a bf16 angle would
+    be off by a quarter radian at s = 100); the sign of ``-x2`` is folded into sin, so the halves
+    are only swapped, [x2, x1], by two slices and a concatenate."""
+    d = x.dim[3]
+    half = d // 2
+
+    def fp32(t: gd.TensorSpec) -> gd.TensorSpec:
+        return t.set_data_type(gd.DataType.FLOAT)
+
+    position = g.gen_index(x, 2, name=f"{name}.position")
+    column = g.gen_index(x, 3, name=f"{name}.column")
+    frequency = fp32(g.mod(column, half, name=f"{name}.frequency"))
+    inverse = fp32(
+        g.exp(fp32(g.mul(frequency, -2.0 * math.log(theta) / d, name=f"{name}.exponent")), name=f"{name}.inv_freq")
+    )
+    angle = fp32(g.mul(position, inverse, name=f"{name}.angle"))
+    first = g.cmp_lt(column, half, name=f"{name}.first_half")
+    sign = fp32(g.add(fp32(g.mul(first, -2.0, name=f"{name}.minus_two")), 1.0, name=f"{name}.sign"))
+    sin = fp32(g.mul(fp32(g.sin(angle, name=f"{name}.sin")), sign, name=f"{name}.signed_sin"))
+    cos = fp32(g.cos(angle, name=f"{name}.cos"))
+    x1 = g.slice(x, [slice(None)] * 3 + [slice(0, half)], name=f"{name}.x1")
+    x2 = g.slice(x, [slice(None)] * 3 + [slice(half, d)], name=f"{name}.x2")
+    rotated = g.concatenate([x2, x1], axis=3, name=f"{name}.swap")
+    x_cos = fp32(g.mul(x, cos, name=f"{name}.x_cos"))
+    return g.add(x_cos, fp32(g.mul(rotated, sin, name=f"{name}.rot_sin")), name=name)
+
+
+def llama_layer(
+    batch: int = 2, seq: int = 128, hidden: int = 768, heads: int = 8, kv_heads: int = 2, ffn: int = 2048
+) -> gd.OperationGraphSpec:
+    """One Llama decoder layer, bf16: RMSNorm, Q/K/V projections, RoPE on Q and K, causal
+    grouped-query attention (8 query heads on 2 key/value heads, head dim 96), the output
+    projection and the residual add, RMSNorm, the SwiGLU MLP and its residual add.
+
+    Tokens are [B, 1, S, hidden]: the 1 broadcasts against the heads of the per-head projection
+    weights [H, hidden, D], so the projections give Q, K, V as [B, H, S, D] for sdpa without a
+    transpose, and the output projection is per-head GEMMs [H, D, hidden] summed over the heads
+    (a reduction over the head axis). The fuzzer shrinks the examples' large dims
+    (tests/graph_fuzz.py SMALL_DIMS: 64 -> 4, 2048 -> 6...) but not slice bounds, so D and D/2
+    are none of them (RoPE slices at D/2), and neither is H * D."""
+    head_dim = hidden // heads
+    g = gd.OperationGraphSpec(name="llama_layer", io_data_type="bf16", intermediate_data_type="bf16")
+    x = g.tensor(name="x", dim=[batch, 1, seq, hidden])
+
+    def weight(name: str, *dims: int) -> gd.TensorSpec:
+        return g.tensor(name=name, dim=list(dims))
+
+    h = g.rmsnorm("inference", x, weight("attn_norm.scale", 1, 1, 1, hidden), epsilon=1e-5, name="attn_norm")[0]
+    q = g.matmul(h, weight("wq", heads, hidden, head_dim), name="q_proj")
+    k = g.matmul(h, weight("wk", kv_heads, hidden, head_dim), name="k_proj")
+    v = g.matmul(h, weight("wv", kv_heads, hidden, head_dim), name="v_proj")
+    q, k = rope(g, q, name="q_rope"), rope(g, k, name="k_rope")
+    o = g.sdpa(q, k, v, attn_scale=1.0 / math.sqrt(head_dim), use_causal_mask=True, name="attention")[0]
+    heads_out = g.matmul(o, weight("wo", heads, head_dim, hidden), name="o_proj").set_data_type(gd.DataType.FLOAT)
+    attention = g.reduction(heads_out, "add", axes=[1], name="o_proj.sum")
+    residual = g.add(x, attention, name="attn_residual")
+    n = g.rmsnorm("inference", residual, weight("mlp_norm.scale", 1, 1, 1, hidden), epsilon=1e-5, name="mlp_norm")[0]
+    gate = g.matmul(n, weight("w_gate", hidden, ffn), name="gate_proj")
+    up = g.matmul(n, weight("w_up", hidden, ffn), name="up_proj")
+    act = g.mul(g.silu(gate, name="swiglu.silu"), up, name="swiglu")
+    down = g.matmul(act, weight("w_down", ffn, hidden), name="down_proj")
+    g.add(residual, down, name="mlp_residual").set_name("y").set_output(True)
+    return g
+
+
 EXAMPLES: dict[str, Callable[[], gd.OperationGraphSpec]] = {
     "resnet50_bottleneck": resnet50_bottleneck,
     "transformer_block": transformer_block,
     "conv_bn_relu_training": conv_bn_relu_training,
     "layernorm_gelu": layernorm_gelu,
     "moe_layer": moe_layer,
+    "llama_layer": llama_layer,
 }
 
 

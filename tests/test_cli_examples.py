@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
+import numpy as np
 import pytest
 
 import graphdnn as gd
@@ -27,7 +31,7 @@ def test_example_files_match_the_script_that_builds_them() -> None:
 
 def test_the_required_examples_exist() -> None:
     names = {path.stem for path in EXAMPLES}
-    assert {"resnet50_bottleneck", "transformer_block", "conv_bn_relu_training", "moe_layer"} <= names
+    assert {"resnet50_bottleneck", "transformer_block", "conv_bn_relu_training", "moe_layer", "llama_layer"} <= names
 
 
 def test_validate_accepts_every_example(capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,6 +71,110 @@ def test_the_moe_layer_runs_on_the_reference_and_equals_a_dense_mixture(capsys: 
             act = bf16(bf16(gate / (1 + np.exp(-gate))) * up)
             want[t] += float(weight) * bf16(act @ w2[e])
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+
+
+def build_graphs() -> ModuleType:
+    """examples/build_graphs.py as a module (examples/ is no package)."""
+    spec = importlib.util.spec_from_file_location("build_graphs", ROOT / "examples" / "build_graphs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def numpy_rope(x: np.ndarray, theta: float = 10000.0) -> np.ndarray:
+    """Rotary embedding of x [..., S, D] at positions 0..S-1 as Llama / GPT-NeoX apply it:
+    x cos + rotate_half(x) sin, with the frequencies repeated over both halves."""
+    seq, dim = x.shape[-2:]
+    inv_freq = theta ** (-np.arange(0, dim, 2) / dim)
+    angle = np.arange(seq)[:, None] * np.concatenate([inv_freq, inv_freq])[None, :]
+    rotated = np.concatenate([-x[..., dim // 2 :], x[..., : dim // 2]], axis=-1)
+    return x * np.cos(angle) + rotated * np.sin(angle)
+
+
+def rope_graph(io: str, dims: list[int], theta: float = 10000.0) -> gd.OperationGraphSpec:
+    g = gd.OperationGraphSpec(name=f"rope_{io}", io_data_type=io, intermediate_data_type=io)
+    build_graphs().rope(g, g.tensor(dims, name="x"), theta=theta, name="rope").set_name("y").set_output(True)
+    return g
+
+
+def test_rope_from_primitives_equals_numpy_rope() -> None:
+    """The helper's graph (float tensors, an odd sequence length) against NumPy within float's
+    error; positions, frequencies, sin, cos and the combine in one elementwise kernel, the halves
+    swapped by the two slices and the concatenate."""
+    ir = rope_graph("float", [2, 3, 37, 16], theta=500.0).validate()
+    feeds = {"x": np.random.default_rng(0).standard_normal([2, 3, 37, 16]).astype(np.float32)}
+    got = gd.reference.execute(ir, feeds)["y"].astype(np.float64)
+    want = numpy_rope(feeds["x"].astype(np.float64), theta=500.0)
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+    partition = gd.fuse(ir)
+    kernels = sorted(sorted(n.name for n in f.nodes) for f in partition.nodes)
+    assert kernels[1:] == [["rope.swap"], ["rope.x1"], ["rope.x2"]]
+    assert {"rope.position", "rope.column", "rope.sin", "rope.cos", "rope"} <= set(kernels[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("io", "dims"), [("float", [2, 3, 37, 16]), ("bfloat16", [1, 8, 129, 96]), ("half", [2, 2, 7, 64])]
+)
+def test_gpu_rope_matches_the_reference(io: str, dims: list[int]) -> None:
+    from tests.gpu_check import check_on_gpu
+
+    check_on_gpu(rope_graph(io, dims))
+
+
+def numpy_llama_layer(
+    feeds: dict[str, np.ndarray], heads: int, kv_heads: int, rope: Callable[[np.ndarray], np.ndarray] = numpy_rope
+) -> np.ndarray:
+    """The layer in float64, rounded to bf16 where the graph stores bf16 values."""
+    from ml_dtypes import bfloat16
+
+    def bf16(v: np.ndarray) -> np.ndarray:
+        return v.astype(bfloat16).astype(np.float64)
+
+    def rmsnorm(v: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        return bf16(v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + 1e-5) * scale)
+
+    w = {name: value.astype(np.float64) for name, value in feeds.items()}
+    x = w["x"]  # [B, 1, S, hidden]
+    h = rmsnorm(x, w["attn_norm.scale"])
+    q, k, v = (bf16(h @ w[name]) for name in ("wq", "wk", "wv"))  # [B, H, S, D]
+    q, k = bf16(rope(q)), bf16(rope(k))
+    k, v = np.repeat(k, heads // kv_heads, axis=1), np.repeat(v, heads // kv_heads, axis=1)
+    seq, dim = q.shape[-2:]
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(dim)
+    scores = np.where(np.tril(np.ones((seq, seq), dtype=bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    o = bf16(p / p.sum(axis=-1, keepdims=True) @ v)
+    residual = bf16(x + bf16(np.sum(o @ w["wo"], axis=1, keepdims=True)))
+    n = rmsnorm(residual, w["mlp_norm.scale"])
+    gate, up = bf16(n @ w["w_gate"]), bf16(n @ w["w_up"])
+    act = bf16(bf16(gate / (1 + np.exp(-gate))) * up)
+    return bf16(residual + bf16(act @ w["w_down"]))
+
+
+def test_the_llama_layer_runs_on_the_reference_and_equals_numpy(capsys: pytest.CaptureFixture[str]) -> None:
+    """The example end to end through the command line, then its reference against a NumPy layer
+    on weights scaled by 1/sqrt(fan-in) (softmax far from one-hot, so attention counts); NumPy
+    without RoPE is far off, so the check sees the rotary embedding."""
+    from ml_dtypes import bfloat16
+
+    from graphdnn.random_inputs import random_inputs
+
+    path = ROOT / "examples" / "graphs" / "llama_layer.json"
+    assert main(["run", "--backend", "reference", "--check", str(path)]) == 0
+    assert "check: passed" in capsys.readouterr().out
+    ir = gd.load(path).validate()
+    feeds = random_inputs(ir, seed=5)
+    for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+        fan_in = feeds[name].shape[-2]
+        feeds[name] = (feeds[name].astype(np.float64) / np.sqrt(fan_in)).astype(bfloat16)
+    got = gd.reference.execute(ir, feeds)["y"].astype(np.float64)
+    heads, kv_heads = ir.tensor("wq").dim[0], ir.tensor("wk").dim[0]
+    want = numpy_llama_layer(feeds, heads, kv_heads)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+    unrotated = numpy_llama_layer(feeds, heads, kv_heads, rope=lambda v: v)
+    assert np.linalg.norm(got - want) < 0.1 * np.linalg.norm(got - unrotated)
 
 
 def test_inspect_prints_shapes_and_signature(capsys: pytest.CaptureFixture[str]) -> None:

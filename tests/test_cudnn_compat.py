@@ -207,6 +207,23 @@ def test_a_boolean_compute_type_is_accepted() -> None:
     np.testing.assert_array_equal(got, rand(8) > 0)
 
 
+def test_gen_index_builds_the_frontend_s_causal_mask() -> None:
+    """As the frontend's test_flexible_sdpa.py writes it: row and column indexes set to INT32,
+    cmp_ge with a BOOLEAN compute type, binary_select of the scores or -inf."""
+    graph = float_graph()
+    scores = graph.tensor(name="scores", dim=[1, 2, 5, 5])
+    row = graph.gen_index(input=scores, axis=2, compute_data_type=cudnn.data_type.INT32)
+    row.set_data_type(cudnn.data_type.INT32)
+    col = graph.gen_index(input=scores, axis=3)
+    col.set_data_type(cudnn.data_type.INT32)
+    mask = graph.cmp_ge(input=row, comparison=col, compute_data_type=cudnn.data_type.BOOLEAN)
+    mask.set_data_type(cudnn.data_type.BOOLEAN)
+    out = graph.binary_select(input0=scores, input1=-np.inf, mask=mask).set_output(True)
+    got = np.empty((1, 2, 5, 5), np.float32)
+    run(graph, {scores: rand(1, 2, 5, 5), out: got})
+    np.testing.assert_array_equal(got, np.where(np.tril(np.ones((5, 5), bool)), rand(1, 2, 5, 5), -np.inf))
+
+
 # -- execute: keys and buffers ------------------------------------------------------------------------------
 def test_raw_host_pointers_with_uid_keys() -> None:
     graph = float_graph()

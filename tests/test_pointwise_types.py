@@ -22,7 +22,8 @@ from graphdnn.ops.pointwise import BACKWARD_OF, BINARY_KINDS, UNARY_KINDS
 
 from .compile_check import compile_graphs
 
-# rng, the pointwise op that reads no tensor, has its own tests (tests/test_ops_random.py)
+# rng, the pointwise op that reads no tensor, and gen_index, which reads only its input's dims, have
+# their own tests (tests/test_ops_random.py, tests/test_ops_index.py)
 KINDS = sorted(UNARY_KINDS | BINARY_KINDS | set(BACKWARD_OF) | {"binary_select"})
 TYPES = [t.value for t in gd.DataType if t.is_set]
 
@@ -48,7 +49,7 @@ def one_op(kind: str, data_type: str) -> gd.OperationGraphSpec:
 
 
 def test_every_pointwise_kind_has_a_builder_with_its_roles() -> None:
-    assert {kind for kind in op_kinds() if get_op(kind).category is Category.POINTWISE} == {*KINDS, "rng"}
+    assert {kind for kind in op_kinds() if get_op(kind).category is Category.POINTWISE} == {*KINDS, "rng", "gen_index"}
     for kind in KINDS:
         roles = [role.name for role in get_op(kind).inputs]
         assert len(roles) <= len(OPERANDS), kind

@@ -34,7 +34,6 @@ from .variant_pack import adapt
 NOT_SUPPORTED = {
     "tan": "graphdnn has no tangent op (sin / cos gives it)",
     "add_square": "graphdnn has no add_square op (mul then add gives it)",
-    "gen_index": "graphdnn has no index-generating op",
     "instancenorm_backward": "graphdnn has no instance norm backward op",
     "adalayernorm": "graphdnn has no adaptive layer norm",
     "adalayernorm_backward": "graphdnn has no adaptive layer norm",

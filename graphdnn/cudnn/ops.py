@@ -437,6 +437,10 @@ class FrontendOps:
     def scale(self, input: TensorSpec, scale: TensorSpec, compute_data_type: Any = None, name: str = "") -> TensorSpec:
         return self._pointwise("scale", [input, scale], compute_data_type, name)
 
+    def gen_index(self, input: TensorSpec, axis: int, compute_data_type: Any = None, name: str = "") -> TensorSpec:
+        """Each element's index along ``axis`` (int32 unless set otherwise; the frontend's samples set it)."""
+        return self._pointwise("gen_index", [input], compute_data_type, name, axis=axis)
+
     def binary_select(
         self, input0: TensorSpec, input1: TensorSpec, mask: TensorSpec, compute_data_type: Any = None, name: str = ""
     ) -> TensorSpec:

@@ -7,6 +7,7 @@ reference semantics) and the builder methods that add them to a graph.
 from .attention import AttentionMethods
 from .base import Category, Inferred, Op, Role, get_op, op_kinds
 from .conv import ConvMethods
+from .index import IndexMethods
 from .matmul import MatmulMethods
 from .moe import MoeMethods
 from .norm_backward import NormBackwardMethods
@@ -23,6 +24,7 @@ from .topk import TopkMethods
 class OpMethods(
     AttentionMethods,
     ConvMethods,
+    IndexMethods,
     MatmulMethods,
     MoeMethods,
     NormMethods,

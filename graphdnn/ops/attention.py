@@ -132,7 +132,7 @@ class Sdpa(Op):
         # Stable softmax over the visible keys; a row with none gives O = 0 and STATS = -inf.
         row_max = np.where(visible, scores, -np.inf).max(axis=-1, keepdims=True)
         row_max = np.where(np.isfinite(row_max), row_max, 0.0)
-        weights = np.where(visible, np.exp(np.where(visible, scores, 0.0) - row_max), 0.0)
+        weights = np.exp(np.where(visible, scores - row_max, -np.inf))  # exp(-inf) = 0: no overflow where hidden
         total = weights.sum(axis=-1, keepdims=True)
         empty = total == 0.0
         safe_total = np.where(empty, 1.0, total)
