@@ -155,8 +155,10 @@ def _ln_bwd_torch(t: Tensors) -> Any:
     import torch
 
     hidden = t["x"].shape[-1]
+    weight = t["scale"].view(hidden)
+    # dbias is asked for, so a bias must be given; its values do not enter any gradient
     return torch.ops.aten.native_layer_norm_backward(
-        t["dy"], t["x"], [hidden], t["mean"], t["inv_variance"], t["scale"].view(hidden), None, [True, True, True]
+        t["dy"], t["x"], [hidden], t["mean"], t["inv_variance"], weight, weight, [True, True, True]
     )
 
 

@@ -18,6 +18,7 @@ _STB_GLOBAL = 1
 _SHN_UNDEF = 0
 _EIFMT_NVAL, _EIFMT_SVAL = 1, 4  # .nv.info record formats: no value, sized value (else a 16-bit value)
 _EIATTR_PARAM_CBANK_SIZE = 0x19
+_EIATTR_KPARAM_INFO = 0x17
 _SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
 _SECTION = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
 
@@ -75,8 +76,10 @@ def _info_value(info: bytes, attribute: int) -> int | None:
 
 
 def parameter_bytes(cubin: bytes, name: str) -> int | None:
-    """Bytes of parameters the kernel ``name`` takes (EIATTR_PARAM_CBANK_SIZE of its
-    ``.nv.info.<name>`` section), or None where the cubin does not say."""
+    """Bytes of parameters the kernel ``name`` takes: its parameter bank's size
+    (EIATTR_PARAM_CBANK_SIZE of its ``.nv.info.<name>`` section) from the first parameter's
+    offset (EIATTR_KPARAM_INFO; a 64-byte aligned first parameter, a tensor map, starts past
+    the bank's base), or None where the cubin does not say."""
     sections = _sections(cubin)
     (names_index,) = struct.unpack_from("<H", cubin, 62)
     if names_index >= len(sections):
@@ -84,8 +87,23 @@ def parameter_bytes(cubin: bytes, name: str) -> int | None:
     names = sections[names_index]
     for section in sections:
         if _string(cubin, names[4] + section[0], names[4] + names[5]) == f".nv.info.{name}":
-            return _info_value(cubin[section[4] : section[4] + section[5]], _EIATTR_PARAM_CBANK_SIZE)
+            info = cubin[section[4] : section[4] + section[5]]
+            size = _info_value(info, _EIATTR_PARAM_CBANK_SIZE)
+            return None if size is None else size - min(_parameter_offsets(info), default=0)
     return None
+
+
+def _parameter_offsets(info: bytes) -> list[int]:
+    """The bank offset of each parameter (EIATTR_KPARAM_INFO records: index, ordinal, offset, flags)."""
+    offsets, at = [], 0
+    while at + 4 <= len(info):
+        form, kind, value = struct.unpack_from("<BBH", info, at)
+        at += 4
+        if form == _EIFMT_SVAL:
+            if kind == _EIATTR_KPARAM_INFO and value >= 12 and at + 12 <= len(info):
+                offsets.append(struct.unpack_from("<IHH", info, at)[2])
+            at += value
+    return offsets
 
 
 def exports(cubin: bytes, name: str) -> bool:
