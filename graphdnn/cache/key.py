@@ -97,19 +97,23 @@ def toolchain() -> tuple[str, str, str]:
 def headers_version() -> str:
     """The version of the CUDA headers NVRTC compiles against (``codegen.nvrtc.include_paths()``).
 
-    Where they are the nvidia-cuda-runtime wheel's, the wheel's full version
-    ('nvidia-cuda-runtime 13.0.96'): a patch release may change ``cuda_fp16.hpp`` and
-    friends without changing the version macro. Otherwise (a CUDA toolkit's include
-    directory) the ``CUDART_VERSION`` macro of its ``cuda_runtime_api.h`` ('CUDART_VERSION 13000').
+    Where the nvidia-cuda-runtime wheel is installed, its headers are the ones found (the path
+    finder looks at installed wheels before a CUDA toolkit), and the key holds the wheel's full
+    version ('nvidia-cuda-runtime 13.0.96'): a patch release may change ``cuda_fp16.hpp`` and
+    friends without changing the version macro. Reading it costs a millisecond, where finding
+    the headers costs tens (a warm plan load pays this once per process). Otherwise (a CUDA
+    toolkit's include directory) the ``CUDART_VERSION`` macro of its ``cuda_runtime_api.h``
+    ('CUDART_VERSION 13000').
     """
+    try:
+        return f"nvidia-cuda-runtime {importlib.metadata.version('nvidia-cuda-runtime')}"
+    except importlib.metadata.PackageNotFoundError:
+        pass
     from codegen.nvrtc import CompileError, include_paths
 
     header = next((Path(d) / _HEADER for d in include_paths() if (Path(d) / _HEADER).is_file()), None)
     if header is None:
         raise CompileError(f"{_HEADER} not found in the CUDA include path {', '.join(include_paths())}")
-    wheel = _wheel_version(header.resolve())
-    if wheel is not None:
-        return f"nvidia-cuda-runtime {wheel}"
     found = re.search(rb"^\s*#\s*define\s+CUDART_VERSION\s+(\d+)", header.read_bytes(), re.MULTILINE)
     if found is None:
         raise CompileError(f"{header} defines no CUDART_VERSION: cannot tell the CUDA headers' version")
@@ -117,18 +121,6 @@ def headers_version() -> str:
 
 
 _HEADER = "cuda_runtime_api.h"
-
-
-def _wheel_version(header: Path) -> str | None:
-    """The version of the nvidia-cuda-runtime distribution, if ``header`` is one of its files."""
-    try:
-        wheel = importlib.metadata.distribution("nvidia-cuda-runtime")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for file in wheel.files or ():
-        if file.name == _HEADER and Path(str(wheel.locate_file(file))).resolve() == header:
-            return wheel.version
-    return None
 
 
 @cache
