@@ -249,7 +249,7 @@ def grow_epilogue(
             candidates.append(consumer)
             group.add(consumer.id)
             frontier.append((consumer, primary_output(consumer)))
-            for source in _sources(ctx, consumer, value, guards, rejected):
+            for source in _sources(ctx, consumer, value, guards, rejected, group):
                 candidates.append(source)
                 group.add(source.id)
                 reader_of[source.id] = consumer.id
@@ -276,11 +276,13 @@ def grow_epilogue(
 
 
 def _sources(
-    ctx: MatchContext, consumer: Node, value: Tensor, guards: Sequence[Guard], rejected: list[Miss]
+    ctx: MatchContext, consumer: Node, value: Tensor, guards: Sequence[Guard], rejected: list[Miss], group: set[int]
 ) -> list[Node]:
-    """The elementwise nodes that read no graph tensor but scalars (an rng drawing a dropout mask)
-    whose output, virtual and of the fused output's dims, only ``consumer`` reads: computed in the
-    epilogue, they never reach memory."""
+    """The elementwise nodes outside ``group`` that read nothing but the graph's scalar inputs (an
+    rng drawing a dropout mask from its seed and offset) and whose output, virtual and of the
+    fused output's dims, only ``consumer`` reads: computed in the epilogue, they never reach
+    memory. (A one-element tensor some node computes is a value, not such a scalar: in a graph
+    of 1x1 tensors every node reads one-element tensors.)"""
     sources = []
     for tensor in consumer.input_tensors():
         source = ctx.graph.producer(tensor)
@@ -289,7 +291,8 @@ def _sources(
             or source.id in ctx.claimed
             or not is_elementwise(source)
             or not tensor.is_virtual
-            or any(t.numel != 1 for t in source.input_tensors())
+            or source.id in group
+            or any(t.numel != 1 or ctx.graph.producer(t) is not None for t in source.input_tensors())
             or any(reader is not consumer for reader in ctx.graph.consumers(tensor))
         ):
             continue

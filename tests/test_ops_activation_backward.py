@@ -167,10 +167,13 @@ def matmul_dgelu(io: str) -> gd.OperationGraphSpec:
 
 
 def test_backward_ops_fuse_as_elementwise_ops() -> None:
-    """drelu and dadd form one elementwise kernel ahead of dbn; dgelu joins the GEMM's epilogue."""
+    """dadd, the op making dbn's grad, is dbn's prologue (one prologue node: drelu before it runs
+    as an elementwise kernel); dgelu joins the GEMM's epilogue."""
     partition = gd.fuse(drelu_dadd_dbn("float").validate())
     [group] = [f for f in partition.nodes if f.family.value == "elementwise"]
-    assert sorted(n.name for n in group.nodes) == ["dadd", "drelu"]
+    assert [n.name for n in group.nodes] == ["drelu"]
+    [dbn] = [f for f in partition.nodes if f.family.value == "batchnorm_backward"]
+    assert dbn.prologue is not None and dbn.prologue.name == "dadd"
     [gemm] = gd.fuse(matmul_dgelu("half").validate()).nodes
     assert gemm.family.value == "gemm" and sorted(n.op for n in gemm.nodes) == ["gelu_backward", "matmul"]
 
