@@ -7,8 +7,8 @@ memory, and carries the log of every rewrite and every rejected candidate.
 
 from __future__ import annotations
 
-import enum
 import dataclasses
+import enum
 from dataclasses import dataclass
 from functools import cached_property
 

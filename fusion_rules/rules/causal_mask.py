@@ -95,10 +95,13 @@ def read_causal_mask(
     c = row.offset - key.offset
     if relation in ("cmp_ge", "cmp_gt"):
         op = ">=" if relation == "cmp_ge" else ">"
-        return f"{select.name} keeps the keys j {op} i{_plus(c)} of row i: an anti-causal mask, which sdpa has no form of"
+        return (
+            f"{select.name} keeps the keys j {op} i{_plus(c)} of row i: an anti-causal mask, which sdpa has no form of"
+        )
     if relation == "cmp_lt":
         c -= 1
-    return _flag(select, c, *scores[0].dim[-2:], (*row.nodes, *key.nodes, compare))
+    sq, skv = scores[0].dim[-2], scores[0].dim[-1]
+    return _flag(select, c, sq, skv, (*row.nodes, *key.nodes, compare))
 
 
 def _hidden_reason(select: Node, hidden: Tensor) -> str | None:
@@ -125,7 +128,7 @@ def _index(ctx: MatchContext, compare: Node, role: str, scores: tuple[Tensor, ..
         a, b = node.input("a"), node.input("b")
         assert a is not None and b is not None
         constant, value = (a, b) if a.is_constant and node.op == "add" else (b, a)
-        if not constant.is_constant or constant.numel != 1 or float(constant.value) != int(constant.value):  # type: ignore[arg-type]
+        if not constant.is_constant or constant.numel != 1 or not float(constant.value).is_integer():  # type: ignore[arg-type]
             return (
                 f"{node.name} offsets an index by '{constant.name}'; a causal mask's offset is an integral constant "
                 "added to the index or subtracted from it"
@@ -160,7 +163,9 @@ def _flag(select: Node, c: int, sq: Extent, skv: Extent, nodes: tuple[Node, ...]
     if c == 0:
         return CausalMask(nodes, bottom_right=False)
     if not (isinstance(sq, int) and isinstance(skv, int)):
-        return f"{select.name} keeps the keys j <= i{_plus(c)} of row i; with symbolic Sq, Skv only j <= i is an sdpa mask"
+        return (
+            f"{select.name} keeps the keys j <= i{_plus(c)} of row i; with symbolic Sq, Skv only j <= i is an sdpa mask"
+        )
     if c != skv - sq:
         return (
             f"{select.name} keeps the keys j <= i{_plus(c)} of row i; sdpa's causal masks keep j <= i (top left) "
