@@ -403,6 +403,28 @@ def test_the_hand_written_causal_chain_fuses() -> None:
     assert relative_error(execute_partition(partition, feeds)["o"], gd.reference.execute(g, feeds)["o"]) <= 1e-5
 
 
+def test_a_hidden_value_that_rounds_to_minus_inf_is_taken() -> None:
+    g = masked_chain(causal, hidden=-1e39)  # beyond float's range: the float constant is -inf
+    (fused,) = gd.fuse(g).nodes
+    assert fused.anchor is not None and fused.anchor.attributes.use_causal_mask  # type: ignore[attr-defined]
+
+
+def test_a_fractional_offset_is_refused() -> None:
+    def half_step(g: gd.OperationGraphSpec, s: gd.TensorSpec) -> gd.TensorSpec:
+        row = g.add(g.gen_index(s, axis=2, name="row"), 0.5, name="offset")
+        return g.cmp_ge(row, g.gen_index(s, axis=3, name="col"), name="keep")
+
+    _, log = rejected(masked_chain(half_step))
+    assert log == [
+        Rejection(
+            "attention",
+            MASKED[:2] + MASKED[-3:],
+            "offset offsets an index by 'offset::b'; a causal mask's offset is an integral constant added to the "
+            "index or subtracted from it",
+        )
+    ]
+
+
 def test_a_finite_hidden_value_is_refused() -> None:
     _, log = rejected(masked_chain(causal, hidden=-1e4))
     assert log == [
