@@ -63,7 +63,7 @@ class _Chain:
     @property
     def scores(self) -> tuple[Tensor, ...]:
         """The score values before the mask: what a mask's gen_index may read."""
-        return tuple(value for node, value in self.steps if node not in (self.select, self.softmax))
+        return tuple(value for node, value in self.steps if node is not self.select and node is not self.softmax)
 
     @property
     def members(self) -> tuple[Node, ...]:
