@@ -47,6 +47,7 @@ class Form:
     intermediate: str = "float"
     causal: str | None = None  # "top_left" (j <= i) or "bottom_right" (j <= i + Skv - Sq)
     compare: str = "ge"  # how the mask is written: see _masked
+    window: int | None = None  # with a causal mask: sdpa's sliding_window_length
 
     @property
     def offset(self) -> int:
@@ -71,6 +72,7 @@ class Form:
                 bias=bias,
                 use_causal_mask=top_left,
                 use_causal_mask_bottom_right=bottom_right,
+                sliding_window_length=self.window,
                 name="attn",
             )[0]
             o.set_name("o").set_output(True)
@@ -93,17 +95,27 @@ class Form:
         """s with keys j > i + c hidden, written one of the ways a user would:
         ge: keep = i + c >= j; le: keep = j <= i + c; gt: keep = i + c + 1 > j; lt: keep = j < i + c + 1;
         hide: -inf where j > i + c (binary_select picks input0 where the mask is non-zero);
-        sub: keep = i >= j - c."""
-        row, col = g.gen_index(s, axis=-2, name="row"), g.gen_index(s, axis=-1, name="col")
+        sub: keep = i >= j - c. A window also keeps only j > i + c - window: logical_and of that
+        comparison (logical_or of its negation where hide)."""
+        index_row, index_col = g.gen_index(s, axis=-2, name="row"), g.gen_index(s, axis=-1, name="col")
+        row, col = index_row, index_col
         c = self.offset + (1 if self.compare in ("gt", "lt") else 0)
         if self.compare == "sub" and c:
             col = g.sub(col, float(c), name="offset")
         elif c:
             row = g.add(float(c), row, name="offset")
+        start = (
+            g.add(index_row, float(self.offset - self.window), name="start") if self.window is not None else index_row
+        )
         if self.compare == "hide":
-            return g.binary_select(float("-inf"), s, g.cmp_gt(col, row, name="keep"), name="mask")
+            hide = g.cmp_gt(col, row, name="keep")
+            if self.window is not None:
+                hide = g.logical_or(hide, g.cmp_le(index_col, start, name="window"), name="both")
+            return g.binary_select(float("-inf"), s, hide, name="mask")
         compare = {"ge": g.cmp_ge, "gt": g.cmp_gt, "sub": g.cmp_ge, "le": g.cmp_le, "lt": g.cmp_lt}[self.compare]
         keep = compare(row, col, name="keep") if self.compare in ("ge", "gt", "sub") else compare(col, row, name="keep")
+        if self.window is not None:
+            keep = g.logical_and(g.cmp_gt(index_col, start, name="window"), keep, name="both")
         return g.binary_select(s, float("-inf"), keep, name="mask")
 
     def _kt(self, g: gd.OperationGraphSpec) -> gd.TensorSpec:
@@ -173,6 +185,10 @@ FORMS = {
     "bottom_right_hidden_where_set": Form(causal="bottom_right", compare="hide", hk=1, bias=(1, 3, 1, 7)),
     "bottom_right_offset_on_the_keys": Form(causal="bottom_right", compare="sub"),
     "bottom_right_half": Form(causal="bottom_right", io="half"),
+    "sliding_window": Form(causal="top_left", window=2),
+    "sliding_window_hidden_where_set": Form(causal="top_left", compare="hide", window=3),
+    "sliding_window_bottom_right": Form(causal="bottom_right", compare="lt", window=1),
+    "sliding_window_more_queries_than_keys": Form(causal="top_left", sq=9, skv=4, window=6, bias=None),
 }
 
 
@@ -328,6 +344,8 @@ def forms(draw: st.DrawFn) -> Form:
     bias = draw(st.none() | st.tuples(*(st.sampled_from([1, s]) for s in scores)))
     # bottom right only where every row keeps a key (Skv >= Sq): other masks are refused
     causal = draw(st.sampled_from([None, "top_left", *(["bottom_right"] if skv >= sq else [])]))
+    # a window leaves every row a key when it reaches back to key Skv - 1 from the last row (top left)
+    window = draw(st.none() | st.integers(max(1, sq - skv + 1) if causal == "top_left" else 1, sq + skv))
     return Form(
         b=b,
         h=h,
@@ -340,6 +358,7 @@ def forms(draw: st.DrawFn) -> Form:
         scale=draw(st.sampled_from(["constant", "tensor", "pre", None])),
         bias=bias,
         causal=causal,
+        window=window if causal else None,
         compare=draw(st.sampled_from(["ge", "le", "gt", "lt", "hide", "sub"])),
     )
 
@@ -364,12 +383,44 @@ def test_describe_shows_the_causal_flag_and_the_mask_nodes() -> None:
 
 
 def test_a_causal_chain_lowers_to_one_attention_kernel() -> None:
-    ir = Form(causal="top_left", io="half").build().validate()
+    ir = Form(causal="top_left", io="half", window=3).build().validate()
     partition = gd.fuse(ir, arch=90)
     (source,) = lower(partition, 90, signature(ir), lambda h: h).sources.values()
     assert "_flash" in source.name
     (fused,) = partition.nodes
-    assert fused.anchor is not None and fused.anchor.attributes.use_causal_mask  # type: ignore[attr-defined]
+    assert fused.anchor is not None
+    assert (fused.anchor.attributes.use_causal_mask, fused.anchor.attributes.sliding_window_length) == (True, 3)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("form", "reason"),
+    [
+        (
+            Form(causal="top_left", sq=9, skv=4, window=2, bias=None),
+            "mask keeps the keys i - 1 <= j <= i of row i: rows 5 to 8 keep none, where the chain's softmax gives "
+            "NaN and sdpa gives O = 0",
+        ),
+        (Form(causal="top_left", window=0, bias=None), "mask keeps the keys i + 1 <= j <= i of row i: none"),
+    ],
+)
+def test_a_window_leaving_rows_empty_is_refused(form: Form, reason: str) -> None:
+    _, log = rejected(form.build())
+    assert log == [Rejection("attention", MASKED[:2] + MASKED[-3:], reason)]
+
+
+def test_two_causal_bounds_are_refused() -> None:
+    def twice(g: gd.OperationGraphSpec, s: gd.TensorSpec) -> gd.TensorSpec:
+        row, col = g.gen_index(s, axis=2, name="row"), g.gen_index(s, axis=3, name="col")
+        return g.logical_and(g.cmp_ge(row, col, name="keep"), g.cmp_le(col, row, name="again"), name="both")
+
+    _, log = rejected(masked_chain(twice))
+    assert log == [
+        Rejection(
+            "attention",
+            MASKED[:2] + MASKED[-3:],
+            "mask keeps the keys j <= i and j <= i of row i: two causal bounds, where sdpa takes one",
+        )
+    ]
 
 
 Keep = Callable[[gd.OperationGraphSpec, gd.TensorSpec], gd.TensorSpec]

@@ -3,7 +3,8 @@
 The chain becomes one ATTENTION fused node whose anchor is an ``sdpa`` node the rule
 builds (no member of the graph): Q, K, V, ATTN_SCALE from the scale's one-element operand,
 BIAS from the add's other operand, ``use_causal_mask`` or ``use_causal_mask_bottom_right``
-from a ``binary_select`` of the scores and -inf by a gen_index comparison (see
+(and ``sliding_window_length``) from a ``binary_select`` of the scores and -inf by gen_index
+comparisons (see
 :mod:`.causal_mask`), no statistics, O the last matmul's output. The two B·H·Sq·Skv
 intermediates (scores and probabilities) and the mask's indexes never reach memory.
 
@@ -310,6 +311,7 @@ def _sdpa(c: _Chain) -> Node:
         attributes=SdpaAttributes(
             use_causal_mask=c.mask is not None and not c.mask.bottom_right,
             use_causal_mask_bottom_right=c.mask is not None and c.mask.bottom_right,
+            sliding_window_length=None if c.mask is None else c.mask.window,
         ),
         compute_data_type=DataType.FLOAT,
     )
@@ -325,7 +327,7 @@ ATTENTION = register_rule(
         description=(
             "attention from primitives: matmul(Q, Kᵀ) (Kᵀ by strides or a transpose) → mul by a one-element "
             "scale (or Q scaled first) → [add of a rank-4 bias] → [binary_select of -inf by a causal "
-            "gen_index comparison] → softmax over the keys → matmul(P, V), as one "
+            "gen_index comparison, or its logical_and with a sliding window's] → softmax over the keys → matmul(P, V), as one "
             "sdpa kernel that keeps the scores and probabilities on chip"
         ),
     )

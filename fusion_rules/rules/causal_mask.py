@@ -12,6 +12,9 @@ or the inverted form ``binary_select(-inf, scores, hide)`` with ``hide = cmp_gt(
 ``cmp_lt(row, col)``, and the non-strict ones). Either keeps key j of row i exactly when
 ``j <= i + c`` for one integer c (a strict comparison moves c by one). sdpa keeps ``j <= i``
 (``use_causal_mask``, c = 0) or ``j <= i + Skv - Sq`` (``use_causal_mask_bottom_right``).
+A sliding window is a second comparison bounding j from below, joined by ``logical_and``
+(``logical_or`` of the two hiding comparisons in the inverted form): ``i + d <= j <= i + c``
+is sdpa's ``sliding_window_length`` ``c - d + 1`` (sdpa keeps ``j > i + c - window``).
 
 Only -inf is accepted as the hidden value: with a finite value v, softmax gives the hidden
 keys the weight ``exp(v - row max)``, zero only while a row's visible scores stay more than
@@ -41,10 +44,12 @@ _NEGATED = {"cmp_ge": "cmp_lt", "cmp_gt": "cmp_le", "cmp_le": "cmp_gt", "cmp_lt"
 
 @dataclasses.dataclass(frozen=True)
 class CausalMask:
-    """The mask's nodes (indexes, offsets, the comparison; not the select) and sdpa's flag."""
+    """The mask's nodes (indexes, offsets, the comparisons and their logical_and; not the
+    select) and sdpa's flags."""
 
     nodes: tuple[Node, ...]
     bottom_right: bool
+    window: int | None = None  # sdpa's sliding_window_length: keys j > diagonal - window stay
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +74,46 @@ def read_causal_mask(
         return reason
     mask = select.input("mask")
     assert mask is not None
-    compare = ctx.graph.producer(mask)
+    both = ctx.graph.producer(mask)
+    combine = "logical_and" if keep_where_set else "logical_or"  # keep = one bound and the other
+    values, joined = (both.input_tensors(), (both,)) if both is not None and both.op == combine else ((mask,), ())
+    bounds: list[_Bound] = []
+    for value in values:
+        bound = _bound(ctx, select, value, keep_where_set, scores)
+        if isinstance(bound, str):
+            return bound
+        bounds.append(bound)
+    upper = [b for b in bounds if b.upper]
+    lower = [b for b in bounds if not b.upper]
+    if not upper:
+        return f"{select.name} keeps the keys {_keys(lower)} of row i: an anti-causal mask, which sdpa has no form of"
+    if len(upper) > 1:
+        return f"{select.name} keeps the keys {_keys(upper)} of row i: two causal bounds, where sdpa takes one"
+    nodes = tuple({n.id: n for b in bounds for n in b.nodes}.values()) + joined
+    sq, skv = scores[0].dim[-2], scores[0].dim[-1]
+    causal = _flag(select, upper[0].offset, sq, skv, nodes)
+    if isinstance(causal, str) or not lower:
+        return causal
+    return _window(select, upper[0].offset, lower[0].offset, sq, skv, causal)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bound:
+    """What one comparison keeps: ``j <= i + offset`` (``upper``) or ``j >= i + offset``."""
+
+    upper: bool
+    offset: int
+    nodes: tuple[Node, ...]  # the indexes, their offsets, the comparison
+
+
+def _bound(
+    ctx: MatchContext, select: Node, value: Tensor, keep_where_set: bool, scores: tuple[Tensor, ...]
+) -> _Bound | str:
+    """The bound that comparison ``value`` keeps (hides, unless ``keep_where_set``)."""
+    compare = ctx.graph.producer(value)
     if compare is None or compare.op not in _FLIPPED:
         return (
-            f"{select.name}'s mask '{mask.name}' is not a comparison (cmp_ge, cmp_gt, cmp_le, cmp_lt) of gen_index "
+            f"{select.name}'s mask '{value.name}' is not a comparison (cmp_ge, cmp_gt, cmp_le, cmp_lt) of gen_index "
             "indexes; only causal masks written that way become sdpa masks"
         )
     sides: list[_Index] = []
@@ -92,16 +133,27 @@ def read_causal_mask(
     if not keep_where_set:
         relation = _NEGATED[relation]
     key, row = (left, right) if left.axis == rank - 1 else (right, left)
-    c = row.offset - key.offset
-    if relation in ("cmp_ge", "cmp_gt"):
-        op = ">=" if relation == "cmp_ge" else ">"
+    c = row.offset - key.offset + {"cmp_lt": -1, "cmp_gt": 1}.get(relation, 0)  # j < i + c: j <= i + c - 1
+    return _Bound(relation in ("cmp_le", "cmp_lt"), c, (*row.nodes, *key.nodes, compare))
+
+
+def _keys(bounds: list[_Bound]) -> str:
+    return " and ".join(f"j {'<=' if b.upper else '>='} i{_plus(b.offset)}" for b in bounds)
+
+
+def _window(select: Node, c: int, d: int, sq: Extent, skv: Extent, causal: CausalMask) -> CausalMask | str:
+    """sdpa's sliding window for the keys ``i + d <= j <= i + c`` (the causal bound ``c`` read)."""
+    window = c - d + 1  # sdpa keeps j > i + c - window
+    if window < 1:
+        return f"{select.name} keeps the keys i{_plus(d)} <= j <= i{_plus(c)} of row i: none"
+    if not (isinstance(sq, int) and isinstance(skv, int)):
+        return f"{select.name} keeps a window of {window} keys; with symbolic Sq, Skv the rule cannot show each row keeps one"
+    if sq - 1 + d > skv - 1:  # the last rows' windows start past the last key
         return (
-            f"{select.name} keeps the keys j {op} i{_plus(c)} of row i: an anti-causal mask, which sdpa has no form of"
+            f"{select.name} keeps the keys i{_plus(d)} <= j <= i{_plus(c)} of row i: rows {skv - d} to {sq - 1} "
+            "keep none, where the chain's softmax gives NaN and sdpa gives O = 0"
         )
-    if relation == "cmp_lt":
-        c -= 1
-    sq, skv = scores[0].dim[-2], scores[0].dim[-1]
-    return _flag(select, c, sq, skv, (*row.nodes, *key.nodes, compare))
+    return dataclasses.replace(causal, window=window)
 
 
 def _hidden_reason(select: Node, hidden: Tensor) -> str | None:
