@@ -1,4 +1,4 @@
-"""A causal mask written from primitives, read as sdpa's ``use_causal_mask`` or ``use_causal_mask_bottom_right``.
+"""A causal mask written from primitives, read as sdpa's causal flag (and sliding window).
 
 The attention rule hands over the ``binary_select`` between the (scaled, biased) scores and
 the softmax. Recognised, with ``a``, ``b`` integral constants (either may be absent)::
