@@ -7,6 +7,7 @@ memory, and carries the log of every rewrite and every rejected candidate.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from functools import cached_property
@@ -172,12 +173,17 @@ class Partition:
 
 
 def _signature(graph: Graph, node: Node) -> str:
-    """``sdpa(Q=q, K=k [2, 4, 16, 8] view, ...)``: a synthesized node's roles and tensors,
-    with the dims of a tensor it views differently from the graph."""
+    """``sdpa(Q=q, K=k [2, 4, 16, 8] view, ..., use_causal_mask=True)``: a synthesized node's roles
+    and tensors, with the dims of a tensor it views differently from the graph, then its attributes
+    that are not their defaults."""
     parts = []
     for role, bound in node.inputs:
         for tensor in bound if isinstance(bound, tuple) else (bound,):
             text = f"{role}={tensor.value if tensor.is_constant else tensor.name}"
             viewed = (tensor.dim, tensor.stride) != (graph.tensors[tensor.id].dim, graph.tensors[tensor.id].stride)
             parts.append(text + (f" viewed as {list(tensor.dim)} strides {list(tensor.stride)}" if viewed else ""))
+    for field in dataclasses.fields(node.attributes):  # the attributes that differ from their defaults
+        value = getattr(node.attributes, field.name)
+        if field.default is dataclasses.MISSING or value != field.default:
+            parts.append(f"{field.name}={value}")
     return f"{node.op}({', '.join(parts)}) -> {', '.join(t.name for t in node.output_tensors())}"

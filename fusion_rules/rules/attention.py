@@ -1,9 +1,12 @@
-"""Attention written from primitives: matmul(Q, Kᵀ) → scale → [+ bias] → softmax → matmul(·, V).
+"""Attention written from primitives: matmul(Q, Kᵀ) → scale → [+ bias] → [causal mask] → softmax → matmul(·, V).
 
 The chain becomes one ATTENTION fused node whose anchor is an ``sdpa`` node the rule
 builds (no member of the graph): Q, K, V, ATTN_SCALE from the scale's one-element operand,
-BIAS from the add's other operand, no masks, no statistics, O the last matmul's output.
-The two B·H·Sq·Skv intermediates (scores and probabilities) never reach memory.
+BIAS from the add's other operand, ``use_causal_mask`` or ``use_causal_mask_bottom_right``
+(and ``sliding_window_length``) from a ``binary_select`` of the scores and -inf by gen_index
+comparisons (see
+:mod:`.causal_mask`), no statistics, O the last matmul's output. The two B·H·Sq·Skv
+intermediates (scores and probabilities) and the mask's indexes never reach memory.
 
 Kᵀ comes either as a tensor whose strides transpose a [B, H, Skv, D] buffer, or from a
 ``transpose`` node (any permutation) that then joins the fused node: the anchor's K is a
@@ -31,6 +34,7 @@ from graphdnn.symbolic import Extent
 from ..partition import Family
 from ..pattern import Match, MatchContext, Miss, Pattern, link_reason, op
 from ..rule import Rule, register_rule
+from .causal_mask import CausalMask, read_causal_mask
 
 ATTENTION_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 
@@ -48,17 +52,27 @@ class _Chain:
     pv: Node
     pre_scaled: bool = False
     transpose: Node | None = None  # writes Kᵀ from K
+    select: Node | None = None  # binary_select(scores, hidden value, mask), before the softmax
+    mask: CausalMask | None = None  # what the select's mask is, once read
 
     @property
     def steps(self) -> list[tuple[Node, Tensor]]:
         """Each node before the last matmul and the value it passes on (kept inside)."""
-        nodes = [self.qk, None if self.pre_scaled else self.scale, self.bias, self.softmax]
+        nodes = [self.qk, None if self.pre_scaled else self.scale, self.bias, self.select, self.softmax]
         return [(n, n.outputs[0][1]) for n in nodes if n is not None]
+
+    @property
+    def scores(self) -> tuple[Tensor, ...]:
+        """The score values before the mask: what a mask's gen_index may read."""
+        return tuple(value for node, value in self.steps if node is not self.select and node is not self.softmax)
 
     @property
     def members(self) -> tuple[Node, ...]:
         extra = (self.transpose, self.scale if self.pre_scaled else None)
-        return tuple(n for n in (*extra, *(n for n, _ in self.steps), self.pv) if n is not None)
+        mask = () if self.mask is None else self.mask.nodes
+        steps = [n for n, _ in self.steps]
+        ordered = (*steps[: len(self.scores)], *mask, *steps[len(self.scores) :])
+        return tuple(n for n in (*extra, *ordered, self.pv) if n is not None)
 
 
 def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
@@ -70,6 +84,13 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
     if any(n.id in ctx.claimed for n in chain.members):
         return Miss()
     chain = _absorb_neighbours(ctx, chain)
+    if chain.select is not None:
+        mask = _read_mask(ctx, chain)
+        if isinstance(mask, str):
+            return Miss(mask, tuple(n.name for n in chain.members))
+        if any(n.id in ctx.claimed for n in mask.nodes):
+            return Miss()
+        chain = dataclasses.replace(chain, mask=mask)
     names = tuple(n.name for n in chain.members)
     reason = _chain_reason(ctx, chain)
     if reason is not None:
@@ -86,12 +107,17 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
 
 # -- finding the chain ----------------------------------------------------------------------
 def _walk_back(ctx: MatchContext, softmax: Node, pv: Node) -> _Chain | None:
-    """From the softmax's input back through [add] and [mul] to a matmul; None when the
-    softmax does not read (scaled, biased) scores of a matmul."""
+    """From the softmax's input back through [binary_select], [add] and [mul] to a matmul;
+    None when the softmax does not read (scaled, biased, masked) scores of a matmul."""
     value = softmax.input("input")
     assert value is not None
     node = ctx.graph.producer(value)
-    bias = bias_operand = scale = scale_operand = None
+    bias = bias_operand = scale = scale_operand = select = None
+    if node is not None and node.op == "binary_select":
+        select, value = node, _selected_scores(ctx, node)
+        if value is None:
+            return None
+        node = ctx.graph.producer(value)
     if node is not None and node.op == "add":
         side = _operand_from(ctx, node, ("mul", "matmul"), require_matmul_below=True)
         if side is None:
@@ -106,7 +132,29 @@ def _walk_back(ctx: MatchContext, softmax: Node, pv: Node) -> _Chain | None:
         node = ctx.graph.producer(value)
     if node is None or node.op != "matmul":
         return None
-    return _Chain(node, scale, scale_operand, bias, bias_operand, softmax, pv)
+    return _Chain(node, scale, scale_operand, bias, bias_operand, softmax, pv, select=select)
+
+
+def _selected_scores(ctx: MatchContext, select: Node) -> Tensor | None:
+    """The operand of ``select`` (input0 or input1) that matmul, mul or add writes."""
+    for role in ("input0", "input1"):
+        value = select.input(role)
+        assert value is not None
+        producer = ctx.graph.producer(value)
+        if producer is not None and producer.op in ("add", "mul", "matmul"):
+            return value
+    return None
+
+
+def _read_mask(ctx: MatchContext, chain: _Chain) -> CausalMask | str:
+    """The causal mask of the chain's select, or why it is not one."""
+    select = chain.select
+    assert select is not None
+    scores = chain.scores[-1]
+    keep_where_set = select.input("input0") == scores
+    hidden = select.input("input1" if keep_where_set else "input0")
+    assert hidden is not None
+    return read_causal_mask(ctx, select, hidden, keep_where_set, chain.scores)
 
 
 def _operand_from(
@@ -154,7 +202,8 @@ def _private_writer(ctx: MatchContext, tensor: Tensor, reader: Node) -> Node | N
 # -- the checks -----------------------------------------------------------------------------
 def _chain_reason(ctx: MatchContext, c: _Chain) -> str | None:
     group = {n.id for n in c.members}
-    for node, value in c.steps[:-1]:  # the softmax's output was checked by the pattern
+    inside = [*c.steps[:-1], *((n, n.outputs[0][1]) for n in (c.mask.nodes if c.mask else ()))]
+    for node, value in inside:  # the softmax's output was checked by the pattern
         reason = link_reason(ctx, node, value, group, escapes=False)
         if reason is not None:
             return reason
@@ -259,7 +308,11 @@ def _sdpa(c: _Chain) -> Node:
         op="sdpa",
         inputs=tuple(inputs),
         outputs=(("O", o),),
-        attributes=SdpaAttributes(),
+        attributes=SdpaAttributes(
+            use_causal_mask=c.mask is not None and not c.mask.bottom_right,
+            use_causal_mask_bottom_right=c.mask is not None and c.mask.bottom_right,
+            sliding_window_length=None if c.mask is None else c.mask.window,
+        ),
         compute_data_type=DataType.FLOAT,
     )
 
@@ -273,7 +326,8 @@ ATTENTION = register_rule(
         rewrite=rewrite,
         description=(
             "attention from primitives: matmul(Q, Kᵀ) (Kᵀ by strides or a transpose) → mul by a one-element "
-            "scale (or Q scaled first) → [add of a rank-4 bias] → softmax over the keys → matmul(P, V), as one "
+            "scale (or Q scaled first) → [add of a rank-4 bias] → [binary_select of -inf by a causal "
+            "gen_index comparison, or its logical_and with a sliding window's] → softmax over the keys → matmul(P, V), as one "
             "sdpa kernel that keeps the scores and probabilities on chip"
         ),
     )
