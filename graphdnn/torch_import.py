@@ -100,6 +100,10 @@ class _Importer:
                 raise _Unmapped("no graphdnn translation")
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n.name])
             value = translator(self.g, node, *args, **kwargs)
+        except TypeError as error:  # an overload whose arguments the translator does not take
+            self.unmapped.append(f"'{node.name}' ({target}): arguments not understood ({error})")
+            self.missing.add(node.name)
+            return
         except (_Unmapped, GraphError) as error:
             self.unmapped.append(f"'{node.name}' ({target}): {error}")
             self.missing.add(node.name)
@@ -158,9 +162,10 @@ def _static_dims(spec: TensorSpec) -> tuple[int, ...]:
     return tuple(int(d) for d in spec.dim or ())
 
 
-def _pair(value: Any) -> list[int]:
+def _per_dim(value: Any, rank: int) -> list[int]:
+    """torch's int-or-list spatial arguments as one int per spatial dim."""
     values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
-    return values * 2 if len(values) == 1 else values
+    return values * rank if len(values) == 1 else values
 
 
 @_aten("getitem")
@@ -190,12 +195,14 @@ def _convolution(
         raise _Unmapped(f"grouped convolution (groups={groups}) is not supported by conv_fprop")
     if isinstance(padding, str):
         raise _Unmapped(f"padding='{padding}' is not supported")
+    weight = _tensor(weight, "weight")
+    spatial = len(_static_dims(weight)) - 2
     y = g.conv_fprop(
         _tensor(x, "input"),
-        _tensor(weight, "weight"),
-        padding=_pair(padding),
-        stride=_pair(stride),
-        dilation=_pair(dilation),
+        weight,
+        padding=_per_dim(padding, spatial),
+        stride=_per_dim(stride, spatial),
+        dilation=_per_dim(dilation, spatial),
     )
     return y if bias is None else g.add(y, _per_channel(g, _tensor(bias, "bias"), len(_static_dims(y))))
 
@@ -243,6 +250,8 @@ def _layernorm(g: OperationGraphSpec, x: Any, shape: Sequence[int], weight: Any,
         raise _Unmapped("layer norm without an affine weight and bias is not supported")
     if tuple(weight.dim) != tuple(shape):
         raise _Unmapped(f"weight dims {weight.dim} differ from normalized_shape {list(shape)}")
+    if 1 in shape:  # graphdnn reads the normalized axes off the scale's dims that are not 1
+        raise _Unmapped(f"normalized_shape {list(shape)} has an extent of 1")
     y = g.layernorm("inference", _tensor(x, "input"), weight, bias, float(eps))[0]
     return cast(TensorSpec, y)  # inference: y only
 
@@ -303,9 +312,11 @@ def _operand(value: Any) -> Any:
 
 
 def _binary(kind: str) -> Translator:
-    def translate(g: OperationGraphSpec, node: Any, a: Any, b: Any, *, alpha: float = 1, **rounding: Any) -> Value:
-        if rounding.get("rounding_mode") is not None:
-            raise _Unmapped(f"rounding_mode='{rounding['rounding_mode']}'")
+    def translate(
+        g: OperationGraphSpec, node: Any, a: Any, b: Any, alpha: float = 1, *, rounding_mode: str | None = None
+    ) -> Value:
+        if rounding_mode is not None:
+            raise _Unmapped(f"division with rounding_mode='{rounding_mode}' is not supported")
         a, b = _operand(a), _operand(b)
         if alpha != 1:
             b = g.mul(b, float(alpha)) if isinstance(b, TensorSpec) else b * alpha
@@ -371,8 +382,8 @@ def _t(g: OperationGraphSpec, node: Any, x: Any) -> Value:
 
 
 def _window_args(kernel: Any, stride: Any, padding: Any) -> tuple[list[int], list[int], list[int]]:
-    window = _pair(kernel)
-    return window, _pair(stride) if stride else window, _pair(padding)
+    window = _per_dim(kernel, 2)
+    return window, _per_dim(stride, 2) if stride else window, _per_dim(padding, 2)
 
 
 @_aten("max_pool2d", "max_pool2d_with_indices")
@@ -386,7 +397,7 @@ def _max_pool2d(
     dilation: Any = 1,
     ceil_mode: bool = False,
 ) -> Value:
-    if ceil_mode or _pair(dilation) != [1, 1]:
+    if ceil_mode or _per_dim(dilation, 2) != [1, 1]:
         raise _Unmapped("max pooling with ceil_mode or dilation is not supported")
     window, stride, padding = _window_args(kernel, stride, padding)
     y = g.pooling(_tensor(x, "input"), "max", window, stride=stride, padding=padding)

@@ -112,7 +112,7 @@ def _randomize_bn(module: nn.Module) -> None:
     """Non-trivial running statistics, so that batch norm is not the identity."""
     generator = torch.Generator().manual_seed(1)
     for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
+        if isinstance(m, nn.BatchNorm1d | nn.BatchNorm2d):
             m.running_mean.copy_(torch.randn(m.num_features, generator=generator) * 0.1)
             m.running_var.copy_(torch.rand(m.num_features, generator=generator) + 0.5)
             m.weight.data.copy_(torch.rand(m.num_features, generator=generator) + 0.5)
@@ -164,6 +164,12 @@ class Mlp(nn.Module):
     [
         (lambda: Mlp(16), "x", (2, 5, 16), {"aten.addmm.default", "aten.native_layer_norm.default"}),
         (Stem, "image", (2, 3, 15, 15), {"aten.convolution.default", "aten.max_pool2d_with_indices.default"}),
+        (
+            lambda: nn.Sequential(nn.Conv1d(4, 6, 3, stride=2, padding=1), nn.BatchNorm1d(6), nn.Tanh()),
+            "input",
+            (2, 4, 9),
+            {"aten.convolution.default"},
+        ),
         (lambda: Bottleneck(8, 4, 1), "x", (1, 8, 6, 6), {"aten._native_batch_norm_legit_no_training.default"}),
     ],
 )
@@ -186,6 +192,16 @@ def test_matmul_softmax_attention_and_activations() -> None:
     torch.manual_seed(0)
     graph = _check(MatmulAttention(8), {"x": torch.randn(1, 5, 8), "y": torch.randn(5, 8)})
     assert [t.name for t in graph.validate().inputs] == ["w", "x", "y"]
+
+
+class Arithmetic(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.sub(x, y, alpha=2) / (y * y + 1) + torch.add(x, 0.5, alpha=3) * 2 - F.relu(y) / 4
+
+
+def test_elementwise_with_scalars_and_alpha() -> None:
+    torch.manual_seed(0)
+    _check(Arithmetic(), {"x": torch.randn(3, 4), "y": torch.randn(4)})
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
