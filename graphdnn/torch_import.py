@@ -188,11 +188,10 @@ def _convolution(
     dilation: Any = 1,
     *rest: Any,
 ) -> Value:
-    transposed, groups = (rest[0], rest[2]) if len(rest) == 3 else (False, rest[0] if rest else 1)
-    if transposed:
+    # convolution: (transposed, output_padding, groups); conv2d: (groups,). conv_fprop reads
+    # the group count off the weight's dims ([K, C/groups, ...]), so groups need no argument.
+    if len(rest) == 3 and rest[0]:
         raise _Unmapped("transposed convolution is not conv_fprop")
-    if groups != 1:
-        raise _Unmapped(f"grouped convolution (groups={groups}) is not supported by conv_fprop")
     if isinstance(padding, str):
         raise _Unmapped(f"padding='{padding}' is not supported")
     weight = _tensor(weight, "weight")

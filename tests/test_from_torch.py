@@ -230,6 +230,13 @@ def test_unmapped_nodes_are_all_named() -> None:
 
 
 def test_unmapped_arguments_say_why() -> None:
-    grouped = nn.Conv2d(4, 4, 3, groups=2)
-    with pytest.raises(gd.UnsupportedError, match=r"grouped convolution \(groups=2\)"):
-        gd.from_torch(grouped, (torch.randn(1, 4, 5, 5),))
+    pool = nn.MaxPool2d(2, ceil_mode=True)
+    with pytest.raises(gd.UnsupportedError, match=r"'max_pool2d' \(aten\.max_pool2d\.default\): .*ceil_mode"):
+        gd.from_torch(pool, (torch.randn(1, 4, 5, 5),))
+
+
+def test_grouped_and_depthwise_convolution() -> None:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 4, 1, groups=2))
+    graph = _check(module, {"input": torch.randn(2, 8, 5, 5)})
+    assert [node.op for node in graph.nodes].count("conv_fprop") == 2
