@@ -88,8 +88,7 @@ class _Importer:
     def _translate(self, node: Any) -> None:
         import torch
 
-        inputs = [arg for arg in node.all_input_nodes]
-        if any(arg.name in self.missing for arg in inputs):
+        if any(arg.name in self.missing for arg in node.all_input_nodes):
             self.missing.add(node.name)  # follows from an unmapped node, reported there
             return
         target = node.target
@@ -100,12 +99,10 @@ class _Importer:
                 raise _Unmapped("no graphdnn translation")
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n.name])
             value = translator(self.g, node, *args, **kwargs)
-        except TypeError as error:  # an overload whose arguments the translator does not take
-            self.unmapped.append(f"'{node.name}' ({target}): arguments not understood ({error})")
-            self.missing.add(node.name)
-            return
-        except (_Unmapped, GraphError) as error:
-            self.unmapped.append(f"'{node.name}' ({target}): {error}")
+        except (_Unmapped, GraphError, TypeError) as error:
+            # TypeError: an overload whose arguments the translator does not take
+            reason = f"arguments not understood ({error})" if isinstance(error, TypeError) else str(error)
+            self.unmapped.append(f"'{node.name}' ({target}): {reason}")
             self.missing.add(node.name)
             return
         self.values[node.name] = value
@@ -441,7 +438,12 @@ def _sdpa(
         raise _Unmapped(f"attention dropout (dropout_p={dropout_p}) is not supported")
     if len(_static_dims(q)) != 4:
         raise _Unmapped("sdpa takes rank-4 [B, H, S, D] query, key and value")
-    if attn_mask is not None and not _tensor(attn_mask, "attn_mask").data_type.is_floating:
-        raise _Unmapped("a boolean attn_mask is not supported (an additive float mask is)")
+    if attn_mask is not None:
+        attn_mask = _tensor(attn_mask, "attn_mask")
+        if not attn_mask.data_type.is_floating:
+            raise _Unmapped("a boolean attn_mask is not supported (an additive float mask is)")
+        mask_dims = _static_dims(attn_mask)
+        if len(mask_dims) < 4:  # torch broadcasts a [Sq, Skv] mask; sdpa's bias is rank 4
+            attn_mask = g.reshape(attn_mask, [*[1] * (4 - len(mask_dims)), *mask_dims])
     attn_scale = scale if scale is not None else 1.0 / math.sqrt(_static_dims(q)[-1])
     return g.sdpa(q, k, v, attn_scale=float(attn_scale), bias=attn_mask, use_causal_mask=bool(is_causal))[0]

@@ -93,7 +93,7 @@ class MatmulAttention(nn.Module):
 
 def _feeds(graph: gd.OperationGraphSpec, module: nn.Module, inputs: dict[str, torch.Tensor]) -> dict:
     state = {**module.state_dict(), **inputs}
-    return {t.name: state[t.name].detach().float().numpy() for t in graph.validate().inputs}
+    return {t.name: state[t.name].detach().float().numpy().astype(t.data_type.numpy) for t in graph.validate().inputs}
 
 
 def _check(module: nn.Module, inputs: dict[str, torch.Tensor], rtol: float = 1e-4) -> gd.OperationGraphSpec:
@@ -101,9 +101,9 @@ def _check(module: nn.Module, inputs: dict[str, torch.Tensor], rtol: float = 1e-
     graph = gd.from_torch(module, tuple(inputs.values()))
     with torch.no_grad():
         expected = module(*inputs.values()).float().numpy()
-    got = gd.reference.execute(graph, _feeds(graph, module, inputs))["output"]
+    got = gd.reference.execute(graph, _feeds(graph, module, inputs))["output"].astype(np.float64)
     assert got.shape == expected.shape
-    error = np.linalg.norm(got.astype(np.float64) - expected) / np.linalg.norm(expected)
+    error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
     assert error < rtol, error
     return graph
 
@@ -202,6 +202,28 @@ class Arithmetic(nn.Module):
 def test_elementwise_with_scalars_and_alpha() -> None:
     torch.manual_seed(0)
     _check(Arithmetic(), {"x": torch.randn(3, 4), "y": torch.randn(4)})
+
+
+class MaskedAttention(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+
+
+def test_sdpa_with_an_additive_mask_and_a_scale() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
+    graph = _check(MaskedAttention(), {"q": q, "k": k, "v": v, "mask": torch.randn(5, 7)})
+    (sdpa,) = [node for node in graph.nodes if node.op == "sdpa"]
+    assert sdpa.inputs["ATTN_SCALE"].value == pytest.approx(0.3)
+
+
+def test_bf16_transformer_block_matches_eager() -> None:
+    """The io type follows the example inputs; fp32 intermediates are closer to the exact
+    result than bf16 eager, so the comparison allows bf16's error."""
+    torch.manual_seed(0)
+    block = Block(32, 4).to(torch.bfloat16)
+    graph = _check(block, {"hidden_states": torch.randn(2, 7, 32, dtype=torch.bfloat16)}, rtol=2e-2)
+    assert graph.io_data_type == gd.DataType.BFLOAT16
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
