@@ -334,8 +334,26 @@ def _unary(method: str) -> Translator:
     return translate
 
 
-for _aten_op, _method in (("relu", "relu"), ("silu", "silu"), ("sigmoid", "sigmoid"), ("tanh", "tanh")):
-    _aten(_aten_op)(_unary(_method))
+for _name in ("relu", "silu", "sigmoid", "tanh", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "erf"):
+    _aten(_name)(_unary(_name))
+
+
+@_aten("hardtanh")
+def _hardtanh(g: OperationGraphSpec, node: Any, x: Any, min_val: float = -1.0, max_val: float = 1.0) -> Value:
+    return g.relu(_tensor(x, "input"), lower_clip=float(min_val), upper_clip=float(max_val))
+
+
+@_aten("contiguous", "clone")
+def _same_values(g: OperationGraphSpec, node: Any, x: Any, **memory_format: Any) -> Value:
+    """A copy or a change of layout: the same logical tensor, which is all graphdnn sees."""
+    return _tensor(x, "input")
+
+
+@_aten("dropout")
+def _dropout(g: OperationGraphSpec, node: Any, x: Any, p: float, train: bool) -> Value:
+    if train and p:
+        raise _Unmapped("training-mode dropout (put the module in eval mode)")
+    return _tensor(x, "input")
 
 
 @_aten("gelu")

@@ -199,6 +199,32 @@ class Arithmetic(nn.Module):
         return torch.sub(x, y, alpha=2) / (y * y + 1) + torch.add(x, 0.5, alpha=3) * 2 - F.relu(y) / 4
 
 
+class Passthrough(nn.Module):
+    """What Hugging Face code leaves in an eval-mode export: dropout, contiguous, clone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dropout(self.linear(x)).transpose(0, 1).contiguous()
+        z = F.dropout(y, 0.2, training=self.training).clone() + F.hardtanh(x.t(), -0.5, 0.75)
+        return (
+            torch.rsqrt(torch.exp(-z.abs()) + 1) * torch.erf(z)
+            + torch.sqrt(torch.reciprocal(z * z + 1))
+            - torch.log(z * z + 2)
+        )
+
+
+def test_eval_passthrough_and_more_pointwise_ops() -> None:
+    torch.manual_seed(0)
+    graph = _check(Passthrough(), {"x": torch.randn(8, 8)})
+    assert {"neg", "abs", "exp", "log", "rsqrt", "erf", "sqrt", "reciprocal", "relu"} <= {
+        node.op for node in graph.nodes
+    }
+
+
 def test_elementwise_with_scalars_and_alpha() -> None:
     torch.manual_seed(0)
     _check(Arithmetic(), {"x": torch.randn(3, 4), "y": torch.randn(4)})
