@@ -40,7 +40,10 @@ def from_torch(module: Any, example_inputs: Sequence[Any], name: str | None = No
     parameters and buffers keep their own. Intermediates and computation are fp32.
     Raises :class:`UnsupportedError` naming every node it cannot map.
     """
-    import torch
+    try:
+        import torch
+    except ImportError as error:
+        raise ImportError("gd.from_torch needs PyTorch (torch.export); install torch") from error
 
     args = tuple(example_inputs)
     exported = isinstance(module, torch.export.ExportedProgram)

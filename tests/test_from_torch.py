@@ -4,6 +4,8 @@ with torch eager; the unmapped-node error."""
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -173,7 +175,9 @@ class Mlp(nn.Module):
         (lambda: Bottleneck(8, 4, 1), "x", (1, 8, 6, 6), {"aten._native_batch_norm_legit_no_training.default"}),
     ],
 )
-def test_core_aten_program_matches_eager(make, name, shape, targets) -> None:  # type: ignore[no-untyped-def]
+def test_core_aten_program_matches_eager(
+    make: Callable[[], nn.Module], name: str, shape: tuple[int, ...], targets: set[str]
+) -> None:
     """Programs decomposed to core ATen (addmm, native_layer_norm, convolution...) import too."""
     torch.manual_seed(0)
     module = make().eval()
@@ -288,3 +292,9 @@ def test_grouped_and_depthwise_convolution() -> None:
     module = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 4, 1, groups=2))
     graph = _check(module, {"input": torch.randn(2, 8, 5, 5)})
     assert [node.op for node in graph.nodes].count("conv_fprop") == 2
+
+
+def test_without_torch_the_error_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(ImportError, match=r"gd\.from_torch needs PyTorch"):
+        gd.from_torch(object(), ())
