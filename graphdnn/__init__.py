@@ -33,6 +33,7 @@ from .runtime.device_array import DeviceArray
 from .runtime.driver import CudaError
 from .symbolic import Sym, Symbol
 from .tensor import TensorSpec
+from .torch_import import from_torch
 from .version import __version__
 
 configure_from_env()  # GRAPHDNN_LOG: a handler on the graphdnn logger, only when asked for
@@ -66,6 +67,7 @@ __all__ = [
     "WarmupReport",
     "__version__",
     "compile",
+    "from_torch",
     "fuse",
     "load",
     "nchw_strides",
