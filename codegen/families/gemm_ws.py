@@ -22,8 +22,6 @@ need no predicates in the main loop. The matmul's batch dims become the tensor m
 
 from __future__ import annotations
 
-import math
-
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
@@ -38,7 +36,7 @@ from .gemm_epilogue import tile_epilogue
 from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
 from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
-from .gemm_splitk import KSlices
+from .gemm_splitk import KSlices, output_tiles
 
 BLOCK_M, BLOCK_K = 128, 64  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row
 THREADS = 384  # the producer warpgroup, then the two consumers
@@ -66,7 +64,7 @@ def supported(p: Problem, arch: int) -> bool:
     can describe."""
     if arch != ARCH or tensor_core_layout(p) is None:
         return False
-    return p.is_conv or all(len(_map_axes(t, p)) <= MAX_TENSOR_MAP_RANK for t in (p.a, p.b))
+    return p.is_conv or all(len(_map_axes(t)) <= MAX_TENSOR_MAP_RANK for t in (p.a, p.b))
 
 
 def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
@@ -85,13 +83,12 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     still fill every SM, 128 x 128 otherwise; the deepest ring."""
     if not supported(p, arch) or p.is_conv:
         return None
-    tiles_of = lambda bn: -(-p.m // BLOCK_M) * -(-p.n // bn) * math.prod(p.batch)  # noqa: E731
-    if tiles_of(128) * 2 < sm_count(arch):
+    if output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch):
         return None
-    return tiles(256 if tiles_of(256) >= sm_count(arch) else 128)[0]
+    return tiles(256 if output_tiles(p, BLOCK_M, 256) >= sm_count(arch) else 128)[0]
 
 
-def _map_axes(t: Tensor, p: Problem) -> list[int]:
+def _map_axes(t: Tensor) -> list[int]:
     """The axes of operand ``t`` its tensor map walks, innermost first: the contiguous matrix
     axis, the other matrix axis, then the batch axes that hold more than one matrix."""
     rank = len(t.static_dim)
@@ -101,8 +98,8 @@ def _map_axes(t: Tensor, p: Problem) -> list[int]:
     return [inner, outer, *batch]
 
 
-def _tensor_map(t: Tensor, p: Problem, box: tuple[int, int]) -> TensorMap:
-    axes = _map_axes(t, p)
+def _tensor_map(t: Tensor, box: tuple[int, int]) -> TensorMap:
+    axes = _map_axes(t)
     size = t.data_type.itemsize
     return TensorMap(
         element_bytes=size,
@@ -133,14 +130,14 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     if not gather:
         # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of 64 k otherwise
         b_box = (64, BLOCK_K) if layout == "kn" else (BLOCK_K, bn)
-        a_map = params.tensor_map(p.a, _tensor_map(p.a, p, (BLOCK_K, BLOCK_M)))
-        b_map = params.tensor_map(p.b, _tensor_map(p.b, p, b_box))
+        a_map = params.tensor_map(p.a, _tensor_map(p.a, (BLOCK_K, BLOCK_M)))
+        b_map = params.tensor_map(p.b, _tensor_map(p.b, b_box))
     declared, names = declare(fused, p)
     params.declarations += declared.declarations
     params.bindings += declared.bindings
     aligned = params.aligned_flag()
     itype = index_type_of(fused, p)
-    tiles_total = -(-p.m // BLOCK_M) * -(-p.n // bn) * math.prod(p.batch)
+    tiles_total = output_tiles(p, BLOCK_M, bn)
     body = [
         f"using T = {cuda_type(p.a.data_type)};",
         f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, GROUP_M = {GROUP_M};",
@@ -185,7 +182,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
     elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
     functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, elem, 1 if layout == "kn" else 0)
-    functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t, p)) for t in (p.a, p.b)))
+    functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t)) for t in (p.a, p.b)))
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     grid = (min(tiles_total, sm_count(ctx.arch)), 1, 1)
     return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a")

@@ -67,19 +67,20 @@ def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream
     base = _workspace(plan, workspace, device, handle, views, names)
     pointers = {tid: buffer.pointer for tid, buffer in described.items()}
     pointers.update({tid: base + offset for tid, offset in plan.program.intermediate_offsets().items()})
-    copies = []
-    outputs_written = {t.id for t in ir.outputs}
-    for tid in order.copies:  # the input as it was, for the kernels that read it after it is written over
-        view = views[tid]
-        copies.append(Copy(DeviceMemory(device, view.end - view.pointer), view.pointer))
-        pointers[tid] = copies[-1].destination.pointer
-    for tid in _misaligned_map_operands(plan.program.launches, pointers):
-        if tid in outputs_written or tid not in views:
+    # Inputs read from a copy of them as they were: for the kernels that read one after it is
+    # written over, and for the TMA tensor maps that cannot start at its address.
+    misaligned = _misaligned_map_operands(plan.program.launches, pointers)
+    for tid in misaligned:
+        if tid in order.copies:
+            continue  # its copy is aligned
+        if tid not in views or tid in {t.id for t in ir.outputs}:
             raise FeedError(
                 f"tensor '{names[tid]}' starts at {pointers[tid]:#x}; a kernel reads it through a TMA tensor map "
                 f"after the plan writes it, which needs a {TENSOR_MAP_ALIGNMENT}-byte aligned buffer"
             )
-        view = views[tid]  # an input: TMA reads an aligned copy of it
+    copies = []
+    for tid in dict.fromkeys([*order.copies, *misaligned]):
+        view = views[tid]
         copies.append(Copy(DeviceMemory(device, view.end - view.pointer), view.pointer))
         pointers[tid] = copies[-1].destination.pointer
     scalars = dict(pack.scalars)
