@@ -20,11 +20,14 @@ TOLERANCE = {
     DataType.FP8_E4M3: 0.1,
     DataType.FP8_E5M2: 0.2,
     DataType.FP8_E8M0: 0.5,  # powers of two: a value between two is up to a third from either
+    # the reference saturates int64 at the largest float64 below 2**63, kernels at 2**63 - 1
+    # (graphdnn.dtypes._float_range): 1023 apart, a relative 2**-53
+    DataType.INT64: 2.0**-53,
 }
 
 
 def tolerance(data_type: DataType) -> float:
-    """The relative error allowed for an output of ``data_type`` (0: integers and booleans are exact)."""
+    """The relative error allowed for an output of ``data_type`` (0: integers and booleans are exact, int64 up to its saturation limit)."""
     return TOLERANCE.get(data_type, 0.0)
 
 

@@ -112,16 +112,12 @@ def test_a_plan_of_a_key_without_the_headers_field_is_refused_clearly(cache_dir:
 
 def test_toolkit_headers_are_known_by_their_version_macro(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Without the runtime wheel, NVRTC compiles against a toolkit's headers."""
-    import importlib.metadata
-
     from codegen import nvrtc
-
-    def version(name: str) -> str:
-        raise importlib.metadata.PackageNotFoundError(name)
+    from graphdnn.cache import key
 
     (tmp_path / "cuda_runtime_api.h").write_text("#ifndef X\n#define CUDART_VERSION  12080\n#endif\n")
     monkeypatch.setattr(nvrtc, "include_paths", lambda: (str(tmp_path),))
-    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setattr(key, "_nvidia_wheel_version", lambda project: None)
     headers_version.cache_clear()
     try:
         assert headers_version() == "CUDART_VERSION 12080"
