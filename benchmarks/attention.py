@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import graphdnn as gd  # noqa: E402
+from codegen.emit import candidates  # noqa: E402
 
 # (batch, heads, sequence, head dim, causal)
 SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128, True), (4, 16, 2048, 64, False)]
@@ -47,22 +48,25 @@ def main() -> int:
             print(f"{graph(*shape).name}: {len(plan.kernels)} kernel(s)")
         return 0
     rows = [timed(shape, args.autotune) for shape in SHAPES]
-    print("| shape | default plan TFLOP/s | mma.sync | wgmma | torch FA2 | torch cuDNN | best / cuDNN |")
-    print("|---|---|---|---|---|---|---|")
+    columns = list(rows[0])
+    print("| shape | " + " | ".join(columns) + " | best / cuDNN |")
+    print("|---|" + "---|" * (len(columns) + 1))
     for shape, times in zip(SHAPES, rows):
         b, h, s, d, causal = shape
-        tflops = [flops(*shape) / us / 1e6 if us else float("nan") for us in times]
+        tflops = {name: flops(*shape) / us / 1e6 if us else float("nan") for name, us in times.items()}
+        ours = max(v for name, v in tflops.items() if not name.startswith("torch"))
         print(
             f"| B{b} H{h} S{s} D{d}{' causal' if causal else ''} | "
-            + " | ".join(f"{t:.0f}" for t in tflops)
-            + f" | {max(tflops[:3]) / tflops[4]:.2f} |"
+            + " | ".join(f"{t:.0f}" for t in tflops.values())
+            + f" | {ours / tflops['torch cuDNN']:.2f} |"
         )
     return 0
 
 
-def timed(shape: tuple[int, int, int, int, bool], autotune: bool) -> tuple[float | None, ...]:
-    """µs of the default plan (autotuned with ``autotune``), the mma.sync and wgmma kernels
-    (sm_90), FlashAttention-2 and cuDNN through torch."""
+def timed(shape: tuple[int, int, int, int, bool], autotune: bool) -> dict[str, float | None]:
+    """µs of the default plan (autotuned with ``autotune``), the mma.sync kernel, each choice of
+    the wgmma one (sm_90: keys per stage, "pp" the consumers' turn-taking), FlashAttention-2 and
+    cuDNN through torch."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -92,14 +96,18 @@ def timed(shape: tuple[int, int, int, int, bool], autotune: bool) -> tuple[float
             print(f"{shape}: {backend} unavailable: {str(error).splitlines()[0]}")
             return None
 
-    mma = ours(tuning={fused.name: {"warps": 4, "block_n": 64 if d <= 128 else 32, "m_tiles": 2 if d <= 128 else 1}})
-    return (
-        ours(autotune=autotune),
-        mma,
-        ours(tuning={fused.name: {"path": "wgmma"}}),
-        peer(SDPBackend.FLASH_ATTENTION),
-        peer(SDPBackend.CUDNN_ATTENTION),
-    )
+    times: dict[str, float | None] = {
+        "default plan": ours(autotune=autotune),
+        "mma.sync": ours(
+            tuning={fused.name: {"warps": 4, "block_n": 64 if d <= 128 else 32, "m_tiles": 2 if d <= 128 else 1}}
+        ),
+    }
+    for choice in (c for c in candidates(fused, 90) if c.get("path") == "wgmma"):
+        label = f"wgmma bn{choice['block_n']}{' pp' if choice['pingpong'] else ''}"
+        times[label] = ours(tuning={fused.name: choice})
+    times["torch FA2"] = peer(SDPBackend.FLASH_ATTENTION)
+    times["torch cuDNN"] = peer(SDPBackend.CUDNN_ATTENTION)
+    return times
 
 
 if __name__ == "__main__":

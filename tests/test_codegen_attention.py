@@ -64,10 +64,19 @@ WGMMA_CASES = sorted(name for name in CASES if wgmma_supported(attention_of(atte
 
 def test_the_hopper_kernel_is_offered_for_head_dims_64_and_128_with_contiguous_rows() -> None:
     assert {"gqa_4to1_causal", "d128_bshd", "padding_causal_bottom_right", "bias_full"} <= set(WGMMA_CASES)
+
+    def hopper_choices(case: str, arch: int) -> list[dict[str, object]]:
+        return [c for c in candidates(attention_node(case)[1], arch) if c.get("path") == "wgmma"]
+
     for case in ("d256_fp16", "d72_dv40", "d100_scalar_loads", "fp32_simt"):
-        assert {"path": "wgmma"} not in candidates(attention_node(case)[1], 90)
-    assert {"path": "wgmma"} in candidates(attention_node("d128_bshd")[1], 90)
-    assert {"path": "wgmma"} not in candidates(attention_node("d128_bshd")[1], 80)
+        assert hopper_choices(case, 90) == []
+    assert {str(c["block_n"]) + str(c["pingpong"]) for c in hopper_choices("d128_bshd", 90)} == {
+        "64False",
+        "64True",
+        "128False",
+        "128True",
+    }
+    assert hopper_choices("d128_bshd", 80) == []
     graph, fused = attention_node("d256_fp16")
     partition = fuse(graph, arch=90)
     position = [f.name for f in partition.nodes].index(fused.name)
@@ -89,6 +98,20 @@ def test_the_hopper_kernel_compiles_for_sm90a(case: str) -> None:
         assert "HGMMA" in code and "LDL" not in code and "STL" not in code
 
 
+@pytest.mark.parametrize("case", ["d128_bshd", "gqa_4to1_causal"])
+def test_every_hopper_choice_compiles_without_spilling(case: str) -> None:
+    graph, fused = attention_node(case)
+    partition = fuse(graph, arch=90)
+    position = [f.name for f in partition.nodes].index(fused.name)
+    for choice in (c for c in candidates(fused, 90) if c.get("path") == "wgmma"):
+        (source,) = lower(partition, 90, signature(graph), lambda h: h, tuning={position: choice}).sources.values()
+        assert ("turn_begin();" in source.source) == choice["pingpong"]
+        assert f"BN = {choice['block_n']}," in source.source
+        code = sass(compile_cubin(source.source, source.name, 90, source.arch_suffix))
+        if code is not None:
+            assert "LDL" not in code and "STL" not in code, choice
+
+
 def test_simt_path_has_no_candidates() -> None:
     _, fused = attention_node("fp32_simt")
     assert candidates(fused, 90) == []
@@ -101,4 +124,12 @@ def test_a_tuning_outside_the_choices_is_a_clear_error() -> None:
     with pytest.raises(UnsupportedError, match=r"attention tuning .* is not one of"):
         lower(
             partition, 90, signature(graph), lambda h: h, tuning={position: {"warps": 3, "block_n": 64, "m_tiles": 1}}
+        )
+    with pytest.raises(UnsupportedError, match=r"attention tuning .*'block_n': 96.* is not one of"):
+        lower(
+            partition,
+            90,
+            signature(graph),
+            lambda h: h,
+            tuning={position: {"path": "wgmma", "block_n": 96, "pingpong": True}},
         )

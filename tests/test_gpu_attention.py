@@ -53,6 +53,18 @@ def test_the_hopper_kernel_matches_reference(case: str) -> None:
     assert any("_wgmma_" in kernel.name for kernel in plan.kernels)
 
 
+def test_every_hopper_choice_over_many_key_tiles() -> None:
+    """Keys per stage and the consumers' turn-taking, through many tiles of the ring."""
+    if current_gpu_arch() != 90:
+        pytest.skip("the wgmma attention kernel runs on sm_90 GPUs only")
+    graph = HOPPER_CASES["long_causal_gqa"].build()
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
+    choices = [c for c in candidates(fused, 90) if c.get("path") == "wgmma"]
+    assert len(choices) == 4
+    for choice in choices:
+        check_on_gpu(graph, seed=7, tuning={fused.name: choice})
+
+
 def test_the_hopper_kernel_reads_rows_that_are_not_16_byte_aligned() -> None:
     """Q, K and V start 2 bytes into their buffers: the producer copies element by element."""
     import torch

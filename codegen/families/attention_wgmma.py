@@ -20,6 +20,9 @@ wgmma keeps them busy. Rows, lengths, masks and the final write are the family's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
@@ -48,23 +51,50 @@ BLOCK_M = 128
 THREADS = 384
 MAX_STAGES = 4
 HEAD_DIMS = (64, 128)
+BLOCK_NS = (64, 128)
 ALIGN_SLACK = 1024
+# named barriers of the two consumers' turns (0 is __syncthreads; gemm_ws's warpgroup_sync has 1 and 2)
+TURN_BARRIERS = (3, 4)
 
 
-def block_n(a: Attention) -> int:
-    """Keys per stage: S (BN / 2) and O (DV / 2) accumulators per thread stay within registers."""
-    return 128 if a.dv <= 64 else 64
+@dataclass(frozen=True)
+class WgmmaConfig:
+    block_n: int  # keys per stage
+    pingpong: bool  # the consumers take turns issuing their wgmma (named barriers)
+
+    def choice(self) -> dict[str, object]:
+        return {"path": "wgmma", "block_n": self.block_n, "pingpong": self.pingpong}
 
 
-def stages(a: Attention) -> int:
+DEFAULT = WgmmaConfig(block_n=128, pingpong=True)
+
+
+def config(a: Attention, tuning: Mapping[str, object]) -> WgmmaConfig:
+    """The configuration a tuning choice names; ``{"path": "wgmma"}`` alone is the default."""
+    if set(tuning) == {"path"}:
+        return DEFAULT
+    choices = [c.choice() for c in configs(a)]
+    if dict(tuning) not in choices:
+        raise UnsupportedError(f"attention tuning {dict(tuning)} is not one of this problem's choices {choices}")
+    return WgmmaConfig(int(tuning["block_n"]), bool(tuning["pingpong"]))  # type: ignore[call-overload]
+
+
+def configs(a: Attention) -> list[WgmmaConfig]:
+    """Every configuration whose stages fit in shared memory (autotuning's candidates)."""
+    return [
+        WgmmaConfig(bn, pingpong) for bn in BLOCK_NS for pingpong in (False, True) if shared_bytes(a, bn) <= MAX_SHARED
+    ]
+
+
+def stages(a: Attention, bn: int) -> int:
     """As many K/V stages as fit beside the Q tile, up to MAX_STAGES."""
     fixed = 2 * BLOCK_M * a.d + 8 + ALIGN_SLACK
-    return max(2, min(MAX_STAGES, (MAX_SHARED - fixed) // (2 * block_n(a) * (a.d + a.dv) + 16)))
+    return max(2, min(MAX_STAGES, (MAX_SHARED - fixed) // (2 * bn * (a.d + a.dv) + 16)))
 
 
-def shared_bytes(a: Attention) -> int:
-    ring = stages(a)
-    return 2 * (BLOCK_M * a.d + ring * block_n(a) * (a.d + a.dv)) + 8 * (1 + 2 * ring) + ALIGN_SLACK
+def shared_bytes(a: Attention, bn: int) -> int:
+    ring = stages(a, bn)
+    return 2 * (BLOCK_M * a.d + ring * bn * (a.d + a.dv)) + 8 * (1 + 2 * ring) + ALIGN_SLACK
 
 
 def supported(a: Attention, arch: int) -> bool:
@@ -76,11 +106,12 @@ def supported(a: Attention, arch: int) -> bool:
         and a.d in HEAD_DIMS
         and a.dv in HEAD_DIMS
         and vectorizable(a)
-        and shared_bytes(a) <= MAX_SHARED
+        and shared_bytes(a, DEFAULT.block_n) <= MAX_SHARED
     )
 
 
 def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
+    """The kernel for ``a`` with the tuning choice ``ctx.tuning`` (empty: the default)."""
     if not supported(a, ctx.arch):
         raise UnsupportedError(
             f"the Hopper attention kernel takes head dims {list(HEAD_DIMS)} with contiguous rows on sm_90; "
@@ -89,11 +120,12 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     declared = declare(a)
     names, params = declared.names, declared.params
     aligned = params.aligned_flag()
-    bn = block_n(a)
+    c = config(a, ctx.tuning) if ctx.tuning else DEFAULT
+    bn = c.block_n
     elem = "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16"
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
-        f"constexpr int BM = {BLOCK_M}, BN = {bn}, STAGES = {stages(a)};",
+        f"constexpr int BM = {BLOCK_M}, BN = {bn}, STAGES = {stages(a, bn)};",
         f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
         *block_setup(a, names, BLOCK_M),
         "constexpr unsigned Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2;",
@@ -120,7 +152,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         *indent(_producer(names, aligned), 1).splitlines(),
         "} else {",
         '  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\\n");',
-        *indent(_consumer(a, names, bn), 1).splitlines(),
+        *indent(_consumer(a, names, c), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_wgmma"
@@ -135,7 +167,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     blocks = -(-a.sq // BLOCK_M) * a.heads * a.batch
     return Kernel(
-        name, source, (blocks, 1, 1), (THREADS, 1, 1), shared_bytes(a), tuple(params.bindings), arch_suffix="a"
+        name, source, (blocks, 1, 1), (THREADS, 1, 1), shared_bytes(a, bn), tuple(params.bindings), arch_suffix="a"
     )
 
 
@@ -187,13 +219,25 @@ def _producer(names: dict[str, str], aligned: str) -> list[str]:
     ]
 
 
-def _consumer(a: Attention, names: dict[str, str], bn: int) -> list[str]:
+def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig) -> list[str]:
     """Software-pipelined over key tiles: S_j = Q K_jᵀ is issued with P_{j-1} V_{j-1} behind it;
     once S_j is in, its scores and exponentials run while the tensor cores finish P_{j-1} V_{j-1};
-    then O is rescaled and P_j packed for the next round."""
+    then O is rescaled and P_j packed for the next round. With ``c.pingpong`` the two consumers
+    take turns issuing (a named barrier each, opened by the other's arrival), so that one's
+    softmax runs while the tensor cores work on the other's products."""
+    bn = c.block_n
     stats = stats_store(a, names, "i", "live ? m[r] + log2f(sum) : NEG_INF")
+    mine, other = TURN_BARRIERS
+    turns = [
+        "// turns: wait at this consumer's barrier (opened by the other's arrival), then open the other's",
+        f'auto turn_begin = [&]() {{ asm volatile("bar.sync %0, 256;\\n" ::"r"({mine} + consumer) : "memory"); }};',
+        f'auto turn_end = [&]() {{ asm volatile("bar.arrive %0, 256;\\n" ::"r"({other} - consumer) : "memory"); }};',
+        "if (consumer == 1) turn_end();  // consumer 0 goes first",
+    ]
+    begin, end = (["turn_begin();"], ["turn_end();"]) if c.pingpong else ([], [])
     return [
         "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the block",
+        *(turns if c.pingpong else []),
         "// this thread's rows: row_base and row_base + 8 (wgmma fragment: warp w of the warpgroup",
         "// holds rows 16w..16w+15; acc[4j + 2r + e] is row lane/4 + 8r, column 8j + 2 (lane % 4) + e)",
         "const int row_base = row0 + consumer * 64 + (warp & 3) * 16 + (lane >> 2);",
@@ -263,7 +307,9 @@ def _consumer(a: Attention, names: dict[str, str], bn: int) -> list[str]:
         "if (tiles > 0) {",
         "  mbar_wait(full, 0);",
         '  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        *("  " + line for line in begin),
         "  issue_s(k_tile_of(0));",
+        *("  " + line for line in end),
         "  wgmma_wait<0>();",
         "  softmax(first);",
         "  rescale_and_pack();",
@@ -272,8 +318,10 @@ def _consumer(a: Attention, names: dict[str, str], bn: int) -> list[str]:
         "for (int tile = 1; tile < tiles; ++tile) {",
         "  mbar_wait(full + 8 * stage, phase);",
         '  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        *("  " + line for line in begin),
         "  issue_s(k_tile_of(stage));",
         "  issue_pv(k_tile_of(previous) + K_BYTES);  // P_{j-1} V_{j-1}, behind S_j",
+        *("  " + line for line in end),
         "  wgmma_wait<1>();  // S_j is in; P_{j-1} V_{j-1} may still run",
         "  softmax(first + tile * BN);",
         "  wgmma_wait<0>();",
@@ -283,11 +331,14 @@ def _consumer(a: Attention, names: dict[str, str], bn: int) -> list[str]:
         "  next_stage();",
         "}",
         "if (tiles > 0) {",
+        *("  " + line for line in begin),
         "  issue_pv(k_tile_of(previous) + K_BYTES);",
+        *("  " + line for line in end),
         "  wgmma_wait<0>();",
         "  fence_accumulators(o);",
         "  if (lane == 0) mbar_arrive(empty + 8 * previous);",
         "}",
+        *(["if (consumer == 0) turn_begin();  // the last of consumer 1's arrivals"] if c.pingpong else []),
         "#pragma unroll",
         "for (int r = 0; r < 2; ++r) {",
         "  float sum = l[r];",
