@@ -47,7 +47,8 @@ class KernelParams:
     def tensor_map(self, tensor: Tensor, tensor_map: TensorMap) -> str:
         """Declare a TMA tensor map of ``tensor`` (a ``gd::TensorMapArg``, 64-byte aligned: declare
         tensor maps first, so that no padding precedes them); return its name."""
-        name = f"tm{tensor.id}"
+        earlier = sum(1 for p in self.bindings if p.kind is ParamKind.TENSOR_MAP and p.tensor == tensor.id)
+        name = f"tm{tensor.id}" + (f"_{earlier}" if earlier else "")  # a tensor may have several maps
         self.declarations.append(f"const __grid_constant__ gd::TensorMapArg {name}")
         self.bindings.append(Param(ParamKind.TENSOR_MAP, tensor=tensor.id, tensor_map=tensor_map))
         return name

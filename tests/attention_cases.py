@@ -22,7 +22,7 @@ class AttentionCase:
     dv: int = 64
     data_type: DataType = DataType.BFLOAT16
     kv_type: DataType | None = None  # K and V's type when it differs from Q's
-    layout: str = "bhsd"  # or "bshd": sequence-major rows, heads interleaved
+    layout: str = "bhsd"  # or "bshd": sequence-major rows, heads interleaved; "shared_kv": one K and V for every batch
     scale: str = "constant"  # "constant", "runtime" (pass-by-value) or "none"
     bias: tuple[int, int, int, int] | None = None  # which dims of [B, Hq, Sq, Skv] the bias has
     padding: bool = False
@@ -36,13 +36,13 @@ class AttentionCase:
         k = g.tensor(
             name="k",
             dim=[self.b, self.hk, self.skv, self.d],
-            stride=self._strides(self.hk, self.skv, self.d),
+            stride=self._strides(self.hk, self.skv, self.d, kv=True),
             data_type=kv_type,
         )
         v = g.tensor(
             name="v",
             dim=[self.b, self.hk, self.skv, self.dv],
-            stride=self._strides(self.hk, self.skv, self.dv),
+            stride=self._strides(self.hk, self.skv, self.dv, kv=True),
             data_type=kv_type,
         )
         extra: dict[str, Any] = {}
@@ -65,13 +65,18 @@ class AttentionCase:
             stats.set_output(True).set_name("stats")
         return g
 
-    def _strides(self, heads: int, seq: int, width: int) -> list[int]:
+    def _strides(self, heads: int, seq: int, width: int, kv: bool = False) -> list[int]:
+        if self.layout == "shared_kv" and kv:  # a broadcast view: batch stride 0
+            return [0, seq * width, width, 1]
         if self.layout == "bshd":
             return [seq * heads * width, width, heads * width, 1]
         return [heads * seq * width, seq * width, width, 1]
 
 
 CASES = {
+    "kv_shared_across_batch": AttentionCase(
+        b=3, hq=4, hk=2, sq=100, skv=150, layout="shared_kv", options={"use_causal_mask": True}
+    ),
     "one_row_one_key": AttentionCase(b=1, hq=1, hk=1, sq=1, skv=1),
     "mha_odd_lengths": AttentionCase(hq=2, hk=2, sq=7, skv=129),
     "gqa_4to1_causal": AttentionCase(hq=8, hk=2, sq=129, skv=129, options={"use_causal_mask": True}),

@@ -112,6 +112,17 @@ def test_every_hopper_choice_compiles_without_spilling(case: str) -> None:
             assert "LDL" not in code and "STL" not in code, choice
 
 
+def test_the_hopper_producer_loads_by_tma_where_the_driver_can_describe_q_k_and_v() -> None:
+    """TMA needs strides that are multiples of 16 bytes: a K and V broadcast over the batch
+    (stride 0) are copied by the producer's threads instead."""
+    for case, tma in (("d128_bshd", True), ("gqa_4to1_causal", True), ("kv_shared_across_batch", False)):
+        graph, _ = attention_node(case)
+        (source,) = lower(fuse(graph, arch=90), 90, signature(graph), lambda h: h).sources.values()
+        assert "_wgmma_" in source.name
+        assert ("tma_load(k_tile" in source.source) is tma, case
+        assert ("cp.async.mbarrier.arrive" in source.source) is not tma, case
+
+
 def test_simt_path_has_no_candidates() -> None:
     _, fused = attention_node("fp32_simt")
     assert candidates(fused, 90) == []

@@ -66,7 +66,8 @@ def test_every_hopper_choice_over_many_key_tiles() -> None:
 
 
 def test_the_hopper_kernel_reads_rows_that_are_not_16_byte_aligned() -> None:
-    """Q, K and V start 2 bytes into their buffers: the producer copies element by element."""
+    """Q, K and V start 2 bytes into their buffers: binding copies them to aligned buffers for
+    the tensor maps."""
     import torch
 
     if current_gpu_arch() != 90:

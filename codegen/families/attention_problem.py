@@ -118,10 +118,10 @@ class AttentionParams:
     names: dict[str, str]
 
 
-def declare(a: Attention) -> AttentionParams:
+def declare(a: Attention, params: KernelParams | None = None) -> AttentionParams:
     """One parameter per tensor, however many roles it fills (self-attention may pass one
-    tensor as K and V, or as Q, K and V)."""
-    params = KernelParams()
+    tensor as K and V, or as Q, K and V), after those already in ``params`` (tensor maps)."""
+    params = params if params is not None else KernelParams()
     declared: dict[int, str] = {}
 
     def name_of(tensor: Tensor, writable: bool = False) -> str:

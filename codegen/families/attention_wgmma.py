@@ -3,10 +3,12 @@
 A block owns 128 query rows of one (batch, head) and is three warpgroups:
 
 - the producer copies the Q tile once, then each tile of BN keys of K and V, into a ring of
-  up to four shared-memory stages in the 128-byte-swizzle layout the wgmma descriptors read, with
-  16-byte ``cp.async`` (element by element when a pointer is not 16-byte aligned); each
-  thread's arrival on a stage's *full* mbarrier follows its copies, the consumers release
-  the stage on its *empty* one;
+  up to four shared-memory stages in the 128-byte-swizzle layout the wgmma descriptors read:
+  one thread issues TMA loads (boxes of 64 elements by the tile's rows, rows past the tensor
+  zero-filled) completing on the stage's *full* mbarrier where TMA can describe Q, K and V
+  (strides multiples of 16 bytes); otherwise its 128 threads copy with 16-byte ``cp.async``
+  (element by element when a pointer is not 16-byte aligned), each arriving once its copies
+  landed. The consumers release a stage on its *empty* mbarrier;
 - two consumer warpgroups own 64 rows each: S = Q Kᵀ with ``wgmma`` (both operands in
   shared memory), scale / bias / masks and the online softmax in registers as the flash
   kernel does (base 2), then O += P V with P straight from the registers (the accumulator
@@ -26,8 +28,10 @@ from dataclasses import dataclass
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
+from graphdnn.ir import Tensor
+from graphdnn.program import TensorMap
 
-from ..context import EmitContext, indent, kernel_source, pattern_name
+from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
 from ..kernel import Kernel
 from .attention_flash import pack_function, vectorizable
@@ -117,11 +121,15 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
             f"the Hopper attention kernel takes head dims {list(HEAD_DIMS)} with contiguous rows on sm_90; "
             f"not D={a.d}, Dv={a.dv} on sm_{ctx.arch}"
         )
-    declared = declare(a)
-    names, params = declared.names, declared.params
-    aligned = params.aligned_flag()
     c = config(a, ctx.tuning) if ctx.tuning else DEFAULT
     bn = c.block_n
+    params = KernelParams()
+    maps = tensor_maps(a, bn)
+    map_names = {role: params.tensor_map(t, m) for role, (t, m) in maps.items()}
+    declared = declare(a, params)
+    names = declared.names
+    aligned = params.aligned_flag()
+    arrivals = 1 if maps else 128  # TMA: the one expect_tx arrival; cp.async: every producer thread
     elem = "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16"
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
@@ -139,9 +147,9 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         "const int first = kv_begin / BN * BN;",
         "const int tiles = kv_end > kv_begin ? (kv_end - first + BN - 1) / BN : 0;",
         "if (tid == 0) {",
-        "  mbar_init(q_full, 128);",
+        f"  mbar_init(q_full, {arrivals});",
         "  for (int s = 0; s < STAGES; ++s) {",
-        "    mbar_init(full + 8 * s, 128);  // every producer thread, once its copies landed",
+        f"    mbar_init(full + 8 * s, {arrivals});",
         "    mbar_init(empty + 8 * s, 8);  // every consumer warp, once its wgmma read the stage",
         "  }",
         '  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
@@ -149,10 +157,10 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         "__syncthreads();",
         "if (warpgroup == 0) {",
         '  asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\\n");',
-        *indent(_producer(names, aligned), 1).splitlines(),
+        *indent(_tma_producer(a, map_names) if maps else _copy_producer(names, aligned), 1).splitlines(),
         "} else {",
         '  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\\n");',
-        *indent(_consumer(a, names, c), 1).splitlines(),
+        *indent(_consumer(a, names, c, generic_writes=not maps), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_wgmma"
@@ -161,7 +169,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         ASYNC_COPY_PRELUDE
         + wgmma_prelude(bn, elem, 0)
         + _wgmma_registers_a(a.dv, elem)
-        + mbarrier_prelude(0)
+        + mbarrier_prelude(4 if maps else 0)
         + pack_function(a.q.data_type)
     )
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
@@ -171,7 +179,52 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     )
 
 
-def _producer(names: dict[str, str], aligned: str) -> list[str]:
+def tensor_maps(a: Attention, bn: int) -> dict[str, tuple[Tensor, TensorMap]]:
+    """TMA maps of Q, K and V (boxes of 64 elements by BM or BN rows of one batch and head, in the
+    128-byte swizzle), or none where the driver could not encode one of them."""
+    maps = {"Q": (a.q, _tensor_map(a.q, BLOCK_M)), "K": (a.k, _tensor_map(a.k, bn)), "V": (a.v, _tensor_map(a.v, bn))}
+    return {} if any(m.problems() for _, m in maps.values()) else maps
+
+
+def _tensor_map(t: Tensor, rows: int) -> TensorMap:
+    """Dims d, s, h, b innermost first. A size-1 dim's stride never moves the address: it is
+    given as the packed one, which the driver accepts whatever the tensor's says."""
+    size = t.data_type.itemsize
+    dims = tuple(reversed(t.static_dim))
+    strides: list[int] = []
+    for axis, stride in enumerate(reversed(t.static_stride)):
+        if axis:
+            packed = (strides[-1] if strides else size) * dims[axis - 1]
+            strides.append(packed if dims[axis] == 1 else stride * size)
+    return TensorMap(size, dims, tuple(strides), (64, rows, 1, 1), 128)
+
+
+def _tma_producer(a: Attention, maps: dict[str, str]) -> list[str]:
+    """One thread issues every load: a box per 64 columns of the head dim, completing on the
+    stage's full barrier, whose expected bytes count the zero-filled rows too."""
+    return [
+        "if (tid == 0) {",
+        "  mbar_expect_tx(q_full, Q_BYTES);",
+        "  for (int j = 0; j < D / 64; ++j)",
+        f"    tma_load(q_tile + j * (BM * 128), &{maps['Q']}, q_full, j * 64, row0, h, b);",
+        "  int stage = 0;",
+        "  unsigned phase = 0;",
+        "  for (int tile = 0; tile < tiles; ++tile) {",
+        "    const int kv0 = first + tile * BN;",
+        "    const unsigned bar = full + 8 * stage, k_tile = kv_tiles + stage * (K_BYTES + V_BYTES);",
+        "    mbar_wait(empty + 8 * stage, phase ^ 1);",
+        "    mbar_expect_tx(bar, K_BYTES + V_BYTES);",
+        "    for (int j = 0; j < D / 64; ++j)",
+        f"      tma_load(k_tile + j * (BN * 128), &{maps['K']}, bar, j * 64, kv0, hk, b);",
+        "    for (int j = 0; j < DV / 64; ++j)",
+        f"      tma_load(k_tile + K_BYTES + j * (BN * 128), &{maps['V']}, bar, j * 64, kv0, hk, b);",
+        "    if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "  }",
+        "}",
+    ]
+
+
+def _copy_producer(names: dict[str, str], aligned: str) -> list[str]:
     """Rows into the swizzled layout: row r's 16-byte chunk c of its 64-element block c / 8 sits
     at block * (rows * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16. Rows past the tensor are zeros."""
     return [
@@ -219,13 +272,16 @@ def _producer(names: dict[str, str], aligned: str) -> list[str]:
     ]
 
 
-def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig) -> list[str]:
+def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_writes: bool) -> list[str]:
     """Software-pipelined over key tiles: S_j = Q K_jᵀ is issued with P_{j-1} V_{j-1} behind it;
     once S_j is in, its scores and exponentials run while the tensor cores finish P_{j-1} V_{j-1};
     then O is rescaled and P_j packed for the next round. With ``c.pingpong`` the two consumers
     take turns issuing (a named barrier each, opened by the other's arrival), so that one's
-    softmax runs while the tensor cores work on the other's products."""
+    softmax runs while the tensor cores work on the other's products. ``generic_writes``: the
+    tiles were written by cp.async (the generic proxy), which wgmma's reads (the async proxy)
+    must be fenced against; TMA writes through the async proxy already."""
     bn = c.block_n
+    fence = ['asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");'] if generic_writes else []
     stats = stats_store(a, names, "i", "live ? m[r] + log2f(sum) : NEG_INF")
     mine, other = TURN_BARRIERS
     turns = [
@@ -246,8 +302,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig) -> list[str]:
         "#pragma unroll",
         "for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;",
         "mbar_wait(q_full, 0);",
-        "// the tiles were written through the generic proxy; wgmma reads through the async one",
-        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        *fence,
         "const unsigned q_rows = q_tile + consumer * (64 * 128);",
         "// P_{j-1} V_{j-1} into O, V from the stage at v_tile (not waited for)",
         "auto issue_pv = [&](unsigned v_tile) {",
@@ -306,7 +361,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig) -> list[str]:
         "};",
         "if (tiles > 0) {",
         "  mbar_wait(full, 0);",
-        '  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        *("  " + line for line in fence),
         *("  " + line for line in begin),
         "  issue_s(k_tile_of(0));",
         *("  " + line for line in end),
@@ -317,7 +372,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig) -> list[str]:
         "}",
         "for (int tile = 1; tile < tiles; ++tile) {",
         "  mbar_wait(full + 8 * stage, phase);",
-        '  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        *("  " + line for line in fence),
         *("  " + line for line in begin),
         "  issue_s(k_tile_of(stage));",
         "  issue_pv(k_tile_of(previous) + K_BYTES);  // P_{j-1} V_{j-1}, behind S_j",
