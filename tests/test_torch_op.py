@@ -7,7 +7,8 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ from graphdnn.errors import FeedError, GraphError, UnsupportedError
 from graphdnn.ir import Graph
 from graphdnn.random_inputs import random_inputs
 from graphdnn.runtime.frameworks import to_torch, torch_dtype, torch_host
+from graphdnn.torch.arguments import empty_results
+from graphdnn.torch.kernels import GraphKernels, _in_plan_layout
 from tests.plan_graphs import add_relu_and_sigmoid, matmul_relu, scaled, sum_then_add
 
 _NAMES = itertools.count()
@@ -367,6 +370,61 @@ def test_exporting_beyond_a_symbol_range_is_refused() -> None:
         )
 
 
+# -- the CUDA kernel's plumbing, on CPU tensors ------------------------------------------
+
+
+def test_inputs_are_copied_into_the_plan_layout_only_when_they_must_be() -> None:
+    t = scaled().validate().inputs[0]  # NHWC
+    nhwc = torch.empty_strided(t.dim, t.stride)
+    assert _in_plan_layout(nhwc, t, read_by_tma=False) is nhwc
+    nchw = torch.randn(t.dim)
+    copy = _in_plan_layout(nchw, t, read_by_tma=False)
+    assert copy.stride() == t.stride and torch.equal(copy, nchw)
+    mid_row = torch.randn(t.numel + 1)[1:].as_strided(t.dim, t.stride)  # 4 bytes past a 16-byte boundary
+    assert mid_row.data_ptr() % 16 and _in_plan_layout(mid_row, t, read_by_tma=False) is mid_row
+    moved = _in_plan_layout(mid_row, t, read_by_tma=True)
+    assert moved.data_ptr() % 16 == 0 and moved.stride() == t.stride and torch.equal(moved, mid_row)
+
+
+class _RecordingPlan:
+    """Stands in for a GPU plan: records what the op hands to ``execute``, runs the reference."""
+
+    def __init__(self, ir: Graph, workspace_size: int) -> None:
+        self.graph = ir
+        self.workspace_size = workspace_size
+        self.program = SimpleNamespace(launches=())
+        self.calls: list[tuple[dict[str, Any], Any, Any]] = []
+
+    def execute(self, pack: dict[str, Any], workspace: Any, stream: Any) -> None:
+        self.calls.append((dict(pack), workspace, stream))
+        feeds = {
+            t.name: pack[t.name] if t.is_pass_by_value else _host(pack[t.name], t.data_type) for t in self.graph.inputs
+        }
+        for name, value in gd.reference.execute(self.graph, feeds).items():
+            pack[name].copy_(torch_host(value, self.graph.tensor(name)))
+
+
+@pytest.mark.parametrize("workspace_size", [0, 4096])
+def test_the_cuda_kernel_hands_the_plan_torch_buffers_and_the_current_stream(
+    workspace_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0x5EED))
+    ir = scaled().validate()
+    plan = _RecordingPlan(ir, workspace_size)
+    kernels = GraphKernels(gd.torch.op_schema(ir), cast(gd.Plan, plan), {})
+    x = torch.randn(2, 3, 4, 5)  # NCHW; the graph's x is NHWC
+    (y,) = results = empty_results(kernels.schema, {}, x.device)
+    kernels._gpu((x, 0.5), {}, results, x.device)
+    ((pack, workspace, stream),) = plan.calls
+    assert stream == 0x5EED and pack["alpha"] == 0.5 and pack["y"] is y
+    assert pack["x"].stride() == ir.inputs[0].stride and torch.equal(pack["x"], x)
+    if workspace_size:
+        assert workspace.dtype == torch.uint8 and workspace.numel() == workspace_size
+    else:
+        assert workspace is None
+    _close(y, x * 0.5 + 1)
+
+
 # -- on the GPU -------------------------------------------------------------------------
 
 
@@ -392,7 +450,9 @@ def _awkward_mlp() -> gd.OperationGraphSpec:
 @pytest.mark.parametrize("build", [add_relu_and_sigmoid, scaled, sum_then_add, matmul_relu, _awkward_mlp])
 def test_gpu_matches_the_reference_and_the_cpu_op(build: Callable[[], gd.OperationGraphSpec]) -> None:
     ir = build().validate()
-    _gpu_against_reference_and_cpu(ir, gd.torch.custom_op(ir, _name()), seed=5)
+    op = gd.torch.custom_op(ir, _name())
+    _gpu_against_reference_and_cpu(ir, op, seed=5)
+    torch.library.opcheck(op, tuple(_inputs(ir, seed=6, device="cuda")))
 
 
 @pytest.mark.gpu
