@@ -114,22 +114,26 @@ def test_arguments_follow_the_graph_inputs_and_results_its_outputs() -> None:
 
 
 def test_argument_names_are_identifiers_and_inputs_reorders_them() -> None:
+    """y = sum over the inputs of (declaration position + 1) * input: a value given to the
+    wrong argument changes it."""
+    declared = ("conv::X", "a.b", "a_b", "2d", "lambda", "self")
     g = gd.OperationGraphSpec("names", io_data_type="float")
-    tensors = [g.tensor([2, 3], name=n) for n in ("conv::X", "a.b", "a_b", "2d", "lambda", "self")]
-    total = tensors[0]
-    for t in tensors[1:]:
-        total = g.add(total, t)
+    terms = [g.mul(g.tensor([2, 3], name=n), float(i + 1)) for i, n in enumerate(declared)]
+    total = terms[0]
+    for term in terms[1:]:
+        total = g.add(total, term)
     total.set_output(True)
     assert gd.torch.op_schema(g).arguments == ("conv__X", "a_b", "a_b_2", "_2d", "lambda_", "self_")
-    order = ["self", "2d", "conv::X", "lambda", "a_b", "a.b"]
+    order = ["self", "2d", "conv::X", "lambda", "a.b", "a_b"]
     reordered = gd.torch.op_schema(g, inputs=order)
     assert [t.name for t in reordered.inputs] == order
+    assert reordered.arguments == ("self_", "_2d", "conv__X", "lambda_", "a_b", "a_b_2")
     op = gd.torch.custom_op(g, _name(), inputs=order)
-    values = {name: torch.full((2, 3), float(i)) for i, name in enumerate(order)}
-    assert torch.equal(op(*(values[n] for n in order)), torch.full((2, 3), 15.0))
-    assert torch.equal(op(**{"lambda_": values["lambda"], "self_": values["self"], "_2d": values["2d"],
-                             "conv__X": values["conv::X"], "a_b": values["a_b"], "a_b_2": values["a.b"]}),
-                       torch.full((2, 3), 15.0))  # fmt: skip
+    values = {name: torch.full((2, 3), 10.0**j) for j, name in enumerate(order)}
+    want = sum((i + 1) * values[n] for i, n in enumerate(declared))
+    assert torch.equal(op(*(values[n] for n in order)), want)
+    by_keyword = dict(zip(reordered.arguments, (values[n] for n in order)))
+    assert torch.equal(op(**dict(reversed(by_keyword.items()))), want)
 
 
 @pytest.mark.parametrize(

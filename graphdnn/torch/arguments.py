@@ -76,3 +76,8 @@ def empty_results(schema: OpSchema, values: dict[str, Any], device: Any) -> list
         )
         for t in schema.outputs
     ]
+
+
+def returned(results: list[Any]) -> Any:
+    """What the op returns: its one result, or a tuple of them (the schema's ``-> (Tensor, ...)``)."""
+    return results[0] if len(results) == 1 else tuple(results)

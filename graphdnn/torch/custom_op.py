@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import GraphError, UnsupportedError
 from ..plan import Plan
-from .arguments import check_arguments, device_of, empty_results
+from .arguments import check_arguments, device_of, empty_results, returned
 from .kernels import GraphKernels
 from .op_schema import OpSchema, op_schema
 
@@ -60,8 +60,7 @@ def custom_op(plan_or_graph: Any, name: str, *, inputs: Sequence[str] | None = N
     op = torch.library.custom_op(name, run, mutates_args=(), schema=schema.schema)
 
     def fake(*args: Any) -> Any:
-        results = empty_results(schema, check_arguments(schema, args), device_of(schema, args))
-        return results[0] if len(results) == 1 else tuple(results)
+        return returned(empty_results(schema, check_arguments(schema, args), device_of(schema, args)))
 
     op.register_fake(fake)
     op.register_autograd(_not_differentiable(schema, name))

@@ -21,7 +21,7 @@ from ..reference import execute
 from ..runtime.buffers import same_strides
 from ..runtime.frameworks import numpy_view, torch_host
 from ..specialize import specialize
-from .arguments import check_arguments, device_of, empty_results
+from .arguments import check_arguments, device_of, empty_results, returned
 from .op_schema import OpSchema
 
 PLANS_PER_OP = 8  # GPU plans kept by one op (devices x symbol values), least recently used dropped first
@@ -49,7 +49,7 @@ class GraphKernels:
                 f"graph '{self.schema.graph.name}' runs on CUDA tensors (compiled plans) and CPU tensors "
                 f"(the reference backend), not on {device}"
             )
-        return results[0] if len(results) == 1 else tuple(results)
+        return returned(results)
 
     def _reference(self, args: Sequence[Any], results: Sequence[Any]) -> None:
         feeds = {
