@@ -1,6 +1,7 @@
 """graphdnn: a declarative operation-graph compiler for deep-learning GPU primitives."""
 
 from . import reference
+from . import torch as torch  # gd.torch (PyTorch integration); kept out of __all__: a * import must not hide PyTorch
 from .cache.plan_cache import PlanCache
 from .cache.store import CacheWarning
 from .cache.warmup import WarmupReport, warmup

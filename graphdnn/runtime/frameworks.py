@@ -3,7 +3,8 @@
 Missing outputs are torch tensors when the variant pack holds torch tensors, CuPy arrays
 when it holds CuPy arrays (for the types CuPy has), otherwise a graphdnn DeviceArray.
 Every allocation has exactly the graph tensor's dims and strides. ``to_torch`` and
-``empty_torch`` serve the GPU tests and the benchmarks.
+``empty_torch`` serve the GPU tests and the benchmarks; ``numpy_view`` and ``torch_host``
+carry CPU tensors to and from the reference backend (graphdnn.torch's CPU kernel).
 """
 
 from __future__ import annotations
@@ -62,13 +63,13 @@ def to_torch(array: np.ndarray, tensor: Tensor) -> Any:
         storage = np.zeros(storage_extent(tensor.static_dim, tensor.static_stride), dtype=array.dtype)
         strides = tuple(s * storage.itemsize for s in tensor.static_stride)
         np.lib.stride_tricks.as_strided(storage, tensor.static_dim, strides)[...] = array
-        return _torch_host(storage, tensor).to("cuda").as_strided(tensor.dim, tensor.stride)
+        return torch_host(storage, tensor).to("cuda").as_strided(tensor.dim, tensor.stride)
     device = empty_torch(tensor)
-    device.copy_(_torch_host(array, tensor).reshape(tensor.dim))
+    device.copy_(torch_host(array, tensor).reshape(tensor.dim))
     return device
 
 
-def _torch_host(array: np.ndarray, tensor: Tensor) -> Any:
+def torch_host(array: np.ndarray, tensor: Tensor) -> Any:
     """``array`` as a CPU torch tensor of ``tensor``'s type (fp8 and bf16 by their bits)."""
     import torch
 
@@ -77,6 +78,19 @@ def _torch_host(array: np.ndarray, tensor: Tensor) -> Any:
     if tensor.data_type is DataType.BFLOAT16:
         return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def numpy_view(value: Any, data_type: DataType) -> np.ndarray:
+    """A CPU torch tensor of ``data_type`` as a NumPy array over the same memory (its dims
+    and strides), bf16 and fp8 by their bits (NumPy reads them through ml_dtypes)."""
+    import torch
+
+    if data_type is DataType.BFLOAT16:
+        value = value.view(torch.int16)
+    elif data_type.is_floating and data_type.itemsize == 1:
+        value = value.view(torch.uint8)
+    array: np.ndarray = value.numpy()
+    return array.view(data_type.numpy)
 
 
 def empty_torch(tensor: Tensor, device: str = "cuda") -> Any:
