@@ -19,7 +19,6 @@ from graphdnn import reference
 from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
-from graphdnn.lower import lower
 from graphdnn.signature import signature
 from tests import cpu_emulation
 from tests.attention_cases import CASES, PAGED_CASES, AttentionCase, PagedCase
@@ -139,7 +138,7 @@ EMULATED = {
         dv=8,
         data_type=DataType.HALF,
         options={"use_causal_mask_bottom_right": True, "sliding_window_length": 5},
-    ),  # fmt: skip
+    ),
     "fp32_no_mask": PagedCase(
         b=2, hq=4, hk=2, max_len=19, page_size=8, d=16, dv=12, data_type=DataType.FLOAT, options={}
     ),
