@@ -218,3 +218,30 @@ PAGED_CASES = {
         options={"use_causal_mask_bottom_right": True, "sliding_window_length": 20}, max_len=90
     ),
 }
+
+# Dense attention with few query rows: the decode kernel, as paged attention.
+DECODE_CASES = {
+    "mqa_long": AttentionCase(b=1, hq=8, hk=1, sq=1, skv=5000, d=128, dv=128, stats=True),
+    "gqa_bshd_padded": AttentionCase(
+        b=3,
+        hq=32,
+        hk=8,
+        sq=1,
+        skv=777,
+        d=128,
+        dv=128,
+        layout="bshd",
+        padding=True,
+        options={"use_causal_mask_bottom_right": True},
+    ),
+    "two_tokens_alibi_bias": AttentionCase(
+        b=2,
+        hq=4,
+        hk=2,
+        sq=2,
+        skv=300,
+        bias=(True, True, False, True),
+        options={"use_causal_mask_bottom_right": True, "use_alibi_mask": True},
+    ),
+    "fp32_d72": AttentionCase(b=2, hq=6, hk=3, sq=3, skv=129, d=72, dv=40, data_type=DataType.FLOAT),
+}

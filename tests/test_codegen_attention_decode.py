@@ -21,7 +21,7 @@ from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
 from tests import cpu_emulation
-from tests.attention_cases import CASES, PAGED_CASES, AttentionCase, PagedCase
+from tests.attention_cases import CASES, DECODE_CASES, PAGED_CASES, AttentionCase, PagedCase
 from tests.compile_check import compile_graphs
 from tests.gpu_check import relative_error
 
@@ -116,7 +116,8 @@ SPLIT_CASES = {
 
 
 def test_every_decode_kernel_compiles_for_sm80_and_sm90() -> None:
-    specs = [case.build() for case in (*PAGED_CASES.values(), *SPLIT_CASES.values(), CASES["one_row_one_key"])]
+    cases = (*PAGED_CASES.values(), *SPLIT_CASES.values(), *DECODE_CASES.values(), CASES["one_row_one_key"])
+    specs = [case.build() for case in cases]
     assert any(heuristic_split(attention_of(attention(spec)[1]), 90) > 1 for spec in specs)
     report = compile_graphs([spec.validate() for spec in specs])
     assert not report.failures, "\n\n".join(report.failures)
