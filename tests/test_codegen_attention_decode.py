@@ -19,6 +19,7 @@ from graphdnn import reference
 from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
+from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import signature
 from tests import cpu_emulation
 from tests.attention_cases import CASES, DECODE_CASES, PAGED_CASES, AttentionCase, PagedCase
@@ -160,6 +161,30 @@ def test_decode_kernels_match_the_reference_on_the_cpu(
     build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
     build.mkdir(exist_ok=True)
     got = cpu_emulation.run(fused, program, feeds, aligned, build)
+    for name, want in expected.items():
+        value = got[name].astype(np.float64)
+        assert np.array_equal(np.isneginf(value), np.isneginf(want)), name
+        finite = np.isfinite(want)
+        assert relative_error(value[finite], want[finite].astype(np.float64)) < 2e-3, name
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize("split", [1, 3])
+def test_dense_decode_with_bias_and_alibi_matches_the_reference_on_the_cpu(
+    split: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Per-row heads inside a packed block: the bias and the ALiBi slope follow each row's head."""
+    case = AttentionCase(
+        b=2, hq=4, hk=2, sq=2, skv=37, d=16, dv=8, data_type=DataType.HALF, bias=(True, True, False, True),
+        padding=True, options={"use_causal_mask_bottom_right": True, "use_alibi_mask": True},
+    )  # fmt: skip
+    ir, fused = attention(case.build())
+    feeds = random_inputs(ir, split)
+    expected = reference.execute(ir, feeds)
+    program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {"path": "decode", "split": split}))
+    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    got = cpu_emulation.run(fused, program, feeds, 1, build)
     for name, want in expected.items():
         value = got[name].astype(np.float64)
         assert np.array_equal(np.isneginf(value), np.isneginf(want)), name
