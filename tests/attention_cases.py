@@ -132,6 +132,7 @@ class PagedCase:
     data_type: DataType = DataType.BFLOAT16
     options: dict[str, Any] = field(default_factory=lambda: {"use_causal_mask_bottom_right": True})
     stats: bool = True
+    layout: str = "hnd"  # the pools' layout: [page, head, row, d], or "nhd": [page, row, head, d] (vLLM's)
 
     @property
     def max_pages(self) -> int:
@@ -143,8 +144,10 @@ class PagedCase:
 
     def build(self) -> gd.OperationGraphSpec:
         g, q, seq_q, seq_kv = self._common("paged_attention")
-        k = g.tensor(name="k", dim=[self.pages, self.hk, self.page_size, self.d])
-        v = g.tensor(name="v", dim=[self.pages, self.hk, self.page_size, self.dv])
+        k, v = (
+            g.tensor(name=n, dim=[self.pages, self.hk, self.page_size, w], stride=self._pool_strides(w))
+            for n, w in (("k", self.d), ("v", self.dv))
+        )
         tables = [g.tensor(name=n, dim=[self.b, 1, self.max_pages, 1], data_type=DataType.INT32) for n in ("tk", "tv")]
         o, stats = g.sdpa(
             q, k, v, attn_scale=self.d**-0.5, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv,
@@ -178,6 +181,11 @@ class PagedCase:
             "seq_q": np.full((self.b, 1, 1, 1), self.sq, dtype=np.int32),
             "seq_kv": np.array(lengths, dtype=np.int32).reshape(self.b, 1, 1, 1),
         }
+
+    def _pool_strides(self, width: int) -> list[int]:
+        if self.layout == "nhd":
+            return [self.page_size * self.hk * width, width, self.hk * width, 1]
+        return [self.hk * self.page_size * width, self.page_size * width, width, 1]
 
     def _common(self, name: str) -> tuple[gd.OperationGraphSpec, gd.TensorSpec, gd.TensorSpec, gd.TensorSpec]:
         g = gd.OperationGraphSpec(name=name, io_data_type=self.data_type, compute_data_type=DataType.FLOAT)
@@ -213,6 +221,7 @@ PAGED_CASES = {
     "decode_mqa_8to1_d128": PagedCase(b=1, hq=8, hk=1, d=128, dv=128, max_len=1000),
     "decode_no_mask_fp16": PagedCase(data_type=DataType.HALF, options={}),
     "prefill_chunk_causal": PagedCase(b=2, hq=4, hk=2, sq=5, max_len=77, page_size=16),
+    "decode_nhd_pools": PagedCase(b=2, hq=8, hk=4, max_len=130, page_size=32, d=128, dv=128, layout="nhd"),
     "prefill_long_q": PagedCase(b=2, hq=2, hk=1, sq=40, max_len=50, page_size=16, d=32, dv=48),
     "sliding_window": PagedCase(
         options={"use_causal_mask_bottom_right": True, "sliding_window_length": 20}, max_len=90

@@ -141,6 +141,9 @@ EMULATED = {
         data_type=DataType.HALF,
         options={"use_causal_mask_bottom_right": True, "sliding_window_length": 5},
     ),
+    "nhd_pools": PagedCase(
+        b=2, hq=4, hk=2, max_len=24, page_size=8, d=32, dv=16, data_type=DataType.HALF, layout="nhd"
+    ),
     "fp32_no_mask": PagedCase(
         b=2, hq=4, hk=2, max_len=19, page_size=8, d=16, dv=12, data_type=DataType.FLOAT, options={}
     ),
