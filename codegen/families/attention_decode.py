@@ -82,6 +82,8 @@ class DecodeShape:
 
 
 def shape(a: Attention) -> DecodeShape:
+    """Lanes per key covering the wider head dim in 16-byte vectors (a power of two, at most a
+    warp); as many packed rows per block as the O registers and static shared memory allow."""
     vk, vv = 16 // a.k.data_type.itemsize, 16 // a.v.data_type.itemsize
     vectors = max(-(-a.d // vk), -(-a.dv // vv))
     lanes = min(32, 1 << (vectors - 1).bit_length())
