@@ -3,9 +3,15 @@ backends, on the issue's shapes (B4 H16, bf16), same inputs, L2 flushed by do_be
 
     PYTHONPATH=. python benchmarks/attention.py            # on a GPU
     PYTHONPATH=. python benchmarks/attention.py --dry      # anywhere: build the plans only
+    PYTHONPATH=. python benchmarks/attention.py --decode   # the paged-KV decode table instead
 
 TFLOP/s count 4·B·H·Sq·Skv·D (two matmuls), halved for a causal mask (the work a
 causal kernel skips). Every graphdnn plan is checked against torch's result first.
+
+Decode (``--decode``): one query token per sequence, Hq 32, Hk 8, D 128, bf16, K/V in a paged
+cache of 64-key pages (shuffled), every sequence Skv long; torch SDPA reads the same K/V
+gathered dense (``enable_gqa``). Its roofline is reading K and V once, 2·B·Hk·Skv·D·2 bytes, at
+the measured copy bandwidth; the table gives each time's fraction of it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from codegen.emit import candidates  # noqa: E402
 
 # (batch, heads, sequence, head dim, causal)
 SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128, True), (4, 16, 2048, 64, False)]
+# decode: (batch, Skv); Hq, Hk, D and the page size fixed
+DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
+DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
 
 
 def graph(b: int, h: int, s: int, d: int, causal: bool) -> gd.OperationGraphSpec:
@@ -40,13 +49,17 @@ def flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true")
-    parser.add_argument("--autotune", action="store_true", help="time the flash launch choices first")
+    parser.add_argument("--autotune", action="store_true", help="time the launch choices (KV splits) first")
+    parser.add_argument("--decode", action="store_true", help="the paged-KV decode table")
     args = parser.parse_args()
     if args.dry:
-        for shape in SHAPES:
-            plan = gd.compile(graph(*shape), arch="sm_90", cache=None)
-            print(f"{graph(*shape).name}: {len(plan.kernels)} kernel(s)")
+        graphs = [decode_graph(*shape) for shape in DECODE_SHAPES] if args.decode else [graph(*s) for s in SHAPES]
+        for built in graphs:
+            plan = gd.compile(built, arch="sm_90", cache=None)
+            print(f"{built.name}: {len(plan.kernels)} kernel(s)")
         return 0
+    if args.decode:
+        return decode_table(args.autotune)
     rows = [timed(shape, args.autotune) for shape in SHAPES]
     columns = list(rows[0])
     print("| shape | " + " | ".join(columns) + " | best / cuDNN |")
@@ -108,6 +121,71 @@ def timed(shape: tuple[int, int, int, int, bool], autotune: bool) -> dict[str, f
     times["torch FA2"] = peer(SDPBackend.FLASH_ATTENTION)
     times["torch cuDNN"] = peer(SDPBackend.CUDNN_ATTENTION)
     return times
+
+
+def decode_graph(b: int, skv: int) -> gd.OperationGraphSpec:
+    """One decode step over a paged cache: a pool of exactly the batch's pages."""
+    pages = skv // PAGE_SIZE
+    g = gd.OperationGraphSpec(name=f"paged_decode_b{b}_skv{skv}", io_data_type="bf16", compute_data_type="float")
+    q = g.tensor(name="q", dim=[b, DECODE_HQ, 1, DECODE_D])
+    k, v = (g.tensor(name=n, dim=[b * pages, DECODE_HK, PAGE_SIZE, DECODE_D]) for n in "kv")
+    tables = [g.tensor(name=n, dim=[b, 1, pages, 1], data_type="int32") for n in ("tk", "tv")]
+    lengths = [g.tensor(name=n, dim=[b, 1, 1, 1], data_type="int32") for n in ("seq_q", "seq_kv")]
+    o, _ = g.sdpa(
+        q, k, v, attn_scale=DECODE_D**-0.5, use_padding_mask=True, seq_len_q=lengths[0], seq_len_kv=lengths[1],
+        paged_attention_k_table=tables[0], paged_attention_v_table=tables[1], paged_attention_max_seq_len_kv=skv,
+    )  # fmt: skip
+    o.set_name("o").set_output(True)
+    return g
+
+
+def decode_table(autotune: bool) -> int:
+    from benchmarks.measure import measure_ceilings
+
+    ceilings = measure_ceilings()
+    print(f"{ceilings.device}: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)")
+    print("| B | Skv | K+V MB | graphdnn µs | of roofline | torch SDPA (dense) µs | of roofline | graphdnn / torch |")
+    print("|---|---|---|---|---|---|---|---|")
+    for b, skv in DECODE_SHAPES:
+        kv_bytes = 2 * b * DECODE_HK * skv * DECODE_D * 2
+        floor = ceilings.floor_us(kv_bytes)
+        ours, torch_us = decode_timed(b, skv, autotune)
+        print(
+            f"| {b} | {skv} | {kv_bytes / 1e6:.0f} | {ours:.1f} | {floor / ours:.0%} | {torch_us:.1f} | "
+            f"{floor / torch_us:.0%} | {torch_us / ours:.2f}x |"
+        )
+    return 0
+
+
+def decode_timed(b: int, skv: int, autotune: bool) -> tuple[float, float]:
+    """µs of graphdnn's paged decode and of torch SDPA on the gathered dense K/V."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.measure import median_us
+
+    pages = skv // PAGE_SIZE
+    q = torch.randn(b, DECODE_HQ, 1, DECODE_D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b * pages, DECODE_HK, PAGE_SIZE, DECODE_D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    table = torch.randperm(b * pages, device="cuda", dtype=torch.int32).reshape(b, 1, pages, 1)
+    lengths = torch.full((b, 1, 1, 1), 1, device="cuda", dtype=torch.int32)
+    kv_lengths = torch.full((b, 1, 1, 1), skv, device="cuda", dtype=torch.int32)
+
+    def dense(pool: Any) -> Any:  # [b, Hk, Skv, D] in table order
+        return pool[table[:, 0, :, 0].long()].permute(0, 2, 1, 3, 4).reshape(b, DECODE_HK, skv, DECODE_D).contiguous()
+
+    kd, vd = dense(k), dense(v)
+    want = F.scaled_dot_product_attention(q, kd, vd, scale=DECODE_D**-0.5, enable_gqa=True)
+    o = torch.empty_like(q)
+    feeds = {"q": q, "k": k, "v": v, "tk": table, "tv": table, "seq_q": lengths, "seq_kv": kv_lengths, "o": o}
+    bound = gd.compile(decode_graph(b, skv), autotune=autotune).bind(feeds)
+    o.fill_(float("nan"))
+    bound()
+    error = ((o.float() - want.float()).norm() / want.float().norm()).item()
+    assert error < 2e-2, f"decode B{b} Skv{skv}: graphdnn differs from torch by {error:.3g}"
+    ours = median_us(bound)
+    theirs = median_us(lambda: F.scaled_dot_product_attention(q, kd, vd, scale=DECODE_D**-0.5, enable_gqa=True))
+    return ours, theirs
 
 
 if __name__ == "__main__":

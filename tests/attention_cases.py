@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 import graphdnn as gd
 from graphdnn.dtypes import DataType
 
@@ -115,3 +117,145 @@ def self_attention(data_type: DataType) -> gd.OperationGraphSpec:
     o, _ = g.sdpa(x, x, x, attn_scale=0.125, use_causal_mask=True)
     o.set_output(True).set_name("o")
     return g
+
+
+@dataclass(frozen=True)
+class PagedCase:
+    """sdpa over a paged KV cache: K and V page pools ``[pages, hk, page_size, d(v)]``, page
+    tables ``[b, 1, max_pages, 1]`` and each sequence's length; :meth:`feeds` fills them with
+    shuffled pages and ragged lengths (1, odd, the longest), :meth:`dense` is the same
+    attention on the gathered K/V."""
+
+    b: int = 3
+    hq: int = 8
+    hk: int = 2
+    sq: int = 1
+    max_len: int = 100  # Skv, paged_attention_max_seq_len_kv
+    page_size: int = 16
+    d: int = 64
+    dv: int = 64
+    data_type: DataType = DataType.BFLOAT16
+    options: dict[str, Any] = field(default_factory=lambda: {"use_causal_mask_bottom_right": True})
+    stats: bool = True
+    layout: str = "hnd"  # the pools' layout: [page, head, row, d], or "nhd": [page, row, head, d] (vLLM's)
+
+    @property
+    def max_pages(self) -> int:
+        return -(-self.max_len // self.page_size)
+
+    @property
+    def pages(self) -> int:
+        return self.b * self.max_pages + 3  # spare pages no table names
+
+    def build(self) -> gd.OperationGraphSpec:
+        g, q, seq_q, seq_kv = self._common("paged_attention")
+        k, v = (
+            g.tensor(name=n, dim=[self.pages, self.hk, self.page_size, w], stride=self._pool_strides(w))
+            for n, w in (("k", self.d), ("v", self.dv))
+        )
+        tables = [g.tensor(name=n, dim=[self.b, 1, self.max_pages, 1], data_type=DataType.INT32) for n in ("tk", "tv")]
+        o, stats = g.sdpa(
+            q, k, v, attn_scale=self.d**-0.5, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv,
+            generate_stats=self.stats, paged_attention_k_table=tables[0], paged_attention_v_table=tables[1],
+            paged_attention_max_seq_len_kv=self.max_len, name="attention", **self.options,
+        )  # fmt: skip
+        return self._outputs(g, o, stats)
+
+    def dense(self) -> gd.OperationGraphSpec:
+        g, q, seq_q, seq_kv = self._common("dense_attention")
+        k = g.tensor(name="k", dim=[self.b, self.hk, self.max_len, self.d])
+        v = g.tensor(name="v", dim=[self.b, self.hk, self.max_len, self.dv])
+        o, stats = g.sdpa(
+            q, k, v, attn_scale=self.d**-0.5, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv,
+            generate_stats=self.stats, name="attention", **self.options,
+        )  # fmt: skip
+        return self._outputs(g, o, stats)
+
+    def feeds(self, seed: int) -> dict[str, np.ndarray]:
+        """Random Q and pools; each table a shuffle of the pool's pages; lengths 1, odd, longest."""
+        rng = np.random.default_rng(seed)
+        lengths = [1, self.max_len - (1 - self.max_len % 2), self.max_len][: self.b]
+        lengths += list(rng.integers(1, self.max_len + 1, self.b - len(lengths)))
+        table_shape = (self.b, 1, self.max_pages, 1)
+        return {
+            "q": rng.standard_normal((self.b, self.hq, self.sq, self.d)).astype(self.data_type.numpy),
+            "k": rng.standard_normal((self.pages, self.hk, self.page_size, self.d)).astype(self.data_type.numpy),
+            "v": rng.standard_normal((self.pages, self.hk, self.page_size, self.dv)).astype(self.data_type.numpy),
+            "tk": rng.permutation(self.pages)[: self.b * self.max_pages].reshape(table_shape).astype(np.int32),
+            "tv": rng.permutation(self.pages)[: self.b * self.max_pages].reshape(table_shape).astype(np.int32),
+            "seq_q": np.full((self.b, 1, 1, 1), self.sq, dtype=np.int32),
+            "seq_kv": np.array(lengths, dtype=np.int32).reshape(self.b, 1, 1, 1),
+        }
+
+    def _pool_strides(self, width: int) -> list[int]:
+        if self.layout == "nhd":
+            return [self.page_size * self.hk * width, width, self.hk * width, 1]
+        return [self.hk * self.page_size * width, self.page_size * width, width, 1]
+
+    def _common(self, name: str) -> tuple[gd.OperationGraphSpec, gd.TensorSpec, gd.TensorSpec, gd.TensorSpec]:
+        g = gd.OperationGraphSpec(name=name, io_data_type=self.data_type, compute_data_type=DataType.FLOAT)
+        q = g.tensor(name="q", dim=[self.b, self.hq, self.sq, self.d])
+        seq_q = g.tensor(name="seq_q", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
+        seq_kv = g.tensor(name="seq_kv", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
+        return g, q, seq_q, seq_kv
+
+    def _outputs(
+        self, g: gd.OperationGraphSpec, o: gd.TensorSpec, stats: gd.TensorSpec | None
+    ) -> gd.OperationGraphSpec:
+        o.set_output(True).set_name("o")
+        if stats is not None:
+            stats.set_output(True).set_name("stats")
+        return g
+
+
+def gathered(case: PagedCase, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The dense graph's feeds: each sequence's pages gathered in table order (zero past its length)."""
+    dense = {name: feeds[name] for name in ("q", "seq_q", "seq_kv")}
+    for pool, table in (("k", "tk"), ("v", "tv")):
+        rows = feeds[table][:, 0, :, 0]  # [b, max_pages]
+        pages = feeds[pool][rows]  # [b, max_pages, hk, page_size, d]
+        full = pages.transpose(0, 2, 1, 3, 4).reshape(case.b, case.hk, case.max_pages * case.page_size, -1)
+        keep = np.arange(case.max_len)[None, None, :, None] < feeds["seq_kv"].reshape(case.b, 1, 1, 1)
+        dense[pool] = np.where(keep, full[:, :, : case.max_len], 0).astype(case.data_type.numpy)
+    return dense
+
+
+PAGED_CASES = {
+    "decode_gqa_4to1": PagedCase(),
+    "decode_mha_page_64": PagedCase(hq=4, hk=4, page_size=64, max_len=200),
+    "decode_mqa_8to1_d128": PagedCase(b=1, hq=8, hk=1, d=128, dv=128, max_len=1000),
+    "decode_no_mask_fp16": PagedCase(data_type=DataType.HALF, options={}),
+    "prefill_chunk_causal": PagedCase(b=2, hq=4, hk=2, sq=5, max_len=77, page_size=16),
+    "decode_nhd_pools": PagedCase(b=2, hq=8, hk=4, max_len=130, page_size=32, d=128, dv=128, layout="nhd"),
+    "prefill_long_q": PagedCase(b=2, hq=2, hk=1, sq=40, max_len=50, page_size=16, d=32, dv=48),
+    "sliding_window": PagedCase(
+        options={"use_causal_mask_bottom_right": True, "sliding_window_length": 20}, max_len=90
+    ),
+}
+
+# Dense attention with few query rows: the decode kernel, as paged attention.
+DECODE_CASES = {
+    "mqa_long": AttentionCase(b=1, hq=8, hk=1, sq=1, skv=5000, d=128, dv=128, stats=True),
+    "gqa_bshd_padded": AttentionCase(
+        b=3,
+        hq=32,
+        hk=8,
+        sq=1,
+        skv=777,
+        d=128,
+        dv=128,
+        layout="bshd",
+        padding=True,
+        options={"use_causal_mask_bottom_right": True},
+    ),
+    "two_tokens_alibi_bias": AttentionCase(
+        b=2,
+        hq=4,
+        hk=2,
+        sq=2,
+        skv=300,
+        bias=(True, True, False, True),
+        options={"use_causal_mask_bottom_right": True, "use_alibi_mask": True},
+    ),
+    "fp32_d72": AttentionCase(b=2, hq=6, hk=3, sq=3, skv=129, d=72, dv=40, data_type=DataType.FLOAT),
+}

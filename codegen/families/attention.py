@@ -1,20 +1,27 @@
 """Attention family: the ``sdpa`` op (scaled dot-product attention forward) as one kernel that
 never writes the score matrix to memory.
 
-Two paths, both correct for every mask, layout and head dim up to 256:
+Three paths, all correct for every mask, layout and head dim up to 256:
+- the decode kernel (attention_decode.py) for every paged KV cache and for at most
+  DECODE_MAX_SQ query rows: GQA rows packed per kv head, the KV length split across blocks
+  when the (batch, kv head) blocks cannot fill the GPU; tuning ``{"path": "decode", "split": n}``.
+  Paged prefill (many query rows) runs there too: correct, not fast (the flash kernels do
+  not read through page tables);
 - flash attention on tensor cores when Q, K and V are all fp16 or all bf16: mma.sync
   (attention_flash.py), or on sm_90 for head dims 64 and 128 with contiguous rows the
-  warp-specialised wgmma kernel (attention_wgmma.py), the default there (5-13% faster on an
-  H100) and the tuning choices ``{"path": "wgmma", ...}`` (``{"path": "wgmma"}`` alone: its default);
+  warp-specialised TMA/wgmma kernel (attention_wgmma.py), the default there (1.4-1.6x the
+  mma.sync kernel on an H100) and the tuning choices ``{"path": "wgmma", ...}`` (``{"path": "wgmma"}`` alone: its default);
 - one warp per query row in fp32 for anything else (attention_simt.py).
 """
 
 from __future__ import annotations
 
 from fusion_rules import FusedNode
+from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import FusedProgram
+from .attention_decode import decode_program, split_choices, uses_decode
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
 from .attention_problem import Attention, attention_of
@@ -27,6 +34,14 @@ from .tensor_core import TENSOR_CORE_TYPES
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = attention_of(fused)
+    if ctx.tuning.get("path") == DECODE or (not ctx.tuning and uses_decode(a)):
+        return decode_program(fused, ctx, a)
+    if a.paged:
+        raise UnsupportedError(
+            f"attention tuning {dict(ctx.tuning)}: a paged KV cache runs on the decode kernel only "
+            '(tuning {"path": "decode", "split": n})',
+            node=a.node.name,
+        )
     if not on_tensor_cores(a):
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, a),))
     if ctx.tuning.get("path") == "wgmma" or (not ctx.tuning and wgmma_supported(a, ctx.arch)):
@@ -35,12 +50,20 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
 
 def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
-    """Warps per block and keys per tile of the flash kernel, and keys per stage and turn-taking
-    of the Hopper one (autotuning); none on the SIMT path."""
+    """The decode kernel's KV splits where it applies; warps per block and keys per tile of the
+    flash kernel, keys per stage and turn-taking of the Hopper one (autotuning)."""
     a = attention_of(fused)
+    decode: list[dict[str, object]] = [{"path": DECODE, "split": s} for s in split_choices(a, arch)]
+    if a.paged:
+        return decode
+    if not uses_decode(a):
+        decode = []
     if not on_tensor_cores(a):
-        return []
-    return flash_candidates(a) + ([c.choice() for c in wgmma_configs(a)] if wgmma_supported(a, arch) else [])
+        return decode
+    return decode + flash_candidates(a) + ([c.choice() for c in wgmma_configs(a)] if wgmma_supported(a, arch) else [])
+
+
+DECODE = "decode"
 
 
 def on_tensor_cores(a: Attention) -> bool:

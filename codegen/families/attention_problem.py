@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Node, Tensor
-from graphdnn.ops.attention import SdpaAttributes, alibi_slopes
+from graphdnn.ops.attention import SdpaAttributes, alibi_slopes, kv_length
 
 from ..context import KernelParams, scalar_value
 from ..cuda_types import cuda_type, load
@@ -38,6 +38,8 @@ class Attention:
     scale: Tensor | None
     seq_len_q: Tensor | None
     seq_len_kv: Tensor | None
+    page_table_k: Tensor | None  # a paged KV cache: K and V are page pools [pages, Hk, page_size, D]
+    page_table_v: Tensor | None
 
     @property
     def attrs(self) -> SdpaAttributes:
@@ -62,7 +64,12 @@ class Attention:
 
     @property
     def skv(self) -> int:
-        return self.k.static_dim[2]
+        """The keys a sequence may have (with a paged cache, not K's dim 2: its page size)."""
+        return kv_length(self.node)
+
+    @property
+    def paged(self) -> bool:
+        return self.page_table_k is not None
 
     @property
     def d(self) -> int:
@@ -107,6 +114,8 @@ def attention_of(fused: FusedNode) -> Attention:
         node.input("ATTN_SCALE"),
         node.input("SEQ_LEN_Q"),
         node.input("SEQ_LEN_KV"),
+        node.input("PAGE_TABLE_K"),
+        node.input("PAGE_TABLE_V"),
     )
 
 
@@ -131,6 +140,7 @@ def declare(a: Attention, params: KernelParams | None = None) -> AttentionParams
 
     inputs = {"Q": a.q, "K": a.k, "V": a.v, "ATTN_SCALE": a.scale, "BIAS": a.bias}
     inputs |= {"SEQ_LEN_Q": a.seq_len_q, "SEQ_LEN_KV": a.seq_len_kv}
+    inputs |= {"PAGE_TABLE_K": a.page_table_k, "PAGE_TABLE_V": a.page_table_v}
     names = {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant}
     outputs = {"O": a.o, "STATS": a.stats}
     names |= {role: name_of(t, writable=True) for role, t in outputs.items() if t is not None}
@@ -156,11 +166,20 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
         "const int hk = h / GROUP;",
         f"const int row0 = m_block * {block_m};",
     ]
+    lines += sequence_setup(a, names) + alibi_table(a)
+    if a.attrs.use_alibi_mask:
+        lines.append("const float slope = SLOPES[h];")
+    return lines
+
+
+def sequence_setup(a: Attention, names: dict[str, str]) -> list[str]:
+    """Batch ``b``'s effective lengths ``sq``, ``skv``; ``diag``; the scale ``scale`` (natural units)."""
+    lines: list[str] = []
     if a.padded:
         assert a.seq_len_q is not None and a.seq_len_kv is not None
         lines += [
-            f"const int sq = (int)min((long long)SQ, max(0LL, (long long){_length(a.seq_len_q, names['SEQ_LEN_Q'])}));",
-            f"const int skv = (int)min((long long)SKV, max(0LL, (long long){_length(a.seq_len_kv, names['SEQ_LEN_KV'])}));",
+            f"const int sq = (int)min((long long)SQ, max(0LL, (long long){length(a.seq_len_q, names['SEQ_LEN_Q'])}));",
+            f"const int skv = (int)min((long long)SKV, max(0LL, (long long){length(a.seq_len_kv, names['SEQ_LEN_KV'])}));",
         ]
     else:
         lines.append("constexpr int sq = SQ, skv = SKV;")
@@ -169,13 +188,15 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
     )
     scale = "1.0f" if a.scale is None else scalar_value(a.scale, names.get("ATTN_SCALE"), "float")
     lines.append(f"const float scale = {scale};")
-    if a.attrs.use_alibi_mask:
-        slopes = ", ".join(literal(slope, "float") for slope in alibi_slopes(a.heads))
-        lines.append(
-            f"static constexpr float SLOPES[HQ] = {{{slopes}}};  // static: in constant memory, not per-thread"
-        )
-        lines.append("const float slope = SLOPES[h];")
     return lines
+
+
+def alibi_table(a: Attention) -> list[str]:
+    """``SLOPES[HQ]``, the ALiBi slope of each query head (nothing without ALiBi)."""
+    if not a.attrs.use_alibi_mask:
+        return []
+    slopes = ", ".join(literal(slope, "float") for slope in alibi_slopes(a.heads))
+    return [f"static constexpr float SLOPES[HQ] = {{{slopes}}};  // static: in constant memory, not per-thread"]
 
 
 def element(tensor: Tensor, name: str, coordinates: Sequence[str]) -> str:
@@ -183,7 +204,7 @@ def element(tensor: Tensor, name: str, coordinates: Sequence[str]) -> str:
     return f"{name}[{offset_at(tensor, [f'(long long)({c})' for c in coordinates])}]"
 
 
-def _length(tensor: Tensor, name: str) -> str:
+def length(tensor: Tensor, name: str) -> str:
     """Batch b's sequence length from a [B, 1, 1, 1] tensor."""
     return load(tensor.data_type, element(tensor, name, ["b", "0", "0", "0"]), "double")
 

@@ -318,20 +318,14 @@ class FrontendOps:
     ) -> list[MaybeTensor]:
         """-> [O, Stats]; Stats is None unless ``generate_stats`` (or ``is_inference=False``).
 
-        The diagonal band maps onto graphdnn's masks: a right bound of 0 is the causal mask
+        Paged attention maps as it is: K and V are the page pools, the tables and
+        ``paged_attention_max_seq_len_kv`` go to the node (which, as the frontend, needs
+        ``use_padding_mask`` with ``seq_len_q`` and ``seq_len_kv``). The diagonal band maps onto graphdnn's masks: a right bound of 0 is the causal mask
         (bottom-right aligned with BOTTOM_RIGHT), a left bound is the sliding window.
         """
-        for what, value in (
-            ("dropout", dropout),
-            ("rng_dump", rng_dump),
-            ("paged_attention_k_table", paged_attention_k_table),
-            ("paged_attention_v_table", paged_attention_v_table),
-            ("paged_attention_max_seq_len_kv", paged_attention_max_seq_len_kv),
-        ):
+        for what, value in (("dropout", dropout), ("rng_dump", rng_dump)):
             if value is not None:
-                raise UnsupportedError(
-                    f"sdpa {what}: graphdnn's attention has no dropout or paged KV cache yet", node=name
-                )
+                raise UnsupportedError(f"sdpa {what}: graphdnn's attention has no dropout yet", node=name)
         if diagonal_band_right_bound not in (None, 0):
             raise UnsupportedError(
                 f"sdpa diagonal_band_right_bound={diagonal_band_right_bound}: graphdnn's masks are causal (0) or none",
@@ -350,6 +344,8 @@ class FrontendOps:
             q, k, v, attn_scale, bias, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length,
             use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask, generate_stats,
             compute_type(compute_data_type), node,
+            paged_attention_k_table=paged_attention_k_table, paged_attention_v_table=paged_attention_v_table,
+            paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv,
         )  # fmt: skip
         return self._label(node, [o, stats], ("O", "Stats"))
 

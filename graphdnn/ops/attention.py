@@ -1,7 +1,10 @@
 """Scaled dot-product attention forward (``sdpa``), in the cuDNN frontend's names and semantics.
 
 Q is ``[B, Hq, Sq, D]``, K ``[B, Hk, Skv, D]``, V ``[B, Hk, Skv, Dv]`` (BSHD or BHSD
-layouts come through strides); query head ``h`` reads key/value head ``h // (Hq // Hk)``
+layouts come through strides), or with a paged KV cache (the cuDNN frontend's
+``paged_attention_k_table`` / ``_v_table``) K and V are page pools ``[pages, Hk, page_size, D(v)]``
+and PAGE_TABLE_K / PAGE_TABLE_V ``[B, 1, max_pages, 1]`` integers give, for each sequence, the
+pool page that holds its keys ``p * page_size`` to ``(p + 1) * page_size - 1``; query head ``h`` reads key/value head ``h // (Hq // Hk)``
 (grouped-query and multi-query attention). O is ``[B, Hq, Sq, Dv]``, row-major; STATS, the
 natural-log log-sum-exp of each row's visible scores, ``[B, Hq, Sq, 1]`` float32, only
 with ``generate_stats``. An absent ATTN_SCALE means 1.0, as in the cuDNN frontend (not
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..dtypes import DataType
-from ..errors import DataTypeError, StructureError
+from ..errors import DataTypeError, GraphError, StructureError
 from ..symbolic import Extent
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
 
 MAX_HEAD_DIM = 256  # D and Dv: the largest head dimension the attention kernels take
 SEQ_LEN_ROLES = ("SEQ_LEN_Q", "SEQ_LEN_KV")
+PAGE_TABLE_ROLES = ("PAGE_TABLE_K", "PAGE_TABLE_V")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +43,7 @@ class SdpaAttributes(Attributes):
     sliding_window_length: int | None = None
     use_padding_mask: bool = False
     use_alibi_mask: bool = False
+    paged_attention_max_seq_len_kv: int | None = None  # the logical Skv of a paged cache
 
 
 def alibi_slopes(heads: int) -> tuple[float, ...]:
@@ -66,6 +71,8 @@ class Sdpa(Op):
         Role("BIAS", optional=True, floating=True),
         Role("SEQ_LEN_Q", optional=True),
         Role("SEQ_LEN_KV", optional=True),
+        Role("PAGE_TABLE_K", optional=True),
+        Role("PAGE_TABLE_V", optional=True),
     )
     outputs = (Role("O"), Role("STATS"))
     attributes = SdpaAttributes
@@ -76,6 +83,18 @@ class Sdpa(Op):
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         q, k, v = (_rank4(node, role) for role in ("Q", "K", "V"))
         batch, q_heads, sq, d = q.dim
+        if q_heads % k.dim[1]:
+            fail(node, f"Q has {q_heads} heads, not a multiple of K and V's {k.dim[1]}", role="K")
+        for role, extent in (("Q", d), ("V", v.dim[3])):
+            if extent > MAX_HEAD_DIM:
+                fail(node, f"{role} has head dim {extent}; sdpa takes head dims up to {MAX_HEAD_DIM}", role=role)
+        if node.input("PAGE_TABLE_K") is not None or node.input("PAGE_TABLE_V") is not None:
+            skv = _check_paged(node, batch, d)
+            _check_attributes(node)
+            _check_seq_lens(node, batch)
+            return self._outputs(node, (batch, q_heads, sq, skv), v.dim[3])
+        if node.attributes.paged_attention_max_seq_len_kv is not None:  # type: ignore[attr-defined]
+            fail_attribute(node, "paged_attention_max_seq_len_kv is set without paged_attention_k_table / _v_table")
         if k.dim[0] != batch or k.dim[3] != d:
             fail(node, f"K has dims {list(k.dim)}; expected [B, Hk, Skv, D] with Q's B = {batch} and D = {d}", role="K")
         if v.dim[:3] != k.dim[:3]:
@@ -84,22 +103,21 @@ class Sdpa(Op):
                 f"V has dims {list(v.dim)}; expected [B, Hk, Skv, Dv] with K's [B, Hk, Skv] = {list(k.dim[:3])}",
                 role="V",
             )
-        if q_heads % k.dim[1]:
-            fail(node, f"Q has {q_heads} heads, not a multiple of K and V's {k.dim[1]}", role="K")
-        for role, extent in (("Q", d), ("V", v.dim[3])):
-            if extent > MAX_HEAD_DIM:
-                fail(node, f"{role} has head dim {extent}; sdpa takes head dims up to {MAX_HEAD_DIM}", role=role)
         _check_attributes(node)
         _check_seq_lens(node, batch)
+        return self._outputs(node, (batch, q_heads, sq, k.dim[2]), v.dim[3])
+
+    def _outputs(self, node: Node, scores: tuple[Extent, ...], dv: Extent) -> dict[str, Inferred]:
+        """O and STATS, once Q, K, V and the lengths are checked; ``scores`` is [B, Hq, Sq, Skv]."""
+        batch, q_heads, sq, _ = scores
         bias = node.input("BIAS")
-        scores = (batch, q_heads, sq, k.dim[2])
         if bias is not None and (len(bias.dim) != 4 or any(e not in (1, s) for e, s in zip(bias.dim, scores))):
             fail(
                 node,
                 f"BIAS has dims {list(bias.dim)}; expected rank 4, each dim 1 or that of [B, Hq, Sq, Skv] = {list(scores)}",
                 role="BIAS",
             )
-        inferred = {"O": Inferred((batch, q_heads, sq, v.dim[3]))}
+        inferred = {"O": Inferred((batch, q_heads, sq, dv))}
         if node.attributes.generate_stats:  # type: ignore[attr-defined]
             inferred["STATS"] = Inferred((batch, q_heads, sq, 1), data_type=DataType.FLOAT)
         return inferred
@@ -107,6 +125,10 @@ class Sdpa(Op):
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
         q, k, v = x["Q"], x["K"], x["V"]
+        if "PAGE_TABLE_K" in x:
+            skv = kv_length(node)
+            k = gather_pages(node, k, x["PAGE_TABLE_K"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_K")
+            v = gather_pages(node, v, x["PAGE_TABLE_V"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_V")
         batch, q_heads, sq, _ = q.shape
         skv = k.shape[2]
         group = q_heads // k.shape[1]
@@ -142,12 +164,50 @@ class Sdpa(Op):
         return outputs
 
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
-        """A sequence length lies in [0, S]; the kernels clamp others, random inputs need not."""
+        """A sequence length lies in [0, S] (the kernels clamp others, random inputs need not); a
+        page table entry names a page of its pool."""
+        if role in PAGE_TABLE_ROLES:
+            pool = node.input("K" if role == "PAGE_TABLE_K" else "V")
+            assert pool is not None
+            return 0, pool.static_dim[0] - 1
         if role not in SEQ_LEN_ROLES:
             return None
-        q, k = node.input("Q"), node.input("K")
-        assert q is not None and k is not None
-        return 0, (q if role == "SEQ_LEN_Q" else k).static_dim[2]
+        q = node.input("Q")
+        assert q is not None
+        return 0, q.static_dim[2] if role == "SEQ_LEN_Q" else kv_length(node)
+
+
+def kv_length(node: Node) -> int:
+    """Skv, the keys a sequence may have: K's dim 2, or with a paged cache
+    paged_attention_max_seq_len_kv, else the K table's pages times the page size."""
+    k, table = node.input("K"), node.input("PAGE_TABLE_K")
+    assert k is not None
+    if table is None:
+        return k.static_dim[2]
+    explicit = node.attributes.paged_attention_max_seq_len_kv  # type: ignore[attr-defined]
+    return explicit if explicit is not None else table.static_dim[2] * k.static_dim[2]
+
+
+def gather_pages(
+    node: Node, pool: np.ndarray, table: np.ndarray, lengths: np.ndarray, skv: int, role: str
+) -> np.ndarray:
+    """The dense ``[B, H, Skv, D]`` K or V of a page pool: sequence b's key j from page
+    ``table[b, 0, j // page_size, 0]``, row ``j % page_size``. Only the pages that hold keys
+    below the sequence's length are read (the kernels read no other), the rest is zero."""
+    batch, page_size = table.shape[0], pool.shape[2]
+    dense = np.zeros((batch, pool.shape[1], skv, pool.shape[3]), dtype=pool.dtype)
+    for b in range(batch):
+        length = min(max(int(lengths.reshape(-1)[b]), 0), skv)
+        for p in range(-(-length // page_size)):
+            page = int(table[b, 0, p, 0])
+            if not 0 <= page < pool.shape[0]:
+                raise GraphError(
+                    f"{role} names page {page} for sequence {b}, page {p}; the pool has pages 0 to {pool.shape[0] - 1}",
+                    node=node.name,
+                )
+            rows = min(page_size, length - p * page_size)
+            dense[b, :, p * page_size : p * page_size + rows] = pool[page, :, :rows]
+    return dense
 
 
 def _rank4(node: Node, role: str) -> Tensor:
@@ -167,6 +227,63 @@ def _check_attributes(node: Node) -> None:
         fail_attribute(node, f"sliding_window_length is {attrs.sliding_window_length}; it must be at least 1")
     if attrs.use_alibi_mask and not causal:
         fail_attribute(node, "use_alibi_mask needs a causal mask (use_causal_mask or use_causal_mask_bottom_right)")
+
+
+def _check_paged(node: Node, batch: Extent, d: Extent) -> int:
+    """K and V page pools with their tables, as the cuDNN frontend takes them; returns Skv.
+
+    Both tables [B, 1, max_pages, 1] integers; K ``[pages, Hk, page_size, D]``, V ``[pages_v,
+    Hk, page_size_v, Dv]`` (the pools and page sizes may differ); use_padding_mask with
+    SEQ_LEN_KV, which says how many keys each sequence has (the frontend requires it); Skv,
+    paged_attention_max_seq_len_kv or else the K table's pages times its page size, within
+    what each table can address."""
+    tables = {role: node.input(role) for role in PAGE_TABLE_ROLES}
+    missing = [role for role, t in tables.items() if t is None]
+    if missing:
+        raise StructureError(
+            f"a paged KV cache needs both paged_attention_k_table and paged_attention_v_table; {missing[0]} is not given",
+            node=node.name,
+        )
+    if not node.attributes.use_padding_mask:  # type: ignore[attr-defined]
+        raise StructureError(
+            "a paged KV cache needs use_padding_mask with seq_len_q and seq_len_kv (each sequence's length), "
+            "as in the cuDNN frontend",
+            node=node.name,
+        )
+    k, v = node.input("K"), node.input("V")
+    assert k is not None and v is not None
+    if k.dim[1] != v.dim[1] or k.dim[3] != d:
+        fail(
+            node,
+            f"K has dims {list(k.dim)}, V {list(v.dim)}; paged, expected K [pages, Hk, page_size, D] with Q's "
+            f"D = {d} and V [pages, Hk, page_size, Dv] with the same Hk",
+            role="K",
+        )
+    for role, t in tables.items():
+        assert t is not None
+        if t.data_type.is_set and (t.data_type.is_floating or t.data_type is DataType.BOOLEAN):
+            raise DataTypeError(
+                f"{role} '{t.name}' is {t.data_type.value}; page tables hold integer page numbers",
+                node=node.name,
+                tensor=t.name,
+            )
+        if len(t.dim) != 4 or t.dim[0] != batch or t.dim[1] != 1 or t.dim[3] != 1:
+            fail(node, f"{role} has dims {list(t.dim)}, expected [B, 1, max_pages, 1] with B = {batch}", role=role)
+    skv = kv_length(node)
+    if skv < 1:
+        fail_attribute(node, f"paged_attention_max_seq_len_kv is {skv}; it must be at least 1")
+    for role, pool in (("PAGE_TABLE_K", k), ("PAGE_TABLE_V", v)):
+        table = tables[role]
+        assert table is not None
+        reach = table.static_dim[2] * pool.static_dim[2]
+        if skv > reach:
+            fail(
+                node,
+                f"{role} addresses {table.static_dim[2]} pages of {pool.static_dim[2]} keys = {reach} keys, fewer than "
+                f"Skv = {skv} (paged_attention_max_seq_len_kv, or the K table's pages times K's page size)",
+                role=role,
+            )
+    return skv
 
 
 def _check_seq_lens(node: Node, batch: Extent) -> None:
@@ -211,13 +328,19 @@ class AttentionMethods:
         generate_stats: bool = False,
         compute_data_type: Any = None,
         name: str | None = None,
+        *,
+        paged_attention_k_table: TensorSpec | None = None,
+        paged_attention_v_table: TensorSpec | None = None,
+        paged_attention_max_seq_len_kv: int | None = None,
     ) -> tuple[TensorSpec, TensorSpec | None]:
         """Attention forward -> (O, STATS); STATS is None unless ``generate_stats``.
 
-        ``attn_scale`` None means 1.0 (the cuDNN frontend's default), not 1/sqrt(D).
+        ``attn_scale`` None means 1.0 (the cuDNN frontend's default), not 1/sqrt(D). With the
+        page tables, K and V are page pools (a paged KV cache; docs/ops.md has the rules).
         """
         inputs = {"Q": q, "K": k, "V": v, "ATTN_SCALE": attn_scale, "BIAS": bias}
         inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
+        inputs |= {"PAGE_TABLE_K": paged_attention_k_table, "PAGE_TABLE_V": paged_attention_v_table}
         attrs = {
             "generate_stats": generate_stats,
             "use_causal_mask": use_causal_mask,
@@ -225,6 +348,7 @@ class AttentionMethods:
             "sliding_window_length": sliding_window_length,
             "use_padding_mask": use_padding_mask,
             "use_alibi_mask": use_alibi_mask,
+            "paged_attention_max_seq_len_kv": paged_attention_max_seq_len_kv,
         }
         o, stats = self._add_node("sdpa", inputs, attrs, name=name, compute_data_type=compute_data_type)
         return o, stats

@@ -1,0 +1,64 @@
+"""Paged-KV and dense decode attention on the GPU against the reference: decode (Sq = 1) over
+batch, GQA ratio, page size, head dim and type, with shuffled pages and ragged lengths (1,
+odd, the longest); the KV split forced through the tuning; prefill chunks through the pages;
+dense decode on the same kernels."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from codegen.emit import candidates
+from fusion_rules import Family, fuse
+from graphdnn.dtypes import DataType
+from tests.attention_cases import DECODE_CASES, PAGED_CASES, PagedCase
+from tests.gpu_check import check_on_gpu
+
+pytestmark = pytest.mark.gpu
+
+
+def decode_name(fused_graph) -> str:  # type: ignore[no-untyped-def]
+    (fused,) = [f for f in fuse(fused_graph.validate()).nodes if f.family is Family.ATTENTION]
+    return fused.name
+
+
+@pytest.mark.parametrize("data_type", [DataType.HALF, DataType.BFLOAT16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize(("hq", "hk"), [(8, 8), (32, 8), (8, 1)], ids=["8/8", "32/8", "8/1"])
+@pytest.mark.parametrize("b", [1, 3])
+def test_paged_decode_matches_reference(b: int, hq: int, hk: int, page_size: int, d: int, data_type: DataType) -> None:
+    case = PagedCase(b=b, hq=hq, hk=hk, sq=1, max_len=1000, page_size=page_size, d=d, dv=d, data_type=data_type)
+    key = f"{b}-{hq}-{hk}-{page_size}-{d}-{data_type.value}"
+    plan = check_on_gpu(case.build(), feeds=case.feeds(zlib.crc32(key.encode())))
+    assert any("_decode_" in kernel.name for kernel in plan.kernels)
+
+
+@pytest.mark.parametrize("case", ["decode_gqa_4to1", "decode_mqa_8to1_d128", "prefill_chunk_causal", "sliding_window"])
+def test_every_split_matches_reference(case: str) -> None:
+    """Each split autotuning may pick, and a few forced ones (more slices than keys of a short
+    sequence: empty slices)."""
+    paged = PAGED_CASES[case]
+    graph = paged.build()
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
+    splits = {int(c["split"]) for c in candidates(fused, 90)} | {1, 2, 7, 64}  # type: ignore[call-overload]
+    for split in sorted(splits):
+        plan = check_on_gpu(graph, feeds=paged.feeds(split), tuning={fused.name: {"path": "decode", "split": split}})
+        assert len(plan.kernels) == (1 if split == 1 else 2), split
+
+
+@pytest.mark.parametrize("case", sorted(PAGED_CASES))
+def test_paged_cases_match_reference(case: str) -> None:
+    """Prefill chunks (Sq 5 and 40) run through the page tables on the decode kernel."""
+    paged = PAGED_CASES[case]
+    check_on_gpu(paged.build(), feeds=paged.feeds(zlib.crc32(case.encode())))
+
+
+@pytest.mark.parametrize("case", sorted(DECODE_CASES))
+@pytest.mark.parametrize("split", [None, 1, 5])
+def test_dense_decode_matches_reference(case: str, split: int | None) -> None:
+    graph = DECODE_CASES[case].build()
+    tuning = {} if split is None else {"tuning": {decode_name(graph): {"path": "decode", "split": split}}}
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), **tuning)
+    assert any("_decode_" in kernel.name for kernel in plan.kernels)
