@@ -91,10 +91,12 @@ def run_python(block: Block, namespace: dict[str, Any]) -> str:
     """Run a python block in ``namespace``; return what it printed. Doctests check their output."""
     if ">>>" in block.text:
         test = doctest.DocTestParser().get_doctest(block.text, namespace, block.where, block.file, block.line)
+        # a DocTest runs in a copy of the namespace; torch.compile's guards look the globals
+        # of compiled code up in sys.modules, which holds the namespace itself
+        test.globs = namespace
         report = io.StringIO()
         runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
         runner.run(test, out=report.write, clear_globs=False)
-        namespace.update(test.globs)  # a DocTest runs in a copy of the namespace
         assert runner.failures == 0, f"{block.where}: doctest failed\n{report.getvalue()}"
         return ""
     printed = io.StringIO()
