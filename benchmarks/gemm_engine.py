@@ -3,7 +3,8 @@ run (bf16, L2 flushed by do_bench, outputs checked against fp32 torch):
 
 - mma.sync: the heuristic's choice on the mma.sync path (what a plan gets without tuning);
 - wgmma: the fastest tile of the cp.async-fed wgmma path (gemm_sm90.py), no split-K;
-- TMA: each tile of the persistent warp-specialised engine (gemm_ws.py).
+- TMA: each tile of the persistent warp-specialised engine (gemm_ws.py), with its split-K
+  choices for the few-tile shapes.
 
     PYTHONPATH=. python benchmarks/gemm_engine.py
 """
@@ -29,6 +30,8 @@ SHAPES = [
     (2048, 4096, 1024, False),  # MLP fc1
     (2048, 1024, 4096, False),  # MLP fc2
     (4096, 4096, 4096, True),  # x @ W^T, W row-major [N, K] as in torch.nn.Linear
+    (128, 4096, 4096, False),  # decode-like: 32 tiles, split-K
+    (128, 4096, 4096, True),
 ]
 
 
@@ -91,6 +94,10 @@ def conv_row(case: Any) -> tuple[float, tuple[float, str], str, float]:
     return timed(), ws, cudnn, median_us(lambda: case.torch_fn(inputs))
 
 
+def split_label(choice: dict[str, object]) -> str:
+    return f", split {choice['split_k']}" if "split_k" in choice else ""
+
+
 def row(m: int, n: int, k: int, transposed: bool) -> tuple[float, float, tuple[float, str], float]:
     import torch
 
@@ -115,7 +122,7 @@ def row(m: int, n: int, k: int, transposed: bool) -> tuple[float, float, tuple[f
     choices = candidates(fused, 90)
     wgmma = max(timed(tuning={fused.name: c}) for c in choices if c.get("path") == "wgmma" and "split_k" not in c)
     tma = max(
-        (timed(tuning={fused.name: c}), f"{c['block_n']}, {c['stages']} stages")
+        (timed(tuning={fused.name: c}), f"{c['block_n']}, {c['stages']} stages{split_label(c)}")
         for c in choices
         if c.get("path") == "ws"
     )

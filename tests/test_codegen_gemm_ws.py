@@ -88,6 +88,31 @@ def test_every_candidate_compiles_for_sm90a(case: str) -> None:
             assert ("UTMALDG" in code) == matmul
 
 
+DECODE = Matmul(m=128, k=4096, n=4096, epilogue="bias")
+
+
+def test_few_tile_problems_are_offered_split_k_on_the_engine() -> None:
+    """The decode-like shape has 32 tiles of 128 x 128: the engine walks (tile, K slice) units
+    and gemm_splitk's kernel sums the slices and runs the epilogue."""
+    graph = DECODE.build()
+    splits = [c["split_k"] for c in ws_choices(graph) if "split_k" in c]
+    assert splits == [2, 4, 8]
+    assert all("split_k" not in c for c in ws_choices(MATMULS["matmul_nk"].build()))  # K too short to split
+    partition, fused = gemm_node(graph)
+    choice = next(c for c in ws_choices(graph) if c.get("split_k") == 4)
+    (program,) = emit_partition(partition, 90, {fused.name: choice})
+    engine, reduce = program.kernels
+    assert "_ws_" in engine.name and "SPLIT = 4," in engine.source and engine.grid == (128, 1, 1)
+    assert [s.name for s in program.scratch] == ["partials"]
+    assert any(p.kind is ParamKind.SCRATCH for p in engine.params) and "reduce" in reduce.name
+    code = sass(compile_cubin(engine.source, engine.name, 90, engine.arch_suffix))
+    if code is not None:
+        assert "HGMMA" in code and "LDL" not in code and "STL" not in code
+    for bad in (0, 65, True, "2"):
+        with pytest.raises(UnsupportedError, match="split_k must be an integer from 1 to the 64 k tiles"):
+            emit_partition(partition, 90, {fused.name: {**choice, "split_k": bad}})
+
+
 def test_tensor_maps_survive_the_plans_json_and_bad_ones_are_named() -> None:
     good = TensorMap(2, (72, 1000, 3), (160, 320000), (64, 128, 1), 128)
     arg = Arg(ArgKind.TENSOR_MAP, tensor=4, tensor_map=good)
@@ -125,6 +150,27 @@ def test_every_candidate_matches_reference_on_gpu(case: str) -> None:
     for choice in ws_choices(graph):
         plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice})
         assert any("_ws_" in kernel.name for kernel in plan.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("case", "split"),
+    [
+        (Matmul(m=200, k=2048, n=300, epilogue="bias_gelu_add"), 4),
+        (Matmul(batch_a=(3,), batch_b=(3,), m=130, k=1100, n=72, b_transposed=True, epilogue="bias"), 2),
+        (Matmul(m=64, k=320, n=136, epilogue="bias_add"), 4),  # 5 k tiles in 4 slices: the last holds none
+        (Conv(n=2, c=256, hw=(7, 7), k=128, epilogue="bias_add_relu"), 3),
+    ],
+)
+def test_split_k_on_the_engine_matches_reference_on_gpu(case: Matmul | Conv, split: int) -> None:
+    if current_gpu_arch() != 90:
+        pytest.skip("the warp-specialised engine runs on sm_90 GPUs only")
+    graph = case.build()
+    _, fused = gemm_node(graph)
+    choice = {**ws_choices(graph)[0], "block_n": 128, "split_k": split}
+    choice["stages"] = next(c["stages"] for c in ws_choices(graph) if c["block_n"] == 128)
+    plan = check_on_gpu(graph, seed=split, tuning={fused.name: choice})
+    assert len(plan.kernels) == 2 and "_ws_" in plan.kernels[0].name
 
 
 @pytest.mark.gpu

@@ -33,7 +33,7 @@ from .gemm_sm90 import wgmma_kernel
 from .gemm_splitk import output_tiles, reduce_kernel, scratch, split_choices, tuned_split
 from .gemm_ws import candidates as ws_candidates
 from .gemm_ws import default_choice as default_ws
-from .gemm_ws import ws_kernel
+from .gemm_ws import ws_kernel, ws_split
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -45,8 +45,9 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if default is not None:
         return FusedProgram(fused.name, (ws_kernel(fused, dataclasses.replace(ctx, tuning=default), problem),))
     if ctx.tuning.get("path") == "ws":
-        return FusedProgram(fused.name, (ws_kernel(fused, ctx, problem),))
-    if ctx.tuning.get("path") == "wgmma":
+        split = ws_split(ctx, problem)
+        kernel = ws_kernel(fused, ctx, problem)
+    elif ctx.tuning.get("path") == "wgmma":
         split = tuned_split(ctx, problem) or 1
         kernel = wgmma_kernel(fused, ctx, problem, split)
     else:

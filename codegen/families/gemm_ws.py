@@ -36,7 +36,7 @@ from .gemm_epilogue import tile_epilogue
 from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
 from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
-from .gemm_splitk import KSlices, output_tiles
+from .gemm_splitk import MIN_SLICE_K, PARTIALS, KSlices, output_tiles, padded_n
 
 BLOCK_M, BLOCK_K = 128, 64  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row
 THREADS = 384  # the producer warpgroup, then the two consumers
@@ -68,9 +68,24 @@ def supported(p: Problem, arch: int) -> bool:
 
 
 def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
+    """Every tile, and for problems with few 128 x 128 tiles the deepest 128 x 128 ring with
+    each split of ``split_choices``."""
     if not supported(p, arch):
         return []
-    return [choice for bn in _block_ns(p) for choice in tiles(bn)]
+    split = [{**tiles(128)[0], "split_k": s} for s in split_choices(p, arch)]
+    return [choice for bn in _block_ns(p) for choice in tiles(bn)] + split
+
+
+def split_choices(p: Problem, arch: int) -> list[int]:
+    """K slices for a problem with fewer 128 x 128 tiles than half the SMs: the most whose units
+    still fit one wave of the persistent blocks, half and twice that, each slice keeping at
+    least MIN_SLICE_K of K; none for problems that fill the GPU."""
+    tiles, sms = output_tiles(p, BLOCK_M, 128), sm_count(arch)
+    if tiles * 2 > sms:
+        return []
+    longest = p.k // MIN_SLICE_K
+    most = min(sms // tiles, longest)
+    return sorted({s for s in (most // 2, most, 2 * most) if 2 <= s <= longest})
 
 
 def _block_ns(p: Problem) -> tuple[int, ...]:
@@ -111,8 +126,11 @@ def _tensor_map(t: Tensor, box: tuple[int, int]) -> TensorMap:
 
 
 def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
-    """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry)."""
+    """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry).
+    With ``split_k`` > 1 the blocks walk (tile, K slice) units and store fp32 partial tiles,
+    which gemm_splitk's reduction kernel sums and runs the epilogue on."""
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
+    split = ws_split(ctx, p)
     layout = tensor_core_layout(p)
     shared = stages * ((BLOCK_M + bn) * BLOCK_K * 2 + BARRIER_BYTES) + STAGING + ALIGN_SLACK
     if not supported(p, ctx.arch):
@@ -135,6 +153,8 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     declared, names = declare(fused, p)
     params.declarations += declared.declarations
     params.bindings += declared.bindings
+    if split > 1:
+        params.scratch(PARTIALS, "float")
     aligned = params.aligned_flag()
     itype = index_type_of(fused, p)
     tiles_total = output_tiles(p, BLOCK_M, bn)
@@ -143,7 +163,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, GROUP_M = {GROUP_M};",
         f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // BLOCK_K)};",
         "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
-        f"constexpr int TILES = {tiles_total};",
+        f"constexpr int TILES = {tiles_total}, SPLIT = {split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT;",
         "constexpr unsigned A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;",
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
@@ -175,7 +195,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     body += [
         "} else {",
         *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");']),
-        *indent(_consumer(fused, p, names, layout, itype, aligned, gather), 1).splitlines(),
+        *indent(_consumer(fused, p, names, layout, itype, aligned, gather, split), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_ws"
@@ -184,8 +204,29 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, elem, 1 if layout == "kn" else 0)
     functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t)) for t in (p.a, p.b)))
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
-    grid = (min(tiles_total, sm_count(ctx.arch)), 1, 1)
+    grid = (min(tiles_total * split, sm_count(ctx.arch)), 1, 1)
     return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a")
+
+
+def ws_split(ctx: EmitContext, p: Problem) -> int:
+    """The tuning's split_k (1 without one); a clear error for one the problem cannot take."""
+    split = ctx.tuning.get("split_k", 1)
+    if not isinstance(split, int) or isinstance(split, bool) or not 1 <= split <= max(1, p.k // BLOCK_K):
+        raise UnsupportedError(
+            f"warp-specialised GEMM tuning {ctx.tuning}: split_k must be an integer from 1 to the "
+            f"{max(1, p.k // BLOCK_K)} k tiles of {BLOCK_K}"
+        )
+    return split
+
+
+def _units() -> list[str]:
+    """The persistent loop over (tile, K slice) units, a slice's units adjacent, and the unit's
+    k tiles ``kt_first`` .. ``kt_end`` (the last slices may hold fewer, or none)."""
+    return [
+        "for (int unit = blockIdx.x; unit < TILES * SPLIT; unit += gridDim.x) {",
+        "  const int tile = unit / SPLIT, slice = unit % SPLIT;",
+        "  const int kt_first = slice * SLICE_TILES, kt_end = min(KTILES, kt_first + SLICE_TILES);",
+    ]
 
 
 def _tile_coordinates(p: Problem, itype: str) -> list[str]:
@@ -227,9 +268,9 @@ def _producer(p: Problem, a_map: str, b_map: str, layout: str | None, bn: int, i
     return [
         "int stage = 0;",
         "unsigned phase = 0;",
-        "for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x) {",
+        *_units(),
         *("  " + line for line in _tile_coordinates(p, itype)),
-        "  for (int kt = 0; kt < KTILES; ++kt) {",
+        "  for (int kt = kt_first; kt < kt_end; ++kt) {",
         "    mbar_wait(empty + 8 * stage, phase ^ 1);  // the consumers released this buffer (passes at first)",
         "    const unsigned bar = full + 8 * stage;",
         "    mbar_expect_tx(bar, A_STAGE + B_STAGE);",
@@ -271,12 +312,12 @@ def _gather_producer(p: Problem, names: dict[int, str], bn: int, itype: str, ali
         "unsigned char* const b_smem = smem_raw + (b_tiles - smem_addr(smem_raw));",
         "int stage = 0;",
         "unsigned phase = 0;",
-        "for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x) {",
+        *_units(),
         *("  " + line for line in _tile_coordinates(p, itype)),
         f"  const {itype} block_m = m0;",
         "  const int block_n = n0;",
         *("  " + line for line in loader),
-        "  for (int kt = 0; kt < KTILES; ++kt) {",
+        "  for (int kt = kt_first; kt < kt_end; ++kt) {",
         "    mbar_wait(empty + 8 * stage, phase ^ 1);  // the consumers released this buffer (passes at first)",
         "    load_tile(stage, kt);",
         '    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\\n" ::"r"(full + 8 * stage) : "memory");',
@@ -294,6 +335,7 @@ def _consumer(
     itype: str,
     aligned: str,
     gather: bool,
+    split: int,
 ) -> list[str]:
     # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
@@ -301,13 +343,13 @@ def _consumer(
         "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the tile",
         "int stage = 0;",
         "unsigned phase = 0;",
-        "for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x) {",
+        *_units(),
         *("  " + line for line in _tile_coordinates(p, itype)),
         "  float acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
         "#pragma unroll",
         "  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;",
         "  int previous = 0;",
-        "  for (int kt = 0; kt < KTILES; ++kt) {",
+        "  for (int kt = kt_first; kt < kt_end; ++kt) {",
         "    mbar_wait(full + 8 * stage, phase);",
         *(
             # the gathered tile was written through the generic proxy; wgmma reads through the async one
@@ -322,22 +364,23 @@ def _consumer(
         "    wgmma_commit();",
         "    wgmma_wait<1>();  // the batch of k tile kt-1 is done: its buffer goes back to the producer",
         "    fence_accumulators(acc);",
-        "    if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * previous);",
+        "    if (kt > kt_first && lane == 0) mbar_arrive(empty + 8 * previous);",
         "    previous = stage;",
         "    if (++stage == STAGES) stage = 0, phase ^= 1;",
         "  }",
         "  wgmma_wait<0>();",
         "  fence_accumulators(acc);",
-        "  if (lane == 0) mbar_arrive(empty + 8 * previous);",
-        *("  " + line for line in _epilogue(fused, p, names, itype, aligned)),
+        "  if (kt_end > kt_first && lane == 0) mbar_arrive(empty + 8 * previous);",
+        *("  " + line for line in _epilogue(fused, p, names, itype, aligned, split)),
         "}",
     ]
 
 
-def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str) -> list[str]:
+def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str, split: int) -> list[str]:
     """The warpgroup's 64 rows, SUBTILE columns at a time: accumulators into its fp32 staging
     subtile (named barriers: the warpgroup alone), then the shared tile epilogue over the
-    subtile (gemm_epilogue.tile_epilogue: 8 consecutive columns per thread, 16-byte stores).
+    subtile (gemm_epilogue.tile_epilogue: 8 consecutive columns per thread, 16-byte stores),
+    or with split-K the subtile into the unit's partial tile (gemm_splitk's layout).
 
     wgmma m64nN fragment: warp w of the warpgroup holds rows 16w..16w+15; acc[4j + 2h + e] is
     row lane/4 + 8h, column 8j + 2 (lane % 4) + e."""
@@ -363,8 +406,30 @@ def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, a
         "    const int tid = threadIdx.x % 128;",
         f"    const {itype} block_m = m0 + consumer * 64;",
         f"    const int block_n = n0 + sub * {SUBTILE};",
-        *("    " + line for line in tile_epilogue(fused, p, names, itype, aligned, fetch, batch_index="batch")),
+        *(
+            "    " + line
+            for line in (
+                _store_partial(p)
+                if split > 1
+                else tile_epilogue(fused, p, names, itype, aligned, fetch, batch_index="batch")
+            )
+        ),
         "  }",
+        "}",
+    ]
+
+
+def _store_partial(p: Problem) -> list[str]:
+    """The staged subtile's rows into ``partials`` [batch][slice][M][NP], 8 columns a thread."""
+    return [
+        f"constexpr int NP = {padded_n(p)};",
+        "float* const partial = partials + (size_t)(batch * SPLIT + slice) * GM * NP;",
+        "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",
+        "  const int row = chunk / (BN / 8), col = chunk % (BN / 8) * 8;",
+        "  if (block_m + row >= GM || block_n + col >= GN) continue;",
+        "  float* const dst = partial + (size_t)(block_m + row) * NP + block_n + col;",
+        "  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col));",
+        "  *reinterpret_cast<float4*>(dst + 4) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col + 4));",
         "}",
     ]
 
