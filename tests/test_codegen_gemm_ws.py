@@ -56,7 +56,7 @@ def test_the_engine_is_offered_for_matmuls_on_sm90_only() -> None:
 
 def test_the_engine_is_the_default_for_matmuls_that_fill_the_gpu() -> None:
     """Enough 128 x 128 tiles for half the SMs: the engine (128 x 256 tiles where those fill all
-    of them); fewer: the other paths (split-K, test_codegen_gemm_splitk)."""
+    of them); fewer: the engine with two K slices for a long K, the other paths otherwise."""
     large, fc2, decode = (Matmul(m=4096, k=512, n=4096), Matmul(m=2048, k=4096, n=1024), Matmul(m=128, k=4096, n=4096))
     for case, block_n in ((large, 256), (fc2, 128), (Matmul(m=500, k=64, n=3000, batch_a=(2,), batch_b=(2,)), 128)):
         partition, _ = gemm_node(case.build())
@@ -64,7 +64,10 @@ def test_the_engine_is_the_default_for_matmuls_that_fill_the_gpu() -> None:
         (kernel,) = program.kernels
         assert "_ws_" in kernel.name and f"BN = {block_n}," in kernel.source
     partition, _ = gemm_node(decode.build())
-    assert "_ws_" not in emit_partition(partition, 90)[0].kernels[0].name
+    engine, _ = emit_partition(partition, 90)[0].kernels  # few tiles, long K: two K slices
+    assert "_ws_" in engine.name and "SPLIT = 2," in engine.source
+    partition, _ = gemm_node(Matmul(m=128, k=512, n=4096).build())
+    assert "_ws_" not in emit_partition(partition, 90)[0].kernels[0].name  # few tiles, short K
     partition, _ = gemm_node(large.build())
     assert "_mma_" in emit_partition(partition, 80)[0].kernels[0].name
     partition, _ = gemm_node(Conv(n=32, c=64, hw=(56, 56), k=64).build())
@@ -156,8 +159,8 @@ def test_every_candidate_matches_reference_on_gpu(case: str) -> None:
 @pytest.mark.parametrize(
     ("case", "split"),
     [
-        (Matmul(m=200, k=2048, n=300, epilogue="bias_gelu_add"), 4),
-        (Matmul(batch_a=(3,), batch_b=(3,), m=130, k=1100, n=72, b_transposed=True, epilogue="bias"), 2),
+        (Matmul(m=200, k=2048, n=296, epilogue="bias_gelu_add"), 4),
+        (Matmul(batch_a=(3,), batch_b=(3,), m=130, k=1104, n=72, b_transposed=True, epilogue="bias"), 2),
         (Matmul(m=64, k=320, n=136, epilogue="bias_add"), 4),  # 5 k tiles in 4 slices: the last holds none
         (Conv(n=2, c=256, hw=(7, 7), k=128, epilogue="bias_add_relu"), 3),
     ],

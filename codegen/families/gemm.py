@@ -13,8 +13,9 @@ Two paths, both always correct:
 Problems with fewer output tiles than the GPU has SMs and a long K take split-K on either
 tensor-core path (gemm_splitk.py): a second kernel sums the K slices and runs the epilogue.
 
-On sm_90, matmuls with enough tiles to fill the GPU take the persistent warp-specialised TMA
-engine (gemm_ws.py) unless a tuning says otherwise.
+On sm_90, matmuls with enough tiles to fill the GPU, and those with few tiles and a long K
+(with two K slices), take the persistent warp-specialised TMA engine (gemm_ws.py) unless a
+tuning says otherwise.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
     default = None if ctx.tuning else default_ws(problem, ctx.arch)
     if default is not None:
-        return FusedProgram(fused.name, (ws_kernel(fused, dataclasses.replace(ctx, tuning=default), problem),))
+        ctx = dataclasses.replace(ctx, tuning=default)
     if ctx.tuning.get("path") == "ws":
         split = ws_split(ctx, problem)
         kernel = ws_kernel(fused, ctx, problem)
