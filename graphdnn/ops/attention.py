@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -39,6 +39,21 @@ class SdpaAttributes(Attributes):
     sliding_window_length: int | None = None
     use_padding_mask: bool = False
     use_alibi_mask: bool = False
+
+
+class Masks(Protocol):
+    """The mask attributes sdpa and sdpa_backward share (read-only, as their dataclasses are frozen)."""
+
+    @property
+    def use_causal_mask(self) -> bool: ...
+    @property
+    def use_causal_mask_bottom_right(self) -> bool: ...
+    @property
+    def sliding_window_length(self) -> int | None: ...
+    @property
+    def use_padding_mask(self) -> bool: ...
+    @property
+    def use_alibi_mask(self) -> bool: ...
 
 
 def alibi_slopes(heads: int) -> tuple[float, ...]:
@@ -74,60 +89,15 @@ class Sdpa(Op):
         return self.output_names if attributes.generate_stats else frozenset({"O"})  # type: ignore[attr-defined]
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
-        q, k, v = (_rank4(node, role) for role in ("Q", "K", "V"))
-        batch, q_heads, sq, d = q.dim
-        if k.dim[0] != batch or k.dim[3] != d:
-            fail(node, f"K has dims {list(k.dim)}; expected [B, Hk, Skv, D] with Q's B = {batch} and D = {d}", role="K")
-        if v.dim[:3] != k.dim[:3]:
-            fail(
-                node,
-                f"V has dims {list(v.dim)}; expected [B, Hk, Skv, Dv] with K's [B, Hk, Skv] = {list(k.dim[:3])}",
-                role="V",
-            )
-        if q_heads % k.dim[1]:
-            fail(node, f"Q has {q_heads} heads, not a multiple of K and V's {k.dim[1]}", role="K")
-        for role, extent in (("Q", d), ("V", v.dim[3])):
-            if extent > MAX_HEAD_DIM:
-                fail(node, f"{role} has head dim {extent}; sdpa takes head dims up to {MAX_HEAD_DIM}", role=role)
-        _check_attributes(node)
-        _check_seq_lens(node, batch)
-        bias = node.input("BIAS")
-        scores = (batch, q_heads, sq, k.dim[2])
-        if bias is not None and (len(bias.dim) != 4 or any(e not in (1, s) for e, s in zip(bias.dim, scores))):
-            fail(
-                node,
-                f"BIAS has dims {list(bias.dim)}; expected rank 4, each dim 1 or that of [B, Hq, Sq, Skv] = {list(scores)}",
-                role="BIAS",
-            )
-        inferred = {"O": Inferred((batch, q_heads, sq, v.dim[3]))}
+        batch, q_heads, sq, _, dv = check_problem(node)
+        inferred = {"O": Inferred((batch, q_heads, sq, dv))}
         if node.attributes.generate_stats:  # type: ignore[attr-defined]
             inferred["STATS"] = Inferred((batch, q_heads, sq, 1), data_type=DataType.FLOAT)
         return inferred
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
-        q, k, v = x["Q"], x["K"], x["V"]
-        batch, q_heads, sq, _ = q.shape
-        skv = k.shape[2]
-        group = q_heads // k.shape[1]
-        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # head h reads head h // group
-        scores = x.get("ATTN_SCALE", 1.0) * np.matmul(q, k.swapaxes(-1, -2)) + x.get("BIAS", 0.0)
-
-        # Effective lengths per batch, as [B, 1, 1, 1]; rows i and keys j broadcast against them.
-        if attrs.use_padding_mask:
-            lq = np.clip(x["SEQ_LEN_Q"], 0, sq).reshape(batch, 1, 1, 1)
-            lkv = np.clip(x["SEQ_LEN_KV"], 0, skv).reshape(batch, 1, 1, 1)
-        else:
-            lq, lkv = np.full((batch, 1, 1, 1), sq), np.full((batch, 1, 1, 1), skv)
-        i, j = np.arange(sq).reshape(1, 1, sq, 1), np.arange(skv).reshape(1, 1, 1, skv)
-        diagonal = i + (lkv - lq if attrs.use_causal_mask_bottom_right else 0)  # the causal diagonal, per row
-        visible = (i < lq) & (j < lkv)
-        if attrs.use_causal_mask or attrs.use_causal_mask_bottom_right:
-            visible = visible & (j <= diagonal)
-        if attrs.sliding_window_length is not None:
-            visible = visible & (j > diagonal - attrs.sliding_window_length)
-        if attrs.use_alibi_mask:
-            scores = scores + np.array(alibi_slopes(q_heads)).reshape(1, q_heads, 1, 1) * (j - diagonal)
+        scores, visible, v = masked_scores(attrs, x)
 
         # Stable softmax over the visible keys; a row with none gives O = 0 and STATS = -inf.
         row_max = np.where(visible, scores, -np.inf).max(axis=-1, keepdims=True)
@@ -142,15 +112,79 @@ class Sdpa(Op):
         return outputs
 
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
-        """A sequence length lies in [0, S]; the kernels clamp others, random inputs need not."""
-        if role not in SEQ_LEN_ROLES:
-            return None
-        q, k = node.input("Q"), node.input("K")
-        assert q is not None and k is not None
-        return 0, (q if role == "SEQ_LEN_Q" else k).static_dim[2]
+        return sequence_length_range(node, role)
 
 
-def _rank4(node: Node, role: str) -> Tensor:
+def sequence_length_range(node: Node, role: str) -> tuple[int, int] | None:
+    """A sequence length lies in [0, S]; the kernels clamp others, random inputs need not."""
+    if role not in SEQ_LEN_ROLES:
+        return None
+    q, k = node.input("Q"), node.input("K")
+    assert q is not None and k is not None
+    return 0, (q if role == "SEQ_LEN_Q" else k).static_dim[2]
+
+
+def masked_scores(attrs: Masks, x: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scores ``[B, Hq, Sq, Skv]`` (scale, bias and ALiBi applied), which of them are
+    visible under the masks and lengths, and V repeated to Q's heads: what the forward's
+    reference and the backward's share."""
+    q, k, v = x["Q"], x["K"], x["V"]
+    batch, q_heads, sq, _ = q.shape
+    skv = k.shape[2]
+    group = q_heads // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # head h reads head h // group
+    scores = x.get("ATTN_SCALE", 1.0) * np.matmul(q, k.swapaxes(-1, -2)) + x.get("BIAS", 0.0)
+
+    # Effective lengths per batch, as [B, 1, 1, 1]; rows i and keys j broadcast against them.
+    if attrs.use_padding_mask:
+        lq = np.clip(x["SEQ_LEN_Q"], 0, sq).reshape(batch, 1, 1, 1)
+        lkv = np.clip(x["SEQ_LEN_KV"], 0, skv).reshape(batch, 1, 1, 1)
+    else:
+        lq, lkv = np.full((batch, 1, 1, 1), sq), np.full((batch, 1, 1, 1), skv)
+    i, j = np.arange(sq).reshape(1, 1, sq, 1), np.arange(skv).reshape(1, 1, 1, skv)
+    diagonal = i + (lkv - lq if attrs.use_causal_mask_bottom_right else 0)  # the causal diagonal, per row
+    visible = (i < lq) & (j < lkv)
+    if attrs.use_causal_mask or attrs.use_causal_mask_bottom_right:
+        visible = visible & (j <= diagonal)
+    if attrs.sliding_window_length is not None:
+        visible = visible & (j > diagonal - attrs.sliding_window_length)
+    if attrs.use_alibi_mask:
+        scores = scores + np.array(alibi_slopes(q_heads)).reshape(1, q_heads, 1, 1) * (j - diagonal)
+    return scores, np.broadcast_to(visible, scores.shape), v
+
+
+def check_problem(node: Node) -> tuple[Extent, Extent, Extent, Extent, Extent]:
+    """Check Q, K, V, BIAS, the sequence lengths and the mask attributes (forward and backward
+    take the same); return (B, Hq, Sq, D, Dv)."""
+    q, k, v = (rank4(node, role) for role in ("Q", "K", "V"))
+    batch, q_heads, sq, d = q.dim
+    if k.dim[0] != batch or k.dim[3] != d:
+        fail(node, f"K has dims {list(k.dim)}; expected [B, Hk, Skv, D] with Q's B = {batch} and D = {d}", role="K")
+    if v.dim[:3] != k.dim[:3]:
+        fail(
+            node,
+            f"V has dims {list(v.dim)}; expected [B, Hk, Skv, Dv] with K's [B, Hk, Skv] = {list(k.dim[:3])}",
+            role="V",
+        )
+    if q_heads % k.dim[1]:
+        fail(node, f"Q has {q_heads} heads, not a multiple of K and V's {k.dim[1]}", role="K")
+    for role, extent in (("Q", d), ("V", v.dim[3])):
+        if extent > MAX_HEAD_DIM:
+            fail(node, f"{role} has head dim {extent}; sdpa takes head dims up to {MAX_HEAD_DIM}", role=role)
+    check_attributes(node)
+    check_seq_lens(node, batch)
+    bias = node.input("BIAS")
+    scores = (batch, q_heads, sq, k.dim[2])
+    if bias is not None and (len(bias.dim) != 4 or any(e not in (1, s) for e, s in zip(bias.dim, scores))):
+        fail(
+            node,
+            f"BIAS has dims {list(bias.dim)}; expected rank 4, each dim 1 or that of [B, Hq, Sq, Skv] = {list(scores)}",
+            role="BIAS",
+        )
+    return batch, q_heads, sq, d, v.dim[3]
+
+
+def rank4(node: Node, role: str) -> Tensor:
     tensor = node.input(role)
     assert tensor is not None
     if len(tensor.dim) != 4:
@@ -158,8 +192,8 @@ def _rank4(node: Node, role: str) -> Tensor:
     return tensor
 
 
-def _check_attributes(node: Node) -> None:
-    attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
+def check_attributes(node: Node) -> None:
+    attrs: Masks = node.attributes  # type: ignore[assignment]
     causal = attrs.use_causal_mask or attrs.use_causal_mask_bottom_right
     if attrs.use_causal_mask and attrs.use_causal_mask_bottom_right:
         fail_attribute(node, "use_causal_mask and use_causal_mask_bottom_right exclude each other; set one")
@@ -169,7 +203,7 @@ def _check_attributes(node: Node) -> None:
         fail_attribute(node, "use_alibi_mask needs a causal mask (use_causal_mask or use_causal_mask_bottom_right)")
 
 
-def _check_seq_lens(node: Node, batch: Extent) -> None:
+def check_seq_lens(node: Node, batch: Extent) -> None:
     """SEQ_LEN_Q and SEQ_LEN_KV: both bound, [B, 1, 1, 1] integers, exactly when use_padding_mask."""
     bound = [role for role in SEQ_LEN_ROLES if node.input(role) is not None]
     if node.attributes.use_padding_mask:  # type: ignore[attr-defined]
