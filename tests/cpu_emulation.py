@@ -1,6 +1,6 @@
 """Generated kernels run on the CPU, to check their index math on a machine without a GPU.
 
-A kernel's source (float, double and half kernels: half is GCC's _Float16 behind a stand-in
+A kernel's source (float, double and half kernels, int32 and int64 inputs: half is GCC's _Float16 behind a stand-in
 cuda_fp16.h, both rounding to nearest even; no bf16 or fp8) is compiled with g++ after a few
 stand-ins for the CUDA built-ins: each block runs after the previous one, its threads
 as std::threads; ``__shared__`` variables are function statics (one block at a time);
@@ -58,6 +58,7 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int offset) {
   return r;
 }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 // the vector types and the integer intrinsic graphdnn.cuh's Philox uses
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
@@ -129,8 +130,13 @@ def run(
     for t in (*fused.inputs, *fused.outputs):
         if t.is_pass_by_value:
             continue
-        dtype = {"double": np.float64, "half": np.float16}.get(t.data_type.value, np.float32)
-        buffers[t.id] = np.full(storage_extent(t.dim, t.stride), np.nan, dtype=dtype)
+        integer = t.data_type.value in ("int32", "int64")  # sequence lengths, indices
+        dtype = (
+            t.data_type.numpy
+            if integer
+            else {"double": np.float64, "half": np.float16}.get(t.data_type.value, np.float32)
+        )
+        buffers[t.id] = np.full(storage_extent(t.dim, t.stride), -77 if integer else np.nan, dtype=dtype)
         if t in fused.inputs:
             _strided(buffers[t.id], t)[...] = memory[t.name]
     scratch = {s.name: np.full(-(-s.bytes // 4), np.nan, dtype=np.float32) for s in program.scratch}

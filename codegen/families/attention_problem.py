@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Node, Tensor
-from graphdnn.ops.attention import SdpaAttributes, alibi_slopes
+from graphdnn.ops.attention import Masks, alibi_slopes
 
 from ..context import KernelParams, scalar_value
 from ..cuda_types import cuda_type, load
@@ -32,7 +32,7 @@ class Attention:
     q: Tensor
     k: Tensor
     v: Tensor
-    o: Tensor | None  # each output only when the fused node writes it to memory
+    o: Tensor | None  # each output only when the fused node writes it to memory (None in the backward)
     stats: Tensor | None
     bias: Tensor | None
     scale: Tensor | None
@@ -40,9 +40,10 @@ class Attention:
     seq_len_kv: Tensor | None
 
     @property
-    def attrs(self) -> SdpaAttributes:
-        assert isinstance(self.node.attributes, SdpaAttributes)
-        return self.node.attributes
+    def attrs(self) -> Masks:
+        """The node's masks: an sdpa's or an sdpa_backward's attributes."""
+        masks: Masks = self.node.attributes  # type: ignore[assignment]
+        return masks
 
     @property
     def batch(self) -> int:
@@ -144,18 +145,33 @@ def strides(tensor: Tensor) -> str:
 
 def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
     """Constants; the block's batch ``b``, head ``h``, kv head ``hk`` and first row ``row0``
-    (heavy causal blocks first); the effective lengths ``sq``, ``skv``; ``diag``; the
-    scale ``scale`` (natural units) and the ALiBi slope."""
+    (heavy causal blocks first); then :func:`lengths_and_scale`."""
     m_blocks = -(-a.sq // block_m)
-    lines = [
-        "const float NEG_INF = __int_as_float(0xff800000);",
-        f"constexpr int HQ = {a.heads}, GROUP = {a.heads // a.kv_heads}, SQ = {a.sq}, SKV = {a.skv};",
-        f"constexpr int D = {a.d}, DV = {a.dv}, M_BLOCKS = {m_blocks};",
+    return [
+        *constants(a),
+        f"constexpr int M_BLOCKS = {m_blocks};",
         "const int m_block = M_BLOCKS - 1 - (int)(blockIdx.x % M_BLOCKS);  // the longest causal rows first",
         "const int h = (int)((blockIdx.x / M_BLOCKS) % HQ), b = (int)(blockIdx.x / M_BLOCKS / HQ);",
         "const int hk = h / GROUP;",
         f"const int row0 = m_block * {block_m};",
+        *lengths_and_scale(a, names),
     ]
+
+
+def constants(a: Attention) -> list[str]:
+    """``NEG_INF`` and the problem's extents: HQ, GROUP, SQ, SKV, D, DV."""
+    return [
+        "const float NEG_INF = __int_as_float(0xff800000);",
+        f"constexpr int HQ = {a.heads}, GROUP = {a.heads // a.kv_heads}, SQ = {a.sq}, SKV = {a.skv};",
+        f"constexpr int D = {a.d}, DV = {a.dv};",
+    ]
+
+
+def lengths_and_scale(a: Attention, names: dict[str, str], with_slope: bool = True) -> list[str]:
+    """Batch ``b``'s effective lengths ``sq``, ``skv``; ``diag``; the scale ``scale`` (natural
+    units); with ALiBi the ``SLOPES`` table and, unless ``with_slope`` is false (a kernel that
+    walks the heads sets it per head), query head ``h``'s ``slope``."""
+    lines = []
     if a.padded:
         assert a.seq_len_q is not None and a.seq_len_kv is not None
         lines += [
@@ -174,7 +190,7 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
         lines.append(
             f"static constexpr float SLOPES[HQ] = {{{slopes}}};  // static: in constant memory, not per-thread"
         )
-        lines.append("const float slope = SLOPES[h];")
+        lines += ["const float slope = SLOPES[h];"] if with_slope else []
     return lines
 
 

@@ -1,0 +1,60 @@
+"""The attention backward family's kernels: the three kernels and their scratch, every case
+compiled for sm_80 and sm_90, and the SIMT kernels run on the CPU (tests/cpu_emulation.py)
+against the reference. The GPU runs every case in test_gpu_attention_backward.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codegen import emitter
+from codegen.context import EmitContext
+from fusion_rules import Family, fuse
+from graphdnn import reference
+from graphdnn.compare import relative_error, tolerance
+from graphdnn.signature import signature
+from tests import cpu_emulation
+from tests.attention_backward_cases import CASES, CPU_CASES
+from tests.compile_check import compile_graphs
+
+
+def backward_program(case: str):  # type: ignore[no-untyped-def]
+    graph = (CASES | CPU_CASES)[case].build().validate()
+    (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION_BACKWARD]
+    return graph, fused, emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
+    _, fused, program = backward_program(case)
+    delta, dkdv, dq = program.kernels
+    assert "_delta_" in delta.name and "_dkdv_" in dkdv.name and "_dq_" in dq.name
+    (scratch,) = program.scratch
+    c = CASES[case]
+    assert scratch.bytes == 4 * c.b * c.hq * c.sq
+    assert "atomic" not in dkdv.source + dq.source  # deterministic: every element summed by one thread
+    assert fused.nodes == (fused.anchor,) and fused.anchor.op == "sdpa_backward"
+    assert {t.name for t in fused.outputs} == {"dq", "dk", "dv"}
+
+
+def test_every_case_compiles_for_sm80_and_sm90() -> None:
+    report = compile_graphs([case.build().validate() for case in CASES.values()])
+    assert not report.failures, "\n\n".join(report.failures)
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize("case", sorted(CPU_CASES))
+def test_simt_kernels_match_reference_on_the_cpu(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build_dir.mkdir(exist_ok=True)
+    graph, fused, program = backward_program(case)
+    assert all("_simt_" in k.name for k in program.kernels[1:])
+    feeds = CPU_CASES[case].consistent_feeds(graph, 7)
+    expected = reference.execute(graph, feeds)
+    got = cpu_emulation.run(fused, program, feeds, 1, build_dir)
+    for t in graph.outputs:
+        error = relative_error(got[t.name].astype(np.float64), expected[t.name])
+        assert error <= tolerance(t.data_type), f"{t.name}: {error:.3g}"
+        assert np.abs(expected[t.name]).max() > 0  # the case has gradients to get wrong
