@@ -40,9 +40,12 @@ class BackwardCase(AttentionCase):
             grad.set_output(True).set_name(name)
         return g
 
-    def consistent_feeds(self, ir: gd.Graph, seed: int) -> dict[str, np.ndarray]:
-        """Random inputs of the backward-alone graph, with O and STATS the forward's of them."""
-        feeds = random_inputs(ir, seed)
+    def consistent_feeds(
+        self, ir: gd.Graph, seed: int, chosen: dict[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Random inputs of the backward-alone graph (``chosen`` ones replaced), with O and STATS
+        the forward's of them."""
+        feeds = random_inputs(ir, seed) | (chosen or {})
         forward = replace(self, stats=True, forward=True)
         forward_ir = AttentionCase.build(forward).validate()
         results = reference.execute(forward_ir, {t.name: feeds[t.name] for t in forward_ir.inputs})
