@@ -1,6 +1,8 @@
-"""The attention backward family's kernels: the three kernels and their scratch, every case
-compiled for sm_80 and sm_90, and the SIMT kernels run on the CPU (tests/cpu_emulation.py)
-against the reference. The GPU runs every case in test_gpu_attention_backward.py."""
+"""The attention backward family's kernels: the three kernels and their scratch, which path
+each case takes (mma.sync for fp16/bf16 up to head dim 128, SIMT otherwise or when tuned so),
+every case compiled for sm_80 and sm_90, and the SIMT kernels run on the CPU
+(tests/cpu_emulation.py) against the reference. The GPU runs every case in
+test_gpu_attention_backward.py."""
 
 from __future__ import annotations
 
@@ -11,19 +13,22 @@ import pytest
 
 from codegen import emitter
 from codegen.context import EmitContext
+from codegen.families.attention_backward import SIMT
+from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
 from graphdnn import reference
 from graphdnn.compare import relative_error, tolerance
+from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
 from tests import cpu_emulation
 from tests.attention_backward_cases import CASES, CPU_CASES
 from tests.compile_check import compile_graphs
 
 
-def backward_program(case: str):  # type: ignore[no-untyped-def]
+def backward_program(case: str, tuning: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
     graph = (CASES | CPU_CASES)[case].build().validate()
     (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION_BACKWARD]
-    return graph, fused, emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90))
+    return graph, fused, emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, tuning or {}))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -37,6 +42,25 @@ def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
     assert "atomic" not in dkdv.source + dq.source  # deterministic: every element summed by one thread
     assert fused.nodes == (fused.anchor,) and fused.anchor.op == "sdpa_backward"
     assert {t.name for t in fused.outputs} == {"dq", "dk", "dv"}
+    tensor_cores = c.data_type.value in ("half", "bfloat16") and c.kv_type is None and max(c.d, c.dv) <= 128
+    path = "_mma_" if tensor_cores else "_simt_"
+    assert path in dkdv.name and path in dq.name
+    if tensor_cores:
+        assert 0 < dkdv.shared_bytes <= 160 * 1024 and "mma.sync" in dkdv.source and "ldmatrix" in dq.source
+
+
+def test_the_simt_tuning_takes_the_simt_kernels_and_nothing_else_is_a_choice() -> None:
+    assert all("_simt_" in k.name for k in backward_program("d128_bshd", SIMT)[2].kernels[1:])
+    with pytest.raises(UnsupportedError, match=r"attention_backward tuning \{'path': 'wgmma'\} is not one"):
+        backward_program("d128_bshd", {"path": "wgmma"})
+
+
+def test_the_simt_kernels_of_every_case_compile_for_sm80_and_sm90() -> None:
+    """What the tensor-core cases would run with the SIMT tuning (the GPU tests compare both)."""
+    for arch in (80, 90):
+        for case in ("d128_gqa_causal_fp16", "padding_causal_bottom_right_fp16", "alibi_causal_6_heads"):
+            for kernel in backward_program(case, SIMT)[2].kernels:
+                compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
 
 
 def test_every_case_compiles_for_sm80_and_sm90() -> None:
@@ -49,7 +73,7 @@ def test_every_case_compiles_for_sm80_and_sm90() -> None:
 def test_simt_kernels_match_reference_on_the_cpu(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
     build_dir.mkdir(exist_ok=True)
-    graph, fused, program = backward_program(case)
+    graph, fused, program = backward_program(case, SIMT)
     assert all("_simt_" in k.name for k in program.kernels[1:])
     feeds = CPU_CASES[case].consistent_feeds(graph, 7)
     expected = reference.execute(graph, feeds)

@@ -1,7 +1,8 @@
 """Attention backward on the GPU against the reference: every case of attention_backward_cases.py
-as a training step (sdpa then sdpa_backward: the forward kernel's O and STATS feed the backward),
-the CPU cases (sdpa_backward alone, O and STATS from the forward reference), rows and keys
-no one sees (zero gradients), and run-to-run determinism."""
+as a training step (sdpa then sdpa_backward: the forward kernel's O and STATS feed the backward;
+fp16/bf16 cases up to head dim 128 on the mma.sync kernels), the SIMT kernels where tensor cores
+would run, the CPU cases (sdpa_backward alone, O and STATS from the forward reference), rows and
+keys no one sees (zero gradients), and run-to-run determinism."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 import graphdnn as gd
+from codegen.families.attention_backward import SIMT
+from fusion_rules import Family, fuse
 from graphdnn import reference
 from graphdnn.compare import tolerance
 from graphdnn.random_inputs import random_inputs
@@ -23,6 +26,19 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_training_step_matches_reference(case: str) -> None:
     check_on_gpu(CASES[case].build(), seed=zlib.crc32(case.encode()))
+
+
+@pytest.mark.parametrize("case", ["d128_gqa_causal_fp16", "padding_causal_bottom_right_fp16", "alibi_causal_6_heads"])
+def test_simt_kernels_match_reference_where_tensor_cores_would_run(case: str) -> None:
+    graph = CASES[case].build()
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION_BACKWARD]
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: SIMT})
+    assert any("_dkdv_simt_" in kernel.name for kernel in plan.kernels)
+
+
+def test_tensor_core_kernels_run_where_they_apply() -> None:
+    plan = check_on_gpu(CASES["d128_gqa_causal_fp16"].build(), seed=1)
+    assert sum("_mma_" in kernel.name for kernel in plan.kernels) == 2
 
 
 def run_alone(case: str, seed: int, chosen: dict[str, np.ndarray] | None = None):  # type: ignore[no-untyped-def]

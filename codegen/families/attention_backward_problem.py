@@ -103,12 +103,27 @@ def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward)
     return Kernel(name, source, (grid, 1, 1), (PREPROCESS_THREADS, 1, 1), 0, tuple(params.bindings))
 
 
-def row_statistics(ab: AttentionBackward, names: dict[str, str], row: str) -> tuple[str, str]:
-    """(lse in log2 units, delta) of query row ``row`` of (b, h): C expressions."""
-    stats = element(ab.stats, names["STATS"], ["b", "h", row, "0"])
-    delta = f"{names[DELTA]}[((long long)b * HQ + h) * SQ + ({row})]"
+def row_statistics(ab: AttentionBackward, names: dict[str, str], row: str, head: str = "h") -> tuple[str, str]:
+    """(lse in log2 units, delta) of query row ``row`` of (b, ``head``): C expressions."""
+    stats = element(ab.stats, names["STATS"], ["b", head, row, "0"])
+    delta = f"{names[DELTA]}[((long long)b * HQ + ({head})) * SQ + ({row})]"
     return f"{load(ab.stats.data_type, stats, 'float')} * {LOG2E}f", delta
 
 
 def gradient_store(tensor: Tensor, name: str, head: str, row: str, col: str, value: str) -> str:
     return f"{element(tensor, name, ['b', head, row, col])} = {store(tensor.data_type, value)};"
+
+
+def query_range(a: Attention, keys: int, tile: int) -> list[str]:
+    """``q_begin`` / ``q_end``: the query rows that can see some key of ``kv0`` .. ``kv0 + keys``;
+    ``q_first``: ``q_begin`` rounded down to a tile of ``tile`` rows."""
+    lines = ["int q_begin = 0, q_end = sq;"]
+    if a.causal:
+        lines.append("q_begin = max(0, kv0 - diag);  // row i sees key j when j <= i + diag")
+    if a.window:
+        lines.append(f"q_end = min(q_end, kv0 + {keys - 1} - diag + {a.window});  // and when j > i + diag - window")
+    lines += [
+        "if (kv0 >= skv || q_end < q_begin) q_end = q_begin;  // keys past the sequence are seen by no row",
+        f"const int q_first = q_begin / {tile} * {tile};",
+    ]
+    return lines

@@ -20,8 +20,8 @@ from graphdnn.ir import Tensor
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import load
 from ..kernel import Kernel
-from .attention_backward_problem import AttentionBackward, declare, gradient_store, row_statistics
-from .attention_problem import Attention, constants, element, key_range, lengths_and_scale, score_function
+from .attention_backward_problem import AttentionBackward, declare, gradient_store, query_range, row_statistics
+from .attention_problem import constants, element, key_range, lengths_and_scale, score_function
 
 THREADS = 128
 
@@ -50,7 +50,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "const int tid = threadIdx.x;",
         *_load_rows("k_s", a.k, names["K"], "hk", "kv0", "SKV", "D"),
         *_load_rows("v_s", a.v, names["V"], "hk", "kv0", "SKV", "DV"),
-        *_query_range(a),
+        *query_range(a, t, t),
         "constexpr int ACC_K = (T * D + THREADS - 1) / THREADS, ACC_V = (T * DV + THREADS - 1) / THREADS;",
         "float dk[ACC_K], dv[ACC_V];",
         "for (int e = 0; e < ACC_K; ++e) dk[e] = 0.0f;",
@@ -183,17 +183,3 @@ def _score_gradients() -> list[str]:
         "  ds_s[r][c] = ds;",
         "}",
     ]
-
-
-def _query_range(a: Attention) -> list[str]:
-    """``q_first`` / ``q_end``: the query tiles whose rows can see some key of the block."""
-    lines = ["int q_begin = 0, q_end = sq;"]
-    if a.causal:
-        lines.append("q_begin = max(0, kv0 - diag);  // row i sees key j when j <= i + diag")
-    if a.window:
-        lines.append(f"q_end = min(q_end, kv0 + T - 1 - diag + {a.window});  // and when j > i + diag - window")
-    lines += [
-        "if (kv0 >= skv) q_end = q_begin;  // keys past the sequence are seen by no row",
-        "const int q_first = q_begin / T * T;",
-    ]
-    return lines
