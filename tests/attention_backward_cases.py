@@ -88,7 +88,8 @@ CASES = {
     "mixed_types_simt": BackwardCase(kv_type=DataType.HALF, sq=33, skv=65, options={"use_causal_mask": True}),
 }
 
-# Small cases the CPU emulation runs (float and half only: it has no bf16), backward alone.
+# Small cases the CPU emulation runs (float and half only: it has no bf16), backward alone; the
+# half ones on the tensor-core kernels too.
 CPU_CASES = {
     "float_gqa_causal": BackwardCase(
         b=1, hq=4, hk=2, sq=19, skv=21, d=8, dv=12, data_type=DataType.FLOAT, forward=False,
@@ -105,6 +106,14 @@ CPU_CASES = {
     "float_window_alone_mqa": BackwardCase(
         b=1, hq=3, hk=1, sq=20, skv=18, d=24, dv=4, data_type=DataType.FLOAT, forward=False,
         options={"sliding_window_length": 4},
+    ),
+    "half_gqa_causal_d16_dv32": BackwardCase(
+        b=1, hq=2, hk=1, sq=19, skv=37, d=16, dv=32, data_type=DataType.HALF, forward=False,
+        options={"use_causal_mask": True},
+    ),
+    "half_bottom_right_window_alibi_bshd": BackwardCase(
+        b=1, hq=1, hk=1, sq=70, skv=66, d=24, dv=8, data_type=DataType.HALF, forward=False, layout="bshd",
+        options={"use_causal_mask_bottom_right": True, "sliding_window_length": 20, "use_alibi_mask": True},
     ),
     "float_d160_small_tiles": BackwardCase(
         b=1, hq=1, hk=1, sq=10, skv=11, d=160, dv=100, data_type=DataType.FLOAT, forward=False,

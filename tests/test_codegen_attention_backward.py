@@ -1,7 +1,7 @@
 """The attention backward family's kernels: the three kernels and their scratch, which path
 each case takes (mma.sync for fp16/bf16 up to head dim 128, SIMT otherwise or when tuned so),
-every case compiled for sm_80 and sm_90, and the SIMT kernels run on the CPU
-(tests/cpu_emulation.py) against the reference. The GPU runs every case in
+every case compiled for sm_80 and sm_90, and the SIMT and (fp16) mma.sync kernels run on the
+CPU (tests/cpu_emulation.py) against the reference. The GPU runs every case in
 test_gpu_attention_backward.py."""
 
 from __future__ import annotations
@@ -68,16 +68,25 @@ def test_every_case_compiles_for_sm80_and_sm90() -> None:
     assert not report.failures, "\n\n".join(report.failures)
 
 
+# (case, tuning, aligned): every CPU case on the SIMT kernels; the half ones on the mma.sync kernels
+# too, with 16-byte copies and element by element.
+CPU_RUNS = [(case, "simt", 1) for case in sorted(CPU_CASES)] + [
+    (case, "mma", aligned) for case in sorted(CPU_CASES) if case.startswith("half") for aligned in (1, 0)
+]
+
+
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
-@pytest.mark.parametrize("case", sorted(CPU_CASES))
-def test_simt_kernels_match_reference_on_the_cpu(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.mark.parametrize(("case", "path", "aligned"), CPU_RUNS)
+def test_kernels_match_reference_on_the_cpu(
+    case: str, path: str, aligned: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
     build_dir.mkdir(exist_ok=True)
-    graph, fused, program = backward_program(case, SIMT)
-    assert all("_simt_" in k.name for k in program.kernels[1:])
+    graph, fused, program = backward_program(case, SIMT if path == "simt" else {})
+    assert all(f"_{path}_" in k.name for k in program.kernels[1:])
     feeds = CPU_CASES[case].consistent_feeds(graph, 7)
     expected = reference.execute(graph, feeds)
-    got = cpu_emulation.run(fused, program, feeds, 1, build_dir)
+    got = cpu_emulation.run(fused, program, feeds, aligned, build_dir)
     for t in graph.outputs:
         error = relative_error(got[t.name].astype(np.float64), expected[t.name])
         assert error <= tolerance(t.data_type), f"{t.name}: {error:.3g}"
