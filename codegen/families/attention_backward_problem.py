@@ -80,26 +80,30 @@ def declare(ab: AttentionBackward) -> AttentionParams:
 
 
 def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
-    """``delta[b, h, i] = sum_d dO[b, h, i, d] O[b, h, i, d]``, one thread per row."""
+    """``delta[b, h, i] = sum_d dO[b, h, i, d] O[b, h, i, d]``, one warp per row (its lanes read
+    consecutive columns; every lane takes part in the reduction, rows past the end included)."""
     declared = declare(ab)
     names, params = declared.names, declared.params
 
     def value(role: str, tensor: Tensor) -> str:
         return load(tensor.data_type, element(tensor, names[role], ["b", "h", "i", "d"]), "float")
 
+    rows_per_block = PREPROCESS_THREADS // 32
     body = [
         *constants(ab.problem),
-        "const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
-        f"if (row >= {ab.rows}LL) return;",
+        f"const long long row = (long long)blockIdx.x * {rows_per_block} + (threadIdx.x >> 5);",
+        "const int lane = threadIdx.x & 31;",
         "const int i = (int)(row % SQ), h = (int)(row / SQ % HQ), b = (int)(row / SQ / HQ);",
         "float sum = 0.0f;",
-        f"for (int d = 0; d < DV; ++d) sum += {value('DO', ab.d_o)} * {value('O', ab.o)};",
-        f"{names[DELTA]}[row] = sum;",
+        f"if (row < {ab.rows}LL)",
+        f"  for (int d = lane; d < DV; d += 32) sum += {value('DO', ab.d_o)} * {value('O', ab.o)};",
+        "sum = gd::lanes_sum<32>(sum);",
+        f"if (row < {ab.rows}LL && lane == 0) {names[DELTA]}[row] = sum;",
     ]
     name, source = kernel_source(
         ctx, fused, pattern_name(fused) + "_delta", params, PREPROCESS_THREADS, indent(body, 1)
     )
-    grid = -(-ab.rows // PREPROCESS_THREADS)
+    grid = -(-ab.rows // rows_per_block)
     return Kernel(name, source, (grid, 1, 1), (PREPROCESS_THREADS, 1, 1), 0, tuple(params.bindings))
 
 
