@@ -102,8 +102,8 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         *indent(
             _gradients("row0 + col", "kv0 + warp_row + r", "lse_s[stage][col]", "delta_s[stage][col]"), 1
         ).splitlines(),
-        *indent(_accumulate("dv", "p", "y2_tile", "ROW2", "DVP"), 1).splitlines(),
-        *indent(_accumulate("dk", "ds", "y1_tile", "ROW1", "DP"), 1).splitlines(),
+        *indent(_accumulate("dv", "s", "y2_tile", "ROW2", "DVP"), 1).splitlines(),
+        *indent(_accumulate("dk", "dp", "y1_tile", "ROW1", "DP"), 1).splitlines(),
         "  __syncthreads();  // everyone is done with this stage before it is refilled",
         "}",
         'asm volatile("cp.async.wait_group 0;\\n" ::);',
@@ -154,7 +154,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         *indent(_products(), 1).splitlines(),
         "  // rows of the products are query rows (warp_row + ...), columns keys (kv0 + ...)",
         *indent(_gradients("row0 + warp_row + r", "kv0 + col", "lse_r[e >> 1]", "delta_r[e >> 1]"), 1).splitlines(),
-        *indent(_accumulate("dq", "ds", "y1_tile", "ROW1", "DP"), 1).splitlines(),
+        *indent(_accumulate("dq", "dp", "y1_tile", "ROW1", "DP"), 1).splitlines(),
         "  __syncthreads();  // everyone is done with this stage before it is refilled",
         "}",
         'asm volatile("cp.async.wait_group 0;\\n" ::);',
@@ -260,9 +260,8 @@ def _gradients(query: str, key: str, lse: str, delta: str) -> list[str]:
 
 
 def _accumulate(target: str, source: str, y: str, row: str, width: str) -> list[str]:
-    """``target`` (16 x width) += ``source`` (16 x BC, as A fragments) times the tile's BC rows of
-    ``y`` (read transposed: the rows are k)."""
-    source = {"p": "s", "ds": "dp"}[source]
+    """``target`` (16 x width) += ``source`` (16 x BC: ``s`` holding P or ``dp`` holding dS, as A
+    fragments) times the tile's BC rows of ``y`` (read transposed: the rows are k)."""
     return [
         "#pragma unroll",
         "for (int kk = 0; kk < BC / 16; ++kk) {",
