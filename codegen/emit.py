@@ -23,6 +23,7 @@ _FAMILY_MODULES = {
     Family.REDUCTION: "reduction",
     Family.GEMM: "gemm",
     Family.ATTENTION: "attention",
+    Family.ATTENTION_BACKWARD: "attention_backward",
     Family.DIRECT: "direct",
 }
 

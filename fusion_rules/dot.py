@@ -19,6 +19,7 @@ FAMILY_COLOURS = {
     Family.BATCHNORM_BACKWARD: "#fd8d3c",
     Family.REDUCTION: "#bcbddc",
     Family.ATTENTION: "#fcbba1",
+    Family.ATTENTION_BACKWARD: "#fb6a4a",
     Family.ELEMENTWISE: "#fdd0a2",
     Family.DIRECT: "#d9d9d9",
 }

@@ -27,6 +27,7 @@ class Family(enum.Enum):
     BATCHNORM_BACKWARD = "batchnorm_backward"  # per-channel sums of the grad, then dx + epilogue
     REDUCTION = "reduction"  # reduction / softmax with an epilogue
     ATTENTION = "attention"  # scaled dot-product attention: sdpa, or the attention rule's chain as one sdpa
+    ATTENTION_BACKWARD = "attention_backward"  # sdpa_backward: delta = rowsum(dO O), then dK/dV and dQ
     ELEMENTWISE = "elementwise"  # a group of pointwise ops (and inference batch norms)
     DIRECT = "direct"  # any other single op, by a straightforward kernel
 
@@ -53,6 +54,7 @@ ANCHOR_FAMILY = {
     "argmax": Family.REDUCTION,
     "argmin": Family.REDUCTION,
     "sdpa": Family.ATTENTION,
+    "sdpa_backward": Family.ATTENTION_BACKWARD,
 }
 
 

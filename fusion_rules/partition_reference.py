@@ -255,4 +255,5 @@ _ANCHOR_KERNELS: dict[Family, dict[str, Kernel]] = {
     Family.BATCHNORM_TRAIN: {"batchnorm": _batchnorm_train},
     Family.BATCHNORM_BACKWARD: {"batchnorm_backward": _op_reference},
     Family.ATTENTION: {"sdpa": _op_reference},
+    Family.ATTENTION_BACKWARD: {"sdpa_backward": _op_reference},
 }

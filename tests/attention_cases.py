@@ -32,7 +32,19 @@ class AttentionCase:
     options: dict[str, Any] = field(default_factory=dict)
 
     def build(self) -> gd.OperationGraphSpec:
-        g = gd.OperationGraphSpec(name="attention", io_data_type=self.data_type, compute_data_type=DataType.FLOAT)
+        g = self.graph("attention")
+        q, k, v, extra = self.inputs(g)
+        o, stats = g.sdpa(q, k, v, generate_stats=self.stats, name="attention", **extra, **self.options)
+        o.set_output(True).set_name("o")
+        if stats is not None:
+            stats.set_output(True).set_name("stats")
+        return g
+
+    def graph(self, name: str) -> gd.OperationGraphSpec:
+        return gd.OperationGraphSpec(name=name, io_data_type=self.data_type, compute_data_type=DataType.FLOAT)
+
+    def inputs(self, g: gd.OperationGraphSpec) -> tuple[gd.TensorSpec, gd.TensorSpec, gd.TensorSpec, dict[str, Any]]:
+        """Q, K, V and the other arguments forward and backward share (scale, bias, lengths)."""
         kv_type = self.kv_type or self.data_type
         q = g.tensor(name="q", dim=[self.b, self.hq, self.sq, self.d], stride=self._strides(self.hq, self.sq, self.d))
         k = g.tensor(
@@ -61,11 +73,7 @@ class AttentionCase:
             extra["use_padding_mask"] = True
             extra["seq_len_q"] = g.tensor(name="seq_q", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
             extra["seq_len_kv"] = g.tensor(name="seq_kv", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
-        o, stats = g.sdpa(q, k, v, generate_stats=self.stats, name="attention", **extra, **self.options)
-        o.set_output(True).set_name("o")
-        if stats is not None:
-            stats.set_output(True).set_name("stats")
-        return g
+        return q, k, v, extra
 
     def _strides(self, heads: int, seq: int, width: int, kv: bool = False) -> list[int]:
         if self.layout == "shared_kv" and kv:  # a broadcast view: batch stride 0

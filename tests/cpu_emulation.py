@@ -1,6 +1,6 @@
 """Generated kernels run on the CPU, to check their index math on a machine without a GPU.
 
-A kernel's source (float, double and half kernels, int32 / int64 inputs: half is GCC's _Float16 behind a stand-in
+A kernel's source (float, double and half kernels, int32 and int64 inputs: half is GCC's _Float16 behind a stand-in
 cuda_fp16.h, both rounding to nearest even; no bf16 or fp8) is compiled with g++ after a few
 stand-ins for the CUDA built-ins: each block runs after the previous one, its threads
 as std::threads; ``__shared__`` variables are function statics (one block at a time);
@@ -8,6 +8,12 @@ as std::threads; ``__shared__`` variables are function statics (one block at a t
 barriers, so every thread of the block must call it together, as ``gd::group_sum`` does.
 Scratch buffers and outputs start as NaN, so an element no kernel writes fails the comparison.
 Slow (a thread per CUDA thread): for small shapes of the kernels that keep to those rules.
+
+fp16 tensor-core kernels run too (:data:`TENSOR_CORE_STAND_INS`): ``cp.async`` becomes a copy,
+``ldmatrix`` and ``mma.sync`` m16n8k16 exchange fragments between the lanes of each warp
+through a buffer and two barriers (every thread of the block calls them together, as the
+attention kernels do), with the PTX fragment layouts; the dynamic shared memory is a static
+array and ``ex2.approx`` is exp2f.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ from typing import Any
 import numpy as np
 
 from codegen import FusedProgram, Kernel, ParamKind
+from codegen.families.gemm_loaders import ASYNC_COPY_PRELUDE
+from codegen.families.tensor_core import mma_fragments
 from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
 from graphdnn.ir import Tensor
 from graphdnn.layout import storage_extent
 
@@ -58,6 +67,7 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int offset) {
   return r;
 }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 // the vector types and the integer intrinsic graphdnn.cuh's Philox uses
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
@@ -72,7 +82,94 @@ struct __half { _Float16 value; };
 inline float __half2float(__half h) { return (float)h.value; }
 inline __half __float2half_rn(float f) { return __half{(_Float16)f}; }
 inline __half __double2half(double d) { return __half{(_Float16)d}; }
+struct __half2 { __half x, y; };
+inline __half2 __floats2half2_rn(float x, float y) { return __half2{__float2half_rn(x), __float2half_rn(y)}; }
 """
+
+# The PTX of the tensor-core kernels' building blocks, on the CPU: (original, stand-in) text.
+TENSOR_CORE_STAND_INS = (
+    (
+        ASYNC_COPY_PRELUDE,
+        r"""
+inline unsigned long long smem_addr(const void* p) { return (unsigned long long)p; }
+inline void copy16(unsigned long long dst, const void* src, bool valid) {
+  if (valid) std::memcpy((void*)dst, src, 16); else std::memset((void*)dst, 0, 16);
+}
+""",
+    ),
+    (
+        mma_fragments(DataType.HALF),
+        r"""
+alignas(16) unsigned long long fragment_rows[1024];
+alignas(16) unsigned fragments[1024][6];
+inline unsigned pair_at(const _Float16* a, const _Float16* b) {  // two halves, a in the low bits
+  unsigned short lo, hi;
+  std::memcpy(&lo, a, 2); std::memcpy(&hi, b, 2);
+  return lo | ((unsigned)hi << 16);
+}
+// ldmatrix .x4: lanes 8m..8m+7 give the rows of matrix m; lane l gets (row l/4, columns 2(l%4), +1)
+// of each, or with .trans (rows 2(l%4), +1 of column l/4).
+inline void ldmatrix_any(unsigned long long addr, unsigned* r, bool trans) {
+  const int lane = threadIdx.x & 31, warp0 = threadIdx.x - lane;
+  fragment_rows[threadIdx.x] = addr;
+  __syncthreads();
+  for (int m = 0; m < 4; ++m) {
+    if (!trans) {
+      const _Float16* row = (const _Float16*)fragment_rows[warp0 + 8 * m + lane / 4] + 2 * (lane % 4);
+      r[m] = pair_at(row, row + 1);
+    } else {
+      const _Float16* r0 = (const _Float16*)fragment_rows[warp0 + 8 * m + 2 * (lane % 4)] + lane / 4;
+      const _Float16* r1 = (const _Float16*)fragment_rows[warp0 + 8 * m + 2 * (lane % 4) + 1] + lane / 4;
+      r[m] = pair_at(r0, r1);
+    }
+  }
+  __syncthreads();
+}
+inline void ldmatrix_x4(unsigned long long addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  unsigned r[4]; ldmatrix_any(addr, r, false); r0 = r[0]; r1 = r[1]; r2 = r[2]; r3 = r[3];
+}
+inline void ldmatrix_x4_trans(unsigned long long addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  unsigned r[4]; ldmatrix_any(addr, r, true); r0 = r[0]; r1 = r[1]; r2 = r[2]; r3 = r[3];
+}
+inline float half_of(unsigned pair, int k) {
+  unsigned short bits = k ? pair >> 16 : pair & 0xffff; _Float16 h; std::memcpy(&h, &bits, 2); return (float)h;
+}
+// m16n8k16: A (row, k) is in lane (row%8)*4 + (k%8)/2, register (row>=8) + 2(k>=8); B (k, n) in
+// lane n*4 + (k%8)/2, register k>=8; D (row, col) in lane (row%8)*4 + col/2, register 2(row>=8) + col%2.
+inline void mma_16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  const int lane = threadIdx.x & 31, warp0 = threadIdx.x - lane;
+  unsigned* mine = fragments[threadIdx.x];
+  mine[0] = a[0]; mine[1] = a[1]; mine[2] = a[2]; mine[3] = a[3]; mine[4] = b0; mine[5] = b1;
+  __syncthreads();
+  for (int e = 0; e < 4; ++e) {
+    const int row = lane / 4 + 8 * (e >> 1), col = 2 * (lane % 4) + (e & 1);
+    float sum = d[e];
+    for (int k = 0; k < 16; ++k) {
+      const float x = half_of(fragments[warp0 + (row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
+      const float y = half_of(fragments[warp0 + col * 4 + (k % 8) / 2][4 + (k >= 8)], k % 2);
+      sum += x * y;
+    }
+    d[e] = sum;
+  }
+  __syncthreads();
+}
+""",
+    ),
+    ('asm volatile("cp.async.commit_group;\\n" ::);', ";"),
+    ('asm volatile("cp.async.wait_group 1;\\n" ::);', ";"),
+    ('asm volatile("cp.async.wait_group 0;\\n" ::);', ";"),
+    ("gd::exp2_approx(", "exp2f("),
+)
+
+
+def _on_the_cpu(kernel: Kernel) -> str:
+    """The kernel's source with the tensor-core stand-ins and its dynamic shared memory static."""
+    source = kernel.source
+    for original, stand_in in TENSOR_CORE_STAND_INS:
+        source = source.replace(original, stand_in)
+    dynamic = "extern __shared__ __align__(128) unsigned char smem[];"
+    return source.replace(dynamic, f"alignas(128) static unsigned char smem[{max(kernel.shared_bytes, 16)}];")
+
 
 LAUNCH = """
 extern "C" void launch(void** args, int gx, int gy, int gz, int threads) {{
@@ -103,7 +200,7 @@ def _library(kernel: Kernel, build: Path) -> ctypes.CDLL:
     for i, declaration in enumerate(match.group(1).split(", ")):
         c_type = declaration.rsplit(" ", 1)[0]
         args.append(f"({c_type})args[{i}]" if "*" in c_type else f"*({c_type.removeprefix('const ')}*)args[{i}]")
-    text = SHIM + kernel.source + LAUNCH.format(call=f"{kernel.name}({', '.join(args)})")
+    text = SHIM + _on_the_cpu(kernel) + LAUNCH.format(call=f"{kernel.name}({', '.join(args)})")
     key = hashlib.sha256(text.encode()).hexdigest()[:20]
     library = build / f"{key}.so"
     if not library.exists():
@@ -129,11 +226,13 @@ def run(
     for t in (*fused.inputs, *fused.outputs):
         if t.is_pass_by_value:
             continue
-        dtype = {"double": np.float64, "half": np.float16, "int32": np.int32, "int64": np.int64}.get(
-            t.data_type.value, np.float32
+        integer = t.data_type.value in ("int32", "int64")  # sequence lengths, indices
+        dtype = (
+            t.data_type.numpy
+            if integer
+            else {"double": np.float64, "half": np.float16}.get(t.data_type.value, np.float32)
         )
-        poison = np.nan if np.issubdtype(dtype, np.floating) else -1
-        buffers[t.id] = np.full(storage_extent(t.dim, t.stride), poison, dtype=dtype)
+        buffers[t.id] = np.full(storage_extent(t.dim, t.stride), -77 if integer else np.nan, dtype=dtype)
         if t in fused.inputs:
             _strided(buffers[t.id], t)[...] = memory[t.name]
     scratch = {s.name: np.full(-(-s.bytes // 4), np.nan, dtype=np.float32) for s in program.scratch}

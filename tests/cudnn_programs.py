@@ -341,6 +341,57 @@ def sdpa(device: str) -> list[Result]:
     return [Result("sdpa::O", o, want, DataType.HALF), Result("sdpa::Stats", stats, lse, DataType.FLOAT)]
 
 
+def sdpa_backward(device: str) -> list[Result]:
+    """The frontend's SDPA backward sample: a forward graph saves O and Stats, a backward graph
+    takes them with dO (GQA, causal, BSHD strides); gradients against torch's CPU autograd."""
+    torch.manual_seed(9)
+    b, h, h_kv, s, d = 2, 4, 2, 48, 32
+    q = torch.randn(b, s, h, d, dtype=torch.half, device=device).transpose(1, 2)
+    k, v = (torch.randn(b, s, h_kv, d, dtype=torch.half, device=device).transpose(1, 2) for _ in range(2))
+    d_o = torch.randn(b, s, h, d, dtype=torch.half, device=device).transpose(1, 2)
+    attn_scale = d**-0.5
+    types = dict(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+
+    forward = cudnn.pygraph(**types)
+    Q, K, V = (forward.tensor_like(t) for t in (q, k, v))
+    OUT, STATS = forward.sdpa(
+        name="sdpa", q=Q, k=K, v=V, generate_stats=True, attn_scale=attn_scale, use_causal_mask=True
+    )
+    o = torch.empty_like(q)
+    OUT.set_output(True).set_dim(o.size()).set_stride(o.stride())
+    STATS.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    forward.build([cudnn.heur_mode.A])
+    stats = torch.empty(b, h, s, 1, dtype=torch.float32, device=device)
+    forward.execute({Q: q, K: k, V: v, OUT: o, STATS: stats})
+
+    backward = cudnn.pygraph(**types)
+    Q, K, V, OUT, DO = (backward.tensor_like(t) for t in (q, k, v, o, d_o))
+    S = backward.tensor_like(stats)
+    DQ, DK, DV = backward.sdpa_backward(
+        name="sdpa_backward", q=Q, k=K, v=V, o=OUT, dO=DO, stats=S, attn_scale=attn_scale, use_causal_mask=True
+    )
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    for tensor, grad in zip((DQ, DK, DV), grads):
+        tensor.set_output(True).set_dim(grad.size()).set_stride(grad.stride())
+    backward.build([cudnn.heur_mode.A])
+    workspace = torch.empty(backward.get_workspace_size(), device=device, dtype=torch.uint8)
+    backward.execute({Q: q, K: k, V: v, OUT: o, DO: d_o, S: stats, DQ: grads[0], DK: grads[1], DV: grads[2]}, workspace)
+
+    leaves = [t.detach().to("cpu", torch.float64).requires_grad_(True) for t in (q, k, v)]
+    scores = leaves[0] @ leaves[1].repeat_interleave(2, 1).transpose(-1, -2) * attn_scale
+    scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), -torch.inf)
+    out = torch.softmax(scores, -1) @ leaves[2].repeat_interleave(2, 1)
+    out.backward(d_o.to("cpu", torch.float64))
+    return [
+        Result(f"sdpa_backward::{name}", grad, f64(leaf.grad), DataType.HALF)
+        for name, grad, leaf in zip(("dQ", "dK", "dV"), grads, leaves)
+    ]
+
+
 def high_level_graph(device: str) -> list[Result]:
     """The frontend's ``cudnn.Graph``: framework tensors as op arguments, ``inputs=`` and
     ``outputs=`` naming the call's order, the built graph called with new buffers."""
@@ -509,6 +560,7 @@ PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
         matmul_bias,
         genstats,
         sdpa,
+        sdpa_backward,
         high_level_graph,
         conv_backward,
         norms_inference_and_backward,

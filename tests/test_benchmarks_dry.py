@@ -45,3 +45,9 @@ def test_the_norm_backward_cases_build_as_one_pass_and_a_reduction() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("2 kernel(s), built in") == 4  # layer and RMS norm, two sizes each
     assert "drelu+dadd+batchnorm backward n4 c16 56²: 3 kernel(s)" in result.stdout  # sums, finalize, dx
+
+
+def test_the_attention_benchmark_builds_forward_and_backward_plans() -> None:
+    result = _benchmark("attention.py", "--dry")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("sdpa_backward_") == 4 and result.stdout.count(": 3 kernel(s)") == 4

@@ -115,6 +115,35 @@ def test_sdpa_returns_o_and_stats_with_the_frontend_switches() -> None:
     assert graph.spec.nodes[-1].attributes.use_causal_mask_bottom_right  # type: ignore[attr-defined]
 
 
+def test_sdpa_backward_takes_the_frontends_arguments_and_matches_torch_autograd() -> None:
+    """The frontend's backward sample: the forward's O and Stats in, [dQ, dK, dV] out, GQA, causal."""
+    torch = pytest.importorskip("torch")
+    graph = float_graph()
+    dims = {"q": [1, 4, 6, 8], "k": [1, 2, 6, 8], "v": [1, 2, 6, 4], "o": [1, 4, 6, 4], "dO": [1, 4, 6, 4]}
+    t = {n: graph.tensor(name=n, dim=d) for n, d in dims.items()}
+    stats = graph.tensor(name="stats", dim=[1, 4, 6, 1], data_type=FLOAT)
+    dq, dk, dv = graph.sdpa_backward(
+        t["q"], t["k"], t["v"], t["o"], t["dO"], stats, attn_scale=0.5, diagonal_band_right_bound=0,
+        use_deterministic_algorithm=True, name="bwd",
+    )  # fmt: skip
+    assert [x.get_name() for x in (dq, dk, dv)] == ["bwd::dQ", "bwd::dK", "bwd::dV"]
+    for x in (dq, dk, dv):
+        x.set_output(True)
+    assert graph.spec.nodes[-1].attributes.use_causal_mask  # type: ignore[attr-defined]
+    values = {n: rand(*d, seed=i) for i, (n, d) in enumerate(dims.items())}
+    q, k, v = (torch.tensor(values[n], dtype=torch.float64, requires_grad=True) for n in "qkv")
+    s = 0.5 * q @ k.repeat_interleave(2, 1).transpose(-1, -2)
+    s = s.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -torch.inf)
+    o = torch.softmax(s, -1) @ v.repeat_interleave(2, 1)
+    o.backward(torch.tensor(values["dO"], dtype=torch.float64))
+    values["o"] = o.detach().numpy().astype(np.float32)
+    got = {x: np.empty(x.get_dim(), np.float32) for x in (dq, dk, dv)}
+    lse = torch.logsumexp(s, -1, keepdim=True).detach().numpy().astype(np.float32)
+    run(graph, {**{t[n]: values[n] for n in dims}, stats: lse, **got})
+    for x, want in zip((dq, dk, dv), (q.grad, k.grad, v.grad)):
+        np.testing.assert_allclose(got[x], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
 # -- tensors ------------------------------------------------------------------------------------------
 def test_tensor_like_makes_a_one_element_host_tensor_pass_by_value() -> None:
     graph = float_graph()
@@ -305,6 +334,8 @@ def test_sm_version_compiles_the_gpu_plan_without_a_gpu() -> None:
         (lambda g, x: g.tan(x), "pygraph.tan is not supported: graphdnn has no tangent op"),
         (lambda g, x: g.relu_backward(x, x), "no activation backward ops"),
         (lambda g, x: g.sdpa(x, x, x, dropout=(0.1, x, x)), "dropout"),
+        (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, dBias=x), "sdpa_backward dBias: .* no bias gradient"),
+        (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, diagonal_band_right_bound=2), "right_bound=2"),
         (lambda g, x: g.batchnorm(x, x, x, None, None, 1e-5, None, peer_stats=[x]), "peer_stats"),
         (lambda g, x: g.matmul(x, x, padding=1.0), "ragged matmul padding"),
         (lambda g, x: g.tensor(dim=[4], ragged_offset=x), "ragged"),

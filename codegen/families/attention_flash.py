@@ -17,11 +17,13 @@ row starts 16-byte aligned (the runtime checks the pointers); otherwise element 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
+from graphdnn.ir import Tensor
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
@@ -104,9 +106,9 @@ def shared_bytes(a: Attention, c: FlashConfig) -> int:
     return 2 * (c.block_m * q_row + 2 * c.block_n * (q_row + v_row))
 
 
-def vectorizable(a: Attention) -> bool:
-    """Rows of Q, K and V copy as 16-byte chunks (given aligned pointers)."""
-    for t in (a.q, a.k, a.v):
+def vectorizable(tensors: Sequence[Tensor]) -> bool:
+    """Rows of every tensor (Q, K, V...) copy as 16-byte chunks (given aligned pointers)."""
+    for t in tensors:
         if t.stride[3] != 1 or t.dim[3] % 8:
             return False
         if any(stride % 8 for d, stride in zip(t.dim[:3], t.stride[:3]) if d != 1):
@@ -117,7 +119,7 @@ def vectorizable(a: Attention) -> bool:
 def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfig) -> Kernel:
     declared = declare(a)
     names, params = declared.names, declared.params
-    vec = vectorizable(a)
+    vec = vectorizable((a.q, a.k, a.v))
     aligned = params.aligned_flag() if vec else "false"
     dp, dvp = padded(a.d), padded(a.dv)
     q_in_registers = c.m_tiles * dp <= 128  # fragments a thread keeps: at most 32 registers
@@ -137,7 +139,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         "T* const k_s = q_s + BM * QROW;  // [2][BN][QROW]",
         "T* const v_s = k_s + 2 * BN * QROW;  // [2][BN][VROW]",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
-        *_tile_loader(vec, aligned),
+        *tile_loader(vec, aligned),
         "const T* const q_g = "
         + names["Q"]
         + " + (long long)b * QS[0] + (long long)h * QS[1] + (long long)row0 * QS[2];",
@@ -211,7 +213,7 @@ def pack_function(data_type: DataType) -> str:
     )
 
 
-def _tile_loader(vec: bool, aligned: str) -> list[str]:
+def tile_loader(vec: bool, aligned: str) -> list[str]:
     """``load_rows``: ``rows`` rows of ``width`` elements (row stride ``rs``, element stride
     ``cs``) into shared rows of ``row_elems``, zero past ``valid`` rows and ``width``
     columns up to the padded width."""

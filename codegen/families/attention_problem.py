@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Node, Tensor
-from graphdnn.ops.attention import SdpaAttributes, alibi_slopes, kv_length
+from graphdnn.ops.attention import Masks, alibi_slopes, kv_length
 
 from ..context import KernelParams, scalar_value
 from ..cuda_types import cuda_type, load
@@ -32,7 +32,7 @@ class Attention:
     q: Tensor
     k: Tensor
     v: Tensor
-    o: Tensor | None  # each output only when the fused node writes it to memory
+    o: Tensor | None  # each output only when the fused node writes it to memory (None in the backward)
     stats: Tensor | None
     bias: Tensor | None
     scale: Tensor | None
@@ -42,9 +42,10 @@ class Attention:
     page_table_v: Tensor | None
 
     @property
-    def attrs(self) -> SdpaAttributes:
-        assert isinstance(self.node.attributes, SdpaAttributes)
-        return self.node.attributes
+    def attrs(self) -> Masks:
+        """The node's masks: an sdpa's or an sdpa_backward's attributes."""
+        masks: Masks = self.node.attributes  # type: ignore[assignment]
+        return masks
 
     @property
     def batch(self) -> int:
@@ -154,20 +155,33 @@ def strides(tensor: Tensor) -> str:
 
 def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
     """Constants; the block's batch ``b``, head ``h``, kv head ``hk`` and first row ``row0``
-    (heavy causal blocks first); the effective lengths ``sq``, ``skv``; ``diag``; the
-    scale ``scale`` (natural units) and the ALiBi slope."""
+    (heavy causal blocks first); then :func:`lengths_and_scale`."""
     m_blocks = -(-a.sq // block_m)
-    lines = [
-        "const float NEG_INF = __int_as_float(0xff800000);",
-        f"constexpr int HQ = {a.heads}, GROUP = {a.heads // a.kv_heads}, SQ = {a.sq}, SKV = {a.skv};",
-        f"constexpr int D = {a.d}, DV = {a.dv}, M_BLOCKS = {m_blocks};",
+    return [
+        *constants(a),
+        f"constexpr int M_BLOCKS = {m_blocks};",
         "const int m_block = M_BLOCKS - 1 - (int)(blockIdx.x % M_BLOCKS);  // the longest causal rows first",
         "const int h = (int)((blockIdx.x / M_BLOCKS) % HQ), b = (int)(blockIdx.x / M_BLOCKS / HQ);",
         "const int hk = h / GROUP;",
         f"const int row0 = m_block * {block_m};",
+        *lengths_and_scale(a, names),
     ]
-    lines += sequence_setup(a, names) + alibi_table(a)
-    if a.attrs.use_alibi_mask:
+
+
+def constants(a: Attention) -> list[str]:
+    """``NEG_INF`` and the problem's extents: HQ, GROUP, SQ, SKV, D, DV."""
+    return [
+        "const float NEG_INF = __int_as_float(0xff800000);",
+        f"constexpr int HQ = {a.heads}, GROUP = {a.heads // a.kv_heads}, SQ = {a.sq}, SKV = {a.skv};",
+        f"constexpr int D = {a.d}, DV = {a.dv};",
+    ]
+
+
+def lengths_and_scale(a: Attention, names: dict[str, str], with_slope: bool = True) -> list[str]:
+    """:func:`sequence_setup`; with ALiBi the ``SLOPES`` table and, unless ``with_slope`` is false
+    (a kernel that walks the heads sets it per head), query head ``h``'s ``slope``."""
+    lines = sequence_setup(a, names) + alibi_table(a)
+    if a.attrs.use_alibi_mask and with_slope:
         lines.append("const float slope = SLOPES[h];")
     return lines
 

@@ -109,7 +109,7 @@ def supported(a: Attention, arch: int) -> bool:
         and types <= TENSOR_CORE_TYPES
         and a.d in HEAD_DIMS
         and a.dv in HEAD_DIMS
-        and vectorizable(a)
+        and vectorizable((a.q, a.k, a.v))
         and shared_bytes(a, DEFAULT.block_n) <= MAX_SHARED
     )
 

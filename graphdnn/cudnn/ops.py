@@ -36,6 +36,31 @@ def _dims(values: Sequence[int] | None) -> Sequence[int] | None:
     return None if values is None or len(values) == 0 else values
 
 
+def _diagonal_band(
+    name: str,
+    causal: bool,
+    bottom_right: bool,
+    window: int | None,
+    alignment: diagonal_alignment,
+    left_bound: int | None,
+    right_bound: int | None,
+) -> tuple[bool, bool, int | None]:
+    """The frontend's diagonal band as graphdnn's masks (use_causal_mask,
+    use_causal_mask_bottom_right, sliding_window_length): a right bound of 0 is the causal mask
+    (bottom-right aligned with BOTTOM_RIGHT), a left bound is the sliding window."""
+    if right_bound not in (None, 0):
+        raise UnsupportedError(
+            f"sdpa diagonal_band_right_bound={right_bound}: graphdnn's masks are causal (0) or none", node=name
+        )
+    if right_bound == 0:
+        aligned_bottom_right = alignment is type(alignment).BOTTOM_RIGHT
+        bottom_right = bottom_right or aligned_bottom_right
+        causal = causal or not aligned_bottom_right
+    if left_bound is not None:
+        window = left_bound
+    return causal, bottom_right, window
+
+
 class FrontendOps:
     """Op methods of :class:`~graphdnn.cudnn.pygraph`, mixed in; ``_spec`` is the builder."""
 
@@ -326,17 +351,10 @@ class FrontendOps:
         for what, value in (("dropout", dropout), ("rng_dump", rng_dump)):
             if value is not None:
                 raise UnsupportedError(f"sdpa {what}: graphdnn's attention has no dropout yet", node=name)
-        if diagonal_band_right_bound not in (None, 0):
-            raise UnsupportedError(
-                f"sdpa diagonal_band_right_bound={diagonal_band_right_bound}: graphdnn's masks are causal (0) or none",
-                node=name,
-            )
-        if diagonal_band_right_bound == 0:
-            bottom_right = diagonal_alignment is type(diagonal_alignment).BOTTOM_RIGHT
-            use_causal_mask_bottom_right = use_causal_mask_bottom_right or bottom_right
-            use_causal_mask = use_causal_mask or not bottom_right
-        if diagonal_band_left_bound is not None:
-            sliding_window_length = diagonal_band_left_bound
+        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length = _diagonal_band(
+            name, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, diagonal_alignment,
+            diagonal_band_left_bound, diagonal_band_right_bound,
+        )  # fmt: skip
         if generate_stats is None:
             generate_stats = is_inference is False
         node = self._node(name)
@@ -350,6 +368,65 @@ class FrontendOps:
         return self._label(node, [o, stats], ("O", "Stats"))
 
     scaled_dot_product_flash_attention = sdpa  # the frontend's other name for it
+
+    def sdpa_backward(
+        self,
+        q: TensorSpec,
+        k: TensorSpec,
+        v: TensorSpec,
+        o: TensorSpec,
+        dO: TensorSpec,  # the frontend's name
+        stats: TensorSpec,
+        attn_scale: TensorSpec | float | None = None,
+        bias: MaybeTensor = None,
+        dBias: MaybeTensor = None,  # the frontend's name
+        use_alibi_mask: bool = False,
+        use_padding_mask: bool = False,
+        seq_len_q: MaybeTensor = None,
+        seq_len_kv: MaybeTensor = None,
+        max_total_seq_len_q: int | None = None,
+        max_total_seq_len_kv: int | None = None,
+        use_causal_mask: bool = False,
+        use_causal_mask_bottom_right: bool = False,
+        sliding_window_length: int | None = None,
+        diagonal_alignment: diagonal_alignment = diagonal_alignment.TOP_LEFT,
+        diagonal_band_left_bound: int | None = None,
+        diagonal_band_right_bound: int | None = None,
+        dropout: Any = None,
+        rng_dump: MaybeTensor = None,
+        use_deterministic_algorithm: bool = False,
+        compute_data_type: Any = None,
+        name: str = "",
+    ) -> list[MaybeTensor]:
+        """-> [dQ, dK, dV], from the forward's O and Stats, with its scale, bias, masks and lengths.
+
+        graphdnn's backward is always deterministic (no atomics), so
+        ``use_deterministic_algorithm`` changes nothing.
+        """
+        for what, value in (
+            ("dBias", dBias),
+            ("max_total_seq_len_q", max_total_seq_len_q),
+            ("max_total_seq_len_kv", max_total_seq_len_kv),
+            ("dropout", dropout),
+            ("rng_dump", rng_dump),
+        ):
+            if value is not None:
+                raise UnsupportedError(
+                    f"sdpa_backward {what}: graphdnn's attention backward has no bias gradient, ragged "
+                    "sequences or dropout",
+                    node=name,
+                )
+        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length = _diagonal_band(
+            name, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, diagonal_alignment,
+            diagonal_band_left_bound, diagonal_band_right_bound,
+        )  # fmt: skip
+        node = self._node(name)
+        grads = self._spec.sdpa_backward(
+            q, k, v, o, dO, stats, attn_scale, bias, use_causal_mask, use_causal_mask_bottom_right,
+            sliding_window_length, use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask,
+            compute_type(compute_data_type), node,
+        )  # fmt: skip
+        return self._label(node, list(grads), ("dQ", "dK", "dV"))
 
     # -- data movement ---------------------------------------------------------------------------
     def slice(

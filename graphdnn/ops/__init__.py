@@ -5,6 +5,7 @@ reference semantics) and the builder methods that add them to a graph.
 """
 
 from .attention import AttentionMethods
+from .attention_backward import AttentionBackwardMethods
 from .base import Category, Inferred, Op, Role, get_op, op_kinds
 from .conv import ConvMethods
 from .index import IndexMethods
@@ -23,6 +24,7 @@ from .topk import TopkMethods
 
 class OpMethods(
     AttentionMethods,
+    AttentionBackwardMethods,
     ConvMethods,
     IndexMethods,
     MatmulMethods,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -44,6 +44,21 @@ class SdpaAttributes(Attributes):
     use_padding_mask: bool = False
     use_alibi_mask: bool = False
     paged_attention_max_seq_len_kv: int | None = None  # the logical Skv of a paged cache
+
+
+class Masks(Protocol):
+    """The mask attributes sdpa and sdpa_backward share (read-only, as their dataclasses are frozen)."""
+
+    @property
+    def use_causal_mask(self) -> bool: ...
+    @property
+    def use_causal_mask_bottom_right(self) -> bool: ...
+    @property
+    def sliding_window_length(self) -> int | None: ...
+    @property
+    def use_padding_mask(self) -> bool: ...
+    @property
+    def use_alibi_mask(self) -> bool: ...
 
 
 def alibi_slopes(heads: int) -> tuple[float, ...]:
@@ -81,42 +96,7 @@ class Sdpa(Op):
         return self.output_names if attributes.generate_stats else frozenset({"O"})  # type: ignore[attr-defined]
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
-        q, k, v = (_rank4(node, role) for role in ("Q", "K", "V"))
-        batch, q_heads, sq, d = q.dim
-        if q_heads % k.dim[1]:
-            fail(node, f"Q has {q_heads} heads, not a multiple of K and V's {k.dim[1]}", role="K")
-        for role, extent in (("Q", d), ("V", v.dim[3])):
-            if extent > MAX_HEAD_DIM:
-                fail(node, f"{role} has head dim {extent}; sdpa takes head dims up to {MAX_HEAD_DIM}", role=role)
-        if node.input("PAGE_TABLE_K") is not None or node.input("PAGE_TABLE_V") is not None:
-            skv = _check_paged(node, batch, d)
-            _check_attributes(node)
-            _check_seq_lens(node, batch)
-            return self._outputs(node, (batch, q_heads, sq, skv), v.dim[3])
-        if node.attributes.paged_attention_max_seq_len_kv is not None:  # type: ignore[attr-defined]
-            fail_attribute(node, "paged_attention_max_seq_len_kv is set without paged_attention_k_table / _v_table")
-        if k.dim[0] != batch or k.dim[3] != d:
-            fail(node, f"K has dims {list(k.dim)}; expected [B, Hk, Skv, D] with Q's B = {batch} and D = {d}", role="K")
-        if v.dim[:3] != k.dim[:3]:
-            fail(
-                node,
-                f"V has dims {list(v.dim)}; expected [B, Hk, Skv, Dv] with K's [B, Hk, Skv] = {list(k.dim[:3])}",
-                role="V",
-            )
-        _check_attributes(node)
-        _check_seq_lens(node, batch)
-        return self._outputs(node, (batch, q_heads, sq, k.dim[2]), v.dim[3])
-
-    def _outputs(self, node: Node, scores: tuple[Extent, ...], dv: Extent) -> dict[str, Inferred]:
-        """O and STATS, once Q, K, V and the lengths are checked; ``scores`` is [B, Hq, Sq, Skv]."""
-        batch, q_heads, sq, _ = scores
-        bias = node.input("BIAS")
-        if bias is not None and (len(bias.dim) != 4 or any(e not in (1, s) for e, s in zip(bias.dim, scores))):
-            fail(
-                node,
-                f"BIAS has dims {list(bias.dim)}; expected rank 4, each dim 1 or that of [B, Hq, Sq, Skv] = {list(scores)}",
-                role="BIAS",
-            )
+        batch, q_heads, sq, _, dv = check_problem(node)
         inferred = {"O": Inferred((batch, q_heads, sq, dv))}
         if node.attributes.generate_stats:  # type: ignore[attr-defined]
             inferred["STATS"] = Inferred((batch, q_heads, sq, 1), data_type=DataType.FLOAT)
@@ -124,32 +104,12 @@ class Sdpa(Op):
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
-        q, k, v = x["Q"], x["K"], x["V"]
         if "PAGE_TABLE_K" in x:
             skv = kv_length(node)
-            k = gather_pages(node, k, x["PAGE_TABLE_K"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_K")
-            v = gather_pages(node, v, x["PAGE_TABLE_V"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_V")
-        batch, q_heads, sq, _ = q.shape
-        skv = k.shape[2]
-        group = q_heads // k.shape[1]
-        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # head h reads head h // group
-        scores = x.get("ATTN_SCALE", 1.0) * np.matmul(q, k.swapaxes(-1, -2)) + x.get("BIAS", 0.0)
-
-        # Effective lengths per batch, as [B, 1, 1, 1]; rows i and keys j broadcast against them.
-        if attrs.use_padding_mask:
-            lq = np.clip(x["SEQ_LEN_Q"], 0, sq).reshape(batch, 1, 1, 1)
-            lkv = np.clip(x["SEQ_LEN_KV"], 0, skv).reshape(batch, 1, 1, 1)
-        else:
-            lq, lkv = np.full((batch, 1, 1, 1), sq), np.full((batch, 1, 1, 1), skv)
-        i, j = np.arange(sq).reshape(1, 1, sq, 1), np.arange(skv).reshape(1, 1, 1, skv)
-        diagonal = i + (lkv - lq if attrs.use_causal_mask_bottom_right else 0)  # the causal diagonal, per row
-        visible = (i < lq) & (j < lkv)
-        if attrs.use_causal_mask or attrs.use_causal_mask_bottom_right:
-            visible = visible & (j <= diagonal)
-        if attrs.sliding_window_length is not None:
-            visible = visible & (j > diagonal - attrs.sliding_window_length)
-        if attrs.use_alibi_mask:
-            scores = scores + np.array(alibi_slopes(q_heads)).reshape(1, q_heads, 1, 1) * (j - diagonal)
+            k = gather_pages(node, x["K"], x["PAGE_TABLE_K"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_K")
+            v = gather_pages(node, x["V"], x["PAGE_TABLE_V"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_V")
+            x = {**x, "K": k, "V": v}
+        scores, visible, v = masked_scores(attrs, x)
 
         # Stable softmax over the visible keys; a row with none gives O = 0 and STATS = -inf.
         row_max = np.where(visible, scores, -np.inf).max(axis=-1, keepdims=True)
@@ -164,17 +124,21 @@ class Sdpa(Op):
         return outputs
 
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
-        """A sequence length lies in [0, S] (the kernels clamp others, random inputs need not); a
-        page table entry names a page of its pool."""
-        if role in PAGE_TABLE_ROLES:
-            pool = node.input("K" if role == "PAGE_TABLE_K" else "V")
-            assert pool is not None
-            return 0, pool.static_dim[0] - 1
-        if role not in SEQ_LEN_ROLES:
-            return None
-        q = node.input("Q")
-        assert q is not None
-        return 0, q.static_dim[2] if role == "SEQ_LEN_Q" else kv_length(node)
+        return sequence_length_range(node, role)
+
+
+def sequence_length_range(node: Node, role: str) -> tuple[int, int] | None:
+    """A sequence length lies in [0, S] (the kernels clamp others, random inputs need not); a
+    page table entry names a page of its pool."""
+    if role in PAGE_TABLE_ROLES:
+        pool = node.input("K" if role == "PAGE_TABLE_K" else "V")
+        assert pool is not None
+        return 0, pool.static_dim[0] - 1
+    if role not in SEQ_LEN_ROLES:
+        return None
+    q = node.input("Q")
+    assert q is not None
+    return 0, q.static_dim[2] if role == "SEQ_LEN_Q" else kv_length(node)
 
 
 def kv_length(node: Node) -> int:
@@ -210,7 +174,74 @@ def gather_pages(
     return dense
 
 
-def _rank4(node: Node, role: str) -> Tensor:
+def masked_scores(attrs: Masks, x: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scores ``[B, Hq, Sq, Skv]`` (scale, bias and ALiBi applied), which of them are
+    visible under the masks and lengths, and V repeated to Q's heads: what the forward's
+    reference and the backward's share."""
+    q, k, v = x["Q"], x["K"], x["V"]
+    batch, q_heads, sq, _ = q.shape
+    skv = k.shape[2]
+    group = q_heads // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # head h reads head h // group
+    scores = x.get("ATTN_SCALE", 1.0) * np.matmul(q, k.swapaxes(-1, -2)) + x.get("BIAS", 0.0)
+
+    # Effective lengths per batch, as [B, 1, 1, 1]; rows i and keys j broadcast against them.
+    if attrs.use_padding_mask:
+        lq = np.clip(x["SEQ_LEN_Q"], 0, sq).reshape(batch, 1, 1, 1)
+        lkv = np.clip(x["SEQ_LEN_KV"], 0, skv).reshape(batch, 1, 1, 1)
+    else:
+        lq, lkv = np.full((batch, 1, 1, 1), sq), np.full((batch, 1, 1, 1), skv)
+    i, j = np.arange(sq).reshape(1, 1, sq, 1), np.arange(skv).reshape(1, 1, 1, skv)
+    diagonal = i + (lkv - lq if attrs.use_causal_mask_bottom_right else 0)  # the causal diagonal, per row
+    visible = (i < lq) & (j < lkv)
+    if attrs.use_causal_mask or attrs.use_causal_mask_bottom_right:
+        visible = visible & (j <= diagonal)
+    if attrs.sliding_window_length is not None:
+        visible = visible & (j > diagonal - attrs.sliding_window_length)
+    if attrs.use_alibi_mask:
+        scores = scores + np.array(alibi_slopes(q_heads)).reshape(1, q_heads, 1, 1) * (j - diagonal)
+    return scores, np.broadcast_to(visible, scores.shape), v
+
+
+def check_problem(node: Node) -> tuple[Extent, Extent, Extent, Extent, Extent]:
+    """Check Q, K, V, BIAS, the sequence lengths and the mask attributes (forward and backward
+    take the same); return (B, Hq, Sq, D, Dv)."""
+    q, k, v = (rank4(node, role) for role in ("Q", "K", "V"))
+    batch, q_heads, sq, d = q.dim
+    if q_heads % k.dim[1]:
+        fail(node, f"Q has {q_heads} heads, not a multiple of K and V's {k.dim[1]}", role="K")
+    for role, extent in (("Q", d), ("V", v.dim[3])):
+        if extent > MAX_HEAD_DIM:
+            fail(node, f"{role} has head dim {extent}; sdpa takes head dims up to {MAX_HEAD_DIM}", role=role)
+    skv: Extent
+    if any(node.input(role) is not None for role in PAGE_TABLE_ROLES):
+        skv = _check_paged(node, batch, d)
+    else:
+        if getattr(node.attributes, "paged_attention_max_seq_len_kv", None) is not None:
+            fail_attribute(node, "paged_attention_max_seq_len_kv is set without paged_attention_k_table / _v_table")
+        if k.dim[0] != batch or k.dim[3] != d:
+            fail(node, f"K has dims {list(k.dim)}; expected [B, Hk, Skv, D] with Q's B = {batch} and D = {d}", role="K")
+        if v.dim[:3] != k.dim[:3]:
+            fail(
+                node,
+                f"V has dims {list(v.dim)}; expected [B, Hk, Skv, Dv] with K's [B, Hk, Skv] = {list(k.dim[:3])}",
+                role="V",
+            )
+        skv = k.dim[2]
+    check_attributes(node)
+    check_seq_lens(node, batch)
+    bias = node.input("BIAS")
+    scores = (batch, q_heads, sq, skv)
+    if bias is not None and (len(bias.dim) != 4 or any(e not in (1, s) for e, s in zip(bias.dim, scores))):
+        fail(
+            node,
+            f"BIAS has dims {list(bias.dim)}; expected rank 4, each dim 1 or that of [B, Hq, Sq, Skv] = {list(scores)}",
+            role="BIAS",
+        )
+    return batch, q_heads, sq, d, v.dim[3]
+
+
+def rank4(node: Node, role: str) -> Tensor:
     tensor = node.input(role)
     assert tensor is not None
     if len(tensor.dim) != 4:
@@ -218,8 +249,8 @@ def _rank4(node: Node, role: str) -> Tensor:
     return tensor
 
 
-def _check_attributes(node: Node) -> None:
-    attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
+def check_attributes(node: Node) -> None:
+    attrs: Masks = node.attributes  # type: ignore[assignment]
     causal = attrs.use_causal_mask or attrs.use_causal_mask_bottom_right
     if attrs.use_causal_mask and attrs.use_causal_mask_bottom_right:
         fail_attribute(node, "use_causal_mask and use_causal_mask_bottom_right exclude each other; set one")
@@ -227,6 +258,28 @@ def _check_attributes(node: Node) -> None:
         fail_attribute(node, f"sliding_window_length is {attrs.sliding_window_length}; it must be at least 1")
     if attrs.use_alibi_mask and not causal:
         fail_attribute(node, "use_alibi_mask needs a causal mask (use_causal_mask or use_causal_mask_bottom_right)")
+
+
+def check_seq_lens(node: Node, batch: Extent) -> None:
+    """SEQ_LEN_Q and SEQ_LEN_KV: both bound, [B, 1, 1, 1] integers, exactly when use_padding_mask."""
+    bound = [role for role in SEQ_LEN_ROLES if node.input(role) is not None]
+    if node.attributes.use_padding_mask:  # type: ignore[attr-defined]
+        missing = [role for role in SEQ_LEN_ROLES if role not in bound]
+        if missing:
+            raise StructureError(f"use_padding_mask needs {' and '.join(missing)}, which is not given", node=node.name)
+    elif bound:
+        raise StructureError(f"{bound[0]} is given but use_padding_mask is false", node=node.name)
+    for role in bound:
+        tensor = node.input(role)
+        assert tensor is not None
+        if tensor.data_type.is_set and (tensor.data_type.is_floating or tensor.data_type is DataType.BOOLEAN):
+            raise DataTypeError(
+                f"{role} '{tensor.name}' is {tensor.data_type.value}; sequence lengths are integers",
+                node=node.name,
+                tensor=tensor.name,
+            )
+        if tensor.dim != (batch, 1, 1, 1):
+            fail(node, f"{role} has dims {list(tensor.dim)}, expected [B, 1, 1, 1] = [{batch}, 1, 1, 1]", role=role)
 
 
 def _check_paged(node: Node, batch: Extent, d: Extent) -> int:
@@ -284,28 +337,6 @@ def _check_paged(node: Node, batch: Extent, d: Extent) -> int:
                 role=role,
             )
     return skv
-
-
-def _check_seq_lens(node: Node, batch: Extent) -> None:
-    """SEQ_LEN_Q and SEQ_LEN_KV: both bound, [B, 1, 1, 1] integers, exactly when use_padding_mask."""
-    bound = [role for role in SEQ_LEN_ROLES if node.input(role) is not None]
-    if node.attributes.use_padding_mask:  # type: ignore[attr-defined]
-        missing = [role for role in SEQ_LEN_ROLES if role not in bound]
-        if missing:
-            raise StructureError(f"use_padding_mask needs {' and '.join(missing)}, which is not given", node=node.name)
-    elif bound:
-        raise StructureError(f"{bound[0]} is given but use_padding_mask is false", node=node.name)
-    for role in bound:
-        tensor = node.input(role)
-        assert tensor is not None
-        if tensor.data_type.is_set and (tensor.data_type.is_floating or tensor.data_type is DataType.BOOLEAN):
-            raise DataTypeError(
-                f"{role} '{tensor.name}' is {tensor.data_type.value}; sequence lengths are integers",
-                node=node.name,
-                tensor=tensor.name,
-            )
-        if tensor.dim != (batch, 1, 1, 1):
-            fail(node, f"{role} has dims {list(tensor.dim)}, expected [B, 1, 1, 1] = [{batch}, 1, 1, 1]", role=role)
 
 
 class AttentionMethods:

@@ -1,0 +1,133 @@
+"""The attention backward family's problem: an ``sdpa_backward`` node's tensors, its kernel
+parameters, the ``delta`` scratch and the preprocess kernel that fills it, and the CUDA the
+backward kernels share (the score gradient of one query row and one key).
+
+The forward's problem (:class:`~.attention_problem.Attention`, without outputs) describes Q,
+K, V, the bias, scale, lengths and masks: the backward reuses its constants, lengths and
+score function, so both passes agree on which keys each row sees. With P = 2^(score - lse)
+(log2 units, lse = STATS log2(e)), ``delta_i = sum_d dO[i, d] O[i, d]`` and
+``dS = P (dO·V - delta)`` (graphdnn/ops/attention_backward.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.ir import Tensor
+
+from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
+from ..cuda_types import load, store
+from ..kernel import Kernel, Scratch
+from .attention_problem import LOG2E, Attention, AttentionParams, constants, element
+
+DELTA = "delta"  # scratch: rowsum(dO * O) per (b, h, i), float, in [B, Hq, Sq] order
+PREPROCESS_THREADS = 128
+
+
+@dataclass(frozen=True)
+class AttentionBackward:
+    problem: Attention  # Q, K, V, bias, scale, lengths and masks (no outputs)
+    o: Tensor
+    d_o: Tensor
+    stats: Tensor
+    dq: Tensor
+    dk: Tensor
+    dv: Tensor
+
+    @property
+    def rows(self) -> int:
+        """Query rows over every batch and head: the entries of ``delta``."""
+        a = self.problem
+        return a.batch * a.heads * a.sq
+
+    @property
+    def scratch(self) -> Scratch:
+        return Scratch(DELTA, 4 * self.rows)
+
+
+def backward_of(fused: FusedNode) -> AttentionBackward:
+    node = fused.anchor
+    assert node is not None and node.op == "sdpa_backward"
+    tensors = {role: node.input(role) for role in ("Q", "K", "V", "O", "DO", "STATS")}
+    tensors |= {role: node.output(role) for role in ("DQ", "DK", "DV")}
+    q, k, v, o, d_o, stats, dq, dk, dv = tensors.values()
+    assert all(t is not None for t in tensors.values())
+    problem = Attention(
+        node, q, k, v, None, None, node.input("BIAS"), node.input("ATTN_SCALE"),  # type: ignore[arg-type]
+        node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"),
+    )  # fmt: skip
+    return AttentionBackward(problem, o, d_o, stats, dq, dk, dv)  # type: ignore[arg-type]
+
+
+def declare(ab: AttentionBackward) -> AttentionParams:
+    """Every tensor once (one tensor may fill several roles), the outputs writable, and ``delta``."""
+    a = ab.problem
+    params = KernelParams()
+    declared: dict[int, str] = {}
+
+    def name_of(tensor: Tensor, writable: bool = False) -> str:
+        if tensor.id not in declared:
+            declared[tensor.id] = params.tensor(tensor, writable=writable)
+        return declared[tensor.id]
+
+    inputs: dict[str, Tensor | None] = {"Q": a.q, "K": a.k, "V": a.v, "O": ab.o, "DO": ab.d_o, "STATS": ab.stats}
+    inputs |= {"ATTN_SCALE": a.scale, "BIAS": a.bias, "SEQ_LEN_Q": a.seq_len_q, "SEQ_LEN_KV": a.seq_len_kv}
+    names = {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant}
+    names |= {role: name_of(t, writable=True) for role, t in (("DQ", ab.dq), ("DK", ab.dk), ("DV", ab.dv))}
+    names[DELTA] = params.scratch(DELTA, "float")
+    return AttentionParams(params, names)
+
+
+def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
+    """``delta[b, h, i] = sum_d dO[b, h, i, d] O[b, h, i, d]``, one warp per row (its lanes read
+    consecutive columns; every lane takes part in the reduction, rows past the end included)."""
+    declared = declare(ab)
+    names, params = declared.names, declared.params
+
+    def value(role: str, tensor: Tensor) -> str:
+        return load(tensor.data_type, element(tensor, names[role], ["b", "h", "i", "d"]), "float")
+
+    rows_per_block = PREPROCESS_THREADS // 32
+    body = [
+        *constants(ab.problem),
+        f"const long long row = (long long)blockIdx.x * {rows_per_block} + (threadIdx.x >> 5);",
+        "const int lane = threadIdx.x & 31;",
+        "const int i = (int)(row % SQ), h = (int)(row / SQ % HQ), b = (int)(row / SQ / HQ);",
+        "float sum = 0.0f;",
+        f"if (row < {ab.rows}LL)",
+        f"  for (int d = lane; d < DV; d += 32) sum += {value('DO', ab.d_o)} * {value('O', ab.o)};",
+        "sum = gd::lanes_sum<32>(sum);",
+        f"if (row < {ab.rows}LL && lane == 0) {names[DELTA]}[row] = sum;",
+    ]
+    name, source = kernel_source(
+        ctx, fused, pattern_name(fused) + "_delta", params, PREPROCESS_THREADS, indent(body, 1)
+    )
+    grid = -(-ab.rows // rows_per_block)
+    return Kernel(name, source, (grid, 1, 1), (PREPROCESS_THREADS, 1, 1), 0, tuple(params.bindings))
+
+
+def row_statistics(ab: AttentionBackward, names: dict[str, str], row: str, head: str = "h") -> tuple[str, str]:
+    """(lse in log2 units, delta) of query row ``row`` of (b, ``head``): C expressions."""
+    stats = element(ab.stats, names["STATS"], ["b", head, row, "0"])
+    delta = f"{names[DELTA]}[((long long)b * HQ + ({head})) * SQ + ({row})]"
+    return f"{load(ab.stats.data_type, stats, 'float')} * {LOG2E}f", delta
+
+
+def gradient_store(tensor: Tensor, name: str, head: str, row: str, col: str, value: str) -> str:
+    return f"{element(tensor, name, ['b', head, row, col])} = {store(tensor.data_type, value)};"
+
+
+def query_range(a: Attention, keys: int, tile: int) -> list[str]:
+    """``q_begin`` / ``q_end``: the query rows that can see some key of ``kv0`` .. ``kv0 + keys``;
+    ``q_first``: ``q_begin`` rounded down to a tile of ``tile`` rows."""
+    lines = ["int q_begin = 0, q_end = sq;"]
+    if a.causal:
+        lines.append("q_begin = max(0, kv0 - diag);  // row i sees key j when j <= i + diag")
+    if a.window:
+        lines.append(f"q_end = min(q_end, kv0 + {keys - 1} - diag + {a.window});  // and when j > i + diag - window")
+    lines += [
+        "if (kv0 >= skv || q_end < q_begin) q_end = q_begin;  // keys past the sequence are seen by no row",
+        f"const int q_first = q_begin / {tile} * {tile};",
+    ]
+    return lines

@@ -1,0 +1,121 @@
+"""Attention backward graphs on awkward shapes, masks, layouts and types: compiled for sm_80 and
+sm_90 on every machine (test_codegen_attention_backward.py), run on the CPU where the kernels
+allow it, and against the reference on a GPU (test_gpu_attention_backward.py).
+
+A case builds either a training step, ``sdpa`` then ``sdpa_backward`` on its O and STATS (the
+GPU tests), or ``sdpa_backward`` alone, whose O and STATS inputs :func:`consistent_feeds`
+computes with the forward reference (what the CPU emulation runs: no forward kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+import graphdnn as gd
+from graphdnn import reference
+from graphdnn.dtypes import DataType
+from graphdnn.random_inputs import random_inputs
+from tests.attention_cases import AttentionCase
+
+
+@dataclass(frozen=True)
+class BackwardCase(AttentionCase):
+    forward: bool = True  # the training step (sdpa then sdpa_backward), else the backward alone
+
+    def build(self) -> gd.OperationGraphSpec:
+        g = self.graph("attention_backward")
+        q, k, v, extra = self.inputs(g)
+        out_dims = [self.b, self.hq, self.sq, self.dv]
+        if self.forward:
+            o, stats = g.sdpa(q, k, v, generate_stats=True, name="attention", **extra, **self.options)
+            assert stats is not None
+        else:
+            o = g.tensor(name="o", dim=out_dims, stride=self._strides(self.hq, self.sq, self.dv))
+            stats = g.tensor(name="stats", dim=[self.b, self.hq, self.sq, 1], data_type=DataType.FLOAT)
+        d_o = g.tensor(name="do", dim=out_dims, stride=self._strides(self.hq, self.sq, self.dv))
+        grads = g.sdpa_backward(q, k, v, o, d_o, stats, name="attention_backward", **extra, **self.options)
+        for name, grad in zip(("dq", "dk", "dv"), grads):
+            grad.set_output(True).set_name(name)
+        return g
+
+    def consistent_feeds(
+        self, ir: gd.Graph, seed: int, chosen: dict[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Random inputs of the backward-alone graph (``chosen`` ones replaced), with O and STATS
+        the forward's of them."""
+        feeds = random_inputs(ir, seed) | (chosen or {})
+        forward = replace(self, stats=True, forward=True)
+        forward_ir = AttentionCase.build(forward).validate()
+        results = reference.execute(forward_ir, {t.name: feeds[t.name] for t in forward_ir.inputs})
+        feeds["o"] = results["o"].astype(feeds["o"].dtype)
+        feeds["stats"] = results["stats"].astype(np.float32)
+        return feeds
+
+
+CASES = {
+    "one_row_one_key": BackwardCase(b=1, hq=1, hk=1, sq=1, skv=1),
+    "mha_odd_lengths": BackwardCase(hq=2, hk=2, sq=7, skv=129),
+    "gqa_4to1_causal": BackwardCase(hq=8, hk=2, sq=129, skv=129, options={"use_causal_mask": True}),
+    "mqa_bottom_right_longer_kv": BackwardCase(
+        hq=4, hk=1, sq=33, skv=300, options={"use_causal_mask_bottom_right": True}
+    ),
+    "bottom_right_longer_q_fp16": BackwardCase(
+        sq=200, skv=70, data_type=DataType.HALF, options={"use_causal_mask_bottom_right": True}
+    ),
+    "sliding_window_causal": BackwardCase(
+        sq=150, skv=150, options={"use_causal_mask": True, "sliding_window_length": 37}
+    ),
+    "sliding_window_alone": BackwardCase(sq=100, skv=150, options={"sliding_window_length": 16}),
+    "alibi_causal_6_heads": BackwardCase(
+        hq=6, hk=3, sq=90, skv=90, options={"use_causal_mask": True, "use_alibi_mask": True}
+    ),
+    "bias_per_key": BackwardCase(bias=(True, False, False, True)),
+    "padding_with_empty_sequences": BackwardCase(b=4, sq=100, skv=90, padding=True),
+    "padding_causal_bottom_right_fp16": BackwardCase(
+        b=3, sq=64, skv=128, padding=True, data_type=DataType.HALF, options={"use_causal_mask_bottom_right": True}
+    ),
+    "d128_bshd": BackwardCase(hq=4, hk=4, sq=257, skv=300, d=128, dv=128, layout="bshd"),
+    "d128_gqa_causal_fp16": BackwardCase(
+        hq=8, hk=2, sq=255, skv=255, d=128, dv=128, data_type=DataType.HALF, options={"use_causal_mask": True}
+    ),
+    "d256_fp16": BackwardCase(b=1, hq=2, hk=1, sq=130, skv=200, d=256, dv=256, data_type=DataType.HALF),
+    "d72_dv40": BackwardCase(d=72, dv=40),
+    "d64_dv128_runtime_scale": BackwardCase(d=64, dv=128, sq=65, skv=99, scale="runtime"),
+    "no_scale": BackwardCase(scale="none", sq=40, skv=40, d=32, dv=32),
+    "fp32_simt": BackwardCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24),
+    "mixed_types_simt": BackwardCase(kv_type=DataType.HALF, sq=33, skv=65, options={"use_causal_mask": True}),
+}
+
+# Small cases the CPU emulation runs (float and half only: it has no bf16), backward alone; the
+# half ones on the tensor-core kernels too.
+CPU_CASES = {
+    "float_gqa_causal": BackwardCase(
+        b=1, hq=4, hk=2, sq=19, skv=21, d=8, dv=12, data_type=DataType.FLOAT, forward=False,
+        options={"use_causal_mask": True},
+    ),
+    "float_bottom_right_window_alibi": BackwardCase(
+        b=2, hq=2, hk=1, sq=9, skv=23, d=16, dv=8, data_type=DataType.FLOAT, forward=False,
+        options={"use_causal_mask_bottom_right": True, "sliding_window_length": 5, "use_alibi_mask": True},
+    ),
+    "half_padding_bias_bshd": BackwardCase(
+        b=3, hq=2, hk=2, sq=17, skv=13, d=8, dv=8, data_type=DataType.HALF, forward=False, padding=True,
+        bias=(True, True, False, True), layout="bshd", scale="runtime",
+    ),
+    "float_window_alone_mqa": BackwardCase(
+        b=1, hq=3, hk=1, sq=20, skv=18, d=24, dv=4, data_type=DataType.FLOAT, forward=False,
+        options={"sliding_window_length": 4},
+    ),
+    "half_gqa_causal_d16_dv32": BackwardCase(
+        b=1, hq=2, hk=1, sq=19, skv=37, d=16, dv=32, data_type=DataType.HALF, forward=False,
+        options={"use_causal_mask": True},
+    ),
+    "half_bottom_right_window_alibi_bshd": BackwardCase(
+        b=1, hq=1, hk=1, sq=70, skv=66, d=24, dv=8, data_type=DataType.HALF, forward=False, layout="bshd",
+        options={"use_causal_mask_bottom_right": True, "sliding_window_length": 20, "use_alibi_mask": True},
+    ),
+    "float_d160_small_tiles": BackwardCase(
+        b=1, hq=1, hk=1, sq=10, skv=11, d=160, dv=100, data_type=DataType.FLOAT, forward=False,
+    ),
+}  # fmt: skip

@@ -1,0 +1,93 @@
+"""The attention backward family's kernels: the three kernels and their scratch, which path
+each case takes (mma.sync for fp16/bf16 up to head dim 128, SIMT otherwise or when tuned so),
+every case compiled for sm_80 and sm_90, and the SIMT and (fp16) mma.sync kernels run on the
+CPU (tests/cpu_emulation.py) against the reference. The GPU runs every case in
+test_gpu_attention_backward.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codegen import emitter
+from codegen.context import EmitContext
+from codegen.families.attention_backward import SIMT
+from codegen.nvrtc import compile_cubin
+from fusion_rules import Family, fuse
+from graphdnn import reference
+from graphdnn.compare import relative_error, tolerance
+from graphdnn.errors import UnsupportedError
+from graphdnn.signature import signature
+from tests import cpu_emulation
+from tests.attention_backward_cases import CASES, CPU_CASES
+from tests.compile_check import compile_graphs
+
+
+def backward_program(case: str, tuning: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
+    graph = (CASES | CPU_CASES)[case].build().validate()
+    (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION_BACKWARD]
+    return graph, fused, emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, tuning or {}))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
+    _, fused, program = backward_program(case)
+    delta, dkdv, dq = program.kernels
+    assert "_delta_" in delta.name and "_dkdv_" in dkdv.name and "_dq_" in dq.name
+    (scratch,) = program.scratch
+    c = CASES[case]
+    assert scratch.bytes == 4 * c.b * c.hq * c.sq
+    assert "atomic" not in dkdv.source + dq.source  # deterministic: every element summed by one thread
+    assert fused.nodes == (fused.anchor,) and fused.anchor.op == "sdpa_backward"
+    assert {t.name for t in fused.outputs} == {"dq", "dk", "dv"}
+    tensor_cores = c.data_type.value in ("half", "bfloat16") and c.kv_type is None and max(c.d, c.dv) <= 128
+    path = "_mma_" if tensor_cores else "_simt_"
+    assert path in dkdv.name and path in dq.name
+    if tensor_cores:
+        assert 0 < dkdv.shared_bytes <= 160 * 1024 and "mma.sync" in dkdv.source and "ldmatrix" in dq.source
+
+
+def test_the_simt_tuning_takes_the_simt_kernels_and_nothing_else_is_a_choice() -> None:
+    assert all("_simt_" in k.name for k in backward_program("d128_bshd", SIMT)[2].kernels[1:])
+    with pytest.raises(UnsupportedError, match=r"attention_backward tuning \{'path': 'wgmma'\} is not one"):
+        backward_program("d128_bshd", {"path": "wgmma"})
+
+
+def test_the_simt_kernels_of_every_case_compile_for_sm80_and_sm90() -> None:
+    """What the tensor-core cases would run with the SIMT tuning (the GPU tests compare both)."""
+    for arch in (80, 90):
+        for case in ("d128_gqa_causal_fp16", "padding_causal_bottom_right_fp16", "alibi_causal_6_heads"):
+            for kernel in backward_program(case, SIMT)[2].kernels:
+                compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
+
+
+def test_every_case_compiles_for_sm80_and_sm90() -> None:
+    report = compile_graphs([case.build().validate() for case in CASES.values()])
+    assert not report.failures, "\n\n".join(report.failures)
+
+
+# (case, tuning, aligned): every CPU case on the SIMT kernels; the half ones on the mma.sync kernels
+# too, with 16-byte copies and element by element.
+CPU_RUNS = [(case, "simt", 1) for case in sorted(CPU_CASES)] + [
+    (case, "mma", aligned) for case in sorted(CPU_CASES) if case.startswith("half") for aligned in (1, 0)
+]
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize(("case", "path", "aligned"), CPU_RUNS)
+def test_kernels_match_reference_on_the_cpu(
+    case: str, path: str, aligned: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build_dir.mkdir(exist_ok=True)
+    graph, fused, program = backward_program(case, SIMT if path == "simt" else {})
+    assert all(f"_{path}_" in k.name for k in program.kernels[1:])
+    feeds = CPU_CASES[case].consistent_feeds(graph, 7)
+    expected = reference.execute(graph, feeds)
+    got = cpu_emulation.run(fused, program, feeds, aligned, build_dir)
+    for t in graph.outputs:
+        error = relative_error(got[t.name].astype(np.float64), expected[t.name])
+        assert error <= tolerance(t.data_type), f"{t.name}: {error:.3g}"
+        assert np.abs(expected[t.name]).max() > 0  # the case has gradients to get wrong

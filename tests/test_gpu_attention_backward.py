@@ -1,0 +1,93 @@
+"""Attention backward on the GPU against the reference: every case of attention_backward_cases.py
+as a training step (sdpa then sdpa_backward: the forward kernel's O and STATS feed the backward;
+fp16/bf16 cases up to head dim 128 on the mma.sync kernels), the SIMT kernels where tensor cores
+would run, the CPU cases (sdpa_backward alone, O and STATS from the forward reference), rows and
+keys no one sees (zero gradients), and run-to-run determinism."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import graphdnn as gd
+from codegen.families.attention_backward import SIMT
+from fusion_rules import Family, fuse
+from graphdnn import reference
+from graphdnn.compare import tolerance
+from graphdnn.random_inputs import random_inputs
+from tests.attention_backward_cases import CASES, CPU_CASES
+from tests.gpu_check import check_on_gpu, poisoned, relative_error, to_device, to_numpy
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_training_step_matches_reference(case: str) -> None:
+    check_on_gpu(CASES[case].build(), seed=zlib.crc32(case.encode()))
+
+
+@pytest.mark.parametrize("case", ["d128_gqa_causal_fp16", "padding_causal_bottom_right_fp16", "alibi_causal_6_heads"])
+def test_simt_kernels_match_reference_where_tensor_cores_would_run(case: str) -> None:
+    graph = CASES[case].build()
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION_BACKWARD]
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: SIMT})
+    assert any("_dkdv_simt_" in kernel.name for kernel in plan.kernels)
+
+
+def test_tensor_core_kernels_run_where_they_apply() -> None:
+    plan = check_on_gpu(CASES["d128_gqa_causal_fp16"].build(), seed=1)
+    assert sum("_mma_" in kernel.name for kernel in plan.kernels) == 2
+
+
+def run_alone(case: str, seed: int, chosen: dict[str, np.ndarray] | None = None):  # type: ignore[no-untyped-def]
+    """The backward-alone graph on consistent inputs: (outputs by name, the reference's)."""
+    import torch
+
+    spec = CPU_CASES[case]
+    ir = spec.build().validate()
+    feeds = spec.consistent_feeds(ir, seed, chosen)
+    expected = reference.execute(ir, feeds)
+    outputs = {t.name: poisoned(t) for t in ir.outputs}
+    pack = {t.name: feeds[t.name] if t.is_pass_by_value else to_device(feeds[t.name], t) for t in ir.inputs}
+    gd.compile(ir).execute({**pack, **outputs})
+    torch.cuda.synchronize()
+    return ir, {name: to_numpy(value) for name, value in outputs.items()}, expected
+
+
+@pytest.mark.parametrize("case", sorted(CPU_CASES))
+def test_backward_alone_matches_reference(case: str) -> None:
+    ir, got, expected = run_alone(case, 3)
+    for t in ir.outputs:
+        assert relative_error(got[t.name], expected[t.name]) <= tolerance(t.data_type), t.name
+
+
+def test_keys_and_rows_no_one_sees_get_zero_gradients() -> None:
+    feeds = {"seq_q": np.array([17, 0, 5], np.int32).reshape(3, 1, 1, 1)}
+    feeds["seq_kv"] = np.array([4, 13, 0], np.int32).reshape(3, 1, 1, 1)
+    _, got, expected = run_alone("half_padding_bias_bshd", 5, feeds)
+    assert (got["dk"][0, :, 4:] == 0).all() and (got["dv"][0, :, 4:] == 0).all()
+    assert (got["dq"][1] == 0).all() and (got["dq"][2] == 0).all()
+    for name in ("dq", "dk", "dv"):
+        np.testing.assert_allclose(got[name], expected[name], atol=2e-2)
+
+
+@pytest.mark.parametrize("case", ["gqa_4to1_causal", "d128_gqa_causal_fp16"])
+def test_gradients_are_bitwise_the_same_run_to_run(case: str) -> None:
+    """No atomics: every gradient element is summed in a fixed order."""
+    import torch
+
+    ir = CASES[case].build().validate()
+    feeds = random_inputs(ir, 11)
+    plan = gd.compile(ir)
+    pack = {t.name: to_device(feeds[t.name], t) for t in ir.inputs}
+    runs = []
+    for _ in range(3):
+        outputs = {t.name: poisoned(t) for t in ir.outputs}
+        plan.execute({**pack, **outputs})
+        torch.cuda.synchronize()
+        runs.append({name: value.clone() for name, value in outputs.items()})
+    for later in runs[1:]:
+        for name, value in later.items():
+            assert torch.equal(value, runs[0][name]), name
