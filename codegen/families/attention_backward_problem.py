@@ -55,7 +55,7 @@ def backward_of(fused: FusedNode) -> AttentionBackward:
     assert all(t is not None for t in tensors.values())
     problem = Attention(
         node, q, k, v, None, None, node.input("BIAS"), node.input("ATTN_SCALE"),  # type: ignore[arg-type]
-        node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"),
+        node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"), None, None,
     )  # fmt: skip
     return AttentionBackward(problem, o, d_o, stats, dq, dk, dv)  # type: ignore[arg-type]
 
