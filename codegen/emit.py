@@ -9,6 +9,7 @@ from typing import Any
 from fusion_rules import Family, FusedNode, Partition
 from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
+from graphdnn.symbolic import symbols_of
 
 from .context import EmitContext
 from .kernel import FusedProgram
@@ -25,6 +26,8 @@ _FAMILY_MODULES = {
     Family.ATTENTION: "attention",
     Family.DIRECT: "direct",
 }
+# The families whose kernels take runtime extents (a dynamic graph's symbols as arguments).
+DYNAMIC_FAMILIES = frozenset({Family.ELEMENTWISE, Family.ROW_NORM})
 
 
 def emitter(family: Family) -> Callable[[FusedNode, EmitContext], FusedProgram]:
@@ -59,8 +62,25 @@ def emit_partition(
     the caller has it already (the compiler does), else computed here.
     """
     graph_signature = graph_signature or signature(partition.graph)
+    for fused in partition.nodes:
+        check_extents(fused)
     programs = []
     for fused in partition.nodes:
         ctx = EmitContext(partition.graph, graph_signature, arch, dict((tuning or {}).get(fused.name, {})))
         programs.append(emitter(fused.family)(fused, ctx))
     return tuple(programs)
+
+
+def check_extents(fused: FusedNode) -> None:
+    """UnsupportedError naming the fused node and its symbols when it has symbolic dims and its
+    family's kernels take no runtime extents (before any kernel of the graph is emitted)."""
+    symbols = symbols_of(v for t in (*fused.inputs, *fused.outputs) for v in (*t.dim, *t.stride))
+    if not symbols or fused.family in DYNAMIC_FAMILIES:
+        return
+    ranges = ", ".join(f"{s.name} in {s.min}..{s.max}" for s in symbols)
+    takes = " and ".join(sorted(f.value for f in DYNAMIC_FAMILIES))
+    raise UnsupportedError(
+        f"fused node '{fused.name}' ({fused.family.value}: {', '.join(n.name for n in fused.nodes)}) has symbolic "
+        f"dims ({ranges}); {fused.family.value} kernels do not take runtime extents yet (only {takes} kernels "
+        "do, docs/dynamic-shapes.md). Run it with backend='reference', or build a static graph for each shape"
+    )
