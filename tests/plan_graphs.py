@@ -67,11 +67,11 @@ def matmul_relu(name: str = "matmul_relu") -> gd.OperationGraphSpec:
 
 
 # -- dynamic graphs: the rows are symbols (None), or the static graph of given values ----------------
-def dynamic_rows(name: str = "dynamic_rows", symbol: str = "rows") -> gd.OperationGraphSpec:
-    """add_relu over ``symbol`` in 1..64 rows of 33: one elementwise kernel with a runtime extent.
-    ``symbol``'s name changes nothing the plan cache may see."""
+def dynamic_rows(name: str = "dynamic_rows", symbol: str = "rows", max_rows: int = 64) -> gd.OperationGraphSpec:
+    """add_relu over ``symbol`` in 1..max_rows rows of 33: one elementwise kernel with a runtime
+    extent. ``symbol``'s name changes nothing the plan cache may see; its range does."""
     g = gd.OperationGraphSpec(name=name, io_data_type="half")
-    x = g.tensor(name="x", dim=[g.dim(symbol, 1, 64), 33])
+    x = g.tensor(name="x", dim=[g.dim(symbol, 1, max_rows), 33])
     g.relu(g.add(x, g.tensor(name="b", dim=[1, 33]))).set_name("y").set_output(True)
     return g
 

@@ -133,8 +133,6 @@ def check_plan(entry: PlanEntry) -> None:
                     raise EntryError(f"{where}: an extent argument carries a workspace offset or a tensor map")
                 _count(arg.tensor, f"{where}: extent tensor position")
                 _count(arg.axis, f"{where}: extent axis")
-            elif arg.axis is not None:
-                raise EntryError(f"{where}: a {arg.kind.value} argument carries an axis")
             elif (arg.kind is ArgKind.TENSOR_MAP) != (arg.tensor_map is not None):
                 raise EntryError(
                     f"{where}: a {arg.kind.value} argument with{'out' if arg.tensor_map is None else ''} a tensor map"
