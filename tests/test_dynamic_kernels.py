@@ -163,6 +163,18 @@ def test_warmup_compiles_a_dynamic_graph(tmp_path: Path, capsys: pytest.CaptureF
     assert isinstance(plan, gd.Plan) and plan.origin in ("memory cache", "disk cache") and plan.compiled == 0
 
 
+def test_run_draws_extents_in_range_or_takes_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "add_rmsnorm.json"
+    gd.save(plan_graphs.add_rmsnorm(width=64), path)
+    assert main(["run", str(path), "--backend", "reference", "--check", "--symbol", "batch=3"]) == 0
+    out = capsys.readouterr().out
+    assert "extents: batch = 3 (1..8), seq = " in out and "check: passed" in out
+    assert main(["run", str(path), "--backend", "reference", "--symbol", "seq=513"]) != 0
+    assert "--symbol seq=513: the value must be an integer in 1..512" in capsys.readouterr().err
+    assert main(["run", str(path), "--backend", "reference", "--symbol", "rows=3"]) != 0
+    assert "has no symbol 'rows' (its symbols: batch, seq)" in capsys.readouterr().err
+
+
 # -- binding through a stand-in driver ---------------------------------------------------------------
 def _fake_pack(fake: fake_gpu.FakeDriver, ir: gd.Graph, values: Values, outputs: bool = True) -> dict[str, Any]:
     """A FakeArray per input (and output) of the static graph of ``values``."""
