@@ -6,6 +6,7 @@ and the refusals; the `gpu` tests run the plans at several sizes across the rang
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import graphdnn as gd
 from codegen import emit_partition
@@ -25,6 +28,7 @@ from graphdnn.program import Arg, ArgKind, GridExtent, LaunchProgram
 from graphdnn.random_inputs import random_inputs
 from graphdnn.specialize import specialize
 from tests import cpu_emulation, fake_gpu, plan_graphs
+from tests.graph_strategies import Recipe, build, pointwise_recipes, random_feeds
 
 ARCH = "sm_90"
 Values = dict[str, int]
@@ -130,6 +134,22 @@ def test_a_family_without_runtime_extents_is_refused_naming_the_node_and_symbols
     assert str(caught.value) == (
         "fused node 'matmul_epilogue_0' (gemm: mm, relu_0) has symbolic dims (m in 1..128); gemm kernels do not take "
         "runtime extents yet (only elementwise and row_norm kernels do, docs/dynamic-shapes.md). Run it with "
+        "backend='reference', or build a static graph for each shape"
+    )
+
+
+def test_a_row_norm_over_a_symbolic_axis_is_refused_naming_the_node_and_symbol() -> None:
+    """A scale of ones normalizes over every axis but the first: here the symbolic one."""
+    g = gd.OperationGraphSpec("dyn_width", io_data_type="float")
+    x = g.tensor(name="x", dim=[4, g.dim("width", 1, 512)])
+    g.layernorm("inference", x, g.tensor(name="s", dim=[1, 1]), g.tensor(name="b", dim=[1, 1]), 1e-5, name="ln")[
+        0
+    ].set_output(True)
+    with pytest.raises(gd.UnsupportedError) as caught:
+        gd.compile(g, arch=ARCH, cache=None)
+    assert str(caught.value) == (
+        "fused node 'ln' (row_norm: ln) normalizes over symbolic dims (width in 1..512); row_norm kernels take "
+        "runtime extents in their rows only (the row's width sizes each thread's registers). Run it with "
         "backend='reference', or build a static graph for each shape"
     )
 
@@ -248,6 +268,47 @@ def test_the_kernels_match_the_reference_across_the_range(
         for t in ir.outputs:
             error = relative_error(memory[t.name].astype(np.float64), expected[t.name].astype(np.float64))
             assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(recipe=pointwise_recipes(max_steps=4), data=st.data())
+def test_random_pointwise_graphs_with_a_symbolic_axis_match_the_reference(
+    recipe: Recipe, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Random graphs of tests/graph_strategies.py (float and half) with one axis of the full
+    inputs made a symbol (NHWC strides then hold it: symbolic strides), run at a value in range.
+    Not the ops whose float path is inline PTX (the emulation compiles C++ only)."""
+    assume(recipe.io_type != "bfloat16" and recipe.intermediate_type != "bfloat16")
+    assume(not {step.op for step in recipe.steps} & {"sigmoid", "swish", "gelu_approx_tanh"})
+    base = recipe.input_dims[0]
+    axis = data.draw(st.sampled_from([a for a, extent in enumerate(base) if extent > 1] or [None]))
+    assume(axis is not None)
+    g = gd.OperationGraphSpec("probe")
+    n = g.dim("n", 1, 7)
+    symbolic = dataclasses.replace(
+        recipe,
+        input_dims=[
+            tuple(n if a == axis and d == base[axis] else d for a, d in enumerate(dims)) for dims in recipe.input_dims
+        ],
+    )
+    ir = build(symbolic)[0].validate()
+    value = data.draw(st.integers(1, 7))
+    static = specialize(ir, {"n": value})
+    partition = fuse(ir, arch=90)
+    programs = emit_partition(partition, 90)
+    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build_dir.mkdir(exist_ok=True)
+    feeds = random_feeds(static, value)
+    memory: dict[str, Any] = dict(feeds)
+    for fused, program in zip(partition.nodes, programs):
+        memory.update(cpu_emulation.run(fused, program, memory, 1, build_dir, {"n": value}))
+    expected = gd.reference.execute(ir, feeds)
+    for t in ir.outputs:
+        error = relative_error(memory[t.name].astype(np.float64), expected[t.name].astype(np.float64))
+        assert error <= tolerance(t.data_type), f"{t.name} at n = {value}: {error:.3g}"
 
 
 # -- on the GPU -----------------------------------------------------------------------------------

@@ -52,10 +52,10 @@ from ..kernel import FusedProgram
 from ..pointwise import literal
 from .norm_statistics import epsilon, normalize, write_statistics
 from .rownorm_launch import candidates, configured
-from .rownorm_layout import analyze
+from .rownorm_layout import analyze, extents_refusal
 from .rownorm_rows import Operands, RowAccess
 
-__all__ = ["candidates", "emit"]
+__all__ = ["candidates", "emit", "extents_refusal"]
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:

@@ -9,8 +9,9 @@ axes contiguous, in the norm input's memory order), else from j's coordinates an
 tensor's strides (any layout, broadcasts included).
 
 Dynamic graphs. The rows may be symbolic (a batch, a sequence length): their count and the
-strides between rows are then products of symbols that the kernel reads as arguments; the
-normalized axes are always static (shape inference makes them so), and so is the width.
+strides between rows are then products of symbols that the kernel reads as arguments. The
+normalized axes must be static (a scale of ones normalizes over every axis but the first,
+which may be symbolic: such a node is refused, :func:`extents_refusal`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fusion_rules import FusedNode
 from graphdnn.ir import Tensor
 from graphdnn.layout import stride_order
 from graphdnn.ops.norms import NormOp
-from graphdnn.symbolic import Extent
+from graphdnn.symbolic import Extent, show_ranges, symbols_of
 
 from ..context import compute_of
 from ..indexing import divides
@@ -70,13 +71,30 @@ def memory_tensors(fused: FusedNode) -> list[Tensor]:
     return [t for t in (*fused.inputs, *fused.outputs) if not t.is_pass_by_value]
 
 
-def analyze(fused: FusedNode) -> RowLayout:
+def normalized(fused: FusedNode) -> tuple[Tensor, frozenset[int]]:
+    """The norm's input and the axes it normalizes over."""
     anchor = fused.anchor
     assert anchor is not None
     x = anchor.input("input")
     assert x is not None
-    grouping = cast(NormOp, anchor.definition).checked(anchor)[1]
-    axes = frozenset(grouping.axes)
+    return x, frozenset(cast(NormOp, anchor.definition).checked(anchor)[1].axes)
+
+
+def extents_refusal(fused: FusedNode) -> str | None:
+    """Why the kernel cannot take ``fused``'s symbols: the normalized axes (the row's width, which
+    sizes each thread's share of the row in registers) must be static; None when they are."""
+    x, axes = normalized(fused)
+    symbols = symbols_of(x.dim[axis] for axis in sorted(axes))
+    if not symbols:
+        return None
+    return (
+        f"normalizes over symbolic dims ({show_ranges(symbols)}); row_norm kernels take runtime extents in their "
+        "rows only (the row's width sizes each thread's registers)"
+    )
+
+
+def analyze(fused: FusedNode) -> RowLayout:
+    x, axes = normalized(fused)
     order = stride_order(x.dim, x.stride)
     width = math.prod(_static(x.dim[axis]) for axis in axes)
     rows = math.prod(x.dim[axis] for axis in range(len(x.dim)) if axis not in axes)
@@ -156,6 +174,6 @@ def _row_strides_divisible(t: Tensor, x: Tensor, axes: frozenset[int], vec: int)
 
 
 def _static(extent: Extent) -> int:
-    """A normalized axis's extent: static in every graph shape inference accepts."""
+    """A normalized axis's extent: static in every node codegen emits (see extents_refusal)."""
     assert isinstance(extent, int), f"a normalized axis is symbolic ({extent})"
     return extent
