@@ -66,14 +66,16 @@ def coordinates(linear: str, dims: Sequence[Extent], order: Sequence[int], prefi
     for position, axis in enumerate(inner):
         extent = dims[axis]
         name = f"{prefix}{axis}"
+        # A symbolic extent in the index type: a 32-bit division where the index is 32-bit.
+        divisor = f"({itype}){c_extent(extent)}" if isinstance(extent, Sym) else str(extent)
         if extent == 1:
             statements.append(f"const {itype} {name} = 0;")
         elif position == len(inner) - 1:
             statements.append(f"const {itype} {name} = {rest};")
         else:
-            statements.append(f"const {itype} {name} = {rest} % {c_extent(extent)};")
+            statements.append(f"const {itype} {name} = {rest} % {divisor};")
         if extent != 1 and position < len(inner) - 1:
-            statements.append(f"const {itype} {prefix}r{axis} = {rest} / {c_extent(extent)};")
+            statements.append(f"const {itype} {prefix}r{axis} = {rest} / {divisor};")
             rest = f"{prefix}r{axis}"
     return statements
 
