@@ -140,7 +140,7 @@ def _run_gpu(plan: Plan, ir: Graph, feeds: dict[str, np.ndarray], repeat: int) -
     results = {name: array.to_numpy() for name, array in outputs.items()}  # before timing reruns the plan
     times = kernel_times_us(bound, repeat)
     print(f"  {'#':>2}  {'kernel':<40} {'grid':<16} {'block':<14} {'GPU time':>10}")
-    for i, (launch, us) in enumerate(zip(plan.program.launches, times)):
+    for i, (launch, us) in enumerate(zip(bound.launches, times)):  # as launched: a dynamic graph's grids for this call
         print(f"  {i:>2}  {launch.name:<40} {list(launch.grid)!s:<16} {list(launch.block)!s:<14} {us:>7.1f} µs")
     print(f"  {'':>2}  {'total':<40} {'':<16} {'':<14} {sum(times):>7.1f} µs")
     print(f"host time per pre-bound call: {host_us_per_call(bound):.1f} µs")
