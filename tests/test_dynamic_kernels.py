@@ -312,18 +312,28 @@ def test_random_pointwise_graphs_with_a_symbolic_axis_match_the_reference(
 
 
 # -- on the GPU -----------------------------------------------------------------------------------
-GPU_CASES: list[tuple[Callable[[], gd.OperationGraphSpec], list[Values]]] = [
-    (plan_graphs.ln_gelu, [{"rows": 1}, {"rows": 1001}, {"rows": 4096}]),
-    (
-        plan_graphs.add_rmsnorm,
-        [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 127}, {"batch": 8, "seq": 512}],
+GPU_CASES = [
+    pytest.param((plan_graphs.ln_gelu, [{"rows": 1}, {"rows": 1001}, {"rows": 4096}]), id="ln_gelu"),
+    pytest.param(
+        (
+            lambda: plan_graphs.ln_gelu(width=1000, max_rows=777, dtype="bfloat16"),
+            [{"rows": 1}, {"rows": 99}, {"rows": 777}],
+        ),
+        id="ln_gelu_bf16_odd_width",  # 125 vectors per row: the group's last threads hold none
     ),
-    (plan_graphs.pointwise_chain, [{"batch": 1, "seq": 1}, {"batch": 5, "seq": 11}, {"batch": 9, "seq": 17}]),
+    pytest.param(
+        (plan_graphs.add_rmsnorm, [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 127}, {"batch": 8, "seq": 512}]),
+        id="add_rmsnorm",
+    ),
+    pytest.param(
+        (plan_graphs.pointwise_chain, [{"batch": 1, "seq": 1}, {"batch": 5, "seq": 11}, {"batch": 9, "seq": 17}]),
+        id="pointwise_chain",
+    ),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=_id)
+@pytest.mark.parametrize("case", GPU_CASES)
 def test_one_plan_runs_across_the_range_on_the_gpu(
     case: tuple[Callable[[], gd.OperationGraphSpec], list[Values]], tmp_path: Path
 ) -> None:
