@@ -189,7 +189,11 @@ TAMPERED_PLANS = [
     ("dynamic_rows", _blocks(0, cap=2**31), "dynamic grid cap 2147483648 is outside 1..2147483647"),
     ("dynamic_rows", _blocks(0, dims=[]), "a dynamic grid reads no dim"),
     ("dynamic_rows", _blocks(0, axis=1), "an extent reads dim 1 of tensor .*, which is 33, not a symbol"),
-    ("dynamic_rows", _blocks(0, axis=7), "an extent reads dim 7 of tensor .*, which is no dim of an input"),
+    (
+        "dynamic_rows",
+        _blocks(0, axis=7),
+        "an extent reads dim 7 of tensor .*, which is no dim of a tensor the caller passes",
+    ),
     ("dynamic_rows", _blocks(0, tensor=999), "an extent names tensor 999"),
     ("dynamic_rows", _launch(0, blocks="xyz"), "malformed plan"),
     ("dynamic_rows", _launch(0, blocks={"coefficient": 33, "dims": [[0]], "divisor": 1, "cap": 1}), "malformed plan"),

@@ -211,14 +211,16 @@ def _grid_extent(grid: GridExtent, where: str) -> None:
 
 
 def _symbol_dim(ref: DimRef, tensors: Sequence[Tensor], where: str) -> None:
-    """A dim a launch reads at each call: of an input of the graph, and one symbol (whose value
-    the call's buffers give and binding checks against its range)."""
+    """A dim a launch reads at each call: of a tensor the caller passes, and one symbol (whose
+    value the call's buffers give and binding checks against its range)."""
     position, axis = ref
     if position >= len(tensors):
         raise EntryError(f"{where}: an extent names tensor {position}; the graph has {len(tensors)}")
     t = tensors[position]
     if t.is_virtual or t.is_pass_by_value or axis >= len(t.dim):
-        raise EntryError(f"{where}: an extent reads dim {axis} of tensor {position}, which is no dim of an input")
+        raise EntryError(
+            f"{where}: an extent reads dim {axis} of tensor {position}, which is no dim of a tensor the caller passes"
+        )
     extent = t.dim[axis]
     if not isinstance(extent, Sym) or extent.coefficient != 1 or len(extent.factors) != 1:
         raise EntryError(f"{where}: an extent reads dim {axis} of tensor {position}, which is {extent}, not a symbol")

@@ -1,12 +1,12 @@
 """Binding a GPU plan to a variant pack: check every buffer, allocate what is missing, pack.
 
 Everything that can be decided before the first launch is decided here, once: the
-device (where the buffers are), a dynamic graph's symbols (read from the buffers' shapes and
-checked against their ranges: the buffers are then checked against the static graph of
+device (where the buffers are), a dynamic graph's symbols (read from the buffers' shapes
+and checked against their ranges: the buffers are then checked against the static graph of
 those values, and the grids and EXTENT arguments computed from them), each buffer against
-its graph tensor (FeedError naming it), the order of the launches and the inputs to copy when outputs share memory with
-inputs (:mod:`.schedule`) or when a TMA tensor map cannot start at their address, the
-workspace, the loaded kernels and every kernel's parameter slots.
+its graph tensor (FeedError naming it), the order of the launches and the inputs to copy
+when outputs share memory with inputs (:mod:`.schedule`) or when a TMA tensor map cannot
+start at their address, the workspace, the loaded kernels and every kernel's parameter slots.
 """
 
 from __future__ import annotations
