@@ -39,10 +39,16 @@ class Case:
 
 
 # -- layernorm + GELU(tanh) --------------------------------------------------------------------
-def _ln_gelu_graph(rows: int, hidden: int) -> Callable[[], gd.OperationGraphSpec]:
+def _rows(g: gd.OperationGraphSpec, rows: int, max_rows: int) -> int | gd.Sym:
+    """``rows``, or with ``max_rows``, the symbol rows in 1..max_rows (a dynamic graph)."""
+    return g.dim("rows", 1, max_rows) if max_rows else rows
+
+
+def _ln_gelu_graph(rows: int, hidden: int, max_rows: int = 0) -> Callable[[], gd.OperationGraphSpec]:
     def build() -> gd.OperationGraphSpec:
-        g = gd.OperationGraphSpec(name=f"ln_gelu_{rows}x{hidden}", io_data_type="bf16")
-        x = g.tensor(name="x", dim=[rows, hidden])
+        name = f"ln_gelu_{f'dyn{max_rows}' if max_rows else rows}x{hidden}"
+        g = gd.OperationGraphSpec(name=name, io_data_type="bf16")
+        x = g.tensor(name="x", dim=[_rows(g, rows, max_rows), hidden])
         y = g.layernorm(
             "inference", x, g.tensor(name="scale", dim=[1, hidden]), g.tensor(name="bias", dim=[1, hidden]), 1e-5
         )[0]
@@ -87,10 +93,12 @@ def _ln_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
 
 
 # -- add + RMSNorm -----------------------------------------------------------------------------
-def _add_rms_graph(rows: int, hidden: int) -> Callable[[], gd.OperationGraphSpec]:
+def _add_rms_graph(rows: int, hidden: int, max_rows: int = 0) -> Callable[[], gd.OperationGraphSpec]:
     def build() -> gd.OperationGraphSpec:
-        g = gd.OperationGraphSpec(name=f"add_rmsnorm_{rows}x{hidden}", io_data_type="bf16")
-        x, r = g.tensor(name="x", dim=[rows, hidden]), g.tensor(name="residual_in", dim=[rows, hidden])
+        name = f"add_rmsnorm_{f'dyn{max_rows}' if max_rows else rows}x{hidden}"
+        g = gd.OperationGraphSpec(name=name, io_data_type="bf16")
+        n = _rows(g, rows, max_rows)
+        x, r = g.tensor(name="x", dim=[n, hidden]), g.tensor(name="residual_in", dim=[n, hidden])
         s = g.add(x, r).set_name("residual").set_output(True)
         g.rmsnorm("inference", s, g.tensor(name="scale", dim=[1, hidden]), epsilon=1e-6)[0].set_name("y").set_output(
             True
@@ -424,6 +432,12 @@ def _conv_flops(n: int, c: int, hw: int, k: int, size: int) -> int:
     return 2 * n * hw * hw * k * c * size * size
 
 
+# Dynamic shapes (issue 11): one plan for rows in 1..DYNAMIC_MAX_ROWS against the static plan
+# of each concrete shape, at a small, an odd middle and the largest size of the range.
+DYNAMIC_MAX_ROWS = 16384
+DYNAMIC_ROWS = (64, 1531, DYNAMIC_MAX_ROWS)
+DYNAMIC_HIDDEN = 1024
+
 RESNET_LAYERS = [(32, 64, 56, 64, 3), (32, 64, 56, 256, 1), (32, 128, 28, 128, 3), (32, 256, 14, 256, 3)]
 EAGER_CONV_US = {
     (32, 64, 56, 64, 3): 91,
@@ -459,6 +473,23 @@ def cases() -> list[Case]:
                 cudnn=_add_rms_cudnn,
             )
         )
+    for rows in DYNAMIC_ROWS:
+        hidden, top = DYNAMIC_HIDDEN, DYNAMIC_MAX_ROWS
+        for kind, graph, torch_fn, moved in (
+            ("layernorm+gelu", _ln_gelu_graph, _ln_gelu_torch, 2 * 2 * rows * hidden + 2 * 2 * hidden),
+            ("add+rmsnorm", _add_rms_graph, _add_rms_torch, 4 * 2 * rows * hidden + 2 * hidden),
+        ):
+            out.append(
+                Case(
+                    f"dynamic {kind} {rows}x{hidden} (rows 1..{top})",
+                    graph(rows, hidden),  # the static plan of this shape: graphdnn_us
+                    torch_fn,
+                    bytes=moved,
+                    target="dynamic plan within 5% of the static plan",
+                    group="dynamic",
+                    extra={"dynamic": graph(rows, hidden, top)},  # one plan for the range, timed at this shape
+                )
+            )
     for rows, hidden in [(2048, 1024), (16384, 4096)]:
         big = rows == 16384
         for rms, kind in ((False, "layernorm"), (True, "rmsnorm")):

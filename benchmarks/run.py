@@ -4,7 +4,9 @@
     PYTHONPATH=. python benchmarks/run.py --dry      # anywhere: build every case, time nothing
 
 Each case is first checked against the reference backend (relative error within the
-output type's tolerance); a case that fails is reported as such and not timed.
+output type's tolerance); a case that fails is reported as such and not timed. A dynamic case
+(group "dynamic") also times, on the same buffers, the plan of its dynamic graph (one plan
+for a range of rows) and the static graph's heuristic plan (a dynamic plan is not autotuned).
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ def dry_run(selected: list[Case]) -> int:
             start = time.perf_counter()
             plan = gd.compile(case.graph(), arch="sm_90", cache=cache_dir)
             print(f"{case.name}: {len(plan.kernels)} kernel(s), built in {time.perf_counter() - start:.2f} s")
+            if "dynamic" in case.extra:
+                start = time.perf_counter()
+                dynamic = gd.compile(case.extra["dynamic"](), arch="sm_90", cache=cache_dir)
+                assert isinstance(dynamic, gd.Plan)
+                print(
+                    f"  its dynamic graph's plan: {len(dynamic.kernels)} kernel(s), from {dynamic.origin} "
+                    f"({dynamic.compiled} compiled) in {time.perf_counter() - start:.2f} s"
+                )
     return 0
 
 
@@ -104,6 +114,15 @@ def measure_case(case: Case, ceilings: Any, median_us: Any, *, compile_peer: boo
             row["cudnn_us"] = _cudnn_time(case.cudnn, inputs, ir, median_us, row)
         if case.cudnn_anchor is not None:
             row["cudnn_anchor_us"] = _cudnn_time(case.cudnn_anchor, inputs, ir, median_us, row)
+        if "dynamic" in case.extra:
+            for key, built in (("static_us", gd.compile(graph)), ("dynamic_us", gd.compile(case.extra["dynamic"]()))):
+                bound = built.bind({**inputs, **outputs})
+                for out in outputs.values():
+                    out.fill_(float("nan"))  # the check below sees this plan's results only
+                bound()
+                torch.cuda.synchronize()
+                check(ir, feeds, outputs)
+                row[key] = median_us(bound)
     except Exception as error:  # one broken case must not hide the others' numbers
         row["failure"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     return row
@@ -243,6 +262,13 @@ def write_results(rows: list[dict[str, Any]], extras: dict[str, Any], ceilings: 
         f"- {r['case']}: the cuDNN frontend's layernorm alone (no GELU) takes {r['cudnn_anchor_us']:.1f} µs"
         for r in rows
         if isinstance(r.get("cudnn_anchor_us"), float)
+    ]
+    notes += [
+        f"- {r['case']}: the dynamic plan takes {r['dynamic_us']:.1f} µs, the static plan of this shape "
+        f"{r['static_us']:.1f} µs with the same heuristic launch choices (dynamic / static = "
+        f"{r['dynamic_us'] / r['static_us']:.3f}; autotuned static: graphdnn µs)"
+        for r in rows
+        if isinstance(r.get("dynamic_us"), float) and isinstance(r.get("static_us"), float)
     ]
     if notes:
         lines += ["", "Notes:", *notes]

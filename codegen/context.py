@@ -13,7 +13,7 @@ from graphdnn.program import TensorMap
 
 from .cuda_types import compute_type, cuda_type, headers_for, load
 from .epilogue import scalar_value
-from .indexing import offset
+from .indexing import EXTENT_PREFIX, extent_name, offset
 from .kernel import Param, ParamKind, compose, kernel_name, param_name
 
 
@@ -58,6 +58,13 @@ class KernelParams:
         self.bindings.append(Param(ParamKind.SCRATCH, scratch=name))
         return name
 
+    def extents(self, graph: Graph, body: str) -> None:
+        """Declare an EXTENT parameter for each symbol ``body`` reads (in order of first use)."""
+        by_name = {extent_name(s): s for s in graph.symbols}
+        for name in dict.fromkeys(_EXTENT.findall(body)):
+            self.declarations.append(f"const long long {name}")
+            self.bindings.append(Param(ParamKind.EXTENT, symbol=by_name[name]))
+
     def aligned_flag(self) -> str:
         self.declarations.append("const long long aligned")
         self.bindings.append(Param(ParamKind.ALIGNED))
@@ -79,7 +86,10 @@ def kernel_source(
 
     Generated identifiers (t12, v7, ...) are renumbered by first appearance, so a fused node
     that appears in two graphs gives the same source, name and cubin whatever its tensor ids.
+    In a dynamic graph each symbol the body reads becomes an EXTENT parameter (dyn_<name>,
+    renumbered dyn0, dyn1, ... like the others).
     """
+    params.extents(ctx.graph, body)
     bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
     function, renamed = canonical_identifiers(
         f'extern "C" __global__ void __launch_bounds__({bounds}) KERNEL({", ".join(params.declarations)}) {{\n{body}}}\n'
@@ -87,11 +97,13 @@ def kernel_source(
     name = kernel_name(pattern, function)  # the headers follow from the function's text
     function = function.replace(" KERNEL(", f" {name}(", 1)
     members = ", ".join(f"{n.name} ({n.op})" for n in fused.nodes)
-    legend = [
-        f"{renamed.get(declaration.split()[-1], declaration.split()[-1])} = '{ctx.graph.tensors[binding.tensor].name}'"
-        for declaration, binding in zip(params.declarations, params.bindings)
-        if binding.tensor is not None
-    ]
+    legend = []
+    for declaration, binding in zip(params.declarations, params.bindings):
+        parameter = renamed.get(declaration.split()[-1], declaration.split()[-1])
+        if binding.tensor is not None:
+            legend.append(f"{parameter} = '{ctx.graph.tensors[binding.tensor].name}'")
+        elif binding.symbol is not None:
+            legend.append(f"{parameter} = symbol '{binding.symbol.name}'")
     header = (
         f"graphdnn {fused.family.value} kernel {name}: {pattern}\n"
         f"graph '{ctx.graph.name}' signature {ctx.signature}\n"
@@ -102,10 +114,12 @@ def kernel_source(
 
 
 _GENERATED = re.compile(r"\b(t|tm|s|v|r|a|o|in|out|base|col|exact)(\d+)\b")
+_EXTENT = re.compile(rf"\b{EXTENT_PREFIX}\w+")
 
 
 def canonical_identifiers(text: str) -> tuple[str, dict[str, str]]:
-    """``text`` with generated identifiers renumbered per prefix by first appearance, and the renaming."""
+    """``text`` with generated identifiers renumbered per prefix by first appearance (EXTENT
+    parameters, named after their symbols, too), and the renaming."""
     renamed: dict[str, str] = {}
     counts: dict[str, int] = {}
 
@@ -116,7 +130,14 @@ def canonical_identifiers(text: str) -> tuple[str, dict[str, str]]:
             counts[prefix] = counts.get(prefix, 0) + 1
         return renamed[old]
 
-    return _GENERATED.sub(rename, text), renamed
+    def rename_extent(found: re.Match[str]) -> str:
+        old = found.group(0)
+        if old not in renamed:
+            renamed[old] = f"dyn{counts.get(EXTENT_PREFIX, 0)}"
+            counts[EXTENT_PREFIX] = counts.get(EXTENT_PREFIX, 0) + 1
+        return renamed[old]
+
+    return _GENERATED.sub(rename, _EXTENT.sub(rename_extent, text)), renamed
 
 
 def pattern_name(fused: FusedNode) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 from fusion_rules import Family, FusedNode, Partition
 from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
+from graphdnn.symbolic import show_ranges, symbols_of
 
 from .context import EmitContext
 from .kernel import FusedProgram
@@ -26,6 +27,8 @@ _FAMILY_MODULES = {
     Family.ATTENTION_BACKWARD: "attention_backward",
     Family.DIRECT: "direct",
 }
+# The families whose kernels take runtime extents (a dynamic graph's symbols as arguments).
+DYNAMIC_FAMILIES = frozenset({Family.ELEMENTWISE, Family.ROW_NORM})
 
 
 def emitter(family: Family) -> Callable[[FusedNode, EmitContext], FusedProgram]:
@@ -60,8 +63,37 @@ def emit_partition(
     the caller has it already (the compiler does), else computed here.
     """
     graph_signature = graph_signature or signature(partition.graph)
+    for fused in partition.nodes:
+        check_extents(fused)
     programs = []
     for fused in partition.nodes:
         ctx = EmitContext(partition.graph, graph_signature, arch, dict((tuning or {}).get(fused.name, {})))
         programs.append(emitter(fused.family)(fused, ctx))
     return tuple(programs)
+
+
+def extents_refusal(fused: FusedNode) -> str | None:
+    """Why ``fused``'s kernels cannot take its symbolic dims as runtime extents (its family takes
+    none, or its family's ``extents_refusal`` says why not these); None when they can, or it has none."""
+    symbols = symbols_of(v for t in (*fused.inputs, *fused.outputs) for v in (*t.dim, *t.stride))
+    if not symbols:
+        return None
+    if fused.family not in DYNAMIC_FAMILIES:
+        takes = " and ".join(sorted(f.value for f in DYNAMIC_FAMILIES))
+        return (
+            f"has symbolic dims ({show_ranges(symbols)}); {fused.family.value} kernels do not take runtime extents "
+            f"yet (only {takes} kernels do, docs/dynamic-shapes.md)"
+        )
+    refusal = getattr(_family_module(fused.family), "extents_refusal", None)
+    return refusal(fused) if refusal is not None else None
+
+
+def check_extents(fused: FusedNode) -> None:
+    """UnsupportedError naming the fused node, its ops and its symbols when its kernels cannot
+    take its symbolic dims (before any kernel of the graph is emitted)."""
+    reason = extents_refusal(fused)
+    if reason is not None:
+        raise UnsupportedError(
+            f"fused node '{fused.name}' ({fused.family.value}: {', '.join(n.name for n in fused.nodes)}) {reason}. "
+            "Run it with backend='reference', or build a static graph for each shape"
+        )

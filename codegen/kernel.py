@@ -1,9 +1,11 @@
 """What codegen hands to the runtime: kernels with their launch shape and parameters.
 
-Shapes are static (a graph's dims are part of its signature), so a kernel's dims,
-strides, grid and block are compile-time constants; at run time only pointers and
-pass-by-value scalars change. A parameter is an 8-byte word (a pointer, a double for a
-runtime scalar, a 64-bit flag) or a TMA tensor map (TENSOR_MAP_WORDS words, which the
+A static graph's dims are part of its signature, so its kernels' dims, strides, grid and
+block are compile-time constants; at run time only pointers and pass-by-value scalars
+change. A dynamic graph's kernels (the families that take runtime extents) read each
+symbol from an EXTENT parameter and launch a :class:`DynamicGrid`; their static dims stay
+constants. A parameter is an 8-byte word (a pointer, a double for a runtime scalar, a
+64-bit flag or extent) or a TMA tensor map (TENSOR_MAP_WORDS words, which the
 driver encodes at bind time from the tensor's address), so argument packing stays a flat
 array of words.
 """
@@ -17,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graphdnn.program import TensorMap
+from graphdnn.symbolic import Sym, Symbol
+
 if TYPE_CHECKING:
     from graphdnn.ir import Tensor
-
-from graphdnn.program import TensorMap
 
 
 class ParamKind(enum.Enum):
@@ -29,6 +32,7 @@ class ParamKind(enum.Enum):
     SCRATCH = "scratch"  # device pointer of a scratch buffer of the fused node
     ALIGNED = "aligned"  # 1 if every pointer of the launch is aligned to the kernel's vector size
     TENSOR_MAP = "tensor_map"  # a TMA tensor map of a graph tensor (gd::TensorMapArg in the kernel)
+    EXTENT = "extent"  # a symbol's value in this call, as a long long (codegen.indexing.c_extent names it)
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,17 @@ class Param:
     tensor: int | None = None  # tensor id for TENSOR, SCALAR and TENSOR_MAP
     scratch: str | None = None  # scratch buffer name for SCRATCH
     tensor_map: TensorMap | None = None  # TENSOR_MAP
+    symbol: Symbol | None = None  # EXTENT
+
+
+@dataclass(frozen=True)
+class DynamicGrid:
+    """The grid of a kernel whose work depends on symbols: ``ceil(count / per_block)`` blocks,
+    at least 1 and at most ``cap``, computed at each launch."""
+
+    count: Sym
+    per_block: int
+    cap: int
 
 
 def param_name(tensor: Tensor) -> str:
@@ -57,7 +72,7 @@ class Scratch:
 class Kernel:
     name: str  # the extern "C" entry point
     source: str
-    grid: tuple[int, int, int]
+    grid: tuple[int, int, int]  # with ``blocks``: the grid at the symbols' maxima
     block: tuple[int, int, int]
     shared_bytes: int
     params: tuple[Param, ...]
@@ -65,6 +80,7 @@ class Kernel:
     # "a": compile for the arch-specific target sm_XYa (wgmma, setmaxnreg), whose code runs
     # on sm_XY itself only; "": the portable sm_XY target
     arch_suffix: str = ""
+    blocks: DynamicGrid | None = None  # grid x computed at launch (a dynamic graph's kernel)
 
     @property
     def body(self) -> str:

@@ -14,7 +14,6 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from .cache.key import KeyFields, key_fields
-from .errors import UnsupportedError
 from .ir import Graph, Tensor
 from .signature import signature_and_order
 
@@ -35,15 +34,8 @@ class Compilation:
 
     @classmethod
     def of(cls, ir: Graph, target: int, disable: Iterable[str] = ()) -> Compilation:
-        """UnsupportedError for a dynamic graph: GPU kernels take no runtime extents yet
-        (gd.compile, warmup and autotuning all start here, before the cache or codegen)."""
-        if ir.is_dynamic:
-            symbols = ", ".join(f"{s.name} in {s.min}..{s.max}" for s in ir.symbols)
-            raise UnsupportedError(
-                f"graph '{ir.name}' has symbolic dims ({symbols}); GPU kernels do not take runtime extents yet (the "
-                "next step of dynamic shapes, docs/dynamic-shapes.md). Run it with backend='reference', see its "
-                "fusion with gd.fuse, or build a static graph for each shape"
-            )
+        """A dynamic graph compiles once for the whole range of its symbols (its signature
+        covers the ranges); codegen refuses the fused nodes whose family takes no runtime extents."""
         rules_off = tuple(disable)
         graph_signature, order = signature_and_order(ir)
         return cls(ir, target, rules_off, graph_signature, order, key_fields(ir, target, rules_off, graph_signature))

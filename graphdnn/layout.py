@@ -84,6 +84,12 @@ def storage_extent(dim: Sequence[int], stride: Sequence[int]) -> int:
     return 1 + sum((d - 1) * s for d, s in zip(dim, stride, strict=True))
 
 
+def largest_storage_extent(dim: Sequence[Extent], stride: Sequence[Extent]) -> int:
+    """:func:`storage_extent` at the symbols' maxima, where it is largest over their range
+    (products of symbols are monotone in each): what a buffer for every value must hold."""
+    return storage_extent([upper(d) for d in dim], [upper(s) for s in stride])
+
+
 def is_packed(dim: Sequence[int], stride: Sequence[int]) -> bool:
     """True when the tensor covers its storage without gaps."""
     return storage_extent(dim, stride) == numel(dim)
@@ -94,7 +100,7 @@ def check_extent(dim: Sequence[Extent], stride: Sequence[Extent]) -> None:
     included) is at most MAX_ELEMENTS, so that byte offsets (at most 8 bytes an element) stay
     below 2**51 and device index arithmetic in int64. Symbolic dims and strides are checked
     at their maxima, where the extent is largest."""
-    extent = storage_extent([upper(d) for d in dim], [upper(s) for s in stride])
+    extent = largest_storage_extent(dim, stride)
     if extent > MAX_ELEMENTS:
         at = "" if all(map(_is_int, (*dim, *stride))) else " at the symbols' maxima"
         raise StrideError(

@@ -4,6 +4,8 @@ The one place where graphdnn reaches into code generation: given the partition t
 ``fusion_rules.fuse`` made, ``codegen.emit_partition`` writes a CUDA program per fused node.
 This module turns their output into plan data: workspace offsets for the intermediates
 that cross fused nodes and for every scratch buffer, and each kernel parameter's binding.
+A dynamic graph's workspace is laid out for the symbols' maxima (every call fits in it);
+its kernels' symbols and grids refer to the input dims that hold each symbol in a call.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from .arch import arch_name
 from .ir import Graph, Tensor
-from .layout import storage_extent
-from .program import Arg, ArgKind, Launch, LaunchProgram, WorkspaceBuffer, align
+from .layout import largest_storage_extent
+from .program import Arg, ArgKind, GridExtent, Launch, LaunchProgram, WorkspaceBuffer, align
+from .specialize import symbol_source
 
 if TYPE_CHECKING:
     from codegen import FusedProgram, Kernel
+    from codegen.kernel import DynamicGrid
     from fusion_rules import Partition
 
 
@@ -93,6 +97,7 @@ def assemble(
                     alignment=kernel.alignment,
                     args=args,
                     elementwise=partition.nodes[index].family is Family.ELEMENTWISE and len(program.kernels) == 1,
+                    blocks=_grid(partition.graph, kernel.blocks) if kernel.blocks is not None else None,
                 )
             )
     size = max((b.offset + b.bytes for b in workspace), default=0)
@@ -105,7 +110,7 @@ def _layout(intermediates: tuple[Tensor, ...], programs: tuple[FusedProgram, ...
     buffers = []
     offset = 0
     for t in intermediates:
-        size = storage_extent(t.static_dim, t.static_stride) * t.data_type.itemsize
+        size = largest_storage_extent(t.dim, t.stride) * t.data_type.itemsize
         buffers.append(WorkspaceBuffer(offset, size, tensor=t.id))
         offset = align(offset + size)
     for index, program in enumerate(programs):
@@ -124,6 +129,9 @@ def _arg(
     scratch: Mapping[tuple[int, str], int],
 ) -> Arg:
     kind = ArgKind(param.kind.value)
+    if kind is ArgKind.EXTENT:
+        tensor, axis = symbol_source(ir, param.symbol)
+        return Arg(kind, tensor=tensor, axis=axis)
     if kind is ArgKind.SCRATCH:
         if (index, param.scratch) not in scratch:
             raise AssertionError(f"kernel {kernel.name} binds scratch '{param.scratch}' its fused node did not declare")
@@ -135,3 +143,9 @@ def _arg(
         if t.is_virtual and t.id not in intermediates:
             raise AssertionError(f"kernel {kernel.name} reads virtual tensor '{t.name}', which no fused node writes")
     return Arg(kind, tensor=param.tensor, tensor_map=param.tensor_map)
+
+
+def _grid(ir: Graph, grid: DynamicGrid) -> GridExtent:
+    """The launch's grid over the input dims that hold its symbols in a call."""
+    dims = tuple(symbol_source(ir, s) for s in grid.count.factors)
+    return GridExtent(grid.count.coefficient, dims, grid.per_block, grid.cap)

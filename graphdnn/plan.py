@@ -10,6 +10,7 @@ same interface on NumPy arrays.
 from __future__ import annotations
 
 import abc
+import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .arch import arch_name
 from .ir import Graph, Tensor
-from .program import ArgKind, LaunchProgram
+from .program import ArgKind, GridExtent, LaunchProgram
 
 if TYPE_CHECKING:
     from .cache.entries import KernelBinary
@@ -32,12 +33,16 @@ class Binding:
     """How one kernel parameter is filled at launch."""
 
     kind: ArgKind
-    tensor: Tensor | None = None  # TENSOR, SCALAR
+    tensor: Tensor | None = None  # TENSOR, SCALAR, EXTENT
     workspace_offset: int | None = None  # SCRATCH, or TENSOR of an intermediate held in the workspace
+    axis: int | None = None  # EXTENT: the dim of ``tensor`` whose value is passed
 
     def __str__(self) -> str:
         if self.kind is ArgKind.ALIGNED:
             return "aligned flag"
+        if self.kind is ArgKind.EXTENT:
+            assert self.tensor is not None and self.axis is not None
+            return f"{self.tensor.dim[self.axis]} (dim {self.axis} of {self.tensor.name})"
         if self.kind is ArgKind.SCRATCH:
             return f"scratch at workspace+{self.workspace_offset}"
         assert self.tensor is not None
@@ -53,7 +58,7 @@ class PlanKernel:
 
     name: str
     source: str
-    grid: tuple[int, int, int]
+    grid: tuple[int, int, int]  # a dynamic graph's: at the symbols' maxima (see ``blocks``)
     block: tuple[int, int, int]
     shared_bytes: int
     params: tuple[Binding, ...]
@@ -62,6 +67,7 @@ class PlanKernel:
     kernel_key: str  # names the cubin in the plan cache (content hash + target + compiler)
     content_hash: str  # sha256 of the source without its header comment
     cubin: bytes
+    blocks: str | None = None  # a dynamic graph's grid x, as computed at each call
 
     def __repr__(self) -> str:
         return f"PlanKernel({self.name} grid {list(self.grid)} block {list(self.block)} shared {self.shared_bytes})"
@@ -149,7 +155,8 @@ class Plan(PlanBase):
 
     @property
     def workspace_size(self) -> int:
-        """Bytes of workspace a call needs (intermediates and scratch, each 256-byte aligned)."""
+        """Bytes of workspace a call needs (intermediates and scratch, each 256-byte aligned); a
+        dynamic graph's is laid out for its symbols' maxima, so one workspace serves every call."""
         return self.program.workspace_size
 
     @property
@@ -170,6 +177,7 @@ class Plan(PlanBase):
                     a.kind,
                     self.graph.tensors[a.tensor] if a.tensor is not None else None,
                     a.offset if a.kind is ArgKind.SCRATCH else offsets.get(a.tensor) if a.tensor is not None else None,
+                    a.axis,
                 )
                 for a in launch.args
             )
@@ -186,9 +194,15 @@ class Plan(PlanBase):
                     kernel_key=launch.kernel_key,
                     content_hash=launch.content_hash,
                     cubin=binary.cubin,
+                    blocks=self._blocks(launch.blocks) if launch.blocks is not None else None,
                 )
             )
         return tuple(kernels)
+
+    def _blocks(self, grid: GridExtent) -> str:
+        """``min(ceil(4*batch / 128), 65535)``: a dynamic grid x over the graph's symbols."""
+        work = math.prod((self.graph.tensors[t].dim[axis] for t, axis in grid.dims), start=grid.coefficient)
+        return f"min(ceil({work} / {grid.divisor}), {grid.cap})"
 
     def bind(
         self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None, *, cuda_graph: bool = False
@@ -258,9 +272,8 @@ class Plan(PlanBase):
             f"{len(self.program.launches)} kernel launches, workspace {self.workspace_size} bytes"
         ]
         for kernel in self.kernels:
-            lines.append(
-                f"  {kernel.name}  grid {list(kernel.grid)} block {list(kernel.block)} shared {kernel.shared_bytes}"
-            )
+            grid = f"[{kernel.blocks}, 1, 1]" if kernel.blocks is not None else str(list(kernel.grid))
+            lines.append(f"  {kernel.name}  grid {grid} block {list(kernel.block)} shared {kernel.shared_bytes}")
             lines.append(f"    ({', '.join(str(p) for p in kernel.params)})")
         lines.extend(f"  workspace {slot}" for slot in self.workspace)
         return "\n".join(lines)

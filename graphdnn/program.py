@@ -8,7 +8,9 @@ that a graph declared with other names or in another order finds the same entry.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,14 +76,16 @@ class ArgKind(enum.Enum):
     SCRATCH = "scratch"  # device pointer into the workspace, at ``offset``
     ALIGNED = "aligned"  # 1 when every pointer of the launch is aligned to the kernel's alignment
     TENSOR_MAP = "tensor_map"  # a TMA tensor map of a tensor, encoded at bind time (TENSOR_MAP_WORDS words)
+    EXTENT = "extent"  # a dynamic graph's symbol value in this call, as a 64-bit integer: dim ``axis`` of ``tensor``
 
 
 @dataclass(frozen=True)
 class Arg:
     kind: ArgKind
-    tensor: int | None = None  # tensor id (TENSOR, SCALAR, TENSOR_MAP)
+    tensor: int | None = None  # tensor id (TENSOR, SCALAR, TENSOR_MAP, EXTENT: an input holding the symbol)
     offset: int | None = None  # workspace byte offset (SCRATCH)
     tensor_map: TensorMap | None = None  # TENSOR_MAP
+    axis: int | None = None  # EXTENT: the dim of ``tensor`` that is the symbol
 
     @property
     def words(self) -> int:
@@ -94,13 +98,49 @@ class Arg:
         return self.kind in (ArgKind.TENSOR, ArgKind.TENSOR_MAP)
 
     def to_json(self) -> list[Any]:
+        """``[kind, tensor, offset]``, then the tensor map (TENSOR_MAP) or the axis (EXTENT)."""
         base = [self.kind.value, self.tensor, self.offset]
+        if self.kind is ArgKind.EXTENT:
+            return [*base, self.axis]
         return base if self.tensor_map is None else [*base, self.tensor_map.to_json()]
 
     @classmethod
     def from_json(cls, value: list[Any]) -> Arg:
         kind, tensor, offset, *rest = value
+        if ArgKind(kind) is ArgKind.EXTENT:
+            return cls(ArgKind.EXTENT, tensor, offset, axis=rest[0] if rest else None)
         return cls(ArgKind(kind), tensor, offset, TensorMap.from_json(rest[0]) if rest else None)
+
+
+DimRef = tuple[int, int]  # (tensor id, axis): a whole dim that is one symbol, read from the call's buffers
+
+
+@dataclass(frozen=True)
+class GridExtent:
+    """A grid's x extent computed at each call of a dynamic graph's plan: ``ceil(coefficient *
+    the product of the dims / divisor)`` blocks, at least 1 and at most ``cap`` (kernels walk
+    the rest with a grid-stride loop). The dims are whole dims of inputs, each one symbol."""
+
+    coefficient: int
+    dims: tuple[DimRef, ...]
+    divisor: int
+    cap: int
+
+    def blocks(self, extents: Mapping[DimRef, int]) -> int:
+        work = self.coefficient * math.prod(extents[d] for d in self.dims)
+        return min(max(1, -(-work // self.divisor)), self.cap)
+
+    def relabel(self, mapping: Mapping[int, int]) -> GridExtent:
+        return GridExtent(self.coefficient, tuple((mapping[t], a) for t, a in self.dims), self.divisor, self.cap)
+
+    def to_json(self) -> dict[str, Any]:
+        dims = [list(d) for d in self.dims]
+        return {"coefficient": self.coefficient, "dims": dims, "divisor": self.divisor, "cap": self.cap}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> GridExtent:
+        dims = tuple((int(t), int(a)) for t, a in value["dims"])
+        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]))
 
 
 @dataclass(frozen=True)
@@ -111,7 +151,7 @@ class Launch:
     kernel_key: str  # the compiled kernel (cubin) in the plan cache; see graphdnn.cache.key
     content_hash: str  # sha256 of the kernel source without its header comment
     fused_index: int  # position of the fused node (in execution order) this kernel belongs to
-    grid: tuple[int, int, int]
+    grid: tuple[int, int, int]  # with ``blocks``: the grid at the symbols' maxima
     block: tuple[int, int, int]
     shared_bytes: int
     alignment: int  # bytes the ALIGNED flag checks
@@ -119,6 +159,20 @@ class Launch:
     # Each thread reads the elements at an output position, then writes that position, and
     # nothing else: safe in place when an output is the same view as an input (see runtime.schedule).
     elementwise: bool = False
+    blocks: GridExtent | None = None  # a dynamic graph's kernel: grid x computed at each call
+
+    def at(self, extents: Mapping[DimRef, int]) -> Launch:
+        """The launch for one call: grid x computed from the call's ``extents`` (a static launch as it is)."""
+        if self.blocks is None:
+            return self
+        return dataclasses.replace(self, grid=(self.blocks.blocks(extents), self.grid[1], self.grid[2]))
+
+    @property
+    def dim_refs(self) -> tuple[DimRef, ...]:
+        """The dims of the call this launch reads: its grid's and its extent arguments'."""
+        refs = [(a.tensor, a.axis) for a in self.args if a.kind is ArgKind.EXTENT]
+        refs += list(self.blocks.dims) if self.blocks is not None else []
+        return tuple(dict.fromkeys((t, x) for t, x in refs if t is not None and x is not None))
 
     @property
     def slot_starts(self) -> tuple[int, ...]:
@@ -144,6 +198,7 @@ class Launch:
             "alignment": self.alignment,
             "args": [a.to_json() for a in self.args],
             "elementwise": self.elementwise,
+            **({"blocks": self.blocks.to_json()} if self.blocks is not None else {}),
         }
 
     @classmethod
@@ -160,6 +215,7 @@ class Launch:
             alignment=int(value["alignment"]),
             args=tuple(Arg.from_json(a) for a in value["args"]),
             elementwise=bool(value.get("elementwise", False)),  # absent in older cache entries: copy, never race
+            blocks=GridExtent.from_json(value["blocks"]) if "blocks" in value else None,
         )
 
 
@@ -203,7 +259,7 @@ class LaunchProgram:
         """The same program with every tensor id replaced through ``mapping``."""
 
         def arg(a: Arg) -> Arg:
-            return a if a.tensor is None else Arg(a.kind, mapping[a.tensor], a.offset, a.tensor_map)
+            return a if a.tensor is None else dataclasses.replace(a, tensor=mapping[a.tensor])
 
         def buffer(b: WorkspaceBuffer) -> WorkspaceBuffer:
             if b.tensor is None:
@@ -211,7 +267,12 @@ class LaunchProgram:
             return WorkspaceBuffer(b.offset, b.bytes, mapping[b.tensor], b.scratch, b.fused_index)
 
         launches = tuple(
-            Launch(**{**launch.__dict__, "args": tuple(arg(a) for a in launch.args)}) for launch in self.launches
+            dataclasses.replace(
+                launch,
+                args=tuple(arg(a) for a in launch.args),
+                blocks=launch.blocks.relabel(mapping) if launch.blocks is not None else None,
+            )
+            for launch in self.launches
         )
         return LaunchProgram(launches, tuple(buffer(b) for b in self.workspace), self.workspace_size, self.tuning)
 

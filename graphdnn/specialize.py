@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import FeedError
 from .ir import FeedKey, Graph, Node, Tensor, resolve_tensor
-from .symbolic import Sym, evaluate
+from .symbolic import Sym, Symbol, evaluate
 
 
 def symbol_values(ir: Graph, shapes: Mapping[int, tuple[int, ...]]) -> dict[str, int]:
@@ -55,6 +55,17 @@ def symbol_values(ir: Graph, shapes: Mapping[int, tuple[int, ...]]) -> dict[str,
             f"give an array for {' or '.join(repr(n) for n in holders)}"
         )
     return {name: value for name, (value, _) in values.items()}
+
+
+def symbol_source(ir: Graph, symbol: Symbol) -> tuple[int, int]:
+    """(tensor id, axis) of the first input that holds ``symbol`` as a whole dim: where a
+    GPU plan reads the symbol's value in each call (validation proved there is one)."""
+    whole = Sym.of(symbol)
+    for t in ir.inputs:
+        for axis, extent in enumerate(t.dim):
+            if extent == whole:
+                return t.id, axis
+    raise AssertionError(f"no input of graph '{ir.name}' holds symbol '{symbol.name}' as a dim")
 
 
 def feed_shapes(ir: Graph, feeds: Mapping[FeedKey, Any]) -> dict[int, tuple[int, ...]]:

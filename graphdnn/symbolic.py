@@ -89,8 +89,7 @@ class Sym:
         return True  # every symbol is at least 1
 
     def _refuse(self, what: str) -> NoReturn:
-        ranges = ", ".join(f"{s.name} in {s.min}..{s.max}" for s in self.symbols)
-        raise SymbolicDimError(f"{what} needs the value of symbolic dim {self} ({ranges})", self)
+        raise SymbolicDimError(f"{what} needs the value of symbolic dim {self} ({show_ranges(self.symbols)})", self)
 
     # Everything but multiplication depends on the value: refused, never guessed.
     def __add__(self, other: object) -> NoReturn:
@@ -196,8 +195,13 @@ def counterexample(a: Extent, b: Extent) -> dict[str, int] | None:
 def show(values: Iterable[Extent]) -> str:
     """``[batch, 128]`` with each symbol's range after it: ``[batch, 128] (batch in 1..256)``."""
     values = list(values)
-    ranges = ", ".join(f"{s.name} in {s.min}..{s.max}" for s in symbols_of(values))
+    ranges = show_ranges(symbols_of(values))
     return f"[{', '.join(map(str, values))}]" + (f" ({ranges})" if ranges else "")
+
+
+def show_ranges(symbols: Iterable[Symbol]) -> str:
+    """``batch in 1..256, seq in 1..2048``."""
+    return ", ".join(f"{s.name} in {s.min}..{s.max}" for s in symbols)
 
 
 def show_values(values: Mapping[str, int]) -> str:

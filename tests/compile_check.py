@@ -28,10 +28,10 @@ MAX_NODES = 2000
 
 class GraphRecorder:
     """Keeps every graph ``OperationGraphSpec.validate`` returns while installed (counting,
-    not keeping, those over MAX_NODES, those using ops a test registers for a while, such
-    as the docs' example op, gone by the time the graphs compile, and dynamic graphs, whose
-    kernels with runtime extents are the next step of docs/dynamic-shapes.md): builders,
-    files and ``gd.compile`` all validate through it."""
+    not keeping, those over MAX_NODES and those using ops a test registers for a while, such
+    as the docs' example op, gone by the time the graphs compile): builders, files and
+    ``gd.compile`` all validate through it. Dynamic graphs are kept and counted; the ones with
+    a fused node whose family takes no runtime extents are left out when they compile."""
 
     def __init__(self) -> None:
         self._graphs: list[Graph] = []
@@ -53,9 +53,8 @@ class GraphRecorder:
                 self.too_large += 1
             elif any(node.op not in built_in for node in graph.nodes):
                 self.test_ops += 1
-            elif graph.is_dynamic:
-                self.dynamic += 1
             else:
+                self.dynamic += graph.is_dynamic
                 self._graphs.append(graph)  # deduplicated later, so a test's validate costs nothing more
             return graph
 
@@ -83,6 +82,7 @@ RECORDER = GraphRecorder()
 @dataclass
 class CompileReport:
     graphs: int = 0  # graphs fused and emitted for every target
+    refused: int = 0  # dynamic graphs with a fused node whose kernels cannot take its symbols (not emitted)
     kernels: int = 0  # distinct (target, kernel) pairs these graphs need
     compiled: int = 0  # of them, compiled now (the others were compiled earlier in the session)
     failures: list[str] = field(default_factory=list)
@@ -93,6 +93,7 @@ _COMPILED: set[tuple[int, str]] = set()  # (target, content hash) compiled in th
 
 def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) -> CompileReport:
     """Fuse, emit and NVRTC-compile ``graphs`` for each target; every failure, never only the first."""
+    from codegen.emit import extents_refusal
     from codegen.nvrtc import compile_cubin
     from fusion_rules import fuse
     from graphdnn.lower import KernelSource, lower
@@ -101,6 +102,9 @@ def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) ->
     report = CompileReport()
     pending: dict[tuple[int, str], tuple[KernelSource, Graph]] = {}
     for graph in graphs:
+        if graph.is_dynamic and any(extents_refusal(f) for t in targets for f in fuse(graph, arch=t).nodes):
+            report.refused += 1
+            continue
         report.graphs += 1
         graph_signature = signature(graph)
         for target in targets:

@@ -14,11 +14,15 @@ fp16 tensor-core kernels run too (:data:`TENSOR_CORE_STAND_INS`): ``cp.async`` b
 through a buffer and two barriers (every thread of the block calls them together, as the
 attention kernels do), with the PTX fragment layouts; the dynamic shared memory is a static
 array and ``ex2.approx`` is exp2f.
+
+A dynamic graph's kernels run at the symbol values given: EXTENT parameters take them, and
+the grid is computed from them as the runtime computes it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import re
 import shutil
@@ -36,6 +40,7 @@ from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.ir import Tensor
 from graphdnn.layout import storage_extent
+from graphdnn.symbolic import evaluate
 
 SHIM = r"""
 #include <algorithm>
@@ -217,13 +222,34 @@ def _strided(flat: np.ndarray, t: Tensor) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(flat, t.dim, [s * flat.itemsize for s in t.stride])
 
 
+def _concrete(t: Tensor, symbols: Mapping[str, int]) -> Tensor:
+    dim = tuple(evaluate(d, symbols) for d in t.dim)
+    return dataclasses.replace(t, dim=dim, stride=tuple(evaluate(s, symbols) for s in t.stride))
+
+
+def _grid(kernel: Kernel, symbols: Mapping[str, int]) -> tuple[int, int, int]:
+    """The launch grid at these symbol values (GridExtent.blocks' formula)."""
+    if kernel.blocks is None:
+        return kernel.grid
+    blocks = -(-evaluate(kernel.blocks.count, symbols) // kernel.blocks.per_block)
+    return (min(max(1, blocks), kernel.blocks.cap), kernel.grid[1], kernel.grid[2])
+
+
 def run(
-    fused: FusedNode, program: FusedProgram, memory: Mapping[str, Any], aligned: int, build: Path
+    fused: FusedNode,
+    program: FusedProgram,
+    memory: Mapping[str, Any],
+    aligned: int,
+    build: Path,
+    symbols: Mapping[str, int] | None = None,
 ) -> dict[str, np.ndarray]:
     """The fused node's outputs (by name, logical dims) from its kernels run on the CPU, its
-    inputs taken from ``memory`` (by name) and laid out with their strides."""
+    inputs taken from ``memory`` (by name) and laid out with their strides; ``symbols``: the
+    values of a dynamic graph's symbols."""
+    symbols = symbols or {}
     buffers: dict[int, np.ndarray] = {}
-    for t in (*fused.inputs, *fused.outputs):
+    inputs = {t.id for t in fused.inputs}
+    for t in (_concrete(t, symbols) for t in (*fused.inputs, *fused.outputs)):
         if t.is_pass_by_value:
             continue
         integer = t.data_type.value in ("int32", "int64")  # sequence lengths, indices
@@ -233,7 +259,7 @@ def run(
             else {"double": np.float64, "half": np.float16}.get(t.data_type.value, np.float32)
         )
         buffers[t.id] = np.full(storage_extent(t.dim, t.stride), -77 if integer else np.nan, dtype=dtype)
-        if t in fused.inputs:
+        if t.id in inputs:
             _strided(buffers[t.id], t)[...] = memory[t.name]
     scratch = {s.name: np.full(-(-s.bytes // 4), np.nan, dtype=np.float32) for s in program.scratch}
     for kernel in program.kernels:
@@ -249,10 +275,13 @@ def run(
             else:
                 if param.kind is ParamKind.ALIGNED:
                     value: Any = ctypes.c_longlong(aligned)
+                elif param.kind is ParamKind.EXTENT:
+                    assert param.symbol is not None
+                    value = ctypes.c_longlong(symbols[param.symbol.name])
                 else:
                     (t,) = [t for t in fused.inputs if t.id == param.tensor]
                     value = ctypes.c_double(float(np.asarray(memory[t.name]).reshape(-1)[0]))
                 values.append(value)
                 args[i] = ctypes.addressof(value)
-        _library(kernel, build).launch(args, *kernel.grid, kernel.block[0])
-    return {t.name: np.array(_strided(buffers[t.id], t)) for t in fused.outputs}
+        _library(kernel, build).launch(args, *_grid(kernel, symbols), kernel.block[0])
+    return {t.name: np.array(_strided(buffers[t.id], _concrete(t, symbols))) for t in fused.outputs}

@@ -34,6 +34,15 @@ def test_the_few_tile_matmul_cases_build_with_split_k_or_the_engine() -> None:
     assert result.stdout.count("1 kernel(s), built in") == 1
 
 
+def test_the_dynamic_cases_build_one_plan_for_the_range() -> None:
+    """Three sizes of each dynamic case: a static plan each, and one dynamic plan built once."""
+    result = _benchmark("run.py", "--dry", "--only", "dynamic")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("1 kernel(s), built in") == 6
+    assert result.stdout.count("its dynamic graph's plan: 1 kernel(s), from compiled (1 compiled)") == 2
+    assert result.stdout.count("its dynamic graph's plan: 1 kernel(s), from memory cache (0 compiled)") == 4
+
+
 def test_execute_cost_runs_on_the_fake_driver() -> None:
     result = _benchmark("execute_cost.py", "--fake-driver", "--calls", "20")
     assert result.returncode == 0, result.stderr[-2000:]

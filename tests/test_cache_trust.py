@@ -3,7 +3,7 @@ checksum, tampered content) is a miss that is rebuilt, never executed; reads are
 
 Tampered entries are written with ``container.encode``, so their checksums are valid: what
 rejects them is graphdnn.cache.trust. The rebuild reuses the stored kernels, so the whole
-file costs the three NVRTC compiles of its session fixture.
+file costs the four NVRTC compiles of its session fixture.
 """
 
 from __future__ import annotations
@@ -26,15 +26,20 @@ from tests import plan_graphs
 from tests.cache_dirs import private_copy, warm
 
 ARCH = "sm_90"
-GRAPHS = {"sum_then_add": plan_graphs.sum_then_add, "scaled": plan_graphs.scaled}
+GRAPHS = {
+    "sum_then_add": plan_graphs.sum_then_add,
+    "scaled": plan_graphs.scaled,
+    "dynamic_rows": plan_graphs.dynamic_rows,
+}
 
 
 @pytest.fixture(scope="session")
 def trusted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache holding sum_then_add (2 kernels, a workspace intermediate) and scaled (a scalar argument)."""
+    """A cache holding sum_then_add (2 kernels, a workspace intermediate), scaled (a scalar
+    argument) and dynamic_rows (an extent argument and a dynamic grid)."""
     directory = tmp_path_factory.mktemp("trust") / "cache"
     cache = warm(directory, GRAPHS.values(), ARCH)
-    assert cache.counters.compiles == 3
+    assert cache.counters.compiles == 4
     return directory
 
 
@@ -125,6 +130,31 @@ def _dropped_arg(index: int) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _blocks(index: int, **fields: Any) -> Callable[[dict[str, Any]], None]:
+    """Change fields of launch ``index``'s dynamic grid; ``axis`` / ``tensor``: of its first dim."""
+
+    def change(document: dict[str, Any]) -> None:
+        blocks = document["program"]["launches"][index]["blocks"]
+        for field, value in fields.items():
+            if field in ("tensor", "axis"):
+                blocks["dims"][0][("tensor", "axis").index(field)] = value
+            else:
+                blocks[field] = value
+
+    return change
+
+
+def _extent(index: int, **fields: Any) -> Callable[[dict[str, Any]], None]:
+    """Change launch ``index``'s extent argument, stored as [kind, tensor, offset, axis]."""
+
+    def change(document: dict[str, Any]) -> None:
+        (stored,) = [a for a in document["program"]["launches"][index]["args"] if a[0] == "extent"]
+        for field, value in fields.items():
+            stored[("kind", "tensor", "offset", "axis").index(field)] = value
+
+    return change
+
+
 TAMPERED_PLANS = [
     ("sum_then_add", _arg(0, 0, ["tensor", 999, None]), "names tensor 999"),
     ("sum_then_add", _arg(0, 0, ["tensor", 1.5, None]), "tensor position 1.5"),
@@ -152,6 +182,26 @@ TAMPERED_PLANS = [
     ("sum_then_add", _program(launches="xyz"), "malformed plan"),
     ("sum_then_add", _launch(0, grid=[1, 1]), "malformed plan: IndexError"),
     ("sum_then_add", _launch(0, grid=[1e400, 1, 1]), "malformed plan: OverflowError"),
+    ("sum_then_add", _arg(0, 0, ["extent", 0, None, 0]), "an extent reads dim 0 of tensor 0, which is"),
+    ("dynamic_rows", _blocks(0, divisor=0), "dynamic grid divisor 0 is not positive"),
+    ("dynamic_rows", _blocks(0, coefficient=-33), "dynamic grid coefficient -33 is not a non-negative integer"),
+    ("dynamic_rows", _blocks(0, cap=0), "dynamic grid cap 0 is outside 1..2147483647"),
+    ("dynamic_rows", _blocks(0, cap=2**31), "dynamic grid cap 2147483648 is outside 1..2147483647"),
+    ("dynamic_rows", _blocks(0, dims=[]), "a dynamic grid reads no dim"),
+    ("dynamic_rows", _blocks(0, axis=1), "an extent reads dim 1 of tensor .*, which is 33, not a symbol"),
+    (
+        "dynamic_rows",
+        _blocks(0, axis=7),
+        "an extent reads dim 7 of tensor .*, which is no dim of a tensor the caller passes",
+    ),
+    ("dynamic_rows", _blocks(0, tensor=999), "an extent names tensor 999"),
+    ("dynamic_rows", _launch(0, blocks="xyz"), "malformed plan"),
+    ("dynamic_rows", _launch(0, blocks={"coefficient": 33, "dims": [[0]], "divisor": 1, "cap": 1}), "malformed plan"),
+    ("dynamic_rows", _extent(0, axis=1), "an extent reads dim 1 of tensor .*, which is 33, not a symbol"),
+    ("dynamic_rows", _extent(0, axis=None), "extent axis None"),
+    ("dynamic_rows", _extent(0, tensor=-1), "extent tensor position -1"),
+    ("dynamic_rows", _extent(0, offset=256), "an extent argument carries a workspace offset"),
+    ("dynamic_rows", _extent(0, kind="scalar"), "malformed plan: TypeError"),  # its axis read as a tensor map
 ]
 
 
@@ -236,4 +286,4 @@ def test_an_oversized_entry_is_refused(cache_dir: Path, monkeypatch: pytest.Monk
 def test_a_good_entry_passes_every_check(trusted_dir: Path) -> None:
     store = DiskStore(trusted_dir)
     kernels = [trusted_kernel(f.path.read_bytes(), f.key) for f in store.files() if f.kind == "kernel"]
-    assert len(kernels) == 3 and all(k.name.startswith("gd_") for k in kernels)
+    assert len(kernels) == 4 and all(k.name.startswith("gd_") for k in kernels)

@@ -348,8 +348,9 @@ def test_every_graph_the_suite_validated_compiles() -> None:
     assert not missing, f"the recorder missed {missing}: is it installed (tests/conftest.py)?"
     report = compile_graphs(recorded.values())
     print(
-        f"\n{report.graphs} distinct graphs validated by the suite ({RECORDER.too_large} over {MAX_NODES} nodes, {RECORDER.test_ops} with ops a test registered and "
-        f"{RECORDER.dynamic} dynamic left out): "
+        f"\n{report.graphs} distinct graphs validated by the suite ({RECORDER.too_large} over {MAX_NODES} nodes and "
+        f"{RECORDER.test_ops} with ops a test registered left out; of {RECORDER.dynamic} dynamic validations, "
+        f"{report.refused} distinct graphs whose kernels cannot take their symbols left out): "
         f"{report.kernels} kernels for {', '.join(f'sm_{t}' for t in TARGETS)}, {report.compiled} compiled here"
     )
     assert report.failures == [], f"{len(report.failures)} failures:\n\n" + "\n\n".join(report.failures)

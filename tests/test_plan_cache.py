@@ -168,6 +168,20 @@ def test_a_renamed_graph_reuses_the_plan_and_binds_its_own_tensors(warm_dir: Pat
     assert (cache.counters.hits, cache.counters.misses) == (2, 0)
 
 
+def test_a_dynamic_plan_is_stored_once_for_its_range(tmp_path: Path) -> None:
+    """The stored launch keeps its extent argument and grid over canonical positions: a graph
+    with another symbol name finds it and binds them to its own input; another range misses."""
+    gd.compile(plan_graphs.dynamic_rows(), arch=ARCH, cache=PlanCache(tmp_path))
+    cache = fresh(tmp_path)
+    plan = gd.compile(plan_graphs.dynamic_rows("other", symbol="tokens"), arch=ARCH, cache=cache)
+    assert (plan.origin, cache.counters.compiles) == ("disk cache", 0)
+    (launch,) = plan.program.launches
+    (extent,) = [p for p in plan.kernels[0].params if p.kind is ArgKind.EXTENT]
+    assert (str(extent), launch.blocks is not None) == ("tokens (dim 0 of x)", True)
+    wider = gd.compile(plan_graphs.dynamic_rows(max_rows=65), arch=ARCH, cache=cache)
+    assert wider.origin == "compiled" and cache.counters.misses == 1
+
+
 def test_identical_fused_kernels_across_graphs_compile_once(tmp_path: Path) -> None:
     cache = PlanCache(tmp_path)
     first = gd.compile(plan_graphs.add_relu(), arch=ARCH, cache=cache)

@@ -6,6 +6,9 @@ so threads move VEC elements with one 16-byte access per tensor (when the pointe
 aligned, which the runtime checks); broadcast operands are indexed through coordinates.
 Otherwise, and for the last partial vector, every element is indexed through its
 coordinates and each tensor's strides.
+
+In a dynamic graph the symbolic dims and strides are kernel arguments (codegen.indexing),
+the element count is their product, and the grid is computed at launch from it.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from __future__ import annotations
 from fusion_rules import FusedNode
 from graphdnn.ir import Tensor
 from graphdnn.layout import packed_strides, stride_order
+from graphdnn.symbolic import Sym, upper
 
 from .. import epilogue
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type, load, store
-from ..indexing import coordinates, is_full, loop_index_type, offset, row_major_index
-from ..kernel import FusedProgram, Kernel
+from ..indexing import c_extent, coordinates, is_full, loop_index_type, offset, row_major_index
+from ..kernel import DynamicGrid, FusedProgram, Kernel
 
 THREADS = 256
 MAX_BLOCKS = 65535
@@ -26,8 +30,8 @@ MAX_BLOCKS = 65535
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     outputs = list(fused.outputs)
-    dims = outputs[0].static_dim
-    order = stride_order(dims, outputs[0].static_stride)
+    dims = outputs[0].dim
+    order = stride_order(dims, outputs[0].stride)
     tensors = [*fused.inputs, *outputs]
     compute = compute_of(tensors)
     packed = packed_strides(dims, order)
@@ -35,9 +39,12 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     vectorizable = all(t.stride == packed for t in contiguous)
     widest = max(t.data_type.itemsize for t in contiguous)
     vec = max(1, 16 // widest) if vectorizable else 1
-    numel = outputs[0].static_numel
-    blocks = min(max(1, -(-numel // (vec * THREADS))), MAX_BLOCKS)
-    itype = loop_index_type(tensors, numel, blocks * THREADS)
+    numel = outputs[0].numel
+    blocks = min(max(1, -(-upper(numel) // (vec * THREADS))), MAX_BLOCKS)
+    itype = loop_index_type(tensors, upper(numel), blocks * THREADS)
+    # The vectors and the elements after them (numbers, or expressions of the EXTENT arguments).
+    vectors = f"{numel // vec}" if isinstance(numel, int) else f"{c_extent(numel)} / {vec}"
+    tail = f"{numel // vec * vec}" if isinstance(numel, int) else f"{c_extent(numel)} / {vec} * {vec}"
     params = KernelParams()
     names = {t.id: params.tensor(t) for t in fused.inputs}
     names.update({t.id: params.tensor(t, writable=True) for t in outputs})
@@ -80,7 +87,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         stores = [f"gd::store_vec<{cuda_type(t.data_type)}, {vec}>({names[t.id]} + base, r{t.id});" for t in outputs]
         body += [
             f"if ({aligned}) {{",
-            f"  for ({itype} v = first; v < {numel // vec}; v += stride) {{",
+            f"  for ({itype} v = first; v < {vectors}; v += stride) {{",
             f"    const {itype} base = v * {vec};",
             *("    " + line for line in loads + results),
             "#pragma unroll",
@@ -90,14 +97,15 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             "    }",
             *("    " + line for line in stores),
             "  }",
-            f"  tail = {numel // vec * vec};",
+            f"  tail = {tail};",
             "}",
         ]
     body += [
-        f"for ({itype} p = tail + first; p < {numel}; p += stride) {{",
+        f"for ({itype} p = tail + first; p < {c_extent(numel)}; p += stride) {{",
         *("  " + line for line in element("p", None)),
         "}",
     ]
     name, source = kernel_source(ctx, fused, pattern_name(fused), params, THREADS, indent(body, 1))
-    kernel = Kernel(name, source, (blocks, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings), alignment=16)
+    grid = DynamicGrid(numel, vec * THREADS, MAX_BLOCKS) if isinstance(numel, Sym) else None
+    kernel = Kernel(name, source, (blocks, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings), 16, blocks=grid)
     return FusedProgram(fused.name, (kernel,))

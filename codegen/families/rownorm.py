@@ -31,6 +31,10 @@ and held across rows. The main path is pipelined (the vector path; the element p
 layout has no vectors); the misaligned-pointer fallback and chunked rows walk the same grid
 without prefetching. Where every block has one row group, B only makes the grid one wave.
 
+Dynamic rows (a dynamic graph's batch or sequence): ROWS and the row strides are products
+of EXTENT arguments, the grid is ceil(rows / R) blocks computed at launch (capped at B per
+SM for a resident grid), and the row loop is never pipelined (rownorm_launch.py).
+
 Launch choices come from ``ctx.tuning`` when the runtime autotuned them over
 :func:`candidates`, else from the heuristic (rownorm_launch.py); the layout analysis is in
 rownorm_layout.py.
@@ -43,14 +47,15 @@ from graphdnn.ir import Tensor
 
 from .. import epilogue
 from ..context import EmitContext, indent
+from ..indexing import c_extent
 from ..kernel import FusedProgram
 from ..pointwise import literal
 from .norm_statistics import epsilon, normalize, write_statistics
 from .rownorm_launch import candidates, configured
-from .rownorm_layout import analyze
+from .rownorm_layout import analyze, extents_refusal
 from .rownorm_rows import Operands, RowAccess
 
-__all__ = ["candidates", "emit"]
+__all__ = ["candidates", "emit", "extents_refusal"]
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -138,7 +143,7 @@ class _RowKernel(RowAccess):
 
     def store_statistics(self) -> list[str]:
         """The row's mean and rstd stored by its group's first thread."""
-        active = "active && " if self.layout.rows % self.config.rows_per_block else ""
+        active = "" if self.whole_groups else "active && "
         return write_statistics(self.anchor, self.names, self.row_offset, f"{active}lane == 0")
 
     # -- walking the rows ------------------------------------------------------------------------
@@ -209,8 +214,15 @@ class _RowKernel(RowAccess):
 
     def body(self) -> list[str]:
         g, layout = self.config.threads_per_row, self.layout
+        if isinstance(layout.rows, int):
+            extents = [f"constexpr {self.itype} ROWS = {layout.rows}, WIDTH = {layout.width};"]
+        else:  # rows of a dynamic graph: the EXTENT arguments' product
+            extents = [
+                f"const {self.itype} ROWS = {c_extent(layout.rows)};",
+                f"constexpr {self.itype} WIDTH = {layout.width};",
+            ]
         lines = [
-            f"constexpr {self.itype} ROWS = {layout.rows}, WIDTH = {layout.width};",
+            *extents,
             f"constexpr int GROUP = {g}, ROWS_PER_BLOCK = {self.config.rows_per_block};",
             "const int lane = threadIdx.x % GROUP;  // this thread's place in its row's group",
             f"const {self.compute} eps = {epsilon(self.anchor, self.names, self.compute)};",

@@ -2,6 +2,10 @@
 and optionally blocks_per_sm B, a resident grid: see rownorm.py), sized by a register estimate
 so that ``__launch_bounds__`` does not make the kernel spill. They come from ``ctx.tuning`` when
 the runtime autotuned them over :func:`candidates`, else from :func:`heuristic`.
+
+A dynamic graph's kernel serves every row count in its range with one choice: the heuristic
+sizes it for the most rows, and it is never pipelined (whether blocks walk two row groups
+or more depends on the rows of the call).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import cast
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
 from graphdnn.errors import GraphError
+from graphdnn.symbolic import upper
 
 from .rownorm_layout import RowLayout, analyze
 
@@ -46,14 +51,19 @@ class Config:
         return -(-layout.width // (self.threads_per_row * self.vectors_per_thread * layout.vec))
 
     def groups(self, layout: RowLayout) -> int:
-        """Groups of R rows: the blocks of a grid that is not resident."""
-        return -(-layout.rows // self.rows_per_block)
+        """Groups of R rows: the blocks of a grid that is not resident (at the most rows of a dynamic layout)."""
+        return -(-upper(layout.rows) // self.rows_per_block)
 
     def pipelined(self, layout: RowLayout, sms: int) -> bool:
         """Whether each thread prefetches its next row: a resident grid (on ``sms`` SMs) where
-        some block walks two row groups or more, the row in registers."""
+        some block walks two row groups or more, the row in registers; never for dynamic rows."""
         resident = self.blocks_per_sm * sms
-        return self.blocks_per_sm > 0 and self.chunks(layout) == 1 and self.groups(layout) > resident
+        return (
+            self.blocks_per_sm > 0
+            and not layout.dynamic
+            and self.chunks(layout) == 1
+            and self.groups(layout) > resident
+        )
 
     def holds_columns(self, layout: RowLayout, sms: int) -> bool:
         """Whether the per-column operands stay in registers across rows (pipelined, where they fit)."""
@@ -112,7 +122,7 @@ def heuristic(layout: RowLayout) -> Config:
     """About 4 vectors per thread (loads in flight), the group a power of two that then covers
     the row; wider groups when there are too few rows to occupy the GPU; 128-thread blocks."""
     group = min(MAX_THREADS, _pow2_at_least(-(-layout.vectors // 4)))
-    while group < MAX_THREADS and layout.rows * group < BUSY_THREADS and -(-layout.vectors // group) > 1:
+    while group < MAX_THREADS and upper(layout.rows) * group < BUSY_THREADS and -(-layout.vectors // group) > 1:
         group *= 2
     return _config(layout, group, _rows_per_block(group))
 

@@ -7,6 +7,11 @@ a row part (from the row's coordinates, computed once per row) and a column part
 position j in the row itself when the tensor is *packed* along the row (the normalized
 axes contiguous, in the norm input's memory order), else from j's coordinates and the
 tensor's strides (any layout, broadcasts included).
+
+Dynamic graphs. The rows may be symbolic (a batch, a sequence length): their count and the
+strides between rows are then products of symbols that the kernel reads as arguments. The
+normalized axes must be static (a scale of ones normalizes over every axis but the first,
+which may be symbolic: such a node is refused, :func:`extents_refusal`).
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from fusion_rules import FusedNode
 from graphdnn.ir import Tensor
 from graphdnn.layout import stride_order
 from graphdnn.ops.norms import NormOp
+from graphdnn.symbolic import Extent, show_ranges, symbols_of
 
 from ..context import compute_of
+from ..indexing import divides
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,7 @@ class RowLayout:
     x: Tensor  # what is normalized: the norm's input (the residual sum when there is a prologue)
     norm_axes: frozenset[int]
     order: tuple[int, ...]  # x's axes, outermost first: rows and columns are enumerated in this order
-    rows: int
+    rows: Extent  # a product of symbols in a dynamic graph
     width: int  # D, elements per row
     packed: frozenset[int]  # ids of tensors whose column offset is j
     vec: int  # elements per access on the vector path; 1: the scalar path only
@@ -50,6 +57,10 @@ class RowLayout:
         return frozenset(range(len(self.x.dim))) - self.norm_axes
 
     @property
+    def dynamic(self) -> bool:
+        return not isinstance(self.rows, int)
+
+    @property
     def vectors(self) -> int:
         """Vector accesses per row."""
         return -(-self.width // self.vec)
@@ -60,15 +71,33 @@ def memory_tensors(fused: FusedNode) -> list[Tensor]:
     return [t for t in (*fused.inputs, *fused.outputs) if not t.is_pass_by_value]
 
 
-def analyze(fused: FusedNode) -> RowLayout:
+def normalized(fused: FusedNode) -> tuple[Tensor, frozenset[int]]:
+    """The norm's input and the axes it normalizes over."""
     anchor = fused.anchor
     assert anchor is not None
     x = anchor.input("input")
     assert x is not None
-    grouping = cast(NormOp, anchor.definition).checked(anchor)[1]
-    axes = frozenset(grouping.axes)
-    order = stride_order(x.static_dim, x.static_stride)
-    width = math.prod(x.static_dim[axis] for axis in axes)
+    return x, frozenset(cast(NormOp, anchor.definition).checked(anchor)[1].axes)
+
+
+def extents_refusal(fused: FusedNode) -> str | None:
+    """Why the kernel cannot take ``fused``'s symbols: the normalized axes (the row's width, which
+    sizes each thread's share of the row in registers) must be static; None when they are."""
+    x, axes = normalized(fused)
+    symbols = symbols_of(x.dim[axis] for axis in sorted(axes))
+    if not symbols:
+        return None
+    return (
+        f"normalizes over symbolic dims ({show_ranges(symbols)}); row_norm kernels take runtime extents in their "
+        "rows only (the row's width sizes each thread's registers)"
+    )
+
+
+def analyze(fused: FusedNode) -> RowLayout:
+    x, axes = normalized(fused)
+    order = stride_order(x.dim, x.stride)
+    width = math.prod(_static(x.dim[axis]) for axis in axes)
+    rows = math.prod(x.dim[axis] for axis in range(len(x.dim)) if axis not in axes)
     memory = memory_tensors(fused)
     packed = frozenset(t.id for t in memory if _packed_along_row(t, x, axes, order))
     full = [t for t in memory if t.dim == x.dim]
@@ -88,7 +117,7 @@ def analyze(fused: FusedNode) -> RowLayout:
         x,
         axes,
         order,
-        x.numel // width,
+        rows,
         width,
         packed,
         vec,
@@ -124,7 +153,7 @@ def _packed_along_row(t: Tensor, x: Tensor, axes: frozenset[int], order: tuple[i
     for axis in reversed(order):
         if axis not in axes or x.dim[axis] == 1:
             continue
-        extent = t.static_dim[axis - shift] if axis >= shift else 1
+        extent = _static(t.dim[axis - shift]) if axis >= shift else 1
         if extent == 1 or t.stride[axis - shift] != expected:
             return False
         expected *= extent
@@ -141,4 +170,10 @@ def _same_for_every_row(t: Tensor, x: Tensor, axes: frozenset[int]) -> bool:
 def _row_strides_divisible(t: Tensor, x: Tensor, axes: frozenset[int], vec: int) -> bool:
     """Every row of ``t`` starts on a vector boundary (given an aligned pointer)."""
     shift = len(x.dim) - len(t.dim)
-    return all(s % vec == 0 for a, (d, s) in enumerate(zip(t.dim, t.stride)) if d > 1 and a + shift not in axes)
+    return all(divides(s, vec) for a, (d, s) in enumerate(zip(t.dim, t.stride)) if d != 1 and a + shift not in axes)
+
+
+def _static(extent: Extent) -> int:
+    """A normalized axis's extent: static in every node codegen emits (see extents_refusal)."""
+    assert isinstance(extent, int), f"a normalized axis is symbolic ({extent})"
+    return extent

@@ -7,12 +7,13 @@ from __future__ import annotations
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
 from graphdnn.ir import Tensor
-from graphdnn.layout import storage_extent
+from graphdnn.layout import largest_storage_extent
+from graphdnn.symbolic import Sym, upper
 
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, pattern_name, scalar_value
 from ..cuda_types import cuda_type, load, store
-from ..indexing import coordinates, index_type, offset, restricted, row_major
-from ..kernel import Kernel
+from ..indexing import coordinates, divides, index_type, offset, restricted, row_major
+from ..kernel import DynamicGrid, Kernel
 from ..pointwise import literal
 from .rownorm_launch import Config
 from .rownorm_layout import RowLayout, memory_tensors
@@ -43,7 +44,7 @@ class Operands:
     def index(self, t: Tensor) -> str:
         """``t``'s own row-major index of the current element (rng draws from it)."""
         k, rows_major = self.kernel, row_major(t)
-        row = offset(restricted(rows_major, k.layout.row_axes, k.rank), k.x.static_dim, "r")
+        row = offset(restricted(rows_major, k.layout.row_axes, k.rank), k.x.dim, "r")
         column = k.column_offset(rows_major)
         self.columns |= column != "0"
         return f"({row} + {column})"
@@ -72,12 +73,14 @@ class RowAccess:
         self.slots = config.vectors_per_thread * layout.vec  # elements a thread holds
         chunk = config.threads_per_row * self.slots
         self.sms = sm_count(ctx.arch)
-        self.blocks = config.groups(layout)
-        if config.blocks_per_sm:
-            self.blocks = min(self.blocks, config.blocks_per_sm * self.sms)
+        self.blocks = config.groups(layout)  # at the most rows of a dynamic layout
+        self.max_blocks = config.blocks_per_sm * self.sms if config.blocks_per_sm else 2**31 - 1
+        self.blocks = min(self.blocks, self.max_blocks)
         # Margins: the row loop steps past ROWS once, inactive rows' offsets run past the end.
-        margins = [2 * storage_extent(t.static_dim, t.static_stride) for t in self.memory]
-        self.itype = index_type(self.memory, 2 * layout.rows, layout.width + chunk, *margins)
+        margins = [2 * largest_storage_extent(t.dim, t.stride) for t in self.memory]
+        self.itype = index_type(self.memory, 2 * upper(layout.rows), layout.width + chunk, *margins)
+        # Rows that fill every block's R rows (at every value of a dynamic layout's symbols).
+        self.whole_groups = divides(layout.rows, config.rows_per_block)
         self.params = KernelParams()
         self.names = {t.id: self.params.tensor(t) for t in fused.inputs}
         self.names.update({t.id: self.params.tensor(t, writable=True) for t in fused.outputs})
@@ -96,7 +99,7 @@ class RowAccess:
         """``row``, ``active`` and the row offsets of this thread's row in the group starting at ``first``."""
         return [
             f"const {self.itype} row = {first} + threadIdx.x / GROUP;",
-            *(["const bool active = row < ROWS;"] if self.layout.rows % self.config.rows_per_block else []),
+            *([] if self.whole_groups else ["const bool active = row < ROWS;"]),
             *self.row_prelude(),
         ]
 
@@ -129,36 +132,39 @@ class RowAccess:
         vectors = [t for t in self.memory if t.id in self.layout.packed]
         alignment = max((self.layout.vec * t.data_type.itemsize for t in vectors), default=16)
         grid = (min(self.blocks, 2**31 - 1), 1, 1)
-        return Kernel(name, source, grid, (threads, 1, 1), 0, tuple(self.params.bindings), max(alignment, 16))
+        rows = self.layout.rows
+        blocks = DynamicGrid(rows, self.config.rows_per_block, self.max_blocks) if isinstance(rows, Sym) else None
+        bindings = tuple(self.params.bindings)
+        return Kernel(name, source, grid, (threads, 1, 1), 0, bindings, max(alignment, 16), blocks=blocks)
 
     # -- offsets -------------------------------------------------------------------------------
     def row_offset(self, t: Tensor) -> str:
-        part = offset(restricted(t, self.layout.row_axes, self.rank), self.x.static_dim, "r")
+        part = offset(restricted(t, self.layout.row_axes, self.rank), self.x.dim, "r")
         return "0" if part == "0" else f"o{t.id}"
 
     def column_offset(self, t: Tensor) -> str:
         """The column part of ``t``'s offset at element j + e (general tensors)."""
-        return offset(restricted(t, self.layout.norm_axes, self.rank), self.x.static_dim, "c")
+        return offset(restricted(t, self.layout.norm_axes, self.rank), self.x.dim, "c")
 
     def row_prelude(self) -> list[str]:
         """The row's coordinates and each tensor's row offset."""
-        dims = [1 if axis in self.layout.norm_axes else extent for axis, extent in enumerate(self.x.static_dim)]
+        dims = [1 if axis in self.layout.norm_axes else extent for axis, extent in enumerate(self.x.dim)]
         lines = coordinates("row", dims, self.layout.order, "r", self.itype)
         for t in self.memory:
-            part = offset(restricted(t, self.layout.row_axes, self.rank), self.x.static_dim, "r")
+            part = offset(restricted(t, self.layout.row_axes, self.rank), self.x.dim, "r")
             if part != "0":
                 lines.append(f"const {self.itype} o{t.id} = {part};")
         return lines
 
     def column_coordinates(self) -> list[str]:
-        dims = [extent if axis in self.layout.norm_axes else 1 for axis, extent in enumerate(self.x.static_dim)]
+        dims = [extent if axis in self.layout.norm_axes else 1 for axis, extent in enumerate(self.x.dim)]
         return coordinates("(j + e)", dims, self.layout.order, "c", self.itype)
 
     # -- per-slot loops ------------------------------------------------------------------------
     def guard(self, rows: bool) -> str:
         """The condition for vector slot k (column j) of this thread to hold row elements."""
         conditions = []
-        if rows and self.layout.rows % self.config.rows_per_block:
+        if rows and not self.whole_groups:
             conditions.append("active")
         if self.chunks * self.config.threads_per_row * self.slots != self.layout.width:
             conditions.append("j < WIDTH")

@@ -6,7 +6,8 @@ against what graphdnn itself could have produced (keys are SHA-256 hex, a launch
 key is derived from its content hash, launch shapes are within the CUDA limits of the
 target, workspace buffers lie inside the workspace, each cubin exports its entry point
 and takes as many argument bytes as the launch passes, each argument names a tensor of
-the graph in the role it can play). An entry that fails
+the graph in the role it can play, each runtime extent and dynamic grid reads a dim of an
+input that is one symbol). An entry that fails
 raises :class:`EntryError` and is treated as a miss. The cubin's machine code itself is
 trusted: the cache directory must be as trusted as the code (docs/plan-cache.md).
 """
@@ -19,8 +20,9 @@ from typing import TYPE_CHECKING
 
 from codegen.cubin import CubinError, exports, parameter_bytes
 
-from ..layout import storage_extent
-from ..program import ArgKind, LaunchProgram
+from ..layout import largest_storage_extent
+from ..program import ArgKind, DimRef, GridExtent, LaunchProgram
+from ..symbolic import Sym
 from .container import EntryError
 from .entries import KernelBinary, PlanEntry
 
@@ -115,6 +117,8 @@ def check_plan(entry: PlanEntry) -> None:
             raise EntryError(f"{where}: entry point {launch.name[:64]!r} is not a C identifier")
         _count(launch.fused_index, f"{where}: fused-node index")
         _launch_shape(launch.grid, launch.block, launch.shared_bytes, max_shared, where)
+        if launch.blocks is not None:
+            _grid_extent(launch.blocks, where)
         if not 1 <= launch.alignment <= MAX_ALIGNMENT or launch.alignment & (launch.alignment - 1):
             raise EntryError(f"{where}: alignment {launch.alignment} is not a power of two up to {MAX_ALIGNMENT}")
         for arg in launch.args:
@@ -124,6 +128,11 @@ def check_plan(entry: PlanEntry) -> None:
             elif arg.kind is ArgKind.ALIGNED:
                 if arg.tensor is not None or arg.offset is not None:
                     raise EntryError(f"{where}: the aligned flag carries a tensor or an offset")
+            elif arg.kind is ArgKind.EXTENT:
+                if arg.offset is not None or arg.tensor_map is not None:
+                    raise EntryError(f"{where}: an extent argument carries a workspace offset or a tensor map")
+                _count(arg.tensor, f"{where}: extent tensor position")
+                _count(arg.axis, f"{where}: extent axis")
             elif (arg.kind is ArgKind.TENSOR_MAP) != (arg.tensor_map is not None):
                 raise EntryError(
                     f"{where}: a {arg.kind.value} argument with{'out' if arg.tensor_map is None else ''} a tensor map"
@@ -169,11 +178,13 @@ def check_binding(program: LaunchProgram, tensors: Sequence[Tensor]) -> None:
         if position >= len(tensors) or not tensors[position].is_virtual:
             raise EntryError(f"a workspace buffer holds tensor {position}, not an intermediate of this graph")
         t = tensors[position]
-        if nbytes < storage_extent(t.static_dim, t.static_stride) * t.data_type.itemsize:
+        if nbytes < largest_storage_extent(t.dim, t.stride) * t.data_type.itemsize:
             raise EntryError(f"the workspace buffer of tensor {position} ({nbytes} B) is smaller than the tensor")
     for number, launch in enumerate(program.launches):
+        for ref in launch.dim_refs:
+            _symbol_dim(ref, tensors, f"launch {number}")
         for arg in launch.args:
-            if arg.tensor is None:
+            if arg.tensor is None or arg.kind is ArgKind.EXTENT:
                 continue
             if arg.tensor >= len(tensors):
                 raise EntryError(f"launch {number}: argument names tensor {arg.tensor}; the graph has {len(tensors)}")
@@ -182,6 +193,37 @@ def check_binding(program: LaunchProgram, tensors: Sequence[Tensor]) -> None:
                 raise EntryError(f"launch {number}: tensor {arg.tensor} bound as a {arg.kind.value}")
             if t.is_virtual and arg.tensor not in buffers:
                 raise EntryError(f"launch {number}: intermediate tensor {arg.tensor} has no workspace buffer")
+
+
+def _grid_extent(grid: GridExtent, where: str) -> None:
+    """A dynamic grid: positive factors, at least one dim, a cap within CUDA's grid x limit."""
+    if not grid.dims:
+        raise EntryError(f"{where}: a dynamic grid reads no dim")
+    for t, axis in grid.dims:
+        _count(t, f"{where}: dynamic grid tensor position")
+        _count(axis, f"{where}: dynamic grid axis")
+    if _count(grid.coefficient, f"{where}: dynamic grid coefficient") < 1:
+        raise EntryError(f"{where}: dynamic grid coefficient {grid.coefficient} is not positive")
+    if _count(grid.divisor, f"{where}: dynamic grid divisor") < 1:
+        raise EntryError(f"{where}: dynamic grid divisor {grid.divisor} is not positive")
+    if not 1 <= _count(grid.cap, f"{where}: dynamic grid cap") <= MAX_GRID[0]:
+        raise EntryError(f"{where}: dynamic grid cap {grid.cap} is outside 1..{MAX_GRID[0]}")
+
+
+def _symbol_dim(ref: DimRef, tensors: Sequence[Tensor], where: str) -> None:
+    """A dim a launch reads at each call: of a tensor the caller passes, and one symbol (whose
+    value the call's buffers give and binding checks against its range)."""
+    position, axis = ref
+    if position >= len(tensors):
+        raise EntryError(f"{where}: an extent names tensor {position}; the graph has {len(tensors)}")
+    t = tensors[position]
+    if t.is_virtual or t.is_pass_by_value or axis >= len(t.dim):
+        raise EntryError(
+            f"{where}: an extent reads dim {axis} of tensor {position}, which is no dim of a tensor the caller passes"
+        )
+    extent = t.dim[axis]
+    if not isinstance(extent, Sym) or extent.coefficient != 1 or len(extent.factors) != 1:
+        raise EntryError(f"{where}: an extent reads dim {axis} of tensor {position}, which is {extent}, not a symbol")
 
 
 def _launch_shape(grid: tuple[int, ...], block: tuple[int, ...], shared: int, max_shared: int, where: str) -> None:

@@ -4,6 +4,8 @@ On the GPU (the default where there is one): inputs are uploaded with the graph'
 strides, outputs are poisoned (every byte 0xFF: NaN for floats) so an unwritten element
 fails the check, and a table gives each kernel's GPU time (CUDA events) and the host
 time of a pre-bound call. ``--check`` compares every output with the reference backend.
+A dynamic graph is compiled once for its range and run at extents drawn in range (from the
+seed), or given with ``--symbol NAME=VALUE``.
 On the reference backend, ``--check`` runs the fused partition the way its kernels
 compute (folded batch norms, single-pass norms: fusion_rules.partition_reference) and compares
 that with the plain reference, which checks the fusion without a GPU; the plain
@@ -21,6 +23,7 @@ import numpy as np
 
 from ..compare import relative_error, tolerance
 from ..compiler import compile
+from ..errors import FeedError
 from ..files import load_graph
 from ..ir import Graph
 from ..names import printable
@@ -29,6 +32,7 @@ from ..random_inputs import random_inputs
 from ..reference import evaluate, execute, output_arrays
 from ..reference_plan import host_array
 from ..runtime.driver import current_gpu_arch
+from ..specialize import specialize
 from . import add_cache_dir, chosen_cache, positive, target
 
 
@@ -39,7 +43,14 @@ def add(commands: Any) -> None:
         "--backend", choices=["gpu", "reference"], default=None, help="default: gpu where a GPU is present"
     )
     run.add_argument("--check", action="store_true", help="compare every output with the reference backend")
-    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (and of a dynamic graph's extents)")
+    run.add_argument(
+        "--symbol",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a dynamic graph's symbol value (repeatable; default: drawn in its range from the seed)",
+    )
     run.add_argument("--arch", type=target, default=None, help="target (default: the current GPU's)")
     run.add_argument("--repeat", type=positive, default=20, metavar="N", help="timed rounds per kernel")
     run.add_argument("--autotune", action="store_true", help="time launch candidates on the GPU, keep the fastest")
@@ -60,6 +71,7 @@ def _run(args: argparse.Namespace) -> int:
     options = {"autotune": args.autotune} if backend == "gpu" else {}
     plan = compile(ir, backend=backend, arch=args.arch, cache=chosen_cache(args), **options)
     print(f"plan: {printable(_origin(plan))} in {(time.perf_counter() - start) * 1e3:.1f} ms")
+    ir = _at_extents(ir, args.symbol, args.seed)  # a dynamic graph: the static graph of this run's extents
     feeds = random_inputs(ir, args.seed)
     if isinstance(plan, Plan):
         results = _run_gpu(plan, ir, feeds, args.repeat)
@@ -69,6 +81,29 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     plain = _run_plain(ir, feeds)
     return _check(ir, _run_fused(ir, feeds, args.arch, plain), output_arrays(ir, plain))
+
+
+def _at_extents(ir: Graph, given: list[str], seed: int) -> Graph:
+    """The static graph of ``ir`` at its symbols' values: ``given`` as NAME=VALUE, the others
+    drawn in range from ``seed``; ``ir`` itself when it is static."""
+    ranges = {s.name: s for s in ir.symbols}
+    values: dict[str, int] = {}
+    for item in given:
+        name, _, value = item.partition("=")
+        if name not in ranges:
+            known = ", ".join(ranges) or "none"
+            raise FeedError(f"--symbol {item}: graph '{ir.name}' has no symbol '{name}' (its symbols: {known})")
+        s = ranges[name]
+        if not value.isdigit() or not s.min <= int(value) <= s.max:
+            raise FeedError(f"--symbol {item}: the value must be an integer in {s.min}..{s.max}")
+        values[name] = int(value)
+    if not ranges:
+        return ir
+    rng = np.random.default_rng(seed)
+    for s in ir.symbols:
+        values.setdefault(s.name, int(rng.integers(s.min, s.max + 1)))
+    print("extents: " + ", ".join(f"{printable(s.name)} = {values[s.name]} ({s.min}..{s.max})" for s in ir.symbols))
+    return specialize(ir, values)
 
 
 def _origin(plan: PlanBase) -> str:
@@ -105,7 +140,7 @@ def _run_gpu(plan: Plan, ir: Graph, feeds: dict[str, np.ndarray], repeat: int) -
     results = {name: array.to_numpy() for name, array in outputs.items()}  # before timing reruns the plan
     times = kernel_times_us(bound, repeat)
     print(f"  {'#':>2}  {'kernel':<40} {'grid':<16} {'block':<14} {'GPU time':>10}")
-    for i, (launch, us) in enumerate(zip(plan.program.launches, times)):
+    for i, (launch, us) in enumerate(zip(bound.launches, times)):  # as launched: a dynamic graph's grids for this call
         print(f"  {i:>2}  {launch.name:<40} {list(launch.grid)!s:<16} {list(launch.block)!s:<14} {us:>7.1f} µs")
     print(f"  {'':>2}  {'total':<40} {'':<16} {'':<14} {sum(times):>7.1f} µs")
     print(f"host time per pre-bound call: {host_us_per_call(bound):.1f} µs")

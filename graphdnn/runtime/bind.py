@@ -1,10 +1,12 @@
 """Binding a GPU plan to a variant pack: check every buffer, allocate what is missing, pack.
 
 Everything that can be decided before the first launch is decided here, once: the
-device (where the buffers are), each buffer against its graph tensor (FeedError naming
-it), the order of the launches and the inputs to copy when outputs share memory with
-inputs (:mod:`.schedule`) or when a TMA tensor map cannot start at their address, the
-workspace, the loaded kernels and every kernel's parameter slots.
+device (where the buffers are), a dynamic graph's symbols (read from the buffers' shapes
+and checked against their ranges: the buffers are then checked against the static graph of
+those values, and the grids and EXTENT arguments computed from them), each buffer against
+its graph tensor (FeedError naming it), the order of the launches and the inputs to copy
+when outputs share memory with inputs (:mod:`.schedule`) or when a TMA tensor map cannot
+start at their address, the workspace, the loaded kernels and every kernel's parameter slots.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any, Protocol
 from ..arch import arch_name, runs_on
 from ..errors import FeedError, UnsupportedError
 from ..ir import Graph
-from ..program import TENSOR_MAP_ALIGNMENT, WORKSPACE_ALIGNMENT, ArgKind, Launch, LaunchProgram
+from ..program import TENSOR_MAP_ALIGNMENT, WORKSPACE_ALIGNMENT, ArgKind, DimRef, Launch, LaunchProgram
+from ..specialize import specialize, symbol_values
 from ..variant_pack import resolve, scalar_value
 from . import buffers, driver, frameworks
 from .device_array import DeviceMemory
@@ -47,11 +50,11 @@ class Bindable(Protocol):
 
 
 def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> BoundPlan:
-    ir = plan.graph
-    pack = resolve(ir, variant_pack)
+    pack = resolve(plan.graph, variant_pack)
     handle = driver.stream_handle(stream)
     driver.current_device()  # a context is current: pointer queries need one
-    described = {tid: _describe(ir.tensors[tid].name, value, handle) for tid, value in pack.buffers.items()}
+    described = {tid: _describe(plan.graph.tensors[tid].name, value, handle) for tid, value in pack.buffers.items()}
+    ir, extents = concrete(plan.graph, plan.program, {tid: b.shape for tid, b in described.items()})
     device = _device(plan, [b.device for b in described.values() if b.device is not None])
     for tid, buffer in described.items():
         buffers.check(ir.tensors[tid], buffer, device.ordinal)
@@ -61,7 +64,7 @@ def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream
     names = {tid: ir.tensors[tid].name for tid in views}
     order = schedule(plan.program.launches, views, {t.id for t in ir.outputs if t.id in views}, names)
     library = frameworks.library_of(pack.buffers.values())
-    allocated = {t.id: frameworks.allocate(t, device, library) for t in pack.missing_outputs}
+    allocated = {t.id: frameworks.allocate(ir.tensors[t.id], device, library) for t in pack.missing_outputs}
     described.update({tid: _describe(ir.tensors[tid].name, value, handle) for tid, value in allocated.items()})
 
     base = _workspace(plan, workspace, device, handle, views, names)
@@ -85,14 +88,28 @@ def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream
         pointers[tid] = copies[-1].destination.pointer
     scalars = dict(pack.scalars)
     scalars.update({t.id: scalar_value(t, t.value) for t in ir.tensors if t.is_constant})
-    launches = [plan.program.launches[i] for i in order.order]
+    launches = [plan.program.launches[i].at(extents) for i in order.order]
     kernels = plan.loaded_kernels(device)
-    slots = [pack_arguments(launch, pointers, scalars, base) for launch in launches]
+    slots = [pack_arguments(launch, pointers, scalars, base, extents) for launch in launches]
 
     values = {**pack.buffers, **allocated}
     outputs = {t.name: values[t.id] for t in ir.outputs}
     keep_alive = [b.owner for b in described.values()] + [workspace, plan]  # the plan owns the default workspace
     return BoundPlan(device, handle, launches, [kernels[i] for i in order.order], slots, outputs, keep_alive, copies)
+
+
+def concrete(
+    graph: Graph, program: LaunchProgram, shapes: Mapping[int, tuple[int, ...]]
+) -> tuple[Graph, dict[DimRef, int]]:
+    """The static graph of this call and the extents its launches read (their grids and EXTENT
+    arguments): a dynamic graph's symbols are read from the ``shapes`` of the buffers (by tensor
+    id) and checked against their ranges (FeedError naming the tensor, the symbol and the range);
+    a static graph is returned as it is, with no extents."""
+    if not graph.is_dynamic:
+        return graph, {}
+    static = specialize(graph, symbol_values(graph, shapes))
+    refs = {ref for launch in program.launches for ref in launch.dim_refs}
+    return static, {(t, axis): static.tensors[t].static_dim[axis] for t, axis in refs}
 
 
 def _misaligned_map_operands(launches: Sequence[Launch], pointers: Mapping[int, int]) -> list[int]:

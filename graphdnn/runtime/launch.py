@@ -16,19 +16,24 @@ from typing import Any
 
 import numpy as np
 
-from ..program import ArgKind, Launch
+from ..program import ArgKind, DimRef, Launch
 from . import driver, tensor_map
 from .device_array import DeviceMemory
 from .modules import LoadedKernel
 
 
 def pack_arguments(
-    launch: Launch, pointers: Mapping[int, int], scalars: Mapping[int, float], workspace: int
+    launch: Launch,
+    pointers: Mapping[int, int],
+    scalars: Mapping[int, float],
+    workspace: int,
+    extents: Mapping[DimRef, int] | None = None,
 ) -> np.ndarray:
     """The 8-byte parameter slots of ``launch``: ``pointers`` by tensor id (caller buffers and
     intermediates), ``scalars`` by tensor id, scratch at ``workspace`` + offset, tensor maps
-    encoded from their tensor's pointer. The aligned flag is 1 when every pointer of the launch
-    is a multiple of the kernel's alignment (a tensor map takes any: runtime.tensor_map)."""
+    encoded from their tensor's pointer, a dynamic graph's symbols from the call's ``extents``.
+    The aligned flag is 1 when every pointer of the launch is a multiple of the kernel's
+    alignment (a tensor map takes any: runtime.tensor_map)."""
     starts = launch.slot_starts
     slots = np.zeros(starts[-1] if starts else 0, dtype=np.uint64)
     doubles = slots.view(np.float64)
@@ -49,6 +54,9 @@ def pack_arguments(
         elif arg.kind is ArgKind.SCALAR:
             assert arg.tensor is not None
             doubles[i] = scalars[arg.tensor]
+        elif arg.kind is ArgKind.EXTENT:
+            assert arg.tensor is not None and arg.axis is not None and extents is not None
+            slots[i] = extents[(arg.tensor, arg.axis)]
         else:
             flags.append(i)
     aligned = all(address % launch.alignment == 0 for address in addresses)
