@@ -45,3 +45,13 @@ def test_the_norm_backward_cases_build_as_one_pass_and_a_reduction() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("2 kernel(s), built in") == 4  # layer and RMS norm, two sizes each
     assert "drelu+dadd+batchnorm backward n4 c16 56²: 3 kernel(s)" in result.stdout  # sums, finalize, dx
+
+
+def test_the_conv_backward_cases_build_on_the_tensor_core_gemm() -> None:
+    """dgrad is one implicit-GEMM kernel; wgrad (64 x 576 or 256 x 64 outputs, K = 32*56*56)
+    splits K: the slices, then their reduction."""
+    result = _benchmark("run.py", "--dry", "--only", "grad")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stdout.splitlines() if "built in" in line]
+    assert len(lines) == 4
+    assert all(("1 kernel(s)" if "dgrad" in line else "2 kernel(s)") in line for line in lines), lines

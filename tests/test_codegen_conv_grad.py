@@ -5,7 +5,7 @@ NVRTC compilation for sm_80 and sm_90, and (GPU) results against the reference."
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pytest
 
@@ -242,7 +242,10 @@ GPU_CASES = {**CASES, **RESNET}
 @pytest.mark.parametrize("case", GPU_CASES)
 def test_gradient_matches_reference_on_gpu(case: str) -> None:
     spec = GPU_CASES[case]
-    plan = check_on_gpu(spec.build(), seed=zlib.crc32(case.encode()))
+    # An fp32 dw sums up to 25k products in fp32 (the reference in float64): rounding grows like
+    # sqrt(K) * 2^-24 relative to a sum of random signs, past the 2e-5 of an elementwise fp32 output.
+    tolerance = 1e-4 if spec.op == "wgrad" else None
+    plan = check_on_gpu(spec.build(), seed=zlib.crc32(case.encode()), tolerance=tolerance)
     assert any("_mma_" in kernel.name for kernel in plan.kernels), "the gradient did not take the tensor cores"
 
 
@@ -252,12 +255,12 @@ def test_wgrad_split_choices_match_reference_on_gpu(split: int) -> None:
     graph = CASES["wgrad_split_k"].build()
     fused = gemm_fused(graph, current_gpu_arch() or 90)
     choice = {"block_m": 64, "block_n": 128, "stages": 4, "split_k": split}
-    check_on_gpu(graph, seed=split, tuning={fused.name: choice})
+    check_on_gpu(graph, seed=split, tuning={fused.name: choice}, tolerance=1e-4)
 
 
 @pytest.mark.gpu
 def test_direct_choice_matches_reference_on_gpu() -> None:
-    graph = replace(CASES["dgrad_3x3_s2_odd"]).build()
+    graph = CASES["dgrad_3x3_s2_odd"].build()
     fused = gemm_fused(graph, current_gpu_arch() or 90)
     plan = check_on_gpu(graph, seed=5, tuning={fused.name: {"path": "direct"}})
     assert not any("_mma_" in kernel.name for kernel in plan.kernels)
