@@ -168,7 +168,9 @@ def test_candidates_cover_tiles_split_k_and_the_direct_kernel(op: str) -> None:
     spec = Grad(op=op, n=32, c=64, k=64, hw=(56, 56))
     choices = candidates(gemm_fused(spec.build()), 90)
     assert {"path": "direct"} in choices
-    assert not any(c.get("path") in ("wgmma", "ws") for c in choices)
+    assert not any(c.get("path") == "ws" for c in choices)
+    assert any(c.get("path") == "wgmma" for c in choices) == (op == "dgrad")  # wgrad's A is m-contiguous
+    assert not any(c.get("path") == "wgmma" for c in candidates(gemm_fused(spec.build(), 80), 80))
     assert any("split_k" in c for c in choices) == (op == "wgrad")
     direct = emitted(spec.build(), 90, {"path": "direct"})
     assert all("_mma" not in kernel.name for kernel in direct.kernels)
@@ -182,7 +184,7 @@ def test_with_an_epilogue_the_direct_kernel_is_no_candidate_and_is_refused() -> 
     with pytest.raises(UnsupportedError, match="has no epilogue"):
         emitted(graph, 90, {"path": "direct"})
     with pytest.raises(UnsupportedError, match=r"mma\.sync path"):
-        emitted(Grad().build(), 90, {"path": "wgmma", "block_m": 128, "block_n": 128, "stages": 3})
+        emitted(Grad(op="wgrad").build(), 90, {"path": "wgmma", "block_m": 128, "block_n": 128, "stages": 3})
 
 
 # -- NVRTC ------------------------------------------------------------------------------------
@@ -220,6 +222,21 @@ def test_gradient_kernels_compile_for_sm80_and_sm90(case: str) -> None:
     report = compile_graphs([graph.validate()], (80, 90))
     assert not report.failures, "\n".join(report.failures)
     assert report.kernels >= 2
+
+
+WGMMA = {"path": "wgmma", "block_m": 128, "block_n": 64, "stages": 4}
+WGMMA_CASES = {case: spec for case, spec in CASES.items() if spec.op == "dgrad"}
+
+
+@pytest.mark.parametrize("case", WGMMA_CASES)
+def test_dgrad_wgmma_kernels_compile_for_sm90a(case: str) -> None:
+    from codegen.nvrtc import compile_cubin
+
+    for choice in (WGMMA, {**WGMMA, "split_k": 3}):
+        program = emitted(WGMMA_CASES[case].build(), 90, choice)
+        assert program.kernels[0].name.startswith("gd_conv_dgrad") and "_wgmma" in program.kernels[0].name
+        for kernel in program.kernels:
+            assert compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
 
 
 # -- GPU --------------------------------------------------------------------------------------
@@ -264,3 +281,15 @@ def test_direct_choice_matches_reference_on_gpu() -> None:
     fused = gemm_fused(graph, current_gpu_arch() or 90)
     plan = check_on_gpu(graph, seed=5, tuning={fused.name: {"path": "direct"}})
     assert not any("_mma_" in kernel.name for kernel in plan.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["dgrad_3x3_s2_odd", "dgrad_rsck_filter", "dgrad_drelu_add", "dgrad_7x7_s2_pad3"])
+@pytest.mark.parametrize("split", [1, 2])
+def test_dgrad_wgmma_matches_reference_on_gpu(case: str, split: int) -> None:
+    if current_gpu_arch() != 90:
+        pytest.skip("the wgmma path runs on sm_90 GPUs only")
+    graph = CASES[case].build()
+    fused = gemm_fused(graph, 90)
+    plan = check_on_gpu(graph, seed=split, tuning={fused.name: {**WGMMA, "split_k": split}})
+    assert any("_wgmma" in kernel.name for kernel in plan.kernels)

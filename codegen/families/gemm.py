@@ -19,8 +19,9 @@ engine (gemm_ws.py) unless a tuning says otherwise.
 Convolution gradients come here only when they fit the tensor cores (the fusion rules ask
 fusion_rules/conv_grad_gemm.py; the others stay in the direct family): dgrad as an implicit
 GEMM over the loss, wgrad as a GEMM over N*P*Q, usually with split-K (few output tiles, long K),
-both on the mma.sync path on every architecture. A tuning may still choose the direct kernel
-({"path": "direct"}, without an epilogue), so that autotuning compares the two.
+both on the mma.sync path by default; dgrad may take wgmma on sm_90 through tuning (wgrad's
+m-contiguous A has no wgmma layout here yet). A tuning may still choose the direct kernel
+({"path": "direct"}, without an epilogue), so that autotuning compares them.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _program(fused: FusedNode, ctx: EmitContext, problem: Problem, kernel: Kerne
 
 def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedProgram:
     """A convolution gradient: the mma.sync kernel (split-K when the heuristic or tuning says),
-    or the direct kernel when the tuning asks for it."""
+    or the wgmma kernel (dgrad) or the direct kernel when the tuning asks for it."""
     node = problem.node
     path = ctx.tuning.get("path")
     if path == "direct":
@@ -86,14 +87,19 @@ def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedPro
             )
         emit_direct = direct_conv.emit_dgrad if node.op == "conv_dgrad" else direct_conv.emit_wgrad
         return emit_direct(fused, ctx)
-    if path is not None:
+    paths = ("wgmma", "direct") if problem.a_layout == "mk" else ("direct",)
+    if path is not None and path not in paths:
         raise UnsupportedError(
-            f"GEMM tuning {ctx.tuning}: {node.op} takes the mma.sync path or {{'path': 'direct'}}, not path {path!r}",
+            f"GEMM tuning {ctx.tuning}: {node.op} takes the mma.sync path or "
+            f"{' or '.join(f'{{path: {p!r}}}' for p in paths)}, not path {path!r}",
             node=node.name,
         )
     reason = refusal(node)
     if reason is not None:
         raise UnsupportedError(f"{node.op} cannot take the tensor-core GEMM: {reason}", node=node.name)
+    if path == "wgmma":
+        split = tuned_split(ctx, problem) or 1
+        return _program(fused, ctx, problem, wgmma_kernel(fused, ctx, problem, split), split)
     tile, split = tile_config(problem, ctx)
     return _program(fused, ctx, problem, mma_kernel(fused, ctx, problem, tile, split), split)
 
@@ -102,14 +108,16 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     """Launch choices the runtime may time on the GPU (autotuning); empty on the SIMT path.
     The mma.sync tiles (no "path" key) and, for problems with few output tiles, their split-K
     variants ("split_k"), then on sm_90 the wgmma ones ({"path": "wgmma", ...}); for a
-    convolution gradient the mma.sync ones and the direct kernel ({"path": "direct"})."""
+    convolution gradient the mma.sync ones, wgmma ones for dgrad, and the direct kernel
+    ({"path": "direct"})."""
     assert fused.anchor is not None
     problem = problem_of(fused.anchor)
     if tensor_core_layout(problem) is None:
         return []
-    if problem.is_grad:  # mma.sync only; the direct kernel where no epilogue needs the GEMM
+    if problem.is_grad:  # mma.sync, wgmma for dgrad; the direct kernel where no epilogue needs the GEMM
         direct: list[dict[str, object]] = [] if fused.epilogue else [{"path": "direct"}]
-        return _mma_candidates(problem, arch) + direct
+        wgmma = wgmma_candidates(problem, arch) if problem.a_layout == "mk" else []
+        return _mma_candidates(problem, arch) + wgmma + direct
     return _mma_candidates(problem, arch) + wgmma_candidates(problem, arch) + ws_candidates(problem, arch)
 
 
