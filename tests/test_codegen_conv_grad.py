@@ -4,18 +4,25 @@ NVRTC compilation for sm_80 and sm_90, and (GPU) results against the reference."
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import pytest
 
 import fusion_rules as fr
 import graphdnn as gd
 from codegen.emit import candidates, emit_partition
+from graphdnn.compare import relative_error, tolerance
 from graphdnn.errors import UnsupportedError
+from graphdnn.random_inputs import random_inputs
 from graphdnn.runtime.driver import current_gpu_arch
+from tests import cpu_emulation
 from tests.compile_check import compile_graphs
 from tests.gpu_check import check_on_gpu
+from tests.mma_emulation import on_cpu
+from tests.test_codegen_gemm import Conv
 
 
 @dataclass(frozen=True)
@@ -293,3 +300,70 @@ def test_dgrad_wgmma_matches_reference_on_gpu(case: str, split: int) -> None:
     fused = gemm_fused(graph, 90)
     plan = check_on_gpu(graph, seed=split, tuning={fused.name: {**WGMMA, "split_k": split}})
     assert any("_wgmma" in kernel.name for kernel in plan.kernels)
+
+
+# -- the mma.sync kernels on the CPU (tests/mma_emulation.py) ------------------------------------
+# fp16 (the emulation's half), small shapes: every block's threads run as host threads.
+EMULATED: dict[str, tuple[Grad, dict[str, object] | None]] = {
+    "dgrad_3x3_s2_odd": (replace(CASES["dgrad_3x3_s2_odd"], dtype="half", n=1), None),
+    "dgrad_3x3_dil2_pad2": (replace(CASES["dgrad_3x3_dil2_pad2"], dtype="half", n=1), None),
+    "dgrad_1x1_s2_pad0": (replace(CASES["dgrad_1x1_s2_pad0"], dtype="half", n=1, hw=(7, 5)), None),
+    "dgrad_7x7_s2_pad3": (replace(CASES["dgrad_7x7_s2_pad3"], dtype="half", hw=(9, 7)), None),
+    "dgrad_convolution_mode": (replace(CASES["dgrad_half_convolution_mode"], n=1), None),
+    "dgrad_rsck_filter": (replace(CASES["dgrad_rsck_filter"], dtype="half", n=1, hw=(7, 5)), None),
+    "dgrad_drelu_add": (replace(CASES["dgrad_drelu_add"], dtype="half", n=1), None),
+    "dgrad_split3": (
+        replace(CASES["dgrad_asym_pad"], dtype="half", n=1),
+        {"block_m": 64, "block_n": 64, "stages": 4, "split_k": 3},
+    ),
+    "wgrad_3x3_s2_odd": (replace(CASES["wgrad_3x3_s2_odd"], dtype="half", n=1), None),
+    "wgrad_3x3_dil2_pad2": (replace(CASES["wgrad_3x3_dil2_pad2"], dtype="half", n=1), None),
+    "wgrad_7x7_s2_pad3": (replace(CASES["wgrad_7x7_s2_pad3"], dtype="half", hw=(9, 7), n=1), None),
+    "wgrad_convolution_mode": (replace(CASES["wgrad_half_convolution_mode"], n=1), None),
+    "wgrad_1x1_tile128": (
+        replace(CASES["wgrad_1x1_pad0"], dtype="half", n=1, hw=(3, 5)),
+        {"block_m": 128, "block_n": 128, "stages": 3},
+    ),
+    "wgrad_split_k": (
+        replace(CASES["wgrad_batch1_split_k_half"], hw=(17, 15)),
+        {"block_m": 64, "block_n": 64, "stages": 4, "split_k": 5},
+    ),
+}
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize("case", EMULATED)
+def test_mma_kernels_match_reference_on_the_cpu(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    spec, choice = EMULATED[case]
+    emulate(spec.build(), choice, tmp_path_factory)
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+def test_the_emulation_runs_conv_forward_as_the_gpu_does(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The emulation itself, on a forward convolution (GPU-tested) with an m-contiguous-free path."""
+    emulate(
+        Conv(n=1, c=16, hw=(5, 7), k=24, stride=(2, 1), dtype="half", epilogue="bias_add_relu").build(),
+        None,
+        tmp_path_factory,
+    )
+
+
+def emulate(graph: gd.OperationGraphSpec, choice: dict[str, object] | None, tmp: pytest.TempPathFactory) -> None:
+    build_dir = tmp.getbasetemp() / "mma_emulation"
+    build_dir.mkdir(exist_ok=True)
+    ir = graph.validate()
+    feeds = random_inputs(ir, 0)
+    expected = gd.reference.execute(ir, feeds)
+    partition = fr.fuse(ir, arch=80)
+    gemm = [f for f in partition.nodes if f.family is fr.Family.GEMM]
+    assert len(gemm) == 1, partition.describe()
+    programs = emit_partition(partition, 80, {gemm[0].name: choice} if choice else None)
+    memory = dict(feeds)
+    for fused, program in zip(partition.nodes, programs):
+        if fused is gemm[0]:
+            assert "_mma_" in program.kernels[0].name
+        emulated = dataclasses.replace(program, kernels=tuple(on_cpu(k) for k in program.kernels))
+        memory.update(cpu_emulation.run(fused, emulated, memory, 1, build_dir))
+    for t in ir.outputs:
+        error = relative_error(memory[t.name].astype(np.float64), expected[t.name].astype(np.float64))
+        assert error <= tolerance(t.data_type), f"{t.name}: relative error {error:.3g}"
