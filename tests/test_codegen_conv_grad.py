@@ -339,8 +339,17 @@ def test_mma_kernels_match_reference_on_the_cpu(case: str, tmp_path_factory: pyt
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize("case", ["dgrad_drelu_add", "wgrad_split_k"])
+def test_unaligned_pointers_copy_element_by_element_on_the_cpu(
+    case: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    spec, choice = EMULATED[case]
+    emulate(spec.build(), choice, tmp_path_factory, aligned=0)
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
 def test_the_emulation_runs_conv_forward_as_the_gpu_does(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The emulation itself, on a forward convolution (GPU-tested) with an m-contiguous-free path."""
+    """The emulation itself, on a forward convolution (its kernels pass on the GPU)."""
     emulate(
         Conv(n=1, c=16, hw=(5, 7), k=24, stride=(2, 1), dtype="half", epilogue="bias_add_relu").build(),
         None,
@@ -348,7 +357,9 @@ def test_the_emulation_runs_conv_forward_as_the_gpu_does(tmp_path_factory: pytes
     )
 
 
-def emulate(graph: gd.OperationGraphSpec, choice: dict[str, object] | None, tmp: pytest.TempPathFactory) -> None:
+def emulate(
+    graph: gd.OperationGraphSpec, choice: dict[str, object] | None, tmp: pytest.TempPathFactory, aligned: int = 1
+) -> None:
     build_dir = tmp.getbasetemp() / "mma_emulation"
     build_dir.mkdir(exist_ok=True)
     ir = graph.validate()
@@ -363,7 +374,7 @@ def emulate(graph: gd.OperationGraphSpec, choice: dict[str, object] | None, tmp:
         if fused is gemm[0]:
             assert "_mma_" in program.kernels[0].name
         emulated = dataclasses.replace(program, kernels=tuple(on_cpu(k) for k in program.kernels))
-        memory.update(cpu_emulation.run(fused, emulated, memory, 1, build_dir))
+        memory.update(cpu_emulation.run(fused, emulated, memory, aligned, build_dir))
     for t in ir.outputs:
         error = relative_error(memory[t.name].astype(np.float64), expected[t.name].astype(np.float64))
         assert error <= tolerance(t.data_type), f"{t.name}: relative error {error:.3g}"
