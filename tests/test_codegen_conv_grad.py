@@ -378,3 +378,12 @@ def emulate(
     for t in ir.outputs:
         error = relative_error(memory[t.name].astype(np.float64), expected[t.name].astype(np.float64))
         assert error <= tolerance(t.data_type), f"{t.name}: relative error {error:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", REFUSED)
+def test_refused_gradients_run_direct_and_match_reference_on_gpu(case: str) -> None:
+    """NCHW, fp32, grouped, odd channel counts: the direct kernels, end to end."""
+    spec, _ = REFUSED[case]
+    plan = check_on_gpu(spec.build(), seed=zlib.crc32(case.encode()))
+    assert not any("_mma" in kernel.name for kernel in plan.kernels)
