@@ -337,6 +337,42 @@ def _conv_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
     return _cudnn_runner(graph, handle, {x: x_t, w: w_t, b: bias_t, y: out["y"]})
 
 
+# -- conv backward: dgrad and wgrad ----------------------------------------------------------------
+def _grad_graph(op: str, n: int, c: int, hw: int, k: int, size: int) -> Callable[[], gd.OperationGraphSpec]:
+    """dx = conv_dgrad(dy, w) or dw = conv_wgrad(x, dy) of a stride-1 'same' convolution, NHWC bf16."""
+
+    def build() -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(name=f"conv_{op}{size}x{size}_{c}to{k}_{hw}", io_data_type="bf16")
+        x_dim, w_dim, y_dim = [n, c, hw, hw], [k, c, size, size], [n, k, hw, hw]
+        dy = g.tensor(name="dy", dim=y_dim, stride=gd.nhwc_strides(y_dim))
+        if op == "dgrad":
+            w = g.tensor(name="w", dim=w_dim, stride=gd.nhwc_strides(w_dim))
+            g.conv_dgrad(dy, w, padding=[size // 2] * 2, image_dim=x_dim).set_name("dx").set_output(True)
+        else:
+            x = g.tensor(name="x", dim=x_dim, stride=gd.nhwc_strides(x_dim))
+            dw = g.conv_wgrad(x, dy, padding=[size // 2] * 2, filter_dim=w_dim)
+            dw.set_name("dw").set_output(True).set_stride(gd.nhwc_strides(w_dim))
+        return g
+
+    return build
+
+
+def _grad_torch(op: str, n: int, c: int, hw: int, k: int, size: int) -> Callable[[Tensors], Any]:
+    """torch.nn.grad's conv2d_input / conv2d_weight (aten's convolution backward on cuDNN)."""
+
+    def run(t: Tensors) -> Any:
+        import torch
+
+        if op == "dgrad":
+            return torch.nn.grad.conv2d_input([n, c, hw, hw], t["w"], t["dy"], padding=size // 2)
+        return torch.nn.grad.conv2d_weight(t["x"], [k, c, size, size], t["dy"], padding=size // 2)
+
+    return run
+
+
+GRAD_LAYERS = [(32, 64, 56, 64, 3), (32, 64, 56, 256, 1)]
+
+
 # -- matmul (few output tiles: split-K) ---------------------------------------------------------
 MATMULS = [(128, 4096, 4096), (2048, 1024, 4096)]  # (M, N, K): decode-like, transformer fc2
 
@@ -530,6 +566,20 @@ def cases() -> list[Case]:
                 group="conv",
             )
         )
+    for layer in GRAD_LAYERS:
+        n, c, hw, k, size = layer
+        for op in ("dgrad", "wgrad"):
+            out.append(
+                Case(
+                    f"conv{size}x{size} {op} {c}->{k} @{hw}² n{n}",
+                    _grad_graph(op, *layer),
+                    _grad_torch(op, *layer),
+                    bytes=_conv_bytes(*layer) - 4 * 4 * k,
+                    flops=_conv_flops(*layer),
+                    target="≥ 0.8x cuDNN (torch's conv backward, eager)",
+                    group="conv backward",
+                )
+            )
     for m, n, k in MATMULS:
         out.append(
             Case(

@@ -19,7 +19,7 @@ from graphdnn.ops.base import Category
 class Family(enum.Enum):
     """The kernel family that implements a fused node."""
 
-    GEMM = "gemm"  # convolution forward or matmul, with an elementwise epilogue
+    GEMM = "gemm"  # convolution forward, its gradients (when tensor cores fit) or matmul, with an epilogue
     ROW_NORM = "row_norm"  # layernorm / rmsnorm, optionally after a residual add, with an epilogue
     ROW_NORM_BACKWARD = "row_norm_backward"  # layernorm / rmsnorm backward: dx per row, dscale / dbias partials
     GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue

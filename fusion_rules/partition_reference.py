@@ -248,7 +248,12 @@ def _batchnorm_train(node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 _ANCHOR_KERNELS: dict[Family, dict[str, Kernel]] = {
-    Family.GEMM: {"conv_fprop": _conv_im2col, "matmul": _op_reference},
+    Family.GEMM: {
+        "conv_fprop": _conv_im2col,
+        "matmul": _op_reference,
+        "conv_dgrad": _op_reference,
+        "conv_wgrad": _op_reference,
+    },
     Family.ROW_NORM: {"layernorm": _standardize_sets, "rmsnorm": _standardize_sets},
     Family.ROW_NORM_BACKWARD: {"layernorm_backward": _op_reference, "rmsnorm_backward": _op_reference},
     Family.GROUP_NORM: {"groupnorm": _standardize_sets, "instancenorm": _standardize_sets},

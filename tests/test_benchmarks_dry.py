@@ -60,3 +60,13 @@ def test_the_attention_benchmark_builds_forward_and_backward_plans() -> None:
     result = _benchmark("attention.py", "--dry")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("sdpa_backward_") == 4 and result.stdout.count(": 3 kernel(s)") == 4
+
+
+def test_the_conv_backward_cases_build_on_the_tensor_core_gemm() -> None:
+    """dgrad is one implicit-GEMM kernel; wgrad (64 x 576 or 256 x 64 outputs, K = 32*56*56)
+    splits K: the slices, then their reduction."""
+    result = _benchmark("run.py", "--dry", "--only", "grad")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stdout.splitlines() if "built in" in line]
+    assert len(lines) == 4
+    assert all(("1 kernel(s)" if "dgrad" in line else "2 kernel(s)") in line for line in lines), lines

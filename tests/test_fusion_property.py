@@ -160,7 +160,10 @@ def test_a_gemm_kernel_with_another_anchor_is_refused() -> None:
     ir = g.validate()
     fused = gd.fuse(ir).nodes[0]
     wrong = Partition(ir, (replace(fused, family=Family.GEMM),), (), ())
-    with pytest.raises(gd.UnsupportedError, match=r"the gemm kernel family computes conv_fprop, matmul, not layernorm"):
+    with pytest.raises(
+        gd.UnsupportedError,
+        match=r"the gemm kernel family computes conv_dgrad, conv_fprop, conv_wgrad, matmul, not layernorm",
+    ):
         execute_partition(wrong, random_feeds(ir, 0))
 
 

@@ -16,6 +16,13 @@ tensor-core path (gemm_splitk.py): a second kernel sums the K slices and runs th
 On sm_90, matmuls with enough tiles to fill the GPU, and those with few tiles and a long K
 (with two K slices), take the persistent warp-specialised TMA engine (gemm_ws.py) unless a
 tuning says otherwise.
+
+Convolution gradients come here only when they fit the tensor cores (the fusion rules ask
+fusion_rules/conv_grad_gemm.py; the others stay in the direct family): dgrad as an implicit
+GEMM over the loss, wgrad as a GEMM over N*P*Q, usually with split-K (few output tiles, long K),
+both on the mma.sync path by default; dgrad may take wgmma on sm_90 through tuning (wgrad's
+m-contiguous A has no wgmma layout here yet). A tuning may still choose the direct kernel
+({"path": "direct"}, without an epilogue), so that autotuning compares them.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ from __future__ import annotations
 import dataclasses
 
 from fusion_rules import FusedNode
+from fusion_rules.conv_grad_gemm import refusal
+from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
-from ..kernel import FusedProgram
+from ..kernel import FusedProgram, Kernel
+from . import direct_conv
 from .gemm_mma import TILE_CANDIDATES, mma_kernel, tile_config
-from .gemm_problem import problem_of, tensor_core_layout
+from .gemm_problem import Problem, problem_of, tensor_core_layout
 from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
 from .gemm_sm90 import wgmma_kernel
@@ -40,6 +50,8 @@ from .gemm_ws import ws_kernel, ws_split
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert fused.anchor is not None
     problem = problem_of(fused.anchor)
+    if problem.is_grad:
+        return _emit_grad(fused, ctx, problem)
     if tensor_core_layout(problem) is None:
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
     default = None if ctx.tuning else default_ws(problem, ctx.arch)
@@ -54,19 +66,64 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     else:
         tile, split = tile_config(problem, ctx)
         kernel = mma_kernel(fused, ctx, problem, tile, split)
+    return _program(fused, ctx, problem, kernel, split)
+
+
+def _program(fused: FusedNode, ctx: EmitContext, problem: Problem, kernel: Kernel, split: int) -> FusedProgram:
+    """The tensor-core kernel, then with split-K the reduction and its scratch."""
     if split == 1:
         return FusedProgram(fused.name, (kernel,))
     return FusedProgram(fused.name, (kernel, reduce_kernel(fused, ctx, problem, split)), (scratch(problem, split),))
 
 
+def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedProgram:
+    """A convolution gradient: the mma.sync kernel (split-K when the heuristic or tuning says),
+    or the wgmma kernel (dgrad) or the direct kernel when the tuning asks for it."""
+    node = problem.node
+    path = ctx.tuning.get("path")
+    if path == "direct":
+        if fused.epilogue:
+            raise UnsupportedError(
+                f"GEMM tuning {ctx.tuning}: the direct {node.op} kernel has no epilogue, and {fused.name} has one",
+                node=node.name,
+            )
+        emit_direct = direct_conv.emit_dgrad if node.op == "conv_dgrad" else direct_conv.emit_wgrad
+        return emit_direct(fused, ctx)
+    paths = ("wgmma", "direct") if problem.a_layout == "mk" else ("direct",)
+    if path is not None and path not in paths:
+        raise UnsupportedError(
+            f"GEMM tuning {ctx.tuning}: {node.op} takes the mma.sync path or "
+            f"{' or '.join(f'{{path: {p!r}}}' for p in paths)}, not path {path!r}",
+            node=node.name,
+        )
+    reason = refusal(node)
+    if reason is not None:
+        raise UnsupportedError(f"{node.op} cannot take the tensor-core GEMM: {reason}", node=node.name)
+    if path == "wgmma":
+        split = tuned_split(ctx, problem) or 1
+        return _program(fused, ctx, problem, wgmma_kernel(fused, ctx, problem, split), split)
+    tile, split = tile_config(problem, ctx)
+    return _program(fused, ctx, problem, mma_kernel(fused, ctx, problem, tile, split), split)
+
+
 def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     """Launch choices the runtime may time on the GPU (autotuning); empty on the SIMT path.
     The mma.sync tiles (no "path" key) and, for problems with few output tiles, their split-K
-    variants ("split_k"), then on sm_90 the wgmma ones ({"path": "wgmma", ...})."""
+    variants ("split_k"), then on sm_90 the wgmma ones ({"path": "wgmma", ...}); for a
+    convolution gradient the mma.sync ones, wgmma ones for dgrad, and the direct kernel
+    ({"path": "direct"})."""
     assert fused.anchor is not None
     problem = problem_of(fused.anchor)
     if tensor_core_layout(problem) is None:
         return []
+    if problem.is_grad:  # mma.sync, wgmma for dgrad; the direct kernel where no epilogue needs the GEMM
+        direct: list[dict[str, object]] = [] if fused.epilogue else [{"path": "direct"}]
+        wgmma = wgmma_candidates(problem, arch) if problem.a_layout == "mk" else []
+        return _mma_candidates(problem, arch) + wgmma + direct
+    return _mma_candidates(problem, arch) + wgmma_candidates(problem, arch) + ws_candidates(problem, arch)
+
+
+def _mma_candidates(problem: Problem, arch: int) -> list[dict[str, object]]:
     mma: list[dict[str, object]] = [
         {"block_m": c.block_m, "block_n": c.block_n, "stages": c.stages} for c in TILE_CANDIDATES
     ]
@@ -75,4 +132,4 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
         for c in TILE_CANDIDATES
         for s in split_choices(problem, output_tiles(problem, c.block_m, c.block_n), arch)
     ]
-    return mma + split + wgmma_candidates(problem, arch) + ws_candidates(problem, arch)
+    return mma + split

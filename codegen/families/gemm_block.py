@@ -78,7 +78,7 @@ class TensorCoreBlock:
             f"const {itype} block_m = ({itype})blockIdx.x * BM;",
             "const int block_n = blockIdx.y * BN;",
         ]
-        if not p.is_conv:
+        if not p.is_conv and not p.is_grad:
             lines += batch_offsets(p, itype, self.slices.batch_index)
         a_chunks = s.block_m * s.block_k // 8 // s.threads
         b_chunks = s.block_n * s.block_k // 8 // s.threads

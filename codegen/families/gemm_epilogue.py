@@ -9,7 +9,7 @@ from graphdnn.ir import Tensor
 
 from .. import epilogue
 from ..cuda_types import cuda_type, load, rounded, store
-from ..indexing import offset, row_major_index
+from ..indexing import coordinates, offset, row_major_index
 from .gemm_problem import Problem, batch_coords, pixel_coordinates
 
 
@@ -103,9 +103,13 @@ def tile_epilogue(
     compute = "float"
     out = p.out
     rank = len(out.dim)
-    column_axis = 1 if p.is_conv else rank - 1
+    wgrad = p.node.op == "conv_wgrad"
+    column_axis = 1 if p.image_output or wgrad else rank - 1
     coordinate = "c"
     column = f"{coordinate}{column_axis}"
+    # The chunk's first column and column e's coordinate: a wgrad column is (taps, channel), the
+    # 8 columns of a chunk one tap and 8 consecutive channels (C % 8 == 0, conv_grad_gemm.py).
+    first_column, column_e = ("w1", "w1 + e") if wgrad else ("(block_n + col)", "block_n + col + e")
     per_column = [
         t
         for t in fused.inputs
@@ -130,11 +134,13 @@ def tile_epilogue(
     # 8 consecutive columns form one aligned 16-byte (or wider) vector of every output when
     # the column stride is 1 and every other stride keeps 8-element alignment.
     vector_ok = all(_columns_contiguous(t, column_axis) for t in fused.outputs)
-    coords = (
-        pixel_coordinates(p, "m", itype)
-        if p.is_conv
-        else [f"const {itype} c{rank - 2} = m;", *batch_coords(p, itype, batch_index)]
-    )
+    if p.image_output:
+        coords = pixel_coordinates(p, "m", itype)
+    elif wgrad:
+        taps = coordinates("(block_n + col)", out.static_dim, (*range(2, rank), 1), "w", "int")
+        coords = [f"const {itype} c0 = m;", *taps, *(f"const int c{axis} = w{axis};" for axis in range(2, rank))]
+    else:
+        coords = [f"const {itype} c{rank - 2} = m;", *batch_coords(p, itype, batch_index)]
     lines = [
         *hoisted,
         "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",
@@ -149,7 +155,7 @@ def tile_epilogue(
         results = [f"gd::Vec<{cuda_type(t.data_type)}, 8> r{t.id};" for t in fused.outputs]
         stores = []
         for t in fused.outputs:
-            first_offset = offset(t, out.static_dim, "c").replace(column, "(block_n + col)")
+            first_offset = offset(t, out.static_dim, "c").replace(column, first_column)
             stores.append(f"gd::store_vec<{cuda_type(t.data_type)}, 8>({names[t.id]} + {first_offset}, r{t.id});")
         # Full-size operands laid out like the output (a residual) arrive as one vector too.
         full = [
@@ -157,7 +163,7 @@ def tile_epilogue(
         ]
         vector_loads = [
             f"const gd::Vec<{cuda_type(t.data_type)}, 8> in{t.id} = gd::load_vec<{cuda_type(t.data_type)}, 8>("
-            f"{names[t.id]} + {offset(t, out.static_dim, 'c').replace(column, '(block_n + col)')});"
+            f"{names[t.id]} + {offset(t, out.static_dim, 'c').replace(column, first_column)});"
             for t in full
         ]
         lines += [
@@ -165,7 +171,7 @@ def tile_epilogue(
             *("    " + line for line in results + vector_loads),
             "#pragma unroll",
             "    for (int e = 0; e < 8; ++e) {",
-            f"      const int {column} = block_n + col + e;",
+            f"      const int {column} = {column_e};",
             *(
                 "      " + line
                 for line in epi.statements("acc8[e]", vector_slot="e", vectors=frozenset(t.id for t in full))
@@ -178,8 +184,8 @@ def tile_epilogue(
     lines += [
         "#pragma unroll",
         "  for (int e = 0; e < 8; ++e) {",
-        f"    const int {column} = block_n + col + e;",
-        f"    if ({column} >= GN) break;",
+        f"    const int {column} = {column_e};",
+        f"    if ({'block_n + col + e' if wgrad else column} >= GN) break;",
         *("    " + line for line in epi.statements("acc8[e]")),
         "  }",
         "}",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from graphdnn.ops.conv import ConvMode
 
+from . import gemm_grad_loaders as grad
 from .gemm_problem import Problem, pixel_coordinates
 from .gemm_splitk import KSlices
 
@@ -27,11 +28,13 @@ class SmemTiles:
     """A tensor-core path's k tiles in shared memory, as the shared loaders see them: ``bk``
     elements of k per tile, and the device functions ``(row, chunk) -> byte offset`` of a
     16-byte chunk: ``k_major`` for A and k-contiguous B (one row per m / n, ``bk`` elements
-    long), ``n_major`` for n-contiguous B (one row per k)."""
+    long), ``n_major`` for n-contiguous B (one row per k), ``m_major`` for m-contiguous A (one
+    row per k; the paths without one take no such A)."""
 
     bk: int
     k_major: str
     n_major: str
+    m_major: str = ""
 
     @property
     def lanes(self) -> int:
@@ -42,6 +45,8 @@ class SmemTiles:
 def a_loader_setup(p: Problem, itype: str, chunks: int, threads: int, tiles: SmemTiles) -> list[str]:
     """Per-thread precomputation for its A rows: which rows it loads never changes across k tiles."""
     lanes = tiles.lanes
+    if p.is_grad:
+        return grad.a_setup(p, itype, chunks, threads, lanes, _thread_row(tiles))
     lines = [
         f"// A: each thread copies {chunks} 16-byte chunks per tile, rows tid/{lanes} + i*{threads // lanes}, chunk tid%{lanes}."
     ]
@@ -72,6 +77,8 @@ def a_loader_setup(p: Problem, itype: str, chunks: int, threads: int, tiles: Sme
 
 
 def b_loader_setup(p: Problem, itype: str, chunks: int, threads: int, layout: str, tiles: SmemTiles) -> list[str]:
+    if p.is_grad:
+        return grad.b_setup(p, itype, chunks, threads, tiles.lanes, layout, _thread_row(tiles))
     if layout == "kn":  # k-major tile [BK][BN]: chunk id -> (k row, n chunk)
         return [f"// B (n contiguous): each thread copies {chunks} chunks of the [BK][BN] tile."]
     lanes = tiles.lanes
@@ -109,6 +116,9 @@ def load_tile_lambda(
     slice) into a stage; zeros past the slice's last tile.
 
     Without 16-byte aligned pointers the same chunks are copied with plain loads."""
+    if p.is_grad:
+        stages = (a_stage, b_stage)
+        return _grad_load_tile(p, (x, w), itype, (a_chunks, b_chunks), stages, layout, aligned, tiles, slices)
     lines = [
         "auto load_tile = [&](int stage, int kt) {",
         f"  const int k = {slices.tile('kt')} * BK + a_chunk * 8;",
@@ -139,13 +149,13 @@ def load_tile_lambda(
             checks.append(f"(unsigned)h{axis} < {p.a.dim[axis + 2]}u")
             terms.append(f"({itype})h{axis} * {p.a.stride[axis + 2]}")
         a_src = f"a_base[i] + {' + '.join(terms)} + c"
-        lines += _copy_loop(a_chunks, setup, " && ".join(checks), x, a_src, a_dst, aligned)
-        lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, "b_row[i] + w_tap", b_dst, aligned)
+        lines += copy_loop(a_chunks, setup, " && ".join(checks), x, a_src, a_dst, aligned)
+        lines += copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, "b_row[i] + w_tap", b_dst, aligned)
     else:
-        lines += _copy_loop(a_chunks, [], "a_row_ok[i] && k_ok", x, "a_base_row[i] + k", a_dst, aligned)
+        lines += copy_loop(a_chunks, [], "a_row_ok[i] && k_ok", x, "a_base_row[i] + k", a_dst, aligned)
         if layout == "nk":
             b_src = f"b_row[i] + ({itype})k * {p.b.stride[-2]}"
-            lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned)
+            lines += copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned)
         else:
             per_row = bn // 8
             setup = [
@@ -155,7 +165,80 @@ def load_tile_lambda(
             ]
             ok = f"kt < {slices.count} && kk < GK && n < GN"
             b_src = f"b_base + ({itype})kk * {p.b.stride[-2]} + n"
-            lines += _copy_loop(b_chunks, setup, ok, w, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
+            lines += copy_loop(b_chunks, setup, ok, w, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
+    lines.append("};")
+    return lines
+
+
+def _grad_load_tile(
+    p: Problem,
+    names: tuple[str, str],
+    itype: str,
+    chunks: tuple[int, int],
+    stages: tuple[int, int],
+    layout: str,
+    aligned: str,
+    tiles: SmemTiles,
+    slices: KSlices,
+) -> list[str]:
+    """`load_tile(stage, kt)` of a convolution gradient (gemm_grad_loaders.py)."""
+    dy, b = names
+    a_smem, b_smem = f"a_smem + stage * {stages[0]}", f"b_smem + stage * {stages[1]}"
+    tile, count = slices.tile("kt"), slices.count
+    k_major_chunk = f"{tiles.k_major}({_thread_row(tiles)} + i * (THREADS / {tiles.lanes}), a_chunk)"
+    lines = ["auto load_tile = [&](int stage, int kt) {"]
+    if p.node.op == "conv_wgrad":
+        a_setup = [
+            "const int id = tid + i * THREADS;",
+            "const int kr = id / (BM / 8), mc = id % (BM / 8);",
+            f"const int kk = {tile} * BK + kr;",
+            f"const {itype} m = block_m + mc * 8;",
+            *grad.wgrad_k(p, "kk"),
+        ]
+        a_ok = f"kt < {count} && kk < GK && m < GM"
+        lines += copy_loop(
+            chunks[0], a_setup, a_ok, dy, grad.wgrad_a_offset(p, itype), f"{a_smem} + {tiles.m_major}(kr, mc)", aligned
+        )
+        b_setup, b_checks, b_src = grad.wgrad_b(p, itype)
+        b_setup = [
+            "const int id = tid + i * THREADS;",
+            "const int kr = id / (BN / 8), nc = id % (BN / 8);",
+            f"const int kk = {tile} * BK + kr, nn = block_n + nc * 8;",
+            *grad.wgrad_k(p, "kk"),
+            *b_setup,
+        ]
+        b_ok = " && ".join([f"kt < {count} && kk < GK && nn < GN", *b_checks])
+        lines += copy_loop(chunks[1], b_setup, b_ok, b, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
+    else:
+        lines += [
+            f"  const int k = {tile} * BK + a_chunk * 8;",
+            f"  const bool k_ok = kt < {count} && k < GK;",
+            *("  " + line for line in grad.dgrad_k(p, "k", "f")),
+        ]
+        a_setup, a_ok, a_src = grad.dgrad_a(p, itype)
+        lines += copy_loop(chunks[0], a_setup, a_ok, dy, a_src, f"{a_smem} + {k_major_chunk}", aligned)
+        if layout == "nk":
+            lines.append(f"  const {itype} w_tap = {grad.dgrad_filter_offset(p, itype, 'f')};")
+            lines += copy_loop(
+                chunks[1], [], "b_row_ok[i] && k_ok", b, "b_row[i] + w_tap", f"{b_smem} + {k_major_chunk}", aligned
+            )
+        else:
+            b_setup = [
+                "const int id = tid + i * THREADS;",
+                "const int kr = id / (BN / 8), nc = id % (BN / 8);",
+                f"const int kk = {tile} * BK + kr, n = block_n + nc * 8;",
+                *grad.dgrad_k(p, "kk", "g"),
+            ]
+            b_src = f"{grad.dgrad_filter_offset(p, itype, 'g')} + n"
+            lines += copy_loop(
+                chunks[1],
+                b_setup,
+                f"kt < {count} && kk < GK && n < GN",
+                b,
+                b_src,
+                f"{b_smem} + {tiles.n_major}(kr, nc)",
+                aligned,
+            )
     lines.append("};")
     return lines
 
@@ -165,7 +248,7 @@ def _thread_row(tiles: SmemTiles) -> str:
     return f"(tid >> {tiles.lanes.bit_length() - 1})"
 
 
-def _copy_loop(chunks: int, setup: list[str], ok: str, base: str, src: str, dst: str, aligned: str) -> list[str]:
+def copy_loop(chunks: int, setup: list[str], ok: str, base: str, src: str, dst: str, aligned: str) -> list[str]:
     """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes at ``base + src`` to
     ``dst`` where ``ok``, else zeros."""
     return [

@@ -69,21 +69,36 @@ def _tile(block_m: int, block_n: int) -> TileConfig:
 
 def mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig, split: int) -> Kernel:
     shape = BlockShape(tile.block_m, tile.block_n, 32, tile.stages, tile.threads)
-    tiles = SmemTiles(shape.block_k, "swizzle64", f"swizzle_rows<{tile.block_n * 2}>")
+    tiles = SmemTiles(
+        shape.block_k, "swizzle64", f"swizzle_rows<{tile.block_n * 2}>", f"swizzle_rows<{tile.block_m * 2}>"
+    )
     block = TensorCoreBlock(fused, p, shape, tiles, KSlices(split))
     shared = max(shape.stages * (shape.a_stage + shape.b_stage), shape.block_m * shape.c_stride * 4)
     lines = block.prelude(
         ["extern __shared__ __align__(128) unsigned char smem[];"],
         "const int warp_m = warp / (BN / 32), warp_n = warp % (BN / 32);",
     )
-    lines += _main_loop(shape.block_n, block.layout, shape.a_stage, shape.b_stage, block.slices)
+    lines += _main_loop(shape, p.a_layout, block.layout, block.slices)
     lines += block.epilogue(_mma_staging(shape.c_stride))
     functions = mma_fragments(p.a.data_type) + _SWIZZLES
     return block.kernel(ctx, lines, "_mma", functions, shared)
 
 
-def _main_loop(bn: int, layout: str, a_stage: int, b_stage: int, slices: KSlices) -> list[str]:
-    """The multistage pipeline: tiles kt+STAGES-1 load while tile kt feeds the tensor cores."""
+def _main_loop(shape: BlockShape, a_layout: str, layout: str, slices: KSlices) -> list[str]:
+    """The multistage pipeline: tiles kt+STAGES-1 load while tile kt feeds the tensor cores.
+    A k-contiguous ("mk") or m-contiguous ("km", then transposed by ldmatrix); B likewise."""
+    bn, a_stage, b_stage = shape.block_n, shape.a_stage, shape.b_stage
+    if a_layout == "mk":
+        a_fragment = [
+            "      const int row = warp_m * 64 + mi * 16 + (lane & 15);",
+            "      ldmatrix_x4(smem_addr(a_tile + swizzle64(row, kk / 8 + (lane >> 4))), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);",
+        ]
+    else:  # the four 8x8 matrices (m 0-7 | 8-15) x (k 0-7 | 8-15), m-fastest, lanes 8q.. address matrix q
+        a_fragment = [
+            "      const int krow = kk + ((lane >> 4) << 3) + (lane & 7);",
+            "      const int chunk = (warp_m * 64 + mi * 16) / 8 + ((lane >> 3) & 1);",
+            f"      ldmatrix_x4_trans(smem_addr(a_tile + swizzle_rows<{shape.block_m * 2}>(krow, chunk)), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);",
+        ]
     if layout == "nk":
         b_fragments = [
             "#pragma unroll",
@@ -127,8 +142,7 @@ def _main_loop(bn: int, layout: str, a_stage: int, b_stage: int, slices: KSlices
         "    unsigned a[4][4], b[4][2];",
         "#pragma unroll",
         "    for (int mi = 0; mi < 4; ++mi) {",
-        "      const int row = warp_m * 64 + mi * 16 + (lane & 15);",
-        "      ldmatrix_x4(smem_addr(a_tile + swizzle64(row, kk / 8 + (lane >> 4))), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);",
+        *a_fragment,
         "    }",
         *("  " + line for line in b_fragments),
         "#pragma unroll",

@@ -5,6 +5,11 @@ As a GEMM, out[m, n] = sum_k A[m, k] * B[k, n]:
 - conv_fprop: m runs over output pixels (n_img, p, q...), n over output channels, k over
   (r, s..., c) taps with c fastest; A is gathered from the image on the fly (never
   materialised), B is the filter.
+- conv_dgrad: m runs over dx pixels (n_img, h, w...), n over dx channels, k over (r, s..., k_out)
+  taps with k_out fastest; A is gathered from the loss (only the taps that land on an output
+  pixel of the stride contribute: predicated in the gather), B is the filter;
+- conv_wgrad: m runs over output channels, n over filter taps (r, s..., c) with c fastest, k
+  over the loss's (n_img, p, q...); A is the loss read m-contiguous, B gathered from the image;
 - matmul: m, n, k as named, one grid layer (blockIdx.z) per output batch index.
 """
 
@@ -14,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
+from fusion_rules.conv_grad_gemm import CONV_GRADS, b_layout, operands, refusal
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.conv import ConvAttributes
 
@@ -41,6 +47,21 @@ class Problem:
         return self.node.op == "conv_fprop"
 
     @property
+    def is_grad(self) -> bool:
+        """conv_dgrad or conv_wgrad (the GEMM family takes them only on the tensor-core path)."""
+        return self.node.op in CONV_GRADS
+
+    @property
+    def image_output(self) -> bool:
+        """The output is an image [N, C, spatial...]: m runs over its pixels, n over its channels."""
+        return self.node.op in ("conv_fprop", "conv_dgrad")
+
+    @property
+    def a_layout(self) -> str:
+        """How A is read: "mk" (k contiguous) or "km" (m contiguous: the loss of a wgrad)."""
+        return "km" if self.node.op == "conv_wgrad" else "mk"
+
+    @property
     def attrs(self) -> ConvAttributes:
         assert isinstance(self.node.attributes, ConvAttributes)
         return self.node.attributes
@@ -63,6 +84,8 @@ def problem_of(node: Node) -> Problem:
             groups,
             (),
         )
+    if node.op in CONV_GRADS:
+        return _grad_problem(node)
     a, b = node.input("A"), node.input("B")
     assert a is not None and b is not None
     return Problem(
@@ -70,9 +93,40 @@ def problem_of(node: Node) -> Problem:
     )
 
 
+def _grad_problem(node: Node) -> Problem:
+    """dgrad: m = N*H*W..., n = C, k = K*R*S...; wgrad: m = K, n = C*R*S..., k = N*P*Q..."""
+    dy, b, out = operands(node)
+    if node.op == "conv_dgrad":
+        filt = b.static_dim
+        return Problem(
+            node,
+            dy,
+            b,
+            out,
+            out.static_dim[0] * math.prod(out.static_dim[2:]),
+            out.static_dim[1],
+            filt[0] * math.prod(filt[2:]),
+            1,
+            (),
+        )
+    return Problem(
+        node,
+        dy,
+        b,
+        out,
+        out.static_dim[0],
+        math.prod(out.static_dim[1:]),
+        dy.static_dim[0] * math.prod(dy.static_dim[2:]),
+        1,
+        (),
+    )
+
+
 def tensor_core_layout(p: Problem) -> str | None:
     """How B is laid out for the tensor-core path ("nk": k contiguous, "kn": n contiguous),
     or None when the problem needs the SIMT path."""
+    if p.is_grad:
+        return None if refusal(p.node) is not None else b_layout(p.node)
     if p.a.data_type not in TENSOR_CORE_TYPES or p.b.data_type != p.a.data_type or p.groups != 1:
         return None
     if math.prod(p.batch) > 65535:  # one grid layer per batch index

@@ -26,6 +26,9 @@ from .gemm_problem import Problem, declare, index_type_of
 
 PARTIALS = "partials"
 MAX_SPLIT = 16
+# A convolution's wgrad reduces over N*P*Q (10^5 and more for a ResNet layer at N=32) into a
+# few output tiles (K x C*R*S): more slices to fill the GPU, each still long.
+MAX_GRAD_SPLIT = 64
 MIN_SLICE_K = 512  # k per slice at least: 16 mma.sync or 8 wgmma k tiles, to pay for the reduction
 MAX_GRID_Z = 65535
 # The reduction kernel's block: one 8-column chunk per thread
@@ -72,7 +75,7 @@ def output_tiles(p: Problem, block_m: int, block_n: int) -> int:
 def heuristic_split(p: Problem, tiles: int, arch: int) -> int:
     """How many K slices when nothing is tuned: 1 (no split-K) once the ``tiles`` output tiles
     fill the SMs of sm_``arch``; else enough slices to fill about one wave of blocks, each slice
-    keeping at least MIN_SLICE_K of K, at most MAX_SPLIT."""
+    keeping at least MIN_SLICE_K of K, at most MAX_SPLIT (MAX_GRAD_SPLIT for a conv gradient)."""
     sms = sm_count(arch)
     return 1 if tiles >= sms else max(1, min(-(-sms // tiles), _most_slices(p)))
 
@@ -87,7 +90,8 @@ def split_choices(p: Problem, tiles: int, arch: int) -> list[int]:
 
 
 def _most_slices(p: Problem) -> int:
-    return min(p.k // MIN_SLICE_K, MAX_SPLIT, MAX_GRID_Z // math.prod(p.batch))
+    most = MAX_GRAD_SPLIT if p.is_grad else MAX_SPLIT
+    return min(p.k // MIN_SLICE_K, most, MAX_GRID_Z // math.prod(p.batch))
 
 
 def tuned_split(ctx: EmitContext, p: Problem) -> int | None:

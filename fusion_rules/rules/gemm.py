@@ -1,7 +1,9 @@
-"""Convolution and matmul with their epilogues (a per-channel affine, bias, residual, activations)."""
+"""Convolution (forward and gradients) and matmul with their epilogues (a per-channel affine,
+bias, residual, activations)."""
 
 from __future__ import annotations
 
+from ..conv_grad_gemm import tensor_core_conv_grad
 from ..guards import FUSED_GUARDS, per_channel_operand
 from ..partition import Family
 from ..pattern import Epilogue, Pattern, op
@@ -57,5 +59,39 @@ MATMUL_EPILOGUE = register_rule(
         anchor="matmul",
         priority=41,
         description="matmul followed by elementwise ops (bias, residual add, activations) applied to the accumulator",
+    )
+)
+
+CONV_DGRAD_GEMM = register_rule(
+    Rule(
+        name="conv_dgrad_gemm",
+        pattern=Pattern(
+            (
+                op("conv_dgrad", bind="dgrad", where=(*FUSED_GUARDS, tensor_core_conv_grad)),
+                Epilogue(guards=FUSED_GUARDS),
+            )
+        ),
+        family=Family.GEMM,
+        anchor="dgrad",
+        priority=42,
+        description=(
+            "conv_dgrad as a tensor-core implicit GEMM (fusion_rules/conv_grad_gemm.py says which "
+            "layouts fit), with any elementwise epilogue on dx (drelu-style masks, residual add); "
+            "the others stay on the direct kernel"
+        ),
+    )
+)
+
+CONV_WGRAD_GEMM = register_rule(
+    Rule(
+        name="conv_wgrad_gemm",
+        pattern=Pattern((op("conv_wgrad", bind="wgrad", where=(*FUSED_GUARDS, tensor_core_conv_grad)),)),
+        family=Family.GEMM,
+        anchor="wgrad",
+        priority=43,
+        description=(
+            "conv_wgrad as a tensor-core GEMM (dw = dy^T x, reduced over N*P*Q with split-K) when "
+            "the layouts fit (fusion_rules/conv_grad_gemm.py); the others stay on the direct kernel"
+        ),
     )
 )
