@@ -21,23 +21,24 @@ from .gemm_splitk import PARTIALS, KSlices, store_partials
 
 @dataclass(frozen=True)
 class BlockShape:
-    """A block's tile: BM x BN outputs, k tiles of BK 16-bit elements through STAGES shared-memory
-    buffers, THREADS threads."""
+    """A block's tile: BM x BN outputs, k tiles of BK elements of ``element_bytes`` bytes through
+    STAGES shared-memory buffers, THREADS threads."""
 
     block_m: int
     block_n: int
     block_k: int
     stages: int
     threads: int
+    element_bytes: int = 2
 
     @property
     def a_stage(self) -> int:
         """Bytes of one stage's A tile."""
-        return self.block_m * self.block_k * 2
+        return self.block_m * self.block_k * self.element_bytes
 
     @property
     def b_stage(self) -> int:
-        return self.block_n * self.block_k * 2
+        return self.block_n * self.block_k * self.element_bytes
 
     @property
     def c_stride(self) -> int:
@@ -80,8 +81,8 @@ class TensorCoreBlock:
         ]
         if not p.is_conv:
             lines += batch_offsets(p, itype, self.slices.batch_index)
-        a_chunks = s.block_m * s.block_k // 8 // s.threads
-        b_chunks = s.block_n * s.block_k // 8 // s.threads
+        a_chunks = s.block_m * s.block_k // self.tiles.chunk // s.threads
+        b_chunks = s.block_n * s.block_k // self.tiles.chunk // s.threads
         x, w = self.names[p.a.id], self.names[p.b.id]
         lines += a_loader_setup(p, itype, a_chunks, s.threads, self.tiles)
         lines += b_loader_setup(p, itype, b_chunks, s.threads, self.layout, self.tiles)

@@ -25,18 +25,20 @@ __device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid
 @dataclass(frozen=True)
 class SmemTiles:
     """A tensor-core path's k tiles in shared memory, as the shared loaders see them: ``bk``
-    elements of k per tile, and the device functions ``(row, chunk) -> byte offset`` of a
-    16-byte chunk: ``k_major`` for A and k-contiguous B (one row per m / n, ``bk`` elements
-    long), ``n_major`` for n-contiguous B (one row per k)."""
+    elements of k per tile, ``chunk`` elements per 16-byte chunk (8 16-bit or 16 8-bit ones),
+    and the device functions ``(row, chunk) -> byte offset`` of a chunk: ``k_major`` for A and
+    k-contiguous B (one row per m / n, ``bk`` elements long), ``n_major`` for n-contiguous B
+    (one row per k)."""
 
     bk: int
     k_major: str
     n_major: str
+    chunk: int = 8
 
     @property
     def lanes(self) -> int:
         """Threads sharing one k-major row, one 16-byte chunk each (a power of two)."""
-        return self.bk // 8
+        return self.bk // self.chunk
 
 
 def a_loader_setup(p: Problem, itype: str, chunks: int, threads: int, tiles: SmemTiles) -> list[str]:
@@ -111,7 +113,7 @@ def load_tile_lambda(
     Without 16-byte aligned pointers the same chunks are copied with plain loads."""
     lines = [
         "auto load_tile = [&](int stage, int kt) {",
-        f"  const int k = {slices.tile('kt')} * BK + a_chunk * 8;",
+        f"  const int k = {slices.tile('kt')} * BK + a_chunk * {tiles.chunk};",
         f"  const bool k_ok = kt < {slices.count} && k < GK;",
     ]
     b_smem = f"b_smem + stage * {b_stage}"
@@ -139,23 +141,24 @@ def load_tile_lambda(
             checks.append(f"(unsigned)h{axis} < {p.a.dim[axis + 2]}u")
             terms.append(f"({itype})h{axis} * {p.a.stride[axis + 2]}")
         a_src = f"a_base[i] + {' + '.join(terms)} + c"
-        lines += _copy_loop(a_chunks, setup, " && ".join(checks), x, a_src, a_dst, aligned)
-        lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, "b_row[i] + w_tap", b_dst, aligned)
+        lines += _copy_loop(a_chunks, setup, " && ".join(checks), x, a_src, a_dst, aligned, tiles.chunk)
+        lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, "b_row[i] + w_tap", b_dst, aligned, tiles.chunk)
     else:
-        lines += _copy_loop(a_chunks, [], "a_row_ok[i] && k_ok", x, "a_base_row[i] + k", a_dst, aligned)
+        lines += _copy_loop(a_chunks, [], "a_row_ok[i] && k_ok", x, "a_base_row[i] + k", a_dst, aligned, tiles.chunk)
         if layout == "nk":
             b_src = f"b_row[i] + ({itype})k * {p.b.stride[-2]}"
-            lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned)
+            lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned, tiles.chunk)
         else:
-            per_row = bn // 8
+            per_row = bn // tiles.chunk
             setup = [
                 "const int id = tid + i * THREADS;",
                 f"const int kr = id / {per_row}, nc = id % {per_row};",
-                f"const int kk = {slices.tile('kt')} * BK + kr, n = block_n + nc * 8;",
+                f"const int kk = {slices.tile('kt')} * BK + kr, n = block_n + nc * {tiles.chunk};",
             ]
             ok = f"kt < {slices.count} && kk < GK && n < GN"
             b_src = f"b_base + ({itype})kk * {p.b.stride[-2]} + n"
-            lines += _copy_loop(b_chunks, setup, ok, w, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
+            b_dst = f"{b_smem} + {tiles.n_major}(kr, nc)"
+            lines += _copy_loop(b_chunks, setup, ok, w, b_src, b_dst, aligned, tiles.chunk)
     lines.append("};")
     return lines
 
@@ -165,29 +168,31 @@ def _thread_row(tiles: SmemTiles) -> str:
     return f"(tid >> {tiles.lanes.bit_length() - 1})"
 
 
-def _copy_loop(chunks: int, setup: list[str], ok: str, base: str, src: str, dst: str, aligned: str) -> list[str]:
-    """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes at ``base + src`` to
-    ``dst`` where ``ok``, else zeros."""
+def _copy_loop(
+    chunks: int, setup: list[str], ok: str, base: str, src: str, dst: str, aligned: str, width: int
+) -> list[str]:
+    """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes (``width`` elements)
+    at ``base + src`` to ``dst`` where ``ok``, else zeros."""
     return [
         "#pragma unroll",
         f"  for (int i = 0; i < {chunks}; ++i) {{",
         *("    " + line for line in setup),
         f"    const bool ok = {ok};",
         f"    const T* src = ok ? {base} + {src} : {base};",
-        *_copy_chunk(dst, "src", "ok", aligned, depth=2),
+        *_copy_chunk(dst, "src", "ok", aligned, width, depth=2),
         "  }",
     ]
 
 
-def _copy_chunk(dst: str, src: str, ok: str, aligned: str, depth: int) -> list[str]:
+def _copy_chunk(dst: str, src: str, ok: str, aligned: str, width: int, depth: int) -> list[str]:
     pad = "  " * depth
     return [
         f"{pad}if ({aligned}) {{",
         f"{pad}  copy16(smem_addr({dst}), {src}, {ok});",
         f"{pad}}} else {{  // unaligned pointers: the same 16 bytes, element by element",
-        f"{pad}  gd::Vec<T, 8> chunk;",
+        f"{pad}  gd::Vec<T, {width}> chunk;",
         "#pragma unroll",
-        f"{pad}  for (int e = 0; e < 8; ++e) chunk.v[e] = {ok} ? {src}[e] : gd::from<T>(0.0f);",
-        f"{pad}  gd::store_vec<T, 8>(reinterpret_cast<T*>({dst}), chunk);",
+        f"{pad}  for (int e = 0; e < {width}; ++e) chunk.v[e] = {ok} ? {src}[e] : gd::from<T>(0.0f);",
+        f"{pad}  gd::store_vec<T, {width}>(reinterpret_cast<T*>({dst}), chunk);",
         f"{pad}}}",
     ]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
-from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
 from graphdnn.program import MAX_TENSOR_MAP_RANK, TensorMap
@@ -34,11 +33,12 @@ from ..cuda_types import cuda_type
 from ..kernel import Kernel
 from .gemm_epilogue import tile_epilogue
 from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
-from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout
-from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
+from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout, tensor_core_types
+from .gemm_sm90 import ARCH, BLOCK_K_BYTES, MAX_SHARED, wgmma_prelude
 from .gemm_splitk import KSlices, output_tiles
+from .tensor_core import zero
 
-BLOCK_M, BLOCK_K = 128, 64  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row
+BLOCK_M = 128  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row (BLOCK_K_BYTES)
 THREADS = 384  # the producer warpgroup, then the two consumers
 CONSUMER_WARPS = 8
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 * 40 + 256 * 232 <= 64K registers
@@ -54,7 +54,7 @@ GATHER_BLOCK_NS = (128,)  # 128 x 256 tiles: the gather's per-thread rows no lon
 def tiles(block_n: int) -> list[dict[str, object]]:
     """The deepest ring that fits for ``block_n``, and one stage less (shared memory for a
     second block is out of reach either way)."""
-    stage = (BLOCK_M + block_n) * BLOCK_K * 2
+    stage = (BLOCK_M + block_n) * BLOCK_K_BYTES
     deepest = (MAX_SHARED - ALIGN_SLACK - STAGING) // (stage + BARRIER_BYTES)
     return [{"path": "ws", "block_n": block_n, "stages": s} for s in (deepest, deepest - 1)]
 
@@ -114,12 +114,15 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry)."""
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
     layout = tensor_core_layout(p)
-    shared = stages * ((BLOCK_M + bn) * BLOCK_K * 2 + BARRIER_BYTES) + STAGING + ALIGN_SLACK
+    shared = stages * ((BLOCK_M + bn) * BLOCK_K_BYTES + BARRIER_BYTES) + STAGING + ALIGN_SLACK
     if not supported(p, ctx.arch):
         raise UnsupportedError(
-            f"the warp-specialised GEMM engine takes 16-bit tensor-core problems on sm_90 only, not this "
-            f"problem on sm_{ctx.arch}"
+            f"the warp-specialised GEMM engine takes tensor-core problems (16-bit, fp8 or int8 operands) on "
+            f"sm_90 only, not this problem on sm_{ctx.arch}"
         )
+    types = tensor_core_types(p)
+    assert types is not None
+    bk = BLOCK_K_BYTES // types.element_bytes
     if bn not in _block_ns(p) or stages < 2 or shared > MAX_SHARED:
         raise UnsupportedError(
             f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(_block_ns(p))} and 2 or more stages "
@@ -129,8 +132,8 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     gather = p.is_conv
     if not gather:
         # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of 64 k otherwise
-        b_box = (64, BLOCK_K) if layout == "kn" else (BLOCK_K, bn)
-        a_map = params.tensor_map(p.a, _tensor_map(p.a, (BLOCK_K, BLOCK_M)))
+        b_box = (64, bk) if layout == "kn" else (bk, bn)
+        a_map = params.tensor_map(p.a, _tensor_map(p.a, (bk, BLOCK_M)))
         b_map = params.tensor_map(p.b, _tensor_map(p.b, b_box))
     declared, names = declare(fused, p)
     params.declarations += declared.declarations
@@ -140,16 +143,16 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     tiles_total = output_tiles(p, BLOCK_M, bn)
     body = [
         f"using T = {cuda_type(p.a.data_type)};",
-        f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, GROUP_M = {GROUP_M};",
-        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // BLOCK_K)};",
+        f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {GROUP_M};",
+        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // bk)};",
         "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
         f"constexpr int TILES = {tiles_total};",
-        "constexpr unsigned A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;",
+        f"constexpr unsigned A_STAGE = BM * {BLOCK_K_BYTES}, B_STAGE = BN * {BLOCK_K_BYTES};  // bytes",
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
         "const unsigned a_tiles = (smem_addr(smem_raw) + 1023u) & ~1023u;",
         "const unsigned b_tiles = a_tiles + STAGES * A_STAGE;",
-        "float* const staging = reinterpret_cast<float*>(smem_raw + (b_tiles + STAGES * B_STAGE - smem_addr(smem_raw)));",
+        f"{types.accumulator}* const staging = reinterpret_cast<{types.accumulator}*>(smem_raw + (b_tiles + STAGES * B_STAGE - smem_addr(smem_raw)));",
         f"const unsigned full = b_tiles + STAGES * B_STAGE + {STAGING}, empty = full + STAGES * 8;  // mbarriers, 8 bytes each",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
         "if (tid == 0) {",
@@ -164,7 +167,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "if (warpgroup == 0) {",
     ]
     if gather:  # 128 threads gather: they keep their registers (the consumers fit in what is left)
-        body += indent(_gather_producer(p, names, bn, itype, aligned), 1).splitlines()
+        body += indent(_gather_producer(p, names, bn, bk, types.chunk, itype, aligned), 1).splitlines()
     else:
         body += [
             f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};\\n");',
@@ -175,13 +178,12 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     body += [
         "} else {",
         *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");']),
-        *indent(_consumer(fused, p, names, layout, itype, aligned, gather), 1).splitlines(),
+        *indent(_consumer(fused, p, names, layout, itype, aligned, gather, types.accumulator), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_ws"
     name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
-    elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
-    functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, elem, 1 if layout == "kn" else 0)
+    functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, types, 1 if layout == "kn" else 0)
     functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t)) for t in (p.a, p.b)))
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     grid = (min(tiles_total, sm_count(ctx.arch)), 1, 1)
@@ -241,11 +243,13 @@ def _producer(p: Problem, a_map: str, b_map: str, layout: str | None, bn: int, i
     ]
 
 
-def _gather_producer(p: Problem, names: dict[int, str], bn: int, itype: str, aligned: str) -> list[str]:
+def _gather_producer(
+    p: Problem, names: dict[int, str], bn: int, bk: int, chunk: int, itype: str, aligned: str
+) -> list[str]:
     """All 128 threads copy each k tile with the shared loaders; ``cp.async.mbarrier.arrive``
     counts a thread on the stage's full barrier once its copies have landed."""
-    tiles = SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n")
-    a_chunks, b_chunks = BLOCK_M * BLOCK_K // 8 // 128, bn * BLOCK_K // 8 // 128
+    tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", chunk)
+    a_chunks, b_chunks = BLOCK_M * bk // chunk // 128, bn * bk // chunk // 128
     loader = [
         *a_loader_setup(p, itype, a_chunks, 128, tiles),
         *b_loader_setup(p, itype, b_chunks, 128, "nk", tiles),
@@ -256,8 +260,8 @@ def _gather_producer(p: Problem, names: dict[int, str], bn: int, itype: str, ali
             itype,
             a_chunks,
             b_chunks,
-            BLOCK_M * BLOCK_K * 2,
-            bn * BLOCK_K * 2,
+            BLOCK_M * BLOCK_K_BYTES,
+            bn * BLOCK_K_BYTES,
             bn,
             "nk",
             aligned,
@@ -294,6 +298,7 @@ def _consumer(
     itype: str,
     aligned: str,
     gather: bool,
+    accumulator: str,
 ) -> list[str]:
     # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
@@ -303,9 +308,9 @@ def _consumer(
         "unsigned phase = 0;",
         "for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x) {",
         *("  " + line for line in _tile_coordinates(p, itype)),
-        "  float acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
+        f"  {accumulator} acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
         "#pragma unroll",
-        "  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;",
+        f"  for (int i = 0; i < BN / 2; ++i) acc[i] = {zero(accumulator)};",
         "  int previous = 0;",
         "  for (int kt = 0; kt < KTILES; ++kt) {",
         "    mbar_wait(full + 8 * stage, phase);",
@@ -316,8 +321,8 @@ def _consumer(
         "    fence_accumulators(acc);",
         "    wgmma_fence();",
         "#pragma unroll",
-        "    for (int kk = 0; kk < BK / 16; ++kk)",
-        "      wgmma_k16(acc, wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128) + kk * 32, 16, 1024),",
+        f"    for (int kk = 0; kk < {BLOCK_K_BYTES // 32}; ++kk)  // steps of 32 bytes of k",
+        "      wgmma_step(acc, wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128) + kk * 32, 16, 1024),",
         f"                wgmma_descriptor(b_tiles + stage * B_STAGE + kk * {b_step}, {b_leading}, {b_stride}));",
         "    wgmma_commit();",
         "    wgmma_wait<1>();  // the batch of k tile kt-1 is done: its buffer goes back to the producer",
@@ -329,12 +334,14 @@ def _consumer(
         "  wgmma_wait<0>();",
         "  fence_accumulators(acc);",
         "  if (lane == 0) mbar_arrive(empty + 8 * previous);",
-        *("  " + line for line in _epilogue(fused, p, names, itype, aligned)),
+        *("  " + line for line in _epilogue(fused, p, names, itype, aligned, accumulator)),
         "}",
     ]
 
 
-def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str) -> list[str]:
+def _epilogue(
+    fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str, accumulator: str
+) -> list[str]:
     """The warpgroup's 64 rows, SUBTILE columns at a time: accumulators into its fp32 staging
     subtile (named barriers: the warpgroup alone), then the shared tile epilogue over the
     subtile (gemm_epilogue.tile_epilogue: 8 consecutive columns per thread, 16-byte stores).
@@ -342,11 +349,11 @@ def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, a
     wgmma m64nN fragment: warp w of the warpgroup holds rows 16w..16w+15; acc[4j + 2h + e] is
     row lane/4 + 8h, column 8j + 2 (lane % 4) + e."""
     fetch = [
-        "*reinterpret_cast<float4*>(acc8) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col));",
-        "*reinterpret_cast<float4*>(acc8 + 4) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col + 4));",
+        f"*reinterpret_cast<{accumulator}4*>(acc8) = *reinterpret_cast<const {accumulator}4*>(subtile + staged_at(row, col));",
+        f"*reinterpret_cast<{accumulator}4*>(acc8 + 4) = *reinterpret_cast<const {accumulator}4*>(subtile + staged_at(row, col + 4));",
     ]
     return [
-        f"float* const subtile = staging + consumer * ({SUBTILE} * {SUBTILE});",
+        f"{accumulator}* const subtile = staging + consumer * ({SUBTILE} * {SUBTILE});",
         f"constexpr int SUBTILES = BN / {SUBTILE};",
         "#pragma unroll",
         "for (int sub = 0; sub < SUBTILES; ++sub) {",
@@ -354,8 +361,8 @@ def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, a
         "#pragma unroll",
         f"  for (int j = 0; j < {SUBTILE // 8}; ++j) {{",
         "    const int row = (warp & 3) * 16 + (lane >> 2), col = j * 8 + (lane & 3) * 2, a = 4 * (sub * 8 + j);",
-        "    *reinterpret_cast<float2*>(subtile + staged_at(row, col)) = make_float2(acc[a], acc[a + 1]);",
-        "    *reinterpret_cast<float2*>(subtile + staged_at(row + 8, col)) = make_float2(acc[a + 2], acc[a + 3]);",
+        f"    *reinterpret_cast<{accumulator}2*>(subtile + staged_at(row, col)) = make_{accumulator}2(acc[a], acc[a + 1]);",
+        f"    *reinterpret_cast<{accumulator}2*>(subtile + staged_at(row + 8, col)) = make_{accumulator}2(acc[a + 2], acc[a + 3]);",
         "  }",
         "  warpgroup_sync(consumer);  // the subtile is whole",
         "  {  // the tile epilogue's names, for this warpgroup's subtile",
