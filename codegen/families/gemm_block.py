@@ -11,10 +11,16 @@ from dataclasses import dataclass
 from fusion_rules import FusedNode
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
-from ..cuda_types import cuda_type
 from ..kernel import Kernel
 from .gemm_epilogue import staged_epilogue
-from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
+from .gemm_loaders import (
+    ASYNC_COPY_PRELUDE,
+    SmemTiles,
+    a_loader_setup,
+    b_loader_setup,
+    element_types,
+    load_tile_lambda,
+)
 from .gemm_problem import Problem, batch_offsets, declare, index_type_of, tensor_core_layout
 from .gemm_splitk import PARTIALS, KSlices, store_partials
 
@@ -67,7 +73,7 @@ class TensorCoreBlock:
         block coordinates (``warp_roles``: what the path's warps compute), and the loaders."""
         p, s, itype = self.p, self.shape, self.itype
         lines = [
-            f"using T = {cuda_type(p.a.data_type)};",
+            *element_types(p),
             f"constexpr int BM = {s.block_m}, BN = {s.block_n}, BK = {s.block_k}, STAGES = {s.stages}, THREADS = {s.threads};",
             f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // s.block_k)};",
             *self.slices.setup(),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from graphdnn.ops.conv import ConvMode
 
+from ..cuda_types import cuda_type
 from .gemm_problem import Problem, pixel_coordinates
 from .gemm_splitk import KSlices
 
@@ -111,6 +112,7 @@ def load_tile_lambda(
     slice) into a stage; zeros past the slice's last tile.
 
     Without 16-byte aligned pointers the same chunks are copied with plain loads."""
+    b_type = _b_element(p)
     lines = [
         "auto load_tile = [&](int stage, int kt) {",
         f"  const int k = {slices.tile('kt')} * BK + a_chunk * {tiles.chunk};",
@@ -142,12 +144,13 @@ def load_tile_lambda(
             terms.append(f"({itype})h{axis} * {p.a.stride[axis + 2]}")
         a_src = f"a_base[i] + {' + '.join(terms)} + c"
         lines += _copy_loop(a_chunks, setup, " && ".join(checks), x, a_src, a_dst, aligned, tiles.chunk)
-        lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, "b_row[i] + w_tap", b_dst, aligned, tiles.chunk)
+        b_src = "b_row[i] + w_tap"
+        lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned, tiles.chunk, b_type)
     else:
         lines += _copy_loop(a_chunks, [], "a_row_ok[i] && k_ok", x, "a_base_row[i] + k", a_dst, aligned, tiles.chunk)
         if layout == "nk":
             b_src = f"b_row[i] + ({itype})k * {p.b.stride[-2]}"
-            lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned, tiles.chunk)
+            lines += _copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned, tiles.chunk, b_type)
         else:
             per_row = bn // tiles.chunk
             setup = [
@@ -158,9 +161,22 @@ def load_tile_lambda(
             ok = f"kt < {slices.count} && kk < GK && n < GN"
             b_src = f"b_base + ({itype})kk * {p.b.stride[-2]} + n"
             b_dst = f"{b_smem} + {tiles.n_major}(kr, nc)"
-            lines += _copy_loop(b_chunks, setup, ok, w, b_src, b_dst, aligned, tiles.chunk)
+            lines += _copy_loop(b_chunks, setup, ok, w, b_src, b_dst, aligned, tiles.chunk, b_type)
     lines.append("};")
     return lines
+
+
+def element_types(p: Problem) -> list[str]:
+    """The C type aliases the loaders copy: ``T`` for A, and ``TB`` for B where its type differs
+    (fp8 e4m3 by e5m2)."""
+    lines = [f"using T = {cuda_type(p.a.data_type)};"]
+    if p.b.data_type is not p.a.data_type:
+        lines.append(f"using TB = {cuda_type(p.b.data_type)};")
+    return lines
+
+
+def _b_element(p: Problem) -> str:
+    return "T" if p.b.data_type is p.a.data_type else "TB"
 
 
 def _thread_row(tiles: SmemTiles) -> str:
@@ -169,30 +185,38 @@ def _thread_row(tiles: SmemTiles) -> str:
 
 
 def _copy_loop(
-    chunks: int, setup: list[str], ok: str, base: str, src: str, dst: str, aligned: str, width: int
+    chunks: int,
+    setup: list[str],
+    ok: str,
+    base: str,
+    src: str,
+    dst: str,
+    aligned: str,
+    width: int,
+    element: str = "T",
 ) -> list[str]:
-    """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes (``width`` elements)
-    at ``base + src`` to ``dst`` where ``ok``, else zeros."""
+    """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes (``width`` elements
+    of C type ``element``) at ``base + src`` to ``dst`` where ``ok``, else zeros."""
     return [
         "#pragma unroll",
         f"  for (int i = 0; i < {chunks}; ++i) {{",
         *("    " + line for line in setup),
         f"    const bool ok = {ok};",
-        f"    const T* src = ok ? {base} + {src} : {base};",
-        *_copy_chunk(dst, "src", "ok", aligned, width, depth=2),
+        f"    const {element}* src = ok ? {base} + {src} : {base};",
+        *_copy_chunk(dst, "src", "ok", aligned, width, element, depth=2),
         "  }",
     ]
 
 
-def _copy_chunk(dst: str, src: str, ok: str, aligned: str, width: int, depth: int) -> list[str]:
+def _copy_chunk(dst: str, src: str, ok: str, aligned: str, width: int, element: str, depth: int) -> list[str]:
     pad = "  " * depth
     return [
         f"{pad}if ({aligned}) {{",
         f"{pad}  copy16(smem_addr({dst}), {src}, {ok});",
         f"{pad}}} else {{  // unaligned pointers: the same 16 bytes, element by element",
-        f"{pad}  gd::Vec<T, {width}> chunk;",
+        f"{pad}  gd::Vec<{element}, {width}> chunk;",
         "#pragma unroll",
-        f"{pad}  for (int e = 0; e < {width}; ++e) chunk.v[e] = {ok} ? {src}[e] : gd::from<T>(0.0f);",
-        f"{pad}  gd::store_vec<T, {width}>(reinterpret_cast<T*>({dst}), chunk);",
+        f"{pad}  for (int e = 0; e < {width}; ++e) chunk.v[e] = {ok} ? {src}[e] : gd::from<{element}>(0.0f);",
+        f"{pad}  gd::store_vec<{element}, {width}>(reinterpret_cast<{element}*>({dst}), chunk);",
         f"{pad}}}",
     ]

@@ -113,22 +113,34 @@ def on_tensor_cores(p: Problem, arch: int) -> bool:
 def eight_bit_refusal(p: Problem, arch: int) -> str | None:
     """Why the 8-bit matmul ``p`` cannot run on sm_``arch``, or None. 8-bit operands take the
     tensor cores (int8 from sm_80, fp8 from sm_89) and nothing slower: a layout they cannot
-    read is refused, naming the layout they need, rather than left to a path many times
-    slower. fp8 before sm_89 has no tensor cores: it keeps the SIMT path (each element widened
-    to fp32 in the kernel), as does a convolution the tensor cores cannot read."""
+    read is refused, naming what it needs, rather than left to a path many times slower. fp8
+    before sm_89 has no tensor cores: it keeps the SIMT path (each element widened to fp32 in
+    the kernel), as does a convolution the tensor cores cannot read."""
     types = tensor_core_types(p)
     if types is None or not types.eight_bit or p.is_conv or arch < types.min_arch:
         return None
     if tensor_core_layout(p) is not None:
         return None
     a, b, chunk = p.a, p.b, types.chunk
+    problems = []
+    if a.stride[-1] != 1:
+        problems.append(f"A '{a.name}' (strides {list(a.stride)}) needs stride 1 along K, its last dim")
+    if b.stride[-2] != 1:
+        problems.append(
+            f"B '{b.name}' (dims {list(b.dim)}, strides {list(b.stride)}) needs stride 1 along K, its "
+            "second-to-last dim (B^T stored row-major, the column-major B of torch._scaled_mm): transpose it "
+            "before the matmul"
+        )
+    if p.k % chunk:
+        problems.append(f"K = {p.k} is not a multiple of {chunk}")
+    for role, t, k_axis in (("A", a, len(a.dim) - 1), ("B", b, len(b.dim) - 2)):
+        if any(s % chunk for axis, s in enumerate(t.stride) if axis != k_axis and t.dim[axis] > 1):
+            problems.append(f"{role} '{t.name}' has strides {list(t.stride)}, not all multiples of {chunk} but along K")
+    if math.prod(p.batch) > 65535:
+        problems.append(f"its {math.prod(p.batch)} batch matrices are more than 65535")
     return (
         f"matmul '{p.node.name}' multiplies {a.data_type.value} by {b.data_type.value} on tensor cores, which read "
-        f"both operands K-major in 16-byte chunks: A '{a.name}' (dims {list(a.dim)}, strides {list(a.stride)}) "
-        f"needs stride 1 along K (its last dim), B '{b.name}' (dims {list(b.dim)}, strides {list(b.stride)}) needs "
-        f"stride 1 along K (its second-to-last dim: B stored as B^T row-major, the column-major B of "
-        f"torch._scaled_mm), K a multiple of {chunk} and every other stride a multiple of {chunk} elements; "
-        f"transpose B before the matmul"
+        f"both operands K-major in 16-byte chunks: " + "; ".join(problems)
     )
 
 

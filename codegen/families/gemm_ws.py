@@ -29,10 +29,16 @@ from graphdnn.ir import Tensor
 from graphdnn.program import MAX_TENSOR_MAP_RANK, TensorMap
 
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
-from ..cuda_types import cuda_type
 from ..kernel import Kernel
 from .gemm_epilogue import tile_epilogue
-from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
+from .gemm_loaders import (
+    ASYNC_COPY_PRELUDE,
+    SmemTiles,
+    a_loader_setup,
+    b_loader_setup,
+    element_types,
+    load_tile_lambda,
+)
 from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout, tensor_core_types
 from .gemm_sm90 import ARCH, BLOCK_K_BYTES, MAX_SHARED, wgmma_prelude
 from .gemm_splitk import KSlices, output_tiles
@@ -142,7 +148,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     itype = index_type_of(fused, p)
     tiles_total = output_tiles(p, BLOCK_M, bn)
     body = [
-        f"using T = {cuda_type(p.a.data_type)};",
+        *element_types(p),
         f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {GROUP_M};",
         f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // bk)};",
         "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
