@@ -40,15 +40,23 @@ def to_numpy(value: Any) -> np.ndarray:
     return value.detach().to("cpu", dtype=__import__("torch").float64).numpy()
 
 
-def check_on_gpu(graph: Any, *, seed: int = 0, tolerance: float | None = None, **compile_options: Any) -> Any:
-    """Build ``graph`` for the GPU, run it on random inputs, assert every output matches.
+def check_on_gpu(
+    graph: Any,
+    *,
+    seed: int = 0,
+    tolerance: float | None = None,
+    feeds: dict[str, np.ndarray] | None = None,
+    **compile_options: Any,
+) -> Any:
+    """Build ``graph`` for the GPU, run it on random inputs (or on ``feeds``, where a test needs
+    values of its own: full-range int8, small scales), assert every output matches.
 
     Returns the plan, for tests that look further (kernels, workspace).
     """
     import torch
 
     ir = graph if isinstance(graph, gd.Graph) else graph.validate()
-    feeds = random_inputs(ir, seed)
+    feeds = random_inputs(ir, seed) if feeds is None else feeds
     expected = reference.execute(ir, feeds)
     plan = gd.compile(graph, **compile_options)
     # Pass-by-value scalars stay on the host (a one-element array); tensors go to the GPU.
