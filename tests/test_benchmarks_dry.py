@@ -45,3 +45,12 @@ def test_the_norm_backward_cases_build_as_one_pass_and_a_reduction() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("2 kernel(s), built in") == 4  # layer and RMS norm, two sizes each
     assert "drelu+dadd+batchnorm backward n4 c16 56²: 3 kernel(s)" in result.stdout  # sums, finalize, dx
+
+
+def test_the_8bit_gemm_benchmark_plans_take_the_engine() -> None:
+    """fp8 (per-tensor and row / column scales) and int8 at 4096³ and 8192³: one warp-specialised
+    kernel each, the scales in its epilogue."""
+    result = _benchmark("lowp_gemm.py", "--dry")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 6 and all(line.count("_ws_") == 1 and "," not in line.split(":")[1] for line in lines)
