@@ -113,12 +113,12 @@ def row(size: int, operand: str, out: str, scales: tuple[str, ...]) -> tuple[flo
 
         want = theirs()
 
-    def timed(**options: object) -> float:
-        bound = gd.compile(graph(size, operand, out, scales), **options).bind({**inputs, "c": c})
+    def timed(tuning: dict[str, dict[str, object]] | None = None) -> float:
+        bound = gd.compile(graph(size, operand, out, scales), tuning=tuning).bind({**inputs, "c": c})
         c.zero_()
         bound()
         error = ((c.double() - want.double()).norm() / want.double().norm()).item()
-        assert error < (0 if operand == "int8" else 1e-2), f"{operand} {size} {options}: relative error {error:.3g}"
+        assert error < (0 if operand == "int8" else 1e-2), f"{operand} {size} {tuning}: relative error {error:.3g}"
         return tflops(median_us(bound))
 
     fused = next(f for f in gd.fuse(graph(size, operand, out, scales)).nodes if f.anchor is not None)
