@@ -52,6 +52,7 @@ class ScaledMatmul:
     scales: tuple[str, ...] = ("tensor", "row", "column")
     batch: tuple[int, ...] = ()
     b_k_major: bool = True  # B stored as B^T row-major (the layout 8-bit tensor cores read)
+    matmul_type: str | None = None  # the matmul's own output type (int32: exact sums before the scales)
 
     def build(self) -> gd.OperationGraphSpec:
         g = gd.OperationGraphSpec(
@@ -63,6 +64,8 @@ class ScaledMatmul:
         order = [*range(len(batch)), len(batch) + 1, len(batch)] if self.b_k_major else None
         b = g.tensor(name="B", dim=b_dim, stride=list(gd.packed_strides(b_dim, order)), data_type=self.b_type)
         y = g.matmul(a, b, compute_data_type="float")
+        if self.matmul_type is not None:
+            y.set_data_type(self.matmul_type)
         ones = [1] * len(batch)
         shapes = {"tensor": [*ones, 1, 1], "row": [*ones, self.m, 1], "column": [*ones, 1, self.n]}
         for scale in self.scales:
@@ -259,6 +262,9 @@ GPU_CASES = {
     "fp8_e4m3_one_row": ScaledMatmul(m=1, k=32, n=24, out_type="float", scales=("column",)),
     "fp8_e5m2_long_k": ScaledMatmul(m=130, k=2064, n=136, a_type="fp8_e5m2", b_type="fp8_e5m2", out_type="float"),
     "int8_past_2_24": ScaledMatmul(m=129, k=2048, n=72, a_type="int8", b_type="int8", out_type="int32", scales=()),
+    "int8_int32_then_scaled": ScaledMatmul(
+        m=100, k=2048, n=40, a_type="int8", b_type="int8", out_type="float", matmul_type="int32"
+    ),
     "int8_dequantized_half": ScaledMatmul(m=257, k=160, n=120, a_type="int8", b_type="int8", out_type="half"),
     "int8_batched_broadcast": ScaledMatmul(m=70, k=96, n=56, a_type="int8", b_type="int8", batch=(3,)),
     "fp8_more_tiles_than_sms": ScaledMatmul(m=2000, k=528, n=1100),
