@@ -4,11 +4,12 @@ Same problems, loaders and epilogue as the mma.sync path (gemm_block.py); what c
 the tensor cores are fed:
 
 - a block of 256 threads is two warpgroups (4 consecutive warps each) computing a 128 x BN
-  tile: warpgroup g owns rows 64g..64g+63 and issues ``wgmma.mma_async.m64nBNk16`` with A and
-  B read straight from shared memory through matrix descriptors (no ldmatrix); the fp32
-  accumulators stay in registers (BN/2 per thread);
-- k tiles of BK = 64 elements (128 bytes, exactly one row of the 128-byte swizzle) are
-  copied by every thread with 16-byte ``cp.async`` into the layout the descriptors describe;
+  tile: warpgroup g owns rows 64g..64g+63 and issues ``wgmma.mma_async.m64nBNk16`` (k32 for
+  8-bit operands) with A and B read straight from shared memory through matrix descriptors
+  (no ldmatrix); the fp32 (int8: s32) accumulators stay in registers (BN/2 per thread);
+- k tiles of 128 bytes (exactly one row of the 128-byte swizzle: BK = 64 16-bit or 128 8-bit
+  elements) are copied by every thread with 16-byte ``cp.async`` into the layout the
+  descriptors describe;
 - pipeline: STAGES shared-memory buffers; the wgmma batch of tile kt-1 may still be reading
   its buffer while tile kt is issued, so copies run STAGES-2 tiles ahead of the tensor cores.
 

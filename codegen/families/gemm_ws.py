@@ -18,6 +18,10 @@ share A and B panels in L2):
 
 TMA zero-fills what lies outside the tensors (the gather zero-fills too), so ragged M, N and K
 need no predicates in the main loop. The matmul's batch dims become the tensor maps' outer dims.
+
+Operands are fp16/bf16, fp8 (fp32 accumulators) or int8 (s32 accumulators, staged as int for
+the epilogue): a k tile is 128 bytes of k whatever the type, so only BK (in elements), the
+wgmma instruction and the accumulators' type change; 8-bit B is K-major (gemm_problem.py).
 """
 
 from __future__ import annotations
@@ -137,7 +141,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     params = KernelParams()
     gather = p.is_conv
     if not gather:
-        # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of 64 k otherwise
+        # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of BK k otherwise
         b_box = (64, bk) if layout == "kn" else (bk, bn)
         a_map = params.tensor_map(p.a, _tensor_map(p.a, (bk, BLOCK_M)))
         b_map = params.tensor_map(p.b, _tensor_map(p.b, b_box))
