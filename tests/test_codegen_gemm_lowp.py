@@ -300,7 +300,7 @@ GPU_CASES = {
         m=100, k=2048, n=40, a_type="int8", b_type="int8", out_type="float", matmul_type="int32"
     ),
     "int8_dequantized_half": ScaledMatmul(m=257, k=160, n=120, a_type="int8", b_type="int8", out_type="half"),
-    "int8_batched_broadcast": ScaledMatmul(m=70, k=96, n=56, a_type="int8", b_type="int8", batch=(3,)),
+    "int8_batched": ScaledMatmul(m=70, k=96, n=56, a_type="int8", b_type="int8", batch=(3,)),
     "fp8_more_tiles_than_sms": ScaledMatmul(m=2000, k=528, n=1100),
     "int8_more_tiles_than_sms": ScaledMatmul(m=2000, k=528, n=1100, a_type="int8", b_type="int8", out_type="float"),
 }
