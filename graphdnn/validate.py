@@ -278,6 +278,16 @@ def _provisional(t: TensorSpec) -> Tensor:
 
 
 # -- nodes -----------------------------------------------------------------------------------
+def _int8_matmul_in_int32(kind: str, inputs: dict[str, Tensor | tuple[Tensor, ...]], compute: DataType) -> bool:
+    """The frontend's int8 matmul names int32 as its compute type: its sums are exact integers
+    (the reference's and the kernels' alike)."""
+    return (
+        kind == "matmul"
+        and compute is DataType.INT32
+        and all(isinstance(t, Tensor) and t.data_type is DataType.INT8 for t in inputs.values())
+    )
+
+
 def _resolve_node(
     spec: GraphSpec,
     node_spec: NodeSpec,
@@ -290,8 +300,11 @@ def _resolve_node(
     for role, bound in node_spec.inputs.items():
         inputs[role] = tuple(resolved[t] for t in bound) if isinstance(bound, tuple) else resolved[bound]
     compute = node_spec.compute_data_type if node_spec.compute_data_type.is_set else spec.compute_data_type
-    if not compute.is_floating:
-        raise DataTypeError(f"compute_data_type must be a floating type, not {compute.value}", node=node_spec.name)
+    if not compute.is_floating and not _int8_matmul_in_int32(op.kind, inputs, compute):
+        raise DataTypeError(
+            f"compute_data_type must be a floating type (or int32 for a matmul of int8 operands), not {compute.value}",
+            node=node_spec.name,
+        )
     node = _partial_node(node_spec, index, inputs, compute)
     inferred = _infer(op, node, node_spec)
     outputs = []

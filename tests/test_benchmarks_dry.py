@@ -70,3 +70,12 @@ def test_the_conv_backward_cases_build_on_the_tensor_core_gemm() -> None:
     lines = [line for line in result.stdout.splitlines() if "built in" in line]
     assert len(lines) == 4
     assert all(("1 kernel(s)" if "dgrad" in line else "2 kernel(s)") in line for line in lines), lines
+
+
+def test_the_8bit_gemm_benchmark_plans_take_the_engine() -> None:
+    """fp8 (per-tensor and row / column scales) and int8 at 4096³ and 8192³: one warp-specialised
+    kernel each, the scales in its epilogue."""
+    result = _benchmark("lowp_gemm.py", "--dry")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 6 and all(line.count("_ws_") == 1 and "," not in line.split(":")[1] for line in lines)

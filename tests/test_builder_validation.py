@@ -445,7 +445,15 @@ def test_compute_type_must_be_floating() -> None:
         g.validate()
     g = graph()
     g.relu(g.tensor([2]), compute_data_type="int8").set_output(True)
-    with pytest.raises(gd.DataTypeError, match="node 'relu_0': compute_data_type must be a floating type, not int8"):
+    with pytest.raises(gd.DataTypeError, match=r"node 'relu_0': compute_data_type must be a floating type \(or int32"):
+        g.validate()
+    # the frontend's int8 matmul computes in int32; other operands may not
+    g = graph(io_data_type="int8")
+    g.matmul(g.tensor([4, 16]), g.tensor([16, 2]), compute_data_type="int32").set_output(True)
+    assert g.validate().nodes[0].compute_data_type is DataType.INT32
+    g = graph(io_data_type="half")
+    g.matmul(g.tensor([4, 16]), g.tensor([16, 2]), compute_data_type="int32").set_output(True)
+    with pytest.raises(gd.DataTypeError, match="node 'matmul_0': compute_data_type must be a floating type"):
         g.validate()
 
 

@@ -60,8 +60,10 @@ def elementary(g: gd.OperationGraphSpec) -> None:
 
 
 def matmul_bias_relu(g: gd.OperationGraphSpec) -> None:
+    """8-bit operands are read K-major only: their w is stored transposed (the others' is not)."""
     a = g.tensor(name="a", dim=[2, 48, 64])
-    w = g.tensor(name="w", dim=[2, 64, 40])
+    eight_bit = g.io_data_type in (gd.DataType.INT8, gd.DataType.FP8_E4M3, gd.DataType.FP8_E5M2)
+    w = g.tensor(name="w", dim=[2, 64, 40], stride=[2560, 1, 64] if eight_bit else [2560, 40, 1])
     bias = g.tensor(name="bias", dim=[1, 1, 40])
     g.relu(g.add(g.matmul(a, w), bias)).set_name("y").set_output(True)
 

@@ -49,7 +49,7 @@ from .attention_problem import (
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
 from .gemm_ws import mbarrier_prelude
-from .tensor_core import TENSOR_CORE_TYPES
+from .tensor_core import TENSOR_CORE_TYPES, OperandTypes
 
 BLOCK_M = 128
 THREADS = 384
@@ -167,7 +167,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
     functions = (
         ASYNC_COPY_PRELUDE
-        + wgmma_prelude(bn, elem, 0)
+        + wgmma_prelude(bn, OperandTypes(a.q.data_type, a.q.data_type), 0)
         + _wgmma_registers_a(a.dv, elem)
         + mbarrier_prelude(4 if maps else 0)
         + pack_function(a.q.data_type)
@@ -320,7 +320,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
         "  wgmma_fence();",
         "#pragma unroll",
         "  for (int kk = 0; kk < D / 16; ++kk)  // 64-element blocks of the head dim, 4 k16 steps each",
-        "    wgmma_k16(s, wgmma_descriptor(q_rows + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),",
+        "    wgmma_step(s, wgmma_descriptor(q_rows + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),",
         "              wgmma_descriptor(k_tile + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));",
         "  wgmma_commit();",
         "};",

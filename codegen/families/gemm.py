@@ -2,13 +2,17 @@
 fused epilogue (gemm_epilogue.py). This module picks the path and lists the launch choices.
 
 Two paths, both always correct:
-- tensor cores (``mma.sync.m16n8k16``, fp16/bf16 inputs, fp32 accumulation; gemm_mma.py) when
-  the channel / K dims are contiguous in memory in 16-byte chunks: a multi-stage ``cp.async``
+- tensor cores (``mma.sync``: fp16/bf16 inputs, fp32 accumulation; int8 inputs, exact s32
+  accumulation; from sm_89 fp8 inputs, fp32 accumulation; gemm_mma.py) when the channel / K
+  dims are contiguous in memory in 16-byte chunks: a multi-stage ``cp.async``
   pipeline into XOR-swizzled shared memory (gemm_loaders.py), then the accumulator tile is
   staged through shared memory so that the epilogue reads operands and writes the output in
   contiguous 16-byte vectors (gemm_block.py). On sm_90 the same problems can take ``wgmma``
   instead (gemm_sm90.py: same loaders and epilogue), when the tuning choice asks for it;
-- SIMT, one output element per thread, for everything else (gemm_simt.py).
+- SIMT, one output element per thread, for everything else (gemm_simt.py), fp8 on sm_80
+  included (no fp8 tensor cores there: each element is widened to fp32 in the kernel). An
+  8-bit matmul the tensor cores cannot read (B not K-major, K not in 16-byte chunks) is
+  refused with the layout it needs (gemm_problem.eight_bit_refusal) rather than run slowly.
 
 Problems with fewer output tiles than the GPU has SMs and a long K take split-K on either
 tensor-core path (gemm_splitk.py): a second kernel sums the K slices and runs the epilogue.
@@ -37,7 +41,7 @@ from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
 from . import direct_conv
 from .gemm_mma import TILE_CANDIDATES, mma_kernel, tile_config
-from .gemm_problem import Problem, problem_of, tensor_core_layout
+from .gemm_problem import Problem, eight_bit_refusal, on_tensor_cores, problem_of
 from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
 from .gemm_sm90 import wgmma_kernel
@@ -52,7 +56,10 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     problem = problem_of(fused.anchor)
     if problem.is_grad:
         return _emit_grad(fused, ctx, problem)
-    if tensor_core_layout(problem) is None:
+    eight_bit = eight_bit_refusal(problem, ctx.arch)
+    if eight_bit is not None:
+        raise UnsupportedError(eight_bit)
+    if not on_tensor_cores(problem, ctx.arch):
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
     default = None if ctx.tuning else default_ws(problem, ctx.arch)
     if default is not None:
@@ -114,7 +121,7 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     ({"path": "direct"})."""
     assert fused.anchor is not None
     problem = problem_of(fused.anchor)
-    if tensor_core_layout(problem) is None:
+    if not on_tensor_cores(problem, arch):
         return []
     if problem.is_grad:  # mma.sync, wgmma for dgrad; the direct kernel where no epilogue needs the GEMM
         direct: list[dict[str, object]] = [] if fused.epilogue else [{"path": "direct"}]

@@ -11,33 +11,40 @@ from dataclasses import dataclass
 from fusion_rules import FusedNode
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
-from ..cuda_types import cuda_type
 from ..kernel import Kernel
 from .gemm_epilogue import staged_epilogue
-from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
+from .gemm_loaders import (
+    ASYNC_COPY_PRELUDE,
+    SmemTiles,
+    a_loader_setup,
+    b_loader_setup,
+    element_types,
+    load_tile_lambda,
+)
 from .gemm_problem import Problem, batch_offsets, declare, index_type_of, tensor_core_layout
 from .gemm_splitk import PARTIALS, KSlices, store_partials
 
 
 @dataclass(frozen=True)
 class BlockShape:
-    """A block's tile: BM x BN outputs, k tiles of BK 16-bit elements through STAGES shared-memory
-    buffers, THREADS threads."""
+    """A block's tile: BM x BN outputs, k tiles of BK elements of ``element_bytes`` bytes through
+    STAGES shared-memory buffers, THREADS threads."""
 
     block_m: int
     block_n: int
     block_k: int
     stages: int
     threads: int
+    element_bytes: int = 2
 
     @property
     def a_stage(self) -> int:
         """Bytes of one stage's A tile."""
-        return self.block_m * self.block_k * 2
+        return self.block_m * self.block_k * self.element_bytes
 
     @property
     def b_stage(self) -> int:
-        return self.block_n * self.block_k * 2
+        return self.block_n * self.block_k * self.element_bytes
 
     @property
     def c_stride(self) -> int:
@@ -66,7 +73,7 @@ class TensorCoreBlock:
         block coordinates (``warp_roles``: what the path's warps compute), and the loaders."""
         p, s, itype = self.p, self.shape, self.itype
         lines = [
-            f"using T = {cuda_type(p.a.data_type)};",
+            *element_types(p),
             f"constexpr int BM = {s.block_m}, BN = {s.block_n}, BK = {s.block_k}, STAGES = {s.stages}, THREADS = {s.threads};",
             f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // s.block_k)};",
             *self.slices.setup(),
@@ -80,8 +87,8 @@ class TensorCoreBlock:
         ]
         if not p.is_conv and not p.is_grad:
             lines += batch_offsets(p, itype, self.slices.batch_index)
-        a_chunks = s.block_m * s.block_k // 8 // s.threads
-        b_chunks = s.block_n * s.block_k // 8 // s.threads
+        a_chunks = s.block_m * s.block_k // self.tiles.chunk // s.threads
+        b_chunks = s.block_n * s.block_k // self.tiles.chunk // s.threads
         x, w = self.names[p.a.id], self.names[p.b.id]
         lines += a_loader_setup(p, itype, a_chunks, s.threads, self.tiles)
         lines += b_loader_setup(p, itype, b_chunks, s.threads, self.layout, self.tiles)

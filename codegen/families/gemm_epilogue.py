@@ -10,7 +10,8 @@ from graphdnn.ir import Tensor
 from .. import epilogue
 from ..cuda_types import cuda_type, load, rounded, store
 from ..indexing import coordinates, offset, row_major_index
-from .gemm_problem import Problem, batch_coords, pixel_coordinates
+from .gemm_problem import Problem, batch_coords, pixel_coordinates, tensor_core_types
+from .tensor_core import zero
 
 
 class Epilogue:
@@ -54,6 +55,19 @@ class Epilogue:
         return lines
 
 
+def accumulator_type(p: Problem) -> str:
+    """The C type of ``p``'s tensor-core accumulators, and of the staged tile the epilogue reads:
+    int for int8 operands (s32, exact), float otherwise."""
+    types = tensor_core_types(p)
+    return types.accumulator if types is not None else "float"
+
+
+def epilogue_compute(p: Problem) -> str:
+    """The epilogue's compute type: double after an int32 accumulator (every int32 and its
+    products with float scales are exact in double, as in the float64 reference), else float."""
+    return "double" if accumulator_type(p) == "int" else "float"
+
+
 def staged_epilogue(
     fused: FusedNode,
     p: Problem,
@@ -66,19 +80,25 @@ def staged_epilogue(
     """Accumulators -> shared memory -> 8 consecutive output columns per thread -> epilogue.
 
     ``staging`` writes the path's accumulators into the BM x BN tile ``staged`` (rows of
-    ``c_stride`` floats), after every thread is done with the pipeline's shared memory.
+    ``c_stride`` accumulators), after every thread is done with the pipeline's shared memory.
     """
+    acc = accumulator_type(p)
     fetch = [
-        f"*reinterpret_cast<float4*>(acc8) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col);",
-        f"*reinterpret_cast<float4*>(acc8 + 4) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col + 4);",
+        f"*reinterpret_cast<{acc}4*>(acc8) = *reinterpret_cast<const {acc}4*>(staged + row * {c_stride} + col);",
+        f"*reinterpret_cast<{acc}4*>(acc8 + 4) = *reinterpret_cast<const {acc}4*>(staged + row * {c_stride} + col + 4);",
     ]
-    return stage_accumulators(staging) + tile_epilogue(fused, p, names, itype, aligned, fetch)
+    return stage_accumulators(staging, acc) + tile_epilogue(fused, p, names, itype, aligned, fetch)
 
 
-def stage_accumulators(staging: list[str]) -> list[str]:
-    """``staging`` (a path's accumulators into the staged tile ``staged`` at the start of shared
-    memory), then a barrier: the tile is whole before anyone reads it."""
-    return ["float* const staged = reinterpret_cast<float*>(smem);", *staging, "__syncthreads();"]
+def stage_accumulators(staging: list[str], accumulator: str = "float") -> list[str]:
+    """``staging`` (a path's accumulators into the staged tile ``staged`` of ``accumulator``
+    elements at the start of shared memory), then a barrier: the tile is whole before anyone
+    reads it."""
+    return [
+        f"{accumulator}* const staged = reinterpret_cast<{accumulator}*>(smem);",
+        *staging,
+        "__syncthreads();",
+    ]
 
 
 def tile_epilogue(
@@ -91,7 +111,7 @@ def tile_epilogue(
     batch_index: str = "blockIdx.z",
 ) -> list[str]:
     """The epilogue of a BM x BN block tile (at ``block_m``, ``block_n``), 8 consecutive output
-    columns per thread and chunk: ``fetch`` fills ``float acc8[8]`` with the accumulators of
+    columns per thread and chunk: ``fetch`` fills ``acc8[8]`` (``accumulator_type``) with the accumulators of
     tile row ``row``, columns ``col``.. (output row ``m`` < GM), then every output is stored.
     The tensor-core kernels fetch from their staged tile, the split-K reduction sums the
     slices' partial tiles (gemm_splitk.py): one epilogue for both.
@@ -100,7 +120,7 @@ def tile_epilogue(
     BN/8), so operands that vary only along the columns (batch-norm statistics, biases) are
     loaded into registers once, before the chunk loop.
     """
-    compute = "float"
+    compute = epilogue_compute(p)
     out = p.out
     rank = len(out.dim)
     wgrad = p.node.op == "conv_wgrad"
@@ -119,14 +139,14 @@ def tile_epilogue(
     ]
     preloaded = {t.id: f"col{t.id}" for t in per_column}
     epi = Epilogue(fused, p, names, compute, preloaded)
-    hoisted = [f"float col{t.id}[8];" for t in per_column]
+    hoisted = [f"{compute} col{t.id}[8];" for t in per_column]
     if per_column:
         hoisted += [
             "#pragma unroll",
             "for (int e = 0; e < 8; ++e) {",
             f"  const int {column} = block_n + (tid % (BN / 8)) * 8 + e;",
             *(
-                f"  col{t.id}[e] = {column} < GN ? {load(t.data_type, f'{names[t.id]}[{offset(t, out.static_dim, coordinate)}]', compute)} : 0.0f;"
+                f"  col{t.id}[e] = {column} < GN ? {load(t.data_type, f'{names[t.id]}[{offset(t, out.static_dim, coordinate)}]', compute)} : {zero(compute)};"
                 for t in per_column
             ),
             "}",
@@ -148,7 +168,7 @@ def tile_epilogue(
         f"  const {itype} m = block_m + row;",
         "  if (m >= GM) continue;",
         *("  " + c for c in coords),
-        "  float acc8[8];",
+        f"  {accumulator_type(p)} acc8[8];",
         *("  " + line for line in fetch),
     ]
     if vector_ok:

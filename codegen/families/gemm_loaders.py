@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from graphdnn.ops.conv import ConvMode
 
+from ..cuda_types import cuda_type
 from . import gemm_grad_loaders as grad
 from .gemm_problem import Problem, pixel_coordinates
 from .gemm_splitk import KSlices
@@ -26,20 +27,22 @@ __device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid
 @dataclass(frozen=True)
 class SmemTiles:
     """A tensor-core path's k tiles in shared memory, as the shared loaders see them: ``bk``
-    elements of k per tile, and the device functions ``(row, chunk) -> byte offset`` of a
-    16-byte chunk: ``k_major`` for A and k-contiguous B (one row per m / n, ``bk`` elements
-    long), ``n_major`` for n-contiguous B (one row per k), ``m_major`` for m-contiguous A (one
-    row per k; the paths without one take no such A)."""
+    elements of k per tile, ``chunk`` elements per 16-byte chunk (8 16-bit or 16 8-bit ones),
+    and the device functions ``(row, chunk) -> byte offset`` of a chunk: ``k_major`` for A and
+    k-contiguous B (one row per m / n, ``bk`` elements long), ``n_major`` for n-contiguous B
+    (one row per k), ``m_major`` for m-contiguous A (one row per k; the paths without one take
+    no such A)."""
 
     bk: int
     k_major: str
     n_major: str
     m_major: str = ""
+    chunk: int = 8
 
     @property
     def lanes(self) -> int:
         """Threads sharing one k-major row, one 16-byte chunk each (a power of two)."""
-        return self.bk // 8
+        return self.bk // self.chunk
 
 
 def a_loader_setup(p: Problem, itype: str, chunks: int, threads: int, tiles: SmemTiles) -> list[str]:
@@ -119,9 +122,10 @@ def load_tile_lambda(
     if p.is_grad:
         stages = (a_stage, b_stage)
         return _grad_load_tile(p, (x, w), itype, (a_chunks, b_chunks), stages, layout, aligned, tiles, slices)
+    b_type = _b_element(p)
     lines = [
         "auto load_tile = [&](int stage, int kt) {",
-        f"  const int k = {slices.tile('kt')} * BK + a_chunk * 8;",
+        f"  const int k = {slices.tile('kt')} * BK + a_chunk * {tiles.chunk};",
         f"  const bool k_ok = kt < {slices.count} && k < GK;",
     ]
     b_smem = f"b_smem + stage * {b_stage}"
@@ -149,23 +153,25 @@ def load_tile_lambda(
             checks.append(f"(unsigned)h{axis} < {p.a.dim[axis + 2]}u")
             terms.append(f"({itype})h{axis} * {p.a.stride[axis + 2]}")
         a_src = f"a_base[i] + {' + '.join(terms)} + c"
-        lines += copy_loop(a_chunks, setup, " && ".join(checks), x, a_src, a_dst, aligned)
-        lines += copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, "b_row[i] + w_tap", b_dst, aligned)
+        lines += copy_loop(a_chunks, setup, " && ".join(checks), x, a_src, a_dst, aligned, tiles.chunk)
+        b_src = "b_row[i] + w_tap"
+        lines += copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned, tiles.chunk, b_type)
     else:
-        lines += copy_loop(a_chunks, [], "a_row_ok[i] && k_ok", x, "a_base_row[i] + k", a_dst, aligned)
+        lines += copy_loop(a_chunks, [], "a_row_ok[i] && k_ok", x, "a_base_row[i] + k", a_dst, aligned, tiles.chunk)
         if layout == "nk":
             b_src = f"b_row[i] + ({itype})k * {p.b.stride[-2]}"
-            lines += copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned)
+            lines += copy_loop(b_chunks, [], "b_row_ok[i] && k_ok", w, b_src, b_dst, aligned, tiles.chunk, b_type)
         else:
-            per_row = bn // 8
+            per_row = bn // tiles.chunk
             setup = [
                 "const int id = tid + i * THREADS;",
                 f"const int kr = id / {per_row}, nc = id % {per_row};",
-                f"const int kk = {slices.tile('kt')} * BK + kr, n = block_n + nc * 8;",
+                f"const int kk = {slices.tile('kt')} * BK + kr, n = block_n + nc * {tiles.chunk};",
             ]
             ok = f"kt < {slices.count} && kk < GK && n < GN"
             b_src = f"b_base + ({itype})kk * {p.b.stride[-2]} + n"
-            lines += copy_loop(b_chunks, setup, ok, w, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
+            b_dst = f"{b_smem} + {tiles.n_major}(kr, nc)"
+            lines += copy_loop(b_chunks, setup, ok, w, b_src, b_dst, aligned, tiles.chunk, b_type)
     lines.append("};")
     return lines
 
@@ -243,34 +249,57 @@ def _grad_load_tile(
     return lines
 
 
+def element_types(p: Problem) -> list[str]:
+    """The C type aliases the loaders copy: ``T`` for A, and ``TB`` for B where its type differs
+    (fp8 e4m3 by e5m2)."""
+    lines = [f"using T = {cuda_type(p.a.data_type)};"]
+    if p.b.data_type is not p.a.data_type:
+        lines.append(f"using TB = {cuda_type(p.b.data_type)};")
+    return lines
+
+
+def _b_element(p: Problem) -> str:
+    return "T" if p.b.data_type is p.a.data_type else "TB"
+
+
 def _thread_row(tiles: SmemTiles) -> str:
     """The first k-major row a thread copies (tid / lanes)."""
     return f"(tid >> {tiles.lanes.bit_length() - 1})"
 
 
-def copy_loop(chunks: int, setup: list[str], ok: str, base: str, src: str, dst: str, aligned: str) -> list[str]:
-    """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes at ``base + src`` to
-    ``dst`` where ``ok``, else zeros."""
+def copy_loop(
+    chunks: int,
+    setup: list[str],
+    ok: str,
+    base: str,
+    src: str,
+    dst: str,
+    aligned: str,
+    width: int = 8,
+    element: str = "T",
+) -> list[str]:
+    """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes (``width`` elements
+    of C type ``element``) at ``base + src`` to ``dst`` where ``ok``, else zeros."""
     return [
         "#pragma unroll",
         f"  for (int i = 0; i < {chunks}; ++i) {{",
         *("    " + line for line in setup),
         f"    const bool ok = {ok};",
-        f"    const T* src = ok ? {base} + {src} : {base};",
-        *_copy_chunk(dst, "src", "ok", aligned, depth=2),
+        f"    const {element}* src = ok ? {base} + {src} : {base};",
+        *_copy_chunk(dst, "src", "ok", aligned, width, element, depth=2),
         "  }",
     ]
 
 
-def _copy_chunk(dst: str, src: str, ok: str, aligned: str, depth: int) -> list[str]:
+def _copy_chunk(dst: str, src: str, ok: str, aligned: str, width: int, element: str, depth: int) -> list[str]:
     pad = "  " * depth
     return [
         f"{pad}if ({aligned}) {{",
         f"{pad}  copy16(smem_addr({dst}), {src}, {ok});",
         f"{pad}}} else {{  // unaligned pointers: the same 16 bytes, element by element",
-        f"{pad}  gd::Vec<T, 8> chunk;",
+        f"{pad}  gd::Vec<{element}, {width}> chunk;",
         "#pragma unroll",
-        f"{pad}  for (int e = 0; e < 8; ++e) chunk.v[e] = {ok} ? {src}[e] : gd::from<T>(0.0f);",
-        f"{pad}  gd::store_vec<T, 8>(reinterpret_cast<T*>({dst}), chunk);",
+        f"{pad}  for (int e = 0; e < {width}; ++e) chunk.v[e] = {ok} ? {src}[e] : gd::from<{element}>(0.0f);",
+        f"{pad}  gd::store_vec<{element}, {width}>(reinterpret_cast<{element}*>({dst}), chunk);",
         f"{pad}}}",
     ]

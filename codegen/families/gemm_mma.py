@@ -1,7 +1,12 @@
-"""The GEMM family's mma.sync tensor-core path (sm_80+, fp16/bf16 inputs, fp32 accumulation):
-a multi-stage ``cp.async`` pipeline into XOR-swizzled shared memory (conflict-free
+"""The GEMM family's mma.sync tensor-core path (sm_80+: fp16/bf16 inputs, fp32 accumulation,
+m16n8k16; int8 inputs, s32 accumulation, m16n8k32; from sm_89 fp8 inputs, fp32 accumulation,
+m16n8k32): a multi-stage ``cp.async`` pipeline into XOR-swizzled shared memory (conflict-free
 ``ldmatrix``), warp tiles of 64x32, then the accumulator tile staged through shared memory
-for the epilogue (gemm_block.py)."""
+for the epilogue (gemm_block.py).
+
+Shared-memory tiles, ldmatrix fragments and k steps are the same in bytes for every operand
+type: a k tile is 64 bytes of k (32 16-bit or 64 8-bit elements), a tensor-core step 32 bytes
+(k16 or k32). 8-bit B is read K-major only (ldmatrix.trans moves 16-bit elements)."""
 
 from __future__ import annotations
 
@@ -13,9 +18,9 @@ from ..context import EmitContext
 from ..kernel import Kernel
 from .gemm_block import BlockShape, TensorCoreBlock
 from .gemm_loaders import SmemTiles
-from .gemm_problem import Problem
+from .gemm_problem import Problem, tensor_core_types
 from .gemm_splitk import KSlices, heuristic_split, output_tiles, tuned_split
-from .tensor_core import mma_fragments
+from .tensor_core import mma_fragments, zero
 
 _SWIZZLES = r"""
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 64-byte rows (BK = 32
@@ -68,9 +73,16 @@ def _tile(block_m: int, block_n: int) -> TileConfig:
 
 
 def mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig, split: int) -> Kernel:
-    shape = BlockShape(tile.block_m, tile.block_n, 32, tile.stages, tile.threads)
+    types = tensor_core_types(p)
+    assert types is not None
+    size = types.element_bytes
+    shape = BlockShape(tile.block_m, tile.block_n, 64 // size, tile.stages, tile.threads, size)
     tiles = SmemTiles(
-        shape.block_k, "swizzle64", f"swizzle_rows<{tile.block_n * 2}>", f"swizzle_rows<{tile.block_m * 2}>"
+        shape.block_k,
+        "swizzle64",
+        f"swizzle_rows<{tile.block_n * size}>",
+        f"swizzle_rows<{tile.block_m * 2}>",
+        chunk=types.chunk,
     )
     block = TensorCoreBlock(fused, p, shape, tiles, KSlices(split))
     shared = max(shape.stages * (shape.a_stage + shape.b_stage), shape.block_m * shape.c_stride * 4)
@@ -78,20 +90,23 @@ def mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig,
         ["extern __shared__ __align__(128) unsigned char smem[];"],
         "const int warp_m = warp / (BN / 32), warp_n = warp % (BN / 32);",
     )
-    lines += _main_loop(shape, p.a_layout, block.layout, block.slices)
-    lines += block.epilogue(_mma_staging(shape.c_stride))
-    functions = mma_fragments(p.a.data_type) + _SWIZZLES
+    lines += _main_loop(shape, p.a_layout, block.layout, block.slices, types.chunk, types.accumulator)
+    lines += block.epilogue(_mma_staging(shape.c_stride, types.accumulator))
+    functions = mma_fragments(p.a.data_type, p.b.data_type) + _SWIZZLES
     return block.kernel(ctx, lines, "_mma", functions, shared)
 
 
-def _main_loop(shape: BlockShape, a_layout: str, layout: str, slices: KSlices) -> list[str]:
+def _main_loop(
+    shape: BlockShape, a_layout: str, layout: str, slices: KSlices, chunk: int, accumulator: str
+) -> list[str]:
     """The multistage pipeline: tiles kt+STAGES-1 load while tile kt feeds the tensor cores.
-    A k-contiguous ("mk") or m-contiguous ("km", then transposed by ldmatrix); B likewise."""
+    A k-contiguous ("mk") or m-contiguous ("km", 16-bit only, then transposed by ldmatrix); B
+    likewise. ``chunk``: elements per 16 bytes; a tensor-core step covers two chunks of k."""
     bn, a_stage, b_stage = shape.block_n, shape.a_stage, shape.b_stage
     if a_layout == "mk":
         a_fragment = [
             "      const int row = warp_m * 64 + mi * 16 + (lane & 15);",
-            "      ldmatrix_x4(smem_addr(a_tile + swizzle64(row, kk / 8 + (lane >> 4))), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);",
+            f"      ldmatrix_x4(smem_addr(a_tile + swizzle64(row, kk / {chunk} + (lane >> 4))), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);",
         ]
     else:  # the four 8x8 matrices (m 0-7 | 8-15) x (k 0-7 | 8-15), m-fastest, lanes 8q.. address matrix q
         a_fragment = [
@@ -104,7 +119,7 @@ def _main_loop(shape: BlockShape, a_layout: str, layout: str, slices: KSlices) -
             "#pragma unroll",
             "      for (int nj = 0; nj < 2; ++nj) {  // two 16-column halves of the warp's 32 columns",
             "        const int row = warp_n * 32 + nj * 16 + ((lane >> 4) << 3) + (lane & 7);",
-            "        const int chunk = kk / 8 + ((lane >> 3) & 1);",
+            f"        const int chunk = kk / {chunk} + ((lane >> 3) & 1);",
             "        ldmatrix_x4(smem_addr(b_tile + swizzle64(row, chunk)), b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0], b[2 * nj + 1][1]);",
             "      }",
         ]
@@ -118,13 +133,13 @@ def _main_loop(shape: BlockShape, a_layout: str, layout: str, slices: KSlices) -
             "      }",
         ]
     return [
-        "float acc[4][4][4];  // [m16 tile][n8 tile][fragment]: the warp's 64x32 block",
+        f"{accumulator} acc[4][4][4];  // [m16 tile][n8 tile][fragment]: the warp's 64x32 block",
         "#pragma unroll",
         "for (int i = 0; i < 4; ++i)",
         "#pragma unroll",
         "  for (int j = 0; j < 4; ++j)",
         "#pragma unroll",
-        "    for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;",
+        f"    for (int e = 0; e < 4; ++e) acc[i][j][e] = {zero(accumulator)};",
         "#pragma unroll",
         "for (int s = 0; s < STAGES - 1; ++s) {",
         "  load_tile(s, s);",
@@ -138,7 +153,7 @@ def _main_loop(shape: BlockShape, a_layout: str, layout: str, slices: KSlices) -
         f"  const unsigned char* a_tile = a_smem + (kt % STAGES) * {a_stage};",
         f"  const unsigned char* b_tile = b_smem + (kt % STAGES) * {b_stage};",
         "#pragma unroll",
-        "  for (int kk = 0; kk < BK; kk += 16) {",
+        f"  for (int kk = 0; kk < BK; kk += {2 * chunk}) {{",
         "    unsigned a[4][4], b[4][2];",
         "#pragma unroll",
         "    for (int mi = 0; mi < 4; ++mi) {",
@@ -156,15 +171,15 @@ def _main_loop(shape: BlockShape, a_layout: str, layout: str, slices: KSlices) -
     ]
 
 
-def _mma_staging(c_stride: int) -> list[str]:
-    """The warp's 64x32 accumulators (mma.sync fragments) into the staged tile."""
+def _mma_staging(c_stride: int, accumulator: str) -> list[str]:
+    """The warp's 64x32 accumulators (mma.sync fragments, ``accumulator`` values) into the staged tile."""
     return [
         "#pragma unroll",
         "for (int mi = 0; mi < 4; ++mi)",
         "#pragma unroll",
         "  for (int ni = 0; ni < 4; ++ni) {",
         "    const int row = warp_m * 64 + mi * 16 + (lane >> 2), col = warp_n * 32 + ni * 8 + (lane & 3) * 2;",
-        f"    *reinterpret_cast<float2*>(staged + row * {c_stride} + col) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);",
-        f"    *reinterpret_cast<float2*>(staged + (row + 8) * {c_stride} + col) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);",
+        f"    *reinterpret_cast<{accumulator}2*>(staged + row * {c_stride} + col) = make_{accumulator}2(acc[mi][ni][0], acc[mi][ni][1]);",
+        f"    *reinterpret_cast<{accumulator}2*>(staged + (row + 8) * {c_stride} + col) = make_{accumulator}2(acc[mi][ni][2], acc[mi][ni][3]);",
         "  }",
     ]

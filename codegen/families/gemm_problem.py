@@ -25,7 +25,7 @@ from graphdnn.ops.conv import ConvAttributes
 
 from ..context import KernelParams
 from ..indexing import coordinates, index_type
-from .tensor_core import TENSOR_CORE_TYPES
+from .tensor_core import OperandTypes, operand_types
 
 
 @dataclass(frozen=True)
@@ -122,31 +122,80 @@ def _grad_problem(node: Node) -> Problem:
     )
 
 
+def tensor_core_types(p: Problem) -> OperandTypes | None:
+    """The tensor cores' view of ``p``'s operand types, or None when no tensor-core path takes them."""
+    return operand_types(p.a.data_type, p.b.data_type)
+
+
 def tensor_core_layout(p: Problem) -> str | None:
     """How B is laid out for the tensor-core path ("nk": k contiguous, "kn": n contiguous),
-    or None when the problem needs the SIMT path."""
+    or None when the problem needs the SIMT path. Every contiguous run is read in 16-byte
+    chunks (8 16-bit or 16 8-bit elements); 8-bit operands are read K-major only (the 8-bit
+    tensor-core instructions have no transposed B; ``eight_bit_refusal`` says so)."""
     if p.is_grad:
         return None if refusal(p.node) is not None else b_layout(p.node)
-    if p.a.data_type not in TENSOR_CORE_TYPES or p.b.data_type != p.a.data_type or p.groups != 1:
+    types = tensor_core_types(p)
+    if types is None or p.groups != 1:
         return None
     if math.prod(p.batch) > 65535:  # one grid layer per batch index
         return None
+    chunk = types.chunk
     if p.is_conv:
         channels = p.a.dim[1]
-        if channels % 8 or p.a.stride[1] != 1 or p.b.stride[1] != 1:
+        if channels % chunk or p.a.stride[1] != 1 or p.b.stride[1] != 1:
             return None
-        if any(s % 8 for axis, s in enumerate(p.a.stride) if axis != 1 and p.a.dim[axis] > 1):
+        if any(s % chunk for axis, s in enumerate(p.a.stride) if axis != 1 and p.a.dim[axis] > 1):
             return None
-        if any(s % 8 for axis, s in enumerate(p.b.stride) if axis != 1 and p.b.dim[axis] > 1):
+        if any(s % chunk for axis, s in enumerate(p.b.stride) if axis != 1 and p.b.dim[axis] > 1):
             return None
         return "nk"
-    if p.k % 8 or p.a.stride[-1] != 1 or any(s % 8 for s in p.a.stride[:-1]):
+    if p.k % chunk or p.a.stride[-1] != 1 or any(s % chunk for s in p.a.stride[:-1]):
         return None
-    if p.b.stride[-2] == 1 and all(s % 8 == 0 for i, s in enumerate(p.b.stride) if i != len(p.b.dim) - 2):
+    if p.b.stride[-2] == 1 and all(s % chunk == 0 for i, s in enumerate(p.b.stride) if i != len(p.b.dim) - 2):
         return "nk"
-    if p.b.stride[-1] == 1 and p.n % 8 == 0 and all(s % 8 == 0 for s in p.b.stride[:-1]):
+    if not types.eight_bit and p.b.stride[-1] == 1 and p.n % 8 == 0 and all(s % 8 == 0 for s in p.b.stride[:-1]):
         return "kn"
     return None
+
+
+def on_tensor_cores(p: Problem, arch: int) -> bool:
+    """A tensor-core path takes ``p`` on sm_``arch``: its layout, and its types on that arch."""
+    types = tensor_core_types(p)
+    return types is not None and arch >= types.min_arch and tensor_core_layout(p) is not None
+
+
+def eight_bit_refusal(p: Problem, arch: int) -> str | None:
+    """Why the 8-bit matmul ``p`` cannot run on sm_``arch``, or None. 8-bit operands take the
+    tensor cores (int8 from sm_80, fp8 from sm_89) and nothing slower: a layout they cannot
+    read is refused, naming what it needs, rather than left to a path many times slower. fp8
+    before sm_89 has no tensor cores: it keeps the SIMT path (each element widened to fp32 in
+    the kernel), as does a convolution the tensor cores cannot read."""
+    types = tensor_core_types(p)
+    if types is None or not types.eight_bit or p.is_conv or arch < types.min_arch:
+        return None
+    if tensor_core_layout(p) is not None:
+        return None
+    a, b, chunk = p.a, p.b, types.chunk
+    problems = []
+    if a.stride[-1] != 1:
+        problems.append(f"A '{a.name}' (strides {list(a.stride)}) needs stride 1 along K, its last dim")
+    if b.stride[-2] != 1:
+        problems.append(
+            f"B '{b.name}' (dims {list(b.dim)}, strides {list(b.stride)}) needs stride 1 along K, its "
+            "second-to-last dim (B^T stored row-major, the column-major B of torch._scaled_mm): transpose it "
+            "before the matmul"
+        )
+    if p.k % chunk:
+        problems.append(f"K = {p.k} is not a multiple of {chunk}")
+    for role, t, k_axis in (("A", a, len(a.dim) - 1), ("B", b, len(b.dim) - 2)):
+        if any(s % chunk for axis, s in enumerate(t.stride) if axis != k_axis and t.dim[axis] > 1):
+            problems.append(f"{role} '{t.name}' has strides {list(t.stride)}, not all multiples of {chunk} but along K")
+    if math.prod(p.batch) > 65535:
+        problems.append(f"its {math.prod(p.batch)} batch matrices are more than 65535")
+    return (
+        f"matmul '{p.node.name}' multiplies {a.data_type.value} by {b.data_type.value} on tensor cores, which read "
+        f"both operands K-major in 16-byte chunks: " + "; ".join(problems)
+    )
 
 
 def declare(fused: FusedNode, problem: Problem) -> tuple[KernelParams, dict[int, str]]:

@@ -5,6 +5,7 @@ of 8, odd layouts)."""
 from __future__ import annotations
 
 from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
 from graphdnn.ops.conv import ConvMode
 
 from ..context import EmitContext, compute_of, indent, kernel_source, pattern_name
@@ -21,7 +22,9 @@ MAX_BLOCKS = 65535
 def simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     params, names = declare(fused, p)
     tensors = [*fused.inputs, *fused.outputs]
-    compute = compute_of([p.a, p.b, *fused.outputs])
+    # Integer operands accumulate exactly: in double (exact to 2^53, as the float64 reference).
+    integer = not (p.a.data_type.is_floating and p.b.data_type.is_floating)
+    compute = compute_of([p.a, p.b, *fused.outputs], (DataType.DOUBLE,) if integer else ())
     blocks = min(max(1, -(-p.out.numel // SIMT_THREADS)), MAX_BLOCKS)
     itype = loop_index_type(tensors, p.out.static_numel, blocks * SIMT_THREADS)
     out = p.out

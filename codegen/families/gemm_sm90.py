@@ -4,11 +4,12 @@ Same problems, loaders and epilogue as the mma.sync path (gemm_block.py); what c
 the tensor cores are fed:
 
 - a block of 256 threads is two warpgroups (4 consecutive warps each) computing a 128 x BN
-  tile: warpgroup g owns rows 64g..64g+63 and issues ``wgmma.mma_async.m64nBNk16`` with A and
-  B read straight from shared memory through matrix descriptors (no ldmatrix); the fp32
-  accumulators stay in registers (BN/2 per thread);
-- k tiles of BK = 64 elements (128 bytes, exactly one row of the 128-byte swizzle) are
-  copied by every thread with 16-byte ``cp.async`` into the layout the descriptors describe;
+  tile: warpgroup g owns rows 64g..64g+63 and issues ``wgmma.mma_async.m64nBNk16`` (k32 for
+  8-bit operands) with A and B read straight from shared memory through matrix descriptors
+  (no ldmatrix); the fp32 (int8: s32) accumulators stay in registers (BN/2 per thread);
+- k tiles of 128 bytes (exactly one row of the 128-byte swizzle: BK = 64 16-bit or 128 8-bit
+  elements) are copied by every thread with 16-byte ``cp.async`` into the layout the
+  descriptors describe;
 - pipeline: STAGES shared-memory buffers; the wgmma batch of tile kt-1 may still be reading
   its buffer while tile kt is issued, so copies run STAGES-2 tiles ahead of the tensor cores.
 
@@ -19,18 +20,18 @@ specialisation: every thread copies, every warpgroup computes.
 from __future__ import annotations
 
 from fusion_rules import FusedNode
-from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import Kernel
 from .gemm_block import BlockShape, TensorCoreBlock
 from .gemm_loaders import SmemTiles
-from .gemm_problem import Problem, tensor_core_layout
+from .gemm_problem import Problem, tensor_core_layout, tensor_core_types
 from .gemm_splitk import KSlices, output_tiles, split_choices
+from .tensor_core import OperandTypes, zero
 
 ARCH = 90  # wgmma exists on sm_90a only (Blackwell's tensor cores take tcgen05 instead)
-BLOCK_K = 64
+BLOCK_K_BYTES = 128  # a k tile is one row of the 128-byte swizzle: 64 16-bit or 128 8-bit elements
 # (block_m, block_n, stages). A block has one warpgroup per 64 rows. Smaller and shallower
 # tiles fit two or three blocks per SM, for problems with few tiles (a 14x14 layer) or
 # short K; the larger ones fill an SM each.
@@ -63,22 +64,34 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     ]
 
 
-def wgmma_prelude(bn: int, elem: str, transpose_b: int) -> str:
-    """The wgmma device functions for a warpgroup tile 64 x ``bn`` of ``elem`` (bf16 / f16)."""
+def wgmma_prelude(bn: int, types: OperandTypes, transpose_b: int) -> str:
+    """The wgmma device functions for a warpgroup tile 64 x ``bn`` of operands ``types``:
+    ``wgmma_step`` multiplies one tensor-core step, 32 bytes of k (k16 of 16-bit operands, k32
+    of 8-bit ones, whose instructions take no transpose bits: 8-bit B is K-major)."""
     count = bn // 2
     outputs = ", ".join(f"%{i}" for i in range(count))
+    register = types.register
     constraints = ",\n                 ".join(
-        ", ".join(f'"+f"(d[{i}])' for i in range(row, min(row + 8, count))) for row in range(0, count, 8)
+        ", ".join(f'"+{register}"(d[{i}])' for i in range(row, min(row + 8, count))) for row in range(0, count, 8)
     )
+    acc = types.accumulator
+    if types.integer:  # no input scales or transposes for integer operands
+        operands = f"%{count}, %{count + 1}, 1"
+    elif types.eight_bit:  # fp8: input scales (1: not negated), no transposes
+        operands = f"%{count}, %{count + 1}, 1, 1, 1"
+    else:
+        operands = f"%{count}, %{count + 1}, 1, 1, 1, 0, {transpose_b}"
+    k = types.k_step
+    layout = f"{'n' if transpose_b else 'k'}-contiguous" + ("" if types.eight_bit else f": transpose bit {transpose_b}")
     return (
         r"""
 // ---- wgmma (sm_90a) building blocks ----
-// Tiles in shared memory use the 128-byte swizzle: rows of 128 bytes (64 16-bit elements),
+// Tiles in shared memory use the 128-byte swizzle: rows of 128 bytes (64 16-bit or 128 8-bit elements),
 // in groups of 8 rows (1024 bytes); 16-byte chunk c of row r sits at chunk c ^ (r % 8). The
 // tensor cores apply that XOR to absolute address bits 4-6 from bits 7-9, so every tile
 // starts on a 1024-byte boundary (and the descriptors' base offset is 0).
 //
-// K-major tile (A, and k-contiguous B): one 128-byte row per m (n), the 64 k of the tile.
+// K-major tile (A, and k-contiguous B): one 128-byte row per m (n), the 128 bytes of k of the tile.
 __device__ __forceinline__ int swizzle128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
 // N-major tile (n-contiguous B): 64-column blocks one after another, each 64 k rows of
@@ -93,9 +106,9 @@ __device__ __forceinline__ int swizzle128_n(int k, int chunk) {
 //   bits 32-45  stride-dimension byte offset >> 4
 //   bits 49-51  base offset: 0, every tile (and each wgmma's start) keeps address bits 7-9 at 0
 //   bits 62-63  swizzle mode: 1 = 128-byte swizzle
-// K-major, 128-byte swizzle: leading offset unused (a k16 step, 32 bytes, lies within one
-// swizzled row; 16 by convention), stride offset 1024 (the next 8 rows); a k16 step advances
-// the start address by 32 bytes. N-major (transposed B): leading offset 8192 (the next 64
+// K-major, 128-byte swizzle: leading offset unused (a tensor-core step, 32 bytes of k, lies
+// within one swizzled row; 16 by convention), stride offset 1024 (the next 8 rows); a step
+// advances the start address by 32 bytes. N-major (transposed B): leading offset 8192 (the next 64
 // columns), stride offset 1024 (the next 8 k rows); a k16 step advances it by 16 rows, 2048 bytes.
 __device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned addr, unsigned leading, unsigned stride) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)(leading >> 4) << 16 |
@@ -116,13 +129,17 @@ template <int N> __device__ __forceinline__ void fence_accumulators(float (&acc)
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
+template <int N> __device__ __forceinline__ void fence_accumulators(int (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(acc[i])::"memory");
+}
 """
         + f"""
-// d (the warpgroup's 64 x {bn} fp32 tile, wgmma fragment layout) += A (64 x 16) * B (16 x {bn}),
-// both from shared memory; B {"n-contiguous: transpose bit 1" if transpose_b else "k-contiguous: transpose bit 0"}.
-__device__ __forceinline__ void wgmma_k16(float (&d)[{count}], unsigned long long a, unsigned long long b) {{
-  asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{elem}.{elem} "
-               "{{{outputs}}}, %{count}, %{count + 1}, 1, 1, 1, 0, {transpose_b};\\n"
+// d (the warpgroup's 64 x {bn} {types.accumulator_ptx.replace("f", "fp")} tile, wgmma fragment layout) += A (64 x {k}) * B ({k} x {bn}),
+// both from shared memory; B {layout}.
+__device__ __forceinline__ void wgmma_step({acc} (&d)[{count}], unsigned long long a, unsigned long long b) {{
+  asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k{k}{types.suffix} "
+               "{{{outputs}}}, {operands};\\n"
                : {constraints}
                : "l"(a), "l"(b)
                : "memory");
@@ -136,11 +153,16 @@ def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) -> 
     K cut into ``split`` slices (gemm_splitk.py)."""
     bm = int(ctx.tuning.get("block_m", 128))  # type: ignore[call-overload]
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
-    shape = BlockShape(bm, bn, BLOCK_K, stages, bm * 2)  # one warpgroup (128 threads) per 64 rows
+    types = tensor_core_types(p)
+    assert types is not None
+    size = types.element_bytes
+    bk = BLOCK_K_BYTES // size
+    shape = BlockShape(bm, bn, bk, stages, bm * 2, size)  # one warpgroup (128 threads) per 64 rows
     shared = max(stages * (shape.a_stage + shape.b_stage), bm * shape.c_stride * 4) + ALIGN_SLACK
     _check(ctx, bm, bn, stages, shared)
 
-    block = TensorCoreBlock(fused, p, shape, SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n"), KSlices(split))
+    tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", chunk=types.chunk)
+    block = TensorCoreBlock(fused, p, shape, tiles, KSlices(split))
     shared_memory = [
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
@@ -149,10 +171,9 @@ def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) -> 
     lines = block.prelude(
         shared_memory, "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile"
     )
-    lines += _main_loop(block.layout, shape.a_stage, shape.b_stage, block.slices)
-    lines += block.epilogue(_staging(shape.c_stride))
-    elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
-    functions = wgmma_prelude(bn, elem, 1 if block.layout == "kn" else 0)
+    lines += _main_loop(block.layout, shape.a_stage, shape.b_stage, block.slices, types.accumulator)
+    lines += block.epilogue(_staging(shape.c_stride, types.accumulator))
+    functions = wgmma_prelude(bn, types, 1 if block.layout == "kn" else 0)
     return block.kernel(ctx, lines, "_wgmma", functions, shared, arch_suffix="a")
 
 
@@ -167,14 +188,14 @@ def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int) -> None
         raise UnsupportedError(f"wgmma GEMM tile {ctx.tuning} needs {shared} bytes of shared memory, over {MAX_SHARED}")
 
 
-def _main_loop(layout: str, a_stage: int, b_stage: int, slices: KSlices) -> list[str]:
-    """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 k16 steps of a tile) in flight."""
-    # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
+def _main_loop(layout: str, a_stage: int, b_stage: int, slices: KSlices, accumulator: str) -> list[str]:
+    """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 steps of 32 bytes of k of a tile) in flight."""
+    # B descriptor: (leading, stride) byte offsets and the start-address step of one k step
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
     return [
-        "float acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
+        f"{accumulator} acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
         "#pragma unroll",
-        "for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;",
+        f"for (int i = 0; i < BN / 2; ++i) acc[i] = {zero(accumulator)};",
         "#pragma unroll",
         "for (int s = 0; s < STAGES - 2; ++s) {",
         "  load_tile(s, s);",
@@ -196,8 +217,8 @@ def _main_loop(layout: str, a_stage: int, b_stage: int, slices: KSlices) -> list
         "  fence_accumulators(acc);",
         "  wgmma_fence();",
         "#pragma unroll",
-        "  for (int kk = 0; kk < BK / 16; ++kk)",
-        f"    wgmma_k16(acc, wgmma_descriptor(a_tiles + stage * {a_stage} + kk * 32, 16, 1024),",
+        f"  for (int kk = 0; kk < {BLOCK_K_BYTES // 32}; ++kk)  // steps of 32 bytes of k",
+        f"    wgmma_step(acc, wgmma_descriptor(a_tiles + stage * {a_stage} + kk * 32, 16, 1024),",
         f"              wgmma_descriptor(b_tiles + stage * {b_stage} + kk * {b_step}, {b_leading}, {b_stride}));",
         "  wgmma_commit();",
         "  wgmma_wait<1>();  // the batch of tile kt-1 is done",
@@ -210,7 +231,7 @@ def _main_loop(layout: str, a_stage: int, b_stage: int, slices: KSlices) -> list
     ]
 
 
-def _staging(c_stride: int) -> list[str]:
+def _staging(c_stride: int, accumulator: str) -> list[str]:
     """The warpgroup's accumulators into the staged tile. wgmma m64nN fragment: warp w of the
     warpgroup holds rows 16w..16w+15; acc[4j], acc[4j+1] are row lane/4, columns
     8j + 2 (lane % 4) + {0, 1}; acc[4j+2], acc[4j+3] the same columns of row lane/4 + 8."""
@@ -218,7 +239,7 @@ def _staging(c_stride: int) -> list[str]:
         "#pragma unroll",
         "for (int j = 0; j < BN / 8; ++j) {",
         "  const int row = warpgroup * 64 + (warp & 3) * 16 + (lane >> 2), col = j * 8 + (lane & 3) * 2;",
-        f"  *reinterpret_cast<float2*>(staged + row * {c_stride} + col) = make_float2(acc[4 * j], acc[4 * j + 1]);",
-        f"  *reinterpret_cast<float2*>(staged + (row + 8) * {c_stride} + col) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);",
+        f"  *reinterpret_cast<{accumulator}2*>(staged + row * {c_stride} + col) = make_{accumulator}2(acc[4 * j], acc[4 * j + 1]);",
+        f"  *reinterpret_cast<{accumulator}2*>(staged + (row + 8) * {c_stride} + col) = make_{accumulator}2(acc[4 * j + 2], acc[4 * j + 3]);",
         "}",
     ]

@@ -22,7 +22,7 @@ from graphdnn.errors import UnsupportedError
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..kernel import Kernel, Scratch
 from .gemm_epilogue import stage_accumulators, tile_epilogue
-from .gemm_problem import Problem, declare, index_type_of
+from .gemm_problem import Problem, declare, index_type_of, tensor_core_types
 
 PARTIALS = "partials"
 MAX_SPLIT = 16
@@ -80,6 +80,12 @@ def heuristic_split(p: Problem, tiles: int, arch: int) -> int:
     return 1 if tiles >= sms else max(1, min(-(-sms // tiles), _most_slices(p)))
 
 
+def _integer(p: Problem) -> bool:
+    """int8 operands: their s32 accumulators are exact, fp32 partials would not be (no split-K)."""
+    types = tensor_core_types(p)
+    return types is not None and types.integer
+
+
 def split_choices(p: Problem, tiles: int, arch: int) -> list[int]:
     """The split-K variants autotuning times for a tile giving ``tiles`` output tiles: the
     heuristic's split, half and twice it (within the same limits); none for many tiles."""
@@ -90,6 +96,8 @@ def split_choices(p: Problem, tiles: int, arch: int) -> list[int]:
 
 
 def _most_slices(p: Problem) -> int:
+    if _integer(p):
+        return 1
     most = MAX_GRAD_SPLIT if p.is_grad else MAX_SPLIT
     return min(p.k // MIN_SLICE_K, most, MAX_GRID_Z // math.prod(p.batch))
 
@@ -104,6 +112,10 @@ def tuned_split(ctx: EmitContext, p: Problem) -> int | None:
         raise UnsupportedError(
             f"GEMM tuning {ctx.tuning}: split_k must be an integer from 1 to {MAX_GRID_Z // math.prod(p.batch)} "
             f"(K slices times {math.prod(p.batch)} batch indices fill at most {MAX_GRID_Z} grid layers)"
+        )
+    if split > 1 and _integer(p):
+        raise UnsupportedError(
+            f"GEMM tuning {ctx.tuning}: int8 GEMMs take no split-K (their int32 sums would pass through fp32 partials)"
         )
     return split
 

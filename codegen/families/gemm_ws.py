@@ -18,27 +18,37 @@ share A and B panels in L2):
 
 TMA zero-fills what lies outside the tensors (the gather zero-fills too), so ragged M, N and K
 need no predicates in the main loop. The matmul's batch dims become the tensor maps' outer dims.
+
+Operands are fp16/bf16, fp8 (fp32 accumulators) or int8 (s32 accumulators, staged as int for
+the epilogue): a k tile is 128 bytes of k whatever the type, so only BK (in elements), the
+wgmma instruction and the accumulators' type change; 8-bit B is K-major (gemm_problem.py).
 """
 
 from __future__ import annotations
 
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
-from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
 from graphdnn.program import MAX_TENSOR_MAP_RANK, TensorMap
 
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
-from ..cuda_types import cuda_type
 from ..kernel import Kernel
 from .gemm_epilogue import tile_epilogue
-from .gemm_loaders import ASYNC_COPY_PRELUDE, SmemTiles, a_loader_setup, b_loader_setup, load_tile_lambda
-from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout
-from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
+from .gemm_loaders import (
+    ASYNC_COPY_PRELUDE,
+    SmemTiles,
+    a_loader_setup,
+    b_loader_setup,
+    element_types,
+    load_tile_lambda,
+)
+from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout, tensor_core_types
+from .gemm_sm90 import ARCH, BLOCK_K_BYTES, MAX_SHARED, wgmma_prelude
 from .gemm_splitk import MIN_SLICE_K, PARTIALS, KSlices, output_tiles, padded_n
+from .tensor_core import zero
 
-BLOCK_M, BLOCK_K = 128, 64  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row
+BLOCK_M = 128  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row (BLOCK_K_BYTES)
 THREADS = 384  # the producer warpgroup, then the two consumers
 CONSUMER_WARPS = 8
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 * 40 + 256 * 232 <= 64K registers
@@ -54,7 +64,7 @@ GATHER_BLOCK_NS = (128,)  # 128 x 256 tiles: the gather's per-thread rows no lon
 def tiles(block_n: int) -> list[dict[str, object]]:
     """The deepest ring that fits for ``block_n``, and one stage less (shared memory for a
     second block is out of reach either way)."""
-    stage = (BLOCK_M + block_n) * BLOCK_K * 2
+    stage = (BLOCK_M + block_n) * BLOCK_K_BYTES
     deepest = (MAX_SHARED - ALIGN_SLACK - STAGING) // (stage + BARRIER_BYTES)
     return [{"path": "ws", "block_n": block_n, "stages": s} for s in (deepest, deepest - 1)]
 
@@ -81,11 +91,17 @@ def split_choices(p: Problem, arch: int) -> list[int]:
     still fit one wave of the persistent blocks, half and twice that, each slice keeping at
     least MIN_SLICE_K of K; none for problems that fill the GPU."""
     tiles, sms = output_tiles(p, BLOCK_M, 128), sm_count(arch)
-    if tiles * 2 > sms:
+    if tiles * 2 > sms or not _fp32_partials(p):
         return []
     longest = p.k // MIN_SLICE_K
     most = min(sms // tiles, longest)
     return sorted({s for s in (most // 2, most, 2 * most) if 2 <= s <= longest})
+
+
+def _fp32_partials(p: Problem) -> bool:
+    """Split-K sums fp32 partial tiles: float accumulators only (int8's int32 sums stay exact)."""
+    types = tensor_core_types(p)
+    return types is not None and types.accumulator == "float"
 
 
 def _block_ns(p: Problem) -> tuple[int, ...]:
@@ -102,7 +118,7 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     if not supported(p, arch) or p.is_conv:
         return None
     if output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch):
-        return {**tiles(128)[0], "split_k": 2} if p.k >= 2 * MIN_SLICE_K else None
+        return {**tiles(128)[0], "split_k": 2} if p.k >= 2 * MIN_SLICE_K and _fp32_partials(p) else None
     return tiles(256 if output_tiles(p, BLOCK_M, 256) >= sm_count(arch) else 128)[0]
 
 
@@ -135,12 +151,15 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
     split = ws_split(ctx, p)
     layout = tensor_core_layout(p)
-    shared = stages * ((BLOCK_M + bn) * BLOCK_K * 2 + BARRIER_BYTES) + STAGING + ALIGN_SLACK
+    shared = stages * ((BLOCK_M + bn) * BLOCK_K_BYTES + BARRIER_BYTES) + STAGING + ALIGN_SLACK
     if not supported(p, ctx.arch):
         raise UnsupportedError(
-            f"the warp-specialised GEMM engine takes 16-bit tensor-core problems on sm_90 only, not this "
-            f"problem on sm_{ctx.arch}"
+            f"the warp-specialised GEMM engine takes tensor-core problems (16-bit, fp8 or int8 operands) on "
+            f"sm_90 only, not this problem on sm_{ctx.arch}"
         )
+    types = tensor_core_types(p)
+    assert types is not None
+    bk = BLOCK_K_BYTES // types.element_bytes
     if bn not in _block_ns(p) or stages < 2 or shared > MAX_SHARED:
         raise UnsupportedError(
             f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(_block_ns(p))} and 2 or more stages "
@@ -149,9 +168,9 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     params = KernelParams()
     gather = p.is_conv
     if not gather:
-        # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of 64 k otherwise
-        b_box = (64, BLOCK_K) if layout == "kn" else (BLOCK_K, bn)
-        a_map = params.tensor_map(p.a, _tensor_map(p.a, (BLOCK_K, BLOCK_M)))
+        # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of BK k otherwise
+        b_box = (64, bk) if layout == "kn" else (bk, bn)
+        a_map = params.tensor_map(p.a, _tensor_map(p.a, (bk, BLOCK_M)))
         b_map = params.tensor_map(p.b, _tensor_map(p.b, b_box))
     declared, names = declare(fused, p)
     params.declarations += declared.declarations
@@ -162,17 +181,17 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     itype = index_type_of(fused, p)
     tiles_total = output_tiles(p, BLOCK_M, bn)
     body = [
-        f"using T = {cuda_type(p.a.data_type)};",
-        f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {BLOCK_K}, STAGES = {stages}, GROUP_M = {GROUP_M};",
-        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // BLOCK_K)};",
+        *element_types(p),
+        f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {GROUP_M};",
+        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // bk)};",
         "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
         f"constexpr int TILES = {tiles_total}, SPLIT = {split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT;",
-        "constexpr unsigned A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;",
+        f"constexpr unsigned A_STAGE = BM * {BLOCK_K_BYTES}, B_STAGE = BN * {BLOCK_K_BYTES};  // bytes",
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
         "const unsigned a_tiles = (smem_addr(smem_raw) + 1023u) & ~1023u;",
         "const unsigned b_tiles = a_tiles + STAGES * A_STAGE;",
-        "float* const staging = reinterpret_cast<float*>(smem_raw + (b_tiles + STAGES * B_STAGE - smem_addr(smem_raw)));",
+        f"{types.accumulator}* const staging = reinterpret_cast<{types.accumulator}*>(smem_raw + (b_tiles + STAGES * B_STAGE - smem_addr(smem_raw)));",
         f"const unsigned full = b_tiles + STAGES * B_STAGE + {STAGING}, empty = full + STAGES * 8;  // mbarriers, 8 bytes each",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
         "if (tid == 0) {",
@@ -187,7 +206,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "if (warpgroup == 0) {",
     ]
     if gather:  # 128 threads gather: they keep their registers (the consumers fit in what is left)
-        body += indent(_gather_producer(p, names, bn, itype, aligned), 1).splitlines()
+        body += indent(_gather_producer(p, names, bn, bk, types.chunk, itype, aligned), 1).splitlines()
     else:
         body += [
             f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};\\n");',
@@ -198,13 +217,12 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     body += [
         "} else {",
         *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");']),
-        *indent(_consumer(fused, p, names, layout, itype, aligned, gather, split), 1).splitlines(),
+        *indent(_consumer(fused, p, names, layout, itype, aligned, gather, types.accumulator, split), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_ws"
     name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
-    elem = "bf16" if p.a.data_type is DataType.BFLOAT16 else "f16"
-    functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, elem, 1 if layout == "kn" else 0)
+    functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, types, 1 if layout == "kn" else 0)
     functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t)) for t in (p.a, p.b)))
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     grid = (min(tiles_total * split, sm_count(ctx.arch)), 1, 1)
@@ -214,10 +232,18 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
 def ws_split(ctx: EmitContext, p: Problem) -> int:
     """The tuning's split_k (1 without one); a clear error for one the problem cannot take."""
     split = ctx.tuning.get("split_k", 1)
-    if not isinstance(split, int) or isinstance(split, bool) or not 1 <= split <= max(1, p.k // BLOCK_K):
+    types = tensor_core_types(p)
+    assert types is not None
+    bk = BLOCK_K_BYTES // types.element_bytes
+    if not isinstance(split, int) or isinstance(split, bool) or not 1 <= split <= max(1, p.k // bk):
         raise UnsupportedError(
             f"warp-specialised GEMM tuning {ctx.tuning}: split_k must be an integer from 1 to the "
-            f"{max(1, p.k // BLOCK_K)} k tiles of {BLOCK_K}"
+            f"{max(1, p.k // bk)} k tiles of {bk}"
+        )
+    if split > 1 and not _fp32_partials(p):
+        raise UnsupportedError(
+            f"warp-specialised GEMM tuning {ctx.tuning}: {types.accumulator} accumulators take no split-K (the "
+            "partial sums are fp32)"
         )
     return split
 
@@ -285,11 +311,13 @@ def _producer(p: Problem, a_map: str, b_map: str, layout: str | None, bn: int, i
     ]
 
 
-def _gather_producer(p: Problem, names: dict[int, str], bn: int, itype: str, aligned: str) -> list[str]:
+def _gather_producer(
+    p: Problem, names: dict[int, str], bn: int, bk: int, chunk: int, itype: str, aligned: str
+) -> list[str]:
     """All 128 threads copy each k tile with the shared loaders; ``cp.async.mbarrier.arrive``
     counts a thread on the stage's full barrier once its copies have landed."""
-    tiles = SmemTiles(BLOCK_K, "swizzle128", "swizzle128_n")
-    a_chunks, b_chunks = BLOCK_M * BLOCK_K // 8 // 128, bn * BLOCK_K // 8 // 128
+    tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", chunk=chunk)
+    a_chunks, b_chunks = BLOCK_M * bk // chunk // 128, bn * bk // chunk // 128
     loader = [
         *a_loader_setup(p, itype, a_chunks, 128, tiles),
         *b_loader_setup(p, itype, b_chunks, 128, "nk", tiles),
@@ -300,8 +328,8 @@ def _gather_producer(p: Problem, names: dict[int, str], bn: int, itype: str, ali
             itype,
             a_chunks,
             b_chunks,
-            BLOCK_M * BLOCK_K * 2,
-            bn * BLOCK_K * 2,
+            BLOCK_M * BLOCK_K_BYTES,
+            bn * BLOCK_K_BYTES,
             bn,
             "nk",
             aligned,
@@ -338,6 +366,7 @@ def _consumer(
     itype: str,
     aligned: str,
     gather: bool,
+    accumulator: str,
     split: int,
 ) -> list[str]:
     # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
@@ -348,9 +377,9 @@ def _consumer(
         "unsigned phase = 0;",
         *_units(),
         *("  " + line for line in _tile_coordinates(p, itype)),
-        "  float acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
+        f"  {accumulator} acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
         "#pragma unroll",
-        "  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;",
+        f"  for (int i = 0; i < BN / 2; ++i) acc[i] = {zero(accumulator)};",
         "  int previous = 0;",
         "  for (int kt = kt_first; kt < kt_end; ++kt) {",
         "    mbar_wait(full + 8 * stage, phase);",
@@ -361,8 +390,8 @@ def _consumer(
         "    fence_accumulators(acc);",
         "    wgmma_fence();",
         "#pragma unroll",
-        "    for (int kk = 0; kk < BK / 16; ++kk)",
-        "      wgmma_k16(acc, wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128) + kk * 32, 16, 1024),",
+        f"    for (int kk = 0; kk < {BLOCK_K_BYTES // 32}; ++kk)  // steps of 32 bytes of k",
+        "      wgmma_step(acc, wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128) + kk * 32, 16, 1024),",
         f"                wgmma_descriptor(b_tiles + stage * B_STAGE + kk * {b_step}, {b_leading}, {b_stride}));",
         "    wgmma_commit();",
         "    wgmma_wait<1>();  // the batch of k tile kt-1 is done: its buffer goes back to the producer",
@@ -374,12 +403,14 @@ def _consumer(
         "  wgmma_wait<0>();",
         "  fence_accumulators(acc);",
         "  if (kt_end > kt_first && lane == 0) mbar_arrive(empty + 8 * previous);",
-        *("  " + line for line in _epilogue(fused, p, names, itype, aligned, split)),
+        *("  " + line for line in _epilogue(fused, p, names, itype, aligned, accumulator, split)),
         "}",
     ]
 
 
-def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str, split: int) -> list[str]:
+def _epilogue(
+    fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str, accumulator: str, split: int
+) -> list[str]:
     """The warpgroup's 64 rows, SUBTILE columns at a time: accumulators into its fp32 staging
     subtile (named barriers: the warpgroup alone), then the shared tile epilogue over the
     subtile (gemm_epilogue.tile_epilogue: 8 consecutive columns per thread, 16-byte stores),
@@ -388,11 +419,11 @@ def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, a
     wgmma m64nN fragment: warp w of the warpgroup holds rows 16w..16w+15; acc[4j + 2h + e] is
     row lane/4 + 8h, column 8j + 2 (lane % 4) + e."""
     fetch = [
-        "*reinterpret_cast<float4*>(acc8) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col));",
-        "*reinterpret_cast<float4*>(acc8 + 4) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col + 4));",
+        f"*reinterpret_cast<{accumulator}4*>(acc8) = *reinterpret_cast<const {accumulator}4*>(subtile + staged_at(row, col));",
+        f"*reinterpret_cast<{accumulator}4*>(acc8 + 4) = *reinterpret_cast<const {accumulator}4*>(subtile + staged_at(row, col + 4));",
     ]
     return [
-        f"float* const subtile = staging + consumer * ({SUBTILE} * {SUBTILE});",
+        f"{accumulator}* const subtile = staging + consumer * ({SUBTILE} * {SUBTILE});",
         f"constexpr int SUBTILES = BN / {SUBTILE};",
         "#pragma unroll",
         "for (int sub = 0; sub < SUBTILES; ++sub) {",
@@ -400,8 +431,8 @@ def _epilogue(fused: FusedNode, p: Problem, names: dict[int, str], itype: str, a
         "#pragma unroll",
         f"  for (int j = 0; j < {SUBTILE // 8}; ++j) {{",
         "    const int row = (warp & 3) * 16 + (lane >> 2), col = j * 8 + (lane & 3) * 2, a = 4 * (sub * 8 + j);",
-        "    *reinterpret_cast<float2*>(subtile + staged_at(row, col)) = make_float2(acc[a], acc[a + 1]);",
-        "    *reinterpret_cast<float2*>(subtile + staged_at(row + 8, col)) = make_float2(acc[a + 2], acc[a + 3]);",
+        f"    *reinterpret_cast<{accumulator}2*>(subtile + staged_at(row, col)) = make_{accumulator}2(acc[a], acc[a + 1]);",
+        f"    *reinterpret_cast<{accumulator}2*>(subtile + staged_at(row + 8, col)) = make_{accumulator}2(acc[a + 2], acc[a + 3]);",
         "  }",
         "  warpgroup_sync(consumer);  // the subtile is whole",
         "  {  // the tile epilogue's names, for this warpgroup's subtile",
