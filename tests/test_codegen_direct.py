@@ -439,6 +439,52 @@ def genstats_long_nhwc_half() -> gd.OperationGraphSpec:
     return outputs(g, *(t.set_data_type("float") for t in g.genstats(tensor(g, [32, 3, 112, 112], "nhwc"))))
 
 
+# -- local response normalisation ---------------------------------------------------------------
+@case()
+def lrn_nchw_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    return outputs(g, g.lrn(tensor(g, [2, 7, 5, 3]), lrn_n=5, lrn_alpha=0.3, lrn_beta=0.75, lrn_k=1.5))
+
+
+@case()
+def lrn_even_window_nhwc_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # the window reaches 2 channels ahead, 1 behind
+    return outputs(g, g.lrn(tensor(g, [3, 6, 4, 5], "nhwc"), lrn_n=4, lrn_alpha=0.5, lrn_beta=0.6, lrn_k=1.0))
+
+
+@case()
+def lrn_1d_wide_window_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # the window covers every channel
+    return outputs(g, g.lrn(tensor(g, [2, 5, 9]), lrn_n=16, lrn_alpha=1.0, lrn_beta=0.5, lrn_k=2.0))
+
+
+@case()
+def lrn_backward_3d_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    x, dy = tensor(g, [2, 5, 3, 4, 2]), tensor(g, [2, 5, 3, 4, 2], name="dy")
+    return outputs(g, g.lrn_backward(dy, x, lrn_n=3, lrn_alpha=0.4, lrn_beta=0.75, lrn_k=1.0))
+
+
+@case()
+def lrn_backward_even_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # dy NCHW, x NHWC: dx follows x
+    x, dy = tensor(g, [2, 9, 3, 5], "nhwc"), tensor(g, [2, 9, 3, 5], name="dy")
+    return outputs(g, g.lrn_backward(dy, x, lrn_n=6, lrn_alpha=0.3, lrn_beta=0.6, lrn_k=1.5))
+
+
+@case(gpu_only=True)
+def lrn_alexnet_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # AlexNet's first LRN
+    return outputs(g, g.lrn(tensor(g, [8, 96, 55, 55], "nhwc"), lrn_n=5, lrn_alpha=1e-4, lrn_beta=0.75, lrn_k=2.0))
+
+
+@case(gpu_only=True)
+def lrn_backward_alexnet_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x, dy = tensor(g, [4, 256, 27, 27]), tensor(g, [4, 256, 27, 27], name="dy")
+    return outputs(g, g.lrn_backward(dy, x, lrn_n=5, lrn_alpha=1e-4, lrn_beta=0.75, lrn_k=2.0))
+
+
 @case(gpu_only=True)
 def wgrad_resnet_nhwc_half() -> gd.OperationGraphSpec:
     g = graph("half")

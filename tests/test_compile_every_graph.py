@@ -197,6 +197,13 @@ def pooling_backward(g: gd.OperationGraphSpec) -> None:
     ).set_output(True)
 
 
+def local_response_norm(g: gd.OperationGraphSpec) -> None:
+    """Its own family: the input must be floating, which int8 IO is not."""
+    x, dy = _nhwc(g, [2, 8, 5, 3], "x"), _nhwc(g, [2, 8, 5, 3], "dy")
+    g.lrn(x, lrn_n=5).set_name("lrn").set_output(True)
+    g.lrn_backward(dy, x, lrn_n=4).set_name("dlrn").set_output(True)
+
+
 def movement(g: gd.OperationGraphSpec) -> None:
     x, z = g.tensor(name="x", dim=[4, 6, 10]), g.tensor(name="z", dim=[4, 3, 10])
     cat = g.concatenate([x, z], axis=1)
@@ -273,6 +280,7 @@ FAMILIES: dict[str, Build] = {
         norm_backward_fused,
         windows,
         pooling_backward,
+        local_response_norm,
         movement,
         attention,
         block_scaled_quantization,

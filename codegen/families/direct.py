@@ -3,7 +3,8 @@
 A direct fused node holds one node, its anchor. Each op kind has one emitter (in the
 ``direct_*`` modules, by kind of work): data movement as strided copies, pooling (forward,
 backward, adaptive) and resampling as per-output gathers, convolution gradients, and the
-reductions (genstats, conv_wgrad) on one reduction pattern; block-scaled quantization; top-k,
+reductions (genstats, conv_wgrad) on one reduction pattern; local response normalisation
+over channel windows; block-scaled quantization; top-k,
 the router and the mixture-of-experts movement ops and grouped matmul. The backward norms have
 families of their own; layer and RMS norm backward of rows too long for registers come back
 to direct_norm.py's kernels.
@@ -18,7 +19,7 @@ from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import FusedProgram
-from . import direct_conv, direct_moe, direct_movement, direct_norm, direct_quantize, direct_window
+from . import direct_conv, direct_lrn, direct_moe, direct_movement, direct_norm, direct_quantize, direct_window
 from .direct_common import anchor_of
 
 EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
@@ -33,6 +34,8 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "conv_dgrad": direct_conv.emit_dgrad,
     "conv_wgrad": direct_conv.emit_wgrad,
     "genstats": direct_norm.emit_genstats,
+    "lrn": direct_lrn.emit_lrn,
+    "lrn_backward": direct_lrn.emit_lrn_backward,
     "block_scale_quantize": direct_quantize.emit_quantize,
     "block_scale_dequantize": direct_quantize.emit_dequantize,
     "topk": direct_moe.emit_topk,

@@ -8,6 +8,7 @@ from .attention import AttentionMethods
 from .base import Category, Inferred, Op, Role, get_op, op_kinds
 from .conv import ConvMethods
 from .index import IndexMethods
+from .lrn import LrnMethods
 from .matmul import MatmulMethods
 from .moe import MoeMethods
 from .norm_backward import NormBackwardMethods
@@ -25,6 +26,7 @@ class OpMethods(
     AttentionMethods,
     ConvMethods,
     IndexMethods,
+    LrnMethods,
     MatmulMethods,
     MoeMethods,
     NormMethods,
