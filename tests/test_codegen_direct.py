@@ -485,6 +485,85 @@ def lrn_backward_alexnet_float() -> gd.OperationGraphSpec:
     return outputs(g, g.lrn_backward(dy, x, lrn_n=5, lrn_alpha=1e-4, lrn_beta=0.75, lrn_k=2.0))
 
 
+# -- spatial transformer ------------------------------------------------------------------------
+@case()
+def spatial_tf_grid_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, g.spatial_tf_grid_generator(tensor(g, [3, 2, 3], name="theta"), [5, 7]))
+
+
+@case()
+def spatial_tf_grid_one_column_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # a one-pixel-wide output: its x coordinate is 0
+    return outputs(g, g.spatial_tf_grid_generator(tensor(g, [2, 2, 3], name="theta"), [4, 1]))
+
+
+@case()
+def spatial_tf_dtheta_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    return outputs(g, g.spatial_tf_grid_generator_backward(tensor(g, [2, 5, 3, 2], name="dgrid")))
+
+
+@case()
+def spatial_tf_sampler_nchw_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # random grid values run past [-1, 1]: the zero padding is read
+    x, grid = tensor(g, [2, 3, 6, 7]), tensor(g, [2, 4, 5, 2], name="grid")
+    return outputs(g, g.spatial_tf_sampler(x, grid))
+
+
+@case()
+def spatial_tf_sampler_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    x, grid = tensor(g, [2, 5, 7, 4], "nhwc"), tensor(g, [2, 3, 6, 2], name="grid")
+    return outputs(g, g.spatial_tf_sampler(x, grid))
+
+
+@case()
+def spatial_tf_sampler_one_row_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # a one-row image: every sample off row 0 blends with zeros
+    x, grid = tensor(g, [1, 2, 1, 9]), tensor(g, [1, 2, 3, 2], name="grid")
+    return outputs(g, g.spatial_tf_sampler(x, grid))
+
+
+@case()
+def spatial_tf_sampler_backward_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x, grid, dy = tensor(g, [2, 3, 5, 6]), tensor(g, [2, 4, 3, 2], name="grid"), tensor(g, [2, 3, 4, 3], name="dy")
+    return outputs(g, *g.spatial_tf_sampler_backward(x, grid, dy))
+
+
+@case()
+def spatial_tf_sampler_backward_nhwc_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    x, grid = tensor(g, [2, 4, 3, 5], "nhwc"), tensor(g, [2, 2, 3, 2], name="grid")
+    dy = tensor(g, [2, 4, 2, 3], "nhwc", name="dy")
+    return outputs(g, *g.spatial_tf_sampler_backward(x, grid, dy))
+
+
+@case(gpu_only=True)
+def spatial_tf_sampler_dx_only_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # dgrid unread: one kernel, which never reads x
+    x, grid, dy = tensor(g, [1, 2, 4, 4]), tensor(g, [1, 3, 3, 2], name="grid"), tensor(g, [1, 2, 3, 3], name="dy")
+    dx, _ = g.spatial_tf_sampler_backward(x, grid, dy)
+    return outputs(g, dx)
+
+
+@case(gpu_only=True)
+def spatial_tf_transform_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # grid generator then sampler, the transformer's forward
+    theta = tensor(g, [8, 2, 3], name="theta")
+    grid = g.spatial_tf_grid_generator(theta, [28, 28])
+    return outputs(g, g.spatial_tf_sampler(tensor(g, [8, 32, 32, 32], "nhwc"), grid))
+
+
+@case(gpu_only=True)
+def spatial_tf_backward_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x, grid = tensor(g, [4, 16, 24, 24]), tensor(g, [4, 20, 20, 2], name="grid")
+    dx, dgrid = g.spatial_tf_sampler_backward(x, grid, tensor(g, [4, 16, 20, 20], name="dy"))
+    return outputs(g, dx, dgrid, g.spatial_tf_grid_generator_backward(dgrid))
+
+
 @case(gpu_only=True)
 def wgrad_resnet_nhwc_half() -> gd.OperationGraphSpec:
     g = graph("half")
@@ -732,6 +811,16 @@ def test_pooling_backward_gathers_without_atomics():
 def test_an_unread_pooling_output_is_not_written():
     forward, _ = kernels("pool_max_index_to_backward_float")
     assert "pooling_index" in forward.name and function(forward).count("= gd::from<") == 1  # the index only
+
+
+def test_sampler_backward_writes_only_what_is_read():
+    dgrid, dx = kernels("spatial_tf_sampler_backward_float")
+    assert "sampler_dgrid" in dgrid.name and "sampler_dx" in dx.name
+    ((fused, program),) = emit_direct(spatial_tf_sampler_dx_only_half())
+    (kernel,) = program.kernels
+    x = next(t for t in fused.inputs if t.name == "x")
+    assert "sampler_dx" in kernel.name and "atomic" not in function(kernel)
+    assert x.id not in [p.tensor for p in kernel.params]
 
 
 def test_average_pooling_backward_does_not_read_x():

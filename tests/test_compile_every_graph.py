@@ -204,6 +204,16 @@ def local_response_norm(g: gd.OperationGraphSpec) -> None:
     g.lrn_backward(dy, x, lrn_n=4).set_name("dlrn").set_output(True)
 
 
+def spatial_transformer(g: gd.OperationGraphSpec) -> None:
+    """Its own family: every role must be floating, which int8 IO is not."""
+    x, theta = _nhwc(g, [2, 8, 9, 7], "x"), g.tensor([2, 2, 3], name="theta")
+    grid = g.spatial_tf_grid_generator(theta, [5, 6]).set_name("grid")
+    g.spatial_tf_sampler(x, grid).set_name("sampled").set_output(True)
+    dx, dgrid = g.spatial_tf_sampler_backward(x, grid, _nhwc(g, [2, 8, 5, 6], "dy"))
+    dx.set_name("dx").set_output(True)
+    g.spatial_tf_grid_generator_backward(dgrid).set_name("dtheta").set_output(True)
+
+
 def movement(g: gd.OperationGraphSpec) -> None:
     x, z = g.tensor(name="x", dim=[4, 6, 10]), g.tensor(name="z", dim=[4, 3, 10])
     cat = g.concatenate([x, z], axis=1)
@@ -281,6 +291,7 @@ FAMILIES: dict[str, Build] = {
         windows,
         pooling_backward,
         local_response_norm,
+        spatial_transformer,
         movement,
         attention,
         block_scaled_quantization,

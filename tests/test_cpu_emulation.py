@@ -1,8 +1,9 @@
 """The backward-norm kernels and the classic cuDNN ops' direct kernels (local response
-normalisation) run on the CPU (tests/cpu_emulation.py) against the reference: their index
-math (rows and columns of each thread, the blocks' partial sums, the per-channel sums, the
-vector and element paths, the channel windows) checked on a machine without a GPU. Float,
-double and half kernels, small shapes; the `gpu` tests run every type and the large shapes."""
+normalisation, the spatial transformer) run on the CPU (tests/cpu_emulation.py) against the
+reference: their index math (rows and columns of each thread, the blocks' partial sums, the
+per-channel sums, the vector and element paths, the channel windows, the sample points)
+checked on a machine without a GPU. Float, double and half kernels, small shapes; the `gpu`
+tests run every type and the large shapes."""
 
 from __future__ import annotations
 
@@ -52,7 +53,19 @@ GRAPHS = [
     bn_backward("double", [2, 3, 4, 5]),
     *map(
         direct_case,
-        ["lrn_nchw_half", "lrn_even_window_nhwc_float", "lrn_backward_3d_double", "lrn_backward_even_nhwc_half"],
+        [
+            "lrn_nchw_half",
+            "lrn_even_window_nhwc_float",
+            "lrn_backward_3d_double",
+            "lrn_backward_even_nhwc_half",
+            "spatial_tf_grid_float",
+            "spatial_tf_grid_one_column_half",
+            "spatial_tf_dtheta_double",
+            "spatial_tf_sampler_nchw_float",
+            "spatial_tf_sampler_nhwc_half",
+            "spatial_tf_sampler_backward_float",
+            "spatial_tf_sampler_backward_nhwc_double",
+        ],
     ),
 ]
 

@@ -4,7 +4,7 @@ A direct fused node holds one node, its anchor. Each op kind has one emitter (in
 ``direct_*`` modules, by kind of work): data movement as strided copies, pooling (forward,
 backward, adaptive) and resampling as per-output gathers, convolution gradients, and the
 reductions (genstats, conv_wgrad) on one reduction pattern; local response normalisation
-over channel windows; block-scaled quantization; top-k,
+over channel windows; the spatial transformer's grid generator and bilinear sampler; block-scaled quantization; top-k,
 the router and the mixture-of-experts movement ops and grouped matmul. The backward norms have
 families of their own; layer and RMS norm backward of rows too long for registers come back
 to direct_norm.py's kernels.
@@ -19,7 +19,16 @@ from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import FusedProgram
-from . import direct_conv, direct_lrn, direct_moe, direct_movement, direct_norm, direct_quantize, direct_window
+from . import (
+    direct_conv,
+    direct_lrn,
+    direct_moe,
+    direct_movement,
+    direct_norm,
+    direct_quantize,
+    direct_sampler,
+    direct_window,
+)
 from .direct_common import anchor_of
 
 EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
@@ -36,6 +45,10 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "genstats": direct_norm.emit_genstats,
     "lrn": direct_lrn.emit_lrn,
     "lrn_backward": direct_lrn.emit_lrn_backward,
+    "spatial_tf_grid_generator": direct_sampler.emit_grid_generator,
+    "spatial_tf_grid_generator_backward": direct_sampler.emit_grid_generator_backward,
+    "spatial_tf_sampler": direct_sampler.emit_sampler,
+    "spatial_tf_sampler_backward": direct_sampler.emit_sampler_backward,
     "block_scale_quantize": direct_quantize.emit_quantize,
     "block_scale_dequantize": direct_quantize.emit_dequantize,
     "topk": direct_moe.emit_topk,

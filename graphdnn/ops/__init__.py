@@ -19,6 +19,7 @@ from .quantize import QuantizeMethods
 from .random import RandomMethods
 from .reduction import ReductionMethods
 from .shape import ShapeMethods
+from .spatial_transformer import SpatialTransformerMethods
 from .topk import TopkMethods
 
 
@@ -37,6 +38,7 @@ class OpMethods(
     RandomMethods,
     ReductionMethods,
     ShapeMethods,
+    SpatialTransformerMethods,
     TopkMethods,
 ):
     """Every op method of :class:`~graphdnn.OperationGraphSpec`."""
