@@ -564,6 +564,49 @@ def spatial_tf_backward_float() -> gd.OperationGraphSpec:
     return outputs(g, dx, dgrid, g.spatial_tf_grid_generator_backward(dgrid))
 
 
+# -- CTC loss ----------------------------------------------------------------------------------
+def ctc_inputs(g: gd.OperationGraphSpec, steps: int, batch: int, alphabet: int, width: int, layout: str = "tna"):
+    """probs [T, N, A] (or batch-major memory, [N, T, A] strides), labels [N, S] and lengths as int32."""
+    dims = [steps, batch, alphabet]
+    stride = [alphabet, steps * alphabet, 1] if layout == "nta" else None
+    probs = g.tensor(dims, stride=stride, name="probs")
+    labels = g.tensor([batch, width], data_type="int32", name="labels")
+    label_lengths = g.tensor([batch], data_type="int32", name="label_lengths")
+    input_lengths = g.tensor([batch], data_type="int32", name="input_lengths")
+    return probs, labels, label_lengths, input_lengths
+
+
+@case()
+def ctc_softmax_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # random lengths: some sequences fit no alignment (loss inf, gradient 0)
+    return outputs(g, *g.ctc_loss(*ctc_inputs(g, 9, 3, 5, 3)))
+
+
+@case()
+def ctc_probabilities_batch_major_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    return outputs(g, *g.ctc_loss(*ctc_inputs(g, 7, 2, 4, 2, "nta"), normalization="none"))
+
+
+@case()
+def ctc_loss_only_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # the gradient unread: never written
+    loss, _ = g.ctc_loss(*ctc_inputs(g, 6, 2, 3, 2))
+    return outputs(g, loss)
+
+
+@case(gpu_only=True)
+def ctc_speech_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # character-level speech: 29 symbols, 200 steps, labels up to 60
+    return outputs(g, *g.ctc_loss(*ctc_inputs(g, 200, 16, 29, 60)))
+
+
+@case(gpu_only=True)
+def ctc_wide_alphabet_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # more alphabet entries than threads
+    return outputs(g, *g.ctc_loss(*ctc_inputs(g, 50, 4, 700, 20, "nta")))
+
+
 @case(gpu_only=True)
 def wgrad_resnet_nhwc_half() -> gd.OperationGraphSpec:
     g = graph("half")
@@ -821,6 +864,24 @@ def test_sampler_backward_writes_only_what_is_read():
     x = next(t for t in fused.inputs if t.name == "x")
     assert "sampler_dx" in kernel.name and "atomic" not in function(kernel)
     assert x.id not in [p.tensor for p in kernel.params]
+
+
+@pytest.mark.parametrize(("io", "longest"), [("float", 1534), ("double", 876)])
+def test_ctc_refuses_labels_too_long_for_shared_memory(io, longest):
+    g = graph(io)
+    outputs(g, *g.ctc_loss(*ctc_inputs(g, 4, 2, 3, longest)))
+    assert len(emit_direct(g)) == 1
+    g = graph(io)
+    outputs(g, *g.ctc_loss(*ctc_inputs(g, 4, 2, 3, longest + 1)))
+    with pytest.raises(UnsupportedError, match=f"labels of at most {longest} entries run here"):
+        emit_direct(g)
+
+
+def test_ctc_loss_alone_keeps_no_alpha_rows_and_writes_no_gradient():
+    ((_, program),) = emit_direct(ctc_loss_only_half())
+    (kernel,) = program.kernels
+    assert "phase 3" not in function(kernel) and "ctc_alpha" not in function(kernel)
+    assert [s.name for s in program.scratch] == ["ctc_normalizer"]
 
 
 def test_average_pooling_backward_does_not_read_x():

@@ -214,6 +214,17 @@ def spatial_transformer(g: gd.OperationGraphSpec) -> None:
     g.spatial_tf_grid_generator_backward(dgrid).set_name("dtheta").set_output(True)
 
 
+def ctc(g: gd.OperationGraphSpec) -> None:
+    """Its own family: probs must be floating, which int8 IO is not."""
+    probs = g.tensor([9, 3, 6], name="probs")
+    ints = [
+        g.tensor(dims, data_type="int32", name=name) for dims, name in (([3, 4], "labels"), ([3], "ll"), ([3], "il"))
+    ]
+    loss, grad = g.ctc_loss(probs, *ints)
+    loss.set_name("loss").set_output(True)
+    grad.set_name("grad").set_output(True)
+
+
 def movement(g: gd.OperationGraphSpec) -> None:
     x, z = g.tensor(name="x", dim=[4, 6, 10]), g.tensor(name="z", dim=[4, 3, 10])
     cat = g.concatenate([x, z], axis=1)
@@ -292,6 +303,7 @@ FAMILIES: dict[str, Build] = {
         pooling_backward,
         local_response_norm,
         spatial_transformer,
+        ctc,
         movement,
         attention,
         block_scaled_quantization,

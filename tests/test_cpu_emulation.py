@@ -1,7 +1,7 @@
 """The backward-norm kernels and the classic cuDNN ops' direct kernels (local response
-normalisation, the spatial transformer) run on the CPU (tests/cpu_emulation.py) against the
+normalisation, the spatial transformer, CTC loss) run on the CPU (tests/cpu_emulation.py) against the
 reference: their index math (rows and columns of each thread, the blocks' partial sums, the
-per-channel sums, the vector and element paths, the channel windows, the sample points)
+per-channel sums, the vector and element paths, the channel windows, the sample points, CTC's recursions)
 checked on a machine without a GPU. Float, double and half kernels, small shapes; the `gpu`
 tests run every type and the large shapes."""
 
@@ -65,6 +65,9 @@ GRAPHS = [
             "spatial_tf_sampler_nhwc_half",
             "spatial_tf_sampler_backward_float",
             "spatial_tf_sampler_backward_nhwc_double",
+            "ctc_softmax_float",
+            "ctc_probabilities_batch_major_double",
+            "ctc_loss_only_half",
         ],
     ),
 ]

@@ -4,8 +4,9 @@ A direct fused node holds one node, its anchor. Each op kind has one emitter (in
 ``direct_*`` modules, by kind of work): data movement as strided copies, pooling (forward,
 backward, adaptive) and resampling as per-output gathers, convolution gradients, and the
 reductions (genstats, conv_wgrad) on one reduction pattern; local response normalisation
-over channel windows; the spatial transformer's grid generator and bilinear sampler; block-scaled quantization; top-k,
-the router and the mixture-of-experts movement ops and grouped matmul. The backward norms have
+over channel windows; the spatial transformer's grid generator and bilinear sampler; CTC
+loss (a block per sequence); block-scaled quantization; top-k, the router and the
+mixture-of-experts movement ops and grouped matmul. The backward norms have
 families of their own; layer and RMS norm backward of rows too long for registers come back
 to direct_norm.py's kernels.
 """
@@ -21,6 +22,7 @@ from ..context import EmitContext
 from ..kernel import FusedProgram
 from . import (
     direct_conv,
+    direct_ctc,
     direct_lrn,
     direct_moe,
     direct_movement,
@@ -45,6 +47,7 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "genstats": direct_norm.emit_genstats,
     "lrn": direct_lrn.emit_lrn,
     "lrn_backward": direct_lrn.emit_lrn_backward,
+    "ctc_loss": direct_ctc.emit_ctc_loss,
     "spatial_tf_grid_generator": direct_sampler.emit_grid_generator,
     "spatial_tf_grid_generator_backward": direct_sampler.emit_grid_generator_backward,
     "spatial_tf_sampler": direct_sampler.emit_sampler,

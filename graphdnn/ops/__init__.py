@@ -7,6 +7,7 @@ reference semantics) and the builder methods that add them to a graph.
 from .attention import AttentionMethods
 from .base import Category, Inferred, Op, Role, get_op, op_kinds
 from .conv import ConvMethods
+from .ctc import CtcMethods
 from .index import IndexMethods
 from .lrn import LrnMethods
 from .matmul import MatmulMethods
@@ -26,6 +27,7 @@ from .topk import TopkMethods
 class OpMethods(
     AttentionMethods,
     ConvMethods,
+    CtcMethods,
     IndexMethods,
     LrnMethods,
     MatmulMethods,
