@@ -607,6 +607,71 @@ def ctc_wide_alphabet_bf16() -> gd.OperationGraphSpec:
     return outputs(g, *g.ctc_loss(*ctc_inputs(g, 50, 4, 700, 20, "nta")))
 
 
+# -- recurrent layers ----------------------------------------------------------------------------
+def rnn_graph(
+    io: str,
+    mode: str,
+    steps: int,
+    batch: int,
+    inputs: int,
+    hidden: int,
+    layers: int,
+    bidirectional: bool,
+    *,
+    initial: bool = True,
+) -> gd.OperationGraphSpec:
+    """An rnn node with its weight list (PyTorch's order) and, with ``initial``, hx (and cx)."""
+    g = graph(io)
+    gates = {"relu": 1, "tanh": 1, "lstm": 4, "gru": 3}[mode]
+    directions = 2 if bidirectional else 1
+    weights = []
+    for layer in range(layers):
+        width = inputs if layer == 0 else directions * hidden
+        for direction in range(directions):
+            for name, dims in (
+                ("w_ih", [gates * hidden, width]),
+                ("w_hh", [gates * hidden, hidden]),
+                ("b_ih", [gates * hidden]),
+                ("b_hh", [gates * hidden]),
+            ):
+                weights.append(g.tensor(dims, name=f"{name}_l{layer}_d{direction}"))
+    state = [layers * directions, batch, hidden]
+    hx = g.tensor(state, name="hx") if initial else None
+    cx = g.tensor(state, name="cx") if initial and mode == "lstm" else None
+    x = g.tensor([steps, batch, inputs], name="x")
+    return outputs(g, *g.rnn(x, weights, mode, hidden, layers, bidirectional, hx=hx, cx=cx))
+
+
+@case()
+def rnn_lstm_two_layers_bidirectional_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 5, 3, 4, 6, 2, True)
+
+
+@case()
+def rnn_gru_three_layers_double() -> gd.OperationGraphSpec:
+    return rnn_graph("double", "gru", 4, 2, 3, 5, 3, False)  # layer 2 reuses layer 0's buffer
+
+
+@case()
+def rnn_tanh_bidirectional_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "tanh", 6, 2, 3, 4, 1, True, initial=False)
+
+
+@case()
+def rnn_relu_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "relu", 7, 3, 5, 300, 1, False)  # more hidden units than threads
+
+
+@case(gpu_only=True)
+def rnn_lstm_speech_bf16() -> gd.OperationGraphSpec:
+    return rnn_graph("bfloat16", "lstm", 50, 8, 80, 256, 2, True)
+
+
+@case(gpu_only=True)
+def rnn_gru_wide_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "gru", 30, 16, 64, 512, 2, False, initial=False)
+
+
 @case(gpu_only=True)
 def wgrad_resnet_nhwc_half() -> gd.OperationGraphSpec:
     g = graph("half")
@@ -882,6 +947,24 @@ def test_ctc_loss_alone_keeps_no_alpha_rows_and_writes_no_gradient():
     (kernel,) = program.kernels
     assert "phase 3" not in function(kernel) and "ctc_alpha" not in function(kernel)
     assert [s.name for s in program.scratch] == ["ctc_normalizer"]
+
+
+def test_rnn_runs_a_kernel_per_layer_and_direction_over_alternating_buffers():
+    names = [k.name for k in kernels("rnn_lstm_two_layers_bidirectional_float")]
+    assert [("layer1" in n, "reverse" in n) for n in names] == [
+        (False, False),
+        (False, True),
+        (True, False),
+        (True, True),
+    ]
+    ((_, program),) = emitted("rnn_gru_three_layers_double")
+    assert [s.name for s in program.scratch] == ["rnn_layer0", "rnn_layer1"]
+    assert all(k.grid == (2, 1, 1) for k in program.kernels)  # a block per sequence
+
+
+def test_rnn_refuses_a_state_too_large_for_shared_memory():
+    with pytest.raises(UnsupportedError, match="rnn keeps a sequence's 4 x 2100 gates"):
+        emit_direct(rnn_graph("float", "lstm", 2, 1, 3, 2100, 1, False))
 
 
 def test_average_pooling_backward_does_not_read_x():

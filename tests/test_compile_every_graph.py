@@ -225,6 +225,19 @@ def ctc(g: gd.OperationGraphSpec) -> None:
     grad.set_name("grad").set_output(True)
 
 
+def recurrent(g: gd.OperationGraphSpec) -> None:
+    """Its own family: x and the weights must be floating, which int8 IO is not."""
+    weights = []
+    for layer in range(2):
+        for direction in range(2):
+            width = 6 if layer == 0 else 10
+            for name, dims in (("w_ih", [20, width]), ("w_hh", [20, 5]), ("b_ih", [20]), ("b_hh", [20])):
+                weights.append(g.tensor(dims, name=f"{name}_{layer}_{direction}"))
+    y, hy, cy = g.rnn(g.tensor([4, 3, 6], name="x"), weights, "lstm", 5, num_layers=2, bidirectional=True)
+    for t, name in ((y, "y"), (hy, "hy"), (cy, "cy")):
+        t.set_name(name).set_output(True)  # type: ignore[union-attr]
+
+
 def movement(g: gd.OperationGraphSpec) -> None:
     x, z = g.tensor(name="x", dim=[4, 6, 10]), g.tensor(name="z", dim=[4, 3, 10])
     cat = g.concatenate([x, z], axis=1)
@@ -304,6 +317,7 @@ FAMILIES: dict[str, Build] = {
         local_response_norm,
         spatial_transformer,
         ctc,
+        recurrent,
         movement,
         attention,
         block_scaled_quantization,

@@ -1,9 +1,10 @@
 """The backward-norm kernels and the classic cuDNN ops' direct kernels (local response
-normalisation, the spatial transformer, CTC loss) run on the CPU (tests/cpu_emulation.py) against the
-reference: their index math (rows and columns of each thread, the blocks' partial sums, the
-per-channel sums, the vector and element paths, the channel windows, the sample points, CTC's recursions)
-checked on a machine without a GPU. Float, double and half kernels, small shapes; the `gpu`
-tests run every type and the large shapes."""
+normalisation, the spatial transformer, CTC loss, RNN inference) run on the CPU
+(tests/cpu_emulation.py) against the reference: their index math (rows and columns of each
+thread, the blocks' partial sums, the per-channel sums, the vector and element paths, the
+channel windows, the sample points, CTC's and the RNNs' recursions) checked on a machine
+without a GPU. Float, double and half kernels, small shapes; the `gpu` tests run every type
+and the large shapes."""
 
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ GRAPHS = [
             "ctc_softmax_float",
             "ctc_probabilities_batch_major_double",
             "ctc_loss_only_half",
+            "rnn_lstm_two_layers_bidirectional_float",
+            "rnn_gru_three_layers_double",
+            "rnn_tanh_bidirectional_half",
+            "rnn_relu_float",
         ],
     ),
 ]

@@ -5,9 +5,9 @@ A direct fused node holds one node, its anchor. Each op kind has one emitter (in
 backward, adaptive) and resampling as per-output gathers, convolution gradients, and the
 reductions (genstats, conv_wgrad) on one reduction pattern; local response normalisation
 over channel windows; the spatial transformer's grid generator and bilinear sampler; CTC
-loss (a block per sequence); block-scaled quantization; top-k, the router and the
-mixture-of-experts movement ops and grouped matmul. The backward norms have
-families of their own; layer and RMS norm backward of rows too long for registers come back
+loss and RNN / LSTM / GRU inference (a block per sequence); block-scaled quantization;
+top-k, the router and the mixture-of-experts movement ops and grouped matmul. The backward
+norms have families of their own; layer and RMS norm backward of rows too long for registers come back
 to direct_norm.py's kernels.
 """
 
@@ -28,6 +28,7 @@ from . import (
     direct_movement,
     direct_norm,
     direct_quantize,
+    direct_rnn,
     direct_sampler,
     direct_window,
 )
@@ -48,6 +49,7 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "lrn": direct_lrn.emit_lrn,
     "lrn_backward": direct_lrn.emit_lrn_backward,
     "ctc_loss": direct_ctc.emit_ctc_loss,
+    "rnn": direct_rnn.emit_rnn,
     "spatial_tf_grid_generator": direct_sampler.emit_grid_generator,
     "spatial_tf_grid_generator_backward": direct_sampler.emit_grid_generator_backward,
     "spatial_tf_sampler": direct_sampler.emit_sampler,

@@ -19,6 +19,7 @@ from .pooling import PoolingMethods
 from .quantize import QuantizeMethods
 from .random import RandomMethods
 from .reduction import ReductionMethods
+from .rnn import RnnMethods
 from .shape import ShapeMethods
 from .spatial_transformer import SpatialTransformerMethods
 from .topk import TopkMethods
@@ -39,6 +40,7 @@ class OpMethods(
     QuantizeMethods,
     RandomMethods,
     ReductionMethods,
+    RnnMethods,
     ShapeMethods,
     SpatialTransformerMethods,
     TopkMethods,

@@ -1,0 +1,157 @@
+"""rnn: reference semantics against torch.nn.RNN / LSTM / GRU (same weights), shapes, errors, JSON."""
+
+import numpy as np
+import pytest
+
+import graphdnn as gd
+from graphdnn import reference
+from graphdnn.signature import signature
+
+torch = pytest.importorskip("torch")
+
+MODULES = {"relu": torch.nn.RNN, "tanh": torch.nn.RNN, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
+
+
+def new_graph() -> gd.OperationGraphSpec:
+    return gd.OperationGraphSpec(io_data_type="double", intermediate_data_type="double", compute_data_type="double")
+
+
+def torch_module(mode: str, inputs: int, hidden: int, layers: int, bidirectional: bool):
+    kw = {"nonlinearity": mode} if MODULES[mode] is torch.nn.RNN else {}
+    torch.manual_seed(0)
+    return MODULES[mode](inputs, hidden, num_layers=layers, bidirectional=bidirectional, dtype=torch.float64, **kw)
+
+
+def run(module, mode: str, x: np.ndarray, hx=None, cx=None):
+    """rnn's outputs with the module's weights."""
+    g = new_graph()
+    feeds = {"x": x, **{f"w{i}": w.detach().numpy() for i, w in enumerate(module._flat_weights)}}
+    if hx is not None:
+        feeds["hx"] = hx
+    if cx is not None:
+        feeds["cx"] = cx
+    t = {name: g.tensor_like(value, name=name) for name, value in feeds.items()}
+    weights = [t[f"w{i}"] for i in range(len(module._flat_weights))]
+    layers, bidirectional = module.num_layers, module.bidirectional
+    outs = g.rnn(t["x"], weights, mode, module.hidden_size, layers, bidirectional, hx=t.get("hx"), cx=t.get("cx"))
+    for out in outs:
+        if out is not None:
+            out.set_output(True)
+    values = reference.execute(g, feeds)
+    return [values[out.name] if out is not None else None for out in outs]
+
+
+@pytest.mark.parametrize("mode", ["relu", "tanh", "lstm", "gru"])
+@pytest.mark.parametrize(("layers", "bidirectional"), [(1, False), (1, True), (3, False), (2, True)])
+def test_matches_torch(mode, layers, bidirectional, rng):
+    module = torch_module(mode, 5, 4, layers, bidirectional)
+    x = rng.standard_normal((6, 3, 5))
+    state = (layers * (2 if bidirectional else 1), 3, 4)
+    hx, cx = rng.standard_normal(state), rng.standard_normal(state)
+    with torch.no_grad():
+        initial = (torch.tensor(hx), torch.tensor(cx)) if mode == "lstm" else torch.tensor(hx)
+        y, final = module(torch.tensor(x), initial)
+    got = run(module, mode, x, hx, cx if mode == "lstm" else None)
+    np.testing.assert_allclose(got[0], y.numpy(), rtol=1e-12, atol=1e-14)
+    if mode == "lstm":
+        np.testing.assert_allclose(got[1], final[0].numpy(), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(got[2], final[1].numpy(), rtol=1e-12, atol=1e-14)
+    else:
+        np.testing.assert_allclose(got[1], final.numpy(), rtol=1e-12, atol=1e-14)
+        assert got[2] is None
+
+
+def test_unbound_initial_states_are_zeros(rng):
+    module = torch_module("lstm", 3, 2, 1, True)
+    x = rng.standard_normal((4, 2, 3))
+    with torch.no_grad():
+        y, (hy, cy) = module(torch.tensor(x))
+    got = run(module, "lstm", x)
+    for a, b in zip(got, (y, hy, cy)):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_dims():
+    g = new_graph()
+    module = torch_module("gru", 5, 4, 2, True)
+    weights = [g.tensor(list(w.shape)) for w in module._flat_weights]
+    y, hy, cy = g.rnn(g.tensor([7, 3, 5]), weights, "gru", 4, 2, True)
+    assert y.dim == (7, 3, 8) and hy.dim == (4, 3, 4) and cy is None
+
+
+def weights_for(g, mode, inputs, hidden, layers, bidirectional):
+    return [
+        g.tensor(list(w.shape), name=f"w{i}")
+        for i, w in enumerate(torch_module(mode, inputs, hidden, layers, bidirectional)._flat_weights)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (
+            lambda g: g.rnn(g.tensor([7, 5]), weights_for(g, "lstm", 5, 4, 1, False), "lstm", 4, name="n"),
+            gd.ShapeError,
+            r"x has dims \[7, 5\]; rnn needs \[T, N, I\]",
+        ),
+        (
+            lambda g: g.rnn(g.tensor([7, 3, 5]), weights_for(g, "lstm", 5, 4, 1, False)[:3], "lstm", 4, name="n"),
+            gd.ShapeError,
+            "weights has 3 tensors; 1 layers x 1 directions need 4",
+        ),
+        (
+            lambda g: g.rnn(g.tensor([7, 3, 5]), weights_for(g, "gru", 5, 4, 1, False), "lstm", 4, name="n"),
+            gd.ShapeError,
+            r"weights\[0\] 'w0' \(w_ih of layer 0, direction 0\) has dims \[12, 5\], expected \[16, 5\]",
+        ),
+        (
+            lambda g: g.rnn(g.tensor([7, 3, 6]), weights_for(g, "tanh", 5, 4, 2, True), "tanh", 4, 2, True, name="n"),
+            gd.ShapeError,
+            r"weights\[0\] 'w0' \(w_ih of layer 0, direction 0\) has dims \[4, 5\], expected \[4, 6\]",
+        ),
+        (
+            lambda g: g.rnn(
+                g.tensor([7, 3, 5]),
+                weights_for(g, "gru", 5, 4, 1, False),
+                "gru",
+                4,
+                hx=g.tensor([1, 3, 4]),
+                cx=g.tensor([1, 3, 4]),
+                name="n",
+            ),
+            gd.AttributeValueError,
+            "cx is LSTM's cell state; gru has none",
+        ),
+        (
+            lambda g: g.rnn(
+                g.tensor([7, 3, 5]), weights_for(g, "gru", 5, 4, 1, False), "gru", 4, hx=g.tensor([2, 3, 4]), name="n"
+            ),
+            gd.ShapeError,
+            r"hx has dims \[2, 3, 4\], expected \[1, 3, 4\]",
+        ),
+        (
+            lambda g: g.rnn(g.tensor([7, 3, 5]), weights_for(g, "gru", 5, 4, 1, False), "gru", 0, name="n"),
+            gd.AttributeValueError,
+            "hidden_size 0 and num_layers 1 must be >= 1",
+        ),
+        (
+            lambda g: g.rnn(g.tensor([7, 3, 5]), weights_for(g, "gru", 5, 4, 1, False), "sru", 4, name="n"),
+            gd.AttributeValueError,
+            "attribute 'mode' must be one of 'relu', 'tanh', 'lstm', 'gru'",
+        ),
+    ],
+)
+def test_errors(build, error, message):
+    with pytest.raises(error, match=f"node 'n'.*{message}"):
+        build(new_graph())
+
+
+def test_round_trip_through_json():
+    g = new_graph()
+    weights = weights_for(g, "lstm", 5, 4, 2, True)
+    y, hy, cy = g.rnn(g.tensor([7, 3, 5], name="x"), weights, "lstm", 4, 2, True, hx=g.tensor([4, 3, 4], name="hx"))
+    for t in (y, hy, cy):
+        t.set_output(True)
+    text = g.to_json()
+    again = gd.OperationGraphSpec.from_json(text)
+    assert signature(again.validate()) == signature(g.validate()) and '"bidirectional": true' in text
