@@ -45,3 +45,16 @@ def test_the_norm_backward_cases_build_as_one_pass_and_a_reduction() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("2 kernel(s), built in") == 4  # layer and RMS norm, two sizes each
     assert "drelu+dadd+batchnorm backward n4 c16 56²: 3 kernel(s)" in result.stdout  # sums, finalize, dx
+
+
+def test_the_classic_cudnn_cases_build() -> None:
+    """LRN, the spatial transformer (grid, then sampler), CTC (one kernel) and a 2-layer LSTM."""
+    result = _benchmark("run.py", "--dry", "--only", "")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for line in (
+        "lrn n32 c96 55²: 1 kernel(s)",
+        "spatial transformer n32 c64 64² -> 56²: 2 kernel(s)",
+        "ctc loss + gradient t400 n32 a29 s80: 1 kernel(s)",
+        "lstm inference 2x256 n32 t64: 2 kernel(s)",
+    ):
+        assert line in result.stdout

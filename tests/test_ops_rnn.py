@@ -155,3 +155,16 @@ def test_round_trip_through_json():
     text = g.to_json()
     again = gd.OperationGraphSpec.from_json(text)
     assert signature(again.validate()) == signature(g.validate()) and '"bidirectional": true' in text
+
+
+def test_random_weights_take_pytorchs_spread():
+    """Unit weights make the state chaotic (a rounding difference grows to O(1) over the steps):
+    random test inputs draw the weights with standard deviation 1 / sqrt(H), the rest with 1."""
+    from graphdnn.random_inputs import random_inputs
+
+    g = new_graph()
+    weights = weights_for(g, "lstm", 64, 100, 1, False)
+    y, _, _ = g.rnn(g.tensor([50, 8, 64], name="x"), weights, "lstm", 100)
+    y.set_output(True)
+    feeds = random_inputs(g.validate(), 0)
+    assert np.std(feeds["w1"]) == pytest.approx(0.1, rel=0.05) and np.std(feeds["x"]) == pytest.approx(1, rel=0.05)

@@ -117,6 +117,10 @@ class Rnn(Op):
         out = {"y": Inferred((steps, batch, a.directions * a.hidden_size)), "hy": Inferred(state)}
         return {**out, "cy": Inferred(state)} if a.mode is RnnMode.LSTM else out
 
+    def value_scale(self, node: Node, role: str) -> float | None:
+        """Weights of PyTorch's initial spread (1 / sqrt(H)): unit weights make the state chaotic."""
+        return node.attributes.hidden_size**-0.5 if role == "weights" else None  # type: ignore[attr-defined]
+
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         a: RnnAttributes = node.attributes  # type: ignore[assignment]
         data, weights = x["x"], x["weights"]
