@@ -621,8 +621,10 @@ def rnn_graph(
     bidirectional: bool,
     *,
     initial: bool = True,
+    lengths: str | None = None,
 ) -> gd.OperationGraphSpec:
-    """An rnn node with its weight list (PyTorch's order) and, with ``initial``, hx (and cx)."""
+    """An rnn node with its weight list (PyTorch's order), with ``initial`` hx (and cx), and
+    with ``lengths`` (a data type) each sequence's length."""
     g = graph(io)
     gates = {"relu": 1, "tanh": 1, "lstm": 4, "gru": 3}[mode]
     directions = 2 if bidirectional else 1
@@ -641,7 +643,8 @@ def rnn_graph(
     hx = g.tensor(state, name="hx") if initial else None
     cx = g.tensor(state, name="cx") if initial and mode == "lstm" else None
     x = g.tensor([steps, batch, inputs], name="x")
-    return outputs(g, *g.rnn(x, weights, mode, hidden, layers, bidirectional, hx=hx, cx=cx))
+    seq_lengths = g.tensor([batch], data_type=lengths, name="seq_lengths") if lengths else None
+    return outputs(g, *g.rnn(x, weights, mode, hidden, layers, bidirectional, hx=hx, cx=cx, seq_lengths=seq_lengths))
 
 
 @case()
@@ -664,9 +667,19 @@ def rnn_relu_float() -> gd.OperationGraphSpec:
     return rnn_graph("float", "relu", 7, 3, 5, 300, 1, False)  # more hidden units than threads
 
 
+@case()
+def rnn_lstm_lengths_bidirectional_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 6, 4, 3, 5, 2, True, lengths="int32")  # random lengths, 0 included
+
+
+@case()
+def rnn_gru_lengths_int64_double() -> gd.OperationGraphSpec:
+    return rnn_graph("double", "gru", 5, 3, 2, 4, 1, True, initial=False, lengths="int64")
+
+
 @case(gpu_only=True)
 def rnn_lstm_speech_bf16() -> gd.OperationGraphSpec:
-    return rnn_graph("bfloat16", "lstm", 50, 8, 80, 256, 2, True)
+    return rnn_graph("bfloat16", "lstm", 50, 8, 80, 256, 2, True, lengths="int32")
 
 
 @case(gpu_only=True)

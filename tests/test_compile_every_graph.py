@@ -233,7 +233,9 @@ def recurrent(g: gd.OperationGraphSpec) -> None:
             width = 6 if layer == 0 else 10
             for name, dims in (("w_ih", [20, width]), ("w_hh", [20, 5]), ("b_ih", [20]), ("b_hh", [20])):
                 weights.append(g.tensor(dims, name=f"{name}_{layer}_{direction}"))
-    y, hy, cy = g.rnn(g.tensor([4, 3, 6], name="x"), weights, "lstm", 5, num_layers=2, bidirectional=True)
+    lengths = g.tensor([3], data_type="int32", name="seq_lengths")
+    x = g.tensor([4, 3, 6], name="x")
+    y, hy, cy = g.rnn(x, weights, "lstm", 5, num_layers=2, bidirectional=True, seq_lengths=lengths)
     for t, name in ((y, "y"), (hy, "hy"), (cy, "cy")):
         t.set_name(name).set_output(True)  # type: ignore[union-attr]
 

@@ -73,6 +73,8 @@ GRAPHS = [
             "rnn_gru_three_layers_double",
             "rnn_tanh_bidirectional_half",
             "rnn_relu_float",
+            "rnn_lstm_lengths_bidirectional_float",
+            "rnn_gru_lengths_int64_double",
         ],
     ),
 ]

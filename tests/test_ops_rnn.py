@@ -22,10 +22,12 @@ def torch_module(mode: str, inputs: int, hidden: int, layers: int, bidirectional
     return MODULES[mode](inputs, hidden, num_layers=layers, bidirectional=bidirectional, dtype=torch.float64, **kw)
 
 
-def run(module, mode: str, x: np.ndarray, hx=None, cx=None):
+def run(module, mode: str, x: np.ndarray, hx=None, cx=None, lengths=None):
     """rnn's outputs with the module's weights."""
     g = new_graph()
     feeds = {"x": x, **{f"w{i}": w.detach().numpy() for i, w in enumerate(module._flat_weights)}}
+    if lengths is not None:
+        feeds["seq_lengths"] = np.asarray(lengths, dtype=np.int32)
     if hx is not None:
         feeds["hx"] = hx
     if cx is not None:
@@ -33,7 +35,17 @@ def run(module, mode: str, x: np.ndarray, hx=None, cx=None):
     t = {name: g.tensor_like(value, name=name) for name, value in feeds.items()}
     weights = [t[f"w{i}"] for i in range(len(module._flat_weights))]
     layers, bidirectional = module.num_layers, module.bidirectional
-    outs = g.rnn(t["x"], weights, mode, module.hidden_size, layers, bidirectional, hx=t.get("hx"), cx=t.get("cx"))
+    outs = g.rnn(
+        t["x"],
+        weights,
+        mode,
+        module.hidden_size,
+        layers,
+        bidirectional,
+        hx=t.get("hx"),
+        cx=t.get("cx"),
+        seq_lengths=t.get("seq_lengths"),
+    )
     for out in outs:
         if out is not None:
             out.set_output(True)
@@ -59,6 +71,29 @@ def test_matches_torch(mode, layers, bidirectional, rng):
     else:
         np.testing.assert_allclose(got[1], final.numpy(), rtol=1e-12, atol=1e-14)
         assert got[2] is None
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "tanh"])
+def test_variable_lengths_match_packed_sequences(mode, rng):
+    module = torch_module(mode, 3, 4, 2, True)
+    x, lengths = rng.standard_normal((6, 4, 3)), [6, 2, 5, 1]
+    state = rng.standard_normal((4, 4, 4))
+    pack = torch.nn.utils.rnn.pack_padded_sequence(torch.tensor(x), torch.tensor(lengths), enforce_sorted=False)
+    with torch.no_grad():
+        initial = (torch.tensor(state), torch.tensor(-state)) if mode == "lstm" else torch.tensor(state)
+        packed, final = module(pack, initial)
+    y, _ = torch.nn.utils.rnn.pad_packed_sequence(packed, total_length=6)
+    got = run(module, mode, x, state, -state if mode == "lstm" else None, lengths)
+    np.testing.assert_allclose(got[0], y.numpy(), rtol=1e-12, atol=1e-14)
+    for a, b in zip(got[1:], final if mode == "lstm" else (final,)):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_a_zero_length_keeps_the_initial_state(rng):
+    module = torch_module("gru", 3, 2, 1, True)
+    x, hx = rng.standard_normal((4, 2, 3)), rng.standard_normal((2, 2, 2))
+    y, hy, _ = run(module, "gru", x, hx, lengths=[0, 4])
+    assert not y[:, 0].any() and np.array_equal(hy[:, 0], hx[:, 0]) and y[:, 1].all()
 
 
 def test_unbound_initial_states_are_zeros(rng):
@@ -155,6 +190,12 @@ def test_round_trip_through_json():
     text = g.to_json()
     again = gd.OperationGraphSpec.from_json(text)
     assert signature(again.validate()) == signature(g.validate()) and '"bidirectional": true' in text
+
+
+def test_a_length_past_the_steps_is_refused():
+    module = torch_module("tanh", 3, 2, 1, False)
+    with pytest.raises(gd.FeedError, match=r"seq_lengths 'seq_lengths' holds 5 .* must be in \[0, 5\)"):
+        run(module, "tanh", np.zeros((4, 1, 3)), lengths=[5])
 
 
 def test_random_weights_take_pytorchs_spread():

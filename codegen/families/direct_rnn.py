@@ -2,7 +2,8 @@
 running all T steps, the hidden (and cell) state in shared memory.
 
 Sequences are independent, so a block can walk its own through time with only
-``__syncthreads`` between steps (no grid-wide barrier, no kernel per step). Each step, the
+``__syncthreads`` between steps (no grid-wide barrier, no kernel per step), and stop at its
+own length (the steps past it store zeros). Each step, the
 block's threads compute the G*H gate pre-activations (a row of W_ih against the step's
 input and a row of W_hh against h, plus the biases), then one thread per hidden unit
 applies the cell. Layers run one after another: a layer's output sequence (both directions
@@ -65,7 +66,7 @@ def emit_rnn(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 def _layer_kernel(fused: FusedNode, ctx: EmitContext, compute: str, layer: int, direction: int) -> Kernel:
     node = anchor_of(fused)
     a = node.attributes
-    x, hx, cx = node.input("x"), node.input("hx"), node.input("cx")
+    x, hx, cx, lengths = node.input("x"), node.input("hx"), node.input("cx"), node.input("seq_lengths")
     y, hy, cy = node.output("y"), node.output("hy"), node.output("cy")
     assert x is not None and y is not None and isinstance(a, RnnAttributes)
     steps, batch = x.static_dim[:2]
@@ -90,6 +91,7 @@ def _layer_kernel(fused: FusedNode, ctx: EmitContext, compute: str, layer: int, 
             return f"{below}[((long long)t * {batch} + n) * {width} + {k}]"
 
     names = {id(t): params.tensor(t) for t in (w_ih, w_hh, b_ih, b_hh)}
+    length_of = params.tensor(lengths) if lengths is not None else None
     initial_h = params.tensor(hx) if hx is not None else None
     initial_c = params.tensor(cx) if cx is not None else None
     out_y = params.tensor(y, writable=True) if last and written(fused, y) else None
@@ -108,8 +110,18 @@ def _layer_kernel(fused: FusedNode, ctx: EmitContext, compute: str, layer: int, 
             return zero
         return read(tensor, name, offset_at(tensor, [str(index), "n", "j"]), compute)
 
+    if lengths is not None and length_of is not None:
+        given = f"(long long){length_of}[{offset_at(lengths, ['n'])}]"
+        length = [
+            f"const long long given = {given};",
+            "// a length outside [0, T] (the reference refuses it) is clamped",
+            f"const int length = (int)(given < 0 ? 0 : given > {steps} ? {steps} : given);",
+        ]
+    else:
+        length = [f"const int length = {steps};"]
     body = [
         "const int n = blockIdx.x;",
+        *length,
         f"auto sigmoid = []({compute} v) {{ return {one} / ({one} + exp(-v)); }};",
         f"__shared__ {compute} h[{hidden}], state[{hidden}], gates[{gates * hidden}];",
         f"for (int j = threadIdx.x; j < {hidden}; j += blockDim.x) {{",
@@ -119,6 +131,10 @@ def _layer_kernel(fused: FusedNode, ctx: EmitContext, compute: str, layer: int, 
         "__syncthreads();",
         f"for (int step = 0; step < {steps}; ++step) {{",
         f"  const int t = {f'{steps - 1} - step' if direction else 'step'};",
+        "  if (t >= length) {  // past the sequence's length (the same t on every thread): y is 0",
+        *(["    " + line for line in _zero_output(out_y, out_buffer, y, batch, width, hidden, direction, zero)]),
+        "    continue;",
+        "  }",
         f"  for (int g = threadIdx.x; g < {gates * hidden}; g += blockDim.x) {{",
         f"    {compute} from_x = {weight(b_ih, 'g')};",
         f"    for (int k = 0; k < {inputs}; ++k) from_x += {weight(w_ih, 'g', 'k')} * {step_input('k')};",
@@ -155,6 +171,27 @@ def _layer_kernel(fused: FusedNode, ctx: EmitContext, compute: str, layer: int, 
             )
     pattern = f"rnn_{a.mode.value}_layer{layer}{'_reverse' if direction else ''}"
     return make_kernel(ctx, fused, pattern, params, body, (batch, 1, 1))
+
+
+def _zero_output(
+    out_y: str | None,
+    out_buffer: str | None,
+    y: Tensor,
+    batch: int,
+    width: int,
+    hidden: int,
+    direction: int,
+    zero: str,
+) -> list[str]:
+    """Store 0 as this direction's output at step t (y, or the layer's buffer)."""
+    column = f"{direction * hidden} + j" if direction else "j"
+    if out_y is not None:
+        store_zero = f"{out_y}[{offset_at(y, ['t', 'n', column])}] = {store(y.data_type, zero)};"
+    elif out_buffer is not None:
+        store_zero = f"{out_buffer}[((long long)t * {batch} + n) * {width} + {column}] = {zero};"
+    else:
+        return []
+    return [f"for (int j = threadIdx.x; j < {hidden}; j += blockDim.x) {store_zero}"]
 
 
 def _cell(mode: RnnMode, hidden: int, compute: str, zero: str, one: str) -> list[str]:

@@ -1,10 +1,10 @@
 """Recurrent layers (cuDNN's ``cudnnRNNForward`` in inference): RNN with ReLU or tanh, LSTM and
 GRU, stacked and optionally bidirectional.
 
-The data are sequence-major, ``x [T, N, I]`` (cuDNN's packed layout, PyTorch's default), and
-every sequence runs all T steps (no variable lengths). The weights are PyTorch's list, in
-``torch.nn.LSTM``'s order (``_flat_weights``): for each layer, for each direction (forward
-then reverse), ``w_ih [G*H, in]``, ``w_hh [G*H, H]``, ``b_ih [G*H]``, ``b_hh [G*H]``, with
+The data are sequence-major, ``x [T, N, I]`` (cuDNN's padded layout, PyTorch's default); a
+sequence runs all T steps, or its own length from ``seq_lengths``. The weights are
+PyTorch's list, in ``torch.nn.LSTM``'s order (``_flat_weights``): for each layer, for each
+direction (forward then reverse), ``w_ih [G*H, in]``, ``w_hh [G*H, H]``, ``b_ih [G*H]``, ``b_hh [G*H]``, with
 ``in`` = I for layer 0 and D*H above, and the gates in cuDNN's and PyTorch's order (LSTM:
 input, forget, cell, output; GRU: reset, update, new). The formulas are PyTorch's (which
 calls cuDNN for them), including GRU's ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``.
@@ -21,7 +21,18 @@ import numpy as np
 
 from ..symbolic import Extent
 from .attributes import Attributes
-from .base import Category, Inferred, Op, Role, fail, fail_attribute, register, same_dims
+from .base import (
+    Category,
+    Inferred,
+    Op,
+    Role,
+    fail,
+    fail_attribute,
+    index_tensor,
+    indices_in_range,
+    register,
+    same_dims,
+)
 
 if TYPE_CHECKING:
     from ..ir import Node
@@ -62,7 +73,9 @@ def weight_dims(a: RnnAttributes, input_size: Extent, layer: int) -> list[tuple[
 class Rnn(Op):
     """y [T, N, D*H] (the last layer's hidden states, the directions side by side), hy and,
     for LSTM, cy [L*D, N, H] (the final states, layer-major), from x and the optional initial
-    states hx, cx (zeros when unbound)."""
+    states hx, cx (zeros when unbound). With ``seq_lengths`` [N], sequence n has that many
+    steps (PyTorch's packed sequences): the reverse direction starts at its last step, y is
+    0 past it, and hy, cy are the states at the end of the steps it has."""
 
     kind = "rnn"
     category = Category.MATMUL
@@ -71,6 +84,7 @@ class Rnn(Op):
         Role("weights", variadic=True, floating=True),
         Role("hx", optional=True, floating=True),
         Role("cx", optional=True, floating=True),
+        Role("seq_lengths", optional=True),
     )
     outputs = (Role("y"), Role("hy"), Role("cy"))
     attributes = RnnAttributes
@@ -114,8 +128,16 @@ class Rnn(Op):
                 if role == "cx" and a.mode is not RnnMode.LSTM:
                     fail_attribute(node, f"cx is LSTM's cell state; {a.mode.value} has none")
                 same_dims(node, role, initial, state, "[layers * directions, N, hidden_size]")
+        if node.input("seq_lengths") is not None:
+            lengths = index_tensor(node, "seq_lengths")
+            same_dims(node, "seq_lengths", lengths, (batch,), "one length per sequence")
         out = {"y": Inferred((steps, batch, a.directions * a.hidden_size)), "hy": Inferred(state)}
         return {**out, "cy": Inferred(state)} if a.mode is RnnMode.LSTM else out
+
+    def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
+        x = node.input("x")
+        assert x is not None
+        return (0, x.static_dim[0]) if role == "seq_lengths" else None
 
     def value_scale(self, node: Node, role: str) -> float | None:
         """Weights of PyTorch's initial spread (1 / sqrt(H)): unit weights make the state chaotic."""
@@ -128,6 +150,9 @@ class Rnn(Op):
         state = (a.num_layers * a.directions, batch, a.hidden_size)
         hx, cx = x.get("hx", np.zeros(state)), x.get("cx", np.zeros(state))
         hy, cy = np.zeros(state), np.zeros(state)
+        lengths = np.full(batch, steps)
+        if "seq_lengths" in x:
+            lengths = indices_in_range(node, "seq_lengths", x["seq_lengths"], steps + 1, "sequence lengths")
         for layer in range(a.num_layers):
             outputs = []
             for direction in range(a.directions):
@@ -137,8 +162,10 @@ class Rnn(Op):
                 h, c = hx[index], cx[index]
                 out = np.zeros((steps, batch, a.hidden_size))
                 for t in range(steps) if direction == 0 else range(steps - 1, -1, -1):
-                    h, c = _cell(a.mode, data[t] @ w_ih.T + b_ih, h @ w_hh.T + b_hh, h, c)
-                    out[t] = h
+                    h_next, c_next = _cell(a.mode, data[t] @ w_ih.T + b_ih, h @ w_hh.T + b_hh, h, c)
+                    within = (t < lengths)[:, None]  # a sequence's state stays put past its length
+                    h, c = np.where(within, h_next, h), np.where(within, c_next, c)
+                    out[t] = np.where(within, h_next, 0.0)
                 hy[index], cy[index] = h, c
                 outputs.append(out)
             data = np.concatenate(outputs, axis=-1)
@@ -182,15 +209,17 @@ class RnnMethods:
         bidirectional: bool = False,
         hx: TensorSpec | None = None,
         cx: TensorSpec | None = None,
+        seq_lengths: TensorSpec | None = None,
         compute_data_type: Any = None,
         name: str | None = None,
     ) -> list[TensorSpec | None]:
         """[y, hy, cy] (cy None unless LSTM) of a stacked RNN / LSTM / GRU over x [T, N, I] in
-        inference, with PyTorch's weight list (``torch.nn.LSTM(...)._flat_weights``)."""
+        inference, with PyTorch's weight list (``torch.nn.LSTM(...)._flat_weights``) and,
+        optionally, each sequence's length."""
         attrs = {"mode": mode, "hidden_size": hidden_size, "num_layers": num_layers, "bidirectional": bidirectional}
         return self._add_node(
             "rnn",
-            {"x": x, "weights": weights, "hx": hx, "cx": cx},
+            {"x": x, "weights": weights, "hx": hx, "cx": cx, "seq_lengths": seq_lengths},
             attrs,
             name=name,
             compute_data_type=compute_data_type,
