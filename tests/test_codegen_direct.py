@@ -687,6 +687,30 @@ def rnn_gru_wide_float() -> gd.OperationGraphSpec:
     return rnn_graph("float", "gru", 30, 16, 64, 512, 2, False, initial=False)
 
 
+# -- one tensor in two roles: declared once per kernel ---------------------------------------------
+@case()
+def lrn_backward_of_x_itself_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x = tensor(g, [2, 5, 3, 3])
+    return outputs(g, g.lrn_backward(x, x, lrn_n=3))
+
+
+@case()
+def ctc_one_lengths_tensor_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # label and input lengths from one tensor
+    probs, labels = g.tensor([8, 3, 4], name="probs"), g.tensor([3, 3], data_type="int32", name="labels")
+    lengths = g.tensor([3], data_type="int32", name="lengths")
+    return outputs(g, *g.ctc_loss(probs, labels, lengths, lengths))
+
+
+@case()
+def rnn_shared_state_and_bias_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # hx is cx, b_ih is b_hh
+    w_ih, w_hh, bias = g.tensor([12, 2], name="w_ih"), g.tensor([12, 3], name="w_hh"), g.tensor([12], name="b")
+    state = g.tensor([1, 2, 3], name="state")
+    return outputs(g, *g.rnn(tensor(g, [4, 2, 2]), [w_ih, w_hh, bias, bias], "lstm", 3, hx=state, cx=state))
+
+
 @case(gpu_only=True)
 def wgrad_resnet_nhwc_half() -> gd.OperationGraphSpec:
     g = graph("half")

@@ -75,6 +75,9 @@ GRAPHS = [
             "rnn_relu_float",
             "rnn_lstm_lengths_bidirectional_float",
             "rnn_gru_lengths_int64_double",
+            "lrn_backward_of_x_itself_float",
+            "ctc_one_lengths_tensor_float",
+            "rnn_shared_state_and_bias_float",
         ],
     ),
 ]

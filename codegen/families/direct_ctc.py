@@ -23,7 +23,7 @@ from ..cuda_types import store
 from ..indexing import offset_at
 from ..kernel import FusedProgram, Scratch
 from ..pointwise import literal
-from .direct_common import THREADS, anchor_of, compute_for, make_kernel, read, written
+from .direct_common import THREADS, anchor_of, compute_for, declare, make_kernel, read, written
 
 ALPHA, NORMALIZER = "ctc_alpha", "ctc_normalizer"
 SHARED_LIMIT = 48 * 1024  # static shared memory a kernel may declare
@@ -53,8 +53,9 @@ def emit_ctc_loss(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         )
     softmax = a.normalization is CtcNormalization.SOFTMAX
     params = KernelParams()
-    x = params.tensor(probs)
-    label, label_count, step_count = params.tensor(labels), params.tensor(label_lengths), params.tensor(input_lengths)
+    names = declare(params, [probs, labels, label_lengths, input_lengths])  # the two lengths may be one tensor
+    x, label = names[probs.id], names[labels.id]
+    label_count, step_count = names[label_lengths.id], names[input_lengths.id]
     loss_out = params.tensor(loss, writable=True) if written(fused, loss) else None
     grad_out = params.tensor(grad, writable=True) if written(fused, grad) else None
     # the alpha rows are kept for the gradient only

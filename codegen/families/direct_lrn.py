@@ -21,6 +21,7 @@ from .direct_common import (
     anchor_of,
     blocks_for,
     compute_for,
+    declare,
     first_thread,
     grid_stride,
     loop_index_type,
@@ -58,7 +59,8 @@ def emit_lrn_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert dy is not None and x is not None and dx is not None and isinstance(a, LrnAttributes)
     compute, itype = compute_for(fused), loop_index_type([dy, x, dx], dx.static_numel)
     params = KernelParams()
-    gradient, source, out = params.tensor(dy), params.tensor(x), params.tensor(dx, writable=True)
+    names = declare(params, [dy, x])  # dy may be x itself
+    gradient, source, out = names[dy.id], names[x.id], params.tensor(dx, writable=True)
     behind, ahead = window(a.lrn_n)
     channels = x.static_dim[1]
 

@@ -27,7 +27,7 @@ from ..cuda_types import store
 from ..indexing import offset_at
 from ..kernel import FusedProgram, Kernel, Scratch
 from ..pointwise import literal
-from .direct_common import anchor_of, compute_for, make_kernel, read, written
+from .direct_common import anchor_of, compute_for, declare, make_kernel, read, written
 
 SHARED_LIMIT = 48 * 1024  # static shared memory a kernel may declare
 
@@ -77,8 +77,10 @@ def _layer_kernel(fused: FusedNode, ctx: EmitContext, compute: str, layer: int, 
     last = layer == a.num_layers - 1
 
     params = KernelParams()
+    # hx and cx (x, in layer 0), and the two biases, may be one tensor: each declared once
+    names = declare(params, [x if layer == 0 else None, w_ih, w_hh, b_ih, b_hh, lengths, hx, cx])
     if layer == 0:
-        source = params.tensor(x)
+        source = names[x.id]
         inputs = x.static_dim[2]
 
         def step_input(k: str) -> str:
@@ -90,17 +92,16 @@ def _layer_kernel(fused: FusedNode, ctx: EmitContext, compute: str, layer: int, 
         def step_input(k: str) -> str:
             return f"{below}[((long long)t * {batch} + n) * {width} + {k}]"
 
-    names = {id(t): params.tensor(t) for t in (w_ih, w_hh, b_ih, b_hh)}
-    length_of = params.tensor(lengths) if lengths is not None else None
-    initial_h = params.tensor(hx) if hx is not None else None
-    initial_c = params.tensor(cx) if cx is not None else None
+    length_of = names[lengths.id] if lengths is not None else None
+    initial_h = names[hx.id] if hx is not None else None
+    initial_c = names[cx.id] if cx is not None else None
     out_y = params.tensor(y, writable=True) if last and written(fused, y) else None
     out_buffer = params.scratch(layer_buffer(layer), compute) if not last else None
     final_h = params.tensor(hy, writable=True) if hy is not None and written(fused, hy) else None
     final_c = params.tensor(cy, writable=True) if cy is not None and written(fused, cy) else None
 
     def weight(t: Tensor, row: str, column: str | None = None) -> str:
-        return read(t, names[id(t)], offset_at(t, [row] if column is None else [row, column]), compute)
+        return read(t, names[t.id], offset_at(t, [row] if column is None else [row, column]), compute)
 
     zero, one = literal(0, compute), literal(1, compute)
     lstm, gru = a.mode is RnnMode.LSTM, a.mode is RnnMode.GRU

@@ -24,6 +24,7 @@ from .direct_common import (
     anchor_of,
     blocks_for,
     compute_for,
+    declare,
     first_thread,
     grid_stride,
     loop_index_type,
@@ -89,7 +90,8 @@ def emit_sampler(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert x is not None and grid is not None and y is not None
     compute, itype = compute_for(fused), loop_index_type([x, grid, y], y.static_numel)
     params = KernelParams()
-    image, points, out = params.tensor(x), params.tensor(grid), params.tensor(y, writable=True)
+    names = declare(params, [x, grid])  # one tensor may be both
+    image, points, out = names[x.id], names[grid.id], params.tensor(y, writable=True)
     body = coordinates("p", y.static_dim, stride_order(y.static_dim, y.static_stride), "c", itype)
     body += _sample_point(x, grid, points, "c2", "c3", compute)
     body.append(f"{compute} acc = {literal(0, compute)};")
@@ -126,7 +128,8 @@ def _dgrid_kernel(fused: FusedNode, ctx: EmitContext) -> Kernel:
     count = batch * height * width
     itype = loop_index_type([x, grid, dy, dgrid], count)
     params = KernelParams()
-    image, points, gradient = params.tensor(x), params.tensor(grid), params.tensor(dy)
+    names = declare(params, [x, grid, dy])
+    image, points, gradient = names[x.id], names[grid.id], names[dy.id]
     out = params.tensor(dgrid, writable=True)
     body = coordinates("p", (batch, height, width), (0, 1, 2), "c", itype)
     body += _sample_point(x, grid, points, "c1", "c2", compute)
@@ -158,7 +161,8 @@ def _dx_kernel(fused: FusedNode, ctx: EmitContext) -> Kernel:
     assert x is not None and grid is not None and dy is not None and dx is not None
     compute, itype = compute_for(fused), loop_index_type([grid, dy, dx], dx.static_numel)
     params = KernelParams()
-    points, gradient, out = params.tensor(grid), params.tensor(dy), params.tensor(dx, writable=True)
+    names = declare(params, [grid, dy])
+    points, gradient, out = names[grid.id], names[dy.id], params.tensor(dx, writable=True)
     height, width = grid.static_dim[1:3]
     body = coordinates("p", dx.static_dim, stride_order(dx.static_dim, dx.static_stride), "c", itype)
     body += [
