@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import graphdnn as gd
+from benchmarks.classic import classic_cases
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from build_graphs import resnet50_bottleneck, transformer_block
@@ -616,5 +617,6 @@ def cases() -> list[Case]:
             group="end to end",
         )
     )
+    out += classic_cases(Case)
     assert all(math.isfinite(c.bytes) for c in out)
     return out

@@ -2,7 +2,7 @@
 
 Used by ``graphdnn run``, the tests and the benchmarks: standard normal data, except
 where a consumer needs positive values (variances, square roots, logarithms; fp8_e8m0
-tensors, which hold powers of two only) or a range
+tensors, which hold powers of two only), a smaller spread (recurrent weights) or a range
 of integers (sequence lengths), and never all zeros, which would hide unwritten outputs. An input whose strides map several
 elements to one address (a broadcast view) gets values drawn for its memory, so that
 elements sharing memory share their value, as they will in any buffer.
@@ -41,6 +41,13 @@ def integer_range(graph: Graph, tensor: Tensor) -> tuple[int, int]:
     return max(low for low, _ in ranges), min(high for _, high in ranges)
 
 
+def floating_scale(graph: Graph, tensor: Tensor) -> float:
+    """The standard deviation a floating input is drawn with: the smallest any consumer asks
+    for (a recurrent layer's weights, 1 / sqrt(hidden size)), else 1."""
+    scales = [s for node, role in _uses(graph, tensor) if (s := node.definition.value_scale(node, role)) is not None]
+    return min(scales, default=1.0)
+
+
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """An array for every graph input, keyed by name, in the input's data type."""
     rng = np.random.default_rng(seed)
@@ -57,7 +64,7 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
             low, high = integer_range(graph, t)
             values = rng.integers(low, high + 1, shape)
         else:
-            values = rng.standard_normal(shape)
+            values = rng.standard_normal(shape) * floating_scale(graph, t)
         values = values.astype(t.data_type.numpy)
         if overlapping:
             strides = tuple(s * values.itemsize for s in t.static_stride)

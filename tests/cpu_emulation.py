@@ -1,13 +1,14 @@
 """Generated kernels run on the CPU, to check their index math on a machine without a GPU.
 
-A kernel's source (float, double and half kernels, int32 and int64 inputs: half is GCC's _Float16 behind a stand-in
-cuda_fp16.h, both rounding to nearest even; no bf16 or fp8) is compiled with g++ after a few
-stand-ins for the CUDA built-ins: each block runs after the previous one, its threads
-as std::threads; ``__shared__`` variables are function statics (one block at a time);
-``__syncthreads`` is a barrier of the block; ``__shfl_xor_sync`` goes through a buffer and two
-barriers, so every thread of the block must call it together, as ``gd::group_sum`` does.
-Scratch buffers and outputs start as NaN, so an element no kernel writes fails the comparison.
-Slow (a thread per CUDA thread): for small shapes of the kernels that keep to those rules.
+A kernel's source (float, double and half kernels: half is GCC's _Float16 behind a stand-in
+cuda_fp16.h, both rounding to nearest even; int32 and int64 tensors; no bf16 or fp8) is
+compiled with g++ after a few stand-ins for the CUDA built-ins: each block runs after the
+previous one, its threads as std::threads; ``__shared__`` variables are function statics (one
+block at a time); ``__syncthreads`` is a barrier of the block; ``__shfl_xor_sync`` goes through
+a buffer and two barriers, so every thread of the block must call it together, as
+``gd::group_sum`` does. Scratch buffers and outputs start as NaN (integers as -77), so an
+element no kernel writes fails the comparison. Slow (a thread per CUDA thread): for small
+shapes of the kernels that keep to those rules.
 
 fp16 tensor-core kernels run too (:data:`TENSOR_CORE_STAND_INS`): ``cp.async`` becomes a copy,
 ``ldmatrix`` and ``mma.sync`` m16n8k16 exchange fragments between the lanes of each warp
@@ -73,6 +74,7 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int offset) {
 }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 // the vector types and the integer intrinsic graphdnn.cuh's Philox uses
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };

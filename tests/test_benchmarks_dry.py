@@ -79,3 +79,16 @@ def test_the_8bit_gemm_benchmark_plans_take_the_engine() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert len(lines) == 6 and all(line.count("_ws_") == 1 and "," not in line.split(":")[1] for line in lines)
+
+
+def test_the_classic_cudnn_cases_build() -> None:
+    """LRN, the spatial transformer (grid, then sampler), CTC (one kernel) and a 2-layer LSTM."""
+    result = _benchmark("run.py", "--dry", "--only", "")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for line in (
+        "lrn n32 c96 55²: 1 kernel(s)",
+        "spatial transformer n32 c64 64² -> 56²: 2 kernel(s)",
+        "ctc loss + gradient t400 n32 a29 s80: 1 kernel(s)",
+        "lstm inference 2x256 n32 t64: 2 kernel(s)",
+    ):
+        assert line in result.stdout

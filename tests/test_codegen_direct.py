@@ -22,9 +22,11 @@ from codegen.families import direct, direct_norm
 from fusion_rules import Family, FusedNode, fuse
 from fusion_rules.partition import ANCHOR_FAMILY, ELEMENTWISE_EXTRA
 from graphdnn.errors import UnsupportedError
+from graphdnn.ir import Graph
 from graphdnn.ops import Category, get_op
 from graphdnn.ops.base import op_kinds
 from graphdnn.signature import signature
+from graphdnn.validate import validate as validate_graph
 
 Builder = Callable[[], gd.OperationGraphSpec]
 CASES: dict[str, Builder] = {}  # compiled on the CPU and run on the GPU
@@ -439,6 +441,276 @@ def genstats_long_nhwc_half() -> gd.OperationGraphSpec:
     return outputs(g, *(t.set_data_type("float") for t in g.genstats(tensor(g, [32, 3, 112, 112], "nhwc"))))
 
 
+# -- local response normalisation ---------------------------------------------------------------
+@case()
+def lrn_nchw_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    return outputs(g, g.lrn(tensor(g, [2, 7, 5, 3]), lrn_n=5, lrn_alpha=0.3, lrn_beta=0.75, lrn_k=1.5))
+
+
+@case()
+def lrn_even_window_nhwc_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # the window reaches 2 channels ahead, 1 behind
+    return outputs(g, g.lrn(tensor(g, [3, 6, 4, 5], "nhwc"), lrn_n=4, lrn_alpha=0.5, lrn_beta=0.6, lrn_k=1.0))
+
+
+@case()
+def lrn_1d_wide_window_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # the window covers every channel
+    return outputs(g, g.lrn(tensor(g, [2, 5, 9]), lrn_n=16, lrn_alpha=1.0, lrn_beta=0.5, lrn_k=2.0))
+
+
+@case()
+def lrn_backward_3d_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    x, dy = tensor(g, [2, 5, 3, 4, 2]), tensor(g, [2, 5, 3, 4, 2], name="dy")
+    return outputs(g, g.lrn_backward(dy, x, lrn_n=3, lrn_alpha=0.4, lrn_beta=0.75, lrn_k=1.0))
+
+
+@case()
+def lrn_backward_even_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # dy NCHW, x NHWC: dx follows x
+    x, dy = tensor(g, [2, 9, 3, 5], "nhwc"), tensor(g, [2, 9, 3, 5], name="dy")
+    return outputs(g, g.lrn_backward(dy, x, lrn_n=6, lrn_alpha=0.3, lrn_beta=0.6, lrn_k=1.5))
+
+
+@case(gpu_only=True)
+def lrn_alexnet_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # AlexNet's first LRN
+    return outputs(g, g.lrn(tensor(g, [8, 96, 55, 55], "nhwc"), lrn_n=5, lrn_alpha=1e-4, lrn_beta=0.75, lrn_k=2.0))
+
+
+@case(gpu_only=True)
+def lrn_backward_alexnet_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x, dy = tensor(g, [4, 256, 27, 27]), tensor(g, [4, 256, 27, 27], name="dy")
+    return outputs(g, g.lrn_backward(dy, x, lrn_n=5, lrn_alpha=1e-4, lrn_beta=0.75, lrn_k=2.0))
+
+
+# -- spatial transformer ------------------------------------------------------------------------
+@case()
+def spatial_tf_grid_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    return outputs(g, g.spatial_tf_grid_generator(tensor(g, [3, 2, 3], name="theta"), [5, 7]))
+
+
+@case()
+def spatial_tf_grid_one_column_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # a one-pixel-wide output: its x coordinate is 0
+    return outputs(g, g.spatial_tf_grid_generator(tensor(g, [2, 2, 3], name="theta"), [4, 1]))
+
+
+@case()
+def spatial_tf_dtheta_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    return outputs(g, g.spatial_tf_grid_generator_backward(tensor(g, [2, 5, 3, 2], name="dgrid")))
+
+
+@case()
+def spatial_tf_sampler_nchw_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # random grid values run past [-1, 1]: the zero padding is read
+    x, grid = tensor(g, [2, 3, 6, 7]), tensor(g, [2, 4, 5, 2], name="grid")
+    return outputs(g, g.spatial_tf_sampler(x, grid))
+
+
+@case()
+def spatial_tf_sampler_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")
+    x, grid = tensor(g, [2, 5, 7, 4], "nhwc"), tensor(g, [2, 3, 6, 2], name="grid")
+    return outputs(g, g.spatial_tf_sampler(x, grid))
+
+
+@case()
+def spatial_tf_sampler_one_row_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # a one-row image: every sample off row 0 blends with zeros
+    x, grid = tensor(g, [1, 2, 1, 9]), tensor(g, [1, 2, 3, 2], name="grid")
+    return outputs(g, g.spatial_tf_sampler(x, grid))
+
+
+@case()
+def spatial_tf_sampler_backward_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x, grid, dy = tensor(g, [2, 3, 5, 6]), tensor(g, [2, 4, 3, 2], name="grid"), tensor(g, [2, 3, 4, 3], name="dy")
+    return outputs(g, *g.spatial_tf_sampler_backward(x, grid, dy))
+
+
+@case()
+def spatial_tf_sampler_backward_nhwc_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    x, grid = tensor(g, [2, 4, 3, 5], "nhwc"), tensor(g, [2, 2, 3, 2], name="grid")
+    dy = tensor(g, [2, 4, 2, 3], "nhwc", name="dy")
+    return outputs(g, *g.spatial_tf_sampler_backward(x, grid, dy))
+
+
+@case(gpu_only=True)
+def spatial_tf_sampler_dx_only_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # dgrid unread: one kernel, which never reads x
+    x, grid, dy = tensor(g, [1, 2, 4, 4]), tensor(g, [1, 3, 3, 2], name="grid"), tensor(g, [1, 2, 3, 3], name="dy")
+    dx, _ = g.spatial_tf_sampler_backward(x, grid, dy)
+    return outputs(g, dx)
+
+
+@case(gpu_only=True)
+def spatial_tf_transform_nhwc_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # grid generator then sampler, the transformer's forward
+    theta = tensor(g, [8, 2, 3], name="theta")
+    grid = g.spatial_tf_grid_generator(theta, [28, 28])
+    return outputs(g, g.spatial_tf_sampler(tensor(g, [8, 32, 32, 32], "nhwc"), grid))
+
+
+@case(gpu_only=True)
+def spatial_tf_backward_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x, grid = tensor(g, [4, 16, 24, 24]), tensor(g, [4, 20, 20, 2], name="grid")
+    dx, dgrid = g.spatial_tf_sampler_backward(x, grid, tensor(g, [4, 16, 20, 20], name="dy"))
+    return outputs(g, dx, dgrid, g.spatial_tf_grid_generator_backward(dgrid))
+
+
+# -- CTC loss ----------------------------------------------------------------------------------
+def ctc_inputs(g: gd.OperationGraphSpec, steps: int, batch: int, alphabet: int, width: int, layout: str = "tna"):
+    """probs [T, N, A] (or batch-major memory, [N, T, A] strides), labels [N, S] and lengths as int32."""
+    dims = [steps, batch, alphabet]
+    stride = [alphabet, steps * alphabet, 1] if layout == "nta" else None
+    probs = g.tensor(dims, stride=stride, name="probs")
+    labels = g.tensor([batch, width], data_type="int32", name="labels")
+    label_lengths = g.tensor([batch], data_type="int32", name="label_lengths")
+    input_lengths = g.tensor([batch], data_type="int32", name="input_lengths")
+    return probs, labels, label_lengths, input_lengths
+
+
+@case()
+def ctc_softmax_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # random lengths: some sequences fit no alignment (loss inf, gradient 0)
+    return outputs(g, *g.ctc_loss(*ctc_inputs(g, 9, 3, 5, 3)))
+
+
+@case()
+def ctc_probabilities_batch_major_double() -> gd.OperationGraphSpec:
+    g = graph("double")
+    return outputs(g, *g.ctc_loss(*ctc_inputs(g, 7, 2, 4, 2, "nta"), normalization="none"))
+
+
+@case()
+def ctc_loss_only_half() -> gd.OperationGraphSpec:
+    g = graph("half")  # the gradient unread: never written
+    loss, _ = g.ctc_loss(*ctc_inputs(g, 6, 2, 3, 2))
+    return outputs(g, loss)
+
+
+@case(gpu_only=True)
+def ctc_speech_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # character-level speech: 29 symbols, 200 steps, labels up to 60
+    return outputs(g, *g.ctc_loss(*ctc_inputs(g, 200, 16, 29, 60)))
+
+
+@case(gpu_only=True)
+def ctc_wide_alphabet_bf16() -> gd.OperationGraphSpec:
+    g = graph("bfloat16")  # more alphabet entries than threads
+    return outputs(g, *g.ctc_loss(*ctc_inputs(g, 50, 4, 700, 20, "nta")))
+
+
+# -- recurrent layers ----------------------------------------------------------------------------
+def rnn_graph(
+    io: str,
+    mode: str,
+    steps: int,
+    batch: int,
+    inputs: int,
+    hidden: int,
+    layers: int,
+    bidirectional: bool,
+    *,
+    initial: bool = True,
+    lengths: str | None = None,
+) -> gd.OperationGraphSpec:
+    """An rnn node with its weight list (PyTorch's order), with ``initial`` hx (and cx), and
+    with ``lengths`` (a data type) each sequence's length."""
+    g = graph(io)
+    gates = {"relu": 1, "tanh": 1, "lstm": 4, "gru": 3}[mode]
+    directions = 2 if bidirectional else 1
+    weights = []
+    for layer in range(layers):
+        width = inputs if layer == 0 else directions * hidden
+        for direction in range(directions):
+            for name, dims in (
+                ("w_ih", [gates * hidden, width]),
+                ("w_hh", [gates * hidden, hidden]),
+                ("b_ih", [gates * hidden]),
+                ("b_hh", [gates * hidden]),
+            ):
+                weights.append(g.tensor(dims, name=f"{name}_l{layer}_d{direction}"))
+    state = [layers * directions, batch, hidden]
+    hx = g.tensor(state, name="hx") if initial else None
+    cx = g.tensor(state, name="cx") if initial and mode == "lstm" else None
+    x = g.tensor([steps, batch, inputs], name="x")
+    seq_lengths = g.tensor([batch], data_type=lengths, name="seq_lengths") if lengths else None
+    return outputs(g, *g.rnn(x, weights, mode, hidden, layers, bidirectional, hx=hx, cx=cx, seq_lengths=seq_lengths))
+
+
+@case()
+def rnn_lstm_two_layers_bidirectional_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 5, 3, 4, 6, 2, True)
+
+
+@case()
+def rnn_gru_three_layers_double() -> gd.OperationGraphSpec:
+    return rnn_graph("double", "gru", 4, 2, 3, 5, 3, False)  # layer 2 reuses layer 0's buffer
+
+
+@case()
+def rnn_tanh_bidirectional_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "tanh", 6, 2, 3, 4, 1, True, initial=False)
+
+
+@case()
+def rnn_relu_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "relu", 7, 3, 5, 300, 1, False)  # more hidden units than threads
+
+
+@case()
+def rnn_lstm_lengths_bidirectional_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 6, 4, 3, 5, 2, True, lengths="int32")  # random lengths, 0 included
+
+
+@case()
+def rnn_gru_lengths_int64_double() -> gd.OperationGraphSpec:
+    return rnn_graph("double", "gru", 5, 3, 2, 4, 1, True, initial=False, lengths="int64")
+
+
+@case(gpu_only=True)
+def rnn_lstm_speech_bf16() -> gd.OperationGraphSpec:
+    return rnn_graph("bfloat16", "lstm", 50, 8, 80, 256, 2, True, lengths="int32")
+
+
+@case(gpu_only=True)
+def rnn_gru_wide_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "gru", 30, 16, 64, 512, 2, False, initial=False)
+
+
+# -- one tensor in two roles: declared once per kernel ---------------------------------------------
+@case()
+def lrn_backward_of_x_itself_float() -> gd.OperationGraphSpec:
+    g = graph("float")
+    x = tensor(g, [2, 5, 3, 3])
+    return outputs(g, g.lrn_backward(x, x, lrn_n=3))
+
+
+@case()
+def ctc_one_lengths_tensor_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # label and input lengths from one tensor
+    probs, labels = g.tensor([8, 3, 4], name="probs"), g.tensor([3, 3], data_type="int32", name="labels")
+    lengths = g.tensor([3], data_type="int32", name="lengths")
+    return outputs(g, *g.ctc_loss(probs, labels, lengths, lengths))
+
+
+@case()
+def rnn_shared_state_and_bias_float() -> gd.OperationGraphSpec:
+    g = graph("float")  # hx is cx, b_ih is b_hh
+    w_ih, w_hh, bias = g.tensor([12, 2], name="w_ih"), g.tensor([12, 3], name="w_hh"), g.tensor([12], name="b")
+    state = g.tensor([1, 2, 3], name="state")
+    return outputs(g, *g.rnn(tensor(g, [4, 2, 2]), [w_ih, w_hh, bias, bias], "lstm", 3, hx=state, cx=state))
+
+
 @case(gpu_only=True)
 def wgrad_resnet_nhwc_half() -> gd.OperationGraphSpec:
     g = graph("half")
@@ -506,7 +778,16 @@ DIRECT_EMITTERS = {
 
 def emit_direct(spec: gd.OperationGraphSpec) -> tuple[tuple[FusedNode, FusedProgram], ...]:
     """The direct fused nodes of a graph and their programs (emission does not depend on the arch)."""
-    ir = spec.validate()
+    return emit_validated(spec.validate())
+
+
+def emit_refused(spec: gd.OperationGraphSpec) -> tuple[tuple[FusedNode, FusedProgram], ...]:
+    """emit_direct for a graph codegen refuses, validated past the suite's recorder
+    (tests/compile_check.py), whose compile-every-graph test would count the refusal as a defect."""
+    return emit_validated(validate_graph(spec))
+
+
+def emit_validated(ir: Graph) -> tuple[tuple[FusedNode, FusedProgram], ...]:
     ctx = EmitContext(ir, signature(ir), 90)
     nodes = fuse(ir, arch=90).nodes
     return tuple((f, DIRECT_EMITTERS[f.family](f, ctx)) for f in nodes if f.family in DIRECT_EMITTERS)
@@ -686,6 +967,52 @@ def test_pooling_backward_gathers_without_atomics():
 def test_an_unread_pooling_output_is_not_written():
     forward, _ = kernels("pool_max_index_to_backward_float")
     assert "pooling_index" in forward.name and function(forward).count("= gd::from<") == 1  # the index only
+
+
+def test_sampler_backward_writes_only_what_is_read():
+    dgrid, dx = kernels("spatial_tf_sampler_backward_float")
+    assert "sampler_dgrid" in dgrid.name and "sampler_dx" in dx.name
+    ((fused, program),) = emit_direct(spatial_tf_sampler_dx_only_half())
+    (kernel,) = program.kernels
+    x = next(t for t in fused.inputs if t.name == "x")
+    assert "sampler_dx" in kernel.name and "atomic" not in function(kernel)
+    assert x.id not in [p.tensor for p in kernel.params]
+
+
+@pytest.mark.parametrize(("io", "longest"), [("float", 1534), ("double", 876)])
+def test_ctc_refuses_labels_too_long_for_shared_memory(io, longest):
+    g = graph(io)
+    outputs(g, *g.ctc_loss(*ctc_inputs(g, 4, 2, 3, longest)))
+    assert len(emit_direct(g)) == 1
+    g = graph(io)
+    outputs(g, *g.ctc_loss(*ctc_inputs(g, 4, 2, 3, longest + 1)))
+    with pytest.raises(UnsupportedError, match=f"labels of at most {longest} entries run here"):
+        emit_refused(g)
+
+
+def test_ctc_loss_alone_keeps_no_alpha_rows_and_writes_no_gradient():
+    ((_, program),) = emit_direct(ctc_loss_only_half())
+    (kernel,) = program.kernels
+    assert "phase 3" not in function(kernel) and "ctc_alpha" not in function(kernel)
+    assert [s.name for s in program.scratch] == ["ctc_normalizer"]
+
+
+def test_rnn_runs_a_kernel_per_layer_and_direction_over_alternating_buffers():
+    names = [k.name for k in kernels("rnn_lstm_two_layers_bidirectional_float")]
+    assert [("layer1" in n, "reverse" in n) for n in names] == [
+        (False, False),
+        (False, True),
+        (True, False),
+        (True, True),
+    ]
+    ((_, program),) = emitted("rnn_gru_three_layers_double")
+    assert [s.name for s in program.scratch] == ["rnn_layer0", "rnn_layer1"]
+    assert all(k.grid == (2, 1, 1) for k in program.kernels)  # a block per sequence
+
+
+def test_rnn_refuses_a_state_too_large_for_shared_memory():
+    with pytest.raises(UnsupportedError, match="rnn keeps a sequence's 4 x 2100 gates"):
+        emit_refused(rnn_graph("float", "lstm", 2, 1, 3, 2100, 1, False))
 
 
 def test_average_pooling_backward_does_not_read_x():

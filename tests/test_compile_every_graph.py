@@ -199,6 +199,49 @@ def pooling_backward(g: gd.OperationGraphSpec) -> None:
     ).set_output(True)
 
 
+def local_response_norm(g: gd.OperationGraphSpec) -> None:
+    """Its own family: the input must be floating, which int8 IO is not."""
+    x, dy = _nhwc(g, [2, 8, 5, 3], "x"), _nhwc(g, [2, 8, 5, 3], "dy")
+    g.lrn(x, lrn_n=5).set_name("lrn").set_output(True)
+    g.lrn_backward(dy, x, lrn_n=4).set_name("dlrn").set_output(True)
+
+
+def spatial_transformer(g: gd.OperationGraphSpec) -> None:
+    """Its own family: every role must be floating, which int8 IO is not."""
+    x, theta = _nhwc(g, [2, 8, 9, 7], "x"), g.tensor([2, 2, 3], name="theta")
+    grid = g.spatial_tf_grid_generator(theta, [5, 6]).set_name("grid")
+    g.spatial_tf_sampler(x, grid).set_name("sampled").set_output(True)
+    dx, dgrid = g.spatial_tf_sampler_backward(x, grid, _nhwc(g, [2, 8, 5, 6], "dy"))
+    dx.set_name("dx").set_output(True)
+    g.spatial_tf_grid_generator_backward(dgrid).set_name("dtheta").set_output(True)
+
+
+def ctc(g: gd.OperationGraphSpec) -> None:
+    """Its own family: probs must be floating, which int8 IO is not."""
+    probs = g.tensor([9, 3, 6], name="probs")
+    ints = [
+        g.tensor(dims, data_type="int32", name=name) for dims, name in (([3, 4], "labels"), ([3], "ll"), ([3], "il"))
+    ]
+    loss, grad = g.ctc_loss(probs, *ints)
+    loss.set_name("loss").set_output(True)
+    grad.set_name("grad").set_output(True)
+
+
+def recurrent(g: gd.OperationGraphSpec) -> None:
+    """Its own family: x and the weights must be floating, which int8 IO is not."""
+    weights = []
+    for layer in range(2):
+        for direction in range(2):
+            width = 6 if layer == 0 else 10
+            for name, dims in (("w_ih", [20, width]), ("w_hh", [20, 5]), ("b_ih", [20]), ("b_hh", [20])):
+                weights.append(g.tensor(dims, name=f"{name}_{layer}_{direction}"))
+    lengths = g.tensor([3], data_type="int32", name="seq_lengths")
+    x = g.tensor([4, 3, 6], name="x")
+    y, hy, cy = g.rnn(x, weights, "lstm", 5, num_layers=2, bidirectional=True, seq_lengths=lengths)
+    for t, name in ((y, "y"), (hy, "hy"), (cy, "cy")):
+        t.set_name(name).set_output(True)  # type: ignore[union-attr]
+
+
 def movement(g: gd.OperationGraphSpec) -> None:
     x, z = g.tensor(name="x", dim=[4, 6, 10]), g.tensor(name="z", dim=[4, 3, 10])
     cat = g.concatenate([x, z], axis=1)
@@ -275,6 +318,10 @@ FAMILIES: dict[str, Build] = {
         norm_backward_fused,
         windows,
         pooling_backward,
+        local_response_norm,
+        spatial_transformer,
+        ctc,
+        recurrent,
         movement,
         attention,
         block_scaled_quantization,

@@ -1,7 +1,10 @@
-"""The backward-norm kernels run on the CPU (tests/cpu_emulation.py) against the reference:
-their index math (rows and columns of each thread, the blocks' partial sums, the per-channel
-sums, the vector and element paths) checked on a machine without a GPU. Float, double and half
-kernels, small shapes; the `gpu` tests run every type and the large shapes."""
+"""The backward-norm kernels and the classic cuDNN ops' direct kernels (local response
+normalisation, the spatial transformer, CTC loss, RNN inference) run on the CPU
+(tests/cpu_emulation.py) against the reference: their index math (rows and columns of each
+thread, the blocks' partial sums, the per-channel sums, the vector and element paths, the
+channel windows, the sample points, CTC's and the RNNs' recursions) checked on a machine
+without a GPU. Float, double and half kernels, small shapes; the `gpu` tests run every type
+and the large shapes."""
 
 from __future__ import annotations
 
@@ -18,10 +21,19 @@ from graphdnn.compare import relative_error, tolerance
 from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import signature
 from tests import cpu_emulation
+from tests import test_codegen_direct as direct_cases
 from tests.test_codegen_batchnorm_backward import bn_backward
 from tests.test_codegen_norm_backward import Case, build, fused_graph
 
 pytestmark = pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+
+
+def direct_case(name: str) -> gd.OperationGraphSpec:
+    """A case of tests/test_codegen_direct.py, named after it."""
+    graph = direct_cases.CASES[name]()
+    graph.name = name
+    return graph
+
 
 GRAPHS = [
     build(Case("layernorm_backward", "float", (7, 33), (1, 33))),  # 2 rows per block, a 64-thread group
@@ -40,6 +52,34 @@ GRAPHS = [
     bn_backward("half", [2, 37, 5, 3], "nhwc", fused=True),
     bn_backward("float", [8, 2, 16, 16], fused=True),  # the sums split in 4, then finalized
     bn_backward("double", [2, 3, 4, 5]),
+    *map(
+        direct_case,
+        [
+            "lrn_nchw_half",
+            "lrn_even_window_nhwc_float",
+            "lrn_backward_3d_double",
+            "lrn_backward_even_nhwc_half",
+            "spatial_tf_grid_float",
+            "spatial_tf_grid_one_column_half",
+            "spatial_tf_dtheta_double",
+            "spatial_tf_sampler_nchw_float",
+            "spatial_tf_sampler_nhwc_half",
+            "spatial_tf_sampler_backward_float",
+            "spatial_tf_sampler_backward_nhwc_double",
+            "ctc_softmax_float",
+            "ctc_probabilities_batch_major_double",
+            "ctc_loss_only_half",
+            "rnn_lstm_two_layers_bidirectional_float",
+            "rnn_gru_three_layers_double",
+            "rnn_tanh_bidirectional_half",
+            "rnn_relu_float",
+            "rnn_lstm_lengths_bidirectional_float",
+            "rnn_gru_lengths_int64_double",
+            "lrn_backward_of_x_itself_float",
+            "ctc_one_lengths_tensor_float",
+            "rnn_shared_state_and_bias_float",
+        ],
+    ),
 ]
 
 

@@ -3,9 +3,11 @@
 A direct fused node holds one node, its anchor. Each op kind has one emitter (in the
 ``direct_*`` modules, by kind of work): data movement as strided copies, pooling (forward,
 backward, adaptive) and resampling as per-output gathers, convolution gradients, and the
-reductions (genstats, conv_wgrad) on one reduction pattern; block-scaled quantization; top-k,
-the router and the mixture-of-experts movement ops and grouped matmul. The backward norms have
-families of their own; layer and RMS norm backward of rows too long for registers come back
+reductions (genstats, conv_wgrad) on one reduction pattern; local response normalisation
+over channel windows; the spatial transformer's grid generator and bilinear sampler; CTC
+loss and RNN / LSTM / GRU inference (a block per sequence); block-scaled quantization;
+top-k, the router and the mixture-of-experts movement ops and grouped matmul. The backward
+norms have families of their own; layer and RMS norm backward of rows too long for registers come back
 to direct_norm.py's kernels.
 """
 
@@ -18,7 +20,18 @@ from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import FusedProgram
-from . import direct_conv, direct_moe, direct_movement, direct_norm, direct_quantize, direct_window
+from . import (
+    direct_conv,
+    direct_ctc,
+    direct_lrn,
+    direct_moe,
+    direct_movement,
+    direct_norm,
+    direct_quantize,
+    direct_rnn,
+    direct_sampler,
+    direct_window,
+)
 from .direct_common import anchor_of
 
 EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
@@ -33,6 +46,14 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "conv_dgrad": direct_conv.emit_dgrad,
     "conv_wgrad": direct_conv.emit_wgrad,
     "genstats": direct_norm.emit_genstats,
+    "lrn": direct_lrn.emit_lrn,
+    "lrn_backward": direct_lrn.emit_lrn_backward,
+    "ctc_loss": direct_ctc.emit_ctc_loss,
+    "rnn": direct_rnn.emit_rnn,
+    "spatial_tf_grid_generator": direct_sampler.emit_grid_generator,
+    "spatial_tf_grid_generator_backward": direct_sampler.emit_grid_generator_backward,
+    "spatial_tf_sampler": direct_sampler.emit_sampler,
+    "spatial_tf_sampler_backward": direct_sampler.emit_sampler_backward,
     "block_scale_quantize": direct_quantize.emit_quantize,
     "block_scale_dequantize": direct_quantize.emit_dequantize,
     "topk": direct_moe.emit_topk,

@@ -8,7 +8,9 @@ from .attention import AttentionMethods
 from .attention_backward import AttentionBackwardMethods
 from .base import Category, Inferred, Op, Role, get_op, op_kinds
 from .conv import ConvMethods
+from .ctc import CtcMethods
 from .index import IndexMethods
+from .lrn import LrnMethods
 from .matmul import MatmulMethods
 from .moe import MoeMethods
 from .norm_backward import NormBackwardMethods
@@ -18,7 +20,9 @@ from .pooling import PoolingMethods
 from .quantize import QuantizeMethods
 from .random import RandomMethods
 from .reduction import ReductionMethods
+from .rnn import RnnMethods
 from .shape import ShapeMethods
+from .spatial_transformer import SpatialTransformerMethods
 from .topk import TopkMethods
 
 
@@ -26,7 +30,9 @@ class OpMethods(
     AttentionMethods,
     AttentionBackwardMethods,
     ConvMethods,
+    CtcMethods,
     IndexMethods,
+    LrnMethods,
     MatmulMethods,
     MoeMethods,
     NormMethods,
@@ -36,7 +42,9 @@ class OpMethods(
     QuantizeMethods,
     RandomMethods,
     ReductionMethods,
+    RnnMethods,
     ShapeMethods,
+    SpatialTransformerMethods,
     TopkMethods,
 ):
     """Every op method of :class:`~graphdnn.OperationGraphSpec`."""

@@ -120,6 +120,15 @@ class Op(abc.ABC):
         """
         return None
 
+    def value_scale(self, node: Node, role: str) -> float | None:
+        """The standard deviation random floating inputs of a role are drawn with, or None for 1.
+
+        Random test inputs (:mod:`graphdnn.random_inputs`) use it where unit values would
+        leave the op's useful domain (a recurrent layer's weights at 1 make its state chaotic:
+        a rounding difference grows to O(1) over the steps).
+        """
+        return None
+
     @functools.cached_property
     def input_names(self) -> frozenset[str]:
         return frozenset(role.name for role in self.inputs)
