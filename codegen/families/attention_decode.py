@@ -271,10 +271,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "// the next batch's key, whose loads stay in flight through the rest of this batch.",
         "gd::Vec<TK, VK> k_slot[KT][CK];",
         "gd::Vec<TV, VV> v_slot[KT][CV];",
-        "#pragma unroll",
-        "for (int t = 0; t < KT; ++t) load_k(s_begin + t * KEY_GROUPS + grp, k_slot[t]);",
-        "#pragma unroll",
-        "for (int t = 0; t < KT; ++t) load_v(s_begin + t * KEY_GROUPS + grp, v_slot[t]);",
+        *_pipeline_fill(a),
         "// the same trip count on every thread: lanes of a group sum their dots with shuffles",
         "for (int base = s_begin; base < s_end; base += STEP) {",
         "  float s[KT][RB];",
@@ -285,7 +282,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "    for (int c = 0; c < CK; ++c)",
         "#pragma unroll",
         "      for (int e = 0; e < VK; ++e) kf[c * VK + e] = gd::element<float>(k_slot[t][c], e);",
-        "    load_k(base + STEP + t * KEY_GROUPS + grp, k_slot[t]);",
+        *indent(_refill(a, "K"), 2).splitlines(),
         "#pragma unroll",
         "    for (int r = 0; r < RB; ++r) {",
         "      float dot = 0.0f;",
@@ -327,7 +324,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "    for (int c = 0; c < CV; ++c)",
         "#pragma unroll",
         "      for (int e = 0; e < VV; ++e) vf[c * VV + e] = gd::element<float>(v_slot[t][c], e);",
-        "    load_v(base + STEP + t * KEY_GROUPS + grp, v_slot[t]);",
+        *indent(_refill(a, "V"), 2).splitlines(),
         "#pragma unroll",
         "    for (int r = 0; r < RB; ++r)",
         "#pragma unroll",
@@ -377,28 +374,35 @@ def _rows_to_shared(a: Attention, names: dict[str, str]) -> list[str]:
 
 
 def _row_address(a: Attention, names: dict[str, str], role: str) -> str:
-    """The first element of key ``j``'s row of K or V (head ``hk``), dense or through its page table."""
+    """The first element of key ``j``'s row of K or V (head ``hk``): dense, or in page ``page``."""
     tensor, stride = (a.k, "KS") if role == "K" else (a.v, "VS")
     if not a.paged:
         return f"{names[role]} + (long long)b * {stride}[0] + (long long)hk * {stride}[1] + (long long)j * {stride}[2]"
-    table = a.page_table_k if role == "K" else a.page_table_v
-    assert table is not None
     page_size = tensor.static_dim[2]
-    page = load(
-        table.data_type, element(table, names[f"PAGE_TABLE_{role}"], ["b", "0", f"j / {page_size}", "0"]), "long long"
-    )
-    return f"{names[role]} + {page} * {stride}[0] + (long long)hk * {stride}[1] + (long long)(j % {page_size}) * {stride}[2]"
+    return f"{names[role]} + page * {stride}[0] + (long long)hk * {stride}[1] + (long long)(j % {page_size}) * {stride}[2]"
+
+
+def _page_lookups(a: Attention, names: dict[str, str]) -> list[str]:
+    """``page_k(j)`` / ``page_v(j)``: key j's page in the pool (0 past the slice: no read)."""
+    lines = []
+    for role, tensor, table in (("K", a.k, a.page_table_k), ("V", a.v, a.page_table_v)):
+        assert table is not None
+        index = ["b", "0", f"j / {tensor.static_dim[2]}", "0"]
+        page = load(table.data_type, element(table, names[f"PAGE_TABLE_{role}"], index), "long long")
+        lines.append(f"auto page_{role.lower()} = [&](int j) -> long long {{ return j < s_end ? {page} : 0; }};")
+    return lines
 
 
 def _key_loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str) -> list[str]:
-    """``load_k(j, slot)`` and ``load_v(j, slot)``: this lane's 16-byte vectors of key j's K or V
-    row, as stored (zero for a key past the slice, which reads nothing: its page table entry
-    may be anything, and zero V keeps 0 · V finite)."""
+    """``load_k(j, slot)`` and ``load_v(j, slot)`` (paged: ``load_k(j, page, slot)``): this lane's
+    16-byte vectors of key j's K or V row, as stored (zero for a key past the slice, which reads
+    nothing: its page table entry may be anything, and zero V keeps 0 · V finite)."""
+    page = "long long page, " if a.paged else ""
 
     def loader(role: str, t: str, width: str, vec: str, count: str) -> list[str]:
         stride, row = ("KS", "row_k") if role == "K" else ("VS", "row_v")
         lines = [
-            f"auto load_{role.lower()} = [&](int j, gd::Vec<{t}, {vec}>* slot) {{",
+            f"auto load_{role.lower()} = [&](int j, {page}gd::Vec<{t}, {vec}>* slot) {{",
             "  if (j >= s_end) {",
             "#pragma unroll",
             f"    for (int c = 0; c < {count}; ++c) slot[c] = gd::Vec<{t}, {vec}>{{}};",
@@ -425,7 +429,45 @@ def _key_loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str
             "};",
         ]
 
-    return [*loader("K", "TK", "D", "VK", "CK"), *loader("V", "TV", "DV", "VV", "CV")]
+    lookups = _page_lookups(a, names) if a.paged else []
+    return [*lookups, *loader("K", "TK", "D", "VK", "CK"), *loader("V", "TV", "DV", "VV", "CV")]
+
+
+def _refill(a: Attention, role: str) -> list[str]:
+    """Slot t's load of the next batch's key; paged, through the page looked up a batch
+    earlier, and the page of the key after it looked up now (the table read, which the row
+    address needs first, is never waited for)."""
+    r = role.lower()
+    slot = f"{r}_slot[t]"
+    if not a.paged:
+        return [f"load_{r}(base + STEP + t * KEY_GROUPS + grp, {slot});"]
+    return [
+        f"load_{r}(base + STEP + t * KEY_GROUPS + grp, p{r}[t], {slot});",
+        f"p{r}[t] = page_{r}(base + 2 * STEP + t * KEY_GROUPS + grp);",
+    ]
+
+
+def _pipeline_fill(a: Attention) -> list[str]:
+    """The first batch's loads into the slots; paged, also the second batch's pages."""
+    if not a.paged:
+        return [
+            "#pragma unroll",
+            "for (int t = 0; t < KT; ++t) {",
+            "  load_k(s_begin + t * KEY_GROUPS + grp, k_slot[t]);",
+            "  load_v(s_begin + t * KEY_GROUPS + grp, v_slot[t]);",
+            "}",
+        ]
+    return [
+        "long long pk[KT], pv[KT];  // the pages of the slots' next keys",
+        "#pragma unroll",
+        "for (int t = 0; t < KT; ++t) {",
+        "  const int j = s_begin + t * KEY_GROUPS + grp;",
+        "  load_k(j, page_k(j), k_slot[t]);",
+        "  load_v(j, page_v(j), v_slot[t]);",
+        "  pk[t] = page_k(j + STEP);",
+        "  pv[t] = page_v(j + STEP);",
+        "}",
+    ]
 
 
 def _slope(a: Attention) -> list[str]:
