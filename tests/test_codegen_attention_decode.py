@@ -274,15 +274,21 @@ def test_dense_decode_with_bias_and_alibi_matches_the_reference_on_the_cpu(
         assert relative_error(value[finite], want[finite].astype(np.float64)) < 2e-3, name
 
 
+# D 16 in fp16 takes 2 lanes per key: 256 threads with 8 slots step 1024 keys a batch
+MANY_BATCHES = PagedCase(b=2, hq=4, hk=2, max_len=4500, page_size=32, d=16, dv=16, data_type=DataType.HALF)
+
+
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
 @pytest.mark.parametrize(("threads", "keys"), CHOICES, ids=[f"t{t}_k{k}" for t, k in CHOICES])
-@pytest.mark.parametrize("case", ["decode_mqa_8to1", "window_d24", "fp32_no_mask"])
+@pytest.mark.parametrize("case", ["decode_mqa_8to1", "window_d24", "fp32_no_mask", "many_batches"])
 def test_every_threads_and_key_slots_choice_matches_the_reference_on_the_cpu(
     case: str, threads: int, keys: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Slices shorter than a batch and longer than two (the pipeline's refills past the slice
-    read nothing), 16-byte and element loads, at each threads and key slots choice."""
-    paged = EMULATED[case]
+    """Slices shorter than a batch (the refills past the slice read nothing) and, many_batches,
+    of 1.5 (256 threads, 8 slots) to 12 batches (128 threads, 2 slots), every slot refilled
+    through a page looked up a batch ahead; 16-byte and element loads; each threads and key
+    slots choice."""
+    paged = MANY_BATCHES if case == "many_batches" else EMULATED[case]
     ir, fused = attention(paged.build())
     feeds = paged.feeds(seed=threads + keys)
     expected = reference.execute(ir, feeds)
