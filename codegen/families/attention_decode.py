@@ -1,10 +1,17 @@
 """Attention decode: few query rows per sequence (decode, speculative tokens, small prefill
 chunks) over a long KV length, dense or through a paged KV cache, with split-KV.
 
-Memory-bound: each key and value row is read once per (batch, kv head). Two tricks make it so:
+Memory-bound: each key and value row is read once per (batch, kv head), and enough of them must
+be loading at any time to cover HBM's latency. Three tricks make it so:
 - pack GQA (FlashDecoding++, FlashAttention's "pack GQA"): a block takes the ``GROUP * SQ``
   query rows that share a kv head (up to ROWS_PER_BLOCK at once, more row groups beyond), so a
   K/V row read from memory serves every query head of its group;
+- loads in flight: each lane has ``keys_per_lane`` register slots of one key's K and V
+  vectors; a slot is refilled with the next batch's key as soon as this batch's K (or V) in it
+  is consumed, so the loads of batch n + 1 run under the arithmetic of batch n (and, paged,
+  the page-table reads a batch further ahead). Registers rather than cp.async stages in shared
+  memory: no barriers and no shared memory (kept for the query rows and the merge), each lane
+  consumes only what it loaded, and the CPU emulation runs the kernel;
 - split-KV (flash-decoding): when ``B * Hk * row groups`` blocks cannot fill the GPU, each
   block takes one of ``split`` contiguous slices of the visible keys and writes its rows'
   partial O (normalised) and log-sum-exp (base 2) to scratch; a combine kernel weighs the
