@@ -104,13 +104,14 @@ class DecodeShape:
         return self.threads * keys_per_lane * 16 * (self.ck + self.cv)
 
     def held_registers(self, keys_per_lane: int) -> int:
-        """Registers a thread holds across the key loop (estimate, within ~10% of ptxas's count
-        for D 128 bf16 at 2 to 8 slots): its key slots (4 per 16-byte vector), the query rows'
-        elements it multiplies (hoisted out of shared memory), O, the running maximum and sum, a
-        batch's scores, and ~40 for addresses, pages, indices and the loop."""
+        """Registers a thread takes (estimate, fitted to ptxas on D 128 bf16 and D 72 fp32 at 2 to
+        8 slots, within ~10%): per slot its K and V elements as floats (ptxas unpacks a batch's
+        slots together, ahead of the arithmetic) and its scores; per row the query elements it
+        multiplies (hoisted out of shared memory), O, the running maximum and sum; ~16 for
+        addresses, pages and indices."""
+        elements = self.ck * self.vk + self.cv * self.vv
         rows = self.rows_per_block
-        slots = 4 * keys_per_lane * (self.ck + self.cv)
-        return slots + rows * (self.ck * self.vk + self.cv * self.vv + 2 + keys_per_lane) + 40
+        return keys_per_lane * (elements + rows) + rows * (elements + 2) + 16
 
 
 @dataclass(frozen=True)
