@@ -14,8 +14,8 @@ cache of 64-key pages (shuffled), every sequence Skv long; torch SDPA reads the 
 gathered dense (``enable_gqa``). Its roofline is reading K and V once, 2·B·Hk·Skv·D·2 bytes, at
 the measured copy bandwidth; the table gives each time's fraction of it.
 
-Sweep (``--decode --sweep``, about a minute on an H100): every autotuning choice of the decode
-node (threads, key slots per lane, split) on every decode shape, checked against torch and
+Sweep (``--decode --sweep``, under two minutes on an H100): every autotuning choice of the
+decode node (threads, key slots per lane, split) on SWEEP_SHAPES, checked against torch and
 timed; a table of the best choice and the default beside torch per shape, then every
 (threads, slots, split relative to the heuristic's) averaged over the shapes, to set the
 defaults from.
@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,9 @@ SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
 DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
+# --sweep: half the decode shapes, spanning B and Skv (NVRTC compiles a sweep's ~110 plans one at
+# a time, ~0.5 s each: all 12 shapes would take twice as long)
+SWEEP_SHAPES = [(1, 8192), (1, 32768), (2, 16384), (4, 16384), (8, 8192), (8, 32768)]
 
 
 def graph(b: int, h: int, s: int, d: int, causal: bool) -> gd.OperationGraphSpec:
@@ -224,9 +225,7 @@ def decode_timed(b: int, skv: int, autotune: bool) -> tuple[float, float]:
 
 
 def decode_sweep() -> int:
-    """Every decode choice on every decode shape (plans compiled in parallel, timed one by one)."""
-    import cuda.core  # noqa: F401  (its first import is not thread-safe)
-
+    """Every decode choice on each of SWEEP_SHAPES."""
     from benchmarks.measure import measure_ceilings
     from codegen.families.attention_decode import heuristic_split
     from codegen.families.attention_problem import attention_of
@@ -239,14 +238,11 @@ def decode_sweep() -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     of_best: dict[str, list[float]] = defaultdict(list)  # by threads/slots/split rule: best µs / µs, per shape
-    workers = max(1, min(16, os.cpu_count() or 1))
-    for b, skv in DECODE_SHAPES:
+    for b, skv in SWEEP_SHAPES:
         graph = decode_graph(b, skv)
         fused = next(f for f in gd.fuse(graph).nodes if f.anchor is not None and f.anchor.op == "sdpa")
         choices = candidates(fused, 90)  # the default first
-        with ThreadPoolExecutor(workers) as pool:
-            futures = [pool.submit(gd.compile, graph, tuning={fused.name: c}, jobs=1) for c in choices]
-            plans = [future.result() for future in futures]
+        plans = [gd.compile(graph, tuning={fused.name: choice}) for choice in choices]
         inputs = DecodeInputs(b, skv)
         times = [inputs.time(plan, choice, warmup_ms=10, rep_ms=50) for plan, choice in zip(plans, choices)]
         floor = ceilings.floor_us(2 * b * DECODE_HK * skv * DECODE_D * 2)
