@@ -107,11 +107,11 @@ class DecodeShape:
         """Registers a thread takes (estimate, fitted to ptxas on D 128 bf16 and D 72 fp32 at 2 to
         8 slots, within ~10%): per slot its K and V elements as floats (ptxas unpacks a batch's
         slots together, ahead of the arithmetic) and its scores; per row the query elements it
-        multiplies (hoisted out of shared memory), O, the running maximum and sum; ~16 for
+        multiplies (hoisted out of shared memory), O, the running maximum and sum; ~12 for
         addresses, pages and indices."""
         elements = self.ck * self.vk + self.cv * self.vv
         rows = self.rows_per_block
-        return keys_per_lane * (elements + rows) + rows * (elements + 2) + 16
+        return keys_per_lane * (elements + rows) + rows * (elements + 2) + 12
 
 
 @dataclass(frozen=True)
