@@ -6,6 +6,7 @@ backends, on the issue's shapes (B4 H16, bf16), same inputs, L2 flushed by do_be
     PYTHONPATH=. python benchmarks/attention.py --backward # the backward pass, on a GPU
     PYTHONPATH=. python benchmarks/attention.py --dry      # anywhere: build the plans only
     PYTHONPATH=. python benchmarks/attention.py --decode   # the paged-KV decode table instead
+    PYTHONPATH=. python benchmarks/attention.py --decode --sweep  # every decode tuning choice timed
 
 TFLOP/s count 4·B·H·Sq·Skv·D (two matmuls) forward and 10·B·H·Sq·Skv·D backward (five:
 S again, dP, dV, dQ, dK), halved for a causal mask (the work a causal kernel skips). Every
@@ -15,12 +16,20 @@ Decode (``--decode``): one query token per sequence, Hq 32, Hk 8, D 128, bf16, K
 cache of 64-key pages (shuffled), every sequence Skv long; torch SDPA reads the same K/V
 gathered dense (``enable_gqa``). Its roofline is reading K and V once, 2·B·Hk·Skv·D·2 bytes, at
 the measured copy bandwidth; the table gives each time's fraction of it.
+
+Sweep (``--decode --sweep``, under two minutes on an H100): every autotuning choice of the
+decode node (threads, key slots per lane, split) on SWEEP_SHAPES, checked against torch and
+timed; a table of the best choice and the default beside torch per shape, then every
+(threads, slots, split relative to the heuristic's) averaged over the shapes, to set the
+defaults from.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +44,9 @@ SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
 DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
+# --sweep: half the decode shapes, spanning B and Skv (NVRTC compiles a sweep's ~110 plans one at
+# a time, ~0.5 s each: all 12 shapes would take twice as long)
+SWEEP_SHAPES = [(1, 8192), (1, 32768), (2, 16384), (4, 16384), (8, 8192), (8, 32768)]
 
 
 def graph(b: int, h: int, s: int, d: int, causal: bool, stats: bool = False) -> gd.OperationGraphSpec:
@@ -68,6 +80,7 @@ def main() -> int:
     parser.add_argument("--autotune", action="store_true", help="time the launch choices first")
     parser.add_argument("--backward", action="store_true", help="sdpa_backward against torch's SDPA backward")
     parser.add_argument("--decode", action="store_true", help="the paged-KV decode table")
+    parser.add_argument("--sweep", action="store_true", help="with --decode: time every decode tuning choice")
     args = parser.parse_args()
     if args.dry:
         graphs = (
@@ -91,6 +104,8 @@ def main() -> int:
                 + f" | {tflops[0] / tflops[2]:.2f} |"
             )
         return 0
+    if args.decode and args.sweep:
+        return decode_sweep()
     if args.decode:
         return decode_table(args.autotune)
     rows = [timed(shape, args.autotune) for shape in SHAPES]
@@ -190,35 +205,109 @@ def decode_table(autotune: bool) -> int:
     return 0
 
 
+class DecodeInputs:
+    """One decode shape's inputs on the GPU (pages shuffled), torch's dense result and time."""
+
+    def __init__(self, b: int, skv: int) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        from benchmarks.measure import median_us
+
+        pages = skv // PAGE_SIZE
+        q = torch.randn(b, DECODE_HQ, 1, DECODE_D, device="cuda", dtype=torch.bfloat16)
+        k, v = (
+            torch.randn(b * pages, DECODE_HK, PAGE_SIZE, DECODE_D, device="cuda", dtype=torch.bfloat16) for _ in "kv"
+        )
+        table = torch.randperm(b * pages, device="cuda", dtype=torch.int32).reshape(b, 1, pages, 1)
+        lengths = torch.full((b, 1, 1, 1), 1, device="cuda", dtype=torch.int32)
+        kv_lengths = torch.full((b, 1, 1, 1), skv, device="cuda", dtype=torch.int32)
+
+        def dense(pool: Any) -> Any:  # [b, Hk, Skv, D] in table order
+            return (
+                pool[table[:, 0, :, 0].long()].permute(0, 2, 1, 3, 4).reshape(b, DECODE_HK, skv, DECODE_D).contiguous()
+            )
+
+        kd, vd = dense(k), dense(v)
+        self.want = F.scaled_dot_product_attention(q, kd, vd, scale=DECODE_D**-0.5, enable_gqa=True)
+        self.o = torch.empty_like(q)
+        self.feeds = {"q": q, "k": k, "v": v, "tk": table, "tv": table, "seq_q": lengths, "seq_kv": kv_lengths}
+        self.feeds["o"] = self.o
+        self.torch_us = median_us(
+            lambda: F.scaled_dot_product_attention(q, kd, vd, scale=DECODE_D**-0.5, enable_gqa=True)
+        )
+        self.label = f"decode B{b} Skv{skv}"
+
+    def time(self, plan: Any, choice: object, **timing: float) -> float:
+        """µs of ``plan`` after checking its result against torch's."""
+        from benchmarks.measure import median_us
+
+        bound = plan.bind(self.feeds)
+        self.o.fill_(float("nan"))
+        bound()
+        error = ((self.o.float() - self.want.float()).norm() / self.want.float().norm()).item()
+        assert error < 2e-2, f"{self.label} {choice}: graphdnn differs from torch by {error:.3g}"
+        return median_us(bound, **timing)
+
+
 def decode_timed(b: int, skv: int, autotune: bool) -> tuple[float, float]:
     """µs of graphdnn's paged decode and of torch SDPA on the gathered dense K/V."""
-    import torch
-    import torch.nn.functional as F
+    inputs = DecodeInputs(b, skv)
+    ours = inputs.time(gd.compile(decode_graph(b, skv), autotune=autotune), "default")
+    return ours, inputs.torch_us
 
-    from benchmarks.measure import median_us
 
-    pages = skv // PAGE_SIZE
-    q = torch.randn(b, DECODE_HQ, 1, DECODE_D, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(b * pages, DECODE_HK, PAGE_SIZE, DECODE_D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
-    table = torch.randperm(b * pages, device="cuda", dtype=torch.int32).reshape(b, 1, pages, 1)
-    lengths = torch.full((b, 1, 1, 1), 1, device="cuda", dtype=torch.int32)
-    kv_lengths = torch.full((b, 1, 1, 1), skv, device="cuda", dtype=torch.int32)
+def decode_sweep() -> int:
+    """Every decode choice on each of SWEEP_SHAPES."""
+    from benchmarks.measure import measure_ceilings
+    from codegen.families.attention_decode import heuristic_split
+    from codegen.families.attention_problem import attention_of
 
-    def dense(pool: Any) -> Any:  # [b, Hk, Skv, D] in table order
-        return pool[table[:, 0, :, 0].long()].permute(0, 2, 1, 3, 4).reshape(b, DECODE_HK, skv, DECODE_D).contiguous()
+    ceilings = measure_ceilings()
+    print(f"{ceilings.device}: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)")
+    print("choice t/k/s: threads per block / key slots per lane / KV split")
+    print(
+        "| B | Skv | choices | best t/k/s | µs | of roofline | default t/k/s | µs | of roofline | torch µs | of roofline |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    of_best: dict[str, list[float]] = defaultdict(list)  # by threads/slots/split rule: best µs / µs, per shape
+    for b, skv in SWEEP_SHAPES:
+        graph = decode_graph(b, skv)
+        fused = next(f for f in gd.fuse(graph).nodes if f.anchor is not None and f.anchor.op == "sdpa")
+        choices = candidates(fused, 90)  # the default first
+        plans = [gd.compile(graph, tuning={fused.name: choice}) for choice in choices]
+        inputs = DecodeInputs(b, skv)
+        times = [inputs.time(plan, choice, warmup_ms=10, rep_ms=50) for plan, choice in zip(plans, choices)]
+        floor = ceilings.floor_us(2 * b * DECODE_HK * skv * DECODE_D * 2)
+        best = min(range(len(times)), key=times.__getitem__)
+        a = attention_of(fused)
+        for choice, us in zip(choices, times):
+            threads, keys, split = (int(choice[key]) for key in ("threads", "keys_per_lane", "split"))  # type: ignore[call-overload]
+            h = heuristic_split(a, 90, threads, keys)
+            rule = {h // 2: "h/2", h: "h", 2 * h: "2h"}.get(split, str(split))
+            of_best[f"{threads}/{keys}/{rule}"].append(times[best] / us)
+        print(
+            f"| {b} | {skv} | {len(choices)} | {short(choices[best])} | {times[best]:.1f} | {floor / times[best]:.0%} | "
+            f"{short(choices[0])} | {times[0]:.1f} | {floor / times[0]:.0%} | {inputs.torch_us:.1f} | "
+            f"{floor / inputs.torch_us:.0%} |"
+        )
+    print("\nEach threads/slots/split rule (h: the heuristic's split for those threads and slots; 1: no")
+    print(
+        "split where h is more): geometric mean of best µs / µs over the shapes that offer it (1.00: best everywhere)."
+    )
+    print("| threads/slots/split | shapes | of best |")
+    print("|---|---|---|")
+    for rule, fractions in sorted(of_best.items(), key=lambda item: -geometric_mean(item[1])):
+        print(f"| {rule} | {len(fractions)} | {geometric_mean(fractions):.2f} |")
+    return 0
 
-    kd, vd = dense(k), dense(v)
-    want = F.scaled_dot_product_attention(q, kd, vd, scale=DECODE_D**-0.5, enable_gqa=True)
-    o = torch.empty_like(q)
-    feeds = {"q": q, "k": k, "v": v, "tk": table, "tv": table, "seq_q": lengths, "seq_kv": kv_lengths, "o": o}
-    bound = gd.compile(decode_graph(b, skv), autotune=autotune).bind(feeds)
-    o.fill_(float("nan"))
-    bound()
-    error = ((o.float() - want.float()).norm() / want.float().norm()).item()
-    assert error < 2e-2, f"decode B{b} Skv{skv}: graphdnn differs from torch by {error:.3g}"
-    ours = median_us(bound)
-    theirs = median_us(lambda: F.scaled_dot_product_attention(q, kd, vd, scale=DECODE_D**-0.5, enable_gqa=True))
-    return ours, theirs
+
+def geometric_mean(values: list[float]) -> float:
+    return math.prod(values) ** (1 / len(values))
+
+
+def short(choice: dict[str, object]) -> str:
+    return f"{choice['threads']}/{choice['keys_per_lane']}/{choice['split']}"
 
 
 def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from codegen.kernel import Kernel
 from graphdnn.ir import Graph
 from graphdnn.signature import signature
 
@@ -172,3 +173,27 @@ def describe(graph: Graph) -> str:
         f"graph '{graph.name}' (io {graph.io_data_type.value}, intermediate {graph.intermediate_data_type.value}, "
         f"{len(graph.nodes)} nodes: {ops})"
     )
+
+
+def ptxas_report(kernel: Kernel, arch: int) -> str:
+    """ptxas's resource report (registers, spills) for the kernel, through NVRTC."""
+    import io
+
+    from cuda.core import Program, ProgramOptions
+
+    from codegen.nvrtc import COMPILE_OPTIONS, include_paths
+
+    options = ProgramOptions(
+        name=f"{kernel.name}.cu",
+        arch=f"sm_{arch}",
+        include_path=list(include_paths()),
+        ptxas_options="-v",
+        **dict(COMPILE_OPTIONS),
+    )
+    program = Program(kernel.source, code_type="c++", options=options)
+    log = io.StringIO()
+    try:
+        program.compile("cubin", logs=log)
+    finally:
+        program.close()
+    return log.getvalue()

@@ -1,18 +1,32 @@
 """The attention decode kernels (pack GQA, split-KV, combine): which problems take them, the
-split heuristic and its tuning, every kernel compiling for sm_80 and sm_90, and the kernels run
-on the CPU (tests/cpu_emulation.py) against the reference, paged and dense, at several splits."""
+split heuristic and the tuning choices (threads, key slots per lane, split), every kernel
+compiling for sm_80 and sm_90 (the benchmark shape's choices without spills), and the kernels
+run on the CPU (tests/cpu_emulation.py) against the reference, paged and dense, at several
+splits and every threads and key slots choice."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks.attention import decode_graph
 from codegen.context import EmitContext
 from codegen.emit import candidates, emitter
-from codegen.families.attention_decode import MAX_SPLIT, MIN_KEYS_PER_SPLIT, heuristic_split, shape
+from codegen.families.attention_decode import (
+    KEYS_PER_LANE_CHOICES,
+    MAX_REGISTERS,
+    MAX_SPLIT,
+    MIN_KEYS_PER_SPLIT,
+    THREADS_CHOICES,
+    default_config,
+    heuristic_split,
+    resident_target,
+    shape,
+)
 from codegen.families.attention_problem import attention_of
 from fusion_rules import Family, fuse
 from graphdnn import reference
@@ -23,7 +37,7 @@ from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import signature
 from tests import cpu_emulation
 from tests.attention_cases import CASES, DECODE_CASES, PAGED_CASES, AttentionCase, PagedCase
-from tests.compile_check import compile_graphs
+from tests.compile_check import compile_graphs, ptxas_report
 from tests.gpu_check import relative_error
 
 
@@ -57,27 +71,59 @@ def test_a_flash_choice_on_a_paged_problem_says_it_needs_the_decode_kernel() -> 
         emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {"warps": 4, "block_n": 64, "m_tiles": 1}))
 
 
-@pytest.mark.parametrize("split", [0, 65, "2"])
-def test_a_bad_split_is_refused(split: object) -> None:
+@pytest.mark.parametrize(
+    ("tuning", "message"),
+    [
+        ({"split": 0}, r"split must be an integer from 1 to 64"),
+        ({"split": 65}, r"split must be an integer from 1 to 64"),
+        ({"split": "2"}, r"split must be an integer from 1 to 64"),
+        ({"threads": 64}, r"threads must be an integer one of \(128, 256\)"),
+        ({"keys_per_lane": 3}, r"keys_per_lane must be an integer one of \(2, 4, 8\)"),
+        ({"keys_per_lane": True}, r"keys_per_lane must be an integer"),
+        ({"warps": 4}, r"the decode kernel has no choice warps"),
+    ],
+)
+def test_a_bad_decode_choice_is_refused(tuning: dict[str, object], message: str) -> None:
     ir, fused = attention(PAGED_CASES["decode_gqa_4to1"].build())
-    with pytest.raises(UnsupportedError, match=r"split must be an integer from 1 to 64"):
-        emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {"path": "decode", "split": split}))
+    with pytest.raises(UnsupportedError, match=message):
+        emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {"path": "decode", **tuning}))
 
 
 @pytest.mark.parametrize(("b", "hk", "skv"), [(1, 8, 8192), (1, 8, 32768), (4, 8, 16384), (8, 8, 300), (64, 8, 32768)])
 def test_the_split_heuristic_fills_the_gpu_only_when_the_blocks_do_not(b: int, hk: int, skv: int) -> None:
+    """The blocks with their slices reach the resident target on every SM (the bytes in flight
+    that cover HBM's latency) without a second wave, unless the slices would get too short."""
     case = PagedCase(b=b, hq=4 * hk, hk=hk, max_len=skv, page_size=64, d=128, dv=128)
     _, fused = attention(case.build())
     a = attention_of(fused)
-    blocks = b * hk * shape(a).row_groups
-    split = heuristic_split(a, 90)
-    if blocks >= 2 * sm_count(90):
-        assert split == 1
-    else:
-        assert 1 <= split <= min(MAX_SPLIT, max(1, skv // MIN_KEYS_PER_SPLIT))
-        assert split == MAX_SPLIT or split == max(1, skv // MIN_KEYS_PER_SPLIT) or blocks * split >= 2 * sm_count(90)
-    choices = [c["split"] for c in candidates(fused, 90)]
-    assert split in choices and 1 in choices
+    choices = candidates(fused, 90)
+    for threads in THREADS_CHOICES:
+        for keys in KEYS_PER_LANE_CHOICES:
+            s = shape(a, threads)
+            blocks, target = b * hk * s.row_groups, resident_target(s, keys) * sm_count(90)
+            split = heuristic_split(a, 90, threads, keys)
+            if blocks >= target:
+                assert split == 1
+            else:
+                assert 1 <= split <= min(MAX_SPLIT, max(1, skv // MIN_KEYS_PER_SPLIT))
+                assert blocks * split <= target
+                assert split in (MAX_SPLIT, max(1, skv // max(256, 4 * s.key_groups * keys))) or (
+                    blocks * (split + 1) > target
+                )
+            if s.held_registers(keys) <= MAX_REGISTERS:
+                assert {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": split} in choices
+    default = default_config(a, 90)
+    assert choices[0] == default.choice() and {**default.choice(), "split": 1} in choices
+    assert len(choices) <= 20
+
+
+def test_resident_target_covers_the_latency_within_an_sm() -> None:
+    """Benchmark shape (D 128 bf16, 4 packed rows): 16 KiB in flight per block of 128 threads
+    with 4 slots, 3 blocks for 40 KiB; 256 threads with 8 slots are held to one block by registers."""
+    _, fused = attention(decode_graph(1, 8192))
+    a = attention_of(fused)
+    assert shape(a, 128).bytes_in_flight(4) == 16 * 1024 and resident_target(shape(a, 128), 4) == 3
+    assert resident_target(shape(a, 256), 8) == 1
 
 
 def test_gqa_rows_share_a_block_up_to_the_registers_and_split_into_row_groups_past_them() -> None:
@@ -86,6 +132,9 @@ def test_gqa_rows_share_a_block_up_to_the_registers_and_split_into_row_groups_pa
         s = shape(attention_of(fused))
         assert s.rows_per_block * s.cv * s.vv <= 64 and s.row_groups == groups, (hq, hk, sq)
         assert s.shared_bytes() <= 46 * 1024
+    _, fused = attention(PagedCase(b=1, hq=16, hk=1, d=128, dv=128).build())
+    wide = shape(attention_of(fused), 256)  # 16 key groups: their merge buffers hold fewer rows
+    assert wide.shared_bytes() <= 46 * 1024 and wide.rows_per_block * wide.row_groups >= 16
 
 
 def test_a_split_adds_the_combine_kernel_and_its_scratch() -> None:
@@ -122,6 +171,36 @@ def test_every_decode_kernel_compiles_for_sm80_and_sm90() -> None:
     assert any(heuristic_split(attention_of(attention(spec)[1]), 90) > 1 for spec in specs)
     report = compile_graphs([spec.validate() for spec in specs])
     assert not report.failures, "\n\n".join(report.failures)
+
+
+CHOICES = [(threads, keys) for threads in THREADS_CHOICES for keys in KEYS_PER_LANE_CHOICES]
+
+
+def test_every_threads_and_key_slots_choice_compiles_for_sm80_and_sm90() -> None:
+    """Element loads, fp32, a bias with ALiBi, vLLM's page layout: each choice, each arch."""
+    from codegen.nvrtc import compile_cubin
+
+    for case in (SPLIT_CASES["fp32_paged"], SPLIT_CASES["alibi_bias_dense"], PAGED_CASES["decode_nhd_pools"]):
+        ir, fused = attention(case.build())
+        for threads, keys in CHOICES:
+            tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": 2}
+            for arch in (80, 90):
+                for kernel in emitter(fused.family)(fused, EmitContext(ir, signature(ir), arch, tuning)).kernels:
+                    compile_cubin(kernel.source, kernel.name, arch)
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_the_benchmark_shape_choices_compile_without_spills(arch: int) -> None:
+    """benchmarks/attention.py --decode (Hq 32, Hk 8, D 128, bf16, 64-key pages): every threads and
+    key slots choice autotuning offers keeps its slots, O and scores in registers."""
+    ir, fused = attention(decode_graph(8, 32768))
+    offered = {(int(c["threads"]), int(c["keys_per_lane"])) for c in candidates(fused, 90)}  # type: ignore[call-overload]
+    assert offered == set(CHOICES)
+    for threads, keys in sorted(offered):
+        tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys}
+        (kernel, *_) = emitter(fused.family)(fused, EmitContext(ir, signature(ir), arch, tuning)).kernels
+        report = ptxas_report(kernel, arch)
+        assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], (threads, keys, report[-400:])
 
 
 # -- on the CPU ---------------------------------------------------------------------------------
@@ -188,6 +267,37 @@ def test_dense_decode_with_bias_and_alibi_matches_the_reference_on_the_cpu(
     build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
     build.mkdir(exist_ok=True)
     got = cpu_emulation.run(fused, program, feeds, 1, build)
+    for name, want in expected.items():
+        value = got[name].astype(np.float64)
+        assert np.array_equal(np.isneginf(value), np.isneginf(want)), name
+        finite = np.isfinite(want)
+        assert relative_error(value[finite], want[finite].astype(np.float64)) < 2e-3, name
+
+
+# D 16 in fp16 takes 2 lanes per key: 256 threads with 8 slots step 1024 keys a batch
+MANY_BATCHES = PagedCase(b=2, hq=4, hk=2, max_len=4500, page_size=32, d=16, dv=16, data_type=DataType.HALF)
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize(("threads", "keys"), CHOICES, ids=[f"t{t}_k{k}" for t, k in CHOICES])
+@pytest.mark.parametrize("case", ["decode_mqa_8to1", "window_d24", "fp32_no_mask", "many_batches"])
+def test_every_threads_and_key_slots_choice_matches_the_reference_on_the_cpu(
+    case: str, threads: int, keys: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Slices shorter than a batch (the refills past the slice read nothing) and, many_batches,
+    of 1.5 (256 threads, 8 slots) to 12 batches (128 threads, 2 slots), every slot refilled
+    through a page looked up a batch ahead; 16-byte and element loads; each threads and key
+    slots choice."""
+    paged = MANY_BATCHES if case == "many_batches" else EMULATED[case]
+    ir, fused = attention(paged.build())
+    feeds = paged.feeds(seed=threads + keys)
+    expected = reference.execute(ir, feeds)
+    tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": 1 + keys % 3}
+    program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning))
+    assert program.kernels[0].block == (threads, 1, 1) and f"KT = {keys};" in program.kernels[0].source
+    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    got = cpu_emulation.run(fused, program, feeds, keys % 4, build)
     for name, want in expected.items():
         value = got[name].astype(np.float64)
         assert np.array_equal(np.isneginf(value), np.isneginf(want)), name

@@ -23,6 +23,7 @@ from graphdnn.arch import sm_count
 from graphdnn.errors import GraphError
 from graphdnn.ir import Tensor
 from graphdnn.random_inputs import random_inputs
+from tests.compile_check import ptxas_report
 
 ARCHS = (80, 90)
 EPS = 1e-5
@@ -410,30 +411,6 @@ def test_pipelined_candidates_where_rows_fit_and_outnumber_the_blocks() -> None:
         assert not [c for c in rownorm.candidates(norm_node(case), 90) if c["blocks_per_sm"]], case
 
 
-def _ptxas_report(kernel: Kernel, arch: int) -> str:
-    """ptxas's resource report (registers, spills) for the kernel, through NVRTC."""
-    import io
-
-    from cuda.core import Program, ProgramOptions
-
-    from codegen.nvrtc import COMPILE_OPTIONS, include_paths
-
-    options = ProgramOptions(
-        name=f"{kernel.name}.cu",
-        arch=f"sm_{arch}",
-        include_path=list(include_paths()),
-        ptxas_options="-v",
-        **dict(COMPILE_OPTIONS),
-    )
-    program = Program(kernel.source, code_type="c++", options=options)
-    log = io.StringIO()
-    try:
-        program.compile("cubin", logs=log)
-    finally:
-        program.close()
-    return log.getvalue()
-
-
 def test_single_wave_candidate_for_a_grid_just_over_one_wave() -> None:
     """4096 rows of 1024: 1024 blocks of 4 rows, more than 7 per SM of an H100 at ~70 registers;
     the single-wave choice asks for 8 per SM (64 registers) and leaves each block its one group.
@@ -466,7 +443,7 @@ def test_resident_candidates_do_not_spill(case: Case) -> None:
     partition = fuse(build(case))
     for choice in [c for c in rownorm.candidates(fused, 90) if c["blocks_per_sm"]]:
         (program,) = emit_partition(partition, 90, {fused.name: choice})
-        report = _ptxas_report(program.kernels[0], 90)
+        report = ptxas_report(program.kernels[0], 90)
         assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], (choice, report[-400:])
 
 

@@ -1,7 +1,8 @@
 """Paged-KV and dense decode attention on the GPU against the reference: decode (Sq = 1) over
 batch, GQA ratio, page size, head dim and type, with shuffled pages and ragged lengths (1,
-odd, the longest); the KV split forced through the tuning; prefill chunks through the pages;
-dense decode on the same kernels."""
+odd, the longest); the KV split forced through the tuning; every decode tuning choice (threads,
+key slots per lane, split) autotuning offers, and each threads and slots choice with a forced
+split; prefill chunks through the pages; dense decode on the same kernels."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import zlib
 import pytest
 
 from codegen.emit import candidates
+from codegen.families.attention_decode import KEYS_PER_LANE_CHOICES, THREADS_CHOICES
 from fusion_rules import Family, fuse
 from graphdnn.dtypes import DataType
-from tests.attention_cases import DECODE_CASES, PAGED_CASES, PagedCase
+from tests.attention_cases import DECODE_CASES, PAGED_CASES, AttentionCase, PagedCase
 from tests.gpu_check import check_on_gpu
 
 pytestmark = pytest.mark.gpu
@@ -62,3 +64,33 @@ def test_dense_decode_matches_reference(case: str, split: int | None) -> None:
     tuning = {} if split is None else {"tuning": {decode_name(graph): {"path": "decode", "split": split}}}
     plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), **tuning)
     assert any("_decode_" in kernel.name for kernel in plan.kernels)
+
+
+# the benchmark's heads and head dim (GQA 4:1, D 128, bf16, 64-key pages) at 3 ragged lengths up
+# to 5000 keys: many batches of keys per slice for every choice; then element loads (vLLM's page
+# layout, D 64 fp16 MQA) and dense decode with a bias
+CHOICE_CASES = {
+    "benchmark_heads": PagedCase(b=3, hq=32, hk=8, max_len=5000, page_size=64, d=128, dv=128),
+    "mqa_fp16_page_16": PagedCase(b=2, hq=8, hk=1, max_len=3000, page_size=16, data_type=DataType.HALF),
+    "nhd_pools": PAGED_CASES["decode_nhd_pools"],
+    "dense_bias": AttentionCase(b=2, hq=8, hk=2, sq=1, skv=2500, d=128, dv=128, bias=(True, True, False, True)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHOICE_CASES))
+def test_every_decode_choice_matches_reference(case: str) -> None:
+    """Each choice autotuning may time (threads, key slots per lane, split), and each threads and
+    slots choice with a split of 3 and with no split."""
+    attention = CHOICE_CASES[case]
+    graph = attention.build()
+    name = decode_name(graph)
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
+    choices = [c for c in candidates(fused, 90) if c.get("path") == "decode"]
+    for threads in THREADS_CHOICES:
+        for keys in KEYS_PER_LANE_CHOICES:
+            choices += [{"path": "decode", "threads": threads, "keys_per_lane": keys, "split": s} for s in (1, 3)]
+    seed = zlib.crc32(case.encode())
+    feeds = attention.feeds(seed) if isinstance(attention, PagedCase) else None
+    for choice in choices:
+        plan = check_on_gpu(graph, seed=seed, feeds=feeds, tuning={name: choice})
+        assert len(plan.kernels) == (1 if choice["split"] == 1 else 2), choice

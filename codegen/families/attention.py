@@ -4,7 +4,8 @@ never writes the score matrix to memory.
 Three paths, all correct for every mask, layout and head dim up to 256:
 - the decode kernel (attention_decode.py) for every paged KV cache and for at most
   DECODE_MAX_SQ query rows: GQA rows packed per kv head, the KV length split across blocks
-  when the (batch, kv head) blocks cannot fill the GPU; tuning ``{"path": "decode", "split": n}``.
+  when the (batch, kv head) blocks cannot keep enough loads in flight; tuning
+  ``{"path": "decode", "split": n, "threads": t, "keys_per_lane": k}`` (each key optional).
   Paged prefill (many query rows) runs there too: correct, not fast (the flash kernels do
   not read through page tables);
 - flash attention on tensor cores when Q, K and V are all fp16 or all bf16: mma.sync
@@ -21,7 +22,7 @@ from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import FusedProgram
-from .attention_decode import decode_program, split_choices, uses_decode
+from .attention_decode import decode_choices, decode_program, uses_decode
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
 from .attention_problem import Attention, attention_of
@@ -50,10 +51,11 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
 
 def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
-    """The decode kernel's KV splits where it applies; warps per block and keys per tile of the
-    flash kernel, keys per stage and turn-taking of the Hopper one (autotuning)."""
+    """The decode kernel's threads, key slots and KV splits where it applies; warps per block
+    and keys per tile of the flash kernel, keys per stage and turn-taking of the Hopper one
+    (autotuning)."""
     a = attention_of(fused)
-    decode: list[dict[str, object]] = [{"path": DECODE, "split": s} for s in split_choices(a, arch)]
+    decode = decode_choices(a, arch)
     if a.paged:
         return decode
     if not uses_decode(a):

@@ -1,10 +1,17 @@
 """Attention decode: few query rows per sequence (decode, speculative tokens, small prefill
 chunks) over a long KV length, dense or through a paged KV cache, with split-KV.
 
-Memory-bound: each key and value row is read once per (batch, kv head). Two tricks make it so:
+Memory-bound: each key and value row is read once per (batch, kv head), and enough of them must
+be loading at any time to cover HBM's latency. Three tricks make it so:
 - pack GQA (FlashDecoding++, FlashAttention's "pack GQA"): a block takes the ``GROUP * SQ``
   query rows that share a kv head (up to ROWS_PER_BLOCK at once, more row groups beyond), so a
   K/V row read from memory serves every query head of its group;
+- loads in flight: each lane has ``keys_per_lane`` register slots of one key's K and V
+  vectors; a slot is refilled with the next batch's key as soon as this batch's K (or V) in it
+  is consumed, so the loads of batch n + 1 run under the arithmetic of batch n (and, paged,
+  the page-table reads a batch further ahead). Registers rather than cp.async stages in shared
+  memory: no barriers and no shared memory (kept for the query rows and the merge), each lane
+  consumes only what it loaded, and the CPU emulation runs the kernel;
 - split-KV (flash-decoding): when ``B * Hk * row groups`` blocks cannot fill the GPU, each
   block takes one of ``split`` contiguous slices of the visible keys and writes its rows'
   partial O (normalised) and log-sum-exp (base 2) to scratch; a combine kernel weighs the
@@ -49,21 +56,32 @@ from .attention_problem import (
 )
 
 DECODE_MAX_SQ = 4  # dense attention with at most this many query rows takes the decode kernel
-THREADS = 128
-KEYS_PER_LANE = 4  # keys each lane group loads before computing: K/V loads in flight per lane
+THREADS_CHOICES = (128, 256)
+KEYS_PER_LANE_CHOICES = (2, 4, 8)  # key slots per lane: K and V vectors refilled as they are consumed
+DEFAULT_THREADS, DEFAULT_KEYS_PER_LANE = 128, 4
 ROWS_PER_BLOCK = 16
 MAX_ROW_REGISTERS = 64  # fp32 O values a thread holds (its rows times its V columns)
+MAX_REGISTERS = 255  # a thread's registers: a choice whose estimate (held_registers) is over would spill
+SM_REGISTERS = 64 * 1024
 MAX_SHARED = 46 * 1024  # static shared memory, under the 48 KiB every block may take
+SM_SHARED = 227 * 1024  # shared memory per SM (H100; an A100 has 163 KiB: fewer resident blocks)
+SM_THREADS = 2048
+# Little's law on an H100: ~3.3 TB/s of HBM at ~1.5 µs of loaded latency is ~5 MB in flight,
+# ~38 KB per SM of 132: the split heuristic aims at this many bytes of loads in flight per SM.
+BYTES_IN_FLIGHT_PER_SM = 40 * 1024
 MAX_SPLIT = 64
 MIN_KEYS_PER_SPLIT = 256  # a slice at least this long, to pay for its partial O and the combine
+MIN_BATCHES_PER_SPLIT = 4  # and this many batches of keys, so the pipeline's fill and drain stay small
 PARTIAL_O, PARTIAL_LSE = "partial_o", "partial_lse"
 COMBINE_THREADS = 128
+TUNING_KEYS = frozenset({"path", "split", "threads", "keys_per_lane"})
 
 
 @dataclass(frozen=True)
 class DecodeShape:
     """How a block's threads cover the head dims and rows."""
 
+    threads: int
     lanes: int  # L: lanes per key
     vk: int  # K elements per 16-byte vector
     vv: int
@@ -74,14 +92,41 @@ class DecodeShape:
 
     @property
     def key_groups(self) -> int:
-        return THREADS // self.lanes
+        return self.threads // self.lanes
 
     def shared_bytes(self) -> int:
         dkp, dvp = self.lanes * self.vk * self.ck, self.lanes * self.vv * self.cv
         return 4 * self.rows_per_block * (dkp + self.key_groups * (dvp + 2))
 
+    def bytes_in_flight(self, keys_per_lane: int) -> int:
+        """A block's K and V bytes loading at once: every lane's key slots, each refilled with
+        the next batch's key as soon as its K (or V) vectors are consumed."""
+        return self.threads * keys_per_lane * 16 * (self.ck + self.cv)
 
-def shape(a: Attention) -> DecodeShape:
+    def held_registers(self, keys_per_lane: int) -> int:
+        """Registers a thread takes (estimate, fitted to ptxas on D 128 bf16 and D 72 fp32 at 2 to
+        8 slots, within ~10%): per slot its K and V elements as floats (ptxas unpacks a batch's
+        slots together, ahead of the arithmetic) and its scores; per row the query elements it
+        multiplies (hoisted out of shared memory), O, the running maximum and sum; ~12 for
+        addresses, pages and indices."""
+        elements = self.ck * self.vk + self.cv * self.vv
+        rows = self.rows_per_block
+        return keys_per_lane * (elements + rows) + rows * (elements + 2) + 12
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """A launch of the decode kernel: threads per block, key slots per lane, KV slices."""
+
+    threads: int
+    keys_per_lane: int
+    split: int
+
+    def choice(self) -> dict[str, object]:
+        return {"path": "decode", "threads": self.threads, "keys_per_lane": self.keys_per_lane, "split": self.split}
+
+
+def shape(a: Attention, threads: int = DEFAULT_THREADS) -> DecodeShape:
     """Lanes per key covering the wider head dim in 16-byte vectors (a power of two, at most a
     warp); as many packed rows per block as the O registers and static shared memory allow."""
     vk, vv = 16 // a.k.data_type.itemsize, 16 // a.v.data_type.itemsize
@@ -90,9 +135,9 @@ def shape(a: Attention) -> DecodeShape:
     ck, cv = -(-a.d // (lanes * vk)), -(-a.dv // (lanes * vv))
     rows = a.heads // a.kv_heads * a.sq
     per_block = max(1, min(rows, ROWS_PER_BLOCK, MAX_ROW_REGISTERS // (cv * vv)))
-    while per_block > 1 and DecodeShape(lanes, vk, vv, ck, cv, per_block, 1).shared_bytes() > MAX_SHARED:
+    while per_block > 1 and DecodeShape(threads, lanes, vk, vv, ck, cv, per_block, 1).shared_bytes() > MAX_SHARED:
         per_block -= 1
-    return DecodeShape(lanes, vk, vv, ck, cv, per_block, -(-rows // per_block))
+    return DecodeShape(threads, lanes, vk, vv, ck, cv, per_block, -(-rows // per_block))
 
 
 def uses_decode(a: Attention) -> bool:
@@ -100,36 +145,94 @@ def uses_decode(a: Attention) -> bool:
     return a.paged or a.sq <= DECODE_MAX_SQ
 
 
-def heuristic_split(a: Attention, arch: int) -> int:
-    """KV slices when nothing is tuned: 1 once ``B * Hk * row groups`` blocks fill the SMs of
-    sm_``arch`` twice over (two resident blocks per SM keep enough loads in flight); else
-    enough slices for that, each keeping MIN_KEYS_PER_SPLIT keys of Skv, at most MAX_SPLIT."""
-    blocks = a.batch * a.kv_heads * shape(a).row_groups
-    target = 2 * sm_count(arch)
+def resident_target(s: DecodeShape, keys_per_lane: int) -> int:
+    """Blocks per SM the heuristic aims at: enough for BYTES_IN_FLIGHT_PER_SM (a block of 128
+    threads with 4 slots of one K and one V vector keeps 128 · 4 · 32 B = 16 KiB in flight:
+    3 blocks), at most what fits an SM's threads, registers and shared memory."""
+    wanted = -(-BYTES_IN_FLIGHT_PER_SM // s.bytes_in_flight(keys_per_lane))
+    fits = min(
+        SM_THREADS // s.threads,
+        SM_REGISTERS // (s.threads * min(MAX_REGISTERS, s.held_registers(keys_per_lane))),
+        SM_SHARED // max(1, s.shared_bytes()),
+    )
+    return max(1, min(wanted, fits))
+
+
+def heuristic_split(
+    a: Attention, arch: int, threads: int = DEFAULT_THREADS, keys_per_lane: int = DEFAULT_KEYS_PER_LANE
+) -> int:
+    """KV slices when the tuning names none. Little's law: ~3.3 TB/s × ~1.5 µs of loaded
+    latency is ~5 MB in flight on an H100, ~38 KB per SM (BYTES_IN_FLIGHT_PER_SM = 40 KiB); a
+    block keeps ``threads · keys_per_lane · 32 B`` in flight (D 128 bf16), so the target is
+    ``resident_target`` blocks on each SM of sm_``arch`` (3 at 128 threads and 4 slots: 48
+    KiB). 1 once ``B * Hk * row groups`` blocks reach that; else as many slices as fit those
+    blocks (rounded down: no second, nearly empty wave), each of at least MIN_KEYS_PER_SPLIT
+    keys and MIN_BATCHES_PER_SPLIT batches, at most MAX_SPLIT. B 1, Hk 8, Skv 32k: 8 blocks,
+    split 49 (392 blocks of 669 keys); B 8: 64 blocks, split 6."""
+    s = shape(a, threads)
+    blocks = a.batch * a.kv_heads * s.row_groups
+    target = resident_target(s, keys_per_lane) * sm_count(arch)
     if blocks >= target:
         return 1
-    return max(1, min(-(-target // blocks), a.skv // MIN_KEYS_PER_SPLIT, MAX_SPLIT))
+    min_keys = max(MIN_KEYS_PER_SPLIT, MIN_BATCHES_PER_SPLIT * s.key_groups * keys_per_lane)
+    return max(1, min(target // blocks, a.skv // min_keys, MAX_SPLIT))
 
 
-def split_choices(a: Attention, arch: int) -> list[int]:
-    """The splits autotuning times: none (1), the heuristic's, half and twice it."""
-    best = heuristic_split(a, arch)
-    return sorted({s for s in (1, best // 2, best, 2 * best) if 1 <= s <= min(MAX_SPLIT, a.skv)})
+def default_keys_per_lane(a: Attention, threads: int) -> int:
+    """DEFAULT_KEYS_PER_LANE, or fewer where its registers would not fit (many packed rows)."""
+    s = shape(a, threads)
+    fitting = [k for k in KEYS_PER_LANE_CHOICES if k <= DEFAULT_KEYS_PER_LANE and s.held_registers(k) <= MAX_REGISTERS]
+    return max(fitting, default=KEYS_PER_LANE_CHOICES[0])
 
 
-def tuned_split(a: Attention, ctx: EmitContext) -> int:
-    split = ctx.tuning.get("split")
-    if split is None:
-        return heuristic_split(a, ctx.arch)
-    if not isinstance(split, int) or isinstance(split, bool) or not 1 <= split <= MAX_SPLIT:
-        raise UnsupportedError(f"attention tuning {dict(ctx.tuning)}: split must be an integer from 1 to {MAX_SPLIT}")
-    return split
+def default_config(a: Attention, arch: int) -> DecodeConfig:
+    keys = default_keys_per_lane(a, DEFAULT_THREADS)
+    return DecodeConfig(DEFAULT_THREADS, keys, heuristic_split(a, arch, DEFAULT_THREADS, keys))
+
+
+def decode_choices(a: Attention, arch: int) -> list[dict[str, object]]:
+    """What autotuning times (the default first): for every threads and key slots per lane
+    whose registers fit (at most 6), the heuristic's split for them, half and twice it; and
+    no split (1) with the default threads and slots. About 20 choices."""
+    default = default_config(a, arch)
+    configs = [default, DecodeConfig(default.threads, default.keys_per_lane, 1)]
+    for threads in THREADS_CHOICES:
+        s = shape(a, threads)
+        for keys in KEYS_PER_LANE_CHOICES:
+            if s.held_registers(keys) > MAX_REGISTERS:
+                continue
+            best = heuristic_split(a, arch, threads, keys)
+            for split in (best // 2, best, 2 * best):
+                if 1 <= split <= min(MAX_SPLIT, a.skv):
+                    configs.append(DecodeConfig(threads, keys, split))
+    return [c.choice() for c in dict.fromkeys(configs)]
+
+
+def tuned_config(a: Attention, ctx: EmitContext) -> DecodeConfig:
+    """The tuning's choice, each key it leaves out from the heuristic (the split for its
+    threads and key slots)."""
+    tuning = dict(ctx.tuning)
+    unknown = sorted(set(tuning) - TUNING_KEYS)
+    if unknown:
+        raise UnsupportedError(f"attention tuning {tuning}: the decode kernel has no choice {', '.join(unknown)}")
+
+    def integer(key: str, allowed: tuple[int, ...] | range, default: int) -> int:
+        value = tuning.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value not in allowed:
+            choices = f"from {allowed[0]} to {allowed[-1]}" if isinstance(allowed, range) else f"one of {allowed}"
+            raise UnsupportedError(f"attention tuning {tuning}: {key} must be an integer {choices}")
+        return value
+
+    threads = integer("threads", THREADS_CHOICES, DEFAULT_THREADS)
+    keys = integer("keys_per_lane", KEYS_PER_LANE_CHOICES, default_keys_per_lane(a, threads))
+    split = integer("split", range(1, MAX_SPLIT + 1), heuristic_split(a, ctx.arch, threads, keys))
+    return DecodeConfig(threads, keys, split)
 
 
 def decode_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
-    split = tuned_split(a, ctx)
-    s = shape(a)
-    kernel = _decode_kernel(fused, ctx, a, s, split)
+    config = tuned_config(a, ctx)
+    split = config.split
+    kernel = _decode_kernel(fused, ctx, a, shape(a, config.threads), config)
     if split == 1:
         return FusedProgram(fused.name, (kernel,))
     rows = a.batch * a.heads * a.sq * split
@@ -144,9 +247,10 @@ def vectorizable(tensor: Tensor, vector: int) -> bool:
     return all(stride % vector == 0 for d, stride in zip(tensor.dim[:3], tensor.stride[:3]) if d != 1)
 
 
-def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeShape, split: int) -> Kernel:
+def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeShape, config: DecodeConfig) -> Kernel:
     declared = declare(a)
     names, params = declared.names, declared.params
+    split = config.split
     if split > 1:
         params.scratch(PARTIAL_O, "float")
         params.scratch(PARTIAL_LSE, "float")
@@ -155,11 +259,11 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
     body = [
         f"using TK = {cuda_type(a.k.data_type)};",
         f"using TV = {cuda_type(a.v.data_type)};",
-        f"constexpr int THREADS = {THREADS}, L = {s.lanes}, KEY_GROUPS = THREADS / L, KT = {KEYS_PER_LANE};",
+        f"constexpr int THREADS = {s.threads}, L = {s.lanes}, KEY_GROUPS = THREADS / L, KT = {config.keys_per_lane};",
         f"constexpr int VK = {s.vk}, VV = {s.vv}, CK = {s.ck}, CV = {s.cv}, DKP = L * VK * CK, DVP = L * VV * CV;",
         f"constexpr int HQ = {a.heads}, HK = {a.kv_heads}, GROUP = HQ / HK, SQ = {a.sq}, SKV = {a.skv};",
         f"constexpr int D = {a.d}, DV = {a.dv}, ROWS = GROUP * SQ, RB = {s.rows_per_block};",
-        f"constexpr int ROW_GROUPS = {s.row_groups}, SPLIT = {split};",
+        f"constexpr int ROW_GROUPS = {s.row_groups}, SPLIT = {split}, STEP = KEY_GROUPS * KT;",
         f"constexpr long long KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
         "const float NEG_INF = __uint_as_float(0xff800000u);",
         "const int split = (int)(blockIdx.x % SPLIT);",
@@ -171,7 +275,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         *_key_range(a),
         *_rows_to_shared(a, names),
         "const int tid = threadIdx.x, grp = tid / L, sub = tid % L;",
-        *_key_loader(a, names, vector, aligned),
+        *_key_loaders(a, names, vector, aligned),
         "float m[RB], l[RB], o[RB][CV * VV];",
         "#pragma unroll",
         "for (int r = 0; r < RB; ++r) {",
@@ -180,25 +284,35 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "#pragma unroll",
         "  for (int c = 0; c < CV * VV; ++c) o[r][c] = 0.0f;",
         "}",
+        "// Software pipeline in registers: slot t of a lane holds key base + t * KEY_GROUPS + grp of",
+        "// the batch being computed; once its K (or V) vectors are consumed, the slot is refilled with",
+        "// the next batch's key, whose loads stay in flight through the rest of this batch.",
+        "gd::Vec<TK, VK> k_slot[KT][CK];",
+        "gd::Vec<TV, VV> v_slot[KT][CV];",
+        *_pipeline_fill(a),
         "// the same trip count on every thread: lanes of a group sum their dots with shuffles",
-        "for (int base = s_begin; base < s_end; base += KEY_GROUPS * KT) {",
-        "  float kf[KT][CK * VK], vf[KT][CV * VV];",
-        "#pragma unroll",
-        "  for (int t = 0; t < KT; ++t) load_key(base + t * KEY_GROUPS + grp, kf[t], vf[t]);",
+        "for (int base = s_begin; base < s_end; base += STEP) {",
         "  float s[KT][RB];",
         "#pragma unroll",
-        "  for (int t = 0; t < KT; ++t)",
+        "  for (int t = 0; t < KT; ++t) {",
+        "    float kf[CK * VK];",
+        "#pragma unroll",
+        "    for (int c = 0; c < CK; ++c)",
+        "#pragma unroll",
+        "      for (int e = 0; e < VK; ++e) kf[c * VK + e] = gd::element<float>(k_slot[t][c], e);",
+        *indent(_refill(a, "K"), 2).splitlines(),
         "#pragma unroll",
         "    for (int r = 0; r < RB; ++r) {",
         "      float dot = 0.0f;",
         "#pragma unroll",
         "      for (int c = 0; c < CK; ++c)",
         "#pragma unroll",
-        "        for (int e = 0; e < VK; ++e) dot += q_s[r][(c * L + sub) * VK + e] * kf[t][c * VK + e];",
+        "        for (int e = 0; e < VK; ++e) dot += q_s[r][(c * L + sub) * VK + e] * kf[c * VK + e];",
         "      s[t][r] = gd::lanes_sum<L>(dot);",
         "    }",
+        "  }",
         "#pragma unroll",
-        "  for (int r = 0; r < RB; ++r) {",
+        "  for (int r = 0; r < RB; ++r) {  // scores to probabilities, O and the sum rescaled",
         "    const int i = (r0 + r) % SQ, h = hk * GROUP + (r0 + r) / SQ;",
         *indent(_slope(a), 2).splitlines(),
         *indent(score_function(a, names), 2).splitlines(),
@@ -217,18 +331,29 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "    for (int c = 0; c < CV * VV; ++c) o[r][c] *= correction;",
         "#pragma unroll",
         "    for (int t = 0; t < KT; ++t) {",
-        "      const float p = exp2f(s[t][r] - top);",
-        "      l[r] += p;",
-        "#pragma unroll",
-        "      for (int c = 0; c < CV * VV; ++c) o[r][c] += p * vf[t][c];",
+        "      s[t][r] = exp2f(s[t][r] - top);",
+        "      l[r] += s[t][r];",
         "    }",
+        "  }",
+        "#pragma unroll",
+        "  for (int t = 0; t < KT; ++t) {",
+        "    float vf[CV * VV];",
+        "#pragma unroll",
+        "    for (int c = 0; c < CV; ++c)",
+        "#pragma unroll",
+        "      for (int e = 0; e < VV; ++e) vf[c * VV + e] = gd::element<float>(v_slot[t][c], e);",
+        *indent(_refill(a, "V"), 2).splitlines(),
+        "#pragma unroll",
+        "    for (int r = 0; r < RB; ++r)",
+        "#pragma unroll",
+        "      for (int c = 0; c < CV * VV; ++c) o[r][c] += s[t][r] * vf[c];",
         "  }",
         "}",
         *_merge(a, names, split),
     ]
-    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_decode", params, THREADS, indent(body, 1))
+    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_decode", params, s.threads, indent(body, 1))
     grid = a.batch * a.kv_heads * s.row_groups * split
-    return Kernel(name, source, (grid, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings))
+    return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), 0, tuple(params.bindings))
 
 
 def _key_range(a: Attention) -> list[str]:
@@ -267,26 +392,43 @@ def _rows_to_shared(a: Attention, names: dict[str, str]) -> list[str]:
 
 
 def _row_address(a: Attention, names: dict[str, str], role: str) -> str:
-    """The first element of key ``j``'s row of K or V (head ``hk``), dense or through its page table."""
+    """The first element of key ``j``'s row of K or V (head ``hk``): dense, or in page ``page``."""
     tensor, stride = (a.k, "KS") if role == "K" else (a.v, "VS")
     if not a.paged:
         return f"{names[role]} + (long long)b * {stride}[0] + (long long)hk * {stride}[1] + (long long)j * {stride}[2]"
-    table = a.page_table_k if role == "K" else a.page_table_v
-    assert table is not None
     page_size = tensor.static_dim[2]
-    page = load(
-        table.data_type, element(table, names[f"PAGE_TABLE_{role}"], ["b", "0", f"j / {page_size}", "0"]), "long long"
+    return (
+        f"{names[role]} + page * {stride}[0] + (long long)hk * {stride}[1] + (long long)(j % {page_size}) * {stride}[2]"
     )
-    return f"{names[role]} + {page} * {stride}[0] + (long long)hk * {stride}[1] + (long long)(j % {page_size}) * {stride}[2]"
 
 
-def _key_loader(a: Attention, names: dict[str, str], vector: bool, aligned: str) -> list[str]:
-    """``load_key(j, kf, vf)``: this lane's vectors of key j's K and V rows as floats (zero for a
-    key past the slice, which reads nothing: its page table entry may be anything)."""
+def _page_lookups(a: Attention, names: dict[str, str]) -> list[str]:
+    """``page_k(j)`` / ``page_v(j)``: key j's page in the pool (0 past the slice: no read)."""
+    lines = []
+    for role, tensor, table in (("K", a.k, a.page_table_k), ("V", a.v, a.page_table_v)):
+        assert table is not None
+        index = ["b", "0", f"j / {tensor.static_dim[2]}", "0"]
+        page = load(table.data_type, element(table, names[f"PAGE_TABLE_{role}"], index), "long long")
+        lines.append(f"auto page_{role.lower()} = [&](int j) -> long long {{ return j < s_end ? {page} : 0; }};")
+    return lines
 
-    def chunks(role: str, t: str, width: str, vec: str, count: str, out: str) -> list[str]:
-        stride = "KS" if role == "K" else "VS"
+
+def _key_loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str) -> list[str]:
+    """``load_k(j, slot)`` and ``load_v(j, slot)`` (paged: ``load_k(j, page, slot)``): this lane's
+    16-byte vectors of key j's K or V row, as stored (zero for a key past the slice, which reads
+    nothing: its page table entry may be anything, and zero V keeps 0 · V finite)."""
+    page = "long long page, " if a.paged else ""
+
+    def loader(role: str, t: str, width: str, vec: str, count: str) -> list[str]:
+        stride, row = ("KS", "row_k") if role == "K" else ("VS", "row_v")
         lines = [
+            f"auto load_{role.lower()} = [&](int j, {page}gd::Vec<{t}, {vec}>* slot) {{",
+            "  if (j >= s_end) {",
+            "#pragma unroll",
+            f"    for (int c = 0; c < {count}; ++c) slot[c] = gd::Vec<{t}, {vec}>{{}};",
+            "    return;",
+            "  }",
+            f"  const {t}* const {row} = {_row_address(a, names, role)};",
             "#pragma unroll",
             f"  for (int c = 0; c < {count}; ++c) {{",
             f"    const int col0 = (c * L + sub) * {vec};",
@@ -294,32 +436,57 @@ def _key_loader(a: Attention, names: dict[str, str], vector: bool, aligned: str)
         if vector:
             lines += [
                 f"    if ({aligned} && col0 < {width}) {{",
-                f"      const gd::Vec<{t}, {vec}> x = gd::load_vec<{t}, {vec}>(row_{role.lower()} + col0);",
-                "#pragma unroll",
-                f"      for (int e = 0; e < {vec}; ++e) {out}[c * {vec} + e] = gd::element<float>(x, e);",
+                f"      slot[c] = gd::load_vec<{t}, {vec}>({row} + col0);",
                 "      continue;",
                 "    }",
             ]
-        lines += [
+        return [
+            *lines,
             "#pragma unroll",
             f"    for (int e = 0; e < {vec}; ++e)",
-            f"      {out}[c * {vec} + e] = col0 + e < {width} ? gd::to<float>(row_{role.lower()}[(col0 + e) * {stride}[3]]) : 0.0f;",
+            f"      slot[c].v[e] = col0 + e < {width} ? {row}[(col0 + e) * {stride}[3]] : {t}{{}};",
             "  }",
+            "};",
         ]
-        return lines
 
+    lookups = _page_lookups(a, names) if a.paged else []
+    return [*lookups, *loader("K", "TK", "D", "VK", "CK"), *loader("V", "TV", "DV", "VV", "CV")]
+
+
+def _refill(a: Attention, role: str) -> list[str]:
+    """Slot t's load of the next batch's key; paged, through the page looked up a batch
+    earlier, and the page of the key after it looked up now (the table read, which the row
+    address needs first, is never waited for)."""
+    r = role.lower()
+    slot = f"{r}_slot[t]"
+    if not a.paged:
+        return [f"load_{r}(base + STEP + t * KEY_GROUPS + grp, {slot});"]
     return [
-        "auto load_key = [&](int j, float* kf, float* vf) {",
-        "  if (j >= s_end) {",
-        "    for (int c = 0; c < CK * VK; ++c) kf[c] = 0.0f;",
-        "    for (int c = 0; c < CV * VV; ++c) vf[c] = 0.0f;",
-        "    return;",
-        "  }",
-        f"  const TK* const row_k = {_row_address(a, names, 'K')};",
-        f"  const TV* const row_v = {_row_address(a, names, 'V')};",
-        *chunks("K", "TK", "D", "VK", "CK", "kf"),
-        *chunks("V", "TV", "DV", "VV", "CV", "vf"),
-        "};",
+        f"load_{r}(base + STEP + t * KEY_GROUPS + grp, p{r}[t], {slot});",
+        f"p{r}[t] = page_{r}(base + 2 * STEP + t * KEY_GROUPS + grp);",
+    ]
+
+
+def _pipeline_fill(a: Attention) -> list[str]:
+    """The first batch's loads into the slots; paged, also the second batch's pages."""
+    if not a.paged:
+        return [
+            "#pragma unroll",
+            "for (int t = 0; t < KT; ++t) {",
+            "  load_k(s_begin + t * KEY_GROUPS + grp, k_slot[t]);",
+            "  load_v(s_begin + t * KEY_GROUPS + grp, v_slot[t]);",
+            "}",
+        ]
+    return [
+        "long long pk[KT], pv[KT];  // the pages of the slots' next keys",
+        "#pragma unroll",
+        "for (int t = 0; t < KT; ++t) {",
+        "  const int j = s_begin + t * KEY_GROUPS + grp;",
+        "  load_k(j, page_k(j), k_slot[t]);",
+        "  load_v(j, page_v(j), v_slot[t]);",
+        "  pk[t] = page_k(j + STEP);",
+        "  pv[t] = page_v(j + STEP);",
+        "}",
     ]
 
 
