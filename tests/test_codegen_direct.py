@@ -1025,9 +1025,15 @@ def test_average_pooling_backward_does_not_read_x():
 
 
 # -- GPU tests ----------------------------------------------------------------------------------
+# CTC's alpha / beta recursions run in float log space over T steps: each step's log-sum-exp
+# rounds (~6e-8 relative), so a 200-step gradient differs from the float64 reference by
+# ~T * 3e-7 (6.6e-5 measured on an H100), past float's 2e-5.
+GPU_TOLERANCES = {"ctc_speech_float": 2e-4}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CASES) + sorted(GPU_CASES))
 def test_matches_reference_on_gpu(name):
     from tests.gpu_check import check_on_gpu
 
-    check_on_gpu({**CASES, **GPU_CASES}[name]())
+    check_on_gpu({**CASES, **GPU_CASES}[name](), tolerance=GPU_TOLERANCES.get(name))

@@ -291,6 +291,13 @@ def _feeds(graph: gd.OperationGraphSpec, seed: int) -> dict[str, np.ndarray]:
     return feeds
 
 
+# fp8 tensor cores (mma.sync k32 and wgmma k32 alike) add their products keeping about 14
+# mantissa bits, not fp32's 24 (measured by DeepSeek-V3's report, section 3.3.2, on H800;
+# graphdnn does not yet promote partial sums to fp32 registers): a float output differs from
+# the float64 reference by ~2^-14 relative for a short K, 3.4e-4 measured at K = 2064 on an
+# H100. Narrower outputs keep their own, larger, tolerances.
+FP8_ACCUMULATION = 1e-3
+
 GPU_CASES = {
     **COMPILE_CASES,
     "fp8_e4m3_one_row": ScaledMatmul(m=1, k=32, n=24, out_type="float", scales=("column",)),
@@ -316,6 +323,7 @@ def test_every_8bit_candidate_matches_reference_on_gpu(case: str) -> None:
     seed = zlib.crc32(case.encode())
     _, fused = gemm_partition(graph, arch)
     feeds = _feeds(graph, seed)
-    check_on_gpu(graph, seed=seed, feeds=feeds)  # the default path
+    tolerance = FP8_ACCUMULATION if case.startswith("fp8") else None
+    check_on_gpu(graph, seed=seed, feeds=feeds, tolerance=tolerance)  # the default path
     for choice in candidates(fused, arch):
-        check_on_gpu(graph, seed=seed, feeds=feeds, tuning={fused.name: choice})
+        check_on_gpu(graph, seed=seed, feeds=feeds, tolerance=tolerance, tuning={fused.name: choice})
