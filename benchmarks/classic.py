@@ -149,6 +149,9 @@ def classic_cases(case: Callable[..., Any]) -> list[Any]:
             bytes=2 * 4 * steps * batch * alphabet,
             target="≥ 0.8x torch ctc_loss",
             group="classic",
+            # 400 float log-space alpha / beta steps: 1.8e-4 from the float64 reference on an H100
+            # (tests/test_codegen_direct.py, GPU_TOLERANCES, says why)
+            extra={"tolerance": 5e-4},
         ),
         case(
             f"lstm inference {_LSTM[3]}x{_LSTM[2]} n{_LSTM[1]} t{_LSTM[0]}",
