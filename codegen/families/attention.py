@@ -10,7 +10,7 @@ Three paths, all correct for every mask, layout and head dim up to 256:
   not read through page tables);
 - flash attention on tensor cores when Q, K and V are all fp16 or all bf16: mma.sync
   (attention_flash.py), or on sm_90 for head dims 64 and 128 with contiguous rows the
-  warp-specialised TMA/wgmma kernel (attention_wgmma.py), the default there (1.4-1.6x the
+  warp-specialised TMA/wgmma kernel (attention_wgmma.py), the default there (1.2-1.6x the
   mma.sync kernel on an H100) and the tuning choices ``{"path": "wgmma", ...}`` (``{"path": "wgmma"}`` alone: its default);
 - one warp per query row in fp32 for anything else (attention_simt.py).
 """
