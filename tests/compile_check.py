@@ -11,7 +11,6 @@ compiled again.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -62,14 +61,6 @@ class GraphRecorder:
 
         OperationGraphSpec.validate = validate  # type: ignore[method-assign]
 
-    def expect_refusal(self, graph: Graph, match: str, targets: Iterable[int] = TARGETS) -> None:
-        """``graph`` is refused on purpose on ``targets`` (an UnsupportedError whose message
-        matches ``match``: an 8-bit matmul whose layout the tensor cores cannot read):
-        :func:`compile_graphs` checks that it still is there, and compiles it elsewhere."""
-        from graphdnn.signature import signature
-
-        REFUSALS[signature(graph)] = Refusal(match, frozenset(targets))
-
     def graphs(self) -> dict[str, Graph]:
         """The graphs recorded so far, one per signature."""
         distinct: dict[str, Graph] = {}
@@ -86,15 +77,6 @@ class GraphRecorder:
             self._original = None
 
 
-@dataclass(frozen=True)
-class Refusal:
-    match: str  # a regular expression the UnsupportedError's message matches
-    targets: frozenset[int]
-
-
-# Graphs refused on purpose, by signature (GraphRecorder.expect_refusal); the expected-support
-# matrix's "no" entries, checked like its "yes" ones.
-REFUSALS: dict[str, Refusal] = {}
 RECORDER = GraphRecorder()
 
 
@@ -115,7 +97,6 @@ def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) ->
     from codegen.emit import extents_refusal
     from codegen.nvrtc import compile_cubin
     from fusion_rules import fuse
-    from graphdnn.errors import UnsupportedError
     from graphdnn.lower import KernelSource, lower
     from graphdnn.signature import signature
 
@@ -127,20 +108,13 @@ def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) ->
             continue
         report.graphs += 1
         graph_signature = signature(graph)
-        refusal = REFUSALS.get(graph_signature, Refusal("", frozenset()))
         for target in targets:
-            refused = target in refusal.targets
             try:
                 sources = lower(
                     fuse(graph, arch=target), target, graph_signature, lambda content_hash: content_hash
                 ).sources
             except Exception as error:  # every defect is reported, with its graph
-                if refused and isinstance(error, UnsupportedError) and re.search(refusal.match, str(error)):
-                    continue
                 report.failures.append(f"{describe(graph)} for sm_{target}: {type(error).__name__}: {error}")
-                continue
-            if refused:
-                report.failures.append(f"{describe(graph)} for sm_{target}: lowered, but is expected to be refused")
                 continue
             for content_hash, source in sources.items():
                 pending.setdefault((target, content_hash), (source, graph))

@@ -148,3 +148,25 @@ def test_a_tuning_outside_the_choices_is_a_clear_error() -> None:
             lambda h: h,
             tuning={position: {"path": "wgmma", "block_n": 96, "pingpong": True}},
         )
+
+
+@pytest.mark.parametrize("sq", [1, 70])  # the decode kernel, the flash ones
+def test_a_window_wider_than_every_key_is_no_window(sq: int) -> None:
+    """A sliding window of 2^32 keys hides nothing: the kernels take it as none (a 64-bit
+    length in their int arithmetic did not compile), and the reference agrees."""
+    import numpy as np
+
+    from graphdnn import reference
+    from graphdnn.random_inputs import random_inputs
+    from tests.attention_cases import AttentionCase
+
+    wide = AttentionCase(sq=sq, skv=90, options={"use_causal_mask": True, "sliding_window_length": 2**32})
+    plain = AttentionCase(sq=sq, skv=90, options={"use_causal_mask": True})
+    graph = wide.build().validate()
+    (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION]
+    assert attention_of(fused).window == 0
+    assert compile_graphs([graph]).failures == []
+    feeds = random_inputs(graph, 3)
+    want = reference.execute(plain.build().validate(), feeds)
+    got = reference.execute(graph, feeds)
+    assert all(np.array_equal(got[name], want[name]) for name in want)

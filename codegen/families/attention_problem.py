@@ -90,7 +90,11 @@ class Attention:
 
     @property
     def window(self) -> int:
-        return self.attrs.sliding_window_length or 0
+        """The sliding window, 0 for none. One of at least SQ + SKV keys hides no key of any row
+        (key j is hidden when j <= i + diag - window, and i + diag < SQ + SKV): it is none, which
+        also keeps 64-bit lengths out of the kernels' int arithmetic."""
+        window = self.attrs.sliding_window_length or 0
+        return 0 if window >= self.sq + self.skv else window
 
     @property
     def padded(self) -> bool:

@@ -11,8 +11,9 @@ Two paths, both always correct:
   instead (gemm_sm90.py: same loaders and epilogue), when the tuning choice asks for it;
 - SIMT, one output element per thread, for everything else (gemm_simt.py), fp8 on sm_80
   included (no fp8 tensor cores there: each element is widened to fp32 in the kernel). An
-  8-bit matmul the tensor cores cannot read (B not K-major, K not in 16-byte chunks) is
-  refused with the layout it needs (gemm_problem.eight_bit_refusal) rather than run slowly.
+  8-bit matmul the tensor cores cannot read (B not K-major, K not in 16-byte chunks) runs
+  here too, many times slower, with a warning on the ``graphdnn.compile`` log that names the
+  layout the tensor cores need (gemm_problem.eight_bit_slow_path).
 
 Problems with fewer output tiles than the GPU has SMs and a long K take split-K on either
 tensor-core path (gemm_splitk.py): a second kernel sums the K slices and runs the epilogue.
@@ -32,6 +33,7 @@ m-contiguous A has no wgmma layout here yet). A tuning may still choose the dire
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from fusion_rules import FusedNode
 from fusion_rules.conv_grad_gemm import refusal
@@ -41,7 +43,7 @@ from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
 from . import direct_conv
 from .gemm_mma import TILE_CANDIDATES, mma_kernel, tile_config
-from .gemm_problem import Problem, eight_bit_refusal, on_tensor_cores, problem_of
+from .gemm_problem import Problem, eight_bit_slow_path, on_tensor_cores, problem_of
 from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
 from .gemm_sm90 import wgmma_kernel
@@ -50,15 +52,17 @@ from .gemm_ws import candidates as ws_candidates
 from .gemm_ws import default_choice as default_ws
 from .gemm_ws import ws_kernel, ws_split
 
+LOG = logging.getLogger("graphdnn.compile")
+
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert fused.anchor is not None
     problem = problem_of(fused.anchor)
     if problem.is_grad:
         return _emit_grad(fused, ctx, problem)
-    eight_bit = eight_bit_refusal(problem, ctx.arch)
-    if eight_bit is not None:
-        raise UnsupportedError(eight_bit)
+    slow = eight_bit_slow_path(problem, ctx.arch)
+    if slow is not None:
+        LOG.warning("%s", slow)
     if not on_tensor_cores(problem, ctx.arch):
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
     default = None if ctx.tuning else default_ws(problem, ctx.arch)

@@ -164,12 +164,12 @@ def on_tensor_cores(p: Problem, arch: int) -> bool:
     return types is not None and arch >= types.min_arch and tensor_core_layout(p) is not None
 
 
-def eight_bit_refusal(p: Problem, arch: int) -> str | None:
-    """Why the 8-bit matmul ``p`` cannot run on sm_``arch``, or None. 8-bit operands take the
-    tensor cores (int8 from sm_80, fp8 from sm_89) and nothing slower: a layout they cannot
-    read is refused, naming what it needs, rather than left to a path many times slower. fp8
-    before sm_89 has no tensor cores: it keeps the SIMT path (each element widened to fp32 in
-    the kernel), as does a convolution the tensor cores cannot read."""
+def eight_bit_slow_path(p: Problem, arch: int) -> str | None:
+    """Why the 8-bit matmul ``p`` cannot take the tensor cores on sm_``arch`` (int8 from sm_80,
+    fp8 from sm_89) although they exist there, or None. Such a matmul is valid and runs on the
+    SIMT kernel, many times slower, so the reason is logged with what the layout needs. fp8
+    before sm_89 has no tensor cores at all: it takes the SIMT path (each element widened to
+    fp32 in the kernel) with nothing to say, as does a convolution the tensor cores cannot read."""
     types = tensor_core_types(p)
     if types is None or not types.eight_bit or p.is_conv or arch < types.min_arch:
         return None
@@ -193,8 +193,8 @@ def eight_bit_refusal(p: Problem, arch: int) -> str | None:
     if math.prod(p.batch) > 65535:
         problems.append(f"its {math.prod(p.batch)} batch matrices are more than 65535")
     return (
-        f"matmul '{p.node.name}' multiplies {a.data_type.value} by {b.data_type.value} on tensor cores, which read "
-        f"both operands K-major in 16-byte chunks: " + "; ".join(problems)
+        f"matmul '{p.node.name}' multiplies {a.data_type.value} by {b.data_type.value} on the SIMT kernel, not on "
+        f"tensor cores, which read both operands K-major in 16-byte chunks: " + "; ".join(problems)
     )
 
 
