@@ -188,6 +188,16 @@ def test_8bit_layouts_the_tensor_cores_cannot_read_run_on_simt_and_say_why(
         assert any(re.search(match, m) for m in said) == (arch in warned), (arch, said)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SLOW)
+def test_8bit_layouts_on_the_simt_kernel_match_reference_on_gpu(case: str) -> None:
+    graph = SLOW[case][0].build()
+    seed = zlib.crc32(case.encode())
+    tolerance = FP8_ACCUMULATION if case.startswith("fp8") else None
+    plan = check_on_gpu(graph, seed=seed, feeds=_feeds(graph, seed), tolerance=tolerance)
+    assert any("_simt_" in kernel.name for kernel in plan.kernels)
+
+
 @pytest.mark.parametrize("arch", [80, 90])
 def test_scales_fold_into_the_gemm_epilogue(arch: int) -> None:
     """The frontend's scaled GEMM: one fused node, matmul and its three scales (int8 on both

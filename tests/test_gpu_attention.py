@@ -135,3 +135,9 @@ def test_attention_written_from_primitives_runs_as_one_attention_kernel(k_form: 
     plan = check_on_gpu(form.build(), seed=kv_heads)
     (kernel,) = plan.kernels
     assert "_flash_" in kernel.name or "_wgmma_" in kernel.name
+
+
+@pytest.mark.parametrize("sq", [1, 70])  # the decode kernel, the flash ones
+def test_a_window_wider_than_every_key_matches_reference(sq: int) -> None:
+    case = AttentionCase(sq=sq, skv=90, options={"use_causal_mask": True, "sliding_window_length": 2**32})
+    check_on_gpu(case.build(), seed=sq)
