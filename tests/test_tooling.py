@@ -3,6 +3,7 @@ the lineinfo option, NVTX ranges, and the packaging promises (dependency ceiling
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import os
@@ -296,3 +297,54 @@ def test_the_nvtx_switch_without_the_package_is_a_clear_error(
     with pytest.raises(gd.GraphError, match=r"GRAPHDNN_NVTX=1 needs the nvtx package: pip install nvtx"):
         two_kernel_plan.bind(_pointwise_pack(fake, two_kernel_plan))
     assert fake.calls == []
+
+
+# -- optional dependencies ---------------------------------------------------------------------------
+FIRST_PARTY = {"graphdnn", "codegen", "fusion_rules", "benchmarks", "tests", "build_graphs"}
+# import name -> the distributions that provide it, where the names differ
+DISTRIBUTIONS = {
+    "cuda": {"cuda-core", "cuda-bindings", "cuda-pathfinder"},
+    "ml_dtypes": {"ml-dtypes"},
+    "cudnn": {"nvidia-cudnn-frontend"},
+    "cupy": {"cupy-cuda13x"},
+}
+
+
+def _third_party_imports(directory: str) -> dict[str, set[str]]:
+    """Top-level module -> the files under ``directory`` importing it (lazily or not), stdlib and first party left out."""
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / directory).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in FIRST_PARTY:
+                    found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_optional_import_is_covered_by_an_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {Requirement(r).name for r in project["dependencies"]}
+    extras = {name: {Requirement(r).name for r in rs} for name, rs in project["optional-dependencies"].items()}
+    user_extras = set().union(*(names for extra, names in extras.items() if extra != "test"))
+    covering = {
+        # what ships may use only the core and the extras users install
+        **{package: core | user_extras for package in ("graphdnn", "codegen", "fusion_rules")},
+        # the benchmarks: their extra, and pytest with the repository's tests for --fake-driver
+        "benchmarks": core | extras["bench"] | extras["test"],
+    }
+    uncovered = {
+        module: sorted(files)
+        for directory, allowed in covering.items()
+        for module, files in _third_party_imports(directory).items()
+        if not DISTRIBUTIONS.get(module, {module}) & allowed
+    }
+    assert uncovered == {}
+    assert {"torch", "redis", "nvtx", "bench", "test"} <= extras.keys()
+    assert {"torch", "triton"} <= extras["bench"] and {"torch"} <= extras["torch"] and {"nvtx"} <= extras["nvtx"]
