@@ -348,3 +348,17 @@ def test_every_optional_import_is_covered_by_an_extra() -> None:
     assert uncovered == {}
     assert {"torch", "redis", "nvtx", "bench", "test"} <= extras.keys()
     assert {"torch", "triton"} <= extras["bench"] and {"torch"} <= extras["torch"] and {"nvtx"} <= extras["nvtx"]
+
+
+def test_every_shipped_package_is_typed_linted_and_type_checked() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    shipped = [pattern.rstrip("*") for pattern in config["tool"]["setuptools"]["packages"]["find"]["include"]]
+    assert shipped == ["graphdnn", "fusion_rules", "codegen"]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    (lint,) = [line.split()[2:] for line in ci if line.startswith("ruff check ")]
+    (formatting,) = [line.split()[3:] for line in ci if line.startswith("ruff format --check ")]
+    for package in shipped:
+        assert (ROOT / package / "py.typed").is_file(), package
+        assert "py.typed" in config["tool"]["setuptools"]["package-data"][package], package
+        assert package in config["tool"]["mypy"]["packages"] and package in lint and package in formatting
+    assert "benchmarks" in lint and "benchmarks" in formatting
