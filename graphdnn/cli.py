@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
         "--dot", metavar="OUT.dot", help="write a Graphviz DOT file of the graph, clustered by fused node"
     )
     inspect.add_argument(
+        "--svg",
+        metavar="OUT.svg",
+        help="write that picture as SVG, rendered by Graphviz's dot program (which must be on PATH)",
+    )
+    inspect.add_argument(
         "--disable", action="append", default=[], metavar="RULE", help="fuse without this rule (repeatable)"
     )
     inspect.add_argument(
@@ -101,20 +106,27 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.cuda:
         return _inspect_cuda(ir, args)
     print(printable(describe(ir), lines=True))
-    if args.fused or args.dot:
+    if args.fused or args.dot or args.svg:
         partition = fuse(ir, arch=args.arch, disable=args.disable)
         if args.fused:
             print()
             print(printable(partition.describe(), lines=True))
-        if args.dot:
+        if args.dot or args.svg:
             from fusion_rules.dot import to_dot
 
+            dot = to_dot(partition)
+        if args.dot:
             try:
                 with open(args.dot, "w", encoding="utf-8") as out:
-                    out.write(to_dot(partition))
+                    out.write(dot)
             except OSError as error:
                 raise GraphError(f"cannot write {args.dot}: {error.strerror}") from None
             print(f"wrote {args.dot}")
+        if args.svg:
+            from .svg import render_svg
+
+            render_svg(dot, args.svg)
+            print(f"wrote {args.svg}")
     return 0
 
 

@@ -10,6 +10,7 @@ compiled again.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,7 @@ class GraphRecorder:
         original = self._original = OperationGraphSpec.validate
         built_in = frozenset(op_kinds())
 
+        @functools.wraps(original)  # what it stands in for, as seen by docs/api.md's generator
         def validate(spec: OperationGraphSpec) -> Graph:
             graph = original(spec)
             if len(graph.nodes) > MAX_NODES:

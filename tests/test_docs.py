@@ -236,3 +236,15 @@ def test_output_masking_and_ellipsis() -> None:
     assert shown == ["reference: N nodes in N ms", "...", "key H"]
     assert matches(shown, ["reference: N nodes in N ms", "a", "b", "key H"])
     assert not matches(shown, ["reference: N nodes in N ms", "key H", "extra"])
+
+
+def test_the_api_reference_is_up_to_date() -> None:
+    from graphdnn.commands import api_reference
+
+    assert api_reference.main(["--check"]) == 0, (
+        "docs/api.md is out of date: run python -m graphdnn.commands.api_reference"
+    )
+    text = api_reference.DOCUMENT.read_text()
+    assert "### `gd.compile(graph: Any, *, arch: str | int | None = None" in text
+    assert "- `gd.OperationGraphSpec.matmul(" in text and "### `gd.torch.custom_op(" in text
+    assert "- `gd.cudnn.pygraph.build_operation_graph(" in text

