@@ -13,6 +13,7 @@ blockIdx.z: ``blockIdx.z = batch * SPLIT + slice``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
@@ -134,14 +135,23 @@ def store_partials(p: Problem, c_stride: int, staging: list[str]) -> list[str]:
     8-column chunks; nothing else of the fused epilogue runs here."""
     return [
         *stage_accumulators(staging),
+        *partial_chunks(p, "blockIdx.z", lambda col: f"staged + row * {c_stride} + {col}"),
+    ]
+
+
+def partial_chunks(p: Problem, layer: str, staged: Callable[[str], str]) -> list[str]:
+    """The staged BM x BN fp32 tile into the partial tile of grid layer ``layer`` (batch * SPLIT
+    + slice), 8 columns a thread; ``staged(col)``: the address of the tile's 4 floats at ``row``,
+    ``col``. Rows and columns past the output are left alone."""
+    return [
         f"constexpr int NP = {padded_n(p)};",
-        "float* const partial = partials + (size_t)blockIdx.z * GM * NP;  // this (batch, slice)'s M x NP tile",
+        f"float* const partial = partials + (size_t){layer} * GM * NP;  // this (batch, slice)'s M x NP tile",
         "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",
         "  const int row = chunk / (BN / 8), col = (chunk % (BN / 8)) * 8;",
         "  if (block_m + row >= GM || block_n + col >= GN) continue;",
         "  float* const dst = partial + (size_t)(block_m + row) * NP + block_n + col;",
-        f"  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col);",
-        f"  *reinterpret_cast<float4*>(dst + 4) = *reinterpret_cast<const float4*>(staged + row * {c_stride} + col + 4);",
+        f"  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>({staged('col')});",
+        f"  *reinterpret_cast<float4*>(dst + 4) = *reinterpret_cast<const float4*>({staged('col + 4')});",
         "}",
     ]
 

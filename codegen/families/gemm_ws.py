@@ -45,7 +45,7 @@ from .gemm_loaders import (
 )
 from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout, tensor_core_types
 from .gemm_sm90 import ARCH, BLOCK_K_BYTES, MAX_SHARED, wgmma_prelude
-from .gemm_splitk import MIN_SLICE_K, PARTIALS, KSlices, output_tiles, padded_n
+from .gemm_splitk import MIN_SLICE_K, PARTIALS, KSlices, output_tiles, partial_chunks
 from .tensor_core import zero
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row (BLOCK_K_BYTES)
@@ -443,27 +443,12 @@ def _epilogue(
         *(
             "    " + line
             for line in (
-                _store_partial(p)
+                partial_chunks(p, "(batch * SPLIT + slice)", lambda col: f"subtile + staged_at(row, {col})")
                 if split > 1
                 else tile_epilogue(fused, p, names, itype, aligned, fetch, batch_index="batch")
             )
         ),
         "  }",
-        "}",
-    ]
-
-
-def _store_partial(p: Problem) -> list[str]:
-    """The staged subtile's rows into ``partials`` [batch][slice][M][NP], 8 columns a thread."""
-    return [
-        f"constexpr int NP = {padded_n(p)};",
-        "float* const partial = partials + (size_t)(batch * SPLIT + slice) * GM * NP;",
-        "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",
-        "  const int row = chunk / (BN / 8), col = chunk % (BN / 8) * 8;",
-        "  if (block_m + row >= GM || block_n + col >= GN) continue;",
-        "  float* const dst = partial + (size_t)(block_m + row) * NP + block_n + col;",
-        "  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col));",
-        "  *reinterpret_cast<float4*>(dst + 4) = *reinterpret_cast<const float4*>(subtile + staged_at(row, col + 4));",
         "}",
     ]
 

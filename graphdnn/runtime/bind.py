@@ -85,10 +85,11 @@ def _bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, strea
     # Inputs read from a copy of them as they were: for the kernels that read one after it is
     # written over, and for the TMA tensor maps that cannot start at its address.
     misaligned = _misaligned_map_operands(plan.program.launches, pointers)
+    outputs_written = {t.id for t in ir.outputs}
     for tid in misaligned:
         if tid in order.copies:
             continue  # its copy is aligned
-        if tid not in views or tid in {t.id for t in ir.outputs}:
+        if tid not in views or tid in outputs_written:
             raise FeedError(
                 f"tensor '{names[tid]}' starts at {pointers[tid]:#x}; a kernel reads it through a TMA tensor map "
                 f"after the plan writes it, which needs a {TENSOR_MAP_ALIGNMENT}-byte aligned buffer"
