@@ -1,21 +1,32 @@
-"""The attention family's kernels: which path each case takes, and that every case's kernels
-compile for sm_80 and sm_90 (the GPU runs them in test_gpu_attention.py)."""
+"""The attention family's kernels: which path each case takes, that every case's kernels
+compile for sm_80 and sm_90, and the mma.sync forward on the CPU (tests/cpu_emulation.py)
+with and without the scale folded into its exponents (the GPU runs every case in
+test_gpu_attention.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
+from codegen import emitter
+from codegen.context import EmitContext
 from codegen.emit import candidates
 from codegen.families.attention_decode import DECODE_MAX_SQ
 from codegen.families.attention_flash import FlashConfig, shared_bytes
-from codegen.families.attention_problem import attention_of
+from codegen.families.attention_problem import attention_of, folds_scale
 from codegen.families.attention_wgmma import supported as wgmma_supported
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
+from graphdnn import reference
+from graphdnn.compare import relative_error
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 from graphdnn.lower import lower
+from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import signature
+from tests import cpu_emulation
 from tests.attention_cases import CASES, self_attention
 from tests.compile_check import compile_graphs
 from tests.test_codegen_gemm_sm90 import sass
@@ -25,6 +36,25 @@ def attention_node(case: str):  # type: ignore[no-untyped-def]
     graph = CASES[case].build().validate()
     (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION]
     return graph, fused
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize(("case", "folded"), [("gqa_4to1_causal", True), ("d16_fp16_runtime_scale", False)])
+def test_the_mma_sync_forward_matches_the_reference_on_the_cpu(
+    case: str, folded: bool, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build_dir.mkdir(exist_ok=True)
+    graph = dataclasses.replace(CASES[case], data_type=DataType.HALF).build().validate()  # the emulation's half
+    (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION]
+    assert folds_scale(attention_of(fused)) is folded
+    program = emitter(fused.family)(fused, EmitContext(graph, signature(graph), 80, {}))
+    assert [k.name.split("_")[2] for k in program.kernels] == ["flash"]
+    feeds = random_inputs(graph, 3)
+    expected = reference.execute(graph, feeds)
+    got = cpu_emulation.run(fused, program, feeds, 16, build_dir)
+    for t in graph.outputs:
+        assert relative_error(got[t.name], expected[t.name]) < 2e-3, t.name
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

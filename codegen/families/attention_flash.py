@@ -133,7 +133,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         f"constexpr bool Q_IN_REGISTERS = {str(q_in_registers).lower()};",
         *block_setup(a, names, c.block_m),
         *key_range(a, c.block_m),
-        *score_function(a, names),
+        *score_function(a, names, fold=True),
         "extern __shared__ __align__(128) unsigned char smem[];",
         "T* const q_s = reinterpret_cast<T*>(smem);",
         "T* const k_s = q_s + BM * QROW;  // [2][BN][QROW]",
@@ -295,7 +295,8 @@ def _scores() -> list[str]:
 
 
 def _online_softmax() -> list[str]:
-    """New row maxima (over the quad of lanes sharing a row), rescale of l and O, P = 2^(S - max)."""
+    """New row maxima (over the quad of lanes sharing a row), rescale of l and O, P = 2^(S - max)
+    with S and the maxima in raw units times ``TO_LOG2``."""
     return [
         "#pragma unroll",
         "for (int mi = 0; mi < MI; ++mi)",
@@ -306,8 +307,8 @@ def _online_softmax() -> list[str]:
         "    for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * r], s[mi][j][2 * r + 1]));",
         "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));",
         "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));",
-        "    const float base = mx == NEG_INF ? 0.0f : mx;  // a row with nothing visible yet stays at 0",
-        "    const float correction = gd::exp2_approx(m[mi][r] - base);",
+        "    const float base = mx == NEG_INF ? 0.0f : mx * TO_LOG2;  // log2 units; an empty row stays at 0",
+        "    const float correction = gd::exp2_approx(fmaf(m[mi][r], TO_LOG2, -base));",
         "    m[mi][r] = mx;",
         "    l[mi][r] *= correction;",
         "#pragma unroll",
@@ -317,8 +318,8 @@ def _online_softmax() -> list[str]:
         "    }",
         "#pragma unroll",
         "    for (int j = 0; j < NT; ++j) {",
-        "      s[mi][j][2 * r] = gd::exp2_approx(s[mi][j][2 * r] - base);",
-        "      s[mi][j][2 * r + 1] = gd::exp2_approx(s[mi][j][2 * r + 1] - base);",
+        "      s[mi][j][2 * r] = gd::exp2_approx(fmaf(s[mi][j][2 * r], TO_LOG2, -base));",
+        "      s[mi][j][2 * r + 1] = gd::exp2_approx(fmaf(s[mi][j][2 * r + 1], TO_LOG2, -base));",
         "      l[mi][r] += s[mi][j][2 * r] + s[mi][j][2 * r + 1];",
         "    }",
         "  }",
@@ -356,7 +357,7 @@ def _pv() -> list[str]:
 
 def _write(a: Attention, names: dict[str, str]) -> list[str]:
     """Each row's O = accumulators / sum (0 for a row that sees no key or lies past sq), STATS."""
-    stats = stats_store(a, names, "i", "live ? m[mi][r] + log2f(sum) : NEG_INF")
+    stats = stats_store(a, names, "i", "live ? m[mi][r] * TO_LOG2 + log2f(sum) : NEG_INF")
     return [
         "#pragma unroll",
         "for (int mi = 0; mi < MI; ++mi)",

@@ -19,6 +19,7 @@ from graphdnn.ops.attention import Masks, alibi_slopes, kv_length
 
 from ..context import KernelParams, scalar_value
 from ..cuda_types import cuda_type, load
+from ..epilogue import rounded_constant
 from ..indexing import offset_at
 from ..pointwise import literal
 
@@ -248,11 +249,27 @@ def needs_mask(a: Attention, block_m: int, block_n: int) -> str:
     return " || ".join(terms)
 
 
-def score_function(a: Attention, names: dict[str, str]) -> list[str]:
+def folds_scale(a: Attention) -> bool:
+    """Whether the scores' scale can wait for the exponent: with no bias and no ALiBi, a
+    constant positive scale commutes with the row maximum, so a kernel may keep raw dot
+    products and fold ``scale * log2(e)`` into the exponent's FMA (one multiply less per
+    score, as FlashAttention-3 does)."""
+    if a.bias is not None or a.attrs.use_alibi_mask:
+        return False
+    if a.scale is None:
+        return True
+    return a.scale.is_constant and float(rounded_constant(a.scale)) > 0.0
+
+
+def score_function(a: Attention, names: dict[str, str], fold: bool = False) -> list[str]:
     """``score(dot, i, j, masked)``: the score of query row i and key j in log2 units (the
     kernels use exp2), -inf when masked (rows past sq see nothing, which also keeps the bias
     read inside its tensor); ``masked`` false skips the mask tests (tiles where every key is
-    visible to every row)."""
+    visible to every row).
+
+    ``fold`` (a kernel that takes it): where :func:`folds_scale`, the score is the raw dot
+    product and ``TO_LOG2`` is the factor to log2 units, which the kernel applies in its
+    exponents (``exp2(fma(s, TO_LOG2, -max * TO_LOG2))``); otherwise ``TO_LOG2`` is 1."""
     terms = ["dot * scale"]
     if a.bias is not None:
         terms.append(load(a.bias.data_type, element(a.bias, names["BIAS"], ["b", "h", "i", "j"]), "float"))
@@ -263,9 +280,15 @@ def score_function(a: Attention, names: dict[str, str]) -> list[str]:
         conditions.append("j > i + diag")
     if a.window:
         conditions.append(f"j <= i + diag - {a.window}")
+    folded = fold and folds_scale(a)
     value = "dot * scale_log2" if len(terms) == 1 else f"({' + '.join(terms)}) * {LOG2E}f"
+    if folded:
+        value = "dot"
+    lines = [f"const float scale_log2 = scale * {LOG2E}f;"]
+    if fold:
+        lines.append(f"const float TO_LOG2 = {'scale_log2' if folded else '1.0f'};  // raw score to log2 units")
     return [
-        f"const float scale_log2 = scale * {LOG2E}f;",
+        *lines,
         "auto score = [&](float dot, int i, int j, bool masked) -> float {",
         f"  if (masked && ({' || '.join(conditions)})) return NEG_INF;",
         f"  return {value};",

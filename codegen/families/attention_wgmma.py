@@ -138,7 +138,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         *block_setup(a, names, BLOCK_M),
         "constexpr unsigned Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2;",
         *key_range(a, BLOCK_M),
-        *score_function(a, names),
+        *score_function(a, names, fold=True),
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "const unsigned q_tile = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024-byte aligned: the swizzle's unit",
         "const unsigned kv_tiles = q_tile + Q_BYTES;  // per stage: K, then V",
@@ -282,7 +282,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
     must be fenced against; TMA writes through the async proxy already."""
     bn = c.block_n
     fence = ['asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");'] if generic_writes else []
-    stats = stats_store(a, names, "i", "live ? m[r] + log2f(sum) : NEG_INF")
+    stats = stats_store(a, names, "i", "live ? m[r] * TO_LOG2 + log2f(sum) : NEG_INF")
     mine, other = TURN_BARRIERS
     turns = [
         "// turns: wait at this consumer's barrier (opened by the other's arrival), then open the other's",
@@ -417,7 +417,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
 
 def _online_softmax() -> list[str]:
     """New row maxima (over the quad of lanes sharing a row), the rescale of l (O's factor in
-    ``correction``), P = 2^(S - max)."""
+    ``correction``), P = 2^(S - max) with S and the maxima in raw units times ``TO_LOG2``."""
     return [
         "#pragma unroll",
         "for (int r = 0; r < 2; ++r) {",
@@ -426,14 +426,15 @@ def _online_softmax() -> list[str]:
         "  for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));",
         "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));",
         "  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));",
-        "  const float base = mx == NEG_INF ? 0.0f : mx;  // a row with nothing visible yet stays at 0",
-        "  correction[r] = gd::exp2_approx(m[r] - base);  // O's rescale waits for the P V in flight",
+        "  // in log2 units; a row with nothing visible yet stays at 0",
+        "  const float base = mx == NEG_INF ? 0.0f : mx * TO_LOG2;",
+        "  correction[r] = gd::exp2_approx(fmaf(m[r], TO_LOG2, -base));  // O's rescale waits for the P V in flight",
         "  m[r] = mx;",
         "  l[r] *= correction[r];",
         "#pragma unroll",
         "  for (int j = 0; j < BN / 8; ++j) {",
-        "    s[4 * j + 2 * r] = gd::exp2_approx(s[4 * j + 2 * r] - base);",
-        "    s[4 * j + 2 * r + 1] = gd::exp2_approx(s[4 * j + 2 * r + 1] - base);",
+        "    s[4 * j + 2 * r] = gd::exp2_approx(fmaf(s[4 * j + 2 * r], TO_LOG2, -base));",
+        "    s[4 * j + 2 * r + 1] = gd::exp2_approx(fmaf(s[4 * j + 2 * r + 1], TO_LOG2, -base));",
         "    l[r] += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];",
         "  }",
         "}",
