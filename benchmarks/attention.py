@@ -164,7 +164,9 @@ def timed(shape: tuple[int, int, int, int, bool], autotune: bool) -> dict[str, f
         ),
     }
     for choice in (c for c in candidates(fused, 90) if c.get("path") == "wgmma"):
-        label = f"wgmma bn{choice['block_n']}{' pp' if choice['pingpong'] else ''}"
+        label = (
+            f"wgmma bn{choice['block_n']}{' pp' if choice['pingpong'] else ''}{' pers' if choice['persistent'] else ''}"
+        )
         times[label] = ours(tuning={fused.name: choice})
     times["torch FA2"] = peer(SDPBackend.FLASH_ATTENTION)
     times["torch cuDNN"] = peer(SDPBackend.CUDNN_ATTENTION)

@@ -20,6 +20,7 @@ from codegen.families.attention_wgmma import supported as wgmma_supported
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
 from graphdnn import reference
+from graphdnn.arch import sm_count
 from graphdnn.compare import relative_error
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
@@ -104,11 +105,8 @@ def test_the_hopper_kernel_is_offered_for_head_dims_64_and_128_with_contiguous_r
 
     for case in ("d256_fp16", "d72_dv40", "d100_scalar_loads", "fp32_simt"):
         assert hopper_choices(case, 90) == []
-    assert {str(c["block_n"]) + str(c["pingpong"]) for c in hopper_choices("d128_bshd", 90)} == {
-        "64False",
-        "64True",
-        "128False",
-        "128True",
+    assert {(c["block_n"], c["pingpong"], c["persistent"]) for c in hopper_choices("d128_bshd", 90)} == {
+        (bn, pingpong, persistent) for bn in (64, 128) for pingpong in (False, True) for persistent in (False, True)
     }
     assert hopper_choices("d128_bshd", 80) == []
     graph, fused = attention_node("d256_fp16")
@@ -137,8 +135,12 @@ def test_every_hopper_choice_compiles_without_spilling(case: str) -> None:
     graph, fused = attention_node(case)
     partition = fuse(graph, arch=90)
     position = [f.name for f in partition.nodes].index(fused.name)
+    items = -(-CASES[case].sq // 128) * CASES[case].hq * CASES[case].b
     for choice in (c for c in candidates(fused, 90) if c.get("path") == "wgmma"):
-        (source,) = lower(partition, 90, signature(graph), lambda h: h, tuning={position: choice}).sources.values()
+        lowered = lower(partition, 90, signature(graph), lambda h: h, tuning={position: choice})
+        (source,) = lowered.sources.values()
+        (launch,) = lowered.program.launches
+        assert launch.grid[0] == (min(items, sm_count(90)) if choice["persistent"] else items), choice
         assert ("turn_begin();" in source.source) == choice["pingpong"]
         assert f"BN = {choice['block_n']}," in source.source
         code = sass(compile_cubin(source.source, source.name, 90, source.arch_suffix))

@@ -12,6 +12,7 @@ import graphdnn as gd
 from codegen.emit import candidates
 from fusion_rules import Family, fuse
 from graphdnn import reference
+from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
 from graphdnn.random_inputs import random_inputs
 from graphdnn.runtime.driver import current_gpu_arch
@@ -24,6 +25,15 @@ HOPPER_CASES = {
     "long_causal_gqa": AttentionCase(
         b=2, hq=8, hk=2, sq=1000, skv=1000, d=128, dv=128, options={"use_causal_mask": True}
     ),
+}
+# More work items (128-row blocks x heads x batch) than an H100 has SMs: a persistent block
+# walks several, light and heavy, some with no visible key, by TMA and by cp.async.
+PERSISTENT_CASES = {
+    "items_causal_gqa": AttentionCase(
+        b=2, hq=16, hk=4, sq=1000, skv=1000, d=128, dv=128, options={"use_causal_mask": True}
+    ),
+    "items_padded_empty_sequences": AttentionCase(b=4, hq=8, hk=8, sq=520, skv=300, padding=True),
+    "items_kv_shared_across_batch": AttentionCase(b=4, hq=8, hk=2, sq=600, skv=333, layout="shared_kv"),
 }
 
 pytestmark = pytest.mark.gpu
@@ -60,9 +70,22 @@ def test_every_hopper_choice_over_many_key_tiles() -> None:
     graph = HOPPER_CASES["long_causal_gqa"].build()
     (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
     choices = [c for c in candidates(fused, 90) if c.get("path") == "wgmma"]
-    assert len(choices) == 4
+    assert len(choices) == 8
     for choice in choices:
         check_on_gpu(graph, seed=7, tuning={fused.name: choice})
+
+
+@pytest.mark.parametrize("case", sorted(PERSISTENT_CASES))
+def test_persistent_hopper_blocks_walk_many_work_items(case: str) -> None:
+    if current_gpu_arch() != 90:
+        pytest.skip("the wgmma attention kernel runs on sm_90 GPUs only")
+    c = PERSISTENT_CASES[case]
+    graph = c.build()
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
+    for choice in (o for o in candidates(fused, 90) if o.get("path") == "wgmma" and o["persistent"]):
+        plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice})
+        (launch,) = plan.program.launches
+        assert launch.grid[0] == sm_count(90) < -(-c.sq // 128) * c.hq * c.b, choice
 
 
 def test_the_hopper_kernel_reads_rows_that_are_not_16_byte_aligned() -> None:

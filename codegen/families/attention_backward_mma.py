@@ -29,7 +29,15 @@ from ..cuda_types import cuda_type
 from ..kernel import Kernel
 from .attention_backward_problem import AttentionBackward, declare, gradient_store, query_range, row_statistics
 from .attention_flash import pack_function, padded, tile_loader, vectorizable
-from .attention_problem import block_setup, constants, key_range, lengths_and_scale, score_function, strides
+from .attention_problem import (
+    block_setup,
+    constants,
+    key_range,
+    lengths_and_scale,
+    score_function,
+    strides,
+    work_items,
+)
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .tensor_core import TENSOR_CORE_TYPES, mma_fragments
 
@@ -160,7 +168,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         'asm volatile("cp.async.wait_group 0;\\n" ::);',
         *_store(ab.dq, names["DQ"], "h", "row0", "SQ", ("D", "DP"), "scale * dq"),
     ]
-    return _kernel(fused, ctx, ab, params, "_dq_mma", body, -(-a.sq // br) * a.heads * a.batch)
+    return _kernel(fused, ctx, ab, params, "_dq_mma", body, work_items(a, br))
 
 
 def _vec(ab: AttentionBackward) -> bool:

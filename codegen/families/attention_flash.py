@@ -38,6 +38,7 @@ from .attention_problem import (
     score_function,
     stats_store,
     strides,
+    work_items,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .tensor_core import mma_fragments
@@ -199,7 +200,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
     name, source = kernel_source(ctx, fused, pattern, params, 32 * c.warps, indent(body, 1))
     functions = ASYNC_COPY_PRELUDE + mma_fragments(a.q.data_type) + pack_function(a.q.data_type)
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
-    blocks = -(-a.sq // c.block_m) * a.heads * a.batch
+    blocks = work_items(a, c.block_m)
     return Kernel(name, source, (blocks, 1, 1), (32 * c.warps, 1, 1), shared_bytes(a, c), tuple(params.bindings))
 
 

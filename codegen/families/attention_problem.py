@@ -159,14 +159,22 @@ def strides(tensor: Tensor) -> str:
 
 
 def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
-    """Constants; the block's batch ``b``, head ``h``, kv head ``hk`` and first row ``row0``
-    (heavy causal blocks first); then :func:`lengths_and_scale`."""
-    m_blocks = -(-a.sq // block_m)
+    """Constants; then :func:`work_setup` of the block's own work item."""
+    return [*constants(a), *work_setup(a, names, block_m, "blockIdx.x")]
+
+
+def work_items(a: Attention, block_m: int) -> int:
+    """The (row block, head, batch) items of a kernel that gives each ``block_m`` query rows."""
+    return -(-a.sq // block_m) * a.heads * a.batch
+
+
+def work_setup(a: Attention, names: dict[str, str], block_m: int, work: str) -> list[str]:
+    """Work item ``work``'s batch ``b``, head ``h``, kv head ``hk`` and first row ``row0`` (heavy
+    causal blocks first); then :func:`lengths_and_scale`."""
     return [
-        *constants(a),
-        f"constexpr int M_BLOCKS = {m_blocks};",
-        "const int m_block = M_BLOCKS - 1 - (int)(blockIdx.x % M_BLOCKS);  // the longest causal rows first",
-        "const int h = (int)((blockIdx.x / M_BLOCKS) % HQ), b = (int)(blockIdx.x / M_BLOCKS / HQ);",
+        f"constexpr int M_BLOCKS = {-(-a.sq // block_m)};",
+        f"const int m_block = M_BLOCKS - 1 - (int)({work} % M_BLOCKS);  // the longest causal rows first",
+        f"const int h = (int)(({work} / M_BLOCKS) % HQ), b = (int)({work} / M_BLOCKS / HQ);",
         "const int hk = h / GROUP;",
         f"const int row0 = m_block * {block_m};",
         *lengths_and_scale(a, names),

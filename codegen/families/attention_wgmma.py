@@ -1,6 +1,9 @@
 """Flash attention forward on Hopper: warp-specialised, wgmma (sm_90a, fp16/bf16, head dims 64 and 128).
 
-A block owns 128 query rows of one (batch, head) and is three warpgroups:
+A work item is 128 query rows of one (batch, head); a block takes one (or, persistent, one
+block per SM walks items blockIdx.x, + gridDim.x, ...: the producer loads the next item's Q
+once the consumers' last wgmma read this one's, and its K/V as stages free, under the
+consumers' last tile and their write of O). A block is three warpgroups:
 
 - the producer copies the Q tile once, then each tile of BN keys of K and V, into a ring of
   up to four shared-memory stages in the 128-byte-swizzle layout the wgmma descriptors read:
@@ -26,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
@@ -37,7 +41,7 @@ from ..kernel import Kernel
 from .attention_flash import pack_function, vectorizable
 from .attention_problem import (
     Attention,
-    block_setup,
+    constants,
     declare,
     key_range,
     needs_mask,
@@ -45,6 +49,8 @@ from .attention_problem import (
     score_function,
     stats_store,
     strides,
+    work_items,
+    work_setup,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
@@ -57,6 +63,11 @@ MAX_STAGES = 4
 HEAD_DIMS = (64, 128)
 BLOCK_NS = (64, 128)
 ALIGN_SLACK = 1024
+# an item's key tiles: from the BN-aligned tile holding kv_begin through kv_end
+ITEM_TILES = (
+    "const int first = kv_begin / BN * BN;",
+    "const int tiles = kv_end > kv_begin ? (kv_end - first + BN - 1) / BN : 0;",
+)
 # named barriers of the two consumers' turns (0 is __syncthreads; gemm_ws's warpgroup_sync has 1 and 2)
 TURN_BARRIERS = (3, 4)
 
@@ -65,40 +76,48 @@ TURN_BARRIERS = (3, 4)
 class WgmmaConfig:
     block_n: int  # keys per stage
     pingpong: bool  # the consumers take turns issuing their wgmma (named barriers)
+    persistent: bool  # one block per SM walks the work items (else one block per item)
 
     def choice(self) -> dict[str, object]:
-        return {"path": "wgmma", "block_n": self.block_n, "pingpong": self.pingpong}
+        return {"path": "wgmma", "block_n": self.block_n, "pingpong": self.pingpong, "persistent": self.persistent}
 
 
-DEFAULT = WgmmaConfig(block_n=128, pingpong=True)
+def default(a: Attention) -> WgmmaConfig:
+    """128 keys per stage and one block per SM. The consumers take turns at head dim 64 only:
+    measured on an H100, turns gained 5% at D64 and lost 1-5% at D128 (benchmarks/RESULTS.md)."""
+    return WgmmaConfig(block_n=128, pingpong=a.d == 64, persistent=True)
 
 
 def config(a: Attention, tuning: Mapping[str, object]) -> WgmmaConfig:
     """The configuration a tuning choice names; ``{"path": "wgmma"}`` alone is the default."""
     if set(tuning) == {"path"}:
-        return DEFAULT
+        return default(a)
     choices = [c.choice() for c in configs(a)]
     if dict(tuning) not in choices:
         raise UnsupportedError(f"attention tuning {dict(tuning)} is not one of this problem's choices {choices}")
-    return WgmmaConfig(int(tuning["block_n"]), bool(tuning["pingpong"]))  # type: ignore[call-overload]
+    return WgmmaConfig(int(tuning["block_n"]), bool(tuning["pingpong"]), bool(tuning["persistent"]))  # type: ignore[call-overload]
 
 
 def configs(a: Attention) -> list[WgmmaConfig]:
     """Every configuration whose stages fit in shared memory (autotuning's candidates)."""
     return [
-        WgmmaConfig(bn, pingpong) for bn in BLOCK_NS for pingpong in (False, True) if shared_bytes(a, bn) <= MAX_SHARED
+        WgmmaConfig(bn, pingpong, persistent)
+        for bn in BLOCK_NS
+        for pingpong in (False, True)
+        for persistent in (False, True)
+        if shared_bytes(a, bn) <= MAX_SHARED
     ]
 
 
 def stages(a: Attention, bn: int) -> int:
     """As many K/V stages as fit beside the Q tile, up to MAX_STAGES."""
-    fixed = 2 * BLOCK_M * a.d + 8 + ALIGN_SLACK
+    fixed = 2 * BLOCK_M * a.d + 16 + ALIGN_SLACK
     return max(2, min(MAX_STAGES, (MAX_SHARED - fixed) // (2 * bn * (a.d + a.dv) + 16)))
 
 
 def shared_bytes(a: Attention, bn: int) -> int:
     ring = stages(a, bn)
-    return 2 * (BLOCK_M * a.d + ring * bn * (a.d + a.dv)) + 8 * (1 + 2 * ring) + ALIGN_SLACK
+    return 2 * (BLOCK_M * a.d + ring * bn * (a.d + a.dv)) + 8 * (2 + 2 * ring) + ALIGN_SLACK
 
 
 def supported(a: Attention, arch: int) -> bool:
@@ -110,7 +129,7 @@ def supported(a: Attention, arch: int) -> bool:
         and a.d in HEAD_DIMS
         and a.dv in HEAD_DIMS
         and vectorizable((a.q, a.k, a.v))
-        and shared_bytes(a, DEFAULT.block_n) <= MAX_SHARED
+        and shared_bytes(a, default(a).block_n) <= MAX_SHARED
     )
 
 
@@ -121,7 +140,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
             f"the Hopper attention kernel takes head dims {list(HEAD_DIMS)} with contiguous rows on sm_90; "
             f"not D={a.d}, Dv={a.dv} on sm_{ctx.arch}"
         )
-    c = config(a, ctx.tuning) if ctx.tuning else DEFAULT
+    c = config(a, ctx.tuning) if ctx.tuning else default(a)
     bn = c.block_n
     params = KernelParams()
     maps = tensor_maps(a, bn)
@@ -131,23 +150,22 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     aligned = params.aligned_flag()
     arrivals = 1 if maps else 128  # TMA: the one expect_tx arrival; cp.async: every producer thread
     elem = "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16"
+    item = [*work_setup(a, names, BLOCK_M, "work"), *key_range(a, BLOCK_M), *ITEM_TILES]
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
-        f"constexpr int BM = {BLOCK_M}, BN = {bn}, STAGES = {stages(a, bn)};",
+        f"constexpr int BM = {BLOCK_M}, BN = {bn}, STAGES = {stages(a, bn)}, WORK = {work_items(a, BLOCK_M)};",
         f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
-        *block_setup(a, names, BLOCK_M),
+        *constants(a),
         "constexpr unsigned Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2;",
-        *key_range(a, BLOCK_M),
-        *score_function(a, names, fold=True),
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "const unsigned q_tile = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024-byte aligned: the swizzle's unit",
         "const unsigned kv_tiles = q_tile + Q_BYTES;  // per stage: K, then V",
-        "const unsigned q_full = kv_tiles + STAGES * (K_BYTES + V_BYTES), full = q_full + 8, empty = full + 8 * STAGES;",
+        "const unsigned q_full = kv_tiles + STAGES * (K_BYTES + V_BYTES), q_empty = q_full + 8;",
+        "const unsigned full = q_empty + 8, empty = full + 8 * STAGES;",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
-        "const int first = kv_begin / BN * BN;",
-        "const int tiles = kv_end > kv_begin ? (kv_end - first + BN - 1) / BN : 0;",
         "if (tid == 0) {",
         f"  mbar_init(q_full, {arrivals});",
+        "  mbar_init(q_empty, 8);  // every consumer warp, once its last wgmma read Q",
         "  for (int s = 0; s < STAGES; ++s) {",
         f"    mbar_init(full + 8 * s, {arrivals});",
         "    mbar_init(empty + 8 * s, 8);  // every consumer warp, once its wgmma read the stage",
@@ -155,12 +173,18 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         '  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
         "}",
         "__syncthreads();",
+        "// work items blockIdx.x, + gridDim.x, ...: the producer loads the next item's Q and K/V",
+        "// while the consumers finish this one; the ring's stage and phase run on across items",
+        "int stage = 0;",
+        "unsigned phase = 0;",
         "if (warpgroup == 0) {",
         '  asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\\n");',
-        *indent(_tma_producer(a, map_names) if maps else _copy_producer(names, aligned), 1).splitlines(),
+        "  for (int work = blockIdx.x, item = 0; work < WORK; work += gridDim.x, ++item) {",
+        *indent(item + (_tma_producer(a, map_names) if maps else _copy_producer(names, aligned)), 2).splitlines(),
+        "  }",
         "} else {",
         '  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\\n");',
-        *indent(_consumer(a, names, c, generic_writes=not maps), 1).splitlines(),
+        *indent(_consumer(a, names, c, item, generic_writes=not maps), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_wgmma"
@@ -173,7 +197,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         + pack_function(a.q.data_type)
     )
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
-    blocks = -(-a.sq // BLOCK_M) * a.heads * a.batch
+    blocks = min(work_items(a, BLOCK_M), sm_count(ctx.arch)) if c.persistent else work_items(a, BLOCK_M)
     return Kernel(
         name, source, (blocks, 1, 1), (THREADS, 1, 1), shared_bytes(a, bn), tuple(params.bindings), arch_suffix="a"
     )
@@ -201,14 +225,14 @@ def _tensor_map(t: Tensor, rows: int) -> TensorMap:
 
 def _tma_producer(a: Attention, maps: dict[str, str]) -> list[str]:
     """One thread issues every load: a box per 64 columns of the head dim, completing on the
-    stage's full barrier, whose expected bytes count the zero-filled rows too."""
+    stage's full barrier, whose expected bytes count the zero-filled rows too. The Q tile is
+    refilled once the consumers' last wgmma of the previous item read it."""
     return [
         "if (tid == 0) {",
+        "  if (item > 0) mbar_wait(q_empty, (item - 1) & 1);",
         "  mbar_expect_tx(q_full, Q_BYTES);",
         "  for (int j = 0; j < D / 64; ++j)",
         f"    tma_load(q_tile + j * (BM * 128), &{maps['Q']}, q_full, j * 64, row0, h, b);",
-        "  int stage = 0;",
-        "  unsigned phase = 0;",
         "  for (int tile = 0; tile < tiles; ++tile) {",
         "    const int kv0 = first + tile * BN;",
         "    const unsigned bar = full + 8 * stage, k_tile = kv_tiles + stage * (K_BYTES + V_BYTES);",
@@ -256,10 +280,9 @@ def _copy_producer(names: dict[str, str], aligned: str) -> list[str]:
         "    mbar_arrive(bar);",
         "  }",
         "};",
+        "if (item > 0) mbar_wait(q_empty, (item - 1) & 1);  // the previous item's Q is read",
         "load_rows(q_tile, q_g + (long long)row0 * QS[2], QS[2], BM, min(BM, SQ - row0), D);",
         "arrive(q_full);",
-        "int stage = 0;",
-        "unsigned phase = 0;",
         "for (int tile = 0; tile < tiles; ++tile) {",
         "  const int kv0 = first + tile * BN;",
         "  mbar_wait(empty + 8 * stage, phase ^ 1);",
@@ -272,14 +295,15 @@ def _copy_producer(names: dict[str, str], aligned: str) -> list[str]:
     ]
 
 
-def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_writes: bool) -> list[str]:
+def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, item: list[str], generic_writes: bool) -> list[str]:
     """Software-pipelined over key tiles: S_j = Q K_jᵀ is issued with P_{j-1} V_{j-1} behind it;
     once S_j is in, its scores and exponentials run while the tensor cores finish P_{j-1} V_{j-1};
     then O is rescaled and P_j packed for the next round. With ``c.pingpong`` the two consumers
     take turns issuing (a named barrier each, opened by the other's arrival), so that one's
-    softmax runs while the tensor cores work on the other's products. ``generic_writes``: the
-    tiles were written by cp.async (the generic proxy), which wgmma's reads (the async proxy)
-    must be fenced against; TMA writes through the async proxy already."""
+    softmax runs while the tensor cores work on the other's products. ``item``: the lines that
+    set up a work item (``work``). ``generic_writes``: the tiles were written by cp.async (the
+    generic proxy), which wgmma's reads (the async proxy) must be fenced against; TMA writes
+    through the async proxy already."""
     bn = c.block_n
     fence = ['asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");'] if generic_writes else []
     stats = stats_store(a, names, "i", "live ? m[r] * TO_LOG2 + log2f(sum) : NEG_INF")
@@ -288,12 +312,12 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
         "// turns: wait at this consumer's barrier (opened by the other's arrival), then open the other's",
         f'auto turn_begin = [&]() {{ asm volatile("bar.sync %0, 256;\\n" ::"r"({mine} + consumer) : "memory"); }};',
         f'auto turn_end = [&]() {{ asm volatile("bar.arrive %0, 256;\\n" ::"r"({other} - consumer) : "memory"); }};',
-        "if (consumer == 1) turn_end();  // consumer 0 goes first",
     ]
     begin, end = (["turn_begin();"], ["turn_end();"]) if c.pingpong else ([], [])
-    return [
-        "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the block",
-        *(turns if c.pingpong else []),
+    per_item = [
+        *item,
+        *score_function(a, names, fold=True),
+        *(["if (consumer == 1) turn_end();  // consumer 0 goes first"] if c.pingpong else []),
         "// this thread's rows: row_base and row_base + 8 (wgmma fragment: warp w of the warpgroup",
         "// holds rows 16w..16w+15; acc[4j + 2r + e] is row lane/4 + 8r, column 8j + 2 (lane % 4) + e)",
         "const int row_base = row0 + consumer * 64 + (warp & 3) * 16 + (lane >> 2);",
@@ -301,7 +325,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
         "unsigned p[BN / 16][4];  // P of the previous tile: the A operand of its P V",
         "#pragma unroll",
         "for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;",
-        "mbar_wait(q_full, 0);",
+        "mbar_wait(q_full, item & 1);",
         *fence,
         "const unsigned q_rows = q_tile + consumer * (64 * 128);",
         "// P_{j-1} V_{j-1} into O, V from the stage at v_tile (not waited for)",
@@ -353,17 +377,16 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
         "  }",
         "};",
         "auto k_tile_of = [&](int stage) { return kv_tiles + stage * (K_BYTES + V_BYTES); };",
-        "int stage = 0, previous = 0;",
-        "unsigned phase = 0;",
+        "int previous = stage;",
         "auto next_stage = [&]() {",
         "  previous = stage;",
         "  if (++stage == STAGES) stage = 0, phase ^= 1;",
         "};",
         "if (tiles > 0) {",
-        "  mbar_wait(full, 0);",
+        "  mbar_wait(full + 8 * stage, phase);",
         *("  " + line for line in fence),
         *("  " + line for line in begin),
-        "  issue_s(k_tile_of(0));",
+        "  issue_s(k_tile_of(stage));",
         *("  " + line for line in end),
         "  wgmma_wait<0>();",
         "  softmax(first);",
@@ -393,6 +416,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
         "  fence_accumulators(o);",
         "  if (lane == 0) mbar_arrive(empty + 8 * previous);",
         "}",
+        "if (lane == 0) mbar_arrive(q_empty);  // Q is read: the producer may load the next item's",
         *(["if (consumer == 0) turn_begin();  // the last of consumer 1's arrivals"] if c.pingpong else []),
         "#pragma unroll",
         "for (int r = 0; r < 2; ++r) {",
@@ -411,6 +435,13 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
         f"      {o_store(a, names, 'i', 'col', 'live ? o[4 * j + 2 * r + e] * inv : 0.0f')}",
         "    }",
         *("  if ((lane & 3) == 0) " + line for line in stats),
+        "}",
+    ]
+    return [
+        "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the block",
+        *(turns if c.pingpong else []),
+        "for (int work = blockIdx.x, item = 0; work < WORK; work += gridDim.x, ++item) {",
+        *indent(per_item, 1).splitlines(),
         "}",
     ]
 
