@@ -30,6 +30,7 @@ class AttentionCase:
     padding: bool = False
     stats: bool = True
     options: dict[str, Any] = field(default_factory=dict)
+    dropout: float | None = None  # the drop rate; the seed an int64 tensor, the offset a pass-by-value one
 
     def build(self) -> gd.OperationGraphSpec:
         g = self.graph("attention")
@@ -73,6 +74,10 @@ class AttentionCase:
             extra["use_padding_mask"] = True
             extra["seq_len_q"] = g.tensor(name="seq_q", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
             extra["seq_len_kv"] = g.tensor(name="seq_kv", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
+        if self.dropout is not None:
+            seed = g.tensor(name="seed", dim=[1, 1, 1, 1], data_type=DataType.INT64)
+            offset = g.tensor(name="offset", dim=[1, 1, 1, 1], data_type=DataType.INT64, is_pass_by_value=True)
+            extra["dropout"] = (self.dropout, seed, offset)
         return q, k, v, extra
 
     def _strides(self, heads: int, seq: int, width: int, kv: bool = False) -> list[int]:
@@ -115,6 +120,12 @@ CASES = {
     "no_scale_no_stats": AttentionCase(scale="none", stats=False, sq=40, skv=40, d=32, dv=32),
     "fp32_simt": AttentionCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24),
     "mixed_types_simt": AttentionCase(kv_type=DataType.HALF, sq=33, skv=65, options={"use_causal_mask": True}),
+    "dropout_half_gqa": AttentionCase(hq=8, hk=2, sq=100, skv=77, dropout=0.5),
+    "dropout_causal_d72": AttentionCase(sq=129, skv=129, d=72, dv=72, dropout=0.1, options={"use_causal_mask": True}),
+    "dropout_padding_bshd_fp16": AttentionCase(
+        b=3, sq=90, skv=130, data_type=DataType.HALF, layout="bshd", padding=True, dropout=0.5
+    ),
+    "dropout_fp32_simt": AttentionCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24, dropout=0.1),
 }
 
 

@@ -39,6 +39,8 @@ from .attention_problem import (
     Attention,
     block_setup,
     declare,
+    dropout_function,
+    dropped,
     key_range,
     needs_mask,
     o_store,
@@ -139,6 +141,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         "constexpr unsigned Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2;",
         *key_range(a, BLOCK_M),
         *score_function(a, names),
+        *dropout_function(a),
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "const unsigned q_tile = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024-byte aligned: the swizzle's unit",
         "const unsigned kv_tiles = q_tile + Q_BYTES;  // per stage: K, then V",
@@ -334,6 +337,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
         "    for (int e = 0; e < 4; ++e)",
         "      s[4 * j + e] = score(s[4 * j + e], row_base + ((e >> 1) << 3), kv0 + j * 8 + (lane & 3) * 2 + (e & 1), masked);",
         *indent(_online_softmax(), 1).splitlines(),
+        *indent(_dropout(a), 1).splitlines(),
         "};",
         "// O to the new maxima (no P V in flight), then P as the next P V's A operand",
         "auto rescale_and_pack = [&]() {",
@@ -412,6 +416,21 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, generic_write
         "    }",
         *("  if ((lane & 3) == 0) " + line for line in stats),
         "}",
+    ]
+
+
+def _dropout(a: Attention) -> list[str]:
+    """P's dropped elements to 0 before it is packed for P V (the row sums already hold them)."""
+    if a.dropout is None:
+        return []
+    element = "s[4 * j + e]"
+    row, key = "row_base + ((e >> 1) << 3)", "kv0 + j * 8 + (lane & 3) * 2 + (e & 1)"
+    return [
+        "#pragma unroll",
+        "for (int j = 0; j < BN / 8; ++j)",
+        "#pragma unroll",
+        "  for (int e = 0; e < 4; ++e)",
+        f"    {element} = {dropped(a, element, 'h', row, key)};",
     ]
 
 
