@@ -126,6 +126,7 @@ CASES = {
         b=3, sq=90, skv=130, data_type=DataType.HALF, layout="bshd", padding=True, dropout=0.5
     ),
     "dropout_fp32_simt": AttentionCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24, dropout=0.1),
+    "dropout_decode_gqa": AttentionCase(b=2, hq=8, hk=2, sq=1, skv=300, d=128, dv=128, dropout=0.5),
 }
 
 
