@@ -87,9 +87,6 @@ CASES = {
     "fp32_simt": BackwardCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24),
     "mixed_types_simt": BackwardCase(kv_type=DataType.HALF, sq=33, skv=65, options={"use_causal_mask": True}),
     "dropout_gqa_causal": BackwardCase(hq=8, hk=2, sq=129, skv=129, dropout=0.1, options={"use_causal_mask": True}),
-    "dropout_padding_bshd_fp16": BackwardCase(
-        b=3, sq=90, skv=130, data_type=DataType.HALF, layout="bshd", padding=True, dropout=0.5
-    ),
     "dropout_fp32_simt": BackwardCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24, dropout=0.5),
 }
 

@@ -23,21 +23,15 @@ from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import signature
 from tests import cpu_emulation
 from tests.attention_backward_cases import BackwardCase
-from tests.attention_cases import AttentionCase
+from tests.attention_cases import AttentionCase, PagedCase
 
 pytestmark = pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
 
 # (case, tuning, kernel name part): fp16 takes mma.sync on sm_80, two query rows the decode kernel
 FORWARD = {
-    "flash_gqa_causal": (
-        AttentionCase(b=1, hq=4, hk=2, sq=19, skv=37, d=16, dv=16, data_type=DataType.HALF, dropout=0.5,
-                      options={"use_causal_mask": True}),
-        {},
-        "_flash",
-    ),
-    "flash_padding_bshd": (
-        AttentionCase(b=2, hq=2, hk=1, sq=9, skv=13, d=8, dv=24, data_type=DataType.HALF, dropout=0.25,
-                      padding=True, layout="bshd"),
+    "flash_gqa_causal_padding_bshd": (
+        AttentionCase(b=2, hq=4, hk=2, sq=19, skv=37, d=16, dv=24, data_type=DataType.HALF, dropout=0.5,
+                      padding=True, layout="bshd", options={"use_causal_mask_bottom_right": True}),
         {},
         "_flash",
     ),
@@ -49,8 +43,8 @@ FORWARD = {
 }  # fmt: skip
 
 BACKWARD = BackwardCase(
-    b=1, hq=2, hk=1, sq=19, skv=21, d=16, dv=16, data_type=DataType.HALF, forward=False, dropout=0.5,
-    options={"use_causal_mask_bottom_right": True},
+    b=2, hq=2, hk=1, sq=19, skv=21, d=16, dv=16, data_type=DataType.HALF, forward=False, dropout=0.5,
+    padding=True, options={"use_causal_mask_bottom_right": True},
 )  # fmt: skip
 
 
@@ -88,6 +82,19 @@ def test_forward_kernels_draw_the_reference_mask(name: str, tmp_path_factory: py
     build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
     build.mkdir(exist_ok=True)
     _check(graph, feeds, cpu_emulation.run(fused, program, feeds, 1, build), case)
+
+
+def test_the_paged_decode_kernel_draws_the_dense_mask(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Key j of a paged sequence draws at its logical index, wherever its page lies in the pool."""
+    paged = PagedCase(b=2, hq=4, hk=2, sq=2, max_len=40, page_size=8, d=16, dv=16, data_type=DataType.HALF,
+                      dropout=0.5)  # fmt: skip
+    graph = paged.build().validate()
+    (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION]
+    program = emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, {"path": "decode", "split": 2}))
+    feeds = paged.feeds(seed=4)
+    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    _check(graph, feeds, cpu_emulation.run(fused, program, feeds, 1, build), paged)
 
 
 @pytest.mark.parametrize("path", ["simt", "mma"])
