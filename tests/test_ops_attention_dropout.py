@@ -144,8 +144,8 @@ def test_a_rate_outside_zero_to_one_is_refused(p: float) -> None:
 def test_dropout_must_be_a_triple_and_seed_and_offset_come_with_a_rate() -> None:
     g = gd.OperationGraphSpec(io_data_type="bfloat16")
     q = g.tensor([1, 1, 2, 8], name="q")
-    with pytest.raises(GraphError, match=r"dropout must be \(probability, seed, offset\), got \(0.5, 1\)"):
-        g.sdpa(q, q, q, dropout=(0.5, 1))
+    with pytest.raises(GraphError, match=r"node 'att'.*dropout must be \(probability, seed, offset\), got \(0.5, 1\)"):
+        g.sdpa(q, q, q, dropout=(0.5, 1), name="att")
     document = json.loads(graph_with_dropout().to_json())
     (node,) = [n for n in document["nodes"] if n["op"] == "sdpa"]
     node["attributes"]["dropout_probability"] = None

@@ -1,7 +1,8 @@
 """The attention family's problem: an ``sdpa`` node's tensors, masks and lengths, its kernel
 parameters, and the CUDA both attention paths share: which (batch, head, query block) a
 block computes, each batch's effective lengths, the visible key range of a block of rows,
-one score's scale / bias / ALiBi / mask, and the final write of a row of O and STATS.
+one score's scale / bias / ALiBi / mask, dropout's mask (the same bits in every kernel,
+forward and backward), and the final write of a row of O and STATS.
 
 Masks follow the reference (graphdnn/ops/attention.py): key j is visible from query row i
 when j < skv, j <= i + diag under a causal mask and j > i + diag - window under a sliding

@@ -387,14 +387,14 @@ def _check_paged(node: Node, batch: Extent, d: Extent) -> int:
     return skv
 
 
-def dropout_inputs(scalar: Callable[..., Any], dropout: Any, inputs: dict[str, Any]) -> float | None:
+def dropout_inputs(scalar: Callable[..., Any], dropout: Any, inputs: dict[str, Any], name: str | None) -> float | None:
     """The builder's ``dropout=(probability, seed, offset)``: SEED and OFFSET into ``inputs`` (a
     Python int as an int64 constant, exact where a float constant would round past 2^24, as rng
     takes it); returns the probability, None without dropout."""
     if dropout is None:
         return None
     if not isinstance(dropout, tuple | list) or len(dropout) != 3:
-        raise GraphError(f"dropout must be (probability, seed, offset), got {dropout!r}")
+        raise GraphError(f"dropout must be (probability, seed, offset), got {dropout!r}", node=name)
     probability, seed, offset = dropout
     for role, value in (("SEED", seed), ("OFFSET", offset)):
         is_number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -440,7 +440,7 @@ class AttentionMethods:
         inputs = {"Q": q, "K": k, "V": v, "ATTN_SCALE": attn_scale, "BIAS": bias}
         inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
         inputs |= {"PAGE_TABLE_K": paged_attention_k_table, "PAGE_TABLE_V": paged_attention_v_table}
-        probability = dropout_inputs(self.scalar, dropout, inputs)
+        probability = dropout_inputs(self.scalar, dropout, inputs, name)
         attrs = {
             "generate_stats": generate_stats,
             "use_causal_mask": use_causal_mask,

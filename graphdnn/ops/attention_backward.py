@@ -155,7 +155,7 @@ class AttentionBackwardMethods:
         """
         inputs = {"Q": q, "K": k, "V": v, "O": o, "DO": dO, "STATS": stats, "ATTN_SCALE": attn_scale, "BIAS": bias}
         inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
-        probability = dropout_inputs(self.scalar, dropout, inputs)
+        probability = dropout_inputs(self.scalar, dropout, inputs, name)
         attrs = {
             "use_causal_mask": use_causal_mask,
             "use_causal_mask_bottom_right": use_causal_mask_bottom_right,
