@@ -16,7 +16,7 @@ import graphdnn as gd
 from graphdnn import reference
 from graphdnn.errors import AttributeValueError, GraphError, StructureError
 from graphdnn.random_inputs import random_inputs
-from tests.test_ops_attention import qkv
+from tests.test_ops_attention import SCHEMA, qkv
 
 
 def run(q, k, v, d_o=None, *, p=0.5, seed=7, offset=11, scale=0.6, **attrs: Any):  # type: ignore[no-untyped-def]
@@ -162,6 +162,7 @@ def test_json_round_trip_keeps_the_rate_and_the_signature_sees_it() -> None:
     text = g.to_json()
     again = gd.OperationGraphSpec.from_json(text)
     assert again.signature() == g.signature() and again.to_json() == text
+    pytest.importorskip("jsonschema").validate(json.loads(text), SCHEMA)
     rates = {n.op: n.attributes.dropout_probability for n in again.validate().nodes}  # type: ignore[attr-defined]
     assert rates == {"sdpa": 0.2, "sdpa_backward": 0.2}
     assert graph_with_dropout(0.3, use_causal_mask=True).signature() != g.signature()
