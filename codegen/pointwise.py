@@ -81,10 +81,15 @@ assert (PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, PHILOX_ROUNDS) == (
 )
 
 
+def bernoulli_threshold(probability: float) -> int:
+    """gd::bernoulli's threshold: u = k / 2^24 < p with k an integer exactly when k < ceil(p 2^24),
+    so the test is on integers, as exact as the reference's."""
+    return math.ceil(probability * 2**24)
+
+
 def _rng(a: list[str], attrs: Any, c: str) -> str:
-    """a: seed, offset (64-bit integers), the element's row-major index. u = k / 2^24 < p with k an
-    integer exactly when k < ceil(p 2^24): the test is on integers, as exact as the reference's."""
-    threshold = math.ceil(attrs.bernoulli_probability * 2**24)
+    """a: seed, offset (64-bit integers), the element's row-major index."""
+    threshold = bernoulli_threshold(attrs.bernoulli_probability)
     return f"(gd::bernoulli({a[0]}, {a[1]}, {a[2]}, {threshold}u) ? {literal(1, c)} : {literal(0, c)})"
 
 

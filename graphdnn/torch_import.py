@@ -456,7 +456,10 @@ def _sdpa(
 ) -> Value:
     q, k, v = _tensor(q, "query"), _tensor(k, "key"), _tensor(v, "value")
     if dropout_p:
-        raise _Unmapped(f"attention dropout (dropout_p={dropout_p}) is not supported")
+        raise _Unmapped(
+            f"attention dropout (dropout_p={dropout_p}): torch draws its mask from its own generator, which "
+            "graphdnn's Philox mask does not reproduce; import in eval mode, or build sdpa(dropout=(p, seed, offset))"
+        )
     if len(_static_dims(q)) != 4:
         raise _Unmapped("sdpa takes rank-4 [B, H, S, D] query, key and value")
     if attn_mask is not None:

@@ -86,6 +86,8 @@ CASES = {
     "no_scale": BackwardCase(scale="none", sq=40, skv=40, d=32, dv=32),
     "fp32_simt": BackwardCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24),
     "mixed_types_simt": BackwardCase(kv_type=DataType.HALF, sq=33, skv=65, options={"use_causal_mask": True}),
+    "dropout_gqa_causal": BackwardCase(hq=8, hk=2, sq=129, skv=129, dropout=0.1, options={"use_causal_mask": True}),
+    "dropout_fp32_simt": BackwardCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24, dropout=0.5),
 }
 
 # Small cases the CPU emulation runs (float and half only: it has no bf16), backward alone; the

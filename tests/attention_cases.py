@@ -30,6 +30,7 @@ class AttentionCase:
     padding: bool = False
     stats: bool = True
     options: dict[str, Any] = field(default_factory=dict)
+    dropout: float | None = None  # the drop rate; the seed an int64 tensor, the offset a pass-by-value one
 
     def build(self) -> gd.OperationGraphSpec:
         g = self.graph("attention")
@@ -73,6 +74,10 @@ class AttentionCase:
             extra["use_padding_mask"] = True
             extra["seq_len_q"] = g.tensor(name="seq_q", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
             extra["seq_len_kv"] = g.tensor(name="seq_kv", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
+        if self.dropout is not None:
+            seed = g.tensor(name="seed", dim=[1, 1, 1, 1], data_type=DataType.INT64)
+            offset = g.tensor(name="offset", dim=[1, 1, 1, 1], data_type=DataType.INT64, is_pass_by_value=True)
+            extra["dropout"] = (self.dropout, seed, offset)
         return q, k, v, extra
 
     def _strides(self, heads: int, seq: int, width: int, kv: bool = False) -> list[int]:
@@ -115,6 +120,10 @@ CASES = {
     "no_scale_no_stats": AttentionCase(scale="none", stats=False, sq=40, skv=40, d=32, dv=32),
     "fp32_simt": AttentionCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24),
     "mixed_types_simt": AttentionCase(kv_type=DataType.HALF, sq=33, skv=65, options={"use_causal_mask": True}),
+    "dropout_half_gqa": AttentionCase(hq=8, hk=2, sq=100, skv=77, dropout=0.5),
+    "dropout_causal_d72": AttentionCase(sq=129, skv=129, d=72, dv=72, dropout=0.1, options={"use_causal_mask": True}),
+    "dropout_fp32_simt": AttentionCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24, dropout=0.1),
+    "dropout_decode_gqa": AttentionCase(b=2, hq=8, hk=2, sq=1, skv=300, d=128, dv=128, dropout=0.5),
 }
 
 
@@ -146,6 +155,7 @@ class PagedCase:
     options: dict[str, Any] = field(default_factory=lambda: {"use_causal_mask_bottom_right": True})
     stats: bool = True
     layout: str = "hnd"  # the pools' layout: [page, head, row, d], or "nhd": [page, row, head, d] (vLLM's)
+    dropout: float | None = None  # the drop rate, with constant seed and offset
 
     @property
     def max_pages(self) -> int:
@@ -165,7 +175,7 @@ class PagedCase:
         o, stats = g.sdpa(
             q, k, v, attn_scale=self.d**-0.5, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv,
             generate_stats=self.stats, paged_attention_k_table=tables[0], paged_attention_v_table=tables[1],
-            paged_attention_max_seq_len_kv=self.max_len, name="attention", **self.options,
+            paged_attention_max_seq_len_kv=self.max_len, name="attention", **self.options, **self._dropout(),
         )  # fmt: skip
         return self._outputs(g, o, stats)
 
@@ -175,9 +185,12 @@ class PagedCase:
         v = g.tensor(name="v", dim=[self.b, self.hk, self.max_len, self.dv])
         o, stats = g.sdpa(
             q, k, v, attn_scale=self.d**-0.5, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv,
-            generate_stats=self.stats, name="attention", **self.options,
+            generate_stats=self.stats, name="attention", **self.options, **self._dropout(),
         )  # fmt: skip
         return self._outputs(g, o, stats)
+
+    def _dropout(self) -> dict[str, Any]:
+        return {} if self.dropout is None else {"dropout": (self.dropout, 1234, 5)}
 
     def feeds(self, seed: int) -> dict[str, np.ndarray]:
         """Random Q and pools; each table a shuffle of the pool's pages; lengths 1, odd, longest."""
@@ -239,6 +252,7 @@ PAGED_CASES = {
     "sliding_window": PagedCase(
         options={"use_causal_mask_bottom_right": True, "sliding_window_length": 20}, max_len=90
     ),
+    "prefill_dropout": PagedCase(b=2, hq=4, hk=2, sq=3, max_len=77, page_size=16, dropout=0.5),
 }
 
 # Dense attention with few query rows: the decode kernel, as paged attention.

@@ -252,7 +252,8 @@ def movement(g: gd.OperationGraphSpec) -> None:
 
 def attention(g: gd.OperationGraphSpec) -> None:
     """Grouped-query attention (BSHD Q, BHSD K and V, D != Dv) with a broadcast bias, a
-    bottom-right causal window and statistics; and a padded, top-left causal ALiBi one."""
+    bottom-right causal window and statistics; and a padded, top-left causal ALiBi one with
+    dropout (constant seed and offset)."""
     q = g.tensor(name="q", dim=[2, 4, 7, 16], stride=gd.packed_strides([2, 4, 7, 16], (0, 2, 1, 3)))
     k, v = g.tensor(name="k", dim=[2, 2, 13, 16]), g.tensor(name="v", dim=[2, 2, 13, 8])
     bias = g.tensor(name="bias", dim=[1, 1, 7, 13])
@@ -270,7 +271,9 @@ def attention(g: gd.OperationGraphSpec) -> None:
     o.set_name("o").set_output(True)
     stats.set_name("stats").set_output(True)
     lengths = {role: g.tensor(name=role, dim=[2, 1, 1, 1], data_type="int32") for role in ("seq_len_q", "seq_len_kv")}
-    padded, _ = g.sdpa(q, k, v, use_causal_mask=True, use_alibi_mask=True, use_padding_mask=True, **lengths)
+    padded, _ = g.sdpa(
+        q, k, v, use_causal_mask=True, use_alibi_mask=True, use_padding_mask=True, dropout=(0.1, 7, 3), **lengths
+    )
     padded.set_name("padded").set_output(True)
 
 

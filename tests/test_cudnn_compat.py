@@ -14,6 +14,7 @@ import pytest
 from scipy.special import expit
 
 import graphdnn.cudnn as cudnn
+from graphdnn import reference
 from graphdnn.errors import FeedError, GraphError, StructureError, UnsupportedError
 from graphdnn.tensor import TensorSpec
 
@@ -142,6 +143,26 @@ def test_sdpa_backward_takes_the_frontends_arguments_and_matches_torch_autograd(
     run(graph, {**{t[n]: values[n] for n in dims}, stats: lse, **got})
     for x, want in zip((dq, dk, dv), (q.grad, k.grad, v.grad)):
         np.testing.assert_allclose(got[x], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_sdpa_dropout_takes_the_frontends_probability_seed_and_offset() -> None:
+    """The frontend's training sample: int64 seed and offset tensors; forward and backward draw
+    the same mask, which the builder's reference defines."""
+    graph = float_graph()
+    q, k, v, d_o = (graph.tensor(name=n, dim=[1, 2, 6, 8]) for n in ("q", "k", "v", "dO"))
+    seed, offset = (graph.tensor(name=n, dim=[1, 1, 1, 1], data_type=cudnn.data_type.INT64) for n in ("s", "o"))
+    o, stats = graph.sdpa(q, k, v, is_inference=False, attn_scale=0.5, dropout=(0.25, seed, offset), name="fwd")
+    grads = graph.sdpa_backward(q, k, v, o, d_o, stats, attn_scale=0.5, dropout=(0.25, seed, offset), name="bwd")
+    for x in (o, *grads):
+        x.set_output(True)
+    assert {n.attributes.dropout_probability for n in graph.spec.nodes} == {0.25}  # type: ignore[attr-defined]
+    values = {x: rand(1, 2, 6, 8, seed=i) for i, x in enumerate((q, k, v, d_o))}
+    values |= {seed: np.full((1, 1, 1, 1), 17, np.int64), offset: np.full((1, 1, 1, 1), 3, np.int64)}
+    got = {x: np.empty(x.get_dim(), np.float32) for x in (o, *grads)}
+    run(graph, {**values, **got})
+    want = reference.execute(graph.spec, values)
+    for x in (o, *grads):
+        np.testing.assert_allclose(got[x], want[x.get_name()], rtol=1e-5, atol=1e-6)
 
 
 # -- tensors ------------------------------------------------------------------------------------------
@@ -333,7 +354,8 @@ def test_sm_version_compiles_the_gpu_plan_without_a_gpu() -> None:
     [
         (lambda g, x: g.tan(x), "pygraph.tan is not supported: graphdnn has no tangent op"),
         (lambda g, x: g.relu_backward(x, x), "no activation backward ops"),
-        (lambda g, x: g.sdpa(x, x, x, dropout=(0.1, x, x)), "dropout"),
+        (lambda g, x: g.sdpa(x, x, x, dropout=(x, x)), r"sdpa dropout=.*not a caller's \(mask, scale\)"),
+        (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, dropout=(0.1, x, x), rng_dump=x), "rng_dump: .* rng\\(seed"),
         (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, dBias=x), "sdpa_backward dBias: .* no bias gradient"),
         (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, diagonal_band_right_bound=2), "right_bound=2"),
         (lambda g, x: g.batchnorm(x, x, x, None, None, 1e-5, None, peer_stats=[x]), "peer_stats"),

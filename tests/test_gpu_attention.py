@@ -44,7 +44,9 @@ def test_attention_matches_reference(case: str) -> None:
     check_on_gpu(CASES[case].build(), seed=zlib.crc32(case.encode()))
 
 
-@pytest.mark.parametrize("case", ["gqa_4to1_causal", "d128_bshd", "d256_fp16", "padding_causal_bottom_right"])
+@pytest.mark.parametrize(
+    "case", ["gqa_4to1_causal", "d128_bshd", "d256_fp16", "padding_causal_bottom_right", "dropout_half_gqa"]
+)
 def test_every_flash_choice_matches_reference(case: str) -> None:
     graph = CASES[case].build()
     ir = graph.validate()

@@ -28,7 +28,9 @@ def test_training_step_matches_reference(case: str) -> None:
     check_on_gpu(CASES[case].build(), seed=zlib.crc32(case.encode()))
 
 
-@pytest.mark.parametrize("case", ["d128_gqa_causal_fp16", "padding_causal_bottom_right_fp16", "alibi_causal_6_heads"])
+@pytest.mark.parametrize(
+    "case", ["d128_gqa_causal_fp16", "padding_causal_bottom_right_fp16", "alibi_causal_6_heads", "dropout_gqa_causal"]
+)
 def test_simt_kernels_match_reference_where_tensor_cores_would_run(case: str) -> None:
     graph = CASES[case].build()
     (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION_BACKWARD]

@@ -355,8 +355,8 @@ def test_the_strict_reader_checks_attributes_and_optional_outputs() -> None:
     node["attributes"]["use_causal_mask"] = "yes"
     with pytest.raises(gd.AttributeValueError, match=r"nodes\[0\]\.attributes\.use_causal_mask.*true or false"):
         gd.OperationGraphSpec.from_json(json.dumps(doc))
-    node["attributes"] = {"dropout_probability": 0.1}
-    with pytest.raises(gd.AttributeValueError, match=r"unknown attribute 'dropout_probability'"):
+    node["attributes"] = {"is_inference": True}
+    with pytest.raises(gd.AttributeValueError, match=r"unknown attribute 'is_inference'"):
         gd.OperationGraphSpec.from_json(json.dumps(doc))
     node["attributes"] = {"use_padding_mask": True}
     node["outputs"]["STATS"] = node["outputs"]["O"]

@@ -13,6 +13,8 @@ Three paths, all correct for every mask, layout and head dim up to 256:
   warp-specialised TMA/wgmma kernel (attention_wgmma.py), the default there (1.2-1.6x the
   mma.sync kernel on an H100) and the tuning choices ``{"path": "wgmma", ...}`` (``{"path": "wgmma"}`` alone: its default);
 - one warp per query row in fp32 for anything else (attention_simt.py).
+
+Every path takes dropout, drawing the reference's mask (attention_problem.dropout_function).
 """
 
 from __future__ import annotations

@@ -27,11 +27,20 @@ from graphdnn.ir import Tensor
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
 from ..kernel import Kernel
-from .attention_backward_problem import AttentionBackward, declare, gradient_store, query_range, row_statistics
+from .attention_backward_problem import (
+    AttentionBackward,
+    declare,
+    gradient_store,
+    probability_gradients,
+    query_range,
+    row_statistics,
+)
 from .attention_flash import pack_function, padded, tile_loader, vectorizable
 from .attention_problem import (
+    Attention,
     block_setup,
     constants,
+    dropout_function,
     key_range,
     lengths_and_scale,
     score_function,
@@ -75,6 +84,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         *lengths_and_scale(a, names, with_slope=False),
         *(["float slope = SLOPES[h];"] if a.attrs.use_alibi_mask else []),
         *score_function(a, names),
+        *dropout_function(a),
         *query_range(a, br, BC),
         "const int tiles = q_end > q_begin ? (q_end - q_first + BC - 1) / BC : 0, total = GROUP * tiles;",
         *_shared_layout(),
@@ -108,7 +118,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         *indent(_products(), 1).splitlines(),
         "  // rows of the products are keys (warp_row + ...), columns query rows (row0 + ...)",
         *indent(
-            _gradients("row0 + col", "kv0 + warp_row + r", "lse_s[stage][col]", "delta_s[stage][col]"), 1
+            _gradients(a, "row0 + col", "kv0 + warp_row + r", "lse_s[stage][col]", "delta_s[stage][col]"), 1
         ).splitlines(),
         *indent(_accumulate("dv", "s", "y2_tile", "ROW2", "DVP"), 1).splitlines(),
         *indent(_accumulate("dk", "dp", "y1_tile", "ROW1", "DP"), 1).splitlines(),
@@ -132,6 +142,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         *block_setup(a, names, br),
         *key_range(a, br),
         *score_function(a, names),
+        *dropout_function(a),
         *_shared_layout(),
         f"const T* const x1_g = {names['Q']} + (long long)b * QS[0] + (long long)h * QS[1] + (long long)row0 * QS[2];",
         f"const T* const x2_g = {names['DO']} + (long long)b * OS[0] + (long long)h * OS[1] + (long long)row0 * OS[2];",
@@ -161,7 +172,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         "  const int stage = t & 1, kv0 = first + t * BC;",
         *indent(_products(), 1).splitlines(),
         "  // rows of the products are query rows (warp_row + ...), columns keys (kv0 + ...)",
-        *indent(_gradients("row0 + warp_row + r", "kv0 + col", "lse_r[e >> 1]", "delta_r[e >> 1]"), 1).splitlines(),
+        *indent(_gradients(a, "row0 + warp_row + r", "kv0 + col", "lse_r[e >> 1]", "delta_r[e >> 1]"), 1).splitlines(),
         *indent(_accumulate("dq", "dp", "y1_tile", "ROW1", "DP"), 1).splitlines(),
         "  __syncthreads();  // everyone is done with this stage before it is refilled",
         "}",
@@ -250,9 +261,11 @@ def _products() -> list[str]:
     return lines
 
 
-def _gradients(query: str, key: str, lse: str, delta: str) -> list[str]:
-    """s becomes P = 2^(score - lse) and dp becomes dS = P (dP - delta), element by element;
-    ``query`` / ``key``: the query row and key of accumulator element (r, col)."""
+def _gradients(a: Attention, query: str, key: str, lse: str, delta: str) -> list[str]:
+    """s becomes P (as dV takes it: dropped and rescaled under dropout) and dp becomes
+    dS = P (dP - delta), element by element; ``query`` / ``key``: the query row and key of
+    accumulator element (r, col)."""
+    first, p_dv, ds = probability_gradients(a, "p", "dp[j][e]", delta, "h", query, key)
     return [
         "#pragma unroll",
         "for (int j = 0; j < NT; ++j)",
@@ -261,8 +274,9 @@ def _gradients(query: str, key: str, lse: str, delta: str) -> list[str]:
         "    const int r = (e >> 1) << 3, col = j * 8 + (lane & 3) * 2 + (e & 1);",
         f"    const float x = score(s[j][e], {query}, {key}, true), lse = {lse};",
         "    const float p = x == NEG_INF || lse == NEG_INF ? 0.0f : gd::exp2_approx(x - lse);",
-        "    s[j][e] = p;",
-        f"    dp[j][e] = p * (dp[j][e] - {delta});",
+        *(f"    {line}" for line in first),
+        f"    s[j][e] = {p_dv};",
+        f"    dp[j][e] = {ds};",
         "  }",
     ]
 

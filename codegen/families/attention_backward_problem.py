@@ -19,7 +19,7 @@ from graphdnn.ir import Tensor
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..cuda_types import load, store
 from ..kernel import Kernel, Scratch
-from .attention_problem import LOG2E, Attention, AttentionParams, constants, element
+from .attention_problem import LOG2E, Attention, AttentionParams, constants, dropout_factor, element
 
 DELTA = "delta"  # scratch: rowsum(dO * O) per (b, h, i), float, in [B, Hq, Sq] order
 PREPROCESS_THREADS = 128
@@ -55,7 +55,7 @@ def backward_of(fused: FusedNode) -> AttentionBackward:
     assert all(t is not None for t in tensors.values())
     problem = Attention(
         node, q, k, v, None, None, node.input("BIAS"), node.input("ATTN_SCALE"),  # type: ignore[arg-type]
-        node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"), None, None,
+        node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"), None, None, node.input("SEED"), node.input("OFFSET"),
     )  # fmt: skip
     return AttentionBackward(problem, o, d_o, stats, dq, dk, dv)  # type: ignore[arg-type]
 
@@ -73,6 +73,7 @@ def declare(ab: AttentionBackward) -> AttentionParams:
 
     inputs: dict[str, Tensor | None] = {"Q": a.q, "K": a.k, "V": a.v, "O": ab.o, "DO": ab.d_o, "STATS": ab.stats}
     inputs |= {"ATTN_SCALE": a.scale, "BIAS": a.bias, "SEQ_LEN_Q": a.seq_len_q, "SEQ_LEN_KV": a.seq_len_kv}
+    inputs |= {"SEED": a.seed, "OFFSET": a.offset}
     names = {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant}
     names |= {role: name_of(t, writable=True) for role, t in (("DQ", ab.dq), ("DK", ab.dk), ("DV", ab.dv))}
     names[DELTA] = params.scratch(DELTA, "float")
@@ -112,6 +113,19 @@ def row_statistics(ab: AttentionBackward, names: dict[str, str], row: str, head:
     stats = element(ab.stats, names["STATS"], ["b", head, row, "0"])
     delta = f"{names[DELTA]}[((long long)b * HQ + ({head})) * SQ + ({row})]"
     return f"{load(ab.stats.data_type, stats, 'float')} * {LOG2E}f", delta
+
+
+def probability_gradients(
+    a: Attention, p: str, dp: str, delta: str, head: str, i: str, j: str
+) -> tuple[list[str], str, str]:
+    """(lines to emit first, the P that dV's Pᵀ dO takes, dS) of the element (``head``, ``i``,
+    ``j``) with probability ``p`` and dP = dO·V ``dp``: P and P (dP - delta), or under dropout,
+    with the forward's mask Z and r = 1 / (1 - rate), r Z P and P (r Z dP - delta)
+    (graphdnn/ops/attention_backward.py). The lines define ``keep`` (r Z)."""
+    factor = dropout_factor(a, head, i, j)
+    if factor is None:
+        return [], p, f"{p} * ({dp} - {delta})"
+    return [f"const float keep = {factor};"], f"{p} * keep", f"{p} * ({dp} * keep - {delta})"
 
 
 def gradient_store(tensor: Tensor, name: str, head: str, row: str, col: str, value: str) -> str:

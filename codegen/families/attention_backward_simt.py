@@ -20,8 +20,23 @@ from graphdnn.ir import Tensor
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import load
 from ..kernel import Kernel
-from .attention_backward_problem import AttentionBackward, declare, gradient_store, query_range, row_statistics
-from .attention_problem import constants, element, key_range, lengths_and_scale, score_function
+from .attention_backward_problem import (
+    AttentionBackward,
+    declare,
+    gradient_store,
+    probability_gradients,
+    query_range,
+    row_statistics,
+)
+from .attention_problem import (
+    Attention,
+    constants,
+    dropout_function,
+    element,
+    key_range,
+    lengths_and_scale,
+    score_function,
+)
 
 THREADS = 128
 
@@ -46,6 +61,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         *lengths_and_scale(a, names, with_slope=False),
         *(["float slope = 0.0f;"] if a.attrs.use_alibi_mask else []),
         *score_function(a, names),
+        *dropout_function(a),
         *_shared_tiles(),
         "const int tid = threadIdx.x;",
         *_load_rows("k_s", a.k, names["K"], "hk", "kv0", "SKV", "D"),
@@ -62,7 +78,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "    __syncthreads();  // the last tile's readers are done",
         *indent(_load_query_tile(ab, names), 2).splitlines(),
         "    __syncthreads();",
-        *indent(_score_gradients(), 2).splitlines(),
+        *indent(_score_gradients(a), 2).splitlines(),
         "    __syncthreads();",
         "    for (int e = 0; e < ACC_V; ++e) {",
         "      const int x = tid + e * THREADS, c = x / DV, d = x % DV;",
@@ -104,6 +120,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         *lengths_and_scale(a, names),
         *key_range(a, t),
         *score_function(a, names),
+        *dropout_function(a),
         *_shared_tiles(),
         "const int tid = threadIdx.x;",
         *_load_query_tile(ab, names),
@@ -115,7 +132,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         *(f"  {line}" for line in _load_rows("k_s", a.k, names["K"], "hk", "kv0", "SKV", "D")),
         *(f"  {line}" for line in _load_rows("v_s", a.v, names["V"], "hk", "kv0", "SKV", "DV")),
         "  __syncthreads();",
-        *indent(_score_gradients(), 1).splitlines(),
+        *indent(_score_gradients(a), 1).splitlines(),
         "  __syncthreads();",
         "  for (int e = 0; e < ACC; ++e) {",
         "    const int x = tid + e * THREADS, r = x / D, d = x % D;",
@@ -164,22 +181,26 @@ def _load_query_tile(ab: AttentionBackward, names: dict[str, str]) -> list[str]:
     ]
 
 
-def _score_gradients() -> list[str]:
-    """P and dS of the T x T tile of rows ``row0 + r`` and keys ``kv0 + c`` (0 where masked)."""
+def _score_gradients(a: Attention) -> list[str]:
+    """P (as dV takes it: dropped and rescaled under dropout) and dS of the T x T tile of rows
+    ``row0 + r`` and keys ``kv0 + c`` (0 where masked)."""
+    first, p_dv, ds = probability_gradients(a, "p", "dp", "delta_s[r]", "h", "row0 + r", "kv0 + c")
     return [
         "for (int x = tid; x < T * T; x += THREADS) {",
         "  const int r = x / T, c = x % T;",
         "  float dot = 0.0f;",
         "  for (int d = 0; d < D; ++d) dot += q_s[r][d] * k_s[c][d];",
         "  const float s = score(dot, row0 + r, kv0 + c, true);",
-        "  float p = 0.0f, ds = 0.0f;",
+        "  float p_dv = 0.0f, ds = 0.0f;",
         "  if (s != NEG_INF && lse_s[r] != NEG_INF) {",
-        "    p = exp2f(s - lse_s[r]);",
+        "    const float p = exp2f(s - lse_s[r]);",
         "    float dp = 0.0f;",
         "    for (int d = 0; d < DV; ++d) dp += do_s[r][d] * v_s[c][d];",
-        "    ds = p * (dp - delta_s[r]);",
+        *(f"    {line}" for line in first),
+        f"    p_dv = {p_dv};",
+        f"    ds = {ds};",
         "  }",
-        "  p_s[r][c] = p;",
+        "  p_s[r][c] = p_dv;",
         "  ds_s[r][c] = ds;",
         "}",
     ]

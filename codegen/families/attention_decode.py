@@ -47,6 +47,8 @@ from .attention_problem import (
     Attention,
     alibi_table,
     declare,
+    dropout_function,
+    dropped,
     element,
     o_store,
     score_function,
@@ -272,6 +274,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "const int r0 = rg * RB;  // packed row r is query head hk * GROUP + r / SQ, row r % SQ",
         *sequence_setup(a, names),
         *alibi_table(a),
+        *dropout_function(a),
         *_key_range(a),
         *_rows_to_shared(a, names),
         "const int tid = threadIdx.x, grp = tid / L, sub = tid % L;",
@@ -333,6 +336,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "    for (int t = 0; t < KT; ++t) {",
         "      s[t][r] = exp2f(s[t][r] - top);",
         "      l[r] += s[t][r];",
+        *_dropout(a),
         "    }",
         "  }",
         "#pragma unroll",
@@ -492,6 +496,17 @@ def _pipeline_fill(a: Attention) -> list[str]:
 
 def _slope(a: Attention) -> list[str]:
     return ["const float slope = SLOPES[h];"] if a.attrs.use_alibi_mask else []
+
+
+def _dropout(a: Attention) -> list[str]:
+    """Key ``base + t * KEY_GROUPS + grp``'s probability for row r to 0 where dropout drops it,
+    once the row sum has it (nothing without dropout)."""
+    if a.dropout is None:
+        return []
+    return [
+        "      const int j = base + t * KEY_GROUPS + grp;",
+        f"      s[t][r] = {dropped(a, 's[t][r]', 'h', 'i', 'j')};",
+    ]
 
 
 def _merge(a: Attention, names: dict[str, str], split: int) -> list[str]:

@@ -32,6 +32,8 @@ from .attention_problem import (
     Attention,
     block_setup,
     declare,
+    dropout_function,
+    dropped,
     key_range,
     needs_mask,
     o_store,
@@ -135,6 +137,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         *block_setup(a, names, c.block_m),
         *key_range(a, c.block_m),
         *score_function(a, names, fold=True),
+        *dropout_function(a),
         "extern __shared__ __align__(128) unsigned char smem[];",
         "T* const q_s = reinterpret_cast<T*>(smem);",
         "T* const k_s = q_s + BM * QROW;  // [2][BN][QROW]",
@@ -190,6 +193,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         "      for (int e = 0; e < 4; ++e)",
         "        s[mi][j][e] = score(s[mi][j][e], warp_row + mi * 16 + ((e >> 1) << 3), kv0 + j * 8 + (lane & 3) * 2 + (e & 1), masked);",
         *indent(_online_softmax(), 1).splitlines(),
+        *indent(_dropout(a), 1).splitlines(),
         *indent(_pv(), 1).splitlines(),
         "  __syncthreads();  // everyone is done with this stage before it is refilled",
         "}",
@@ -324,6 +328,23 @@ def _online_softmax() -> list[str]:
         "      l[mi][r] += s[mi][j][2 * r] + s[mi][j][2 * r + 1];",
         "    }",
         "  }",
+    ]
+
+
+def _dropout(a: Attention) -> list[str]:
+    """P's dropped elements to 0 before P V (the row sums already hold them); nothing without dropout."""
+    if a.dropout is None:
+        return []
+    element = "s[mi][j][e]"
+    row, key = "warp_row + mi * 16 + ((e >> 1) << 3)", "kv0 + j * 8 + (lane & 3) * 2 + (e & 1)"
+    return [
+        "#pragma unroll",
+        "for (int mi = 0; mi < MI; ++mi)",
+        "#pragma unroll",
+        "  for (int j = 0; j < NT; ++j)",
+        "#pragma unroll",
+        "    for (int e = 0; e < 4; ++e)",
+        f"      {element} = {dropped(a, element, 'h', row, key)};",
     ]
 
 

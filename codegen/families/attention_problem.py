@@ -1,7 +1,8 @@
 """The attention family's problem: an ``sdpa`` node's tensors, masks and lengths, its kernel
 parameters, and the CUDA both attention paths share: which (batch, head, query block) a
 block computes, each batch's effective lengths, the visible key range of a block of rows,
-one score's scale / bias / ALiBi / mask, and the final write of a row of O and STATS.
+one score's scale / bias / ALiBi / mask, dropout's mask (the same bits in every kernel,
+forward and backward), and the final write of a row of O and STATS.
 
 Masks follow the reference (graphdnn/ops/attention.py): key j is visible from query row i
 when j < skv, j <= i + diag under a causal mask and j > i + diag - window under a sliding
@@ -19,9 +20,9 @@ from graphdnn.ops.attention import Masks, alibi_slopes, kv_length
 
 from ..context import KernelParams, scalar_value
 from ..cuda_types import cuda_type, load
-from ..epilogue import rounded_constant
+from ..epilogue import rounded_constant, scalar_integer
 from ..indexing import offset_at
-from ..pointwise import literal
+from ..pointwise import bernoulli_threshold, literal
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -41,6 +42,8 @@ class Attention:
     seq_len_kv: Tensor | None
     page_table_k: Tensor | None  # a paged KV cache: K and V are page pools [pages, Hk, page_size, D]
     page_table_v: Tensor | None
+    seed: Tensor | None  # dropout's Philox key and counter offset (with attrs.dropout_probability)
+    offset: Tensor | None
 
     @property
     def attrs(self) -> Masks:
@@ -101,6 +104,11 @@ class Attention:
     def padded(self) -> bool:
         return self.attrs.use_padding_mask
 
+    @property
+    def dropout(self) -> float | None:
+        """The drop rate, None without dropout."""
+        return self.attrs.dropout_probability
+
 
 def attention_of(fused: FusedNode) -> Attention:
     node = fused.anchor
@@ -122,6 +130,8 @@ def attention_of(fused: FusedNode) -> Attention:
         node.input("SEQ_LEN_KV"),
         node.input("PAGE_TABLE_K"),
         node.input("PAGE_TABLE_V"),
+        node.input("SEED"),
+        node.input("OFFSET"),
     )
 
 
@@ -146,7 +156,7 @@ def declare(a: Attention, params: KernelParams | None = None) -> AttentionParams
 
     inputs = {"Q": a.q, "K": a.k, "V": a.v, "ATTN_SCALE": a.scale, "BIAS": a.bias}
     inputs |= {"SEQ_LEN_Q": a.seq_len_q, "SEQ_LEN_KV": a.seq_len_kv}
-    inputs |= {"PAGE_TABLE_K": a.page_table_k, "PAGE_TABLE_V": a.page_table_v}
+    inputs |= {"PAGE_TABLE_K": a.page_table_k, "PAGE_TABLE_V": a.page_table_v, "SEED": a.seed, "OFFSET": a.offset}
     names = {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant}
     outputs = {"O": a.o, "STATS": a.stats}
     names |= {role: name_of(t, writable=True) for role, t in outputs.items() if t is not None}
@@ -304,10 +314,45 @@ def score_function(a: Attention, names: dict[str, str], fold: bool = False) -> l
     ]
 
 
+def dropout_function(a: Attention) -> list[str]:
+    """``kept(head, i, j)``: whether dropout keeps the softmax element of query head ``head``,
+    row i and key j of batch ``b`` (nothing without dropout). The mask of the reference
+    (:func:`graphdnn.ops.attention.dropout_keep`): rng's Bernoulli draw with probability 1 - p at
+    the element's row-major index in [B, HQ, SQ, SKV], keyed by SEED, offset by OFFSET, so every
+    kernel, forward and backward, keeps the same elements whatever its tiling."""
+    if a.dropout is None:
+        return []
+    assert a.seed is not None and a.offset is not None
+    return [
+        f"const unsigned long long dropout_seed = {scalar_integer(a.seed)};",
+        f"const unsigned long long dropout_offset = {scalar_integer(a.offset)};",
+        "auto kept = [&](int head, int i, int j) -> bool {",
+        "  const unsigned long long index = (((unsigned long long)b * HQ + head) * SQ + i) * SKV + j;",
+        f"  return gd::bernoulli(dropout_seed, dropout_offset, index, {bernoulli_threshold(1.0 - a.dropout)}u);",
+        "};",
+    ]
+
+
+def dropped(a: Attention, p: str, head: str, i: str, j: str) -> str:
+    """``p`` where dropout keeps (``head``, ``i``, ``j``), else 0: what P V adds (the row sum takes
+    every ``p``; :func:`o_store` scales by 1 / (1 - rate))."""
+    return p if a.dropout is None else f"(kept({head}, {i}, {j}) ? {p} : 0.0f)"
+
+
+def dropout_factor(a: Attention, head: str, i: str, j: str) -> str | None:
+    """C: 1 / (1 - rate) where dropout keeps (``head``, ``i``, ``j``), else 0; None without dropout."""
+    if a.dropout is None:
+        return None
+    return f"(kept({head}, {i}, {j}) ? {literal(1.0 / (1.0 - a.dropout), 'float')} : 0.0f)"
+
+
 def o_store(a: Attention, names: dict[str, str], row: str, col: str, value: str) -> str:
-    """One element of O, at (b, h, ``row``, ``col``); nothing when O is not written."""
+    """One element of O, at (b, h, ``row``, ``col``), kept values scaled by 1 / (1 - rate) under
+    dropout; nothing when O is not written."""
     if a.o is None:
         return ";"
+    if a.dropout is not None:
+        value = f"({value}) * {literal(1.0 / (1.0 - a.dropout), 'float')}"
     return f"{element(a.o, names['O'], ['b', 'h', row, col])} = gd::from<{cuda_type(a.o.data_type)}>({value});"
 
 

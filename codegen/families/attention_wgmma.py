@@ -43,6 +43,8 @@ from .attention_problem import (
     Attention,
     constants,
     declare,
+    dropout_function,
+    dropped,
     key_range,
     needs_mask,
     o_store,
@@ -82,10 +84,16 @@ class WgmmaConfig:
         return {"path": "wgmma", "block_n": self.block_n, "pingpong": self.pingpong, "persistent": self.persistent}
 
 
+def block_ns(a: Attention) -> tuple[int, ...]:
+    """Keys per stage: 128-key scores of a Dv-128 consumer plus dropout's Philox state spill
+    (ptxas), so dropout at Dv 128 takes 64-key stages only."""
+    return (64,) if a.dropout is not None and a.dv == 128 else BLOCK_NS
+
+
 def default(a: Attention) -> WgmmaConfig:
-    """128 keys per stage and one block per SM. The consumers take turns at head dim 64 only:
-    measured on an H100, turns gained 5% at D64 and lost 1-5% at D128 (benchmarks/RESULTS.md)."""
-    return WgmmaConfig(block_n=128, pingpong=a.d == 64, persistent=True)
+    """The most keys per stage and one block per SM. The consumers take turns at head dim 64
+    only: measured on an H100, turns gained 5% at D64 and lost 1-5% at D128 (benchmarks/RESULTS.md)."""
+    return WgmmaConfig(block_n=max(block_ns(a)), pingpong=a.d == 64, persistent=True)
 
 
 def config(a: Attention, tuning: Mapping[str, object]) -> WgmmaConfig:
@@ -102,7 +110,7 @@ def configs(a: Attention) -> list[WgmmaConfig]:
     """Every configuration whose stages fit in shared memory (autotuning's candidates)."""
     return [
         WgmmaConfig(bn, pingpong, persistent)
-        for bn in BLOCK_NS
+        for bn in block_ns(a)
         for pingpong in (False, True)
         for persistent in (False, True)
         if shared_bytes(a, bn) <= MAX_SHARED
@@ -317,6 +325,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, item: list[st
     per_item = [
         *item,
         *score_function(a, names, fold=True),
+        *dropout_function(a),
         *(["if (consumer == 1) turn_end();  // consumer 0 goes first"] if c.pingpong else []),
         "// this thread's rows: row_base and row_base + 8 (wgmma fragment: warp w of the warpgroup",
         "// holds rows 16w..16w+15; acc[4j + 2r + e] is row lane/4 + 8r, column 8j + 2 (lane % 4) + e)",
@@ -358,6 +367,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, item: list[st
         "    for (int e = 0; e < 4; ++e)",
         "      s[4 * j + e] = score(s[4 * j + e], row_base + ((e >> 1) << 3), kv0 + j * 8 + (lane & 3) * 2 + (e & 1), masked);",
         *indent(_online_softmax(), 1).splitlines(),
+        *indent(_dropout(a), 1).splitlines(),
         "};",
         "// O to the new maxima (no P V in flight), then P as the next P V's A operand",
         "auto rescale_and_pack = [&]() {",
@@ -443,6 +453,21 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, item: list[st
         "for (int work = blockIdx.x, item = 0; work < WORK; work += gridDim.x, ++item) {",
         *indent(per_item, 1).splitlines(),
         "}",
+    ]
+
+
+def _dropout(a: Attention) -> list[str]:
+    """P's dropped elements to 0 before it is packed for P V (the row sums already hold them)."""
+    if a.dropout is None:
+        return []
+    element = "s[4 * j + e]"
+    row, key = "row_base + ((e >> 1) << 3)", "kv0 + j * 8 + (lane & 3) * 2 + (e & 1)"
+    return [
+        "#pragma unroll",
+        "for (int j = 0; j < BN / 8; ++j)",
+        "#pragma unroll",
+        "  for (int e = 0; e < 4; ++e)",
+        f"    {element} = {dropped(a, element, 'h', row, key)};",
     ]
 
 

@@ -61,6 +61,23 @@ def _diagonal_band(
     return causal, bottom_right, window
 
 
+def _check_dropout(op: str, name: str, dropout: Any, rng_dump: MaybeTensor) -> None:
+    """The frontend's ``dropout=(probability, seed, offset)`` goes to the builder as it is; its other
+    forms (a caller's mask and scale) and ``rng_dump`` are refused, saying what to do instead."""
+    if dropout is not None and (not isinstance(dropout, tuple | list) or len(dropout) != 3):
+        raise UnsupportedError(
+            f"{op} dropout={dropout!r}: graphdnn takes dropout=(probability, seed, offset), not a caller's "
+            "(mask, scale)",
+            node=name,
+        )
+    if rng_dump is not None:
+        raise UnsupportedError(
+            f"{op} rng_dump: graphdnn writes no dropout mask from sdpa; rng(seed, offset, 1 - probability, "
+            "shape=[B, Hq, Sq, Skv]) draws the same mask (docs/ops.md, sdpa dropout)",
+            node=name,
+        )
+
+
 class FrontendOps:
     """Op methods of :class:`~graphdnn.cudnn.pygraph`, mixed in; ``_spec`` is the builder."""
 
@@ -348,9 +365,7 @@ class FrontendOps:
         ``use_padding_mask`` with ``seq_len_q`` and ``seq_len_kv``). The diagonal band maps onto graphdnn's masks: a right bound of 0 is the causal mask
         (bottom-right aligned with BOTTOM_RIGHT), a left bound is the sliding window.
         """
-        for what, value in (("dropout", dropout), ("rng_dump", rng_dump)):
-            if value is not None:
-                raise UnsupportedError(f"sdpa {what}: graphdnn's attention has no dropout yet", node=name)
+        _check_dropout("sdpa", name, dropout, rng_dump)
         use_causal_mask, use_causal_mask_bottom_right, sliding_window_length = _diagonal_band(
             name, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, diagonal_alignment,
             diagonal_band_left_bound, diagonal_band_right_bound,
@@ -363,7 +378,7 @@ class FrontendOps:
             use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask, generate_stats,
             compute_type(compute_data_type), node,
             paged_attention_k_table=paged_attention_k_table, paged_attention_v_table=paged_attention_v_table,
-            paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv,
+            paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, dropout=dropout,
         )  # fmt: skip
         return self._label(node, [o, stats], ("O", "Stats"))
 
@@ -407,15 +422,13 @@ class FrontendOps:
             ("dBias", dBias),
             ("max_total_seq_len_q", max_total_seq_len_q),
             ("max_total_seq_len_kv", max_total_seq_len_kv),
-            ("dropout", dropout),
-            ("rng_dump", rng_dump),
         ):
             if value is not None:
                 raise UnsupportedError(
-                    f"sdpa_backward {what}: graphdnn's attention backward has no bias gradient, ragged "
-                    "sequences or dropout",
+                    f"sdpa_backward {what}: graphdnn's attention backward has no bias gradient or ragged sequences",
                     node=name,
                 )
+        _check_dropout("sdpa_backward", name, dropout, rng_dump)
         use_causal_mask, use_causal_mask_bottom_right, sliding_window_length = _diagonal_band(
             name, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, diagonal_alignment,
             diagonal_band_left_bound, diagonal_band_right_bound,
@@ -424,7 +437,7 @@ class FrontendOps:
         grads = self._spec.sdpa_backward(
             q, k, v, o, dO, stats, attn_scale, bias, use_causal_mask, use_causal_mask_bottom_right,
             sliding_window_length, use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask,
-            compute_type(compute_data_type), node,
+            compute_type(compute_data_type), node, dropout=dropout,
         )  # fmt: skip
         return self._label(node, list(grads), ("dQ", "dK", "dV"))
 

@@ -7,7 +7,9 @@ and PAGE_TABLE_K / PAGE_TABLE_V ``[B, 1, max_pages, 1]`` integers give, for each
 pool page that holds its keys ``p * page_size`` to ``(p + 1) * page_size - 1``; query head ``h`` reads key/value head ``h // (Hq // Hk)``
 (grouped-query and multi-query attention). O is ``[B, Hq, Sq, Dv]``, row-major; STATS, the
 natural-log log-sum-exp of each row's visible scores, ``[B, Hq, Sq, 1]`` float32, only
-with ``generate_stats``. An absent ATTN_SCALE means 1.0, as in the cuDNN frontend (not
+with ``generate_stats``. Dropout (``dropout_probability`` with SEED and OFFSET) drops softmax
+elements after the normalisation's sum: STATS stays that of the undropped softmax, as in
+FlashAttention and cuDNN (:func:`dropout_keep` defines the mask). An absent ATTN_SCALE means 1.0, as in the cuDNN frontend (not
 PyTorch's 1/sqrt(D)). docs/ops.md states the masks exactly; :meth:`Sdpa.reference` is
 their definition.
 """
@@ -25,6 +27,7 @@ from ..errors import DataTypeError, GraphError, StructureError
 from ..symbolic import Extent
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
+from .random import as_uint64, uniform
 
 if TYPE_CHECKING:
     from ..ir import Node, Tensor
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 MAX_HEAD_DIM = 256  # D and Dv: the largest head dimension the attention kernels take
 SEQ_LEN_ROLES = ("SEQ_LEN_Q", "SEQ_LEN_KV")
 PAGE_TABLE_ROLES = ("PAGE_TABLE_K", "PAGE_TABLE_V")
+DROPOUT_ROLES = ("SEED", "OFFSET")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,7 @@ class SdpaAttributes(Attributes):
     use_padding_mask: bool = False
     use_alibi_mask: bool = False
     paged_attention_max_seq_len_kv: int | None = None  # the logical Skv of a paged cache
+    dropout_probability: float | None = None  # with SEED and OFFSET: dropout on the softmax
 
 
 class Masks(Protocol):
@@ -59,6 +64,8 @@ class Masks(Protocol):
     def use_padding_mask(self) -> bool: ...
     @property
     def use_alibi_mask(self) -> bool: ...
+    @property
+    def dropout_probability(self) -> float | None: ...
 
 
 def alibi_slopes(heads: int) -> tuple[float, ...]:
@@ -88,6 +95,8 @@ class Sdpa(Op):
         Role("SEQ_LEN_KV", optional=True),
         Role("PAGE_TABLE_K", optional=True),
         Role("PAGE_TABLE_V", optional=True),
+        Role("SEED", optional=True, scalar=True),
+        Role("OFFSET", optional=True, scalar=True),
     )
     outputs = (Role("O"), Role("STATS"))
     attributes = SdpaAttributes
@@ -118,7 +127,8 @@ class Sdpa(Op):
         total = weights.sum(axis=-1, keepdims=True)
         empty = total == 0.0
         safe_total = np.where(empty, 1.0, total)
-        outputs = {"O": np.matmul(weights, v) / safe_total}
+        kept = dropout_keep(attrs, x, weights.shape)
+        outputs = {"O": np.matmul(weights if kept is None else weights * kept, v) / safe_total}
         if attrs.generate_stats:
             outputs["STATS"] = np.where(empty, -np.inf, row_max + np.log(safe_total))
         return outputs
@@ -129,7 +139,10 @@ class Sdpa(Op):
 
 def sequence_length_range(node: Node, role: str) -> tuple[int, int] | None:
     """A sequence length lies in [0, S] (the kernels clamp others, random inputs need not); a
-    page table entry names a page of its pool."""
+    page table entry names a page of its pool; a dropout seed or offset is a non-negative int32,
+    as rng's."""
+    if role in DROPOUT_ROLES:
+        return 0, 2**31 - 1
     if role in PAGE_TABLE_ROLES:
         pool = node.input("K" if role == "PAGE_TABLE_K" else "V")
         assert pool is not None
@@ -172,6 +185,22 @@ def gather_pages(
             rows = min(page_size, length - p * page_size)
             dense[b, :, p * page_size : p * page_size + rows] = pool[page, :, :rows]
     return dense
+
+
+def dropout_keep(attrs: Masks, x: Mapping[str, Any], shape: tuple[int, ...]) -> np.ndarray | None:
+    """Dropout's factor per score ``[B, Hq, Sq, Skv]``: ``1 / (1 - p)`` where the element is kept,
+    0 where dropped; None without dropout.
+
+    Element ``(b, h, i, j)`` is kept when rng's Bernoulli draw with probability ``1 - p`` at its
+    row-major index ``((b Hq + h) Sq + i) Skv + j`` gives 1 (:mod:`graphdnn.ops.random`: Philox4x32-10,
+    key SEED, counter (index, OFFSET)): a pure function of (SEED, OFFSET, b, h, i, j), so every
+    kernel, forward and backward, draws the same mask. Skv is the logical key count (a paged
+    cache's too), so a mask does not depend on how K and V are stored."""
+    p = attrs.dropout_probability
+    if p is None:
+        return None
+    kept = uniform(shape, as_uint64(x["SEED"]), as_uint64(x["OFFSET"])) < 1.0 - p
+    return np.where(kept, 1.0 / (1.0 - p), 0.0)
 
 
 def masked_scores(attrs: Masks, x: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -230,6 +259,7 @@ def check_problem(node: Node) -> tuple[Extent, Extent, Extent, Extent, Extent]:
         skv = k.dim[2]
     check_attributes(node)
     check_seq_lens(node, batch)
+    check_dropout(node)
     bias = node.input("BIAS")
     scores = (batch, q_heads, sq, skv)
     if bias is not None and (len(bias.dim) != 4 or any(e not in (1, s) for e, s in zip(bias.dim, scores))):
@@ -258,6 +288,24 @@ def check_attributes(node: Node) -> None:
         fail_attribute(node, f"sliding_window_length is {attrs.sliding_window_length}; it must be at least 1")
     if attrs.use_alibi_mask and not causal:
         fail_attribute(node, "use_alibi_mask needs a causal mask (use_causal_mask or use_causal_mask_bottom_right)")
+
+
+def check_dropout(node: Node) -> None:
+    """SEED and OFFSET bound exactly when dropout_probability is set, which lies in [0, 1)."""
+    p = node.attributes.dropout_probability  # type: ignore[attr-defined]
+    bound = [role for role in DROPOUT_ROLES if node.input(role) is not None]
+    if p is None:
+        if bound:
+            raise StructureError(f"{bound[0]} is given but dropout_probability is not set", node=node.name)
+        return
+    if not 0.0 <= p < 1.0:
+        fail_attribute(node, f"dropout_probability is {p}; a drop rate lies in [0, 1)")
+    missing = [role for role in DROPOUT_ROLES if role not in bound]
+    if missing:
+        raise StructureError(
+            f"dropout needs a seed and an offset (dropout=(probability, seed, offset)); {missing[0]} is not given",
+            node=node.name,
+        )
 
 
 def check_seq_lens(node: Node, batch: Extent) -> None:
@@ -339,8 +387,24 @@ def _check_paged(node: Node, batch: Extent, d: Extent) -> int:
     return skv
 
 
+def dropout_inputs(scalar: Callable[..., Any], dropout: Any, inputs: dict[str, Any], name: str | None) -> float | None:
+    """The builder's ``dropout=(probability, seed, offset)``: SEED and OFFSET into ``inputs`` (a
+    Python int as an int64 constant, exact where a float constant would round past 2^24, as rng
+    takes it); returns the probability, None without dropout."""
+    if dropout is None:
+        return None
+    if not isinstance(dropout, tuple | list) or len(dropout) != 3:
+        raise GraphError(f"dropout must be (probability, seed, offset), got {dropout!r}", node=name)
+    probability, seed, offset = dropout
+    for role, value in (("SEED", seed), ("OFFSET", offset)):
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        inputs[role] = scalar(value, data_type="int64") if is_number else value
+    return float(probability)
+
+
 class AttentionMethods:
     _add_node: Callable[..., list[Any]]
+    scalar: Callable[..., Any]
 
     def sdpa(
         self,
@@ -363,15 +427,20 @@ class AttentionMethods:
         paged_attention_k_table: TensorSpec | None = None,
         paged_attention_v_table: TensorSpec | None = None,
         paged_attention_max_seq_len_kv: int | None = None,
+        dropout: tuple[float, TensorSpec | int, TensorSpec | int] | None = None,
     ) -> tuple[TensorSpec, TensorSpec | None]:
         """Attention forward -> (O, STATS); STATS is None unless ``generate_stats``.
 
         ``attn_scale`` None means 1.0 (the cuDNN frontend's default), not 1/sqrt(D). With the
         page tables, K and V are page pools (a paged KV cache; docs/ops.md has the rules).
+        ``dropout=(probability, seed, offset)``, as the frontend's: the softmax's elements are
+        dropped with that probability and the kept ones scaled by 1 / (1 - probability), the mask
+        drawn from Philox with the seed and offset (one-element tensors or Python ints).
         """
         inputs = {"Q": q, "K": k, "V": v, "ATTN_SCALE": attn_scale, "BIAS": bias}
         inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
         inputs |= {"PAGE_TABLE_K": paged_attention_k_table, "PAGE_TABLE_V": paged_attention_v_table}
+        probability = dropout_inputs(self.scalar, dropout, inputs, name)
         attrs = {
             "generate_stats": generate_stats,
             "use_causal_mask": use_causal_mask,
@@ -380,6 +449,7 @@ class AttentionMethods:
             "use_padding_mask": use_padding_mask,
             "use_alibi_mask": use_alibi_mask,
             "paged_attention_max_seq_len_kv": paged_attention_max_seq_len_kv,
+            "dropout_probability": probability,
         }
         o, stats = self._add_node("sdpa", inputs, attrs, name=name, compute_data_type=compute_data_type)
         return o, stats

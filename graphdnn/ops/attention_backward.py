@@ -8,6 +8,10 @@ the others), ``delta_i = sum_d dO[i, d] O[i, d]`` and ``dS = P * (dO Vᵀ - delt
 over the query heads that read it (grouped- and multi-query attention). BIAS and ALiBi
 shift the scores only, so they enter through P; their own gradient (the frontend's dBias)
 is not an output.
+
+With dropout (the forward's mask Z, kept elements scaled by r = 1 / (1 - p), so that
+O = (r Z P) V): ``dV = (r Z P)ᵀ dO`` and ``dS = P * (r Z (dO Vᵀ) - delta)``; delta is still
+``sum_d dO O``, as in FlashAttention.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import numpy as np
 from ..dtypes import DataType
 from ..errors import DataTypeError
 from ..symbolic import Extent
-from .attention import check_problem, masked_scores, rank4, sequence_length_range
+from .attention import check_problem, dropout_inputs, dropout_keep, masked_scores, rank4, sequence_length_range
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, register
 
@@ -37,6 +41,7 @@ class SdpaBackwardAttributes(Attributes):
     sliding_window_length: int | None = None
     use_padding_mask: bool = False
     use_alibi_mask: bool = False
+    dropout_probability: float | None = None
 
 
 @register
@@ -54,6 +59,8 @@ class SdpaBackward(Op):
         Role("BIAS", optional=True, floating=True),
         Role("SEQ_LEN_Q", optional=True),
         Role("SEQ_LEN_KV", optional=True),
+        Role("SEED", optional=True, scalar=True),
+        Role("OFFSET", optional=True, scalar=True),
     )
     outputs = (Role("DQ"), Role("DK"), Role("DV"))
     attributes = SdpaBackwardAttributes
@@ -91,13 +98,17 @@ class SdpaBackward(Op):
         p = np.where(live, np.exp(np.where(live, scores - stats, 0.0)), 0.0)
         d_o = x["DO"]
         delta = (d_o * x["O"]).sum(axis=-1, keepdims=True)
-        ds = p * (np.matmul(d_o, v.swapaxes(-1, -2)) - delta)
+        dp = np.matmul(d_o, v.swapaxes(-1, -2))
+        kept = dropout_keep(attrs, x, p.shape)
+        if kept is not None:  # O = (P kept) V: dV sees the dropped P, dP reaches P through the mask
+            p_dropped, dp = p * kept, dp * kept
+        ds = p * (dp - delta)
         scale = x.get("ATTN_SCALE", 1.0)
         k, q = x["K"], x["Q"]
         group = q.shape[1] // k.shape[1]
         dq = scale * np.matmul(ds, np.repeat(k, group, axis=1))
         dk = scale * np.matmul(ds.swapaxes(-1, -2), q)
-        dv = np.matmul(p.swapaxes(-1, -2), d_o)
+        dv = np.matmul((p if kept is None else p_dropped).swapaxes(-1, -2), d_o)
         return {"DQ": dq, "DK": _per_kv_head(dk, group), "DV": _per_kv_head(dv, group)}
 
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
@@ -112,6 +123,7 @@ def _per_kv_head(per_query_head: np.ndarray, group: int) -> np.ndarray:
 
 class AttentionBackwardMethods:
     _add_node: Callable[..., list[Any]]
+    scalar: Callable[..., Any]
 
     def sdpa_backward(
         self,
@@ -132,20 +144,25 @@ class AttentionBackwardMethods:
         use_alibi_mask: bool = False,
         compute_data_type: Any = None,
         name: str | None = None,
+        *,
+        dropout: tuple[float, TensorSpec | int, TensorSpec | int] | None = None,
     ) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
         """Attention backward -> (dQ, dK, dV), shaped like Q, K and V (row-major unless set).
 
         Takes the forward's O and STATS (``sdpa(..., generate_stats=True)``) and the same
-        scale, bias, masks and lengths the forward had; ``attn_scale`` None means 1.0.
+        scale, bias, masks, lengths and ``dropout=(probability, seed, offset)`` the forward had
+        (the same seed and offset regenerate its mask); ``attn_scale`` None means 1.0.
         """
         inputs = {"Q": q, "K": k, "V": v, "O": o, "DO": dO, "STATS": stats, "ATTN_SCALE": attn_scale, "BIAS": bias}
         inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
+        probability = dropout_inputs(self.scalar, dropout, inputs, name)
         attrs = {
             "use_causal_mask": use_causal_mask,
             "use_causal_mask_bottom_right": use_causal_mask_bottom_right,
             "sliding_window_length": sliding_window_length,
             "use_padding_mask": use_padding_mask,
             "use_alibi_mask": use_alibi_mask,
+            "dropout_probability": probability,
         }
         dq, dk, dv = self._add_node("sdpa_backward", inputs, attrs, name=name, compute_data_type=compute_data_type)
         return dq, dk, dv
