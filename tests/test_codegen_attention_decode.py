@@ -17,6 +17,7 @@ from benchmarks.attention import decode_graph
 from codegen.context import EmitContext
 from codegen.emit import candidates, emitter
 from codegen.families.attention_decode import (
+    DECODE_MAX_SQ,
     KEYS_PER_LANE_CHOICES,
     MAX_REGISTERS,
     MAX_SPLIT,
@@ -48,11 +49,16 @@ def attention(graph):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("case", sorted(PAGED_CASES))
-def test_paged_attention_runs_on_the_decode_kernel(case: str) -> None:
-    ir, fused = attention(PAGED_CASES[case].build())
+def test_paged_decode_runs_on_the_decode_kernel_and_paged_prefill_on_the_flash_kernel(case: str) -> None:
+    """Few query rows (or types the tensor cores cannot take) decode; more rows take the
+    mma.sync flash kernel through the page tables, never the TMA-fed Hopper one."""
+    paged = PAGED_CASES[case]
+    ir, fused = attention(paged.build())
+    decode = paged.sq <= DECODE_MAX_SQ or paged.data_type is DataType.FLOAT
     program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90))
-    assert "_decode_" in program.kernels[0].name
-    assert all(c["path"] == "decode" for c in candidates(fused, 90))
+    assert ("_decode_" if decode else "_flash_") in program.kernels[0].name
+    paths = {str(c.get("path", "flash")) for c in candidates(fused, 90)}
+    assert paths == ({"decode"} if decode else {"decode", "flash"})
 
 
 def test_few_query_rows_take_the_decode_kernel_and_more_the_flash_kernel() -> None:
@@ -65,10 +71,31 @@ def test_few_query_rows_take_the_decode_kernel_and_more_the_flash_kernel() -> No
     assert paths == {"decode", "flash", "wgmma"}  # a dense decode may still time the flash kernels
 
 
-def test_a_flash_choice_on_a_paged_problem_says_it_needs_the_decode_kernel() -> None:
-    ir, fused = attention(PAGED_CASES["decode_gqa_4to1"].build())
-    with pytest.raises(UnsupportedError, match=r"paged KV cache runs on the decode kernel only"):
-        emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {"warps": 4, "block_n": 64, "m_tiles": 1}))
+def test_the_hopper_kernel_on_a_paged_problem_is_refused_naming_the_paths_that_read_pages() -> None:
+    ir, fused = attention(PAGED_CASES["prefill_long_q"].build())
+    with pytest.raises(UnsupportedError, match=r"paged KV cache runs on the decode kernel .* mma.sync flash kernel"):
+        emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {"path": "wgmma"}))
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize("case", ["prefill_chunk_causal", "prefill_long_q"])
+def test_paged_prefill_on_the_flash_kernel_matches_the_reference_on_the_cpu(
+    case: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    paged = dataclasses.replace(PAGED_CASES[case], data_type=DataType.HALF)  # the emulation's half
+    ir, fused = attention(paged.build())
+    program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 80))
+    assert "_flash_" in program.kernels[0].name
+    feeds = paged.feeds(seed=5)
+    expected = reference.execute(ir, feeds)
+    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    got = cpu_emulation.run(fused, program, feeds, 16, build)
+    for name, want in expected.items():
+        value = got[name].astype(np.float64)
+        assert np.array_equal(np.isneginf(value), np.isneginf(want)), name
+        finite = np.isfinite(want)
+        assert relative_error(value[finite], want[finite].astype(np.float64)) < 2e-3, name
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,16 @@
 never writes the score matrix to memory.
 
 Three paths, all correct for every mask, layout and head dim up to 256:
-- the decode kernel (attention_decode.py) for every paged KV cache and for at most
-  DECODE_MAX_SQ query rows: GQA rows packed per kv head, the KV length split across blocks
-  when the (batch, kv head) blocks cannot keep enough loads in flight; tuning
-  ``{"path": "decode", "split": n, "threads": t, "keys_per_lane": k}`` (each key optional).
-  Paged prefill (many query rows) runs there too: correct, not fast (the flash kernels do
-  not read through page tables);
+- the decode kernel (attention_decode.py) for at most DECODE_MAX_SQ query rows, dense or
+  paged: GQA rows packed per kv head, the KV length split across blocks when the (batch, kv
+  head) blocks cannot keep enough loads in flight; tuning ``{"path": "decode", "split": n,
+  "threads": t, "keys_per_lane": k}`` (each key optional). Paged problems of other types
+  run there whatever their rows;
 - flash attention on tensor cores when Q, K and V are all fp16 or all bf16: mma.sync
-  (attention_flash.py), or on sm_90 for head dims 64 and 128 with contiguous rows the
-  warp-specialised TMA/wgmma kernel (attention_wgmma.py), the default there (1.2-1.6x the
-  mma.sync kernel on an H100) and the tuning choices ``{"path": "wgmma", ...}`` (``{"path": "wgmma"}`` alone: its default);
+  (attention_flash.py), which also reads paged K and V through the page tables (paged
+  prefill), or on sm_90 for dense head dims 64 and 128 with contiguous rows the
+  warp-specialised TMA/wgmma kernel (attention_wgmma.py), the default there, and the tuning
+  choices ``{"path": "wgmma", ...}`` (``{"path": "wgmma"}`` alone: its default);
 - one warp per query row in fp32 for anything else (attention_simt.py).
 
 Every path takes dropout, drawing the reference's mask (attention_problem.dropout_function).
@@ -27,22 +27,21 @@ from ..kernel import FusedProgram
 from .attention_decode import decode_choices, decode_program, uses_decode
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
-from .attention_problem import Attention, attention_of
+from .attention_problem import attention_of, on_tensor_cores
 from .attention_simt import simt_kernel
 from .attention_wgmma import configs as wgmma_configs
 from .attention_wgmma import supported as wgmma_supported
 from .attention_wgmma import wgmma_attention_kernel
-from .tensor_core import TENSOR_CORE_TYPES
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = attention_of(fused)
     if ctx.tuning.get("path") == DECODE or (not ctx.tuning and uses_decode(a)):
         return decode_program(fused, ctx, a)
-    if a.paged:
+    if a.paged and (not on_tensor_cores(a) or ctx.tuning.get("path") == "wgmma"):
         raise UnsupportedError(
-            f"attention tuning {dict(ctx.tuning)}: a paged KV cache runs on the decode kernel only "
-            '(tuning {"path": "decode", "split": n})',
+            f"attention tuning {dict(ctx.tuning)}: a paged KV cache runs on the decode kernel "
+            '(tuning {"path": "decode", "split": n}) or, all fp16 or all bf16, the mma.sync flash kernel',
             node=a.node.name,
         )
     if not on_tensor_cores(a):
@@ -57,19 +56,10 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     and keys per tile of the flash kernel, keys per stage and turn-taking of the Hopper one
     (autotuning)."""
     a = attention_of(fused)
-    decode = decode_choices(a, arch)
-    if a.paged:
-        return decode
-    if not uses_decode(a):
-        decode = []
-    if not on_tensor_cores(a):
+    decode = decode_choices(a, arch) if a.paged or uses_decode(a) else []
+    if not on_tensor_cores(a) or (a.paged and uses_decode(a)):  # paged decode: the decode kernel's choices
         return decode
     return decode + flash_candidates(a) + ([c.choice() for c in wgmma_configs(a)] if wgmma_supported(a, arch) else [])
 
 
 DECODE = "decode"
-
-
-def on_tensor_cores(a: Attention) -> bool:
-    types = {a.q.data_type, a.k.data_type, a.v.data_type}
-    return len(types) == 1 and types <= TENSOR_CORE_TYPES

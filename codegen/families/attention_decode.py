@@ -50,7 +50,10 @@ from .attention_problem import (
     dropout_function,
     dropped,
     element,
+    key_row_address,
     o_store,
+    on_tensor_cores,
+    page_of,
     score_function,
     sequence_setup,
     stats_store,
@@ -143,8 +146,9 @@ def shape(a: Attention, threads: int = DEFAULT_THREADS) -> DecodeShape:
 
 
 def uses_decode(a: Attention) -> bool:
-    """The decode kernel's problems when nothing is tuned: every paged one, and few query rows."""
-    return a.paged or a.sq <= DECODE_MAX_SQ
+    """The decode kernel's problems when nothing is tuned: few query rows, and paged ones the
+    flash kernel cannot take (types other than all fp16 or all bf16)."""
+    return a.sq <= DECODE_MAX_SQ or (a.paged and not on_tensor_cores(a))
 
 
 def resident_target(s: DecodeShape, keys_per_lane: int) -> int:
@@ -395,26 +399,12 @@ def _rows_to_shared(a: Attention, names: dict[str, str]) -> list[str]:
     ]
 
 
-def _row_address(a: Attention, names: dict[str, str], role: str) -> str:
-    """The first element of key ``j``'s row of K or V (head ``hk``): dense, or in page ``page``."""
-    tensor, stride = (a.k, "KS") if role == "K" else (a.v, "VS")
-    if not a.paged:
-        return f"{names[role]} + (long long)b * {stride}[0] + (long long)hk * {stride}[1] + (long long)j * {stride}[2]"
-    page_size = tensor.static_dim[2]
-    return (
-        f"{names[role]} + page * {stride}[0] + (long long)hk * {stride}[1] + (long long)(j % {page_size}) * {stride}[2]"
-    )
-
-
 def _page_lookups(a: Attention, names: dict[str, str]) -> list[str]:
     """``page_k(j)`` / ``page_v(j)``: key j's page in the pool (0 past the slice: no read)."""
-    lines = []
-    for role, tensor, table in (("K", a.k, a.page_table_k), ("V", a.v, a.page_table_v)):
-        assert table is not None
-        index = ["b", "0", f"j / {tensor.static_dim[2]}", "0"]
-        page = load(table.data_type, element(table, names[f"PAGE_TABLE_{role}"], index), "long long")
-        lines.append(f"auto page_{role.lower()} = [&](int j) -> long long {{ return j < s_end ? {page} : 0; }};")
-    return lines
+    return [
+        f"auto page_{role.lower()} = [&](int j) -> long long {{ return j < s_end ? {page_of(a, names, role, 'j')} : 0; }};"
+        for role in ("K", "V")
+    ]
 
 
 def _key_loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str) -> list[str]:
@@ -432,7 +422,7 @@ def _key_loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str
             f"    for (int c = 0; c < {count}; ++c) slot[c] = gd::Vec<{t}, {vec}>{{}};",
             "    return;",
             "  }",
-            f"  const {t}* const {row} = {_row_address(a, names, role)};",
+            f"  const {t}* const {row} = {key_row_address(a, names, role, 'j')};",
             "#pragma unroll",
             f"  for (int c = 0; c < {count}; ++c) {{",
             f"    const int col0 = (c * L + sub) * {vec};",

@@ -35,8 +35,10 @@ from .attention_problem import (
     dropout_function,
     dropped,
     key_range,
+    key_row_address,
     needs_mask,
     o_store,
+    page_of,
     score_function,
     stats_store,
     strides,
@@ -147,16 +149,15 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         "const T* const q_g = "
         + names["Q"]
         + " + (long long)b * QS[0] + (long long)h * QS[1] + (long long)row0 * QS[2];",
-        "const T* const k_g = " + names["K"] + " + (long long)b * KS[0] + (long long)hk * KS[1];",
-        "const T* const v_g = " + names["V"] + " + (long long)b * VS[0] + (long long)hk * VS[1];",
+        *_key_rows(a, names),
         "const int first = kv_begin / BN * BN;",
         "const int tiles = kv_end > kv_begin ? (kv_end - first + BN - 1) / BN : 0;",
         "load_rows(q_s, QROW, q_g, QS[2], QS[3], BM, min(BM, SQ - row0), D, DP);",
         'asm volatile("cp.async.commit_group;\\n" ::);',
         "auto load_kv = [&](int tile) {",
         "  const int kv0 = first + tile * BN, stage = tile & 1;",
-        "  load_rows(k_s + stage * BN * QROW, QROW, k_g + (long long)kv0 * KS[2], KS[2], KS[3], BN, min(BN, skv - kv0), D, DP);",
-        "  load_rows(v_s + stage * BN * VROW, VROW, v_g + (long long)kv0 * VS[2], VS[2], VS[3], BN, min(BN, skv - kv0), DV, DVP);",
+        "  load_rows_by(k_s + stage * BN * QROW, QROW, [&](int r) { return k_row(kv0 + r); }, KS[3], BN, min(BN, skv - kv0), D, DP);",
+        "  load_rows_by(v_s + stage * BN * VROW, VROW, [&](int r) { return v_row(kv0 + r); }, VS[3], BN, min(BN, skv - kv0), DV, DVP);",
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "};",
         "if (tiles > 0) load_kv(0);",
@@ -208,6 +209,17 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
     return Kernel(name, source, (blocks, 1, 1), (32 * c.warps, 1, 1), shared_bytes(a, c), tuple(params.bindings))
 
 
+def _key_rows(a: Attention, names: dict[str, str]) -> list[str]:
+    """``k_row(j)`` / ``v_row(j)``: where key j's row of K and V starts, dense or through the
+    page tables (read only for keys in the sequence: the tile loader asks for no other)."""
+    lines = []
+    for role in ("K", "V"):
+        page = f"const long long page = {page_of(a, names, role, 'j')}; " if a.paged else ""
+        address = key_row_address(a, names, role, "j")
+        lines.append(f"auto {role.lower()}_row = [&](int j) -> const T* {{ {page}return {address}; }};")
+    return lines
+
+
 def pack_function(data_type: DataType) -> str:
     return (
         "\n// Two floats as one register of two 16-bit values, x in the low half (an mma operand).\n"
@@ -219,11 +231,11 @@ def pack_function(data_type: DataType) -> str:
 
 
 def tile_loader(vec: bool, aligned: str) -> list[str]:
-    """``load_rows``: ``rows`` rows of ``width`` elements (row stride ``rs``, element stride
-    ``cs``) into shared rows of ``row_elems``, zero past ``valid`` rows and ``width``
-    columns up to the padded width."""
+    """``load_rows_by``: ``rows`` rows of ``width`` elements (row r at ``row(r)``, element stride
+    ``cs``) into shared rows of ``row_elems``, zero past ``valid`` rows (never read) and ``width``
+    columns up to the padded width; ``load_rows``, the same for rows ``rs`` elements apart."""
     lines = [
-        "auto load_rows = [&](T* dst, int row_elems, const T* src, long long rs, long long cs, int rows, int valid, int width, int padded_width) {",
+        "auto load_rows_by = [&](T* dst, int row_elems, auto row, long long cs, int rows, int valid, int width, int padded_width) {",
     ]
     if vec:
         lines += [
@@ -232,7 +244,7 @@ def tile_loader(vec: bool, aligned: str) -> list[str]:
             "    for (int c = tid; c < rows * chunks; c += THREADS) {",
             "      const int r = c / chunks, k = c % chunks * 8;",
             "      const bool ok = r < valid && k < width;",
-            "      copy16(smem_addr(dst + r * row_elems + k), ok ? src + r * rs + k : src, ok);",
+            "      copy16(smem_addr(dst + r * row_elems + k), ok ? row(r) + k : nullptr, ok);",
             "    }",
             "    return;",
             "  }",
@@ -240,8 +252,11 @@ def tile_loader(vec: bool, aligned: str) -> list[str]:
     lines += [
         "  for (int e = tid; e < rows * padded_width; e += THREADS) {",
         "    const int r = e / padded_width, k = e % padded_width;",
-        "    dst[r * row_elems + k] = r < valid && k < width ? src[r * rs + k * cs] : gd::from<T>(0.0f);",
+        "    dst[r * row_elems + k] = r < valid && k < width ? row(r)[k * cs] : gd::from<T>(0.0f);",
         "  }",
+        "};",
+        "auto load_rows = [&](T* dst, int row_elems, const T* src, long long rs, long long cs, int rows, int valid, int width, int padded_width) {",
+        "  load_rows_by(dst, row_elems, [=](int r) { return src + r * rs; }, cs, rows, valid, width, padded_width);",
         "};",
     ]
     return lines

@@ -23,6 +23,7 @@ from ..cuda_types import cuda_type, load
 from ..epilogue import rounded_constant, scalar_integer
 from ..indexing import offset_at
 from ..pointwise import bernoulli_threshold, literal
+from .tensor_core import TENSOR_CORE_TYPES
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -108,6 +109,12 @@ class Attention:
     def dropout(self) -> float | None:
         """The drop rate, None without dropout."""
         return self.attrs.dropout_probability
+
+
+def on_tensor_cores(a: Attention) -> bool:
+    """Q, K and V all fp16 or all bf16: the flash kernels' types."""
+    types = {a.q.data_type, a.k.data_type, a.v.data_type}
+    return len(types) == 1 and types <= TENSOR_CORE_TYPES
 
 
 def attention_of(fused: FusedNode) -> Attention:
@@ -239,6 +246,26 @@ def alibi_table(a: Attention) -> list[str]:
 def element(tensor: Tensor, name: str, coordinates: Sequence[str]) -> str:
     """``name[...]`` at the given [b, h, s, d] coordinate expressions, in 64-bit offsets."""
     return f"{name}[{offset_at(tensor, [f'(long long)({c})' for c in coordinates])}]"
+
+
+def key_row_address(a: Attention, names: dict[str, str], role: str, j: str, page: str = "page") -> str:
+    """The first element of key ``j``'s row of K or V (``role``) for kv head ``hk``: dense at
+    [b, hk, j], or paged at [``page``, hk, j % page_size] of the pool."""
+    tensor, stride = (a.k, "KS") if role == "K" else (a.v, "VS")
+    if not a.paged:
+        return (
+            f"{names[role]} + (long long)b * {stride}[0] + (long long)hk * {stride}[1] + (long long)({j}) * {stride}[2]"
+        )
+    page_size = tensor.static_dim[2]
+    return f"{names[role]} + {page} * {stride}[0] + (long long)hk * {stride}[1] + (long long)(({j}) % {page_size}) * {stride}[2]"
+
+
+def page_of(a: Attention, names: dict[str, str], role: str, j: str) -> str:
+    """Key ``j``'s page in the K or V pool, read from batch b's page table (as a long long)."""
+    tensor, table = (a.k, a.page_table_k) if role == "K" else (a.v, a.page_table_v)
+    assert table is not None
+    index = ["b", "0", f"({j}) / {tensor.static_dim[2]}", "0"]
+    return load(table.data_type, element(table, names[f"PAGE_TABLE_{role}"], index), "long long")
 
 
 def length(tensor: Tensor, name: str) -> str:

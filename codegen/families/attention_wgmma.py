@@ -132,6 +132,7 @@ def supported(a: Attention, arch: int) -> bool:
     types = {a.q.data_type, a.k.data_type, a.v.data_type}
     return (
         arch == ARCH
+        and not a.paged  # TMA boxes of rows cannot follow a page table
         and len(types) == 1
         and types <= TENSOR_CORE_TYPES
         and a.d in HEAD_DIMS
