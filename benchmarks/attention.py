@@ -7,6 +7,7 @@ backends, on the issue's shapes (B4 H16, bf16), same inputs, L2 flushed by do_be
     PYTHONPATH=. python benchmarks/attention.py --dry      # anywhere: build the plans only
     PYTHONPATH=. python benchmarks/attention.py --decode   # the paged-KV decode table instead
     PYTHONPATH=. python benchmarks/attention.py --decode --sweep  # every decode tuning choice timed
+    PYTHONPATH=. python benchmarks/attention.py --prefill  # paged prefill chunks
 
 TFLOP/s count 4·B·H·Sq·Skv·D (two matmuls) forward and 10·B·H·Sq·Skv·D backward (five:
 S again, dP, dV, dQ, dK), halved for a causal mask (the work a causal kernel skips). Every
@@ -47,6 +48,8 @@ DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
 # --sweep: half the decode shapes, spanning B and Skv (NVRTC compiles a sweep's ~110 plans one at
 # a time, ~0.5 s each: all 12 shapes would take twice as long)
 SWEEP_SHAPES = [(1, 8192), (1, 32768), (2, 16384), (4, 16384), (8, 8192), (8, 32768)]
+# --prefill: (batch, chunk of query rows, Skv) over the same paged cache
+PREFILL_SHAPES = [(4, 512, 4096), (1, 2048, 8192), (8, 256, 2048)]
 
 
 def graph(b: int, h: int, s: int, d: int, causal: bool, stats: bool = False) -> gd.OperationGraphSpec:
@@ -81,11 +84,14 @@ def main() -> int:
     parser.add_argument("--backward", action="store_true", help="sdpa_backward against torch's SDPA backward")
     parser.add_argument("--decode", action="store_true", help="the paged-KV decode table")
     parser.add_argument("--sweep", action="store_true", help="with --decode: time every decode tuning choice")
+    parser.add_argument("--prefill", action="store_true", help="paged prefill chunks against torch on dense K/V")
     args = parser.parse_args()
     if args.dry:
         graphs = (
             [decode_graph(*shape) for shape in DECODE_SHAPES]
             if args.decode
+            else [decode_graph(b, skv, sq) for b, sq, skv in PREFILL_SHAPES]
+            if args.prefill
             else [build(*shape) for shape in SHAPES for build in (graph, backward_graph)]
         )
         for built in graphs:
@@ -104,6 +110,8 @@ def main() -> int:
                 + f" | {tflops[0] / tflops[2]:.2f} |"
             )
         return 0
+    if args.prefill:
+        return prefill_table()
     if args.decode and args.sweep:
         return decode_sweep()
     if args.decode:
@@ -173,17 +181,20 @@ def timed(shape: tuple[int, int, int, int, bool], autotune: bool) -> dict[str, f
     return times
 
 
-def decode_graph(b: int, skv: int) -> gd.OperationGraphSpec:
-    """One decode step over a paged cache: a pool of exactly the batch's pages."""
+def decode_graph(b: int, skv: int, sq: int = 1) -> gd.OperationGraphSpec:
+    """One decode step (or, ``sq`` > 1, a prefill chunk: the last ``sq`` of ``skv`` tokens, causal
+    bottom-right) over a paged cache: a pool of exactly the batch's pages."""
     pages = skv // PAGE_SIZE
-    g = gd.OperationGraphSpec(name=f"paged_decode_b{b}_skv{skv}", io_data_type="bf16", compute_data_type="float")
-    q = g.tensor(name="q", dim=[b, DECODE_HQ, 1, DECODE_D])
+    name = f"paged_decode_b{b}_skv{skv}" if sq == 1 else f"paged_prefill_b{b}_sq{sq}_skv{skv}"
+    g = gd.OperationGraphSpec(name=name, io_data_type="bf16", compute_data_type="float")
+    q = g.tensor(name="q", dim=[b, DECODE_HQ, sq, DECODE_D])
     k, v = (g.tensor(name=n, dim=[b * pages, DECODE_HK, PAGE_SIZE, DECODE_D]) for n in "kv")
     tables = [g.tensor(name=n, dim=[b, 1, pages, 1], data_type="int32") for n in ("tk", "tv")]
     lengths = [g.tensor(name=n, dim=[b, 1, 1, 1], data_type="int32") for n in ("seq_q", "seq_kv")]
     o, _ = g.sdpa(
         q, k, v, attn_scale=DECODE_D**-0.5, use_padding_mask=True, seq_len_q=lengths[0], seq_len_kv=lengths[1],
         paged_attention_k_table=tables[0], paged_attention_v_table=tables[1], paged_attention_max_seq_len_kv=skv,
+        use_causal_mask_bottom_right=sq > 1,
     )  # fmt: skip
     o.set_name("o").set_output(True)
     return g
@@ -208,21 +219,23 @@ def decode_table(autotune: bool) -> int:
 
 
 class DecodeInputs:
-    """One decode shape's inputs on the GPU (pages shuffled), torch's dense result and time."""
+    """One decode (or prefill chunk) shape's inputs on the GPU (pages shuffled), torch's dense
+    result and time."""
 
-    def __init__(self, b: int, skv: int) -> None:
+    def __init__(self, b: int, skv: int, sq: int = 1) -> None:
         import torch
         import torch.nn.functional as F
+        from torch.nn.attention.bias import causal_lower_right
 
         from benchmarks.measure import median_us
 
         pages = skv // PAGE_SIZE
-        q = torch.randn(b, DECODE_HQ, 1, DECODE_D, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(b, DECODE_HQ, sq, DECODE_D, device="cuda", dtype=torch.bfloat16)
         k, v = (
             torch.randn(b * pages, DECODE_HK, PAGE_SIZE, DECODE_D, device="cuda", dtype=torch.bfloat16) for _ in "kv"
         )
         table = torch.randperm(b * pages, device="cuda", dtype=torch.int32).reshape(b, 1, pages, 1)
-        lengths = torch.full((b, 1, 1, 1), 1, device="cuda", dtype=torch.int32)
+        lengths = torch.full((b, 1, 1, 1), sq, device="cuda", dtype=torch.int32)
         kv_lengths = torch.full((b, 1, 1, 1), skv, device="cuda", dtype=torch.int32)
 
         def dense(pool: Any) -> Any:  # [b, Hk, Skv, D] in table order
@@ -231,14 +244,17 @@ class DecodeInputs:
             )
 
         kd, vd = dense(k), dense(v)
-        self.want = F.scaled_dot_product_attention(q, kd, vd, scale=DECODE_D**-0.5, enable_gqa=True)
+        mask = causal_lower_right(sq, skv) if sq > 1 else None
+
+        def peer() -> Any:
+            return F.scaled_dot_product_attention(q, kd, vd, attn_mask=mask, scale=DECODE_D**-0.5, enable_gqa=True)
+
+        self.want = peer()
         self.o = torch.empty_like(q)
         self.feeds = {"q": q, "k": k, "v": v, "tk": table, "tv": table, "seq_q": lengths, "seq_kv": kv_lengths}
         self.feeds["o"] = self.o
-        self.torch_us = median_us(
-            lambda: F.scaled_dot_product_attention(q, kd, vd, scale=DECODE_D**-0.5, enable_gqa=True)
-        )
-        self.label = f"decode B{b} Skv{skv}"
+        self.torch_us = median_us(peer)
+        self.label = f"decode B{b} Skv{skv}" if sq == 1 else f"prefill B{b} Sq{sq} Skv{skv}"
 
     def time(self, plan: Any, choice: object, **timing: float) -> float:
         """µs of ``plan`` after checking its result against torch's."""
@@ -250,6 +266,27 @@ class DecodeInputs:
         error = ((self.o.float() - self.want.float()).norm() / self.want.float().norm()).item()
         assert error < 2e-2, f"{self.label} {choice}: graphdnn differs from torch by {error:.3g}"
         return median_us(bound, **timing)
+
+
+def prefill_table() -> int:
+    """Paged prefill chunks (the last Sq of Skv tokens, causal bottom-right) on the default plan
+    (the mma.sync flash kernel reading pages) and on the decode kernel (what paged prefill ran
+    on before), beside torch SDPA on the gathered dense K/V."""
+    print("| B | Sq | Skv | default plan TFLOP/s | decode kernel | torch SDPA (dense) | default / torch |")
+    print("|---|---|---|---|---|---|---|")
+    for b, sq, skv in PREFILL_SHAPES:
+        graph = decode_graph(b, skv, sq)
+        fused = next(f for f in gd.fuse(graph).nodes if f.anchor is not None and f.anchor.op == "sdpa")
+        inputs = DecodeInputs(b, skv, sq)
+        ours = inputs.time(gd.compile(graph), "default")
+        decode = inputs.time(gd.compile(graph, tuning={fused.name: {"path": "decode"}}), "decode")
+        visible = sq * skv - sq * (sq - 1) // 2  # bottom-right causal: row i sees skv - sq + i + 1 keys
+        work = 4 * b * DECODE_HQ * visible * DECODE_D / 1e6  # MFLOP: TFLOP/s from µs
+        print(
+            f"| {b} | {sq} | {skv} | {work / ours:.0f} | {work / decode:.0f} | {work / inputs.torch_us:.0f} | "
+            f"{inputs.torch_us / ours:.2f}x |"
+        )
+    return 0
 
 
 def decode_timed(b: int, skv: int, autotune: bool) -> tuple[float, float]:

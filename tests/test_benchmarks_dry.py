@@ -62,6 +62,12 @@ def test_the_attention_benchmark_builds_forward_and_backward_plans() -> None:
     assert result.stdout.count("sdpa_backward_") == 4 and result.stdout.count(": 3 kernel(s)") == 4
 
 
+def test_the_paged_prefill_benchmark_builds_one_kernel_per_chunk() -> None:
+    result = _benchmark("attention.py", "--prefill", "--dry")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("paged_prefill_") == result.stdout.count(": 1 kernel(s)") == 3
+
+
 def test_the_conv_backward_cases_build_on_the_tensor_core_gemm() -> None:
     """dgrad is one implicit-GEMM kernel; wgrad (64 x 576 or 256 x 64 outputs, K = 32*56*56)
     splits K: the slices, then their reduction."""
