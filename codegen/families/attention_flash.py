@@ -156,8 +156,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         'asm volatile("cp.async.commit_group;\\n" ::);',
         "auto load_kv = [&](int tile) {",
         "  const int kv0 = first + tile * BN, stage = tile & 1;",
-        "  load_rows_by(k_s + stage * BN * QROW, QROW, [&](int r) { return k_row(kv0 + r); }, KS[3], BN, min(BN, skv - kv0), D, DP);",
-        "  load_rows_by(v_s + stage * BN * VROW, VROW, [&](int r) { return v_row(kv0 + r); }, VS[3], BN, min(BN, skv - kv0), DV, DVP);",
+        *indent(_key_tile_loads(a), 1).splitlines(),
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "};",
         "if (tiles > 0) load_kv(0);",
@@ -210,14 +209,29 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
 
 
 def _key_rows(a: Attention, names: dict[str, str]) -> list[str]:
-    """``k_row(j)`` / ``v_row(j)``: where key j's row of K and V starts, dense or through the
-    page tables (read only for keys in the sequence: the tile loader asks for no other)."""
-    lines = []
-    for role in ("K", "V"):
-        page = f"const long long page = {page_of(a, names, role, 'j')}; " if a.paged else ""
-        address = key_row_address(a, names, role, "j")
-        lines.append(f"auto {role.lower()}_row = [&](int j) -> const T* {{ {page}return {address}; }};")
-    return lines
+    """Dense: ``k_g`` / ``v_g``, the kv head's first key row of K and V. Paged: ``k_row(j)`` /
+    ``v_row(j)``, where key j's row starts, through the page tables (read only for keys inside
+    the sequence: the tile loader asks for no other)."""
+    if not a.paged:
+        return [f"const T* const {role.lower()}_g = {key_row_address(a, names, role, '0')};" for role in ("K", "V")]
+    return [
+        f"auto {role.lower()}_row = [&](int j) -> const T* {{ const long long page = {page_of(a, names, role, 'j')}; "
+        f"return {key_row_address(a, names, role, 'j')}; }};"
+        for role in ("K", "V")
+    ]
+
+
+def _key_tile_loads(a: Attention) -> list[str]:
+    """The loads of the key tile from ``kv0`` into ``stage``: rows a stride apart, or paged rows."""
+    if not a.paged:
+        return [
+            "load_rows(k_s + stage * BN * QROW, QROW, k_g + (long long)kv0 * KS[2], KS[2], KS[3], BN, min(BN, skv - kv0), D, DP);",
+            "load_rows(v_s + stage * BN * VROW, VROW, v_g + (long long)kv0 * VS[2], VS[2], VS[3], BN, min(BN, skv - kv0), DV, DVP);",
+        ]
+    return [
+        "load_rows_by(k_s + stage * BN * QROW, QROW, [&](int r) { return k_row(kv0 + r); }, KS[3], BN, min(BN, skv - kv0), D, DP);",
+        "load_rows_by(v_s + stage * BN * VROW, VROW, [&](int r) { return v_row(kv0 + r); }, VS[3], BN, min(BN, skv - kv0), DV, DVP);",
+    ]
 
 
 def pack_function(data_type: DataType) -> str:
