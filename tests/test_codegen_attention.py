@@ -40,10 +40,13 @@ def attention_node(case: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
-@pytest.mark.parametrize(("case", "folded"), [("gqa_4to1_causal", True), ("d16_fp16_runtime_scale", False)])
+@pytest.mark.parametrize(
+    ("case", "folded", "aligned"), [("gqa_4to1_causal", True, 1), ("d16_fp16_runtime_scale", False, 0)]
+)
 def test_the_mma_sync_forward_matches_the_reference_on_the_cpu(
-    case: str, folded: bool, tmp_path_factory: pytest.TempPathFactory
+    case: str, folded: bool, aligned: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    """Folded scale or not; O written as 4-byte pairs (aligned) or element by element."""
     build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
     build_dir.mkdir(exist_ok=True)
     graph = dataclasses.replace(CASES[case], data_type=DataType.HALF).build().validate()  # the emulation's half
@@ -53,7 +56,7 @@ def test_the_mma_sync_forward_matches_the_reference_on_the_cpu(
     assert [k.name.split("_")[2] for k in program.kernels] == ["flash"]
     feeds = random_inputs(graph, 3)
     expected = reference.execute(graph, feeds)
-    got = cpu_emulation.run(fused, program, feeds, 16, build_dir)
+    got = cpu_emulation.run(fused, program, feeds, aligned, build_dir)
     for t in graph.outputs:
         assert relative_error(got[t.name], expected[t.name]) < 2e-3, t.name
 

@@ -37,7 +37,7 @@ from .attention_problem import (
     key_range,
     key_row_address,
     needs_mask,
-    o_store,
+    o_pair_store,
     page_of,
     score_function,
     stats_store,
@@ -198,7 +198,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         "  __syncthreads();  // everyone is done with this stage before it is refilled",
         "}",
         'asm volatile("cp.async.wait_group 0;\\n" ::);  // Q, when no key tile waited for it',
-        *_write(a, names),
+        *_write(a, names, aligned),
     ]
     pattern = pattern_name(fused) + "_flash"
     name, source = kernel_source(ctx, fused, pattern, params, 32 * c.warps, indent(body, 1))
@@ -406,9 +406,11 @@ def _pv() -> list[str]:
     ]
 
 
-def _write(a: Attention, names: dict[str, str]) -> list[str]:
-    """Each row's O = accumulators / sum (0 for a row that sees no key or lies past sq), STATS."""
+def _write(a: Attention, names: dict[str, str], aligned: str) -> list[str]:
+    """Each row's O = accumulators / sum (0 for a row that sees no key or lies past sq), two
+    columns at a time, STATS."""
     stats = stats_store(a, names, "i", "live ? m[mi][r] * TO_LOG2 + log2f(sum) : NEG_INF")
+    values = ("live ? o[mi][j][2 * r] * inv : 0.0f", "live ? o[mi][j][2 * r + 1] * inv : 0.0f")
     return [
         "#pragma unroll",
         "for (int mi = 0; mi < MI; ++mi)",
@@ -422,12 +424,12 @@ def _write(a: Attention, names: dict[str, str]) -> list[str]:
         "    const bool live = i < sq && sum > 0.0f;",
         "    const float inv = live ? 1.0f / sum : 0.0f;",
         "#pragma unroll",
-        "    for (int j = 0; j < OT; ++j)",
-        "#pragma unroll",
-        "      for (int e = 0; e < 2; ++e) {",
-        "        const int col = j * 8 + (lane & 3) * 2 + e;",
-        f"        if (col < DV) {o_store(a, names, 'i', 'col', 'live ? o[mi][j][2 * r + e] * inv : 0.0f')}",
+        "    for (int j = 0; j < OT; ++j) {",
+        "      const int col = j * 8 + (lane & 3) * 2;",
+        "      if (col < DV) {",
+        *indent(o_pair_store(a, names, "i", "col", values, aligned), 4).splitlines(),
         "      }",
+        "    }",
         *("    if ((lane & 3) == 0) " + line for line in stats),
         "  }",
     ]

@@ -373,6 +373,40 @@ def dropout_factor(a: Attention, head: str, i: str, j: str) -> str | None:
     return f"(kept({head}, {i}, {j}) ? {literal(1.0 / (1.0 - a.dropout), 'float')} : 0.0f)"
 
 
+def o_pair_store(
+    a: Attention, names: dict[str, str], row: str, col: str, values: tuple[str, str], aligned: str
+) -> list[str]:
+    """Elements ``col`` (even, below DV) and ``col + 1`` (if below DV) of O's row: one 4-byte store
+    of two 16-bit values (``pack2``, the kernel's type) where O's rows are contiguous, its offsets
+    even and ``aligned`` holds at run time, else element stores."""
+    o = a.o
+    if o is None:
+        return []
+    pairs = [
+        o_store(a, names, row, col, values[0]),
+        f"if ({col} + 1 < DV) {o_store(a, names, row, f'{col} + 1', values[1])}",
+    ]
+    pairable = (
+        o.data_type is a.q.data_type
+        and o.data_type.itemsize == 2
+        and a.dv % 2 == 0
+        and o.static_stride[3] == 1
+        and all(stride % 2 == 0 for n, stride in zip(o.static_dim[:3], o.static_stride[:3]) if n != 1)
+    )
+    if not pairable:
+        return pairs
+    scale = f" * {literal(1.0 / (1.0 - a.dropout), 'float')}" if a.dropout is not None else ""
+    packed = f"pack2(({values[0]}){scale}, ({values[1]}){scale})"
+    address = element(o, names["O"], ["b", "h", row, col])
+    return [
+        f"if ({aligned}) {{",
+        f"  *reinterpret_cast<unsigned*>(&{address}) = {packed};",
+        "} else {",
+        *(f"  {line}" for line in pairs),
+        "}",
+    ]
+
+
 def o_store(a: Attention, names: dict[str, str], row: str, col: str, value: str) -> str:
     """One element of O, at (b, h, ``row``, ``col``), kept values scaled by 1 / (1 - rate) under
     dropout; nothing when O is not written."""

@@ -47,7 +47,7 @@ from .attention_problem import (
     dropped,
     key_range,
     needs_mask,
-    o_store,
+    o_pair_store,
     score_function,
     stats_store,
     strides,
@@ -193,7 +193,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         "  }",
         "} else {",
         '  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\\n");',
-        *indent(_consumer(a, names, c, item, generic_writes=not maps), 1).splitlines(),
+        *indent(_consumer(a, names, c, item, aligned, generic_writes=not maps), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_wgmma"
@@ -304,7 +304,9 @@ def _copy_producer(names: dict[str, str], aligned: str) -> list[str]:
     ]
 
 
-def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, item: list[str], generic_writes: bool) -> list[str]:
+def _consumer(
+    a: Attention, names: dict[str, str], c: WgmmaConfig, item: list[str], aligned: str, generic_writes: bool
+) -> list[str]:
     """Software-pipelined over key tiles: S_j = Q K_jᵀ is issued with P_{j-1} V_{j-1} behind it;
     once S_j is in, its scores and exponentials run while the tensor cores finish P_{j-1} V_{j-1};
     then O is rescaled and P_j packed for the next round. With ``c.pingpong`` the two consumers
@@ -316,6 +318,7 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, item: list[st
     bn = c.block_n
     fence = ['asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");'] if generic_writes else []
     stats = stats_store(a, names, "i", "live ? m[r] * TO_LOG2 + log2f(sum) : NEG_INF")
+    pair = ("live ? o[4 * j + 2 * r] * inv : 0.0f", "live ? o[4 * j + 2 * r + 1] * inv : 0.0f")
     mine, other = TURN_BARRIERS
     turns = [
         "// turns: wait at this consumer's barrier (opened by the other's arrival), then open the other's",
@@ -439,12 +442,10 @@ def _consumer(a: Attention, names: dict[str, str], c: WgmmaConfig, item: list[st
         "  const bool live = i < sq && sum > 0.0f;",
         "  const float inv = live ? 1.0f / sum : 0.0f;",
         "#pragma unroll",
-        "  for (int j = 0; j < DV / 8; ++j)",
-        "#pragma unroll",
-        "    for (int e = 0; e < 2; ++e) {",
-        "      const int col = j * 8 + (lane & 3) * 2 + e;",
-        f"      {o_store(a, names, 'i', 'col', 'live ? o[4 * j + 2 * r + e] * inv : 0.0f')}",
-        "    }",
+        "  for (int j = 0; j < DV / 8; ++j) {",
+        "    const int col = j * 8 + (lane & 3) * 2;",
+        *indent(o_pair_store(a, names, "i", "col", pair, aligned), 2).splitlines(),
+        "  }",
         *("  if ((lane & 3) == 0) " + line for line in stats),
         "}",
     ]
