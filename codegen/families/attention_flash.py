@@ -145,11 +145,11 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         "T* const k_s = q_s + BM * QROW;  // [2][BN][QROW]",
         "T* const v_s = k_s + 2 * BN * QROW;  // [2][BN][VROW]",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
-        *tile_loader(vec, aligned),
         "const T* const q_g = "
         + names["Q"]
         + " + (long long)b * QS[0] + (long long)h * QS[1] + (long long)row0 * QS[2];",
         *_key_rows(a, names),
+        *tile_loader(vec, aligned, paged=a.paged),
         "const int first = kv_begin / BN * BN;",
         "const int tiles = kv_end > kv_begin ? (kv_end - first + BN - 1) / BN : 0;",
         "load_rows(q_s, QROW, q_g, QS[2], QS[3], BM, min(BM, SQ - row0), D, DP);",
@@ -229,8 +229,8 @@ def _key_tile_loads(a: Attention) -> list[str]:
             "load_rows(v_s + stage * BN * VROW, VROW, v_g + (long long)kv0 * VS[2], VS[2], VS[3], BN, min(BN, skv - kv0), DV, DVP);",
         ]
     return [
-        "load_rows_by(k_s + stage * BN * QROW, QROW, [&](int r) { return k_row(kv0 + r); }, KS[3], BN, min(BN, skv - kv0), D, DP);",
-        "load_rows_by(v_s + stage * BN * VROW, VROW, [&](int r) { return v_row(kv0 + r); }, VS[3], BN, min(BN, skv - kv0), DV, DVP);",
+        "load_key_rows(k_s + stage * BN * QROW, QROW, kv0, false, KS[3], BN, min(BN, skv - kv0), D, DP);",
+        "load_key_rows(v_s + stage * BN * VROW, VROW, kv0, true, VS[3], BN, min(BN, skv - kv0), DV, DVP);",
     ]
 
 
@@ -244,13 +244,23 @@ def pack_function(data_type: DataType) -> str:
     )
 
 
-def tile_loader(vec: bool, aligned: str) -> list[str]:
-    """``load_rows_by``: ``rows`` rows of ``width`` elements (row r at ``row(r)``, element stride
+def tile_loader(vec: bool, aligned: str, paged: bool = False) -> list[str]:
+    """``load_rows``: ``rows`` rows of ``width`` elements (row stride ``rs``, element stride
     ``cs``) into shared rows of ``row_elems``, zero past ``valid`` rows (never read) and ``width``
-    columns up to the padded width; ``load_rows``, the same for rows ``rs`` elements apart."""
-    lines = [
-        "auto load_rows_by = [&](T* dst, int row_elems, auto row, long long cs, int rows, int valid, int width, int padded_width) {",
-    ]
+    columns up to the padded width. ``paged``: also ``load_key_rows``, the same for keys
+    ``kv0 + r`` of V (``value``) or K, each found through ``v_row`` / ``k_row`` (no generic
+    lambda: NVRTC 13.0 takes none in device code)."""
+    dense = "auto load_rows = [&](T* dst, int row_elems, const T* src, long long rs, long long cs, int rows, int valid, int width, int padded_width) {"
+    keyed = "auto load_key_rows = [&](T* dst, int row_elems, int kv0, bool value, long long cs, int rows, int valid, int width, int padded_width) {"
+    lines = [dense, *_row_loop(vec, aligned, "src + r * rs")]
+    if paged:
+        lines += [keyed, *_row_loop(vec, aligned, "value ? v_row(kv0 + r) : k_row(kv0 + r)")]
+    return lines
+
+
+def _row_loop(vec: bool, aligned: str, row: str) -> list[str]:
+    """The body of a row loader whose row r starts at ``row``."""
+    lines = []
     if vec:
         lines += [
             f"  if ({aligned}) {{",
@@ -258,22 +268,19 @@ def tile_loader(vec: bool, aligned: str) -> list[str]:
             "    for (int c = tid; c < rows * chunks; c += THREADS) {",
             "      const int r = c / chunks, k = c % chunks * 8;",
             "      const bool ok = r < valid && k < width;",
-            "      copy16(smem_addr(dst + r * row_elems + k), ok ? row(r) + k : nullptr, ok);",
+            f"      copy16(smem_addr(dst + r * row_elems + k), ok ? ({row}) + k : nullptr, ok);",
             "    }",
             "    return;",
             "  }",
         ]
-    lines += [
+    return [
+        *lines,
         "  for (int e = tid; e < rows * padded_width; e += THREADS) {",
         "    const int r = e / padded_width, k = e % padded_width;",
-        "    dst[r * row_elems + k] = r < valid && k < width ? row(r)[k * cs] : gd::from<T>(0.0f);",
+        f"    dst[r * row_elems + k] = r < valid && k < width ? ({row})[k * cs] : gd::from<T>(0.0f);",
         "  }",
         "};",
-        "auto load_rows = [&](T* dst, int row_elems, const T* src, long long rs, long long cs, int rows, int valid, int width, int padded_width) {",
-        "  load_rows_by(dst, row_elems, [=](int r) { return src + r * rs; }, cs, rows, valid, width, padded_width);",
-        "};",
     ]
-    return lines
 
 
 def _q_fragments(in_registers: bool) -> list[str]:
