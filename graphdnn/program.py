@@ -117,30 +117,35 @@ DimRef = tuple[int, int]  # (tensor id, axis): a whole dim that is one symbol, r
 
 @dataclass(frozen=True)
 class GridExtent:
-    """A grid's x extent computed at each call of a dynamic graph's plan: ``ceil(coefficient *
+    """A grid extent computed at each call of a dynamic graph's plan: ``ceil(coefficient *
     the product of the dims / divisor)`` blocks, at least 1 and at most ``cap`` (kernels walk
-    the rest with a grid-stride loop). The dims are whole dims of inputs, each one symbol."""
+    the rest with a grid-stride loop), along grid ``axis`` (0: x; 2: z, a batched matmul's
+    batch). The dims are whole dims of inputs, each one symbol."""
 
     coefficient: int
     dims: tuple[DimRef, ...]
     divisor: int
     cap: int
+    axis: int = 0
 
     def blocks(self, extents: Mapping[DimRef, int]) -> int:
         work = self.coefficient * math.prod(extents[d] for d in self.dims)
         return min(max(1, -(-work // self.divisor)), self.cap)
 
     def relabel(self, mapping: Mapping[int, int]) -> GridExtent:
-        return GridExtent(self.coefficient, tuple((mapping[t], a) for t, a in self.dims), self.divisor, self.cap)
+        dims = tuple((mapping[t], a) for t, a in self.dims)
+        return GridExtent(self.coefficient, dims, self.divisor, self.cap, self.axis)
 
     def to_json(self) -> dict[str, Any]:
         dims = [list(d) for d in self.dims]
-        return {"coefficient": self.coefficient, "dims": dims, "divisor": self.divisor, "cap": self.cap}
+        value = {"coefficient": self.coefficient, "dims": dims, "divisor": self.divisor, "cap": self.cap}
+        return value if self.axis == 0 else {**value, "axis": self.axis}  # x: as entries before the axis existed
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> GridExtent:
         dims = tuple((int(t), int(a)) for t, a in value["dims"])
-        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]))
+        axis = int(value.get("axis", 0))
+        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]), axis)
 
 
 @dataclass(frozen=True)
@@ -162,10 +167,13 @@ class Launch:
     blocks: GridExtent | None = None  # a dynamic graph's kernel: grid x computed at each call
 
     def at(self, extents: Mapping[DimRef, int]) -> Launch:
-        """The launch for one call: grid x computed from the call's ``extents`` (a static launch as it is)."""
+        """The launch for one call: its dynamic grid extent computed from the call's ``extents``
+        (a static launch as it is)."""
         if self.blocks is None:
             return self
-        return dataclasses.replace(self, grid=(self.blocks.blocks(extents), self.grid[1], self.grid[2]))
+        grid = list(self.grid)
+        grid[self.blocks.axis] = self.blocks.blocks(extents)
+        return dataclasses.replace(self, grid=(grid[0], grid[1], grid[2]))
 
     @property
     def dim_refs(self) -> tuple[DimRef, ...]:

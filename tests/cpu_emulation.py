@@ -234,7 +234,9 @@ def _grid(kernel: Kernel, symbols: Mapping[str, int]) -> tuple[int, int, int]:
     if kernel.blocks is None:
         return kernel.grid
     blocks = -(-evaluate(kernel.blocks.count, symbols) // kernel.blocks.per_block)
-    return (min(max(1, blocks), kernel.blocks.cap), kernel.grid[1], kernel.grid[2])
+    grid = list(kernel.grid)
+    grid[kernel.blocks.axis] = min(max(1, blocks), kernel.blocks.cap)
+    return (grid[0], grid[1], grid[2])
 
 
 def run(

@@ -196,7 +196,7 @@ def check_binding(program: LaunchProgram, tensors: Sequence[Tensor]) -> None:
 
 
 def _grid_extent(grid: GridExtent, where: str) -> None:
-    """A dynamic grid: positive factors, at least one dim, a cap within CUDA's grid x limit."""
+    """A dynamic grid: positive factors, at least one dim, an axis and a cap within CUDA's grid limits."""
     if not grid.dims:
         raise EntryError(f"{where}: a dynamic grid reads no dim")
     for t, axis in grid.dims:
@@ -206,8 +206,10 @@ def _grid_extent(grid: GridExtent, where: str) -> None:
         raise EntryError(f"{where}: dynamic grid coefficient {grid.coefficient} is not positive")
     if _count(grid.divisor, f"{where}: dynamic grid divisor") < 1:
         raise EntryError(f"{where}: dynamic grid divisor {grid.divisor} is not positive")
-    if not 1 <= _count(grid.cap, f"{where}: dynamic grid cap") <= MAX_GRID[0]:
-        raise EntryError(f"{where}: dynamic grid cap {grid.cap} is outside 1..{MAX_GRID[0]}")
+    if grid.axis not in (0, 1, 2):
+        raise EntryError(f"{where}: dynamic grid axis {grid.axis!r} is not 0, 1 or 2")
+    if not 1 <= _count(grid.cap, f"{where}: dynamic grid cap") <= MAX_GRID[grid.axis]:
+        raise EntryError(f"{where}: dynamic grid cap {grid.cap} is outside 1..{MAX_GRID[grid.axis]}")
 
 
 def _symbol_dim(ref: DimRef, tensors: Sequence[Tensor], where: str) -> None:
