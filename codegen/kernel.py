@@ -55,6 +55,17 @@ class DynamicGrid:
     axis: int = 0
 
 
+@dataclass(frozen=True)
+class SizeBucket:
+    """The sizes a dynamic graph's kernel variant serves: it runs when ``low <= count <= high``
+    at the call's symbol values; its launch choices are the static plan's at ``high``
+    (codegen.buckets)."""
+
+    count: Sym
+    low: int
+    high: int
+
+
 def param_name(tensor: Tensor) -> str:
     """A tensor's parameter name in every kernel: s<id> for a runtime scalar (a double), t<id> for
     a pointer (generated names are renumbered after emission, consistently)."""
@@ -82,6 +93,7 @@ class Kernel:
     # on sm_XY itself only; "": the portable sm_XY target
     arch_suffix: str = ""
     blocks: DynamicGrid | None = None  # grid x computed at launch (a dynamic graph's kernel)
+    bucket: SizeBucket | None = None  # one variant of several: the sizes it runs at
 
     @property
     def body(self) -> str:

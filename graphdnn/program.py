@@ -149,6 +149,33 @@ class GridExtent:
 
 
 @dataclass(frozen=True)
+class LaunchBucket:
+    """The calls a launch of a dynamic graph's plan runs at, when its fused node has a variant
+    per size bucket (codegen.buckets): ``low <= coefficient * the product of the dims <= high``.
+    The variants of a fused node cover its range without overlap, so exactly one runs."""
+
+    coefficient: int
+    dims: tuple[DimRef, ...]
+    low: int
+    high: int
+
+    def holds(self, extents: Mapping[DimRef, int]) -> bool:
+        return self.low <= self.coefficient * math.prod(extents[d] for d in self.dims) <= self.high
+
+    def relabel(self, mapping: Mapping[int, int]) -> LaunchBucket:
+        return LaunchBucket(self.coefficient, tuple((mapping[t], a) for t, a in self.dims), self.low, self.high)
+
+    def to_json(self) -> dict[str, Any]:
+        dims = [list(d) for d in self.dims]
+        return {"coefficient": self.coefficient, "dims": dims, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> LaunchBucket:
+        dims = tuple((int(t), int(a)) for t, a in value["dims"])
+        return cls(int(value["coefficient"]), dims, int(value["low"]), int(value["high"]))
+
+
+@dataclass(frozen=True)
 class Launch:
     """One kernel launch: which cubin, its launch shape and how each parameter is filled."""
 
@@ -165,6 +192,11 @@ class Launch:
     # nothing else: safe in place when an output is the same view as an input (see runtime.schedule).
     elementwise: bool = False
     blocks: GridExtent | None = None  # a dynamic graph's kernel: grid x computed at each call
+    bucket: LaunchBucket | None = None  # one size bucket's variant: runs at the calls it holds
+
+    def runs_at(self, extents: Mapping[DimRef, int]) -> bool:
+        """Whether this call launches it: always, but a size bucket's variant outside its bucket."""
+        return self.bucket is None or self.bucket.holds(extents)
 
     def at(self, extents: Mapping[DimRef, int]) -> Launch:
         """The launch for one call: its dynamic grid extent computed from the call's ``extents``
@@ -180,6 +212,7 @@ class Launch:
         """The dims of the call this launch reads: its grid's and its extent arguments'."""
         refs = [(a.tensor, a.axis) for a in self.args if a.kind is ArgKind.EXTENT]
         refs += list(self.blocks.dims) if self.blocks is not None else []
+        refs += list(self.bucket.dims) if self.bucket is not None else []
         return tuple(dict.fromkeys((t, x) for t, x in refs if t is not None and x is not None))
 
     @property
@@ -207,6 +240,7 @@ class Launch:
             "args": [a.to_json() for a in self.args],
             "elementwise": self.elementwise,
             **({"blocks": self.blocks.to_json()} if self.blocks is not None else {}),
+            **({"bucket": self.bucket.to_json()} if self.bucket is not None else {}),
         }
 
     @classmethod
@@ -224,6 +258,7 @@ class Launch:
             args=tuple(Arg.from_json(a) for a in value["args"]),
             elementwise=bool(value.get("elementwise", False)),  # absent in older cache entries: copy, never race
             blocks=GridExtent.from_json(value["blocks"]) if "blocks" in value else None,
+            bucket=LaunchBucket.from_json(value["bucket"]) if "bucket" in value else None,
         )
 
 
@@ -279,6 +314,7 @@ class LaunchProgram:
                 launch,
                 args=tuple(arg(a) for a in launch.args),
                 blocks=launch.blocks.relabel(mapping) if launch.blocks is not None else None,
+                bucket=launch.bucket.relabel(mapping) if launch.bucket is not None else None,
             )
             for launch in self.launches
         )

@@ -16,8 +16,9 @@ through a buffer and two barriers (every thread of the block calls them together
 attention kernels do), with the PTX fragment layouts; the dynamic shared memory is a static
 array and ``ex2.approx`` is exp2f.
 
-A dynamic graph's kernels run at the symbol values given: EXTENT parameters take them, and
-the grid is computed from them as the runtime computes it.
+A dynamic graph's kernels run at the symbol values given: EXTENT parameters take them, the
+grid is computed from them as the runtime computes it, and of a fused node's size-bucket
+variants only the one whose bucket holds the call runs.
 """
 
 from __future__ import annotations
@@ -267,6 +268,11 @@ def run(
             _strided(buffers[t.id], t)[...] = memory[t.name]
     scratch = {s.name: np.full(-(-s.bytes // 4), np.nan, dtype=np.float32) for s in program.scratch}
     for kernel in program.kernels:
+        if (
+            kernel.bucket is not None
+            and not kernel.bucket.low <= evaluate(kernel.bucket.count, symbols) <= kernel.bucket.high
+        ):
+            continue  # another size bucket's variant (codegen.buckets): binding launches only the call's
         values: list[Any] = []
         args = (ctypes.c_void_p * len(kernel.params))()
         for i, param in enumerate(kernel.params):

@@ -248,6 +248,12 @@ def test_the_dynamic_kernels_compile(make: Any, arch: int, choice: dict[str, obj
 # -- on the GPU -----------------------------------------------------------------------------------
 GPU_CASES = [
     pytest.param(
+        lambda: linear(max_m=8192, n=1024, k=64),
+        [{"m": 1}, {"m": 4096}, {"m": 4097}, {"m": 8192}],
+        None,
+        id="linear_half_buckets",  # 64-row tiles up to 4096, 128-row ones above
+    ),
+    pytest.param(
         lambda: linear(max_m=4096, n=256, k=512),
         [{"m": 1}, {"m": 127}, {"m": 1021}, {"m": 4096}],
         None,
@@ -308,3 +314,34 @@ def test_one_dynamic_matmul_plan_runs_across_the_range_on_the_gpu(
             error = relative_error(to_numpy(outputs[t.name]), expected[t.name].astype(np.float64))
             assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
     assert cache.counters.compiles == compiles  # no compile inside the range
+
+
+# -- size buckets --------------------------------------------------------------------------------
+def test_m_buckets_launch_the_tile_a_static_plan_would_choose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sm_80 (where the static plans take mma.sync too), K short enough that they take no split-K."""
+    from tests import fake_gpu
+    from tests.test_dynamic_kernels import _fake_pack
+
+    plan = gd.compile(linear(max_m=8192, n=1024, k=64), arch="sm_80", cache=None)
+    buckets = [launch.bucket for launch in plan.program.launches]
+    assert len(buckets) == 2 and all(b is not None for b in buckets)
+    assert "when m in 1.." in plan.describe()
+    fake = fake_gpu.install(monkeypatch, arch=80)
+    for m in (1, 97, 4096, 4097, 8192):  # 128-row tiles from 33 of them (264 blocks)
+        (launch,) = plan.bind(_fake_pack(fake, plan.graph, {"m": m}, outputs=False)).launches
+        (expected,) = gd.compile(specialize(plan.graph, {"m": m}), arch="sm_80", cache=None).program.launches
+        assert (launch.grid, launch.block, launch.shared_bytes) == (
+            expected.grid,
+            expected.block,
+            expected.shared_bytes,
+        )
+
+
+def test_a_plan_with_buckets_round_trips_and_the_cache_checks_them() -> None:
+    from graphdnn.program import LaunchBucket, LaunchProgram
+
+    program = gd.compile(linear(max_m=8192, n=1024, k=64), arch="sm_80", cache=None).program
+    assert LaunchProgram.from_json(program.to_json()) == program
+    bucket = program.launches[0].bucket
+    assert bucket is not None and LaunchBucket.from_json(bucket.to_json()) == bucket
+    assert bucket.holds({bucket.dims[0]: bucket.low}) and not bucket.holds({bucket.dims[0]: bucket.low - 1})

@@ -46,12 +46,13 @@ import logging
 from fusion_rules import FusedNode
 from fusion_rules.conv_grad_gemm import refusal
 from graphdnn.errors import UnsupportedError
-from graphdnn.symbolic import show_ranges, symbols_of
+from graphdnn.symbolic import Sym, show_ranges, symbols_of
 
+from ..buckets import variants
 from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
 from . import direct_conv
-from .gemm_mma import TILE_CANDIDATES, mma_kernel, tile_config
+from .gemm_mma import TILE_CANDIDATES, TileConfig, mma_kernel, tile_config
 from .gemm_problem import Problem, eight_bit_slow_path, on_tensor_cores, problem_of
 from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
@@ -85,10 +86,24 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     elif ctx.tuning.get("path") == "wgmma":
         split = tuned_split(ctx, problem) or 1
         kernel = wgmma_kernel(fused, ctx, problem, split)
+    elif problem.is_dynamic and not ctx.tuning and not symbols_of(problem.out.dim[:-2]):
+        return FusedProgram(fused.name, _m_buckets(fused, ctx, problem))
     else:
         tile, split = tile_config(problem, ctx)
         kernel = mma_kernel(fused, ctx, problem, tile, split)
     return _program(fused, ctx, problem, kernel, split)
+
+
+def _m_buckets(fused: FusedNode, ctx: EmitContext, problem: Problem) -> tuple[Kernel, ...]:
+    """A dynamic M's mma.sync kernels, a variant per size bucket of M (codegen.buckets): the
+    tile a static plan takes for the Ms of each bucket (64 rows when 128-row tiles would not
+    fill the GPU twice over). No split-K (module docstring)."""
+    assert isinstance(problem.m_extent, Sym)
+
+    def choose(m: int) -> TileConfig:
+        return tile_config(dataclasses.replace(problem, m=m), ctx)[0]
+
+    return variants(problem.m_extent, choose, lambda tile: mma_kernel(fused, ctx, problem, tile, 1))
 
 
 def extents_refusal(fused: FusedNode) -> str | None:
