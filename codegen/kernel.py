@@ -47,12 +47,12 @@ class Param:
 @dataclass(frozen=True)
 class DynamicGrid:
     """The grid of a kernel whose work depends on symbols: ``ceil(count / per_block)`` blocks,
-    at least 1 and at most ``cap``, along grid ``axis`` (0: x, 2: z), computed at each launch."""
+    at least 1 and at most ``cap``, along ``grid_axis`` (0: x, 2: z), computed at each launch."""
 
     count: Sym
     per_block: int
     cap: int
-    axis: int = 0
+    grid_axis: int = 0
 
 
 @dataclass(frozen=True)

@@ -155,4 +155,4 @@ def _bucket(ir: Graph, bucket: SizeBucket) -> LaunchBucket:
 def _grid(ir: Graph, grid: DynamicGrid) -> GridExtent:
     """The launch's grid over the input dims that hold its symbols in a call."""
     dims = tuple(symbol_source(ir, s) for s in grid.count.factors)
-    return GridExtent(grid.count.coefficient, dims, grid.per_block, grid.cap, grid.axis)
+    return GridExtent(grid.count.coefficient, dims, grid.per_block, grid.cap, grid.grid_axis)

@@ -119,14 +119,14 @@ DimRef = tuple[int, int]  # (tensor id, axis): a whole dim that is one symbol, r
 class GridExtent:
     """A grid extent computed at each call of a dynamic graph's plan: ``ceil(coefficient *
     the product of the dims / divisor)`` blocks, at least 1 and at most ``cap`` (kernels walk
-    the rest with a grid-stride loop), along grid ``axis`` (0: x; 2: z, a batched matmul's
+    the rest with a grid-stride loop), along ``grid_axis`` (0: x; 2: z, a batched matmul's
     batch). The dims are whole dims of inputs, each one symbol."""
 
     coefficient: int
     dims: tuple[DimRef, ...]
     divisor: int
     cap: int
-    axis: int = 0
+    grid_axis: int = 0
 
     def blocks(self, extents: Mapping[DimRef, int]) -> int:
         work = self.coefficient * math.prod(extents[d] for d in self.dims)
@@ -134,18 +134,19 @@ class GridExtent:
 
     def relabel(self, mapping: Mapping[int, int]) -> GridExtent:
         dims = tuple((mapping[t], a) for t, a in self.dims)
-        return GridExtent(self.coefficient, dims, self.divisor, self.cap, self.axis)
+        return GridExtent(self.coefficient, dims, self.divisor, self.cap, self.grid_axis)
 
     def to_json(self) -> dict[str, Any]:
         dims = [list(d) for d in self.dims]
         value = {"coefficient": self.coefficient, "dims": dims, "divisor": self.divisor, "cap": self.cap}
-        return value if self.axis == 0 else {**value, "axis": self.axis}  # x: as entries before the axis existed
+        # x: written as before the field existed
+        return value if self.grid_axis == 0 else {**value, "grid_axis": self.grid_axis}
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> GridExtent:
         dims = tuple((int(t), int(a)) for t, a in value["dims"])
-        axis = int(value.get("axis", 0))
-        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]), axis)
+        grid_axis = int(value.get("grid_axis", 0))
+        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]), grid_axis)
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ class Launch:
         if self.blocks is None:
             return self
         grid = list(self.grid)
-        grid[self.blocks.axis] = self.blocks.blocks(extents)
+        grid[self.blocks.grid_axis] = self.blocks.blocks(extents)
         return dataclasses.replace(self, grid=(grid[0], grid[1], grid[2]))
 
     @property

@@ -76,7 +76,7 @@ def test_a_dynamic_m_is_an_argument_and_the_grid_is_computed_from_it(arch: str) 
     (launch,) = plan.program.launches
     a = _input(plan.graph, "a")
     assert [x for x in launch.args if x.kind is ArgKind.EXTENT] == [gd.program.Arg(ArgKind.EXTENT, tensor=a, axis=0)]
-    assert launch.blocks is not None and launch.blocks.axis == 0 and launch.blocks.dims == ((a, 0),)
+    assert launch.blocks is not None and launch.blocks.grid_axis == 0 and launch.blocks.dims == ((a, 0),)
     block_m = launch.blocks.divisor
     assert "_mma_" in launch.name and block_m in (64, 128)  # mma.sync on both: the engine takes no symbols
     assert launch.grid == (-(-4096 // block_m), 2, 1)
@@ -92,7 +92,7 @@ def test_a_dynamic_batch_computes_grid_z_and_blocks_past_m_return() -> None:
     plan = gd.compile(batched(max_batch=8, max_m=1000), arch="sm_90", cache=None)
     (launch,) = plan.program.launches
     a = _input(plan.graph, "a")
-    assert launch.blocks is not None and launch.blocks.axis == 2 and launch.blocks.dims == ((a, 0),)
+    assert launch.blocks is not None and launch.blocks.grid_axis == 2 and launch.blocks.dims == ((a, 0),)
     assert launch.at({(a, 0): 3, (a, 1): 5}).grid == (launch.grid[0], 1, 3)
     source = plan.kernels[0].source
     assert "if (block_m >= GM) return;" in source
@@ -345,3 +345,8 @@ def test_a_plan_with_buckets_round_trips_and_the_cache_checks_them() -> None:
     bucket = program.launches[0].bucket
     assert bucket is not None and LaunchBucket.from_json(bucket.to_json()) == bucket
     assert bucket.holds({bucket.dims[0]: bucket.low}) and not bucket.holds({bucket.dims[0]: bucket.low - 1})
+    batched_program = gd.compile(batched(), arch="sm_90", cache=None).program
+    assert LaunchProgram.from_json(batched_program.to_json()) == batched_program
+    blocks = batched_program.launches[0].blocks
+    assert blocks is not None and blocks.to_json()["grid_axis"] == 2
+    assert "grid_axis" not in program.launches[0].to_json()["blocks"]  # x: as before the field existed

@@ -168,6 +168,6 @@ def dynamic_grid(p: Problem, block_m: int) -> DynamicGrid | None:
         return None
     batch = math.prod(p.out.dim[:-2])
     if isinstance(batch, Sym):
-        return DynamicGrid(batch, 1, MAX_GRID_Z, axis=2)
+        return DynamicGrid(batch, 1, MAX_GRID_Z, grid_axis=2)
     assert isinstance(p.m_extent, Sym)
     return DynamicGrid(p.m_extent, block_m, 2**31 - 1)

@@ -221,10 +221,10 @@ def _grid_extent(grid: GridExtent, where: str) -> None:
         raise EntryError(f"{where}: dynamic grid coefficient {grid.coefficient} is not positive")
     if _count(grid.divisor, f"{where}: dynamic grid divisor") < 1:
         raise EntryError(f"{where}: dynamic grid divisor {grid.divisor} is not positive")
-    if grid.axis not in (0, 1, 2):
-        raise EntryError(f"{where}: dynamic grid axis {grid.axis!r} is not 0, 1 or 2")
-    if not 1 <= _count(grid.cap, f"{where}: dynamic grid cap") <= MAX_GRID[grid.axis]:
-        raise EntryError(f"{where}: dynamic grid cap {grid.cap} is outside 1..{MAX_GRID[grid.axis]}")
+    if grid.grid_axis not in (0, 1, 2):
+        raise EntryError(f"{where}: dynamic grid axis {grid.grid_axis!r} is not 0, 1 or 2")
+    if not 1 <= _count(grid.cap, f"{where}: dynamic grid cap") <= MAX_GRID[grid.grid_axis]:
+        raise EntryError(f"{where}: dynamic grid cap {grid.cap} is outside 1..{MAX_GRID[grid.grid_axis]}")
 
 
 def _symbol_dim(ref: DimRef, tensors: Sequence[Tensor], where: str) -> None:
