@@ -32,9 +32,10 @@ m-contiguous A has no wgmma layout here yet). A tuning may still choose the dire
 A dynamic graph's matmul (a symbolic M, symbolic batch dims; docs/dynamic-shapes.md) takes
 the mma.sync path by default on every arch where the tensor cores take it, or wgmma when
 tuned so, else the SIMT kernel: each reads M from an EXTENT argument and computes its grid
-at launch (gemm_block.py, gemm_simt.py). Its tiles are chosen for
-the symbols' maxima, and it takes no split-K (the slices would be chosen for one M, and the
-partials sized for the largest). The warp-specialised engine refuses it, naming why (its TMA
+at launch (gemm_block.py, gemm_simt.py). Its mma.sync tiles are chosen per size bucket of M
+(codegen/buckets.py: a variant per bucket, the static plan's tile for its Ms), or for the
+symbols' maxima where the batch is symbolic too; it takes no split-K (the slices would be
+chosen for one M, and the partials sized for the largest). The warp-specialised engine refuses it, naming why (its TMA
 tensor maps are encoded with static dims).
 """
 
