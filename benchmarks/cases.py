@@ -378,14 +378,21 @@ GRAD_LAYERS = [(32, 64, 56, 64, 3), (32, 64, 56, 256, 1)]
 MATMULS = [(128, 4096, 4096), (2048, 1024, 4096)]  # (M, N, K): decode-like, transformer fc2
 
 
-def _matmul_graph(m: int, n: int, k: int) -> Callable[[], gd.OperationGraphSpec]:
+def _matmul_graph(m: int, n: int, k: int, max_m: int = 0) -> Callable[[], gd.OperationGraphSpec]:
+    """With ``max_m``, M is the symbol rows in 1..max_m (a dynamic graph)."""
+
     def build() -> gd.OperationGraphSpec:
-        g = gd.OperationGraphSpec(name=f"matmul_m{m}_n{n}_k{k}", io_data_type="bf16")
-        a, b = g.tensor(name="a", dim=[m, k]), g.tensor(name="b", dim=[k, n])
+        g = gd.OperationGraphSpec(name=f"matmul_m{f'dyn{max_m}' if max_m else m}_n{n}_k{k}", io_data_type="bf16")
+        a, b = g.tensor(name="a", dim=[_rows(g, m, max_m), k]), g.tensor(name="b", dim=[k, n])
         g.matmul(a, b).set_name("y").set_output(True)
         return g
 
     return build
+
+
+def _square_matmul_graph(rows: int, hidden: int, max_rows: int = 0) -> Callable[[], gd.OperationGraphSpec]:
+    """[rows, hidden] @ [hidden, hidden]: the dynamic cases' projection."""
+    return _matmul_graph(rows, hidden, hidden, max_rows)
 
 
 def _matmul_torch(t: Tensors) -> Any:
@@ -515,6 +522,7 @@ def cases() -> list[Case]:
         for kind, graph, torch_fn, moved in (
             ("layernorm+gelu", _ln_gelu_graph, _ln_gelu_torch, 2 * 2 * rows * hidden + 2 * 2 * hidden),
             ("add+rmsnorm", _add_rms_graph, _add_rms_torch, 4 * 2 * rows * hidden + 2 * hidden),
+            ("matmul", _square_matmul_graph, _matmul_torch, 2 * (2 * rows * hidden + hidden * hidden)),
         ):
             out.append(
                 Case(

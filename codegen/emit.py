@@ -28,7 +28,7 @@ _FAMILY_MODULES = {
     Family.DIRECT: "direct",
 }
 # The families whose kernels take runtime extents (a dynamic graph's symbols as arguments).
-DYNAMIC_FAMILIES = frozenset({Family.ELEMENTWISE, Family.ROW_NORM})
+DYNAMIC_FAMILIES = frozenset({Family.ELEMENTWISE, Family.ROW_NORM, Family.GEMM})
 
 
 def emitter(family: Family) -> Callable[[FusedNode, EmitContext], FusedProgram]:
@@ -79,7 +79,8 @@ def extents_refusal(fused: FusedNode) -> str | None:
     if not symbols:
         return None
     if fused.family not in DYNAMIC_FAMILIES:
-        takes = " and ".join(sorted(f.value for f in DYNAMIC_FAMILIES))
+        *others, last = sorted(f.value for f in DYNAMIC_FAMILIES)
+        takes = f"{', '.join(others)} and {last}"
         return (
             f"has symbolic dims ({show_ranges(symbols)}); {fused.family.value} kernels do not take runtime extents "
             f"yet (only {takes} kernels do, docs/dynamic-shapes.md)"

@@ -47,11 +47,23 @@ class Param:
 @dataclass(frozen=True)
 class DynamicGrid:
     """The grid of a kernel whose work depends on symbols: ``ceil(count / per_block)`` blocks,
-    at least 1 and at most ``cap``, computed at each launch."""
+    at least 1 and at most ``cap``, along ``grid_axis`` (0: x, 2: z), computed at each launch."""
 
     count: Sym
     per_block: int
     cap: int
+    grid_axis: int = 0
+
+
+@dataclass(frozen=True)
+class SizeBucket:
+    """The sizes a dynamic graph's kernel variant serves: it runs when ``low <= count <= high``
+    at the call's symbol values; its launch choices are the static plan's at ``high``
+    (codegen.buckets)."""
+
+    count: Sym
+    low: int
+    high: int
 
 
 def param_name(tensor: Tensor) -> str:
@@ -81,6 +93,7 @@ class Kernel:
     # on sm_XY itself only; "": the portable sm_XY target
     arch_suffix: str = ""
     blocks: DynamicGrid | None = None  # grid x computed at launch (a dynamic graph's kernel)
+    bucket: SizeBucket | None = None  # one variant of several: the sizes it runs at
 
     @property
     def body(self) -> str:

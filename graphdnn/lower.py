@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from .arch import arch_name
 from .ir import Graph, Tensor
 from .layout import largest_storage_extent
-from .program import Arg, ArgKind, GridExtent, Launch, LaunchProgram, WorkspaceBuffer, align
+from .program import Arg, ArgKind, GridExtent, Launch, LaunchBucket, LaunchProgram, WorkspaceBuffer, align
 from .specialize import symbol_source
 
 if TYPE_CHECKING:
     from codegen import FusedProgram, Kernel
-    from codegen.kernel import DynamicGrid
+    from codegen.kernel import DynamicGrid, SizeBucket
     from fusion_rules import Partition
 
 
@@ -98,6 +98,7 @@ def assemble(
                     args=args,
                     elementwise=partition.nodes[index].family is Family.ELEMENTWISE and len(program.kernels) == 1,
                     blocks=_grid(partition.graph, kernel.blocks) if kernel.blocks is not None else None,
+                    bucket=_bucket(partition.graph, kernel.bucket) if kernel.bucket is not None else None,
                 )
             )
     size = max((b.offset + b.bytes for b in workspace), default=0)
@@ -145,7 +146,13 @@ def _arg(
     return Arg(kind, tensor=param.tensor, tensor_map=param.tensor_map)
 
 
+def _bucket(ir: Graph, bucket: SizeBucket) -> LaunchBucket:
+    """The calls a kernel variant runs at, over the input dims that hold its symbols."""
+    dims = tuple(symbol_source(ir, s) for s in bucket.count.factors)
+    return LaunchBucket(bucket.count.coefficient, dims, bucket.low, bucket.high)
+
+
 def _grid(ir: Graph, grid: DynamicGrid) -> GridExtent:
     """The launch's grid over the input dims that hold its symbols in a call."""
     dims = tuple(symbol_source(ir, s) for s in grid.count.factors)
-    return GridExtent(grid.count.coefficient, dims, grid.per_block, grid.cap)
+    return GridExtent(grid.count.coefficient, dims, grid.per_block, grid.cap, grid.grid_axis)

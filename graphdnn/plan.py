@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .arch import arch_name
 from .ir import Graph, Tensor
-from .program import ArgKind, GridExtent, LaunchProgram
+from .program import ArgKind, GridExtent, LaunchBucket, LaunchProgram
 
 if TYPE_CHECKING:
     from .cache.entries import KernelBinary
@@ -67,7 +67,8 @@ class PlanKernel:
     kernel_key: str  # names the cubin in the plan cache (content hash + target + compiler)
     content_hash: str  # sha256 of the source without its header comment
     cubin: bytes
-    blocks: str | None = None  # a dynamic graph's grid x, as computed at each call
+    blocks: str | None = None  # a dynamic graph's grid, with the extent computed at each call
+    bucket: str | None = None  # a size bucket's variant: the calls it runs at (``m in 1..527``)
 
     def __repr__(self) -> str:
         return f"PlanKernel({self.name} grid {list(self.grid)} block {list(self.block)} shared {self.shared_bytes})"
@@ -194,15 +195,24 @@ class Plan(PlanBase):
                     kernel_key=launch.kernel_key,
                     content_hash=launch.content_hash,
                     cubin=binary.cubin,
-                    blocks=self._blocks(launch.blocks) if launch.blocks is not None else None,
+                    blocks=self._blocks(launch.blocks, launch.grid) if launch.blocks is not None else None,
+                    bucket=self._bucket(launch.bucket) if launch.bucket is not None else None,
                 )
             )
         return tuple(kernels)
 
-    def _blocks(self, grid: GridExtent) -> str:
-        """``min(ceil(4*batch / 128), 65535)``: a dynamic grid x over the graph's symbols."""
+    def _bucket(self, bucket: LaunchBucket) -> str:
+        """``rows in 1..511``: the calls a size bucket's variant runs at."""
+        work = math.prod((self.graph.tensors[t].dim[axis] for t, axis in bucket.dims), start=bucket.coefficient)
+        return f"{work} in {bucket.low}..{bucket.high}"
+
+    def _blocks(self, grid: GridExtent, at_maxima: tuple[int, int, int]) -> str:
+        """``[min(ceil(4*batch / 128), 65535), 1, 1]``: a dynamic grid over the graph's symbols."""
         work = math.prod((self.graph.tensors[t].dim[axis] for t, axis in grid.dims), start=grid.coefficient)
-        return f"min(ceil({work} / {grid.divisor}), {grid.cap})"
+        extent = f"ceil({work} / {grid.divisor})" if grid.divisor > 1 else str(work)
+        shape = [str(n) for n in at_maxima]
+        shape[grid.grid_axis] = f"min({extent}, {grid.cap})"
+        return f"[{', '.join(shape)}]"
 
     def bind(
         self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None, *, cuda_graph: bool = False
@@ -272,8 +282,9 @@ class Plan(PlanBase):
             f"{len(self.program.launches)} kernel launches, workspace {self.workspace_size} bytes"
         ]
         for kernel in self.kernels:
-            grid = f"[{kernel.blocks}, 1, 1]" if kernel.blocks is not None else str(list(kernel.grid))
-            lines.append(f"  {kernel.name}  grid {grid} block {list(kernel.block)} shared {kernel.shared_bytes}")
+            grid = kernel.blocks if kernel.blocks is not None else str(list(kernel.grid))
+            when = f"  when {kernel.bucket}" if kernel.bucket is not None else ""
+            lines.append(f"  {kernel.name}  grid {grid} block {list(kernel.block)} shared {kernel.shared_bytes}{when}")
             lines.append(f"    ({', '.join(str(p) for p in kernel.params)})")
         lines.extend(f"  workspace {slot}" for slot in self.workspace)
         return "\n".join(lines)

@@ -117,30 +117,63 @@ DimRef = tuple[int, int]  # (tensor id, axis): a whole dim that is one symbol, r
 
 @dataclass(frozen=True)
 class GridExtent:
-    """A grid's x extent computed at each call of a dynamic graph's plan: ``ceil(coefficient *
+    """A grid extent computed at each call of a dynamic graph's plan: ``ceil(coefficient *
     the product of the dims / divisor)`` blocks, at least 1 and at most ``cap`` (kernels walk
-    the rest with a grid-stride loop). The dims are whole dims of inputs, each one symbol."""
+    the rest with a grid-stride loop), along ``grid_axis`` (0: x; 2: z, a batched matmul's
+    batch). The dims are whole dims of inputs, each one symbol."""
 
     coefficient: int
     dims: tuple[DimRef, ...]
     divisor: int
     cap: int
+    grid_axis: int = 0
 
     def blocks(self, extents: Mapping[DimRef, int]) -> int:
         work = self.coefficient * math.prod(extents[d] for d in self.dims)
         return min(max(1, -(-work // self.divisor)), self.cap)
 
     def relabel(self, mapping: Mapping[int, int]) -> GridExtent:
-        return GridExtent(self.coefficient, tuple((mapping[t], a) for t, a in self.dims), self.divisor, self.cap)
+        dims = tuple((mapping[t], a) for t, a in self.dims)
+        return GridExtent(self.coefficient, dims, self.divisor, self.cap, self.grid_axis)
 
     def to_json(self) -> dict[str, Any]:
         dims = [list(d) for d in self.dims]
-        return {"coefficient": self.coefficient, "dims": dims, "divisor": self.divisor, "cap": self.cap}
+        value = {"coefficient": self.coefficient, "dims": dims, "divisor": self.divisor, "cap": self.cap}
+        # x: written as before the field existed
+        return value if self.grid_axis == 0 else {**value, "grid_axis": self.grid_axis}
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> GridExtent:
         dims = tuple((int(t), int(a)) for t, a in value["dims"])
-        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]))
+        grid_axis = int(value.get("grid_axis", 0))
+        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]), grid_axis)
+
+
+@dataclass(frozen=True)
+class LaunchBucket:
+    """The calls a launch of a dynamic graph's plan runs at, when its fused node has a variant
+    per size bucket (codegen.buckets): ``low <= coefficient * the product of the dims <= high``.
+    The variants of a fused node cover its range without overlap, so exactly one runs."""
+
+    coefficient: int
+    dims: tuple[DimRef, ...]
+    low: int
+    high: int
+
+    def holds(self, extents: Mapping[DimRef, int]) -> bool:
+        return self.low <= self.coefficient * math.prod(extents[d] for d in self.dims) <= self.high
+
+    def relabel(self, mapping: Mapping[int, int]) -> LaunchBucket:
+        return LaunchBucket(self.coefficient, tuple((mapping[t], a) for t, a in self.dims), self.low, self.high)
+
+    def to_json(self) -> dict[str, Any]:
+        dims = [list(d) for d in self.dims]
+        return {"coefficient": self.coefficient, "dims": dims, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> LaunchBucket:
+        dims = tuple((int(t), int(a)) for t, a in value["dims"])
+        return cls(int(value["coefficient"]), dims, int(value["low"]), int(value["high"]))
 
 
 @dataclass(frozen=True)
@@ -160,18 +193,27 @@ class Launch:
     # nothing else: safe in place when an output is the same view as an input (see runtime.schedule).
     elementwise: bool = False
     blocks: GridExtent | None = None  # a dynamic graph's kernel: grid x computed at each call
+    bucket: LaunchBucket | None = None  # one size bucket's variant: runs at the calls it holds
+
+    def runs_at(self, extents: Mapping[DimRef, int]) -> bool:
+        """Whether this call launches it: always, but a size bucket's variant outside its bucket."""
+        return self.bucket is None or self.bucket.holds(extents)
 
     def at(self, extents: Mapping[DimRef, int]) -> Launch:
-        """The launch for one call: grid x computed from the call's ``extents`` (a static launch as it is)."""
+        """The launch for one call: its dynamic grid extent computed from the call's ``extents``
+        (a static launch as it is)."""
         if self.blocks is None:
             return self
-        return dataclasses.replace(self, grid=(self.blocks.blocks(extents), self.grid[1], self.grid[2]))
+        grid = list(self.grid)
+        grid[self.blocks.grid_axis] = self.blocks.blocks(extents)
+        return dataclasses.replace(self, grid=(grid[0], grid[1], grid[2]))
 
     @property
     def dim_refs(self) -> tuple[DimRef, ...]:
         """The dims of the call this launch reads: its grid's and its extent arguments'."""
         refs = [(a.tensor, a.axis) for a in self.args if a.kind is ArgKind.EXTENT]
         refs += list(self.blocks.dims) if self.blocks is not None else []
+        refs += list(self.bucket.dims) if self.bucket is not None else []
         return tuple(dict.fromkeys((t, x) for t, x in refs if t is not None and x is not None))
 
     @property
@@ -199,6 +241,7 @@ class Launch:
             "args": [a.to_json() for a in self.args],
             "elementwise": self.elementwise,
             **({"blocks": self.blocks.to_json()} if self.blocks is not None else {}),
+            **({"bucket": self.bucket.to_json()} if self.bucket is not None else {}),
         }
 
     @classmethod
@@ -216,6 +259,7 @@ class Launch:
             args=tuple(Arg.from_json(a) for a in value["args"]),
             elementwise=bool(value.get("elementwise", False)),  # absent in older cache entries: copy, never race
             blocks=GridExtent.from_json(value["blocks"]) if "blocks" in value else None,
+            bucket=LaunchBucket.from_json(value["bucket"]) if "bucket" in value else None,
         )
 
 
@@ -271,6 +315,7 @@ class LaunchProgram:
                 launch,
                 args=tuple(arg(a) for a in launch.args),
                 blocks=launch.blocks.relabel(mapping) if launch.blocks is not None else None,
+                bucket=launch.bucket.relabel(mapping) if launch.bucket is not None else None,
             )
             for launch in self.launches
         )

@@ -16,8 +16,9 @@ through a buffer and two barriers (every thread of the block calls them together
 attention kernels do), with the PTX fragment layouts; the dynamic shared memory is a static
 array and ``ex2.approx`` is exp2f.
 
-A dynamic graph's kernels run at the symbol values given: EXTENT parameters take them, and
-the grid is computed from them as the runtime computes it.
+A dynamic graph's kernels run at the symbol values given: EXTENT parameters take them, the
+grid is computed from them as the runtime computes it, and of a fused node's size-bucket
+variants only the one whose bucket holds the call runs.
 """
 
 from __future__ import annotations
@@ -234,7 +235,9 @@ def _grid(kernel: Kernel, symbols: Mapping[str, int]) -> tuple[int, int, int]:
     if kernel.blocks is None:
         return kernel.grid
     blocks = -(-evaluate(kernel.blocks.count, symbols) // kernel.blocks.per_block)
-    return (min(max(1, blocks), kernel.blocks.cap), kernel.grid[1], kernel.grid[2])
+    grid = list(kernel.grid)
+    grid[kernel.blocks.grid_axis] = min(max(1, blocks), kernel.blocks.cap)
+    return (grid[0], grid[1], grid[2])
 
 
 def run(
@@ -265,6 +268,11 @@ def run(
             _strided(buffers[t.id], t)[...] = memory[t.name]
     scratch = {s.name: np.full(-(-s.bytes // 4), np.nan, dtype=np.float32) for s in program.scratch}
     for kernel in program.kernels:
+        if (
+            kernel.bucket is not None
+            and not kernel.bucket.low <= evaluate(kernel.bucket.count, symbols) <= kernel.bucket.high
+        ):
+            continue  # another size bucket's variant (codegen.buckets): binding launches only the call's
         values: list[Any] = []
         args = (ctypes.c_void_p * len(kernel.params))()
         for i, param in enumerate(kernel.params):

@@ -197,6 +197,18 @@ TAMPERED_PLANS = [
     ("dynamic_rows", _blocks(0, tensor=999), "an extent names tensor 999"),
     ("dynamic_rows", _launch(0, blocks="xyz"), "malformed plan"),
     ("dynamic_rows", _launch(0, blocks={"coefficient": 33, "dims": [[0]], "divisor": 1, "cap": 1}), "malformed plan"),
+    ("dynamic_rows", _blocks(0, grid_axis=5), "dynamic grid axis 5 is not 0, 1 or 2"),
+    ("dynamic_rows", _blocks(0, grid_axis=2, cap=70000), "dynamic grid cap 70000 is outside 1..65535"),
+    (
+        "dynamic_rows",
+        _launch(0, bucket={"coefficient": 1, "dims": [], "low": 1, "high": 2}),
+        "a size bucket reads no dim",
+    ),
+    (
+        "dynamic_rows",
+        _launch(0, bucket={"coefficient": 1, "dims": [[0, 0]], "low": 5, "high": 2}),
+        "size bucket 5..2 is empty or starts below 1",
+    ),
     ("dynamic_rows", _extent(0, axis=1), "an extent reads dim 1 of tensor .*, which is 33, not a symbol"),
     ("dynamic_rows", _extent(0, axis=None), "extent axis None"),
     ("dynamic_rows", _extent(0, tensor=-1), "extent tensor position -1"),

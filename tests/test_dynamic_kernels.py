@@ -7,6 +7,7 @@ and the refusals; the `gpu` tests run the plans at several sizes across the rang
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 import graphdnn as gd
 from codegen import emit_partition
+from codegen.buckets import size_buckets
 from fusion_rules import fuse
 from graphdnn.cli import main
 from graphdnn.compare import relative_error, tolerance
@@ -27,6 +29,7 @@ from graphdnn.compiler import tuned_choices
 from graphdnn.program import Arg, ArgKind, GridExtent, LaunchProgram
 from graphdnn.random_inputs import random_inputs
 from graphdnn.specialize import specialize
+from graphdnn.symbolic import Sym
 from tests import cpu_emulation, fake_gpu, plan_graphs
 from tests.graph_strategies import Recipe, build, pointwise_recipes, random_feeds
 
@@ -57,15 +60,17 @@ def test_a_row_norm_kernel_reads_its_rows_and_computes_its_grid_at_launch() -> N
     graph = plan_graphs.ln_gelu()
     ir = graph.validate()
     plan = gd.compile(graph, arch=ARCH, cache=None)
-    (launch,) = plan.program.launches
     x = _input(ir, "x")
-    extents = [a for a in launch.args if a.kind is ArgKind.EXTENT]
-    assert extents == [Arg(ArgKind.EXTENT, tensor=x, axis=0)]
-    assert launch.blocks is not None and launch.blocks.dims == ((x, 0),) and launch.blocks.coefficient == 1
+    for launch in plan.program.launches:  # a variant per size bucket (test_size_buckets_*)
+        extents = [a for a in launch.args if a.kind is ArgKind.EXTENT]
+        assert extents == [Arg(ArgKind.EXTENT, tensor=x, axis=0)]
+        assert launch.blocks is not None and launch.blocks.dims == ((x, 0),) and launch.blocks.coefficient == 1
+        assert launch.grid == (-(-4096 // launch.blocks.divisor), 1, 1)  # at the maximum
+        for rows in (1, 77, 4096):
+            assert launch.at({(x, 0): rows}).grid == (-(-rows // launch.blocks.divisor), 1, 1)
+    launch = plan.program.launches[0]  # the largest sizes' variant
+    assert launch.blocks is not None and launch.bucket is not None and launch.bucket.high == 4096
     rows_per_block = launch.blocks.divisor
-    assert launch.grid == (-(-4096 // rows_per_block), 1, 1)  # at the maximum
-    for rows in (1, 77, 4096):
-        assert launch.at({(x, 0): rows}).grid == (-(-rows // rows_per_block), 1, 1)
     source = plan.kernels[0].source
     assert "const long long dyn0)" in source and "const int ROWS = (dyn0);" in source and "dyn_rows" not in source
     assert "dyn0 = symbol 'rows'" in source  # the header's legend
@@ -117,23 +122,24 @@ def test_the_program_round_trips_through_json_and_relabelling() -> None:
     assert LaunchProgram.from_json(json.loads(json.dumps(program.to_json()))) == program
     shift = {t.id: t.id + 100 for t in ir.tensors}
     moved = program.relabel(shift)
-    (launch,) = moved.launches
-    assert launch.blocks is not None and all(t >= 100 for t, _ in launch.blocks.dims)
-    assert all(a.tensor >= 100 for a in launch.args if a.kind is ArgKind.EXTENT and a.tensor is not None)
+    for launch in moved.launches:
+        assert launch.blocks is not None and all(t >= 100 for t, _ in launch.blocks.dims)
+        assert launch.bucket is not None and all(t >= 100 for t, _ in launch.bucket.dims)
+        assert all(a.tensor >= 100 for a in launch.args if a.kind is ArgKind.EXTENT and a.tensor is not None)
     assert moved.relabel({v: k for k, v in shift.items()}) == program
     assert Arg.from_json(["extent", 3, None, 1]) == Arg(ArgKind.EXTENT, tensor=3, axis=1)
 
 
 # -- refusals --------------------------------------------------------------------------------
 def test_a_family_without_runtime_extents_is_refused_naming_the_node_and_symbols() -> None:
-    g = gd.OperationGraphSpec("dyn_gemm", io_data_type="float")
-    a = g.tensor(name="a", dim=[g.dim("m", 1, 128), 32])
-    g.relu(g.matmul(a, g.tensor(name="b", dim=[32, 16]), name="mm")).set_output(True)
+    g = gd.OperationGraphSpec("dyn_sum", io_data_type="float")
+    x = g.tensor(name="x", dim=[g.dim("m", 1, 128), 32])
+    g.reduction(x, mode="add", axes=[1], name="sum").set_output(True)
     with pytest.raises(gd.UnsupportedError) as caught:
         gd.compile(g, arch=ARCH, cache=None)
     assert str(caught.value) == (
-        "fused node 'matmul_epilogue_0' (gemm: mm, relu_0) has symbolic dims (m in 1..128); gemm kernels do not take "
-        "runtime extents yet (only elementwise and row_norm kernels do, docs/dynamic-shapes.md). Run it with "
+        "fused node 'sum' (reduction: sum) has symbolic dims (m in 1..128); reduction kernels do not take runtime "
+        "extents yet (only elementwise, gemm and row_norm kernels do, docs/dynamic-shapes.md). Run it with "
         "backend='reference', or build a static graph for each shape"
     )
 
@@ -181,6 +187,68 @@ def test_warmup_compiles_a_dynamic_graph(tmp_path: Path, capsys: pytest.CaptureF
     assert "1 graphs (0 cache hits, 1 built)" in capsys.readouterr().out
     plan = gd.compile(gd.load(path), arch=ARCH, cache=tmp_path / "cache", require_cached=True)
     assert isinstance(plan, gd.Plan) and plan.origin in ("memory cache", "disk cache") and plan.compiled == 0
+    buckets = [launch.bucket for launch in plan.program.launches]
+    assert len(buckets) == 3 and all(b is not None for b in buckets)  # every size bucket's variant, compiled
+    assert all(launch.kernel_key in plan.binaries for launch in plan.program.launches)
+
+
+# -- size buckets --------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(
+    low=st.integers(1, 50),
+    span=st.integers(0, 5000),
+    steps=st.lists(st.integers(1, 5050), max_size=4),
+    most=st.integers(1, 4),
+)
+def test_size_buckets_cover_the_range_with_the_choice_at_each_top(
+    low: int, span: int, steps: list[int], most: int
+) -> None:
+    """A step function of the size (the choice changes at ``steps``): the buckets cover the
+    range from the top without gaps or overlap, each with the choice at its top, which holds
+    down to its bottom but in the last bucket (there are at most ``most``)."""
+    g = gd.OperationGraphSpec("b")
+    count = g.dim("n", low, low + span)
+    assert isinstance(count, Sym)
+
+    def choose(size: int) -> int:
+        return sum(size >= step for step in steps)
+
+    found = size_buckets(count, choose, most)
+    assert 1 <= len(found) <= most
+    assert found[0][0].high == low + span and found[-1][0].low == low
+    for (upper_bucket, _), (lower_bucket, _) in itertools.pairwise(found):
+        assert lower_bucket.high == upper_bucket.low - 1
+    for bucket, choice in found:
+        assert choice == choose(bucket.high)
+    for bucket, choice in found[:-1]:
+        assert choose(bucket.low) == choice and choose(bucket.low - 1) != choice
+    if len(found) < most:
+        assert choose(low) == found[-1][1]
+
+
+@pytest.mark.parametrize(
+    ("make", "symbols"), [(plan_graphs.ln_gelu, ("rows",)), (plan_graphs.add_rmsnorm, ("batch", "seq"))]
+)
+def test_bind_launches_the_variant_a_static_plan_would_choose(
+    make: Callable[..., gd.OperationGraphSpec], symbols: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At each size, the launch shape of the bucket's variant is the static plan's (the
+    heuristic's for those rows), and exactly one variant runs."""
+    plan = gd.compile(make(), arch=ARCH, cache=None)
+    assert len(plan.program.launches) > 1
+    fake = fake_gpu.install(monkeypatch)
+    for values in (
+        {"rows": 1, "batch": 1, "seq": 1},
+        {"rows": 64, "batch": 2, "seq": 32},
+        {"rows": 1500, "batch": 3, "seq": 500},
+        {"rows": 4096, "batch": 8, "seq": 512},
+    ):
+        values = {name: values[name] for name in symbols}
+        bound = plan.bind(_fake_pack(fake, plan.graph, values, outputs=False))
+        (launch,) = bound.launches
+        static = gd.compile(specialize(plan.graph, values), arch=ARCH, cache=None)
+        (expected,) = static.program.launches
+        assert (launch.grid, launch.block) == (expected.grid, expected.block), values
 
 
 def test_run_draws_extents_in_range_or_takes_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -216,11 +284,12 @@ def test_bind_reads_the_symbols_from_the_buffers(monkeypatch: pytest.MonkeyPatch
     plan = gd.compile(plan_graphs.add_rmsnorm(), arch=ARCH, cache=None)
     assert isinstance(plan, gd.Plan)
     fake = fake_gpu.install(monkeypatch)
-    (launch,) = plan.program.launches
-    assert launch.blocks is not None
     for batch, seq in ((1, 1), (3, 77), (8, 512)):
         bound = plan.bind(_fake_pack(fake, plan.graph, {"batch": batch, "seq": seq}, outputs=False))
-        assert bound.launches[0].grid[0] == -(-batch * seq // launch.blocks.divisor)
+        (launch,) = bound.launches  # the variant of this size's bucket
+        assert launch.blocks is not None and launch.bucket is not None
+        assert launch.bucket.low <= batch * seq <= launch.bucket.high
+        assert launch.grid[0] == -(-batch * seq // launch.blocks.divisor)
         assert sorted(_extent_slots(bound)) == sorted([batch, seq])
         assert bound.outputs["y"].shape == (batch, seq, 1024)  # allocated for this call's extents
     with pytest.raises(gd.FeedError) as caught:

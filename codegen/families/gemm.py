@@ -28,6 +28,15 @@ GEMM over the loss, wgrad as a GEMM over N*P*Q, usually with split-K (few output
 both on the mma.sync path by default; dgrad may take wgmma on sm_90 through tuning (wgrad's
 m-contiguous A has no wgmma layout here yet). A tuning may still choose the direct kernel
 ({"path": "direct"}, without an epilogue), so that autotuning compares them.
+
+A dynamic graph's matmul (a symbolic M, symbolic batch dims; docs/dynamic-shapes.md) takes
+the mma.sync path by default on every arch where the tensor cores take it, or wgmma when
+tuned so, else the SIMT kernel: each reads M from an EXTENT argument and computes its grid
+at launch (gemm_block.py, gemm_simt.py). Its mma.sync tiles are chosen per size bucket of M
+(codegen/buckets.py: a variant per bucket, the static plan's tile for its Ms), or for the
+symbols' maxima where the batch is symbolic too; it takes no split-K (the slices would be
+chosen for one M, and the partials sized for the largest). The warp-specialised engine refuses it, naming why (its TMA
+tensor maps are encoded with static dims).
 """
 
 from __future__ import annotations
@@ -38,11 +47,13 @@ import logging
 from fusion_rules import FusedNode
 from fusion_rules.conv_grad_gemm import refusal
 from graphdnn.errors import UnsupportedError
+from graphdnn.symbolic import Sym, show_ranges, symbols_of
 
+from ..buckets import variants
 from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
 from . import direct_conv
-from .gemm_mma import TILE_CANDIDATES, mma_kernel, tile_config
+from .gemm_mma import TILE_CANDIDATES, TileConfig, mma_kernel, tile_config
 from .gemm_problem import Problem, eight_bit_slow_path, on_tensor_cores, problem_of
 from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
@@ -63,9 +74,11 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     slow = eight_bit_slow_path(problem, ctx.arch)
     if slow is not None:
         LOG.warning("%s", slow)
+    if problem.is_dynamic:
+        _check_dynamic(problem, ctx)
     if not on_tensor_cores(problem, ctx.arch):
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
-    default = None if ctx.tuning else default_ws(problem, ctx.arch)
+    default = None if ctx.tuning or problem.is_dynamic else default_ws(problem, ctx.arch)
     if default is not None:
         ctx = dataclasses.replace(ctx, tuning=default)
     if ctx.tuning.get("path") == "ws":
@@ -74,10 +87,65 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     elif ctx.tuning.get("path") == "wgmma":
         split = tuned_split(ctx, problem) or 1
         kernel = wgmma_kernel(fused, ctx, problem, split)
+    elif problem.is_dynamic and not ctx.tuning and not symbols_of(problem.out.dim[:-2]):
+        return FusedProgram(fused.name, _m_buckets(fused, ctx, problem))
     else:
         tile, split = tile_config(problem, ctx)
         kernel = mma_kernel(fused, ctx, problem, tile, split)
     return _program(fused, ctx, problem, kernel, split)
+
+
+def _m_buckets(fused: FusedNode, ctx: EmitContext, problem: Problem) -> tuple[Kernel, ...]:
+    """A dynamic M's mma.sync kernels, a variant per size bucket of M (codegen.buckets): the
+    tile a static plan takes for the Ms of each bucket (64 rows when 128-row tiles would not
+    fill the GPU twice over). No split-K (module docstring)."""
+    assert isinstance(problem.m_extent, Sym)
+
+    def choose(m: int) -> TileConfig:
+        return tile_config(dataclasses.replace(problem, m=m), ctx)[0]
+
+    return variants(problem.m_extent, choose, lambda tile: mma_kernel(fused, ctx, problem, tile, 1))
+
+
+def extents_refusal(fused: FusedNode) -> str | None:
+    """Why the GEMM kernels cannot take ``fused``'s symbols: they take a matmul's M (its rows)
+    and batch dims; a convolution's dims, N and K (which size the tiles and the k loop) stay
+    static. None when they can."""
+    assert fused.anchor is not None
+    node = fused.anchor
+    if node.op != "matmul":
+        symbols = symbols_of(v for t in (*fused.inputs, *fused.outputs) for v in (*t.dim, *t.stride))
+        return (
+            f"has symbolic dims ({show_ranges(symbols)}); gemm kernels take runtime extents in a matmul's rows and "
+            f"batch dims only, not in a {node.op}'s (docs/dynamic-shapes.md)"
+        )
+    a, out = node.input("A"), node.outputs[0][1]
+    assert a is not None
+    fixed = symbols_of([out.dim[-1], a.dim[-1]])
+    if fixed:
+        return (
+            f"multiplies over a symbolic N or K ({show_ranges(fixed)}); gemm kernels take runtime extents in a "
+            "matmul's rows (M) and batch dims only (N and K size the tiles and the k loop)"
+        )
+    return None
+
+
+def _check_dynamic(problem: Problem, ctx: EmitContext) -> None:
+    """UnsupportedError naming the node when a dynamic matmul asks for a path or a split that
+    cannot take runtime extents (module docstring)."""
+    node, symbols = problem.node, show_ranges(problem.out.symbols)
+    if ctx.tuning.get("path") == "ws":
+        raise UnsupportedError(
+            f"GEMM tuning {ctx.tuning}: the warp-specialised engine takes no symbolic dims ({symbols}; its TMA tensor "
+            "maps are encoded with static dims): take the mma.sync or wgmma path",
+            node=node.name,
+        )
+    if (tuned_split(ctx, problem) or 1) > 1:
+        raise UnsupportedError(
+            f"GEMM tuning {ctx.tuning}: a matmul with symbolic dims ({symbols}) takes no split-K (its slices and "
+            "partials would be chosen for one M)",
+            node=node.name,
+        )
 
 
 def _program(fused: FusedNode, ctx: EmitContext, problem: Problem, kernel: Kernel, split: int) -> FusedProgram:
@@ -131,6 +199,9 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
         direct: list[dict[str, object]] = [] if fused.epilogue else [{"path": "direct"}]
         wgmma = wgmma_candidates(problem, arch) if problem.a_layout == "mk" else []
         return _mma_candidates(problem, arch) + wgmma + direct
+    if problem.is_dynamic:  # neither the engine nor split-K (_check_dynamic)
+        every = _mma_candidates(problem, arch) + wgmma_candidates(problem, arch)
+        return [c for c in every if "split_k" not in c]
     return _mma_candidates(problem, arch) + wgmma_candidates(problem, arch) + ws_candidates(problem, arch)
 
 

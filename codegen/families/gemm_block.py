@@ -1,7 +1,12 @@
 """What the two tensor-core GEMM kernels (mma.sync: gemm_mma.py, wgmma: gemm_sm90.py) share: the
 block tile, the kernel parameters, the block prelude (constants, shared-memory tiles, thread and
 block coordinates, loaders), the staged epilogue and the launch. A path adds its device
-functions, its warps' roles, its main loop and how its accumulators reach the staged tile."""
+functions, its warps' roles, its main loop and how its accumulators reach the staged tile.
+
+A dynamic matmul's M is the runtime value GM (an EXTENT argument) and its grid is computed at
+launch: along x (ceil(M / BM) tiles) when only M is symbolic; along z (the batch count) when
+the batch is, x then staying at the tiles of the largest M with the blocks past the call's M
+returning at once (a launch has one dynamic grid extent)."""
 
 from __future__ import annotations
 
@@ -9,9 +14,11 @@ import math
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
+from graphdnn.symbolic import Sym
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
-from ..kernel import Kernel
+from ..indexing import c_extent
+from ..kernel import DynamicGrid, Kernel
 from .gemm_epilogue import staged_epilogue
 from .gemm_loaders import (
     ASYNC_COPY_PRELUDE,
@@ -22,7 +29,7 @@ from .gemm_loaders import (
     load_tile_lambda,
 )
 from .gemm_problem import Problem, batch_offsets, declare, index_type_of, tensor_core_layout
-from .gemm_splitk import PARTIALS, KSlices, store_partials
+from .gemm_splitk import MAX_GRID_Z, PARTIALS, KSlices, store_partials
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class TensorCoreBlock:
         lines = [
             *element_types(p),
             f"constexpr int BM = {s.block_m}, BN = {s.block_n}, BK = {s.block_k}, STAGES = {s.stages}, THREADS = {s.threads};",
-            f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // s.block_k)};",
+            *self._sizes(),
             *self.slices.setup(),
             *shared_memory,
             "unsigned char* const a_smem = smem;",
@@ -85,6 +92,8 @@ class TensorCoreBlock:
             f"const {itype} block_m = ({itype})blockIdx.x * BM;",
             "const int block_n = blockIdx.y * BN;",
         ]
+        if p.is_dynamic:
+            lines.append("if (block_m >= GM) return;  // a tile past this call's M: the grid is sized for the largest")
         if not p.is_conv and not p.is_grad:
             lines += batch_offsets(p, itype, self.slices.batch_index)
         a_chunks = s.block_m * s.block_k // self.tiles.chunk // s.threads
@@ -109,6 +118,17 @@ class TensorCoreBlock:
         )
         return lines
 
+    def _sizes(self) -> list[str]:
+        """GM, GN, GK and KTILES: constants, but GM of a dynamic matmul read from its EXTENT arguments."""
+        p, s = self.p, self.shape
+        ktiles = -(-p.k // s.block_k)
+        if not p.is_dynamic:
+            return [f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {ktiles};"]
+        return [
+            f"const int GM = (int){c_extent(p.m_extent)};",
+            f"constexpr int GN = {p.n}, GK = {p.k}, KTILES = {ktiles};",
+        ]
+
     def epilogue(self, staging: list[str]) -> list[str]:
         """The staged epilogue, after ``staging`` wrote the accumulators into the staged tile;
         with split-K, the staged tile into the partials instead."""
@@ -128,4 +148,26 @@ class TensorCoreBlock:
         source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
         grid = (-(-p.m // s.block_m), -(-p.n // s.block_n), math.prod(p.batch) * split)
         bindings = tuple(self.params.bindings)
-        return Kernel(name, source, grid, (s.threads, 1, 1), shared, bindings, alignment=16, arch_suffix=arch_suffix)
+        blocks = dynamic_grid(p, s.block_m)
+        return Kernel(
+            name,
+            source,
+            grid,
+            (s.threads, 1, 1),
+            shared,
+            bindings,
+            alignment=16,
+            arch_suffix=arch_suffix,
+            blocks=blocks,
+        )
+
+
+def dynamic_grid(p: Problem, block_m: int) -> DynamicGrid | None:
+    """The grid extent a dynamic matmul computes at launch (module docstring); None for a static one."""
+    if not p.is_dynamic:
+        return None
+    batch = math.prod(p.out.dim[:-2])
+    if isinstance(batch, Sym):
+        return DynamicGrid(batch, 1, MAX_GRID_Z, grid_axis=2)
+    assert isinstance(p.m_extent, Sym)
+    return DynamicGrid(p.m_extent, block_m, 2**31 - 1)

@@ -9,7 +9,7 @@ from graphdnn.ir import Tensor
 
 from .. import epilogue
 from ..cuda_types import cuda_type, load, rounded, store
-from ..indexing import coordinates, offset, row_major_index
+from ..indexing import coordinates, divides, offset, row_major_index
 from .gemm_problem import Problem, batch_coords, pixel_coordinates, tensor_core_types
 from .tensor_core import zero
 
@@ -31,7 +31,7 @@ class Epilogue:
     def statements(self, acc: str, vector_slot: str | None = None, vectors: frozenset[int] = frozenset()) -> list[str]:
         """``vectors``: operands already loaded as 8-wide vectors ``in{id}`` (the vector path)."""
         out = self.problem.out
-        dims = out.static_dim
+        dims = out.dim
 
         def load_operand(t: Tensor) -> str:
             if t.is_pass_by_value:
@@ -146,7 +146,7 @@ def tile_epilogue(
             "for (int e = 0; e < 8; ++e) {",
             f"  const int {column} = block_n + (tid % (BN / 8)) * 8 + e;",
             *(
-                f"  col{t.id}[e] = {column} < GN ? {load(t.data_type, f'{names[t.id]}[{offset(t, out.static_dim, coordinate)}]', compute)} : {zero(compute)};"
+                f"  col{t.id}[e] = {column} < GN ? {load(t.data_type, f'{names[t.id]}[{offset(t, out.dim, coordinate)}]', compute)} : {zero(compute)};"
                 for t in per_column
             ),
             "}",
@@ -175,7 +175,7 @@ def tile_epilogue(
         results = [f"gd::Vec<{cuda_type(t.data_type)}, 8> r{t.id};" for t in fused.outputs]
         stores = []
         for t in fused.outputs:
-            first_offset = offset(t, out.static_dim, "c").replace(column, first_column)
+            first_offset = offset(t, out.dim, "c").replace(column, first_column)
             stores.append(f"gd::store_vec<{cuda_type(t.data_type)}, 8>({names[t.id]} + {first_offset}, r{t.id});")
         # Full-size operands laid out like the output (a residual) arrive as one vector too.
         full = [
@@ -183,7 +183,7 @@ def tile_epilogue(
         ]
         vector_loads = [
             f"const gd::Vec<{cuda_type(t.data_type)}, 8> in{t.id} = gd::load_vec<{cuda_type(t.data_type)}, 8>("
-            f"{names[t.id]} + {offset(t, out.static_dim, 'c').replace(column, first_column)});"
+            f"{names[t.id]} + {offset(t, out.dim, 'c').replace(column, first_column)});"
             for t in full
         ]
         lines += [
@@ -217,5 +217,5 @@ def _columns_contiguous(t: Tensor, column_axis: int) -> bool:
     """8 consecutive columns of ``t`` form one aligned vector: column stride 1, and every other
     stride keeps 8-element alignment."""
     return t.stride[column_axis] == 1 and all(
-        s % 8 == 0 for axis, s in enumerate(t.stride) if axis != column_axis and t.dim[axis] > 1
+        divides(s, 8) for axis, s in enumerate(t.stride) if axis != column_axis and t.dim[axis] != 1
     )

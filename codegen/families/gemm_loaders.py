@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from graphdnn.ops.conv import ConvMode
 
 from ..cuda_types import cuda_type
+from ..indexing import c_extent
 from . import gemm_grad_loaders as grad
 from .gemm_problem import Problem, pixel_coordinates
 from .gemm_splitk import KSlices
@@ -74,7 +75,7 @@ def a_loader_setup(p: Problem, itype: str, chunks: int, threads: int, tiles: Sme
         lines.append(f"for (int i = 0; i < {chunks}; ++i) {{")
         lines.append(f"  const {itype} m = block_m + {_thread_row(tiles)} + i * {threads // lanes};")
         lines.append("  a_row_ok[i] = m < GM;")
-        lines.append(f"  a_base_row[i] = a_base + (a_row_ok[i] ? m : 0) * {p.a.stride[-2]};")
+        lines.append(f"  a_base_row[i] = a_base + (a_row_ok[i] ? m : 0) * {c_extent(p.a.stride[-2])};")
         lines.append("}")
     return lines
 

@@ -11,6 +11,11 @@ As a GEMM, out[m, n] = sum_k A[m, k] * B[k, n]:
 - conv_wgrad: m runs over output channels, n over filter taps (r, s..., c) with c fastest, k
   over the loss's (n_img, p, q...); A is the loss read m-contiguous, B gathered from the image;
 - matmul: m, n, k as named, one grid layer (blockIdx.z) per output batch index.
+
+A dynamic graph's matmul may have a symbolic M (rows of A and C) and symbolic batch dims
+(gemm.extents_refusal refuses the rest): ``m`` and ``batch`` are then their values at the
+symbols' maxima, which the launch choices are made for, and the kernels read the call's
+values from their EXTENT arguments (``m_extent``, the batch coordinates and strides).
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from fusion_rules import FusedNode
 from fusion_rules.conv_grad_gemm import CONV_GRADS, b_layout, operands, refusal
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.conv import ConvAttributes
+from graphdnn.symbolic import Extent, upper
 
 from ..context import KernelParams
-from ..indexing import coordinates, index_type
+from ..indexing import c_extent, coordinates, divides, index_type
 from .tensor_core import OperandTypes, operand_types
 
 
@@ -36,11 +42,21 @@ class Problem:
     a: Tensor  # image or A
     b: Tensor  # weight or B
     out: Tensor
-    m: int
+    m: int  # at the symbols' maxima in a dynamic graph
     n: int
     k: int  # per group for a convolution
     groups: int
-    batch: tuple[int, ...]  # output batch dims (matmul); () for convolution
+    batch: tuple[int, ...]  # output batch dims (matmul; at the symbols' maxima); () for convolution
+
+    @property
+    def is_dynamic(self) -> bool:
+        """A matmul whose M or batch dims are symbols: its kernels take them as runtime extents."""
+        return bool(self.out.symbols)
+
+    @property
+    def m_extent(self) -> Extent:
+        """M as the kernels see it: a number, or a product of symbols (a matmul's rows)."""
+        return self.out.dim[-2] if self.is_dynamic else self.m
 
     @property
     def is_conv(self) -> bool:
@@ -88,9 +104,8 @@ def problem_of(node: Node) -> Problem:
         return _grad_problem(node)
     a, b = node.input("A"), node.input("B")
     assert a is not None and b is not None
-    return Problem(
-        node, a, b, out, out.static_dim[-2], out.static_dim[-1], a.static_dim[-1], 1, tuple(out.static_dim[:-2])
-    )
+    m, n, k = upper(out.dim[-2]), upper(out.dim[-1]), upper(a.dim[-1])  # n, k: symbolic ones are refused before
+    return Problem(node, a, b, out, m, n, k, 1, tuple(upper(d) for d in out.dim[:-2]))
 
 
 def _grad_problem(node: Node) -> Problem:
@@ -149,11 +164,11 @@ def tensor_core_layout(p: Problem) -> str | None:
         if any(s % chunk for axis, s in enumerate(p.b.stride) if axis != 1 and p.b.dim[axis] > 1):
             return None
         return "nk"
-    if p.k % chunk or p.a.stride[-1] != 1 or any(s % chunk for s in p.a.stride[:-1]):
+    if p.k % chunk or p.a.stride[-1] != 1 or not all(divides(s, chunk) for s in p.a.stride[:-1]):
         return None
-    if p.b.stride[-2] == 1 and all(s % chunk == 0 for i, s in enumerate(p.b.stride) if i != len(p.b.dim) - 2):
+    if p.b.stride[-2] == 1 and all(divides(s, chunk) for i, s in enumerate(p.b.stride) if i != len(p.b.dim) - 2):
         return "nk"
-    if not types.eight_bit and p.b.stride[-1] == 1 and p.n % 8 == 0 and all(s % 8 == 0 for s in p.b.stride[:-1]):
+    if not types.eight_bit and p.b.stride[-1] == 1 and p.n % 8 == 0 and all(divides(s, 8) for s in p.b.stride[:-1]):
         return "kn"
     return None
 
@@ -188,7 +203,7 @@ def eight_bit_slow_path(p: Problem, arch: int) -> str | None:
     if p.k % chunk:
         problems.append(f"K = {p.k} is not a multiple of {chunk}")
     for role, t, k_axis in (("A", a, len(a.dim) - 1), ("B", b, len(b.dim) - 2)):
-        if any(s % chunk for axis, s in enumerate(t.stride) if axis != k_axis and t.dim[axis] > 1):
+        if not all(divides(s, chunk) for axis, s in enumerate(t.stride) if axis != k_axis and t.dim[axis] != 1):
             problems.append(f"{role} '{t.name}' has strides {list(t.stride)}, not all multiples of {chunk} but along K")
     if math.prod(p.batch) > 65535:
         problems.append(f"its {math.prod(p.batch)} batch matrices are more than 65535")
@@ -233,7 +248,9 @@ def batch_offsets_from_coords(p: Problem, itype: str) -> list[str]:
     lines = []
     for name, t in (("a_base", p.a), ("b_base", p.b)):
         shift = len(p.batch) - (len(t.dim) - 2)
-        terms = [f"c{axis + shift} * {s}" for axis, (d, s) in enumerate(zip(t.dim[:-2], t.stride[:-2])) if d > 1]
+        terms = [
+            f"c{axis + shift} * {c_extent(s)}" for axis, (d, s) in enumerate(zip(t.dim[:-2], t.stride[:-2])) if d != 1
+        ]
         lines.append(f"const {itype} {name} = {' + '.join(terms) if terms else '0'};")
     return lines
 
@@ -244,4 +261,4 @@ def batch_coords(p: Problem, itype: str, batch_index: str = "blockIdx.z") -> lis
     rank = len(p.out.dim)
     if not p.batch:
         return []
-    return coordinates(f"({itype}){batch_index}", p.out.static_dim[:-2], range(rank - 2), "c", itype)
+    return coordinates(f"({itype}){batch_index}", p.out.dim[:-2], range(rank - 2), "c", itype)

@@ -1,17 +1,19 @@
 """The GEMM family's SIMT path: one output element per thread, for every problem the tensor
 cores do not take (fp32 and double data, grouped and depthwise convolution, C not a multiple
-of 8, odd layouts)."""
+of 8, odd layouts). In a dynamic graph (a matmul's symbolic M or batch) the output's element
+count is a product of EXTENT arguments and the grid is computed from it at launch."""
 
 from __future__ import annotations
 
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.ops.conv import ConvMode
+from graphdnn.symbolic import Sym, upper
 
 from ..context import EmitContext, compute_of, indent, kernel_source, pattern_name
 from ..cuda_types import load
-from ..indexing import coordinates, loop_index_type
-from ..kernel import Kernel
+from ..indexing import c_extent, coordinates, loop_index_type
+from ..kernel import DynamicGrid, Kernel
 from .gemm_epilogue import Epilogue
 from .gemm_problem import Problem, batch_offsets_from_coords, declare
 
@@ -25,15 +27,16 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     # Integer operands accumulate exactly: in double (exact to 2^53, as the float64 reference).
     integer = not (p.a.data_type.is_floating and p.b.data_type.is_floating)
     compute = compute_of([p.a, p.b, *fused.outputs], (DataType.DOUBLE,) if integer else ())
-    blocks = min(max(1, -(-p.out.numel // SIMT_THREADS)), MAX_BLOCKS)
-    itype = loop_index_type(tensors, p.out.static_numel, blocks * SIMT_THREADS)
     out = p.out
+    numel = upper(out.numel)
+    blocks = min(max(1, -(-numel // SIMT_THREADS)), MAX_BLOCKS)
+    itype = loop_index_type(tensors, numel, blocks * SIMT_THREADS)
     rank = len(out.dim)
     body = [
         f"const {itype} stride = ({itype})gridDim.x * blockDim.x;",
-        f"for ({itype} e = ({itype})blockIdx.x * blockDim.x + threadIdx.x; e < {out.numel}; e += stride) {{",
+        f"for ({itype} e = ({itype})blockIdx.x * blockDim.x + threadIdx.x; e < {c_extent(out.numel)}; e += stride) {{",
     ]
-    inner = coordinates("e", out.static_dim, range(rank), "c", itype)
+    inner = coordinates("e", out.dim, range(rank), "c", itype)
     inner.append(f"{compute} acc = 0;")
     a, b = names[p.a.id], names[p.b.id]
     if p.is_conv:
@@ -43,7 +46,8 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     inner += Epilogue(fused, p, names, compute).statements("acc")
     body += ["  " + line for line in inner] + ["}"]
     name, source = kernel_source(ctx, fused, pattern_name(fused) + "_simt", params, SIMT_THREADS, indent(body, 1))
-    return Kernel(name, source, (blocks, 1, 1), (SIMT_THREADS, 1, 1), 0, tuple(params.bindings))
+    grid = DynamicGrid(out.numel, SIMT_THREADS, MAX_BLOCKS) if isinstance(out.numel, Sym) else None
+    return Kernel(name, source, (blocks, 1, 1), (SIMT_THREADS, 1, 1), 0, tuple(params.bindings), blocks=grid)
 
 
 def _simt_conv_loop(p: Problem, x: str, w: str, compute: str, itype: str) -> list[str]:
@@ -88,8 +92,8 @@ def _simt_conv_loop(p: Problem, x: str, w: str, compute: str, itype: str) -> lis
 def _simt_matmul_loop(p: Problem, a: str, b: str, compute: str, itype: str) -> list[str]:
     rank = len(p.out.dim)
     lines = batch_offsets_from_coords(p, itype)
-    a_off = f"a_base + c{rank - 2} * {p.a.stride[-2]} + kk * {p.a.stride[-1]}"
-    b_off = f"b_base + kk * {p.b.stride[-2]} + c{rank - 1} * {p.b.stride[-1]}"
+    a_off = f"a_base + c{rank - 2} * {c_extent(p.a.stride[-2])} + kk * {c_extent(p.a.stride[-1])}"
+    b_off = f"b_base + kk * {c_extent(p.b.stride[-2])} + c{rank - 1} * {c_extent(p.b.stride[-1])}"
     lines.append(f"for ({itype} kk = 0; kk < {p.k}; ++kk) {{")
     lines.append(
         f"  acc += {load(p.a.data_type, f'{a}[{a_off}]', compute)} * {load(p.b.data_type, f'{b}[{b_off}]', compute)};"

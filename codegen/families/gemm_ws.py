@@ -71,8 +71,8 @@ def tiles(block_n: int) -> list[dict[str, object]]:
 
 def supported(p: Problem, arch: int) -> bool:
     """On sm_90: a convolution the tensor-core paths take, or such a matmul whose operands TMA
-    can describe."""
-    if arch != ARCH or tensor_core_layout(p) is None:
+    can describe, with static dims (the tensor maps are encoded with them)."""
+    if arch != ARCH or p.is_dynamic or tensor_core_layout(p) is None:
         return False
     return p.is_conv or all(len(_map_axes(t)) <= MAX_TENSOR_MAP_RANK for t in (p.a, p.b))
 

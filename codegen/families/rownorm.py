@@ -37,21 +37,27 @@ SM for a resident grid), and the row loop is never pipelined (rownorm_launch.py)
 
 Launch choices come from ``ctx.tuning`` when the runtime autotuned them over
 :func:`candidates`, else from the heuristic (rownorm_launch.py); the layout analysis is in
-rownorm_layout.py.
+rownorm_layout.py. Dynamic rows without a tuning take a variant per size bucket
+(codegen/buckets.py): the heuristic's choice for the rows of each bucket, as a static plan
+of those rows would make it (wider groups for few rows).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from fusion_rules import FusedNode
 from graphdnn.ir import Tensor
+from graphdnn.symbolic import Sym
 
 from .. import epilogue
+from ..buckets import variants
 from ..context import EmitContext, indent
 from ..indexing import c_extent
-from ..kernel import FusedProgram
+from ..kernel import FusedProgram, Kernel
 from ..pointwise import literal
 from .norm_statistics import epsilon, normalize, write_statistics
-from .rownorm_launch import candidates, configured
+from .rownorm_launch import Config, candidates, configured, heuristic
 from .rownorm_layout import analyze, extents_refusal
 from .rownorm_rows import Operands, RowAccess
 
@@ -60,8 +66,15 @@ __all__ = ["candidates", "emit", "extents_refusal"]
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     layout = analyze(fused)
-    row_kernel = _RowKernel(fused, ctx, layout, configured(layout, ctx.tuning))
-    return FusedProgram(fused.name, (row_kernel.kernel(row_kernel.body()),))
+
+    def kernel(config: Config) -> Kernel:
+        row_kernel = _RowKernel(fused, ctx, layout, config)
+        return row_kernel.kernel(row_kernel.body())
+
+    if isinstance(layout.rows, Sym) and not ctx.tuning:  # a variant per size bucket (codegen.buckets)
+        choose = lambda rows: heuristic(dataclasses.replace(layout, rows=rows))  # noqa: E731
+        return FusedProgram(fused.name, variants(layout.rows, choose, kernel))
+    return FusedProgram(fused.name, (kernel(configured(layout, ctx.tuning)),))
 
 
 class _RowKernel(RowAccess):

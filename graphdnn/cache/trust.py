@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from codegen.cubin import CubinError, exports, parameter_bytes
 
 from ..layout import largest_storage_extent
-from ..program import ArgKind, DimRef, GridExtent, LaunchProgram
+from ..program import ArgKind, DimRef, GridExtent, LaunchBucket, LaunchProgram
 from ..symbolic import Sym
 from .container import EntryError
 from .entries import KernelBinary, PlanEntry
@@ -119,6 +119,8 @@ def check_plan(entry: PlanEntry) -> None:
         _launch_shape(launch.grid, launch.block, launch.shared_bytes, max_shared, where)
         if launch.blocks is not None:
             _grid_extent(launch.blocks, where)
+        if launch.bucket is not None:
+            _bucket(launch.bucket, where)
         if not 1 <= launch.alignment <= MAX_ALIGNMENT or launch.alignment & (launch.alignment - 1):
             raise EntryError(f"{where}: alignment {launch.alignment} is not a power of two up to {MAX_ALIGNMENT}")
         for arg in launch.args:
@@ -195,8 +197,21 @@ def check_binding(program: LaunchProgram, tensors: Sequence[Tensor]) -> None:
                 raise EntryError(f"launch {number}: intermediate tensor {arg.tensor} has no workspace buffer")
 
 
+def _bucket(bucket: LaunchBucket, where: str) -> None:
+    """A size bucket: at least one dim, a positive coefficient, 1 <= low <= high."""
+    if not bucket.dims:
+        raise EntryError(f"{where}: a size bucket reads no dim")
+    for t, axis in bucket.dims:
+        _count(t, f"{where}: size bucket tensor position")
+        _count(axis, f"{where}: size bucket axis")
+    if _count(bucket.coefficient, f"{where}: size bucket coefficient") < 1:
+        raise EntryError(f"{where}: size bucket coefficient {bucket.coefficient} is not positive")
+    if not 1 <= _count(bucket.low, f"{where}: size bucket low") <= _count(bucket.high, f"{where}: size bucket high"):
+        raise EntryError(f"{where}: size bucket {bucket.low}..{bucket.high} is empty or starts below 1")
+
+
 def _grid_extent(grid: GridExtent, where: str) -> None:
-    """A dynamic grid: positive factors, at least one dim, a cap within CUDA's grid x limit."""
+    """A dynamic grid: positive factors, at least one dim, an axis and a cap within CUDA's grid limits."""
     if not grid.dims:
         raise EntryError(f"{where}: a dynamic grid reads no dim")
     for t, axis in grid.dims:
@@ -206,8 +221,10 @@ def _grid_extent(grid: GridExtent, where: str) -> None:
         raise EntryError(f"{where}: dynamic grid coefficient {grid.coefficient} is not positive")
     if _count(grid.divisor, f"{where}: dynamic grid divisor") < 1:
         raise EntryError(f"{where}: dynamic grid divisor {grid.divisor} is not positive")
-    if not 1 <= _count(grid.cap, f"{where}: dynamic grid cap") <= MAX_GRID[0]:
-        raise EntryError(f"{where}: dynamic grid cap {grid.cap} is outside 1..{MAX_GRID[0]}")
+    if grid.grid_axis not in (0, 1, 2):
+        raise EntryError(f"{where}: dynamic grid axis {grid.grid_axis!r} is not 0, 1 or 2")
+    if not 1 <= _count(grid.cap, f"{where}: dynamic grid cap") <= MAX_GRID[grid.grid_axis]:
+        raise EntryError(f"{where}: dynamic grid cap {grid.cap} is outside 1..{MAX_GRID[grid.grid_axis]}")
 
 
 def _symbol_dim(ref: DimRef, tensors: Sequence[Tensor], where: str) -> None:

@@ -74,7 +74,11 @@ def _bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, strea
         tid: View(b.pointer, b.shape, b.strides, ir.tensors[tid].data_type.itemsize) for tid, b in described.items()
     }
     names = {tid: ir.tensors[tid].name for tid in views}
-    order = schedule(plan.program.launches, views, {t.id for t in ir.outputs if t.id in views}, names)
+    # A size bucket's variant runs only at the calls its bucket holds: exactly one of a fused node's.
+    active = [i for i, launch in enumerate(plan.program.launches) if launch.runs_at(extents)]
+    order = schedule(
+        [plan.program.launches[i] for i in active], views, {t.id for t in ir.outputs if t.id in views}, names
+    )
     library = frameworks.library_of(pack.buffers.values())
     allocated = {t.id: frameworks.allocate(ir.tensors[t.id], device, library) for t in pack.missing_outputs}
     described.update({tid: _describe(ir.tensors[tid].name, value, handle) for tid, value in allocated.items()})
@@ -101,14 +105,15 @@ def _bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, strea
         pointers[tid] = copies[-1].destination.pointer
     scalars = dict(pack.scalars)
     scalars.update({t.id: scalar_value(t, t.value) for t in ir.tensors if t.is_constant})
-    launches = [plan.program.launches[i].at(extents) for i in order.order]
+    positions = [active[i] for i in order.order]
+    launches = [plan.program.launches[i].at(extents) for i in positions]
     kernels = plan.loaded_kernels(device)
     slots = [pack_arguments(launch, pointers, scalars, base, extents) for launch in launches]
 
     values = {**pack.buffers, **allocated}
     outputs = {t.name: values[t.id] for t in ir.outputs}
     keep_alive = [b.owner for b in described.values()] + [workspace, plan]  # the plan owns the default workspace
-    return kind(device, handle, launches, [kernels[i] for i in order.order], slots, outputs, keep_alive, copies)
+    return kind(device, handle, launches, [kernels[i] for i in positions], slots, outputs, keep_alive, copies)
 
 
 def concrete(
