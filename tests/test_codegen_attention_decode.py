@@ -29,7 +29,8 @@ from codegen.families.attention_decode import (
     shape,
 )
 from codegen.families.attention_problem import attention_of
-from fusion_rules import Family, fuse
+from codegen.kernel import FusedProgram
+from fusion_rules import Family, FusedNode, fuse
 from graphdnn import reference
 from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
@@ -40,6 +41,25 @@ from tests import cpu_emulation
 from tests.attention_cases import CASES, DECODE_CASES, PAGED_CASES, AttentionCase, PagedCase
 from tests.compile_check import compile_graphs, ptxas_report
 from tests.gpu_check import relative_error
+
+
+def emulate_and_compare(
+    fused: FusedNode,
+    program: FusedProgram,
+    feeds: dict[str, np.ndarray],
+    aligned: int,
+    expected: dict[str, np.ndarray],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Run ``program`` on the CPU emulation; -inf STATS where the reference's are, the rest within 2e-3."""
+    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    got = cpu_emulation.run(fused, program, feeds, aligned, build)
+    for name, want in expected.items():
+        value = got[name].astype(np.float64)
+        assert np.array_equal(np.isneginf(value), np.isneginf(want)), name
+        finite = np.isfinite(want)
+        assert relative_error(value[finite], want[finite].astype(np.float64)) < 2e-3, name
 
 
 def attention(graph):  # type: ignore[no-untyped-def]
@@ -88,14 +108,7 @@ def test_paged_prefill_on_the_flash_kernel_matches_the_reference_on_the_cpu(
     assert "_flash_" in program.kernels[0].name
     feeds = paged.feeds(seed=5)
     expected = reference.execute(ir, feeds)
-    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
-    build.mkdir(exist_ok=True)
-    got = cpu_emulation.run(fused, program, feeds, 16, build)
-    for name, want in expected.items():
-        value = got[name].astype(np.float64)
-        assert np.array_equal(np.isneginf(value), np.isneginf(want)), name
-        finite = np.isfinite(want)
-        assert relative_error(value[finite], want[finite].astype(np.float64)) < 2e-3, name
+    emulate_and_compare(fused, program, feeds, 16, expected, tmp_path_factory)
 
 
 @pytest.mark.parametrize(
@@ -267,14 +280,7 @@ def test_decode_kernels_match_the_reference_on_the_cpu(
     feeds = paged.feeds(seed=split)
     expected = reference.execute(ir, feeds)
     program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {"path": "decode", "split": split}))
-    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
-    build.mkdir(exist_ok=True)
-    got = cpu_emulation.run(fused, program, feeds, aligned, build)
-    for name, want in expected.items():
-        value = got[name].astype(np.float64)
-        assert np.array_equal(np.isneginf(value), np.isneginf(want)), name
-        finite = np.isfinite(want)
-        assert relative_error(value[finite], want[finite].astype(np.float64)) < 2e-3, name
+    emulate_and_compare(fused, program, feeds, aligned, expected, tmp_path_factory)
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
@@ -291,14 +297,7 @@ def test_dense_decode_with_bias_and_alibi_matches_the_reference_on_the_cpu(
     feeds = random_inputs(ir, split)
     expected = reference.execute(ir, feeds)
     program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {"path": "decode", "split": split}))
-    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
-    build.mkdir(exist_ok=True)
-    got = cpu_emulation.run(fused, program, feeds, 1, build)
-    for name, want in expected.items():
-        value = got[name].astype(np.float64)
-        assert np.array_equal(np.isneginf(value), np.isneginf(want)), name
-        finite = np.isfinite(want)
-        assert relative_error(value[finite], want[finite].astype(np.float64)) < 2e-3, name
+    emulate_and_compare(fused, program, feeds, 1, expected, tmp_path_factory)
 
 
 # D 16 in fp16 takes 2 lanes per key: 256 threads with 8 slots step 1024 keys a batch
@@ -322,11 +321,4 @@ def test_every_threads_and_key_slots_choice_matches_the_reference_on_the_cpu(
     tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": 1 + keys % 3}
     program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning))
     assert program.kernels[0].block == (threads, 1, 1) and f"KT = {keys};" in program.kernels[0].source
-    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
-    build.mkdir(exist_ok=True)
-    got = cpu_emulation.run(fused, program, feeds, keys % 4, build)
-    for name, want in expected.items():
-        value = got[name].astype(np.float64)
-        assert np.array_equal(np.isneginf(value), np.isneginf(want)), name
-        finite = np.isfinite(want)
-        assert relative_error(value[finite], want[finite].astype(np.float64)) < 2e-3, name
+    emulate_and_compare(fused, program, feeds, keys % 4, expected, tmp_path_factory)
