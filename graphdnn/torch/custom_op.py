@@ -4,8 +4,9 @@
 The op's schema comes from :mod:`.op_schema`, its fake kernel computes the results' dims,
 strides and types from the graph (symbolic sizes for a dynamic graph), and its real
 kernel (:mod:`.kernels`) runs the reference backend on CPU tensors and a compiled plan on
-CUDA ones. graphdnn runs forward graphs only: the op's autograd formula raises a clear
-error; a caller with a backward graph attaches it with ``op.register_autograd``.
+CUDA ones. Given a backward graph, the op is differentiable: the backward graph becomes an
+op of its own, wired to the forward one by the names of its inputs and outputs
+(:mod:`.autograd`); without one, backward through the op raises a clear error.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from ..errors import GraphError, UnsupportedError
 from ..plan import Plan
 from .arguments import check_arguments, device_of, empty_results, returned
+from .autograd import wire_backward
 from .kernels import GraphKernels
 from .op_schema import OpSchema, op_schema
 
@@ -23,7 +25,14 @@ from .op_schema import OpSchema, op_schema
 _OWN_OPTIONS = ("arch", "backend")
 
 
-def custom_op(plan_or_graph: Any, name: str, *, inputs: Sequence[str] | None = None, **compile_options: Any) -> Any:
+def custom_op(
+    plan_or_graph: Any,
+    name: str,
+    *,
+    inputs: Sequence[str] | None = None,
+    backward: Any = None,
+    **compile_options: Any,
+) -> Any:
     """Register ``plan_or_graph`` as the torch operator ``name`` ("namespace::op_name") and
     return it (a ``torch.library.CustomOpDef``; also ``torch.ops.namespace.op_name``).
 
@@ -36,6 +45,13 @@ def custom_op(plan_or_graph: Any, name: str, *, inputs: Sequence[str] | None = N
     (one tensor, or a tuple); :func:`op_schema` shows both. Inputs must have the graph's
     data types and dims; any strides are taken (on the GPU an input whose strides differ
     from the graph's is copied into them first). Results have the graph's strides.
+
+    ``backward``: the backward graph (a plan, an OperationGraphSpec or a Graph), which makes
+    the op differentiable. Its inputs are named after forward inputs, forward outputs and
+    ``grad_<output>`` (the gradient of a forward output), its outputs ``grad_<input>`` (the
+    gradient of a forward tensor input); :mod:`graphdnn.torch.autograd` has the rules. It is
+    registered as the op ``name + "_backward"`` (compiled with the same ``compile_options``
+    unless it is a plan).
     """
     try:
         import torch
@@ -52,6 +68,7 @@ def custom_op(plan_or_graph: Any, name: str, *, inputs: Sequence[str] | None = N
             f"custom_op chooses {own[0]!r} itself: CPU tensors run the reference backend, CUDA tensors a plan "
             "compiled for their device's architecture"
         )
+    wiring = None if backward is None else wire_backward(schema, backward)
     kernels = GraphKernels(schema, plan, compile_options)
 
     def run(*args: Any) -> Any:
@@ -63,7 +80,12 @@ def custom_op(plan_or_graph: Any, name: str, *, inputs: Sequence[str] | None = N
         return returned(empty_results(schema, check_arguments(schema, args), device_of(schema, args)))
 
     op.register_fake(fake)
-    op.register_autograd(_not_differentiable(schema, name))
+    if wiring is None:
+        op.register_autograd(_not_differentiable(schema, name))
+    else:
+        backward_options = {} if isinstance(backward, Plan) else compile_options
+        backward_op = custom_op(backward, f"{name}_backward", **backward_options)
+        op.register_autograd(wiring.formula(backward_op, name), setup_context=wiring.setup_context)
     return op
 
 
@@ -71,8 +93,8 @@ def _not_differentiable(schema: OpSchema, name: str) -> Any:
     def backward(ctx: Any, *grads: Any) -> Any:
         raise UnsupportedError(
             f"torch op {name} (graph '{schema.graph.name}') has no backward: graphdnn runs the forward graph only. "
-            "Call it on tensors that do not require grad (torch.no_grad(), .detach()), or build the backward "
-            "graph as an op of its own and attach it with op.register_autograd(backward, setup_context=...)"
+            "Call it on tensors that do not require grad (torch.no_grad(), .detach()), or pass the backward "
+            "graph: gd.torch.custom_op(graph, name, backward=backward_graph)"
         )
 
     return backward
