@@ -281,3 +281,87 @@ DECODE_CASES = {
     ),
     "fp32_d72": AttentionCase(b=2, hq=6, hk=3, sq=3, skv=129, d=72, dv=40, data_type=DataType.FLOAT),
 }
+
+
+@dataclass(frozen=True)
+class RaggedCase:
+    """Packed sequences (THD: ``[1, H, T, d]``, token stride H*d) with cu_seqlens offsets; Q and
+    K/V each packed or padded. ``lengths_q`` / ``lengths_kv``: each sequence's rows; ``spare``
+    tokens follow the last sequence (no one owns them); ``short`` rows of each range unused
+    (SEQ_LEN below the owned rows)."""
+
+    lengths_q: tuple[int, ...] = (5, 0, 130, 1)
+    lengths_kv: tuple[int, ...] = (7, 3, 129, 64)
+    hq: int = 4
+    hk: int = 2
+    d: int = 64
+    dv: int = 64
+    data_type: DataType = DataType.BFLOAT16
+    packed_kv: bool = True
+    spare: int = 3
+    short: int = 1
+    stats: bool = True
+    options: dict[str, Any] = field(default_factory=lambda: {"use_causal_mask_bottom_right": True})
+
+    @property
+    def b(self) -> int:
+        return len(self.lengths_q)
+
+    def tokens(self, lengths: tuple[int, ...]) -> int:
+        return sum(lengths) + self.spare
+
+    def build(self) -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(
+            name="ragged_attention", io_data_type=self.data_type, compute_data_type=DataType.FLOAT
+        )
+        tq, tkv = self.tokens(self.lengths_q), self.tokens(self.lengths_kv)
+        q = g.tensor(
+            name="q", dim=[1, self.hq, tq, self.d], stride=[tq * self.hq * self.d, self.d, self.hq * self.d, 1]
+        )
+        if self.packed_kv:
+            k, v = (
+                g.tensor(name=n, dim=[1, self.hk, tkv, w], stride=[tkv * self.hk * w, w, self.hk * w, 1])
+                for n, w in (("k", self.d), ("v", self.dv))
+            )
+        else:
+            skv = max(self.lengths_kv)
+            k, v = (g.tensor(name=n, dim=[self.b, self.hk, skv, w]) for n, w in (("k", self.d), ("v", self.dv)))
+        lengths = [g.tensor(name=n, dim=[self.b, 1, 1, 1], data_type=DataType.INT32) for n in ("seq_q", "seq_kv")]
+        sides = ("cu_q", "cu_kv") if self.packed_kv else ("cu_q",)
+        offsets = [g.tensor(name=n, dim=[self.b + 1, 1, 1, 1], data_type=DataType.INT32) for n in sides]
+        o, stats = g.sdpa(
+            q, k, v, attn_scale=self.d**-0.5, use_padding_mask=True, seq_len_q=lengths[0], seq_len_kv=lengths[1],
+            generate_stats=self.stats, ragged_offset_q=offsets[0], ragged_offset_kv=offsets[-1] if self.packed_kv else None,
+            name="attention", **self.options,
+        )  # fmt: skip
+        o.set_output(True).set_name("o")
+        if stats is not None:
+            stats.set_output(True).set_name("stats")
+        return g
+
+    def feeds(self, seed: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        tq, tkv = self.tokens(self.lengths_q), self.tokens(self.lengths_kv)
+        kv_rows = (1, tkv) if self.packed_kv else (self.b, max(self.lengths_kv))
+        feeds = {
+            "q": rng.standard_normal((1, self.hq, tq, self.d)),
+            "k": rng.standard_normal((kv_rows[0], self.hk, kv_rows[1], self.d)),
+            "v": rng.standard_normal((kv_rows[0], self.hk, kv_rows[1], self.dv)),
+        }
+        feeds = {name: value.astype(self.data_type.numpy) for name, value in feeds.items()}
+        for side, lengths in (("q", self.lengths_q), ("kv", self.lengths_kv)):
+            if side == "q" or self.packed_kv:
+                feeds[f"cu_{side}"] = np.cumsum((0, *lengths), dtype=np.int32).reshape(-1, 1, 1, 1)
+            used = [max(0, n - self.short) for n in lengths]
+            feeds[f"seq_{side}"] = np.array(used, dtype=np.int32).reshape(-1, 1, 1, 1)
+        return feeds
+
+
+RAGGED_CASES = {
+    "packed_qkv_causal": RaggedCase(),
+    "packed_q_padded_kv": RaggedCase(packed_kv=False, options={"use_causal_mask": True}),
+    "gqa_8to1_d128_no_mask": RaggedCase(hq=8, hk=1, d=128, dv=128, options={}, data_type=DataType.HALF),
+    "d72_dv40_window": RaggedCase(d=72, dv=40, options={"use_causal_mask": True, "sliding_window_length": 9}),
+    "fp32_simt": RaggedCase(lengths_q=(3, 17, 0), lengths_kv=(4, 17, 2), data_type=DataType.FLOAT, d=40, dv=24),
+    "one_sequence_no_spare": RaggedCase(lengths_q=(200,), lengths_kv=(200,), spare=0, short=0, options={}),
+}

@@ -15,6 +15,8 @@ Three paths, all correct for every mask, layout and head dim up to 256:
 - one warp per query row in fp32 for anything else (attention_simt.py).
 
 Every path takes dropout, drawing the reference's mask (attention_problem.dropout_function).
+Packed (ragged) sequences run on the flash or the SIMT kernel, after attention_ragged.py's fill
+of the packed outputs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from ..kernel import FusedProgram
 from .attention_decode import decode_choices, decode_program, uses_decode
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
-from .attention_problem import attention_of, on_tensor_cores
+from .attention_problem import Attention, attention_of, on_tensor_cores
+from .attention_ragged import fill_kernel
 from .attention_simt import simt_kernel
 from .attention_wgmma import configs as wgmma_configs
 from .attention_wgmma import supported as wgmma_supported
@@ -36,6 +39,8 @@ from .attention_wgmma import wgmma_attention_kernel
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = attention_of(fused)
+    if a.ragged:
+        return _ragged_program(fused, ctx, a)
     if ctx.tuning.get("path") == DECODE or (not ctx.tuning and uses_decode(a)):
         return decode_program(fused, ctx, a)
     if a.paged and (not on_tensor_cores(a) or ctx.tuning.get("path") == "wgmma"):
@@ -51,11 +56,27 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     return FusedProgram(fused.name, (flash_kernel(fused, ctx, a, config(a, ctx.tuning)),))
 
 
+def _ragged_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
+    """Packed sequences: the flash kernel (fp16/bf16) or the SIMT one, after the fill of packed
+    outputs (attention_ragged.py); the decode and Hopper kernels address a dense batch."""
+    if ctx.tuning.get("path") in (DECODE, "wgmma") or (a.paged and not on_tensor_cores(a)):
+        raise UnsupportedError(
+            f"attention tuning {dict(ctx.tuning)}: packed (ragged) sequences run on the mma.sync flash kernel "
+            "(all fp16 or all bf16; with a paged KV cache only there) or the SIMT one",
+            node=a.node.name,
+        )
+    fill = (fill_kernel(fused, ctx, a),) if a.ragged_q is not None and (a.o or a.stats) is not None else ()
+    attention = flash_kernel(fused, ctx, a, config(a, ctx.tuning)) if on_tensor_cores(a) else simt_kernel(fused, ctx, a)
+    return FusedProgram(fused.name, (*fill, attention))
+
+
 def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     """The decode kernel's threads, key slots and KV splits where it applies; warps per block
     and keys per tile of the flash kernel, keys per stage and turn-taking of the Hopper one
     (autotuning)."""
     a = attention_of(fused)
+    if a.ragged:
+        return flash_candidates(a) if on_tensor_cores(a) else []
     decode = decode_choices(a, arch) if a.paged or uses_decode(a) else []
     if not on_tensor_cores(a) or (a.paged and uses_decode(a)):  # paged decode: the decode kernel's choices
         return decode

@@ -45,6 +45,8 @@ class Attention:
     page_table_v: Tensor | None
     seed: Tensor | None  # dropout's Philox key and counter offset (with attrs.dropout_probability)
     offset: Tensor | None
+    ragged_q: Tensor | None = None  # packed sequences' token offsets (graphdnn/ops/attention_ragged.py)
+    ragged_kv: Tensor | None = None
 
     @property
     def attrs(self) -> Masks:
@@ -54,7 +56,12 @@ class Attention:
 
     @property
     def batch(self) -> int:
-        return self.q.static_dim[0]
+        lengths = self.seq_len_q if self.ragged_q is not None else None
+        return (lengths or self.q).static_dim[0]
+
+    @property
+    def ragged(self) -> bool:
+        return self.ragged_q is not None or self.ragged_kv is not None
 
     @property
     def heads(self) -> int:
@@ -139,6 +146,8 @@ def attention_of(fused: FusedNode) -> Attention:
         node.input("PAGE_TABLE_V"),
         node.input("SEED"),
         node.input("OFFSET"),
+        node.input("RAGGED_OFFSET_Q"),
+        node.input("RAGGED_OFFSET_KV"),
     )
 
 
@@ -164,6 +173,7 @@ def declare(a: Attention, params: KernelParams | None = None) -> AttentionParams
     inputs = {"Q": a.q, "K": a.k, "V": a.v, "ATTN_SCALE": a.scale, "BIAS": a.bias}
     inputs |= {"SEQ_LEN_Q": a.seq_len_q, "SEQ_LEN_KV": a.seq_len_kv}
     inputs |= {"PAGE_TABLE_K": a.page_table_k, "PAGE_TABLE_V": a.page_table_v, "SEED": a.seed, "OFFSET": a.offset}
+    inputs |= {"RAGGED_OFFSET_Q": a.ragged_q, "RAGGED_OFFSET_KV": a.ragged_kv}
     names = {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant}
     outputs = {"O": a.o, "STATS": a.stats}
     names |= {role: name_of(t, writable=True) for role, t in outputs.items() if t is not None}
@@ -221,9 +231,14 @@ def sequence_setup(a: Attention, names: dict[str, str]) -> list[str]:
     lines: list[str] = []
     if a.padded:
         assert a.seq_len_q is not None and a.seq_len_kv is not None
+        rooms = {"q": "SQ", "kv": "SKV"}
+        for side, offsets in (("q", a.ragged_q), ("kv", a.ragged_kv)):
+            if offsets is not None:
+                lines += _owned_tokens(a, side, offsets, names[f"RAGGED_OFFSET_{side.upper()}"])
+                rooms[side] = f"{side}_owned"
         lines += [
-            f"const int sq = (int)min((long long)SQ, max(0LL, (long long){length(a.seq_len_q, names['SEQ_LEN_Q'])}));",
-            f"const int skv = (int)min((long long)SKV, max(0LL, (long long){length(a.seq_len_kv, names['SEQ_LEN_KV'])}));",
+            f"const int sq = (int)min((long long){rooms['q']}, max(0LL, (long long){length(a.seq_len_q, names['SEQ_LEN_Q'])}));",
+            f"const int skv = (int)min((long long){rooms['kv']}, max(0LL, (long long){length(a.seq_len_kv, names['SEQ_LEN_KV'])}));",
         ]
     else:
         lines.append("constexpr int sq = SQ, skv = SKV;")
@@ -233,6 +248,42 @@ def sequence_setup(a: Attention, names: dict[str, str]) -> list[str]:
     scale = "1.0f" if a.scale is None else scalar_value(a.scale, names.get("ATTN_SCALE"), "float")
     lines.append(f"const float scale = {scale};")
     return lines
+
+
+def _owned_tokens(a: Attention, side: str, offsets: Tensor, name: str) -> list[str]:
+    """``{side}_start`` and ``{side}_owned``: the packed tokens batch b's sequence owns, by the
+    rule of graphdnn/ops/attention_ragged.py (start at its clamped offset, end at the smallest
+    later one), so that sequences never overlap whatever the offsets hold."""
+    total = "SQ" if side == "q" else "SKV"
+    at = load(offsets.data_type, element(offsets, name, ["c", "0", "0", "0"]), "long long")
+    return [
+        f"auto {side}_token_at = [&](int c) -> long long {{ return min((long long){total}, max(0LL, {at})); }};",
+        f"const long long {side}_start = {side}_token_at(b);",
+        f"long long {side}_limit = {total};",
+        f"for (int c = b + 1; c <= {a.batch}; ++c) {side}_limit = min({side}_limit, {side}_token_at(c));",
+        f"const int {side}_owned = (int)max(0LL, {side}_limit - {side}_start);",
+    ]
+
+
+def written_rows(a: Attention) -> str:
+    """The rows of a sequence a kernel writes: all SQ (zeros past its length), or a packed
+    sequence's ``sq`` (the rest of a packed output is filled before: attention_ragged.py)."""
+    return "sq" if a.ragged_q is not None else "SQ"
+
+
+def packed_exit(a: Attention) -> list[str]:
+    """A block whose rows all lie past its packed sequence's has nothing to write."""
+    return ["if (row0 >= sq) return;  // rows past a packed sequence are no one's"] if a.ragged_q is not None else []
+
+
+def coordinates(a: Attention, role: str, head: str, row: str, col: str) -> list[str]:
+    """The [b, h, s, d] coordinates of row ``row`` (of the batch's sequence), column ``col`` of
+    the tensor in ``role`` (Q, K, V, O or STATS): dim 0 is b, or for a packed tensor 0 with the
+    row counted from the sequence's first token."""
+    start = "q_start" if role in ("Q", "O", "STATS") and a.ragged_q is not None else None
+    if role in ("K", "V") and a.ragged_kv is not None:
+        start = "kv_start"
+    return ["b", head, row, col] if start is None else ["0", head, f"{start} + ({row})", col]
 
 
 def alibi_table(a: Attention) -> list[str]:
@@ -252,6 +303,8 @@ def key_row_address(a: Attention, names: dict[str, str], role: str, j: str, page
     """The first element of key ``j``'s row of K or V (``role``) for kv head ``hk``: dense at
     [b, hk, j], or paged at [``page``, hk, j % page_size] of the pool."""
     tensor, stride = (a.k, "KS") if role == "K" else (a.v, "VS")
+    if a.ragged_kv is not None:
+        return f"{names[role]} + (long long)hk * {stride}[1] + (kv_start + ({j})) * {stride}[2]"
     if not a.paged:
         return (
             f"{names[role]} + (long long)b * {stride}[0] + (long long)hk * {stride}[1] + (long long)({j}) * {stride}[2]"
@@ -397,7 +450,7 @@ def o_pair_store(
         return pairs
     scale = f" * {literal(1.0 / (1.0 - a.dropout), 'float')}" if a.dropout is not None else ""
     packed = f"pack2(({values[0]}){scale}, ({values[1]}){scale})"
-    address = element(o, names["O"], ["b", "h", row, col])
+    address = element(o, names["O"], coordinates(a, "O", "h", row, col))
     return [
         f"if ({aligned}) {{",
         f"  *reinterpret_cast<unsigned*>(&{address}) = {packed};",
@@ -414,11 +467,11 @@ def o_store(a: Attention, names: dict[str, str], row: str, col: str, value: str)
         return ";"
     if a.dropout is not None:
         value = f"({value}) * {literal(1.0 / (1.0 - a.dropout), 'float')}"
-    return f"{element(a.o, names['O'], ['b', 'h', row, col])} = gd::from<{cuda_type(a.o.data_type)}>({value});"
+    return f"{element(a.o, names['O'], coordinates(a, 'O', 'h', row, col))} = gd::from<{cuda_type(a.o.data_type)}>({value});"
 
 
 def stats_store(a: Attention, names: dict[str, str], row: str, lse2: str) -> list[str]:
     """STATS at (b, h, ``row``) from the log2-unit log-sum-exp ``lse2`` (-inf: no visible key)."""
     if a.stats is None:
         return []
-    return [f"{element(a.stats, names['STATS'], ['b', 'h', row, '0'])} = ({lse2}) * {LN2}f;"]
+    return [f"{element(a.stats, names['STATS'], coordinates(a, 'STATS', 'h', row, '0'))} = ({lse2}) * {LN2}f;"]

@@ -18,6 +18,7 @@ from ..kernel import Kernel
 from .attention_problem import (
     Attention,
     block_setup,
+    coordinates,
     declare,
     dropout_function,
     dropped,
@@ -26,6 +27,7 @@ from .attention_problem import (
     o_store,
     score_function,
     stats_store,
+    written_rows,
 )
 
 WARPS = 4
@@ -37,7 +39,7 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
     columns = -(-a.dv // 32)
 
     def value(role: str, tensor: Tensor, head: str, row: str, col: str) -> str:
-        return load(tensor.data_type, element(tensor, names[role], ["b", head, row, col]), "float")
+        return load(tensor.data_type, element(tensor, names[role], coordinates(a, role, head, row, col)), "float")
 
     body = [
         *block_setup(a, names, WARPS),
@@ -47,7 +49,7 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
         f"__shared__ float q_s[{WARPS}][{a.d}];",
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
         "const int i = row0 + warp;",
-        "if (i >= SQ) return;",
+        f"if (i >= {written_rows(a)}) return;",
         "for (int d = lane; d < D; d += 32) q_s[warp][d] = " + value("Q", a.q, "h", "i", "d") + ";",
         "__syncwarp();",
         f"float o[{columns}], m = NEG_INF, l = 0.0f;",

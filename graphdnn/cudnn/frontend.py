@@ -133,7 +133,11 @@ class pygraph(FrontendOps):
         """A graph input (or, with ``is_virtual``, a tensor a node will write). ``uid=-1``
         means assigned at build, the smallest free from 1."""
         if ragged_offset is not None or ragged_offset_multiplier != 1:
-            raise UnsupportedError("ragged tensors (ragged_offset) are not supported by graphdnn", tensor=name or None)
+            raise UnsupportedError(
+                "the frontend's ragged tensors (ragged_offset, element offsets) are not translated; graphdnn's sdpa "
+                "takes packed sequences by token offsets: gd.OperationGraphSpec.sdpa(ragged_offset_q=, ragged_offset_kv=)",
+                tensor=name or None,
+            )
         if reordering_type is not None and getattr(reordering_type, "name", reordering_type) != "NONE":
             raise UnsupportedError(f"tensor reordering {reordering_type!r} is not supported", tensor=name or None)
         return self._spec.tensor(

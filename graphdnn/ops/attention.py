@@ -25,6 +25,7 @@ import numpy as np
 from ..dtypes import DataType
 from ..errors import DataTypeError, GraphError, StructureError
 from ..symbolic import Extent
+from .attention_ragged import PACKED, RAGGED_ROLES, check_ragged, is_ragged, pack, ragged_batch, unpack
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
 from .random import as_uint64, uniform
@@ -97,6 +98,8 @@ class Sdpa(Op):
         Role("PAGE_TABLE_V", optional=True),
         Role("SEED", optional=True, scalar=True),
         Role("OFFSET", optional=True, scalar=True),
+        Role("RAGGED_OFFSET_Q", optional=True),
+        Role("RAGGED_OFFSET_KV", optional=True),
     )
     outputs = (Role("O"), Role("STATS"))
     attributes = SdpaAttributes
@@ -105,14 +108,19 @@ class Sdpa(Op):
         return self.output_names if attributes.generate_stats else frozenset({"O"})  # type: ignore[attr-defined]
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
-        batch, q_heads, sq, _, dv = check_problem(node)
-        inferred = {"O": Inferred((batch, q_heads, sq, dv))}
+        _, q_heads, sq, _, dv = check_problem(node)
+        rows = node.input("Q").dim[0]  # type: ignore[union-attr]  # B, or 1 for a packed (ragged) Q
+        inferred = {"O": Inferred((rows, q_heads, sq, dv))}
         if node.attributes.generate_stats:  # type: ignore[attr-defined]
-            inferred["STATS"] = Inferred((batch, q_heads, sq, 1), data_type=DataType.FLOAT)
+            inferred["STATS"] = Inferred((rows, q_heads, sq, 1), data_type=DataType.FLOAT)
         return inferred
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
+        if any(role in x for role in RAGGED_ROLES):
+            padded, q_ranges = unpack(node, x)
+            outputs = self.reference(node, {k: v for k, v in padded.items() if k not in RAGGED_ROLES})
+            return outputs if q_ranges is None else pack(outputs, padded["SEQ_LEN_Q"], q_ranges)
         if "PAGE_TABLE_K" in x:
             skv = kv_length(node)
             k = gather_pages(node, x["K"], x["PAGE_TABLE_K"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_K")
@@ -143,6 +151,10 @@ def sequence_length_range(node: Node, role: str) -> tuple[int, int] | None:
     as rng's."""
     if role in DROPOUT_ROLES:
         return 0, 2**31 - 1
+    if role in RAGGED_ROLES:
+        packed = node.input(PACKED[role][0])
+        assert packed is not None
+        return 0, packed.static_dim[2]
     if role in PAGE_TABLE_ROLES:
         pool = node.input("K" if role == "PAGE_TABLE_K" else "V")
         assert pool is not None
@@ -236,7 +248,9 @@ def check_problem(node: Node) -> tuple[Extent, Extent, Extent, Extent, Extent]:
     """Check Q, K, V, BIAS, the sequence lengths and the mask attributes (forward and backward
     take the same); return (B, Hq, Sq, D, Dv)."""
     q, k, v = (rank4(node, role) for role in ("Q", "K", "V"))
-    batch, q_heads, sq, d = q.dim
+    _, q_heads, sq, d = q.dim
+    batch = ragged_batch(node) or q.dim[0]
+    kv_batch = 1 if is_ragged(node, "RAGGED_OFFSET_KV") else batch
     if q_heads % k.dim[1]:
         fail(node, f"Q has {q_heads} heads, not a multiple of K and V's {k.dim[1]}", role="K")
     for role, extent in (("Q", d), ("V", v.dim[3])):
@@ -248,8 +262,9 @@ def check_problem(node: Node) -> tuple[Extent, Extent, Extent, Extent, Extent]:
     else:
         if getattr(node.attributes, "paged_attention_max_seq_len_kv", None) is not None:
             fail_attribute(node, "paged_attention_max_seq_len_kv is set without paged_attention_k_table / _v_table")
-        if k.dim[0] != batch or k.dim[3] != d:
-            fail(node, f"K has dims {list(k.dim)}; expected [B, Hk, Skv, D] with Q's B = {batch} and D = {d}", role="K")
+        if k.dim[0] != kv_batch or k.dim[3] != d:
+            batch_is = "B = 1 (packed: RAGGED_OFFSET_KV)" if kv_batch != batch else f"Q's B = {batch}"
+            fail(node, f"K has dims {list(k.dim)}; expected [B, Hk, Skv, D] with {batch_is} and D = {d}", role="K")
         if v.dim[:3] != k.dim[:3]:
             fail(
                 node,
@@ -259,6 +274,7 @@ def check_problem(node: Node) -> tuple[Extent, Extent, Extent, Extent, Extent]:
         skv = k.dim[2]
     check_attributes(node)
     check_seq_lens(node, batch)
+    check_ragged(node, batch)
     check_dropout(node)
     bias = node.input("BIAS")
     scores = (batch, q_heads, sq, skv)
@@ -428,6 +444,8 @@ class AttentionMethods:
         paged_attention_v_table: TensorSpec | None = None,
         paged_attention_max_seq_len_kv: int | None = None,
         dropout: tuple[float, TensorSpec | int, TensorSpec | int] | None = None,
+        ragged_offset_q: TensorSpec | None = None,
+        ragged_offset_kv: TensorSpec | None = None,
     ) -> tuple[TensorSpec, TensorSpec | None]:
         """Attention forward -> (O, STATS); STATS is None unless ``generate_stats``.
 
@@ -436,10 +454,14 @@ class AttentionMethods:
         ``dropout=(probability, seed, offset)``, as the frontend's: the softmax's elements are
         dropped with that probability and the kept ones scaled by 1 / (1 - probability), the mask
         drawn from Philox with the seed and offset (one-element tensors or Python ints).
+        ``ragged_offset_q`` / ``ragged_offset_kv``: packed sequences (Q and O, or K and V, as
+        ``[1, H, T, head dim]``; ``[B + 1, 1, 1, 1]`` token offsets, as FlashAttention's
+        cu_seqlens; ops/attention_ragged.py has the rules).
         """
         inputs = {"Q": q, "K": k, "V": v, "ATTN_SCALE": attn_scale, "BIAS": bias}
         inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
         inputs |= {"PAGE_TABLE_K": paged_attention_k_table, "PAGE_TABLE_V": paged_attention_v_table}
+        inputs |= {"RAGGED_OFFSET_Q": ragged_offset_q, "RAGGED_OFFSET_KV": ragged_offset_kv}
         probability = dropout_inputs(self.scalar, dropout, inputs, name)
         attrs = {
             "generate_stats": generate_stats,

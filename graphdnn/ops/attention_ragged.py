@@ -1,0 +1,135 @@
+"""Ragged (packed) sequences for ``sdpa``: the rows of every sequence of a batch stored one
+after another, without padding, as FlashAttention's variable-length API and the cuDNN
+frontend's ragged offsets store them.
+
+With RAGGED_OFFSET_Q, Q is one packed sequence ``[1, Hq, Tq, D]`` (any strides: THD is
+``[Tq*Hq*D, D, Hq*D, 1]``) and RAGGED_OFFSET_Q ``[B + 1, 1, 1, 1]`` integers give the token
+where each sequence starts (``cu_seqlens``: 0, len0, len0 + len1, ..., the last the total);
+O ``[1, Hq, Tq, Dv]`` and STATS ``[1, Hq, Tq, 1]`` are packed the same way. With
+RAGGED_OFFSET_KV, K and V are packed ``[1, Hk, Tkv, D(v)]`` likewise. Both need
+use_padding_mask: SEQ_LEN_Q and SEQ_LEN_KV ``[B, 1, 1, 1]`` give the batch and how many rows
+of its range each sequence uses.
+
+Offsets are tokens, not elements (the frontend counts elements), so one offsets tensor
+serves Q, O and STATS whatever their strides and head dims. Every offsets tensor is a valid
+input: offsets are clamped to ``[0, T]``, and token t belongs to the *last* sequence b whose
+offset is at most t, so sequence b owns tokens ``[off[b], min(off[b+1:]))`` (empty when a
+later offset is smaller). Sequences never overlap, so no two writers race on the GPU, and
+the offsets of cu_seqlens give each sequence exactly its rows. A sequence uses the first
+``min(seq_len, owned tokens)`` of its rows; O is zero and STATS -inf at every other token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..dtypes import DataType
+from ..errors import DataTypeError, StructureError
+from ..symbolic import Extent
+from .base import fail
+
+if TYPE_CHECKING:
+    from ..ir import Node
+
+RAGGED_ROLES = ("RAGGED_OFFSET_Q", "RAGGED_OFFSET_KV")
+PACKED = {"RAGGED_OFFSET_Q": ("Q",), "RAGGED_OFFSET_KV": ("K", "V")}  # the inputs each offsets tensor packs
+
+
+def is_ragged(node: Node, role: str) -> bool:
+    return any(r == role for r, _ in node.inputs) and node.input(role) is not None
+
+
+def ragged_batch(node: Node) -> Extent | None:
+    """B of a node with a ragged Q (SEQ_LEN_Q's dim 0), None when Q is not ragged."""
+    if not is_ragged(node, "RAGGED_OFFSET_Q"):
+        return None
+    lengths = node.input("SEQ_LEN_Q")
+    if lengths is None or not node.attributes.use_padding_mask:  # type: ignore[attr-defined]
+        raise StructureError(
+            "RAGGED_OFFSET_Q needs use_padding_mask with seq_len_q and seq_len_kv: they give the batch and each "
+            "sequence's length",
+            node=node.name,
+        )
+    return lengths.dim[0]
+
+
+def check_ragged(node: Node, batch: Extent) -> None:
+    """Each offsets tensor: an integer ``[B + 1, 1, 1, 1]`` with use_padding_mask, its packed
+    inputs one sequence (dim 0 of 1), K and V not a page pool."""
+    for role in RAGGED_ROLES:
+        offsets = node.input(role) if is_ragged(node, role) else None
+        if offsets is None:
+            continue
+        if not node.attributes.use_padding_mask:  # type: ignore[attr-defined]
+            raise StructureError(
+                f"{role} needs use_padding_mask with seq_len_q and seq_len_kv (each sequence's length)", node=node.name
+            )
+        if role == "RAGGED_OFFSET_KV" and node.input("PAGE_TABLE_K") is not None:
+            raise StructureError(
+                "RAGGED_OFFSET_KV and a paged KV cache exclude each other: K and V are page pools", node=node.name
+            )
+        if offsets.data_type.is_set and (offsets.data_type.is_floating or offsets.data_type is DataType.BOOLEAN):
+            raise DataTypeError(
+                f"{role} '{offsets.name}' is {offsets.data_type.value}; ragged offsets are integer token indices",
+                node=node.name,
+                tensor=offsets.name,
+            )
+        if len(offsets.dim) != 4 or offsets.dim[0] != batch + 1 or tuple(offsets.dim[1:]) != (1, 1, 1):
+            fail(node, f"{role} has dims {list(offsets.dim)}, expected [B + 1, 1, 1, 1] with B = {batch}", role=role)
+        for packed in PACKED[role]:
+            tensor = node.input(packed)
+            assert tensor is not None
+            if tensor.dim[0] != 1:
+                fail(
+                    node,
+                    f"{packed} has dims {list(tensor.dim)}; with {role} it is packed, [1, H, T, head dim]",
+                    role=packed,
+                )
+
+
+def owned_ranges(offsets: np.ndarray, total: int) -> np.ndarray:
+    """``[B, 2]``: the tokens ``[start, end)`` each sequence owns (the module's rule)."""
+    starts = np.clip(offsets.reshape(-1).astype(np.int64), 0, total)
+    ends = np.minimum.accumulate(starts[::-1])[::-1]  # ends[b] = min(starts[b:])
+    return np.stack([starts[:-1], np.maximum(ends[1:], starts[:-1])], axis=1)
+
+
+def unpack(node: Node, x: Mapping[str, Any]) -> tuple[dict[str, Any], np.ndarray | None]:
+    """The padded problem of a ragged one: packed inputs as ``[B, H, T, d]`` (each sequence's
+    owned rows first, zeros after) and the sequence lengths cut to the rows owned; also the
+    owned ranges of Q's sequences (None when Q is not ragged), for :func:`pack`."""
+    padded = dict(x)
+    q_ranges = None
+    for role in RAGGED_ROLES:
+        if role not in x:
+            continue
+        lengths = "SEQ_LEN_Q" if role == "RAGGED_OFFSET_Q" else "SEQ_LEN_KV"
+        total = x[PACKED[role][0]].shape[2]
+        ranges = owned_ranges(x[role], total)
+        for name in PACKED[role]:
+            packed = x[name]
+            out = np.zeros((len(ranges), packed.shape[1], total, packed.shape[3]), packed.dtype)
+            for b, (start, end) in enumerate(ranges):
+                out[b, :, : end - start] = packed[0, :, start:end]
+            padded[name] = out
+        seq_len = np.clip(x[lengths].reshape(-1), 0, total)
+        padded[lengths] = np.minimum(seq_len, ranges[:, 1] - ranges[:, 0]).reshape(-1, 1, 1, 1)
+        if role == "RAGGED_OFFSET_Q":
+            q_ranges = ranges
+    return padded, q_ranges
+
+
+def pack(outputs: dict[str, np.ndarray], lengths: np.ndarray, ranges: np.ndarray) -> dict[str, np.ndarray]:
+    """Padded outputs ``[B, H, T, d]`` back into packed ``[1, H, T, d]``: each sequence's first
+    ``lengths[b]`` rows at its owned range; O zero and STATS -inf at every other token."""
+    packed = {}
+    for role, value in outputs.items():
+        out = np.full((1, *value.shape[1:]), -np.inf if role == "STATS" else 0.0)
+        for b, (start, _) in enumerate(ranges):
+            rows = int(lengths.reshape(-1)[b])
+            out[0, :, start : start + rows] = value[b, :, :rows]
+        packed[role] = out
+    return packed
