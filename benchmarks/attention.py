@@ -8,6 +8,7 @@ backends, on the issue's shapes (B4 H16, bf16), same inputs, L2 flushed by do_be
     PYTHONPATH=. python benchmarks/attention.py --decode   # the paged-KV decode table instead
     PYTHONPATH=. python benchmarks/attention.py --decode --sweep  # every decode tuning choice timed
     PYTHONPATH=. python benchmarks/attention.py --prefill  # paged prefill chunks
+    PYTHONPATH=. python benchmarks/attention.py --ragged   # packed variable-length sequences
 
 TFLOP/s count 4·B·H·Sq·Skv·D (two matmuls) forward and 10·B·H·Sq·Skv·D backward (five:
 S again, dP, dV, dQ, dK), halved for a causal mask (the work a causal kernel skips). Every
@@ -17,6 +18,11 @@ Decode (``--decode``): one query token per sequence, Hq 32, Hk 8, D 128, bf16, K
 cache of 64-key pages (shuffled), every sequence Skv long; torch SDPA reads the same K/V
 gathered dense (``enable_gqa``). Its roofline is reading K and V once, 2·B·Hk·Skv·D·2 bytes, at
 the measured copy bandwidth; the table gives each time's fraction of it.
+
+Packed sequences (``--ragged``): causal self-attention over sequences of mixed lengths packed
+token-major (THD), H16 D128 bf16, beside the same sequences padded to the longest (graphdnn's
+dense plan with a padding mask) and torch SDPA on a jagged nested tensor (its varlen path).
+TFLOP/s count only the work of the sequences themselves.
 
 Sweep (``--decode --sweep``, under two minutes on an H100): every autotuning choice of the
 decode node (threads, key slots per lane, split) on SWEEP_SHAPES, checked against torch and
@@ -50,6 +56,9 @@ DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
 SWEEP_SHAPES = [(1, 8192), (1, 32768), (2, 16384), (4, 16384), (8, 8192), (8, 32768)]
 # --prefill: (batch, chunk of query rows, Skv) over the same paged cache
 PREFILL_SHAPES = [(4, 512, 4096), (1, 2048, 8192), (8, 256, 2048)]
+# --ragged: the lengths of the packed sequences; heads and head dim fixed
+RAGGED_LENGTHS = [(512, 4096, 1024, 3000, 2048, 777, 4000, 1000), tuple(range(100, 1700, 25))]
+RAGGED_H, RAGGED_D = 16, 128
 
 
 def graph(b: int, h: int, s: int, d: int, causal: bool, stats: bool = False) -> gd.OperationGraphSpec:
@@ -85,6 +94,7 @@ def main() -> int:
     parser.add_argument("--decode", action="store_true", help="the paged-KV decode table")
     parser.add_argument("--sweep", action="store_true", help="with --decode: time every decode tuning choice")
     parser.add_argument("--prefill", action="store_true", help="paged prefill chunks against torch on dense K/V")
+    parser.add_argument("--ragged", action="store_true", help="packed sequences against padded ones and torch")
     args = parser.parse_args()
     if args.dry:
         graphs = (
@@ -92,6 +102,8 @@ def main() -> int:
             if args.decode
             else [decode_graph(b, skv, sq) for b, sq, skv in PREFILL_SHAPES]
             if args.prefill
+            else [ragged_graph(lengths, packed) for lengths in RAGGED_LENGTHS for packed in (True, False)]
+            if args.ragged
             else [build(*shape) for shape in SHAPES for build in (graph, backward_graph)]
         )
         for built in graphs:
@@ -112,6 +124,8 @@ def main() -> int:
         return 0
     if args.prefill:
         return prefill_table()
+    if args.ragged:
+        return ragged_table()
     if args.decode and args.sweep:
         return decode_sweep()
     if args.decode:
@@ -287,6 +301,81 @@ def prefill_table() -> int:
             f"{inputs.torch_us / ours:.2f}x |"
         )
     return 0
+
+
+def ragged_graph(lengths: tuple[int, ...], packed: bool) -> gd.OperationGraphSpec:
+    """Causal self-attention over ``lengths``: packed THD with cu_seqlens offsets, or padded to
+    the longest ([B, H, S, D], BSHD strides) with the same lengths as a padding mask."""
+    b, total, longest = len(lengths), sum(lengths), max(lengths)
+    g = gd.OperationGraphSpec(name=f"{'ragged' if packed else 'padded'}_b{b}_t{total}", io_data_type="bf16")
+    h, d = RAGGED_H, RAGGED_D
+    rows, tokens = (1, total) if packed else (b, longest)
+    q, k, v = (g.tensor(name=n, dim=[rows, h, tokens, d], stride=[tokens * h * d, d, h * d, 1]) for n in "qkv")
+    seq = [g.tensor(name=n, dim=[b, 1, 1, 1], data_type="int32") for n in ("seq_q", "seq_kv")]
+    offsets = g.tensor(name="cu", dim=[b + 1, 1, 1, 1], data_type="int32") if packed else None
+    o, _ = g.sdpa(
+        q, k, v, attn_scale=d**-0.5, use_causal_mask=True, use_padding_mask=True, seq_len_q=seq[0], seq_len_kv=seq[1],
+        ragged_offset_q=offsets, ragged_offset_kv=offsets,
+    )  # fmt: skip
+    o.set_name("o").set_output(True).set_stride([tokens * h * d, d, h * d, 1])
+    return g
+
+
+def ragged_table() -> int:
+    print("| sequences | tokens | packed TFLOP/s | padded to the longest | torch jagged SDPA | packed / torch |")
+    print("|---|---|---|---|---|---|")
+    for lengths in RAGGED_LENGTHS:
+        print(ragged_row(lengths))
+    return 0
+
+
+def ragged_row(lengths: tuple[int, ...]) -> str:
+    """Packed sequences (the flash kernel), the same padded (the dense default plan) and torch's
+    jagged nested-tensor SDPA, each checked against torch."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.measure import median_us
+
+    h, d = RAGGED_H, RAGGED_D
+    b, total, longest = len(lengths), sum(lengths), max(lengths)
+    cu = torch.tensor((0, *lengths), device="cuda").cumsum(0)
+    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+    jagged = [torch.nested.nested_tensor_from_jagged(x, cu).transpose(1, 2) for x in (q, k, v)]
+
+    def peer() -> Any:
+        return F.scaled_dot_product_attention(*jagged, is_causal=True, scale=d**-0.5)
+
+    want = peer().transpose(1, 2).values()  # [total, h, d]
+    seq = torch.tensor(lengths, device="cuda", dtype=torch.int32).reshape(b, 1, 1, 1)
+    o = torch.empty_like(q)
+    padded = {n: torch.zeros(b, longest, h, d, device="cuda", dtype=torch.bfloat16) for n in "qkvo"}
+    for i, (start, n) in enumerate(zip(cu.tolist(), lengths)):
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            padded[name][i, :n] = x[start : start + n]
+    thd = {n: t.reshape(1, total, h, d).transpose(1, 2) for n, t in (("q", q), ("k", k), ("v", v), ("o", o))}
+    feeds = {
+        True: {**thd, "cu": cu.int().reshape(-1, 1, 1, 1), "seq_q": seq, "seq_kv": seq},
+        False: {**{n: t.transpose(1, 2) for n, t in padded.items()}, "seq_q": seq, "seq_kv": seq},
+    }
+
+    def run(packed: bool) -> float:
+        graph = ragged_graph(lengths, packed)
+        bound = gd.compile(graph).bind(feeds[packed])
+        o.fill_(float("nan"))
+        padded["o"].fill_(float("nan"))
+        bound()
+        got = o if packed else torch.cat([padded["o"][i, :n] for i, n in enumerate(lengths)])
+        error = ((got.float() - want.float()).norm() / want.float().norm()).item()
+        assert error < 2e-2, f"{graph.name}: graphdnn differs from torch by {error:.3g}"
+        return median_us(bound)
+
+    work = sum(4 * h * d * n * (n + 1) / 2 for n in lengths) / 1e6  # MFLOP, causal
+    ours, dense, torch_us = run(True), run(False), median_us(peer)
+    return (
+        f"| {b} ({min(lengths)}-{longest}) | {total} | {work / ours:.0f} | {work / dense:.0f} | "
+        f"{work / torch_us:.0f} | {torch_us / ours:.2f}x |"
+    )
 
 
 def decode_timed(b: int, skv: int, autotune: bool) -> tuple[float, float]:
