@@ -232,6 +232,8 @@ def sequence_setup(a: Attention, names: dict[str, str]) -> list[str]:
     if a.padded:
         assert a.seq_len_q is not None and a.seq_len_kv is not None
         rooms = {"q": "SQ", "kv": "SKV"}
+        if a.ragged_q is not None:  # a block past its sequence's length leaves before reading the offsets
+            lines.append(f"if (row0 >= {length(a.seq_len_q, names['SEQ_LEN_Q'])}) return;  // past a packed sequence")
         for side, offsets in (("q", a.ragged_q), ("kv", a.ragged_kv)):
             if offsets is not None:
                 lines += _owned_tokens(a, side, offsets, names[f"RAGGED_OFFSET_{side.upper()}"])
@@ -253,14 +255,18 @@ def sequence_setup(a: Attention, names: dict[str, str]) -> list[str]:
 def _owned_tokens(a: Attention, side: str, offsets: Tensor, name: str) -> list[str]:
     """``{side}_start`` and ``{side}_owned``: the packed tokens batch b's sequence owns, by the
     rule of graphdnn/ops/attention_ragged.py (start at its clamped offset, end at the smallest
-    later one), so that sequences never overlap whatever the offsets hold."""
+    later one), so that sequences never overlap whatever the offsets hold. The lanes of each
+    warp share the later offsets (every thread of the block runs this, before any exit)."""
     total = "SQ" if side == "q" else "SKV"
     at = load(offsets.data_type, element(offsets, name, ["c", "0", "0", "0"]), "long long")
     return [
         f"auto {side}_token_at = [&](int c) -> long long {{ return min((long long){total}, max(0LL, {at})); }};",
         f"const long long {side}_start = {side}_token_at(b);",
         f"long long {side}_limit = {total};",
-        f"for (int c = b + 1; c <= {a.batch}; ++c) {side}_limit = min({side}_limit, {side}_token_at(c));",
+        f"for (int c = b + 1 + (int)(threadIdx.x & 31); c <= {a.batch}; c += 32) "
+        f"{side}_limit = min({side}_limit, {side}_token_at(c));",
+        f"for (int lanes = 16; lanes > 0; lanes >>= 1) "
+        f"{side}_limit = min({side}_limit, __shfl_xor_sync(0xffffffffu, {side}_limit, lanes));",
         f"const int {side}_owned = (int)max(0LL, {side}_limit - {side}_start);",
     ]
 
