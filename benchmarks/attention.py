@@ -315,7 +315,7 @@ def ragged_graph(lengths: tuple[int, ...], packed: bool) -> gd.OperationGraphSpe
     offsets = g.tensor(name="cu", dim=[b + 1, 1, 1, 1], data_type="int32") if packed else None
     o, _ = g.sdpa(
         q, k, v, attn_scale=d**-0.5, use_causal_mask=True, use_padding_mask=True, seq_len_q=seq[0], seq_len_kv=seq[1],
-        ragged_offset_q=offsets, ragged_offset_kv=offsets,
+        ragged_offset_q=offsets, ragged_offset_kv=offsets, max_seq_len_q=longest if packed else None,
     )  # fmt: skip
     o.set_name("o").set_output(True).set_stride([tokens * h * d, d, h * d, 1])
     return g

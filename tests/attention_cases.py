@@ -364,4 +364,9 @@ RAGGED_CASES = {
     "d72_dv40_window": RaggedCase(d=72, dv=40, options={"use_causal_mask": True, "sliding_window_length": 9}),
     "fp32_simt": RaggedCase(lengths_q=(3, 17, 0), lengths_kv=(4, 17, 2), data_type=DataType.FLOAT, d=40, dv=24),
     "one_sequence_no_spare": RaggedCase(lengths_q=(200,), lengths_kv=(200,), spare=0, short=0, options={}),
+    "max_rows_130": RaggedCase(options={"use_causal_mask": True, "max_seq_len_q": 130}),
+    "max_rows_cut_to_100": RaggedCase(data_type=DataType.HALF, options={"max_seq_len_q": 100}),
+    "max_rows_simt": RaggedCase(
+        lengths_q=(3, 17, 0), lengths_kv=(4, 17, 2), data_type=DataType.FLOAT, options={"max_seq_len_q": 9}
+    ),
 }

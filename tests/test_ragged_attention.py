@@ -38,7 +38,8 @@ def dense_reference(
     q = g.tensor(name="q", dim=[1, case.hq, rows, case.d])
     k = g.tensor(name="k", dim=[1, case.hk, keys, case.d])
     v = g.tensor(name="v", dim=[1, case.hk, keys, case.dv])
-    o, stats = g.sdpa(q, k, v, attn_scale=case.d**-0.5, generate_stats=True, **case.options)
+    options = {name: value for name, value in case.options.items() if name != "max_seq_len_q"}
+    o, stats = g.sdpa(q, k, v, attn_scale=case.d**-0.5, generate_stats=True, **options)
     o.set_output(True).set_name("o")
     stats.set_output(True).set_name("stats")  # type: ignore[union-attr]
     cu_q = feeds["cu_q"].reshape(-1)
@@ -51,14 +52,16 @@ def dense_reference(
     return reference.execute(g.validate(), {"q": feeds["q"][:, :, start_q : start_q + rows], "k": k_rows, "v": v_rows})
 
 
-@pytest.mark.parametrize("name", ["packed_qkv_causal", "packed_q_padded_kv", "d72_dv40_window"])
+@pytest.mark.parametrize("name", ["packed_qkv_causal", "packed_q_padded_kv", "d72_dv40_window", "max_rows_cut_to_100"])
 def test_the_reference_is_each_sequence_alone(name: str) -> None:
+    """A sequence's first seq_len rows (at most max_seq_len_q) attend to its first seq_len keys."""
     case = dataclasses.replace(RAGGED_CASES[name], data_type=DataType.FLOAT)
     feeds = case.feeds(7)
     got = reference.execute(case.build().validate(), feeds)
     covered = np.zeros(got["o"].shape[2], bool)
+    longest = case.options.get("max_seq_len_q", got["o"].shape[2])
     for b in range(case.b):
-        rows, keys = int(feeds["seq_q"].flat[b]), int(feeds["seq_kv"].flat[b])
+        rows, keys = min(int(feeds["seq_q"].flat[b]), longest), int(feeds["seq_kv"].flat[b])
         if rows == 0:
             continue
         start = int(feeds["cu_q"].flat[b])
@@ -125,6 +128,12 @@ def ragged_graph(**changes: object) -> gd.OperationGraphSpec:
             r"Q has dims \[3, 4, 10, 64\]; with RAGGED_OFFSET_Q it is packed",
         ),
         ({"dims": {"k": [3, 2, 12, 64], "v": [3, 2, 12, 64]}}, ShapeError, r"K has dims \[3, 2, 12, 64\]"),
+        ({"max_seq_len_q": 0}, StructureError, "max_seq_len_q is 0; it bounds the sequences of a packed Q"),
+        (
+            {"ragged_offset_q": None, "max_seq_len_q": 4, "dims": {"q": [3, 4, 10, 64]}},
+            StructureError,
+            "max_seq_len_q is 4",
+        ),
     ],
 )
 def test_bad_ragged_graphs_are_refused_naming_what_is_wrong(

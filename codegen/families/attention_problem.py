@@ -60,6 +60,12 @@ class Attention:
         return (lengths or self.q).static_dim[0]
 
     @property
+    def rows_per_sequence(self) -> int:
+        """The query rows a sequence may have: Sq, or a packed Q's max_seq_len_q (the grid's)."""
+        longest: int | None = getattr(self.attrs, "max_seq_len_q", None)
+        return self.sq if longest is None else min(longest, self.sq)
+
+    @property
     def ragged(self) -> bool:
         return self.ragged_q is not None or self.ragged_kv is not None
 
@@ -192,14 +198,14 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
 
 def work_items(a: Attention, block_m: int) -> int:
     """The (row block, head, batch) items of a kernel that gives each ``block_m`` query rows."""
-    return -(-a.sq // block_m) * a.heads * a.batch
+    return -(-a.rows_per_sequence // block_m) * a.heads * a.batch
 
 
 def work_setup(a: Attention, names: dict[str, str], block_m: int, work: str) -> list[str]:
     """Work item ``work``'s batch ``b``, head ``h``, kv head ``hk`` and first row ``row0`` (heavy
     causal blocks first); then :func:`lengths_and_scale`."""
     return [
-        f"constexpr int M_BLOCKS = {-(-a.sq // block_m)};",
+        f"constexpr int M_BLOCKS = {-(-a.rows_per_sequence // block_m)};",
         f"const int m_block = M_BLOCKS - 1 - (int)({work} % M_BLOCKS);  // the longest causal rows first",
         f"const int h = (int)(({work} / M_BLOCKS) % HQ), b = (int)({work} / M_BLOCKS / HQ);",
         "const int hk = h / GROUP;",
@@ -238,6 +244,8 @@ def sequence_setup(a: Attention, names: dict[str, str]) -> list[str]:
             if offsets is not None:
                 lines += _owned_tokens(a, side, offsets, names[f"RAGGED_OFFSET_{side.upper()}"])
                 rooms[side] = f"{side}_owned"
+        if a.rows_per_sequence < a.sq:
+            rooms["q"] = f"min(q_owned, {a.rows_per_sequence})"
         lines += [
             f"const int sq = (int)min((long long){rooms['q']}, max(0LL, (long long){length(a.seq_len_q, names['SEQ_LEN_Q'])}));",
             f"const int skv = (int)min((long long){rooms['kv']}, max(0LL, (long long){length(a.seq_len_kv, names['SEQ_LEN_KV'])}));",

@@ -27,6 +27,7 @@ from .attention_problem import (
     o_store,
     score_function,
     stats_store,
+    work_items,
     written_rows,
 )
 
@@ -92,5 +93,5 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
         *("if (lane == 0) " + line for line in stats_store(a, names, "i", "live ? m + log2f(l) : NEG_INF")),
     ]
     name, source = kernel_source(ctx, fused, pattern_name(fused) + "_simt", params, 32 * WARPS, indent(body, 1))
-    blocks = -(-a.sq // WARPS) * a.heads * a.batch
+    blocks = work_items(a, WARPS)
     return Kernel(name, source, (blocks, 1, 1), (32 * WARPS, 1, 1), 0, tuple(params.bindings))

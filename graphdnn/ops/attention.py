@@ -50,6 +50,7 @@ class SdpaAttributes(Attributes):
     use_alibi_mask: bool = False
     paged_attention_max_seq_len_kv: int | None = None  # the logical Skv of a paged cache
     dropout_probability: float | None = None  # with SEED and OFFSET: dropout on the softmax
+    max_seq_len_q: int | None = None  # a packed Q's longest sequence (bounds the kernels' grid)
 
 
 class Masks(Protocol):
@@ -446,6 +447,7 @@ class AttentionMethods:
         dropout: tuple[float, TensorSpec | int, TensorSpec | int] | None = None,
         ragged_offset_q: TensorSpec | None = None,
         ragged_offset_kv: TensorSpec | None = None,
+        max_seq_len_q: int | None = None,
     ) -> tuple[TensorSpec, TensorSpec | None]:
         """Attention forward -> (O, STATS); STATS is None unless ``generate_stats``.
 
@@ -456,7 +458,8 @@ class AttentionMethods:
         drawn from Philox with the seed and offset (one-element tensors or Python ints).
         ``ragged_offset_q`` / ``ragged_offset_kv``: packed sequences (Q and O, or K and V, as
         ``[1, H, T, head dim]``; ``[B + 1, 1, 1, 1]`` token offsets, as FlashAttention's
-        cu_seqlens; ops/attention_ragged.py has the rules).
+        cu_seqlens; ops/attention_ragged.py has the rules); ``max_seq_len_q``, the longest packed
+        sequence's rows, bounds the GPU grid (by default every sequence may hold all tokens).
         """
         inputs = {"Q": q, "K": k, "V": v, "ATTN_SCALE": attn_scale, "BIAS": bias}
         inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
@@ -472,6 +475,7 @@ class AttentionMethods:
             "use_alibi_mask": use_alibi_mask,
             "paged_attention_max_seq_len_kv": paged_attention_max_seq_len_kv,
             "dropout_probability": probability,
+            "max_seq_len_q": max_seq_len_q,
         }
         o, stats = self._add_node("sdpa", inputs, attrs, name=name, compute_data_type=compute_data_type)
         return o, stats

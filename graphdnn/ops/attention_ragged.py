@@ -16,7 +16,8 @@ input: offsets are clamped to ``[0, T]``, and token t belongs to the *last* sequ
 offset is at most t, so sequence b owns tokens ``[off[b], min(off[b+1:]))`` (empty when a
 later offset is smaller). Sequences never overlap, so no two writers race on the GPU, and
 the offsets of cu_seqlens give each sequence exactly its rows. A sequence uses the first
-``min(seq_len, owned tokens)`` of its rows; O is zero and STATS -inf at every other token.
+``min(seq_len, owned tokens)`` of its rows (and at most ``max_seq_len_q`` rows of Q, an
+attribute that bounds the GPU grid); O is zero and STATS -inf at every other token.
 """
 
 from __future__ import annotations
@@ -58,7 +59,14 @@ def ragged_batch(node: Node) -> Extent | None:
 
 def check_ragged(node: Node, batch: Extent) -> None:
     """Each offsets tensor: an integer ``[B + 1, 1, 1, 1]`` with use_padding_mask, its packed
-    inputs one sequence (dim 0 of 1), K and V not a page pool."""
+    inputs one sequence (dim 0 of 1), K and V not a page pool; max_seq_len_q at least 1, only
+    with RAGGED_OFFSET_Q."""
+    longest = node.attributes.max_seq_len_q  # type: ignore[attr-defined]
+    if longest is not None and (longest < 1 or not is_ragged(node, "RAGGED_OFFSET_Q")):
+        raise StructureError(
+            f"max_seq_len_q is {longest}; it bounds the sequences of a packed Q (ragged_offset_q) and is at least 1",
+            node=node.name,
+        )
     for role in RAGGED_ROLES:
         offsets = node.input(role) if is_ragged(node, role) else None
         if offsets is None:
@@ -115,7 +123,8 @@ def unpack(node: Node, x: Mapping[str, Any]) -> tuple[dict[str, Any], np.ndarray
             for b, (start, end) in enumerate(ranges):
                 out[b, :, : end - start] = packed[0, :, start:end]
             padded[name] = out
-        seq_len = np.clip(x[lengths].reshape(-1), 0, total)
+        longest = node.attributes.max_seq_len_q if role == "RAGGED_OFFSET_Q" else None  # type: ignore[attr-defined]
+        seq_len = np.clip(x[lengths].reshape(-1), 0, total if longest is None else min(total, longest))
         padded[lengths] = np.minimum(seq_len, ranges[:, 1] - ranges[:, 0]).reshape(-1, 1, 1, 1)
         if role == "RAGGED_OFFSET_Q":
             q_ranges = ranges
