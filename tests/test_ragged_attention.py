@@ -162,22 +162,28 @@ def attention_fused(case: RaggedCase, arch: int):  # type: ignore[no-untyped-def
 
 @pytest.mark.parametrize("name", sorted(RAGGED_CASES))
 @pytest.mark.parametrize("arch", [80, 90])
-def test_a_packed_output_is_filled_then_written_by_the_flash_or_simt_kernel(name: str, arch: int) -> None:
+def test_a_packed_output_is_filled_then_written_by_one_attention_kernel(name: str, arch: int) -> None:
+    """The Hopper kernel on sm_90 for head dims 64 and 128 (one block per work item: a block
+    past its sequence exits), else flash (fp16/bf16) or SIMT; never the decode kernel."""
     case = RAGGED_CASES[name]
     graph, fused = attention_fused(case, arch)
     program = emitter(fused.family)(fused, EmitContext(graph, signature(graph), arch, {}))
-    path = "simt" if case.data_type is DataType.FLOAT else "flash"
+    hopper = arch == 90 and case.d in (64, 128) and case.dv == case.d and case.data_type is not DataType.FLOAT
+    path = "simt" if case.data_type is DataType.FLOAT else "wgmma" if hopper else "flash"
     fill, attention = program.kernels
     assert "_sdpa_ragged_fill_" in fill.name and f"_{path}_" in attention.name
-    for choice in candidates(fused, arch):
-        assert "path" not in choice  # no decode or Hopper kernel choices
+    choices = candidates(fused, arch)
+    assert all(c.get("path") in (None, "wgmma") and not c.get("persistent") for c in choices)
+    assert any(c.get("path") == "wgmma" for c in choices) is hopper
 
 
-def test_the_decode_and_hopper_kernels_refuse_packed_sequences() -> None:
+def test_the_decode_kernel_refuses_packed_sequences() -> None:
     graph, fused = attention_fused(RAGGED_CASES["packed_qkv_causal"], 90)
-    for tuning in ({"path": "wgmma"}, {"path": "decode"}):
-        with pytest.raises(UnsupportedError, match=r"packed \(ragged\) sequences run on the mma\.sync flash kernel"):
-            emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, tuning))
+    with pytest.raises(UnsupportedError, match=r"packed \(ragged\) sequences run on the Hopper, the mma\.sync flash"):
+        emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, {"path": "decode"}))
+    persistent = {"path": "wgmma", "block_n": 128, "pingpong": False, "persistent": True}
+    with pytest.raises(UnsupportedError, match="is not one of this problem's choices"):
+        emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, persistent))
 
 
 def test_every_case_compiles_for_sm80_and_sm90() -> None:

@@ -15,8 +15,8 @@ Three paths, all correct for every mask, layout and head dim up to 256:
 - one warp per query row in fp32 for anything else (attention_simt.py).
 
 Every path takes dropout, drawing the reference's mask (attention_problem.dropout_function).
-Packed (ragged) sequences run on the flash or the SIMT kernel, after attention_ragged.py's fill
-of the packed outputs.
+Packed (ragged) sequences run on the Hopper (non-persistent), flash or SIMT kernel, after
+attention_ragged.py's fill of the packed outputs.
 """
 
 from __future__ import annotations
@@ -57,16 +57,23 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
 
 def _ragged_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
-    """Packed sequences: the flash kernel (fp16/bf16) or the SIMT one, after the fill of packed
-    outputs (attention_ragged.py); the decode and Hopper kernels address a dense batch."""
-    if ctx.tuning.get("path") in (DECODE, "wgmma") or (a.paged and not on_tensor_cores(a)):
+    """Packed sequences: the Hopper kernel where it applies (one block per work item), else the
+    flash kernel (fp16/bf16) or the SIMT one, after the fill of packed outputs
+    (attention_ragged.py). The decode kernel addresses a dense batch."""
+    path = ctx.tuning.get("path")
+    if path == DECODE or (a.paged and not on_tensor_cores(a)):
         raise UnsupportedError(
-            f"attention tuning {dict(ctx.tuning)}: packed (ragged) sequences run on the mma.sync flash kernel "
-            "(all fp16 or all bf16; with a paged KV cache only there) or the SIMT one",
+            f"attention tuning {dict(ctx.tuning)}: packed (ragged) sequences run on the Hopper, the mma.sync flash "
+            "(all fp16 or all bf16; with a paged KV cache only there) or the SIMT kernel",
             node=a.node.name,
         )
     fill = (fill_kernel(fused, ctx, a),) if a.ragged_q is not None and (a.o or a.stats) is not None else ()
-    attention = flash_kernel(fused, ctx, a, config(a, ctx.tuning)) if on_tensor_cores(a) else simt_kernel(fused, ctx, a)
+    if path == "wgmma" or (not ctx.tuning and wgmma_supported(a, ctx.arch)):
+        attention = wgmma_attention_kernel(fused, ctx, a)
+    elif on_tensor_cores(a):
+        attention = flash_kernel(fused, ctx, a, config(a, ctx.tuning))
+    else:
+        attention = simt_kernel(fused, ctx, a)
     return FusedProgram(fused.name, (*fill, attention))
 
 
@@ -76,7 +83,8 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     (autotuning)."""
     a = attention_of(fused)
     if a.ragged:
-        return flash_candidates(a) if on_tensor_cores(a) else []
+        hopper = [c.choice() for c in wgmma_configs(a)] if wgmma_supported(a, arch) else []
+        return flash_candidates(a) + hopper if on_tensor_cores(a) else []
     decode = decode_choices(a, arch) if a.paged or uses_decode(a) else []
     if not on_tensor_cores(a) or (a.paged and uses_decode(a)):  # paged decode: the decode kernel's choices
         return decode

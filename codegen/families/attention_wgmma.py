@@ -42,10 +42,13 @@ from .attention_flash import pack_function, vectorizable
 from .attention_problem import (
     Attention,
     constants,
+    coordinates,
     declare,
     dropout_function,
     dropped,
+    element,
     key_range,
+    key_row_address,
     needs_mask,
     o_pair_store,
     score_function,
@@ -53,6 +56,7 @@ from .attention_problem import (
     strides,
     work_items,
     work_setup,
+    written_rows,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
@@ -93,7 +97,7 @@ def block_ns(a: Attention) -> tuple[int, ...]:
 def default(a: Attention) -> WgmmaConfig:
     """The most keys per stage and one block per SM. The consumers take turns at head dim 64
     only: measured on an H100, turns gained 5% at D64 and lost 1-5% at D128 (benchmarks/RESULTS.md)."""
-    return WgmmaConfig(block_n=max(block_ns(a)), pingpong=a.d == 64, persistent=True)
+    return WgmmaConfig(block_n=max(block_ns(a)), pingpong=a.d == 64, persistent=not a.ragged)
 
 
 def config(a: Attention, tuning: Mapping[str, object]) -> WgmmaConfig:
@@ -112,7 +116,7 @@ def configs(a: Attention) -> list[WgmmaConfig]:
         WgmmaConfig(bn, pingpong, persistent)
         for bn in block_ns(a)
         for pingpong in (False, True)
-        for persistent in (False, True)
+        for persistent in ((False,) if a.ragged else (False, True))  # a packed item past its sequence exits the block
         if shared_bytes(a, bn) <= MAX_SHARED
     ]
 
@@ -189,7 +193,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         "if (warpgroup == 0) {",
         '  asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\\n");',
         "  for (int work = blockIdx.x, item = 0; work < WORK; work += gridDim.x, ++item) {",
-        *indent(item + (_tma_producer(a, map_names) if maps else _copy_producer(names, aligned)), 2).splitlines(),
+        *indent(item + (_tma_producer(a, map_names) if maps else _copy_producer(a, names, aligned)), 2).splitlines(),
         "  }",
         "} else {",
         '  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\\n");',
@@ -235,35 +239,48 @@ def _tensor_map(t: Tensor, rows: int) -> TensorMap:
 def _tma_producer(a: Attention, maps: dict[str, str]) -> list[str]:
     """One thread issues every load: a box per 64 columns of the head dim, completing on the
     stage's full barrier, whose expected bytes count the zero-filled rows too. The Q tile is
-    refilled once the consumers' last wgmma of the previous item read it."""
+    refilled once the consumers' last wgmma of the previous item read it. A packed sequence's
+    rows start at its first token (boxes may run into the next sequence's rows: masked)."""
+    kv_rows, kv_batch = _tma_rows(a, "K", "kv0"), _tma_batch(a, "K")
     return [
         "if (tid == 0) {",
         "  if (item > 0) mbar_wait(q_empty, (item - 1) & 1);",
         "  mbar_expect_tx(q_full, Q_BYTES);",
         "  for (int j = 0; j < D / 64; ++j)",
-        f"    tma_load(q_tile + j * (BM * 128), &{maps['Q']}, q_full, j * 64, row0, h, b);",
+        f"    tma_load(q_tile + j * (BM * 128), &{maps['Q']}, q_full, j * 64, {_tma_rows(a, 'Q', 'row0')}, h, {_tma_batch(a, 'Q')});",
         "  for (int tile = 0; tile < tiles; ++tile) {",
         "    const int kv0 = first + tile * BN;",
         "    const unsigned bar = full + 8 * stage, k_tile = kv_tiles + stage * (K_BYTES + V_BYTES);",
         "    mbar_wait(empty + 8 * stage, phase ^ 1);",
         "    mbar_expect_tx(bar, K_BYTES + V_BYTES);",
         "    for (int j = 0; j < D / 64; ++j)",
-        f"      tma_load(k_tile + j * (BN * 128), &{maps['K']}, bar, j * 64, kv0, hk, b);",
+        f"      tma_load(k_tile + j * (BN * 128), &{maps['K']}, bar, j * 64, {kv_rows}, hk, {kv_batch});",
         "    for (int j = 0; j < DV / 64; ++j)",
-        f"      tma_load(k_tile + K_BYTES + j * (BN * 128), &{maps['V']}, bar, j * 64, kv0, hk, b);",
+        f"      tma_load(k_tile + K_BYTES + j * (BN * 128), &{maps['V']}, bar, j * 64, {kv_rows}, hk, {kv_batch});",
         "    if (++stage == STAGES) stage = 0, phase ^= 1;",
         "  }",
         "}",
     ]
 
 
-def _copy_producer(names: dict[str, str], aligned: str) -> list[str]:
+def _tma_rows(a: Attention, role: str, row: str) -> str:
+    """A box's first row coordinate: ``row`` of the batch's sequence (packed: from its first token)."""
+    return coordinates(a, role, "0", row, "0")[2]
+
+
+def _tma_batch(a: Attention, role: str) -> str:
+    return coordinates(a, role, "0", "0", "0")[0]
+
+
+def _copy_producer(a: Attention, names: dict[str, str], aligned: str) -> list[str]:
     """Rows into the swizzled layout: row r's 16-byte chunk c of its 64-element block c / 8 sits
-    at block * (rows * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16. Rows past the tensor are zeros."""
+    at block * (rows * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16. Rows past the tensor (or past a
+    packed sequence) are zeros."""
+    key_rows = "skv" if a.ragged_kv is not None else "SKV"
     return [
-        "const T* const q_g = " + names["Q"] + " + (long long)b * QS[0] + (long long)h * QS[1];",
-        "const T* const k_g = " + names["K"] + " + (long long)b * KS[0] + (long long)hk * KS[1];",
-        "const T* const v_g = " + names["V"] + " + (long long)b * VS[0] + (long long)hk * VS[1];",
+        f"const T* const q_g = &{element(a.q, names['Q'], coordinates(a, 'Q', 'h', '0', '0'))};",
+        f"const T* const k_g = {key_row_address(a, names, 'K', '0')};",
+        f"const T* const v_g = {key_row_address(a, names, 'V', '0')};",
         "auto load_rows = [&](unsigned dst, const T* src, long long rs, int rows, int valid, int width) {",
         "  const int chunks = width / 8;",
         "  for (int c = tid; c < rows * chunks; c += 128) {",
@@ -290,14 +307,14 @@ def _copy_producer(names: dict[str, str], aligned: str) -> list[str]:
         "  }",
         "};",
         "if (item > 0) mbar_wait(q_empty, (item - 1) & 1);  // the previous item's Q is read",
-        "load_rows(q_tile, q_g + (long long)row0 * QS[2], QS[2], BM, min(BM, SQ - row0), D);",
+        f"load_rows(q_tile, q_g + (long long)row0 * QS[2], QS[2], BM, min(BM, {written_rows(a)} - row0), D);",
         "arrive(q_full);",
         "for (int tile = 0; tile < tiles; ++tile) {",
         "  const int kv0 = first + tile * BN;",
         "  mbar_wait(empty + 8 * stage, phase ^ 1);",
         "  const unsigned k_tile = kv_tiles + stage * (K_BYTES + V_BYTES);",
-        "  load_rows(k_tile, k_g + (long long)kv0 * KS[2], KS[2], BN, min(BN, SKV - kv0), D);",
-        "  load_rows(k_tile + K_BYTES, v_g + (long long)kv0 * VS[2], VS[2], BN, min(BN, SKV - kv0), DV);",
+        f"  load_rows(k_tile, k_g + (long long)kv0 * KS[2], KS[2], BN, min(BN, {key_rows} - kv0), D);",
+        f"  load_rows(k_tile + K_BYTES, v_g + (long long)kv0 * VS[2], VS[2], BN, min(BN, {key_rows} - kv0), DV);",
         "  arrive(full + 8 * stage);",
         "  if (++stage == STAGES) stage = 0, phase ^= 1;",
         "}",
@@ -438,7 +455,7 @@ def _consumer(
         "  sum += __shfl_xor_sync(0xffffffffu, sum, 1);",
         "  sum += __shfl_xor_sync(0xffffffffu, sum, 2);",
         "  const int i = row_base + r * 8;",
-        "  if (i >= SQ) continue;",
+        f"  if (i >= {written_rows(a)}) continue;",
         "  const bool live = i < sq && sum > 0.0f;",
         "  const float inv = live ? 1.0f / sum : 0.0f;",
         "#pragma unroll",
