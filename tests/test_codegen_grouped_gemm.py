@@ -81,6 +81,26 @@ def test_default_kernel_is_the_tensor_core_one_and_compiles(name: str, arch: int
     assert compile_cubin(source.source, source.name, arch, source.arch_suffix)
 
 
+def test_sm_90_defaults_to_wgmma_128x256_for_wide_n_and_sm_80_to_mma_sync() -> None:
+    (wide,) = sources(grouped(512, 64, 256, 8), 90)
+    assert "_grouped_wgmma" in wide.name and "BM = 128, BN = 256" in wide.source
+    (narrow,) = sources(grouped(512, 64, 248, 8), 90)
+    assert "_grouped_mma" in narrow.name
+    (ampere,) = sources(grouped(512, 64, 256, 8), 80)
+    assert "_grouped_mma" in ampere.name
+
+
+def test_the_block_state_is_in_dynamic_shared_memory() -> None:
+    """A 64x128 mma.sync tile uses exactly 48 KiB: a static __shared__ array beside it failed to
+    launch on the GPU (the launch opts in beyond 48 KiB for the dynamic bytes only)."""
+    from tests.test_codegen_direct import emit_direct
+
+    ((_, program),) = emit_direct(grouped(*CASES["ragged_k_n_8_experts"]))
+    (kernel,) = program.kernels
+    assert "BM = 64, BN = 128" in kernel.source and kernel.shared_bytes == 48 * 1024 + 32
+    assert kernel.source.count("__shared__") == 1 and "reinterpret_cast<long long*>(smem + 49152)" in kernel.source
+
+
 @pytest.mark.parametrize("tile", TILE_CANDIDATES, ids=lambda t: f"{t.block_m}x{t.block_n}x{t.stages}")
 def test_every_mma_tile_compiles_for_sm_80(tile: Any) -> None:
     choice = {"path": "mma", "block_m": tile.block_m, "block_n": tile.block_n, "stages": tile.stages}

@@ -54,6 +54,12 @@ class BlockShape:
         return self.block_n * self.block_k * self.element_bytes
 
     @property
+    def shared_bytes(self) -> int:
+        """Shared memory the block uses: the pipeline's stages, then (reused) the staged
+        accumulator tile of 4-byte accumulators."""
+        return max(self.stages * (self.a_stage + self.b_stage), self.block_m * self.c_stride * 4)
+
+    @property
     def c_stride(self) -> int:
         """Floats per staged accumulator row (+4: fewer bank conflicts, 16-byte rows)."""
         return self.block_n + 4

@@ -1,5 +1,5 @@
 """``moe_grouped_matmul`` on tensor cores: the GEMM family's mma.sync kernel (gemm_mma.py; on
-sm_90 the wgmma one, gemm_sm90.py, when tuned so) with its loaders, pipeline and staged
+sm_90 the wgmma one, gemm_sm90.py, for N >= 256 or when tuned so) with its loaders, pipeline and staged
 epilogue, over blocks that find their expert, row tile and column tile from the offsets on
 the GPU (gemm_grouped_block.py): one launch for every expert, nothing for an expert without
 rows, ragged row tiles predicated, rows no expert holds written as zeros.
@@ -14,12 +14,14 @@ family's SIMT kernel (direct_moe.py), correct for any input and many times slowe
 
 Tuning (``graphdnn.compile(tuning={node: ...})``): ``{"path": "simt"}``, ``{"path": "mma",
 "block_m", "block_n", "stages"}`` (a gemm_mma tile) or ``{"path": "wgmma", ...}`` (sm_90, a
-gemm_sm90 tile). The default is mma.sync with 128 x 128 tiles, 64 rows high when the experts
-average under 256 rows (a ragged last tile wastes less) and 64 wide when N <= 64.
+gemm_sm90 tile). The default on sm_90 for N >= 256 is wgmma with 128 x 256 tiles (measured
+faster); elsewhere mma.sync with 128 x 128 tiles, 64 rows high when the experts average under
+256 rows (a ragged last tile wastes less) and 64 wide when N <= 64.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 
@@ -38,6 +40,10 @@ from .tensor_core import TENSOR_CORE_TYPES
 
 LOG = logging.getLogger("graphdnn.compile")
 PATHS = ("simt", "mma", "wgmma")
+# sm_90's default for N of 256 and more: measured on an H200 (benchmarks/RESULTS.md) 1.3-1.5x
+# faster than the mma.sync 128x128 tile at 8 and 64 experts, 4096 and 32768 tokens, 4096 -> 1408.
+WIDE_N = 256
+WIDE_WGMMA = {"path": "wgmma", "block_m": 128, "block_n": 256, "stages": 4}
 
 
 def grouped_problem(node: Node) -> Problem:
@@ -73,8 +79,10 @@ def simt_reason(p: Problem, arch: int, compute: str) -> str | None:
     return None
 
 
-def default_choice(p: Problem) -> dict[str, object]:
-    """The mma.sync tile (module docstring)."""
+def default_choice(p: Problem, arch: int) -> dict[str, object]:
+    """The path and tile without tuning (module docstring)."""
+    if arch == WGMMA_ARCH and p.n >= WIDE_N:
+        return dict(WIDE_WGMMA)
     experts = p.b.static_dim[0]
     block_m = 128 if p.m >= 256 * experts else 64
     block_n = 64 if p.n <= 64 else 128
@@ -101,7 +109,8 @@ def grouped_kernel(fused: FusedNode, ctx: EmitContext, node: Node, compute: str)
         LOG.info("%s; it runs on the SIMT kernel", reason)
         return None
     if path is None:
-        choice = default_choice(p)
+        choice = default_choice(p, ctx.arch)
+        ctx = dataclasses.replace(ctx, tuning=dict(choice))  # the wgmma kernel reads its tile there
     if choice["path"] == "wgmma":
         if ctx.arch != WGMMA_ARCH:
             raise UnsupportedError(

@@ -26,6 +26,10 @@ from ..kernel import Kernel
 from .gemm_block import TensorCoreBlock
 
 NO_TILE = -2  # the expert of a block past the last tile
+# The block's (expert, first row, end) sit in dynamic shared memory past the block's tiles: a
+# static __shared__ array would push a tile of exactly 48 KiB over the 48 KiB a kernel may
+# use without opting in, and the launch opts in for the dynamic bytes only.
+GROUP_BYTES = 32
 ZERO_ROWS = -1  # the expert of a tile of rows that no expert holds
 
 SCHEDULE = r"""
@@ -97,7 +101,7 @@ class GroupedBlock(TensorCoreBlock):
         experts, stride = offsets.static_dim[0], offsets.static_stride[0]
         columns = -(-p.n // s.block_n)
         return [
-            "__shared__ long long group[3];  // the block's expert, first row, and the end of the expert's rows",
+            f"long long* const group = reinterpret_cast<long long*>(smem + {s.shared_bytes});  // expert, first row, end",
             f"if (warp == 0) grouped_tile<{experts}, BM, {stride}>({self.names[offsets.id]}, {p.m}, "
             f"(long long)(blockIdx.x / {columns}), group);",
             "__syncthreads();",
@@ -113,7 +117,8 @@ class GroupedBlock(TensorCoreBlock):
     def kernel(
         self, ctx: EmitContext, body: list[str], path: str, device_functions: str, shared: int, arch_suffix: str = ""
     ) -> Kernel:
-        return super().kernel(ctx, body, "_grouped" + path, device_functions + SCHEDULE, shared, arch_suffix)
+        functions = device_functions + SCHEDULE
+        return super().kernel(ctx, body, "_grouped" + path, functions, shared + GROUP_BYTES, arch_suffix)
 
     def grid(self) -> tuple[int, int, int]:
         p, s = self.p, self.shape

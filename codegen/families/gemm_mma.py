@@ -94,7 +94,7 @@ def mma_kernel(
         chunk=types.chunk,
     )
     block = block_type(fused, p, shape, tiles, KSlices(split))
-    shared = max(shape.stages * (shape.a_stage + shape.b_stage), shape.block_m * shape.c_stride * 4)
+    shared = shape.shared_bytes
     lines = block.prelude(
         ["extern __shared__ __align__(128) unsigned char smem[];"],
         "const int warp_m = warp / (BN / 32), warp_n = warp % (BN / 32);",

@@ -164,7 +164,7 @@ def wgmma_kernel(
     size = types.element_bytes
     bk = BLOCK_K_BYTES // size
     shape = BlockShape(bm, bn, bk, stages, bm * 2, size)  # one warpgroup (128 threads) per 64 rows
-    shared = max(stages * (shape.a_stage + shape.b_stage), bm * shape.c_stride * 4) + ALIGN_SLACK
+    shared = shape.shared_bytes + ALIGN_SLACK
     _check(ctx, bm, bn, stages, shared)
 
     tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", chunk=types.chunk)
