@@ -6,7 +6,8 @@ backward, adaptive) and resampling as per-output gathers, convolution gradients,
 reductions (genstats, conv_wgrad) on one reduction pattern; local response normalisation
 over channel windows; the spatial transformer's grid generator and bilinear sampler; CTC
 loss and RNN / LSTM / GRU inference (a block per sequence); block-scaled quantization;
-top-k, the router and the mixture-of-experts movement ops and grouped matmul. The backward
+top-k, the router and the mixture-of-experts movement ops and grouped matmul (on tensor
+cores through the GEMM family's kernels where they take it, gemm_grouped.py). The backward
 norms have families of their own; layer and RMS norm backward of rows too long for registers come back
 to direct_norm.py's kernels.
 """

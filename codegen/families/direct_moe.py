@@ -6,9 +6,11 @@
   (``gd::warp_first``): k passes over the row, no sorting, any row length. The router
   computes each expert's score on the fly (softmax: the row's max and sum first), keeps
   the k chosen scores in registers and renormalises them.
-- ``gather``, ``moe_unpermute``, ``moe_grouped_matmul``: one output element per thread;
-  an index out of range gives a zero row (gather), is skipped (unpermute), and a row that
-  no expert holds is zero (grouped matmul), as docs/ops.md says.
+- ``gather``, ``moe_unpermute``: one output element per thread; an index out of range gives
+  a zero row (gather) or is skipped (unpermute), as docs/ops.md says.
+- ``moe_grouped_matmul``: the tensor-core grouped GEMM (gemm_grouped.py) for fp16 / bf16
+  operands in 16-byte chunks from sm_80 on; otherwise one output element per thread (SIMT).
+  A row that no expert holds is zero on both.
 - ``moe_permutation``: one block; a thread per expert counts its choices, thread 0 turns
   the counts into offsets, then each expert's thread writes its slots in token order.
   Choices of an out-of-range expert get slot -1 and the permuted rows left over token -1.
@@ -40,6 +42,7 @@ from .direct_common import (
     warp_stride,
     written,
 )
+from .gemm_grouped import grouped_kernel
 
 
 def _at(tensor: Tensor, axis: int, along: str) -> str:
@@ -214,13 +217,18 @@ def emit_unpermute(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
 
 def emit_grouped_matmul(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
-    """SIMT: a thread per output element finds its row's expert (the last whose first row is
-    at or before it) and walks K. Correct for any offsets; the tensor-core kernel comes later."""
+    """On tensor cores where they take the operands (gemm_grouped.py), else SIMT: a thread per
+    output element finds its row's expert (the last whose first row is at or before it) and
+    walks K; correct for any offsets and types."""
     node = anchor_of(fused)
+    compute = compute_for(fused)
+    tensor_cores = grouped_kernel(fused, ctx, node, compute)
+    if tensor_cores is not None:
+        return FusedProgram(fused.name, (tensor_cores,))
     token, weight, offsets = node.input("token"), node.input("weight"), node.input("first_token_offset")
     out_t = node.output("output")
     assert token is not None and weight is not None and offsets is not None and out_t is not None
-    compute, itype = compute_for(fused), loop_index_type([token, weight, offsets, out_t], out_t.static_numel)
+    itype = loop_index_type([token, weight, offsets, out_t], out_t.static_numel)
     params = KernelParams()
     a, b, firsts = params.tensor(token), params.tensor(weight), params.tensor(offsets)
     out = params.tensor(out_t, writable=True)

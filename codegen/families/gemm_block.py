@@ -54,6 +54,12 @@ class BlockShape:
         return self.block_n * self.block_k * self.element_bytes
 
     @property
+    def shared_bytes(self) -> int:
+        """Shared memory the block uses: the pipeline's stages, then (reused) the staged
+        accumulator tile of 4-byte accumulators."""
+        return max(self.stages * (self.a_stage + self.b_stage), self.block_m * self.c_stride * 4)
+
+    @property
     def c_stride(self) -> int:
         """Floats per staged accumulator row (+4: fewer bank conflicts, 16-byte rows)."""
         return self.block_n + 4
@@ -82,20 +88,15 @@ class TensorCoreBlock:
         lines = [
             *element_types(p),
             f"constexpr int BM = {s.block_m}, BN = {s.block_n}, BK = {s.block_k}, STAGES = {s.stages}, THREADS = {s.threads};",
-            *self._sizes(),
+            *self.sizes(),
             *self.slices.setup(),
             *shared_memory,
             "unsigned char* const a_smem = smem;",
             f"unsigned char* const b_smem = smem + STAGES * {s.a_stage};",
             "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;",
             warp_roles,
-            f"const {itype} block_m = ({itype})blockIdx.x * BM;",
-            "const int block_n = blockIdx.y * BN;",
+            *self.tile_origin(),
         ]
-        if p.is_dynamic:
-            lines.append("if (block_m >= GM) return;  // a tile past this call's M: the grid is sized for the largest")
-        if not p.is_conv and not p.is_grad:
-            lines += batch_offsets(p, itype, self.slices.batch_index)
         a_chunks = s.block_m * s.block_k // self.tiles.chunk // s.threads
         b_chunks = s.block_n * s.block_k // self.tiles.chunk // s.threads
         x, w = self.names[p.a.id], self.names[p.b.id]
@@ -118,7 +119,23 @@ class TensorCoreBlock:
         )
         return lines
 
-    def _sizes(self) -> list[str]:
+    def tile_origin(self) -> list[str]:
+        """The block's tile: its first row ``block_m`` and column ``block_n``, and for a matmul the
+        batch offsets ``a_base`` / ``b_base`` of its A and B."""
+        p, itype = self.p, self.itype
+        lines = [f"const {itype} block_m = ({itype})blockIdx.x * BM;", "const int block_n = blockIdx.y * BN;"]
+        if p.is_dynamic:
+            lines.append("if (block_m >= GM) return;  // a tile past this call's M: the grid is sized for the largest")
+        if not p.is_conv and not p.is_grad:
+            lines += batch_offsets(p, itype, self.slices.batch_index)
+        return lines
+
+    def grid(self) -> tuple[int, int, int]:
+        """One block per output tile, batch index and K slice."""
+        s, p = self.shape, self.p
+        return (-(-p.m // s.block_m), -(-p.n // s.block_n), math.prod(p.batch) * self.slices.split)
+
+    def sizes(self) -> list[str]:
         """GM, GN, GK and KTILES: constants, but GM of a dynamic matmul read from its EXTENT arguments."""
         p, s = self.p, self.shape
         ktiles = -(-p.k // s.block_k)
@@ -146,7 +163,7 @@ class TensorCoreBlock:
         name, source = kernel_source(ctx, self.fused, pattern, self.params, s.threads, indent(body, 1))
         functions = ASYNC_COPY_PRELUDE + device_functions
         source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
-        grid = (-(-p.m // s.block_m), -(-p.n // s.block_n), math.prod(p.batch) * split)
+        grid = self.grid()
         bindings = tuple(self.params.bindings)
         blocks = dynamic_grid(p, s.block_m)
         return Kernel(

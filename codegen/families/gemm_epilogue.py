@@ -130,11 +130,12 @@ def tile_epilogue(
     # The chunk's first column and column e's coordinate: a wgrad column is (taps, channel), the
     # 8 columns of a chunk one tap and 8 consecutive channels (C % 8 == 0, conv_grad_gemm.py).
     first_column, column_e = ("w1", "w1 + e") if wgrad else ("(block_n + col)", "block_n + col + e")
+    anchor_inputs = {t.id for t in p.node.input_tensors()}  # A, B (and a grouped GEMM's offsets)
+    operands = [t for t in fused.inputs if t.id not in anchor_inputs]
     per_column = [
         t
-        for t in fused.inputs
+        for t in operands
         if not t.is_pass_by_value
-        and t not in (p.a, p.b)
         and all(d == 1 for axis, d in enumerate((1,) * (rank - len(t.dim)) + t.dim) if axis != column_axis)
     ]
     preloaded = {t.id: f"col{t.id}" for t in per_column}
@@ -178,9 +179,7 @@ def tile_epilogue(
             first_offset = offset(t, out.dim, "c").replace(column, first_column)
             stores.append(f"gd::store_vec<{cuda_type(t.data_type)}, 8>({names[t.id]} + {first_offset}, r{t.id});")
         # Full-size operands laid out like the output (a residual) arrive as one vector too.
-        full = [
-            t for t in fused.inputs if t not in (p.a, p.b) and t.dim == out.dim and _columns_contiguous(t, column_axis)
-        ]
+        full = [t for t in operands if t.dim == out.dim and _columns_contiguous(t, column_axis)]
         vector_loads = [
             f"const gd::Vec<{cuda_type(t.data_type)}, 8> in{t.id} = gd::load_vec<{cuda_type(t.data_type)}, 8>("
             f"{names[t.id]} + {offset(t, out.dim, 'c').replace(column, first_column)});"

@@ -72,7 +72,16 @@ def _tile(block_m: int, block_n: int) -> TileConfig:
     return next(c for c in TILE_CANDIDATES if (c.block_m, c.block_n) == (block_m, block_n))
 
 
-def mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig, split: int) -> Kernel:
+def mma_kernel(
+    fused: FusedNode,
+    ctx: EmitContext,
+    p: Problem,
+    tile: TileConfig,
+    split: int,
+    block_type: type[TensorCoreBlock] = TensorCoreBlock,
+) -> Kernel:
+    """``block_type``: how blocks find their tiles (a grouped GEMM's blocks read them from the
+    expert offsets, gemm_grouped.py)."""
     types = tensor_core_types(p)
     assert types is not None
     size = types.element_bytes
@@ -84,8 +93,8 @@ def mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile: TileConfig,
         f"swizzle_rows<{tile.block_m * 2}>",
         chunk=types.chunk,
     )
-    block = TensorCoreBlock(fused, p, shape, tiles, KSlices(split))
-    shared = max(shape.stages * (shape.a_stage + shape.b_stage), shape.block_m * shape.c_stride * 4)
+    block = block_type(fused, p, shape, tiles, KSlices(split))
+    shared = shape.shared_bytes
     lines = block.prelude(
         ["extern __shared__ __align__(128) unsigned char smem[];"],
         "const int warp_m = warp / (BN / 32), warp_n = warp % (BN / 32);",

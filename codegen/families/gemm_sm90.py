@@ -148,9 +148,15 @@ __device__ __forceinline__ void wgmma_step({acc} (&d)[{count}], unsigned long lo
     )
 
 
-def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) -> Kernel:
+def wgmma_kernel(
+    fused: FusedNode,
+    ctx: EmitContext,
+    p: Problem,
+    split: int,
+    block_type: type[TensorCoreBlock] = TensorCoreBlock,
+) -> Kernel:
     """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry), its
-    K cut into ``split`` slices (gemm_splitk.py)."""
+    K cut into ``split`` slices (gemm_splitk.py); ``block_type`` as for gemm_mma.mma_kernel."""
     bm = int(ctx.tuning.get("block_m", 128))  # type: ignore[call-overload]
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
     types = tensor_core_types(p)
@@ -158,11 +164,11 @@ def wgmma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) -> 
     size = types.element_bytes
     bk = BLOCK_K_BYTES // size
     shape = BlockShape(bm, bn, bk, stages, bm * 2, size)  # one warpgroup (128 threads) per 64 rows
-    shared = max(stages * (shape.a_stage + shape.b_stage), bm * shape.c_stride * 4) + ALIGN_SLACK
+    shared = shape.shared_bytes + ALIGN_SLACK
     _check(ctx, bm, bn, stages, shared)
 
     tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", chunk=types.chunk)
-    block = TensorCoreBlock(fused, p, shape, tiles, KSlices(split))
+    block = block_type(fused, p, shape, tiles, KSlices(split))
     shared_memory = [
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",

@@ -1,0 +1,127 @@
+"""``moe_grouped_matmul`` on tensor cores: the GEMM family's mma.sync kernel (gemm_mma.py; on
+sm_90 the wgmma one, gemm_sm90.py, for N >= 256 or when tuned so) with its loaders, pipeline and staged
+epilogue, over blocks that find their expert, row tile and column tile from the offsets on
+the GPU (gemm_grouped_block.py): one launch for every expert, nothing for an expert without
+rows, ragged row tiles predicated, rows no expert holds written as zeros.
+
+It takes fp16 or bf16 token and weight (the same type, fp32 accumulation, float compute) from
+sm_80 on, with token K-contiguous and the weight's rows either N- or K-contiguous, every
+other stride and the contiguous extent in 16-byte chunks (K and N multiples of 8 for an
+[E, K, N] row-major weight): what the GEMM family's loaders read. Everything else (fp32,
+fp8 and integer operands, a double compute type, other layouts) stays on the direct
+family's SIMT kernel (direct_moe.py), correct for any input and many times slower;
+``simt_reason`` says why, and the compile log records it.
+
+Tuning (``graphdnn.compile(tuning={node: ...})``): ``{"path": "simt"}``, ``{"path": "mma",
+"block_m", "block_n", "stages"}`` (a gemm_mma tile) or ``{"path": "wgmma", ...}`` (sm_90, a
+gemm_sm90 tile). The default on sm_90 for N >= 256 is wgmma with 128 x 256 tiles (measured
+faster); elsewhere mma.sync with 128 x 128 tiles, 64 rows high when the experts average under
+256 rows (a ragged last tile wastes less) and 64 wide when N <= 64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+
+from fusion_rules import FusedNode
+from graphdnn.errors import UnsupportedError
+from graphdnn.ir import Node
+
+from ..context import EmitContext
+from ..kernel import Kernel
+from .gemm_grouped_block import GroupedBlock
+from .gemm_mma import TILE_CANDIDATES, TileConfig, mma_kernel
+from .gemm_problem import Problem, tensor_core_layout
+from .gemm_sm90 import ARCH as WGMMA_ARCH
+from .gemm_sm90 import wgmma_kernel
+from .tensor_core import TENSOR_CORE_TYPES
+
+LOG = logging.getLogger("graphdnn.compile")
+PATHS = ("simt", "mma", "wgmma")
+# sm_90's default for N of 256 and more: measured on an H200 (benchmarks/RESULTS.md) 1.3-1.5x
+# faster than the mma.sync 128x128 tile at 8 and 64 experts, 4096 and 32768 tokens, 4096 -> 1408.
+WIDE_N = 256
+WIDE_WGMMA = {"path": "wgmma", "block_m": 128, "block_n": 256, "stages": 4}
+
+
+def grouped_problem(node: Node) -> Problem:
+    """The node as the GEMM family sees one expert's product: A = token [S, K], B = weight [K, N]
+    of the block's expert (its batch offset is the block's), M = S rows at most."""
+    token, weight, out = node.input("token"), node.input("weight"), node.output("output")
+    assert token is not None and weight is not None and out is not None
+    rows, k = token.static_dim
+    return Problem(node, token, weight, out, rows, weight.static_dim[2], k, 1, ())
+
+
+def simt_reason(p: Problem, arch: int, compute: str) -> str | None:
+    """Why the grouped matmul ``p`` runs on the SIMT kernel on sm_``arch`` with ``compute`` (the
+    C type its node asks to compute in), or None when the tensor cores take it."""
+    token, weight = p.a, p.b
+    name = f"moe_grouped_matmul '{p.node.name}'"
+    if token.data_type not in TENSOR_CORE_TYPES or weight.data_type is not token.data_type:
+        return (
+            f"{name} multiplies {token.data_type.value} by {weight.data_type.value}: the tensor-core path takes "
+            "fp16 or bf16 token and weight of the same type"
+        )
+    if arch < 80:
+        return f"{name}: the tensor-core path needs sm_80 or later (mma.sync bf16/fp16), the target is sm_{arch}"
+    if compute != "float":
+        return f"{name} asks for {compute} compute; the tensor cores accumulate in fp32"
+    if tensor_core_layout(p) is None:
+        return (
+            f"{name}: token '{token.name}' (dims {list(token.dim)}, strides {list(token.stride)}) and weight "
+            f"'{weight.name}' (dims {list(weight.dim)}, strides {list(weight.stride)}) are not in 16-byte chunks: the "
+            "tensor cores need token stride 1 along K, weight stride 1 along K or N, the contiguous extents (K, and N "
+            "when N-contiguous) and every other stride multiples of 8"
+        )
+    return None
+
+
+def default_choice(p: Problem, arch: int) -> dict[str, object]:
+    """The path and tile without tuning (module docstring)."""
+    if arch == WGMMA_ARCH and p.n >= WIDE_N:
+        return dict(WIDE_WGMMA)
+    experts = p.b.static_dim[0]
+    block_m = 128 if p.m >= 256 * experts else 64
+    block_n = 64 if p.n <= 64 else 128
+    tile = next(t for t in TILE_CANDIDATES if (t.block_m, t.block_n) == (block_m, block_n))
+    return {"path": "mma", "block_m": block_m, "block_n": block_n, "stages": tile.stages}
+
+
+def grouped_kernel(fused: FusedNode, ctx: EmitContext, node: Node, compute: str) -> Kernel | None:
+    """The tensor-core kernel of the grouped matmul ``node`` (the choice ``ctx.tuning``, else the
+    default), or None when it stays on the SIMT kernel (``{"path": "simt"}``, or ``simt_reason``)."""
+    p = grouped_problem(node)
+    choice: Mapping[str, object] = ctx.tuning
+    path = choice.get("path")
+    if path is not None and path not in PATHS:
+        raise UnsupportedError(
+            f"grouped matmul tuning {dict(choice)}: path must be one of {', '.join(PATHS)}", node=node.name
+        )
+    if path == "simt":
+        return None
+    reason = simt_reason(p, ctx.arch, compute)
+    if reason is not None:
+        if path is not None:
+            raise UnsupportedError(f"grouped matmul tuning {dict(choice)}: {reason}", node=node.name)
+        LOG.info("%s; it runs on the SIMT kernel", reason)
+        return None
+    if path is None:
+        choice = default_choice(p, ctx.arch)
+        ctx = dataclasses.replace(ctx, tuning=dict(choice))  # the wgmma kernel reads its tile there
+    if choice["path"] == "wgmma":
+        if ctx.arch != WGMMA_ARCH:
+            raise UnsupportedError(
+                f"grouped matmul tuning {dict(choice)}: wgmma needs sm_90, the target is sm_{ctx.arch}", node=node.name
+            )
+        return wgmma_kernel(fused, ctx, p, 1, GroupedBlock)
+    tile = TileConfig(int(choice["block_m"]), int(choice["block_n"]), int(choice["stages"]))  # type: ignore[call-overload]
+    if tile not in TILE_CANDIDATES:
+        raise UnsupportedError(
+            f"grouped matmul tuning {dict(choice)}: the mma.sync tiles are "
+            + ", ".join(f"{t.block_m}x{t.block_n} ({t.stages} stages)" for t in TILE_CANDIDATES),
+            node=node.name,
+        )
+    return mma_kernel(fused, ctx, p, tile, 1, GroupedBlock)
