@@ -5,7 +5,8 @@ spatial rank TMA takes; each compiles with NVRTC for sm_90a with the image's im2
 filter's tiled map as its first parameters, the windows as the convolution asks; the maps survive
 the plan's JSON and the driver's rules for them are checked; what TMA cannot express (groups,
 NCHW, strides over 8, corners or dilated taps out of range, matmuls) is refused with the node and
-the reason, and stays on the gather producer; the default plan is unchanged unless measured.
+the reason, and stays on the gather producer; the default for the convolutions like those it
+was measured faster on (ResNet-50 layers of 128 or more output channels), mma.sync elsewhere.
 GPU: every im2col tile against the reference on awkward shapes (odd H and W, one image, stride 2
 with padding, 8 and 72 channels, 1x1 stride 2, fp8, more tiles than SMs) and with split-K.
 """
@@ -138,9 +139,27 @@ def test_groups_nchw_and_matmuls_are_refused_with_their_reason() -> None:
         emit(conv, {**ws_choices(conv)[0], "producer": "tma"})
 
 
-def test_the_default_plan_of_convolutions_is_unchanged() -> None:
-    partition, _ = gemm_node(Conv(n=2, c=16, hw=(9, 7), k=24).build())
-    assert "_mma_" in emit_partition(partition, 90)[0].kernels[0].name
+@pytest.mark.parametrize(
+    ("case", "block_n"),
+    [
+        (Conv(n=32, c=64, hw=(56, 56), k=256, filt=(1, 1), pre=(0, 0), post=(0, 0)), 256),  # ResNet-50, measured
+        (Conv(n=32, c=128, hw=(28, 28), k=128), 128),
+        (Conv(n=32, c=256, hw=(14, 14), k=256), 128),  # 128 x 256 tiles would not fill the SMs
+        (Conv(n=32, c=64, hw=(56, 56), k=64), None),  # 64 output channels: measured slower, mma.sync
+        (Conv(n=32, c=128, hw=(28, 28), k=128, stride=(2, 2)), None),  # not measured
+        (Conv(n=32, c=72, hw=(28, 28), k=128), None),  # channels not in whole k tiles
+        (Conv(n=2, c=128, hw=(14, 14), k=128), None),  # tiles for fewer than half the SMs
+        (Conv(n=32, c=128, hw=(28, 28), k=128, dtype="float"), None),  # SIMT
+    ],
+)
+def test_im2col_is_the_default_where_it_measured_faster(case: Conv, block_n: int | None) -> None:
+    partition, _ = gemm_node(case.build())
+    kernel = emit_partition(partition, 90)[0].kernels[0]  # then split-K's reduction, where it takes one
+    assert ("global.im2col" in kernel.source) == (block_n is not None)
+    if block_n is not None:
+        assert "_ws_" in kernel.name and f"BN = {block_n}," in kernel.source
+    partition, _ = gemm_node(case.build())
+    assert "im2col" not in emit_partition(partition, 80)[0].kernels[0].source  # sm_90 only
 
 
 def test_im2col_maps_survive_the_plans_json_and_bad_ones_are_named() -> None:

@@ -158,12 +158,41 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     Problems with fewer 128 x 128 tiles than half the SMs take it only with a long K, cut in two
     slices: measured on an H100 (benchmarks/RESULTS.md), 128 x 4096 x 4096 and 64 x 8192 x 8192
     ran 1.4x and 1.3x faster so than on mma.sync split-K, and faster than with 4 or no slices.
-    Short-K few-tile problems stay on the other paths (not measured on the engine)."""
-    if not supported(p, arch) or p.is_conv:
+    Short-K few-tile problems stay on the other paths (not measured on the engine).
+    Convolutions: see ``_default_im2col``."""
+    if not supported(p, arch):
         return None
+    if p.is_conv:
+        return _default_im2col(p, arch)
     if output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch):
         return {**tiles(128)[0], "split_k": 2} if p.k >= 2 * MIN_SLICE_K and _fp32_partials(p) else None
     return tiles(256 if output_tiles(p, BLOCK_M, 256) >= sm_count(arch) else 128)[0]
+
+
+def _default_im2col(p: Problem, arch: int) -> dict[str, object] | None:
+    """The im2col producer for the convolutions like those it was measured faster on (an H200,
+    benchmarks/RESULTS.md: ResNet-50's 1x1 64->256 at 56², 3x3 128->128 at 28² and 3x3 256->256
+    at 14², N=32, bf16: 1.2x, 1.8x and 2.7x the mma.sync default with the fastest im2col tile of
+    each): 2-d, 16-bit, stride and dilation 1,
+    channels in whole k tiles, at least 128 output channels and tiles for half the SMs. 128 x 256
+    tiles (3 stages, the fastest measured) where the output channels and those tiles fill every
+    SM, 128 x 128 otherwise. 64 output channels stay on mma.sync (3x3 64->64 at 56² ran 0.96x:
+    half of each 128-column tile would multiply zeros); other convolutions were not measured."""
+    types, attrs = tensor_core_types(p), p.attrs
+    if (
+        types is None
+        or types.element_bytes != 2
+        or len(p.a.dim) != 4
+        or any(s != 1 for s in (*attrs.stride, *attrs.dilation))
+        or p.a.static_dim[1] % _block_k(p)
+        or p.n < 128
+        or output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch)
+        or im2col.refusal(p, _block_k(p)) is not None
+    ):
+        return None
+    if p.n >= 256 and output_tiles(p, BLOCK_M, 256) >= sm_count(arch):
+        return {**tiles(256)[1], "producer": "im2col"}
+    return {**tiles(128)[0], "producer": "im2col"}
 
 
 def _map_axes(t: Tensor) -> list[int]:
