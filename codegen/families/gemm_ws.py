@@ -10,8 +10,9 @@ share A and B panels in L2):
   For a matmul it gives its registers away (``setmaxnreg``) and one thread issues TMA copies;
   for a convolution, by default, all 128 threads gather the implicit-GEMM tiles with ``cp.async``
   (gemm_loaders.py, as the other tensor-core paths do), each thread's copies arriving on the
-  full barrier when they land; with the tuning's ``"producer": "im2col"`` one thread copies them
-  with TMA's im2col mode instead (gemm_im2col.py), as for a matmul;
+  full barrier when they land; with ``"producer": "im2col"`` (a tuning, or the default for the
+  convolutions it was measured faster on) one thread copies them with TMA's im2col mode instead
+  (gemm_im2col.py), as for a matmul;
 - two consumer warpgroups take the registers, each computes 64 rows of the 128 x BN tile
   with ``wgmma`` from shared memory, one batch in flight, releasing a buffer as soon as the
   batch that read it completes; then runs the fused epilogue from its accumulators straight
@@ -87,7 +88,7 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     if not supported(p, arch):
         return []
     split = [{**tiles(128)[0], "split_k": s} for s in split_choices(p, arch)]
-    every = [choice for bn in _block_ns(p, "gather" if p.is_conv else "tma") for choice in tiles(bn)] + split
+    every = [choice for bn in _block_ns("gather" if p.is_conv else "tma") for choice in tiles(bn)] + split
     if not p.is_conv or im2col.refusal(p, _block_k(p)) is not None:
         return every
     mapped = [{**choice, "producer": "im2col"} for bn in BLOCK_NS for choice in tiles(bn)]
@@ -112,7 +113,7 @@ def _fp32_partials(p: Problem) -> bool:
     return types is not None and types.accumulator == "float"
 
 
-def _block_ns(p: Problem, producer: str) -> tuple[int, ...]:
+def _block_ns(producer: str) -> tuple[int, ...]:
     return GATHER_BLOCK_NS if producer == "gather" else BLOCK_NS
 
 
@@ -173,10 +174,9 @@ def _default_im2col(p: Problem, arch: int) -> dict[str, object] | None:
     """The im2col producer for the convolutions like those it was measured faster on (an H200,
     benchmarks/RESULTS.md: ResNet-50's 1x1 64->256 at 56², 3x3 128->128 at 28² and 3x3 256->256
     at 14², N=32, bf16: 1.2x, 1.8x and 2.7x the mma.sync default with the fastest im2col tile of
-    each): 2-d, 16-bit, stride and dilation 1,
-    channels in whole k tiles, at least 128 output channels and tiles for half the SMs. 128 x 256
-    tiles (3 stages, the fastest measured) where the output channels and those tiles fill every
-    SM, 128 x 128 otherwise. 64 output channels stay on mma.sync (3x3 64->64 at 56² ran 0.96x:
+    each): 2-d, 16-bit, stride and dilation 1, channels in whole k tiles, at least 128 output
+    channels and tiles for half the SMs. 128 x 256 tiles (3 stages, the fastest measured) where
+    the output channels and those tiles fill every SM, 128 x 128 otherwise. 64 output channels stay on mma.sync (3x3 64->64 at 56² ran 0.96x:
     half of each 128-column tile would multiply zeros); other convolutions were not measured."""
     types, attrs = tensor_core_types(p), p.attrs
     if (
@@ -234,9 +234,9 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     assert types is not None
     bk = _block_k(p)
     producer = _producer_of(ctx, p)
-    if bn not in _block_ns(p, producer) or stages < 2 or shared > MAX_SHARED:
+    if bn not in _block_ns(producer) or stages < 2 or shared > MAX_SHARED:
         raise UnsupportedError(
-            f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(_block_ns(p, producer))} and 2 or "
+            f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(_block_ns(producer))} and 2 or "
             f"more stages within {MAX_SHARED} bytes of shared memory"
         )
     params = KernelParams()
