@@ -6,11 +6,16 @@ run (bf16, L2 flushed by do_bench, outputs checked against fp32 torch):
 - TMA: each tile of the persistent warp-specialised engine (gemm_ws.py), with its split-K
   choices for the few-tile shapes.
 
-    PYTHONPATH=. python benchmarks/gemm_engine.py
+Then the ResNet-50 conv + BN + ReLU layers: the default plan, the engine's tiles with the
+gather producer and with the TMA im2col producer (gemm_im2col.py), the cuDNN frontend's fused
+kernel where its wheel imports, and torch eager.
+
+    PYTHONPATH=. python benchmarks/gemm_engine.py [--only matmul|conv]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,7 +47,18 @@ def graph(m: int, n: int, k: int, transposed: bool) -> gd.OperationGraphSpec:
     return g
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("matmul", "conv"), help="one of the two tables")
+    only = parser.parse_args(argv).only
+    if only != "conv":
+        matmul_table()
+    if only != "matmul":
+        conv_table()
+    return 0
+
+
+def matmul_table() -> None:
     print("| M×N×K | B | default plan TFLOP/s | best wgmma | ws engine (best tile) | cuBLAS | ws / cuBLAS |")
     print("|---|---|---|---|---|---|---|")
     for m, n, k, transposed in SHAPES:
@@ -52,16 +68,25 @@ def main() -> int:
             f"| {m}×{n}×{k} | {layout} | {mma:.0f} | {wgmma:.0f} | {tma:.0f} ({tile}) | {cublas:.0f} | {tma / cublas:.2f} |",
             flush=True,
         )
-    print("\n| conv + BN + ReLU | default plan µs | ws engine µs (best tile) | cuDNN FE fused µs | torch eager µs |")
-    print("|---|---|---|---|---|")
+
+
+def conv_table() -> None:
+    print(
+        "\n| conv + BN + ReLU | default plan µs | ws gather µs (best tile) | ws im2col µs (best tile) "
+        "| default / im2col | cuDNN FE fused µs | torch eager µs |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for case in cases():
         if case.group == "conv":
-            default, (ws, tile), cudnn, eager = conv_row(case)
-            print(f"| {case.name} | {default:.1f} | {ws:.1f} ({tile}) | {cudnn} | {eager:.1f} |", flush=True)
-    return 0
+            default, (ws, tile), (mapped, mapped_tile), cudnn, eager = conv_row(case)
+            print(
+                f"| {case.name} | {default:.1f} | {ws:.1f} ({tile}) | {mapped:.1f} ({mapped_tile}) "
+                f"| {default / mapped:.2f} | {cudnn} | {eager:.1f} |",
+                flush=True,
+            )
 
 
-def conv_row(case: Any) -> tuple[float, tuple[float, str], str, float]:
+def conv_row(case: Any) -> tuple[float, tuple[float, str], tuple[float, str], str, float]:
 
     from benchmarks.measure import median_us
     from graphdnn.random_inputs import random_inputs
@@ -82,16 +107,20 @@ def conv_row(case: Any) -> tuple[float, tuple[float, str], str, float]:
         return median_us(bound)
 
     fused = next(f for f in gd.fuse(case.graph()).nodes if f.anchor is not None and f.anchor.op == "conv_fprop")
-    ws = min(
-        (timed(tuning={fused.name: c}), f"{c['block_n']}, {c['stages']} stages")
-        for c in candidates(fused, 90)
-        if c.get("path") == "ws"
-    )
+    engine = [c for c in candidates(fused, 90) if c.get("path") == "ws" and "split_k" not in c]
+
+    def fastest(producer: str | None) -> tuple[float, str]:
+        return min(
+            (timed(tuning={fused.name: c}), f"{c['block_n']}, {c['stages']} stages")
+            for c in engine
+            if c.get("producer") == producer
+        )
+
     try:
         cudnn = f"{median_us(case.cudnn(inputs, {t.name: empty_torch(t) for t in ir.outputs})):.1f}"
     except Exception as error:  # the frontend's wheel is optional
         cudnn = f"n/a ({type(error).__name__})"
-    return timed(), ws, cudnn, median_us(lambda: case.torch_fn(inputs))
+    return timed(), fastest(None), fastest("im2col"), cudnn, median_us(lambda: case.torch_fn(inputs))
 
 
 def split_label(choice: dict[str, object]) -> str:

@@ -24,10 +24,52 @@ TENSOR_MAP_SWIZZLES = (0, 32, 64, 128)  # bytes; 0: none
 MAX_TENSOR_MAP_RANK = 5
 
 
+# im2col maps (cuTensorMapEncodeIm2col): by tensor rank, the bounding box corners' range and the
+# largest im2col offset (a filter tap's dilated position) an instruction can carry
+IM2COL_CORNERS = {3: 2**15, 4: 2**7, 5: 2**4}  # corners lie in [-c, c - 1]
+IM2COL_OFFSETS = {3: 2**16 - 1, 4: 2**8 - 1, 5: 2**5 - 1}
+MAX_TRAVERSAL_STRIDE = 8
+
+
+@dataclass(frozen=True)
+class Im2colWindow:
+    """What makes a tensor map an im2col one: over the spatial dims (innermost first, as the map's
+    dims), the bounding box of the filter window's first tap, as offsets from the tensor's first
+    pixel (``lower``) and from its last (``upper``), and the convolution's strides, which the copy
+    steps by (the driver's traversal strides)."""
+
+    lower: tuple[int, ...]
+    upper: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    def to_json(self) -> list[Any]:
+        return [list(self.lower), list(self.upper), list(self.strides)]
+
+    @classmethod
+    def from_json(cls, value: list[Any]) -> Im2colWindow:
+        lower, upper, strides = value
+        return cls(tuple(map(int, lower)), tuple(map(int, upper)), tuple(map(int, strides)))
+
+    def problems(self, rank: int) -> list[str]:
+        """What cuTensorMapEncodeIm2col would refuse in a map of ``rank`` dims."""
+        spatial = rank - 2
+        if rank not in IM2COL_CORNERS or not len(self.lower) == len(self.upper) == len(self.strides) == spatial:
+            return [f"an im2col window {self.to_json()} for rank {rank} (3 to 5, one entry per spatial dim)"]
+        corner = IM2COL_CORNERS[rank]
+        found = []
+        if any(not -corner <= c < corner for c in (*self.lower, *self.upper)):
+            found.append(f"im2col corners {list(self.lower)}, {list(self.upper)} (within [{-corner}, {corner - 1}])")
+        if any(not 1 <= s <= MAX_TRAVERSAL_STRIDE for s in self.strides):
+            found.append(f"im2col strides {list(self.strides)} (1 to {MAX_TRAVERSAL_STRIDE})")
+        return found
+
+
 @dataclass(frozen=True)
 class TensorMap:
-    """What is static about a TMA tensor map (cuTensorMapEncodeTiled's arguments but the address):
+    """What is static about a TMA tensor map (the driver's encoding arguments but the address):
     dims innermost first, the byte strides of dims 1.., the box copied per load, the swizzle.
+    A tiled map (cuTensorMapEncodeTiled) copies ``box``; an im2col one (``im2col`` set,
+    cuTensorMapEncodeIm2col) copies ``box[0]`` channels of each of ``box[1]`` pixels.
     The address must be TENSOR_MAP_ALIGNMENT-aligned: binding copies an input that is not
     (runtime.bind)."""
 
@@ -36,36 +78,52 @@ class TensorMap:
     strides: tuple[int, ...]
     box: tuple[int, ...]
     swizzle: int
+    im2col: Im2colWindow | None = None
 
     def to_json(self) -> list[Any]:
-        return [self.element_bytes, list(self.dims), list(self.strides), list(self.box), self.swizzle]
+        """The five encoding fields, then the im2col window for an im2col map."""
+        tiled = [self.element_bytes, list(self.dims), list(self.strides), list(self.box), self.swizzle]
+        return tiled if self.im2col is None else [*tiled, self.im2col.to_json()]
 
     @classmethod
     def from_json(cls, value: list[Any]) -> TensorMap:
-        element_bytes, dims, strides, box, swizzle = value
+        element_bytes, dims, strides, box, swizzle, *window = value
+        im2col = Im2colWindow.from_json(window[0]) if window else None
         return cls(
-            int(element_bytes), tuple(map(int, dims)), tuple(map(int, strides)), tuple(map(int, box)), int(swizzle)
+            int(element_bytes),
+            tuple(map(int, dims)),
+            tuple(map(int, strides)),
+            tuple(map(int, box)),
+            int(swizzle),
+            im2col,
         )
 
     def problems(self) -> list[str]:
-        """What the driver would refuse (cuTensorMapEncodeTiled's rules), for checks of cache entries."""
+        """What the driver would refuse (cuTensorMapEncodeTiled's or cuTensorMapEncodeIm2col's
+        rules), for checks of cache entries."""
         rank = len(self.dims)
         found = []
         if self.element_bytes not in (1, 2, 4, 8):
             found.append(f"element size {self.element_bytes}")
-        if not 1 <= rank <= MAX_TENSOR_MAP_RANK or len(self.strides) != rank - 1 or len(self.box) != rank:
+        box_rank = rank if self.im2col is None else 2
+        if not 1 <= rank <= MAX_TENSOR_MAP_RANK or len(self.strides) != rank - 1 or len(self.box) != box_rank:
             found.append(f"rank {rank} with {len(self.strides)} strides and a box of rank {len(self.box)}")
         if any(not 1 <= d < 2**32 for d in self.dims):
             found.append(f"dims {list(self.dims)}")
         if any(s <= 0 or s % 16 or s >= 2**40 for s in self.strides):
             found.append(f"strides {list(self.strides)} (multiples of 16 bytes below 2^40)")
-        if any(not 1 <= b <= 256 for b in self.box) or (self.box and self.box[0] * self.element_bytes % 16):
+        longest = 256 if self.im2col is None else 1024  # the pixels of an im2col box: up to 1024
+        if (
+            any(not 1 <= b <= 256 for b in self.box[:1])
+            or any(not 1 <= b <= longest for b in self.box[1:])
+            or (self.box and self.box[0] * self.element_bytes % 16)
+        ):
             found.append(f"box {list(self.box)}")
         if self.swizzle not in TENSOR_MAP_SWIZZLES or (
             self.swizzle and self.box and self.box[0] * self.element_bytes > self.swizzle
         ):
             found.append(f"swizzle {self.swizzle}")
-        return found
+        return found + (self.im2col.problems(rank) if self.im2col is not None else [])
 
 
 class ArgKind(enum.Enum):

@@ -2,9 +2,9 @@
 gathered convolutions.
 
 CPU: offered for 16-bit tensor-core problems on sm_90 only; each candidate emits a 384-thread
-kernel (a matmul's first parameters: the two tensor maps) that NVRTC compiles for sm_90a (and,
-where cuobjdump is installed, that runs on HGMMA, fed by UTMALDG for matmuls, without local
-memory); the default for matmuls that fill the GPU, not yet for convolutions; tensor maps
+kernel (a matmul's or an im2col-fed convolution's first parameters: the two tensor maps) that
+NVRTC compiles for sm_90a (and, where cuobjdump is installed, that runs on HGMMA, fed by UTMALDG
+for those, without local memory); the default for matmuls that fill the GPU, not yet for convolutions; tensor maps
 survive the plan's JSON form, and the driver's rules for them are checked. GPU: every
 candidate against the reference on ragged, batched, broadcast and transposed matmuls, the
 convolutions of the tensor-core cases, more tiles than SMs (each block walks several), and
@@ -43,7 +43,8 @@ def test_the_engine_is_offered_for_matmuls_on_sm90_only() -> None:
     choices = ws_choices(matmul)
     assert {c["block_n"] for c in choices} == {128, 256}
     assert ws_choices(matmul, 80) == [] and ws_choices(matmul, 100) == []
-    assert ws_choices(TENSOR_CORE["resnet_3x3"].build()) == [c for c in choices if c["block_n"] == 128]  # gathered
+    conv = ws_choices(TENSOR_CORE["resnet_3x3"].build())
+    assert conv == [c for c in choices if c["block_n"] == 128] + [{**c, "producer": "im2col"} for c in choices]
     assert ws_choices(SIMT["grouped"].build()) == []
     assert ws_choices(Matmul(k=37).build()) == []  # rows not in 16-byte chunks: no tensor map
     with pytest.raises(UnsupportedError, match="sm_90 only"):
@@ -71,24 +72,24 @@ def test_the_engine_is_the_default_for_matmuls_that_fill_the_gpu() -> None:
     partition, _ = gemm_node(large.build())
     assert "_mma_" in emit_partition(partition, 80)[0].kernels[0].name
     partition, _ = gemm_node(Conv(n=32, c=64, hw=(56, 56), k=64).build())
-    assert "_mma_" in emit_partition(partition, 90)[0].kernels[0].name  # convolutions: tuned in only, for now
+    assert "_mma_" in emit_partition(partition, 90)[0].kernels[0].name  # 64 output channels (gemm_im2col tests)
 
 
 @pytest.mark.parametrize("case", TENSOR_CORE)
 def test_every_candidate_compiles_for_sm90a(case: str) -> None:
     graph = TENSOR_CORE[case].build()
-    matmul = isinstance(TENSOR_CORE[case], Matmul)
     for choice in ws_choices(graph):
+        mapped = isinstance(TENSOR_CORE[case], Matmul) or choice.get("producer") == "im2col"  # TMA-fed
         kernel = emit(graph, choice)
         assert "_ws_" in kernel.name and kernel.arch_suffix == "a" and kernel.block == (THREADS, 1, 1)
         assert 1 <= kernel.grid[0] <= 132 and kernel.grid[1:] == (1, 1)  # persistent: at most one block per SM
         maps = [p for p in kernel.params if p.kind is ParamKind.TENSOR_MAP]
-        assert len(maps) == (2 if matmul else 0) and kernel.params[: len(maps)] == tuple(maps)  # no padding first
+        assert len(maps) == (2 if mapped else 0) and kernel.params[: len(maps)] == tuple(maps)  # no padding first
         assert all(m.tensor_map is not None and not m.tensor_map.problems() for m in maps)
         code = sass(compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix))
         if code is not None:
             assert "HGMMA" in code and "LDL" not in code and "STL" not in code
-            assert ("UTMALDG" in code) == matmul
+            assert ("UTMALDG" in code) == mapped
 
 
 DECODE = Matmul(m=128, k=4096, n=4096, epilogue="bias")

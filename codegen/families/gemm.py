@@ -20,7 +20,8 @@ tensor-core path (gemm_splitk.py): a second kernel sums the K slices and runs th
 
 On sm_90, matmuls with enough tiles to fill the GPU, and those with few tiles and a long K
 (with two K slices), take the persistent warp-specialised TMA engine (gemm_ws.py) unless a
-tuning says otherwise.
+tuning says otherwise; so do the 16-bit 2-d convolutions like the ResNet layers it was measured
+faster on, fed by TMA im2col (gemm_ws.default_choice).
 
 Convolution gradients come here only when they fit the tensor cores (the fusion rules ask
 fusion_rules/conv_grad_gemm.py; the others stay in the direct family): dgrad as an implicit

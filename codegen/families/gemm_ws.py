@@ -8,9 +8,11 @@ share A and B panels in L2):
   and B (128-byte swizzle, the layout the wgmma descriptors read), each buffer guarded by a
   *full* mbarrier (the copies landed) and an *empty* one (the consumers are done with it).
   For a matmul it gives its registers away (``setmaxnreg``) and one thread issues TMA copies;
-  for a convolution all 128 threads gather the implicit-GEMM tiles with ``cp.async``
+  for a convolution, by default, all 128 threads gather the implicit-GEMM tiles with ``cp.async``
   (gemm_loaders.py, as the other tensor-core paths do), each thread's copies arriving on the
-  full barrier when they land (TMA's im2col mode is the next step);
+  full barrier when they land; with ``"producer": "im2col"`` (a tuning, or the default for the
+  convolutions it was measured faster on) one thread copies them with TMA's im2col mode instead
+  (gemm_im2col.py), as for a matmul;
 - two consumer warpgroups take the registers, each computes 64 rows of the 128 x BN tile
   with ``wgmma`` from shared memory, one batch in flight, releasing a buffer as soon as the
   batch that read it completes; then runs the fused epilogue from its accumulators straight
@@ -34,6 +36,7 @@ from graphdnn.program import MAX_TENSOR_MAP_RANK, TensorMap
 
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..kernel import Kernel
+from . import gemm_im2col as im2col
 from .gemm_epilogue import tile_epilogue
 from .gemm_loaders import (
     ASYNC_COPY_PRELUDE,
@@ -59,6 +62,7 @@ STAGING = 2 * SUBTILE * SUBTILE * 4  # fp32, one subtile per consumer
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 BLOCK_NS = (128, 256)
 GATHER_BLOCK_NS = (128,)  # 128 x 256 tiles: the gather's per-thread rows no longer fit in registers
+PRODUCERS = ("gather", "im2col")  # a convolution's; a matmul's is TMA, named by no "producer" key
 
 
 def tiles(block_n: int) -> list[dict[str, object]]:
@@ -79,11 +83,16 @@ def supported(p: Problem, arch: int) -> bool:
 
 def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     """Every tile, and for problems with few 128 x 128 tiles the deepest 128 x 128 ring with
-    each split of ``split_choices``."""
+    each split of ``split_choices``; for a convolution with the gather producer, then with the
+    im2col one where it can take the convolution."""
     if not supported(p, arch):
         return []
     split = [{**tiles(128)[0], "split_k": s} for s in split_choices(p, arch)]
-    return [choice for bn in _block_ns(p) for choice in tiles(bn)] + split
+    every = [choice for bn in _block_ns("gather" if p.is_conv else "tma") for choice in tiles(bn)] + split
+    if not p.is_conv or im2col.refusal(p, _block_k(p)) is not None:
+        return every
+    mapped = [{**choice, "producer": "im2col"} for bn in BLOCK_NS for choice in tiles(bn)]
+    return every + mapped + [{**choice, "producer": "im2col"} for choice in split]
 
 
 def split_choices(p: Problem, arch: int) -> list[int]:
@@ -104,8 +113,44 @@ def _fp32_partials(p: Problem) -> bool:
     return types is not None and types.accumulator == "float"
 
 
-def _block_ns(p: Problem) -> tuple[int, ...]:
-    return GATHER_BLOCK_NS if p.is_conv else BLOCK_NS
+def _block_ns(producer: str) -> tuple[int, ...]:
+    return GATHER_BLOCK_NS if producer == "gather" else BLOCK_NS
+
+
+def _block_k(p: Problem) -> int:
+    """A k tile's elements: one 128-byte swizzle row."""
+    types = tensor_core_types(p)
+    assert types is not None
+    return BLOCK_K_BYTES // types.element_bytes
+
+
+def _producer_of(ctx: EmitContext, p: Problem) -> str:
+    """The tuning's producer ("tma" for a matmul, "gather" unless the tuning says "im2col" for a
+    convolution); a clear error for one the problem cannot take."""
+    producer = ctx.tuning.get("producer")
+    if not p.is_conv:
+        if producer is not None:
+            raise UnsupportedError(
+                f"warp-specialised GEMM tuning {ctx.tuning}: a {p.node.op}'s producer is TMA's tiled mode, set by no "
+                "'producer' key",
+                node=p.node.name,
+            )
+        return "tma"
+    if producer is None:
+        return "gather"
+    if producer not in PRODUCERS:
+        raise UnsupportedError(
+            f"warp-specialised GEMM tuning {ctx.tuning}: producer must be one of {list(PRODUCERS)}, not {producer!r}",
+            node=p.node.name,
+        )
+    reason = im2col.refusal(p, _block_k(p)) if producer == "im2col" else None
+    if reason is not None:
+        raise UnsupportedError(
+            f"warp-specialised GEMM tuning {ctx.tuning}: the TMA im2col producer cannot feed this convolution: "
+            f"{reason}; take the gather producer (no 'producer' key)",
+            node=p.node.name,
+        )
+    return str(producer)
 
 
 def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
@@ -114,12 +159,40 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     Problems with fewer 128 x 128 tiles than half the SMs take it only with a long K, cut in two
     slices: measured on an H100 (benchmarks/RESULTS.md), 128 x 4096 x 4096 and 64 x 8192 x 8192
     ran 1.4x and 1.3x faster so than on mma.sync split-K, and faster than with 4 or no slices.
-    Short-K few-tile problems stay on the other paths (not measured on the engine)."""
-    if not supported(p, arch) or p.is_conv:
+    Short-K few-tile problems stay on the other paths (not measured on the engine).
+    Convolutions: see ``_default_im2col``."""
+    if not supported(p, arch):
         return None
+    if p.is_conv:
+        return _default_im2col(p, arch)
     if output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch):
         return {**tiles(128)[0], "split_k": 2} if p.k >= 2 * MIN_SLICE_K and _fp32_partials(p) else None
     return tiles(256 if output_tiles(p, BLOCK_M, 256) >= sm_count(arch) else 128)[0]
+
+
+def _default_im2col(p: Problem, arch: int) -> dict[str, object] | None:
+    """The im2col producer for the convolutions like those it was measured faster on (an H200,
+    benchmarks/RESULTS.md: ResNet-50's 1x1 64->256 at 56², 3x3 128->128 at 28² and 3x3 256->256
+    at 14², N=32, bf16: 1.2x, 1.8x and 2.7x the mma.sync default with the fastest im2col tile of
+    each): 2-d, 16-bit, stride and dilation 1, channels in whole k tiles, at least 128 output
+    channels and tiles for half the SMs. 128 x 256 tiles (3 stages, the fastest measured) where
+    the output channels and those tiles fill every SM, 128 x 128 otherwise. 64 output channels stay on mma.sync (3x3 64->64 at 56² ran 0.96x:
+    half of each 128-column tile would multiply zeros); other convolutions were not measured."""
+    types, attrs = tensor_core_types(p), p.attrs
+    if (
+        types is None
+        or types.element_bytes != 2
+        or len(p.a.dim) != 4
+        or any(s != 1 for s in (*attrs.stride, *attrs.dilation))
+        or p.a.static_dim[1] % _block_k(p)
+        or p.n < 128
+        or output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch)
+        or im2col.refusal(p, _block_k(p)) is not None
+    ):
+        return None
+    if p.n >= 256 and output_tiles(p, BLOCK_M, 256) >= sm_count(arch):
+        return {**tiles(256)[1], "producer": "im2col"}
+    return {**tiles(128)[0], "producer": "im2col"}
 
 
 def _map_axes(t: Tensor) -> list[int]:
@@ -159,19 +232,23 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         )
     types = tensor_core_types(p)
     assert types is not None
-    bk = BLOCK_K_BYTES // types.element_bytes
-    if bn not in _block_ns(p) or stages < 2 or shared > MAX_SHARED:
+    bk = _block_k(p)
+    producer = _producer_of(ctx, p)
+    if bn not in _block_ns(producer) or stages < 2 or shared > MAX_SHARED:
         raise UnsupportedError(
-            f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(_block_ns(p))} and 2 or more stages "
-            f"within {MAX_SHARED} bytes of shared memory"
+            f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(_block_ns(producer))} and 2 or "
+            f"more stages within {MAX_SHARED} bytes of shared memory"
         )
     params = KernelParams()
-    gather = p.is_conv
-    if not gather:
+    gather = producer == "gather"
+    if producer == "tma":
         # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of BK k otherwise
         b_box = (64, bk) if layout == "kn" else (bk, bn)
         a_map = params.tensor_map(p.a, _tensor_map(p.a, (bk, BLOCK_M)))
         b_map = params.tensor_map(p.b, _tensor_map(p.b, b_box))
+    elif producer == "im2col":
+        a_map, b_map = im2col.declare_maps(params, p, bk, bn)
+    k_tiles = im2col.k_tiles(p, bk) if producer == "im2col" else -(-p.k // bk)
     declared, names = declare(fused, p)
     params.declarations += declared.declarations
     params.bindings += declared.bindings
@@ -183,7 +260,12 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     body = [
         *element_types(p),
         f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {GROUP_M};",
-        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // bk)};",
+        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {k_tiles};",
+        *(
+            [f"constexpr int CTILES = {-(-p.a.static_dim[1] // bk)};  // k tiles per filter tap"]
+            if producer == "im2col"
+            else []
+        ),
         "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
         f"constexpr int TILES = {tiles_total}, SPLIT = {split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT;",
         f"constexpr unsigned A_STAGE = BM * {BLOCK_K_BYTES}, B_STAGE = BN * {BLOCK_K_BYTES};  // bytes",
@@ -208,10 +290,15 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     if gather:  # 128 threads gather: they keep their registers (the consumers fit in what is left)
         body += indent(_gather_producer(p, names, bn, bk, types.chunk, itype, aligned), 1).splitlines()
     else:
+        tile_setup, loads = (
+            (im2col.tile_origin(p, itype), im2col.loads(p, a_map, b_map))
+            if producer == "im2col"
+            else ([], _matmul_loads(p, a_map, b_map, layout))
+        )
         body += [
             f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};\\n");',
             "  if (tid == 0) {",
-            *indent(_producer(p, a_map, b_map, layout, bn, itype), 2).splitlines(),
+            *indent(_producer(p, itype, tile_setup, loads), 2).splitlines(),
             "  }",
         ]
     body += [
@@ -223,7 +310,10 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     pattern = pattern_name(fused) + "_ws"
     name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
     functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, types, 1 if layout == "kn" else 0)
-    functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t)) for t in (p.a, p.b)))
+    if producer == "im2col":
+        functions += mbarrier_prelude(len(p.b.dim)) + im2col.prelude(p)
+    else:
+        functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t)) for t in (p.a, p.b)))
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     grid = (min(tiles_total * split, sm_count(ctx.arch)), 1, 1)
     return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a")
@@ -278,7 +368,28 @@ def _map_coordinates(t: Tensor, p: Problem, matrix: tuple[str, str]) -> list[str
     return [*matrix, *batch]
 
 
-def _producer(p: Problem, a_map: str, b_map: str, layout: str | None, bn: int, itype: str) -> list[str]:
+def _producer(p: Problem, itype: str, tile_setup: list[str], loads: list[str]) -> list[str]:
+    """One thread's loop: per unit, the tile's coordinates and ``tile_setup``; per k tile, waits
+    for the consumers to release the stage, then issues ``loads`` completing on its full barrier."""
+    return [
+        "int stage = 0;",
+        "unsigned phase = 0;",
+        *_units(),
+        *("  " + line for line in _tile_coordinates(p, itype)),
+        *("  " + line for line in tile_setup),
+        "  for (int kt = kt_first; kt < kt_end; ++kt) {",
+        "    mbar_wait(empty + 8 * stage, phase ^ 1);  // the consumers released this buffer (passes at first)",
+        "    const unsigned bar = full + 8 * stage;",
+        "    mbar_expect_tx(bar, A_STAGE + B_STAGE);",
+        *("    " + line for line in loads),
+        "    if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "  }",
+        "}",
+    ]
+
+
+def _matmul_loads(p: Problem, a_map: str, b_map: str, layout: str | None) -> list[str]:
+    """A matmul's k tile ``kt``: the A box, and B's box or BN / 64 boxes of 64 columns."""
     a_coords = _map_coordinates(p.a, p, ("kt * BK", "(int)m0"))
     if layout == "kn":  # BN / 64 boxes of 64 columns, 8 KB apart
         b_loads = [
@@ -294,21 +405,7 @@ def _producer(p: Problem, a_map: str, b_map: str, layout: str | None, bn: int, i
             + ", ".join(_map_coordinates(p.b, p, ("kt * BK", "n0")))
             + ");"
         ]
-    return [
-        "int stage = 0;",
-        "unsigned phase = 0;",
-        *_units(),
-        *("  " + line for line in _tile_coordinates(p, itype)),
-        "  for (int kt = kt_first; kt < kt_end; ++kt) {",
-        "    mbar_wait(empty + 8 * stage, phase ^ 1);  // the consumers released this buffer (passes at first)",
-        "    const unsigned bar = full + 8 * stage;",
-        "    mbar_expect_tx(bar, A_STAGE + B_STAGE);",
-        f"    tma_load(a_tiles + stage * A_STAGE, &{a_map}, bar, {', '.join(a_coords)});",
-        *("    " + line for line in b_loads),
-        "    if (++stage == STAGES) stage = 0, phase ^= 1;",
-        "  }",
-        "}",
-    ]
+    return [f"tma_load(a_tiles + stage * A_STAGE, &{a_map}, bar, {', '.join(a_coords)});", *b_loads]
 
 
 def _gather_producer(

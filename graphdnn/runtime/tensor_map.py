@@ -13,26 +13,42 @@ from . import driver
 
 def encode(tensor_map: TensorMap, address: int) -> np.ndarray:
     """The TENSOR_MAP_WORDS words of the map of the tensor at ``address`` (aligned: binding
-    copies an input that is not; the workspace's intermediates are 256-byte aligned)."""
+    copies an input that is not; the workspace's intermediates are 256-byte aligned): a tiled
+    map, or an im2col one where ``tensor_map.im2col`` says so."""
     assert address % TENSOR_MAP_ALIGNMENT == 0
     api = driver.api()
-    element_types, swizzles = _encodings()
+    element_types = _encodings()[0]
     rank = len(tensor_map.dims)
-    encoded = driver.call(
-        api.cuTensorMapEncodeTiled,
+    window = tensor_map.im2col
+    shape = (
         element_types[tensor_map.element_bytes],
         api.cuuint32_t(rank),
         address,
         [api.cuuint64_t(d) for d in tensor_map.dims],
         [api.cuuint64_t(s) for s in tensor_map.strides],
-        [api.cuuint32_t(b) for b in tensor_map.box],
-        [api.cuuint32_t(1)] * rank,
+    )
+    if window is None:
+        box = ([api.cuuint32_t(b) for b in tensor_map.box], [api.cuuint32_t(1)] * rank)
+        encoded = driver.call(api.cuTensorMapEncodeTiled, *shape, *box, *_modes(tensor_map.swizzle))
+    else:
+        channels, pixels = tensor_map.box
+        # the channel and image dims are walked one by one, the spatial ones by the convolution's strides
+        steps = [api.cuuint32_t(s) for s in (1, *window.strides, 1)]
+        corners = (list(window.lower), list(window.upper))
+        im2col = (*corners, api.cuuint32_t(channels), api.cuuint32_t(pixels), steps)
+        encoded = driver.call(api.cuTensorMapEncodeIm2col, *shape, *im2col, *_modes(tensor_map.swizzle))
+    return np.array([int(w) for w in encoded.opaque], dtype=np.uint64)
+
+
+def _modes(swizzle: int) -> tuple[Any, ...]:
+    """The encodings' last four arguments: no interleave, the swizzle, L2 promotion, zero fill."""
+    api = driver.api()
+    return (
         api.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        swizzles[tensor_map.swizzle],
+        _encodings()[1][swizzle],
         api.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         api.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # out-of-bounds elements read as zero
     )
-    return np.array([int(w) for w in encoded.opaque], dtype=np.uint64)
 
 
 @cache
