@@ -1,8 +1,14 @@
-"""TMA tensor maps, encoded by the driver when a plan is bound (they hold the tensor's address)."""
+"""TMA tensor maps, encoded by the driver when a plan is bound (they hold the tensor's address).
+
+A dynamic graph's maps hold the call's extents too (TensorMap.at), so binding encodes one per
+call shape. Encoding costs a driver call (tens of microseconds through the Python bindings), so
+the words are kept per (map, address): a map is a pure function of them, and binding the same
+buffers at a shape seen before encodes nothing. The cache is bounded (least recently used out).
+"""
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -10,15 +16,25 @@ import numpy as np
 from ..program import TENSOR_MAP_ALIGNMENT, TensorMap
 from . import driver
 
+ENCODED_MAPS = 4096  # (map, address) pairs kept: 128 bytes of words each
+
 
 def encode(tensor_map: TensorMap, address: int) -> np.ndarray:
-    """The TENSOR_MAP_WORDS words of the map of the tensor at ``address`` (aligned: binding
-    copies an input that is not; the workspace's intermediates are 256-byte aligned)."""
-    assert address % TENSOR_MAP_ALIGNMENT == 0
+    """The TENSOR_MAP_WORDS words (read-only) of the map of the tensor at ``address`` (aligned:
+    binding copies an input that is not; the workspace's intermediates are 256-byte aligned),
+    from the cache when this map was encoded at this address before. A map with symbolic sizes
+    is resolved first (TensorMap.at)."""
+    assert address % TENSOR_MAP_ALIGNMENT == 0 and not tensor_map.symbolic
+    return encoded(tensor_map, address)
+
+
+@lru_cache(maxsize=ENCODED_MAPS)
+def encoded(tensor_map: TensorMap, address: int) -> np.ndarray:
+    """cuTensorMapEncodeTiled's words for ``tensor_map`` at ``address``, kept (``encode``)."""
     api = driver.api()
     element_types, swizzles = _encodings()
     rank = len(tensor_map.dims)
-    encoded = driver.call(
+    result = driver.call(
         api.cuTensorMapEncodeTiled,
         element_types[tensor_map.element_bytes],
         api.cuuint32_t(rank),
@@ -32,7 +48,9 @@ def encode(tensor_map: TensorMap, address: int) -> np.ndarray:
         api.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         api.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # out-of-bounds elements read as zero
     )
-    return np.array([int(w) for w in encoded.opaque], dtype=np.uint64)
+    words = np.array([int(w) for w in result.opaque], dtype=np.uint64)
+    words.flags.writeable = False  # shared by every binding that finds it
+    return words
 
 
 @cache
