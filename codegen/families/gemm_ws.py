@@ -200,8 +200,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     body = [
         *element_types(p),
         f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {GROUP_M};",
-        *_sizes(p, bk, tiles_total),
-        f"constexpr int SPLIT = {split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT;",
+        *_sizes(p, bk, tiles_total, split),
         f"constexpr unsigned A_STAGE = BM * {BLOCK_K_BYTES}, B_STAGE = BN * {BLOCK_K_BYTES};  // bytes",
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
@@ -247,19 +246,20 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a", blocks=blocks)
 
 
-def _sizes(p: Problem, bk: int, tiles_total: int) -> list[str]:
-    """GM, GN, GK, KTILES and the tile counts: constants, but a dynamic matmul's M and batch
-    count read from its EXTENT arguments, and the tile counts that follow from them."""
+def _sizes(p: Problem, bk: int, tiles_total: int, split: int) -> list[str]:
+    """GM, GN, GK, KTILES, the tile counts and the K slices: constants, but a dynamic matmul's M
+    and batch count read from its EXTENT arguments, and the tile counts that follow from them."""
     fixed = f"GN = {p.n}, GK = {p.k}, KTILES = {-(-p.k // bk)}"
+    slices = f"SPLIT = {split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT"
     if not p.is_dynamic:
         return [
             f"constexpr int GM = {p.m}, {fixed};",
             "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
-            f"constexpr int TILES = {tiles_total};",
+            f"constexpr int TILES = {tiles_total}, {slices};",
         ]
     return [
         f"const int GM = (int){c_extent(p.m_extent)};",
-        f"constexpr int {fixed}, TILES_N = (GN + BN - 1) / BN;",
+        f"constexpr int {fixed}, TILES_N = (GN + BN - 1) / BN, {slices};",
         "const int TILES_M = (GM + BM - 1) / BM, BATCH_TILES = TILES_M * TILES_N;",
         f"const int TILES = (int){c_extent(math.prod(p.out.dim[:-2]))} * BATCH_TILES;  // this call's",
     ]
