@@ -10,16 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import graphdnn as gd
 from codegen import emit_partition
 from codegen.nvrtc import compile_cubin
 from fusion_rules import fuse
-from graphdnn.compare import relative_error, tolerance
 from graphdnn.program import CallExtent, GridExtent, LaunchProgram, TensorMap
-from graphdnn.random_inputs import random_inputs
 from graphdnn.specialize import specialize
 from tests import fake_gpu
 from tests.test_dynamic_gemm import batched, linear
@@ -205,7 +202,7 @@ def test_the_dynamic_engine_matches_the_reference_on_the_gpu(
 ) -> None:
     import torch
 
-    from tests.gpu_check import poisoned, to_device, to_numpy
+    from tests.gpu_check import check_across_the_range
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialised engine runs on sm_90")
@@ -214,15 +211,5 @@ def test_the_dynamic_engine_matches_the_reference_on_the_gpu(
     plan = gd.compile(ir, cache=cache)
     assert any("_ws" in launch.name for launch in plan.program.launches)
     compiles = cache.counters.compiles
-    for values in values_list:
-        static = specialize(ir, values)
-        feeds = random_inputs(static, sum(values.values()))
-        expected = gd.reference.execute(ir, feeds)
-        pack = {t.name: to_device(feeds[t.name], t) for t in static.inputs}
-        outputs = {t.name: poisoned(t) for t in static.outputs}
-        plan.execute({**pack, **outputs})
-        torch.cuda.synchronize()
-        for t in static.outputs:
-            error = relative_error(to_numpy(outputs[t.name]), expected[t.name].astype(np.float64))
-            assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
+    check_across_the_range(plan, ir, values_list)
     assert cache.counters.compiles == compiles  # no compile inside the range
