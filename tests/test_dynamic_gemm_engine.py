@@ -3,10 +3,12 @@ matmul with a symbolic M, or symbolic batch dims, takes the engine where the sta
 the same shape would, per size bucket of M (its split-K for few tiles and a long K). On the
 CPU: the plan's choices against the static plans' at awkward Ms, the tensor maps' symbolic
 sizes resolved at bind time and the encodings kept per (map, address) (a fake driver), the
-plan data's JSON, and NVRTC for sm_90a; the `gpu` tests run the plans against the reference."""
+plan data's JSON and the cache's checks of it, and NVRTC for sm_90a; the `gpu` tests run the
+plans against the reference."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,40 @@ def test_maps_and_grids_survive_the_plans_json_relabelling_and_the_cache_checks(
     gd.compile(linear(max_m=4096, n=1024, k=1024), arch="sm_90", cache=cache)
     again = gd.compile(linear(max_m=4096, n=1024, k=1024), arch="sm_90", cache=cache)
     assert cache.counters.hits == 1 and any(_maps(x) and _maps(x)[0].symbolic for x in again.program.launches)
+
+
+def _a_map_sizes(value: list[Any]) -> Callable[[dict[str, Any]], None]:
+    """Replace the symbolic sizes of the first launch's first tensor map (A's) in a plan document."""
+
+    def change(document: dict[str, Any]) -> None:
+        (stored, *_) = [a for a in document["program"]["launches"][0]["args"] if a[0] == "tensor_map"]
+        stored[3][5] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("sizes", "reason"),
+    [
+        ([[7, 1, [[0, 0]]]], r"a tensor map with symbolic sizes at positions \[7\]"),
+        ([[1, 0, [[0, 0]]]], "a symbolic size without a positive coefficient or a dim"),
+        ([[1, 1, [[0, 1]]]], r"an extent reads dim 1 of tensor 0, which is 1024, not a symbol"),
+        ([[1, 1, [[999, 0]]]], "an extent names tensor 999"),
+    ],
+)
+def test_a_cached_map_with_bad_symbolic_sizes_is_a_miss(sizes: list[Any], reason: str, tmp_path: Path) -> None:
+    from graphdnn.cache.key import key_fields
+    from graphdnn.cache.store import CacheWarning, DiskStore
+    from tests.test_cache_trust import _reseal_plan
+
+    graph = linear(max_m=4096, n=1024, k=1024)
+    gd.compile(graph, arch="sm_90", cache=gd.PlanCache(tmp_path))
+    path = DiskStore(tmp_path).plan_path(key_fields(graph.validate(), 90).key)
+    _reseal_plan(path, _a_map_sizes(sizes))
+    cache = gd.PlanCache(tmp_path)
+    with pytest.warns(CacheWarning, match=reason):
+        plan = gd.compile(graph, arch="sm_90", cache=cache)
+    assert plan.origin == "compiled" and cache.counters.rejected >= 1
 
 
 # -- tensor maps at bind time ------------------------------------------------------------------------
