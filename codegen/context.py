@@ -10,6 +10,7 @@ from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.ir import Graph, Tensor
 from graphdnn.program import TensorMap
+from graphdnn.symbolic import Extent
 
 from .cuda_types import compute_type, cuda_type, headers_for, load
 from .epilogue import scalar_value
@@ -44,13 +45,15 @@ class KernelParams:
         self.bindings.append(Param(ParamKind.TENSOR, tensor=tensor.id))
         return name
 
-    def tensor_map(self, tensor: Tensor, tensor_map: TensorMap) -> str:
+    def tensor_map(self, tensor: Tensor, tensor_map: TensorMap, sizes: tuple[Extent, ...] = ()) -> str:
         """Declare a TMA tensor map of ``tensor`` (a ``gd::TensorMapArg``, 64-byte aligned: declare
-        tensor maps first, so that no padding precedes them); return its name."""
+        tensor maps first, so that no padding precedes them); return its name. ``sizes``: a
+        dynamic graph's map's dims then byte strides as extents (``tensor_map`` holds their
+        values at the symbols' maxima), resolved at each call."""
         earlier = sum(1 for p in self.bindings if p.kind is ParamKind.TENSOR_MAP and p.tensor == tensor.id)
         name = f"tm{tensor.id}" + (f"_{earlier}" if earlier else "")  # a tensor may have several maps
         self.declarations.append(f"const __grid_constant__ gd::TensorMapArg {name}")
-        self.bindings.append(Param(ParamKind.TENSOR_MAP, tensor=tensor.id, tensor_map=tensor_map))
+        self.bindings.append(Param(ParamKind.TENSOR_MAP, tensor=tensor.id, tensor_map=tensor_map, map_sizes=sizes))
         return name
 
     def scratch(self, name: str, c_type: str) -> str:

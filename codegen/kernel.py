@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graphdnn.program import TensorMap
-from graphdnn.symbolic import Sym, Symbol
+from graphdnn.symbolic import Extent, Sym, Symbol
 
 if TYPE_CHECKING:
     from graphdnn.ir import Tensor
@@ -40,19 +40,24 @@ class Param:
     kind: ParamKind
     tensor: int | None = None  # tensor id for TENSOR, SCALAR and TENSOR_MAP
     scratch: str | None = None  # scratch buffer name for SCRATCH
-    tensor_map: TensorMap | None = None  # TENSOR_MAP
+    tensor_map: TensorMap | None = None  # TENSOR_MAP (its sizes at the symbols' maxima)
     symbol: Symbol | None = None  # EXTENT
+    # TENSOR_MAP of a dynamic graph's tensor: the map's dims, then its byte strides, as extents
+    # (lowering makes the symbolic ones TensorMap.symbolic); () when they are static
+    map_sizes: tuple[Extent, ...] = ()
 
 
 @dataclass(frozen=True)
 class DynamicGrid:
-    """The grid of a kernel whose work depends on symbols: ``ceil(count / per_block)`` blocks,
-    at least 1 and at most ``cap``, along ``grid_axis`` (0: x, 2: z), computed at each launch."""
+    """The grid of a kernel whose work depends on symbols: ``ceil(count / per_block) *
+    multiplier`` blocks, at least 1 and at most ``cap``, along ``grid_axis`` (0: x, 2: z),
+    computed at each launch."""
 
     count: Sym
     per_block: int
     cap: int
     grid_axis: int = 0
+    multiplier: int = 1
 
 
 @dataclass(frozen=True)

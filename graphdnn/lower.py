@@ -10,6 +10,7 @@ its kernels' symbols and grids refer to the input dims that hold each symbol in 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,8 +18,20 @@ from typing import TYPE_CHECKING, Any
 from .arch import arch_name
 from .ir import Graph, Tensor
 from .layout import largest_storage_extent
-from .program import Arg, ArgKind, GridExtent, Launch, LaunchBucket, LaunchProgram, WorkspaceBuffer, align
+from .program import (
+    Arg,
+    ArgKind,
+    CallExtent,
+    GridExtent,
+    Launch,
+    LaunchBucket,
+    LaunchProgram,
+    TensorMap,
+    WorkspaceBuffer,
+    align,
+)
 from .specialize import symbol_source
+from .symbolic import Sym
 
 if TYPE_CHECKING:
     from codegen import FusedProgram, Kernel
@@ -143,7 +156,7 @@ def _arg(
             raise AssertionError(f"kernel {kernel.name} binds scalar '{t.name}' as a pointer")
         if t.is_virtual and t.id not in intermediates:
             raise AssertionError(f"kernel {kernel.name} reads virtual tensor '{t.name}', which no fused node writes")
-    return Arg(kind, tensor=param.tensor, tensor_map=param.tensor_map)
+    return Arg(kind, tensor=param.tensor, tensor_map=_tensor_map(ir, param))
 
 
 def _bucket(ir: Graph, bucket: SizeBucket) -> LaunchBucket:
@@ -155,4 +168,17 @@ def _bucket(ir: Graph, bucket: SizeBucket) -> LaunchBucket:
 def _grid(ir: Graph, grid: DynamicGrid) -> GridExtent:
     """The launch's grid over the input dims that hold its symbols in a call."""
     dims = tuple(symbol_source(ir, s) for s in grid.count.factors)
-    return GridExtent(grid.count.coefficient, dims, grid.per_block, grid.cap, grid.grid_axis)
+    return GridExtent(grid.count.coefficient, dims, grid.per_block, grid.cap, grid.grid_axis, grid.multiplier)
+
+
+def _tensor_map(ir: Graph, param: Any) -> TensorMap | None:
+    """A parameter's tensor map, its symbolic sizes over the input dims that hold their symbols."""
+    tensor_map: TensorMap | None = param.tensor_map
+    if tensor_map is None or not param.map_sizes:
+        return tensor_map
+    symbolic = tuple(
+        (position, CallExtent(size.coefficient, tuple(symbol_source(ir, s) for s in size.factors)))
+        for position, size in enumerate(param.map_sizes)
+        if isinstance(size, Sym)
+    )
+    return dataclasses.replace(tensor_map, symbolic=symbolic)

@@ -210,6 +210,7 @@ class Plan(PlanBase):
         """``[min(ceil(4*batch / 128), 65535), 1, 1]``: a dynamic grid over the graph's symbols."""
         work = math.prod((self.graph.tensors[t].dim[axis] for t, axis in grid.dims), start=grid.coefficient)
         extent = f"ceil({work} / {grid.divisor})" if grid.divisor > 1 else str(work)
+        extent += f" * {grid.multiplier}" if grid.multiplier > 1 else ""
         shape = [str(n) for n in at_maxima]
         shape[grid.grid_axis] = f"min({extent}, {grid.cap})"
         return f"[{', '.join(shape)}]"

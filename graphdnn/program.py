@@ -64,6 +64,24 @@ class Im2colWindow:
         return found
 
 
+DimRef = tuple[int, int]  # (tensor id, axis): a whole dim that is one symbol, read from the call's buffers
+
+
+@dataclass(frozen=True)
+class CallExtent:
+    """A size known at each call of a dynamic graph's plan: ``coefficient`` times the product
+    of the call's values of ``dims`` (whole dims of inputs, each one symbol)."""
+
+    coefficient: int
+    dims: tuple[DimRef, ...]
+
+    def value(self, extents: Mapping[DimRef, int]) -> int:
+        return self.coefficient * math.prod(extents[d] for d in self.dims)
+
+    def relabel(self, mapping: Mapping[int, int]) -> CallExtent:
+        return CallExtent(self.coefficient, tuple((mapping[t], a) for t, a in self.dims))
+
+
 @dataclass(frozen=True)
 class TensorMap:
     """What is static about a TMA tensor map (the driver's encoding arguments but the address):
@@ -71,7 +89,12 @@ class TensorMap:
     A tiled map (cuTensorMapEncodeTiled) copies ``box``; an im2col one (``im2col`` set,
     cuTensorMapEncodeIm2col) copies ``box[0]`` channels of each of ``box[1]`` pixels.
     The address must be TENSOR_MAP_ALIGNMENT-aligned: binding copies an input that is not
-    (runtime.bind)."""
+    (runtime.bind).
+
+    A dynamic graph's map may have sizes that depend on symbols: ``symbolic`` lists them as
+    (position, value at each call), a position indexing ``dims + strides``; ``dims`` and
+    ``strides`` then hold their values at the symbols' maxima. :meth:`at` resolves them from a
+    call's extents (binding does, before encoding)."""
 
     element_bytes: int
     dims: tuple[int, ...]
@@ -79,30 +102,70 @@ class TensorMap:
     box: tuple[int, ...]
     swizzle: int
     im2col: Im2colWindow | None = None
+    symbolic: tuple[tuple[int, CallExtent], ...] = ()
+
+    @property
+    def dim_refs(self) -> tuple[DimRef, ...]:
+        return tuple(ref for _, size in self.symbolic for ref in size.dims)
+
+    def at(self, extents: Mapping[DimRef, int]) -> TensorMap:
+        """The map of one call: its symbolic sizes at the call's ``extents`` (a static map as it is)."""
+        if not self.symbolic:
+            return self
+        sizes = [*self.dims, *self.strides]
+        for position, size in self.symbolic:
+            sizes[position] = size.value(extents)
+        rank = len(self.dims)
+        return dataclasses.replace(self, dims=tuple(sizes[:rank]), strides=tuple(sizes[rank:]), symbolic=())
+
+    def relabel(self, mapping: Mapping[int, int]) -> TensorMap:
+        symbolic = tuple((position, size.relabel(mapping)) for position, size in self.symbolic)
+        return dataclasses.replace(self, symbolic=symbolic)
 
     def to_json(self) -> list[Any]:
-        """The five encoding fields, then the im2col window for an im2col map."""
-        tiled = [self.element_bytes, list(self.dims), list(self.strides), list(self.box), self.swizzle]
-        return tiled if self.im2col is None else [*tiled, self.im2col.to_json()]
+        """``[element_bytes, dims, strides, box, swizzle]``, then, where there are any, an object of
+        the im2col window (``"im2col"``) and the symbolic sizes (``"symbolic"``, each
+        ``[position, coefficient, [[tensor, axis], ...]]``)."""
+        value: list[Any] = [self.element_bytes, list(self.dims), list(self.strides), list(self.box), self.swizzle]
+        extra: dict[str, Any] = {}
+        if self.im2col is not None:
+            extra["im2col"] = self.im2col.to_json()
+        if self.symbolic:
+            extra["symbolic"] = [[p, s.coefficient, [list(d) for d in s.dims]] for p, s in self.symbolic]
+        return [*value, extra] if extra else value
 
     @classmethod
     def from_json(cls, value: list[Any]) -> TensorMap:
-        element_bytes, dims, strides, box, swizzle, *window = value
-        im2col = Im2colWindow.from_json(window[0]) if window else None
+        element_bytes, dims, strides, box, swizzle, *rest = value
+        extra = rest[0] if rest else {}
+        if not isinstance(extra, dict) or set(extra) - {"im2col", "symbolic"}:
+            raise ValueError(f"a tensor map's sixth field is an object of 'im2col' and 'symbolic', not {extra!r}")
+        window = extra.get("im2col")
+        symbolic = tuple(
+            (int(p), CallExtent(int(c), tuple((int(t), int(a)) for t, a in refs)))
+            for p, c, refs in extra.get("symbolic", ())
+        )
         return cls(
             int(element_bytes),
             tuple(map(int, dims)),
             tuple(map(int, strides)),
             tuple(map(int, box)),
             int(swizzle),
-            im2col,
+            None if window is None else Im2colWindow.from_json(window),
+            symbolic,
         )
 
     def problems(self) -> list[str]:
         """What the driver would refuse (cuTensorMapEncodeTiled's or cuTensorMapEncodeIm2col's
-        rules), for checks of cache entries."""
+        rules), for checks of cache entries and of each call's map; a symbolic size that is not a
+        size of the map."""
         rank = len(self.dims)
         found = []
+        positions = [p for p, _ in self.symbolic]
+        if any(not 0 <= p < 2 * rank - 1 for p in positions) or len(set(positions)) != len(positions):
+            found.append(f"symbolic sizes at positions {positions}")
+        if any(s.coefficient < 1 or not s.dims for _, s in self.symbolic):
+            found.append("a symbolic size without a positive coefficient or a dim")
         if self.element_bytes not in (1, 2, 4, 8):
             found.append(f"element size {self.element_bytes}")
         box_rank = rank if self.im2col is None else 2
@@ -170,41 +233,49 @@ class Arg:
         return cls(ArgKind(kind), tensor, offset, TensorMap.from_json(rest[0]) if rest else None)
 
 
-DimRef = tuple[int, int]  # (tensor id, axis): a whole dim that is one symbol, read from the call's buffers
-
-
 @dataclass(frozen=True)
 class GridExtent:
     """A grid extent computed at each call of a dynamic graph's plan: ``ceil(coefficient *
-    the product of the dims / divisor)`` blocks, at least 1 and at most ``cap`` (kernels walk
-    the rest with a grid-stride loop), along ``grid_axis`` (0: x; 2: z, a batched matmul's
-    batch). The dims are whole dims of inputs, each one symbol."""
+    the product of the dims / divisor) * multiplier`` blocks, at least 1 and at most ``cap``
+    (kernels walk the rest with a grid-stride loop), along ``grid_axis`` (0: x; 2: z, a batched
+    matmul's batch). The dims are whole dims of inputs, each one symbol. ``multiplier``: a
+    persistent GEMM's tiles are ``ceil(M / BM)`` tile rows times its tile columns and K slices."""
 
     coefficient: int
     dims: tuple[DimRef, ...]
     divisor: int
     cap: int
     grid_axis: int = 0
+    multiplier: int = 1
 
     def blocks(self, extents: Mapping[DimRef, int]) -> int:
         work = self.coefficient * math.prod(extents[d] for d in self.dims)
-        return min(max(1, -(-work // self.divisor)), self.cap)
+        return min(max(1, -(-work // self.divisor)) * self.multiplier, self.cap)
 
     def relabel(self, mapping: Mapping[int, int]) -> GridExtent:
         dims = tuple((mapping[t], a) for t, a in self.dims)
-        return GridExtent(self.coefficient, dims, self.divisor, self.cap, self.grid_axis)
+        return dataclasses.replace(self, dims=dims)
 
     def to_json(self) -> dict[str, Any]:
         dims = [list(d) for d in self.dims]
-        value = {"coefficient": self.coefficient, "dims": dims, "divisor": self.divisor, "cap": self.cap}
-        # x: written as before the field existed
-        return value if self.grid_axis == 0 else {**value, "grid_axis": self.grid_axis}
+        value: dict[str, Any] = {
+            "coefficient": self.coefficient,
+            "dims": dims,
+            "divisor": self.divisor,
+            "cap": self.cap,
+        }
+        # x and a multiplier of 1: written as before the fields existed
+        if self.grid_axis != 0:
+            value["grid_axis"] = self.grid_axis
+        if self.multiplier != 1:
+            value["multiplier"] = self.multiplier
+        return value
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> GridExtent:
         dims = tuple((int(t), int(a)) for t, a in value["dims"])
-        grid_axis = int(value.get("grid_axis", 0))
-        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]), grid_axis)
+        grid_axis, multiplier = int(value.get("grid_axis", 0)), int(value.get("multiplier", 1))
+        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]), grid_axis, multiplier)
 
 
 @dataclass(frozen=True)
@@ -258,18 +329,25 @@ class Launch:
         return self.bucket is None or self.bucket.holds(extents)
 
     def at(self, extents: Mapping[DimRef, int]) -> Launch:
-        """The launch for one call: its dynamic grid extent computed from the call's ``extents``
-        (a static launch as it is)."""
-        if self.blocks is None:
+        """The launch for one call: its dynamic grid extent and its tensor maps' symbolic sizes
+        computed from the call's ``extents`` (a static launch as it is)."""
+        if self.blocks is None and not any(a.tensor_map is not None and a.tensor_map.symbolic for a in self.args):
             return self
         grid = list(self.grid)
-        grid[self.blocks.grid_axis] = self.blocks.blocks(extents)
-        return dataclasses.replace(self, grid=(grid[0], grid[1], grid[2]))
+        if self.blocks is not None:
+            grid[self.blocks.grid_axis] = self.blocks.blocks(extents)
+        args = tuple(
+            dataclasses.replace(a, tensor_map=a.tensor_map.at(extents)) if a.tensor_map is not None else a
+            for a in self.args
+        )
+        return dataclasses.replace(self, grid=(grid[0], grid[1], grid[2]), args=args)
 
     @property
     def dim_refs(self) -> tuple[DimRef, ...]:
-        """The dims of the call this launch reads: its grid's and its extent arguments'."""
+        """The dims of the call this launch reads: its grid's, its extent arguments' and its
+        tensor maps'."""
         refs = [(a.tensor, a.axis) for a in self.args if a.kind is ArgKind.EXTENT]
+        refs += [ref for a in self.args if a.tensor_map is not None for ref in a.tensor_map.dim_refs]
         refs += list(self.blocks.dims) if self.blocks is not None else []
         refs += list(self.bucket.dims) if self.bucket is not None else []
         return tuple(dict.fromkeys((t, x) for t, x in refs if t is not None and x is not None))
@@ -361,7 +439,10 @@ class LaunchProgram:
         """The same program with every tensor id replaced through ``mapping``."""
 
         def arg(a: Arg) -> Arg:
-            return a if a.tensor is None else dataclasses.replace(a, tensor=mapping[a.tensor])
+            if a.tensor is None:
+                return a
+            tensor_map = a.tensor_map.relabel(mapping) if a.tensor_map is not None else None
+            return dataclasses.replace(a, tensor=mapping[a.tensor], tensor_map=tensor_map)
 
         def buffer(b: WorkspaceBuffer) -> WorkspaceBuffer:
             if b.tensor is None:

@@ -9,12 +9,14 @@ makes ``Plan.loaded_kernels`` return named stand-ins. Tests see what would reach
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import graphdnn as gd
-from graphdnn.runtime import driver
+from graphdnn.runtime import driver, tensor_map
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,32 @@ class FakeDriver:
     def allocate(self, nbytes: int) -> int:
         return self.cuMemAlloc(nbytes)[1]
 
+    # TMA tensor maps: an encoding records its arguments and returns them as the map's words
+    CUtensorMapDataType = SimpleNamespace(
+        CU_TENSOR_MAP_DATA_TYPE_UINT8=1,
+        CU_TENSOR_MAP_DATA_TYPE_UINT16=2,
+        CU_TENSOR_MAP_DATA_TYPE_UINT32=4,
+        CU_TENSOR_MAP_DATA_TYPE_INT64=8,
+    )
+    CUtensorMapSwizzle = SimpleNamespace(
+        CU_TENSOR_MAP_SWIZZLE_NONE=0,
+        CU_TENSOR_MAP_SWIZZLE_32B=32,
+        CU_TENSOR_MAP_SWIZZLE_64B=64,
+        CU_TENSOR_MAP_SWIZZLE_128B=128,
+    )
+    CUtensorMapInterleave = SimpleNamespace(CU_TENSOR_MAP_INTERLEAVE_NONE=0)
+    CUtensorMapL2promotion = SimpleNamespace(CU_TENSOR_MAP_L2_PROMOTION_L2_256B=0)
+    CUtensorMapFloatOOBfill = SimpleNamespace(CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE=0)
+    cuuint32_t = cuuint64_t = staticmethod(int)
+
+    def cuTensorMapEncodeTiled(
+        self, element: int, rank: int, address: int, dims: list[int], strides: list[int], box: list[int], *rest: Any
+    ) -> tuple[int, SimpleNamespace]:
+        """Words: address, rank, element size, then the dims and strides (16 in all, zero-padded)."""
+        self.calls.append(("tensor_map", address, tuple(dims), tuple(strides), tuple(box)))
+        words = [address, rank, element, *dims, *strides]
+        return (0, SimpleNamespace(opaque=words + [0] * (16 - len(words))))
+
 
 class FakeArray:
     """Device memory seen through ``__cuda_array_interface__`` (as CuPy or Numba arrays are)."""
@@ -82,6 +110,9 @@ def install(monkeypatch: pytest.MonkeyPatch, arch: int = 90) -> FakeDriver:
     monkeypatch.setattr(driver, "api", lambda: fake)
     monkeypatch.setattr(driver, "device", lambda ordinal: device)
     monkeypatch.setattr(driver, "pointer_device", lambda pointer: 0)
+    # the fake's encodings in caches of their own, never seen by the real driver's bindings
+    monkeypatch.setattr(tensor_map, "encoded", lru_cache(tensor_map.ENCODED_MAPS)(tensor_map.encoded.__wrapped__))
+    monkeypatch.setattr(tensor_map, "_encodings", lru_cache(None)(tensor_map._encodings.__wrapped__))
     monkeypatch.setattr(
         gd.Plan, "loaded_kernels", lambda plan, device: [FakeKernel(launch.name) for launch in plan.program.launches]
     )

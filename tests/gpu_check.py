@@ -22,7 +22,7 @@ from graphdnn.random_inputs import random_inputs
 from graphdnn.runtime.frameworks import empty_torch
 from graphdnn.runtime.frameworks import to_torch as to_device
 
-__all__ = ["TOLERANCE", "check_on_gpu", "poisoned", "relative_error", "to_device", "to_numpy"]
+__all__ = ["TOLERANCE", "check_across_the_range", "check_on_gpu", "poisoned", "relative_error", "to_device", "to_numpy"]
 
 
 def poisoned(tensor: Tensor) -> Any:
@@ -71,3 +71,24 @@ def check_on_gpu(
         error = relative_error(got, want)
         assert error <= limit, f"output '{t.name}' ({t.data_type.value}): relative error {error:.3g} > {limit:.3g}"
     return plan
+
+
+def check_across_the_range(plan: Any, ir: gd.Graph, values_list: list[dict[str, int]]) -> None:
+    """Run a dynamic graph's ``plan`` at each symbol ``values`` (fresh random inputs of the
+    static graph of those values, poisoned outputs) and assert every output matches the
+    reference of the dynamic graph ``ir``."""
+    import torch
+
+    from graphdnn.specialize import specialize
+
+    for values in values_list:
+        static = specialize(ir, values)
+        feeds = random_inputs(static, sum(values.values()))
+        expected = reference.execute(ir, feeds)
+        pack = {t.name: to_device(feeds[t.name], t) for t in static.inputs}
+        outputs = {t.name: poisoned(t) for t in static.outputs}
+        plan.execute({**pack, **outputs})
+        torch.cuda.synchronize()
+        for t in static.outputs:
+            error = relative_error(to_numpy(outputs[t.name]), expected[t.name].astype(np.float64))
+            assert error <= data_type_tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"

@@ -198,6 +198,7 @@ TAMPERED_PLANS = [
     ("dynamic_rows", _launch(0, blocks="xyz"), "malformed plan"),
     ("dynamic_rows", _launch(0, blocks={"coefficient": 33, "dims": [[0]], "divisor": 1, "cap": 1}), "malformed plan"),
     ("dynamic_rows", _blocks(0, grid_axis=5), "dynamic grid axis 5 is not 0, 1 or 2"),
+    ("dynamic_rows", _blocks(0, multiplier=0), "dynamic grid multiplier 0 is not positive"),
     ("dynamic_rows", _blocks(0, grid_axis=2, cap=70000), "dynamic grid cap 70000 is outside 1..65535"),
     (
         "dynamic_rows",

@@ -1,10 +1,11 @@
 """Dynamic shapes, GEMM slice: a matmul with a symbolic M (rows of A and C) and symbolic batch
 dims compiles once for its range. On the CPU: the lowering (M an EXTENT argument, the grid
-computed at launch along x, or z for a symbolic batch), the refusals (the warp-specialised
-engine, split-K, a symbolic N or K, convolutions), the range checks before any launch, the
+computed at launch along x, or z for a symbolic batch), the refusals (mma.sync and wgmma
+split-K, a symbolic N or K, convolutions), the range checks before any launch, the
 signature, the reference against the static graph, the fp16 mma.sync and fp32 SIMT kernels
 run by tests/cpu_emulation.py against the reference, and NVRTC for sm_80 and sm_90(a); the
-`gpu` tests run the plans at the ends of the range and awkward values in between."""
+`gpu` tests run the plans at the ends of the range and awkward values in between. The
+warp-specialised engine's dynamic kernels: tests/test_dynamic_gemm_engine.py."""
 
 from __future__ import annotations
 
@@ -114,24 +115,28 @@ def test_static_matmuls_take_no_extents_and_the_engine_as_before() -> None:
     plan = gd.compile(static, arch="sm_90", cache=None)
     (launch,) = plan.program.launches
     assert launch.blocks is None and all(x.kind is not ArgKind.EXTENT for x in launch.args)
-    assert "_ws" in launch.name  # the engine's default, for the static graph only
+    assert "_ws" in launch.name  # the engine's default, with its sizes as constants
     assert "dyn" not in plan.kernels[0].source.split("// ---- end of header ----")[1]
 
 
-def test_candidates_of_a_dynamic_matmul_have_no_engine_and_no_split() -> None:
+def test_candidates_of_a_dynamic_matmul_split_k_on_the_engine_only() -> None:
     from codegen.emit import candidates
 
     choices = candidates(gemm_node(linear(max_m=64, n=2048, k=8192).validate()), 90)
-    assert choices and all(c.get("path") != "ws" and "split_k" not in c for c in choices)
+    assert choices and all(c.get("path") == "ws" for c in choices if "split_k" in c)
     assert any(c.get("path") == "wgmma" for c in choices)
+    assert any(c.get("path") == "ws" and "split_k" in c for c in choices)
 
 
 # -- refusals --------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("choice", "message"),
     [
-        ({"path": "ws", "block_n": 128}, "the warp-specialised engine takes no symbolic dims (m in 1..100"),
-        ({"block_m": 64, "block_n": 64, "stages": 4, "split_k": 2}, "takes no split-K"),
+        ({"block_m": 64, "block_n": 64, "stages": 4, "split_k": 2}, "(m in 1..100) takes no mma.sync or wgmma split-K"),
+        (
+            {"path": "wgmma", "block_m": 128, "block_n": 64, "stages": 4, "split_k": 2},
+            "take the warp-specialised engine's split",
+        ),
     ],
 )
 def test_paths_that_cannot_take_symbols_are_refused_naming_the_node(choice: dict[str, object], message: str) -> None:
@@ -293,7 +298,7 @@ def test_one_dynamic_matmul_plan_runs_across_the_range_on_the_gpu(
 ) -> None:
     import torch
 
-    from tests.gpu_check import poisoned, to_device, to_numpy
+    from tests.gpu_check import check_across_the_range
 
     if choice is not None and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma runs on sm_90")
@@ -302,17 +307,7 @@ def test_one_dynamic_matmul_plan_runs_across_the_range_on_the_gpu(
     cache = gd.PlanCache(tmp_path)
     plan = gd.compile(ir, cache=cache, tuning=tuning)
     compiles = cache.counters.compiles
-    for values in values_list:
-        static = specialize(ir, values)
-        feeds = random_inputs(static, sum(values.values()))
-        expected = gd.reference.execute(ir, feeds)
-        pack = {t.name: to_device(feeds[t.name], t) for t in static.inputs}
-        outputs = {t.name: poisoned(t) for t in static.outputs}
-        plan.execute({**pack, **outputs})
-        torch.cuda.synchronize()
-        for t in static.outputs:
-            error = relative_error(to_numpy(outputs[t.name]), expected[t.name].astype(np.float64))
-            assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
+    check_across_the_range(plan, ir, values_list)
     assert cache.counters.compiles == compiles  # no compile inside the range
 
 

@@ -406,25 +406,13 @@ GPU_CASES = [
 def test_one_plan_runs_across_the_range_on_the_gpu(
     case: tuple[Callable[[], gd.OperationGraphSpec], list[Values]], tmp_path: Path
 ) -> None:
-    import torch
-
-    from tests.gpu_check import poisoned, to_device, to_numpy
+    from tests.gpu_check import check_across_the_range
 
     make, values_list = case
     cache = gd.PlanCache(tmp_path)
     plan = gd.compile(make(), cache=cache)
     compiles = cache.counters.compiles
     ir = plan.graph
-    for values in values_list:
-        static = specialize(ir, values)
-        feeds = random_inputs(static, sum(values.values()))
-        expected = gd.reference.execute(ir, feeds)
-        pack = {t.name: to_device(feeds[t.name], t) for t in static.inputs}
-        outputs = {t.name: poisoned(t) for t in static.outputs}
-        plan.execute({**pack, **outputs})
-        torch.cuda.synchronize()
-        for t in static.outputs:
-            error = relative_error(to_numpy(outputs[t.name]), expected[t.name].astype(np.float64))
-            assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
+    check_across_the_range(plan, ir, values_list)
     assert gd.compile(make(), cache=cache).program == plan.program
     assert cache.counters.compiles == compiles  # no compile inside the range

@@ -20,8 +20,9 @@ tensor-core path (gemm_splitk.py): a second kernel sums the K slices and runs th
 
 On sm_90, matmuls with enough tiles to fill the GPU, and those with few tiles and a long K
 (with two K slices), take the persistent warp-specialised TMA engine (gemm_ws.py) unless a
-tuning says otherwise; so do the 16-bit 2-d convolutions like the ResNet layers it was measured
-faster on, fed by TMA im2col (gemm_ws.default_choice).
+tuning says otherwise; dynamic ones too, per size bucket of M (below); so do the 16-bit 2-d
+convolutions like the ResNet layers it was measured faster on, fed by TMA im2col
+(gemm_ws.default_choice).
 
 Convolution gradients come here only when they fit the tensor cores (the fusion rules ask
 fusion_rules/conv_grad_gemm.py; the others stay in the direct family): dgrad as an implicit
@@ -30,14 +31,16 @@ both on the mma.sync path by default; dgrad may take wgmma on sm_90 through tuni
 m-contiguous A has no wgmma layout here yet). A tuning may still choose the direct kernel
 ({"path": "direct"}, without an epilogue), so that autotuning compares them.
 
-A dynamic graph's matmul (a symbolic M, symbolic batch dims; docs/dynamic-shapes.md) takes
-the mma.sync path by default on every arch where the tensor cores take it, or wgmma when
-tuned so, else the SIMT kernel: each reads M from an EXTENT argument and computes its grid
-at launch (gemm_block.py, gemm_simt.py). Its mma.sync tiles are chosen per size bucket of M
-(codegen/buckets.py: a variant per bucket, the static plan's tile for its Ms), or for the
-symbols' maxima where the batch is symbolic too; it takes no split-K (the slices would be
-chosen for one M, and the partials sized for the largest). The warp-specialised engine refuses it, naming why (its TMA
-tensor maps are encoded with static dims).
+A dynamic graph's matmul (a symbolic M, symbolic batch dims; docs/dynamic-shapes.md) reads M
+from an EXTENT argument and computes its grid at launch on every path (gemm_block.py,
+gemm_simt.py, gemm_ws.py: the engine's tensor maps are resolved at each call). By default it
+takes what the static plan takes, per size bucket of M (codegen/buckets.py: a variant per
+bucket, the static plan's choice at the bucket's largest M): on sm_90 the engine's tile, or
+its two K slices for few tiles and a long K (the partials sized for the bucket's largest M),
+where the static plan takes the engine, else the mma.sync tile without split-K; where the
+batch is symbolic too, one choice, at the symbols' maxima. mma.sync and wgmma split-K stay
+off for a dynamic M (their slices would be chosen for one M): a tuning that asks for them
+is refused naming the node. The SIMT kernel takes what the tensor cores cannot.
 """
 
 from __future__ import annotations
@@ -50,11 +53,11 @@ from fusion_rules.conv_grad_gemm import refusal
 from graphdnn.errors import UnsupportedError
 from graphdnn.symbolic import Sym, show_ranges, symbols_of
 
-from ..buckets import variants
+from ..buckets import size_buckets
 from ..context import EmitContext
-from ..kernel import FusedProgram, Kernel
+from ..kernel import FusedProgram, Kernel, Scratch
 from . import direct_conv
-from .gemm_mma import TILE_CANDIDATES, TileConfig, mma_kernel, tile_config
+from .gemm_mma import TILE_CANDIDATES, mma_kernel, tile_config
 from .gemm_problem import Problem, eight_bit_slow_path, on_tensor_cores, problem_of
 from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
@@ -79,33 +82,59 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         _check_dynamic(problem, ctx)
     if not on_tensor_cores(problem, ctx.arch):
         return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
-    default = None if ctx.tuning or problem.is_dynamic else default_ws(problem, ctx.arch)
+    if problem.is_dynamic and not ctx.tuning:
+        return _dynamic_default(fused, ctx, problem)
+    default = None if ctx.tuning else default_ws(problem, ctx.arch)
     if default is not None:
         ctx = dataclasses.replace(ctx, tuning=default)
+    return _tuned(fused, ctx, problem, problem.m)
+
+
+def _tuned(fused: FusedNode, ctx: EmitContext, problem: Problem, top_m: int) -> FusedProgram:
+    """The kernels of the choice ``ctx.tuning`` (the mma.sync heuristic without one); with
+    split-K the partials are sized for M up to ``top_m``."""
     if ctx.tuning.get("path") == "ws":
         split = ws_split(ctx, problem)
         kernel = ws_kernel(fused, ctx, problem)
     elif ctx.tuning.get("path") == "wgmma":
         split = tuned_split(ctx, problem) or 1
         kernel = wgmma_kernel(fused, ctx, problem, split)
-    elif problem.is_dynamic and not ctx.tuning and not symbols_of(problem.out.dim[:-2]):
-        return FusedProgram(fused.name, _m_buckets(fused, ctx, problem))
     else:
         tile, split = tile_config(problem, ctx)
         kernel = mma_kernel(fused, ctx, problem, tile, split)
-    return _program(fused, ctx, problem, kernel, split)
+    return _program(fused, ctx, problem, kernel, split, top_m)
 
 
-def _m_buckets(fused: FusedNode, ctx: EmitContext, problem: Problem) -> tuple[Kernel, ...]:
-    """A dynamic M's mma.sync kernels, a variant per size bucket of M (codegen.buckets): the
-    tile a static plan takes for the Ms of each bucket (64 rows when 128-row tiles would not
-    fill the GPU twice over). No split-K (module docstring)."""
+def _dynamic_default(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedProgram:
+    """A dynamic matmul's kernels when nothing is tuned: the static plan's choice for each size
+    bucket of M (codegen.buckets), each bucket's kernels tagged with it, or one choice at the
+    symbols' maxima where the batch is symbolic (module docstring)."""
+
+    def choose(m: int) -> dict[str, object]:
+        at = dataclasses.replace(problem, m=m)
+        engine = default_ws(at, ctx.arch)
+        if engine is not None:
+            return engine
+        tile = tile_config(at, ctx)[0]  # no split-K for a dynamic M
+        return {"block_m": tile.block_m, "block_n": tile.block_n, "stages": tile.stages}
+
+    def emit_choice(choice: dict[str, object], top_m: int) -> FusedProgram:
+        return _tuned(fused, dataclasses.replace(ctx, tuning=choice), problem, top_m)
+
+    if symbols_of(problem.out.dim[:-2]):
+        return emit_choice(choose(problem.m), problem.m)
     assert isinstance(problem.m_extent, Sym)
-
-    def choose(m: int) -> TileConfig:
-        return tile_config(dataclasses.replace(problem, m=m), ctx)[0]
-
-    return variants(problem.m_extent, choose, lambda tile: mma_kernel(fused, ctx, problem, tile, 1))
+    found = size_buckets(problem.m_extent, choose)
+    if len(found) == 1:
+        return emit_choice(found[0][1], problem.m)
+    kernels: list[Kernel] = []
+    partials: dict[str, Scratch] = {}
+    for bucket, choice in found:
+        program = emit_choice(choice, bucket.high)
+        kernels += [dataclasses.replace(k, bucket=bucket) for k in program.kernels]
+        for s in program.scratch:  # one workspace buffer per name, for the largest bucket that needs it
+            partials[s.name] = max(s, partials.get(s.name, s), key=lambda x: x.bytes)
+    return FusedProgram(fused.name, tuple(kernels), tuple(partials.values()))
 
 
 def extents_refusal(fused: FusedNode) -> str | None:
@@ -132,28 +161,27 @@ def extents_refusal(fused: FusedNode) -> str | None:
 
 
 def _check_dynamic(problem: Problem, ctx: EmitContext) -> None:
-    """UnsupportedError naming the node when a dynamic matmul asks for a path or a split that
-    cannot take runtime extents (module docstring)."""
+    """UnsupportedError naming the node when a dynamic matmul asks for a split that cannot take
+    runtime extents: mma.sync's or wgmma's (module docstring; the engine's can)."""
     node, symbols = problem.node, show_ranges(problem.out.symbols)
-    if ctx.tuning.get("path") == "ws":
+    if ctx.tuning.get("path") != "ws" and (tuned_split(ctx, problem) or 1) > 1:
         raise UnsupportedError(
-            f"GEMM tuning {ctx.tuning}: the warp-specialised engine takes no symbolic dims ({symbols}; its TMA tensor "
-            "maps are encoded with static dims): take the mma.sync or wgmma path",
-            node=node.name,
-        )
-    if (tuned_split(ctx, problem) or 1) > 1:
-        raise UnsupportedError(
-            f"GEMM tuning {ctx.tuning}: a matmul with symbolic dims ({symbols}) takes no split-K (its slices and "
-            "partials would be chosen for one M)",
+            f"GEMM tuning {ctx.tuning}: a matmul with symbolic dims ({symbols}) takes no mma.sync or wgmma split-K "
+            "(their slices would be chosen for one M): take the warp-specialised engine's split "
+            "({'path': 'ws', ..., 'split_k': n}) on sm_90, or no split",
             node=node.name,
         )
 
 
-def _program(fused: FusedNode, ctx: EmitContext, problem: Problem, kernel: Kernel, split: int) -> FusedProgram:
-    """The tensor-core kernel, then with split-K the reduction and its scratch."""
+def _program(
+    fused: FusedNode, ctx: EmitContext, problem: Problem, kernel: Kernel, split: int, top_m: int | None = None
+) -> FusedProgram:
+    """The tensor-core kernel, then with split-K the reduction and its scratch (the partials of
+    M up to ``top_m``, by default the problem's)."""
     if split == 1:
         return FusedProgram(fused.name, (kernel,))
-    return FusedProgram(fused.name, (kernel, reduce_kernel(fused, ctx, problem, split)), (scratch(problem, split),))
+    partials = scratch(dataclasses.replace(problem, m=top_m or problem.m), split)
+    return FusedProgram(fused.name, (kernel, reduce_kernel(fused, ctx, problem, split)), (partials,))
 
 
 def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedProgram:
@@ -200,9 +228,9 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
         direct: list[dict[str, object]] = [] if fused.epilogue else [{"path": "direct"}]
         wgmma = wgmma_candidates(problem, arch) if problem.a_layout == "mk" else []
         return _mma_candidates(problem, arch) + wgmma + direct
-    if problem.is_dynamic:  # neither the engine nor split-K (_check_dynamic)
+    if problem.is_dynamic:  # split-K on the engine only (_check_dynamic)
         every = _mma_candidates(problem, arch) + wgmma_candidates(problem, arch)
-        return [c for c in every if "split_k" not in c]
+        return [c for c in every if "split_k" not in c] + ws_candidates(problem, arch)
     return _mma_candidates(problem, arch) + wgmma_candidates(problem, arch) + ws_candidates(problem, arch)
 
 

@@ -14,11 +14,10 @@ import math
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
-from graphdnn.symbolic import Sym
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..indexing import c_extent
-from ..kernel import DynamicGrid, Kernel
+from ..kernel import Kernel
 from .gemm_epilogue import staged_epilogue
 from .gemm_loaders import (
     ASYNC_COPY_PRELUDE,
@@ -28,8 +27,8 @@ from .gemm_loaders import (
     element_types,
     load_tile_lambda,
 )
-from .gemm_problem import Problem, batch_offsets, declare, index_type_of, tensor_core_layout
-from .gemm_splitk import MAX_GRID_Z, PARTIALS, KSlices, store_partials
+from .gemm_problem import Problem, batch_offsets, declare, dynamic_grid, index_type_of, tensor_core_layout
+from .gemm_splitk import PARTIALS, KSlices, store_partials
 
 
 @dataclass(frozen=True)
@@ -177,14 +176,3 @@ class TensorCoreBlock:
             arch_suffix=arch_suffix,
             blocks=blocks,
         )
-
-
-def dynamic_grid(p: Problem, block_m: int) -> DynamicGrid | None:
-    """The grid extent a dynamic matmul computes at launch (module docstring); None for a static one."""
-    if not p.is_dynamic:
-        return None
-    batch = math.prod(p.out.dim[:-2])
-    if isinstance(batch, Sym):
-        return DynamicGrid(batch, 1, MAX_GRID_Z, grid_axis=2)
-    assert isinstance(p.m_extent, Sym)
-    return DynamicGrid(p.m_extent, block_m, 2**31 - 1)

@@ -37,6 +37,8 @@ def refusal(p: Problem, bk: int) -> str | None:
     either tile width: the filter's box is as valid with 128 output channels as with 256)."""
     if not p.is_conv:
         return f"TMA im2col feeds a convolution's forward pass, not a {p.node.op}"
+    if p.is_dynamic:
+        return "a dynamic convolution: im2col maps are built for static shapes"
     if p.groups != 1:
         return f"a grouped convolution ({p.groups} groups) has no im2col map (a k tile would span groups)"
     if tensor_core_layout(p) is None:

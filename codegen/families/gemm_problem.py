@@ -27,11 +27,14 @@ from fusion_rules import FusedNode
 from fusion_rules.conv_grad_gemm import CONV_GRADS, b_layout, operands, refusal
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.conv import ConvAttributes
-from graphdnn.symbolic import Extent, upper
+from graphdnn.symbolic import Extent, Sym, upper
 
 from ..context import KernelParams
 from ..indexing import c_extent, coordinates, divides, index_type
+from ..kernel import DynamicGrid
 from .tensor_core import OperandTypes, operand_types
+
+MAX_GRID_Z = 65535
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,7 @@ def tensor_core_layout(p: Problem) -> str | None:
     types = tensor_core_types(p)
     if types is None or p.groups != 1:
         return None
-    if math.prod(p.batch) > 65535:  # one grid layer per batch index
+    if math.prod(p.batch) > MAX_GRID_Z:  # one grid layer per batch index
         return None
     chunk = types.chunk
     if p.is_conv:
@@ -262,3 +265,18 @@ def batch_coords(p: Problem, itype: str, batch_index: str = "blockIdx.z") -> lis
     if not p.batch:
         return []
     return coordinates(f"({itype}){batch_index}", p.out.dim[:-2], range(rank - 2), "c", itype)
+
+
+def dynamic_grid(p: Problem, block_m: int) -> DynamicGrid | None:
+    """The grid extent a dynamic matmul's non-persistent kernels (one block per BM rows, per
+    batch index) compute at launch; None for a static one. Along x, ``ceil(M / block_m)``, when
+    only M is symbolic; along z, the batch count, when the batch is, x then staying at the
+    tiles of the largest M and the blocks past the call's M returning at once (a launch has
+    one dynamic grid extent)."""
+    if not p.is_dynamic:
+        return None
+    batch = math.prod(p.out.dim[:-2])
+    if isinstance(batch, Sym):
+        return DynamicGrid(batch, 1, MAX_GRID_Z, grid_axis=2)
+    assert isinstance(p.m_extent, Sym)
+    return DynamicGrid(p.m_extent, block_m, 2**31 - 1)

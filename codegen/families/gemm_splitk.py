@@ -21,9 +21,10 @@ from graphdnn.arch import sm_count
 from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
+from ..indexing import c_extent
 from ..kernel import Kernel, Scratch
 from .gemm_epilogue import stage_accumulators, tile_epilogue
-from .gemm_problem import Problem, declare, index_type_of, tensor_core_types
+from .gemm_problem import MAX_GRID_Z, Problem, declare, dynamic_grid, index_type_of, tensor_core_types
 
 PARTIALS = "partials"
 MAX_SPLIT = 16
@@ -31,7 +32,6 @@ MAX_SPLIT = 16
 # few output tiles (K x C*R*S): more slices to fill the GPU, each still long.
 MAX_GRAD_SPLIT = 64
 MIN_SLICE_K = 512  # k per slice at least: 16 mma.sync or 8 wgmma k tiles, to pay for the reduction
-MAX_GRID_Z = 65535
 # The reduction kernel's block: one 8-column chunk per thread
 REDUCE_BM, REDUCE_BN, REDUCE_THREADS = 16, 128, 256
 
@@ -174,16 +174,28 @@ def reduce_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) ->
         "  acc8[4] += hi.x; acc8[5] += hi.y; acc8[6] += hi.z; acc8[7] += hi.w;",
         "}",
     ]
+    sizes = f"GN = {p.n}, NP = {padded_n(p)}, SPLIT = {split}"
+    rows = (
+        [f"const int GM = (int){c_extent(p.m_extent)};", f"constexpr int {sizes};"]
+        if p.is_dynamic
+        else [f"constexpr int GM = {p.m}, {sizes};"]
+    )
     body = [
         f"constexpr int BM = {REDUCE_BM}, BN = {REDUCE_BN}, THREADS = {REDUCE_THREADS};",
-        f"constexpr int GM = {p.m}, GN = {p.n}, NP = {padded_n(p)}, SPLIT = {split};",
+        *rows,
         "const int tid = threadIdx.x;",
         f"const {itype} block_m = ({itype})blockIdx.x * BM;",
         "const int block_n = blockIdx.y * BN;",
+        *(
+            ["if (block_m >= GM) return;  // a tile past this call's M: the grid is sized for the largest"]
+            if p.is_dynamic
+            else []
+        ),
         *tile_epilogue(fused, p, names, itype, aligned, fetch),
     ]
     name, source = kernel_source(
         ctx, fused, pattern_name(fused) + "_splitk_reduce", params, REDUCE_THREADS, indent(body, 1)
     )
     grid = (-(-p.m // REDUCE_BM), -(-p.n // REDUCE_BN), math.prod(p.batch))
-    return Kernel(name, source, grid, (REDUCE_THREADS, 1, 1), 0, tuple(params.bindings), alignment=16)
+    blocks = dynamic_grid(p, REDUCE_BM)
+    return Kernel(name, source, grid, (REDUCE_THREADS, 1, 1), 0, tuple(params.bindings), alignment=16, blocks=blocks)

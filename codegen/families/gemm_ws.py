@@ -21,6 +21,14 @@ share A and B panels in L2):
 TMA zero-fills what lies outside the tensors (the gather zero-fills too), so ragged M, N and K
 need no predicates in the main loop. The matmul's batch dims become the tensor maps' outer dims.
 
+A dynamic graph's matmul (a symbolic M, symbolic batch dims) runs here too: its tensor maps'
+symbolic dims and strides are resolved from each call's extents when the plan is bound
+(TensorMap.symbolic, runtime/tensor_map.py), the kernel reads M (and the batch) from EXTENT
+arguments and counts its tiles from them, and the persistent grid is computed at launch:
+``ceil(M / BM)`` tile rows times the tile columns and K slices, at most one block per SM (with
+a symbolic batch, the batch times the tiles of the largest M, capped the same way; the blocks
+past the call's tiles find no unit and return).
+
 Operands are fp16/bf16, fp8 (fp32 accumulators) or int8 (s32 accumulators, staged as int for
 the epilogue): a k tile is 128 bytes of k whatever the type, so only BK (in elements), the
 wgmma instruction and the accumulators' type change; 8-bit B is K-major (gemm_problem.py).
@@ -28,14 +36,18 @@ wgmma instruction and the accumulators' type change; 8-bit B is K-major (gemm_pr
 
 from __future__ import annotations
 
+import math
+
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
 from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
 from graphdnn.program import MAX_TENSOR_MAP_RANK, TensorMap
+from graphdnn.symbolic import Extent, Sym, symbols_of, upper
 
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
-from ..kernel import Kernel
+from ..indexing import c_extent
+from ..kernel import DynamicGrid, Kernel
 from . import gemm_im2col as im2col
 from .gemm_epilogue import tile_epilogue
 from .gemm_loaders import (
@@ -75,8 +87,8 @@ def tiles(block_n: int) -> list[dict[str, object]]:
 
 def supported(p: Problem, arch: int) -> bool:
     """On sm_90: a convolution the tensor-core paths take, or such a matmul whose operands TMA
-    can describe, with static dims (the tensor maps are encoded with them)."""
-    if arch != ARCH or p.is_dynamic or tensor_core_layout(p) is None:
+    can describe (a dynamic one's maps are resolved at each call)."""
+    if arch != ARCH or tensor_core_layout(p) is None:
         return False
     return p.is_conv or all(len(_map_axes(t)) <= MAX_TENSOR_MAP_RANK for t in (p.a, p.b))
 
@@ -197,24 +209,29 @@ def _default_im2col(p: Problem, arch: int) -> dict[str, object] | None:
 
 def _map_axes(t: Tensor) -> list[int]:
     """The axes of operand ``t`` its tensor map walks, innermost first: the contiguous matrix
-    axis, the other matrix axis, then the batch axes that hold more than one matrix."""
-    rank = len(t.static_dim)
-    inner = rank - 1 if t.static_stride[-1] == 1 else rank - 2
+    axis, the other matrix axis, then the batch axes that may hold more than one matrix."""
+    rank = len(t.dim)
+    inner = rank - 1 if t.stride[-1] == 1 else rank - 2
     outer = rank - 2 if inner == rank - 1 else rank - 1
-    batch = [axis for axis in range(rank - 3, -1, -1) if t.static_dim[axis] > 1]
+    batch = [axis for axis in range(rank - 3, -1, -1) if t.dim[axis] != 1]
     return [inner, outer, *batch]
 
 
-def _tensor_map(t: Tensor, box: tuple[int, int]) -> TensorMap:
+def _tensor_map(t: Tensor, box: tuple[int, int]) -> tuple[TensorMap, tuple[Extent, ...]]:
+    """The map of ``t`` (its sizes at the symbols' maxima) and, for a tensor with symbolic dims
+    or strides, every size of it as an extent (dims, then byte strides), else ()."""
     axes = _map_axes(t)
     size = t.data_type.itemsize
-    return TensorMap(
+    dims = tuple(t.dim[a] for a in axes)
+    strides = tuple(t.stride[a] * size for a in axes[1:])
+    tensor_map = TensorMap(
         element_bytes=size,
-        dims=tuple(t.static_dim[a] for a in axes),
-        strides=tuple(t.static_stride[a] * size for a in axes[1:]),
+        dims=tuple(upper(d) for d in dims),
+        strides=tuple(upper(s) for s in strides),
         box=(*box, *(1 for _ in axes[2:])),
         swizzle=128,
     )
+    return tensor_map, ((*dims, *strides) if symbols_of([*dims, *strides]) else ())
 
 
 def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
@@ -244,8 +261,8 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     if producer == "tma":
         # B's box: k rows of 64 n (one swizzle row each) for n-contiguous B, BN rows of BK k otherwise
         b_box = (64, bk) if layout == "kn" else (bk, bn)
-        a_map = params.tensor_map(p.a, _tensor_map(p.a, (bk, BLOCK_M)))
-        b_map = params.tensor_map(p.b, _tensor_map(p.b, b_box))
+        a_map = params.tensor_map(p.a, *_tensor_map(p.a, (bk, BLOCK_M)))
+        b_map = params.tensor_map(p.b, *_tensor_map(p.b, b_box))
     elif producer == "im2col":
         a_map, b_map = im2col.declare_maps(params, p, bk, bn)
     k_tiles = im2col.k_tiles(p, bk) if producer == "im2col" else -(-p.k // bk)
@@ -260,14 +277,12 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     body = [
         *element_types(p),
         f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {GROUP_M};",
-        f"constexpr int GM = {p.m}, GN = {p.n}, GK = {p.k}, KTILES = {k_tiles};",
+        *_sizes(p, k_tiles, tiles_total, split),
         *(
             [f"constexpr int CTILES = {-(-p.a.static_dim[1] // bk)};  // k tiles per filter tap"]
             if producer == "im2col"
             else []
         ),
-        "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
-        f"constexpr int TILES = {tiles_total}, SPLIT = {split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT;",
         f"constexpr unsigned A_STAGE = BM * {BLOCK_K_BYTES}, B_STAGE = BN * {BLOCK_K_BYTES};  // bytes",
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
@@ -315,8 +330,40 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     else:
         functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t)) for t in (p.a, p.b)))
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
-    grid = (min(tiles_total * split, sm_count(ctx.arch)), 1, 1)
-    return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a")
+    sms = sm_count(ctx.arch)
+    grid = (min(tiles_total * split, sms), 1, 1)
+    blocks = _persistent_grid(p, bn, split, sms) if p.is_dynamic else None
+    return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a", blocks=blocks)
+
+
+def _sizes(p: Problem, k_tiles: int, tiles_total: int, split: int) -> list[str]:
+    """GM, GN, GK, KTILES, the tile counts and the K slices: constants, but a dynamic matmul's M
+    and batch count read from its EXTENT arguments, and the tile counts that follow from them."""
+    fixed = f"GN = {p.n}, GK = {p.k}, KTILES = {k_tiles}"
+    slices = f"SPLIT = {split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT"
+    if not p.is_dynamic:
+        return [
+            f"constexpr int GM = {p.m}, {fixed};",
+            "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
+            f"constexpr int TILES = {tiles_total}, {slices};",
+        ]
+    return [
+        f"const int GM = (int){c_extent(p.m_extent)};",
+        f"constexpr int {fixed}, TILES_N = (GN + BN - 1) / BN, {slices};",
+        "const int TILES_M = (GM + BM - 1) / BM, BATCH_TILES = TILES_M * TILES_N;",
+        f"const int TILES = (int){c_extent(math.prod(p.out.dim[:-2]))} * BATCH_TILES;  // this call's",
+    ]
+
+
+def _persistent_grid(p: Problem, bn: int, split: int, sms: int) -> DynamicGrid:
+    """A dynamic matmul's persistent grid (module docstring): one block per (tile, K slice) unit
+    of the call, at most one per SM."""
+    per_m = -(-p.n // bn) * split  # units per tile row
+    batch = math.prod(p.out.dim[:-2])
+    if isinstance(batch, Sym):
+        return DynamicGrid(batch, 1, sms, multiplier=-(-p.m // BLOCK_M) * per_m)
+    assert isinstance(p.m_extent, Sym)
+    return DynamicGrid(p.m_extent, BLOCK_M, sms, multiplier=batch * per_m)
 
 
 def ws_split(ctx: EmitContext, p: Problem) -> int:
@@ -363,8 +410,8 @@ def _tile_coordinates(p: Problem, itype: str) -> list[str]:
 
 def _map_coordinates(t: Tensor, p: Problem, matrix: tuple[str, str]) -> list[str]:
     """The tensor-map coordinates of ``t``'s tile: ``matrix`` (inner, outer) then its batch axes."""
-    shift = len(p.batch) - (len(t.static_dim) - 2)
-    batch = [f"(int)c{axis + shift}" for axis in range(len(t.static_dim) - 3, -1, -1) if t.static_dim[axis] > 1]
+    shift = len(p.batch) - (len(t.dim) - 2)
+    batch = [f"(int)c{axis + shift}" for axis in range(len(t.dim) - 3, -1, -1) if t.dim[axis] != 1]
     return [*matrix, *batch]
 
 

@@ -221,6 +221,8 @@ def _grid_extent(grid: GridExtent, where: str) -> None:
         raise EntryError(f"{where}: dynamic grid coefficient {grid.coefficient} is not positive")
     if _count(grid.divisor, f"{where}: dynamic grid divisor") < 1:
         raise EntryError(f"{where}: dynamic grid divisor {grid.divisor} is not positive")
+    if _count(grid.multiplier, f"{where}: dynamic grid multiplier") < 1:
+        raise EntryError(f"{where}: dynamic grid multiplier {grid.multiplier} is not positive")
     if grid.grid_axis not in (0, 1, 2):
         raise EntryError(f"{where}: dynamic grid axis {grid.grid_axis!r} is not 0, 1 or 2")
     if not 1 <= _count(grid.cap, f"{where}: dynamic grid cap") <= MAX_GRID[grid.grid_axis]:

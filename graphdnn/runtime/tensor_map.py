@@ -1,8 +1,14 @@
-"""TMA tensor maps, encoded by the driver when a plan is bound (they hold the tensor's address)."""
+"""TMA tensor maps, encoded by the driver when a plan is bound (they hold the tensor's address).
+
+A dynamic graph's maps hold the call's extents too (TensorMap.at), so binding encodes one per
+call shape. Encoding costs a driver call (7 µs through the Python bindings on an H200 host,
+benchmarks/RESULTS.md), so the words are kept per (map, address): a map is a pure function of them, and binding the same
+buffers at a shape seen before encodes nothing. The cache is bounded (least recently used out).
+"""
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -10,12 +16,22 @@ import numpy as np
 from ..program import TENSOR_MAP_ALIGNMENT, TensorMap
 from . import driver
 
+ENCODED_MAPS = 4096  # (map, address) pairs kept: 128 bytes of words each
+
 
 def encode(tensor_map: TensorMap, address: int) -> np.ndarray:
-    """The TENSOR_MAP_WORDS words of the map of the tensor at ``address`` (aligned: binding
-    copies an input that is not; the workspace's intermediates are 256-byte aligned): a tiled
-    map, or an im2col one where ``tensor_map.im2col`` says so."""
-    assert address % TENSOR_MAP_ALIGNMENT == 0
+    """The TENSOR_MAP_WORDS words (read-only) of the map of the tensor at ``address`` (aligned:
+    binding copies an input that is not; the workspace's intermediates are 256-byte aligned),
+    from the cache when this map was encoded at this address before. A map with symbolic sizes
+    is resolved first (TensorMap.at)."""
+    assert address % TENSOR_MAP_ALIGNMENT == 0 and not tensor_map.symbolic
+    return encoded(tensor_map, address)
+
+
+@lru_cache(maxsize=ENCODED_MAPS)
+def encoded(tensor_map: TensorMap, address: int) -> np.ndarray:
+    """The driver's words for ``tensor_map`` at ``address``, kept (``encode``): a tiled map, or an
+    im2col one where ``tensor_map.im2col`` says so."""
     api = driver.api()
     element_types = _encodings()[0]
     rank = len(tensor_map.dims)
@@ -29,15 +45,17 @@ def encode(tensor_map: TensorMap, address: int) -> np.ndarray:
     )
     if window is None:
         box = ([api.cuuint32_t(b) for b in tensor_map.box], [api.cuuint32_t(1)] * rank)
-        encoded = driver.call(api.cuTensorMapEncodeTiled, *shape, *box, *_modes(tensor_map.swizzle))
+        result = driver.call(api.cuTensorMapEncodeTiled, *shape, *box, *_modes(tensor_map.swizzle))
     else:
         channels, pixels = tensor_map.box
         # the channel and image dims are walked one by one, the spatial ones by the convolution's strides
         steps = [api.cuuint32_t(s) for s in (1, *window.strides, 1)]
         corners = (list(window.lower), list(window.upper))
         im2col = (*corners, api.cuuint32_t(channels), api.cuuint32_t(pixels), steps)
-        encoded = driver.call(api.cuTensorMapEncodeIm2col, *shape, *im2col, *_modes(tensor_map.swizzle))
-    return np.array([int(w) for w in encoded.opaque], dtype=np.uint64)
+        result = driver.call(api.cuTensorMapEncodeIm2col, *shape, *im2col, *_modes(tensor_map.swizzle))
+    words = np.array([int(w) for w in result.opaque], dtype=np.uint64)
+    words.flags.writeable = False  # shared by every binding that finds it
+    return words
 
 
 def _modes(swizzle: int) -> tuple[Any, ...]:
