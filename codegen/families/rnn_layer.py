@@ -1,0 +1,105 @@
+"""What the RNN kernels of one layer share: the node's tensors for that layer, the sizes, and the
+scratch buffers that chain the kernels (direct_rnn.py says how).
+
+Scratch, in the compute type unless said otherwise:
+
+- ``rnn_xproj`` [T, N, D, G, H]: the layer's input projections W_ih x + b_ih, all gates and
+  directions, written by the projection GEMM (rnn_projection.py), read by the steps;
+- ``rnn_h`` [2, D, N, H]: the hidden state, double-buffered by step parity (step s reads
+  parity s % 2, writes the other), so a step never overwrites what its other blocks read;
+- ``rnn_c`` [D, N, H]: LSTM's cell state (each element read and written by one thread);
+- ``rnn_step`` (two unsigned ints): the step the next step kernel runs, and the ticket that
+  finds its last block (which advances the step); the projection resets both;
+- ``rnn_layer0`` / ``rnn_layer1`` [T, N, D*H]: a layer's output sequence, which the next
+  layer's projection reads (alternating, so layer l+1 never writes what layer l reads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.ir import Node, Tensor
+from graphdnn.ops.rnn import GATES, WEIGHTS_PER_DIRECTION, RnnAttributes
+
+from .direct_common import anchor_of, compute_for
+
+XPROJ, STATE_H, STATE_C, STEP = "rnn_xproj", "rnn_h", "rnn_c", "rnn_step"
+
+
+def layer_buffer(layer: int) -> str:
+    """The scratch buffer that holds ``layer``'s output sequence (two, alternating)."""
+    return f"rnn_layer{layer % 2}"
+
+
+@dataclass(frozen=True)
+class RnnLayer:
+    """One layer of an rnn node, as its kernels see it."""
+
+    fused: FusedNode
+    layer: int
+    compute: str  # float or double
+
+    @classmethod
+    def of(cls, fused: FusedNode, layer: int) -> RnnLayer:
+        return cls(fused, layer, compute_for(fused))
+
+    @property
+    def node(self) -> Node:
+        return anchor_of(self.fused)
+
+    @property
+    def a(self) -> RnnAttributes:
+        a = self.node.attributes
+        assert isinstance(a, RnnAttributes)
+        return a
+
+    @property
+    def x(self) -> Tensor:
+        x = self.node.input("x")
+        assert x is not None
+        return x
+
+    @property
+    def steps(self) -> int:
+        return int(self.x.static_dim[0])
+
+    @property
+    def batch(self) -> int:
+        return int(self.x.static_dim[1])
+
+    @property
+    def hidden(self) -> int:
+        return self.a.hidden_size
+
+    @property
+    def gates(self) -> int:
+        return GATES[self.a.mode]
+
+    @property
+    def directions(self) -> int:
+        return self.a.directions
+
+    @property
+    def width(self) -> int:
+        """Elements of one step's input of this layer: I for layer 0, D*H above."""
+        return int(self.x.static_dim[2]) if self.layer == 0 else self.directions * self.hidden
+
+    @property
+    def last(self) -> bool:
+        return self.layer == self.a.num_layers - 1
+
+    @property
+    def element_bytes(self) -> int:
+        return 8 if self.compute == "double" else 4
+
+    def weights(self, direction: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """w_ih, w_hh, b_ih, b_hh of ``direction`` in this layer."""
+        first = (self.layer * self.directions + direction) * WEIGHTS_PER_DIRECTION
+        w_ih, w_hh, b_ih, b_hh = self.node.inputs_of("weights")[first : first + WEIGHTS_PER_DIRECTION]
+        return w_ih, w_hh, b_ih, b_hh
+
+
+def by_direction(directions: int, direction: str, values: list[str]) -> str:
+    """``values[direction]`` as a C expression (one value per direction)."""
+    return values[0] if directions == 1 else f"({direction} ? {values[1]} : {values[0]})"
