@@ -110,13 +110,18 @@ def projection_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
 
 
 def _mma_setup(c: str) -> list[str]:
-    return [
-        "const int lane = tid & 31, warp = tid >> 5, warp_m = warp / 4, warp_n = warp % 4;",
-        f"{c} acc[2][4][4];  // [m16 tile][n8 tile][fragment]: the warp's 32x32 block",
-        "for (int i = 0; i < 2; ++i)",
-        "  for (int j = 0; j < 4; ++j)",
-        "    for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;",
-    ]
+    roles = "const int lane = tid & 31, warp = tid >> 5, warp_m = warp / 4, warp_n = warp % 4;"
+    return [roles, *_zeroed(c, [2, 4, 4], "[m16 tile][n8 tile][fragment]: the warp's 32x32 block")]
+
+
+def _zeroed(c: str, dims: list[int], comment: str) -> list[str]:
+    """The accumulators ``acc`` of ``dims``, zeroed by unrolled loops (registers, never local memory)."""
+    names = "ijk"[: len(dims)]
+    lines = [f"{c} acc{''.join(f'[{d}]' for d in dims)};  // {comment}"]
+    for depth, (name, extent) in enumerate(zip(names, dims)):
+        lines += ["#pragma unroll", "  " * depth + f"for (int {name} = 0; {name} < {extent}; ++{name})"]
+    lines[-1] += f" acc{''.join(f'[{name}]' for name in names)} = 0;"
+    return lines
 
 
 def _mma_products() -> list[str]:
@@ -124,9 +129,11 @@ def _mma_products() -> list[str]:
     (PTX's layouts: A (row, k) in lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) +
     2 (k >= 8); B (k, n) in lane n * 4 + (k % 8) / 2, register k >= 8)."""
     return [
+        "#pragma unroll",
         "for (int kk = 0; kk < BK; kk += 16) {",
         "  const int k = kk + 2 * (lane & 3);",
         "  unsigned a[2][4], b[4][2];",
+        "#pragma unroll",
         "  for (int mi = 0; mi < 2; ++mi) {",
         "    const int row = warp_m * 32 + mi * 16 + (lane >> 2);",
         "    a[mi][0] = *reinterpret_cast<const unsigned*>(&as[row * STRIDE + k]);",
@@ -134,58 +141,64 @@ def _mma_products() -> list[str]:
         "    a[mi][2] = *reinterpret_cast<const unsigned*>(&as[row * STRIDE + k + 8]);",
         "    a[mi][3] = *reinterpret_cast<const unsigned*>(&as[(row + 8) * STRIDE + k + 8]);",
         "  }",
+        "#pragma unroll",
         "  for (int ni = 0; ni < 4; ++ni) {",
         "    const int column = warp_n * 32 + ni * 8 + (lane >> 2);",
         "    b[ni][0] = *reinterpret_cast<const unsigned*>(&bs[column * STRIDE + k]);",
         "    b[ni][1] = *reinterpret_cast<const unsigned*>(&bs[column * STRIDE + k + 8]);",
         "  }",
+        "#pragma unroll",
         "  for (int mi = 0; mi < 2; ++mi)",
+        "#pragma unroll",
         "    for (int ni = 0; ni < 4; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);",
         "}",
     ]
 
 
+def _epilogue(loops: list[str], m: str, column: str, value: str, xproj: str, bias: str) -> list[str]:
+    """``value`` + b_ih at (``m``, ``column``), for each accumulator the ``loops`` walk."""
+    lines = [line for depth, loop in enumerate(loops) for line in ("#pragma unroll", "  " * depth + loop)]
+    inner = "  " * len(loops)
+    return [
+        *lines[:-1],
+        lines[-1] + " {",
+        f"{inner}const int m = {m}, column = {column};",
+        f"{inner}const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
+        f"{inner}if (m < GM && column < GN) {xproj}[(long long)m * GN + column] = {value} + {bias};",
+        "  " * (len(loops) - 1) + "}",
+    ]
+
+
 def _mma_epilogue(xproj: str, bias: str) -> list[str]:
     """Fragment e of tile (mi, ni) is (row + 8 (e >= 2), column + e % 2) of the warp's block."""
-    return [
-        "for (int mi = 0; mi < 2; ++mi)",
-        "  for (int ni = 0; ni < 4; ++ni)",
-        "    for (int e = 0; e < 4; ++e) {",
-        "      const int m = bm + warp_m * 32 + mi * 16 + (lane >> 2) + (e >> 1) * 8;",
-        "      const int column = bn + warp_n * 32 + ni * 8 + 2 * (lane & 3) + (e & 1);",
-        "      const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
-        f"      if (m < GM && column < GN) {xproj}[(long long)m * GN + column] = acc[mi][ni][e] + {bias};",
-        "    }",
-    ]
+    loops = ["for (int mi = 0; mi < 2; ++mi)", "for (int ni = 0; ni < 4; ++ni)", "for (int e = 0; e < 4; ++e)"]
+    m = "bm + warp_m * 32 + mi * 16 + (lane >> 2) + (e >> 1) * 8"
+    column = "bn + warp_n * 32 + ni * 8 + 2 * (lane & 3) + (e & 1)"
+    return _epilogue(loops, m, column, "acc[mi][ni][e]", xproj, bias)
 
 
 def _fma_setup(c: str) -> list[str]:
-    return [
-        "const int tx = tid % 16, ty = tid / 16;  // rows ty + 16 i, columns tx + 16 j",
-        f"{c} acc[4][4];",
-        "for (int i = 0; i < 4; ++i)",
-        "  for (int j = 0; j < 4; ++j) acc[i][j] = 0;",
-    ]
+    roles = "const int tx = tid % 16, ty = tid / 16;"
+    return [roles, *_zeroed(c, [4, 4], "rows ty + 16 i, columns tx + 16 j")]
 
 
 def _fma_products(c: str) -> list[str]:
     return [
+        "#pragma unroll",
         "for (int kk = 0; kk < BK; ++kk) {",
         f"  {c} a[4], b[4];",
+        "#pragma unroll",
         "  for (int i = 0; i < 4; ++i) a[i] = as[(ty + 16 * i) * STRIDE + kk];",
+        "#pragma unroll",
         "  for (int j = 0; j < 4; ++j) b[j] = bs[(tx + 16 * j) * STRIDE + kk];",
+        "#pragma unroll",
         "  for (int i = 0; i < 4; ++i)",
+        "#pragma unroll",
         "    for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];",
         "}",
     ]
 
 
 def _fma_epilogue(xproj: str, bias: str) -> list[str]:
-    return [
-        "for (int i = 0; i < 4; ++i)",
-        "  for (int j = 0; j < 4; ++j) {",
-        "    const int m = bm + ty + 16 * i, column = bn + tx + 16 * j;",
-        "    const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
-        f"    if (m < GM && column < GN) {xproj}[(long long)m * GN + column] = acc[i][j] + {bias};",
-        "  }",
-    ]
+    loops = ["for (int i = 0; i < 4; ++i)", "for (int j = 0; j < 4; ++j)"]
+    return _epilogue(loops, "bm + ty + 16 * i", "bn + tx + 16 * j", "acc[i][j]", xproj, bias)

@@ -56,16 +56,17 @@ class StepShape:
         return (rows * (self.chunk + self.vector) + self.chunk * PAD + partials) * size
 
 
-def step_shape(layer: RnnLayer, arch: int) -> StepShape:
-    hidden, size = layer.hidden, layer.element_bytes
-    units = min(MAX_UNITS, hidden, max(1, -(-layer.directions * hidden // sm_count(arch))))
+def step_shape(hidden: int, gates: int, directions: int, size: int, arch: int) -> StepShape:
+    """The step kernel's blocking for ``size``-byte compute elements: about one block per SM,
+    and k chunks that keep the shared memory within SHARED_BUDGET."""
+    units = min(MAX_UNITS, hidden, max(1, -(-directions * hidden // sm_count(arch))))
     unit_warps = 1
     while unit_warps * 2 <= min(units, WARPS):
         unit_warps *= 2
     vector = 16 // size
     chunk = 32 * -(-hidden // 32)  # a multiple of 32 = vector * k_warps at most: the warps' k ranges split evenly
     shape = StepShape(units, unit_warps, WARPS // unit_warps, vector, chunk)
-    while chunk > 32 and shape.shared_bytes(layer.gates, size) > SHARED_BUDGET:
+    while chunk > 32 and shape.shared_bytes(gates, size) > SHARED_BUDGET:
         chunk -= 32
         shape = StepShape(units, unit_warps, WARPS // unit_warps, vector, chunk)
     return shape
@@ -73,7 +74,7 @@ def step_shape(layer: RnnLayer, arch: int) -> StepShape:
 
 def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     a, c, d = layer.a, layer.compute, layer.directions
-    s = step_shape(layer, ctx.arch)
+    s = step_shape(layer.hidden, layer.gates, d, layer.element_bytes, ctx.arch)
     node, fused = layer.node, layer.fused
     hx, cx, lengths = node.input("hx"), node.input("cx"), node.input("seq_lengths")
     y, hy, cy = node.output("y"), node.output("hy"), node.output("cy")
@@ -118,7 +119,9 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         "for (int n0 = 0; n0 < N; n0 += 32) {",
         "  const int n = n0 + lane;",
         f"  {c} acc[TU][G];",
+        "#pragma unroll",
         "  for (int u = 0; u < TU; ++u)",
+        "#pragma unroll",
         "    for (int g = 0; g < G; ++g) acc[u][g] = 0;",
         "  for (int k0 = 0; k0 < H; k0 += KC) {",
         "    __syncthreads();  // everyone is done with the previous chunk",
@@ -147,6 +150,7 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         *("  " + line for line in _reduce(s.k_warps)),
         "  if (kw == 0 && n < N) {",
         *("    " + line for line in _lengths(layer, names[lengths.id] if lengths is not None else None, lengths)),
+        "#pragma unroll",
         "    for (int u = 0; u < TU; ++u) {",
         "      const int j = u0 + uw + u * UW;",
         "      if (uw + u * UW >= U || j >= H) continue;",
@@ -159,6 +163,7 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     bias = by_direction(d, "dir", [element(b, ["g * H + j"]) for b in b_hh])
     body += [
         f"      {c} pre[G];  // W_hh h + b_hh of each gate",
+        "#pragma unroll",
         "      for (int g = 0; g < G; ++g) pre[g] = acc[u][g] + " + bias + ";",
         *("      " + line for line in _cell(a.mode, c)),
         "      h_next[n * H + j] = within ? value : h_old;",
@@ -203,12 +208,16 @@ def _reduce(k_warps: int) -> list[str]:
     if k_warps == 1:
         return []
     return [
+        "#pragma unroll",
         "for (int u = 0; u < TU; ++u)",
+        "#pragma unroll",
         "  for (int g = 0; g < G; ++g) partial[((kw * UW + uw) * 32 + lane) * TU * G + u * G + g] = acc[u][g];",
         "__syncthreads();",
         "if (kw == 0)",
         "  for (int w = 1; w < KW; ++w)",
+        "#pragma unroll",
         "    for (int u = 0; u < TU; ++u)",
+        "#pragma unroll",
         "      for (int g = 0; g < G; ++g) acc[u][g] += partial[((w * UW + uw) * 32 + lane) * TU * G + u * G + g];",
     ]
 
