@@ -698,6 +698,12 @@ def rnn_lstm_chunked_37_sequences_double() -> gd.OperationGraphSpec:
     return rnn_graph("double", "lstm", 3, 37, 6, 200, 1, False)  # k in 3 chunks, sequences in 2 groups of 32
 
 
+@case()
+def rnn_lstm_tensor_core_tiles_half() -> gd.OperationGraphSpec:
+    # the step's product in 16 m16n8 tiles (2 per warp), h in 3 chunks of k, 70 sequences in 2 passes
+    return rnn_graph("half", "lstm", 2, 70, 5, 400, 1, True, lengths="int32")
+
+
 @case(gpu_only=True)
 def rnn_lstm_benchmark_half() -> gd.OperationGraphSpec:
     return rnn_graph("half", "lstm", 64, 32, 256, 256, 2, False, initial=False)  # benchmarks/classic.py's case

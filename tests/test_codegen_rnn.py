@@ -13,6 +13,7 @@ from codegen import compile_cubin
 from codegen.context import EmitContext
 from codegen.families.direct_rnn import emit_rnn
 from codegen.families.rnn_step import step_shape
+from codegen.families.rnn_step_mma import PRODUCT
 from fusion_rules import fuse
 from graphdnn.signature import signature
 from tests.test_codegen_direct import rnn_graph
@@ -20,10 +21,10 @@ from tests.test_codegen_direct import rnn_graph
 MODES = ["lstm", "gru", "tanh", "relu"]
 
 
-def program(spec, arch: int = 90):
+def program(spec, arch: int = 90, tuning: dict | None = None):
     ir = spec.validate()
     (fused,) = [f for f in fuse(ir, arch=arch).nodes if f.anchor is not None and f.anchor.op == "rnn"]
-    return fused, emit_rnn(fused, EmitContext(ir, signature(ir), arch))
+    return fused, emit_rnn(fused, EmitContext(ir, signature(ir), arch, tuning or {}))
 
 
 def test_each_layer_is_a_projection_then_a_step_launch_per_time_step():
@@ -59,6 +60,27 @@ def test_projection_uses_mma_sync_for_16_bit_weights_from_sm_80(io, arch, tensor
         assert ("_projection_mma_" in kernel.name) is tensor_cores
 
 
+@pytest.mark.parametrize(
+    ("io", "arch", "tuning", "tensor_cores"),
+    [
+        ("half", 90, {}, True),
+        ("bfloat16", 80, {}, True),
+        ("half", 90, {PRODUCT: "fma"}, False),  # the launch choice keeps the CUDA-core product
+        ("half", 75, {}, False),
+        ("float", 90, {}, False),
+        ("double", 80, {}, False),
+    ],
+)
+def test_step_product_uses_mma_sync_for_16_bit_weights_from_sm_80(io, arch, tuning, tensor_cores):
+    _, emitted = program(rnn_graph(io, "lstm", 3, 2, 5, 7, 2, True), arch, tuning)
+    steps = {k.name: k for k in emitted.kernels if "_step" in k.name}
+    assert len(steps) == 2
+    for kernel in steps.values():
+        assert ("mma.sync.aligned.m16n8k16" in kernel.source) is tensor_cores
+        assert ("_step_mma_" in kernel.name) is tensor_cores
+        assert compile_cubin(kernel.source, kernel.name, arch)
+
+
 @pytest.mark.parametrize("hidden", [1, 13, 255, 1000, 2100, 4097])
 @pytest.mark.parametrize("gates", [1, 3, 4])
 @pytest.mark.parametrize("size", [4, 8])
@@ -80,6 +102,8 @@ def test_step_shared_memory_fits_at_any_hidden_size(hidden, gates, size, arch):
         ("half", "tanh", 2, 4, 9, 21, 2, False, None),
         ("float", "relu", 2, 1, 3, 2100, 1, True, "int32"),
         ("double", "lstm", 2, 5, 6, 200, 2, True, None),
+        ("half", "lstm", 2, 70, 3, 2100, 1, True, None),  # the largest tensor-core step tiles, in k chunks
+        ("bfloat16", "relu", 2, 200, 3, 4097, 1, False, "int32"),
     ],
 )
 def test_kernels_compile_for_the_target_they_were_emitted_for(

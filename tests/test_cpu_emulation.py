@@ -81,6 +81,7 @@ GRAPHS = [
             "rnn_lstm_odd_hidden_one_sequence_half",
             "rnn_tanh_three_layers_odd_half",
             "rnn_lstm_chunked_37_sequences_double",
+            "rnn_lstm_tensor_core_tiles_half",
         ],
     ),
 ]

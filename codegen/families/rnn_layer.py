@@ -103,3 +103,28 @@ class RnnLayer:
 def by_direction(directions: int, direction: str, values: list[str]) -> str:
     """``values[direction]`` as a C expression (one value per direction)."""
     return values[0] if directions == 1 else f"({direction} ? {values[1]} : {values[0]})"
+
+
+@dataclass(frozen=True)
+class StepProduct:
+    """How a step kernel computes h_{t-1} @ W_hh^T: ``constants`` and ``shared`` declarations;
+    ``product``, which runs for the ``sequences`` sequences from n0 on; then, for each (n, j)
+    it covers, the lines between ``cell_open`` and ``cell_close`` run with ``product_of``
+    (an expression in g) as gate g's product."""
+
+    constants: list[str]
+    shared: list[str]
+    sequences: int
+    product: list[str]
+    cell_open: list[str]
+    cell_close: list[str]
+    product_of: str
+
+
+@dataclass(frozen=True)
+class StepSources:
+    """C expressions the product paths stage from: ``weight`` is W_hh[g * H + j][k] (of
+    direction ``dir``), ``h_prev`` is h_{t-1}[m][k] (hx, or zero, at step 0)."""
+
+    weight: str
+    h_prev: str

@@ -102,8 +102,11 @@ def projection_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     pattern = f"rnn_{layer.a.mode.value}_layer{layer.layer}_projection{'_mma' if operand is not None else ''}"
     grid = (-(-rows // block_m), -(-columns // block_n), 1)
     kernel = make_kernel(ctx, layer.fused, pattern, params, body, grid)
-    if operand is None:
-        return kernel
+    return with_mma_functions(kernel, operand) if operand is not None else kernel
+
+
+def with_mma_functions(kernel: Kernel, operand: DataType) -> Kernel:
+    """``kernel`` with the mma.sync device functions for ``operand`` before it."""
     functions = mma_fragments(operand)
     source = kernel.source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     return dataclasses.replace(kernel, source=source)

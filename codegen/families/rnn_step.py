@@ -7,13 +7,15 @@ reset and the last block of each launch advances (blocks read it before taking t
 so none can see the next step's value). A block owns U consecutive hidden units of one
 direction (grid: H / U x D), so the G*U rows of W_hh it needs are its own and the units
 it updates depend on no other block within the step: kernel boundaries are the only
-synchronisation. The block stages its W_hh rows and h_{t-1} in chunks of k through shared
+synchronisation.
+
+The product runs on the tensor cores for fp16 / bf16 weights from sm_80 (rnn_step_mma.py,
+h_{t-1} rounded to the weights' type for it, as cuDNN does); else here, on the CUDA cores in
+the compute type: the block stages its W_hh rows and h_{t-1} in chunks of k through shared
 memory; lane i of each warp is sequence n0 + i, warps split the units and k (partial sums
 meet in shared memory), and each thread keeps all G gates of its units in registers, so the
-cell update follows the product without another pass.
-
-U is chosen to spread the units over about one block per SM; the FMAs run on the CUDA cores
-in the compute type (the state stays float or double between steps, as the reference's).
+cell update follows the product without another pass. Either way U is chosen to spread the
+units over about one block per SM, and the state stays float or double between steps.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from ..cuda_types import store
 from ..indexing import offset_at
 from ..kernel import Kernel
 from .direct_common import THREADS, declare, make_kernel, read, written
-from .rnn_layer import STATE_C, STATE_H, STEP, XPROJ, RnnLayer, by_direction, layer_buffer
+from .rnn_layer import STATE_C, STATE_H, STEP, XPROJ, RnnLayer, StepProduct, StepSources, by_direction, layer_buffer
+from .rnn_projection import with_mma_functions
+from .rnn_step_mma import mma_product, recurrence_type
 
 WARPS = THREADS // 32
 MAX_UNITS = 32  # per block: at most 4 units per warp, 4 * G accumulators per thread
@@ -98,94 +102,59 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     def initial(t: Tensor | None, n: str, j: str) -> str:
         return element(t, ["index", n, j]) if t is not None else "0"
 
-    weight = by_direction(d, "dir", [element(w, ["g * H + j", "k"]) for w in w_hh])
-    rows = s.per_warp * s.unit_warps * layer.gates
-    vector_type = {4: "float4", 8: "double2"}[layer.element_bytes]
+    sources = StepSources(
+        by_direction(d, "dir", [element(w, ["g * H + j", "k"]) for w in w_hh]),
+        f"(step == 0 ? {initial(hx, 'm', 'k')} : h_prev[m * H + k])",
+    )
+    operand = recurrence_type(layer, ctx)
+    p = mma_product(layer, s.units, operand, sources) if operand is not None else _fma_product(layer, s, sources)
     body = [
         f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, G = {layer.gates}, D = {d};",
-        f"constexpr int U = {s.units}, UW = {s.unit_warps}, KW = {s.k_warps}, TU = {s.per_warp}, KC = {s.chunk};",
-        f"constexpr int V = {s.vector}, STRIDE = KC + V, ROWS = {rows}, PAD = {PAD};",
+        f"constexpr int U = {s.units};",
+        *p.constants,
         "const int dir = blockIdx.y, u0 = blockIdx.x * U;",
-        "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, uw = warp % UW, kw = warp / UW;",
         f"const int index = {layer.layer * d} + dir;  // of this layer and direction in hx, hy",
         f"const int step = (int)*(volatile unsigned*)&{counter}[0];",
         "const int t = dir ? T - 1 - step : step, parity = step & 1;",
         f"const {c}* const h_prev = {state_h} + (parity * D + dir) * N * H;",
         f"{c}* const h_next = {state_h} + ((parity ^ 1) * D + dir) * N * H;",
         f"auto sigmoid = []({c} v) {{ return ({c})1 / (({c})1 + exp(-v)); }};",
-        f"__shared__ __align__(16) {c} ws[ROWS * STRIDE];  // row (unit u, gate g) = u * G + g",
-        f"__shared__ {c} hs[KC * PAD];  // h_{{t-1}}[n0 + n][k0 + k] at k * PAD + n",
-        *([f"__shared__ {c} partial[KW * UW * 32 * TU * G];"] if s.k_warps > 1 else []),
-        "for (int n0 = 0; n0 < N; n0 += 32) {",
-        "  const int n = n0 + lane;",
-        f"  {c} acc[TU][G];",
-        "#pragma unroll",
-        "  for (int u = 0; u < TU; ++u)",
-        "#pragma unroll",
-        "    for (int g = 0; g < G; ++g) acc[u][g] = 0;",
-        "  for (int k0 = 0; k0 < H; k0 += KC) {",
-        "    __syncthreads();  // everyone is done with the previous chunk",
-        "    for (int i = threadIdx.x; i < ROWS * KC; i += blockDim.x) {",
-        "      const int g = (i / KC) % G, j = u0 + i / KC / G, k = k0 + i % KC;",
-        f"      ws[(i / KC) * STRIDE + i % KC] = j < u0 + U && j < H && k < H ? {weight} : 0;",
-        "    }",
-        "    for (int i = threadIdx.x; i < 32 * KC; i += blockDim.x) {",
-        "      const int m = n0 + i / KC, k = k0 + i % KC;",
-        f"      hs[(i % KC) * PAD + i / KC] = m < N && k < H ? (step == 0 ? {initial(hx, 'm', 'k')} : h_prev[m * H + k]) : 0;",
-        "    }",
-        "    __syncthreads();",
-        "    for (int kk = kw * (KC / KW); kk < (kw + 1) * (KC / KW); kk += V) {",
-        f"      {c} h[V];",
-        "#pragma unroll",
-        "      for (int v = 0; v < V; ++v) h[v] = hs[(kk + v) * PAD + lane];",
-        "#pragma unroll",
-        "      for (int u = 0; u < TU; ++u)",
-        "#pragma unroll",
-        "        for (int g = 0; g < G; ++g) {",
-        f"          const {vector_type} w = *reinterpret_cast<const {vector_type}*>(&ws[((uw + u * UW) * G + g) * STRIDE + kk]);",
-        f"          acc[u][g] += {_dot(s.vector)};",
-        "        }",
-        "    }",
-        "  }",
-        *("  " + line for line in _reduce(s.k_warps)),
-        "  if (kw == 0 && n < N) {",
+        *p.shared,
+        f"for (int n0 = 0; n0 < N; n0 += {p.sequences}) {{",
+        *("  " + line for line in p.product),
+        *("  " + line for line in p.cell_open),
         *("    " + line for line in _lengths(layer, names[lengths.id] if lengths is not None else None, lengths)),
-        "#pragma unroll",
-        "    for (int u = 0; u < TU; ++u) {",
-        "      const int j = u0 + uw + u * UW;",
-        "      if (uw + u * UW >= U || j >= H) continue;",
-        f"      const {c}* const from_x = {xproj} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + j;",
-        f"      const {c} h_old = step == 0 ? {initial(hx, 'n', 'j')} : h_prev[n * H + j];",
+        f"    const {c}* const from_x = {xproj} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + j;",
+        f"    const {c} h_old = step == 0 ? {initial(hx, 'n', 'j')} : h_prev[n * H + j];",
     ]
     if lstm:
         assert state_c is not None
-        body.append(f"      const {c} c_old = step == 0 ? {initial(cx, 'n', 'j')} : {state_c}[(dir * N + n) * H + j];")
+        body.append(f"    const {c} c_old = step == 0 ? {initial(cx, 'n', 'j')} : {state_c}[(dir * N + n) * H + j];")
     bias = by_direction(d, "dir", [element(b, ["g * H + j"]) for b in b_hh])
     body += [
-        f"      {c} pre[G];  // W_hh h + b_hh of each gate",
+        f"    {c} pre[G];  // W_hh h + b_hh of each gate",
         "#pragma unroll",
-        "      for (int g = 0; g < G; ++g) pre[g] = acc[u][g] + " + bias + ";",
-        *("      " + line for line in _cell(a.mode, c)),
-        "      h_next[n * H + j] = within ? value : h_old;",
+        f"    for (int g = 0; g < G; ++g) pre[g] = {p.product_of} + {bias};",
+        *("    " + line for line in _cell(a.mode, c)),
+        "    h_next[n * H + j] = within ? value : h_old;",
     ]
     if lstm:
-        body.append(f"      {state_c}[(dir * N + n) * H + j] = within ? cell : c_old;")
+        body.append(f"    {state_c}[(dir * N + n) * H + j] = within ? cell : c_old;")
     column = "dir * H + j"
     if out_y is not None:
         assert y is not None
         body.append(
-            f"      {out_y}[{offset_at(y, ['t', 'n', column])}] = {store(y.data_type, f'within ? value : ({c})0')};"
+            f"    {out_y}[{offset_at(y, ['t', 'n', column])}] = {store(y.data_type, f'within ? value : ({c})0')};"
         )
     if out_buffer is not None:
-        body.append(f"      {out_buffer}[((long long)t * N + n) * (D * H) + {column}] = within ? value : 0;")
+        body.append(f"    {out_buffer}[((long long)t * N + n) * (D * H) + {column}] = within ? value : 0;")
     finals = [(hy, final_h, "within ? value : h_old"), (cy, final_c, "within ? cell : c_old")]
     for tensor, name, value in finals:
         if tensor is not None and name is not None:
             at = offset_at(tensor, ["index", "n", "j"])
-            body.append(f"      if (step == T - 1) {name}[{at}] = {store(tensor.data_type, value)};")
+            body.append(f"    if (step == T - 1) {name}[{at}] = {store(tensor.data_type, value)};")
     body += [
-        "    }",
-        "  }",
+        *("  " + line for line in p.cell_close),
         "}",
         "__syncthreads();",
         "if (threadIdx.x == 0) {  // the last block to finish advances the step for the next launch",
@@ -193,9 +162,69 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         f"  if (atomicAdd(&{counter}[1], 1u) == gridDim.x * gridDim.y - 1) {{ {counter}[1] = 0; {counter}[0] = step + 1; }}",
         "}",
     ]
-    pattern = f"rnn_{a.mode.value}_layer{layer.layer}_step"
+    pattern = f"rnn_{a.mode.value}_layer{layer.layer}_step{'_mma' if operand is not None else ''}"
     grid = (-(-layer.hidden // s.units), d, 1)
-    return make_kernel(ctx, fused, pattern, params, body, grid)
+    kernel = make_kernel(ctx, fused, pattern, params, body, grid)
+    return with_mma_functions(kernel, operand) if operand is not None else kernel
+
+
+def _fma_product(layer: RnnLayer, s: StepShape, sources: StepSources) -> StepProduct:
+    """CUDA-core FMAs in the compute type: lane i of each warp is sequence n0 + i, warps split
+    the units and k, each thread keeps all G gates of its units in registers."""
+    c = layer.compute
+    rows = s.per_warp * s.unit_warps * layer.gates
+    vector_type = {4: "float4", 8: "double2"}[layer.element_bytes]
+    constants = [
+        f"constexpr int UW = {s.unit_warps}, KW = {s.k_warps}, TU = {s.per_warp}, KC = {s.chunk};",
+        f"constexpr int V = {s.vector}, STRIDE = KC + V, ROWS = {rows}, PAD = {PAD};",
+        "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, uw = warp % UW, kw = warp / UW;",
+    ]
+    shared = [
+        f"__shared__ __align__(16) {c} ws[ROWS * STRIDE];  // row (unit u, gate g) = u * G + g",
+        f"__shared__ {c} hs[KC * PAD];  // h_{{t-1}}[n0 + n][k0 + k] at k * PAD + n",
+        *([f"__shared__ {c} partial[KW * UW * 32 * TU * G];"] if s.k_warps > 1 else []),
+    ]
+    product = [
+        "const int n = n0 + lane;",
+        f"{c} acc[TU][G];",
+        "#pragma unroll",
+        "for (int u = 0; u < TU; ++u)",
+        "#pragma unroll",
+        "  for (int g = 0; g < G; ++g) acc[u][g] = 0;",
+        "for (int k0 = 0; k0 < H; k0 += KC) {",
+        "  __syncthreads();  // everyone is done with the previous chunk",
+        "  for (int i = threadIdx.x; i < ROWS * KC; i += blockDim.x) {",
+        "    const int g = (i / KC) % G, j = u0 + i / KC / G, k = k0 + i % KC;",
+        f"    ws[(i / KC) * STRIDE + i % KC] = j < u0 + U && j < H && k < H ? {sources.weight} : 0;",
+        "  }",
+        "  for (int i = threadIdx.x; i < 32 * KC; i += blockDim.x) {",
+        "    const int m = n0 + i / KC, k = k0 + i % KC;",
+        f"    hs[(i % KC) * PAD + i / KC] = m < N && k < H ? {sources.h_prev} : 0;",
+        "  }",
+        "  __syncthreads();",
+        "  for (int kk = kw * (KC / KW); kk < (kw + 1) * (KC / KW); kk += V) {",
+        f"    {c} h[V];",
+        "#pragma unroll",
+        "    for (int v = 0; v < V; ++v) h[v] = hs[(kk + v) * PAD + lane];",
+        "#pragma unroll",
+        "    for (int u = 0; u < TU; ++u)",
+        "#pragma unroll",
+        "      for (int g = 0; g < G; ++g) {",
+        f"        const {vector_type} w = *reinterpret_cast<const {vector_type}*>(&ws[((uw + u * UW) * G + g) * STRIDE + kk]);",
+        f"        acc[u][g] += {_dot(s.vector)};",
+        "      }",
+        "  }",
+        "}",
+        *_reduce(s.k_warps),
+    ]
+    cell_open = [
+        "if (kw == 0 && n < N) {",
+        "#pragma unroll",
+        "  for (int u = 0; u < TU; ++u) {",
+        "    const int j = u0 + uw + u * UW;",
+        "    if (uw + u * UW >= U || j >= H) continue;",
+    ]
+    return StepProduct(constants, shared, 32, product, cell_open, ["  }", "}"], "acc[u][g]")
 
 
 def _dot(vector: int) -> str:
