@@ -16,13 +16,14 @@ Scratch, in the compute type unless said otherwise:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.rnn import GATES, WEIGHTS_PER_DIRECTION, RnnAttributes
 
-from .direct_common import anchor_of, compute_for
+from .direct_common import THREADS, anchor_of, compute_for
 
 XPROJ, STATE_H, STATE_C, STEP = "rnn_xproj", "rnn_h", "rnn_c", "rnn_step"
 
@@ -100,6 +101,33 @@ class RnnLayer:
         return w_ih, w_hh, b_ih, b_hh
 
 
+IN_FLIGHT = 8  # loads each thread issues before it stores them, when staging into shared memory
+
+
+def staged_copy(start: str, count: str, index: list[str], value: str, target: str, c_type: str) -> list[str]:
+    """Copy ``count`` elements into shared memory, element i (from ``start``, a stride of
+    THREADS) being ``value`` stored at ``target`` after the ``index`` lines: IN_FLIGHT loads
+    per thread are issued before any of them is stored, since a loop of one load then one store
+    waits a whole L2 round trip per element."""
+    return [
+        f"for (int base = {start}; base < {count}; base += {IN_FLIGHT} * {THREADS}) {{",
+        f"  {c_type} batch[{IN_FLIGHT}];",
+        "#pragma unroll",
+        f"  for (int r = 0; r < {IN_FLIGHT}; ++r) {{",
+        f"    const int i = base + r * {THREADS};",
+        f"    if (i >= {count}) break;",
+        *("    " + line for line in index),
+        f"    batch[r] = {value};",
+        "  }",
+        "#pragma unroll",
+        f"  for (int r = 0; r < {IN_FLIGHT}; ++r) {{",
+        f"    const int i = base + r * {THREADS};",
+        f"    if (i < {count}) {target} = batch[r];",
+        "  }",
+        "}",
+    ]
+
+
 def by_direction(directions: int, direction: str, values: list[str]) -> str:
     """``values[direction]`` as a C expression (one value per direction)."""
     return values[0] if directions == 1 else f"({direction} ? {values[1]} : {values[0]})"
@@ -128,3 +156,26 @@ class StepSources:
 
     weight: str
     h_prev: str
+
+
+def stage_step_operands(
+    sources: StepSources, sequences: str, h_target: str, c_type: str, convert: Callable[[str], str], zero: str
+) -> list[str]:
+    """A step kernel's k chunk from k0: the block's W_hh rows into ``ws`` (row stride STRIDE)
+    and h_{t-1} of ``sequences`` sequences from n0 into ``h_target`` (element i: sequence
+    i / KC, k i % KC), as ``c_type`` through ``convert``."""
+    weight = convert(f"j < u0 + U && j < H && k < H ? {sources.weight} : {zero}")
+    h = convert(f"m < N && k < H ? {sources.h_prev} : {zero}")
+    return [
+        *staged_copy(
+            "threadIdx.x",
+            "ROWS * KC",
+            ["const int g = (i / KC) % G, j = u0 + i / KC / G, k = k0 + i % KC;"],
+            weight,
+            "ws[(i / KC) * STRIDE + i % KC]",
+            c_type,
+        ),
+        *staged_copy(
+            "threadIdx.x", f"{sequences} * KC", ["const int m = n0 + i / KC, k = k0 + i % KC;"], h, h_target, c_type
+        ),
+    ]

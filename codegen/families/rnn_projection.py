@@ -25,7 +25,7 @@ from ..cuda_types import cuda_type, store
 from ..indexing import offset_at
 from ..kernel import Kernel
 from .direct_common import declare, make_kernel, read
-from .rnn_layer import STEP, XPROJ, RnnLayer, by_direction, layer_buffer
+from .rnn_layer import STEP, XPROJ, RnnLayer, by_direction, layer_buffer, staged_copy
 from .tensor_core import TENSOR_CORE_TYPES, mma_fragments
 
 MMA_MIN_ARCH = 80
@@ -85,15 +85,31 @@ def projection_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         *(_mma_setup(c) if operand is not None else _fma_setup(c)),
         "for (int k0 = 0; k0 < GK; k0 += BK) {",
         "  __syncthreads();  // everyone is done with the previous tiles",
-        "  for (int i = tid; i < BM * BK; i += blockDim.x) {",
-        "    const int m = bm + i / BK, k = k0 + i % BK;",
-        f"    as[(i / BK) * STRIDE + i % BK] = {to_staged(f'm < GM && k < GK ? {a_value} : {zero}')};",
-        "  }",
-        "  for (int i = tid; i < BN * BK; i += blockDim.x) {",
-        "    const int column = bn + i / BK, k = k0 + i % BK;",
-        "    const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
-        f"    bs[(i / BK) * STRIDE + i % BK] = {to_staged(f'column < GN && k < GK ? {w_value} : {zero}')};",
-        "  }",
+        *(
+            "  " + line
+            for line in staged_copy(
+                "tid",
+                "BM * BK",
+                ["const int m = bm + i / BK, k = k0 + i % BK;"],
+                to_staged(f"m < GM && k < GK ? {a_value} : {zero}"),
+                "as[(i / BK) * STRIDE + i % BK]",
+                staged,
+            )
+        ),
+        *(
+            "  " + line
+            for line in staged_copy(
+                "tid",
+                "BN * BK",
+                [
+                    "const int column = bn + i / BK, k = k0 + i % BK;",
+                    "const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
+                ],
+                to_staged(f"column < GN && k < GK ? {w_value} : {zero}"),
+                "bs[(i / BK) * STRIDE + i % BK]",
+                staged,
+            )
+        ),
         "  __syncthreads();",
         *("  " + line for line in (_mma_products() if operand is not None else _fma_products(c))),
         "}",

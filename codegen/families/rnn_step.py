@@ -31,7 +31,18 @@ from ..cuda_types import store
 from ..indexing import offset_at
 from ..kernel import Kernel
 from .direct_common import THREADS, declare, make_kernel, read, written
-from .rnn_layer import STATE_C, STATE_H, STEP, XPROJ, RnnLayer, StepProduct, StepSources, by_direction, layer_buffer
+from .rnn_layer import (
+    STATE_C,
+    STATE_H,
+    STEP,
+    XPROJ,
+    RnnLayer,
+    StepProduct,
+    StepSources,
+    by_direction,
+    layer_buffer,
+    stage_step_operands,
+)
 from .rnn_projection import with_mma_functions
 from .rnn_step_mma import mma_product, recurrence_type
 
@@ -193,14 +204,10 @@ def _fma_product(layer: RnnLayer, s: StepShape, sources: StepSources) -> StepPro
         "  for (int g = 0; g < G; ++g) acc[u][g] = 0;",
         "for (int k0 = 0; k0 < H; k0 += KC) {",
         "  __syncthreads();  // everyone is done with the previous chunk",
-        "  for (int i = threadIdx.x; i < ROWS * KC; i += blockDim.x) {",
-        "    const int g = (i / KC) % G, j = u0 + i / KC / G, k = k0 + i % KC;",
-        f"    ws[(i / KC) * STRIDE + i % KC] = j < u0 + U && j < H && k < H ? {sources.weight} : 0;",
-        "  }",
-        "  for (int i = threadIdx.x; i < 32 * KC; i += blockDim.x) {",
-        "    const int m = n0 + i / KC, k = k0 + i % KC;",
-        f"    hs[(i % KC) * PAD + i / KC] = m < N && k < H ? {sources.h_prev} : 0;",
-        "  }",
+        *(
+            "  " + line
+            for line in stage_step_operands(sources, "32", "hs[(i % KC) * PAD + i / KC]", c, lambda value: value, "0")
+        ),
         "  __syncthreads();",
         "  for (int kk = kw * (KC / KW); kk < (kw + 1) * (KC / KW); kk += V) {",
         f"    {c} h[V];",

@@ -13,7 +13,7 @@ from graphdnn.dtypes import DataType
 from ..context import EmitContext
 from ..cuda_types import cuda_type, store
 from .direct_common import THREADS
-from .rnn_layer import RnnLayer, StepProduct, StepSources
+from .rnn_layer import RnnLayer, StepProduct, StepSources, stage_step_operands
 from .tensor_core import TENSOR_CORE_TYPES
 
 MMA_MIN_ARCH = 80
@@ -66,14 +66,12 @@ def mma_product(layer: RnnLayer, units: int, operand: DataType, sources: StepSou
         "  for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;",
         "for (int k0 = 0; k0 < H; k0 += KC) {",
         "  __syncthreads();  // everyone is done with the previous chunk",
-        "  for (int i = threadIdx.x; i < ROWS * KC; i += blockDim.x) {",
-        "    const int g = (i / KC) % G, j = u0 + i / KC / G, k = k0 + i % KC;",
-        f"    ws[(i / KC) * STRIDE + i % KC] = {store(operand, f'j < u0 + U && j < H && k < H ? {sources.weight} : 0.0f')};",
-        "  }",
-        "  for (int i = threadIdx.x; i < NC * KC; i += blockDim.x) {",
-        "    const int m = n0 + i / KC, k = k0 + i % KC;",
-        f"    hs[(i / KC) * STRIDE + i % KC] = {store(operand, f'm < N && k < H ? {sources.h_prev} : 0.0f')};",
-        "  }",
+        *(
+            "  " + line
+            for line in stage_step_operands(
+                sources, "NC", "hs[(i / KC) * STRIDE + i % KC]", staged, lambda value: store(operand, value), "0.0f"
+            )
+        ),
         "  __syncthreads();",
         "  for (int kk = part * (KC / KP); kk < (part + 1) * (KC / KP); kk += 16) {",
         "    const int k = kk + 2 * (lane & 3);",
