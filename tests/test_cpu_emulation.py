@@ -78,6 +78,10 @@ GRAPHS = [
             "lrn_backward_of_x_itself_float",
             "ctc_one_lengths_tensor_float",
             "rnn_shared_state_and_bias_float",
+            "rnn_lstm_odd_hidden_one_sequence_half",
+            "rnn_tanh_three_layers_odd_half",
+            "rnn_lstm_chunked_37_sequences_double",
+            "rnn_lstm_tensor_core_tiles_half",
         ],
     ),
 ]
