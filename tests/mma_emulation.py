@@ -80,9 +80,9 @@ inline void mma_16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
 }
 """
 
-# CUDA's vector types the staged epilogue and the split-K partials move floats with
+# CUDA's vector types the staged epilogue and the split-K partials move floats with (float4
+# is the shim's, tests/cpu_emulation.py)
 _VECTOR_TYPES = """struct alignas(8) float2 { float x, y; };
-struct alignas(16) float4 { float x, y, z, w; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
 """
 _FIRST = "// ---- tensor-core GEMM building blocks (sm_80+) ----"
