@@ -10,14 +10,19 @@ The ragged cases are the forward's (attention_cases.RAGGED_CASES) through the ba
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 import graphdnn as gd
 from graphdnn import reference
+from graphdnn.compare import relative_error, tolerance
 from graphdnn.dtypes import DataType
 from graphdnn.random_inputs import random_inputs
+from tests import cpu_emulation
 from tests.attention_cases import RAGGED_CASES as FORWARD_RAGGED_CASES
 from tests.attention_cases import AttentionCase, RaggedCase
 
@@ -186,3 +191,28 @@ RAGGED_CPU_CASES = {
         packed_kv=False, options={},
     ),
 }  # fmt: skip
+
+
+def cpu_runs(names: Iterable[str]) -> list[tuple[str, str, int]]:
+    """(case, path, aligned): every CPU case on the SIMT kernels; the half ones on the mma.sync
+    kernels too, with 16-byte copies and element by element."""
+    names = sorted(names)
+    return [(name, "simt", 1) for name in names] + [
+        (name, "mma", aligned) for name in names if name.startswith("half") for aligned in (1, 0)
+    ]
+
+
+def matches_on_the_cpu(
+    graph: gd.Graph, fused: Any, program: Any, feeds: dict[str, np.ndarray], aligned: int, temporary: Any
+) -> None:
+    """The program's kernels on the CPU emulation (outputs and scratch poisoned with NaN; built
+    under pytest's ``temporary`` path factory) give the reference's gradients, which are not all
+    zero (the case has gradients to get wrong)."""
+    build: Path = temporary.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    expected = reference.execute(graph, feeds)
+    got = cpu_emulation.run(fused, program, feeds, aligned, build)
+    for t in graph.outputs:
+        error = relative_error(got[t.name].astype(np.float64), expected[t.name])
+        assert error <= tolerance(t.data_type), f"{t.name}: {error:.3g}"
+        assert np.abs(expected[t.name]).max() > 0

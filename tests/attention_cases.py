@@ -375,3 +375,9 @@ RAGGED_CASES = {
         lengths_q=(3, 17, 0), lengths_kv=(4, 17, 2), data_type=DataType.FLOAT, options={"max_seq_len_q": 9}
     ),
 }
+
+
+def offsets_out_of_order(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """packed_qkv_causal's feeds with its offsets clamped, overlapping and shuffled (the ownership rule)."""
+    cu_q = np.array([70, 0, 5, 200, 139], np.int32).reshape(-1, 1, 1, 1)
+    return feeds | {"cu_q": cu_q, "cu_kv": np.array([3, 50, 10, 77, 204], np.int32).reshape(-1, 1, 1, 1)}

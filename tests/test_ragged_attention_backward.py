@@ -7,7 +7,6 @@ case in test_gpu_ragged_attention_backward.py)."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,13 +18,18 @@ from codegen.families.attention_backward import SIMT
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
 from graphdnn import reference
-from graphdnn.compare import relative_error, tolerance
 from graphdnn.dtypes import DataType
 from graphdnn.errors import DataTypeError, GraphError, ShapeError, StructureError
 from graphdnn.serialize import graph_to_json
 from graphdnn.signature import signature
 from tests import cpu_emulation
-from tests.attention_backward_cases import RAGGED_CASES, RAGGED_CPU_CASES, RaggedBackwardCase
+from tests.attention_backward_cases import (
+    RAGGED_CASES,
+    RAGGED_CPU_CASES,
+    RaggedBackwardCase,
+    cpu_runs,
+    matches_on_the_cpu,
+)
 from tests.compile_check import compile_graphs
 
 
@@ -182,27 +186,12 @@ def test_the_simt_kernels_compile_for_sm80_and_sm90() -> None:
                 compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
 
 
-# every CPU case on the SIMT kernels; the half ones on the mma.sync kernels too, with 16-byte
-# copies and element by element
-CPU_RUNS = [(name, "simt", 1) for name in sorted(RAGGED_CPU_CASES)] + [
-    (name, "mma", aligned) for name in sorted(RAGGED_CPU_CASES) if name.startswith("half") for aligned in (1, 0)
-]
-
-
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
-@pytest.mark.parametrize(("name", "path", "aligned"), CPU_RUNS)
+@pytest.mark.parametrize(("name", "path", "aligned"), cpu_runs(RAGGED_CPU_CASES))
 def test_kernels_match_reference_on_the_cpu(
     name: str, path: str, aligned: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
-    build_dir.mkdir(exist_ok=True)
     case = RAGGED_CPU_CASES[name]
     graph, fused, program = backward_program(case, 80, SIMT if path == "simt" else {})
     assert all(f"_{path}_" in k.name for k in program.kernels[2:])
-    feeds = case.feeds(5)
-    expected = reference.execute(graph, feeds)
-    got = cpu_emulation.run(fused, program, feeds, aligned, build_dir)
-    for t in graph.outputs:
-        error = relative_error(got[t.name].astype(np.float64), expected[t.name])
-        assert error <= tolerance(t.data_type), f"{t.name}: {error:.3g}"
-        assert np.abs(expected[t.name]).max() > 0
+    matches_on_the_cpu(graph, fused, program, case.feeds(5), aligned, tmp_path_factory)
