@@ -5,19 +5,26 @@ allow it, and against the reference on a GPU (test_gpu_attention_backward.py).
 A case builds either a training step, ``sdpa`` then ``sdpa_backward`` on its O and STATS (the
 GPU tests), or ``sdpa_backward`` alone, whose O and STATS inputs :func:`consistent_feeds`
 computes with the forward reference (what the CPU emulation runs: no forward kernel).
+The ragged cases are the forward's (attention_cases.RAGGED_CASES) through the backward.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 import graphdnn as gd
 from graphdnn import reference
+from graphdnn.compare import relative_error, tolerance
 from graphdnn.dtypes import DataType
 from graphdnn.random_inputs import random_inputs
-from tests.attention_cases import AttentionCase
+from tests import cpu_emulation
+from tests.attention_cases import RAGGED_CASES as FORWARD_RAGGED_CASES
+from tests.attention_cases import AttentionCase, RaggedCase
 
 
 @dataclass(frozen=True)
@@ -121,3 +128,91 @@ CPU_CASES = {
         b=1, hq=1, hk=1, sq=10, skv=11, d=160, dv=100, data_type=DataType.FLOAT, forward=False,
     ),
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RaggedBackwardCase(RaggedCase):
+    """Packed sequences through ``sdpa_backward``: the training step (the GPU tests) or the
+    backward alone, O and STATS from the forward reference (packed like Q; the CPU runs)."""
+
+    forward: bool = True
+
+    def build(self) -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(
+            name="ragged_attention_backward", io_data_type=self.data_type, compute_data_type=DataType.FLOAT
+        )
+        q, k, v, extra = self.inputs(g)
+        tq = self.tokens(self.lengths_q)
+        if self.forward:
+            o, stats = g.sdpa(q, k, v, generate_stats=True, name="attention", **extra)
+            assert stats is not None
+        else:
+            o = self.packed(g, "o", self.hq, tq, self.dv)
+            stats = g.tensor(name="stats", dim=[1, self.hq, tq, 1], data_type=DataType.FLOAT)
+        d_o = self.packed(g, "do", self.hq, tq, self.dv)
+        grads = g.sdpa_backward(q, k, v, o, d_o, stats, name="attention_backward", **extra)
+        for name, grad in zip(("dq", "dk", "dv"), grads):
+            grad.set_output(True).set_name(name)
+        return g
+
+    def feeds(self, seed: int) -> dict[str, np.ndarray]:
+        """The forward's inputs and dO; O and STATS too for the backward alone (the forward's)."""
+        feeds = RaggedCase.feeds(self, seed)
+        rng = np.random.default_rng(seed + 1)
+        feeds["do"] = rng.standard_normal((1, self.hq, self.tokens(self.lengths_q), self.dv)).astype(feeds["q"].dtype)
+        if not self.forward:
+            forward = RaggedCase.build(replace(self, stats=True)).validate()
+            results = reference.execute(forward, {t.name: feeds[t.name] for t in forward.inputs})
+            feeds["o"] = results["o"].astype(feeds["q"].dtype)
+            feeds["stats"] = results["stats"].astype(np.float32)
+        return feeds
+
+
+RAGGED_CASES = {
+    name: RaggedBackwardCase(**{f.name: getattr(case, f.name) for f in fields(RaggedCase)})
+    for name, case in FORWARD_RAGGED_CASES.items()
+}
+RAGGED_CASES["padded_kv_fp16_dropout"] = RaggedBackwardCase(
+    packed_kv=False, data_type=DataType.HALF, d=32, dv=48, options={"use_causal_mask": True, "dropout": (0.2, 7, 3)}
+)
+
+# Small ragged cases the CPU emulation runs (backward alone): float on the SIMT kernels, half on
+# both; sequences of no rows, rows cut by max_seq_len_q, spare tokens, padded K and V.
+RAGGED_CPU_CASES = {
+    "float_packed_causal_gqa": RaggedBackwardCase(
+        lengths_q=(5, 0, 19), lengths_kv=(7, 3, 17), hq=4, hk=2, d=8, dv=12, data_type=DataType.FLOAT, forward=False,
+    ),
+    "half_packed_window_max_rows": RaggedBackwardCase(
+        lengths_q=(9, 21, 1), lengths_kv=(11, 20, 6), hq=2, hk=1, d=16, dv=16, data_type=DataType.HALF, forward=False,
+        options={"use_causal_mask": True, "sliding_window_length": 6, "max_seq_len_q": 12},
+    ),
+    "half_padded_kv": RaggedBackwardCase(
+        lengths_q=(13, 0, 4), lengths_kv=(9, 5, 30), hq=2, hk=2, d=16, dv=8, data_type=DataType.HALF, forward=False,
+        packed_kv=False, options={},
+    ),
+}  # fmt: skip
+
+
+def cpu_runs(names: Iterable[str]) -> list[tuple[str, str, int]]:
+    """(case, path, aligned): every CPU case on the SIMT kernels; the half ones on the mma.sync
+    kernels too, with 16-byte copies and element by element."""
+    names = sorted(names)
+    return [(name, "simt", 1) for name in names] + [
+        (name, "mma", aligned) for name in names if name.startswith("half") for aligned in (1, 0)
+    ]
+
+
+def matches_on_the_cpu(
+    graph: gd.Graph, fused: Any, program: Any, feeds: dict[str, np.ndarray], aligned: int, temporary: Any
+) -> None:
+    """The program's kernels on the CPU emulation (outputs and scratch poisoned with NaN; built
+    under pytest's ``temporary`` path factory) give the reference's gradients, which are not all
+    zero (the case has gradients to get wrong)."""
+    build: Path = temporary.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    expected = reference.execute(graph, feeds)
+    got = cpu_emulation.run(fused, program, feeds, aligned, build)
+    for t in graph.outputs:
+        error = relative_error(got[t.name].astype(np.float64), expected[t.name])
+        assert error <= tolerance(t.data_type), f"{t.name}: {error:.3g}"
+        assert np.abs(expected[t.name]).max() > 0

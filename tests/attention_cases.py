@@ -314,30 +314,35 @@ class RaggedCase:
         g = gd.OperationGraphSpec(
             name="ragged_attention", io_data_type=self.data_type, compute_data_type=DataType.FLOAT
         )
-        tq, tkv = self.tokens(self.lengths_q), self.tokens(self.lengths_kv)
-        q = g.tensor(
-            name="q", dim=[1, self.hq, tq, self.d], stride=[tq * self.hq * self.d, self.d, self.hq * self.d, 1]
+        q, k, v, extra = self.inputs(g)
+        o, stats = g.sdpa(q, k, v, generate_stats=self.stats, name="attention", **extra)
+        o.set_output(True).set_name("o")
+        if stats is not None:
+            stats.set_output(True).set_name("stats")
+        return g
+
+    def packed(self, g: gd.OperationGraphSpec, name: str, heads: int, tokens: int, width: int) -> gd.TensorSpec:
+        """A packed ``[1, heads, tokens, width]`` tensor in THD order."""
+        return g.tensor(
+            name=name, dim=[1, heads, tokens, width], stride=[tokens * heads * width, width, heads * width, 1]
         )
+
+    def inputs(self, g: gd.OperationGraphSpec) -> tuple[gd.TensorSpec, gd.TensorSpec, gd.TensorSpec, dict[str, Any]]:
+        """Q, K, V and the arguments sdpa and sdpa_backward share (scale, lengths, offsets, options)."""
+        tq, tkv = self.tokens(self.lengths_q), self.tokens(self.lengths_kv)
+        q = self.packed(g, "q", self.hq, tq, self.d)
         if self.packed_kv:
-            k, v = (
-                g.tensor(name=n, dim=[1, self.hk, tkv, w], stride=[tkv * self.hk * w, w, self.hk * w, 1])
-                for n, w in (("k", self.d), ("v", self.dv))
-            )
+            k, v = (self.packed(g, n, self.hk, tkv, w) for n, w in (("k", self.d), ("v", self.dv)))
         else:
             skv = max(self.lengths_kv)
             k, v = (g.tensor(name=n, dim=[self.b, self.hk, skv, w]) for n, w in (("k", self.d), ("v", self.dv)))
         lengths = [g.tensor(name=n, dim=[self.b, 1, 1, 1], data_type=DataType.INT32) for n in ("seq_q", "seq_kv")]
         sides = ("cu_q", "cu_kv") if self.packed_kv else ("cu_q",)
         offsets = [g.tensor(name=n, dim=[self.b + 1, 1, 1, 1], data_type=DataType.INT32) for n in sides]
-        o, stats = g.sdpa(
-            q, k, v, attn_scale=self.d**-0.5, use_padding_mask=True, seq_len_q=lengths[0], seq_len_kv=lengths[1],
-            generate_stats=self.stats, ragged_offset_q=offsets[0], ragged_offset_kv=offsets[-1] if self.packed_kv else None,
-            name="attention", **self.options,
-        )  # fmt: skip
-        o.set_output(True).set_name("o")
-        if stats is not None:
-            stats.set_output(True).set_name("stats")
-        return g
+        extra = {"attn_scale": self.d**-0.5, "use_padding_mask": True, "seq_len_q": lengths[0]}
+        extra |= {"seq_len_kv": lengths[1], "ragged_offset_q": offsets[0]}
+        extra |= {"ragged_offset_kv": offsets[-1] if self.packed_kv else None}
+        return q, k, v, extra | self.options
 
     def feeds(self, seed: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -370,3 +375,9 @@ RAGGED_CASES = {
         lengths_q=(3, 17, 0), lengths_kv=(4, 17, 2), data_type=DataType.FLOAT, options={"max_seq_len_q": 9}
     ),
 }
+
+
+def offsets_out_of_order(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """packed_qkv_causal's feeds with its offsets clamped, overlapping and shuffled (the ownership rule)."""
+    cu_q = np.array([70, 0, 5, 200, 139], np.int32).reshape(-1, 1, 1, 1)
+    return feeds | {"cu_q": cu_q, "cu_kv": np.array([3, 50, 10, 77, 204], np.int32).reshape(-1, 1, 1, 1)}

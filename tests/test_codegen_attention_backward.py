@@ -6,9 +6,6 @@ test_gpu_attention_backward.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from codegen import emitter
@@ -16,12 +13,10 @@ from codegen.context import EmitContext
 from codegen.families.attention_backward import SIMT
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
-from graphdnn import reference
-from graphdnn.compare import relative_error, tolerance
 from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
 from tests import cpu_emulation
-from tests.attention_backward_cases import CASES, CPU_CASES
+from tests.attention_backward_cases import CASES, CPU_CASES, cpu_runs, matches_on_the_cpu
 from tests.compile_check import compile_graphs
 
 
@@ -68,26 +63,11 @@ def test_every_case_compiles_for_sm80_and_sm90() -> None:
     assert not report.failures, "\n\n".join(report.failures)
 
 
-# (case, tuning, aligned): every CPU case on the SIMT kernels; the half ones on the mma.sync kernels
-# too, with 16-byte copies and element by element.
-CPU_RUNS = [(case, "simt", 1) for case in sorted(CPU_CASES)] + [
-    (case, "mma", aligned) for case in sorted(CPU_CASES) if case.startswith("half") for aligned in (1, 0)
-]
-
-
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
-@pytest.mark.parametrize(("case", "path", "aligned"), CPU_RUNS)
+@pytest.mark.parametrize(("case", "path", "aligned"), cpu_runs(CPU_CASES))
 def test_kernels_match_reference_on_the_cpu(
     case: str, path: str, aligned: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
-    build_dir.mkdir(exist_ok=True)
     graph, fused, program = backward_program(case, SIMT if path == "simt" else {})
     assert all(f"_{path}_" in k.name for k in program.kernels[1:])
-    feeds = CPU_CASES[case].consistent_feeds(graph, 7)
-    expected = reference.execute(graph, feeds)
-    got = cpu_emulation.run(fused, program, feeds, aligned, build_dir)
-    for t in graph.outputs:
-        error = relative_error(got[t.name].astype(np.float64), expected[t.name])
-        assert error <= tolerance(t.data_type), f"{t.name}: {error:.3g}"
-        assert np.abs(expected[t.name]).max() > 0  # the case has gradients to get wrong
+    matches_on_the_cpu(graph, fused, program, CPU_CASES[case].consistent_feeds(graph, 7), aligned, tmp_path_factory)

@@ -30,7 +30,7 @@ from .attention_decode import decode_choices, decode_program, uses_decode
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
 from .attention_problem import Attention, attention_of, on_tensor_cores
-from .attention_ragged import fill_kernel
+from .attention_ragged import NEG_INF, fill_kernel
 from .attention_simt import simt_kernel
 from .attention_wgmma import configs as wgmma_configs
 from .attention_wgmma import supported as wgmma_supported
@@ -67,7 +67,8 @@ def _ragged_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedPr
             "(all fp16 or all bf16; with a paged KV cache only there) or the SIMT kernel",
             node=a.node.name,
         )
-    fill = (fill_kernel(fused, ctx, a),) if a.ragged_q is not None and (a.o or a.stats) is not None else ()
+    packed = [(t, value) for t, value in ((a.o, "0.0f"), (a.stats, NEG_INF)) if t is not None]
+    fill = (fill_kernel(fused, ctx, packed),) if a.ragged_q is not None and packed else ()
     if path == "wgmma" or (not ctx.tuning and wgmma_supported(a, ctx.arch)):
         attention = wgmma_attention_kernel(fused, ctx, a)
     elif on_tensor_cores(a):

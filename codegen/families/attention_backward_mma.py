@@ -40,12 +40,15 @@ from .attention_problem import (
     Attention,
     block_setup,
     constants,
+    coordinates,
     dropout_function,
     key_range,
     lengths_and_scale,
+    packed_exit,
     score_function,
     strides,
     work_items,
+    written_rows,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .tensor_core import TENSOR_CORE_TYPES, mma_fragments
@@ -73,6 +76,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
     names, params = declared.names, declared.params
     br = 16 * WARPS
     n_blocks = -(-a.skv // br)
+    rows, keys = written_rows(a), written_rows(a, "kv")
     lse, delta = row_statistics(ab, names, "row", "head")
     body = [
         *_prologue(ab, params.aligned_flag() if _vec(ab) else "false"),
@@ -81,7 +85,8 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "const int kv0 = (int)(blockIdx.x % N_BLOCKS) * BR;",
         "const int hk = (int)((blockIdx.x / N_BLOCKS) % HK), b = (int)(blockIdx.x / N_BLOCKS / HK);",
         "int h = hk * GROUP;  // the query head of the tile being computed (the score function reads it)",
-        *lengths_and_scale(a, names, with_slope=False),
+        *lengths_and_scale(a, names, with_slope=False, first=("kv", "kv0")),
+        *packed_exit(a, "kv", "kv0"),
         *(["float slope = SLOPES[h];"] if a.attrs.use_alibi_mask else []),
         *score_function(a, names),
         *dropout_function(a),
@@ -89,21 +94,21 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "const int tiles = q_end > q_begin ? (q_end - q_first + BC - 1) / BC : 0, total = GROUP * tiles;",
         *_shared_layout(),
         "__shared__ float lse_s[2][BC], delta_s[2][BC];",
-        f"const T* const x1_g = {names['K']} + (long long)b * KS[0] + (long long)hk * KS[1] + (long long)kv0 * KS[2];",
-        f"const T* const x2_g = {names['V']} + (long long)b * VS[0] + (long long)hk * VS[1] + (long long)kv0 * VS[2];",
-        "load_rows(x1_s, ROW1, x1_g, KS[2], KS[3], BR, min(BR, SKV - kv0), D, DP);",
-        "load_rows(x2_s, ROW2, x2_g, VS[2], VS[3], BR, min(BR, SKV - kv0), DV, DVP);",
+        f"const T* const x1_g = {_row(a, 'K', names, 'hk', 'kv0')};",
+        f"const T* const x2_g = {_row(a, 'V', names, 'hk', 'kv0')};",
+        f"load_rows(x1_s, ROW1, x1_g, KS[2], KS[3], BR, min(BR, {keys} - kv0), D, DP);",
+        f"load_rows(x2_s, ROW2, x2_g, VS[2], VS[3], BR, min(BR, {keys} - kv0), DV, DVP);",
         'asm volatile("cp.async.commit_group;\\n" ::);',
         "auto load_tile = [&](int t) {  // tile t: query head hk * GROUP + t / tiles, rows q_first + (t % tiles) * BC",
         "  const int head = hk * GROUP + t / tiles, row0 = q_first + (t % tiles) * BC, stage = t & 1;",
-        f"  const T* const y1_g = {names['Q']} + (long long)b * QS[0] + (long long)head * QS[1] + (long long)row0 * QS[2];",
-        f"  const T* const y2_g = {names['DO']} + (long long)b * OS[0] + (long long)head * OS[1] + (long long)row0 * OS[2];",
-        "  load_rows(y1_s + stage * BC * ROW1, ROW1, y1_g, QS[2], QS[3], BC, min(BC, SQ - row0), D, DP);",
-        "  load_rows(y2_s + stage * BC * ROW2, ROW2, y2_g, OS[2], OS[3], BC, min(BC, SQ - row0), DV, DVP);",
+        f"  const T* const y1_g = {_row(a, 'Q', names, 'head', 'row0')};",
+        f"  const T* const y2_g = {_row(a, 'DO', names, 'head', 'row0')};",
+        f"  load_rows(y1_s + stage * BC * ROW1, ROW1, y1_g, QS[2], QS[3], BC, min(BC, {rows} - row0), D, DP);",
+        f"  load_rows(y2_s + stage * BC * ROW2, ROW2, y2_g, OS[2], OS[3], BC, min(BC, {rows} - row0), DV, DVP);",
         "  for (int r = tid; r < BC; r += THREADS) {",
         "    const int row = row0 + r;",
-        f"    lse_s[stage][r] = row < SQ ? {lse} : NEG_INF;",
-        f"    delta_s[stage][r] = row < SQ ? {delta} : 0.0f;",
+        f"    lse_s[stage][r] = row < {rows} ? {lse} : NEG_INF;",
+        f"    delta_s[stage][r] = row < {rows} ? {delta} : 0.0f;",
         "  }",
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "};",
@@ -125,8 +130,8 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "  __syncthreads();  // everyone is done with this stage before it is refilled",
         "}",
         'asm volatile("cp.async.wait_group 0;\\n" ::);',
-        *_store(ab.dk, names["DK"], "hk", "kv0", "SKV", ("D", "DP"), "scale * dk"),
-        *_store(ab.dv, names["DV"], "hk", "kv0", "SKV", ("DV", "DVP"), "dv"),
+        *_store(a, "DK", ab.dk, names["DK"], "hk", "kv0", ("D", "DP"), "scale * dk"),
+        *_store(a, "DV", ab.dv, names["DV"], "hk", "kv0", ("DV", "DVP"), "dv"),
     ]
     return _kernel(fused, ctx, ab, params, "_dkdv_mma", body, n_blocks * a.kv_heads * a.batch)
 
@@ -137,34 +142,36 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
     names, params = declared.names, declared.params
     br = 16 * WARPS
     lse, delta = row_statistics(ab, names, "i")
+    rows, keys = written_rows(a), written_rows(a, "kv")
     body = [
         *_prologue(ab, params.aligned_flag() if _vec(ab) else "false"),
         *block_setup(a, names, br),
+        *packed_exit(a),
         *key_range(a, br),
         *score_function(a, names),
         *dropout_function(a),
         *_shared_layout(),
-        f"const T* const x1_g = {names['Q']} + (long long)b * QS[0] + (long long)h * QS[1] + (long long)row0 * QS[2];",
-        f"const T* const x2_g = {names['DO']} + (long long)b * OS[0] + (long long)h * OS[1] + (long long)row0 * OS[2];",
-        "load_rows(x1_s, ROW1, x1_g, QS[2], QS[3], BR, min(BR, SQ - row0), D, DP);",
-        "load_rows(x2_s, ROW2, x2_g, OS[2], OS[3], BR, min(BR, SQ - row0), DV, DVP);",
+        f"const T* const x1_g = {_row(a, 'Q', names, 'h', 'row0')};",
+        f"const T* const x2_g = {_row(a, 'DO', names, 'h', 'row0')};",
+        f"load_rows(x1_s, ROW1, x1_g, QS[2], QS[3], BR, min(BR, {rows} - row0), D, DP);",
+        f"load_rows(x2_s, ROW2, x2_g, OS[2], OS[3], BR, min(BR, {rows} - row0), DV, DVP);",
         'asm volatile("cp.async.commit_group;\\n" ::);',
         "const int first = kv_begin / BC * BC;",
         "const int total = kv_end > kv_begin ? (kv_end - first + BC - 1) / BC : 0;",
         "auto load_tile = [&](int t) {",
         "  const int kv0 = first + t * BC, stage = t & 1;",
-        f"  const T* const y1_g = {names['K']} + (long long)b * KS[0] + (long long)hk * KS[1] + (long long)kv0 * KS[2];",
-        f"  const T* const y2_g = {names['V']} + (long long)b * VS[0] + (long long)hk * VS[1] + (long long)kv0 * VS[2];",
-        "  load_rows(y1_s + stage * BC * ROW1, ROW1, y1_g, KS[2], KS[3], BC, min(BC, SKV - kv0), D, DP);",
-        "  load_rows(y2_s + stage * BC * ROW2, ROW2, y2_g, VS[2], VS[3], BC, min(BC, SKV - kv0), DV, DVP);",
+        f"  const T* const y1_g = {_row(a, 'K', names, 'hk', 'kv0')};",
+        f"  const T* const y2_g = {_row(a, 'V', names, 'hk', 'kv0')};",
+        f"  load_rows(y1_s + stage * BC * ROW1, ROW1, y1_g, KS[2], KS[3], BC, min(BC, {keys} - kv0), D, DP);",
+        f"  load_rows(y2_s + stage * BC * ROW2, ROW2, y2_g, VS[2], VS[3], BC, min(BC, {keys} - kv0), DV, DVP);",
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "};",
         "if (total > 0) load_tile(0);",
         "float lse_r[2], delta_r[2];  // this thread's rows: warp_row and warp_row + 8",
         "for (int r = 0; r < 2; ++r) {",
         "  const int i = row0 + warp_row + 8 * r;",
-        f"  lse_r[r] = i < SQ ? {lse} : NEG_INF;",
-        f"  delta_r[r] = i < SQ ? {delta} : 0.0f;",
+        f"  lse_r[r] = i < {rows} ? {lse} : NEG_INF;",
+        f"  delta_r[r] = i < {rows} ? {delta} : 0.0f;",
         "}",
         *_accumulators("dq", "DP"),
         "for (int t = 0; t < total; ++t) {",
@@ -177,7 +184,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         "  __syncthreads();  // everyone is done with this stage before it is refilled",
         "}",
         'asm volatile("cp.async.wait_group 0;\\n" ::);',
-        *_store(ab.dq, names["DQ"], "h", "row0", "SQ", ("D", "DP"), "scale * dq"),
+        *_store(a, "DQ", ab.dq, names["DQ"], "h", "row0", ("D", "DP"), "scale * dq"),
     ]
     return _kernel(fused, ctx, ab, params, "_dq_mma", body, work_items(a, br))
 
@@ -304,11 +311,23 @@ def _accumulate(target: str, source: str, y: str, row: str, width: str) -> list[
     ]
 
 
-def _store(tensor: Tensor, name: str, head: str, first: str, rows: str, width: tuple[str, str], acc: str) -> list[str]:
-    """The warp's rows of the accumulators (``acc``: a C expression of ``[j][e]``) to
-    ``tensor``, from row ``first``; rows past ``rows`` and the zero padding past ``width[0]``
-    (of ``width[1]``) are not written."""
-    store = gradient_store(tensor, name, head, "i", "c", f"{acc}[j][e]")
+def _row(a: Attention, role: str, names: dict[str, str], head: str, row: str) -> str:
+    """C: the first element of row ``row`` of (b, ``head``) of the tensor in ``role`` (Q, dO, K
+    or V; dO's strides are OS), from the packed sequence's first token where it is packed."""
+    b, h, r, _ = (c if c.isidentifier() else f"({c})" for c in coordinates(a, role, head, row, "0"))
+    stride = {"Q": "QS", "DO": "OS", "K": "KS", "V": "VS"}[role]
+    name = names[role]
+    return f"{name} + (long long){b} * {stride}[0] + (long long){h} * {stride}[1] + (long long){r} * {stride}[2]"
+
+
+def _store(
+    a: Attention, role: str, tensor: Tensor, name: str, head: str, first: str, width: tuple[str, str], acc: str
+) -> list[str]:
+    """The warp's rows of the accumulators (``acc``: a C expression of ``[j][e]``) to the
+    gradient in ``role`` from row ``first``; rows past the sequence's (:func:`written_rows`) and
+    the zero padding past ``width[0]`` (of ``width[1]``) are not written."""
+    rows = written_rows(a, "q" if role == "DQ" else "kv")
+    store = gradient_store(a, role, tensor, name, head, "i", "c", f"{acc}[j][e]")
     return [
         "#pragma unroll",
         f"for (int j = 0; j < {width[1]} / 8; ++j)",

@@ -19,9 +19,18 @@ from graphdnn.ir import Tensor
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..cuda_types import load, store
 from ..kernel import Kernel, Scratch
-from .attention_problem import LOG2E, Attention, AttentionParams, constants, dropout_factor, element
+from .attention_problem import (
+    LOG2E,
+    Attention,
+    AttentionParams,
+    constants,
+    coordinates,
+    dropout_factor,
+    element,
+    query_rows,
+)
 
-DELTA = "delta"  # scratch: rowsum(dO * O) per (b, h, i), float, in [B, Hq, Sq] order
+DELTA = "delta"  # scratch: rowsum(dO * O) per (b, h, i), float, in [B, Hq, rows a sequence may have] order
 PREPROCESS_THREADS = 128
 
 
@@ -37,9 +46,10 @@ class AttentionBackward:
 
     @property
     def rows(self) -> int:
-        """Query rows over every batch and head: the entries of ``delta``."""
+        """Query rows over every batch and head: the entries of ``delta`` (a packed Q's sequences
+        each have max_seq_len_q rows, or every token: the rows are each sequence's own)."""
         a = self.problem
-        return a.batch * a.heads * a.sq
+        return a.batch * a.heads * a.rows_per_sequence
 
     @property
     def scratch(self) -> Scratch:
@@ -56,6 +66,7 @@ def backward_of(fused: FusedNode) -> AttentionBackward:
     problem = Attention(
         node, q, k, v, None, None, node.input("BIAS"), node.input("ATTN_SCALE"),  # type: ignore[arg-type]
         node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"), None, None, node.input("SEED"), node.input("OFFSET"),
+        node.input("RAGGED_OFFSET_Q"), node.input("RAGGED_OFFSET_KV"),
     )  # fmt: skip
     return AttentionBackward(problem, o, d_o, stats, dq, dk, dv)  # type: ignore[arg-type]
 
@@ -73,7 +84,7 @@ def declare(ab: AttentionBackward) -> AttentionParams:
 
     inputs: dict[str, Tensor | None] = {"Q": a.q, "K": a.k, "V": a.v, "O": ab.o, "DO": ab.d_o, "STATS": ab.stats}
     inputs |= {"ATTN_SCALE": a.scale, "BIAS": a.bias, "SEQ_LEN_Q": a.seq_len_q, "SEQ_LEN_KV": a.seq_len_kv}
-    inputs |= {"SEED": a.seed, "OFFSET": a.offset}
+    inputs |= {"SEED": a.seed, "OFFSET": a.offset, "RAGGED_OFFSET_Q": a.ragged_q, "RAGGED_OFFSET_KV": a.ragged_kv}
     names = {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant}
     names |= {role: name_of(t, writable=True) for role, t in (("DQ", ab.dq), ("DK", ab.dk), ("DV", ab.dv))}
     names[DELTA] = params.scratch(DELTA, "float")
@@ -82,22 +93,34 @@ def declare(ab: AttentionBackward) -> AttentionParams:
 
 def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
     """``delta[b, h, i] = sum_d dO[b, h, i, d] O[b, h, i, d]``, one warp per row (its lanes read
-    consecutive columns; every lane takes part in the reduction, rows past the end included)."""
+    consecutive columns; every lane takes part in the reduction, rows past the end included).
+    A packed Q's row i of sequence b is token ``q_start + i``; rows past the sequence's are 0."""
+    a = ab.problem
     declared = declare(ab)
     names, params = declared.names, declared.params
 
     def value(role: str, tensor: Tensor) -> str:
-        return load(tensor.data_type, element(tensor, names[role], ["b", "h", "i", "d"]), "float")
+        return load(tensor.data_type, element(tensor, names[role], coordinates(a, role, "h", "i", "d")), "float")
 
     rows_per_block = PREPROCESS_THREADS // 32
+    rows = delta_rows(a)
+    row_sum = f"for (int d = lane; d < DV; d += 32) sum += {value('DO', ab.d_o)} * {value('O', ab.o)};"
+    if a.ragged_q is None:
+        sums = [f"if (row < {ab.rows}LL)", f"  {row_sum}"]
+    else:  # a warp's lanes share their row: the sequence's tokens, then the row if it is the sequence's
+        sums = [
+            f"if (row < {ab.rows}LL) {{",
+            *(f"  {line}" for line in query_rows(a, names)),
+            f"  if (i < sq) {row_sum}",
+            "}",
+        ]
     body = [
-        *constants(ab.problem),
+        *constants(a),
         f"const long long row = (long long)blockIdx.x * {rows_per_block} + (threadIdx.x >> 5);",
         "const int lane = threadIdx.x & 31;",
-        "const int i = (int)(row % SQ), h = (int)(row / SQ % HQ), b = (int)(row / SQ / HQ);",
+        f"const int i = (int)(row % {rows}), h = (int)(row / {rows} % HQ), b = (int)(row / {rows} / HQ);",
         "float sum = 0.0f;",
-        f"if (row < {ab.rows}LL)",
-        f"  for (int d = lane; d < DV; d += 32) sum += {value('DO', ab.d_o)} * {value('O', ab.o)};",
+        *sums,
         "sum = gd::lanes_sum<32>(sum);",
         f"if (row < {ab.rows}LL && lane == 0) {names[DELTA]}[row] = sum;",
     ]
@@ -108,10 +131,15 @@ def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward)
     return Kernel(name, source, (grid, 1, 1), (PREPROCESS_THREADS, 1, 1), 0, tuple(params.bindings))
 
 
+def delta_rows(a: Attention) -> str:
+    """C: the rows of a sequence in ``delta`` (SQ, or a packed Q's max_seq_len_q)."""
+    return "SQ" if a.rows_per_sequence == a.sq else str(a.rows_per_sequence)
+
+
 def row_statistics(ab: AttentionBackward, names: dict[str, str], row: str, head: str = "h") -> tuple[str, str]:
     """(lse in log2 units, delta) of query row ``row`` of (b, ``head``): C expressions."""
-    stats = element(ab.stats, names["STATS"], ["b", head, row, "0"])
-    delta = f"{names[DELTA]}[((long long)b * HQ + ({head})) * SQ + ({row})]"
+    stats = element(ab.stats, names["STATS"], coordinates(ab.problem, "STATS", head, row, "0"))
+    delta = f"{names[DELTA]}[((long long)b * HQ + ({head})) * {delta_rows(ab.problem)} + ({row})]"
     return f"{load(ab.stats.data_type, stats, 'float')} * {LOG2E}f", delta
 
 
@@ -128,8 +156,11 @@ def probability_gradients(
     return [f"const float keep = {factor};"], f"{p} * keep", f"{p} * ({dp} * keep - {delta})"
 
 
-def gradient_store(tensor: Tensor, name: str, head: str, row: str, col: str, value: str) -> str:
-    return f"{element(tensor, name, ['b', head, row, col])} = {store(tensor.data_type, value)};"
+def gradient_store(
+    a: Attention, role: str, tensor: Tensor, name: str, head: str, row: str, col: str, value: str
+) -> str:
+    """One element of the gradient in ``role`` (DQ, DK or DV), at row ``row`` of batch b's sequence."""
+    return f"{element(tensor, name, coordinates(a, role, head, row, col))} = {store(tensor.data_type, value)};"
 
 
 def query_range(a: Attention, keys: int, tile: int) -> list[str]:

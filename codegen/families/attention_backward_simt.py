@@ -31,11 +31,14 @@ from .attention_backward_problem import (
 from .attention_problem import (
     Attention,
     constants,
+    coordinates,
     dropout_function,
     element,
     key_range,
     lengths_and_scale,
+    packed_exit,
     score_function,
+    written_rows,
 )
 
 THREADS = 128
@@ -52,20 +55,22 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
     declared = declare(ab)
     names, params = declared.names, declared.params
     n_blocks = -(-a.skv // t)
+    keys = written_rows(a, "kv")
     body = [
         *constants(a),
         f"constexpr int T = {t}, THREADS = {THREADS}, N_BLOCKS = {n_blocks}, HK = {a.kv_heads};",
         "const int kv0 = (int)(blockIdx.x % N_BLOCKS) * T;",
         "const int hk = (int)((blockIdx.x / N_BLOCKS) % HK), b = (int)(blockIdx.x / N_BLOCKS / HK);",
         "int h = hk * GROUP;  // the query head being walked (the score function reads it)",
-        *lengths_and_scale(a, names, with_slope=False),
+        *lengths_and_scale(a, names, with_slope=False, first=("kv", "kv0")),
+        *packed_exit(a, "kv", "kv0"),
         *(["float slope = 0.0f;"] if a.attrs.use_alibi_mask else []),
         *score_function(a, names),
         *dropout_function(a),
         *_shared_tiles(),
         "const int tid = threadIdx.x;",
-        *_load_rows("k_s", a.k, names["K"], "hk", "kv0", "SKV", "D"),
-        *_load_rows("v_s", a.v, names["V"], "hk", "kv0", "SKV", "DV"),
+        *_load_rows(a, "K", a.k, names["K"], "hk", "kv0", "D"),
+        *_load_rows(a, "V", a.v, names["V"], "hk", "kv0", "DV"),
         *query_range(a, t, t),
         "constexpr int ACC_K = (T * D + THREADS - 1) / THREADS, ACC_V = (T * DV + THREADS - 1) / THREADS;",
         "float dk[ACC_K], dv[ACC_V];",
@@ -94,11 +99,11 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "}",
         "for (int e = 0; e < ACC_K; ++e) {",
         "  const int x = tid + e * THREADS, c = x / D, d = x % D;",
-        f"  if (x < T * D && kv0 + c < SKV) {gradient_store(ab.dk, names['DK'], 'hk', 'kv0 + c', 'd', 'scale * dk[e]')}",
+        f"  if (x < T * D && kv0 + c < {keys}) {gradient_store(a, 'DK', ab.dk, names['DK'], 'hk', 'kv0 + c', 'd', 'scale * dk[e]')}",
         "}",
         "for (int e = 0; e < ACC_V; ++e) {",
         "  const int x = tid + e * THREADS, c = x / DV, d = x % DV;",
-        f"  if (x < T * DV && kv0 + c < SKV) {gradient_store(ab.dv, names['DV'], 'hk', 'kv0 + c', 'd', 'dv[e]')}",
+        f"  if (x < T * DV && kv0 + c < {keys}) {gradient_store(a, 'DV', ab.dv, names['DV'], 'hk', 'kv0 + c', 'd', 'dv[e]')}",
         "}",
     ]
     name, source = kernel_source(ctx, fused, pattern_name(fused) + "_dkdv_simt", params, THREADS, indent(body, 1))
@@ -110,7 +115,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
     a, t = ab.problem, tile(ab)
     declared = declare(ab)
     names, params = declared.names, declared.params
-    m_blocks = -(-a.sq // t)
+    m_blocks = -(-a.rows_per_sequence // t)
     body = [
         *constants(a),
         f"constexpr int T = {t}, THREADS = {THREADS}, M_BLOCKS = {m_blocks};",
@@ -118,6 +123,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         "const int h = (int)((blockIdx.x / M_BLOCKS) % HQ), b = (int)(blockIdx.x / M_BLOCKS / HQ);",
         "const int hk = h / GROUP;",
         *lengths_and_scale(a, names),
+        *packed_exit(a),
         *key_range(a, t),
         *score_function(a, names),
         *dropout_function(a),
@@ -129,8 +135,8 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         "for (int e = 0; e < ACC; ++e) dq[e] = 0.0f;",
         "for (int kv0 = kv_begin / T * T; kv0 < kv_end; kv0 += T) {",
         "  __syncthreads();  // the query tile is in; the last key tile's readers are done",
-        *(f"  {line}" for line in _load_rows("k_s", a.k, names["K"], "hk", "kv0", "SKV", "D")),
-        *(f"  {line}" for line in _load_rows("v_s", a.v, names["V"], "hk", "kv0", "SKV", "DV")),
+        *(f"  {line}" for line in _load_rows(a, "K", a.k, names["K"], "hk", "kv0", "D")),
+        *(f"  {line}" for line in _load_rows(a, "V", a.v, names["V"], "hk", "kv0", "DV")),
         "  __syncthreads();",
         *indent(_score_gradients(a), 1).splitlines(),
         "  __syncthreads();",
@@ -142,7 +148,7 @@ def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kern
         "}",
         "for (int e = 0; e < ACC; ++e) {",
         "  const int x = tid + e * THREADS, r = x / D, d = x % D;",
-        f"  if (x < T * D && row0 + r < SQ) {gradient_store(ab.dq, names['DQ'], 'h', 'row0 + r', 'd', 'scale * dq[e]')}",
+        f"  if (x < T * D && row0 + r < {written_rows(a)}) {gradient_store(a, 'DQ', ab.dq, names['DQ'], 'h', 'row0 + r', 'd', 'scale * dq[e]')}",
         "}",
     ]
     name, source = kernel_source(ctx, fused, pattern_name(fused) + "_dq_simt", params, THREADS, indent(body, 1))
@@ -157,9 +163,12 @@ def _shared_tiles() -> list[str]:
     ]
 
 
-def _load_rows(target: str, tensor: Tensor, name: str, head: str, first: str, rows: str, width: str) -> list[str]:
-    """Rows ``first`` .. ``first + T`` of (b, ``head``) as floats, zero past ``rows``."""
-    value = load(tensor.data_type, element(tensor, name, ["b", head, f"{first} + r", "d"]), "float")
+def _load_rows(a: Attention, role: str, tensor: Tensor, name: str, head: str, first: str, width: str) -> list[str]:
+    """Rows ``first`` .. ``first + T`` of (b, ``head``) of the tensor in ``role`` as floats, into
+    its tile (``q_s``, ``do_s``, ``k_s`` or ``v_s``), zero past the sequence's rows."""
+    target = {"Q": "q_s", "DO": "do_s", "K": "k_s", "V": "v_s"}[role]
+    rows = written_rows(a, "kv" if role in ("K", "V") else "q")
+    value = load(tensor.data_type, element(tensor, name, coordinates(a, role, head, f"{first} + r", "d")), "float")
     return [
         f"for (int x = tid; x < T * {width}; x += THREADS) {{",
         f"  const int r = x / {width}, d = x % {width};",
@@ -169,14 +178,16 @@ def _load_rows(target: str, tensor: Tensor, name: str, head: str, first: str, ro
 
 
 def _load_query_tile(ab: AttentionBackward, names: dict[str, str]) -> list[str]:
-    """Rows ``row0`` .. ``row0 + T`` of Q and dO, their lse (log2 units; -inf past SQ) and delta."""
+    """Rows ``row0`` .. ``row0 + T`` of Q and dO, their lse (log2 units; -inf past the rows) and delta."""
+    a = ab.problem
     lse, delta = row_statistics(ab, names, "row0 + tid")
+    rows = written_rows(a)
     return [
-        *_load_rows("q_s", ab.problem.q, names["Q"], "h", "row0", "SQ", "D"),
-        *_load_rows("do_s", ab.d_o, names["DO"], "h", "row0", "SQ", "DV"),
+        *_load_rows(a, "Q", a.q, names["Q"], "h", "row0", "D"),
+        *_load_rows(a, "DO", ab.d_o, names["DO"], "h", "row0", "DV"),
         "if (tid < T) {",
-        f"  lse_s[tid] = row0 + tid < SQ ? {lse} : NEG_INF;",
-        f"  delta_s[tid] = row0 + tid < SQ ? {delta} : 0.0f;",
+        f"  lse_s[tid] = row0 + tid < {rows} ? {lse} : NEG_INF;",
+        f"  delta_s[tid] = row0 + tid < {rows} ? {delta} : 0.0f;",
         "}",
     ]
 

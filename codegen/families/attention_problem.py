@@ -223,33 +223,29 @@ def constants(a: Attention) -> list[str]:
     ]
 
 
-def lengths_and_scale(a: Attention, names: dict[str, str], with_slope: bool = True) -> list[str]:
-    """:func:`sequence_setup`; with ALiBi the ``SLOPES`` table and, unless ``with_slope`` is false
-    (a kernel that walks the heads sets it per head), query head ``h``'s ``slope``."""
-    lines = sequence_setup(a, names) + alibi_table(a)
+def lengths_and_scale(
+    a: Attention, names: dict[str, str], with_slope: bool = True, first: tuple[str, str] = ("q", "row0")
+) -> list[str]:
+    """:func:`sequence_setup` (of ``first``); with ALiBi the ``SLOPES`` table and, unless
+    ``with_slope`` is false (a kernel that walks the heads sets it per head), query head ``h``'s
+    ``slope``."""
+    lines = sequence_setup(a, names, first) + alibi_table(a)
     if a.attrs.use_alibi_mask and with_slope:
         lines.append("const float slope = SLOPES[h];")
     return lines
 
 
-def sequence_setup(a: Attention, names: dict[str, str]) -> list[str]:
-    """Batch ``b``'s effective lengths ``sq``, ``skv``; ``diag``; the scale ``scale`` (natural units)."""
+def sequence_setup(a: Attention, names: dict[str, str], first: tuple[str, str] = ("q", "row0")) -> list[str]:
+    """Batch ``b``'s effective lengths ``sq``, ``skv``; ``diag``; the scale ``scale`` (natural units).
+    ``first``: the side ("q" or "kv") of the block's rows and its first row, past which a block
+    of a packed side leaves before reading the offsets."""
     lines: list[str] = []
     if a.padded:
         assert a.seq_len_q is not None and a.seq_len_kv is not None
-        rooms = {"q": "SQ", "kv": "SKV"}
-        if a.ragged_q is not None:  # a block past its sequence's length leaves before reading the offsets
-            lines.append(f"if (row0 >= {length(a.seq_len_q, names['SEQ_LEN_Q'])}) return;  // past a packed sequence")
-        for side, offsets in (("q", a.ragged_q), ("kv", a.ragged_kv)):
-            if offsets is not None:
-                lines += _owned_tokens(a, side, offsets, names[f"RAGGED_OFFSET_{side.upper()}"])
-                rooms[side] = f"{side}_owned"
-        if a.rows_per_sequence < a.sq:
-            rooms["q"] = f"min(q_owned, {a.rows_per_sequence})"
-        lines += [
-            f"const int sq = (int)min((long long){rooms['q']}, max(0LL, (long long){length(a.seq_len_q, names['SEQ_LEN_Q'])}));",
-            f"const int skv = (int)min((long long){rooms['kv']}, max(0LL, (long long){length(a.seq_len_kv, names['SEQ_LEN_KV'])}));",
-        ]
+        side, row = first
+        if _ragged(a, side):  # a block past its sequence's length leaves before reading the offsets
+            lines.append(f"if ({row} >= {_given_length(a, names, side)}) return;  // past a packed sequence")
+        lines += [*_owned(a, names, "q"), *_owned(a, names, "kv"), _length(a, names, "q"), _length(a, names, "kv")]
     else:
         lines.append("constexpr int sq = SQ, skv = SKV;")
     lines.append(
@@ -258,6 +254,30 @@ def sequence_setup(a: Attention, names: dict[str, str]) -> list[str]:
     scale = "1.0f" if a.scale is None else scalar_value(a.scale, names.get("ATTN_SCALE"), "float")
     lines.append(f"const float scale = {scale};")
     return lines
+
+
+def query_rows(a: Attention, names: dict[str, str]) -> list[str]:
+    """A packed Q's ``q_start`` and batch b's effective rows ``sq`` (as :func:`sequence_setup`),
+    for a kernel whose threads are not one block of one sequence's rows."""
+    return [*_owned(a, names, "q"), _length(a, names, "q")]
+
+
+def _given_length(a: Attention, names: dict[str, str], side: str) -> str:
+    return length(a.seq_len_q if side == "q" else a.seq_len_kv, names[f"SEQ_LEN_{side.upper()}"])  # type: ignore[arg-type]
+
+
+def _owned(a: Attention, names: dict[str, str], side: str) -> list[str]:
+    offsets = a.ragged_q if side == "q" else a.ragged_kv
+    return [] if offsets is None else _owned_tokens(a, side, offsets, names[f"RAGGED_OFFSET_{side.upper()}"])
+
+
+def _length(a: Attention, names: dict[str, str], side: str) -> str:
+    """``s{side}``: batch b's given length, within its owned tokens (a packed side), SQ or SKV,
+    and a packed Q's max_seq_len_q."""
+    room = f"{side}_owned" if _ragged(a, side) else f"S{side.upper()}"
+    if side == "q" and a.rows_per_sequence < a.sq:
+        room = f"min(q_owned, {a.rows_per_sequence})"
+    return f"const int s{side} = (int)min((long long){room}, max(0LL, (long long){_given_length(a, names, side)}));"
 
 
 def _owned_tokens(a: Attention, side: str, offsets: Tensor, name: str) -> list[str]:
@@ -279,25 +299,35 @@ def _owned_tokens(a: Attention, side: str, offsets: Tensor, name: str) -> list[s
     ]
 
 
-def written_rows(a: Attention) -> str:
-    """The rows of a sequence a kernel writes: all SQ (zeros past its length), or a packed
-    sequence's ``sq`` (the rest of a packed output is filled before: attention_ragged.py)."""
-    return "sq" if a.ragged_q is not None else "SQ"
+def _ragged(a: Attention, side: str) -> bool:
+    return (a.ragged_q if side == "q" else a.ragged_kv) is not None
 
 
-def packed_exit(a: Attention) -> list[str]:
-    """A block whose rows all lie past its packed sequence's has nothing to write."""
-    return ["if (row0 >= sq) return;  // rows past a packed sequence are no one's"] if a.ragged_q is not None else []
+def written_rows(a: Attention, side: str = "q") -> str:
+    """The rows of a sequence a kernel reads and writes on ``side`` ("q": query rows, "kv":
+    keys): all SQ / SKV (zeros past its length), or a packed sequence's ``sq`` / ``skv`` (the
+    rest of a packed output is filled before: attention_ragged.py)."""
+    return f"s{side}" if _ragged(a, side) else f"S{side.upper()}"
+
+
+def packed_exit(a: Attention, side: str = "q", first: str = "row0") -> list[str]:
+    """A block whose rows (from ``first``) all lie past its packed sequence's has nothing to write."""
+    if not _ragged(a, side):
+        return []
+    return [f"if ({first} >= {written_rows(a, side)}) return;  // rows past a packed sequence are no one's"]
+
+
+SIDES = {"q": ("Q", "O", "STATS", "DO", "DQ"), "kv": ("K", "V", "DK", "DV")}  # each side's tensors by role
 
 
 def coordinates(a: Attention, role: str, head: str, row: str, col: str) -> list[str]:
     """The [b, h, s, d] coordinates of row ``row`` (of the batch's sequence), column ``col`` of
-    the tensor in ``role`` (Q, K, V, O or STATS): dim 0 is b, or for a packed tensor 0 with the
+    the tensor in ``role`` (one of :data:`SIDES`): dim 0 is b, or for a packed tensor 0 with the
     row counted from the sequence's first token."""
-    start = "q_start" if role in ("Q", "O", "STATS") and a.ragged_q is not None else None
-    if role in ("K", "V") and a.ragged_kv is not None:
-        start = "kv_start"
-    return ["b", head, row, col] if start is None else ["0", head, f"{start} + ({row})", col]
+    side = "q" if role in SIDES["q"] else "kv"
+    if not _ragged(a, side):
+        return ["b", head, row, col]
+    return ["0", head, f"{side}_start + ({row})", col]
 
 
 def alibi_table(a: Attention) -> list[str]:

@@ -425,7 +425,8 @@ class FrontendOps:
         ):
             if value is not None:
                 raise UnsupportedError(
-                    f"sdpa_backward {what}: graphdnn's attention backward has no bias gradient or ragged sequences",
+                    f"sdpa_backward {what}: graphdnn's attention backward has no bias gradient, and takes packed "
+                    "sequences by token offsets: gd.OperationGraphSpec.sdpa_backward(ragged_offset_q=, ragged_offset_kv=)",
                     node=name,
                 )
         _check_dropout("sdpa_backward", name, dropout, rng_dump)

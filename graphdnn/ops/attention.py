@@ -25,7 +25,7 @@ import numpy as np
 from ..dtypes import DataType
 from ..errors import DataTypeError, GraphError, StructureError
 from ..symbolic import Extent
-from .attention_ragged import PACKED, RAGGED_ROLES, check_ragged, is_ragged, pack, ragged_batch, unpack
+from .attention_ragged import PACKED, RAGGED_ROLES, by_sequences, check_ragged, is_ragged, ragged_batch
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
 from .random import as_uint64, uniform
@@ -119,9 +119,7 @@ class Sdpa(Op):
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
         if any(role in x for role in RAGGED_ROLES):
-            padded, q_ranges = unpack(node, x)
-            outputs = self.reference(node, {k: v for k, v in padded.items() if k not in RAGGED_ROLES})
-            return outputs if q_ranges is None else pack(outputs, padded["SEQ_LEN_Q"], q_ranges)
+            return by_sequences(node, x, lambda padded: self.reference(node, padded))
         if "PAGE_TABLE_K" in x:
             skv = kv_length(node)
             k = gather_pages(node, x["K"], x["PAGE_TABLE_K"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_K")

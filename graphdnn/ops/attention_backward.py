@@ -12,6 +12,10 @@ is not an output.
 With dropout (the forward's mask Z, kept elements scaled by r = 1 / (1 - p), so that
 O = (r Z P) V): ``dV = (r Z P)ᵀ dO`` and ``dS = P * (r Z (dO Vᵀ) - delta)``; delta is still
 ``sum_d dO O``, as in FlashAttention.
+
+Packed (ragged) sequences as the forward's (ops/attention_ragged.py): RAGGED_OFFSET_Q packs Q,
+O, dO, STATS and dQ, RAGGED_OFFSET_KV packs K, V, dK and dV; the gradients are zero at tokens
+no sequence uses.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..dtypes import DataType
 from ..errors import DataTypeError
 from ..symbolic import Extent
 from .attention import check_problem, dropout_inputs, dropout_keep, masked_scores, rank4, sequence_length_range
+from .attention_ragged import RAGGED_ROLES, by_sequences, is_ragged
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, register
 
@@ -42,6 +47,7 @@ class SdpaBackwardAttributes(Attributes):
     use_padding_mask: bool = False
     use_alibi_mask: bool = False
     dropout_probability: float | None = None
+    max_seq_len_q: int | None = None  # a packed Q's longest sequence (bounds the kernels' grid)
 
 
 @register
@@ -61,25 +67,30 @@ class SdpaBackward(Op):
         Role("SEQ_LEN_KV", optional=True),
         Role("SEED", optional=True, scalar=True),
         Role("OFFSET", optional=True, scalar=True),
+        Role("RAGGED_OFFSET_Q", optional=True),
+        Role("RAGGED_OFFSET_KV", optional=True),
     )
     outputs = (Role("DQ"), Role("DK"), Role("DV"))
     attributes = SdpaBackwardAttributes
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
-        batch, q_heads, sq, _, dv = check_problem(node)
+        _, q_heads, sq, _, dv = check_problem(node)
+        rows = node.input("Q").dim[0]  # type: ignore[union-attr]  # B, or 1 for a packed (ragged) Q
+        packed = is_ragged(node, "RAGGED_OFFSET_Q")
+        shape = "[1, Hq, T, Dv] (packed by RAGGED_OFFSET_Q)" if packed else "[B, Hq, Sq, Dv]"
         for role in ("O", "DO"):
-            if rank4(node, role).dim != (batch, q_heads, sq, dv):
+            if rank4(node, role).dim != (rows, q_heads, sq, dv):
                 fail(
                     node,
-                    f"{role} has dims {list(rank4(node, role).dim)}; expected O's [B, Hq, Sq, Dv] = "
-                    f"{[batch, q_heads, sq, dv]}",
+                    f"{role} has dims {list(rank4(node, role).dim)}; expected O's {shape} = {[rows, q_heads, sq, dv]}",
                     role=role,
                 )
         stats = rank4(node, "STATS")
-        if stats.dim != (batch, q_heads, sq, 1):
+        if stats.dim != (rows, q_heads, sq, 1):
             fail(
                 node,
-                f"STATS has dims {list(stats.dim)}; expected [B, Hq, Sq, 1] = {[batch, q_heads, sq, 1]}",
+                f"STATS has dims {list(stats.dim)}; expected {'[1, Hq, T, 1]' if packed else '[B, Hq, Sq, 1]'} = "
+                f"{[rows, q_heads, sq, 1]}",
                 role="STATS",
             )
         if stats.data_type.is_set and stats.data_type is not DataType.FLOAT:
@@ -92,6 +103,8 @@ class SdpaBackward(Op):
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         attrs: SdpaBackwardAttributes = node.attributes  # type: ignore[assignment]
+        if any(role in x for role in RAGGED_ROLES):
+            return by_sequences(node, x, lambda padded: self.reference(node, padded))
         scores, visible, v = masked_scores(attrs, x)
         stats = x["STATS"]
         live = visible & np.isfinite(stats)  # a row the forward saw empty (STATS = -inf) has P = 0
@@ -146,15 +159,21 @@ class AttentionBackwardMethods:
         name: str | None = None,
         *,
         dropout: tuple[float, TensorSpec | int, TensorSpec | int] | None = None,
+        ragged_offset_q: TensorSpec | None = None,
+        ragged_offset_kv: TensorSpec | None = None,
+        max_seq_len_q: int | None = None,
     ) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
         """Attention backward -> (dQ, dK, dV), shaped like Q, K and V (row-major unless set).
 
         Takes the forward's O and STATS (``sdpa(..., generate_stats=True)``) and the same
         scale, bias, masks, lengths and ``dropout=(probability, seed, offset)`` the forward had
         (the same seed and offset regenerate its mask); ``attn_scale`` None means 1.0.
+        ``ragged_offset_q`` / ``ragged_offset_kv`` / ``max_seq_len_q``: the forward's packed
+        sequences (Q, O, dO, STATS and dQ, or K, V, dK and dV as ``[1, H, T, head dim]``).
         """
         inputs = {"Q": q, "K": k, "V": v, "O": o, "DO": dO, "STATS": stats, "ATTN_SCALE": attn_scale, "BIAS": bias}
         inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
+        inputs |= {"RAGGED_OFFSET_Q": ragged_offset_q, "RAGGED_OFFSET_KV": ragged_offset_kv}
         probability = dropout_inputs(self.scalar, dropout, inputs, name)
         attrs = {
             "use_causal_mask": use_causal_mask,
@@ -163,6 +182,7 @@ class AttentionBackwardMethods:
             "use_padding_mask": use_padding_mask,
             "use_alibi_mask": use_alibi_mask,
             "dropout_probability": probability,
+            "max_seq_len_q": max_seq_len_q,
         }
         dq, dk, dv = self._add_node("sdpa_backward", inputs, attrs, name=name, compute_data_type=compute_data_type)
         return dq, dk, dv

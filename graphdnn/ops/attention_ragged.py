@@ -1,4 +1,4 @@
-"""Ragged (packed) sequences for ``sdpa``: the rows of every sequence of a batch stored one
+"""Ragged (packed) sequences for ``sdpa`` and ``sdpa_backward``: the rows of every sequence of a batch stored one
 after another, without padding, as FlashAttention's variable-length API and the cuDNN
 frontend's ragged offsets store them.
 
@@ -18,11 +18,14 @@ later offset is smaller). Sequences never overlap, so no two writers race on the
 the offsets of cu_seqlens give each sequence exactly its rows. A sequence uses the first
 ``min(seq_len, owned tokens)`` of its rows (and at most ``max_seq_len_q`` rows of Q, an
 attribute that bounds the GPU grid); O is zero and STATS -inf at every other token.
+
+``sdpa_backward`` packs the same way: RAGGED_OFFSET_Q packs Q, O, dO, STATS and dQ,
+RAGGED_OFFSET_KV packs K, V, dK and dV; a gradient is zero at every token no sequence uses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,7 +39,10 @@ if TYPE_CHECKING:
     from ..ir import Node
 
 RAGGED_ROLES = ("RAGGED_OFFSET_Q", "RAGGED_OFFSET_KV")
-PACKED = {"RAGGED_OFFSET_Q": ("Q",), "RAGGED_OFFSET_KV": ("K", "V")}  # the inputs each offsets tensor packs
+PACKED = {"RAGGED_OFFSET_Q": ("Q",), "RAGGED_OFFSET_KV": ("K", "V")}  # the inputs whose dims say they are packed
+# every tensor each offsets tensor packs, sdpa's and sdpa_backward's, inputs and outputs
+PACKS = {"RAGGED_OFFSET_Q": ("Q", "O", "DO", "STATS", "DQ"), "RAGGED_OFFSET_KV": ("K", "V", "DK", "DV")}
+LENGTHS = {"RAGGED_OFFSET_Q": "SEQ_LEN_Q", "RAGGED_OFFSET_KV": "SEQ_LEN_KV"}
 
 
 def is_ragged(node: Node, role: str) -> bool:
@@ -105,40 +111,50 @@ def owned_ranges(offsets: np.ndarray, total: int) -> np.ndarray:
     return np.stack([starts[:-1], np.maximum(ends[1:], starts[:-1])], axis=1)
 
 
-def unpack(node: Node, x: Mapping[str, Any]) -> tuple[dict[str, Any], np.ndarray | None]:
+def unpack(node: Node, x: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The padded problem of a ragged one: packed inputs as ``[B, H, T, d]`` (each sequence's
     owned rows first, zeros after) and the sequence lengths cut to the rows owned; also the
-    owned ranges of Q's sequences (None when Q is not ragged), for :func:`pack`."""
+    owned ranges of each offsets role's sequences, for :func:`pack`."""
     padded = dict(x)
-    q_ranges = None
+    ranges: dict[str, np.ndarray] = {}
     for role in RAGGED_ROLES:
         if role not in x:
             continue
-        lengths = "SEQ_LEN_Q" if role == "RAGGED_OFFSET_Q" else "SEQ_LEN_KV"
         total = x[PACKED[role][0]].shape[2]
-        ranges = owned_ranges(x[role], total)
-        for name in PACKED[role]:
+        ranges[role] = owned = owned_ranges(x[role], total)
+        for name in (name for name in PACKS[role] if name in x):
             packed = x[name]
-            out = np.zeros((len(ranges), packed.shape[1], total, packed.shape[3]), packed.dtype)
-            for b, (start, end) in enumerate(ranges):
+            out = np.zeros((len(owned), packed.shape[1], total, packed.shape[3]), packed.dtype)
+            for b, (start, end) in enumerate(owned):
                 out[b, :, : end - start] = packed[0, :, start:end]
             padded[name] = out
         longest = node.attributes.max_seq_len_q if role == "RAGGED_OFFSET_Q" else None  # type: ignore[attr-defined]
-        seq_len = np.clip(x[lengths].reshape(-1), 0, total if longest is None else min(total, longest))
-        padded[lengths] = np.minimum(seq_len, ranges[:, 1] - ranges[:, 0]).reshape(-1, 1, 1, 1)
-        if role == "RAGGED_OFFSET_Q":
-            q_ranges = ranges
-    return padded, q_ranges
+        seq_len = np.clip(x[LENGTHS[role]].reshape(-1), 0, total if longest is None else min(total, longest))
+        padded[LENGTHS[role]] = np.minimum(seq_len, owned[:, 1] - owned[:, 0]).reshape(-1, 1, 1, 1)
+    return padded, ranges
 
 
-def pack(outputs: dict[str, np.ndarray], lengths: np.ndarray, ranges: np.ndarray) -> dict[str, np.ndarray]:
-    """Padded outputs ``[B, H, T, d]`` back into packed ``[1, H, T, d]``: each sequence's first
-    ``lengths[b]`` rows at its owned range; O zero and STATS -inf at every other token."""
-    packed = {}
-    for role, value in outputs.items():
-        out = np.full((1, *value.shape[1:]), -np.inf if role == "STATS" else 0.0)
-        for b, (start, _) in enumerate(ranges):
-            rows = int(lengths.reshape(-1)[b])
-            out[0, :, start : start + rows] = value[b, :, :rows]
-        packed[role] = out
+def pack(
+    outputs: dict[str, np.ndarray], padded: Mapping[str, Any], ranges: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Padded outputs ``[B, H, T, d]`` of a packed side back into packed ``[1, H, T, d]``: each
+    sequence's first ``padded`` length rows at its owned range; STATS -inf and the others
+    (O, gradients) zero at every other token. Outputs of a side not packed stay as they are."""
+    packed = dict(outputs)
+    for role, owned in ranges.items():
+        lengths = padded[LENGTHS[role]].reshape(-1)
+        for name in (name for name in PACKS[role] if name in outputs):
+            value = outputs[name]
+            out = np.full((1, *value.shape[1:]), -np.inf if name == "STATS" else 0.0)
+            for b, (start, _) in enumerate(owned):
+                out[0, :, start : start + int(lengths[b])] = value[b, :, : int(lengths[b])]
+            packed[name] = out
     return packed
+
+
+def by_sequences(
+    node: Node, x: Mapping[str, Any], dense: Callable[[dict[str, Any]], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """A ragged node's reference: ``dense`` (the op's reference) on the padded problem, packed back."""
+    padded, ranges = unpack(node, x)
+    return pack(dense({k: v for k, v in padded.items() if k not in RAGGED_ROLES}), padded, ranges)
