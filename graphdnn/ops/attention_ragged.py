@@ -67,7 +67,7 @@ def check_ragged(node: Node, batch: Extent) -> None:
     """Each offsets tensor: an integer ``[B + 1, 1, 1, 1]`` with use_padding_mask, its packed
     inputs one sequence (dim 0 of 1), K and V not a page pool; max_seq_len_q at least 1, only
     with RAGGED_OFFSET_Q."""
-    longest = getattr(node.attributes, "max_seq_len_q", None)  # sdpa_backward has none
+    longest = node.attributes.max_seq_len_q  # type: ignore[attr-defined]
     if longest is not None and (longest < 1 or not is_ragged(node, "RAGGED_OFFSET_Q")):
         raise StructureError(
             f"max_seq_len_q is {longest}; it bounds the sequences of a packed Q (ragged_offset_q) and is at least 1",
