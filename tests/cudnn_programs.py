@@ -550,6 +550,83 @@ def rope_in_place(device: str) -> list[Result]:
     return [Result("rope::Y (in place)", x, want, DataType.HALF)]
 
 
+def _ragged_offsets(lengths: list[int], token: int) -> torch.Tensor:
+    """The frontend's ragged offsets: [B + 1, 1, 1, 1] element offsets of cumulative tokens."""
+    tokens = np.concatenate([[0], np.cumsum(lengths)])
+    return torch.tensor(tokens * token, dtype=torch.int32).reshape(-1, 1, 1, 1)
+
+
+def _dense_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence alone ([1, H, s, d] tensors) through the dense frontend sdpa: causal, with Stats."""
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    Q, K, V = (graph.tensor_like(t) for t in (q, k, v))
+    OUT, STATS = graph.sdpa(q=Q, k=K, v=V, generate_stats=True, attn_scale=scale, use_causal_mask=True)
+    o = torch.empty_like(q)
+    stats = torch.empty(*q.shape[:3], 1, dtype=torch.float32, device=q.device)
+    OUT.set_output(True).set_dim(o.size()).set_stride(o.stride())
+    STATS.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    graph.build([cudnn.heur_mode.A])
+    graph.execute({Q: q, K: k, V: v, OUT: o, STATS: stats})
+    return o, stats
+
+
+def sdpa_ragged(device: str) -> list[Result]:
+    """The frontend's ragged (THD) SDPA: Q, K, V, O and Stats declared [B, H, S, d] with BSHD
+    strides and element offsets, the sequences packed at the front of [B, S, H, d] buffers;
+    each sequence checked against the dense frontend sdpa run on it alone."""
+    torch.manual_seed(11)
+    b, h, s, d = 3, 2, 12, 16
+    len_q, len_kv = [5, 12, 7], [9, 4, 12]
+    scale = d**-0.5
+    q, k, v = (torch.randn(b, s, h, d, dtype=torch.half, device=device) for _ in range(3))
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    int32 = dict(data_type=cudnn.data_type.INT32)
+    offsets = {name: graph.tensor(dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1], name=name, **int32) for name in "QKVOS"}
+    lengths = [graph.tensor(dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], name=name, **int32) for name in ("sq", "skv")]
+    bshd = [s * h * d, d, h * d, 1]
+    Q, K, V = (graph.tensor(dim=[b, h, s, d], stride=bshd, ragged_offset=offsets[name], name=name) for name in "QKV")
+    OUT, STATS = graph.sdpa(
+        q=Q, k=K, v=V, generate_stats=True, attn_scale=scale, use_causal_mask=True, use_padding_mask=True,
+        seq_len_q=lengths[0], seq_len_kv=lengths[1], name="sdpa",
+    )  # fmt: skip
+    OUT.set_output(True).set_dim([b, h, s, d]).set_stride(bshd).set_ragged_offset(offsets["O"])
+    STATS.set_output(True).set_data_type(cudnn.data_type.FLOAT).set_ragged_offset(offsets["S"])
+    graph.build([cudnn.heur_mode.A])
+    o = torch.zeros(b, s, h, d, dtype=torch.half, device=device)
+    stats = torch.zeros(b * s, h, 1, dtype=torch.float32, device=device)  # a packed [T, H, 1] buffer
+    pack = {Q: q, K: k, V: v, OUT: o, STATS: stats}
+    pack |= {offsets[n]: _ragged_offsets(len_q, h * d) for n in "QO"}
+    pack |= {offsets[n]: _ragged_offsets(len_kv, h * d) for n in "KV"} | {offsets["S"]: _ragged_offsets(len_q, h)}
+    pack |= {lengths[0]: torch.tensor(len_q, dtype=torch.int32), lengths[1]: torch.tensor(len_kv, dtype=torch.int32)}
+    graph.execute({key: value.to(device) for key, value in pack.items()})
+
+    def sequences(buffer: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+        """Each sequence of a packed buffer as [1, H, s, d]."""
+        tokens = buffer.reshape(b * s, h, -1)
+        ends = np.cumsum(lengths)
+        return [tokens[end - n : end].transpose(0, 1)[None] for n, end in zip(lengths, ends, strict=True)]
+
+    alone = [
+        _dense_sdpa(*qkv, scale)
+        for qkv in zip(sequences(q, len_q), sequences(k, len_kv), sequences(v, len_kv), strict=True)
+    ]
+    total = sum(len_q)
+    want_o = np.concatenate([f64(out[0].transpose(0, 1)) for out, _ in alone])
+    want_stats = np.concatenate([f64(lse[0].transpose(0, 1)) for _, lse in alone])
+    return [
+        Result("sdpa::O (ragged)", o.reshape(b * s, h, d)[:total], want_o, DataType.HALF),
+        Result("sdpa::Stats (ragged)", stats[:total], want_stats, DataType.FLOAT),
+    ]
+
+
 PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
     program.__name__: program
     for program in (
@@ -561,6 +638,7 @@ PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
         genstats,
         sdpa,
         sdpa_backward,
+        sdpa_ragged,
         high_level_graph,
         conv_backward,
         norms_inference_and_backward,
