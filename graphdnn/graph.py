@@ -38,7 +38,7 @@ class OperationGraphSpec(OpMethods):
     """
 
     # The class of its tensors: a compatibility layer's builder may add setters of its own.
-    tensor_class: ClassVar[type[TensorSpec]] = TensorSpec
+    _tensor_class: ClassVar[type[TensorSpec]] = TensorSpec
 
     def __init__(
         self,
@@ -170,7 +170,7 @@ class OperationGraphSpec(OpMethods):
 
     def _new_tensor(self, name: str | None, **fields: Any) -> TensorSpec:
         name = self._fresh_tensor_name(name)
-        spec = self.tensor_class(self, name, **fields)
+        spec = self._tensor_class(self, name, **fields)
         self._tensors.append(spec)
         self._tensor_names[name] = spec
         return spec

@@ -689,7 +689,8 @@ def sdpa_backward_ragged(device: str) -> list[Result]:
     )
     grads = graph.sdpa_backward(
         q=Q, k=K, v=V, o=OUT, dO=DO, stats=S, attn_scale=scale, use_causal_mask=True, use_padding_mask=True,
-        seq_len_q=lengths[0], seq_len_kv=lengths[1], name="sdpa_backward",
+        seq_len_q=lengths[0], seq_len_kv=lengths[1], max_total_seq_len_q=sum(len_q),
+        max_total_seq_len_kv=sum(len_kv), name="sdpa_backward",
     )  # fmt: skip
     for name, tensor in zip(names[6:], grads, strict=True):
         assert tensor is not None

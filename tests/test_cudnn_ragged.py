@@ -177,6 +177,12 @@ def _too_many_tokens(g: cudnn.pygraph) -> None:
     g.sdpa(q, q, q, use_padding_mask=True, **lengths(g))
 
 
+def _max_total_without_ragged(g: cudnn.pygraph) -> None:
+    x = g.tensor(dim=[B, H, S, D], stride=BSHD, name="X")
+    stats = g.tensor(dim=[B, H, S, 1], data_type=cudnn.data_type.FLOAT, name="stats")
+    g.sdpa_backward(x, x, x, x, x, stats, max_total_seq_len_kv=9)
+
+
 @pytest.mark.parametrize(
     ("build", "error", "message"),
     [
@@ -189,6 +195,7 @@ def _too_many_tokens(g: cudnn.pygraph) -> None:
         (_float_offsets, DataTypeError, "'Q_offsets' of q 'Q' is float"),
         (_ragged_relu_input, UnsupportedError, "'X' has the ragged offset 'X_offsets' but is no tensor of a ragged"),
         (_too_many_tokens, UnsupportedError, "holds 4194304 tokens"),
+        (_max_total_without_ragged, UnsupportedError, "max_total_seq_len_kv=9: .* no ragged offsets"),
     ],
 )
 def test_what_cannot_be_translated_is_refused(

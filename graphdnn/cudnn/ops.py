@@ -434,19 +434,11 @@ class FrontendOps:
         """-> [dQ, dK, dV], from the forward's O and Stats, with its scale, bias, masks and lengths.
 
         graphdnn's backward is always deterministic (no atomics), so
-        ``use_deterministic_algorithm`` changes nothing.
+        ``use_deterministic_algorithm`` changes nothing; it needs no bound on the tokens of
+        ragged tensors either, so ``max_total_seq_len_q`` / ``_kv`` are accepted and unused.
         """
-        for what, value in (
-            ("dBias", dBias),
-            ("max_total_seq_len_q", max_total_seq_len_q),
-            ("max_total_seq_len_kv", max_total_seq_len_kv),
-        ):
-            if value is not None:
-                raise UnsupportedError(
-                    f"sdpa_backward {what}: graphdnn's attention backward has no bias gradient, and takes packed "
-                    "sequences by token offsets: gd.OperationGraphSpec.sdpa_backward(ragged_offset_q=, ragged_offset_kv=)",
-                    node=name,
-                )
+        if dBias is not None:
+            raise UnsupportedError("sdpa_backward dBias: graphdnn's attention backward has no bias gradient", node=name)
         _check_dropout("sdpa_backward", name, dropout, rng_dump)
         use_causal_mask, use_causal_mask_bottom_right, sliding_window_length = _diagonal_band(
             name, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, diagonal_alignment,
@@ -456,6 +448,16 @@ class FrontendOps:
         ragged_q, ragged_kv = self._ragged(
             node, [[("q", q), ("o", o), ("dO", dO), ("stats", stats)], [("k", k), ("v", v)]]
         )
+        for what, value, side in (
+            ("max_total_seq_len_q", max_total_seq_len_q, ragged_q),
+            ("max_total_seq_len_kv", max_total_seq_len_kv, ragged_kv),
+        ):
+            if value is not None and side is None:
+                raise UnsupportedError(
+                    f"sdpa_backward {what}={value}: a bound on the tokens of ragged tensors, and this side has no "
+                    "ragged offsets",
+                    node=node,
+                )
         grads = self._spec.sdpa_backward(
             q, k, v, o, dO, stats, attn_scale, bias, use_causal_mask, use_causal_mask_bottom_right,
             sliding_window_length, use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask,

@@ -39,7 +39,7 @@ class FrontendTensor(TensorSpec):
 
 
 class LenientSpec(OperationGraphSpec):
-    tensor_class: ClassVar[type[TensorSpec]] = FrontendTensor
+    _tensor_class: ClassVar[type[TensorSpec]] = FrontendTensor
 
     @property
     def node_count(self) -> int:
