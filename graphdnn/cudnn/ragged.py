@@ -140,7 +140,8 @@ def check_ragged_uses(tensors: Sequence[TensorSpec], packed: set[TensorSpec]) ->
         if offsets is not None and tensor not in packed:
             raise UnsupportedError(
                 f"'{tensor.name}' has the ragged offset '{offsets.name}' but is no tensor of a ragged sdpa or "
-                "sdpa_backward (whose Q or K has ragged offsets): graphdnn's other ops take no packed sequences",
+                "sdpa_backward (whose Q or K has ragged offsets; an input's must be set before the call): graphdnn's "
+                "other ops take no packed sequences",
                 tensor=tensor.name,
             )
 
