@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .dtypes import DataType, as_data_type
 from .errors import GraphError, ShapeError, StructureError, UndeclaredDimsError
@@ -36,6 +36,9 @@ class OperationGraphSpec(OpMethods):
     graph: inputs and outputs take ``io_data_type``, virtual tensors
     ``intermediate_data_type``, nodes compute in ``compute_data_type``.
     """
+
+    # The class of its tensors: a compatibility layer's builder may add setters of its own.
+    _tensor_class: ClassVar[type[TensorSpec]] = TensorSpec
 
     def __init__(
         self,
@@ -167,7 +170,7 @@ class OperationGraphSpec(OpMethods):
 
     def _new_tensor(self, name: str | None, **fields: Any) -> TensorSpec:
         name = self._fresh_tensor_name(name)
-        spec = TensorSpec(self, name, **fields)
+        spec = self._tensor_class(self, name, **fields)
         self._tensors.append(spec)
         self._tensor_names[name] = spec
         return spec

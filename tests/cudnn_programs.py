@@ -550,6 +550,171 @@ def rope_in_place(device: str) -> list[Result]:
     return [Result("rope::Y (in place)", x, want, DataType.HALF)]
 
 
+def _ragged_offsets(lengths: list[int], token: int) -> torch.Tensor:
+    """The frontend's ragged offsets: [B + 1, 1, 1, 1] element offsets of cumulative tokens."""
+    tokens = np.concatenate([[0], np.cumsum(lengths)])
+    return torch.tensor(tokens * token, dtype=torch.int32).reshape(-1, 1, 1, 1)
+
+
+def _dense_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence alone ([1, H, s, d] tensors) through the dense frontend sdpa: causal, with Stats."""
+    graph = _half_graph()
+    Q, K, V = (graph.tensor_like(t) for t in (q, k, v))
+    OUT, STATS = graph.sdpa(q=Q, k=K, v=V, generate_stats=True, attn_scale=scale, use_causal_mask=True)
+    o = torch.empty_like(q)
+    stats = torch.empty(*q.shape[:3], 1, dtype=torch.float32, device=q.device)
+    OUT.set_output(True).set_dim(o.size()).set_stride(o.stride())
+    STATS.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    graph.build([cudnn.heur_mode.A])
+    graph.execute({Q: q, K: k, V: v, OUT: o, STATS: stats})
+    return o, stats
+
+
+def sdpa_ragged(device: str) -> list[Result]:
+    """The frontend's ragged (THD) SDPA: Q, K, V, O and Stats declared [B, H, S, d] with BSHD
+    strides and element offsets, the sequences packed at the front of [B, S, H, d] buffers;
+    each sequence checked against the dense frontend sdpa run on it alone."""
+    torch.manual_seed(11)
+    b, h, s, d = 3, 2, 12, 16
+    len_q, len_kv = [5, 12, 7], [9, 4, 12]
+    scale = d**-0.5
+    q, k, v = (torch.randn(b, s, h, d, dtype=torch.half, device=device) for _ in range(3))
+    graph = _half_graph()
+    int32 = dict(data_type=cudnn.data_type.INT32)
+    offsets = {name: graph.tensor(dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1], name=name, **int32) for name in "QKVOS"}
+    lengths = [graph.tensor(dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], name=name, **int32) for name in ("sq", "skv")]
+    bshd = [s * h * d, d, h * d, 1]
+    Q, K, V = (graph.tensor(dim=[b, h, s, d], stride=bshd, ragged_offset=offsets[name], name=name) for name in "QKV")
+    OUT, STATS = graph.sdpa(
+        q=Q, k=K, v=V, generate_stats=True, attn_scale=scale, use_causal_mask=True, use_padding_mask=True,
+        seq_len_q=lengths[0], seq_len_kv=lengths[1], name="sdpa",
+    )  # fmt: skip
+    OUT.set_output(True).set_dim([b, h, s, d]).set_stride(bshd).set_ragged_offset(offsets["O"])
+    STATS.set_output(True).set_data_type(cudnn.data_type.FLOAT).set_ragged_offset(offsets["S"])
+    graph.build([cudnn.heur_mode.A])
+    o = torch.zeros(b, s, h, d, dtype=torch.half, device=device)
+    stats = torch.zeros(b * s, h, 1, dtype=torch.float32, device=device)  # a packed [T, H, 1] buffer
+    pack = {Q: q, K: k, V: v, OUT: o, STATS: stats}
+    pack |= {offsets[n]: _ragged_offsets(len_q, h * d) for n in "QO"}
+    pack |= {offsets[n]: _ragged_offsets(len_kv, h * d) for n in "KV"} | {offsets["S"]: _ragged_offsets(len_q, h)}
+    pack |= {lengths[0]: torch.tensor(len_q, dtype=torch.int32), lengths[1]: torch.tensor(len_kv, dtype=torch.int32)}
+    graph.execute({key: value.to(device) for key, value in pack.items()})
+
+    def sequences(buffer: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+        """Each sequence of a packed buffer as [1, H, s, d]."""
+        tokens = buffer.reshape(b * s, h, -1)
+        ends = np.cumsum(lengths)
+        return [tokens[end - n : end].transpose(0, 1)[None] for n, end in zip(lengths, ends, strict=True)]
+
+    alone = [
+        _dense_sdpa(*qkv, scale)
+        for qkv in zip(sequences(q, len_q), sequences(k, len_kv), sequences(v, len_kv), strict=True)
+    ]
+    total = sum(len_q)
+    want_o = np.concatenate([f64(out[0].transpose(0, 1)) for out, _ in alone])
+    want_stats = np.concatenate([f64(lse[0].transpose(0, 1)) for _, lse in alone])
+    return [
+        Result("sdpa::O (ragged)", o.reshape(b * s, h, d)[:total], want_o, DataType.HALF),
+        Result("sdpa::Stats (ragged)", stats[:total], want_stats, DataType.FLOAT),
+    ]
+
+
+def _half_graph() -> cudnn.pygraph:
+    return cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+
+
+def _dense_sdpa_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_o: torch.Tensor, scale: float
+) -> list[torch.Tensor]:
+    """One sequence alone ([1, H, s, d] tensors) through the dense frontend sdpa and
+    sdpa_backward, causal: [dQ, dK, dV]."""
+    o, stats = _dense_sdpa(q, k, v, scale)
+    graph = _half_graph()
+    Q, K, V, OUT, DO = (graph.tensor_like(t) for t in (q, k, v, o, d_o))
+    S = graph.tensor_like(stats)
+    grads = graph.sdpa_backward(q=Q, k=K, v=V, o=OUT, dO=DO, stats=S, attn_scale=scale, use_causal_mask=True)
+    buffers = [torch.empty_like(t) for t in (q, k, v)]
+    for tensor, buffer in zip(grads, buffers, strict=True):
+        assert tensor is not None
+        tensor.set_output(True).set_dim(buffer.size()).set_stride(buffer.stride())
+    graph.build([cudnn.heur_mode.A])
+    graph.execute({Q: q, K: k, V: v, OUT: o, DO: d_o, S: stats} | dict(zip(grads, buffers, strict=True)))
+    return buffers
+
+
+def sdpa_backward_ragged(device: str) -> list[Result]:
+    """The frontend's ragged SDPA backward: Q, K, V, O, dO, Stats and the gradients declared
+    [B, H, S, d] with BSHD strides and element offsets (Stats [B, H, S, 1] token-major); O and
+    Stats from the dense forward of each sequence; each sequence's gradients against the dense
+    frontend sdpa_backward run on it alone."""
+    torch.manual_seed(12)
+    b, h, s, d = 3, 2, 10, 16
+    len_q, len_kv = [4, 10, 6], [7, 3, 10]
+    scale = d**-0.5
+    q, k, v, d_o = (torch.randn(b, s, h, d, dtype=torch.half, device=device) for _ in range(4))
+
+    def sequences(buffer: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+        tokens, ends = buffer.reshape(b * s, h, -1), np.cumsum(lengths)
+        return [tokens[end - n : end].transpose(0, 1)[None] for n, end in zip(lengths, ends, strict=True)]
+
+    def packed(parts: list[torch.Tensor], width: int, dtype: torch.dtype) -> torch.Tensor:
+        """[B, S, H, width] with the [1, H, s, width] sequences at the front, zeros after."""
+        out = torch.zeros(b * s, h, width, dtype=dtype, device=device)
+        tokens = torch.cat([part[0].transpose(0, 1) for part in parts])
+        out[: len(tokens)] = tokens
+        return out.reshape(b, s, h, width)
+
+    qs, ks, vs, dos = sequences(q, len_q), sequences(k, len_kv), sequences(v, len_kv), sequences(d_o, len_q)
+    forward = [_dense_sdpa(*qkv, scale) for qkv in zip(qs, ks, vs, strict=True)]
+    o = packed([out for out, _ in forward], d, torch.half)
+    stats = packed([lse for _, lse in forward], 1, torch.float32)
+
+    graph = _half_graph()
+    int32 = dict(data_type=cudnn.data_type.INT32)
+    names = ("Q", "K", "V", "O", "dO", "Stats", "dQ", "dK", "dV")
+    offsets = {
+        name: graph.tensor(dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1], name=f"{name}_offsets", **int32) for name in names
+    }
+    lengths = [graph.tensor(dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], name=name, **int32) for name in ("sq", "skv")]
+    bshd = [s * h * d, d, h * d, 1]
+    Q, K, V, OUT, DO = (
+        graph.tensor(dim=[b, h, s, d], stride=bshd, ragged_offset=offsets[name], name=name) for name in names[:5]
+    )
+    S = graph.tensor(
+        dim=[b, h, s, 1], stride=[s * h, 1, h, 1], data_type=cudnn.data_type.FLOAT, ragged_offset=offsets["Stats"]
+    )
+    grads = graph.sdpa_backward(
+        q=Q, k=K, v=V, o=OUT, dO=DO, stats=S, attn_scale=scale, use_causal_mask=True, use_padding_mask=True,
+        seq_len_q=lengths[0], seq_len_kv=lengths[1], max_total_seq_len_q=sum(len_q),
+        max_total_seq_len_kv=sum(len_kv), name="sdpa_backward",
+    )  # fmt: skip
+    for name, tensor in zip(names[6:], grads, strict=True):
+        assert tensor is not None
+        tensor.set_output(True).set_dim([b, h, s, d]).set_stride(bshd).set_ragged_offset(offsets[name])
+    graph.build([cudnn.heur_mode.A])
+    buffers = [torch.zeros(b, s, h, d, dtype=torch.half, device=device) for _ in range(3)]
+    pack = {Q: q, K: k, V: v, OUT: o, DO: d_o, S: stats} | dict(zip(grads, buffers, strict=True))
+    for name in names:
+        side = len_kv if name in ("K", "V", "dK", "dV") else len_q
+        pack[offsets[name]] = _ragged_offsets(side, h if name == "Stats" else h * d)
+    pack |= {lengths[0]: torch.tensor(len_q, dtype=torch.int32), lengths[1]: torch.tensor(len_kv, dtype=torch.int32)}
+    graph.execute({key: value.to(device) for key, value in pack.items()})
+
+    alone = [_dense_sdpa_backward(*args, scale) for args in zip(qs, ks, vs, dos, strict=True)]
+    results = []
+    for i, (name, buffer) in enumerate(zip(names[6:], buffers, strict=True)):
+        total = sum(len_kv if i else len_q)
+        want = np.concatenate([f64(grad[i][0].transpose(0, 1)) for grad in alone])
+        results.append(
+            Result(f"sdpa_backward::{name} (ragged)", buffer.reshape(b * s, h, d)[:total], want, DataType.HALF)
+        )
+    return results
+
+
 PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
     program.__name__: program
     for program in (
@@ -561,6 +726,8 @@ PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
         genstats,
         sdpa,
         sdpa_backward,
+        sdpa_ragged,
+        sdpa_backward_ragged,
         high_level_graph,
         conv_backward,
         norms_inference_and_backward,

@@ -360,7 +360,7 @@ def test_sm_version_compiles_the_gpu_plan_without_a_gpu() -> None:
         (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, diagonal_band_right_bound=2), "right_bound=2"),
         (lambda g, x: g.batchnorm(x, x, x, None, None, 1e-5, None, peer_stats=[x]), "peer_stats"),
         (lambda g, x: g.matmul(x, x, padding=1.0), "ragged matmul padding"),
-        (lambda g, x: g.tensor(dim=[4], ragged_offset=x), "ragged"),
+        (lambda g, x: g.tensor(dim=[4], ragged_offset=x, ragged_offset_multiplier=2), "ragged_offset_multiplier"),
         (lambda g, x: g.concatenate([x, x], 0, in_place_index=0), "in_place_index"),
         (lambda g, x: g.build_plan_at_index(1), "one plan per graph"),
     ],

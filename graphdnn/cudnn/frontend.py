@@ -27,7 +27,8 @@ from ..tensor import TensorSpec
 from .enums import build_plan_policy, heur_mode
 from .handle import Handle, get_stream
 from .ops import FrontendOps
-from .spec import LenientSpec
+from .ragged import PendingOutput, check_ragged_uses, pack_outputs
+from .spec import FrontendTensor, LenientSpec
 from .variant_pack import adapt
 
 # Frontend calls graphdnn cannot serve, and why (AttributeError would not say).
@@ -105,6 +106,8 @@ class pygraph(FrontendOps):
         self._plan: PlanBase | None = None  # the compiled plan, where there is a GPU or a target
         self._reference: ReferencePlan | None = None
         self._unread: set[TensorSpec] = set()  # inputs no node reads, as of the build
+        self._ragged_outputs: list[PendingOutput] = []
+        self._ragged_inputs: set[TensorSpec] = set()
 
     @property
     def spec(self) -> LenientSpec:
@@ -131,18 +134,21 @@ class pygraph(FrontendOps):
         ragged_offset_multiplier: int = 1,
     ) -> TensorSpec:
         """A graph input (or, with ``is_virtual``, a tensor a node will write). ``uid=-1``
-        means assigned at build, the smallest free from 1."""
-        if ragged_offset is not None or ragged_offset_multiplier != 1:
+        means assigned at build, the smallest free from 1. ``ragged_offset``: the element
+        offsets of a packed attention tensor (cudnn/ragged.py)."""
+        if ragged_offset_multiplier != 1:
             raise UnsupportedError(
-                "the frontend's ragged tensors (ragged_offset, element offsets) are not translated; graphdnn's sdpa "
-                "takes packed sequences by token offsets: gd.OperationGraphSpec.sdpa(ragged_offset_q=, ragged_offset_kv=)",
+                f"ragged_offset_multiplier={ragged_offset_multiplier}: graphdnn reads the ragged offsets as element "
+                "offsets, unscaled",
                 tensor=name or None,
             )
         if reordering_type is not None and getattr(reordering_type, "name", reordering_type) != "NONE":
             raise UnsupportedError(f"tensor reordering {reordering_type!r} is not supported", tensor=name or None)
-        return self._spec.tensor(
+        spec = self._spec.tensor(
             dim, stride, data_type, is_virtual, is_pass_by_value, name or None, None if uid == -1 else uid
         )
+        assert isinstance(spec, FrontendTensor)
+        return spec.set_ragged_offset(ragged_offset)
 
     def tensor_like(self, input: Any, name: str = "") -> TensorSpec:
         """A tensor with the dims, strides and type of a graph tensor or a framework tensor.
@@ -168,18 +174,18 @@ class pygraph(FrontendOps):
     # -- build steps --------------------------------------------------------------------------------
     def validate(self) -> None:
         """Check the whole graph; raises a GraphError (a ValueError) naming the node and tensor."""
-        self._spec.validate()
+        self._validated()
 
     def build_operation_graph(self) -> None:
         """Validate and assign the uids left at -1 (``get_uid`` reads them)."""
-        self._spec.validate()
+        self._validated()
 
     def create_execution_plans(self, heur_modes: Sequence[Any] = (heur_mode.A,)) -> None:
         for mode in heur_modes:
             if not isinstance(mode, heur_mode):
                 raise GraphError(f"create_execution_plans takes cudnn.heur_mode values, got {mode!r}")
         self._modes = list(heur_modes)
-        self._spec.validate()
+        self._validated()
 
     def get_execution_plan_count(self) -> int:
         return 1 if self._modes else 0
@@ -191,7 +197,7 @@ class pygraph(FrontendOps):
     def build_plans(self, policy: Any = build_plan_policy.HEURISTICS_CHOICE) -> None:
         if not isinstance(policy, build_plan_policy):
             raise GraphError(f"build_plans takes a cudnn.build_plan_policy, got {policy!r}")
-        ir = self._spec.validate()
+        ir = self._validated()
         gpu = self._arch is not None or current_gpu_arch() is not None
         self._plan = compile_graph(ir, arch=self._arch) if gpu else None
         self._reference = ReferencePlan(ir)
@@ -238,6 +244,13 @@ class pygraph(FrontendOps):
         _plan_index(index)
         self.execute(variant_pack, workspace, handle)
 
+    def _validated(self) -> Graph:
+        """The validated graph, after the outputs of ragged attention sides are packed as the
+        frontend left them (their dims, strides and offsets are set after the op call)."""
+        pack_outputs(self._ragged_outputs)
+        check_ragged_uses(self._spec.tensors, self._ragged_inputs | {o.tensor for o in self._ragged_outputs})
+        return self._spec.validate()
+
     def _built(self) -> ReferencePlan:
         if self._reference is None:
             raise GraphError(
@@ -258,11 +271,12 @@ class pygraph(FrontendOps):
             self._handle = args[0]
         data = args[-1]
         self._spec = read_graph(bytes(data) if isinstance(data, (bytearray, list)) else data, LenientSpec)[0]
+        self._ragged_outputs, self._ragged_inputs = [], set()  # the graph read is packed already
         self.build_plans()
 
     def key(self) -> int:
         """A key for caching built graphs: graphdnn's signature (independent of names and uids)."""
-        ir: Graph = self._spec.validate()
+        ir: Graph = self._validated()
         return int(signature(ir)[:16], 16)
 
     def __getattr__(self, name: str) -> Any:

@@ -18,6 +18,7 @@ from ..ops.conv import ConvMode
 from ..tensor import TensorSpec
 from .enums import diagonal_alignment
 from .enums import reshape_mode as reshape_modes
+from .ragged import PendingOutput, Side, pack_side
 from .spec import LenientSpec
 
 MaybeTensor = TensorSpec | None
@@ -82,6 +83,20 @@ class FrontendOps:
     """Op methods of :class:`~graphdnn.cudnn.pygraph`, mixed in; ``_spec`` is the builder."""
 
     _spec: LenientSpec
+    _ragged_outputs: list[PendingOutput]  # outputs of ragged attention sides, packed at build
+    _ragged_inputs: set[TensorSpec]  # inputs packed by an attention node
+
+    def _ragged(self, node: str, sides: Sequence[Sequence[tuple[str, MaybeTensor]]]) -> list[Side | None]:
+        """Each side's packing (Q's, K's), its inputs packed in place (cudnn/ragged.py)."""
+        packed = [pack_side(self._spec, node, side[0][0], side) for side in sides]
+        for side, packing in zip(sides, packed, strict=True):
+            if packing is not None:
+                self._ragged_inputs.update(t for _, t in side if t is not None)
+        return packed
+
+    def _pack_later(self, side: Side | None, outputs: Sequence[tuple[str, MaybeTensor]]) -> None:
+        if side is not None:
+            self._ragged_outputs += [PendingOutput(side, role, t) for role, t in outputs if t is not None]
 
     def _node(self, name: str) -> str:
         return name or str(self._spec.node_count)
@@ -373,13 +388,16 @@ class FrontendOps:
         if generate_stats is None:
             generate_stats = is_inference is False
         node = self._node(name)
+        ragged_q, ragged_kv = self._ragged(node, [[("q", q)], [("k", k), ("v", v)]])
         o, stats = self._spec.sdpa(
             q, k, v, attn_scale, bias, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length,
             use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask, generate_stats,
             compute_type(compute_data_type), node,
             paged_attention_k_table=paged_attention_k_table, paged_attention_v_table=paged_attention_v_table,
             paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, dropout=dropout,
+            **_ragged_arguments(ragged_q, ragged_kv),
         )  # fmt: skip
+        self._pack_later(ragged_q, [("O", o), ("Stats", stats)])
         return self._label(node, [o, stats], ("O", "Stats"))
 
     scaled_dot_product_flash_attention = sdpa  # the frontend's other name for it
@@ -416,30 +434,38 @@ class FrontendOps:
         """-> [dQ, dK, dV], from the forward's O and Stats, with its scale, bias, masks and lengths.
 
         graphdnn's backward is always deterministic (no atomics), so
-        ``use_deterministic_algorithm`` changes nothing.
+        ``use_deterministic_algorithm`` changes nothing; it needs no bound on the tokens of
+        ragged tensors either, so ``max_total_seq_len_q`` / ``_kv`` are accepted and unused.
         """
-        for what, value in (
-            ("dBias", dBias),
-            ("max_total_seq_len_q", max_total_seq_len_q),
-            ("max_total_seq_len_kv", max_total_seq_len_kv),
-        ):
-            if value is not None:
-                raise UnsupportedError(
-                    f"sdpa_backward {what}: graphdnn's attention backward has no bias gradient, and takes packed "
-                    "sequences by token offsets: gd.OperationGraphSpec.sdpa_backward(ragged_offset_q=, ragged_offset_kv=)",
-                    node=name,
-                )
+        if dBias is not None:
+            raise UnsupportedError("sdpa_backward dBias: graphdnn's attention backward has no bias gradient", node=name)
         _check_dropout("sdpa_backward", name, dropout, rng_dump)
         use_causal_mask, use_causal_mask_bottom_right, sliding_window_length = _diagonal_band(
             name, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, diagonal_alignment,
             diagonal_band_left_bound, diagonal_band_right_bound,
         )  # fmt: skip
         node = self._node(name)
+        ragged_q, ragged_kv = self._ragged(
+            node, [[("q", q), ("o", o), ("dO", dO), ("stats", stats)], [("k", k), ("v", v)]]
+        )
+        for what, value, side in (
+            ("max_total_seq_len_q", max_total_seq_len_q, ragged_q),
+            ("max_total_seq_len_kv", max_total_seq_len_kv, ragged_kv),
+        ):
+            if value is not None and side is None:
+                raise UnsupportedError(
+                    f"sdpa_backward {what}={value}: a bound on the tokens of ragged tensors, and this side has no "
+                    "ragged offsets",
+                    node=node,
+                )
         grads = self._spec.sdpa_backward(
             q, k, v, o, dO, stats, attn_scale, bias, use_causal_mask, use_causal_mask_bottom_right,
             sliding_window_length, use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask,
             compute_type(compute_data_type), node, dropout=dropout,
+            **_ragged_arguments(ragged_q, ragged_kv),
         )  # fmt: skip
+        self._pack_later(ragged_q, [("dQ", grads[0])])
+        self._pack_later(ragged_kv, [("dK", grads[1]), ("dV", grads[2])])
         return self._label(node, list(grads), ("dQ", "dK", "dV"))
 
     # -- data movement ---------------------------------------------------------------------------
@@ -533,6 +559,15 @@ class FrontendOps:
     ) -> TensorSpec:
         """input0 where mask is non-zero, else input1."""
         return self._pointwise("binary_select", [input0, input1, mask], compute_data_type, name)
+
+
+def _ragged_arguments(q: Side | None, kv: Side | None) -> dict[str, Any]:
+    """graphdnn's attention arguments for the ragged sides: token offsets and Q's longest sequence."""
+    return {
+        "ragged_offset_q": None if q is None else q.tokens,
+        "ragged_offset_kv": None if kv is None else kv.tokens,
+        "max_seq_len_q": None if q is None else q.seq_len,
+    }
 
 
 def _no_peer_stats(peer_stats: Sequence[TensorSpec], node: str) -> None:

@@ -3,16 +3,44 @@
 Two things the frontend allows and graphdnn's builder refuses, kept here so that the
 builder itself stays strict: the same name for two tensors or two nodes (the second
 becomes ``name#2``, the next free suffix), and inputs that no node reads (left out of
-validation, as the frontend leaves them out of its operation graph).
+validation, as the frontend leaves them out of its operation graph). Its tensors also
+carry the frontend's ragged offsets (cudnn/ragged.py translates them for attention).
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from ..graph import OperationGraphSpec
 from ..tensor import TensorSpec
 
 
+class FrontendTensor(TensorSpec):
+    """A TensorSpec with the frontend's ``set_ragged_offset``: the ``[B + 1, 1, 1, 1]`` element
+    offsets where each sequence of a packed ``[B, H, S, d]`` tensor starts."""
+
+    __slots__ = ("_ragged_offset",)
+
+    def __init__(self, *args: object, **fields: object) -> None:
+        super().__init__(*args, **fields)  # type: ignore[arg-type]
+        self._ragged_offset: TensorSpec | None = None
+
+    def set_ragged_offset(self, ragged_offset: TensorSpec | None) -> FrontendTensor:
+        self._ragged_offset = ragged_offset
+        return self
+
+    def get_ragged_offset(self) -> TensorSpec | None:
+        return self._ragged_offset
+
+    @property
+    def stride_is_set(self) -> bool:
+        """Whether the strides were given (else they are inferred, or unknown)."""
+        return self._stride_is_set
+
+
 class LenientSpec(OperationGraphSpec):
+    _tensor_class: ClassVar[type[TensorSpec]] = FrontendTensor
+
     @property
     def node_count(self) -> int:
         """How many nodes the graph has (without copying them, as ``nodes`` does)."""
