@@ -13,7 +13,7 @@ from codegen import compile_cubin
 from codegen.context import EmitContext
 from codegen.families.direct_rnn import emit_rnn
 from codegen.families.rnn_step import step_shape
-from codegen.families.rnn_step_mma import PRODUCT
+from codegen.families.rnn_step_mma import PRODUCT, shared_budget
 from fusion_rules import fuse
 from graphdnn.signature import signature
 from tests.test_codegen_direct import rnn_graph
@@ -114,3 +114,22 @@ def test_kernels_compile_for_the_target_they_were_emitted_for(
     )
     for kernel in {k.name: k for k in emitted.kernels}.values():
         assert compile_cubin(kernel.source, kernel.name, arch)
+
+
+@pytest.mark.parametrize(
+    ("hidden", "arch", "copies"),
+    [(24, 90, True), (1024, 90, True), (1024, 80, True), (1536, 90, True), (13, 90, False), (1020, 80, False)],
+)
+def test_tensor_core_step_stages_with_cp_async_when_hidden_is_a_multiple_of_8(hidden, arch, copies):
+    """W_hh rows and h_{t-1} (its 16-bit copy, rnn_h16) staged with 16-byte cp.async copies;
+    dynamic shared memory within the target's opt-in limit; element by element otherwise."""
+    _, emitted = program(rnn_graph("half", "lstm", 2, 64, 5, hidden, 1, False), arch)
+    assert ("rnn_h16" in [s.name for s in emitted.scratch]) is copies
+    steps = {k.name: k for k in emitted.kernels if "_step" in k.name}
+    for kernel in steps.values():
+        assert ("cp.async.cg.shared.global" in kernel.source) is copies
+        assert ("rnn_h16[" in kernel.source) is copies
+        assert 0 < kernel.shared_bytes <= shared_budget(arch)
+        assert compile_cubin(kernel.source, kernel.name, arch)
+    if hidden == 1024 and arch == 90:  # the benchmark's shape: the whole of k staged at once
+        assert all("KC = 1024," in k.source for k in steps.values())

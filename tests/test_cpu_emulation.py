@@ -82,6 +82,7 @@ GRAPHS = [
             "rnn_tanh_three_layers_odd_half",
             "rnn_lstm_chunked_37_sequences_double",
             "rnn_lstm_tensor_core_tiles_half",
+            "rnn_gru_async_copies_half",
         ],
     ),
 ]

@@ -23,23 +23,25 @@ from graphdnn.ops.rnn import RnnMode
 
 from ..context import EmitContext
 from ..kernel import FusedProgram, Scratch
-from .rnn_layer import STATE_C, STATE_H, STEP, XPROJ, RnnLayer, layer_buffer
+from .rnn_layer import STATE_C, STATE_H, STATE_H16, STEP, XPROJ, RnnLayer, layer_buffer
 from .rnn_projection import projection_kernel
 from .rnn_step import step_kernel
+from .rnn_step_mma import copies_state16
 
 
 def emit_rnn(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     first = RnnLayer.of(fused, 0)
     a, size = first.a, first.element_bytes
     kernels = []
-    for index in range(a.num_layers):
-        layer = RnnLayer.of(fused, index)
+    layers = [RnnLayer.of(fused, index) for index in range(a.num_layers)]
+    for layer in layers:
         kernels += [projection_kernel(layer, ctx), *[step_kernel(layer, ctx)] * layer.steps]
     sequence = first.steps * first.batch * a.directions
     states = a.directions * first.batch * a.hidden_size
     scratch = [
         Scratch(XPROJ, sequence * first.gates * a.hidden_size * size),
         Scratch(STATE_H, 2 * states * size),
+        *([Scratch(STATE_H16, 2 * states * 2)] if any(copies_state16(layer, ctx) for layer in layers) else []),
         *([Scratch(STATE_C, states * size)] if a.mode is RnnMode.LSTM else []),
         Scratch(STEP, 8),
         *(Scratch(layer_buffer(i), sequence * a.hidden_size * size) for i in range(min(2, a.num_layers - 1))),

@@ -7,6 +7,8 @@ Scratch, in the compute type unless said otherwise:
   directions, written by the projection GEMM (rnn_projection.py), read by the steps;
 - ``rnn_h`` [2, D, N, H]: the hidden state, double-buffered by step parity (step s reads
   parity s % 2, writes the other), so a step never overwrites what its other blocks read;
+- ``rnn_h16`` [2, D, N, H] in the tensor-core step's 16-bit operand type: h rounded as the
+  product takes it, which that step stages with 16-byte copies (rnn_step_mma.py says when);
 - ``rnn_c`` [D, N, H]: LSTM's cell state (each element read and written by one thread);
 - ``rnn_step`` (two unsigned ints): the step the next step kernel runs, and the ticket that
   finds its last block (which advances the step); the projection resets both;
@@ -26,6 +28,7 @@ from graphdnn.ops.rnn import GATES, WEIGHTS_PER_DIRECTION, RnnAttributes
 from .direct_common import THREADS, anchor_of, compute_for
 
 XPROJ, STATE_H, STATE_C, STEP = "rnn_xproj", "rnn_h", "rnn_c", "rnn_step"
+STATE_H16 = "rnn_h16"
 
 
 def layer_buffer(layer: int) -> str:
@@ -138,7 +141,9 @@ class StepProduct:
     """How a step kernel computes h_{t-1} @ W_hh^T: ``constants`` and ``shared`` declarations;
     ``product``, which runs for the ``sequences`` sequences from n0 on; then, for each (n, j)
     it covers, the lines between ``cell_open`` and ``cell_close`` run with ``product_of``
-    (an expression in g) as gate g's product."""
+    (an expression in g) as gate g's product, and ``state_stores`` once ``h_new`` (the state
+    the step leaves for sequence n, unit j) is known. ``shared_bytes``: the dynamic shared
+    memory ``shared`` declares (0: static only)."""
 
     constants: list[str]
     shared: list[str]
@@ -147,6 +152,8 @@ class StepProduct:
     cell_open: list[str]
     cell_close: list[str]
     product_of: str
+    state_stores: tuple[str, ...] = ()
+    shared_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -161,21 +168,34 @@ class StepSources:
 def stage_step_operands(
     sources: StepSources, sequences: str, h_target: str, c_type: str, convert: Callable[[str], str], zero: str
 ) -> list[str]:
-    """A step kernel's k chunk from k0: the block's W_hh rows into ``ws`` (row stride STRIDE)
-    and h_{t-1} of ``sequences`` sequences from n0 into ``h_target`` (element i: sequence
-    i / KC, k i % KC), as ``c_type`` through ``convert``."""
-    weight = convert(f"j < u0 + U && j < H && k < H ? {sources.weight} : {zero}")
-    h = convert(f"m < N && k < H ? {sources.h_prev} : {zero}")
+    """A step kernel's k chunk from k0: the block's W_hh rows, then h_{t-1} (see
+    :func:`stage_step_weights` and :func:`stage_step_state`)."""
     return [
-        *staged_copy(
-            "threadIdx.x",
-            "ROWS * KC",
-            ["const int g = (i / KC) % G, j = u0 + i / KC / G, k = k0 + i % KC;"],
-            weight,
-            "ws[(i / KC) * STRIDE + i % KC]",
-            c_type,
-        ),
-        *staged_copy(
-            "threadIdx.x", f"{sequences} * KC", ["const int m = n0 + i / KC, k = k0 + i % KC;"], h, h_target, c_type
-        ),
+        *stage_step_weights(sources, c_type, convert, zero),
+        *stage_step_state(sources, sequences, h_target, c_type, convert, zero),
     ]
+
+
+def stage_step_weights(sources: StepSources, c_type: str, convert: Callable[[str], str], zero: str) -> list[str]:
+    """The k chunk from k0 of the block's W_hh rows into ``ws`` (row stride STRIDE), as
+    ``c_type`` through ``convert``."""
+    weight = convert(f"j < u0 + U && j < H && k < H ? {sources.weight} : {zero}")
+    return staged_copy(
+        "threadIdx.x",
+        "ROWS * KC",
+        ["const int g = (i / KC) % G, j = u0 + i / KC / G, k = k0 + i % KC;"],
+        weight,
+        "ws[(i / KC) * STRIDE + i % KC]",
+        c_type,
+    )
+
+
+def stage_step_state(
+    sources: StepSources, sequences: str, h_target: str, c_type: str, convert: Callable[[str], str], zero: str
+) -> list[str]:
+    """The k chunk from k0 of h_{t-1} of ``sequences`` sequences from n0 into ``h_target``
+    (element i: sequence i / KC, k i % KC), as ``c_type`` through ``convert``."""
+    h = convert(f"m < N && k < H ? {sources.h_prev} : {zero}")
+    return staged_copy(
+        "threadIdx.x", f"{sequences} * KC", ["const int m = n0 + i / KC, k = k0 + i % KC;"], h, h_target, c_type
+    )

@@ -20,6 +20,7 @@ units over about one block per SM, and the state stays float or double between s
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from graphdnn.arch import sm_count
@@ -27,13 +28,15 @@ from graphdnn.ir import Tensor
 from graphdnn.ops.rnn import RnnMode
 
 from ..context import EmitContext, KernelParams
-from ..cuda_types import store
+from ..cuda_types import cuda_type, store
 from ..indexing import offset_at
 from ..kernel import Kernel
 from .direct_common import THREADS, declare, make_kernel, read, written
+from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .rnn_layer import (
     STATE_C,
     STATE_H,
+    STATE_H16,
     STEP,
     XPROJ,
     RnnLayer,
@@ -44,7 +47,7 @@ from .rnn_layer import (
     stage_step_operands,
 )
 from .rnn_projection import with_mma_functions
-from .rnn_step_mma import mma_product, recurrence_type
+from .rnn_step_mma import PIECE, StepCopies, copies_state16, mma_product, recurrence_type
 
 WARPS = THREADS // 32
 MAX_UNITS = 32  # per block: at most 4 units per warp, 4 * G accumulators per thread
@@ -118,7 +121,22 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         f"(step == 0 ? {initial(hx, 'm', 'k')} : h_prev[m * H + k])",
     )
     operand = recurrence_type(layer, ctx)
-    p = mma_product(layer, s.units, operand, sources) if operand is not None else _fma_product(layer, s, sources)
+    copies = None
+    if operand is not None and copies_state16(layer, ctx):
+        contiguous = all(w.static_stride[-1] == 1 and w.static_stride[0] % PIECE == 0 for w in w_hh)
+        copies = StepCopies(
+            by_direction(d, "dir", [f"&{names[w.id]}[{offset_at(w, ['g * H + j', 'k'])}]" for w in w_hh])
+            if contiguous
+            else None,
+            names[w_hh[0].id],
+            params.aligned_flag(),
+            params.scratch(STATE_H16, cuda_type(operand)),
+        )
+    p = (
+        mma_product(layer, s.units, operand, sources, copies, ctx.arch)
+        if operand is not None
+        else _fma_product(layer, s, sources)
+    )
     body = [
         f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, G = {layer.gates}, D = {d};",
         f"constexpr int U = {s.units};",
@@ -147,7 +165,9 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         "#pragma unroll",
         f"    for (int g = 0; g < G; ++g) pre[g] = {p.product_of} + {bias};",
         *("    " + line for line in _cell(a.mode, c)),
-        "    h_next[n * H + j] = within ? value : h_old;",
+        f"    const {c} h_new = within ? value : h_old;",
+        "    h_next[n * H + j] = h_new;",
+        *("    " + line for line in p.state_stores),
     ]
     if lstm:
         body.append(f"    {state_c}[(dir * N + n) * H + j] = within ? cell : c_old;")
@@ -176,7 +196,15 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     pattern = f"rnn_{a.mode.value}_layer{layer.layer}_step{'_mma' if operand is not None else ''}"
     grid = (-(-layer.hidden // s.units), d, 1)
     kernel = make_kernel(ctx, fused, pattern, params, body, grid)
-    return with_mma_functions(kernel, operand) if operand is not None else kernel
+    if operand is None:
+        return kernel
+    kernel = with_mma_functions(kernel, operand)
+    if copies is not None:
+        kernel = dataclasses.replace(kernel, source=kernel.source.replace(_ENTRY, ASYNC_COPY_PRELUDE + _ENTRY, 1))
+    return dataclasses.replace(kernel, shared_bytes=p.shared_bytes)
+
+
+_ENTRY = 'extern "C" __global__'
 
 
 def _fma_product(layer: RnnLayer, s: StepShape, sources: StepSources) -> StepProduct:

@@ -1,26 +1,54 @@
 """The step kernel's product h_{t-1} @ W_hh^T on the tensor cores (mma.sync m16n8k16, fp32
 accumulation), for fp16 / bf16 weights from sm_80: the block's W_hh rows and h_{t-1}, rounded
-to the weights' type as cuDNN rounds its state for the product, are staged through shared
-memory in k chunks; the [sequences x rows] tile splits into m16n8 tiles over the 8 warps (and
-k over the warps left when there are fewer than 8 tiles), whose accumulators meet in shared
-memory; then a thread per (sequence, unit) runs the cell. The state itself stays float.
+to the weights' type as cuDNN rounds its state for the product, are staged through dynamic
+shared memory (the whole of k when it fits the target's opt-in limit, else k chunks); the
+[sequences x rows] tile splits into m16n8 tiles over the 8 warps (and k over the warps left
+when there are fewer than 8 tiles), whose accumulators meet in shared memory; then a thread
+per (sequence, unit) runs the cell. The state itself stays float.
+
+A step is latency-bound on that staging (the product is a few microseconds of mma.sync), so
+when H % 8 == 0 the block stages with 16-byte ``cp.async`` copies, all in flight at once:
+W_hh rows straight from the weights (when the launch's pointers are aligned and the rows are
+contiguous), h_{t-1} from a 16-bit copy of the state (``rnn_h16``) that each step writes
+beside the float one, which also halves the bytes of h every block reads. Step 0 (hx or
+zero) and other shapes stage element by element.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from graphdnn.dtypes import DataType
 
 from ..context import EmitContext
 from ..cuda_types import cuda_type, store
 from .direct_common import THREADS
-from .rnn_layer import RnnLayer, StepProduct, StepSources, stage_step_operands
+from .rnn_layer import RnnLayer, StepProduct, StepSources, stage_step_state, stage_step_weights
 from .tensor_core import TENSOR_CORE_TYPES
 
 MMA_MIN_ARCH = 80
 WARPS = THREADS // 32
 SEQUENCE_TILES = 4  # m16 tiles of sequences per pass: 64 sequences
-SHARED_BUDGET = 46 * 1024
+# A block's dynamic shared memory, opted in, by target (KiB): A100 and Orin 163, Hopper and
+# datacenter Blackwell 227, the other parts (sm_86, sm_89, sm_120) 99.
+SHARED_OPT_IN = {80: 163, 87: 163, 90: 227, 100: 227, 103: 227}
+OTHER_SHARED_OPT_IN = 99
+PIECE = 8  # 16-bit elements per 16-byte cp.async copy
 PRODUCT = "rnn_step_product"  # the launch choice: "mma" or "fma" (the CUDA-core path)
+
+
+@dataclass(frozen=True)
+class StepCopies:
+    """What the tensor-core step may stage with 16-byte ``cp.async`` copies: ``weight_at``, the
+    address of W_hh[g * H + j][k] of direction ``dir`` (None when rows are not contiguous in
+    16-byte pieces), when ``aligned`` (the launch's ALIGNED flag) holds; h_{t-1} from the
+    16-bit state ``state16`` (from step 1). ``weight_base`` is a valid address to name when a
+    copy is zero-filled."""
+
+    weight_at: str | None
+    weight_base: str
+    aligned: str
+    state16: str
 
 
 def recurrence_type(layer: RnnLayer, ctx: EmitContext) -> DataType | None:
@@ -34,7 +62,18 @@ def recurrence_type(layer: RnnLayer, ctx: EmitContext) -> DataType | None:
     return only if only in TENSOR_CORE_TYPES else None
 
 
-def mma_product(layer: RnnLayer, units: int, operand: DataType, sources: StepSources) -> StepProduct:
+def copies_state16(layer: RnnLayer, ctx: EmitContext) -> bool:
+    """Whether the layer's step keeps the 16-bit copy of h (``rnn_h16``) it stages from."""
+    return recurrence_type(layer, ctx) is not None and layer.hidden % PIECE == 0
+
+
+def shared_budget(arch: int) -> int:
+    return SHARED_OPT_IN.get(arch, OTHER_SHARED_OPT_IN) * 1024
+
+
+def mma_product(
+    layer: RnnLayer, units: int, operand: DataType, sources: StepSources, copies: StepCopies | None, arch: int
+) -> StepProduct:
     m_tiles = min(SEQUENCE_TILES, -(-layer.batch // 16))
     rows = 8 * -(-(units * layer.gates) // 8)  # row (unit u, gate g) = u * G + g; zero rows to the n8 tile
     n_tiles = rows // 8
@@ -42,7 +81,7 @@ def mma_product(layer: RnnLayer, units: int, operand: DataType, sources: StepSou
     k_parts = max(1, WARPS // tiles)
     per_warp = -(-tiles // WARPS)
     chunk = 16 * k_parts * -(-layer.hidden // (16 * k_parts))
-    while chunk > 16 * k_parts and _shared(m_tiles, rows, chunk, k_parts) > SHARED_BUDGET:
+    while chunk > 16 * k_parts and _shared(m_tiles, rows, chunk, k_parts) > shared_budget(arch):
         chunk -= 16 * k_parts
     staged = cuda_type(operand)
     constants = [
@@ -55,9 +94,18 @@ def mma_product(layer: RnnLayer, units: int, operand: DataType, sources: StepSou
         "const bool stores = TILES >= 8 || warp < TILES * KP;",
     ]
     shared = [
-        f"__shared__ __align__(16) {staged} ws[ROWS * STRIDE], hs[NC * STRIDE];",
-        "__shared__ float products[KP * NC * CS];  // [k part][sequence][row]",
+        "extern __shared__ __align__(128) unsigned char smem[];",
+        f"{staged}* const ws = reinterpret_cast<{staged}*>(smem);  // [row][k], ROWS x STRIDE",
+        f"{staged}* const hs = ws + ROWS * STRIDE;  // [sequence][k], NC x STRIDE",
+        "float* const products = reinterpret_cast<float*>(hs + NC * STRIDE);  // [k part][sequence][row]",
     ]
+
+    def convert(value: str) -> str:
+        return store(operand, value)
+
+    weight_rows = stage_step_weights(sources, staged, convert, "0.0f")
+    h_rows = stage_step_state(sources, "NC", "hs[(i / KC) * STRIDE + i % KC]", staged, convert, "0.0f")
+    staging = _staged(weight_rows, h_rows, copies) if copies is not None else [*weight_rows, *h_rows]
     product = [
         "float acc[TPW][4];",
         "#pragma unroll",
@@ -66,12 +114,7 @@ def mma_product(layer: RnnLayer, units: int, operand: DataType, sources: StepSou
         "  for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;",
         "for (int k0 = 0; k0 < H; k0 += KC) {",
         "  __syncthreads();  // everyone is done with the previous chunk",
-        *(
-            "  " + line
-            for line in stage_step_operands(
-                sources, "NC", "hs[(i / KC) * STRIDE + i % KC]", staged, lambda value: store(operand, value), "0.0f"
-            )
-        ),
+        *("  " + line for line in staging),
         "  __syncthreads();",
         "  for (int kk = part * (KC / KP); kk < (part + 1) * (KC / KP); kk += 16) {",
         "    const int k = kk + 2 * (lane & 3);",
@@ -108,7 +151,62 @@ def mma_product(layer: RnnLayer, units: int, operand: DataType, sources: StepSou
         "  if (n >= N || j >= H) continue;",
     ]
     product_of = " + ".join(f"products[{part} * NC * CS + r + g]" for part in range(k_parts))
-    return StepProduct(constants, shared, 16 * m_tiles, product, cell_open, ["}"], product_of)
+    state_stores = (
+        (f"{copies.state16}[((parity ^ 1) * D + dir) * N * H + n * H + j] = {store(operand, 'h_new')};",)
+        if copies is not None
+        else ()
+    )
+    shared_bytes = _shared(m_tiles, rows, chunk, k_parts)
+    return StepProduct(
+        constants, shared, 16 * m_tiles, product, cell_open, ["}"], product_of, state_stores, shared_bytes
+    )
+
+
+def _staged(weight_rows: list[str], h_rows: list[str], copies: StepCopies) -> list[str]:
+    """The k chunk's staging with 16-byte cp.async copies where ``copies`` allows (W_hh rows,
+    h_{t-1} from step 1), element by element (``weight_rows``, ``h_rows``) elsewhere."""
+    lines: list[str] = []
+    if copies.weight_at is not None:
+        lines += [
+            f"if ({copies.aligned}) {{",
+            *_copies(
+                "ROWS",
+                "const int g = r % G, j = u0 + r / G;",
+                "j < u0 + U && j < H && k < H",
+                copies.weight_at,
+                copies.weight_base,
+                "ws",
+            ),
+            "} else {",
+            *("  " + line for line in weight_rows),
+            "}",
+        ]
+    else:
+        lines += weight_rows
+    h_prev = f"{copies.state16} + (parity * D + dir) * N * H + m * H + k"
+    return [
+        *lines,
+        "if (step > 0) {  // h_{t-1} from the 16-bit copy the previous step wrote",
+        *_copies("NC", "const int m = n0 + r;", "m < N && k < H", h_prev, copies.state16, "hs"),
+        "} else {",
+        *("  " + line for line in h_rows),
+        "}",
+        'asm volatile("cp.async.commit_group;\\n" ::);',
+        'asm volatile("cp.async.wait_group 0;\\n" ::);',
+    ]
+
+
+def _copies(rows: str, index: str, valid: str, source: str, base: str, target: str) -> list[str]:
+    """One 16-byte cp.async copy per PIECE elements of ``rows`` rows of the k chunk into
+    ``target`` (row r, k offset kk), from ``source`` after ``index`` (zero where not ``valid``)."""
+    return [
+        f"  for (int i = threadIdx.x; i < {rows} * (KC / {PIECE}); i += {THREADS}) {{",
+        f"    const int r = i / (KC / {PIECE}), kk = (i % (KC / {PIECE})) * {PIECE}, k = k0 + kk;",
+        f"    {index}",
+        f"    const bool valid = {valid};",
+        f"    copy16(smem_addr(&{target}[r * STRIDE + kk]), valid ? (const void*)({source}) : (const void*){base}, valid);",
+        "  }",
+    ]
 
 
 def _shared(m_tiles: int, rows: int, chunk: int, k_parts: int) -> int:
