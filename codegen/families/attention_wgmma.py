@@ -60,8 +60,8 @@ from .attention_problem import (
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
-from .gemm_ws import mbarrier_prelude
 from .tensor_core import TENSOR_CORE_TYPES, OperandTypes
+from .tma_prelude import mbarrier_prelude
 
 BLOCK_M = 128
 THREADS = 384

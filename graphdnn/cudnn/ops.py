@@ -11,25 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..dtypes import as_data_type
 from ..errors import UnsupportedError
 from ..layout import overlap_reason, packed_strides
 from ..ops.conv import ConvMode
 from ..tensor import TensorSpec
-from .enums import diagonal_alignment
+from .attention_ops import AttentionOps
 from .enums import reshape_mode as reshape_modes
-from .ragged import PendingOutput, Side, pack_side
-from .spec import LenientSpec
-
-MaybeTensor = TensorSpec | None
-
-
-def compute_type(value: Any) -> Any:
-    """The frontend's compute type for graphdnn: NOT_SET and non-floating types (a BOOLEAN
-    compute type for logical ops, say) become the graph's default, since graphdnn computes
-    every op in floating point and rounds to the output's type."""
-    data_type = as_data_type(value, what="compute_data_type")
-    return data_type if data_type.is_set and data_type.is_floating else None
+from .ops_base import MaybeTensor, compute_type
 
 
 def _dims(values: Sequence[int] | None) -> Sequence[int] | None:
@@ -37,79 +25,8 @@ def _dims(values: Sequence[int] | None) -> Sequence[int] | None:
     return None if values is None or len(values) == 0 else values
 
 
-def _diagonal_band(
-    name: str,
-    causal: bool,
-    bottom_right: bool,
-    window: int | None,
-    alignment: diagonal_alignment,
-    left_bound: int | None,
-    right_bound: int | None,
-) -> tuple[bool, bool, int | None]:
-    """The frontend's diagonal band as graphdnn's masks (use_causal_mask,
-    use_causal_mask_bottom_right, sliding_window_length): a right bound of 0 is the causal mask
-    (bottom-right aligned with BOTTOM_RIGHT), a left bound is the sliding window."""
-    if right_bound not in (None, 0):
-        raise UnsupportedError(
-            f"sdpa diagonal_band_right_bound={right_bound}: graphdnn's masks are causal (0) or none", node=name
-        )
-    if right_bound == 0:
-        aligned_bottom_right = alignment is type(alignment).BOTTOM_RIGHT
-        bottom_right = bottom_right or aligned_bottom_right
-        causal = causal or not aligned_bottom_right
-    if left_bound is not None:
-        window = left_bound
-    return causal, bottom_right, window
-
-
-def _check_dropout(op: str, name: str, dropout: Any, rng_dump: MaybeTensor) -> None:
-    """The frontend's ``dropout=(probability, seed, offset)`` goes to the builder as it is; its other
-    forms (a caller's mask and scale) and ``rng_dump`` are refused, saying what to do instead."""
-    if dropout is not None and (not isinstance(dropout, tuple | list) or len(dropout) != 3):
-        raise UnsupportedError(
-            f"{op} dropout={dropout!r}: graphdnn takes dropout=(probability, seed, offset), not a caller's "
-            "(mask, scale)",
-            node=name,
-        )
-    if rng_dump is not None:
-        raise UnsupportedError(
-            f"{op} rng_dump: graphdnn writes no dropout mask from sdpa; rng(seed, offset, 1 - probability, "
-            "shape=[B, Hq, Sq, Skv]) draws the same mask (docs/ops.md, sdpa dropout)",
-            node=name,
-        )
-
-
-class FrontendOps:
+class FrontendOps(AttentionOps):
     """Op methods of :class:`~graphdnn.cudnn.pygraph`, mixed in; ``_spec`` is the builder."""
-
-    _spec: LenientSpec
-    _ragged_outputs: list[PendingOutput]  # outputs of ragged attention sides, packed at build
-    _ragged_inputs: set[TensorSpec]  # inputs packed by an attention node
-
-    def _ragged(self, node: str, sides: Sequence[Sequence[tuple[str, MaybeTensor]]]) -> list[Side | None]:
-        """Each side's packing (Q's, K's), its inputs packed in place (cudnn/ragged.py)."""
-        packed = [pack_side(self._spec, node, side[0][0], side) for side in sides]
-        for side, packing in zip(sides, packed, strict=True):
-            if packing is not None:
-                self._ragged_inputs.update(t for _, t in side if t is not None)
-        return packed
-
-    def _pack_later(self, side: Side | None, outputs: Sequence[tuple[str, MaybeTensor]]) -> None:
-        if side is not None:
-            self._ragged_outputs += [PendingOutput(side, role, t) for role, t in outputs if t is not None]
-
-    def _node(self, name: str) -> str:
-        return name or str(self._spec.node_count)
-
-    def _label(self, node: str, outputs: Sequence[MaybeTensor], ports: Sequence[str]) -> list[MaybeTensor]:
-        for tensor, port in zip(outputs, ports, strict=True):
-            if tensor is not None:
-                tensor.set_name(f"{node}::{port}")
-        return list(outputs)
-
-    def _one(self, node: str, output: TensorSpec, port: str = "Y") -> TensorSpec:
-        self._label(node, [output], [port])
-        return output
 
     # -- convolution and matmul ----------------------------------------------------------
     def conv_fprop(
@@ -345,130 +262,6 @@ class FrontendOps:
         y = self._spec.reduction(input, mode, compute_data_type=compute_type(compute_data_type), name=node)
         return self._one(node, y)
 
-    # -- attention -------------------------------------------------------------------------------
-    def sdpa(
-        self,
-        q: TensorSpec,
-        k: TensorSpec,
-        v: TensorSpec,
-        is_inference: bool | None = None,
-        attn_scale: TensorSpec | float | None = None,
-        bias: MaybeTensor = None,
-        use_alibi_mask: bool = False,
-        use_padding_mask: bool = False,
-        seq_len_q: MaybeTensor = None,
-        seq_len_kv: MaybeTensor = None,
-        use_causal_mask: bool = False,
-        use_causal_mask_bottom_right: bool = False,
-        sliding_window_length: int | None = None,
-        diagonal_alignment: diagonal_alignment = diagonal_alignment.TOP_LEFT,
-        diagonal_band_left_bound: int | None = None,
-        diagonal_band_right_bound: int | None = None,
-        dropout: Any = None,
-        rng_dump: MaybeTensor = None,
-        paged_attention_k_table: MaybeTensor = None,
-        paged_attention_v_table: MaybeTensor = None,
-        paged_attention_max_seq_len_kv: int | None = None,
-        compute_data_type: Any = None,
-        name: str = "",
-        generate_stats: bool | None = None,
-    ) -> list[MaybeTensor]:
-        """-> [O, Stats]; Stats is None unless ``generate_stats`` (or ``is_inference=False``).
-
-        Paged attention maps as it is: K and V are the page pools, the tables and
-        ``paged_attention_max_seq_len_kv`` go to the node (which, as the frontend, needs
-        ``use_padding_mask`` with ``seq_len_q`` and ``seq_len_kv``). The diagonal band maps onto graphdnn's masks: a right bound of 0 is the causal mask
-        (bottom-right aligned with BOTTOM_RIGHT), a left bound is the sliding window.
-        """
-        _check_dropout("sdpa", name, dropout, rng_dump)
-        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length = _diagonal_band(
-            name, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, diagonal_alignment,
-            diagonal_band_left_bound, diagonal_band_right_bound,
-        )  # fmt: skip
-        if generate_stats is None:
-            generate_stats = is_inference is False
-        node = self._node(name)
-        ragged_q, ragged_kv = self._ragged(node, [[("q", q)], [("k", k), ("v", v)]])
-        o, stats = self._spec.sdpa(
-            q, k, v, attn_scale, bias, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length,
-            use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask, generate_stats,
-            compute_type(compute_data_type), node,
-            paged_attention_k_table=paged_attention_k_table, paged_attention_v_table=paged_attention_v_table,
-            paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, dropout=dropout,
-            **_ragged_arguments(ragged_q, ragged_kv),
-        )  # fmt: skip
-        self._pack_later(ragged_q, [("O", o), ("Stats", stats)])
-        return self._label(node, [o, stats], ("O", "Stats"))
-
-    scaled_dot_product_flash_attention = sdpa  # the frontend's other name for it
-
-    def sdpa_backward(
-        self,
-        q: TensorSpec,
-        k: TensorSpec,
-        v: TensorSpec,
-        o: TensorSpec,
-        dO: TensorSpec,  # the frontend's name
-        stats: TensorSpec,
-        attn_scale: TensorSpec | float | None = None,
-        bias: MaybeTensor = None,
-        dBias: MaybeTensor = None,  # the frontend's name
-        use_alibi_mask: bool = False,
-        use_padding_mask: bool = False,
-        seq_len_q: MaybeTensor = None,
-        seq_len_kv: MaybeTensor = None,
-        max_total_seq_len_q: int | None = None,
-        max_total_seq_len_kv: int | None = None,
-        use_causal_mask: bool = False,
-        use_causal_mask_bottom_right: bool = False,
-        sliding_window_length: int | None = None,
-        diagonal_alignment: diagonal_alignment = diagonal_alignment.TOP_LEFT,
-        diagonal_band_left_bound: int | None = None,
-        diagonal_band_right_bound: int | None = None,
-        dropout: Any = None,
-        rng_dump: MaybeTensor = None,
-        use_deterministic_algorithm: bool = False,
-        compute_data_type: Any = None,
-        name: str = "",
-    ) -> list[MaybeTensor]:
-        """-> [dQ, dK, dV], from the forward's O and Stats, with its scale, bias, masks and lengths.
-
-        graphdnn's backward is always deterministic (no atomics), so
-        ``use_deterministic_algorithm`` changes nothing; it needs no bound on the tokens of
-        ragged tensors either, so ``max_total_seq_len_q`` / ``_kv`` are accepted and unused.
-        """
-        if dBias is not None:
-            raise UnsupportedError("sdpa_backward dBias: graphdnn's attention backward has no bias gradient", node=name)
-        _check_dropout("sdpa_backward", name, dropout, rng_dump)
-        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length = _diagonal_band(
-            name, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, diagonal_alignment,
-            diagonal_band_left_bound, diagonal_band_right_bound,
-        )  # fmt: skip
-        node = self._node(name)
-        ragged_q, ragged_kv = self._ragged(
-            node, [[("q", q), ("o", o), ("dO", dO), ("stats", stats)], [("k", k), ("v", v)]]
-        )
-        for what, value, side in (
-            ("max_total_seq_len_q", max_total_seq_len_q, ragged_q),
-            ("max_total_seq_len_kv", max_total_seq_len_kv, ragged_kv),
-        ):
-            if value is not None and side is None:
-                raise UnsupportedError(
-                    f"sdpa_backward {what}={value}: a bound on the tokens of ragged tensors, and this side has no "
-                    "ragged offsets",
-                    node=node,
-                )
-        grads = self._spec.sdpa_backward(
-            q, k, v, o, dO, stats, attn_scale, bias, use_causal_mask, use_causal_mask_bottom_right,
-            sliding_window_length, use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask,
-            compute_type(compute_data_type), node, dropout=dropout,
-            **_ragged_arguments(ragged_q, ragged_kv),
-        )  # fmt: skip
-        self._pack_later(ragged_q, [("dQ", grads[0])])
-        self._pack_later(ragged_kv, [("dK", grads[1]), ("dV", grads[2])])
-        return self._label(node, list(grads), ("dQ", "dK", "dV"))
-
-    # -- data movement ---------------------------------------------------------------------------
     def slice(
         self, input: TensorSpec, slices: Sequence[Any] = (), compute_data_type: Any = None, name: str = ""
     ) -> TensorSpec:
@@ -559,15 +352,6 @@ class FrontendOps:
     ) -> TensorSpec:
         """input0 where mask is non-zero, else input1."""
         return self._pointwise("binary_select", [input0, input1, mask], compute_data_type, name)
-
-
-def _ragged_arguments(q: Side | None, kv: Side | None) -> dict[str, Any]:
-    """graphdnn's attention arguments for the ragged sides: token offsets and Q's longest sequence."""
-    return {
-        "ragged_offset_q": None if q is None else q.tokens,
-        "ragged_offset_kv": None if kv is None else kv.tokens,
-        "max_seq_len_q": None if q is None else q.seq_len,
-    }
 
 
 def _no_peer_stats(peer_stats: Sequence[TensorSpec], node: str) -> None:
