@@ -25,7 +25,7 @@ from fusion_rules import FusedNode
 from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
-from ..kernel import FusedProgram
+from ..kernel import FusedProgram, Kernel
 from .attention_decode import decode_choices, decode_program, uses_decode
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
@@ -49,11 +49,17 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             '(tuning {"path": "decode", "split": n}) or, all fp16 or all bf16, the mma.sync flash kernel',
             node=a.node.name,
         )
+    return FusedProgram(fused.name, (_attention_kernel(fused, ctx, a),))
+
+
+def _attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
+    """SIMT unless all fp16 or all bf16; then the Hopper kernel where tuned or where it applies,
+    else the mma.sync flash kernel."""
     if not on_tensor_cores(a):
-        return FusedProgram(fused.name, (simt_kernel(fused, ctx, a),))
+        return simt_kernel(fused, ctx, a)
     if ctx.tuning.get("path") == "wgmma" or (not ctx.tuning and wgmma_supported(a, ctx.arch)):
-        return FusedProgram(fused.name, (wgmma_attention_kernel(fused, ctx, a),))
-    return FusedProgram(fused.name, (flash_kernel(fused, ctx, a, config(a, ctx.tuning)),))
+        return wgmma_attention_kernel(fused, ctx, a)
+    return flash_kernel(fused, ctx, a, config(a, ctx.tuning))
 
 
 def _ragged_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
@@ -69,13 +75,7 @@ def _ragged_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedPr
         )
     packed = [(t, value) for t, value in ((a.o, "0.0f"), (a.stats, NEG_INF)) if t is not None]
     fill = (fill_kernel(fused, ctx, packed),) if a.ragged_q is not None and packed else ()
-    if path == "wgmma" or (not ctx.tuning and wgmma_supported(a, ctx.arch)):
-        attention = wgmma_attention_kernel(fused, ctx, a)
-    elif on_tensor_cores(a):
-        attention = flash_kernel(fused, ctx, a, config(a, ctx.tuning))
-    else:
-        attention = simt_kernel(fused, ctx, a)
-    return FusedProgram(fused.name, (*fill, attention))
+    return FusedProgram(fused.name, (*fill, _attention_kernel(fused, ctx, a)))
 
 
 def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:

@@ -56,8 +56,10 @@ class Attention:
 
     @property
     def batch(self) -> int:
-        lengths = self.seq_len_q if self.ragged_q is not None else None
-        return (lengths or self.q).static_dim[0]
+        """Q's dim 0, or for a packed Q (dim 0 of 1) the sequence lengths'."""
+        if self.ragged_q is not None and self.seq_len_q is not None:
+            return self.seq_len_q.static_dim[0]
+        return self.q.static_dim[0]
 
     @property
     def rows_per_sequence(self) -> int:
