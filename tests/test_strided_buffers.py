@@ -120,7 +120,7 @@ def test_what_no_protocol_reads_is_refused_with_the_reason() -> None:
         buffers.describe(DLPackWithoutDevice(np.zeros(3)), 0)
     with pytest.raises(gd.FeedError, match=r"is in ROCm memory \(a tests.DLPackOnly\); it must be in GPU memory"):
         buffers.describe(DLPackOnly(np.zeros(3), device=(10, 0)), 0)
-    with pytest.raises(gd.FeedError, match="is a tests.Refusing that cannot be read through DLPack: BufferError: no"):
+    with pytest.raises(gd.FeedError, match=r"is a tests.Refusing that cannot be read through DLPack: BufferError: no"):
         buffers.describe(Refusing(), 0)
 
 
@@ -182,7 +182,7 @@ def test_unreadable_interfaces_say_why(fake: fake_gpu.FakeDriver, plan: gd.Plan)
             plan.execute(pack(fake, x=bad))
     misaligned = array(fake, (ROWS, COLS))
     misaligned.__cuda_array_interface__["data"] = (misaligned.args[0] + 2, False)
-    with pytest.raises(gd.FeedError, match="tensor 'x': starts at address 0x.*2, not aligned to its element size"):
+    with pytest.raises(gd.FeedError, match=r"tensor 'x': starts at address 0x.*2, not aligned to its element size"):
         plan.execute(pack(fake, x=misaligned))
     assert fake.calls == []
 
@@ -237,9 +237,7 @@ def test_the_plans_stream_is_the_consumer_stream(fake: fake_gpu.FakeDriver, plan
     assert {view.stream_ptr for view in fake_gpu.VIEWS} == {0x55}
 
 
-def test_interface_buffers_of_another_stream_are_read_on_every_call(
-    fake: fake_gpu.FakeDriver, plan: gd.Plan
-) -> None:
+def test_interface_buffers_of_another_stream_are_read_on_every_call(fake: fake_gpu.FakeDriver, plan: gd.Plan) -> None:
     same_stream = pack(fake, x=array(fake, (ROWS, COLS), stream=1))  # CuPy's legacy default stream
     for _ in range(3):
         plan.execute(same_stream)
