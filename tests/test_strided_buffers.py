@@ -146,11 +146,12 @@ def test_an_interface_only_object_binds_and_launches(fake: fake_gpu.FakeDriver, 
         ({"x": {"strides": (2 * COLS, 2)}}, r"tensor 'x': has strides \[66, 2\], the graph declares \[33, 1\]"),
         ({"x": {"strides": (1, ROWS)}}, r"tensor 'x': has strides \[1, 8\], the graph declares \[33, 1\]"),
         ({"x": {"strides": (COLS, -1)}}, r"tensor 'x': has strides \[33, -1\]: a reversed view"),
+        ({"x": {"strides": (COLS, (1 << 62) - 2)}}, r"tensor 'x': has strides \[33, -2\]: a reversed view"),
         ({"y": {"readonly": True}}, "tensor 'y': is read-only .*; the plan writes it"),
         ({"x": {"device": 1}}, "tensor 'x': is on cuda:1, the plan runs on cuda:0"),
     ],
     ids=["half", "complex", "transposed dims", "zero rows", "missing dim", "odd strides", "column major",
-         "negative stride", "read-only output", "other device"],
+         "negative stride", "negative stride as cuda.core 1.2.0 reads it", "read-only output", "other device"],
 )  # fmt: skip
 def test_bad_interface_buffers_are_refused_before_any_launch(
     fake: fake_gpu.FakeDriver, plan: gd.Plan, changes: dict[str, dict[str, Any]], message: str

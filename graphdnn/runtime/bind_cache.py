@@ -84,10 +84,11 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
         return None
     handle = 0 if stream is None else driver.stream_handle(stream)
     parts: list[Hashable] = [handle]
+    consumer = consumer_stream(handle)
     if workspace is None or (type(workspace) is int):
         parts.append(workspace)
     else:
-        layout = _layout(workspace, handle)
+        layout = _layout(workspace, consumer)
         if layout is None:
             return None
         parts.append(layout)
@@ -101,7 +102,7 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
         if type(value) in _TORCH_TYPES:  # the common case, inline (the same key as _layout's)
             parts.append((name, (value.data_ptr(), value.is_cuda, value.shape, value.stride(), value.dtype)))
             continue
-        layout = _layout(value, handle)
+        layout = _layout(value, consumer)
         if layout is None:
             return None
         parts.append((name, layout))
@@ -111,7 +112,8 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
 _TORCH_TYPES: set[type] = set()  # the torch tensor classes seen so far (torch is never imported here)
 
 
-def _layout(value: Any, stream: int) -> Hashable | None:
+def _layout(value: Any, consumer: int) -> Hashable | None:
+    """The key of one value; ``consumer`` is the plan's stream as the exchange protocols name it."""
     if is_torch(value):
         _TORCH_TYPES.add(type(value))
         return (value.data_ptr(), value.is_cuda, value.shape, value.stride(), value.dtype)
@@ -120,8 +122,8 @@ def _layout(value: Any, stream: int) -> Hashable | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (type(value), value)
     interface = getattr(value, "__cuda_array_interface__", None)  # CuPy, Numba...
-    if isinstance(interface, dict) and interface.get("stream") in (None, consumer_stream(stream)):
+    if isinstance(interface, dict) and interface.get("stream") in (None, consumer):
         strides = interface.get("strides")
-        data = tuple(interface["data"])  # (pointer, read-only)
-        return (data, tuple(interface["shape"]), strides and tuple(strides), interface["typestr"])
+        pointer, readonly = interface["data"]
+        return (pointer, readonly, tuple(interface["shape"]), strides and tuple(strides), interface["typestr"])
     return None

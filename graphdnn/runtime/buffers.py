@@ -129,7 +129,7 @@ def _strided(opened: strided.Opened) -> Buffer:
     return Buffer(
         int(view.ptr),
         shape,
-        packed_strides(shape) if strides is None else tuple(strides),
+        packed_strides(shape) if strides is None else tuple(_signed(s) for s in strides),
         data_type,
         type_name,
         opened.device,
@@ -137,6 +137,12 @@ def _strided(opened: strided.Opened) -> Buffer:
         view,  # holds the exporting object, and the DLPack capsule until the view goes
         bool(view.readonly),
     )
+
+
+def _signed(stride: int) -> int:
+    """cuda.core 1.2.0 hands a negative stride of a CuPy view back as a 62-bit two's complement
+    (-2 as 2**62 - 2, seen on the GPU machine); no real stride comes near 2**61 elements."""
+    return stride - (1 << 62) if stride >= 1 << 61 else stride
 
 
 def _data_type(dtype: Any) -> DataType | None:
