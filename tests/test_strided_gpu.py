@@ -17,6 +17,7 @@ import pytest
 import graphdnn as gd
 from graphdnn import reference
 from graphdnn.compare import relative_error, tolerance
+from tests.test_gpu_execution import DLPackOnly  # a legacy producer: no max_version argument
 
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
@@ -33,20 +34,6 @@ class InterfaceOnly:
         interface["data"] = (interface["data"][0], readonly)
         self.__cuda_array_interface__ = interface
         self._array = array  # keeps the memory alive
-
-
-class DLPackOnly:
-    """A GPU array seen through DLPack alone (a legacy producer: no max_version argument)."""
-
-    def __init__(self, array: Any) -> None:
-        self._array = array
-
-    def __dlpack__(self, stream: int | None = None) -> Any:
-        return self._array.__dlpack__(stream=stream)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        device_type, ordinal = self._array.__dlpack_device__()
-        return int(device_type), int(ordinal)
 
 
 def strided_graph() -> gd.OperationGraphSpec:
