@@ -1,8 +1,9 @@
 """A stand-in for the CUDA driver, so that bind and execute run on a machine without a GPU.
 
 ``install(monkeypatch, arch)`` replaces ``driver.api`` with :class:`FakeDriver` (device
-memory is a counter of fake addresses; launches and copies are recorded, never run) and
-makes ``Plan.loaded_kernels`` return named stand-ins. Tests see what would reach the GPU
+memory is a counter of fake addresses; launches and copies are recorded, never run),
+reads ``__cuda_array_interface__`` arrays as cuda.core does without asking the driver
+(:func:`cuda_array_interface_view`) and makes ``Plan.loaded_kernels`` return named stand-ins. Tests see what would reach the GPU
 (launch order, copies, parameter slots); benchmarks time the Python side of a call.
 """
 
@@ -13,10 +14,11 @@ from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 import graphdnn as gd
-from graphdnn.runtime import driver, tensor_map
+from graphdnn.runtime import driver, strided, tensor_map
 
 
 @dataclass(frozen=True)
@@ -90,18 +92,73 @@ class FakeDriver:
 
 
 class FakeArray:
-    """Device memory seen through ``__cuda_array_interface__`` (as CuPy or Numba arrays are)."""
+    """Device memory seen through ``__cuda_array_interface__`` (as CuPy or Numba arrays are);
+    ``device`` is the ordinal the fake reports for its pointer."""
 
-    def __init__(self, pointer: int, shape: tuple[int, ...], strides: tuple[int, ...], typestr: str) -> None:
+    def __init__(
+        self,
+        pointer: int,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        typestr: str,
+        *,
+        readonly: bool = False,
+        stream: int | None = None,
+        device: int = 0,
+    ) -> None:
         itemsize = int(typestr[-1])
         self.args = (pointer, shape, strides, typestr)  # FakeArray(*a.args): a new object over the same memory
+        self.device = device
         self.__cuda_array_interface__ = {
             "shape": shape,
             "strides": tuple(s * itemsize for s in strides),
             "typestr": typestr,
-            "data": (pointer, False),
+            "data": (pointer, readonly),
             "version": 3,
+            "stream": stream,
         }
+
+
+@dataclass(frozen=True)
+class FakeView:
+    """What cuda.core's StridedMemoryView reads from a CUDA Array Interface."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None  # in elements; None: C-contiguous
+    dtype: np.dtype
+    device_id: int
+    readonly: bool
+    stream_ptr: int  # the consumer stream it was asked to order the producer's stream before
+
+
+VIEWS: list[FakeView] = []  # every view read since install, in order
+
+
+def cuda_array_interface_view(value: Any, stream_ptr: int) -> FakeView:
+    """cuda.core's reading of the interface (its refusals included), with the device the
+    array says instead of the driver's answer for the pointer."""
+    interface = value.__cuda_array_interface__
+    if interface["version"] < 3:
+        raise BufferError("only CUDA Array Interface v3 or above is supported")
+    if interface.get("mask") is not None:
+        raise BufferError("mask is not supported")
+    dtype = np.dtype(interface["typestr"])
+    byte_strides = interface.get("strides")
+    if byte_strides is not None and any(s % dtype.itemsize for s in byte_strides):
+        raise ValueError("strides must be divisible by itemsize")
+    pointer, readonly = interface["data"]
+    view = FakeView(
+        pointer,
+        tuple(interface["shape"]),
+        None if byte_strides is None else tuple(s // dtype.itemsize for s in byte_strides),
+        dtype,
+        getattr(value, "device", 0),
+        readonly,
+        stream_ptr,
+    )
+    VIEWS.append(view)
+    return view
 
 
 def install(monkeypatch: pytest.MonkeyPatch, arch: int = 90) -> FakeDriver:
@@ -110,6 +167,8 @@ def install(monkeypatch: pytest.MonkeyPatch, arch: int = 90) -> FakeDriver:
     monkeypatch.setattr(driver, "api", lambda: fake)
     monkeypatch.setattr(driver, "device", lambda ordinal: device)
     monkeypatch.setattr(driver, "pointer_device", lambda pointer: 0)
+    monkeypatch.setattr(strided, "cuda_array_interface_view", cuda_array_interface_view)
+    VIEWS.clear()
     # the fake's encodings in caches of their own, never seen by the real driver's bindings
     monkeypatch.setattr(tensor_map, "encoded", lru_cache(tensor_map.ENCODED_MAPS)(tensor_map.encoded.__wrapped__))
     monkeypatch.setattr(tensor_map, "_encodings", lru_cache(None)(tensor_map._encodings.__wrapped__))

@@ -1,5 +1,5 @@
 """The GPU runtime's pure parts, on the CPU: lowering to plan data, argument packing, buffer
-descriptions and checks, DLPack parsing, streams, and a plan's description of itself."""
+checks, streams, and a plan's description of itself."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fusion_rules import fuse
 from graphdnn.dtypes import DataType
 from graphdnn.lower import assemble
 from graphdnn.program import Arg, ArgKind, Launch, LaunchProgram, WorkspaceBuffer
-from graphdnn.runtime import buffers, dlpack
+from graphdnn.runtime import buffers
 from graphdnn.runtime.driver import stream_handle
 from graphdnn.runtime.launch import pack_arguments, slot_addresses
 from tests import plan_graphs
@@ -119,41 +119,6 @@ def test_buffers_are_checked_field_by_field() -> None:
 def test_the_stride_of_a_size_one_dim_is_never_compared() -> None:
     assert buffers.same_strides((1, 33), (999, 1), (33, 1))
     assert not buffers.same_strides((2, 33), (999, 1), (33, 1))
-
-
-def test_numpy_arrays_are_described_as_host_memory() -> None:
-    array = np.zeros((3, 4), dtype=np.float32)[:, ::2]
-    described = buffers.describe(array, 0)
-    assert (described.device, described.shape, described.strides) == (None, (3, 2), (4, 2))
-    assert described.data_type is DataType.FLOAT and described.pointer == array.ctypes.data
-    with pytest.raises(gd.FeedError, match="is a str; give a torch tensor, a CuPy array"):
-        buffers.describe("nope", 0)
-
-
-def test_dlpack_capsules_are_read_with_ctypes() -> None:
-    base = np.arange(2 * 3 * 4, dtype=np.float16).reshape(2, 3, 4)
-    view = base.transpose(0, 2, 1)[:, 1:]
-    read = dlpack.export(view, 0)
-    assert read.pointer == view.ctypes.data
-    assert (read.shape, read.strides) == ((2, 3, 3), (12, 1, 4))
-    assert (read.data_type, read.device_name, read.on_cuda) == (DataType.HALF, "CPU", False)
-    described = buffers.describe(_DLPackOnly(view), 0)  # an object with only __dlpack__
-    assert described.device is None and described.where == "CPU memory (a DLPack tensor)"
-    assert described.shape == (2, 3, 3)
-    refused = _DLPackOnly(np.zeros(3, dtype=DataType.BFLOAT16.numpy))  # NumPy cannot export bf16
-    with pytest.raises(gd.FeedError, match="is a _DLPackOnly that cannot be read through DLPack"):
-        buffers.describe(refused, 0)
-
-
-class _DLPackOnly:
-    def __init__(self, array: np.ndarray) -> None:
-        self._array = array
-
-    def __dlpack__(self, stream: int | None = None) -> object:
-        return self._array.__dlpack__()
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self._array.__dlpack_device__()
 
 
 class _Stream:

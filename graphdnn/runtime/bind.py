@@ -68,8 +68,9 @@ def _bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, strea
     described = {tid: _describe(plan.graph.tensors[tid].name, value, handle) for tid, value in pack.buffers.items()}
     ir, extents = concrete(plan.graph, plan.program, {tid: b.shape for tid, b in described.items()})
     device = _device(plan, [b.device for b in described.values() if b.device is not None])
+    outputs_written = {t.id for t in ir.outputs}
     for tid, buffer in described.items():
-        buffers.check(ir.tensors[tid], buffer, device.ordinal)
+        buffers.check(ir.tensors[tid], buffer, device.ordinal, written=tid in outputs_written)
     views = {
         tid: View(b.pointer, b.shape, b.strides, ir.tensors[tid].data_type.itemsize) for tid, b in described.items()
     }
@@ -89,7 +90,6 @@ def _bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, strea
     # Inputs read from a copy of them as they were: for the kernels that read one after it is
     # written over, and for the TMA tensor maps that cannot start at its address.
     misaligned = _misaligned_map_operands(plan.program.launches, pointers)
-    outputs_written = {t.id for t in ir.outputs}
     for tid in misaligned:
         if tid in order.copies:
             continue  # its copy is aligned
@@ -178,6 +178,10 @@ def _workspace(
             raise FeedError(f"workspace {error.reason}") from None
         if buffer.device != device.ordinal:
             raise FeedError(f"workspace is in {buffer.where}; the plan runs on cuda:{device.ordinal}")
+        if any(s < 0 for s in buffer.strides):
+            raise FeedError(f"workspace has strides {list(buffer.strides)}: it must run forward from its address")
+        if buffer.readonly:
+            raise FeedError("workspace is read-only (its exporter set the read-only flag); the plan writes it")
         if buffer.nbytes < plan.workspace_size:
             raise FeedError(f"workspace has {buffer.nbytes} bytes; the plan needs {plan.workspace_size}")
         pointer = buffer.pointer

@@ -11,8 +11,9 @@ exactly its memory and layout; the entries hold none of the caller's buffers.
 
 Torch tensors, graphdnn DeviceArrays, ``__cuda_array_interface__`` arrays (CuPy...) and
 Python-number scalars are read this way; a pack holding anything else (DLPack-only
-objects, host arrays as scalars), or leaving outputs out (they are allocated per call),
-is bound anew on every call.
+objects, host arrays as scalars), an interface array exported on another stream than the
+plan's (binding makes the plan's stream wait for that one: :mod:`.strided`), or leaving
+outputs out (they are allocated per call), is bound anew on every call.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from . import driver
 from .buffers import is_torch
 from .device_array import DeviceArray
 from .launch import BoundPlan
+from .strided import consumer_stream
 
 SIZE = 8  # bound plans kept per plan (least recently used dropped first)
 
@@ -80,11 +82,13 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
     """What a binding of these arguments depends on; None when some value cannot be read cheaply."""
     if not isinstance(variant_pack, Mapping):
         return None
-    parts: list[Hashable] = [0 if stream is None else driver.stream_handle(stream)]
+    handle = 0 if stream is None else driver.stream_handle(stream)
+    parts: list[Hashable] = [handle]
+    consumer = consumer_stream(handle)
     if workspace is None or (type(workspace) is int):
         parts.append(workspace)
     else:
-        layout = _layout(workspace)
+        layout = _layout(workspace, consumer)
         if layout is None:
             return None
         parts.append(layout)
@@ -98,7 +102,7 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
         if type(value) in _TORCH_TYPES:  # the common case, inline (the same key as _layout's)
             parts.append((name, (value.data_ptr(), value.is_cuda, value.shape, value.stride(), value.dtype)))
             continue
-        layout = _layout(value)
+        layout = _layout(value, consumer)
         if layout is None:
             return None
         parts.append((name, layout))
@@ -108,7 +112,8 @@ def pack_key(variant_pack: Mapping[Any, Any], workspace: Any, stream: Any) -> Ha
 _TORCH_TYPES: set[type] = set()  # the torch tensor classes seen so far (torch is never imported here)
 
 
-def _layout(value: Any) -> Hashable | None:
+def _layout(value: Any, consumer: int) -> Hashable | None:
+    """The key of one value; ``consumer`` is the plan's stream as the exchange protocols name it."""
     if is_torch(value):
         _TORCH_TYPES.add(type(value))
         return (value.data_ptr(), value.is_cuda, value.shape, value.stride(), value.dtype)
@@ -117,7 +122,8 @@ def _layout(value: Any) -> Hashable | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (type(value), value)
     interface = getattr(value, "__cuda_array_interface__", None)  # CuPy, Numba...
-    if isinstance(interface, dict):
+    if isinstance(interface, dict) and interface.get("stream") in (None, consumer):
         strides = interface.get("strides")
-        return (interface["data"][0], tuple(interface["shape"]), strides and tuple(strides), interface["typestr"])
+        pointer, readonly = interface["data"]
+        return (pointer, readonly, tuple(interface["shape"]), strides and tuple(strides), interface["typestr"])
     return None

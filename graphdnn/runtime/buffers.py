@@ -1,9 +1,10 @@
 """What a value in a variant pack is, in memory: pointer, device, dims, strides, type.
 
-Torch tensors take a fast path (``data_ptr``/``stride``/``dtype``: torch's
-``__cuda_array_interface__`` refuses bf16); then graphdnn's own DeviceArray, anything
-with ``__cuda_array_interface__`` (CuPy, Numba...) and anything with ``__dlpack__``.
-:func:`check` compares a buffer with the graph tensor it is bound to.
+graphdnn's own DeviceArray and torch tensors take fast paths (``data_ptr``/``stride``/
+``dtype``: a few attribute reads, and torch's ``__cuda_array_interface__`` refuses bf16);
+everything else (CuPy, Numba, JAX, NumPy...) is read through cuda.core's
+StridedMemoryView (:mod:`.strided`). :func:`check` compares a buffer with the graph
+tensor it is bound to.
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..dtypes import DataType, as_data_type
 from ..errors import DataTypeError, FeedError
 from ..ir import Tensor
 from ..layout import packed_strides, storage_extent
-from . import dlpack, driver
+from . import strided
 from .device_array import DeviceArray
 
 
@@ -29,8 +28,9 @@ class Buffer:
     data_type: DataType | None  # None: a type graphdnn has no name for (see type_name)
     type_name: str
     device: int | None  # CUDA device ordinal; None when the memory is not on a GPU
-    where: str  # what the memory is, for messages: "cuda:0", "host memory (NumPy array)"...
+    where: str  # what the memory is, for messages: "cuda:0", "CPU memory (a numpy.ndarray)"...
     owner: Any  # keeps the memory alive while a bound plan uses it
+    readonly: bool = False  # its exporter forbids writing it (DLPack's flag, the CUDA Array Interface's)
 
     @property
     def nbytes(self) -> int:
@@ -53,30 +53,12 @@ def describe(value: Any, stream: int) -> Buffer:
         )
     if is_torch(value):
         return _torch(value)
-    if hasattr(value, "__cuda_array_interface__"):
-        return _array_interface(value)
-    if isinstance(value, np.ndarray):
-        return Buffer(
-            value.ctypes.data,
-            tuple(value.shape),
-            tuple(s // value.itemsize for s in value.strides),
-            _data_type(value.dtype),
-            str(value.dtype),
-            None,
-            "host memory (a NumPy array)",
-            value,
-        )
-    if hasattr(value, "__dlpack__"):
-        return _dlpack(value, stream)
-    raise FeedError(
-        f"is a {type(value).__name__}; give a torch tensor, a CuPy array, or an object with "
-        "__cuda_array_interface__ or __dlpack__"
-    )
+    return _strided(strided.open_array(value, stream))
 
 
-def check(tensor: Tensor, buffer: Buffer, device: int) -> None:
+def check(tensor: Tensor, buffer: Buffer, device: int, written: bool = False) -> None:
     """FeedError naming ``tensor`` unless ``buffer`` is on ``device`` with exactly its
-    data type, dims and strides, aligned to its element size."""
+    data type, dims and strides, aligned to its element size, and writable if ``written``."""
 
     def fail(message: str) -> None:
         raise FeedError(message, tensor=tensor.name)
@@ -89,6 +71,11 @@ def check(tensor: Tensor, buffer: Buffer, device: int) -> None:
         fail(f"has data type {buffer.type_name}, the graph declares {tensor.data_type.value}")
     if buffer.shape != tensor.dim:
         fail(f"has dims {list(buffer.shape)}, the graph declares {list(tensor.dim)}")
+    if any(s < 0 for d, s in zip(buffer.shape, buffer.strides) if d > 1):
+        fail(
+            f"has strides {list(buffer.strides)}: a reversed view; graph strides are never negative, so no "
+            f"kernel reads it: pass a copy with the graph's strides {list(tensor.stride)}"
+        )
     if not same_strides(tensor.static_dim, buffer.strides, tensor.static_stride):
         fail(
             f"has strides {list(buffer.strides)}, the graph declares {list(tensor.stride)}: kernels are compiled "
@@ -99,6 +86,8 @@ def check(tensor: Tensor, buffer: Buffer, device: int) -> None:
         fail(
             f"starts at address {buffer.pointer:#x}, not aligned to its element size ({tensor.data_type.itemsize} bytes)"
         )
+    if written and buffer.readonly:
+        fail("is read-only (its exporter set the read-only flag); the plan writes it")
 
 
 def same_strides(dims: tuple[int, ...], given: tuple[int, ...], declared: tuple[int, ...]) -> bool:
@@ -127,42 +116,33 @@ def _torch(value: Any) -> Buffer:
     )
 
 
-def _array_interface(value: Any) -> Buffer:
-    interface = value.__cuda_array_interface__
-    shape = tuple(int(d) for d in interface["shape"])
-    dtype = np.dtype(interface["typestr"])
-    pointer = int(interface["data"][0])
-    byte_strides = interface.get("strides")
-    strides = packed_strides(shape) if byte_strides is None else tuple(int(s) // dtype.itemsize for s in byte_strides)
-    ordinal = driver.pointer_device(pointer) if pointer else driver.current_device().ordinal
-    return Buffer(
-        pointer,
-        shape,
-        strides,
-        _data_type(dtype),
-        str(dtype),
-        ordinal,
-        f"cuda:{ordinal}" if ordinal is not None else "memory CUDA does not know as device memory",
-        value,
-    )
-
-
-def _dlpack(value: Any, stream: int) -> Buffer:
+def _strided(opened: strided.Opened) -> Buffer:
+    view = opened.view
+    shape = tuple(view.shape)
+    strides = view.strides
     try:
-        view = dlpack.export(value, stream)
-    except (BufferError, TypeError, ValueError) as error:  # the producer refused, or an unreadable capsule
-        raise FeedError(f"is a {type(value).__name__} that cannot be read through DLPack: {error}") from None
-    ordinal = view.device_id if view.on_cuda else None
+        dtype = view.dtype
+    except Exception as error:  # a type cuda.core has no NumPy dtype for (fp8...)
+        data_type, type_name = None, f"a type cuda.core cannot read ({error})"
+    else:
+        data_type, type_name = _data_type(dtype), str(dtype)
     return Buffer(
-        view.pointer,
-        view.shape,
-        view.strides,
-        view.data_type,
-        view.type_name,
-        ordinal,
-        f"cuda:{ordinal}" if ordinal is not None else f"{view.device_name} memory (a DLPack tensor)",
-        (value, view.capsule),
+        int(view.ptr),
+        shape,
+        packed_strides(shape) if strides is None else tuple(_signed(s) for s in strides),
+        data_type,
+        type_name,
+        opened.device,
+        opened.where,
+        view,  # holds the exporting object, and the DLPack capsule until the view goes
+        bool(view.readonly),
     )
+
+
+def _signed(stride: int) -> int:
+    """cuda.core 1.2.0 hands a negative stride of a CuPy view back as a 62-bit two's complement
+    (-2 as 2**62 - 2, seen on the GPU machine); no real stride comes near 2**61 elements."""
+    return stride - (1 << 62) if stride >= 1 << 61 else stride
 
 
 def _data_type(dtype: Any) -> DataType | None:
