@@ -15,7 +15,7 @@ from ..cuda_types import load
 from ..indexing import c_extent, coordinates, loop_index_type
 from ..kernel import DynamicGrid, Kernel
 from .gemm_epilogue import Epilogue
-from .gemm_problem import Problem, batch_offsets_from_coords, declare
+from .gemm_problem import Problem, batch_offsets_from_coords, declare, scale_columns
 
 SIMT_THREADS = 256
 MAX_BLOCKS = 65535
@@ -43,6 +43,8 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         inner += _simt_conv_loop(p, a, b, compute, itype)
     else:
         inner += _simt_matmul_loop(p, a, b, compute, itype)
+        if p.block_scaled:
+            inner[-3:] = _block_scaled_loop(p, names, inner[-3:], compute)
     inner += Epilogue(fused, p, names, compute).statements("acc")
     body += ["  " + line for line in inner] + ["}"]
     name, source = kernel_source(ctx, fused, pattern_name(fused) + "_simt", params, SIMT_THREADS, indent(body, 1))
@@ -100,3 +102,22 @@ def _simt_matmul_loop(p: Problem, a: str, b: str, compute: str, itype: str) -> l
     )
     lines.append("}")
     return lines
+
+
+def _block_scaled_loop(p: Problem, names: dict[int, str], loop: list[str], compute: str) -> list[str]:
+    """The k loop ``loop`` (over kk) as block-scaled fp8: each 128-element k block's sum, times
+    A's scale of (row, block) and B's of (block, column or 128 columns) (ops/block_scaled.py)."""
+    assert p.a_scale is not None and p.b_scale is not None
+    sa, sb = p.a_scale, p.b_scale
+    a_scale = f"{names[sa.id]}[c0 * {c_extent(sa.stride[0])} + kb * {c_extent(sa.stride[1])}]"
+    b_scale = f"{names[sb.id]}[kb * {c_extent(sb.stride[0])} + c1 / {scale_columns(p)} * {c_extent(sb.stride[1])}]"
+    product = loop[1].replace("acc +=", "part +=")
+    return [
+        f"for (int kb = 0; kb < {p.k // 128}; ++kb) {{",
+        f"  {compute} part = 0;",
+        "  for (int kk = kb * 128; kk < kb * 128 + 128; ++kk) {",
+        "  " + product,
+        "  }",
+        f"  acc += part * {load(DataType.FLOAT, a_scale, compute)} * {load(DataType.FLOAT, b_scale, compute)};",
+        "}",
+    ]
