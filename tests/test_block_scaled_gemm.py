@@ -262,6 +262,7 @@ GPU_CASES = {
     "column_float_out": BlockScaled(129, 1000, 4096, form="matmul", out_type="float"),
     "e5m2_tile": BlockScaled(1000, 129, 384, form="matmul", b_blocks="tile", element="fp8_e5m2"),
     "more_tiles_than_sms": BlockScaled(2048, 2304, 1024, form="matmul", b_blocks="tile"),
+    "simt_b_n_major": BlockScaled(129, 200, 256, form="matmul", b_k_major=False),  # no tensor-core layout
 }
 
 
