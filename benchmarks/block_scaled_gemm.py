@@ -39,30 +39,35 @@ def graph(size: int, form: str) -> gd.OperationGraphSpec:
 
 
 def table() -> None:
-    from codegen.families.gemm import candidates
-
     print(
-        "| GEMM | M=N=K | default plan TFLOP/s | engine, best stages | _scaled_mm per-tensor | _scaled_mm blockwise | default / per-tensor |"
+        "| GEMM | M=N=K | default plan TFLOP/s | engine, best stages | _scaled_mm per-tensor | "
+        "_scaled_mm blockwise | default / per-tensor |"
     )
     print("|---|---|---|---|---|---|---|")
     for form in FORMS:
         for size in SIZES:
-            inputs, want, peers = _inputs(size, form)
-            tflops = lambda us: 2 * size**3 / us / 1e6  # noqa: E731
+            print(row(size, form), flush=True)
 
-            def timed(tuning: dict[str, Any] | None = None) -> float:
-                return tflops(_time(graph(size, form), inputs, want, tuning))
 
-            fused = next(f for f in gd.fuse(graph(size, form)).nodes if f.anchor is not None)
-            assert fused.anchor is not None and fused.anchor.input("A_scale") is not None, "not block-scaled"
-            default = timed()
-            best = max((timed({fused.name: c}), f"{c['stages']} stages") for c in candidates(fused, 90))
-            rates = {name: (f"{tflops(_median(fn)):.0f}" if fn else reason) for name, (fn, reason) in peers.items()}
-            print(
-                f"| fp8 e4m3 block-scaled, {form} | {size} | {default:.0f} | {best[0]:.0f} ({best[1]}) | "
-                f"{rates['tensor']} | {rates['blockwise']} | {default / tflops(_median(peers['tensor'][0])):.2f} |",
-                flush=True,
-            )
+def row(size: int, form: str) -> str:
+    """One table row: ours (default plan, each engine candidate) and the peers, in TFLOP/s."""
+    from codegen.families.gemm import candidates
+
+    inputs, want, peers = _inputs(size, form)
+    flop = 2 * size**3
+    fused = next(f for f in gd.fuse(graph(size, form)).nodes if f.anchor is not None)
+    assert fused.anchor is not None and fused.anchor.input("A_scale") is not None, "not block-scaled"
+    default = flop / _time(graph(size, form), inputs, want, None) / 1e6
+    best = max(
+        (flop / _time(graph(size, form), inputs, want, {fused.name: c}) / 1e6, f"{c['stages']} stages")
+        for c in candidates(fused, 90)
+    )
+    rates = {name: (f"{flop / _median(fn) / 1e6:.0f}" if fn else why) for name, (fn, why) in peers.items()}
+    per_tensor = flop / _median(peers["tensor"][0]) / 1e6
+    return (
+        f"| fp8 e4m3 block-scaled, {form} | {size} | {default:.0f} | {best[0]:.0f} ({best[1]}) | "
+        f"{rates['tensor']} | {rates['blockwise']} | {default / per_tensor:.2f} |"
+    )
 
 
 def _median(fn: Callable[[], Any] | None) -> float:
