@@ -57,6 +57,7 @@ def consumer(
     gather: bool,
     accumulator: str,
     split: int,
+    overlapped: bool = False,
 ) -> list[str]:
     # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
@@ -70,7 +71,7 @@ def consumer(
         "#pragma unroll",
         f"  for (int i = 0; i < BN / 2; ++i) acc[i] = {zero(accumulator)};",
         *(
-            _block_scaled_loop(p, names, b_step, b_leading, b_stride)
+            _block_scaled_loop(p, names, b_step, b_leading, b_stride, overlapped)
             if p.block_scaled
             else _main_loop(gather, b_step, b_leading, b_stride)
         ),
@@ -154,55 +155,126 @@ def _epilogue(
     ]
 
 
-def _block_scaled_loop(p: Problem, names: dict[int, str], b_step: int, b_leading: int, b_stride: int) -> list[str]:
+def _block_scaled_loop(
+    p: Problem, names: dict[int, str], b_step: int, b_leading: int, b_stride: int, overlapped: bool
+) -> list[str]:
     """The main loop of a block-scaled fp8 matmul (module docstring): one k tile is one scale
-    block. Thread rows ``srow``, ``srow + 8`` of the tile; fragment element i is row
-    ``srow + 8 * ((i >> 1) & 1)``, column ``8 * (i >> 2) + 2 * (lane & 3) + (i & 1)``."""
+    block, multiplied into a fresh fragment, waited for and promoted; ``overlapped``, into
+    ``part0`` and ``part1`` in turn, so that the tensor cores work on tile kt + 1 while tile kt
+    is promoted. Thread rows ``srow``, ``srow + 8`` of the
+    tile; fragment element i is row ``srow + 8 * ((i >> 1) & 1)``, column
+    ``8 * (i >> 2) + 2 * (lane & 3) + (i & 1)``."""
     assert p.a_scale is not None and p.b_scale is not None
     sa, sb = p.a_scale, p.b_scale
     a_scale, b_scale = names[sa.id], names[sb.id]
+    columns = scale_columns(p) == 1  # one B scale per column, else per 128 columns (the tile's: BN = 128)
 
-    def a_load(row: str) -> str:
-        return f"m0 + {row} < GM ? {a_scale}[(m0 + {row}) * {c_extent(sa.stride[0])} + kt * {c_extent(sa.stride[1])}] : 0.f"
+    def scales(kt: str, f: int) -> list[str]:
+        """Tile ``kt``'s scales into fragment f's (plain loads, consumed only after a wgmma batch)."""
+        row = [
+            f"m0 + srow + {h} < GM ? {a_scale}[(m0 + srow + {h}) * {c_extent(sa.stride[0])} + ({kt}) * {c_extent(sa.stride[1])}] : 0.f"
+            for h in (0, 8)
+        ]
+        loads = [f"sa{f}_0 = {row[0]};", f"sa{f}_1 = {row[1]};", f"kb{f} = {kt};"]
+        if not columns:
+            loads.append(
+                f"sb{f} = {b_scale}[({kt}) * {c_extent(sb.stride[0])} + (n0 / 128) * {c_extent(sb.stride[1])}];"
+            )
+        return loads
 
-    if scale_columns(p) == 1:  # one B scale per column: the thread's BN / 4 columns
-        b_loads = [
-            "    float sb[BN / 4];",
+    def issue(kt: str, f: int) -> list[str]:
+        """Tile ``kt``'s scales and its wgmma batch into part{f}."""
+        return [*scales(kt, f), *mma(f)]
+
+    def mma(f: int) -> list[str]:
+        """The wgmma batch of the next stage into part{f}."""
+        return [
+            "mbar_wait(full + 8 * stage, phase);",
+            "wgmma_fence();",
+            *(
+                f"{'wgmma_first' if kk == 0 else 'wgmma_step'}(part{f}, "
+                f"wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128) + {kk * 32}, 16, 1024), "
+                f"wgmma_descriptor(b_tiles + stage * B_STAGE + {kk * b_step}, {b_leading}, {b_stride}));"
+                for kk in range(BLOCK_K_BYTES // 32)  # steps of 32 bytes of k; the first overwrites the fragment
+            ),
+            "wgmma_commit();",
+            "if (++stage == STAGES) stage = 0, phase ^= 1;",
+        ]
+
+    def retire(f: int) -> list[str]:
+        """Once part{f}'s batch is done: hands its stage back and adds it into the accumulators
+        times the block's scales."""
+        if columns:
+            scale = [
+                "#pragma unroll",
+                "for (int c = 0; c < BN / 4; ++c) {",
+                "  const int col = n0 + 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);",
+                f"  sbc[c] = col < GN ? {b_scale}[kb{f} * {c_extent(sb.stride[0])} + col * {c_extent(sb.stride[1])}] : 0.f;",
+                "}",
+            ]
+            promote = f"acc[i] += part{f}[i] * ((i & 2) ? sa{f}_1 : sa{f}_0) * sbc[((i >> 2) << 1) | (i & 1)];"
+        else:
+            scale = [f"const float s0 = sa{f}_0 * sb{f}, s1 = sa{f}_1 * sb{f};"]
+            promote = f"acc[i] += part{f}[i] * ((i & 2) ? s1 : s0);"
+        return [
+            f"fence_accumulators(part{f});",
+            "if (lane == 0) mbar_arrive(empty + 8 * done);  // the buffer goes back before the promotion",
+            "if (++done == STAGES) done = 0;",
+            "{",
+            *("  " + line for line in scale),
             "#pragma unroll",
-            "    for (int c = 0; c < BN / 4; ++c) {",
-            "      const int col = n0 + 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);",
-            f"      sb[c] = col < GN ? {b_scale}[kt * {c_extent(sb.stride[0])} + col * {c_extent(sb.stride[1])}] : 0.f;",
-            "    }",
+            f"  for (int i = 0; i < BN / 2; ++i) {promote}",
+            "}",
         ]
-        promote = "acc[i] += part[i] * ((i & 2) ? sa1 : sa0) * sb[((i >> 2) << 1) | (i & 1)];"
-    else:  # one per 128 columns: the tile's (BN = 128)
-        b_loads = [
-            f"    const float sb = {b_scale}[kt * {c_extent(sb.stride[0])} + (n0 / 128) * {c_extent(sb.stride[1])}];"
-        ]
-        promote = "acc[i] += part[i] * ((i & 2) ? s1 : s0);"
-    return [
+
+    def block(lines: list[str], depth: int) -> list[str]:
+        return ["  " * depth + line for line in lines]
+
+    declared = ["float sbc[BN / 4];"] if columns else ["float sb0, sb1;"]
+    setup = [
         "  const int srow = consumer * 64 + (warp & 3) * 16 + (lane >> 2);",
-        "  for (int kt = kt_first; kt < kt_end; ++kt) {",
-        "    // this k block's scales, loaded before the wait: their latency overlaps it and the wgmma",
-        f"    const float sa0 = {a_load('srow')}, sa1 = {a_load('srow + 8')};",
-        *b_loads,
-        "    mbar_wait(full + 8 * stage, phase);",
-        "    float part[BN / 2];  // the block's products, in a fresh fragment",
-        "#pragma unroll",
-        "    for (int i = 0; i < BN / 2; ++i) part[i] = 0.f;",
-        "    fence_accumulators(part);",
-        "    wgmma_fence();",
-        "#pragma unroll",
-        f"    for (int kk = 0; kk < {BLOCK_K_BYTES // 32}; ++kk)  // steps of 32 bytes of k",
-        "      wgmma_step(part, wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128) + kk * 32, 16, 1024),",
-        f"                 wgmma_descriptor(b_tiles + stage * B_STAGE + kk * {b_step}, {b_leading}, {b_stride}));",
-        "    wgmma_commit();",
-        "    wgmma_wait<0>();",
-        "    fence_accumulators(part);",
-        "    if (lane == 0) mbar_arrive(empty + 8 * stage);  // the buffer goes back before the promotion",
-        *([] if scale_columns(p) == 1 else ["    const float s0 = sa0 * sb, s1 = sa1 * sb;"]),
-        "#pragma unroll",
-        f"    for (int i = 0; i < BN / 2; ++i) {promote}",
-        "    if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "  float part0[BN / 2], part1[BN / 2];  // the k blocks' products, each in a fresh fragment",
+        "  float sa0_0, sa0_1, sa1_0, sa1_1;  // each fragment's A scales, rows srow and srow + 8",
+        "  int kb0, kb1;  // each fragment's k block",
+        *("  " + line for line in declared),
+        "  int done = stage;  // the stage of the oldest k tile in flight",
+    ]
+    if not overlapped:  # multiply, wait, promote; the scales loaded a k block ahead
+        return [
+            *setup,
+            *block(scales("kt_first", 0), 1),
+            "  for (int kt = kt_first; kt < kt_end; kt += 2) {",
+            "    if (kt + 1 < kt_end) {",
+            *block(scales("kt + 1", 1), 3),
+            "    }",
+            *block([*mma(0), "wgmma_wait<0>();", *retire(0)], 2),
+            "    if (kt + 1 >= kt_end) break;",
+            "    if (kt + 2 < kt_end) {",
+            *block(scales("kt + 2", 0), 3),
+            "    }",
+            *block([*mma(1), "wgmma_wait<0>();", *retire(1)], 2),
+            "  }",
+        ]
+    return [
+        *setup,
+        *block(issue("kt_first", 0), 1),
+        "  for (int kt = kt_first; kt < kt_end; kt += 2) {",
+        # the wait sits in the branch that issued (or not) the next batch: ptxas then sees which
+        # fragment it completes
+        "    if (kt + 1 < kt_end) {",
+        *block(issue("kt + 1", 1), 3),
+        "      wgmma_wait<1>();",
+        "    } else {",
+        "      wgmma_wait<0>();",
+        "    }",
+        *block(retire(0), 2),
+        "    if (kt + 1 >= kt_end) break;",
+        "    if (kt + 2 < kt_end) {",
+        *block(issue("kt + 2", 0), 3),
+        "      wgmma_wait<1>();",
+        "    } else {",
+        "      wgmma_wait<0>();",
+        "    }",
+        *block(retire(1), 2),
         "  }",
     ]
