@@ -58,17 +58,16 @@ def row(size: int, form: str) -> str:
     fused = next(f for f in gd.fuse(graph(size, form)).nodes if f.anchor is not None)
     assert fused.anchor is not None and fused.anchor.input("A_scale") is not None, "not block-scaled"
     default = flop / _time(graph(size, form), inputs, want, None) / 1e6
-    best = max(
-        (
-            flop / _time(graph(size, form), inputs, want, {fused.name: c}) / 1e6,
-            f"{c['promotion']}, {c['stages']} stages",
-        )
+    every = [
+        (flop / _time(graph(size, form), inputs, want, {fused.name: c}) / 1e6, f"{c['promotion']} {c['stages']}")
         for c in candidates(fused, 90)
-    )
+    ]
+    best = max(every)
+    print("  candidates (TFLOP/s, loop, stages): " + ", ".join(f"{rate:.0f} {label}" for rate, label in every))
     rates = {name: (f"{flop / _median(fn) / 1e6:.0f}" if fn else why) for name, (fn, why) in peers.items()}
     per_tensor = flop / _median(peers["tensor"][0]) / 1e6
     return (
-        f"| fp8 e4m3 block-scaled, {form} | {size} | {default:.0f} | {best[0]:.0f} ({best[1]}) | "
+        f"| fp8 e4m3 block-scaled, {form} | {size} | {default:.0f} | {best[0]:.0f} ({best[1]} stages) | "
         f"{rates['tensor']} | {rates['blockwise']} | {default / per_tensor:.2f} |"
     )
 
