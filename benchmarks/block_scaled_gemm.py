@@ -40,7 +40,7 @@ def graph(size: int, form: str) -> gd.OperationGraphSpec:
 
 def table() -> None:
     print(
-        "| GEMM | M=N=K | default plan TFLOP/s | engine, best loop and stages | _scaled_mm per-tensor | "
+        "| GEMM | M=N=K | default plan TFLOP/s | engine, best stages | _scaled_mm per-tensor | "
         "_scaled_mm blockwise | default / per-tensor |"
     )
     print("|---|---|---|---|---|---|---|")
@@ -59,11 +59,11 @@ def row(size: int, form: str) -> str:
     assert fused.anchor is not None and fused.anchor.input("A_scale") is not None, "not block-scaled"
     default = flop / _time(graph(size, form), inputs, want, None) / 1e6
     every = [
-        (flop / _time(graph(size, form), inputs, want, {fused.name: c}) / 1e6, f"{c['promotion']} {c['stages']}")
+        (flop / _time(graph(size, form), inputs, want, {fused.name: c}) / 1e6, f"{c['stages']}")
         for c in candidates(fused, 90)
     ]
     best = max(every)
-    print("  candidates (TFLOP/s, loop, stages): " + ", ".join(f"{rate:.0f} {label}" for rate, label in every))
+    print("  candidates (TFLOP/s, stages): " + ", ".join(f"{rate:.0f} {label}" for rate, label in every))
     rates = {name: (f"{flop / _median(fn) / 1e6:.0f}" if fn else why) for name, (fn, why) in peers.items()}
     per_tensor = flop / _median(peers["tensor"][0]) / 1e6
     return (

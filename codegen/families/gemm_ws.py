@@ -74,7 +74,6 @@ ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes
 BLOCK_NS = (128, 256)
 GATHER_BLOCK_NS = (128,)  # 128 x 256 tiles: the gather's per-thread rows no longer fit in registers
 PRODUCERS = ("gather", "im2col")  # a convolution's; a matmul's is TMA, named by no "producer" key
-PROMOTIONS = ("overlapped", "inline")  # a block-scaled matmul's main loop (gemm_ws_consumer.py)
 
 
 def tiles(block_n: int) -> list[dict[str, object]]:
@@ -100,7 +99,7 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     if not supported(p, arch):
         return []
     if p.block_scaled:  # 128 x 128 tiles: fresh fragments per k block beside the accumulators
-        return [{**t, "promotion": how} for how in PROMOTIONS for t in tiles(128)]
+        return tiles(128)
     split = [{**tiles(128)[0], "split_k": s} for s in split_choices(p, arch)]
     every = [choice for bn in _block_ns("gather" if p.is_conv else "tma") for choice in tiles(bn)] + split
     if not p.is_conv or im2col.refusal(p, _block_k(p)) is not None:
@@ -180,7 +179,7 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     if p.is_conv:
         return _default_im2col(p, arch)
     if p.block_scaled:  # the engine is its only tensor-core kernel, whatever the tile count
-        return {**tiles(128)[0], "promotion": PROMOTIONS[0]}
+        return tiles(128)[0]
     if output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch):
         return {**tiles(128)[0], "split_k": 2} if p.k >= 2 * MIN_SLICE_K and _fp32_partials(p) else None
     return tiles(256 if output_tiles(p, BLOCK_M, 256) >= sm_count(arch) else 128)[0]
@@ -255,16 +254,11 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     assert types is not None
     bk = _block_k(p)
     producer = _producer_of(ctx, p)
-    promotion = ctx.tuning.get("promotion", PROMOTIONS[0] if p.block_scaled else None)
-    if p.block_scaled and (bn != 128 or split != 1 or promotion not in PROMOTIONS):
+    if p.block_scaled and (bn != 128 or split != 1):
         raise UnsupportedError(
-            f"warp-specialised GEMM tuning {ctx.tuning}: a block-scaled matmul takes block_n 128, no split_k "
-            f"(its k-block fragments and the accumulators share the registers) and a promotion in {list(PROMOTIONS)}",
+            f"warp-specialised GEMM tuning {ctx.tuning}: a block-scaled matmul takes block_n 128 and no split_k "
+            "(its k-block fragments and the accumulators share the registers)",
             node=p.node.name,
-        )
-    if not p.block_scaled and promotion is not None:
-        raise UnsupportedError(
-            f"warp-specialised GEMM tuning {ctx.tuning}: 'promotion' is a block-scaled matmul's key", node=p.node.name
         )
     if bn not in _block_ns(producer) or stages < 2 or shared > MAX_SHARED:
         raise UnsupportedError(
@@ -334,12 +328,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     body += [
         "} else {",
         *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");']),
-        *indent(
-            consumer(
-                fused, p, names, layout, itype, aligned, gather, types.accumulator, split, promotion == "overlapped"
-            ),
-            1,
-        ).splitlines(),
+        *indent(consumer(fused, p, names, layout, itype, aligned, gather, types.accumulator, split), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_ws"
