@@ -6,8 +6,8 @@ matmul (graphdnn/ops/block_scaled.py) instead multiplies each 128-element k bloc
 tile, into a fresh fp32 fragment, waits for it, hands the stage back at once, and adds the
 fragment into the accumulators times the block's A scale (per row) and B scale (per 128
 columns, or per column). The scales are plain loads (L2: a few floats per thread per block)
-issued before the wait for the stage, so that their latency overlaps it and the wgmma; the
-other warpgroup's wgmma keeps the tensor cores busy while one promotes (DeepGEMM's scheme).
+issued a k block ahead, so that their latency overlaps a whole block's wgmma; the other
+warpgroup's wgmma keeps the tensor cores busy while one promotes (DeepGEMM's scheme).
 """
 
 from __future__ import annotations
