@@ -11,6 +11,7 @@ read and what _scaled_mm wants).
 
     PYTHONPATH=. python benchmarks/lowp_gemm.py          # on the GPU
     PYTHONPATH=. python benchmarks/lowp_gemm.py --dry    # emits the plans' kernels for sm_90, no GPU
+    PYTHONPATH=. python benchmarks/lowp_gemm.py --block-scaled  # block-scaled fp8 only (block_scaled_gemm.py)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import graphdnn as gd  # noqa: E402
+from benchmarks import block_scaled_gemm  # noqa: E402
 from codegen.families.gemm import candidates  # noqa: E402
 
 SIZES = (4096, 8192)
@@ -52,9 +54,13 @@ def graph(size: int, operand: str, out: str, scales: tuple[str, ...]) -> gd.Oper
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="emit each plan's kernels for sm_90 (no GPU, no NVRTC)")
+    parser.add_argument("--block-scaled", action="store_true", help="the block-scaled fp8 table only")
     args = parser.parse_args()
     if args.dry:
         return dry()
+    if args.block_scaled:
+        block_scaled_gemm.table()
+        return 0
     print("| GEMM | M=N=K | default plan TFLOP/s | engine, best tile | torch | best / torch |")
     print("|---|---|---|---|---|---|")
     for name, operand, out, scales in KINDS:
@@ -64,6 +70,8 @@ def main() -> int:
                 f"| {name} | {size} | {default:.0f} | {best:.0f} ({tile}) | {torch_rate:.0f} | {best / torch_rate:.2f} |",
                 flush=True,
             )
+    print()
+    block_scaled_gemm.table()
     return 0
 
 
@@ -72,12 +80,17 @@ def dry() -> int:
     from graphdnn.lower import lower
     from graphdnn.signature import signature
 
-    for name, operand, out, scales in KINDS:
-        for size in SIZES:
-            g = graph(size, operand, out, scales).validate()
-            sources = lower(fuse(g, arch=90), 90, signature(g), lambda content_hash: content_hash).sources
-            kernels = ", ".join(source.name for source in sources.values())
-            print(f"{name} {size}: {kernels}")
+    graphs = [(name, size, graph(size, operand, out, scales)) for name, operand, out, scales in KINDS for size in SIZES]
+    graphs += [
+        (f"block-scaled, {form}", size, block_scaled_gemm.graph(size, form))
+        for form in block_scaled_gemm.FORMS
+        for size in block_scaled_gemm.SIZES
+    ]
+    for name, size, spec in graphs:
+        g = spec.validate()
+        sources = lower(fuse(g, arch=90), 90, signature(g), lambda content_hash: content_hash).sources
+        kernels = ", ".join(source.name for source in sources.values())
+        print(f"{name} {size}: {kernels}")
     return 0
 
 

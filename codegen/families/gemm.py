@@ -75,6 +75,8 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     problem = problem_of(fused.anchor)
     if problem.is_grad:
         return _emit_grad(fused, ctx, problem)
+    if problem.block_scaled:
+        return _emit_block_scaled(fused, ctx, problem)
     slow = eight_bit_slow_path(problem, ctx.arch)
     if slow is not None:
         LOG.warning("%s", slow)
@@ -88,6 +90,30 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if default is not None:
         ctx = dataclasses.replace(ctx, tuning=default)
     return _tuned(fused, ctx, problem, problem.m)
+
+
+def _emit_block_scaled(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedProgram:
+    """A block-scaled fp8 matmul: the warp-specialised engine where it can read the operands
+    (sm_90, K-major fp8), else the SIMT kernel (sm_80 has no fp8 tensor cores; on sm_90 the
+    log says which layout the tensor cores need)."""
+    if not ws_candidates(problem, ctx.arch):
+        slow = eight_bit_slow_path(problem, ctx.arch)
+        if slow is not None:
+            LOG.warning("%s", slow)
+        if ctx.tuning:
+            raise UnsupportedError(
+                f"GEMM tuning {ctx.tuning}: this block-scaled matmul runs on the SIMT kernel here, which takes no tuning",
+                node=problem.node.name,
+            )
+        return FusedProgram(fused.name, (simt_kernel(fused, ctx, problem),))
+    if ctx.tuning and ctx.tuning.get("path") != "ws":
+        raise UnsupportedError(
+            f"GEMM tuning {ctx.tuning}: a block-scaled matmul runs on the warp-specialised engine only "
+            "({'path': 'ws', 'block_n': 128, 'stages': n})",
+            node=problem.node.name,
+        )
+    tuned = dataclasses.replace(ctx, tuning=ctx.tuning or default_ws(problem, ctx.arch) or {})
+    return FusedProgram(fused.name, (ws_kernel(fused, tuned, problem),))
 
 
 def _tuned(fused: FusedNode, ctx: EmitContext, problem: Problem, top_m: int) -> FusedProgram:
@@ -224,6 +250,8 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     problem = problem_of(fused.anchor)
     if not on_tensor_cores(problem, arch):
         return []
+    if problem.block_scaled:
+        return ws_candidates(problem, arch)
     if problem.is_grad:  # mma.sync, wgmma for dgrad; the direct kernel where no epilogue needs the GEMM
         direct: list[dict[str, object]] = [] if fused.epilogue else [{"path": "direct"}]
         wgmma = wgmma_candidates(problem, arch) if problem.a_layout == "mk" else []

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from fusion_rules import FusedNode
 from fusion_rules.conv_grad_gemm import CONV_GRADS, b_layout, operands, refusal
 from graphdnn.ir import Node, Tensor
+from graphdnn.ops.block_scaled import BLOCK, per_column
 from graphdnn.ops.conv import ConvAttributes
 from graphdnn.symbolic import Extent, Sym, upper
 
@@ -50,6 +51,12 @@ class Problem:
     k: int  # per group for a convolution
     groups: int
     batch: tuple[int, ...]  # output batch dims (matmul; at the symbols' maxima); () for convolution
+    a_scale: Tensor | None = None  # a block-scaled matmul's scales (graphdnn/ops/block_scaled.py)
+    b_scale: Tensor | None = None
+
+    @property
+    def block_scaled(self) -> bool:
+        return self.a_scale is not None
 
     @property
     def is_dynamic(self) -> bool:
@@ -108,7 +115,8 @@ def problem_of(node: Node) -> Problem:
     a, b = node.input("A"), node.input("B")
     assert a is not None and b is not None
     m, n, k = upper(out.dim[-2]), upper(out.dim[-1]), upper(a.dim[-1])  # n, k: symbolic ones are refused before
-    return Problem(node, a, b, out, m, n, k, 1, tuple(upper(d) for d in out.dim[:-2]))
+    batch = tuple(upper(d) for d in out.dim[:-2])
+    return Problem(node, a, b, out, m, n, k, 1, batch, node.input("A_scale"), node.input("B_scale"))
 
 
 def _grad_problem(node: Node) -> Problem:
@@ -214,6 +222,12 @@ def eight_bit_slow_path(p: Problem, arch: int) -> str | None:
         f"matmul '{p.node.name}' multiplies {a.data_type.value} by {b.data_type.value} on the SIMT kernel, not on "
         f"tensor cores, which read both operands K-major in 16-byte chunks: " + "; ".join(problems)
     )
+
+
+def scale_columns(p: Problem) -> int:
+    """The columns of C one B_scale column covers: 1 (128 x 1 blocks) or 128 (128 x 128 ones)."""
+    assert p.b_scale is not None
+    return 1 if per_column(p.b_scale, p.n) else BLOCK
 
 
 def declare(fused: FusedNode, problem: Problem) -> tuple[KernelParams, dict[int, str]]:

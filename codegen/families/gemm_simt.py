@@ -15,7 +15,7 @@ from ..cuda_types import load
 from ..indexing import c_extent, coordinates, loop_index_type
 from ..kernel import DynamicGrid, Kernel
 from .gemm_epilogue import Epilogue
-from .gemm_problem import Problem, batch_offsets_from_coords, declare
+from .gemm_problem import Problem, batch_offsets_from_coords, declare, scale_columns
 
 SIMT_THREADS = 256
 MAX_BLOCKS = 65535
@@ -38,11 +38,10 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     ]
     inner = coordinates("e", out.dim, range(rank), "c", itype)
     inner.append(f"{compute} acc = 0;")
-    a, b = names[p.a.id], names[p.b.id]
     if p.is_conv:
-        inner += _simt_conv_loop(p, a, b, compute, itype)
+        inner += _simt_conv_loop(p, names[p.a.id], names[p.b.id], compute, itype)
     else:
-        inner += _simt_matmul_loop(p, a, b, compute, itype)
+        inner += _simt_matmul_loop(p, names, compute, itype)
     inner += Epilogue(fused, p, names, compute).statements("acc")
     body += ["  " + line for line in inner] + ["}"]
     name, source = kernel_source(ctx, fused, pattern_name(fused) + "_simt", params, SIMT_THREADS, indent(body, 1))
@@ -89,14 +88,34 @@ def _simt_conv_loop(p: Problem, x: str, w: str, compute: str, itype: str) -> lis
     return lines
 
 
-def _simt_matmul_loop(p: Problem, a: str, b: str, compute: str, itype: str) -> list[str]:
+def _simt_matmul_loop(p: Problem, names: dict[int, str], compute: str, itype: str) -> list[str]:
     rank = len(p.out.dim)
     lines = batch_offsets_from_coords(p, itype)
     a_off = f"a_base + c{rank - 2} * {c_extent(p.a.stride[-2])} + kk * {c_extent(p.a.stride[-1])}"
     b_off = f"b_base + kk * {c_extent(p.b.stride[-2])} + c{rank - 1} * {c_extent(p.b.stride[-1])}"
-    lines.append(f"for ({itype} kk = 0; kk < {p.k}; ++kk) {{")
-    lines.append(
-        f"  acc += {load(p.a.data_type, f'{a}[{a_off}]', compute)} * {load(p.b.data_type, f'{b}[{b_off}]', compute)};"
+    a, b = (
+        load(p.a.data_type, f"{names[p.a.id]}[{a_off}]", compute),
+        load(p.b.data_type, f"{names[p.b.id]}[{b_off}]", compute),
     )
-    lines.append("}")
-    return lines
+    if p.block_scaled:
+        return lines + _block_scaled_loop(p, names, f"{a} * {b}", compute)
+    return [*lines, f"for ({itype} kk = 0; kk < {p.k}; ++kk) {{", f"  acc += {a} * {b};", "}"]
+
+
+def _block_scaled_loop(p: Problem, names: dict[int, str], product: str, compute: str) -> list[str]:
+    """The k loop as block-scaled fp8 (rank 2: c0 the row, c1 the column): each 128-element k
+    block's sum of ``product`` (of k index kk), times A's scale of (row, block) and B's of
+    (block, column or 128 columns) (ops/block_scaled.py)."""
+    assert p.a_scale is not None and p.b_scale is not None
+    sa, sb = p.a_scale, p.b_scale
+    a_scale = f"{names[sa.id]}[c0 * {c_extent(sa.stride[0])} + kb * {c_extent(sa.stride[1])}]"
+    b_scale = f"{names[sb.id]}[kb * {c_extent(sb.stride[0])} + c1 / {scale_columns(p)} * {c_extent(sb.stride[1])}]"
+    return [
+        f"for (int kb = 0; kb < {p.k // 128}; ++kb) {{",
+        f"  {compute} part = 0;",
+        "  for (int kk = kb * 128; kk < kb * 128 + 128; ++kk) {",
+        f"    part += {product};",
+        "  }",
+        f"  acc += part * {load(DataType.FLOAT, a_scale, compute)} * {load(DataType.FLOAT, b_scale, compute)};",
+        "}",
+    ]

@@ -64,17 +64,13 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     ]
 
 
-def wgmma_prelude(bn: int, types: OperandTypes, transpose_b: int) -> str:
+def wgmma_prelude(bn: int, types: OperandTypes, transpose_b: int, first: bool = False) -> str:
     """The wgmma device functions for a warpgroup tile 64 x ``bn`` of operands ``types``:
     ``wgmma_step`` multiplies one tensor-core step, 32 bytes of k (k16 of 16-bit operands, k32
-    of 8-bit ones, whose instructions take no transpose bits: 8-bit B is K-major)."""
+    of 8-bit ones, whose instructions take no transpose bits: 8-bit B is K-major). With
+    ``first`` (fp8), also ``wgmma_first``: the same step overwriting d (scale-d 0, d an output
+    only), which starts a fresh fragment without zeroing it."""
     count = bn // 2
-    outputs = ", ".join(f"%{i}" for i in range(count))
-    register = types.register
-    constraints = ",\n                 ".join(
-        ", ".join(f'"+{register}"(d[{i}])' for i in range(row, min(row + 8, count))) for row in range(0, count, 8)
-    )
-    acc = types.accumulator
     if types.integer:  # no input scales or transposes for integer operands
         operands = f"%{count}, %{count + 1}, 1"
     elif types.eight_bit:  # fp8: input scales (1: not negated), no transposes
@@ -137,15 +133,33 @@ template <int N> __device__ __forceinline__ void fence_accumulators(int (&acc)[N
         + f"""
 // d (the warpgroup's 64 x {bn} {types.accumulator_ptx.replace("f", "fp")} tile, wgmma fragment layout) += A (64 x {k}) * B ({k} x {bn}),
 // both from shared memory; B {layout}.
-__device__ __forceinline__ void wgmma_step({acc} (&d)[{count}], unsigned long long a, unsigned long long b) {{
-  asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k{k}{types.suffix} "
+"""
+        + _step_function("wgmma_step", bn, types, operands, "+")
+        + (
+            _step_function("wgmma_first", bn, types, operands.replace(", 1, 1, 1", ", 0, 1, 1", 1), "=")
+            if first
+            else ""
+        )
+    )
+
+
+def _step_function(name: str, bn: int, types: OperandTypes, operands: str, mode: str) -> str:
+    """One wgmma instruction as a device function of the fragment d (``mode`` "+": read and
+    written; "=": written only)."""
+    count = bn // 2
+    outputs = ", ".join(f"%{i}" for i in range(count))
+    constraints = ",\n                 ".join(
+        ", ".join(f'"{mode}{types.register}"(d[{i}])' for i in range(row, min(row + 8, count)))
+        for row in range(0, count, 8)
+    )
+    return f"""__device__ __forceinline__ void {name}({types.accumulator} (&d)[{count}], unsigned long long a, unsigned long long b) {{
+  asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k{types.k_step}{types.suffix} "
                "{{{outputs}}}, {operands};\\n"
                : {constraints}
                : "l"(a), "l"(b)
                : "memory");
 }}
 """
-    )
 
 
 def wgmma_kernel(

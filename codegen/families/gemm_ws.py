@@ -49,7 +49,6 @@ from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_
 from ..indexing import c_extent
 from ..kernel import DynamicGrid, Kernel
 from . import gemm_im2col as im2col
-from .gemm_epilogue import tile_epilogue
 from .gemm_loaders import (
     ASYNC_COPY_PRELUDE,
     SmemTiles,
@@ -58,10 +57,10 @@ from .gemm_loaders import (
     element_types,
     load_tile_lambda,
 )
-from .gemm_problem import Problem, batch_coords, declare, index_type_of, tensor_core_layout, tensor_core_types
+from .gemm_problem import Problem, declare, index_type_of, tensor_core_layout, tensor_core_types
 from .gemm_sm90 import ARCH, BLOCK_K_BYTES, MAX_SHARED, wgmma_prelude
-from .gemm_splitk import MIN_SLICE_K, PARTIALS, KSlices, output_tiles, partial_chunks
-from .tensor_core import zero
+from .gemm_splitk import MIN_SLICE_K, PARTIALS, KSlices, output_tiles
+from .gemm_ws_consumer import SUBTILE, consumer, tile_coordinates, units
 from .tma_prelude import mbarrier_prelude
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row (BLOCK_K_BYTES)
@@ -70,7 +69,6 @@ CONSUMER_WARPS = 8
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 * 40 + 256 * 232 <= 64K registers
 GROUP_M = 8
 BARRIER_BYTES = 16  # a full and an empty mbarrier per stage
-SUBTILE = 64  # a consumer stages its 64 rows of the tile 64 columns at a time for the epilogue
 STAGING = 2 * SUBTILE * SUBTILE * 4  # fp32, one subtile per consumer
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 BLOCK_NS = (128, 256)
@@ -100,6 +98,8 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     im2col one where it can take the convolution."""
     if not supported(p, arch):
         return []
+    if p.block_scaled:  # 128 x 128 tiles: fresh fragments per k block beside the accumulators
+        return tiles(128)
     split = [{**tiles(128)[0], "split_k": s} for s in split_choices(p, arch)]
     every = [choice for bn in _block_ns("gather" if p.is_conv else "tma") for choice in tiles(bn)] + split
     if not p.is_conv or im2col.refusal(p, _block_k(p)) is not None:
@@ -178,6 +178,8 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
         return None
     if p.is_conv:
         return _default_im2col(p, arch)
+    if p.block_scaled:  # the engine is its only tensor-core kernel, whatever the tile count
+        return tiles(128)[0]
     if output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch):
         return {**tiles(128)[0], "split_k": 2} if p.k >= 2 * MIN_SLICE_K and _fp32_partials(p) else None
     return tiles(256 if output_tiles(p, BLOCK_M, 256) >= sm_count(arch) else 128)[0]
@@ -252,6 +254,12 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     assert types is not None
     bk = _block_k(p)
     producer = _producer_of(ctx, p)
+    if p.block_scaled and (bn != 128 or split != 1):
+        raise UnsupportedError(
+            f"warp-specialised GEMM tuning {ctx.tuning}: a block-scaled matmul takes block_n 128 and no split_k "
+            "(its k-block fragments and the accumulators share the registers)",
+            node=p.node.name,
+        )
     if bn not in _block_ns(producer) or stages < 2 or shared > MAX_SHARED:
         raise UnsupportedError(
             f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(_block_ns(producer))} and 2 or "
@@ -320,12 +328,12 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     body += [
         "} else {",
         *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");']),
-        *indent(_consumer(fused, p, names, layout, itype, aligned, gather, types.accumulator, split), 1).splitlines(),
+        *indent(consumer(fused, p, names, layout, itype, aligned, gather, types.accumulator, split), 1).splitlines(),
         "}",
     ]
     pattern = pattern_name(fused) + "_ws"
     name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
-    functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, types, 1 if layout == "kn" else 0)
+    functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, types, 1 if layout == "kn" else 0, first=p.block_scaled)
     if producer == "im2col":
         functions += mbarrier_prelude(len(p.b.dim)) + im2col.prelude(p)
     else:
@@ -386,29 +394,6 @@ def ws_split(ctx: EmitContext, p: Problem) -> int:
     return split
 
 
-def _units() -> list[str]:
-    """The persistent loop over (tile, K slice) units, a slice's units adjacent, and the unit's
-    k tiles ``kt_first`` .. ``kt_end`` (the last slices may hold fewer, or none)."""
-    return [
-        "for (int unit = blockIdx.x; unit < TILES * SPLIT; unit += gridDim.x) {",
-        "  const int tile = unit / SPLIT, slice = unit % SPLIT;",
-        "  const int kt_first = slice * SLICE_TILES, kt_end = min(KTILES, kt_first + SLICE_TILES);",
-    ]
-
-
-def _tile_coordinates(p: Problem, itype: str) -> list[str]:
-    """Tile ``tile`` -> its first row ``m0``, column ``n0`` and the output batch coordinates c0..:
-    GROUP_M tile rows at a time, column by column within the group."""
-    return [
-        "const int batch = tile / BATCH_TILES, t = tile % BATCH_TILES;",
-        "const int first = t / (GROUP_M * TILES_N) * GROUP_M, rows = min(TILES_M - first, GROUP_M);",
-        "const int tm = first + t % (GROUP_M * TILES_N) % rows, tn = t % (GROUP_M * TILES_N) / rows;",
-        f"const {itype} m0 = ({itype})tm * BM;",
-        "const int n0 = tn * BN;",
-        *batch_coords(p, itype, "batch"),
-    ]
-
-
 def _map_coordinates(t: Tensor, p: Problem, matrix: tuple[str, str]) -> list[str]:
     """The tensor-map coordinates of ``t``'s tile: ``matrix`` (inner, outer) then its batch axes."""
     shift = len(p.batch) - (len(t.dim) - 2)
@@ -422,8 +407,8 @@ def _producer(p: Problem, itype: str, tile_setup: list[str], loads: list[str]) -
     return [
         "int stage = 0;",
         "unsigned phase = 0;",
-        *_units(),
-        *("  " + line for line in _tile_coordinates(p, itype)),
+        *units(),
+        *("  " + line for line in tile_coordinates(p, itype)),
         *("  " + line for line in tile_setup),
         "  for (int kt = kt_first; kt < kt_end; ++kt) {",
         "    mbar_wait(empty + 8 * stage, phase ^ 1);  // the consumers released this buffer (passes at first)",
@@ -488,8 +473,8 @@ def _gather_producer(
         "unsigned char* const b_smem = smem_raw + (b_tiles - smem_addr(smem_raw));",
         "int stage = 0;",
         "unsigned phase = 0;",
-        *_units(),
-        *("  " + line for line in _tile_coordinates(p, itype)),
+        *units(),
+        *("  " + line for line in tile_coordinates(p, itype)),
         f"  const {itype} block_m = m0;",
         "  const int block_n = n0;",
         *("  " + line for line in loader),
@@ -498,101 +483,6 @@ def _gather_producer(
         "    load_tile(stage, kt);",
         '    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\\n" ::"r"(full + 8 * stage) : "memory");',
         "    if (++stage == STAGES) stage = 0, phase ^= 1;",
-        "  }",
-        "}",
-    ]
-
-
-def _consumer(
-    fused: FusedNode,
-    p: Problem,
-    names: dict[int, str],
-    layout: str | None,
-    itype: str,
-    aligned: str,
-    gather: bool,
-    accumulator: str,
-    split: int,
-) -> list[str]:
-    # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
-    b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
-    return [
-        "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the tile",
-        "int stage = 0;",
-        "unsigned phase = 0;",
-        *_units(),
-        *("  " + line for line in _tile_coordinates(p, itype)),
-        f"  {accumulator} acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
-        "#pragma unroll",
-        f"  for (int i = 0; i < BN / 2; ++i) acc[i] = {zero(accumulator)};",
-        "  int previous = 0;",
-        "  for (int kt = kt_first; kt < kt_end; ++kt) {",
-        "    mbar_wait(full + 8 * stage, phase);",
-        *(
-            # the gathered tile was written through the generic proxy; wgmma reads through the async one
-            ['    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");'] if gather else []
-        ),
-        "    fence_accumulators(acc);",
-        "    wgmma_fence();",
-        "#pragma unroll",
-        f"    for (int kk = 0; kk < {BLOCK_K_BYTES // 32}; ++kk)  // steps of 32 bytes of k",
-        "      wgmma_step(acc, wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128) + kk * 32, 16, 1024),",
-        f"                wgmma_descriptor(b_tiles + stage * B_STAGE + kk * {b_step}, {b_leading}, {b_stride}));",
-        "    wgmma_commit();",
-        "    wgmma_wait<1>();  // the batch of k tile kt-1 is done: its buffer goes back to the producer",
-        "    fence_accumulators(acc);",
-        "    if (kt > kt_first && lane == 0) mbar_arrive(empty + 8 * previous);",
-        "    previous = stage;",
-        "    if (++stage == STAGES) stage = 0, phase ^= 1;",
-        "  }",
-        "  wgmma_wait<0>();",
-        "  fence_accumulators(acc);",
-        "  if (kt_end > kt_first && lane == 0) mbar_arrive(empty + 8 * previous);",
-        *("  " + line for line in _epilogue(fused, p, names, itype, aligned, accumulator, split)),
-        "}",
-    ]
-
-
-def _epilogue(
-    fused: FusedNode, p: Problem, names: dict[int, str], itype: str, aligned: str, accumulator: str, split: int
-) -> list[str]:
-    """The warpgroup's 64 rows, SUBTILE columns at a time: accumulators into its fp32 staging
-    subtile (named barriers: the warpgroup alone), then the shared tile epilogue over the
-    subtile (gemm_epilogue.tile_epilogue: 8 consecutive columns per thread, 16-byte stores),
-    or with split-K the subtile into the unit's partial tile (gemm_splitk's layout).
-
-    wgmma m64nN fragment: warp w of the warpgroup holds rows 16w..16w+15; acc[4j + 2h + e] is
-    row lane/4 + 8h, column 8j + 2 (lane % 4) + e."""
-    fetch = [
-        f"*reinterpret_cast<{accumulator}4*>(acc8) = *reinterpret_cast<const {accumulator}4*>(subtile + staged_at(row, col));",
-        f"*reinterpret_cast<{accumulator}4*>(acc8 + 4) = *reinterpret_cast<const {accumulator}4*>(subtile + staged_at(row, col + 4));",
-    ]
-    return [
-        f"{accumulator}* const subtile = staging + consumer * ({SUBTILE} * {SUBTILE});",
-        f"constexpr int SUBTILES = BN / {SUBTILE};",
-        "#pragma unroll",
-        "for (int sub = 0; sub < SUBTILES; ++sub) {",
-        "  warpgroup_sync(consumer);  // the subtile before is read",
-        "#pragma unroll",
-        f"  for (int j = 0; j < {SUBTILE // 8}; ++j) {{",
-        "    const int row = (warp & 3) * 16 + (lane >> 2), col = j * 8 + (lane & 3) * 2, a = 4 * (sub * 8 + j);",
-        f"    *reinterpret_cast<{accumulator}2*>(subtile + staged_at(row, col)) = make_{accumulator}2(acc[a], acc[a + 1]);",
-        f"    *reinterpret_cast<{accumulator}2*>(subtile + staged_at(row + 8, col)) = make_{accumulator}2(acc[a + 2], acc[a + 3]);",
-        "  }",
-        "  warpgroup_sync(consumer);  // the subtile is whole",
-        "  {  // the tile epilogue's names, for this warpgroup's subtile",
-        f"    constexpr int BM = 64, BN = {SUBTILE}, THREADS = 128;",
-        "    const int tid = threadIdx.x % 128;",
-        f"    const {itype} block_m = m0 + consumer * 64;",
-        f"    const int block_n = n0 + sub * {SUBTILE};",
-        *(
-            "    " + line
-            for line in (
-                partial_chunks(p, "(batch * SPLIT + slice)", lambda col: f"subtile + staged_at(row, {col})")
-                if split > 1
-                else tile_epilogue(fused, p, names, itype, aligned, fetch, batch_index="batch")
-            )
-        ),
         "  }",
         "}",
     ]

@@ -2,6 +2,9 @@
 
 A is ``[..., M, K]``, B ``[..., K, N]``; the batch dims (all but the last two) broadcast
 NumPy-style, right-aligned, so the ranks may differ. C is ``[..., M, N]``, row-major.
+
+Block-scaled fp8 (DeepSeek-V3's recipe, block_scaled.py): with ``A_scale`` and ``B_scale``
+bound, C = (A * A_scale per 1 x 128 block) @ (B * B_scale per 128 x 128 or 128 x 1 block).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 
 from ..symbolic import Extent
 from .base import Category, Inferred, Op, Role, broadcast, fail, register
+from .block_scaled import check_block_scales, scaled_operands
 
 if TYPE_CHECKING:
     from ..ir import Node
@@ -23,7 +27,12 @@ if TYPE_CHECKING:
 class Matmul(Op):
     kind = "matmul"
     category = Category.MATMUL
-    inputs = (Role("A"), Role("B"))
+    inputs = (
+        Role("A"),
+        Role("B"),
+        Role("A_scale", optional=True, positive=True),
+        Role("B_scale", optional=True, positive=True),
+    )
     outputs = (Role("C"),)
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
@@ -46,20 +55,29 @@ class Matmul(Op):
                 "do not broadcast (each pair, right-aligned, must be equal or contain a 1; a symbolic dim only equals itself)",
                 role="B",
             )
+        check_block_scales(node)
         return {"C": Inferred((*batch, a.dim[-2], b.dim[-1]))}
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The operands arrive widened to float64 (reference.py): fp8 and int8 products are
         exact, fp8 sums at least as accurate as fp32 accumulation, int8 sums exact integers
         (below 2^53), as cuDNN's int32 accumulator; C is then rounded to its own type."""
-        return {"C": np.matmul(x["A"], x["B"])}
+        return {"C": np.matmul(*scaled_operands(x))}
 
 
 class MatmulMethods:
     _add_node: Callable[..., list[Any]]
 
     def matmul(
-        self, A: TensorSpec, B: TensorSpec, compute_data_type: Any = None, name: str | None = None
+        self,
+        A: TensorSpec,
+        B: TensorSpec,
+        compute_data_type: Any = None,
+        name: str | None = None,
+        A_scale: TensorSpec | None = None,
+        B_scale: TensorSpec | None = None,
     ) -> TensorSpec:
-        """C = A @ B, batched over the leading dims with NumPy broadcasting."""
-        return self._add_node("matmul", {"A": A, "B": B}, name=name, compute_data_type=compute_data_type)[0]
+        """C = A @ B, batched over the leading dims with NumPy broadcasting; with ``A_scale`` and
+        ``B_scale``, block-scaled fp8 operands (docs/ops.md)."""
+        inputs = {"A": A, "B": B, "A_scale": A_scale, "B_scale": B_scale}
+        return self._add_node("matmul", inputs, name=name, compute_data_type=compute_data_type)[0]

@@ -1,0 +1,133 @@
+"""Block-scaled fp8 GEMM (issue 12, DeepSeek-V3's recipe) beside torch on the same GPU: e4m3
+A [M, K] with fp32 scales per 1 x 128 block, B [K, N] stored K-major with fp32 scales per
+128 x 128 block (the matmul's A_scale / B_scale) or per 128 x 1 block (the graph
+block_scale_dequantize(A), block_scale_dequantize(B) -> matmul, which the block_scaled_matmul
+rule fuses), bf16 C. The peers: torch._scaled_mm with per-tensor scales (cuBLASLt, the fp8
+ceiling) and, where this torch has it, _scaled_mm's blockwise 1 x 128 / 128 x 128 form.
+Outputs are checked against the dequantized product computed by torch in fp32.
+
+    PYTHONPATH=. python benchmarks/lowp_gemm.py --block-scaled   # on the GPU
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import graphdnn as gd
+
+SIZES = (4096, 8192)
+FORMS = ("matmul 1x128 / 128x128", "dequantize graph 1x128 / 128x1")
+BLOCK = 128
+
+
+def graph(size: int, form: str) -> gd.OperationGraphSpec:
+    m = n = k = size
+    g = gd.OperationGraphSpec(
+        name=f"block_scaled_{size}", io_data_type="fp8_e4m3", intermediate_data_type="float", compute_data_type="float"
+    )
+    a, b = g.tensor(name="a", dim=[m, k]), g.tensor(name="b", dim=[k, n], stride=[1, k])
+    sa = g.tensor(name="scale_a", dim=[m, k // BLOCK], data_type="float")
+    if form.startswith("matmul"):
+        sb = g.tensor(name="scale_b", dim=[k // BLOCK, n // BLOCK], data_type="float")
+        c = g.matmul(a, b, A_scale=sa, B_scale=sb, name="mm")
+    else:
+        sb = g.tensor(name="scale_b", dim=[k // BLOCK, n], data_type="float")
+        c = g.matmul(g.block_scale_dequantize(a, sa, BLOCK), g.block_scale_dequantize(b, sb, BLOCK, axis=0), name="mm")
+    c.set_name("c").set_output(True).set_data_type("bfloat16")
+    return g
+
+
+def table() -> None:
+    print(
+        "| GEMM | M=N=K | default plan TFLOP/s | engine, best stages | _scaled_mm per-tensor | "
+        "_scaled_mm blockwise | default / per-tensor |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for form in FORMS:
+        for size in SIZES:
+            print(row(size, form), flush=True)
+
+
+def row(size: int, form: str) -> str:
+    """One table row: ours (default plan, each engine candidate) and the peers, in TFLOP/s."""
+    from codegen.families.gemm import candidates
+
+    inputs, want, peers = _inputs(size, form)
+    flop = 2 * size**3
+    fused = next(f for f in gd.fuse(graph(size, form)).nodes if f.anchor is not None)
+    assert fused.anchor is not None and fused.anchor.input("A_scale") is not None, "not block-scaled"
+    default = flop / _time(graph(size, form), inputs, want, None) / 1e6
+    every = [
+        (flop / _time(graph(size, form), inputs, want, {fused.name: c}) / 1e6, f"{c['stages']}")
+        for c in candidates(fused, 90)
+    ]
+    best = max(every)
+    print("  candidates (TFLOP/s, stages): " + ", ".join(f"{rate:.0f} {label}" for rate, label in every))
+    rates = {name: (f"{flop / _median(fn) / 1e6:.0f}" if fn else why) for name, (fn, why) in peers.items()}
+    per_tensor = flop / _median(peers["tensor"][0]) / 1e6
+    return (
+        f"| fp8 e4m3 block-scaled, {form} | {size} | {default:.0f} | {best[0]:.0f} ({best[1]} stages) | "
+        f"{rates['tensor']} | {rates['blockwise']} | {default / per_tensor:.2f} |"
+    )
+
+
+def _median(fn: Callable[[], Any] | None) -> float:
+    from benchmarks.measure import median_us
+
+    assert fn is not None
+    return median_us(fn)
+
+
+def _time(g: gd.OperationGraphSpec, inputs: dict[str, Any], want: Any, tuning: dict[str, Any] | None) -> float:
+    import torch
+
+    c = torch.empty_like(want)
+    bound = gd.compile(g, tuning=tuning).bind({**inputs, "c": c})
+    c.fill_(float("nan"))
+    bound()
+    error = ((c.double() - want.double()).norm() / want.double().norm()).item()
+    assert error <= 1e-2, f"{g.name} {tuning}: relative error {error:.3g}"
+    return _median(bound)
+
+
+def _inputs(size: int, form: str) -> tuple[dict[str, Any], Any, dict[str, tuple[Callable[[], Any] | None, str]]]:
+    """The feeds, the fp32 dequantized product (bf16) and the peers: name -> (call, or None and why)."""
+    import torch
+
+    m = n = k = size
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()  # K-major [K, N]
+    scale_a = torch.rand(m, k // BLOCK, device="cuda") + 0.5
+    columns = n // BLOCK if form.startswith("matmul") else n
+    scale_b = torch.rand(k // BLOCK, columns, device="cuda") + 0.5
+    expand_b = scale_b.repeat_interleave(BLOCK, 0)
+    expand_b = expand_b.repeat_interleave(BLOCK, 1) if columns != n else expand_b
+    want = ((a.float() * scale_a.repeat_interleave(BLOCK, 1)) @ (b.float() * expand_b)).to(torch.bfloat16)
+    one = torch.tensor(1.0, device="cuda")
+    peers: dict[str, tuple[Callable[[], Any] | None, str]] = {
+        "tensor": (lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), "")
+    }
+    peers["blockwise"] = _blockwise_peer(a, b, scale_a, scale_b if columns != n else None)
+    return {"a": a, "b": b, "scale_a": scale_a, "scale_b": scale_b}, want, peers
+
+
+def _blockwise_peer(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[Callable[[], Any] | None, str]:
+    """torch._scaled_mm's 1 x 128 / 128 x 128 form (cuBLASLt, scales outer-dim major), checked once;
+    None and the reason where this torch or GPU lacks it, or for 128 x 1 B scales (no such form)."""
+    import torch
+
+    if scale_b is None:
+        return None, "n/a (no 128x1 form)"
+    sa = scale_a.t().contiguous().t()  # [M, K/128], M contiguous
+    sb = scale_b.t().contiguous().t()
+    try:
+        call = lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
+        got = call()
+    except (RuntimeError, TypeError, ValueError) as error:
+        return None, f"n/a ({str(error).splitlines()[0][:60]})"
+    want = (a.float() * scale_a.repeat_interleave(BLOCK, 1)) @ (
+        b.float() * scale_b.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+    )
+    error = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    return (call, "") if error <= 1e-2 else (None, f"n/a (relative error {error:.2g}: another scale layout)")
