@@ -49,42 +49,7 @@ MAX_SHARED = 227 * 1024  # an sm_90 block's dynamic shared memory, opted in
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 
 
-def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
-    """The wgmma launch choices for ``p`` on sm_``arch``: none off sm_90 or off the tensor-core
-    layouts; the tiles, then their split-K variants where the output has few tiles."""
-    if arch != ARCH or tensor_core_layout(p) is None:
-        return []
-    tiles: list[dict[str, object]] = [
-        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in TILES
-    ]
-    return tiles + [
-        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages, "split_k": split}
-        for bm, bn, stages in TILES
-        for split in split_choices(p, output_tiles(p, bm, bn), arch)
-    ]
-
-
-def wgmma_prelude(bn: int, types: OperandTypes, transpose_b: int) -> str:
-    """The wgmma device functions for a warpgroup tile 64 x ``bn`` of operands ``types``:
-    ``wgmma_step`` multiplies one tensor-core step, 32 bytes of k (k16 of 16-bit operands, k32
-    of 8-bit ones, whose instructions take no transpose bits: 8-bit B is K-major)."""
-    count = bn // 2
-    outputs = ", ".join(f"%{i}" for i in range(count))
-    register = types.register
-    constraints = ",\n                 ".join(
-        ", ".join(f'"+{register}"(d[{i}])' for i in range(row, min(row + 8, count))) for row in range(0, count, 8)
-    )
-    acc = types.accumulator
-    if types.integer:  # no input scales or transposes for integer operands
-        operands = f"%{count}, %{count + 1}, 1"
-    elif types.eight_bit:  # fp8: input scales (1: not negated), no transposes
-        operands = f"%{count}, %{count + 1}, 1, 1, 1"
-    else:
-        operands = f"%{count}, %{count + 1}, 1, 1, 1, 0, {transpose_b}"
-    k = types.k_step
-    layout = f"{'n' if transpose_b else 'k'}-contiguous" + ("" if types.eight_bit else f": transpose bit {transpose_b}")
-    return (
-        r"""
+WGMMA_HELPERS = r"""
 // ---- wgmma (sm_90a) building blocks ----
 // Tiles in shared memory use the 128-byte swizzle: rows of 128 bytes (64 16-bit or 128 8-bit elements),
 // in groups of 8 rows (1024 bytes); 16-byte chunk c of row r sits at chunk c ^ (r % 8). The
@@ -134,10 +99,52 @@ template <int N> __device__ __forceinline__ void fence_accumulators(int (&acc)[N
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(acc[i])::"memory");
 }
 """
-        + f"""
+
+
+def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
+    """The wgmma launch choices for ``p`` on sm_``arch``: none off sm_90 or off the tensor-core
+    layouts; the tiles, then their split-K variants where the output has few tiles."""
+    if arch != ARCH or tensor_core_layout(p) is None:
+        return []
+    tiles: list[dict[str, object]] = [
+        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in TILES
+    ]
+    return tiles + [
+        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages, "split_k": split}
+        for bm, bn, stages in TILES
+        for split in split_choices(p, output_tiles(p, bm, bn), arch)
+    ]
+
+
+def wgmma_prelude(bn: int, types: OperandTypes, transpose_b: int) -> str:
+    """The wgmma device functions for a warpgroup tile 64 x ``bn`` of operands ``types``:
+    the helpers of :data:`WGMMA_HELPERS` and ``wgmma_step`` (:func:`wgmma_step_function`)."""
+    return WGMMA_HELPERS + wgmma_step_function(bn, types, transpose_b)
+
+
+def wgmma_step_function(bn: int, types: OperandTypes, transpose_b: int, name: str = "wgmma_step") -> str:
+    """``name`` multiplies one tensor-core step, 32 bytes of k (k16 of 16-bit operands, k32 of
+    8-bit ones, whose instructions take no transpose bits: 8-bit B is K-major), into a 64 x
+    ``bn`` warpgroup tile; a kernel with two kinds of step names the second one apart."""
+    count = bn // 2
+    outputs = ", ".join(f"%{i}" for i in range(count))
+    register = types.register
+    constraints = ",\n                 ".join(
+        ", ".join(f'"+{register}"(d[{i}])' for i in range(row, min(row + 8, count))) for row in range(0, count, 8)
+    )
+    acc = types.accumulator
+    if types.integer:  # no input scales or transposes for integer operands
+        operands = f"%{count}, %{count + 1}, 1"
+    elif types.eight_bit:  # fp8: input scales (1: not negated), no transposes
+        operands = f"%{count}, %{count + 1}, 1, 1, 1"
+    else:
+        operands = f"%{count}, %{count + 1}, 1, 1, 1, 0, {transpose_b}"
+    k = types.k_step
+    layout = f"{'n' if transpose_b else 'k'}-contiguous" + ("" if types.eight_bit else f": transpose bit {transpose_b}")
+    return f"""
 // d (the warpgroup's 64 x {bn} {types.accumulator_ptx.replace("f", "fp")} tile, wgmma fragment layout) += A (64 x {k}) * B ({k} x {bn}),
 // both from shared memory; B {layout}.
-__device__ __forceinline__ void wgmma_step({acc} (&d)[{count}], unsigned long long a, unsigned long long b) {{
+__device__ __forceinline__ void {name}({acc} (&d)[{count}], unsigned long long a, unsigned long long b) {{
   asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k{k}{types.suffix} "
                "{{{outputs}}}, {operands};\\n"
                : {constraints}
@@ -145,7 +152,6 @@ __device__ __forceinline__ void wgmma_step({acc} (&d)[{count}], unsigned long lo
                : "memory");
 }}
 """
-    )
 
 
 def wgmma_kernel(
