@@ -30,7 +30,8 @@ def backward_program(case: str, tuning: dict[str, object] | None = None, arch: i
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
-    _, fused, program = backward_program(case)
+    """The sm_80 kernels (sm_90 takes the same where the wgmma kernels do not apply)."""
+    _, fused, program = backward_program(case, arch=80)
     delta, dkdv, dq = program.kernels
     assert "_delta_" in delta.name and "_dkdv_" in dkdv.name and "_dq_" in dq.name
     (scratch,) = program.scratch
@@ -44,6 +45,15 @@ def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
     assert path in dkdv.name and path in dq.name
     if tensor_cores:
         assert 0 < dkdv.shared_bytes <= 160 * 1024 and "mma.sync" in dkdv.source and "ldmatrix" in dq.source
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sm90_takes_the_wgmma_kernels_where_they_apply_and_the_sm80_ones_elsewhere(case: str) -> None:
+    names = [k.name.rsplit("_", 1)[0] for k in backward_program(case)[2].kernels]
+    if case in WGMMA_CASES:
+        assert names == ["gd_sdpa_backward_delta", "gd_sdpa_backward_dkdv_wgmma", "gd_sdpa_backward_dq_convert"]
+    else:
+        assert names == [k.name.rsplit("_", 1)[0] for k in backward_program(case, arch=80)[2].kernels]
 
 
 def test_each_tuning_takes_its_kernels_and_nothing_else_is_a_choice() -> None:
@@ -61,7 +71,7 @@ def test_wgmma_kernels_compile_for_sm90(case: str) -> None:
     _, _, program = backward_program(case, WGMMA)
     delta, dkdv, convert = program.kernels
     assert "_dkdv_wgmma_" in dkdv.name and "_dq_convert_" in convert.name and dkdv.arch_suffix == "a"
-    assert "wgmma.mma_async" in dkdv.source and "atomicAdd" in dkdv.source and "dq_accum" in delta.source
+    assert "wgmma.mma_async" in dkdv.source and "cp.reduce.async.bulk" in dkdv.source and "dq_accum" in delta.source
     c = WGMMA_CASES[case]
     assert [s.bytes for s in program.scratch] == [4 * c.b * c.hq * c.sq, 4 * c.b * c.hq * c.sq * c.d]
     assert dkdv.shared_bytes == shared_bytes(c.d) <= 227 * 1024

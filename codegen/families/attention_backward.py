@@ -7,10 +7,10 @@ Three paths:
   (attention_backward_mma.py), deterministic (no atomics: every gradient element is summed by
   one thread in a fixed order);
 - on sm_90, for fp16/bf16 at head dims 64 and 128 with no mask or a causal one, wgmma kernels in
-  FlashAttention-3's shape (attention_backward_wgmma.py): dK, dV and dQ's sums in one kernel,
-  dQ added in fp32 with atomics (the preprocess kernel zeroes ``dq_accum``) and converted by
-  the last kernel; taken with the tuning ``{"path": "wgmma"}`` (``{"path": "mma"}`` names the
-  mma.sync path);
+  FlashAttention-3's shape (attention_backward_wgmma.py), the default there: dK, dV and dQ's sums
+  in one kernel, dQ added in fp32 by bulk reductions (the preprocess kernel zeroes
+  ``dq_accum``) and converted by the last kernel, not bitwise deterministic; the tunings
+  ``{"path": "wgmma"}`` and ``{"path": "mma"}`` name either path;
 - else fp32 SIMT tiles (attention_backward_simt.py), which take any type, layout and head dim
   (the tuning ``{"path": "simt"}`` takes them for any problem: the CPU emulation runs them, and
   they check the tensor-core kernels on a GPU).
@@ -57,16 +57,17 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
 
 def path(ab: AttentionBackward, ctx: EmitContext) -> str:
-    """ "simt", "mma" or "wgmma": the tuning's, else mma.sync where it applies, else SIMT. A tuning
-    that names a path the problem cannot take is an error saying why."""
+    """ "simt", "mma" or "wgmma": the tuning's, else wgmma where it applies (measured faster than
+    mma.sync on an H200: benchmarks/RESULTS.md, session 7), else mma.sync where it applies, else
+    SIMT. A tuning that names a path the problem cannot take is an error saying why."""
     if ctx.tuning == SIMT:
         return "simt"
-    if ctx.tuning == WGMMA:
-        reason = attention_backward_wgmma.unsupported(ab, ctx.arch)
-        if reason is not None:
-            raise UnsupportedError(
-                f"sdpa_backward node '{ab.problem.node.name}': the wgmma kernels do not take {reason}"
-            )
+    wgmma_unsupported = attention_backward_wgmma.unsupported(ab, ctx.arch)
+    if ctx.tuning == WGMMA and wgmma_unsupported is not None:
+        raise UnsupportedError(
+            f"sdpa_backward node '{ab.problem.node.name}': the wgmma kernels do not take {wgmma_unsupported}"
+        )
+    if ctx.tuning == WGMMA or (not ctx.tuning and wgmma_unsupported is None):
         return "wgmma"
     if attention_backward_mma.supported(ab):
         return "mma"

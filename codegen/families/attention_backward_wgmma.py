@@ -8,10 +8,12 @@ head of the group that see its keys. Per query tile each warpgroup computes
 - Pᵀ = 2^(score - lse) and dSᵀ = Pᵀ (dPᵀ - delta) in registers (lse and delta per column);
 - dV += Pᵀ dO and dK += dSᵀ Q, Pᵀ and dSᵀ straight from the registers (the accumulator layout
   is the register A operand) and dO and Q read n-major from the tiles they were read from;
-- dQ += dS K: dSᵀ stored to shared memory as the K-major A tile of its 64 keys, a wgmma per 64
-  columns of D, and the warpgroup's partial added into ``dq_accum`` (fp32, zeroed by the
-  preprocess kernel) with atomics; the last kernel writes dQ = scale * dq_accum.
-The atomics' order varies run to run: unlike the mma.sync path, dQ is not bitwise deterministic.
+- dQ += dS K: dSᵀ stored to shared memory as the K-major A tile of dS, a wgmma per warpgroup for
+  64 columns of dQ, and the partial added into ``dq_accum`` (fp32, zeroed by the preprocess
+  kernel) by bulk reductions in L2 (``cp.reduce.async.bulk``, a row each, as FlashAttention-3
+  adds dQ); the last kernel writes dQ = scale * dq_accum.
+The order of the blocks' additions varies run to run: unlike the mma.sync path, dQ is not
+bitwise deterministic.
 
 No warp specialisation: every thread copies the next query tile's Q and dO (cp.async, the
 forward's swizzled row copies) while the current one is computed, two stages.
@@ -50,7 +52,6 @@ from .attention_wgmma import swizzled_row_copies, wgmma_registers_a
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import ALIGN_SLACK, ARCH, MAX_SHARED, wgmma_prelude, wgmma_step_function
 from .tensor_core import TENSOR_CORE_TYPES, OperandTypes
-from .tma_prelude import mbarrier_prelude
 
 BN = 128  # keys per block: a warpgroup per 64
 BQ = 64  # query rows per tile
@@ -58,6 +59,7 @@ THREADS = 256
 STAGES = 2  # query tiles in shared memory: the one computed and the one being copied
 HEAD_DIMS = (64, 128)
 CONVERT_THREADS = 256
+DQ_ROW = 64 + 8  # floats per staged dQ row: the 8 of padding keep a half-warp's float2 stores off each other's banks
 
 
 def unsupported(ab: AttentionBackward, arch: int) -> str | None:
@@ -82,8 +84,9 @@ def unsupported(ab: AttentionBackward, arch: int) -> str | None:
 
 
 def shared_bytes(d: int) -> int:
-    """K and V of the block, two stages of Q and dO, and the dS tile (bytes, with the alignment slack)."""
-    return 2 * (2 * BN * d + STAGES * 2 * BQ * d + BQ * BN) + ALIGN_SLACK
+    """K and V of the block, two stages of Q and dO, the dS tile and each warpgroup's staged
+    64 x 64 fp32 dQ partial (bytes, with the alignment slack)."""
+    return 2 * (2 * BN * d + STAGES * 2 * BQ * d + BQ * BN) + 2 * 64 * DQ_ROW * 4 + ALIGN_SLACK
 
 
 def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
@@ -117,6 +120,8 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "const unsigned k_tile = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024-byte aligned: the swizzle's unit",
         "const unsigned v_tile = k_tile + K_BYTES, q_tiles = v_tile + V_BYTES, o_tiles = q_tiles + STAGES * Q_BYTES;",
         "const unsigned ds_tile = o_tiles + STAGES * O_BYTES;  // dS, [key block of 64][BQ rows][128 bytes]",
+        f"constexpr int DQ_ROW = {DQ_ROW};",
+        "const unsigned dq_stage = ds_tile + BQ * BN * 2;  // per warpgroup: 64 rows of DQ_ROW floats",
         "__shared__ float lse_s[STAGES][BQ], delta_s[STAGES][BQ];",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;",
         *swizzled_row_copies(aligned, THREADS),
@@ -127,14 +132,25 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "  const int head = hk * GROUP + t / tiles, row0 = q_first + (t % tiles) * BQ, stage = t % STAGES;",
         f"  load_rows(q_tiles + stage * Q_BYTES, {rows_of('Q', 'head', 'row0')}, QS[2], BQ, min(BQ, SQ - row0), D);",
         f"  load_rows(o_tiles + stage * O_BYTES, {rows_of('DO', 'head', 'row0')}, OS[2], BQ, min(BQ, SQ - row0), DV);",
-        "  for (int r = tid; r < BQ; r += THREADS) {",
-        "    const int row = row0 + r;",
-        f"    lse_s[stage][r] = row < SQ ? {lse} : NEG_INF;",
-        f"    delta_s[stage][r] = row < SQ ? {delta} : 0.0f;",
-        "  }",
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "};",
-        "if (total > 0) load_tile(0);",
+        "// lse and delta of the next tile's rows (a thread per row), read from memory under this",
+        "// tile's products and stored before the barrier that ends it",
+        "float lse_next = NEG_INF, delta_next = 0.0f;",
+        "auto fetch_statistics = [&](int t) {",
+        "  const int head = hk * GROUP + t / tiles, row = q_first + (t % tiles) * BQ + tid;",
+        "  const bool live = tid < BQ && row < SQ;",
+        f"  lse_next = live ? {lse} : NEG_INF;",
+        f"  delta_next = live ? {delta} : 0.0f;",
+        "};",
+        "auto store_statistics = [&](int t) {",
+        "  if (tid < BQ) lse_s[t % STAGES][tid] = lse_next, delta_s[t % STAGES][tid] = delta_next;",
+        "};",
+        "if (total > 0) {",
+        "  load_tile(0);",
+        "  fetch_statistics(0);",
+        "  store_statistics(0);",
+        "}",
         "// wgmma fragments: warp w of a warpgroup holds rows 16w..16w+15 of its 64; acc[4j + 2r + e]",
         "// is row lane/4 + 8r, column 8j + 2 (lane % 4) + e. Rows here are the warpgroup's keys.",
         "const int key_base = wg * 64 + (warp & 3) * 16 + (lane >> 2);  // this thread's keys: + 0 and + 8",
@@ -146,6 +162,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         *indent(_iteration(a, names), 1).splitlines(),
         "}",
         'asm volatile("cp.async.wait_group 0;\\n" ::);',
+        'asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");  // the bulk reductions are done',
         "#pragma unroll",
         "for (int j = 0; j < D / 8; ++j)",
         "#pragma unroll",
@@ -164,8 +181,8 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         + wgmma_prelude(BQ, types, 0)
         + wgmma_step_function(64, types, 1, "wgmma_step_n")
         + wgmma_registers_a(a.d, "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16")
-        + mbarrier_prelude(0)
         + pack_function(a.q.data_type)
+        + BULK_REDUCE
     )
     source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
     blocks = n_blocks * a.kv_heads * a.batch
@@ -179,6 +196,7 @@ def _iteration(a: Attention, names: dict[str, str]) -> list[str]:
     return [
         "if (t + 1 < total) {  // the next tile's copies run under this one's products",
         "  load_tile(t + 1);",
+        "  fetch_statistics(t + 1);",
         '  asm volatile("cp.async.wait_group 1;\\n" ::);',
         "} else {",
         '  asm volatile("cp.async.wait_group 0;\\n" ::);',
@@ -239,15 +257,18 @@ def _iteration(a: Attention, names: dict[str, str]) -> list[str]:
         *_dq_share(names),
         "fence_accumulators(dk);",
         "fence_accumulators(dv);",
+        "if (t + 1 < total) store_statistics(t + 1);",
         "__syncthreads();  // every warpgroup is done with this stage before it is refilled",
     ]
 
 
 def _dq_share(names: dict[str, str]) -> list[str]:
     """dSᵀ (this warpgroup's 64 keys by BQ rows) to shared memory as dS, the K-major A tile of
-    dQ's product (row q: 64 keys, 128 bytes, 16-byte chunk c at c ^ (q % 8)); then per 64
-    columns of D, dQ's partial = dS K over the warpgroup's keys (K read n-major), added to
-    ``dq_accum``."""
+    dQ's product (row q: 64 keys, 128 bytes, 16-byte chunk c at c ^ (q % 8)); then 64 columns of
+    dQ's partial dS K per warpgroup (K read n-major): at D 128 its own 64 columns over the block's
+    128 keys, at D 64 every column over its own 64 keys. The partial is staged in fp32 rows and
+    each warp's 16 rows are added to ``dq_accum`` by bulk reductions (one per row, in L2), which
+    read the staged rows asynchronously: a lane waits for its last one before they are rewritten."""
     acc = names[DQ_ACCUM]
     return [
         "unsigned char* const ds_rows = smem_raw + (ds_tile - smem_addr(smem_raw)) + wg * (BQ * 128);",
@@ -260,32 +281,54 @@ def _dq_share(names: dict[str, str]) -> list[str]:
         "        gd::from<T>(dp[4 * j + e]);",
         "  }",
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
-        "warpgroup_sync(wg);  // the warpgroup's dS is in shared memory",
-        "const long long dq_row0 = ((long long)b * HQ + head) * SQ + row0;",
-        "const int q_base = (warp & 3) * 16 + (lane >> 2);  // this thread's rows of dQ: + 0 and + 8",
+        "__syncthreads();  // both warpgroups' dS is in shared memory",
+        "// this warpgroup's 64 columns from dq_col, over key blocks of 64 from first_block",
+        "constexpr int DQ_BLOCKS = D / 64 == 2 ? 2 : 1;",
+        "const int dq_col = D == 128 ? wg * 64 : 0, first_block = D == 128 ? 0 : wg;",
+        "float dq[32];",
         "#pragma unroll",
-        "for (int c = 0; c < D / 64; ++c) {",
-        "  float dq[32];",
+        "for (int i = 0; i < 32; ++i) dq[i] = 0.0f;",
+        "fence_accumulators(dq);",
+        "wgmma_fence();",
         "#pragma unroll",
-        "  for (int i = 0; i < 32; ++i) dq[i] = 0.0f;",
-        "  fence_accumulators(dq);",
-        "  wgmma_fence();",
+        "for (int kb = 0; kb < DQ_BLOCKS; ++kb)",
         "#pragma unroll",
         "  for (int kk = 0; kk < 4; ++kk)",
-        "    wgmma_step_n(dq, wgmma_descriptor(ds_tile + wg * (BQ * 128) + kk * 32, 16, 1024),",
-        "                 wgmma_descriptor(k_tile + c * (BN * 128) + wg * (64 * 128) + kk * 2048, BN * 128, 1024));",
-        "  wgmma_commit();",
-        "  wgmma_wait<0>();  // dV's and dK's products too",
-        "  fence_accumulators(dq);",
+        "    wgmma_step_n(dq, wgmma_descriptor(ds_tile + (first_block + kb) * (BQ * 128) + kk * 32, 16, 1024),",
+        "                 wgmma_descriptor(k_tile + (dq_col / 64) * (BN * 128) + (first_block + kb) * (64 * 128) + kk * 2048,",
+        "                                  BN * 128, 1024));",
+        "wgmma_commit();",
+        "bulk_wait_read();  // this lane's reduction of the previous tile has read its staged row",
+        "__syncwarp();",
+        "wgmma_wait<0>();  // dV's and dK's products too",
+        "fence_accumulators(dq);",
+        "float* const staged = reinterpret_cast<float*>(smem_raw + (dq_stage - smem_addr(smem_raw))) + wg * (64 * DQ_ROW);",
+        "const int q_base = (warp & 3) * 16 + (lane >> 2);  // this thread's rows of dQ: + 0 and + 8",
         "#pragma unroll",
-        "  for (int j = 0; j < 8; ++j)",
+        "for (int j = 0; j < 8; ++j)",
         "#pragma unroll",
-        "    for (int e = 0; e < 4; ++e) {",
-        "      const int q = q_base + ((e >> 1) << 3);",
-        f"      if (row0 + q < SQ) atomicAdd(&{acc}[(dq_row0 + q) * D + c * 64 + j * 8 + (lane & 3) * 2 + (e & 1)], dq[4 * j + e]);",
-        "    }",
+        "  for (int r = 0; r < 2; ++r)",
+        "    *reinterpret_cast<float2*>(staged + (q_base + 8 * r) * DQ_ROW + j * 8 + (lane & 3) * 2) =",
+        "        make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);",
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // before the bulk reductions read them',
+        "__syncwarp();",
+        "if (lane < 16 && row0 + (warp & 3) * 16 + lane < SQ) {",
+        "  const int q = (warp & 3) * 16 + lane;",
+        f"  bulk_add(&{acc}[(((long long)b * HQ + head) * SQ + row0 + q) * D + dq_col], staged + q * DQ_ROW, 64 * 4);",
         "}",
     ]
+
+
+BULK_REDUCE = r"""
+// fp32 rows added into global memory by the L2 (sm_90 bulk reductions, completing as a bulk group)
+__device__ __forceinline__ void bulk_add(float* dst, const float* src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk reductions have read their shared-memory source.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+"""
 
 
 def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
