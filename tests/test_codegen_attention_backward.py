@@ -18,7 +18,7 @@ from fusion_rules import Family, fuse
 from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
 from tests import cpu_emulation
-from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_CASES, cpu_runs, matches_on_the_cpu
+from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_CASES, BackwardCase, cpu_runs, matches_on_the_cpu
 from tests.compile_check import compile_graphs
 
 
@@ -93,6 +93,16 @@ def test_wgmma_kernels_compile_for_sm90(case: str) -> None:
 def test_the_wgmma_tuning_says_why_it_cannot_take_a_problem(case: str, reason: str) -> None:
     with pytest.raises(UnsupportedError, match=f"node 'attention_backward': the wgmma kernels do not take .*{reason}"):
         backward_program(case, WGMMA)
+
+
+def test_a_deterministic_backward_keeps_the_kernels_that_sum_in_a_fixed_order() -> None:
+    options = {"use_causal_mask": True, "use_deterministic_algorithm": True}
+    graph = BackwardCase(hq=8, hk=2, sq=129, skv=129, forward=False, options=options).build().validate()
+    (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION_BACKWARD]
+    program = emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, {}))
+    assert all("_mma_" in k.name for k in program.kernels[1:]) and len(program.scratch) == 1
+    with pytest.raises(UnsupportedError, match="do not take use_deterministic_algorithm"):
+        emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, WGMMA))
 
 
 def test_sm80_keeps_the_mma_kernels_and_refuses_wgmma() -> None:

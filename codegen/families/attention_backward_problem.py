@@ -44,6 +44,7 @@ class AttentionBackward:
     dq: Tensor
     dk: Tensor
     dv: Tensor
+    deterministic: bool  # use_deterministic_algorithm: only kernels that sum in a fixed order
 
     @property
     def rows(self) -> int:
@@ -73,7 +74,8 @@ def backward_of(fused: FusedNode) -> AttentionBackward:
         node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"), None, None, node.input("SEED"), node.input("OFFSET"),
         node.input("RAGGED_OFFSET_Q"), node.input("RAGGED_OFFSET_KV"),
     )  # fmt: skip
-    return AttentionBackward(problem, o, d_o, stats, dq, dk, dv)  # type: ignore[arg-type]
+    deterministic = node.attributes.use_deterministic_algorithm  # type: ignore[attr-defined]
+    return AttentionBackward(problem, o, d_o, stats, dq, dk, dv, deterministic)  # type: ignore[arg-type]
 
 
 def declare(ab: AttentionBackward, dq_accum: bool = False) -> AttentionParams:

@@ -78,6 +78,7 @@ def unsupported(ab: AttentionBackward, arch: int) -> str | None:
             a.bias is not None or a.attrs.use_alibi_mask or a.window or a.dropout is not None
         ),
         "rows that do not copy as 16-byte chunks": not vectorizable((a.q, a.k, a.v, ab.d_o)),
+        "use_deterministic_algorithm (dQ's partial sums add in varying order)": ab.deterministic,
     }
     failed = [reason for reason, bad in reasons.items() if bad]
     return "; ".join(failed) if failed else None
