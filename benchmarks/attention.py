@@ -111,15 +111,17 @@ def main() -> int:
             print(f"{built.name}: {len(plan.kernels)} kernel(s)")
         return 0
     if args.backward:
-        print("| shape | graphdnn TFLOP/s | torch FA2 | torch cuDNN | graphdnn / cuDNN |")
-        print("|---|---|---|---|---|")
+        print(
+            "| shape | graphdnn default | mma.sync | wgmma | torch FA2 | torch cuDNN | default / cuDNN | wgmma / cuDNN |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
         for shape in SHAPES:
             b, h, s, d, causal = shape
             tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed_backward(shape)]
             print(
                 f"| B{b} H{h} S{s} D{d}{' causal' if causal else ''} | "
                 + " | ".join(f"{t:.0f}" for t in tflops)
-                + f" | {tflops[0] / tflops[2]:.2f} |"
+                + f" | {tflops[0] / tflops[4]:.2f} | {tflops[2] / tflops[4]:.2f} |"
             )
         return 0
     if args.prefill:
@@ -439,8 +441,9 @@ def short(choice: dict[str, object]) -> str:
 
 
 def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:
-    """µs of graphdnn's sdpa_backward plan, and of torch's SDPA backward (autograd.grad of a
-    recorded forward) on FlashAttention-2 and cuDNN, all from the same Q, K, V and dO."""
+    """µs of graphdnn's sdpa_backward plan (default, the mma.sync kernels, the wgmma ones), and of
+    torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
+    all from the same Q, K, V and dO."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -466,11 +469,22 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
         "dk": grads[1],
         "dv": grads[2],
     }
-    bound = gd.compile(backward_graph(*shape)).bind(pack)
-    bound()
-    for name, got, ref in zip(("dQ", "dK", "dV"), grads, want):
-        error = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
-        assert error < 3e-2, f"{shape}: graphdnn's {name} differs from torch by {error:.3g}"
+    fused = next(f for f in gd.fuse(backward_graph(*shape)).nodes if f.anchor is not None)
+
+    def ours(path: str | None) -> float | None:
+        """µs of the default plan (``path`` None) or of the kernels of ``path``, once its gradients
+        match torch's (None, with the error printed, where they do not)."""
+        tuning = None if path is None else {fused.name: {"path": path}}
+        bound = gd.compile(backward_graph(*shape), tuning=tuning).bind(pack)
+        for grad in grads:
+            grad.fill_(float("nan"))
+        bound()
+        for name, got, ref in zip(("dQ", "dK", "dV"), grads, want):
+            error = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+            if not error < 3e-2:
+                print(f"{shape} {path or 'default'}: graphdnn's {name} differs from torch by {error:.3g}")
+                return None
+        return median_us(bound)
 
     def peer(backend: Any) -> float | None:
         try:
@@ -481,7 +495,7 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
             print(f"{shape}: {backend} unavailable: {str(error).splitlines()[0]}")
             return None
 
-    return median_us(bound), peer(SDPBackend.FLASH_ATTENTION), peer(SDPBackend.CUDNN_ATTENTION)
+    return ours(None), ours("mma"), ours("wgmma"), peer(SDPBackend.FLASH_ATTENTION), peer(SDPBackend.CUDNN_ATTENTION)
 
 
 if __name__ == "__main__":

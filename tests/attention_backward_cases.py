@@ -97,6 +97,25 @@ CASES = {
     "dropout_fp32_simt": BackwardCase(data_type=DataType.FLOAT, sq=70, skv=45, d=40, dv=24, dropout=0.5),
 }
 
+# The Hopper kernels' cases (attention_backward_wgmma.py takes fp16/bf16 at D = Dv = 64 or 128
+# with no mask or a causal one): CASES' that it takes, and lengths across several key blocks and
+# query tiles, a single row, 32 query heads on one kv head.
+WGMMA_CASES = {
+    name: CASES[name]
+    for name in (
+        "one_row_one_key", "mha_odd_lengths", "gqa_4to1_causal", "mqa_bottom_right_longer_kv",
+        "bottom_right_longer_q_fp16", "d128_bshd", "d128_gqa_causal_fp16",
+    )
+} | {
+    "d128_causal_1000": BackwardCase(b=1, hq=2, hk=1, sq=1000, skv=1000, d=128, dv=128, options={"use_causal_mask": True}),
+    "one_row_1000_keys": BackwardCase(b=2, hq=2, hk=2, sq=1, skv=1000),
+    "d128_fp16_7_keys_bottom_right": BackwardCase(
+        b=1, hq=4, hk=4, sq=300, skv=7, d=128, dv=128, data_type=DataType.HALF,
+        options={"use_causal_mask_bottom_right": True},
+    ),
+    "mqa_32_to_1_causal": BackwardCase(b=1, hq=32, hk=1, sq=129, skv=257, options={"use_causal_mask": True}),
+}  # fmt: skip
+
 # Small cases the CPU emulation runs (float and half only: it has no bf16), backward alone; the
 # half ones on the tensor-core kernels too.
 CPU_CASES = {

@@ -1,5 +1,6 @@
 """The attention backward family's kernels: the three kernels and their scratch, which path
-each case takes (mma.sync for fp16/bf16 up to head dim 128, SIMT otherwise or when tuned so),
+each case takes (mma.sync for fp16/bf16 up to head dim 128, SIMT otherwise or when tuned so;
+the wgmma kernels on sm_90 when tuned so, and why not where they cannot),
 every case compiled for sm_80 and sm_90, and the SIMT and (fp16) mma.sync kernels run on the
 CPU (tests/cpu_emulation.py) against the reference. The GPU runs every case in
 test_gpu_attention_backward.py."""
@@ -10,25 +11,27 @@ import pytest
 
 from codegen import emitter
 from codegen.context import EmitContext
-from codegen.families.attention_backward import SIMT
+from codegen.families.attention_backward import MMA, SIMT, WGMMA
+from codegen.families.attention_backward_wgmma import shared_bytes
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
 from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
 from tests import cpu_emulation
-from tests.attention_backward_cases import CASES, CPU_CASES, cpu_runs, matches_on_the_cpu
+from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_CASES, BackwardCase, cpu_runs, matches_on_the_cpu
 from tests.compile_check import compile_graphs
 
 
-def backward_program(case: str, tuning: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
-    graph = (CASES | CPU_CASES)[case].build().validate()
+def backward_program(case: str, tuning: dict[str, object] | None = None, arch: int = 90):  # type: ignore[no-untyped-def]
+    graph = (CASES | CPU_CASES | WGMMA_CASES)[case].build().validate()
     (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION_BACKWARD]
-    return graph, fused, emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, tuning or {}))
+    return graph, fused, emitter(fused.family)(fused, EmitContext(graph, signature(graph), arch, tuning or {}))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
-    _, fused, program = backward_program(case)
+    """The sm_80 kernels (sm_90 takes the same where the wgmma kernels do not apply)."""
+    _, fused, program = backward_program(case, arch=80)
     delta, dkdv, dq = program.kernels
     assert "_delta_" in delta.name and "_dkdv_" in dkdv.name and "_dq_" in dq.name
     (scratch,) = program.scratch
@@ -44,10 +47,68 @@ def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
         assert 0 < dkdv.shared_bytes <= 160 * 1024 and "mma.sync" in dkdv.source and "ldmatrix" in dq.source
 
 
-def test_the_simt_tuning_takes_the_simt_kernels_and_nothing_else_is_a_choice() -> None:
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sm90_takes_the_wgmma_kernels_where_they_apply_and_the_sm80_ones_elsewhere(case: str) -> None:
+    names = [k.name.rsplit("_", 1)[0] for k in backward_program(case)[2].kernels]
+    if case in WGMMA_CASES:
+        assert names == ["gd_sdpa_backward_delta", "gd_sdpa_backward_dkdv_wgmma", "gd_sdpa_backward_dq_convert"]
+    else:
+        assert names == [k.name.rsplit("_", 1)[0] for k in backward_program(case, arch=80)[2].kernels]
+
+
+def test_each_tuning_takes_its_kernels_and_nothing_else_is_a_choice() -> None:
     assert all("_simt_" in k.name for k in backward_program("d128_bshd", SIMT)[2].kernels[1:])
-    with pytest.raises(UnsupportedError, match=r"attention_backward tuning \{'path': 'wgmma'\} is not one"):
-        backward_program("d128_bshd", {"path": "wgmma"})
+    assert all("_mma_" in k.name for k in backward_program("d128_bshd", MMA)[2].kernels[1:])
+    with pytest.raises(UnsupportedError, match=r"attention_backward tuning \{'path': 'tma'\} is not one"):
+        backward_program("d128_bshd", {"path": "tma"})
+    with pytest.raises(UnsupportedError, match=r"'attention_backward': the mma.sync kernels take fp16 or bf16"):
+        backward_program("fp32_simt", MMA)
+
+
+@pytest.mark.parametrize("case", sorted(WGMMA_CASES))
+def test_wgmma_kernels_compile_for_sm90(case: str) -> None:
+    """Delta (and dq_accum zeroed), the wgmma dK/dV kernel adding into dq_accum, dQ's conversion."""
+    _, _, program = backward_program(case, WGMMA)
+    delta, dkdv, convert = program.kernels
+    assert "_dkdv_wgmma_" in dkdv.name and "_dq_convert_" in convert.name and dkdv.arch_suffix == "a"
+    assert "wgmma.mma_async" in dkdv.source and "cp.reduce.async.bulk" in dkdv.source and "dq_accum" in delta.source
+    c = WGMMA_CASES[case]
+    assert [s.bytes for s in program.scratch] == [4 * c.b * c.hq * c.sq, 4 * c.b * c.hq * c.sq * c.d]
+    assert dkdv.shared_bytes == shared_bytes(c.d) <= 227 * 1024
+    for kernel in program.kernels:
+        compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("d72_dv40", "head dims D=72, Dv=40"),
+        ("d64_dv128_runtime_scale", "head dims D=64, Dv=128"),
+        ("padding_with_empty_sequences", "padding or packed sequences"),
+        ("dropout_gqa_causal", "a bias, ALiBi, a sliding window or dropout"),
+        ("sliding_window_causal", "a bias, ALiBi, a sliding window or dropout"),
+        ("mixed_types_simt", "not all fp16 or all bf16"),
+    ],
+)
+def test_the_wgmma_tuning_says_why_it_cannot_take_a_problem(case: str, reason: str) -> None:
+    with pytest.raises(UnsupportedError, match=f"node 'attention_backward': the wgmma kernels do not take .*{reason}"):
+        backward_program(case, WGMMA)
+
+
+def test_a_deterministic_backward_keeps_the_kernels_that_sum_in_a_fixed_order() -> None:
+    options = {"use_causal_mask": True, "use_deterministic_algorithm": True}
+    graph = BackwardCase(hq=8, hk=2, sq=129, skv=129, forward=False, options=options).build().validate()
+    (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION_BACKWARD]
+    program = emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, {}))
+    assert all("_mma_" in k.name for k in program.kernels[1:]) and len(program.scratch) == 1
+    with pytest.raises(UnsupportedError, match="do not take use_deterministic_algorithm"):
+        emitter(fused.family)(fused, EmitContext(graph, signature(graph), 90, WGMMA))
+
+
+def test_sm80_keeps_the_mma_kernels_and_refuses_wgmma() -> None:
+    assert all("_mma_" in k.name for k in backward_program("d128_gqa_causal_fp16", arch=80)[2].kernels[1:])
+    with pytest.raises(UnsupportedError, match="the target is sm_80, not sm_90"):
+        backward_program("d128_gqa_causal_fp16", WGMMA, arch=80)
 
 
 def test_the_simt_kernels_of_every_case_compile_for_sm80_and_sm90() -> None:

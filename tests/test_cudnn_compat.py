@@ -130,7 +130,8 @@ def test_sdpa_backward_takes_the_frontends_arguments_and_matches_torch_autograd(
     assert [x.get_name() for x in (dq, dk, dv)] == ["bwd::dQ", "bwd::dK", "bwd::dV"]
     for x in (dq, dk, dv):
         x.set_output(True)
-    assert graph.spec.nodes[-1].attributes.use_causal_mask  # type: ignore[attr-defined]
+    attributes = graph.spec.nodes[-1].attributes
+    assert attributes.use_causal_mask and attributes.use_deterministic_algorithm  # type: ignore[attr-defined]
     values = {n: rand(*d, seed=i) for i, (n, d) in enumerate(dims.items())}
     q, k, v = (torch.tensor(values[n], dtype=torch.float64, requires_grad=True) for n in "qkv")
     s = 0.5 * q @ k.repeat_interleave(2, 1).transpose(-1, -2)

@@ -1,8 +1,10 @@
 """Attention backward on the GPU against the reference: every case of attention_backward_cases.py
 as a training step (sdpa then sdpa_backward: the forward kernel's O and STATS feed the backward;
-fp16/bf16 cases up to head dim 128 on the mma.sync kernels), the SIMT kernels where tensor cores
+fp16/bf16 cases on the wgmma kernels on sm_90 where they apply, else up to head dim 128 on the
+mma.sync kernels), the SIMT kernels where tensor cores
 would run, the CPU cases (sdpa_backward alone, O and STATS from the forward reference), rows and
-keys no one sees (zero gradients), and run-to-run determinism."""
+keys no one sees (zero gradients), run-to-run determinism (mma.sync), and the Hopper wgmma
+kernels (taken with their tuning) on their cases, run after run."""
 
 from __future__ import annotations
 
@@ -12,12 +14,12 @@ import numpy as np
 import pytest
 
 import graphdnn as gd
-from codegen.families.attention_backward import SIMT
+from codegen.families.attention_backward import MMA, SIMT, WGMMA
 from fusion_rules import Family, fuse
 from graphdnn import reference
 from graphdnn.compare import tolerance
 from graphdnn.random_inputs import random_inputs
-from tests.attention_backward_cases import CASES, CPU_CASES
+from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_CASES
 from tests.gpu_check import check_on_gpu, poisoned, relative_error, to_device, to_numpy
 
 pytestmark = pytest.mark.gpu
@@ -38,8 +40,42 @@ def test_simt_kernels_match_reference_where_tensor_cores_would_run(case: str) ->
     assert any("_dkdv_simt_" in kernel.name for kernel in plan.kernels)
 
 
+def backward_node(graph: gd.OperationGraphSpec) -> str:
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION_BACKWARD]
+    return fused.name
+
+
+@pytest.mark.parametrize("case", sorted(WGMMA_CASES))
+def test_wgmma_kernels_match_reference(case: str) -> None:
+    graph = WGMMA_CASES[case].build()
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={backward_node(graph): WGMMA})
+    assert any("_dkdv_wgmma_" in kernel.name for kernel in plan.kernels)
+
+
+def test_wgmma_dq_is_right_run_after_run() -> None:
+    """Each run's preprocess kernel zeroes dq_accum before the atomics add into it."""
+    import torch
+
+    graph = WGMMA_CASES["gqa_4to1_causal"].build()
+    ir = graph.validate()
+    feeds = random_inputs(ir, 13)
+    expected = reference.execute(ir, feeds)
+    plan = gd.compile(ir, tuning={backward_node(graph): WGMMA})
+    pack = {t.name: to_device(feeds[t.name], t) for t in ir.inputs}
+    for _ in range(3):
+        outputs = {t.name: poisoned(t) for t in ir.outputs}
+        plan.execute({**pack, **outputs})
+        torch.cuda.synchronize()
+        for t in ir.outputs:
+            assert relative_error(to_numpy(outputs[t.name]), expected[t.name]) <= tolerance(t.data_type), t.name
+
+
 def test_tensor_core_kernels_run_where_they_apply() -> None:
-    plan = check_on_gpu(CASES["d128_gqa_causal_fp16"].build(), seed=1)
+    """On sm_90 the default is the wgmma kernels; the mma.sync ones when tuned so."""
+    graph = CASES["d128_gqa_causal_fp16"].build()
+    plan = check_on_gpu(graph, seed=1)
+    assert any("_dkdv_wgmma_" in kernel.name for kernel in plan.kernels)
+    plan = check_on_gpu(graph, seed=1, tuning={backward_node(graph): MMA})
     assert sum("_mma_" in kernel.name for kernel in plan.kernels) == 2
 
 
@@ -76,13 +112,14 @@ def test_keys_and_rows_no_one_sees_get_zero_gradients() -> None:
 
 
 @pytest.mark.parametrize("case", ["gqa_4to1_causal", "d128_gqa_causal_fp16"])
-def test_gradients_are_bitwise_the_same_run_to_run(case: str) -> None:
-    """No atomics: every gradient element is summed in a fixed order."""
+def test_mma_gradients_are_bitwise_the_same_run_to_run(case: str) -> None:
+    """No atomics on the mma.sync path: every gradient element is summed in a fixed order."""
     import torch
 
-    ir = CASES[case].build().validate()
+    graph = CASES[case].build()
+    ir = graph.validate()
     feeds = random_inputs(ir, 11)
-    plan = gd.compile(ir)
+    plan = gd.compile(ir, tuning={backward_node(graph): MMA})
     pack = {t.name: to_device(feeds[t.name], t) for t in ir.inputs}
     runs = []
     for _ in range(3):

@@ -1,15 +1,22 @@
 """Attention backward family: the ``sdpa_backward`` op as a preprocess kernel (``delta``, the
-row sums of dO * O) then a dK/dV kernel and a dQ kernel, all deterministic (no atomics: every
-gradient element is summed by one thread in a fixed order).
+row sums of dO * O) then a dK/dV kernel and a dQ kernel.
 
-Two paths: FlashAttention-2-style tile products on mma.sync tensor cores (sm_80+, sm_90 too)
-when Q, K, V and dO are all fp16 or all bf16 and the head dims are at most 128
-(attention_backward_mma.py), else fp32 SIMT tiles (attention_backward_simt.py), which take
-any type, layout and head dim (the tuning ``{"path": "simt"}`` takes them for any problem:
-the CPU emulation runs them, and they check the tensor-core kernels on a GPU).
+Three paths:
+- FlashAttention-2-style tile products on mma.sync tensor cores (sm_80+, sm_90 too) when Q,
+  K, V and dO are all fp16 or all bf16 and the head dims are at most 128
+  (attention_backward_mma.py), deterministic (no atomics: every gradient element is summed by
+  one thread in a fixed order);
+- on sm_90, for fp16/bf16 at head dims 64 and 128 with no mask or a causal one, wgmma kernels in
+  FlashAttention-3's shape (attention_backward_wgmma.py), the default there: dK, dV and dQ's sums
+  in one kernel, dQ added in fp32 by bulk reductions (the preprocess kernel zeroes
+  ``dq_accum``) and converted by the last kernel, not bitwise deterministic; the tunings
+  ``{"path": "wgmma"}`` and ``{"path": "mma"}`` name either path;
+- else fp32 SIMT tiles (attention_backward_simt.py), which take any type, layout and head dim
+  (the tuning ``{"path": "simt"}`` takes them for any problem: the CPU emulation runs them, and
+  they check the tensor-core kernels on a GPU).
 
-Packed (ragged) sequences run on either path, after attention_ragged.py's fill of the packed
-gradients with zeros (the kernels write only the rows and keys of each sequence).
+Packed (ragged) sequences run on the mma.sync or SIMT path, after attention_ragged.py's fill of
+the packed gradients with zeros (the kernels write only the rows and keys of each sequence).
 """
 
 from __future__ import annotations
@@ -19,21 +26,54 @@ from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import FusedProgram
-from . import attention_backward_mma, attention_backward_simt
-from .attention_backward_problem import backward_of, preprocess_kernel
+from . import attention_backward_mma, attention_backward_simt, attention_backward_wgmma
+from .attention_backward_problem import AttentionBackward, backward_of, preprocess_kernel
 from .attention_ragged import fill_kernel
 
 SIMT: dict[str, object] = {"path": "simt"}  # the tuning that takes the SIMT kernels where mma.sync could run
+MMA: dict[str, object] = {"path": "mma"}
+WGMMA: dict[str, object] = {"path": "wgmma"}
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     ab = backward_of(fused)
-    if ctx.tuning and ctx.tuning != SIMT:
-        raise UnsupportedError(f"attention_backward tuning {ctx.tuning} is not one of its choices [{SIMT}]")
-    on_tensor_cores = attention_backward_mma.supported(ab) and ctx.tuning != SIMT
-    path = attention_backward_mma if on_tensor_cores else attention_backward_simt
+    if ctx.tuning and ctx.tuning not in (SIMT, MMA, WGMMA):
+        raise UnsupportedError(
+            f"attention_backward tuning {ctx.tuning} is not one of its choices [{SIMT}, {MMA}, {WGMMA}]"
+        )
+    if path(ab, ctx) == "wgmma":
+        kernels = (
+            preprocess_kernel(fused, ctx, ab, zero_dq=True),
+            attention_backward_wgmma.dkdv_kernel(fused, ctx, ab),
+            attention_backward_wgmma.dq_kernel(fused, ctx, ab),
+        )
+        return FusedProgram(fused.name, kernels, (ab.scratch, ab.dq_scratch))
+    module = attention_backward_mma if path(ab, ctx) == "mma" else attention_backward_simt
     packed = [(ab.dq, "0.0f")] if ab.problem.ragged_q is not None else []
     packed += [(ab.dk, "0.0f"), (ab.dv, "0.0f")] if ab.problem.ragged_kv is not None else []
     fill = (fill_kernel(fused, ctx, packed),) if packed else ()
-    kernels = (preprocess_kernel(fused, ctx, ab), path.dkdv_kernel(fused, ctx, ab), path.dq_kernel(fused, ctx, ab))
+    kernels = (preprocess_kernel(fused, ctx, ab), module.dkdv_kernel(fused, ctx, ab), module.dq_kernel(fused, ctx, ab))
     return FusedProgram(fused.name, (*fill, *kernels), (ab.scratch,))
+
+
+def path(ab: AttentionBackward, ctx: EmitContext) -> str:
+    """ "simt", "mma" or "wgmma": the tuning's, else wgmma where it applies (measured faster than
+    mma.sync on an H200: benchmarks/RESULTS.md, session 7), else mma.sync where it applies, else
+    SIMT. A tuning that names a path the problem cannot take is an error saying why."""
+    if ctx.tuning == SIMT:
+        return "simt"
+    wgmma_unsupported = attention_backward_wgmma.unsupported(ab, ctx.arch)
+    if ctx.tuning == WGMMA and wgmma_unsupported is not None:
+        raise UnsupportedError(
+            f"sdpa_backward node '{ab.problem.node.name}': the wgmma kernels do not take {wgmma_unsupported}"
+        )
+    if ctx.tuning == WGMMA or (not ctx.tuning and wgmma_unsupported is None):
+        return "wgmma"
+    if attention_backward_mma.supported(ab):
+        return "mma"
+    if ctx.tuning == MMA:
+        raise UnsupportedError(
+            f"sdpa_backward node '{ab.problem.node.name}': the mma.sync kernels take fp16 or bf16 Q, K, V and dO "
+            f"with head dims up to {attention_backward_mma.MAX_HEAD_DIM}"
+        )
+    return "simt"

@@ -31,6 +31,7 @@ from .attention_problem import (
 )
 
 DELTA = "delta"  # scratch: rowsum(dO * O) per (b, h, i), float, in [B, Hq, rows a sequence may have] order
+DQ_ACCUM = "dq_accum"  # scratch of the Hopper path: dQ / scale summed in fp32, [B, Hq, rows, D] like DELTA
 PREPROCESS_THREADS = 128
 
 
@@ -43,6 +44,7 @@ class AttentionBackward:
     dq: Tensor
     dk: Tensor
     dv: Tensor
+    deterministic: bool  # use_deterministic_algorithm: only kernels that sum in a fixed order
 
     @property
     def rows(self) -> int:
@@ -54,6 +56,10 @@ class AttentionBackward:
     @property
     def scratch(self) -> Scratch:
         return Scratch(DELTA, 4 * self.rows)
+
+    @property
+    def dq_scratch(self) -> Scratch:
+        return Scratch(DQ_ACCUM, 4 * self.rows * self.problem.d)
 
 
 def backward_of(fused: FusedNode) -> AttentionBackward:
@@ -68,11 +74,13 @@ def backward_of(fused: FusedNode) -> AttentionBackward:
         node.input("SEQ_LEN_Q"), node.input("SEQ_LEN_KV"), None, None, node.input("SEED"), node.input("OFFSET"),
         node.input("RAGGED_OFFSET_Q"), node.input("RAGGED_OFFSET_KV"),
     )  # fmt: skip
-    return AttentionBackward(problem, o, d_o, stats, dq, dk, dv)  # type: ignore[arg-type]
+    deterministic = node.attributes.use_deterministic_algorithm  # type: ignore[attr-defined]
+    return AttentionBackward(problem, o, d_o, stats, dq, dk, dv, deterministic)  # type: ignore[arg-type]
 
 
-def declare(ab: AttentionBackward) -> AttentionParams:
-    """Every tensor once (one tensor may fill several roles), the outputs writable, and ``delta``."""
+def declare(ab: AttentionBackward, dq_accum: bool = False) -> AttentionParams:
+    """Every tensor once (one tensor may fill several roles), the outputs writable, ``delta``
+    and (``dq_accum``) the fp32 dQ sums."""
     a = ab.problem
     params = KernelParams()
     declared: dict[int, str] = {}
@@ -88,15 +96,18 @@ def declare(ab: AttentionBackward) -> AttentionParams:
     names = {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant}
     names |= {role: name_of(t, writable=True) for role, t in (("DQ", ab.dq), ("DK", ab.dk), ("DV", ab.dv))}
     names[DELTA] = params.scratch(DELTA, "float")
+    if dq_accum:
+        names[DQ_ACCUM] = params.scratch(DQ_ACCUM, "float")
     return AttentionParams(params, names)
 
 
-def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
+def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, zero_dq: bool = False) -> Kernel:
     """``delta[b, h, i] = sum_d dO[b, h, i, d] O[b, h, i, d]``, one warp per row (its lanes read
     consecutive columns; every lane takes part in the reduction, rows past the end included).
-    A packed Q's row i of sequence b is token ``q_start + i``; rows past the sequence's are 0."""
+    A packed Q's row i of sequence b is token ``q_start + i``; rows past the sequence's are 0.
+    ``zero_dq``: the row's ``dq_accum`` to 0 too, before the Hopper kernel adds into it."""
     a = ab.problem
-    declared = declare(ab)
+    declared = declare(ab, zero_dq)
     names, params = declared.names, declared.params
 
     def value(role: str, tensor: Tensor) -> str:
@@ -124,6 +135,8 @@ def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward)
         "sum = gd::lanes_sum<32>(sum);",
         f"if (row < {ab.rows}LL && lane == 0) {names[DELTA]}[row] = sum;",
     ]
+    if zero_dq:
+        body.append(f"if (row < {ab.rows}LL) for (int d = lane; d < D; d += 32) {names[DQ_ACCUM]}[row * D + d] = 0.0f;")
     name, source = kernel_source(
         ctx, fused, pattern_name(fused) + "_delta", params, PREPROCESS_THREADS, indent(body, 1)
     )

@@ -205,7 +205,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     functions = (
         ASYNC_COPY_PRELUDE
         + wgmma_prelude(bn, OperandTypes(a.q.data_type, a.q.data_type), 0)
-        + _wgmma_registers_a(a.dv, elem)
+        + wgmma_registers_a(a.dv, elem)
         + mbarrier_prelude(4 if maps else 0)
         + pack_function(a.q.data_type)
     )
@@ -273,31 +273,14 @@ def _tma_batch(a: Attention, role: str) -> str:
 
 
 def _copy_producer(a: Attention, names: dict[str, str], aligned: str) -> list[str]:
-    """Rows into the swizzled layout: row r's 16-byte chunk c of its 64-element block c / 8 sits
-    at block * (rows * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16. Rows past the tensor (or past a
-    packed sequence) are zeros."""
+    """Rows into the swizzled layout (:func:`swizzled_row_copies`). Rows past the tensor (or past
+    a packed sequence) are zeros."""
     key_rows = "skv" if a.ragged_kv is not None else "SKV"
     return [
         f"const T* const q_g = &{element(a.q, names['Q'], coordinates(a, 'Q', 'h', '0', '0'))};",
         f"const T* const k_g = {key_row_address(a, names, 'K', '0')};",
         f"const T* const v_g = {key_row_address(a, names, 'V', '0')};",
-        "auto load_rows = [&](unsigned dst, const T* src, long long rs, int rows, int valid, int width) {",
-        "  const int chunks = width / 8;",
-        "  for (int c = tid; c < rows * chunks; c += 128) {",
-        "    const int r = c / chunks, k = c % chunks;",
-        "    const bool ok = r < valid;",
-        "    const unsigned at = dst + (k >> 3) * (rows * 128) + r * 128 + (((k & 7) ^ (r & 7)) << 4);",
-        "    const T* const from = ok ? src + r * rs + k * 8 : src;",
-        f"    if ({aligned}) {{",
-        "      copy16(at, from, ok);",
-        "    } else {  // unaligned rows: the same 16 bytes, element by element",
-        "      gd::Vec<T, 8> chunk;",
-        "#pragma unroll",
-        "      for (int e = 0; e < 8; ++e) chunk.v[e] = ok ? from[e] : gd::from<T>(0.0f);",
-        "      gd::store_vec<T, 8>(reinterpret_cast<T*>(smem_raw + (at - smem_addr(smem_raw))), chunk);",
-        "    }",
-        "  }",
-        "};",
+        *swizzled_row_copies(aligned, 128),
         "// a thread's arrival once its copies landed (cp.async), or after its plain stores",
         "auto arrive = [&](unsigned bar) {",
         f"  if ({aligned}) {{",
@@ -318,6 +301,33 @@ def _copy_producer(a: Attention, names: dict[str, str], aligned: str) -> list[st
         "  arrive(full + 8 * stage);",
         "  if (++stage == STAGES) stage = 0, phase ^= 1;",
         "}",
+    ]
+
+
+def swizzled_row_copies(aligned: str, threads: int) -> list[str]:
+    """``load_rows(dst, src, rs, rows, valid, width)``: ``threads`` threads (``tid`` 0 ..) copy
+    ``rows`` rows of ``width`` elements (row stride ``rs``) into the 128-byte-swizzle layout at
+    ``dst``: row r's 16-byte chunk c of its 64-element block c / 8 sits at block * (rows * 128) +
+    r * 128 + ((c % 8) ^ (r % 8)) * 16; rows from ``valid`` on are zeros. With 16-byte aligned
+    rows (``aligned``) by cp.async, else element by element."""
+    return [
+        "auto load_rows = [&](unsigned dst, const T* src, long long rs, int rows, int valid, int width) {",
+        "  const int chunks = width / 8;",
+        f"  for (int c = tid; c < rows * chunks; c += {threads}) {{",
+        "    const int r = c / chunks, k = c % chunks;",
+        "    const bool ok = r < valid;",
+        "    const unsigned at = dst + (k >> 3) * (rows * 128) + r * 128 + (((k & 7) ^ (r & 7)) << 4);",
+        "    const T* const from = ok ? src + r * rs + k * 8 : src;",
+        f"    if ({aligned}) {{",
+        "      copy16(at, from, ok);",
+        "    } else {  // unaligned rows: the same 16 bytes, element by element",
+        "      gd::Vec<T, 8> chunk;",
+        "#pragma unroll",
+        "      for (int e = 0; e < 8; ++e) chunk.v[e] = ok ? from[e] : gd::from<T>(0.0f);",
+        "      gd::store_vec<T, 8>(reinterpret_cast<T*>(smem_raw + (at - smem_addr(smem_raw))), chunk);",
+        "    }",
+        "  }",
+        "};",
     ]
 
 
@@ -516,7 +526,7 @@ def _online_softmax() -> list[str]:
     ]
 
 
-def _wgmma_registers_a(n: int, elem: str) -> str:
+def wgmma_registers_a(n: int, elem: str) -> str:
     """``wgmma_rs``: d (64 x n fp32) += A (64 x 16, four registers per thread) * B (16 x n from
     shared memory, n contiguous: the transpose bit)."""
     count = n // 2

@@ -49,38 +49,7 @@ MAX_SHARED = 227 * 1024  # an sm_90 block's dynamic shared memory, opted in
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 
 
-def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
-    """The wgmma launch choices for ``p`` on sm_``arch``: none off sm_90 or off the tensor-core
-    layouts; the tiles, then their split-K variants where the output has few tiles."""
-    if arch != ARCH or tensor_core_layout(p) is None:
-        return []
-    tiles: list[dict[str, object]] = [
-        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in TILES
-    ]
-    return tiles + [
-        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages, "split_k": split}
-        for bm, bn, stages in TILES
-        for split in split_choices(p, output_tiles(p, bm, bn), arch)
-    ]
-
-
-def wgmma_prelude(bn: int, types: OperandTypes, transpose_b: int, first: bool = False) -> str:
-    """The wgmma device functions for a warpgroup tile 64 x ``bn`` of operands ``types``:
-    ``wgmma_step`` multiplies one tensor-core step, 32 bytes of k (k16 of 16-bit operands, k32
-    of 8-bit ones, whose instructions take no transpose bits: 8-bit B is K-major). With
-    ``first`` (fp8), also ``wgmma_first``: the same step overwriting d (scale-d 0, d an output
-    only), which starts a fresh fragment without zeroing it."""
-    count = bn // 2
-    if types.integer:  # no input scales or transposes for integer operands
-        operands = f"%{count}, %{count + 1}, 1"
-    elif types.eight_bit:  # fp8: input scales (1: not negated), no transposes
-        operands = f"%{count}, %{count + 1}, 1, 1, 1"
-    else:
-        operands = f"%{count}, %{count + 1}, 1, 1, 1, 0, {transpose_b}"
-    k = types.k_step
-    layout = f"{'n' if transpose_b else 'k'}-contiguous" + ("" if types.eight_bit else f": transpose bit {transpose_b}")
-    return (
-        r"""
+WGMMA_HELPERS = r"""
 // ---- wgmma (sm_90a) building blocks ----
 // Tiles in shared memory use the 128-byte swizzle: rows of 128 bytes (64 16-bit or 128 8-bit elements),
 // in groups of 8 rows (1024 bytes); 16-byte chunk c of row r sits at chunk c ^ (r % 8). The
@@ -130,30 +99,61 @@ template <int N> __device__ __forceinline__ void fence_accumulators(int (&acc)[N
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(acc[i])::"memory");
 }
 """
-        + f"""
-// d (the warpgroup's 64 x {bn} {types.accumulator_ptx.replace("f", "fp")} tile, wgmma fragment layout) += A (64 x {k}) * B ({k} x {bn}),
-// both from shared memory; B {layout}.
-"""
-        + _step_function("wgmma_step", bn, types, operands, "+")
-        + (
-            _step_function("wgmma_first", bn, types, operands.replace(", 1, 1, 1", ", 0, 1, 1", 1), "=")
-            if first
-            else ""
-        )
-    )
 
 
-def _step_function(name: str, bn: int, types: OperandTypes, operands: str, mode: str) -> str:
-    """One wgmma instruction as a device function of the fragment d (``mode`` "+": read and
-    written; "=": written only)."""
+def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
+    """The wgmma launch choices for ``p`` on sm_``arch``: none off sm_90 or off the tensor-core
+    layouts; the tiles, then their split-K variants where the output has few tiles."""
+    if arch != ARCH or tensor_core_layout(p) is None:
+        return []
+    tiles: list[dict[str, object]] = [
+        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in TILES
+    ]
+    return tiles + [
+        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages, "split_k": split}
+        for bm, bn, stages in TILES
+        for split in split_choices(p, output_tiles(p, bm, bn), arch)
+    ]
+
+
+def wgmma_prelude(bn: int, types: OperandTypes, transpose_b: int, first: bool = False) -> str:
+    """The wgmma device functions for a warpgroup tile 64 x ``bn`` of operands ``types``:
+    the helpers of :data:`WGMMA_HELPERS` and ``wgmma_step`` (:func:`wgmma_step_function`).
+    With ``first`` (block-scaled fp8), also ``wgmma_first``: the same step overwriting d,
+    which starts a fresh fragment without zeroing it."""
+    step = wgmma_step_function(bn, types, transpose_b)
+    return WGMMA_HELPERS + step + (wgmma_step_function(bn, types, transpose_b, "wgmma_first", True) if first else "")
+
+
+def wgmma_step_function(
+    bn: int, types: OperandTypes, transpose_b: int, name: str = "wgmma_step", overwrite: bool = False
+) -> str:
+    """``name`` multiplies one tensor-core step, 32 bytes of k (k16 of 16-bit operands, k32 of
+    8-bit ones, whose instructions take no transpose bits: 8-bit B is K-major), into a 64 x
+    ``bn`` warpgroup tile; a kernel with two kinds of step names the second one apart.
+    ``overwrite``: d = A * B (scale-d 0, d written only) instead of d += A * B."""
     count = bn // 2
     outputs = ", ".join(f"%{i}" for i in range(count))
+    mode = "=" if overwrite else "+"
     constraints = ",\n                 ".join(
         ", ".join(f'"{mode}{types.register}"(d[{i}])' for i in range(row, min(row + 8, count)))
         for row in range(0, count, 8)
     )
-    return f"""__device__ __forceinline__ void {name}({types.accumulator} (&d)[{count}], unsigned long long a, unsigned long long b) {{
-  asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k{types.k_step}{types.suffix} "
+    acc = types.accumulator
+    scale_d = 0 if overwrite else 1
+    if types.integer:  # no input scales or transposes for integer operands
+        operands = f"%{count}, %{count + 1}, {scale_d}"
+    elif types.eight_bit:  # fp8: input scales (1: not negated), no transposes
+        operands = f"%{count}, %{count + 1}, {scale_d}, 1, 1"
+    else:
+        operands = f"%{count}, %{count + 1}, {scale_d}, 1, 1, 0, {transpose_b}"
+    k = types.k_step
+    layout = f"{'n' if transpose_b else 'k'}-contiguous" + ("" if types.eight_bit else f": transpose bit {transpose_b}")
+    return f"""
+// d (the warpgroup's 64 x {bn} {types.accumulator_ptx.replace("f", "fp")} tile, wgmma fragment layout) {mode}= A (64 x {k}) * B ({k} x {bn}),
+// both from shared memory; B {layout}.
+__device__ __forceinline__ void {name}({acc} (&d)[{count}], unsigned long long a, unsigned long long b) {{
+  asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k{k}{types.suffix} "
                "{{{outputs}}}, {operands};\\n"
                : {constraints}
                : "l"(a), "l"(b)

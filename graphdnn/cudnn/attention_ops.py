@@ -145,9 +145,10 @@ class AttentionOps(OpsBase):
     ) -> list[MaybeTensor]:
         """-> [dQ, dK, dV], from the forward's O and Stats, with its scale, bias, masks and lengths.
 
-        graphdnn's backward is always deterministic (no atomics), so
-        ``use_deterministic_algorithm`` changes nothing; it needs no bound on the tokens of
-        ragged tensors either, so ``max_total_seq_len_q`` / ``_kv`` are accepted and unused.
+        ``use_deterministic_algorithm`` keeps the kernels that sum every gradient element in a
+        fixed order (on sm_90 the default wgmma kernels add dQ's partial sums in varying order).
+        graphdnn needs no bound on the tokens of ragged tensors, so ``max_total_seq_len_q`` /
+        ``_kv`` are accepted and unused.
         """
         if dBias is not None:
             raise UnsupportedError("sdpa_backward dBias: graphdnn's attention backward has no bias gradient", node=name)
@@ -174,7 +175,7 @@ class AttentionOps(OpsBase):
             q, k, v, o, dO, stats, attn_scale, bias, use_causal_mask, use_causal_mask_bottom_right,
             sliding_window_length, use_padding_mask, seq_len_q, seq_len_kv, use_alibi_mask,
             compute_type(compute_data_type), node, dropout=dropout,
-            **_ragged_arguments(ragged_q, ragged_kv),
+            use_deterministic_algorithm=use_deterministic_algorithm, **_ragged_arguments(ragged_q, ragged_kv),
         )  # fmt: skip
         self._pack_later(ragged_q, [("dQ", grads[0])])
         self._pack_later(ragged_kv, [("dK", grads[1]), ("dV", grads[2])])

@@ -48,6 +48,7 @@ class SdpaBackwardAttributes(Attributes):
     use_alibi_mask: bool = False
     dropout_probability: float | None = None
     max_seq_len_q: int | None = None  # a packed Q's longest sequence (bounds the kernels' grid)
+    use_deterministic_algorithm: bool = False  # the same bits run to run (no kernel that adds in varying order)
 
 
 @register
@@ -162,6 +163,7 @@ class AttentionBackwardMethods:
         ragged_offset_q: TensorSpec | None = None,
         ragged_offset_kv: TensorSpec | None = None,
         max_seq_len_q: int | None = None,
+        use_deterministic_algorithm: bool = False,
     ) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
         """Attention backward -> (dQ, dK, dV), shaped like Q, K and V (row-major unless set).
 
@@ -170,6 +172,9 @@ class AttentionBackwardMethods:
         (the same seed and offset regenerate its mask); ``attn_scale`` None means 1.0.
         ``ragged_offset_q`` / ``ragged_offset_kv`` / ``max_seq_len_q``: the forward's packed
         sequences (Q, O, dO, STATS and dQ, or K, V, dK and dV as ``[1, H, T, head dim]``).
+        ``use_deterministic_algorithm`` (the frontend's name): gradients that are the same bits
+        run to run, from kernels that sum each element in a fixed order (on sm_90, not the
+        faster wgmma kernels, whose dQ adds partial sums in varying order).
         """
         inputs = {"Q": q, "K": k, "V": v, "O": o, "DO": dO, "STATS": stats, "ATTN_SCALE": attn_scale, "BIAS": bias}
         inputs |= {"SEQ_LEN_Q": seq_len_q, "SEQ_LEN_KV": seq_len_kv}
@@ -183,6 +188,7 @@ class AttentionBackwardMethods:
             "use_alibi_mask": use_alibi_mask,
             "dropout_probability": probability,
             "max_seq_len_q": max_seq_len_q,
+            "use_deterministic_algorithm": use_deterministic_algorithm,
         }
         dq, dk, dv = self._add_node("sdpa_backward", inputs, attrs, name=name, compute_data_type=compute_data_type)
         return dq, dk, dv
