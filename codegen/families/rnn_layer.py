@@ -18,13 +18,15 @@ Scratch, in the compute type unless said otherwise:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
+from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.rnn import GATES, WEIGHTS_PER_DIRECTION, RnnAttributes
 
+from ..context import EmitContext
 from .direct_common import THREADS, anchor_of, compute_for
 
 XPROJ, STATE_H, STATE_C, STEP = "rnn_xproj", "rnn_h", "rnn_c", "rnn_step"
@@ -102,6 +104,17 @@ class RnnLayer:
         first = (self.layer * self.directions + direction) * WEIGHTS_PER_DIRECTION
         w_ih, w_hh, b_ih, b_hh = self.node.inputs_of("weights")[first : first + WEIGHTS_PER_DIRECTION]
         return w_ih, w_hh, b_ih, b_hh
+
+
+def launch_choice(
+    ctx: EmitContext, node: str, key: str, default: object, allowed: Collection[object], takes: str
+) -> object:
+    """The rnn node's launch choice ``key`` (``default`` when not given); an error naming the
+    node, the choice and the values it ``takes`` otherwise."""
+    value = ctx.tuning.get(key, default)
+    if value not in allowed or isinstance(value, bool):
+        raise UnsupportedError(f"launch choice {key} takes {takes}, not {value!r}", node=node)
+    return value
 
 
 IN_FLIGHT = 8  # loads each thread issues before it stores them, when staging into shared memory

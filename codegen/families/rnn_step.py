@@ -43,6 +43,7 @@ from .rnn_layer import (
     StepProduct,
     StepSources,
     by_direction,
+    launch_choice,
     layer_buffer,
     stage_step_operands,
 )
@@ -51,6 +52,7 @@ from .rnn_step_mma import PIECE, StepCopies, copies_state16, mma_product, recurr
 
 WARPS = THREADS // 32
 MAX_UNITS = 32  # per block: at most 4 units per warp, 4 * G accumulators per thread
+UNITS = "rnn_step_units"  # the launch choice: hidden units per block (default: about one block per SM)
 SHARED_BUDGET = 46 * 1024  # of the 48 KiB a kernel may declare statically
 PAD = 33  # the staged h's row stride in elements: lanes read consecutive banks
 
@@ -74,10 +76,13 @@ class StepShape:
         return (rows * (self.chunk + self.vector) + self.chunk * PAD + partials) * size
 
 
-def step_shape(hidden: int, gates: int, directions: int, size: int, arch: int) -> StepShape:
-    """The step kernel's blocking for ``size``-byte compute elements: about one block per SM,
-    and k chunks that keep the shared memory within SHARED_BUDGET."""
-    units = min(MAX_UNITS, hidden, max(1, -(-directions * hidden // sm_count(arch))))
+def step_shape(hidden: int, gates: int, directions: int, size: int, arch: int, units: int | None = None) -> StepShape:
+    """The step kernel's blocking for ``size``-byte compute elements: ``units`` per block (by
+    default about one block per SM), and k chunks that keep the shared memory within
+    SHARED_BUDGET."""
+    if units is None:
+        units = max(1, -(-directions * hidden // sm_count(arch)))
+    units = min(MAX_UNITS, hidden, units)
     unit_warps = 1
     while unit_warps * 2 <= min(units, WARPS):
         unit_warps *= 2
@@ -92,8 +97,8 @@ def step_shape(hidden: int, gates: int, directions: int, size: int, arch: int) -
 
 def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     a, c, d = layer.a, layer.compute, layer.directions
-    s = step_shape(layer.hidden, layer.gates, d, layer.element_bytes, ctx.arch)
     node, fused = layer.node, layer.fused
+    s = step_shape(layer.hidden, layer.gates, d, layer.element_bytes, ctx.arch, _units(ctx, node.name))
     hx, cx, lengths = node.input("hx"), node.input("cx"), node.input("seq_lengths")
     y, hy, cy = node.output("y"), node.output("hy"), node.output("cy")
     lstm = a.mode is RnnMode.LSTM
@@ -205,6 +210,14 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
 
 
 _ENTRY = 'extern "C" __global__'
+
+
+def _units(ctx: EmitContext, node: str) -> int | None:
+    """The ``rnn_step_units`` launch choice (None: the default)."""
+    units = launch_choice(
+        ctx, node, UNITS, None, [None, *range(1, MAX_UNITS + 1)], f"a whole number from 1 to {MAX_UNITS}"
+    )
+    return None if units is None else int(units)  # type: ignore[call-overload]
 
 
 def _fma_product(layer: RnnLayer, s: StepShape, sources: StepSources) -> StepProduct:
