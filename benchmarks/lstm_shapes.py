@@ -33,7 +33,7 @@ import graphdnn as gd  # noqa: E402
 from benchmarks.classic import _lstm_graph, _lstm_weight_dims  # noqa: E402
 from benchmarks.measure import Ceilings, measure_ceilings, median_us  # noqa: E402
 from codegen.families.rnn_projection import STAGING  # noqa: E402
-from codegen.families.rnn_step import UNITS  # noqa: E402
+from codegen.families.rnn_step import SCHEDULE, UNITS  # noqa: E402
 from codegen.families.rnn_step_mma import PRODUCT  # noqa: E402
 from fusion_rules import fuse  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
@@ -43,6 +43,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
     "fma": {PRODUCT: "fma"},
     "element": {STAGING: "element"},
+    "serial": {SCHEDULE: "serial"},
+    "serial_element": {SCHEDULE: "serial", STAGING: "element"},  # both as before issue 13's session 7
     "units4": {UNITS: 4},
     "units16": {UNITS: 16},
     "units32": {UNITS: 32},
@@ -150,7 +152,7 @@ def measure(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="default,fma", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", default="default,serial,fma", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))), help="indices into SHAPES")
     args = parser.parse_args()
     variants = args.variants.split(",")

@@ -1,7 +1,7 @@
 """The rnn kernels' launch choices on the GPU against the NumPy reference: the projection's
 pipelined 16-byte staging (the default where rows are whole 16-byte pieces: layer 0 from x,
 deeper layers from the float output of the layer below) and its element-by-element staging,
-and the step's hidden units per block, on awkward hidden sizes (1, 7, 129, 1000, 1024) and
+the step's overlapped (default) and serial tensor-core schedules, and its hidden units per block, on awkward hidden sizes (1, 7, 129, 1000, 1024) and
 batch sizes, LSTM, GRU and the plain RNNs, one and two directions, variable lengths."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from codegen.families.rnn_projection import STAGING
-from codegen.families.rnn_step import UNITS
+from codegen.families.rnn_step import SCHEDULE, UNITS
 from fusion_rules import fuse
 from tests.test_codegen_direct import rnn_graph
 
@@ -24,6 +24,7 @@ SHAPES = {
 CHOICES = {
     "default": {},
     "element": {STAGING: "element"},
+    "serial": {SCHEDULE: "serial"},
     "units4": {UNITS: 4},
     "units16": {UNITS: 16},
     "units32": {UNITS: 32},
@@ -32,11 +33,13 @@ CASES = [
     ("lstm_h1000_bidirectional", "default"),
     ("lstm_h1000_bidirectional", "element"),
     ("lstm_h1000_bidirectional", "units32"),
+    ("lstm_h1000_bidirectional", "serial"),
     ("gru_h129_n17", "default"),
     ("gru_h129_n17", "units4"),
     ("tanh_h7_bidirectional", "default"),
     ("relu_h1_one_sequence", "default"),
     ("lstm_h1024_n64", "default"),
+    ("lstm_h1024_n64", "serial"),
     ("lstm_h1024_n64", "units16"),
     ("lstm_h1024_n64", "units32"),
 ]

@@ -156,7 +156,9 @@ class StepProduct:
     it covers, the lines between ``cell_open`` and ``cell_close`` run with ``product_of``
     (an expression in g) as gate g's product, and ``state_stores`` once ``h_new`` (the state
     the step leaves for sequence n, unit j) is known. ``shared_bytes``: the dynamic shared
-    memory ``shared`` declares (0: static only)."""
+    memory ``shared`` declares (0: static only). ``cells`` > 0: each thread updates that many
+    cells per pass, the q-th (q from 0) at the (n, j) that the ``cell_at`` lines compute (they
+    ``continue`` past a cell it has not), so its operands can be loaded before the product."""
 
     constants: list[str]
     shared: list[str]
@@ -167,6 +169,8 @@ class StepProduct:
     product_of: str
     state_stores: tuple[str, ...] = ()
     shared_bytes: int = 0
+    cells: int = 0
+    cell_at: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

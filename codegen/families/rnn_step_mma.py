@@ -81,7 +81,7 @@ def mma_product(
     k_parts = max(1, WARPS // tiles)
     per_warp = -(-tiles // WARPS)
     chunk = 16 * k_parts * -(-layer.hidden // (16 * k_parts))
-    while chunk > 16 * k_parts and _shared(m_tiles, rows, chunk, k_parts) > shared_budget(arch):
+    while chunk > 16 * k_parts and shared_bytes(m_tiles, rows, chunk, k_parts) > shared_budget(arch):
         chunk -= 16 * k_parts
     staged = cuda_type(operand)
     constants = [
@@ -156,9 +156,16 @@ def mma_product(
         if copies is not None
         else ()
     )
-    shared_bytes = _shared(m_tiles, rows, chunk, k_parts)
     return StepProduct(
-        constants, shared, 16 * m_tiles, product, cell_open, ["}"], product_of, state_stores, shared_bytes
+        constants,
+        shared,
+        16 * m_tiles,
+        product,
+        cell_open,
+        ["}"],
+        product_of,
+        state_stores,
+        shared_bytes(m_tiles, rows, chunk, k_parts),
     )
 
 
@@ -209,5 +216,6 @@ def _copies(rows: str, index: str, valid: str, source: str, base: str, target: s
     ]
 
 
-def _shared(m_tiles: int, rows: int, chunk: int, k_parts: int) -> int:
+def shared_bytes(m_tiles: int, rows: int, chunk: int, k_parts: int) -> int:
+    """Dynamic shared memory of a tensor-core step: W_hh rows and h in 16-bit, products in float."""
     return (rows + 16 * m_tiles) * (chunk + 8) * 2 + k_parts * 16 * m_tiles * (rows + 1) * 4
