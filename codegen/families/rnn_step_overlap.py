@@ -18,10 +18,18 @@ from __future__ import annotations
 
 from graphdnn.dtypes import DataType
 
-from ..cuda_types import cuda_type, store
 from .direct_common import THREADS
-from .rnn_layer import RnnLayer, StepProduct, StepSources, stage_step_state, stage_step_weights
-from .rnn_step_mma import PIECE, SEQUENCE_TILES, WARPS, StepCopies, shared_budget, shared_bytes
+from .rnn_layer import RnnLayer, StepProduct, StepSources
+from .rnn_step_mma import (
+    PIECE,
+    WARPS,
+    StepCopies,
+    cell_inputs,
+    fitted_chunk,
+    shared_bytes,
+    step_operands,
+    step_tiles,
+)
 
 SUBCHUNKS = 4  # cp.async groups per staged k chunk, when H is large enough for them
 
@@ -29,18 +37,13 @@ SUBCHUNKS = 4  # cp.async groups per staged k chunk, when H is large enough for 
 def overlapped_product(
     layer: RnnLayer, units: int, operand: DataType, sources: StepSources, copies: StepCopies | None, arch: int
 ) -> StepProduct:
-    m_tiles = min(SEQUENCE_TILES, -(-layer.batch // 16))
-    rows = 8 * -(-(units * layer.gates) // 8)  # row (unit u, gate g) = u * G + g; zero rows to the n8 tile
+    m_tiles, rows = step_tiles(layer, units)
     n_tiles = rows // 8
     warps_n = min(n_tiles, WARPS // m_tiles)
     k_parts = max(1, WARPS // (m_tiles * warps_n))
     per_warp = -(-n_tiles // warps_n)
     subchunks = SUBCHUNKS if copies is not None and layer.hidden >= 128 * SUBCHUNKS else 1
-    grain = 16 * k_parts * subchunks
-    chunk = grain * -(-layer.hidden // grain)
-    while chunk > grain and shared_bytes(m_tiles, rows, chunk, k_parts) > shared_budget(arch):
-        chunk -= grain
-    staged = cuda_type(operand)
+    chunk = fitted_chunk(layer.hidden, 16 * k_parts * subchunks, m_tiles, rows, k_parts, arch)
     cells = -(-16 * m_tiles * units // THREADS)
     constants = [
         f"constexpr int MT = {m_tiles}, NT = {n_tiles}, WN = {warps_n}, KP = {k_parts}, TN = {per_warp};",
@@ -53,18 +56,7 @@ def overlapped_product(
         "const int wm = warp % MT, wn = warp / MT % WN, part = min(warp / (MT * WN), KP - 1);",
         "const bool active = warp < MT * WN * KP;",
     ]
-    shared = [
-        "extern __shared__ __align__(128) unsigned char smem[];",
-        f"{staged}* const ws = reinterpret_cast<{staged}*>(smem);  // [row][k], ROWS x STRIDE",
-        f"{staged}* const hs = ws + ROWS * STRIDE;  // [sequence][k], NC x STRIDE",
-        "float* const products = reinterpret_cast<float*>(hs + NC * STRIDE);  // [k part][sequence][row]",
-    ]
-
-    def convert(value: str) -> str:
-        return store(operand, value)
-
-    weight_rows = stage_step_weights(sources, staged, convert, "0.0f")
-    h_rows = stage_step_state(sources, "NC", "hs[(i / KC) * STRIDE + i % KC]", staged, convert, "0.0f")
+    shared, weight_rows, h_rows = step_operands(sources, operand)
     product = [
         "float acc[TN][4];",
         "#pragma unroll",
@@ -112,12 +104,8 @@ def overlapped_product(
         "if (p >= NC * U || n >= N || j >= H) continue;",
     ]
     cell_open = ["#pragma unroll", "for (int q = 0; q < CELLS; ++q) {", *("  " + line for line in cell_at)]
-    product_of = " + ".join(f"products[{part} * NC * CS + r + g]" for part in range(k_parts))
-    state_stores = (
-        (f"{copies.state16}[((parity ^ 1) * D + dir) * N * H + n * H + j] = {store(operand, 'h_new')};",)
-        if copies is not None
-        else ()
-    )
+    product_of, state_stores = cell_inputs(copies, operand, k_parts)
+    shared_size = shared_bytes(m_tiles, rows, chunk, k_parts)
     return StepProduct(
         constants,
         shared,
@@ -127,7 +115,7 @@ def overlapped_product(
         ["}"],
         product_of,
         state_stores,
-        shared_bytes(m_tiles, rows, chunk, k_parts),
+        shared_size,
         cells,
         tuple(cell_at),
     )
