@@ -9,13 +9,15 @@ direction (grid: H / U x D), so the G*U rows of W_hh it needs are its own and th
 it updates depend on no other block within the step: kernel boundaries are the only
 synchronisation.
 
-The product runs on the tensor cores for fp16 / bf16 weights from sm_80 (rnn_step_mma.py,
-h_{t-1} rounded to the weights' type for it, as cuDNN does); else here, on the CUDA cores in
+The product runs on the tensor cores for fp16 / bf16 weights from sm_80 (h_{t-1} rounded to
+the weights' type for it, as cuDNN does: rnn_step_overlap.py by default, rnn_step_mma.py under
+the launch choice rnn_step_schedule "serial"); else here, on the CUDA cores in
 the compute type: the block stages its W_hh rows and h_{t-1} in chunks of k through shared
 memory; lane i of each warp is sequence n0 + i, warps split the units and k (partial sums
 meet in shared memory), and each thread keeps all G gates of its units in registers, so the
 cell update follows the product without another pass. Either way U is chosen to spread the
-units over about one block per SM, and the state stays float or double between steps.
+units over about one block per SM (launch choice rnn_step_units: measured slower with fewer,
+larger blocks at H 1024), and the state stays float or double between steps.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ to the weights' type as cuDNN rounds its state for the product, are staged throu
 shared memory (the whole of k when it fits the target's opt-in limit, else k chunks); the
 [sequences x rows] tile splits into m16n8 tiles over the 8 warps (and k over the warps left
 when there are fewer than 8 tiles), whose accumulators meet in shared memory; then a thread
-per (sequence, unit) runs the cell. The state itself stays float.
+per (sequence, unit) runs the cell, each phase after the last (the "serial" schedule;
+rnn_step_overlap.py overlaps them and uses this module's shared layout). The state itself
+stays float.
 
 A step is latency-bound on that staging (the product is a few microseconds of mma.sync), so
 when H % 8 == 0 the block stages with 16-byte ``cp.async`` copies, all in flight at once:
