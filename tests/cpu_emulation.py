@@ -83,9 +83,10 @@ struct uint4 { unsigned x, y, z, w; };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
-// the RNN step kernels' 16-byte shared-memory loads and their step ticket
+// the RNN kernels' 16-byte loads and their step ticket
 #define __align__(n) __attribute__((aligned(n)))
 struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 struct alignas(16) double2 { double x, y; };
 inline void __threadfence() {}
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
@@ -171,6 +172,8 @@ inline void mma_16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
 """,
     ),
     ('asm volatile("cp.async.commit_group;\\n" ::);', ";"),
+    ('asm volatile("cp.async.wait_group 3;\\n" ::);', ";"),
+    ('asm volatile("cp.async.wait_group 2;\\n" ::);', ";"),
     ('asm volatile("cp.async.wait_group 1;\\n" ::);', ";"),
     ('asm volatile("cp.async.wait_group 0;\\n" ::);', ";"),
     ("gd::exp2_approx(", "exp2f("),

@@ -12,9 +12,11 @@ import pytest
 from codegen import compile_cubin
 from codegen.context import EmitContext
 from codegen.families.direct_rnn import emit_rnn
-from codegen.families.rnn_step import step_shape
+from codegen.families.rnn_projection import STAGING
+from codegen.families.rnn_step import SCHEDULE, UNITS, step_shape
 from codegen.families.rnn_step_mma import PRODUCT, shared_budget
 from fusion_rules import fuse
+from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
 from tests.test_codegen_direct import rnn_graph
 
@@ -66,6 +68,7 @@ def test_projection_uses_mma_sync_for_16_bit_weights_from_sm_80(io, arch, tensor
         ("half", 90, {}, True),
         ("bfloat16", 80, {}, True),
         ("half", 90, {PRODUCT: "fma"}, False),  # the launch choice keeps the CUDA-core product
+        ("half", 90, {SCHEDULE: "serial"}, True),  # the tensor-core product with its phases one after the other
         ("half", 75, {}, False),
         ("float", 90, {}, False),
         ("double", 80, {}, False),
@@ -133,3 +136,36 @@ def test_tensor_core_step_stages_with_cp_async_when_hidden_is_a_multiple_of_8(hi
         assert compile_cubin(kernel.source, kernel.name, arch)
     if hidden == 1024 and arch == 90:  # the benchmark's shape: the whole of k staged at once
         assert all("KC = 1024," in k.source for k in steps.values())
+    for kernel in steps.values():  # k in four cp.async groups, each multiplied as it lands, from H = 512
+        assert ("cp.async.wait_group 3;" in kernel.source) is (copies and hidden >= 512)
+
+
+@pytest.mark.parametrize(
+    ("io", "arch", "inputs", "bidirectional", "pieces"),
+    [
+        ("half", 90, 24, True, [True, True]),  # layer 1 reads the float output of 2 x 1000 units in pieces
+        ("bfloat16", 80, 13, False, [False, True]),  # rows of 13 inputs are no whole 16-byte pieces
+    ],
+)
+def test_projection_stages_whole_pieces_through_registers(io, arch, inputs, bidirectional, pieces):
+    _, emitted = program(rnn_graph(io, "lstm", 2, 5, inputs, 1000, 2, bidirectional), arch)
+    projections = [k for k in emitted.kernels if "projection" in k.name]
+    assert [("load_pieces(" in k.source) for k in projections] == pieces
+    for kernel in projections:
+        assert compile_cubin(kernel.source, kernel.name, arch)
+    _, element = program(rnn_graph(io, "lstm", 2, 5, inputs, 1000, 2, bidirectional), arch, {STAGING: "element"})
+    assert not any("load_pieces(" in k.source for k in element.kernels)
+
+
+def test_step_units_launch_choice_sets_the_blocks():
+    _, emitted = program(rnn_graph("half", "gru", 2, 3, 8, 1000, 1, True), 90, {UNITS: 16})
+    (step,) = {k.name: k for k in emitted.kernels if "_step" in k.name}.values()
+    assert step.grid[:2] == (63, 2)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [(UNITS, 0), (UNITS, 33), (UNITS, "8"), (SCHEDULE, "fast"), (STAGING, True), (STAGING, "tma")]
+)
+def test_bad_launch_choices_name_the_node_and_what_they_take(key, value):
+    with pytest.raises(UnsupportedError, match=rf"node '.*': launch choice {key} takes .*, not {value!r}"):
+        program(rnn_graph("half", "lstm", 2, 3, 8, 16, 1, False), 90, {key: value})

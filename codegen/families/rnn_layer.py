@@ -18,13 +18,15 @@ Scratch, in the compute type unless said otherwise:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
+from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.rnn import GATES, WEIGHTS_PER_DIRECTION, RnnAttributes
 
+from ..context import EmitContext
 from .direct_common import THREADS, anchor_of, compute_for
 
 XPROJ, STATE_H, STATE_C, STEP = "rnn_xproj", "rnn_h", "rnn_c", "rnn_step"
@@ -104,6 +106,17 @@ class RnnLayer:
         return w_ih, w_hh, b_ih, b_hh
 
 
+def launch_choice(
+    ctx: EmitContext, node: str, key: str, default: object, allowed: Collection[object], takes: str
+) -> object:
+    """The rnn node's launch choice ``key`` (``default`` when not given); an error naming the
+    node, the choice and the values it ``takes`` otherwise."""
+    value = ctx.tuning.get(key, default)
+    if value not in allowed or isinstance(value, bool):
+        raise UnsupportedError(f"launch choice {key} takes {takes}, not {value!r}", node=node)
+    return value
+
+
 IN_FLIGHT = 8  # loads each thread issues before it stores them, when staging into shared memory
 
 
@@ -143,7 +156,9 @@ class StepProduct:
     it covers, the lines between ``cell_open`` and ``cell_close`` run with ``product_of``
     (an expression in g) as gate g's product, and ``state_stores`` once ``h_new`` (the state
     the step leaves for sequence n, unit j) is known. ``shared_bytes``: the dynamic shared
-    memory ``shared`` declares (0: static only)."""
+    memory ``shared`` declares (0: static only). ``cells`` > 0: each thread updates that many
+    cells per pass, the q-th (q from 0) at the (n, j) that the ``cell_at`` lines compute (they
+    ``continue`` past a cell it has not), so its operands can be loaded before the product."""
 
     constants: list[str]
     shared: list[str]
@@ -154,6 +169,8 @@ class StepProduct:
     product_of: str
     state_stores: tuple[str, ...] = ()
     shared_bytes: int = 0
+    cells: int = 0
+    cell_at: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from ..cuda_types import cuda_type, store
 from ..indexing import offset_at
 from ..kernel import Kernel
 from .direct_common import declare, make_kernel, read
-from .rnn_layer import STEP, XPROJ, RnnLayer, by_direction, layer_buffer, staged_copy
+from .rnn_layer import STEP, XPROJ, RnnLayer, by_direction, launch_choice, layer_buffer, staged_copy
+from .rnn_projection_vector import PIECE, VectorSources, vector_loop
 from .tensor_core import TENSOR_CORE_TYPES, mma_fragments
 
 MMA_MIN_ARCH = 80
@@ -34,6 +35,7 @@ MMA_MIN_ARCH = 80
 # words hit 32 distinct banks; the FMA tiles' by one element.
 MMA_TILE = (64, 128, 32, 40)
 FMA_TILE = (64, 64, 16, 17)
+STAGING = "rnn_projection_staging"  # the launch choice: "vector" (when the operands allow) or "element"
 
 
 def mma_type(layer: RnnLayer, arch: int) -> DataType | None:
@@ -76,13 +78,7 @@ def projection_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     def to_staged(value: str) -> str:
         return store(operand, value) if operand is not None else value
 
-    body = [
-        f"constexpr int GM = {rows}, GN = {columns}, GK = {layer.width}, GATE_ROWS = {layer.gates * layer.hidden};",
-        f"constexpr int BM = {block_m}, BN = {block_n}, BK = {block_k}, STRIDE = {stride};",
-        "const int bm = blockIdx.x * BM, bn = blockIdx.y * BN, tid = threadIdx.x;",
-        f"if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {{ {counter}[0] = 0; {counter}[1] = 0; }}",
-        f"__shared__ __align__(16) {staged} as[BM * STRIDE], bs[BN * STRIDE];",
-        *(_mma_setup(c) if operand is not None else _fma_setup(c)),
+    element_loop = [
         "for (int k0 = 0; k0 < GK; k0 += BK) {",
         "  __syncthreads();  // everyone is done with the previous tiles",
         *(
@@ -111,8 +107,30 @@ def projection_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
             )
         ),
         "  __syncthreads();",
-        *("  " + line for line in (_mma_products() if operand is not None else _fma_products(c))),
+        *("  " + line for line in (_mma_products("as", "bs") if operand is not None else _fma_products(c))),
         "}",
+    ]
+    vector = _vector_sources(layer, names, below, ctx) if operand is not None else None
+    stages = 2 if vector is not None else 1
+    loop = element_loop
+    if vector is not None:
+        aligned = params.aligned_flag()
+        pipelined = vector_loop(vector, staged, _mma_products("at", "bt"))
+        loop = [
+            f"if ({aligned}) {{",
+            *("  " + line for line in pipelined),
+            "} else {",
+            *("  " + line for line in element_loop),
+            "}",
+        ]
+    body = [
+        f"constexpr int GM = {rows}, GN = {columns}, GK = {layer.width}, GATE_ROWS = {layer.gates * layer.hidden};",
+        f"constexpr int BM = {block_m}, BN = {block_n}, BK = {block_k}, STRIDE = {stride};",
+        "const int bm = blockIdx.x * BM, bn = blockIdx.y * BN, tid = threadIdx.x;",
+        f"if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {{ {counter}[0] = 0; {counter}[1] = 0; }}",
+        f"__shared__ __align__(16) {staged} as[{stages} * BM * STRIDE], bs[{stages} * BN * STRIDE];",
+        *(_mma_setup(c) if operand is not None else _fma_setup(c)),
+        *loop,
         *(_mma_epilogue if operand is not None else _fma_epilogue)(xproj, bias),
     ]
     pattern = f"rnn_{layer.a.mode.value}_layer{layer.layer}_projection{'_mma' if operand is not None else ''}"
@@ -143,10 +161,36 @@ def _zeroed(c: str, dims: list[int], comment: str) -> list[str]:
     return lines
 
 
-def _mma_products() -> list[str]:
+def _vector_sources(
+    layer: RnnLayer, names: dict[int, str], below: str | None, ctx: EmitContext
+) -> VectorSources | None:
+    """Where the 16-byte pieces of A and W_ih start, when the launch choice allows them and
+    every row is contiguous in k with rows a whole number of pieces apart (the ALIGNED flag
+    checks the pointers at run time); None otherwise."""
+    if (
+        launch_choice(ctx, layer.node.name, STAGING, "vector", ["vector", "element"], "'vector' or 'element'")
+        != "vector"
+        or layer.width % PIECE
+    ):
+        return None
+    w_ih = [layer.weights(direction)[0] for direction in range(layer.directions)]
+    if not all(w.static_stride[-1] == 1 and w.static_stride[0] % PIECE == 0 for w in w_ih):
+        return None
+    b_at = by_direction(layer.directions, "dir", [f"&{names[w.id]}[{offset_at(w, ['row', 'k'])}]" for w in w_ih])
+    if below is not None:
+        return VectorSources(f"{below} + (long long)m * GK + k", b_at, a_float=True)
+    x = layer.x
+    if x.static_stride[2] != 1 or any(stride % PIECE for stride in x.static_stride[:2]):
+        return None
+    a_at = f"&{names[x.id]}[{offset_at(x, [f'm / {layer.batch}', f'm % {layer.batch}', 'k'])}]"
+    return VectorSources(a_at, b_at, a_float=False)
+
+
+def _mma_products(a_tile: str, b_tile: str) -> list[str]:
     """The warp's 2 x 4 m16n8k16 products per 16 of k, fragments read as pairs of elements
     (PTX's layouts: A (row, k) in lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) +
-    2 (k >= 8); B (k, n) in lane n * 4 + (k % 8) / 2, register k >= 8)."""
+    2 (k >= 8); B (k, n) in lane n * 4 + (k % 8) / 2, register k >= 8), from the tiles
+    ``a_tile`` and ``b_tile``."""
     return [
         "#pragma unroll",
         "for (int kk = 0; kk < BK; kk += 16) {",
@@ -155,16 +199,16 @@ def _mma_products() -> list[str]:
         "#pragma unroll",
         "  for (int mi = 0; mi < 2; ++mi) {",
         "    const int row = warp_m * 32 + mi * 16 + (lane >> 2);",
-        "    a[mi][0] = *reinterpret_cast<const unsigned*>(&as[row * STRIDE + k]);",
-        "    a[mi][1] = *reinterpret_cast<const unsigned*>(&as[(row + 8) * STRIDE + k]);",
-        "    a[mi][2] = *reinterpret_cast<const unsigned*>(&as[row * STRIDE + k + 8]);",
-        "    a[mi][3] = *reinterpret_cast<const unsigned*>(&as[(row + 8) * STRIDE + k + 8]);",
+        f"    a[mi][0] = *reinterpret_cast<const unsigned*>(&{a_tile}[row * STRIDE + k]);",
+        f"    a[mi][1] = *reinterpret_cast<const unsigned*>(&{a_tile}[(row + 8) * STRIDE + k]);",
+        f"    a[mi][2] = *reinterpret_cast<const unsigned*>(&{a_tile}[row * STRIDE + k + 8]);",
+        f"    a[mi][3] = *reinterpret_cast<const unsigned*>(&{a_tile}[(row + 8) * STRIDE + k + 8]);",
         "  }",
         "#pragma unroll",
         "  for (int ni = 0; ni < 4; ++ni) {",
         "    const int column = warp_n * 32 + ni * 8 + (lane >> 2);",
-        "    b[ni][0] = *reinterpret_cast<const unsigned*>(&bs[column * STRIDE + k]);",
-        "    b[ni][1] = *reinterpret_cast<const unsigned*>(&bs[column * STRIDE + k + 8]);",
+        f"    b[ni][0] = *reinterpret_cast<const unsigned*>(&{b_tile}[column * STRIDE + k]);",
+        f"    b[ni][1] = *reinterpret_cast<const unsigned*>(&{b_tile}[column * STRIDE + k + 8]);",
         "  }",
         "#pragma unroll",
         "  for (int mi = 0; mi < 2; ++mi)",

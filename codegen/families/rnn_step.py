@@ -9,18 +9,21 @@ direction (grid: H / U x D), so the G*U rows of W_hh it needs are its own and th
 it updates depend on no other block within the step: kernel boundaries are the only
 synchronisation.
 
-The product runs on the tensor cores for fp16 / bf16 weights from sm_80 (rnn_step_mma.py,
-h_{t-1} rounded to the weights' type for it, as cuDNN does); else here, on the CUDA cores in
+The product runs on the tensor cores for fp16 / bf16 weights from sm_80 (h_{t-1} rounded to
+the weights' type for it, as cuDNN does: rnn_step_overlap.py by default, rnn_step_mma.py under
+the launch choice rnn_step_schedule "serial"); else here, on the CUDA cores in
 the compute type: the block stages its W_hh rows and h_{t-1} in chunks of k through shared
 memory; lane i of each warp is sequence n0 + i, warps split the units and k (partial sums
 meet in shared memory), and each thread keeps all G gates of its units in registers, so the
 cell update follows the product without another pass. Either way U is chosen to spread the
-units over about one block per SM, and the state stays float or double between steps.
+units over about one block per SM (launch choice rnn_step_units: measured slower with fewer,
+larger blocks at H 1024), and the state stays float or double between steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from graphdnn.arch import sm_count
@@ -43,14 +46,19 @@ from .rnn_layer import (
     StepProduct,
     StepSources,
     by_direction,
+    launch_choice,
     layer_buffer,
     stage_step_operands,
 )
 from .rnn_projection import with_mma_functions
 from .rnn_step_mma import PIECE, StepCopies, copies_state16, mma_product, recurrence_type
+from .rnn_step_overlap import overlapped_product
 
 WARPS = THREADS // 32
 MAX_UNITS = 32  # per block: at most 4 units per warp, 4 * G accumulators per thread
+SCHEDULES = ("overlapped", "serial")  # of the tensor-core product: rnn_step_overlap.py, rnn_step_mma.py
+SCHEDULE = "rnn_step_schedule"  # the launch choice, one of SCHEDULES
+UNITS = "rnn_step_units"  # the launch choice: hidden units per block (default: about one block per SM)
 SHARED_BUDGET = 46 * 1024  # of the 48 KiB a kernel may declare statically
 PAD = 33  # the staged h's row stride in elements: lanes read consecutive banks
 
@@ -74,10 +82,13 @@ class StepShape:
         return (rows * (self.chunk + self.vector) + self.chunk * PAD + partials) * size
 
 
-def step_shape(hidden: int, gates: int, directions: int, size: int, arch: int) -> StepShape:
-    """The step kernel's blocking for ``size``-byte compute elements: about one block per SM,
-    and k chunks that keep the shared memory within SHARED_BUDGET."""
-    units = min(MAX_UNITS, hidden, max(1, -(-directions * hidden // sm_count(arch))))
+def step_shape(hidden: int, gates: int, directions: int, size: int, arch: int, units: int | None = None) -> StepShape:
+    """The step kernel's blocking for ``size``-byte compute elements: ``units`` per block (by
+    default about one block per SM), and k chunks that keep the shared memory within
+    SHARED_BUDGET."""
+    if units is None:
+        units = max(1, -(-directions * hidden // sm_count(arch)))
+    units = min(MAX_UNITS, hidden, units)
     unit_warps = 1
     while unit_warps * 2 <= min(units, WARPS):
         unit_warps *= 2
@@ -92,8 +103,8 @@ def step_shape(hidden: int, gates: int, directions: int, size: int, arch: int) -
 
 def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     a, c, d = layer.a, layer.compute, layer.directions
-    s = step_shape(layer.hidden, layer.gates, d, layer.element_bytes, ctx.arch)
     node, fused = layer.node, layer.fused
+    s = step_shape(layer.hidden, layer.gates, d, layer.element_bytes, ctx.arch, _units(ctx, node.name))
     hx, cx, lengths = node.input("hx"), node.input("cx"), node.input("seq_lengths")
     y, hy, cy = node.output("y"), node.output("hy"), node.output("cy")
     lstm = a.mode is RnnMode.LSTM
@@ -132,11 +143,16 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
             params.aligned_flag(),
             params.scratch(STATE_H16, cuda_type(operand)),
         )
-    p = (
-        mma_product(layer, s.units, operand, sources, copies, ctx.arch)
-        if operand is not None
-        else _fma_product(layer, s, sources)
-    )
+    if operand is None:
+        p = _fma_product(layer, s, sources)
+    elif launch_choice(ctx, node.name, SCHEDULE, "overlapped", SCHEDULES, "'overlapped' or 'serial'") == "overlapped":
+        p = overlapped_product(layer, s.units, operand, sources, copies, ctx.arch)
+    else:
+        p = mma_product(layer, s.units, operand, sources, copies, ctx.arch)
+    from_x = f"{xproj} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + j"
+    h_old = f"step == 0 ? {initial(hx, 'n', 'j')} : h_prev[n * H + j]"
+    c_old = f"step == 0 ? {initial(cx, 'n', 'j')} : {state_c}[(dir * N + n) * H + j]" if lstm else None
+    bias = by_direction(d, "dir", [element(b, ["g * H + j"]) for b in b_hh])
     body = [
         f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, G = {layer.gates}, D = {d};",
         f"constexpr int U = {s.units};",
@@ -150,21 +166,23 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         f"auto sigmoid = []({c} v) {{ return ({c})1 / (({c})1 + exp(-v)); }};",
         *p.shared,
         f"for (int n0 = 0; n0 < N; n0 += {p.sequences}) {{",
+        *("  " + line for line in (_prefetch(p, c, from_x, h_old, c_old, bias) if p.cells else [])),
         *("  " + line for line in p.product),
         *("  " + line for line in p.cell_open),
         *("    " + line for line in _lengths(layer, names[lengths.id] if lengths is not None else None, lengths)),
-        f"    const {c}* const from_x = {xproj} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + j;",
-        f"    const {c} h_old = step == 0 ? {initial(hx, 'n', 'j')} : h_prev[n * H + j];",
     ]
-    if lstm:
-        assert state_c is not None
-        body.append(f"    const {c} c_old = step == 0 ? {initial(cx, 'n', 'j')} : {state_c}[(dir * N + n) * H + j];")
-    bias = by_direction(d, "dir", [element(b, ["g * H + j"]) for b in b_hh])
+    if p.cells:
+        gate_x, gate_bias = "x_pre[q][{g}]", "b_pre[q][g]"
+        body += [f"    const {c} h_old = h_pre[q];", *([f"    const {c} c_old = c_pre[q];"] if lstm else [])]
+    else:
+        gate_x, gate_bias = "from_x[{g} * H]", bias
+        body += [f"    const {c}* const from_x = {from_x};", f"    const {c} h_old = {h_old};"]
+        body += [f"    const {c} c_old = {c_old};"] if c_old is not None else []
     body += [
         f"    {c} pre[G];  // W_hh h + b_hh of each gate",
         "#pragma unroll",
-        f"    for (int g = 0; g < G; ++g) pre[g] = {p.product_of} + {bias};",
-        *("    " + line for line in _cell(a.mode, c)),
+        f"    for (int g = 0; g < G; ++g) pre[g] = {p.product_of} + {gate_bias};",
+        *("    " + line for line in _cell(a.mode, c, lambda g: gate_x.format(g=g))),
         f"    const {c} h_new = within ? value : h_old;",
         "    h_next[n * H + j] = h_new;",
         *("    " + line for line in p.state_stores),
@@ -205,6 +223,14 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
 
 
 _ENTRY = 'extern "C" __global__'
+
+
+def _units(ctx: EmitContext, node: str) -> int | None:
+    """The ``rnn_step_units`` launch choice (None: the default)."""
+    units = launch_choice(
+        ctx, node, UNITS, None, [None, *range(1, MAX_UNITS + 1)], f"a whole number from 1 to {MAX_UNITS}"
+    )
+    return None if units is None else int(units)  # type: ignore[call-overload]
 
 
 def _fma_product(layer: RnnLayer, s: StepShape, sources: StepSources) -> StepProduct:
@@ -297,21 +323,41 @@ def _lengths(layer: RnnLayer, name: str | None, lengths: Tensor | None) -> list[
     ]
 
 
-def _cell(mode: RnnMode, c: str) -> list[str]:
+def _cell(mode: RnnMode, c: str, x: Callable[[int], str]) -> list[str]:
     """``value`` (and LSTM's ``cell``): the new state from ``pre`` (W_hh h + b_hh per gate),
-    ``from_x[g * H]`` (W_ih x + b_ih), ``h_old`` and ``c_old``."""
+    ``x(g)`` (W_ih x + b_ih of gate g), ``h_old`` and ``c_old``."""
     if mode is RnnMode.RELU:
-        return [f"const {c} value = max(from_x[0] + pre[0], ({c})0);"]
+        return [f"const {c} value = max({x(0)} + pre[0], ({c})0);"]
     if mode is RnnMode.TANH:
-        return [f"const {c} value = tanh(from_x[0] + pre[0]);"]
+        return [f"const {c} value = tanh({x(0)} + pre[0]);"]
     if mode is RnnMode.LSTM:
         return [
-            f"const {c} cell = sigmoid(from_x[H] + pre[1]) * c_old + "
-            "sigmoid(from_x[0] + pre[0]) * tanh(from_x[2 * H] + pre[2]);",
-            f"const {c} value = sigmoid(from_x[3 * H] + pre[3]) * tanh(cell);",
+            f"const {c} cell = sigmoid({x(1)} + pre[1]) * c_old + sigmoid({x(0)} + pre[0]) * tanh({x(2)} + pre[2]);",
+            f"const {c} value = sigmoid({x(3)} + pre[3]) * tanh(cell);",
         ]
     return [  # GRU: the reset gate scales W_hn h + b_hn alone
-        f"const {c} reset = sigmoid(from_x[0] + pre[0]), update = sigmoid(from_x[H] + pre[1]);",
-        f"const {c} fresh = tanh(from_x[2 * H] + reset * pre[2]);",
+        f"const {c} reset = sigmoid({x(0)} + pre[0]), update = sigmoid({x(1)} + pre[1]);",
+        f"const {c} fresh = tanh({x(2)} + reset * pre[2]);",
         f"const {c} value = (({c})1 - update) * fresh + update * h_old;",
+    ]
+
+
+def _prefetch(p: StepProduct, c: str, from_x: str, h_old: str, c_old: str | None, bias: str) -> list[str]:
+    """The cell operands of this thread's ``p.cells`` cells into registers (x_pre, b_pre,
+    h_pre, c_pre), issued before the product so that their latency hides behind it."""
+    arrays = f"x_pre[{p.cells}][G], b_pre[{p.cells}][G], h_pre[{p.cells}]" + (f", c_pre[{p.cells}]" if c_old else "")
+    return [
+        f"{c} {arrays};  // the cells' operands, loaded before the product",
+        "#pragma unroll",
+        f"for (int q = 0; q < {p.cells}; ++q) {{",
+        *("  " + line for line in p.cell_at),
+        f"  const {c}* const from_x = {from_x};",
+        "#pragma unroll",
+        "  for (int g = 0; g < G; ++g) {",
+        "    x_pre[q][g] = from_x[g * H];",
+        f"    b_pre[q][g] = {bias};",
+        "  }",
+        f"  h_pre[q] = {h_old};",
+        *([f"  c_pre[q] = {c_old};"] if c_old else []),
+        "}",
     ]

@@ -4,7 +4,9 @@ to the weights' type as cuDNN rounds its state for the product, are staged throu
 shared memory (the whole of k when it fits the target's opt-in limit, else k chunks); the
 [sequences x rows] tile splits into m16n8 tiles over the 8 warps (and k over the warps left
 when there are fewer than 8 tiles), whose accumulators meet in shared memory; then a thread
-per (sequence, unit) runs the cell. The state itself stays float.
+per (sequence, unit) runs the cell, each phase after the last (the "serial" schedule;
+rnn_step_overlap.py overlaps them and uses this module's shared layout). The state itself
+stays float.
 
 A step is latency-bound on that staging (the product is a few microseconds of mma.sync), so
 when H % 8 == 0 the block stages with 16-byte ``cp.async`` copies, all in flight at once:
@@ -71,19 +73,30 @@ def shared_budget(arch: int) -> int:
     return SHARED_OPT_IN.get(arch, OTHER_SHARED_OPT_IN) * 1024
 
 
+def step_tiles(layer: RnnLayer, units: int) -> tuple[int, int]:
+    """m16 tiles of sequences per pass, and W_hh rows (unit u, gate g at u * G + g, zero rows
+    to a whole n8 tile) of a block of ``units`` units."""
+    return min(SEQUENCE_TILES, -(-layer.batch // 16)), 8 * -(-(units * layer.gates) // 8)
+
+
+def fitted_chunk(hidden: int, grain: int, m_tiles: int, rows: int, k_parts: int, arch: int) -> int:
+    """The k staged at once: all of H (to a multiple of ``grain``), less while the shared
+    memory passes the target's opt-in limit."""
+    chunk = grain * -(-hidden // grain)
+    while chunk > grain and shared_bytes(m_tiles, rows, chunk, k_parts) > shared_budget(arch):
+        chunk -= grain
+    return chunk
+
+
 def mma_product(
     layer: RnnLayer, units: int, operand: DataType, sources: StepSources, copies: StepCopies | None, arch: int
 ) -> StepProduct:
-    m_tiles = min(SEQUENCE_TILES, -(-layer.batch // 16))
-    rows = 8 * -(-(units * layer.gates) // 8)  # row (unit u, gate g) = u * G + g; zero rows to the n8 tile
+    m_tiles, rows = step_tiles(layer, units)
     n_tiles = rows // 8
     tiles = m_tiles * n_tiles
     k_parts = max(1, WARPS // tiles)
     per_warp = -(-tiles // WARPS)
-    chunk = 16 * k_parts * -(-layer.hidden // (16 * k_parts))
-    while chunk > 16 * k_parts and _shared(m_tiles, rows, chunk, k_parts) > shared_budget(arch):
-        chunk -= 16 * k_parts
-    staged = cuda_type(operand)
+    chunk = fitted_chunk(layer.hidden, 16 * k_parts, m_tiles, rows, k_parts, arch)
     constants = [
         f"constexpr int MT = {m_tiles}, NT = {n_tiles}, TILES = {tiles}, KP = {k_parts}, TPW = {per_warp};",
         f"constexpr int NC = 16 * MT, ROWS = {rows}, KC = {chunk}, STRIDE = KC + 8, CS = ROWS + 1;",
@@ -93,18 +106,7 @@ def mma_product(
         "const int part = TILES >= 8 ? 0 : min(warp / TILES, KP - 1);",
         "const bool stores = TILES >= 8 || warp < TILES * KP;",
     ]
-    shared = [
-        "extern __shared__ __align__(128) unsigned char smem[];",
-        f"{staged}* const ws = reinterpret_cast<{staged}*>(smem);  // [row][k], ROWS x STRIDE",
-        f"{staged}* const hs = ws + ROWS * STRIDE;  // [sequence][k], NC x STRIDE",
-        "float* const products = reinterpret_cast<float*>(hs + NC * STRIDE);  // [k part][sequence][row]",
-    ]
-
-    def convert(value: str) -> str:
-        return store(operand, value)
-
-    weight_rows = stage_step_weights(sources, staged, convert, "0.0f")
-    h_rows = stage_step_state(sources, "NC", "hs[(i / KC) * STRIDE + i % KC]", staged, convert, "0.0f")
+    shared, weight_rows, h_rows = step_operands(sources, operand)
     staging = _staged(weight_rows, h_rows, copies) if copies is not None else [*weight_rows, *h_rows]
     product = [
         "float acc[TPW][4];",
@@ -150,16 +152,43 @@ def mma_product(
         "  const int n = n0 + p / U, j = u0 + p % U, r = (p / U) * CS + (p % U) * G;",
         "  if (n >= N || j >= H) continue;",
     ]
+    product_of, state_stores = cell_inputs(copies, operand, k_parts)
+    shared_size = shared_bytes(m_tiles, rows, chunk, k_parts)
+    return StepProduct(
+        constants, shared, 16 * m_tiles, product, cell_open, ["}"], product_of, state_stores, shared_size
+    )
+
+
+def step_operands(sources: StepSources, operand: DataType) -> tuple[list[str], list[str], list[str]]:
+    """A tensor-core step's shared memory (W_hh rows ``ws``, h_{t-1} ``hs``, in ``operand``,
+    row stride STRIDE; the warps' ``products`` in float) and the element-by-element staging of
+    the k chunk from k0 of its W_hh rows and of h_{t-1}."""
+    staged = cuda_type(operand)
+    shared = [
+        "extern __shared__ __align__(128) unsigned char smem[];",
+        f"{staged}* const ws = reinterpret_cast<{staged}*>(smem);  // [row][k], ROWS x STRIDE",
+        f"{staged}* const hs = ws + ROWS * STRIDE;  // [sequence][k], NC x STRIDE",
+        "float* const products = reinterpret_cast<float*>(hs + NC * STRIDE);  // [k part][sequence][row]",
+    ]
+
+    def convert(value: str) -> str:
+        return store(operand, value)
+
+    weight_rows = stage_step_weights(sources, staged, convert, "0.0f")
+    h_rows = stage_step_state(sources, "NC", "hs[(i / KC) * STRIDE + i % KC]", staged, convert, "0.0f")
+    return shared, weight_rows, h_rows
+
+
+def cell_inputs(copies: StepCopies | None, operand: DataType, k_parts: int) -> tuple[str, tuple[str, ...]]:
+    """Gate g's product at the cell's ``r`` (the k parts' sums added) and the store of the
+    16-bit state the next step stages from (with ``copies``)."""
     product_of = " + ".join(f"products[{part} * NC * CS + r + g]" for part in range(k_parts))
     state_stores = (
         (f"{copies.state16}[((parity ^ 1) * D + dir) * N * H + n * H + j] = {store(operand, 'h_new')};",)
         if copies is not None
         else ()
     )
-    shared_bytes = _shared(m_tiles, rows, chunk, k_parts)
-    return StepProduct(
-        constants, shared, 16 * m_tiles, product, cell_open, ["}"], product_of, state_stores, shared_bytes
-    )
+    return product_of, state_stores
 
 
 def _staged(weight_rows: list[str], h_rows: list[str], copies: StepCopies) -> list[str]:
@@ -209,5 +238,6 @@ def _copies(rows: str, index: str, valid: str, source: str, base: str, target: s
     ]
 
 
-def _shared(m_tiles: int, rows: int, chunk: int, k_parts: int) -> int:
+def shared_bytes(m_tiles: int, rows: int, chunk: int, k_parts: int) -> int:
+    """Dynamic shared memory of a tensor-core step: W_hh rows and h in 16-bit, products in float."""
     return (rows + 16 * m_tiles) * (chunk + 8) * 2 + k_parts * 16 * m_tiles * (rows + 1) * 4
