@@ -3,12 +3,15 @@
 A kernel's source (float, double and half kernels: half is GCC's _Float16 behind a stand-in
 cuda_fp16.h, both rounding to nearest even; int32 and int64 tensors; no bf16 or fp8) is
 compiled with g++ after a few stand-ins for the CUDA built-ins: each block runs after the
-previous one, its threads as std::threads; ``__shared__`` variables are function statics (one
-block at a time); ``__syncthreads`` is a barrier of the block; ``__shfl_xor_sync`` goes through
+previous one, its threads as fibers (ucontext) of one OS thread, each run in turn up to its
+next ``__syncthreads``, which is what the barrier means (no OS thread per CUDA thread, no
+futex wake-ups: a block of 256 threads costs what its arithmetic costs); ``__shared__``
+variables are function statics (one block at a time); ``__shfl_xor_sync`` goes through
 a buffer and two barriers, so every thread of the block must call it together, as
 ``gd::group_sum`` does. Scratch buffers and outputs start as NaN (integers as -77), so an
-element no kernel writes fails the comparison. Slow (a thread per CUDA thread): for small
-shapes of the kernels that keep to those rules.
+element no kernel writes fails the comparison. For small shapes of the kernels that keep to
+those rules (no thread may wait in a loop for another thread of its block: fibers are not
+preempted).
 
 fp16 tensor-core kernels run too (:data:`TENSOR_CORE_STAND_INS`): ``cp.async`` becomes a copy,
 ``ldmatrix`` and ``mma.sync`` m16n8k16 exchange fragments between the lanes of each warp
@@ -47,10 +50,11 @@ from graphdnn.symbolic import evaluate
 SHIM = r"""
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstring>
-#include <thread>
+#include <functional>
+#include <memory>
+#include <ucontext.h>
 #include <vector>
 using std::max;
 using std::min;
@@ -61,10 +65,14 @@ using std::min;
 #define __restrict__ __restrict
 #define __shared__ static
 struct Dim { unsigned x = 0, y = 0, z = 0; };
-thread_local Dim threadIdx;
-Dim blockIdx, blockDim, gridDim;
-std::barrier<>* block_barrier;
-inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+Dim threadIdx, blockIdx, blockDim, gridDim;
+namespace fibers {
+ucontext_t scheduler;
+std::vector<ucontext_t> threads;
+std::vector<bool> done;
+int current;
+}  // namespace fibers
+inline void __syncthreads() { swapcontext(&fibers::threads[fibers::current], &fibers::scheduler); }
 alignas(16) unsigned char shuffled[1024 * 8];
 template <class T> T __shfl_xor_sync(unsigned, T v, int offset) {
   T* values = reinterpret_cast<T*>(shuffled);
@@ -189,18 +197,38 @@ def _on_the_cpu(kernel: Kernel) -> str:
     return source.replace(dynamic, f"alignas(128) static unsigned char smem[{max(kernel.shared_bytes, 16)}];")
 
 
+# Each block's threads are fibers: a round resumes every unfinished one in turn until it
+# reaches its next __syncthreads (or returns), so after a round all are at the same barrier.
 LAUNCH = """
+static std::function<void()> thread_body;
+static void fiber_entry() {{ thread_body(); fibers::done[fibers::current] = true; }}
 extern "C" void launch(void** args, int gx, int gy, int gz, int threads) {{
+  constexpr size_t stack_bytes = 1 << 19;
   gridDim = {{(unsigned)gx, (unsigned)gy, (unsigned)gz}};
   blockDim = {{(unsigned)threads, 1, 1}};
-  std::barrier<> barrier(threads);
-  block_barrier = &barrier;
+  thread_body = [&] {{ {call}; }};
+  fibers::threads.assign(threads, ucontext_t{{}});
+  fibers::done.assign(threads, false);
+  std::vector<std::unique_ptr<char[]>> stacks(threads);  // left uninitialised: untouched pages cost nothing
+  for (auto& stack : stacks) stack.reset(new char[stack_bytes]);
   for (int z = 0; z < gz; ++z) for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {{
     blockIdx = {{(unsigned)x, (unsigned)y, (unsigned)z}};
-    std::vector<std::thread> block;
-    for (int t = 0; t < threads; ++t)
-      block.emplace_back([&, t] {{ threadIdx = {{(unsigned)t, 0, 0}}; {call}; }});
-    for (auto& thread : block) thread.join();
+    for (int t = 0; t < threads; ++t) {{
+      ucontext_t& fiber = fibers::threads[t];
+      getcontext(&fiber);
+      fiber.uc_stack = {{stacks[t].get(), 0, stack_bytes}};
+      fiber.uc_link = &fibers::scheduler;
+      makecontext(&fiber, fiber_entry, 0);
+      fibers::done[t] = false;
+    }}
+    for (int running = threads; running > 0;)
+      for (int t = 0; t < threads; ++t) {{
+        if (fibers::done[t]) continue;
+        fibers::current = t;
+        threadIdx = {{(unsigned)t, 0, 0}};
+        swapcontext(&fibers::scheduler, &fibers::threads[t]);
+        running -= fibers::done[t];
+      }}
   }}
 }}
 """
