@@ -66,7 +66,16 @@ def _gpu_present() -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "compile_last: runs after every other test (it compiles their graphs)")
+    config.addinivalue_line(
+        "markers",
+        "compile_sample: the last test compiles only the first graphs this test validates (compile_check.SAMPLE)",
+    )
     RECORDER.install()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    RECORDER.start(item.nodeid, sampled=item.get_closest_marker("compile_sample") is not None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

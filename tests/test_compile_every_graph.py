@@ -8,6 +8,7 @@ distinct kernel of every graph the suite validated (see tests/compile_check.py).
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from graphdnn.ir import Graph
 from graphdnn.signature import signature
 
 from . import plan_graphs
-from .compile_check import MAX_NODES, RECORDER, TARGETS, compile_graphs
+from .compile_check import MAX_NODES, RECORDER, SAMPLE, TARGETS, compile_graphs
 
 IO_TYPES = ("float", "half", "bfloat16", "fp8_e4m3", "fp8_e5m2", "int8")
 INTERMEDIATE_TYPES = ("float", "half", "bfloat16")
@@ -401,8 +402,16 @@ def test_every_graph_the_suite_validated_compiles() -> None:
     report = compile_graphs(recorded.values())
     print(
         f"\n{report.graphs} distinct graphs validated by the suite ({RECORDER.too_large} over {MAX_NODES} nodes and "
-        f"{RECORDER.test_ops} with ops a test registered left out; of {RECORDER.dynamic} dynamic validations, "
+        f"{RECORDER.test_ops} with ops a test registered and {RECORDER.sampled_out} validations of compile_sample tests "
+        f"beyond their first {SAMPLE} left out; of {RECORDER.dynamic} dynamic validations, "
         f"{report.refused} distinct graphs whose kernels cannot take their symbols left out): "
-        f"{report.kernels} kernels for {', '.join(f'sm_{t}' for t in TARGETS)}, {report.compiled} compiled here"
+        f"{report.kernels} kernels for {', '.join(f'sm_{t}' for t in TARGETS)}, {report.compiled} compiled here "
+        f"(fusing and emitting {report.lower_seconds:.0f} s, NVRTC {report.compile_seconds:.0f} s)"
     )
+    by_test: Counter[str] = Counter()
+    for graph_signature, count in report.compiled_for.items():
+        by_test[RECORDER.origin.get(graph_signature, "?").split("[")[0]] += count
+    print("kernels compiled here, by the test that first validated their graph:")
+    for test, count in by_test.most_common(25):
+        print(f"{count:6d}  {test}")
     assert report.failures == [], f"{len(report.failures)} failures:\n\n" + "\n\n".join(report.failures)

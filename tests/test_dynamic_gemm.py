@@ -184,6 +184,7 @@ def test_the_signature_covers_the_range_not_a_value() -> None:
     assert signature(static) != signature(linear().validate())
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=15, deadline=None)
 @given(batch=st.integers(1, 3), m=st.integers(1, 70), seed=st.integers(0, 2**16))
 def test_the_reference_of_the_dynamic_graph_equals_the_static_graph(batch: int, m: int, seed: int) -> None:

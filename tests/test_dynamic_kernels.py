@@ -339,6 +339,7 @@ def test_the_kernels_match_the_reference_across_the_range(
             assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
 
 
+@pytest.mark.compile_sample
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]

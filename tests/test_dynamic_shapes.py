@@ -369,6 +369,7 @@ def test_every_family_takes_a_dynamic_batch(family: Callable[[gd.OperationGraphS
 
 
 # -- property: a dynamic graph computes what the static graph of its values computes ---------------
+@pytest.mark.compile_sample
 @SETTINGS
 @given(recipe=pointwise_recipes(), value=st.integers(1, 6), seed=st.integers(0, 2**16))
 def test_dynamic_pointwise_graphs_equal_their_static_graphs(recipe: Recipe, value: int, seed: int) -> None:
@@ -425,6 +426,7 @@ def row_graph(
     return g
 
 
+@pytest.mark.compile_sample
 @SETTINGS
 @given(
     steps=st.lists(st.sampled_from(ROW_STEPS), min_size=1, max_size=6),

@@ -363,6 +363,7 @@ def forms(draw: st.DrawFn) -> Form:
     )
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(form=forms(), seed=st.integers(0, 2**16))
 def test_random_forms_fuse_and_match_sdpa_and_the_chain(form: Form, seed: int) -> None:

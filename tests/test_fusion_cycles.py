@@ -121,6 +121,7 @@ def random_dag(seed: int) -> gd.OperationGraphSpec:
     return g
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), disable=st.sets(st.sampled_from(BUILTIN_RULES)))
 def test_partitions_of_random_dags_are_acyclic_and_exact(seed: int, disable: set[str]) -> None:

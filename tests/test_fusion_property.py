@@ -43,6 +43,7 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(diff / scale) if scale else float(diff)
 
 
+@pytest.mark.compile_sample
 @SETTINGS
 @given(recipe=fusion_recipes(), disable=st.sets(st.sampled_from(BUILTIN_RULES)), seed=st.integers(0, 2**16))
 def test_fused_execution_matches_the_reference(recipe, disable, seed) -> None:
@@ -58,6 +59,7 @@ def test_fused_execution_matches_the_reference(recipe, disable, seed) -> None:
             assert error <= TOLERANCE[recipe.io_type], f"{name}: relative error {error:.3g} with {disabled=}"
 
 
+@pytest.mark.compile_sample
 @SETTINGS
 @given(recipe=fusion_recipes(), disable=st.sets(st.sampled_from(BUILTIN_RULES)))
 def test_every_partition_is_a_valid_schedule(recipe, disable) -> None:

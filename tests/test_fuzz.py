@@ -34,6 +34,7 @@ def test_the_seed_corpus_holds_the_examples_the_test_graphs_and_the_recipes() ->
     assert kinds["attention_recipe"] >= 10
 
 
+@pytest.mark.compile_sample
 def test_mutated_graphs_fail_only_with_graph_errors_and_otherwise_lower_and_run(
     campaign: graph_fuzz.Report,
 ) -> None:

@@ -23,6 +23,7 @@ def document() -> dict[str, Any]:
     return json.loads(small_block().to_json())
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=60, deadline=None)
 @given(recipe=pointwise_recipes())
 def test_round_trip_keeps_signature_and_text(recipe) -> None:
@@ -33,6 +34,7 @@ def test_round_trip_keeps_signature_and_text(recipe) -> None:
     assert again.to_json() == text
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=20, deadline=None)
 @given(recipe=pointwise_recipes())
 def test_written_files_match_the_shipped_schema(recipe) -> None:

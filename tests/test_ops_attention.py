@@ -377,6 +377,7 @@ def test_random_sequence_lengths_lie_within_the_sequences() -> None:
         assert values.dtype == np.int32 and values.min() == 0 and values.max() == high
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=40, deadline=None)
 @given(recipe=attention_recipes())
 def test_json_round_trip_keeps_an_attention_graph_and_its_signature(recipe) -> None:
@@ -389,6 +390,7 @@ def test_json_round_trip_keeps_an_attention_graph_and_its_signature(recipe) -> N
     jsonschema.validate(json.loads(text), SCHEMA)
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=25, deadline=None)
 @given(recipe=attention_recipes())
 def test_attention_graphs_run_on_the_reference_with_random_inputs(recipe) -> None:

@@ -103,6 +103,7 @@ def test_symmetric_branches_get_one_signature_in_any_order() -> None:
     assert graph(True) == graph(False)
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=60, deadline=None)
 @given(recipe=pointwise_recipes(), seed=st.integers(0, 2**16))
 def test_insertion_order_and_names_do_not_matter(recipe, seed) -> None:
@@ -111,6 +112,7 @@ def test_insertion_order_and_names_do_not_matter(recipe, seed) -> None:
     assert first.signature() == second.signature()
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=40, deadline=None)
 @given(recipe=pointwise_recipes())
 def test_canonical_form_describes_the_whole_graph(recipe) -> None:
