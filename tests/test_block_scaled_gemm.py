@@ -33,6 +33,7 @@ from graphdnn.errors import DataTypeError, ShapeError, UnsupportedError
 from graphdnn.ops.block_scaled import e8m0_value
 from graphdnn.random_inputs import random_inputs
 from graphdnn.runtime.driver import current_gpu_arch
+from graphdnn.signature import signature
 from tests.gpu_check import check_on_gpu, poisoned, relative_error, to_device, to_numpy
 
 
@@ -201,6 +202,17 @@ def test_a_nan_e8m0_scale_makes_its_row_or_column_nan() -> None:
     nan[2, :], nan[:, 17] = True, True
     np.testing.assert_array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(got[~nan], dequantized_product(feeds, 1, block=32).astype(np.float32)[~nan])
+
+
+def test_an_mxfp8_graph_survives_json() -> None:
+    """The e8m0 scale tensors and the matmul's scale roles round-trip: same signature, same C."""
+    graph = mx(7, 40, 96, form="matmul").build()
+    again = gd.OperationGraphSpec.from_json(graph.to_json())
+    assert signature(again.validate()) == signature(graph.validate())
+    feeds = feeds_of(graph, 2)
+    np.testing.assert_array_equal(
+        reference.execute(again.validate(), feeds)["c"], reference.execute(graph.validate(), feeds)["c"]
+    )
 
 
 def _scaled(a: list[int], b: list[int], sa: list[int] | None, sb: list[int] | None, **types: str) -> None:
