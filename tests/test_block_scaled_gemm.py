@@ -164,6 +164,7 @@ def test_e8m0_scales_are_the_ocp_mx_powers_of_two() -> None:
     assert values[0] == 2.0**-127 and values[127] == 1.0 and values[254] == 2.0**127
     np.testing.assert_array_equal(values, bits.view(ml_dtypes.float8_e8m0fnu).astype(np.float64))
     np.testing.assert_array_equal(values, scale_values(bits.view(ml_dtypes.float8_e8m0fnu)))
+    np.testing.assert_array_equal(values, e8m0_value(bits.view(ml_dtypes.float8_e8m0fnu)))
 
 
 @st.composite

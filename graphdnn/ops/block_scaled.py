@@ -35,8 +35,12 @@ SCALE_TYPES = frozenset({DataType.FLOAT, DataType.FP8_E8M0})
 
 
 def e8m0_value(bits: np.ndarray) -> np.ndarray:
-    """The float64 value of fp8_e8m0 bytes: 2^(e - 127), NaN for e = 255 (OCP MX 1.0, 5.4.1)."""
-    e = np.asarray(bits, dtype=np.uint8).astype(np.int64)
+    """The float64 value of fp8_e8m0 bytes e (uint8, or an fp8_e8m0 array read by its bits):
+    2^(e - 127), NaN for e = 255 (OCP MX 1.0, 5.4.1). The reference receives e8m0 scales
+    widened by ml_dtypes, which agrees with this for all 256 bytes (tests)."""
+    raw = np.asarray(bits)
+    assert raw.dtype.itemsize == 1, f"e8m0 scales are bytes, not {raw.dtype}"
+    e = raw.view(np.uint8).astype(np.int64)
     return np.where(e == 255, np.nan, np.ldexp(1.0, e - 127))
 
 
