@@ -2,11 +2,14 @@
 A [M, K] with fp32 scales per 1 x 128 block, B [K, N] stored K-major with fp32 scales per
 128 x 128 block (the matmul's A_scale / B_scale) or per 128 x 1 block (the graph
 block_scale_dequantize(A), block_scale_dequantize(B) -> matmul, which the block_scaled_matmul
-rule fuses), bf16 C. The peers: torch._scaled_mm with per-tensor scales (cuBLASLt, the fp8
-ceiling) and, where this torch has it, _scaled_mm's blockwise 1 x 128 / 128 x 128 form.
-Outputs are checked against the dequantized product computed by torch in fp32.
+rule fuses), bf16 C; and MXFP8: fp8_e8m0 scales per 1 x 32 block of A and 32 x 1 of B, as
+the matmul's scales or the dequantize graph. The peers: torch._scaled_mm with per-tensor
+scales (cuBLASLt, the fp8 ceiling) and, where this torch and GPU have it, _scaled_mm's
+blockwise 1 x 128 / 128 x 128 form (MXFP8: its e8m0 form, Blackwell's). Outputs are checked
+against the dequantized product computed by torch in fp32.
 
-    PYTHONPATH=. python benchmarks/lowp_gemm.py --block-scaled   # on the GPU
+    PYTHONPATH=. python benchmarks/lowp_gemm.py --block-scaled   # on the GPU, every form
+    PYTHONPATH=. python benchmarks/lowp_gemm.py --mxfp8          # the MXFP8 rows only
 """
 
 from __future__ import annotations
@@ -17,8 +20,14 @@ from typing import Any
 import graphdnn as gd
 
 SIZES = (4096, 8192)
-FORMS = ("matmul 1x128 / 128x128", "dequantize graph 1x128 / 128x1")
+MX_FORMS = ("matmul mxfp8 1x32 / 32x1", "dequantize graph mxfp8 1x32 / 32x1")
+FORMS = ("matmul 1x128 / 128x128", "dequantize graph 1x128 / 128x1", *MX_FORMS)
 BLOCK = 128
+MX_BLOCK = 32
+
+
+def _block(form: str) -> int:
+    return MX_BLOCK if "mxfp8" in form else BLOCK
 
 
 def graph(size: int, form: str) -> gd.OperationGraphSpec:
@@ -27,24 +36,26 @@ def graph(size: int, form: str) -> gd.OperationGraphSpec:
         name=f"block_scaled_{size}", io_data_type="fp8_e4m3", intermediate_data_type="float", compute_data_type="float"
     )
     a, b = g.tensor(name="a", dim=[m, k]), g.tensor(name="b", dim=[k, n], stride=[1, k])
-    sa = g.tensor(name="scale_a", dim=[m, k // BLOCK], data_type="float")
+    block = _block(form)
+    scale = "fp8_e8m0" if block == MX_BLOCK else "float"
+    sa = g.tensor(name="scale_a", dim=[m, k // block], data_type=scale)
+    columns = n // BLOCK if form == FORMS[0] else n  # MXFP8's B scales are per column
+    sb = g.tensor(name="scale_b", dim=[k // block, columns], data_type=scale)
     if form.startswith("matmul"):
-        sb = g.tensor(name="scale_b", dim=[k // BLOCK, n // BLOCK], data_type="float")
         c = g.matmul(a, b, A_scale=sa, B_scale=sb, name="mm")
     else:
-        sb = g.tensor(name="scale_b", dim=[k // BLOCK, n], data_type="float")
-        c = g.matmul(g.block_scale_dequantize(a, sa, BLOCK), g.block_scale_dequantize(b, sb, BLOCK, axis=0), name="mm")
+        c = g.matmul(g.block_scale_dequantize(a, sa, block), g.block_scale_dequantize(b, sb, block, axis=0), name="mm")
     c.set_name("c").set_output(True).set_data_type("bfloat16")
     return g
 
 
-def table() -> None:
+def table(forms: tuple[str, ...] = FORMS) -> None:
     print(
         "| GEMM | M=N=K | default plan TFLOP/s | engine, best stages | _scaled_mm per-tensor | "
         "_scaled_mm blockwise | default / per-tensor |"
     )
     print("|---|---|---|---|---|---|---|")
-    for form in FORMS:
+    for form in forms:
         for size in SIZES:
             print(row(size, form), flush=True)
 
@@ -98,18 +109,41 @@ def _inputs(size: int, form: str) -> tuple[dict[str, Any], Any, dict[str, tuple[
     m = n = k = size
     a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()  # K-major [K, N]
-    scale_a = torch.rand(m, k // BLOCK, device="cuda") + 0.5
-    columns = n // BLOCK if form.startswith("matmul") else n
-    scale_b = torch.rand(k // BLOCK, columns, device="cuda") + 0.5
-    expand_b = scale_b.repeat_interleave(BLOCK, 0)
+    block = _block(form)
+    columns = n // BLOCK if form == FORMS[0] else n
+    if block == MX_BLOCK:  # e8m0 bytes 2^-4 .. 2^3, widened for the expected product
+        scale_a = torch.randint(123, 131, (m, k // block), device="cuda", dtype=torch.uint8).view(torch.float8_e8m0fnu)
+        scale_b = torch.randint(123, 131, (k // block, n), device="cuda", dtype=torch.uint8).view(torch.float8_e8m0fnu)
+        value_a, value_b = (torch.exp2(s.view(torch.uint8).float() - 127) for s in (scale_a, scale_b))
+    else:
+        scale_a = value_a = torch.rand(m, k // block, device="cuda") + 0.5
+        scale_b = value_b = torch.rand(k // block, columns, device="cuda") + 0.5
+    expand_b = value_b.repeat_interleave(block, 0)
     expand_b = expand_b.repeat_interleave(BLOCK, 1) if columns != n else expand_b
-    want = ((a.float() * scale_a.repeat_interleave(BLOCK, 1)) @ (b.float() * expand_b)).to(torch.bfloat16)
+    want = ((a.float() * value_a.repeat_interleave(block, 1)) @ (b.float() * expand_b)).to(torch.bfloat16)
     one = torch.tensor(1.0, device="cuda")
     peers: dict[str, tuple[Callable[[], Any] | None, str]] = {
         "tensor": (lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), "")
     }
-    peers["blockwise"] = _blockwise_peer(a, b, scale_a, scale_b if columns != n else None)
+    if block == MX_BLOCK:
+        peers["blockwise"] = _mx_peer(a, b, scale_a, scale_b, want)
+    else:
+        peers["blockwise"] = _blockwise_peer(a, b, scale_a, scale_b if columns != n else None)
     return {"a": a, "b": b, "scale_a": scale_a, "scale_b": scale_b}, want, peers
+
+
+def _mx_peer(a: Any, b: Any, scale_a: Any, scale_b: Any, want: Any) -> tuple[Callable[[], Any] | None, str]:
+    """torch._scaled_mm's MXFP8 form (e8m0 scales, 32-element blocks: cuBLASLt on Blackwell),
+    checked once; None and the reason where this torch or GPU lacks it (Hopper has no MX)."""
+    import torch
+
+    try:
+        call = lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b.t(), out_dtype=torch.bfloat16)  # noqa: E731
+        got = call()
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as error:
+        return None, f"n/a ({str(error).splitlines()[0][:60]})"
+    error = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    return (call, "") if error <= 1e-2 else (None, f"n/a (relative error {error:.2g}: another scale layout)")
 
 
 def _blockwise_peer(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[Callable[[], Any] | None, str]:

@@ -12,6 +12,7 @@ read and what _scaled_mm wants).
     PYTHONPATH=. python benchmarks/lowp_gemm.py          # on the GPU
     PYTHONPATH=. python benchmarks/lowp_gemm.py --dry    # emits the plans' kernels for sm_90, no GPU
     PYTHONPATH=. python benchmarks/lowp_gemm.py --block-scaled  # block-scaled fp8 only (block_scaled_gemm.py)
+    PYTHONPATH=. python benchmarks/lowp_gemm.py --mxfp8  # its MXFP8 rows only
 """
 
 from __future__ import annotations
@@ -55,9 +56,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="emit each plan's kernels for sm_90 (no GPU, no NVRTC)")
     parser.add_argument("--block-scaled", action="store_true", help="the block-scaled fp8 table only")
+    parser.add_argument("--mxfp8", action="store_true", help="the block-scaled table's MXFP8 rows only")
     args = parser.parse_args()
     if args.dry:
         return dry()
+    if args.mxfp8:
+        block_scaled_gemm.table(block_scaled_gemm.MX_FORMS)
+        return 0
     if args.block_scaled:
         block_scaled_gemm.table()
         return 0

@@ -85,12 +85,13 @@ def test_the_conv_backward_cases_build_on_the_tensor_core_gemm() -> None:
 
 
 def test_the_8bit_gemm_benchmark_plans_take_the_engine() -> None:
-    """fp8 (per-tensor and row / column scales, block-scaled as a matmul and as dequantize ->
-    matmul) and int8 at 4096³ and 8192³: one warp-specialised kernel each, the scales in it."""
+    """fp8 (per-tensor and row / column scales, block-scaled and MXFP8 as a matmul and as
+    dequantize -> matmul) and int8 at 4096³ and 8192³: one warp-specialised kernel each, the
+    scales in it."""
     result = _benchmark("lowp_gemm.py", "--dry")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    assert len(lines) == 10 and all(line.count("_ws_") == 1 and "," not in line.split(":")[1] for line in lines)
+    assert len(lines) == 14 and all(line.count("_ws_") == 1 and "," not in line.split(":")[1] for line in lines)
 
 
 def test_the_classic_cudnn_cases_build() -> None:

@@ -1,18 +1,20 @@
 """Block-scaled fp8 GEMM (issue 12): DeepSeek-V3's 1 x 128 activation and 128 x 128 (or
-128 x 1) weight scales, written as block_scale_dequantize -> matmul or as a matmul with
-A_scale / B_scale.
+128 x 1) weight scales, and MXFP8's fp8_e8m0 scales per 32 k of both operands, written as
+block_scale_dequantize -> matmul or as a matmul with A_scale / B_scale.
 
 CPU: the reference (bit-for-bit the dequantized product, hypothesis over shapes and scales),
 validation errors naming the node, the block_scaled_matmul rule firing on sm_90 and each near
 miss refused with its reason, the fused partition computing what the graph does, and NVRTC
 compiling every kernel for sm_90a (the engine) and sm_80 (SIMT). GPU: default plan and every
-engine candidate against the reference on ragged M, N and K = 128, 384, 4096.
+engine candidate against the reference on ragged M, N and K = 128, 384, 4096 (MXFP8: 32, 96,
+4096), and NaN scales.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -28,9 +30,11 @@ from fusion_rules import fuse
 from fusion_rules.partition_reference import execute_partition
 from graphdnn import reference
 from graphdnn.errors import DataTypeError, ShapeError, UnsupportedError
+from graphdnn.ops.block_scaled import e8m0_value
 from graphdnn.random_inputs import random_inputs
 from graphdnn.runtime.driver import current_gpu_arch
-from tests.gpu_check import check_on_gpu
+from graphdnn.signature import signature
+from tests.gpu_check import check_on_gpu, poisoned, relative_error, to_device, to_numpy
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class BlockScaled:
     block: int = 128  # the dequantizes' block size
     b_k_major: bool = True
     b_escapes: bool = False  # the dequantized B is a graph output too
+    scale: str = "float"  # or "fp8_e8m0" (MXFP8, with block 32)
+    b_scale: str | None = None  # B's scale type where it differs from A's
 
     def build(self) -> gd.OperationGraphSpec:
         g = gd.OperationGraphSpec(
@@ -59,9 +65,9 @@ class BlockScaled:
         a = g.tensor(name="a", dim=[m, k])
         b = g.tensor(name="b", dim=[k, n], stride=[1, k] if self.b_k_major else [n, 1])
         blocks = -(-k // self.block)
-        sa = g.tensor(name="a_scale", dim=[m, blocks], data_type="float")
+        sa = g.tensor(name="a_scale", dim=[m, blocks], data_type=self.scale)
         if self.form == "dequantize":
-            sb = g.tensor(name="b_scale", dim=[blocks, n], data_type="float")
+            sb = g.tensor(name="b_scale", dim=[blocks, n], data_type=self.b_scale or self.scale)
             da = g.block_scale_dequantize(a, sa, self.block, axis=-1, name="deq_a")
             db = g.block_scale_dequantize(b, sb, self.block, axis=0, name="deq_b")
             if self.b_escapes:
@@ -69,10 +75,15 @@ class BlockScaled:
             c = g.matmul(da, db, name="mm")
         else:
             columns = -(-n // 128) if self.b_blocks == "tile" else n
-            sb = g.tensor(name="b_scale", dim=[blocks, columns], data_type="float")
+            sb = g.tensor(name="b_scale", dim=[blocks, columns], data_type=self.scale)
             c = g.matmul(a, b, A_scale=sa, B_scale=sb, name="mm")
         c.set_name("c").set_output(True).set_data_type(self.out_type)
         return g
+
+
+def mx(m: int, n: int, k: int, **fields: Any) -> BlockScaled:
+    """An MXFP8 case: fp8_e8m0 scales per 32 k of A's rows and of B's columns."""
+    return BlockScaled(m, n, k, **{"scale": "fp8_e8m0", "block": 32, **fields})
 
 
 def feeds_of(graph: gd.OperationGraphSpec, seed: int) -> dict[str, np.ndarray]:
@@ -82,21 +93,32 @@ def feeds_of(graph: gd.OperationGraphSpec, seed: int) -> dict[str, np.ndarray]:
     feeds = random_inputs(ir, seed)
     rng = np.random.default_rng(seed)
     for t in ir.inputs:
-        if t.name.endswith("scale"):
+        if t.name.endswith("scale") and t.data_type is gd.DataType.FP8_E8M0:  # biased exponents 2^-4 .. 2^2
+            feeds[t.name] = rng.integers(127 - 4, 127 + 3, t.static_dim, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)
+        elif t.name.endswith("scale"):
             feeds[t.name] = (2.0 ** rng.integers(-4, 3, t.static_dim) * rng.uniform(0.5, 1, t.static_dim)).astype(
                 np.float32
             )
     return feeds
 
 
-def dequantized_product(feeds: dict[str, np.ndarray], b_columns: int) -> np.ndarray:
+def scale_values(scale: np.ndarray) -> np.ndarray:
+    """Float scales as they are; e8m0 bytes e read by the OCP MX definition, 2^(e - 127), and
+    NaN for 255."""
+    if scale.dtype != ml_dtypes.float8_e8m0fnu:
+        return scale.astype(np.float64)
+    e = scale.view(np.uint8).astype(np.float64)
+    return np.where(e == 255, np.nan, np.float64(2.0) ** (e - 127))
+
+
+def dequantized_product(feeds: dict[str, np.ndarray], b_columns: int, block: int = 128) -> np.ndarray:
     """An independent statement of the semantics: each element times its block's scale, then
     the float64 product."""
     a, b = feeds["a"].astype(np.float64), feeds["b"].astype(np.float64)
-    sa, sb = feeds["a_scale"].astype(np.float64), feeds["b_scale"].astype(np.float64)
+    sa, sb = scale_values(feeds["a_scale"]), scale_values(feeds["b_scale"])
     k, n = b.shape
-    a_scaled = a * np.array([[sa[i, j // 128] for j in range(k)] for i in range(a.shape[0])])
-    b_scaled = b * np.array([[sb[i // 128, j // b_columns] for j in range(n)] for i in range(k)])
+    a_scaled = a * np.array([[sa[i, j // block] for j in range(k)] for i in range(a.shape[0])])
+    b_scaled = b * np.array([[sb[i // block, j // b_columns] for j in range(n)] for i in range(k)])
     return np.asarray(a_scaled @ b_scaled)
 
 
@@ -133,6 +155,67 @@ def test_the_dequantize_form_means_the_same_product() -> None:
     assert feeds["a"].dtype == ml_dtypes.float8_e4m3fn
 
 
+def test_e8m0_scales_are_the_ocp_mx_powers_of_two() -> None:
+    """Every byte: 2^(e - 127), 0 is 2^-127 (a float64 normal, an fp32 subnormal), 255 NaN;
+    ml_dtypes' widening (what the reference receives) agrees bit for bit."""
+    bits = np.arange(256, dtype=np.uint8)
+    values = e8m0_value(bits)
+    assert np.isnan(values[255]) and np.isnan(values).sum() == 1
+    assert values[0] == 2.0**-127 and values[127] == 1.0 and values[254] == 2.0**127
+    np.testing.assert_array_equal(values, bits.view(ml_dtypes.float8_e8m0fnu).astype(np.float64))
+    np.testing.assert_array_equal(values, scale_values(bits.view(ml_dtypes.float8_e8m0fnu)))
+    np.testing.assert_array_equal(values, e8m0_value(bits.view(ml_dtypes.float8_e8m0fnu)))
+
+
+@st.composite
+def mx_cases(draw: st.DrawFn) -> BlockScaled:
+    """An MXFP8 product of 1-9 rows, 1-70 columns and 1-5 k blocks, either form, fp32 out."""
+    m, n, blocks = draw(st.integers(1, 9)), draw(st.integers(1, 70)), draw(st.integers(1, 5))
+    return mx(m, n, 32 * blocks, form=draw(st.sampled_from(["matmul", "dequantize"])), out_type="float")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=mx_cases(), spread=st.integers(0, 100), seed=st.integers(0, 2**16))
+def test_the_mxfp8_reference_scales_each_32_block_before_the_product(case: BlockScaled, spread: int, seed: int) -> None:
+    graph = case.build()
+    feeds = feeds_of(graph, seed)
+    rng = np.random.default_rng(seed)
+    for name in ("a_scale", "b_scale"):  # exponents up to 2^+-spread: exact in float64 either way
+        shape = feeds[name].shape
+        feeds[name] = rng.integers(127 - spread, 128 + spread, shape, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    got = reference.execute(graph.validate(), feeds)["c"]
+    with np.errstate(over="ignore"):  # a product past fp32's range is inf in both
+        want = dequantized_product(feeds, 1, block=32).astype(np.float32)
+    if case.form == "matmul":
+        np.testing.assert_array_equal(got, want)
+    else:  # the dequantized operands are float, exact: only the product's summation order may differ
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
+def test_a_nan_e8m0_scale_makes_its_row_or_column_nan() -> None:
+    case = mx(6, 40, 96, form="matmul", out_type="float")
+    graph = case.build()
+    feeds = feeds_of(graph, 1)
+    feeds["a_scale"].view(np.uint8)[2, 1] = 255  # row 2's second block
+    feeds["b_scale"].view(np.uint8)[0, 17] = 255  # column 17's first block
+    got = reference.execute(graph.validate(), feeds)["c"]
+    nan = np.zeros(got.shape, dtype=bool)
+    nan[2, :], nan[:, 17] = True, True
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan], dequantized_product(feeds, 1, block=32).astype(np.float32)[~nan])
+
+
+def test_an_mxfp8_graph_survives_json() -> None:
+    """The e8m0 scale tensors and the matmul's scale roles round-trip: same signature, same C."""
+    graph = mx(7, 40, 96, form="matmul").build()
+    again = gd.OperationGraphSpec.from_json(graph.to_json())
+    assert signature(again.validate()) == signature(graph.validate())
+    feeds = feeds_of(graph, 2)
+    np.testing.assert_array_equal(
+        reference.execute(again.validate(), feeds)["c"], reference.execute(graph.validate(), feeds)["c"]
+    )
+
+
 def _scaled(a: list[int], b: list[int], sa: list[int] | None, sb: list[int] | None, **types: str) -> None:
     g = gd.OperationGraphSpec(io_data_type="fp8_e4m3", intermediate_data_type="float", compute_data_type="float")
     scales = {
@@ -146,6 +229,9 @@ def _scaled(a: list[int], b: list[int], sa: list[int] | None, sb: list[int] | No
     g.validate()
 
 
+E8M0 = {"A_scale": "fp8_e8m0", "B_scale": "fp8_e8m0"}
+
+
 @pytest.mark.parametrize(
     ("shapes", "types", "error", "message"),
     [
@@ -155,7 +241,11 @@ def _scaled(a: list[int], b: list[int], sa: list[int] | None, sb: list[int] | No
         (([8, 256], [256, 300], [8, 2], [2, 2]), {}, ShapeError, "expected [2, 3] or [2, 300]"),
         (([2, 8, 256], [256, 16], [8, 2], [2, 16]), {}, ShapeError, "A has dims [2, 8, 256]"),
         (([8, 256], [256, 16], [8, 2], [2, 16]), {"A": "bfloat16"}, DataTypeError, "fp8_e4m3 or fp8_e5m2"),
-        (([8, 256], [256, 16], [8, 2], [2, 16]), {"B_scale": "half"}, DataTypeError, "float scales"),
+        (([8, 256], [256, 16], [8, 2], [2, 16]), {"B_scale": "half"}, DataTypeError, "float or fp8_e8m0 scales"),
+        (([8, 48], [48, 16], [8, 2], [2, 16]), E8M0, ShapeError, "K = 48 is not a multiple of 32"),
+        (([8, 128], [128, 16], [8, 1], [4, 16]), E8M0, ShapeError, "A_scale has dims [8, 1], expected [8, 4] (1 x 32"),
+        (([8, 128], [128, 300], [8, 4], [4, 3]), E8M0, ShapeError, "expected [4, 300] (32 x 1 blocks, MXFP8"),
+        (([8, 256], [256, 16], [8, 2], [8, 16]), {"B_scale": "fp8_e8m0"}, DataTypeError, "both float (1 x 128"),
     ],
 )
 def test_bad_block_scales_are_refused_naming_the_node(
@@ -184,11 +274,45 @@ def test_the_rule_makes_one_block_scaled_gemm_on_sm90() -> None:
     assert [k.name.split("_")[-2] for k in program.kernels] == ["ws"]
 
 
+def test_the_rule_makes_one_mxfp8_gemm_on_sm90() -> None:
+    case = mx(129, 1000, 96)
+    graph = case.build().validate()
+    partition = fuse(graph, arch=90)
+    (fused,) = partition.nodes
+    assert fused.rule == "block_scaled_matmul" and fused.anchor is not None
+    a_scale = fused.anchor.input("A_scale")
+    assert a_scale is not None and a_scale.data_type is gd.DataType.FP8_E8M0 and a_scale.dim == (129, 3)
+    feeds = feeds_of(case.build(), 6)
+    got, want = execute_partition(partition, feeds)["c"], reference.execute(graph, feeds)["c"]
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-2, atol=1e-2)
+    (program,) = emit_partition(partition, 90, {})
+    (kernel,) = program.kernels
+    assert "_ws_" in kernel.name and "wgmma steps of 32 k: one scale block each" in kernel.source
+
+
 NEAR_MISSES = {
     "sm_80": (BlockScaled(64, 64, 256), 80, "needs sm_90's fp8 tensor cores (wgmma), the target is sm_80"),
     "block_64": (BlockScaled(64, 64, 256, block=64), 90, "deq_a has blocks of 64 along axis 1"),
     "k_not_whole_blocks": (BlockScaled(64, 64, 200), 90, "mm has K = 200, not a multiple of 128"),
     "b_n_major": (BlockScaled(64, 64, 256, b_k_major=False), 90, "reads it K-major"),
+    "mx_sm_80": (mx(64, 64, 64), 80, "needs sm_90's fp8 tensor cores (wgmma), the target is sm_80"),
+    "mx_block_128": (
+        mx(64, 64, 256, block=128),
+        90,
+        "has blocks of 128 along axis 1; the block-scaled GEMM takes blocks of 32",
+    ),
+    "mx_k_not_whole_blocks": (mx(64, 64, 48), 90, "mm has K = 48, not a multiple of 32"),
+    "mx_b_n_major": (mx(64, 64, 64, b_k_major=False), 90, "reads it K-major"),
+    "float_block_32": (
+        BlockScaled(64, 64, 256, block=32),
+        90,
+        "takes blocks of 128 of A along its last axis (1 x 128) with float",
+    ),
+    "mixed_scales": (
+        BlockScaled(64, 64, 256, block=32, b_scale="fp8_e8m0"),
+        90,
+        "deq_a has float scales and deq_b fp8_e8m0 ones",
+    ),
 }
 
 
@@ -225,6 +349,9 @@ COMPILE_CASES = {
     "dequantize": BlockScaled(129, 1000, 384),
     "tile_scales": BlockScaled(7, 129, 128, form="matmul", b_blocks="tile", out_type="float"),
     "column_scales_e5m2": BlockScaled(1000, 7, 256, form="matmul", element="fp8_e5m2"),
+    "mx_dequantize": mx(129, 1000, 96),
+    "mx_float_out": mx(7, 129, 32, form="matmul", out_type="float"),
+    "mx_e5m2": mx(1000, 7, 4096, form="matmul", element="fp8_e5m2"),
 }
 
 
@@ -264,6 +391,15 @@ GPU_CASES = {
     "more_tiles_than_sms": BlockScaled(2048, 2304, 1024, form="matmul", b_blocks="tile"),
     "simt_b_n_major": BlockScaled(129, 200, 256, form="matmul", b_k_major=False),  # no tensor-core layout
 }
+MX_SHAPES = [(1, 1000, 32), (7, 129, 96), (129, 7, 4096), (1000, 1000, 96), (129, 1, 32), (1000, 129, 4096)]
+GPU_CASES |= {
+    **{f"mx_dequantize_{m}x{n}x{k}": mx(m, n, k) for m, n, k in MX_SHAPES},
+    **{f"mx_matmul_{m}x{n}x{k}": mx(m, n, k, form="matmul") for m, n, k in MX_SHAPES},
+    "mx_float_out": mx(129, 1000, 4096, form="matmul", out_type="float"),
+    "mx_e5m2": mx(1000, 129, 96, form="matmul", element="fp8_e5m2"),
+    "mx_more_tiles_than_sms": mx(2048, 2304, 1024, form="matmul"),
+    "mx_simt_b_n_major": mx(129, 200, 96, form="matmul", b_k_major=False),
+}
 
 
 @pytest.mark.gpu
@@ -279,3 +415,42 @@ def test_block_scaled_gemm_matches_reference_on_gpu(case: str) -> None:
     gemm = next(f for f in fuse(graph, arch=arch).nodes if f.anchor is not None and f.anchor.op == "matmul")
     for choice in candidates(gemm, arch)[1:]:  # the default is the first
         check_on_gpu(graph, seed=seed, feeds=feeds, tolerance=tolerance, tuning={gemm.name: choice})
+
+
+def _run_on_gpu(graph: gd.OperationGraphSpec, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """C of the default plan on ``feeds`` (poisoned first), as float64."""
+    import torch
+
+    ir = graph.validate()
+    pack = {t.name: to_device(feeds[t.name], t) for t in ir.inputs}
+    (out,) = ir.outputs
+    c = poisoned(out)
+    gd.compile(graph).execute({**pack, out.name: c})
+    torch.cuda.synchronize()
+    return to_numpy(c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["matmul", "dequantize"])
+def test_mxfp8_nan_scales_and_wide_exponents_on_gpu(form: str) -> None:
+    """Scales from 2^-40 to 2^40 (powers of two: exact in fp32 as long as no product leaves its
+    range) match the reference within the fp32-out tolerance; a NaN scale (byte 255) makes exactly its
+    row's or column's outputs NaN."""
+    case = mx(200, 300, 4096, form=form, out_type="float")
+    graph = case.build()
+    feeds = feeds_of(graph, 11)
+    rng = np.random.default_rng(11)
+    for name in ("a_scale", "b_scale"):
+        shape = feeds[name].shape
+        feeds[name] = rng.integers(127 - 40, 128 + 40, shape, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    want = reference.execute(graph.validate(), feeds)["c"].astype(np.float64)
+    got = _run_on_gpu(graph, feeds)
+    assert relative_error(got, want) <= 1e-3
+    feeds["a_scale"].view(np.uint8)[199, 127] = 255  # the last row's last block
+    feeds["b_scale"].view(np.uint8)[0, 131] = 255  # a column of the second tile, first block
+    want = reference.execute(graph.validate(), feeds)["c"].astype(np.float64)
+    got = _run_on_gpu(graph, feeds)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(want).sum() == 300 + 200 - 1
+    finite = ~np.isnan(want)
+    assert relative_error(got[finite], want[finite]) <= 1e-3

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fusion_rules import FusedNode
 from fusion_rules.conv_grad_gemm import CONV_GRADS, b_layout, operands, refusal
 from graphdnn.ir import Node, Tensor
-from graphdnn.ops.block_scaled import BLOCK, per_column
+from graphdnn.ops.block_scaled import BLOCK, k_block, per_column
 from graphdnn.ops.conv import ConvAttributes
 from graphdnn.symbolic import Extent, Sym, upper
 
@@ -222,6 +222,12 @@ def eight_bit_slow_path(p: Problem, arch: int) -> str | None:
         f"matmul '{p.node.name}' multiplies {a.data_type.value} by {b.data_type.value} on the SIMT kernel, not on "
         f"tensor cores, which read both operands K-major in 16-byte chunks: " + "; ".join(problems)
     )
+
+
+def scale_block(p: Problem) -> int:
+    """The k elements one scale covers: 128 (float scales) or 32 (fp8_e8m0, MXFP8)."""
+    assert p.a_scale is not None
+    return k_block(p.a_scale)
 
 
 def scale_columns(p: Problem) -> int:

@@ -15,7 +15,7 @@ from ..cuda_types import load
 from ..indexing import c_extent, coordinates, loop_index_type
 from ..kernel import DynamicGrid, Kernel
 from .gemm_epilogue import Epilogue
-from .gemm_problem import Problem, batch_offsets_from_coords, declare, scale_columns
+from .gemm_problem import Problem, batch_offsets_from_coords, declare, scale_block, scale_columns
 
 SIMT_THREADS = 256
 MAX_BLOCKS = 65535
@@ -103,19 +103,20 @@ def _simt_matmul_loop(p: Problem, names: dict[int, str], compute: str, itype: st
 
 
 def _block_scaled_loop(p: Problem, names: dict[int, str], product: str, compute: str) -> list[str]:
-    """The k loop as block-scaled fp8 (rank 2: c0 the row, c1 the column): each 128-element k
-    block's sum of ``product`` (of k index kk), times A's scale of (row, block) and B's of
-    (block, column or 128 columns) (ops/block_scaled.py)."""
+    """The k loop as block-scaled fp8 (rank 2: c0 the row, c1 the column): each k block's (128
+    elements, or 32 for MXFP8) sum of ``product`` (of k index kk), times A's scale of (row,
+    block) and B's of (block, column or 128 columns) (ops/block_scaled.py)."""
     assert p.a_scale is not None and p.b_scale is not None
     sa, sb = p.a_scale, p.b_scale
+    block = scale_block(p)
     a_scale = f"{names[sa.id]}[c0 * {c_extent(sa.stride[0])} + kb * {c_extent(sa.stride[1])}]"
     b_scale = f"{names[sb.id]}[kb * {c_extent(sb.stride[0])} + c1 / {scale_columns(p)} * {c_extent(sb.stride[1])}]"
     return [
-        f"for (int kb = 0; kb < {p.k // 128}; ++kb) {{",
+        f"for (int kb = 0; kb < {p.k // block}; ++kb) {{",
         f"  {compute} part = 0;",
-        "  for (int kk = kb * 128; kk < kb * 128 + 128; ++kk) {",
+        f"  for (int kk = kb * {block}; kk < kb * {block} + {block}; ++kk) {{",
         f"    part += {product};",
         "  }",
-        f"  acc += part * {load(DataType.FLOAT, a_scale, compute)} * {load(DataType.FLOAT, b_scale, compute)};",
+        f"  acc += part * {load(sa.data_type, a_scale, compute)} * {load(sb.data_type, b_scale, compute)};",
         "}",
     ]

@@ -7,18 +7,21 @@ tile, into a fresh fp32 fragment, waits for it, hands the stage back at once, an
 fragment into the accumulators times the block's A scale (per row) and B scale (per 128
 columns, or per column). The scales are plain loads (L2: a few floats per thread per block)
 issued a k block ahead, so that their latency overlaps a whole block's wgmma; the other
-warpgroup's wgmma keeps the tensor cores busy while one promotes (DeepGEMM's scheme).
+warpgroup's wgmma keeps the tensor cores busy while one promotes (DeepGEMM's scheme). An
+MXFP8 matmul promotes every 32-k wgmma step instead (gemm_ws_mx.py).
 """
 
 from __future__ import annotations
 
 from fusion_rules import FusedNode
+from graphdnn.ops.block_scaled import MX_BLOCK
 
 from ..indexing import c_extent
 from .gemm_epilogue import tile_epilogue
-from .gemm_problem import Problem, batch_coords, scale_columns
+from .gemm_problem import Problem, batch_coords, scale_block, scale_columns
 from .gemm_sm90 import BLOCK_K_BYTES
 from .gemm_splitk import partial_chunks
+from .gemm_ws_mx import mx_loop
 from .tensor_core import zero
 
 SUBTILE = 64  # a consumer stages its 64 rows of the tile 64 columns at a time for the epilogue
@@ -69,14 +72,19 @@ def consumer(
         f"  {accumulator} acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
         "#pragma unroll",
         f"  for (int i = 0; i < BN / 2; ++i) acc[i] = {zero(accumulator)};",
-        *(
-            _block_scaled_loop(p, names, b_step, b_leading, b_stride)
-            if p.block_scaled
-            else _main_loop(gather, b_step, b_leading, b_stride)
-        ),
+        *_loop(p, names, gather, b_step, b_leading, b_stride),
         *("  " + line for line in _epilogue(fused, p, names, itype, aligned, accumulator, split)),
         "}",
     ]
+
+
+def _loop(p: Problem, names: dict[int, str], gather: bool, b_step: int, b_leading: int, b_stride: int) -> list[str]:
+    """The k loop: MXFP8's (gemm_ws_mx.py), the float block scales' or the plain one."""
+    if p.block_scaled and scale_block(p) == MX_BLOCK:
+        return mx_loop(p, names, b_step, b_leading, b_stride)
+    if p.block_scaled:
+        return _block_scaled_loop(p, names, b_step, b_leading, b_stride)
+    return _main_loop(gather, b_step, b_leading, b_stride)
 
 
 def _main_loop(gather: bool, b_step: int, b_leading: int, b_stride: int) -> list[str]:

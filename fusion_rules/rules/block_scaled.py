@@ -1,19 +1,21 @@
 """Block-scaled fp8 GEMM written from primitives: ``block_scale_dequantize`` of A (1 x 128
-blocks along K) and of B (128 blocks along K) feeding a ``matmul``.
+blocks along K) and of B (128 blocks along K) feeding a ``matmul``, with float scales; or
+the same with fp8_e8m0 scales and blocks of 32 (MXFP8, the OCP MX recipe).
 
 The three nodes become one GEMM fused node whose anchor is a ``matmul`` the rule builds with
 the fp8 operands and their scales bound (A_scale, B_scale: graphdnn/ops/block_scaled.py), so
 that the warp-specialised engine multiplies fp8 on the tensor cores and applies the scales
-per 128-element k block (codegen/families/gemm_ws_consumer.py); the dequantized fp32 (or
-16-bit) operands never reach memory.
+per k block (codegen/families/gemm_ws_consumer.py, gemm_ws_mx.py); the dequantized fp32
+(or 16-bit) operands never reach memory.
 
 Numerics: the unfused graph rounds each dequantized element to its tensor's type, then sums
 products; the kernel sums each block's fp8 products in fp32 (exact products, the tensor
 cores' additions) and adds the block's sum times its two scales. The two agree to fp32
 rounding; the rule takes float, half and bfloat16 intermediates (never double).
 
-It fires only where that kernel runs: sm_90, rank-2 static operands, K a multiple of 128,
-A k-contiguous and B K-major (stored as Bᵀ row-major), float scales, blocks of 128. Each
+It fires only where that kernel runs: sm_90, rank-2 static operands, A k-contiguous and B
+K-major (stored as Bᵀ row-major), both scales float with blocks of 128 or both fp8_e8m0 with
+blocks of 32, K a whole number of blocks (and of 16, as the tensor cores read it). Each
 near miss is logged with its reason; the nodes then run as written (on sm_80: the dequantize
 kernels and the SIMT matmul, as per-tensor fp8 does there).
 """
@@ -25,7 +27,7 @@ import dataclasses
 from graphdnn.dtypes import DataType
 from graphdnn.errors import GraphError
 from graphdnn.ir import Node, Tensor
-from graphdnn.ops.block_scaled import BLOCK, FP8
+from graphdnn.ops.block_scaled import BLOCK, FP8, MX_BLOCK
 
 from ..guards import fusable_types
 from ..partition import Family
@@ -69,6 +71,15 @@ def _reason(ctx: MatchContext, deq_a: Node, deq_b: Node, matmul: Node) -> str | 
     guarded = fusable_types(ctx, deq_b)
     if guarded is not None:
         return guarded
+    scale_a, scale_b = deq_a.input("scale"), deq_b.input("scale")
+    assert scale_a is not None and scale_b is not None
+    if scale_a.data_type is not scale_b.data_type:
+        return (
+            f"{deq_a.name} has {scale_a.data_type.value} scales and {deq_b.name} {scale_b.data_type.value} ones; "
+            "the block-scaled GEMM takes both float or both fp8_e8m0"
+        )
+    mx = scale_a.data_type is DataType.FP8_E8M0
+    block, shape = (MX_BLOCK, "32") if mx else (BLOCK, "128")
     for node, axis in ((deq_a, 1), (deq_b, 0)):
         x, scale = node.input("X"), node.input("scale")
         assert x is not None and scale is not None
@@ -76,22 +87,23 @@ def _reason(ctx: MatchContext, deq_a: Node, deq_b: Node, matmul: Node) -> str | 
             return f"{node.name} dequantizes dims {list(x.dim)}; the block-scaled GEMM takes static rank-2 operands"
         attrs = node.attributes
         given = attrs.axis % 2 if attrs.axis is not None else 1  # type: ignore[attr-defined]
-        if given != axis or attrs.block_size != BLOCK:  # type: ignore[attr-defined]
-            side = "A along its last axis (1 x 128)" if axis == 1 else "B along its first axis, K (128 x 1)"
+        if given != axis or attrs.block_size != block:  # type: ignore[attr-defined]
+            side = f"A along its last axis (1 x {shape})" if axis == 1 else f"B along its first axis, K ({shape} x 1)"
+            recipe = " with fp8_e8m0 scales (MXFP8)" if mx else " with float scales"
             return (
                 f"{node.name} has blocks of {attrs.block_size} along axis {given}; the block-scaled GEMM "  # type: ignore[attr-defined]
-                f"takes blocks of {BLOCK} of {side}"
+                f"takes blocks of {block} of {side}{recipe}"
             )
-        if x.data_type not in FP8 or scale.data_type is not DataType.FLOAT:
+        if x.data_type not in FP8 or scale.data_type not in (DataType.FLOAT, DataType.FP8_E8M0):
             return (
                 f"{node.name} dequantizes {x.data_type.value} with {scale.data_type.value} scales; the "
-                "block-scaled GEMM takes fp8_e4m3 / fp8_e5m2 values and float scales"
+                "block-scaled GEMM takes fp8_e4m3 / fp8_e5m2 values and float or fp8_e8m0 scales"
             )
     a, b = deq_a.input("X"), deq_b.input("X")
     assert a is not None and b is not None
-    if a.dim[1] % BLOCK:
+    if a.dim[1] % block:
         return (
-            f"{matmul.name} has K = {a.dim[1]}, not a multiple of {BLOCK}: the block-scaled GEMM takes whole k blocks"
+            f"{matmul.name} has K = {a.dim[1]}, not a multiple of {block}: the block-scaled GEMM takes whole k blocks"
         )
     return _layout_reason(a, b)
 
@@ -139,7 +151,8 @@ BLOCK_SCALED_MATMUL = register_rule(
         rewrite=rewrite,
         description=(
             "block_scale_dequantize(A, 1 x 128 blocks) and block_scale_dequantize(B, 128 blocks along K) → "
-            "matmul, as one block-scaled fp8 GEMM on sm_90 (scales applied per k block to fp32 partial sums)"
+            "matmul (float scales; or blocks of 32 with fp8_e8m0 scales, MXFP8), as one block-scaled fp8 GEMM "
+            "on sm_90 (scales applied per k block to fp32 partial sums)"
         ),
     )
 )

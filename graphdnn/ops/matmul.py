@@ -3,8 +3,9 @@
 A is ``[..., M, K]``, B ``[..., K, N]``; the batch dims (all but the last two) broadcast
 NumPy-style, right-aligned, so the ranks may differ. C is ``[..., M, N]``, row-major.
 
-Block-scaled fp8 (DeepSeek-V3's recipe, block_scaled.py): with ``A_scale`` and ``B_scale``
-bound, C = (A * A_scale per 1 x 128 block) @ (B * B_scale per 128 x 128 or 128 x 1 block).
+Block-scaled fp8 (block_scaled.py): with ``A_scale`` and ``B_scale`` bound, C = (A * A_scale
+per 1 x 128 block) @ (B * B_scale per 128 x 128 or 128 x 1 block) with float scales
+(DeepSeek-V3's recipe), or per 1 x 32 and 32 x 1 blocks with fp8_e8m0 scales (MXFP8).
 """
 
 from __future__ import annotations
