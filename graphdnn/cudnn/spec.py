@@ -9,10 +9,11 @@ carry the frontend's ragged offsets (cudnn/ragged.py translates them for attenti
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..graph import OperationGraphSpec
 from ..tensor import TensorSpec
+from .enums import check_reordering, tensor_reordering
 
 
 class FrontendTensor(TensorSpec):
@@ -31,6 +32,14 @@ class FrontendTensor(TensorSpec):
 
     def get_ragged_offset(self) -> TensorSpec | None:
         return self._ragged_offset
+
+    def set_reordering_type(self, reordering_type: Any) -> FrontendTensor:
+        """Only NONE: graphdnn has no reordered (swizzled) layouts; others raise, saying so."""
+        check_reordering(reordering_type, self.name)
+        return self
+
+    def get_reordering_type(self) -> tensor_reordering:
+        return tensor_reordering.NONE
 
     @property
     def stride_is_set(self) -> bool:
