@@ -15,6 +15,7 @@ import torch
 
 import graphdnn.cudnn as cudnn
 from fusion_rules import fuse
+from graphdnn.dtypes import DataType
 from graphdnn.errors import AttributeValueError, GraphError, UnsupportedError
 
 E4M3, E8M0, F32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FP8_E8M0, cudnn.data_type.FLOAT
@@ -43,7 +44,7 @@ def check_quantized(y: np.ndarray, scale: np.ndarray, c: np.ndarray, block: int)
     assert np.all(np.abs(y - c / s) <= step / 2 + slack), "fp8 values off by more than half a step"
 
 
-def mxfp8_matmul_quantize(device: str) -> Check:
+def mxfp8_matmul_quantize(device: str, **options: Any) -> Check:
     """test_block_scale_quantize.py's graph (MXFP8: e4m3 operands, e8m0 scales of 32 blocks,
     dequantize -> matmul -> block_scale_quantize), with scales in their own dims instead of
     F8_128x4 tiles (graphdnn refuses the reordering; see the refusal tests)."""
@@ -54,6 +55,7 @@ def mxfp8_matmul_quantize(device: str) -> Check:
         intermediate_data_type=cudnn.data_type.FLOAT,
         compute_data_type=cudnn.data_type.FLOAT,
         handle=handle,
+        **options,
     )
     sk = k // block_size
     tensor_a = g.tensor(name="tensor_a", dim=[b, m, k], stride=[m * k, k, 1], data_type=E4M3)
@@ -106,12 +108,12 @@ def mxfp8_matmul_quantize(device: str) -> Check:
     return check
 
 
-def deepseek_block_scaled_matmul(device: str) -> Check:
+def deepseek_block_scaled_matmul(device: str, **options: Any) -> Check:
     """general_block_scale_matmul's graph with DeepSeek-V3's recipe: fp8 A with float 1 x 128
     scales, fp8 B with 128 x 1 scales along K, bf16 C; rank 2, the form the
     block_scaled_matmul rule makes one fp8 GEMM of on sm_90."""
     m, n, k, bm, bk, bn = 72, 80, 256, 1, 128, 1
-    g = cudnn.pygraph(intermediate_data_type=F32, compute_data_type=F32)
+    g = cudnn.pygraph(intermediate_data_type=F32, compute_data_type=F32, **options)
     sm, sk, sn = m // bm, k // bk, n // bn
     tensor_a = g.tensor(name="tensor_a", dim=[m, k], stride=[k, 1], data_type=E4M3)
     tensor_b = g.tensor(name="tensor_b", dim=[k, n], stride=[1, k], data_type=E4M3)
@@ -155,6 +157,15 @@ PROGRAMS = {p.__name__: p for p in (mxfp8_matmul_quantize, deepseek_block_scaled
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
 def test_frontend_block_scale_program_matches_numpy(program: str) -> None:
     PROGRAMS[program]("cpu")()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_frontend_block_scale_program_compiles_for_the_gpu_without_one(program: str, arch: int) -> None:
+    """sm_version builds the NVRTC plan here (sm_90: the deepseek graph is one block-scaled GEMM);
+    host buffers still run the reference plan."""
+    PROGRAMS[program]("cpu", sm_version=arch)()
 
 
 @pytest.mark.gpu
@@ -284,3 +295,23 @@ def test_reordering_none_is_accepted_and_reported() -> None:
     g, _ = graph_with([4])
     t = g.tensor(name="t", dim=[4], reordering_type=cudnn.tensor_reordering.NONE)
     assert t.set_reordering_type(cudnn.tensor_reordering.NONE).get_reordering_type() is cudnn.tensor_reordering.NONE
+
+
+def test_the_high_level_graph_quantizes_framework_tensors() -> None:
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    with cudnn.Graph(io_data_type=F32, inputs=["q::input"], outputs=["q::Y", "q::scale"]) as g:
+        y, scale = g.block_scale_quantize(input=x, block_size=32, name="q")
+        y.set_output(True)
+        scale.set_output(True).set_data_type(E8M0)
+    got_y, got_scale = g(2 * x)
+    want = 2 * x.astype(np.float64)
+    np.testing.assert_array_equal(got_scale.astype(np.float64), mxfp8_scales(want, 32))
+    check_quantized(got_y.astype(np.float64), got_scale.astype(np.float64), want, 32)
+
+
+def test_data_type_is_graphdnn_s_data_type_but_for_the_frontend_only_names() -> None:
+    assert cudnn.data_type.FP8_E8M0 is DataType.FP8_E8M0 and cudnn.data_type["HALF"] is DataType.HALF
+    assert isinstance(DataType.FLOAT, cudnn.data_type) and cudnn.data_type("bfloat16") is DataType.BFLOAT16
+    assert list(cudnn.data_type) == list(DataType)
+    with pytest.raises(UnsupportedError, match="INT4 is not supported: graphdnn has no int4 type"):
+        cudnn.data_type.INT4  # noqa: B018

@@ -40,7 +40,8 @@ def dequantize_blocks(node: str, input: TensorSpec, block_size: Any) -> tuple[in
         raise UnsupportedError(
             f"block_scale_dequantize block_size={sizes} has blocks over {len(blocked)} dims (2-D blocks, such as "
             "128 x 128 weight blocks): graphdnn's block_scale_dequantize scales blocks along one dim; give one "
-            "size above 1 (e.g. [1, 128] or [128, 1])",
+            "size above 1 (e.g. [1, 128] or [128, 1]); for 128 x 128 weight blocks of a matmul's B, graphdnn's own "
+            "matmul(A, B, A_scale=, B_scale=) takes them",
             node=node,
         )
     return blocked[0] if blocked else (None, 1)
