@@ -11,6 +11,7 @@ fp8 GEMM where it applies (fusion_rules/rules/block_scaled.py).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,14 +63,14 @@ class QuantizeOps(OpsBase):
         """[Y, scale] (``<node>::Y``, ``<node>::scale``): one scale per ``block_size`` elements
         along ``axis`` (the last when None). Y is fp8_e4m3 and scale float unless set with
         ``set_data_type`` (FP8_E5M2; FP8_E8M0 scales for MXFP8)."""
-        if isinstance(block_size, bool) or not isinstance(block_size, int):
+        try:
+            size = operator.index(block_size)  # an int, or a NumPy integer
+        except TypeError:
             raise AttributeValueError(
                 f"block_scale_quantize block_size={block_size!r}: the frontend takes one int", node=name or None
-            )
+            ) from None
         node = self._node(name)
-        y, scale = self._spec.block_scale_quantize(
-            input, block_size, axis, transpose, compute_type(compute_data_type), node
-        )
+        y, scale = self._spec.block_scale_quantize(input, size, axis, transpose, compute_type(compute_data_type), node)
         return self._label(node, [y, scale], ["Y", "scale"])  # type: ignore[return-value]
 
     def block_scale_dequantize(
