@@ -5,6 +5,7 @@ JSON round trip. The programs run on the reference plan here and on the GPU (`gp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -108,18 +109,19 @@ def mxfp8_matmul_quantize(device: str, **options: Any) -> Check:
     return check
 
 
-def deepseek_block_scaled_matmul(device: str, **options: Any) -> Check:
-    """general_block_scale_matmul's graph with DeepSeek-V3's recipe: fp8 A with float 1 x 128
-    scales, fp8 B with 128 x 1 scales along K, bf16 C; rank 2, the form the
-    block_scaled_matmul rule makes one fp8 GEMM of on sm_90."""
-    m, n, k, bm, bk, bn = 72, 80, 256, 1, 128, 1
+def deepseek_matmul(device: str, weight_block: tuple[int, int], **options: Any) -> Check:
+    """general_block_scale_matmul's graph with DeepSeek-V3's recipe: fp8 A with float [1, 128]
+    scales, fp8 B with float scales per ``weight_block`` ([128, 1]: along K, which the
+    block_scaled_matmul rule fuses; [128, 128]: weight blocks, graphdnn's block-scaled
+    matmul), bf16 C; on sm_90 one fp8 GEMM either way."""
+    m, n, k, (bk, bn) = 72, 200, 384, weight_block
     g = cudnn.pygraph(intermediate_data_type=F32, compute_data_type=F32, **options)
-    sm, sk, sn = m // bm, k // bk, n // bn
+    sk, sn = k // bk, -(-n // bn)
     tensor_a = g.tensor(name="tensor_a", dim=[m, k], stride=[k, 1], data_type=E4M3)
     tensor_b = g.tensor(name="tensor_b", dim=[k, n], stride=[1, k], data_type=E4M3)
-    block_descale_a = g.tensor(name="block_descale_a", dim=[sm, sk], stride=[sk, 1], data_type=F32)
+    block_descale_a = g.tensor(name="block_descale_a", dim=[m, sk], stride=[sk, 1], data_type=F32)
     block_descale_b = g.tensor(name="block_descale_b", dim=[sk, sn], stride=[1, sk], data_type=F32)
-    dequant_tensor_a = g.block_scale_dequantize(tensor_a, block_descale_a, [bm, bk], compute_data_type=F32)
+    dequant_tensor_a = g.block_scale_dequantize(tensor_a, block_descale_a, [1, bk], compute_data_type=F32)
     dequant_tensor_b = g.block_scale_dequantize(tensor_b, block_descale_b, [bk, bn], compute_data_type=F32)
     tensor_d = g.matmul(dequant_tensor_a, dequant_tensor_b, compute_data_type=F32, name="GEMM")
     tensor_d.set_data_type(cudnn.data_type.BFLOAT16).set_is_virtual(False)
@@ -128,7 +130,7 @@ def deepseek_block_scaled_matmul(device: str, **options: Any) -> Check:
     torch.manual_seed(4)
     a, b_t = torch.randn(m, k).to(torch.float8_e4m3fn), torch.randn(n, k).to(torch.float8_e4m3fn)
     rng = np.random.default_rng(5)
-    scale_a = torch.from_numpy(rng.uniform(0.01, 0.1, (sm, sk))).float()
+    scale_a = torch.from_numpy(rng.uniform(0.01, 0.1, (m, sk))).float()
     scale_b_t = torch.from_numpy(rng.uniform(0.01, 0.1, (sn, sk))).float()
     d = torch.empty(m, n, dtype=torch.bfloat16, device=device)
     g.execute(
@@ -144,14 +146,18 @@ def deepseek_block_scaled_matmul(device: str, **options: Any) -> Check:
 
     def check() -> None:
         a64 = f64(a) * np.repeat(f64(scale_a), bk, axis=1)
-        b64 = f64(b_t) * np.repeat(f64(scale_b_t), bk, axis=1)
+        b64 = f64(b_t) * np.repeat(np.repeat(f64(scale_b_t), bn, axis=0), bk, axis=1)[:n]
         want = a64 @ b64.T
         np.testing.assert_allclose(f64(d), want, rtol=2**-7, atol=2**-7 * np.abs(want).max())
 
     return check
 
 
-PROGRAMS = {p.__name__: p for p in (mxfp8_matmul_quantize, deepseek_block_scaled_matmul)}
+PROGRAMS: dict[str, Callable[..., Check]] = {
+    "mxfp8_matmul_quantize": mxfp8_matmul_quantize,
+    "deepseek_k_blocks": functools.partial(deepseek_matmul, weight_block=(128, 1)),
+    "deepseek_weight_blocks": functools.partial(deepseek_matmul, weight_block=(128, 128)),
+}
 
 
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
@@ -255,9 +261,19 @@ def test_a_block_scaled_graph_round_trips_through_serialize() -> None:
     ("call", "error", "message"),
     [
         (
-            lambda g, x: g.block_scale_dequantize(x, x, [128, 128], name="deq_w"),
+            lambda g, x: g.relu(g.block_scale_dequantize(x, x, [128, 128], name="deq_w")),
             UnsupportedError,
-            r"node 'deq_w': .*block_size=\[128, 128\] has blocks over 2 dims.*one dim",
+            r"node 'deq_w': .*block_size=\[128, 128\] has blocks over 2 dims: graphdnn takes 2-D blocks only as B",
+        ),
+        (
+            lambda g, x: g.matmul(x, g.block_scale_dequantize(x, x, [128, 128], name="deq_w")),
+            UnsupportedError,
+            r"node 'deq_w': .*B of a matmul whose A is not a rank-2 block_scale_dequantize with \[1, 128\]",
+        ),
+        (
+            lambda g, x: (g.block_scale_dequantize(x, x, [64, 64], name="deq_w"), g.validate()),
+            UnsupportedError,
+            r"node 'deq_w': .*block_size=\[64, 64\] has blocks over 2 dims",
         ),
         (lambda g, x: g.block_scale_dequantize(x, x, 32, name="d"), AttributeValueError, "takes a list"),
         (lambda g, x: g.block_scale_dequantize(x, x, [1, 1, 32], name="d"), AttributeValueError, "1 to 2 sizes"),
@@ -315,3 +331,22 @@ def test_data_type_is_graphdnn_s_data_type_but_for_the_frontend_only_names() -> 
     assert list(cudnn.data_type) == list(DataType)
     with pytest.raises(UnsupportedError, match="INT4 is not supported: graphdnn has no int4 type"):
         cudnn.data_type.INT4  # noqa: B018
+
+
+def test_weight_blocks_become_one_block_scaled_matmul_named_as_the_frontend_names() -> None:
+    g = cudnn.pygraph(io_data_type=F32, intermediate_data_type=F32, compute_data_type=F32)
+    a = g.tensor(name="a", dim=[64, 256], data_type=E4M3)
+    w = g.tensor(name="w", dim=[256, 64], stride=[1, 256], data_type=E4M3)
+    a_deq = g.block_scale_dequantize(a, g.tensor(name="sa", dim=[64, 2]), [1, 128])
+    w_deq = g.block_scale_dequantize(w, g.tensor(name="sw", dim=[2, 1]), [128, 128])
+    c = g.matmul(a_deq, w_deq)
+    g.relu(a_deq, name="act").set_output(True)  # A's dequantized values read elsewhere too
+    c.set_output(True)
+    assert (a_deq.get_name(), w_deq.get_name(), c.get_name()) == ("0::Y", "1::Y", "2::C")
+    g.build()
+    nodes = {n.name: n for n in g.ir.nodes}
+    assert sorted(nodes) == ["0", "2", "act"]  # B's dequantize is the matmul's B_scale
+    assert {role: t.name for role, t in nodes["2"].inputs} == {"A": "a", "B": "w", "A_scale": "sa", "B_scale": "sw"}
+    loaded = cudnn.pygraph()
+    loaded.deserialize(g.serialize())
+    assert loaded.key() == g.key()

@@ -243,7 +243,9 @@ class pygraph(FrontendOps):
 
     def _validated(self) -> Graph:
         """The validated graph, after the outputs of ragged attention sides are packed as the
-        frontend left them (their dims, strides and offsets are set after the op call)."""
+        frontend left them (their dims, strides and offsets are set after the op call), and the
+        dequantizes held back are added (cudnn/deferred.py)."""
+        self._spec.resolve_pending()
         pack_outputs(self._ragged_outputs)
         check_ragged_uses(self._spec.tensors, self._ragged_inputs | {o.tensor for o in self._ragged_outputs})
         return self._spec.validate()

@@ -3,10 +3,11 @@
 
 ``block_scale_quantize`` maps one to one. ``block_scale_dequantize`` takes the frontend's
 ``block_size`` list, one size per trailing dim of the input (``[1, 32]``: blocks of 32
-along the last dim; ``[128, 1]``: along the one before); graphdnn blocks along one axis,
-so the list must have at most one size above 1. A dequantize feeding a matmul is then
-graphdnn's ordinary graph, which the ``block_scaled_matmul`` fusion rule turns into one
-fp8 GEMM where it applies (fusion_rules/rules/block_scaled.py).
+along the last dim; ``[128, 1]``: along the one before), and becomes graphdnn's dequantize
+(one block axis) when its output is first read; ``[128, 128]`` blocks only as a matmul's B,
+which becomes graphdnn's block-scaled matmul (cudnn/deferred.py). A one-axis dequantize
+feeding a matmul is graphdnn's ordinary graph, which the ``block_scaled_matmul`` fusion
+rule turns into one fp8 GEMM where it applies (fusion_rules/rules/block_scaled.py).
 """
 
 from __future__ import annotations
@@ -15,37 +16,34 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import AttributeValueError, UnsupportedError
+from ..errors import AttributeValueError
 from ..tensor import TensorSpec
+from .deferred import Pending
 from .ops_base import OpsBase, compute_type
 
 
-def dequantize_blocks(node: str, input: TensorSpec, block_size: Any) -> tuple[int | None, int]:
-    """graphdnn's (axis, block_size) for the frontend's per-dim ``block_size`` list."""
+def dequantize_blocks(node: str, input: TensorSpec, block_size: Any) -> tuple[tuple[int, ...], int | None, int]:
+    """The frontend's per-dim ``block_size`` list, checked, and graphdnn's (axis, block_size)
+    for it where at most one size exceeds 1 (else (None, 0): 2-D blocks, cudnn/deferred.py)."""
     if isinstance(block_size, int) or not isinstance(block_size, Sequence):
         raise AttributeValueError(
             f"block_scale_dequantize block_size={block_size!r}: the frontend takes a list, one block size per "
             "trailing dim of the input (e.g. [1, 32])",
             node=node,
         )
-    sizes = [int(size) for size in block_size]
+    sizes = tuple(int(size) for size in block_size)
     rank = len(input.dim) if input.dim is not None else len(sizes)
     if not sizes or len(sizes) > rank or min(sizes) < 1:
         raise AttributeValueError(
-            f"block_scale_dequantize block_size={sizes}: give 1 to {rank} sizes >= 1, one per trailing dim of "
-            f"'{input.name}'",
+            f"block_scale_dequantize block_size={list(sizes)}: give 1 to {rank} sizes >= 1, one per trailing dim "
+            f"of '{input.name}'",
             node=node,
         )
     blocked = [(rank - len(sizes) + i, size) for i, size in enumerate(sizes) if size > 1]
     if len(blocked) > 1:
-        raise UnsupportedError(
-            f"block_scale_dequantize block_size={sizes} has blocks over {len(blocked)} dims (2-D blocks, such as "
-            "128 x 128 weight blocks): graphdnn's block_scale_dequantize scales blocks along one dim; give one "
-            "size above 1 (e.g. [1, 128] or [128, 1]); for 128 x 128 weight blocks of a matmul's B, graphdnn's own "
-            "matmul(A, B, A_scale=, B_scale=) takes them",
-            node=node,
-        )
-    return blocked[0] if blocked else (None, 1)
+        return sizes, None, 0
+    axis, size = blocked[0] if blocked else (None, 1)
+    return sizes, axis, size
 
 
 class QuantizeOps(OpsBase):
@@ -86,6 +84,9 @@ class QuantizeOps(OpsBase):
         trailing dim, at most one above 1; ``is_negative_scale`` changes nothing (graphdnn
         multiplies by the scale whatever its sign)."""
         node = self._node(name)
-        axis, size = dequantize_blocks(node, input, block_size)
-        y = self._spec.block_scale_dequantize(input, descale, size, axis, compute_type(compute_data_type), node)
+        sizes, axis, size = dequantize_blocks(node, input, block_size)
+        pending = Pending(node, input, descale, sizes, axis, size, compute_type(compute_data_type))
+        if pending.held:
+            return self._spec.defer_dequantize(pending)
+        y = self._spec.block_scale_dequantize(input, descale, size, axis, pending.compute_data_type, node)
         return self._one(node, y)
