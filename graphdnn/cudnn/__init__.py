@@ -23,6 +23,7 @@ from .enums import (
     norm_forward_phase,
     reduction_mode,
     reshape_mode,
+    tensor_reordering,
 )
 from .frontend import pygraph
 from .handle import Handle, create_handle, destroy_handle, get_stream, set_stream
@@ -45,6 +46,7 @@ __all__ = [
     "reduction_mode",
     "reshape_mode",
     "set_stream",
+    "tensor_reordering",
 ]
 
 # Module-level frontend calls graphdnn cannot serve, and why (AttributeError would not say).

@@ -10,6 +10,7 @@ plan per graph, built by its own fusion and code generation, whatever mode is as
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from ..dtypes import DataType
 from ..errors import UnsupportedError
@@ -17,7 +18,43 @@ from ..ops.conv import ConvMode
 from ..ops.norms import NormForwardPhase
 from ..ops.reduction import ReductionMode
 
-data_type = DataType
+# The frontend's data types graphdnn has no counterpart for, and why.
+FRONTEND_ONLY_TYPES = {
+    "FP4_E2M1": "graphdnn has no fp4 type (block-scaled tensors are fp8_e4m3 / fp8_e5m2)",
+    "INT4": "graphdnn has no int4 type",
+    "FAST_FLOAT_FOR_FP8": "graphdnn has no fast-accumulation fp8 compute type (it accumulates fp8 products in float)",
+    "INT8x4": "graphdnn has no vectorized types",
+    "UINT8x4": "graphdnn has no vectorized types",
+    "INT8x32": "graphdnn has no vectorized types",
+}
+
+
+class _DataTypes(type):
+    """Makes ``data_type`` graphdnn's DataType in all but name: its members, iteration,
+    calls and isinstance; a frontend-only member raises UnsupportedError saying so."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name in FRONTEND_ONLY_TYPES:
+            raise UnsupportedError(f"cudnn.data_type.{name} is not supported: {FRONTEND_ONLY_TYPES[name]}")
+        return getattr(DataType, name)
+
+    def __iter__(cls) -> Any:
+        return iter(DataType)
+
+    def __getitem__(cls, name: str) -> DataType:
+        return DataType[name]
+
+    def __call__(cls, value: Any) -> DataType:
+        return DataType(value)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, DataType)
+
+
+class data_type(metaclass=_DataTypes):
+    """The frontend's ``cudnn.data_type``: ``data_type.HALF is graphdnn.DataType.HALF``."""
+
+
 norm_forward_phase = NormForwardPhase
 reduction_mode = ReductionMode
 convolution_mode = ConvMode
@@ -48,6 +85,33 @@ class diagonal_alignment(enum.Enum):
 
     TOP_LEFT = "top_left"
     BOTTOM_RIGHT = "bottom_right"
+
+
+class tensor_reordering(enum.Enum):
+    """How a tensor's elements are reordered in memory. graphdnn lays every tensor out by its
+    dims and strides, so only NONE is accepted (see ``check_reordering``)."""
+
+    NONE = "none"
+    INT8x32 = "int8x32"
+    F16x16 = "f16x16"
+    F8_128x4 = "f8_128x4"
+
+
+def check_reordering(reordering: Any, tensor: str | None) -> None:
+    """Refuse a reordered layout: graphdnn has no swizzled tensors. F8_128x4 (block scales in
+    128 x 4 tiles, for Blackwell's block-scaled MMA) gets what to declare instead."""
+    name = getattr(reordering, "name", reordering)
+    if reordering is None or name == "NONE":
+        return
+    if name == "F8_128x4":
+        raise UnsupportedError(
+            "tensor reordering F8_128x4 (block scales swizzled into 128 x 4 tiles, padded to multiples of 128 rows "
+            "and 4 blocks) is not supported: graphdnn reads block scales in their own dims and strides; declare the "
+            "scale with one element per block (X's dims, the block axis ceil(extent / block_size)) and reordering "
+            "NONE",
+            tensor=tensor,
+        )
+    raise UnsupportedError(f"tensor reordering {reordering!r} is not supported", tensor=tensor)
 
 
 class reshape_mode(enum.Enum):

@@ -24,7 +24,7 @@ from ..serialize import graph_to_json, read_graph
 from ..signature import signature
 from ..symbolic import Extent
 from ..tensor import TensorSpec
-from .enums import build_plan_policy, heur_mode
+from .enums import build_plan_policy, check_reordering, heur_mode
 from .handle import Handle, get_stream
 from .ops import FrontendOps
 from .ragged import PendingOutput, check_ragged_uses, pack_outputs
@@ -40,8 +40,6 @@ NOT_SUPPORTED = {
     "adalayernorm_backward": "graphdnn has no adaptive layer norm",
     "sdpa_fp8": "graphdnn's attention has no fp8 scaling tensors",
     "sdpa_fp8_backward": "graphdnn's attention has no fp8 scaling tensors",
-    "block_scale_quantize": "graphdnn has no block-scaled quantization op",
-    "block_scale_dequantize": "graphdnn has no block-scaled quantization op",
     "moe_grouped_matmul": "graphdnn has no grouped matmul",
     "moe_grouped_matmul_bwd": "graphdnn has no grouped matmul",
     "populate_cuda_graph": "a graphdnn Plan captures its own CUDA graph (Plan.bind(..., cuda_graph=True))",
@@ -142,8 +140,7 @@ class pygraph(FrontendOps):
                 "offsets, unscaled",
                 tensor=name or None,
             )
-        if reordering_type is not None and getattr(reordering_type, "name", reordering_type) != "NONE":
-            raise UnsupportedError(f"tensor reordering {reordering_type!r} is not supported", tensor=name or None)
+        check_reordering(reordering_type, name or None)
         spec = self._spec.tensor(
             dim, stride, data_type, is_virtual, is_pass_by_value, name or None, None if uid == -1 else uid
         )
@@ -246,7 +243,9 @@ class pygraph(FrontendOps):
 
     def _validated(self) -> Graph:
         """The validated graph, after the outputs of ragged attention sides are packed as the
-        frontend left them (their dims, strides and offsets are set after the op call)."""
+        frontend left them (their dims, strides and offsets are set after the op call), and the
+        dequantizes held back are added (cudnn/deferred.py)."""
+        self._spec.resolve_pending()
         pack_outputs(self._ragged_outputs)
         check_ragged_uses(self._spec.tensors, self._ragged_inputs | {o.tensor for o in self._ragged_outputs})
         return self._spec.validate()

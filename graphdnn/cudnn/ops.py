@@ -18,6 +18,7 @@ from ..tensor import TensorSpec
 from .attention_ops import AttentionOps
 from .enums import reshape_mode as reshape_modes
 from .ops_base import MaybeTensor, compute_type
+from .quantize_ops import QuantizeOps
 
 
 def _dims(values: Sequence[int] | None) -> Sequence[int] | None:
@@ -25,7 +26,7 @@ def _dims(values: Sequence[int] | None) -> Sequence[int] | None:
     return None if values is None or len(values) == 0 else values
 
 
-class FrontendOps(AttentionOps):
+class FrontendOps(AttentionOps, QuantizeOps):
     """Op methods of :class:`~graphdnn.cudnn.pygraph`, mixed in; ``_spec`` is the builder."""
 
     # -- convolution and matmul ----------------------------------------------------------

@@ -9,10 +9,14 @@ carry the frontend's ragged offsets (cudnn/ragged.py translates them for attenti
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from ..graph import OperationGraphSpec
+from ..ir import Graph
 from ..tensor import TensorSpec
+from .deferred import Pending, absorbed
+from .enums import check_reordering, tensor_reordering
 
 
 class FrontendTensor(TensorSpec):
@@ -32,6 +36,14 @@ class FrontendTensor(TensorSpec):
     def get_ragged_offset(self) -> TensorSpec | None:
         return self._ragged_offset
 
+    def set_reordering_type(self, reordering_type: Any) -> FrontendTensor:
+        """Only NONE: graphdnn has no reordered (swizzled) layouts; others raise, saying so."""
+        check_reordering(reordering_type, self.name)
+        return self
+
+    def get_reordering_type(self) -> tensor_reordering:
+        return tensor_reordering.NONE
+
     @property
     def stride_is_set(self) -> bool:
         """Whether the strides were given (else they are inferred, or unknown)."""
@@ -41,10 +53,64 @@ class FrontendTensor(TensorSpec):
 class LenientSpec(OperationGraphSpec):
     _tensor_class: ClassVar[type[TensorSpec]] = FrontendTensor
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending: dict[TensorSpec, Pending] = {}  # dequantizes not yet added (cudnn/deferred.py)
+        self._held = 0  # frontend calls not (yet) nodes: pending or absorbed dequantizes
+        self._absorbed: set[TensorSpec] = set()  # pending outputs a block-scaled matmul stands in for
+
     @property
     def node_count(self) -> int:
-        """How many nodes the graph has (without copying them, as ``nodes`` does)."""
-        return len(self._nodes)
+        """How many op calls the graph has had (nodes, and dequantizes held back)."""
+        return len(self._nodes) + self._held
+
+    def defer_dequantize(self, pending: Pending) -> TensorSpec:
+        """The output of a dequantize added when first read (or absorbed into a matmul)."""
+        x = pending.x
+        y = self._new_tensor(f"{pending.node}::Y", dim=x.dim, stride=x.stride, data_type=None, is_virtual=True)
+        self._pending[y] = pending
+        self._held += 1
+        return y
+
+    def resolve_pending(self) -> None:
+        """Before validation: add the dequantizes still held, but those only a matmul absorbed."""
+        for y, pending in list(self._pending.items()):
+            if y in self._absorbed and not y.is_output:
+                del self._pending[y], self._tensor_names[y.name]
+                self._tensors.remove(y)
+            else:
+                self._materialize(y, pending)
+
+    def validate(self) -> Graph:
+        self.resolve_pending()
+        return super().validate()
+
+    def _add_node(self, kind: str, inputs: Mapping[str, Any], *args: Any, **kwargs: Any) -> list[TensorSpec | None]:
+        stand_ins: tuple[TensorSpec, ...] = ()
+        if self._pending and kind == "matmul":
+            a, b = (self._pending.get(t) if isinstance(t := inputs.get(role), TensorSpec) else None for role in "AB")
+            scaled = absorbed(a, b)
+            if scaled is not None:
+                stand_ins, inputs = (inputs["A"], inputs["B"]), scaled
+        for value in inputs.values():
+            if isinstance(value, TensorSpec) and value in self._pending:
+                self._materialize(value, self._pending[value])
+        outputs = super()._add_node(kind, inputs, *args, **kwargs)
+        self._absorbed.update(stand_ins)
+        return outputs
+
+    def _materialize(self, y: TensorSpec, pending: Pending) -> None:
+        arguments = pending.node_arguments()
+        super()._add_node(
+            "block_scale_dequantize",
+            arguments["inputs"],
+            arguments["attributes"],
+            name=arguments["name"],
+            compute_data_type=arguments["compute_data_type"],
+            outputs={"Y": y},
+        )
+        del self._pending[y]
+        self._held -= 1
 
     @property
     def tensors(self) -> tuple[TensorSpec, ...]:
