@@ -75,11 +75,11 @@ def row(size: int, form: str) -> str:
     ]
     best = max(every)
     print("  candidates (TFLOP/s, stages): " + ", ".join(f"{rate:.0f} {label}" for rate, label in every))
-    rates = {name: (f"{flop / _median(fn) / 1e6:.0f}" if fn else why) for name, (fn, why) in peers.items()}
-    per_tensor = flop / _median(peers["tensor"][0]) / 1e6
-    return (
+    rates = {name: flop / _median(fn) / 1e6 if fn else why for name, (fn, why) in peers.items()}
+    shown = {name: f"{rate:.0f}" if isinstance(rate, float) else rate for name, rate in rates.items()}
+    return (  # the ratio divides by the per-tensor rate shown: one timing of the peer, not two
         f"| fp8 e4m3 block-scaled, {form} | {size} | {default:.0f} | {best[0]:.0f} ({best[1]} stages) | "
-        f"{rates['tensor']} | {rates['blockwise']} | {default / per_tensor:.2f} |"
+        f"{shown['tensor']} | {shown['blockwise']} | {default / float(rates['tensor']):.2f} |"
     )
 
 

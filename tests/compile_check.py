@@ -17,6 +17,7 @@ kernel that fails to compile is still found, as hypothesis's draws change from r
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -117,7 +118,45 @@ class CompileReport:
     failures: list[str] = field(default_factory=list)
 
 
-_COMPILED: set[tuple[int, str]] = set()  # (target, content hash) compiled in this session
+_COMPILED: set[str] = set()  # every kernel NVRTC compiled in this session (compiled_key)
+
+
+def compiled_key(source: str, arch: int, arch_suffix: str) -> str:
+    return f"sm_{arch}{arch_suffix}:" + hashlib.sha256(source.encode()).hexdigest()
+
+
+class CompileMemory:
+    """While installed, every kernel NVRTC compiles in the session is remembered: the codegen
+    tests compile their graphs' kernels (every tuning candidate) themselves, and the last test
+    does not compile those again."""
+
+    def __init__(self) -> None:
+        self._original: Callable[..., bytes] | None = None
+
+    def install(self) -> None:
+        import codegen
+        import codegen.nvrtc
+
+        original = self._original = codegen.nvrtc.compile_cubin
+
+        @functools.wraps(original)  # what it stands in for, as seen by docs/api.md's generator
+        def compile_cubin(source: str, name: str, arch: int, arch_suffix: str = "") -> bytes:
+            cubin = original(source, name, arch, arch_suffix)
+            _COMPILED.add(compiled_key(source, arch, arch_suffix))
+            return cubin
+
+        codegen.nvrtc.compile_cubin = codegen.compile_cubin = compile_cubin  # type: ignore[attr-defined]
+
+    def uninstall(self) -> None:
+        import codegen
+        import codegen.nvrtc
+
+        if self._original is not None:
+            codegen.nvrtc.compile_cubin = codegen.compile_cubin = self._original  # type: ignore[attr-defined]
+            self._original = None
+
+
+COMPILE_MEMORY = CompileMemory()
 
 
 def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) -> CompileReport:
@@ -148,20 +187,24 @@ def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) ->
             for content_hash, source in sources.items():
                 pending.setdefault((target, content_hash), (source, graph))
     report.kernels = len(pending)
-    todo = [(key, value) for key, value in pending.items() if key not in _COMPILED]
+    todo = [
+        (key, (source, graph))
+        for key, (source, graph) in pending.items()
+        if compiled_key(source.source, key[0], source.arch_suffix) not in _COMPILED
+    ]
     for _, (_, graph) in todo:
         key = signature(graph)
         report.compiled_for[key] = report.compiled_for.get(key, 0) + 1
     report.lower_seconds = time.perf_counter() - start
 
     def one(item: tuple[tuple[int, str], tuple[KernelSource, Graph]]) -> str | None:
-        (target, content_hash), (source, graph) = item
+        (target, _), (source, graph) = item
         try:
             compile_cubin(source.source, source.name, target, source.arch_suffix)
         except Exception as error:
             log = "\n".join(str(error).splitlines()[:24])  # the first errors and their lines are enough
             return f"{describe(graph)}: kernel {source.name} for sm_{target}{source.arch_suffix}: {log}"
-        _COMPILED.add((target, content_hash))
+        _COMPILED.add(compiled_key(source.source, target, source.arch_suffix))  # also when not installed
         return None
 
     if todo:

@@ -13,7 +13,7 @@ import pytest
 import graphdnn as gd
 from graphdnn import reference
 
-from .compile_check import RECORDER
+from .compile_check import COMPILE_MEMORY, RECORDER
 
 
 @pytest.fixture
@@ -71,6 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "compile_sample: the last test compiles only the first graphs this test validates (compile_check.SAMPLE)",
     )
     RECORDER.install()
+    COMPILE_MEMORY.install()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -80,6 +81,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     RECORDER.uninstall()
+    COMPILE_MEMORY.uninstall()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
