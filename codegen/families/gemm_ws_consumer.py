@@ -171,7 +171,9 @@ def _block_scaled_loop(p: Problem, names: dict[int, str], b_step: int, b_leading
 
     Measured on an H200 (benchmarks/RESULTS.md), 8192³ with 128 x 128 B scales: 926-933 TFLOP/s;
     keeping the next k block's batch in flight while one is promoted (two fragments, wgmma_wait<1>)
-    ran slower, 906-909 (ptxas adds a wait of its own at the loop's back edge), and was dropped."""
+    ran slower, 906-909 (ptxas adds a wait of its own at the loop's back edge), and was dropped.
+    With 128 x 1 B scales, loading the fragment's 32 column scales a block ahead (no longer after
+    the wait) gave 552 / 584 at 4096³ / 8192³, against 537 / 556 in an earlier run (issue 12)."""
     assert p.a_scale is not None and p.b_scale is not None
     sa, sb = p.a_scale, p.b_scale
     a_scale, b_scale = names[sa.id], names[sb.id]
@@ -183,12 +185,20 @@ def _block_scaled_loop(p: Problem, names: dict[int, str], b_step: int, b_leading
             f"m0 + srow + {h} < GM ? {a_scale}[(m0 + srow + {h}) * {c_extent(sa.stride[0])} + ({kt}) * {c_extent(sa.stride[1])}] : 0.f"
             for h in (0, 8)
         ]
-        loads = [f"sa{f}_0 = {row[0]};", f"sa{f}_1 = {row[1]};", f"kb{f} = {kt};"]
-        if not columns:
-            loads.append(
-                f"sb{f} = {b_scale}[({kt}) * {c_extent(sb.stride[0])} + (n0 / 128) * {c_extent(sb.stride[1])}];"
-            )
-        return loads
+        loads = [f"sa{f}_0 = {row[0]};", f"sa{f}_1 = {row[1]};"]
+        if columns:  # the fragment's 32 columns: 8 j + 2 (lane & 3) + e
+            return [
+                *loads,
+                "#pragma unroll",
+                "for (int c = 0; c < BN / 4; ++c) {",
+                "  const int col = n0 + 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);",
+                f"  sb{f}[c] = col < GN ? {b_scale}[({kt}) * {c_extent(sb.stride[0])} + col * {c_extent(sb.stride[1])}] : 0.f;",
+                "}",
+            ]
+        return [
+            *loads,
+            f"sb{f} = {b_scale}[({kt}) * {c_extent(sb.stride[0])} + (n0 / 128) * {c_extent(sb.stride[1])}];",
+        ]
 
     def mma(f: int) -> list[str]:
         """The wgmma batch of the next stage into part{f}."""
@@ -209,14 +219,8 @@ def _block_scaled_loop(p: Problem, names: dict[int, str], b_step: int, b_leading
         """Once part{f}'s batch is done: hands its stage back and adds it into the accumulators
         times the block's scales."""
         if columns:
-            scale = [
-                "#pragma unroll",
-                "for (int c = 0; c < BN / 4; ++c) {",
-                "  const int col = n0 + 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);",
-                f"  sbc[c] = col < GN ? {b_scale}[kb{f} * {c_extent(sb.stride[0])} + col * {c_extent(sb.stride[1])}] : 0.f;",
-                "}",
-            ]
-            promote = f"acc[i] += part{f}[i] * ((i & 2) ? sa{f}_1 : sa{f}_0) * sbc[((i >> 2) << 1) | (i & 1)];"
+            scale = []
+            promote = f"acc[i] += part{f}[i] * ((i & 2) ? sa{f}_1 : sa{f}_0) * sb{f}[((i >> 2) << 1) | (i & 1)];"
         else:
             scale = [f"const float s0 = sa{f}_0 * sb{f}, s1 = sa{f}_1 * sb{f};"]
             promote = f"acc[i] += part{f}[i] * ((i & 2) ? s1 : s0);"
@@ -234,12 +238,15 @@ def _block_scaled_loop(p: Problem, names: dict[int, str], b_step: int, b_leading
     def block(lines: list[str], depth: int) -> list[str]:
         return ["  " * depth + line for line in lines]
 
-    declared = ["float sbc[BN / 4];"] if columns else ["float sb0, sb1;"]
+    declared = (
+        ["float sb0[BN / 4], sb1[BN / 4];  // each fragment's B scales, its columns"]
+        if columns
+        else ["float sb0, sb1;"]
+    )
     setup = [
         "  const int srow = consumer * 64 + (warp & 3) * 16 + (lane >> 2);",
         "  float part0[BN / 2], part1[BN / 2];  // the k blocks' products, each in a fresh fragment",
         "  float sa0_0, sa0_1, sa1_0, sa1_1;  // each fragment's A scales, rows srow and srow + 8",
-        "  int kb0, kb1;  // each fragment's k block",
         *("  " + line for line in declared),
         "  int done = stage;  // the stage of the oldest k tile in flight",
     ]
