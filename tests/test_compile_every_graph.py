@@ -21,7 +21,7 @@ from graphdnn.ir import Graph
 from graphdnn.signature import signature
 
 from . import plan_graphs
-from .compile_check import MAX_NODES, RECORDER, SAMPLE, TARGETS, compile_graphs
+from .compile_check import COMPILE_MEMORY, MAX_NODES, RECORDER, SAMPLE, TARGETS, compile_graphs
 
 IO_TYPES = ("float", "half", "bfloat16", "fp8_e4m3", "fp8_e5m2", "int8")
 INTERMEDIATE_TYPES = ("float", "half", "bfloat16")
@@ -411,6 +411,10 @@ def test_every_graph_the_suite_validated_compiles() -> None:
     by_test: Counter[str] = Counter()
     for graph_signature, count in report.compiled_for.items():
         by_test[RECORDER.origin.get(graph_signature, "?").split("[")[0]] += count
+    print(
+        f"earlier in the session, {COMPILE_MEMORY.repeats} compiles of a kernel already compiled "
+        f"({COMPILE_MEMORY.repeat_seconds:.0f} s)"
+    )
     print("kernels compiled here, by the test that first validated their graph:")
     for test, count in by_test.most_common(25):
         print(f"{count:6d}  {test}")

@@ -127,6 +127,7 @@ def test_a_bias_shifts_the_scores(rng, bias_dims: tuple[int, ...]) -> None:
     assert_gradients(got, torch_gradients(q, k, v, d_o, bias=bias, scale=0.5, use_causal_mask_bottom_right=True))
 
 
+@pytest.mark.compile_sample
 @settings(max_examples=40, deadline=None)
 @given(
     shape=st.tuples(*(st.integers(1, 3),) * 2, *(st.integers(1, 9),) * 4),

@@ -75,6 +75,7 @@ def test_the_kept_fraction_is_one_minus_p_and_kept_values_are_scaled(rng, p: flo
     assert abs(np.count_nonzero(o) / n - (1 - p)) < 5 * np.sqrt(p * (1 - p) / n)
 
 
+@pytest.mark.compile_sample
 def test_the_mean_over_offsets_is_the_undropped_attention(rng) -> None:
     q, k, v = qkv(rng, 1, 2, 1, 3, 6, 4, 2)
     plain, _ = run(q, k, v, p=None)
