@@ -150,7 +150,7 @@ def wgmma_step_function(
     k = types.k_step
     layout = f"{'n' if transpose_b else 'k'}-contiguous" + ("" if types.eight_bit else f": transpose bit {transpose_b}")
     return f"""
-// d (the warpgroup's 64 x {bn} {types.accumulator_ptx.replace("f", "fp")} tile, wgmma fragment layout) {'=' if overwrite else '+='} A (64 x {k}) * B ({k} x {bn}),
+// d (the warpgroup's 64 x {bn} {types.accumulator_ptx.replace("f", "fp")} tile, wgmma fragment layout) {"=" if overwrite else "+="} A (64 x {k}) * B ({k} x {bn}),
 // both from shared memory; B {layout}.
 __device__ __forceinline__ void {name}({acc} (&d)[{count}], unsigned long long a, unsigned long long b) {{
   asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k{k}{types.suffix} "
