@@ -137,13 +137,9 @@ def _mx_peer(a: Any, b: Any, scale_a: Any, scale_b: Any, want: Any) -> tuple[Cal
     checked once; None and the reason where this torch or GPU lacks it (Hopper has no MX)."""
     import torch
 
-    try:
-        call = lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b.t(), out_dtype=torch.bfloat16)  # noqa: E731
-        got = call()
-    except (RuntimeError, TypeError, ValueError, NotImplementedError) as error:
-        return None, f"n/a ({str(error).splitlines()[0][:60]})"
-    error = ((got.double() - want.double()).norm() / want.double().norm()).item()
-    return (call, "") if error <= 1e-2 else (None, f"n/a (relative error {error:.2g}: another scale layout)")
+    return _checked_peer(
+        lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b.t(), out_dtype=torch.bfloat16), want
+    )
 
 
 def _blockwise_peer(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[Callable[[], Any] | None, str]:
@@ -155,13 +151,18 @@ def _blockwise_peer(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[Callabl
         return None, "n/a (no 128x1 form)"
     sa = scale_a.t().contiguous().t()  # [M, K/128], M contiguous
     sb = scale_b.t().contiguous().t()
-    try:
-        call = lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
-        got = call()
-    except (RuntimeError, TypeError, ValueError) as error:
-        return None, f"n/a ({str(error).splitlines()[0][:60]})"
     want = (a.float() * scale_a.repeat_interleave(BLOCK, 1)) @ (
         b.float() * scale_b.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
     )
+    return _checked_peer(lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), want)
+
+
+def _checked_peer(call: Callable[[], Any], want: Any) -> tuple[Callable[[], Any] | None, str]:
+    """``call`` if this torch and GPU run it and it computes ``want`` (a scale layout it reads
+    differently fails the check); else None and the reason, for the table."""
+    try:
+        got = call()
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as refusal:  # torch or the GPU lacks the form
+        return None, f"n/a ({str(refusal).splitlines()[0][:60]})"
     error = ((got.double() - want.double()).norm() / want.double().norm()).item()
     return (call, "") if error <= 1e-2 else (None, f"n/a (relative error {error:.2g}: another scale layout)")

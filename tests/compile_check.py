@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -177,6 +178,7 @@ def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) ->
     report = CompileReport()
     start = time.perf_counter()
     pending: dict[tuple[int, str], tuple[KernelSource, Graph]] = {}
+    first_for: dict[tuple[int, str], str] = {}  # the signature of the first graph needing each kernel
     for graph in graphs:
         if graph.is_dynamic and any(extents_refusal(f) for t in targets for f in fuse(graph, arch=t).nodes):
             report.refused += 1
@@ -193,15 +195,14 @@ def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) ->
                 continue
             for content_hash, source in sources.items():
                 pending.setdefault((target, content_hash), (source, graph))
+                first_for.setdefault((target, content_hash), graph_signature)
     report.kernels = len(pending)
     todo = [
         (key, (source, graph))
         for key, (source, graph) in pending.items()
         if compiled_key(source.source, key[0], source.arch_suffix) not in _COMPILED
     ]
-    for _, (_, graph) in todo:
-        key = signature(graph)
-        report.compiled_for[key] = report.compiled_for.get(key, 0) + 1
+    report.compiled_for = Counter(first_for[key] for key, _ in todo)
     report.lower_seconds = time.perf_counter() - start
 
     def one(item: tuple[tuple[int, str], tuple[KernelSource, Graph]]) -> str | None:
