@@ -1,11 +1,12 @@
 """Every graph the test suite validates must compile for sm_80 and sm_90.
 
-conftest installs :data:`RECORDER`, which keeps each graph the validator accepts during the
-session (deduplicated by signature); ``test_compile_every_graph`` compiles them after every
-other test. :func:`compile_graphs` fuses and emits each graph for each target, then gives
-NVRTC each distinct kernel (by content hash) once, in parallel: the suite's ~1,000 distinct
-graphs share most of their kernels, and a kernel compiled once in the session is not
-compiled again.
+conftest installs :data:`RECORDER`, which keeps each graph the validator accepts, and checks
+after each test (in its teardown, so a failure names the test) that the graphs it validated
+compile: :func:`compile_graphs` fuses and emits each graph for each target and gives NVRTC
+each distinct kernel it has not seen yet. The suite runs on several pytest-xdist workers, so
+what has been compiled is a :class:`KernelStore` on disk that every worker shares: a kernel is
+compiled once in the session, by the first worker to claim it, and a test compiling a kernel
+another test compiled gets the same cubin back from the store.
 
 Tests marked ``compile_sample`` (property tests drawing hundreds of random graphs of the same
 few families, and sweeps such as 400 dropout offsets whose graphs differ in one constant) give
@@ -16,15 +17,23 @@ cover. Their sample is compiled all the same, and hypothesis's draws change from
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
+import json
 import os
+import shutil
+import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from codegen.kernel import Kernel
 from graphdnn.ir import Graph
@@ -36,6 +45,7 @@ TARGETS = (80, 90)
 # graphs' ones.
 MAX_NODES = 2000
 SAMPLE = 25  # validations kept from each test marked compile_sample
+STORE_VARIABLE = "GRAPHDNN_TEST_KERNEL_STORE"  # the session's KernelStore directory, for the workers
 
 
 class GraphRecorder:
@@ -46,12 +56,11 @@ class GraphRecorder:
     a fused node whose family takes no runtime extents are left out when they compile."""
 
     def __init__(self) -> None:
-        self._graphs: list[tuple[Graph, str]] = []
+        self._graphs: list[tuple[Graph, str]] = []  # validated since the last take, with the test
         self.test = "(collection)"  # the running test's id (conftest sets it): where each graph came from
         self.sampled = False  # the running test is marked compile_sample
         self.kept = 0  # validations kept from the running test
         self.sampled_out = 0  # validations of compile_sample tests beyond their first SAMPLE
-        self.origin: dict[str, str] = {}  # graph signature -> the first test that validated it
         self.too_large = 0
         self.test_ops = 0
         self.dynamic = 0
@@ -76,7 +85,7 @@ class GraphRecorder:
             else:
                 self.kept += 1
                 self.dynamic += graph.is_dynamic
-                self._graphs.append((graph, self.test))  # deduplicated later: a validate costs nothing more
+                self._graphs.append((graph, self.test))  # deduplicated by the check: a validate costs nothing more
             return graph
 
         OperationGraphSpec.validate = validate  # type: ignore[method-assign]
@@ -85,16 +94,14 @@ class GraphRecorder:
         """The next graphs come from ``test``; ``sampled``: keep only its first SAMPLE."""
         self.test, self.sampled, self.kept = test, sampled, 0
 
-    def graphs(self) -> dict[str, Graph]:
-        """The graphs recorded so far, one per signature."""
-        distinct: dict[str, Graph] = {}
-        for graph, test in self._graphs:
-            key = signature(graph)
-            if key not in distinct:
-                distinct[key] = graph
-                self.origin.setdefault(key, test)
-        self._graphs = [(graph, self.origin[key]) for key, graph in distinct.items()]
-        return distinct
+    def pending(self) -> list[tuple[Graph, str]]:
+        """The graphs validated since the last :meth:`take`, each with the test that validated it."""
+        return list(self._graphs)
+
+    def take(self) -> list[tuple[Graph, str]]:
+        """The pending graphs, handed over once (the check after each test takes them)."""
+        taken, self._graphs = self._graphs, []
+        return taken
 
     def uninstall(self) -> None:
         from graphdnn.graph import OperationGraphSpec
@@ -107,34 +114,79 @@ class GraphRecorder:
 RECORDER = GraphRecorder()
 
 
-@dataclass
-class CompileReport:
-    graphs: int = 0  # graphs fused and emitted for every target
-    refused: int = 0  # dynamic graphs with a fused node whose kernels cannot take its symbols (not emitted)
-    kernels: int = 0  # distinct (target, kernel) pairs these graphs need
-    compiled: int = 0  # of them, compiled now (the others were compiled earlier in the session)
-    compiled_for: dict[str, int] = field(default_factory=dict)  # graph signature -> kernels compiled first for it
-    lower_seconds: float = 0.0  # fusing and emitting
-    compile_seconds: float = 0.0  # NVRTC
-    failures: list[str] = field(default_factory=list)
-
-
-_COMPILED: set[str] = set()  # every kernel NVRTC compiled in this session (compiled_key)
-
-
 def compiled_key(source: str, arch: int, arch_suffix: str) -> str:
-    return f"sm_{arch}{arch_suffix}:" + hashlib.sha256(source.encode()).hexdigest()
+    """Names a compiled kernel: the target, the compile options (GRAPHDNN_LINEINFO changes the
+    cubin) and the source."""
+    from codegen.nvrtc import options_key
+
+    digest = hashlib.sha256(f"{options_key()}\0{source}".encode()).hexdigest()
+    return f"sm_{arch}{arch_suffix}-{digest}"
+
+
+class KernelStore:
+    """The cubins compiled in this test session, by :func:`compiled_key`, in a directory every
+    xdist worker shares. A cubin appears whole (written aside, then renamed), and a claim is
+    an exclusive create, so no two workers compile one kernel and none reads half a cubin."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def cubin(self, key: str) -> bytes | None:
+        try:
+            return (self.directory / f"{key}.cubin").read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def keep(self, key: str, cubin: bytes) -> None:
+        path = self.directory / f"{key}.cubin"
+        partial = self.directory / f"{key}.{os.getpid()}.{threading.get_ident()}.partial"
+        partial.write_bytes(cubin)
+        os.replace(partial, path)
+
+    def claim(self, key: str) -> bool:
+        """True for the first caller in the session, whichever worker: it compiles the kernel
+        (and reports it if NVRTC rejects it); False once a cubin is kept or a claim made."""
+        if (self.directory / f"{key}.cubin").exists():
+            return False
+        try:
+            os.close(os.open(self.directory / f"{key}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+
+def open_session_store() -> Path | None:
+    """Make the session's store directory and name it in the environment, where no outer
+    process did (the xdist controller does, before its workers start): the directory to
+    remove at the end, or None."""
+    if os.environ.get(STORE_VARIABLE):
+        return None
+    directory = Path(tempfile.mkdtemp(prefix="graphdnn-test-kernels-"))
+    os.environ[STORE_VARIABLE] = str(directory)
+    return directory
+
+
+def close_session_store(directory: Path | None) -> None:
+    if directory is not None:
+        os.environ.pop(STORE_VARIABLE, None)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def session_store() -> KernelStore:
+    """The store the environment names; a private temporary one outside a test session."""
+    if not os.environ.get(STORE_VARIABLE):
+        atexit.register(close_session_store, open_session_store())
+    return KernelStore(Path(os.environ[STORE_VARIABLE]))
 
 
 class CompileMemory:
-    """While installed, every kernel NVRTC compiles in the session is remembered: the codegen
-    tests compile their graphs' kernels (every tuning candidate) themselves, and the last test
-    does not compile those again."""
+    """While installed, every kernel compiled in the session goes to the store, and compiling
+    it again (a codegen test compiles its candidates itself; another test or worker compiled it
+    first) returns the stored cubin."""
 
     def __init__(self) -> None:
         self._original: Callable[..., bytes] | None = None
-        self.repeats = 0  # compiles of a kernel compiled before in the session
-        self.repeat_seconds = 0.0
+        self.reused = 0  # compiles answered from the store
 
     def install(self) -> None:
         import codegen
@@ -144,13 +196,13 @@ class CompileMemory:
 
         @functools.wraps(original)  # what it stands in for, as seen by docs/api.md's generator
         def compile_cubin(source: str, name: str, arch: int, arch_suffix: str = "") -> bytes:
-            key = compiled_key(source, arch, arch_suffix)
-            start = time.perf_counter()
+            store, key = session_store(), compiled_key(source, arch, arch_suffix)
+            cubin = store.cubin(key)
+            if cubin is not None:
+                self.reused += 1
+                return cubin
             cubin = original(source, name, arch, arch_suffix)
-            if key in _COMPILED:
-                self.repeats += 1
-                self.repeat_seconds += time.perf_counter() - start
-            _COMPILED.add(key)
+            store.keep(key, cubin)
             return cubin
 
         codegen.nvrtc.compile_cubin = codegen.compile_cubin = compile_cubin  # type: ignore[attr-defined]
@@ -167,14 +219,33 @@ class CompileMemory:
 COMPILE_MEMORY = CompileMemory()
 
 
-def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) -> CompileReport:
-    """Fuse, emit and NVRTC-compile ``graphs`` for each target; every failure, never only the first."""
+@dataclass
+class CompileReport:
+    graphs: int = 0  # graphs fused and emitted for every target
+    refused: int = 0  # dynamic graphs with a fused node whose kernels cannot take its symbols (not emitted)
+    kernels: int = 0  # distinct (target, kernel) pairs these graphs need
+    compiled: int = 0  # of them, compiled now (the others were compiled or claimed earlier in the session)
+    compiled_for: dict[str, int] = field(default_factory=dict)  # graph signature -> kernels compiled first for it
+    lower_seconds: float = 0.0  # fusing and emitting
+    compile_seconds: float = 0.0  # NVRTC
+    failures: list[str] = field(default_factory=list)
+
+
+def compile_threads() -> int:
+    """NVRTC threads: the cores, shared among the xdist workers."""
+    return max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def compile_graphs(
+    graphs: Iterable[Graph], targets: Iterable[int] = TARGETS, *, store: KernelStore | None = None
+) -> CompileReport:
+    """Fuse, emit and NVRTC-compile ``graphs`` for each target; every failure, never only the
+    first. A kernel the session compiled already (``store``) is not compiled again."""
     from codegen.emit import extents_refusal
-    from codegen.nvrtc import compile_cubin
     from fusion_rules import fuse
     from graphdnn.lower import KernelSource, lower
-    from graphdnn.signature import signature
 
+    store = store or session_store()
     report = CompileReport()
     start = time.perf_counter()
     pending: dict[tuple[int, str], tuple[KernelSource, Graph]] = {}
@@ -200,25 +271,26 @@ def compile_graphs(graphs: Iterable[Graph], targets: Iterable[int] = TARGETS) ->
     todo = [
         (key, (source, graph))
         for key, (source, graph) in pending.items()
-        if compiled_key(source.source, key[0], source.arch_suffix) not in _COMPILED
+        if store.claim(compiled_key(source.source, key[0], source.arch_suffix))
     ]
     report.compiled_for = Counter(first_for[key] for key, _ in todo)
     report.lower_seconds = time.perf_counter() - start
 
     def one(item: tuple[tuple[int, str], tuple[KernelSource, Graph]]) -> str | None:
+        import codegen.nvrtc  # the session's memory stands in for compile_cubin where installed
+
         (target, _), (source, graph) = item
         try:
-            compile_cubin(source.source, source.name, target, source.arch_suffix)
+            codegen.nvrtc.compile_cubin(source.source, source.name, target, source.arch_suffix)
         except Exception as error:
             log = "\n".join(str(error).splitlines()[:24])  # the first errors and their lines are enough
             return f"{describe(graph)}: kernel {source.name} for sm_{target}{source.arch_suffix}: {log}"
-        _COMPILED.add(compiled_key(source.source, target, source.arch_suffix))  # also when not installed
         return None
 
     if todo:
         import cuda.core  # noqa: F401  (its first import is not thread-safe)
 
-        with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(todo)))) as pool:
+        with ThreadPoolExecutor(max(1, min(compile_threads(), len(todo)))) as pool:
             report.failures += [failure for failure in pool.map(one, todo) if failure is not None]
     report.compiled = len(todo)
     report.compile_seconds = time.perf_counter() - start - report.lower_seconds
@@ -232,6 +304,97 @@ def describe(graph: Graph) -> str:
         f"graph '{graph.name}' (io {graph.io_data_type.value}, intermediate {graph.intermediate_data_type.value}, "
         f"{len(graph.nodes)} nodes: {ops})"
     )
+
+
+@dataclass
+class CheckTotals:
+    """One process's share of the check, summed over the workers for the session's summary."""
+
+    graphs: int = 0
+    refused: int = 0
+    kernels: int = 0
+    compiled: int = 0
+    lower_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    by_test: Counter[str] = field(default_factory=Counter)  # kernels compiled, by test function
+
+    def add(self, other: CheckTotals) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+class CompileCheck:
+    """After each test, the graphs it validated (those no earlier test on this worker did)
+    compile, or the test fails in its teardown, naming each graph and kernel NVRTC rejected."""
+
+    def __init__(self, store: KernelStore | None = None) -> None:
+        self._store = store
+        self._seen: set[str] = set()  # graph signatures checked by this process
+        self.totals = CheckTotals()
+
+    def check(self, graphs: list[tuple[Graph, str]]) -> None:
+        new: dict[str, tuple[Graph, str]] = {}
+        for graph, test in graphs:
+            key = signature(graph)
+            if key not in self._seen:
+                self._seen.add(key)
+                new[key] = (graph, test)
+        if not new:
+            return
+        report = compile_graphs([graph for graph, _ in new.values()], store=self._store or session_store())
+        totals = self.totals
+        totals.graphs += report.graphs
+        totals.refused += report.refused
+        totals.kernels += report.kernels
+        totals.compiled += report.compiled
+        totals.lower_seconds += report.lower_seconds
+        totals.compile_seconds += report.compile_seconds
+        for graph_signature, count in report.compiled_for.items():
+            totals.by_test[new[graph_signature][1].split("[")[0]] += count
+        if report.failures:
+            tests = sorted({test for _, test in new.values()})
+            pytest.fail(
+                f"{len(report.failures)} kernels of graphs validated by {', '.join(tests)} do not compile:\n\n"
+                + "\n\n".join(report.failures),
+                pytrace=False,
+            )
+
+    def write_totals(self, recorder: GraphRecorder) -> None:
+        """This process's totals, next to the store, for :func:`summary` in the controller."""
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        counts = {name: getattr(recorder, name) for name in ("too_large", "test_ops", "sampled_out", "dynamic")}
+        record = {f.name: getattr(self.totals, f.name) for f in fields(CheckTotals)}
+        record.update(counts, reused=COMPILE_MEMORY.reused)
+        (session_store().directory / f"totals-{worker}.json").write_text(json.dumps(record))
+
+
+CHECK = CompileCheck()
+
+
+def summary() -> list[str]:
+    """The check over the session, from every process's totals."""
+    records = [json.loads(p.read_text()) for p in sorted(session_store().directory.glob("totals-*.json"))]
+    if not records:
+        return []
+    total = CheckTotals()
+    for record in records:
+        record["by_test"] = Counter(record["by_test"])
+        total.add(CheckTotals(**{f.name: record[f.name] for f in fields(CheckTotals)}))
+    extra = Counter()
+    for record in records:
+        extra.update({name: record[name] for name in ("too_large", "test_ops", "sampled_out", "dynamic", "reused")})
+    lines = [
+        f"{total.graphs} distinct graphs validated by the tests ({extra['too_large']} over {MAX_NODES} nodes, "
+        f"{extra['test_ops']} with ops a test registered and {extra['sampled_out']} validations of compile_sample "
+        f"tests beyond their first {SAMPLE} left out; of {extra['dynamic']} dynamic validations, {total.refused} "
+        f"distinct graphs whose kernels cannot take their symbols left out): {total.kernels} kernels for "
+        f"{', '.join(f'sm_{t}' for t in TARGETS)}, {total.compiled} compiled by the check (fusing and emitting "
+        f"{total.lower_seconds:.0f} s, NVRTC {total.compile_seconds:.0f} s over {len(records)} processes); "
+        f"{extra['reused']} compiles answered from the session's store",
+        "kernels the check compiled, by the test that first validated their graph:",
+    ]
+    lines += [f"{count:6d}  {test}" for test, count in total.by_test.most_common(15)]
+    return lines
 
 
 def ptxas_report(kernel: Kernel, arch: int) -> str:

@@ -1,10 +1,11 @@
 """Shared fixtures: a seeded generator and a one-call run of the reference backend; the
-recording of every graph the suite validates, which the last test compiles."""
+recording of every graph the suite validates, which the check after each test compiles."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,8 @@ import pytest
 import graphdnn as gd
 from graphdnn import reference
 
-from .compile_check import COMPILE_MEMORY, RECORDER
+from . import compile_check
+from .compile_check import CHECK, COMPILE_MEMORY, RECORDER
 
 
 @pytest.fixture
@@ -64,12 +66,15 @@ def _gpu_present() -> bool:
     return bool(torch.cuda.is_available())
 
 
+_OWN_STORE = pytest.StashKey[Path | None]()  # the kernel store this process made (not a worker's)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "compile_last: runs after every other test (it compiles their graphs)")
     config.addinivalue_line(
         "markers",
-        "compile_sample: the last test compiles only the first graphs this test validates (compile_check.SAMPLE)",
+        "compile_sample: the compile check keeps only the first graphs this test validates (compile_check.SAMPLE)",
     )
+    config.stash[_OWN_STORE] = compile_check.open_session_store()
     RECORDER.install()
     COMPILE_MEMORY.install()
 
@@ -79,15 +84,35 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     RECORDER.start(item.nodeid, sampled=item.get_closest_marker("compile_sample") is not None)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Once the test's fixtures are gone, the graphs it validated must compile (the check
+    fails the test's teardown otherwise)."""
+    yield
+    CHECK.check(RECORDER.take())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not session.config.pluginmanager.has_plugin("dsession"):  # not the xdist controller: it runs no test
+        CHECK.write_totals(RECORDER)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = compile_check.summary()
+    if lines:
+        terminalreporter.write_sep("-", "NVRTC check of the graphs the tests validated")
+    for line in lines:
+        terminalreporter.write_line(line)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     RECORDER.uninstall()
     COMPILE_MEMORY.uninstall()
+    compile_check.close_session_store(config.stash[_OWN_STORE])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `compile_last` run last; tests marked `gpu` skip, visibly, where there is
-    no NVIDIA GPU (or no torch to drive it)."""
-    items.sort(key=lambda item: "compile_last" in item.keywords)  # stable: the others keep their order
+    """Tests marked `gpu` skip, visibly, where there is no NVIDIA GPU (or no torch to drive it)."""
     if _gpu_present():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU and torch")

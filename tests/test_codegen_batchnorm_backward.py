@@ -113,7 +113,7 @@ def test_sums_then_dx(graph: gd.OperationGraphSpec) -> None:
 
 @pytest.mark.parametrize("graph", GPU_CASES, ids=lambda g: g.name)
 def test_every_gpu_case_emits(graph: gd.OperationGraphSpec) -> None:
-    """(The suite's last test compiles these graphs' kernels for sm_80 and sm_90.)"""
+    """(The check after each test compiles these graphs' kernels for sm_80 and sm_90.)"""
     fused, program = emitted(graph)
     assert short(program.kernels[-1].name).endswith("_dx") and fused.rule in ("single", "bn_backward_prologue")
 

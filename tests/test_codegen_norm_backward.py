@@ -165,7 +165,7 @@ def test_launch_shape(case: Case, blocks: int, threads: int, partial_rows: int) 
 
 @pytest.mark.parametrize("case", MATRIX, ids=str)
 def test_every_awkward_shape_takes_the_one_pass_kernel(case: Case) -> None:
-    """(The suite's last test compiles these graphs' kernels for sm_80 and sm_90.)"""
+    """(The check after each test compiles these graphs' kernels for sm_80 and sm_90.)"""
     fused, program = emitted(case)
     assert fused.family is Family.ROW_NORM_BACKWARD and len(program.kernels) == 2
     assert [s.name for s in program.scratch] == [rownorm_backward.PARTIALS]
@@ -327,7 +327,7 @@ def test_an_epilogue_alone_fuses_too() -> None:
 @pytest.mark.parametrize("graph", FUSED, ids=lambda g: g.name)
 def test_every_fused_shape_takes_the_one_pass_kernel(graph: gd.OperationGraphSpec) -> None:
     """Rows up to the rule's limit fit the kernel with its prologue and epilogue, in every type
-    (the suite's last test compiles these kernels for sm_80 and sm_90)."""
+    (the check after each test compiles these kernels for sm_80 and sm_90)."""
     ir = graph.validate()
     (fused,) = fuse(ir).nodes
     program = rownorm_backward.emit(fused, EmitContext(ir, signature(ir), 90))

@@ -1,14 +1,13 @@
 """Every graph the validator accepts compiles for sm_80 and sm_90 (NVRTC, no GPU needed).
 
 Two checks: one graph per op family in every combination of IO type (fp32, fp16, bf16,
-fp8, int8) and intermediate type (float, half, bf16), and, after every other test, each
-distinct kernel of every graph the suite validated (see tests/compile_check.py).
+fp8, int8) and intermediate type (float, half, bf16), and, after each test, each distinct
+kernel of the graphs it validated (tests/compile_check.py; its own tests are here too).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from graphdnn.ir import Graph
 from graphdnn.signature import signature
 
 from . import plan_graphs
-from .compile_check import COMPILE_MEMORY, MAX_NODES, RECORDER, SAMPLE, TARGETS, compile_graphs
+from .compile_check import COMPILE_MEMORY, RECORDER, TARGETS, CompileCheck, KernelStore, compile_graphs, compiled_key
 
 IO_TYPES = ("float", "half", "bfloat16", "fp8_e4m3", "fp8_e5m2", "int8")
 INTERMEDIATE_TYPES = ("float", "half", "bfloat16")
@@ -392,30 +391,50 @@ def test_plan_and_example_graphs_compile() -> None:
     assert report.graphs == len(graphs)
 
 
-@pytest.mark.compile_last
-def test_every_graph_the_suite_validated_compiles() -> None:
-    """Runs after every other test (conftest orders it last): each graph any test validated."""
-    own = plan_and_example_graphs()
-    recorded = RECORDER.graphs()
-    missing = [g.name for g in own if signature(g) not in recorded]
+def test_the_recorder_hands_this_tests_graphs_to_the_check(request: pytest.FixtureRequest) -> None:
+    graphs = plan_and_example_graphs()
+    pending = {signature(graph): test for graph, test in RECORDER.pending()}
+    missing = [g.name for g in graphs if pending.get(signature(g)) != request.node.nodeid]
     assert not missing, f"the recorder missed {missing}: is it installed (tests/conftest.py)?"
-    report = compile_graphs(recorded.values())
-    print(
-        f"\n{report.graphs} distinct graphs validated by the suite ({RECORDER.too_large} over {MAX_NODES} nodes and "
-        f"{RECORDER.test_ops} with ops a test registered and {RECORDER.sampled_out} validations of compile_sample tests "
-        f"beyond their first {SAMPLE} left out; of {RECORDER.dynamic} dynamic validations, "
-        f"{report.refused} distinct graphs whose kernels cannot take their symbols left out): "
-        f"{report.kernels} kernels for {', '.join(f'sm_{t}' for t in TARGETS)}, {report.compiled} compiled here "
-        f"(fusing and emitting {report.lower_seconds:.0f} s, NVRTC {report.compile_seconds:.0f} s)"
-    )
-    by_test: Counter[str] = Counter()
-    for graph_signature, count in report.compiled_for.items():
-        by_test[RECORDER.origin.get(graph_signature, "?").split("[")[0]] += count
-    print(
-        f"earlier in the session, {COMPILE_MEMORY.repeats} compiles of a kernel already compiled "
-        f"({COMPILE_MEMORY.repeat_seconds:.0f} s)"
-    )
-    print("kernels compiled here, by the test that first validated their graph:")
-    for test, count in by_test.most_common(25):
-        print(f"{count:6d}  {test}")
-    assert report.failures == [], f"{len(report.failures)} failures:\n\n" + "\n\n".join(report.failures)
+
+
+def test_a_kernel_nvrtc_rejects_fails_the_check_naming_its_graph_and_test(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import codegen.nvrtc
+
+    def reject(source: str, name: str, arch: int, arch_suffix: str = "") -> bytes:
+        raise codegen.nvrtc.CompileError(f"NVRTC could not compile kernel '{name}' for sm_{arch}: a planted error")
+
+    graph = plan_graphs.add_relu().validate()
+    check = CompileCheck(KernelStore(tmp_path))
+    monkeypatch.setattr(codegen.nvrtc, "compile_cubin", reject)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        check.check([(graph, "tests/test_x.py::test_y")])
+    message = str(failed.value)
+    assert "tests/test_x.py::test_y" in message and f"graph '{graph.name}'" in message
+    assert "a planted error" in message and "sm_80" in message and "sm_90" in message
+    check.check([(graph, "tests/test_x.py::test_z")])  # checked once per session: claimed, not compiled again
+    assert check.totals.graphs == 1 and check.totals.compiled == check.totals.kernels >= 2
+
+
+def test_the_store_gives_one_claim_per_kernel_and_whole_cubins(tmp_path: Path) -> None:
+    store = KernelStore(tmp_path)
+    key = compiled_key("__global__ void k() {}", 90, "a")
+    assert key != compiled_key("__global__ void k() {}", 90, "") and store.cubin(key) is None
+    assert store.claim(key) and not store.claim(key)
+    store.keep(key, b"cubin")
+    assert store.cubin(key) == b"cubin" and not KernelStore(tmp_path).claim(key)
+    other = compiled_key("__global__ void j() {}", 80, "")
+    store.keep(other, b"kept before any claim")
+    assert not store.claim(other) and sorted(p.suffix for p in tmp_path.iterdir()) == [".claim", ".cubin", ".cubin"]
+
+
+def test_a_kernel_compiled_twice_in_the_session_comes_from_the_store() -> None:
+    import codegen.nvrtc
+
+    source = 'extern "C" __global__ void graphdnn_store_probe(float* x) { x[threadIdx.x] = 20261128.0f; }'
+    first = codegen.nvrtc.compile_cubin(source, "graphdnn_store_probe", 80)
+    reused = COMPILE_MEMORY.reused
+    assert codegen.nvrtc.compile_cubin(source, "graphdnn_store_probe", 80) == first
+    assert COMPILE_MEMORY.reused == reused + 1
