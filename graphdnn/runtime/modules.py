@@ -12,7 +12,7 @@ from typing import Any
 
 from . import driver
 
-STATIC_SHARED_LIMIT = 48 * 1024  # bytes of dynamic shared memory a kernel gets without opting in
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static plus dynamic shared memory a block gets without opting in
 
 
 class LoadedKernel:
@@ -28,10 +28,13 @@ class LoadedKernel:
         with device.current():
             self.module = driver.call(api.cuModuleLoadData, cubin)
             self.function = driver.call(api.cuModuleGetFunction, self.module, name.encode())
+            attribute = api.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+            self.static_shared = int(driver.call(api.cuFuncGetAttribute, attribute, self.function))
 
     def allow_shared(self, nbytes: int) -> None:
-        """Opt in to ``nbytes`` of dynamic shared memory when that is more than 48 KB."""
-        if nbytes <= STATIC_SHARED_LIMIT or nbytes <= self._shared_opt_in:
+        """Opt in to ``nbytes`` of dynamic shared memory when, with the kernel's static shared
+        memory, that is more than 48 KB (a launch over the limit fails with an invalid value)."""
+        if nbytes + self.static_shared <= STATIC_SHARED_LIMIT or nbytes <= self._shared_opt_in:
             return
         api = driver.api()
         attribute = api.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
