@@ -380,5 +380,5 @@ def test_every_ring_choice_matches_the_reference_on_the_cpu(
     tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": 1 + stages % 3, "stages": stages}
     program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning))
     (kernel, *_) = program.kernels
-    assert kernel.shared_bytes == shape(attention_of(fused), threads).ring_bytes(keys, stages) > 0
+    assert kernel.shared_bytes == shape(attention_of(fused), threads).block_shared_bytes(keys, stages) > 0
     emulate_and_compare(fused, program, feeds, (keys + stages) % 2, expected, tmp_path_factory)

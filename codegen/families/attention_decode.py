@@ -347,7 +347,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         *alibi_table(a),
         *dropout_function(a),
         *_key_range(a),
-        *([] if config.stages else _rows_to_shared(a, names)),
+        *([] if config.stages else _rows_to_shared(a, names, ring=False)),
         "const int tid = threadIdx.x, grp = tid / L, sub = tid % L;",
         *pipeline.declarations(),
         "float m[RB], l[RB], o[RB][CV * VV];",
@@ -360,7 +360,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "}",
         *pipeline.fill(),
         # a ring's first loads hold no registers: the query rows' reads go under them
-        *(_rows_to_shared(a, names) if config.stages else []),
+        *(_rows_to_shared(a, names, ring=True) if config.stages else []),
         "// the same trip count on every thread: lanes of a group sum their dots with shuffles",
         "for (int base = s_begin; base < s_end; base += STEP) {",
         *indent(pipeline.issue(), 1).splitlines(),
@@ -423,8 +423,8 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
     if config.stages:
         source = source.replace('extern "C" __global__', ASYNC_COPY_PRELUDE + '\nextern "C" __global__', 1)
     grid = a.batch * a.kv_heads * s.row_groups * split
-    ring = s.ring_bytes(config.keys_per_lane, config.stages)
-    return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), ring, tuple(params.bindings))
+    dynamic = s.block_shared_bytes(config.keys_per_lane, config.stages) if config.stages else 0
+    return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), dynamic, tuple(params.bindings))
 
 
 def _key_range(a: Attention) -> list[str]:
@@ -449,11 +449,12 @@ def _key_range(a: Attention) -> list[str]:
     return lines
 
 
-def _rows_to_shared(a: Attention, names: dict[str, str]) -> list[str]:
-    """The block's query rows as floats, zero past D and past the last packed row."""
+def _rows_to_shared(a: Attention, names: dict[str, str], ring: bool) -> list[str]:
+    """The block's query rows as floats, zero past D and past the last packed row (``q_s``,
+    which a ring's pipeline declares in its dynamic shared memory)."""
     q = load(a.q.data_type, element(a.q, names["Q"], ["b", "hk * GROUP + rr / SQ", "rr % SQ", "d"]), "float")
     return [
-        "__shared__ float q_s[RB][DKP];",
+        *([] if ring else ["__shared__ float q_s[RB][DKP];"]),
         "for (int e = threadIdx.x; e < RB * DKP; e += THREADS) {",
         "  const int rr = r0 + e / DKP, d = e % DKP;",
         f"  q_s[e / DKP][d] = rr < ROWS && d < D ? {q} : 0.0f;",
@@ -488,9 +489,9 @@ def _merge(a: Attention, names: dict[str, str], split: int, stages: int) -> list
         buffers = [
             'asm volatile("cp.async.wait_group 0;\\n" ::);',
             "__syncthreads();  // the ring is free: it holds the merge",
-            "auto& red_m = *reinterpret_cast<float(*)[KEY_GROUPS][RB]>(smem);",
-            "auto& red_l = *reinterpret_cast<float(*)[KEY_GROUPS][RB]>(smem + KEY_GROUPS * RB * 4);",
-            "auto& red_o = *reinterpret_cast<float(*)[KEY_GROUPS][RB][DVP]>(smem + 2 * KEY_GROUPS * RB * 4);",
+            "auto& red_m = *reinterpret_cast<float(*)[KEY_GROUPS][RB]>(ring);",
+            "auto& red_l = *reinterpret_cast<float(*)[KEY_GROUPS][RB]>(ring + KEY_GROUPS * RB * 4);",
+            "auto& red_o = *reinterpret_cast<float(*)[KEY_GROUPS][RB][DVP]>(ring + 2 * KEY_GROUPS * RB * 4);",
         ]
     lines = [
         *buffers,

@@ -49,10 +49,13 @@ class KeyPipeline:
         ring = []
         if self.stages:
             ring = [
+                "// all dynamic (the runtime opts in past 48 KiB of it): the query rows, then the ring",
                 "extern __shared__ __align__(128) unsigned char smem[];",
+                "float (&q_s)[RB][DKP] = *reinterpret_cast<float(*)[RB][DKP]>(smem);",
+                "unsigned char* const ring = smem + sizeof(q_s);",
                 "// [stage][slot][vector][thread]: a warp's 16-byte accesses are consecutive",
-                "gd::Vec<TK, VK>* const k_ring = reinterpret_cast<gd::Vec<TK, VK>*>(smem);",
-                "gd::Vec<TV, VV>* const v_ring = reinterpret_cast<gd::Vec<TV, VV>*>(smem + STAGES * KT * CK * THREADS * 16);",
+                "gd::Vec<TK, VK>* const k_ring = reinterpret_cast<gd::Vec<TK, VK>*>(ring);",
+                "gd::Vec<TV, VV>* const v_ring = reinterpret_cast<gd::Vec<TV, VV>*>(ring + STAGES * KT * CK * THREADS * 16);",
                 "auto k_at = [&](int stage, int t) { return k_ring + (stage * KT + t) * CK * THREADS + tid; };",
                 "auto v_at = [&](int stage, int t) { return v_ring + (stage * KT + t) * CV * THREADS + tid; };",
             ]
