@@ -97,7 +97,7 @@ def main() -> int:
         "--choice",
         action="append",
         default=[],
-        metavar="T/K/SPLIT/S",
+        metavar="T/K/SPLIT/S[/V]",
         help="with --sweep: time only the default and these choices (threads/slots/split/stages; split "
         "a number, or h or 2h: the heuristic's or twice it), e.g. 128/4/h/4",
     )
@@ -403,7 +403,7 @@ def decode_sweep(specs: list[str]) -> int:
 
     ceilings = measure_ceilings()
     print(f"{ceilings.device}: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)")
-    print("choice t/k/s/r: threads per block / key slots per lane / KV split / ring stages (0: registers)")
+    print("choice t/k/s/r/v: threads / key slots per lane / KV split / ring stages (0: registers) / vectors per lane")
     print(
         "| B | Skv | choices | best t/k/s | µs | of roofline | default t/k/s | µs | of roofline | torch µs | of roofline |"
     )
@@ -422,13 +422,13 @@ def decode_sweep(specs: list[str]) -> int:
         floor = ceilings.floor_us(2 * b * DECODE_HK * skv * DECODE_D * 2)
         best = min(range(len(times)), key=times.__getitem__)
         for choice, us in zip(choices, times):
-            threads, keys, split, stages = (
+            threads, keys, split, stages, vectors = (
                 int(choice[key])  # type: ignore[call-overload]
-                for key in ("threads", "keys_per_lane", "split", "stages")
+                for key in ("threads", "keys_per_lane", "split", "stages", "vectors_per_lane")
             )
-            h = heuristic_split(a, 90, threads, keys, stages)
+            h = heuristic_split(a, 90, threads, keys, stages, vectors)
             rule = {h // 2: "h/2", h: "h", 2 * h: "2h"}.get(split, str(split))
-            of_best[f"{threads}/{keys}/{rule}/{stages}"].append(times[best] / us)
+            of_best[f"{threads}/{keys}/{rule}/{stages}/{vectors}"].append(times[best] / us)
         print(
             f"| {b} | {skv} | {len(choices)} | {short(choices[best])} | {times[best]:.1f} | {floor / times[best]:.0%} | "
             f"{short(choices[0])} | {times[0]:.1f} | {floor / times[0]:.0%} | {inputs.torch_us:.1f} | "
@@ -438,7 +438,7 @@ def decode_sweep(specs: list[str]) -> int:
     print(
         "split where h is more): geometric mean of best µs / µs over the shapes that offer it (1.00: best everywhere)."
     )
-    print("| threads/slots/split/stages | shapes | of best |")
+    print("| threads/slots/split/stages/vectors | shapes | of best |")
     print("|---|---|---|")
     for rule, fractions in sorted(of_best.items(), key=lambda item: -geometric_mean(item[1])):
         print(f"| {rule} | {len(fractions)} | {geometric_mean(fractions):.2f} |")
@@ -450,23 +450,25 @@ def geometric_mean(values: list[float]) -> float:
 
 
 def short(choice: dict[str, object]) -> str:
-    return f"{choice['threads']}/{choice['keys_per_lane']}/{choice['split']}/{choice['stages']}"
+    keys = ("threads", "keys_per_lane", "split", "stages", "vectors_per_lane")
+    return "/".join(str(choice[key]) for key in keys)
 
 
 def spec_choice(spec: str, a: Any) -> dict[str, object]:
-    """``threads/slots/split/stages`` as a decode tuning choice; a split of h or 2h is the
-    heuristic's for those threads, slots and stages (or twice it)."""
+    """``threads/slots/split/stages[/vectors per lane]`` as a decode tuning choice; a split of h
+    or 2h is the heuristic's for the rest (or twice it)."""
     from codegen.families.attention_decode import MAX_SPLIT, heuristic_split
 
     parts = spec.split("/")
-    if len(parts) != 4:
-        raise SystemExit(f"--choice {spec!r}: expected threads/slots/split/stages, e.g. 128/4/h/4")
+    if len(parts) not in (4, 5):
+        raise SystemExit(f"--choice {spec!r}: expected threads/slots/split/stages[/vectors], e.g. 128/4/h/4")
     threads, keys, stages = int(parts[0]), int(parts[1]), int(parts[3])
-    h = heuristic_split(a, 90, threads, keys, stages)
+    vectors = int(parts[4]) if len(parts) == 5 else 1
+    h = heuristic_split(a, 90, threads, keys, stages, vectors)
     split = {"h": h, "2h": 2 * h}.get(parts[2])
     split = int(parts[2]) if split is None else split
     return {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": min(MAX_SPLIT, max(1, split)),
-            "stages": stages}  # fmt: skip
+            "stages": stages, "vectors_per_lane": vectors}  # fmt: skip
 
 
 def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:

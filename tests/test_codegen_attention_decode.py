@@ -125,6 +125,7 @@ def test_paged_prefill_on_the_flash_kernel_matches_the_reference_on_the_cpu(
         ({"keys_per_lane": True}, r"keys_per_lane must be an integer"),
         ({"warps": 4}, r"the decode kernel has no choice warps"),
         ({"stages": 2}, r"stages must be an integer one of \(0, 3, 4\)"),
+        ({"vectors_per_lane": 4}, r"vectors_per_lane must be an integer one of \(1, 2\)"),
         ({"stages": 3, "keys_per_lane": 8}, r"keys_per_lane must be an integer one of \(2, 4\)"),
         ({"stages": 4, "threads": 256, "keys_per_lane": 4}, r"ring of 4 stages would take 131072 bytes"),
     ],
@@ -157,10 +158,11 @@ def test_the_split_heuristic_fills_the_gpu_only_when_the_blocks_do_not(b: int, h
                 blocks * (split + 1) > target
             )
         choice = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": split, "stages": stages}
-        assert (choice in choices) == fits(a, threads, keys, stages)
+        assert ({**choice, "vectors_per_lane": 1} in choices) == fits(a, threads, keys, stages)
     default = default_config(a, 90)
     assert choices[0] == default.choice() and {**default.choice(), "split": 1} in choices
-    assert len(choices) <= 34
+    assert (default.threads, default.keys_per_lane, default.stages) == (256, 4, 3)
+    assert len(choices) <= 38
 
 
 def test_resident_target_covers_the_latency_within_an_sm() -> None:
@@ -256,17 +258,17 @@ def test_the_benchmark_shape_choices_compile_without_spills(arch: int) -> None:
     key slots and stages choice autotuning offers keeps its slots, O and scores in registers
     (every ring but 256 threads with 4 slots and 4 stages, over MAX_RING)."""
     ir, fused = attention(decode_graph(8, 32768))
-    offered = {
-        (int(c["threads"]), int(c["keys_per_lane"]), int(c["stages"]))  # type: ignore[call-overload]
-        for c in candidates(fused, 90)
-    }
-    assert offered == set(ALL_CHOICES) - {(256, 4, 4)}
+    keys = ("threads", "keys_per_lane", "stages", "vectors_per_lane")
+    offered = {tuple(int(c[key]) for key in keys) for c in candidates(fused, 90)}  # type: ignore[call-overload]
+    assert {choice[:3] for choice in offered} == set(ALL_CHOICES) - {(256, 4, 4)}
+    # two vectors per lane double a slot: 256 threads with 4 slots in 3 stages would be over MAX_RING
+    assert {choice for choice in offered if choice[3] == 2} == {(128, 2, 3, 2), (128, 4, 3, 2), (256, 2, 3, 2)}
     assert shape(attention_of(fused), 256).ring_bytes(4, 4) > MAX_RING
-    for threads, keys, stages in sorted(offered):
-        tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys, "stages": stages}
+    for choice in sorted(offered):
+        tuning = {"path": "decode", **dict(zip(keys, choice))}
         (kernel, *_) = emitter(fused.family)(fused, EmitContext(ir, signature(ir), arch, tuning)).kernels
         report = ptxas_report(kernel, arch)
-        assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], (threads, keys, stages, report[-400:])
+        assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], (choice, report[-400:])
 
 
 def test_a_ring_on_rows_that_are_not_16_byte_vectors_is_refused_and_not_offered() -> None:
@@ -358,27 +360,34 @@ def test_every_threads_and_key_slots_choice_matches_the_reference_on_the_cpu(
     emulate_and_compare(fused, program, feeds, keys % 4, expected, tmp_path_factory)
 
 
-# a ring of one vector of K and V per slot: all but 256 threads with 4 slots in 4 stages (over MAX_RING)
-FITTING_RINGS = [c for c in RING_CHOICES if c != (256, 4, 4)]
+# a ring of one vector of K and V per slot: all but 256 threads with 4 slots in 4 stages (over
+# MAX_RING); and lanes of 2 vectors, in a ring and in registers
+FITTING_RINGS = [(*c, 1) for c in RING_CHOICES if c != (256, 4, 4)]
+FITTING_RINGS += [(128, 2, 3, 2), (128, 4, 3, 2), (256, 2, 3, 2), (128, 2, 0, 2), (256, 8, 0, 2)]
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
 @pytest.mark.parametrize(
-    ("threads", "keys", "stages"), FITTING_RINGS, ids=[f"t{t}_k{k}_s{r}" for t, k, r in FITTING_RINGS]
+    ("threads", "keys", "stages", "vectors"),
+    FITTING_RINGS,
+    ids=[f"t{t}_k{k}_s{r}_v{v}" for t, k, r, v in FITTING_RINGS],
 )
 @pytest.mark.parametrize("case", ["decode_mqa_8to1", "window_d24", "many_batches"])
 def test_every_ring_choice_matches_the_reference_on_the_cpu(
-    case: str, threads: int, keys: int, stages: int, tmp_path_factory: pytest.TempPathFactory
+    case: str, threads: int, keys: int, stages: int, vectors: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The shared-memory ring: slices shorter than the ring (its first stages hold keys past
     the slice) and, many_batches, many times longer (the stages reused, pages looked up a batch
-    ahead); 16-byte copies and, unaligned, element loads stored into the ring."""
+    ahead); 16-byte copies and, unaligned, element loads stored into the ring; lanes of one and
+    two vectors (D 16 fp16 at two: one lane per key)."""
     paged = MANY_BATCHES if case == "many_batches" else EMULATED[case]
     ir, fused = attention(paged.build())
     feeds = paged.feeds(seed=threads + keys + stages)
     expected = reference.execute(ir, feeds)
     tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": 1 + stages % 3, "stages": stages}
-    program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning))
+    program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {**tuning, "vectors_per_lane": vectors}))
     (kernel, *_) = program.kernels
-    assert kernel.shared_bytes == shape(attention_of(fused), threads).block_shared_bytes(keys, stages) > 0
+    s = shape(attention_of(fused), threads, vectors)
+    assert kernel.shared_bytes == (s.block_shared_bytes(keys, stages) if stages else 0)
+    assert f"L = {s.lanes}," in kernel.source
     emulate_and_compare(fused, program, feeds, (keys + stages) % 2, expected, tmp_path_factory)

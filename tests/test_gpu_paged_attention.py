@@ -12,7 +12,12 @@ import zlib
 import pytest
 
 from codegen.emit import candidates
-from codegen.families.attention_decode import KEYS_PER_LANE_CHOICES, RING_KEYS_PER_LANE_CHOICES, THREADS_CHOICES
+from codegen.families.attention_decode import (
+    KEYS_PER_LANE_CHOICES,
+    RING_KEYS_PER_LANE_CHOICES,
+    THREADS_CHOICES,
+    VECTORS_PER_LANE_CHOICES,
+)
 from codegen.families.attention_decode_loads import STAGES_CHOICES
 from fusion_rules import Family, fuse
 from graphdnn.dtypes import DataType
@@ -111,8 +116,8 @@ RING_CASES = {
 
 @pytest.mark.parametrize("case", sorted(RING_CASES))
 def test_every_ring_choice_matches_reference(case: str) -> None:
-    """Each threads, key slots and stages of the shared-memory ring that fits, at the
-    heuristic's split, no split or 7 slices in turn; outputs poisoned by check_on_gpu."""
+    """Each threads, key slots, stages and vectors per lane of the shared-memory ring that fits,
+    at the heuristic's split, no split or 7 slices in turn; outputs poisoned by check_on_gpu."""
     from codegen.families.attention_decode import fits
     from codegen.families.attention_problem import attention_of
 
@@ -123,11 +128,24 @@ def test_every_ring_choice_matches_reference(case: str) -> None:
     feeds = paged.feeds(zlib.crc32(case.encode()))
     if paged.b == 1:
         feeds["seq_kv"][:] = paged.max_len
-    rings = [(t, k, s) for t in THREADS_CHOICES for k in RING_KEYS_PER_LANE_CHOICES for s in STAGES_CHOICES if s]
+    rings = [
+        (t, k, s, v)
+        for t in THREADS_CHOICES
+        for k in RING_KEYS_PER_LANE_CHOICES
+        for s in STAGES_CHOICES
+        for v in VECTORS_PER_LANE_CHOICES
+        if s
+    ]
     fitting = [ring for ring in rings if fits(a, *ring)]
-    assert len(fitting) >= 6
-    for n, (threads, keys, stages) in enumerate(fitting):
-        choice: dict[str, object] = {"path": "decode", "threads": threads, "keys_per_lane": keys, "stages": stages}
+    assert len(fitting) >= 8
+    for n, (threads, keys, stages, vectors) in enumerate(fitting):
+        choice: dict[str, object] = {
+            "path": "decode",
+            "threads": threads,
+            "keys_per_lane": keys,
+            "stages": stages,
+            "vectors_per_lane": vectors,
+        }
         split = (None, 1, 7)[n % 3]
         if split is not None:
             choice["split"] = split

@@ -33,6 +33,7 @@ page = PAGE_TABLE_K[b, 0, j / page_size, 0] (V through its own table and page si
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
@@ -63,7 +64,12 @@ DECODE_MAX_SQ = 4  # dense attention with at most this many query rows takes the
 THREADS_CHOICES = (128, 256)
 KEYS_PER_LANE_CHOICES = (2, 4, 8)  # key slots per lane: K and V vectors refilled as they are consumed
 RING_KEYS_PER_LANE_CHOICES = (2, 4)  # with a shared-memory ring: more stages rather than more slots
-DEFAULT_THREADS, DEFAULT_KEYS_PER_LANE, DEFAULT_STAGES = 128, 4, 0
+VECTORS_PER_LANE_CHOICES = (1, 2)  # 16-byte vectors of a key's K (and V) row per lane
+DEFAULT_THREADS, DEFAULT_KEYS_PER_LANE, DEFAULT_STAGES = 128, 4, 0  # the register pipeline's
+# the default where a ring fits: threads, key slots, stages. Measured on an H200 (2026-11-28,
+# benchmarks/RESULTS.md, Session 8): 6-9% faster than 128 threads with 4 register slots on each
+# shape of the decode sweep
+DEFAULT_RING = (256, 4, 3)
 ROWS_PER_BLOCK = 16
 MAX_ROW_REGISTERS = 64  # fp32 O values a thread holds (its rows times its V columns)
 MAX_REGISTERS = 255  # a thread's registers: a choice whose estimate (held_registers) is over would spill
@@ -83,7 +89,7 @@ MIN_KEYS_PER_SPLIT = 256  # a slice at least this long, to pay for its partial O
 MIN_BATCHES_PER_SPLIT = 4  # and this many batches of keys, so the pipeline's fill and drain stay small
 PARTIAL_O, PARTIAL_LSE = "partial_o", "partial_lse"
 COMBINE_THREADS = 128
-TUNING_KEYS = frozenset({"path", "split", "threads", "keys_per_lane", "stages"})
+TUNING_KEYS = frozenset({"path", "split", "threads", "keys_per_lane", "stages", "vectors_per_lane"})
 
 
 @dataclass(frozen=True)
@@ -146,13 +152,16 @@ class DecodeShape:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """A launch of the decode kernel: threads per block, key slots per lane, KV slices, and
-    the batches in the shared-memory ring (0: the slots are registers)."""
+    """A launch of the decode kernel: threads per block, key slots per lane, KV slices, the
+    batches in the shared-memory ring (0: the slots are registers), and the 16-byte vectors of
+    a key's row each lane takes (2: half the lanes per key, so half the shuffles of the dot
+    products and of the softmax each lane repeats for its key, for twice the registers)."""
 
     threads: int
     keys_per_lane: int
     split: int
     stages: int = DEFAULT_STAGES
+    vectors_per_lane: int = 1
 
     def choice(self) -> dict[str, object]:
         return {
@@ -161,15 +170,17 @@ class DecodeConfig:
             "keys_per_lane": self.keys_per_lane,
             "split": self.split,
             "stages": self.stages,
+            "vectors_per_lane": self.vectors_per_lane,
         }
 
 
-def shape(a: Attention, threads: int = DEFAULT_THREADS) -> DecodeShape:
-    """Lanes per key covering the wider head dim in 16-byte vectors (a power of two, at most a
-    warp); as many packed rows per block as the O registers and static shared memory allow."""
+def shape(a: Attention, threads: int = DEFAULT_THREADS, vectors_per_lane: int = 1) -> DecodeShape:
+    """Lanes per key covering the wider head dim in 16-byte vectors, ``vectors_per_lane`` each
+    (a power of two, at most a warp); as many packed rows per block as the O registers and
+    static shared memory allow."""
     vk, vv = 16 // a.k.data_type.itemsize, 16 // a.v.data_type.itemsize
     vectors = max(-(-a.d // vk), -(-a.dv // vv))
-    lanes = min(32, 1 << (vectors - 1).bit_length())
+    lanes = max(1, min(32, 1 << (vectors - 1).bit_length()) // vectors_per_lane)
     ck, cv = -(-a.d // (lanes * vk)), -(-a.dv // (lanes * vv))
     rows = a.heads // a.kv_heads * a.sq
     per_block = max(1, min(rows, ROWS_PER_BLOCK, MAX_ROW_REGISTERS // (cv * vv)))
@@ -190,10 +201,10 @@ def rows_vectorize(a: Attention) -> bool:
     return vectorizable(a.k, s.vk) and vectorizable(a.v, s.vv)
 
 
-def fits(a: Attention, threads: int, keys_per_lane: int, stages: int) -> bool:
+def fits(a: Attention, threads: int, keys_per_lane: int, stages: int, vectors_per_lane: int = 1) -> bool:
     """The choice keeps its registers under MAX_REGISTERS and a ring under MAX_RING (and rows
     that take 16-byte copies)."""
-    s = shape(a, threads)
+    s = shape(a, threads, vectors_per_lane)
     if s.held_registers(keys_per_lane, stages) > MAX_REGISTERS:
         return False
     return not stages or (s.ring_bytes(keys_per_lane, stages) <= MAX_RING and rows_vectorize(a))
@@ -222,6 +233,7 @@ def heuristic_split(
     threads: int = DEFAULT_THREADS,
     keys_per_lane: int = DEFAULT_KEYS_PER_LANE,
     stages: int = DEFAULT_STAGES,
+    vectors_per_lane: int = 1,
 ) -> int:
     """KV slices when the tuning names none. Little's law: ~3.3 TB/s × ~1.5 µs of loaded
     latency is ~5 MB in flight on an H100, ~38 KB per SM (BYTES_IN_FLIGHT_PER_SM = 40 KiB); a
@@ -232,7 +244,7 @@ def heuristic_split(
     wave), each of at least MIN_KEYS_PER_SPLIT keys and MIN_BATCHES_PER_SPLIT batches (and
     the ring's stages), at most MAX_SPLIT. B 1, Hk 8, Skv 32k: 8 blocks, split 49 (392 blocks
     of 669 keys); B 8: 64 blocks, split 6."""
-    s = shape(a, threads)
+    s = shape(a, threads, vectors_per_lane)
     blocks = a.batch * a.kv_heads * s.row_groups
     target = resident_target(s, keys_per_lane, stages) * sm_count(arch)
     if blocks >= target:
@@ -242,41 +254,51 @@ def heuristic_split(
     return max(1, min(target // blocks, a.skv // min_keys, MAX_SPLIT))
 
 
-def default_keys_per_lane(a: Attention, threads: int, stages: int = DEFAULT_STAGES) -> int:
+def default_keys_per_lane(a: Attention, threads: int, stages: int = DEFAULT_STAGES, vectors_per_lane: int = 1) -> int:
     """DEFAULT_KEYS_PER_LANE, or fewer where its registers (or ring) would not fit."""
     allowed = RING_KEYS_PER_LANE_CHOICES if stages else KEYS_PER_LANE_CHOICES
-    fitting = [k for k in allowed if k <= DEFAULT_KEYS_PER_LANE and fits(a, threads, k, stages)]
+    fitting = [k for k in allowed if k <= DEFAULT_KEYS_PER_LANE and fits(a, threads, k, stages, vectors_per_lane)]
     return max(fitting, default=allowed[0])
 
 
 def default_config(a: Attention, arch: int) -> DecodeConfig:
-    keys = default_keys_per_lane(a, DEFAULT_THREADS)
-    return DecodeConfig(DEFAULT_THREADS, keys, heuristic_split(a, arch, DEFAULT_THREADS, keys), DEFAULT_STAGES)
+    """DEFAULT_RING where it fits, else the register pipeline; the heuristic's split."""
+    threads, keys, stages = DEFAULT_RING
+    if not fits(a, threads, keys, stages):
+        threads, stages = DEFAULT_THREADS, DEFAULT_STAGES
+        keys = default_keys_per_lane(a, threads)
+    return DecodeConfig(threads, keys, heuristic_split(a, arch, threads, keys, stages), stages)
 
 
 def decode_choices(a: Attention, arch: int) -> list[dict[str, object]]:
     """What autotuning times (the default first): for every threads and register key slots
     per lane that fit (at most 6), the heuristic's split for them, half and twice it; no split
-    (1) with the default threads and slots; and where the rows take 16-byte copies, each
-    threads, ring slots and stages that fit, at the heuristic's split and twice it. At most
-    about 34 choices."""
+    (1) with the default; where the rows take 16-byte copies, each threads, ring slots and
+    stages that fit, at the heuristic's split and twice it, and with 2 vectors per lane, 3
+    stages at the heuristic's split. At most about 38 choices."""
     default = default_config(a, arch)
-    configs = [default, DecodeConfig(default.threads, default.keys_per_lane, 1, default.stages)]
+    configs = [default, dataclasses.replace(default, split=1)]
     for stages in STAGES_CHOICES:
         for threads in THREADS_CHOICES:
             for keys in RING_KEYS_PER_LANE_CHOICES if stages else KEYS_PER_LANE_CHOICES:
-                if not fits(a, threads, keys, stages):
-                    continue
-                best = heuristic_split(a, arch, threads, keys, stages)
-                for split in (best, 2 * best) if stages else (best // 2, best, 2 * best):
-                    if 1 <= split <= min(MAX_SPLIT, a.skv):
-                        configs.append(DecodeConfig(threads, keys, split, stages))
+                for vectors in VECTORS_PER_LANE_CHOICES if stages == 3 else (1,):
+                    if not fits(a, threads, keys, stages, vectors):
+                        continue
+                    best = heuristic_split(a, arch, threads, keys, stages, vectors)
+                    splits = (
+                        (best // 2, best, 2 * best) if not stages else (best, 2 * best) if vectors == 1 else (best,)
+                    )
+                    configs += [
+                        DecodeConfig(threads, keys, split, stages, vectors)
+                        for split in splits
+                        if 1 <= split <= min(MAX_SPLIT, a.skv)
+                    ]
     return [c.choice() for c in dict.fromkeys(configs)]
 
 
 def tuned_config(a: Attention, ctx: EmitContext) -> DecodeConfig:
-    """The tuning's choice, each key it leaves out from the heuristic (the split for its
-    threads, key slots and stages)."""
+    """The tuning's choice, each key it leaves out from the default (the register pipeline if
+    it names key slots but no stages) and the split from the heuristic for the rest."""
     tuning = dict(ctx.tuning)
     unknown = sorted(set(tuning) - TUNING_KEYS)
     if unknown:
@@ -289,28 +311,31 @@ def tuned_config(a: Attention, ctx: EmitContext) -> DecodeConfig:
             raise UnsupportedError(f"attention tuning {tuning}: {key} must be an integer {choices}")
         return value
 
-    threads = integer("threads", THREADS_CHOICES, DEFAULT_THREADS)
-    stages = integer("stages", STAGES_CHOICES, DEFAULT_STAGES)
+    default = default_config(a, ctx.arch)
+    threads = integer("threads", THREADS_CHOICES, default.threads)
+    stages = integer("stages", STAGES_CHOICES, DEFAULT_STAGES if "keys_per_lane" in tuning else default.stages)
+    vectors = integer("vectors_per_lane", VECTORS_PER_LANE_CHOICES, 1)
     slots = RING_KEYS_PER_LANE_CHOICES if stages else KEYS_PER_LANE_CHOICES
-    keys = integer("keys_per_lane", slots, default_keys_per_lane(a, threads, stages))
+    keys = integer("keys_per_lane", slots, default_keys_per_lane(a, threads, stages, vectors))
+    s = shape(a, threads, vectors)
     if stages and not rows_vectorize(a):
         raise UnsupportedError(
             f"attention tuning {tuning}: a ring of stages copies 16-byte vectors, and the rows of "
             f"K '{a.k.name}' or V '{a.v.name}' are not 16-byte vectors (strides {a.k.stride}, {a.v.stride})"
         )
-    if stages and shape(a, threads).ring_bytes(keys, stages) > MAX_RING:
+    if stages and s.ring_bytes(keys, stages) > MAX_RING:
         raise UnsupportedError(
             f"attention tuning {tuning}: the ring of {stages} stages would take "
-            f"{shape(a, threads).ring_bytes(keys, stages)} bytes of shared memory, over {MAX_RING}"
+            f"{s.ring_bytes(keys, stages)} bytes of shared memory, over {MAX_RING}"
         )
-    split = integer("split", range(1, MAX_SPLIT + 1), heuristic_split(a, ctx.arch, threads, keys, stages))
-    return DecodeConfig(threads, keys, split, stages)
+    split = integer("split", range(1, MAX_SPLIT + 1), heuristic_split(a, ctx.arch, threads, keys, stages, vectors))
+    return DecodeConfig(threads, keys, split, stages, vectors)
 
 
 def decode_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
     config = tuned_config(a, ctx)
     split = config.split
-    kernel = _decode_kernel(fused, ctx, a, shape(a, config.threads), config)
+    kernel = _decode_kernel(fused, ctx, a, shape(a, config.threads, config.vectors_per_lane), config)
     if split == 1:
         return FusedProgram(fused.name, (kernel,))
     rows = a.batch * a.heads * a.sq * split
