@@ -24,11 +24,12 @@ token-major (THD), H16 D128 bf16, beside the same sequences padded to the longes
 dense plan with a padding mask) and torch SDPA on a jagged nested tensor (its varlen path).
 TFLOP/s count only the work of the sequences themselves.
 
-Sweep (``--decode --sweep``, under two minutes on an H100): every autotuning choice of the
-decode node (threads, key slots per lane, split, ring stages) on SWEEP_SHAPES, checked against
-torch and timed; a table of the best choice and the default beside torch per shape, then every
-(threads, slots, split relative to the heuristic's, stages) averaged over the shapes, to set the
-defaults from. ``--choice 128/4/h/4`` (repeatable) times only the default and the choices named.
+Sweep (``--decode --sweep``): every autotuning choice (about 35 per shape) of the
+decode node (threads, key slots per lane, split, ring stages, vectors per lane) on SWEEP_SHAPES,
+checked against torch and timed; a table of the best choice and the default beside torch per
+shape, then every (threads, slots, split relative to the heuristic's, stages, vectors) averaged
+over the shapes, to set the defaults from. ``--choice 128/4/h/3/2`` (repeatable) times only the
+default and the choices named.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
 DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
-# --sweep: half the decode shapes, spanning B and Skv (NVRTC compiles a sweep's ~110 plans one at
-# a time, ~0.5 s each: all 12 shapes would take twice as long)
+# --sweep: half the decode shapes, spanning B and Skv (NVRTC compiles a sweep's ~210 plans one at
+# a time, ~0.5 s each: all 12 shapes would take twice as long; --choice for a few)
 SWEEP_SHAPES = [(1, 8192), (1, 32768), (2, 16384), (4, 16384), (8, 8192), (8, 32768)]
 # --prefill: (batch, chunk of query rows, Skv) over the same paged cache
 PREFILL_SHAPES = [(4, 512, 4096), (1, 2048, 8192), (8, 256, 2048)]
@@ -98,7 +99,7 @@ def main() -> int:
         action="append",
         default=[],
         metavar="T/K/SPLIT/S[/V]",
-        help="with --sweep: time only the default and these choices (threads/slots/split/stages; split "
+        help="with --sweep: time only the default and these choices (threads/slots/split/stages[/vectors]; split "
         "a number, or h or 2h: the heuristic's or twice it), e.g. 128/4/h/4",
     )
     parser.add_argument("--prefill", action="store_true", help="paged prefill chunks against torch on dense K/V")

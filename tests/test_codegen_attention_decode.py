@@ -161,7 +161,7 @@ def test_the_split_heuristic_fills_the_gpu_only_when_the_blocks_do_not(b: int, h
         assert ({**choice, "vectors_per_lane": 1} in choices) == fits(a, threads, keys, stages)
     default = default_config(a, 90)
     assert choices[0] == default.choice() and {**default.choice(), "split": 1} in choices
-    assert (default.threads, default.keys_per_lane, default.stages) == (256, 4, 3)
+    assert (default.threads, default.keys_per_lane, default.stages, default.vectors_per_lane) == (128, 4, 3, 2)
     assert len(choices) <= 38
 
 
@@ -269,6 +269,23 @@ def test_the_benchmark_shape_choices_compile_without_spills(arch: int) -> None:
         (kernel, *_) = emitter(fused.family)(fused, EmitContext(ir, signature(ir), arch, tuning)).kernels
         report = ptxas_report(kernel, arch)
         assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], (choice, report[-400:])
+
+
+def test_the_default_is_a_ring_where_it_fits_without_more_row_groups() -> None:
+    """Two vectors per lane at GQA 4:1, D 128 and 64; at 8:1 the register pipeline (two vectors per
+    lane would split the 8 rows into two groups, reading K and V twice, and the merge buffers
+    of 256 threads hold fewer rows); registers where rows are not 16-byte vectors."""
+    cases = (
+        (32, 8, 128, (128, 4, 3, 2)),
+        (8, 2, 64, (128, 4, 3, 2)),
+        (8, 1, 128, (128, 4, 0, 1)),
+        (4, 2, 36, (128, 4, 0, 1)),
+    )
+    for hq, hk, d, want in cases:
+        case = PagedCase(b=2, hq=hq, hk=hk, max_len=3000, d=d, dv=d, data_type=DataType.HALF)
+        a = attention_of(attention(case.build())[1])
+        default = default_config(a, 90)
+        assert (default.threads, default.keys_per_lane, default.stages, default.vectors_per_lane) == want, (hq, hk, d)
 
 
 def test_a_ring_on_rows_that_are_not_16_byte_vectors_is_refused_and_not_offered() -> None:

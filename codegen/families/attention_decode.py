@@ -19,7 +19,9 @@ be loading at any time to cover HBM's latency. Three tricks make it so:
   and STATS itself and there is no scratch.
 
 Inside a block, groups of ``L`` lanes each own one key at a time: a lane holds one 16-byte
-vector (``VK`` / ``VV`` elements, ``CK`` / ``CV`` of them) of the key's K and V rows, the dot
+vector (``VK`` / ``VV`` elements; ``CK`` / ``CV`` of them where the head dim is longer than L
+vectors, or with tuning ``vectors_per_lane`` 2, which halves L and so the shuffles and the
+softmax each lane repeats for its key) of the key's K and V rows, the dot
 products with the block's query rows (in shared memory, fp32) are summed over the L lanes,
 and each group keeps its own online softmax (running maximum, sum and O slice, base 2) over
 the keys it saw; the groups are merged through shared memory at the end. Any float input
@@ -66,10 +68,11 @@ KEYS_PER_LANE_CHOICES = (2, 4, 8)  # key slots per lane: K and V vectors refille
 RING_KEYS_PER_LANE_CHOICES = (2, 4)  # with a shared-memory ring: more stages rather than more slots
 VECTORS_PER_LANE_CHOICES = (1, 2)  # 16-byte vectors of a key's K (and V) row per lane
 DEFAULT_THREADS, DEFAULT_KEYS_PER_LANE, DEFAULT_STAGES = 128, 4, 0  # the register pipeline's
-# the default where a ring fits: threads, key slots, stages. Measured on an H200 (2026-11-28,
-# benchmarks/RESULTS.md, Session 8): 6-9% faster than 128 threads with 4 register slots on each
-# shape of the decode sweep
-DEFAULT_RING = (256, 4, 3)
+# the defaults where a ring fits, the first that does: threads, key slots, stages, vectors per
+# lane. Measured on an H200 (2026-11-28, benchmarks/RESULTS.md, Session 8) on every shape of the
+# decode sweep: 128/4/3/2 10-13% faster than 256/4/3/1, itself 6-9% faster than 128 threads with
+# 4 register slots
+DEFAULT_RINGS = ((128, 4, 3, 2), (256, 4, 3, 1))
 ROWS_PER_BLOCK = 16
 MAX_ROW_REGISTERS = 64  # fp32 O values a thread holds (its rows times its V columns)
 MAX_REGISTERS = 255  # a thread's registers: a choice whose estimate (held_registers) is over would spill
@@ -262,12 +265,16 @@ def default_keys_per_lane(a: Attention, threads: int, stages: int = DEFAULT_STAG
 
 
 def default_config(a: Attention, arch: int) -> DecodeConfig:
-    """DEFAULT_RING where it fits, else the register pipeline; the heuristic's split."""
-    threads, keys, stages = DEFAULT_RING
-    if not fits(a, threads, keys, stages):
-        threads, stages = DEFAULT_THREADS, DEFAULT_STAGES
-        keys = default_keys_per_lane(a, threads)
-    return DecodeConfig(threads, keys, heuristic_split(a, arch, threads, keys, stages), stages)
+    """The first of DEFAULT_RINGS that fits and packs as many rows per block as one vector per
+    lane does (two vectors per lane hold twice the O registers: more row groups would read
+    K and V again), else the register pipeline; the heuristic's split."""
+    rows = shape(a).rows_per_block
+    for threads, keys, stages, vectors in DEFAULT_RINGS:
+        if fits(a, threads, keys, stages, vectors) and shape(a, threads, vectors).rows_per_block == rows:
+            split = heuristic_split(a, arch, threads, keys, stages, vectors)
+            return DecodeConfig(threads, keys, split, stages, vectors)
+    keys = default_keys_per_lane(a, DEFAULT_THREADS)
+    return DecodeConfig(DEFAULT_THREADS, keys, heuristic_split(a, arch, DEFAULT_THREADS, keys))
 
 
 def decode_choices(a: Attention, arch: int) -> list[dict[str, object]]:
@@ -297,8 +304,9 @@ def decode_choices(a: Attention, arch: int) -> list[dict[str, object]]:
 
 
 def tuned_config(a: Attention, ctx: EmitContext) -> DecodeConfig:
-    """The tuning's choice, each key it leaves out from the default (the register pipeline if
-    it names key slots but no stages) and the split from the heuristic for the rest."""
+    """The tuning's choice, each key it leaves out from the default (but the register pipeline
+    with one vector per lane if it names key slots and no stages, and one vector per lane for a
+    pipeline other than the default's), the split from the heuristic for the rest."""
     tuning = dict(ctx.tuning)
     unknown = sorted(set(tuning) - TUNING_KEYS)
     if unknown:
@@ -314,7 +322,8 @@ def tuned_config(a: Attention, ctx: EmitContext) -> DecodeConfig:
     default = default_config(a, ctx.arch)
     threads = integer("threads", THREADS_CHOICES, default.threads)
     stages = integer("stages", STAGES_CHOICES, DEFAULT_STAGES if "keys_per_lane" in tuning else default.stages)
-    vectors = integer("vectors_per_lane", VECTORS_PER_LANE_CHOICES, 1)
+    as_default = "keys_per_lane" not in tuning and stages == default.stages
+    vectors = integer("vectors_per_lane", VECTORS_PER_LANE_CHOICES, default.vectors_per_lane if as_default else 1)
     slots = RING_KEYS_PER_LANE_CHOICES if stages else KEYS_PER_LANE_CHOICES
     keys = integer("keys_per_lane", slots, default_keys_per_lane(a, threads, stages, vectors))
     s = shape(a, threads, vectors)
