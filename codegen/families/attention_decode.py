@@ -78,7 +78,7 @@ MAX_ROW_REGISTERS = 64  # fp32 O values a thread holds (its rows times its V col
 MAX_REGISTERS = 255  # a thread's registers: a choice whose estimate (held_registers) is over would spill
 SM_REGISTERS = 64 * 1024
 MAX_SHARED = 46 * 1024  # static shared memory, under the 48 KiB every block may take
-MAX_RING = 96 * 1024  # a ring's dynamic shared memory: two blocks with their static memory fit an H100 SM
+MAX_RING = 96 * 1024  # a ring's shared memory: two blocks with their query rows fit an H100 SM
 SM_SHARED = 227 * 1024  # shared memory per SM (H100; an A100 has 163 KiB: fewer resident blocks)
 SM_THREADS = 2048
 # Little's law on an H100: ~3.3 TB/s of HBM at ~1.5 µs of loaded latency is ~5 MB in flight,
@@ -213,6 +213,13 @@ def fits(a: Attention, threads: int, keys_per_lane: int, stages: int, vectors_pe
     return not stages or (s.ring_bytes(keys_per_lane, stages) <= MAX_RING and rows_vectorize(a))
 
 
+def packs_rows(a: Attention, threads: int, vectors_per_lane: int) -> bool:
+    """``vectors_per_lane`` packs as many query rows per block as one vector per lane (two hold
+    twice the O registers and merge buffers: fewer rows would mean more row groups, each reading
+    K and V again)."""
+    return shape(a, threads, vectors_per_lane).rows_per_block == shape(a, threads).rows_per_block
+
+
 def resident_target(s: DecodeShape, keys_per_lane: int, stages: int = 0) -> int:
     """Blocks per SM the heuristic aims at: enough for BYTES_IN_FLIGHT_PER_SM (a block of 128
     threads with 4 slots of one K and one V vector keeps 128 · 4 · 32 B = 16 KiB in flight:
@@ -282,14 +289,15 @@ def decode_choices(a: Attention, arch: int) -> list[dict[str, object]]:
     per lane that fit (at most 6), the heuristic's split for them, half and twice it; no split
     (1) with the default; where the rows take 16-byte copies, each threads, ring slots and
     stages that fit, at the heuristic's split and twice it, and with 2 vectors per lane, 3
-    stages at the heuristic's split. At most about 38 choices."""
+    stages at the heuristic's split where that packs as many rows per block. At most about 38
+    choices."""
     default = default_config(a, arch)
     configs = [default, dataclasses.replace(default, split=1)]
     for stages in STAGES_CHOICES:
         for threads in THREADS_CHOICES:
             for keys in RING_KEYS_PER_LANE_CHOICES if stages else KEYS_PER_LANE_CHOICES:
                 for vectors in VECTORS_PER_LANE_CHOICES if stages == 3 else (1,):
-                    if not fits(a, threads, keys, stages, vectors):
+                    if not fits(a, threads, keys, stages, vectors) or not packs_rows(a, threads, vectors):
                         continue
                     best = heuristic_split(a, arch, threads, keys, stages, vectors)
                     splits = (
