@@ -5,13 +5,14 @@ Two pipelines, chosen by ``stages``:
 - 0, register slots: each lane holds ``KT`` keys' vectors in registers and refills a slot with
   the next batch's key as soon as it is consumed, so one batch (``THREADS · KT · 32 B`` at D 128
   bf16) loads under the arithmetic of the previous one;
-- ``S`` >= 2, a ring of S batches in shared memory fed by ``cp.async``: S batches load at once
+- ``S`` (3 or 4), a ring of S batches in shared memory fed by ``cp.async``: S batches load at once
   with no registers held for them, so one block alone keeps ``S · THREADS · KT · 32 B`` in flight
   (Little's law wants ~25-40 KB per SM: a few blocks of small batches cannot keep that
   otherwise). Each thread copies exactly the vectors it later reads, so ``cp.async.wait_group``
   is the only synchronisation (no barrier); a vector that cannot take a 16-byte copy (a pointer
   not 16-byte aligned, a column past D) is loaded element by element and stored, and a key
-  past the slice is stored as zeros, both synchronously.
+  past the slice is stored as zeros, both synchronously. The query rows sit before the ring in
+  the same dynamic shared memory, and the block's merge reuses the ring after the loop.
 
 Paged, a key's page is read from the table a batch before its row is loaded, so the table read
 the row address depends on is never waited for.
