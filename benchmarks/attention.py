@@ -24,11 +24,12 @@ token-major (THD), H16 D128 bf16, beside the same sequences padded to the longes
 dense plan with a padding mask) and torch SDPA on a jagged nested tensor (its varlen path).
 TFLOP/s count only the work of the sequences themselves.
 
-Sweep (``--decode --sweep``, under two minutes on an H100): every autotuning choice of the
-decode node (threads, key slots per lane, split) on SWEEP_SHAPES, checked against torch and
-timed; a table of the best choice and the default beside torch per shape, then every
-(threads, slots, split relative to the heuristic's) averaged over the shapes, to set the
-defaults from.
+Sweep (``--decode --sweep``): every autotuning choice (about 35 per shape) of the
+decode node (threads, key slots per lane, split, ring stages, vectors per lane) on SWEEP_SHAPES,
+checked against torch and timed; a table of the best choice and the default beside torch per
+shape, then every (threads, slots, split relative to the heuristic's, stages, vectors) averaged
+over the shapes, to set the defaults from. ``--choice 128/4/h/3/2`` (repeatable) times only the
+default and the choices named.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
 DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
-# --sweep: half the decode shapes, spanning B and Skv (NVRTC compiles a sweep's ~110 plans one at
-# a time, ~0.5 s each: all 12 shapes would take twice as long)
+# --sweep: half the decode shapes, spanning B and Skv (NVRTC compiles a sweep's ~210 plans one at
+# a time, ~0.5 s each: all 12 shapes would take twice as long; --choice for a few)
 SWEEP_SHAPES = [(1, 8192), (1, 32768), (2, 16384), (4, 16384), (8, 8192), (8, 32768)]
 # --prefill: (batch, chunk of query rows, Skv) over the same paged cache
 PREFILL_SHAPES = [(4, 512, 4096), (1, 2048, 8192), (8, 256, 2048)]
@@ -93,6 +94,14 @@ def main() -> int:
     parser.add_argument("--backward", action="store_true", help="sdpa_backward against torch's SDPA backward")
     parser.add_argument("--decode", action="store_true", help="the paged-KV decode table")
     parser.add_argument("--sweep", action="store_true", help="with --decode: time every decode tuning choice")
+    parser.add_argument(
+        "--choice",
+        action="append",
+        default=[],
+        metavar="T/K/SPLIT/S[/V]",
+        help="with --sweep: time only the default and these choices (threads/slots/split/stages[/vectors]; split "
+        "a number, or h or 2h: the heuristic's or twice it), e.g. 128/4/h/4",
+    )
     parser.add_argument("--prefill", action="store_true", help="paged prefill chunks against torch on dense K/V")
     parser.add_argument("--ragged", action="store_true", help="packed sequences against padded ones and torch")
     args = parser.parse_args()
@@ -129,7 +138,7 @@ def main() -> int:
     if args.ragged:
         return ragged_table()
     if args.decode and args.sweep:
-        return decode_sweep()
+        return decode_sweep(args.choice)
     if args.decode:
         return decode_table(args.autotune)
     rows = [timed(shape, args.autotune) for shape in SHAPES]
@@ -387,15 +396,15 @@ def decode_timed(b: int, skv: int, autotune: bool) -> tuple[float, float]:
     return ours, inputs.torch_us
 
 
-def decode_sweep() -> int:
-    """Every decode choice on each of SWEEP_SHAPES."""
+def decode_sweep(specs: list[str]) -> int:
+    """Every decode choice on each of SWEEP_SHAPES (only the default and ``specs`` if any)."""
     from benchmarks.measure import measure_ceilings
     from codegen.families.attention_decode import heuristic_split
     from codegen.families.attention_problem import attention_of
 
     ceilings = measure_ceilings()
     print(f"{ceilings.device}: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)")
-    print("choice t/k/s: threads per block / key slots per lane / KV split")
+    print("choice t/k/s/r/v: threads / key slots per lane / KV split / ring stages (0: registers) / vectors per lane")
     print(
         "| B | Skv | choices | best t/k/s | µs | of roofline | default t/k/s | µs | of roofline | torch µs | of roofline |"
     )
@@ -404,18 +413,23 @@ def decode_sweep() -> int:
     for b, skv in SWEEP_SHAPES:
         graph = decode_graph(b, skv)
         fused = next(f for f in gd.fuse(graph).nodes if f.anchor is not None and f.anchor.op == "sdpa")
+        a = attention_of(fused)
         choices = candidates(fused, 90)  # the default first
+        if specs:
+            choices = [choices[0], *(spec_choice(spec, a) for spec in specs)]
         plans = [gd.compile(graph, tuning={fused.name: choice}) for choice in choices]
         inputs = DecodeInputs(b, skv)
         times = [inputs.time(plan, choice, warmup_ms=10, rep_ms=50) for plan, choice in zip(plans, choices)]
         floor = ceilings.floor_us(2 * b * DECODE_HK * skv * DECODE_D * 2)
         best = min(range(len(times)), key=times.__getitem__)
-        a = attention_of(fused)
         for choice, us in zip(choices, times):
-            threads, keys, split = (int(choice[key]) for key in ("threads", "keys_per_lane", "split"))  # type: ignore[call-overload]
-            h = heuristic_split(a, 90, threads, keys)
+            threads, keys, split, stages, vectors = (
+                int(choice[key])  # type: ignore[call-overload]
+                for key in ("threads", "keys_per_lane", "split", "stages", "vectors_per_lane")
+            )
+            h = heuristic_split(a, 90, threads, keys, stages, vectors)
             rule = {h // 2: "h/2", h: "h", 2 * h: "2h"}.get(split, str(split))
-            of_best[f"{threads}/{keys}/{rule}"].append(times[best] / us)
+            of_best[f"{threads}/{keys}/{rule}/{stages}/{vectors}"].append(times[best] / us)
         print(
             f"| {b} | {skv} | {len(choices)} | {short(choices[best])} | {times[best]:.1f} | {floor / times[best]:.0%} | "
             f"{short(choices[0])} | {times[0]:.1f} | {floor / times[0]:.0%} | {inputs.torch_us:.1f} | "
@@ -425,7 +439,7 @@ def decode_sweep() -> int:
     print(
         "split where h is more): geometric mean of best µs / µs over the shapes that offer it (1.00: best everywhere)."
     )
-    print("| threads/slots/split | shapes | of best |")
+    print("| threads/slots/split/stages/vectors | shapes | of best |")
     print("|---|---|---|")
     for rule, fractions in sorted(of_best.items(), key=lambda item: -geometric_mean(item[1])):
         print(f"| {rule} | {len(fractions)} | {geometric_mean(fractions):.2f} |")
@@ -437,7 +451,25 @@ def geometric_mean(values: list[float]) -> float:
 
 
 def short(choice: dict[str, object]) -> str:
-    return f"{choice['threads']}/{choice['keys_per_lane']}/{choice['split']}"
+    keys = ("threads", "keys_per_lane", "split", "stages", "vectors_per_lane")
+    return "/".join(str(choice[key]) for key in keys)
+
+
+def spec_choice(spec: str, a: Any) -> dict[str, object]:
+    """``threads/slots/split/stages[/vectors per lane]`` as a decode tuning choice; a split of h
+    or 2h is the heuristic's for the rest (or twice it)."""
+    from codegen.families.attention_decode import MAX_SPLIT, heuristic_split
+
+    parts = spec.split("/")
+    if len(parts) not in (4, 5):
+        raise SystemExit(f"--choice {spec!r}: expected threads/slots/split/stages[/vectors], e.g. 128/4/h/4")
+    threads, keys, stages = int(parts[0]), int(parts[1]), int(parts[3])
+    vectors = int(parts[4]) if len(parts) == 5 else 1
+    h = heuristic_split(a, 90, threads, keys, stages, vectors)
+    split = {"h": h, "2h": 2 * h}.get(parts[2])
+    split = int(parts[2]) if split is None else split
+    return {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": min(MAX_SPLIT, max(1, split)),
+            "stages": stages, "vectors_per_lane": vectors}  # fmt: skip
 
 
 def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:

@@ -19,15 +19,18 @@ from codegen.emit import candidates, emitter
 from codegen.families.attention_decode import (
     DECODE_MAX_SQ,
     KEYS_PER_LANE_CHOICES,
-    MAX_REGISTERS,
+    MAX_RING,
     MAX_SPLIT,
     MIN_KEYS_PER_SPLIT,
+    RING_KEYS_PER_LANE_CHOICES,
     THREADS_CHOICES,
     default_config,
+    fits,
     heuristic_split,
     resident_target,
     shape,
 )
+from codegen.families.attention_decode_loads import STAGES_CHOICES
 from codegen.families.attention_problem import attention_of
 from codegen.kernel import FusedProgram
 from fusion_rules import Family, FusedNode, fuse
@@ -121,6 +124,10 @@ def test_paged_prefill_on_the_flash_kernel_matches_the_reference_on_the_cpu(
         ({"keys_per_lane": 3}, r"keys_per_lane must be an integer one of \(2, 4, 8\)"),
         ({"keys_per_lane": True}, r"keys_per_lane must be an integer"),
         ({"warps": 4}, r"the decode kernel has no choice warps"),
+        ({"stages": 2}, r"stages must be an integer one of \(0, 3, 4\)"),
+        ({"vectors_per_lane": 4}, r"vectors_per_lane must be an integer one of \(1, 2\)"),
+        ({"stages": 3, "keys_per_lane": 8}, r"keys_per_lane must be an integer one of \(2, 4\)"),
+        ({"stages": 4, "threads": 256, "keys_per_lane": 4}, r"ring of 4 stages would take 131072 bytes"),
     ],
 )
 def test_a_bad_decode_choice_is_refused(tuning: dict[str, object], message: str) -> None:
@@ -137,33 +144,38 @@ def test_the_split_heuristic_fills_the_gpu_only_when_the_blocks_do_not(b: int, h
     _, fused = attention(case.build())
     a = attention_of(fused)
     choices = candidates(fused, 90)
-    for threads in THREADS_CHOICES:
-        for keys in KEYS_PER_LANE_CHOICES:
-            s = shape(a, threads)
-            blocks, target = b * hk * s.row_groups, resident_target(s, keys) * sm_count(90)
-            split = heuristic_split(a, 90, threads, keys)
-            if blocks >= target:
-                assert split == 1
-            else:
-                assert 1 <= split <= min(MAX_SPLIT, max(1, skv // MIN_KEYS_PER_SPLIT))
-                assert blocks * split <= target
-                assert split in (MAX_SPLIT, max(1, skv // max(256, 4 * s.key_groups * keys))) or (
-                    blocks * (split + 1) > target
-                )
-            if s.held_registers(keys) <= MAX_REGISTERS:
-                assert {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": split} in choices
+    for threads, keys, stages in ALL_CHOICES:
+        s = shape(a, threads)
+        blocks, target = b * hk * s.row_groups, resident_target(s, keys, stages) * sm_count(90)
+        split = heuristic_split(a, 90, threads, keys, stages)
+        if blocks >= target:
+            assert split == 1
+        else:
+            assert 1 <= split <= min(MAX_SPLIT, max(1, skv // MIN_KEYS_PER_SPLIT))
+            assert blocks * split <= target
+            batches = max(4, stages)
+            assert split in (MAX_SPLIT, max(1, skv // max(256, batches * s.key_groups * keys))) or (
+                blocks * (split + 1) > target
+            )
+        choice = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": split, "stages": stages}
+        assert ({**choice, "vectors_per_lane": 1} in choices) == fits(a, threads, keys, stages)
     default = default_config(a, 90)
     assert choices[0] == default.choice() and {**default.choice(), "split": 1} in choices
-    assert len(choices) <= 20
+    assert (default.threads, default.keys_per_lane, default.stages, default.vectors_per_lane) == (128, 4, 3, 2)
+    assert len(choices) <= 38
 
 
 def test_resident_target_covers_the_latency_within_an_sm() -> None:
     """Benchmark shape (D 128 bf16, 4 packed rows): 16 KiB in flight per block of 128 threads
-    with 4 slots, 3 blocks for 40 KiB; 256 threads with 8 slots are held to one block by registers."""
+    with 4 slots, 3 blocks for 40 KiB; 256 threads with 8 slots are held to one block by registers.
+    A ring of 4 stages keeps 64 KiB in flight with one block, but takes more for 16 warps: three
+    fit (64 KiB of ring, which the merge reuses, and 2 KiB of query rows each)."""
     _, fused = attention(decode_graph(1, 8192))
     a = attention_of(fused)
     assert shape(a, 128).bytes_in_flight(4) == 16 * 1024 and resident_target(shape(a, 128), 4) == 3
     assert resident_target(shape(a, 256), 8) == 1
+    assert shape(a, 128).bytes_in_flight(4, 4) == shape(a, 128).ring_bytes(4, 4) == 64 * 1024
+    assert shape(a, 128).block_shared_bytes(4, 4) == 66 * 1024 and resident_target(shape(a, 128), 4, 4) == 3
 
 
 def test_gqa_rows_share_a_block_up_to_the_registers_and_split_into_row_groups_past_them() -> None:
@@ -214,6 +226,14 @@ def test_every_decode_kernel_compiles_for_sm80_and_sm90() -> None:
 
 
 CHOICES = [(threads, keys) for threads in THREADS_CHOICES for keys in KEYS_PER_LANE_CHOICES]
+RING_CHOICES = [
+    (threads, keys, stages)
+    for threads in THREADS_CHOICES
+    for keys in RING_KEYS_PER_LANE_CHOICES
+    for stages in STAGES_CHOICES
+    if stages
+]
+ALL_CHOICES = [(threads, keys, 0) for threads, keys in CHOICES] + RING_CHOICES
 
 
 def test_every_threads_and_key_slots_choice_compiles_for_sm80_and_sm90() -> None:
@@ -222,8 +242,11 @@ def test_every_threads_and_key_slots_choice_compiles_for_sm80_and_sm90() -> None
 
     for case in (SPLIT_CASES["fp32_paged"], SPLIT_CASES["alibi_bias_dense"], PAGED_CASES["decode_nhd_pools"]):
         ir, fused = attention(case.build())
-        for threads, keys in CHOICES:
-            tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": 2}
+        a = attention_of(fused)
+        for threads, keys, stages in ALL_CHOICES:
+            if stages and not fits(a, threads, keys, stages):
+                continue
+            tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": 2, "stages": stages}
             for arch in (80, 90):
                 for kernel in emitter(fused.family)(fused, EmitContext(ir, signature(ir), arch, tuning)).kernels:
                     compile_cubin(kernel.source, kernel.name, arch)
@@ -231,16 +254,48 @@ def test_every_threads_and_key_slots_choice_compiles_for_sm80_and_sm90() -> None
 
 @pytest.mark.parametrize("arch", [80, 90])
 def test_the_benchmark_shape_choices_compile_without_spills(arch: int) -> None:
-    """benchmarks/attention.py --decode (Hq 32, Hk 8, D 128, bf16, 64-key pages): every threads and
-    key slots choice autotuning offers keeps its slots, O and scores in registers."""
+    """benchmarks/attention.py --decode (Hq 32, Hk 8, D 128, bf16, 64-key pages): every threads,
+    key slots and stages choice autotuning offers keeps its slots, O and scores in registers
+    (every ring but 256 threads with 4 slots and 4 stages, over MAX_RING)."""
     ir, fused = attention(decode_graph(8, 32768))
-    offered = {(int(c["threads"]), int(c["keys_per_lane"])) for c in candidates(fused, 90)}  # type: ignore[call-overload]
-    assert offered == set(CHOICES)
-    for threads, keys in sorted(offered):
-        tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys}
+    keys = ("threads", "keys_per_lane", "stages", "vectors_per_lane")
+    offered = {tuple(int(c[key]) for key in keys) for c in candidates(fused, 90)}  # type: ignore[call-overload]
+    assert {choice[:3] for choice in offered} == set(ALL_CHOICES) - {(256, 4, 4)}
+    # two vectors per lane double a slot and the merge buffers: 256 threads with 4 slots in 3
+    # stages would be over MAX_RING, and 256 threads would pack 2 rows of the 4 (two row groups)
+    assert {choice for choice in offered if choice[3] == 2} == {(128, 2, 3, 2), (128, 4, 3, 2)}
+    assert shape(attention_of(fused), 256, 2).row_groups == 2
+    assert shape(attention_of(fused), 256).ring_bytes(4, 4) > MAX_RING
+    for choice in sorted(offered):
+        tuning = {"path": "decode", **dict(zip(keys, choice))}
         (kernel, *_) = emitter(fused.family)(fused, EmitContext(ir, signature(ir), arch, tuning)).kernels
         report = ptxas_report(kernel, arch)
-        assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], (threads, keys, report[-400:])
+        assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], (choice, report[-400:])
+
+
+def test_the_default_is_a_ring_where_it_fits_without_more_row_groups() -> None:
+    """Two vectors per lane at GQA 4:1, D 128 and 64; at 8:1 the register pipeline (two vectors per
+    lane would split the 8 rows into two groups, reading K and V twice, and the merge buffers
+    of 256 threads hold fewer rows); registers where rows are not 16-byte vectors."""
+    cases = (
+        (32, 8, 128, (128, 4, 3, 2)),
+        (8, 2, 64, (128, 4, 3, 2)),
+        (8, 1, 128, (128, 4, 0, 1)),
+        (4, 2, 36, (128, 4, 0, 1)),
+    )
+    for hq, hk, d, want in cases:
+        case = PagedCase(b=2, hq=hq, hk=hk, max_len=3000, d=d, dv=d, data_type=DataType.HALF)
+        a = attention_of(attention(case.build())[1])
+        default = default_config(a, 90)
+        assert (default.threads, default.keys_per_lane, default.stages, default.vectors_per_lane) == want, (hq, hk, d)
+
+
+def test_a_ring_on_rows_that_are_not_16_byte_vectors_is_refused_and_not_offered() -> None:
+    case = PagedCase(b=2, hq=4, hk=2, max_len=40, d=36, dv=36, data_type=DataType.HALF)
+    ir, fused = attention(case.build())
+    assert all(c["stages"] == 0 for c in candidates(fused, 90))
+    with pytest.raises(UnsupportedError, match=r"K 'k' or V 'v' are not 16-byte vectors"):
+        emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {"path": "decode", "stages": 3}))
 
 
 # -- on the CPU ---------------------------------------------------------------------------------
@@ -322,3 +377,36 @@ def test_every_threads_and_key_slots_choice_matches_the_reference_on_the_cpu(
     program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning))
     assert program.kernels[0].block == (threads, 1, 1) and f"KT = {keys};" in program.kernels[0].source
     emulate_and_compare(fused, program, feeds, keys % 4, expected, tmp_path_factory)
+
+
+# a ring of one vector of K and V per slot: all but 256 threads with 4 slots in 4 stages (over
+# MAX_RING); and lanes of 2 vectors, in a ring and in registers
+FITTING_RINGS = [(*c, 1) for c in RING_CHOICES if c != (256, 4, 4)]
+FITTING_RINGS += [(128, 2, 3, 2), (128, 4, 3, 2), (256, 2, 3, 2), (128, 2, 0, 2), (256, 8, 0, 2)]
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize(
+    ("threads", "keys", "stages", "vectors"),
+    FITTING_RINGS,
+    ids=[f"t{t}_k{k}_s{r}_v{v}" for t, k, r, v in FITTING_RINGS],
+)
+@pytest.mark.parametrize("case", ["decode_mqa_8to1", "window_d24", "many_batches"])
+def test_every_ring_choice_matches_the_reference_on_the_cpu(
+    case: str, threads: int, keys: int, stages: int, vectors: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The shared-memory ring: slices shorter than the ring (its first stages hold keys past
+    the slice) and, many_batches, many times longer (the stages reused, pages looked up a batch
+    ahead); 16-byte copies and, unaligned, element loads stored into the ring; lanes of one and
+    two vectors (D 16 fp16 at two: one lane per key)."""
+    paged = MANY_BATCHES if case == "many_batches" else EMULATED[case]
+    ir, fused = attention(paged.build())
+    feeds = paged.feeds(seed=threads + keys + stages)
+    expected = reference.execute(ir, feeds)
+    tuning = {"path": "decode", "threads": threads, "keys_per_lane": keys, "split": 1 + stages % 3, "stages": stages}
+    program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {**tuning, "vectors_per_lane": vectors}))
+    (kernel, *_) = program.kernels
+    s = shape(attention_of(fused), threads, vectors)
+    assert kernel.shared_bytes == (s.block_shared_bytes(keys, stages) if stages else 0)
+    assert f"L = {s.lanes}," in kernel.source
+    emulate_and_compare(fused, program, feeds, (keys + stages) % 2, expected, tmp_path_factory)

@@ -12,7 +12,13 @@ import zlib
 import pytest
 
 from codegen.emit import candidates
-from codegen.families.attention_decode import KEYS_PER_LANE_CHOICES, THREADS_CHOICES
+from codegen.families.attention_decode import (
+    KEYS_PER_LANE_CHOICES,
+    RING_KEYS_PER_LANE_CHOICES,
+    THREADS_CHOICES,
+    VECTORS_PER_LANE_CHOICES,
+)
+from codegen.families.attention_decode_loads import STAGES_CHOICES
 from fusion_rules import Family, fuse
 from graphdnn.dtypes import DataType
 from tests.attention_cases import DECODE_CASES, PAGED_CASES, AttentionCase, PagedCase
@@ -97,3 +103,51 @@ def test_every_decode_choice_matches_reference(case: str) -> None:
     for choice in choices:
         plan = check_on_gpu(graph, seed=seed, feeds=feeds, tuning={name: choice})
         assert len(plan.kernels) == (1 if choice["split"] == 1 else 2), choice
+
+
+# the shared-memory ring on awkward shapes: B 1 at its full length (79 pages, the last partly
+# filled), odd page counts, Skv not a multiple of the page, GQA 4, 1 and 8, bf16 and fp16
+RING_CASES = {
+    "b1_gqa4_full": PagedCase(b=1, hq=32, hk=8, max_len=4999, page_size=64, d=128, dv=128),
+    "b3_mha_fp16_d64": PagedCase(b=3, hq=8, hk=8, max_len=1000, page_size=16, data_type=DataType.HALF),
+    "b2_mqa8_d128": PagedCase(b=2, hq=8, hk=1, max_len=3001, page_size=16, d=128, dv=128),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RING_CASES))
+def test_every_ring_choice_matches_reference(case: str) -> None:
+    """Each threads, key slots, stages and vectors per lane of the shared-memory ring that fits,
+    at the heuristic's split, no split or 7 slices in turn; outputs poisoned by check_on_gpu."""
+    from codegen.families.attention_decode import fits
+    from codegen.families.attention_problem import attention_of
+
+    paged = RING_CASES[case]
+    graph = paged.build()
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
+    a = attention_of(fused)
+    feeds = paged.feeds(zlib.crc32(case.encode()))
+    if paged.b == 1:
+        feeds["seq_kv"][:] = paged.max_len
+    rings = [
+        (t, k, s, v)
+        for t in THREADS_CHOICES
+        for k in RING_KEYS_PER_LANE_CHOICES
+        for s in STAGES_CHOICES
+        for v in VECTORS_PER_LANE_CHOICES
+        if s
+    ]
+    fitting = [ring for ring in rings if fits(a, *ring)]
+    assert len(fitting) >= 8
+    for n, (threads, keys, stages, vectors) in enumerate(fitting):
+        choice: dict[str, object] = {
+            "path": "decode",
+            "threads": threads,
+            "keys_per_lane": keys,
+            "stages": stages,
+            "vectors_per_lane": vectors,
+        }
+        split = (None, 1, 7)[n % 3]
+        if split is not None:
+            choice["split"] = split
+        plan = check_on_gpu(graph, feeds=feeds, tuning={fused.name: choice})
+        assert plan.kernels[0].shared_bytes > 0, choice

@@ -6,12 +6,12 @@ be loading at any time to cover HBM's latency. Three tricks make it so:
 - pack GQA (FlashDecoding++, FlashAttention's "pack GQA"): a block takes the ``GROUP * SQ``
   query rows that share a kv head (up to ROWS_PER_BLOCK at once, more row groups beyond), so a
   K/V row read from memory serves every query head of its group;
-- loads in flight: each lane has ``keys_per_lane`` register slots of one key's K and V
-  vectors; a slot is refilled with the next batch's key as soon as this batch's K (or V) in it
-  is consumed, so the loads of batch n + 1 run under the arithmetic of batch n (and, paged,
-  the page-table reads a batch further ahead). Registers rather than cp.async stages in shared
-  memory: no barriers and no shared memory (kept for the query rows and the merge), each lane
-  consumes only what it loaded, and the CPU emulation runs the kernel;
+- loads in flight (attention_decode_loads.py): each lane has ``keys_per_lane`` slots of one
+  key's K and V vectors; either registers, each refilled with the next batch's key as soon as
+  this batch's K (or V) in it is consumed (one batch loads under the arithmetic of the previous
+  one; CPU emulation runs it), or, tuning ``stages`` S, a ring of S batches in shared memory fed
+  by ``cp.async`` (S batches in flight per block at no register cost: what a few blocks per SM
+  need at small batch);
 - split-KV (flash-decoding): when ``B * Hk * row groups`` blocks cannot fill the GPU, each
   block takes one of ``split`` contiguous slices of the visible keys and writes its rows'
   partial O (normalised) and log-sum-exp (base 2) to scratch; a combine kernel weighs the
@@ -19,7 +19,9 @@ be loading at any time to cover HBM's latency. Three tricks make it so:
   and STATS itself and there is no scratch.
 
 Inside a block, groups of ``L`` lanes each own one key at a time: a lane holds one 16-byte
-vector (``VK`` / ``VV`` elements, ``CK`` / ``CV`` of them) of the key's K and V rows, the dot
+vector (``VK`` / ``VV`` elements; ``CK`` / ``CV`` of them where the head dim is longer than L
+vectors, or with tuning ``vectors_per_lane`` 2, which halves L and so the shuffles and the
+softmax each lane repeats for its key) of the key's K and V rows, the dot
 products with the block's query rows (in shared memory, fp32) are summed over the L lanes,
 and each group keeps its own online softmax (running maximum, sum and O slice, base 2) over
 the keys it saw; the groups are merged through shared memory at the end. Any float input
@@ -33,16 +35,17 @@ page = PAGE_TABLE_K[b, 0, j / page_size, 0] (V through its own table and page si
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
 from graphdnn.errors import UnsupportedError
-from graphdnn.ir import Tensor
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type, load
 from ..kernel import FusedProgram, Kernel, Scratch
+from .attention_decode_loads import STAGES_CHOICES, KeyPipeline, ring_bytes, vectorizable
 from .attention_problem import (
     Attention,
     alibi_table,
@@ -50,36 +53,46 @@ from .attention_problem import (
     dropout_function,
     dropped,
     element,
-    key_row_address,
     o_store,
     on_tensor_cores,
-    page_of,
     score_function,
     sequence_setup,
     stats_store,
     strides,
 )
+from .gemm_loaders import ASYNC_COPY_PRELUDE
 
 DECODE_MAX_SQ = 4  # dense attention with at most this many query rows takes the decode kernel
 THREADS_CHOICES = (128, 256)
 KEYS_PER_LANE_CHOICES = (2, 4, 8)  # key slots per lane: K and V vectors refilled as they are consumed
-DEFAULT_THREADS, DEFAULT_KEYS_PER_LANE = 128, 4
+RING_KEYS_PER_LANE_CHOICES = (2, 4)  # with a shared-memory ring: more stages rather than more slots
+VECTORS_PER_LANE_CHOICES = (1, 2)  # 16-byte vectors of a key's K (and V) row per lane
+DEFAULT_THREADS, DEFAULT_KEYS_PER_LANE, DEFAULT_STAGES = 128, 4, 0  # the register pipeline's
+# the defaults where a ring fits, the first that does: threads, key slots, stages, vectors per
+# lane. Measured on an H200 (2026-11-28, benchmarks/RESULTS.md, Session 8) on every shape of the
+# decode sweep: 128/4/3/2 10-13% faster than 256/4/3/1, itself 6-9% faster than 128 threads with
+# 4 register slots
+DEFAULT_RINGS = ((128, 4, 3, 2), (256, 4, 3, 1))
 ROWS_PER_BLOCK = 16
 MAX_ROW_REGISTERS = 64  # fp32 O values a thread holds (its rows times its V columns)
 MAX_REGISTERS = 255  # a thread's registers: a choice whose estimate (held_registers) is over would spill
 SM_REGISTERS = 64 * 1024
 MAX_SHARED = 46 * 1024  # static shared memory, under the 48 KiB every block may take
+MAX_RING = 96 * 1024  # a ring's shared memory: two blocks with their query rows fit an H100 SM
 SM_SHARED = 227 * 1024  # shared memory per SM (H100; an A100 has 163 KiB: fewer resident blocks)
 SM_THREADS = 2048
 # Little's law on an H100: ~3.3 TB/s of HBM at ~1.5 µs of loaded latency is ~5 MB in flight,
 # ~38 KB per SM of 132: the split heuristic aims at this many bytes of loads in flight per SM.
 BYTES_IN_FLIGHT_PER_SM = 40 * 1024
+# and this many warps per SM, four per scheduler: a ring keeps the bytes in flight with one block,
+# but one warp per scheduler cannot hide the shuffles' and shared loads' latency in the arithmetic
+MIN_WARPS_PER_SM = 16
 MAX_SPLIT = 64
 MIN_KEYS_PER_SPLIT = 256  # a slice at least this long, to pay for its partial O and the combine
 MIN_BATCHES_PER_SPLIT = 4  # and this many batches of keys, so the pipeline's fill and drain stay small
 PARTIAL_O, PARTIAL_LSE = "partial_o", "partial_lse"
 COMBINE_THREADS = 128
-TUNING_KEYS = frozenset({"path", "split", "threads", "keys_per_lane"})
+TUNING_KEYS = frozenset({"path", "split", "threads", "keys_per_lane", "stages", "vectors_per_lane"})
 
 
 @dataclass(frozen=True)
@@ -99,44 +112,78 @@ class DecodeShape:
     def key_groups(self) -> int:
         return self.threads // self.lanes
 
+    def query_bytes(self) -> int:
+        return 4 * self.rows_per_block * self.lanes * self.vk * self.ck
+
+    def merge_bytes(self) -> int:
+        """The key groups' softmax states (maximum, sum, O) that the block merges at the end."""
+        return 4 * self.rows_per_block * self.key_groups * (self.lanes * self.vv * self.cv + 2)
+
     def shared_bytes(self) -> int:
-        dkp, dvp = self.lanes * self.vk * self.ck, self.lanes * self.vv * self.cv
-        return 4 * self.rows_per_block * (dkp + self.key_groups * (dvp + 2))
+        """Static shared memory of the register pipeline: the query rows and the merge buffers."""
+        return self.query_bytes() + self.merge_bytes()
 
-    def bytes_in_flight(self, keys_per_lane: int) -> int:
-        """A block's K and V bytes loading at once: every lane's key slots, each refilled with
-        the next batch's key as soon as its K (or V) vectors are consumed."""
-        return self.threads * keys_per_lane * 16 * (self.ck + self.cv)
+    def ring_bytes(self, keys_per_lane: int, stages: int) -> int:
+        """Dynamic shared memory of a ring: ``stages`` batches of every thread's K and V vectors,
+        or the merge buffers, which reuse it once the loop is done (0 without a ring)."""
+        if not stages:
+            return 0
+        return max(ring_bytes(stages, self.threads, keys_per_lane, self.ck, self.cv), self.merge_bytes())
 
-    def held_registers(self, keys_per_lane: int) -> int:
+    def block_shared_bytes(self, keys_per_lane: int, stages: int) -> int:
+        """All the shared memory a block takes."""
+        return self.query_bytes() + self.ring_bytes(keys_per_lane, stages) if stages else self.shared_bytes()
+
+    def bytes_in_flight(self, keys_per_lane: int, stages: int = 0) -> int:
+        """A block's K and V bytes loading at once: one batch of every lane's key slots (each
+        refilled with the next batch's key as soon as its K or V vectors are consumed), or with
+        a ring, its ``stages`` batches while the block waits for the oldest."""
+        return self.threads * keys_per_lane * 16 * (self.ck + self.cv) * max(1, stages)
+
+    def held_registers(self, keys_per_lane: int, stages: int = 0) -> int:
         """Registers a thread takes (estimate, fitted to ptxas on D 128 bf16 and D 72 fp32 at 2 to
         8 slots, within ~10%): per slot its K and V elements as floats (ptxas unpacks a batch's
-        slots together, ahead of the arithmetic) and its scores; per row the query elements it
-        multiplies (hoisted out of shared memory), O, the running maximum and sum; ~12 for
-        addresses, pages and indices."""
+        slots together, ahead of the arithmetic; with a ring only one slot's, read from shared
+        memory as it is used) and its scores; per row the query elements it multiplies (hoisted
+        out of shared memory), O, the running maximum and sum; ~12 for addresses, pages and
+        indices."""
         elements = self.ck * self.vk + self.cv * self.vv
         rows = self.rows_per_block
-        return keys_per_lane * (elements + rows) + rows * (elements + 2) + 12
+        slots = keys_per_lane * rows + (elements if stages else keys_per_lane * elements)
+        return slots + rows * (elements + 2) + 12
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """A launch of the decode kernel: threads per block, key slots per lane, KV slices."""
+    """A launch of the decode kernel: threads per block, key slots per lane, KV slices, the
+    batches in the shared-memory ring (0: the slots are registers), and the 16-byte vectors of
+    a key's row each lane takes (2: half the lanes per key, so half the shuffles of the dot
+    products and of the softmax each lane repeats for its key, for twice the registers)."""
 
     threads: int
     keys_per_lane: int
     split: int
+    stages: int = DEFAULT_STAGES
+    vectors_per_lane: int = 1
 
     def choice(self) -> dict[str, object]:
-        return {"path": "decode", "threads": self.threads, "keys_per_lane": self.keys_per_lane, "split": self.split}
+        return {
+            "path": "decode",
+            "threads": self.threads,
+            "keys_per_lane": self.keys_per_lane,
+            "split": self.split,
+            "stages": self.stages,
+            "vectors_per_lane": self.vectors_per_lane,
+        }
 
 
-def shape(a: Attention, threads: int = DEFAULT_THREADS) -> DecodeShape:
-    """Lanes per key covering the wider head dim in 16-byte vectors (a power of two, at most a
-    warp); as many packed rows per block as the O registers and static shared memory allow."""
+def shape(a: Attention, threads: int = DEFAULT_THREADS, vectors_per_lane: int = 1) -> DecodeShape:
+    """Lanes per key covering the wider head dim in 16-byte vectors, ``vectors_per_lane`` each
+    (a power of two, at most a warp); as many packed rows per block as the O registers and
+    static shared memory allow."""
     vk, vv = 16 // a.k.data_type.itemsize, 16 // a.v.data_type.itemsize
     vectors = max(-(-a.d // vk), -(-a.dv // vv))
-    lanes = min(32, 1 << (vectors - 1).bit_length())
+    lanes = max(1, min(32, 1 << (vectors - 1).bit_length()) // vectors_per_lane)
     ck, cv = -(-a.d // (lanes * vk)), -(-a.dv // (lanes * vv))
     rows = a.heads // a.kv_heads * a.sq
     per_block = max(1, min(rows, ROWS_PER_BLOCK, MAX_ROW_REGISTERS // (cv * vv)))
@@ -151,72 +198,123 @@ def uses_decode(a: Attention) -> bool:
     return a.sq <= DECODE_MAX_SQ or (a.paged and not on_tensor_cores(a))
 
 
-def resident_target(s: DecodeShape, keys_per_lane: int) -> int:
+def rows_vectorize(a: Attention) -> bool:
+    """K and V rows load as 16-byte vectors (given aligned pointers): what a ring's copies need."""
+    s = shape(a)
+    return vectorizable(a.k, s.vk) and vectorizable(a.v, s.vv)
+
+
+def fits(a: Attention, threads: int, keys_per_lane: int, stages: int, vectors_per_lane: int = 1) -> bool:
+    """The choice keeps its registers under MAX_REGISTERS and a ring under MAX_RING (and rows
+    that take 16-byte copies)."""
+    s = shape(a, threads, vectors_per_lane)
+    if s.held_registers(keys_per_lane, stages) > MAX_REGISTERS:
+        return False
+    return not stages or (s.ring_bytes(keys_per_lane, stages) <= MAX_RING and rows_vectorize(a))
+
+
+def packs_rows(a: Attention, threads: int, vectors_per_lane: int) -> bool:
+    """``vectors_per_lane`` packs as many query rows per block as one vector per lane (two hold
+    twice the O registers and merge buffers: fewer rows would mean more row groups, each reading
+    K and V again)."""
+    return shape(a, threads, vectors_per_lane).rows_per_block == shape(a, threads).rows_per_block
+
+
+def resident_target(s: DecodeShape, keys_per_lane: int, stages: int = 0) -> int:
     """Blocks per SM the heuristic aims at: enough for BYTES_IN_FLIGHT_PER_SM (a block of 128
     threads with 4 slots of one K and one V vector keeps 128 · 4 · 32 B = 16 KiB in flight:
-    3 blocks), at most what fits an SM's threads, registers and shared memory."""
-    wanted = -(-BYTES_IN_FLIGHT_PER_SM // s.bytes_in_flight(keys_per_lane))
-    fits = min(
-        SM_THREADS // s.threads,
-        SM_REGISTERS // (s.threads * min(MAX_REGISTERS, s.held_registers(keys_per_lane))),
-        SM_SHARED // max(1, s.shared_bytes()),
+    3 blocks; a ring of 4 such batches 64 KiB: 1) and MIN_WARPS_PER_SM, at most what fits an
+    SM's threads, registers and shared memory."""
+    wanted = max(
+        -(-BYTES_IN_FLIGHT_PER_SM // s.bytes_in_flight(keys_per_lane, stages)),
+        -(-MIN_WARPS_PER_SM * 32 // s.threads),
     )
-    return max(1, min(wanted, fits))
+    fitting = min(
+        SM_THREADS // s.threads,
+        SM_REGISTERS // (s.threads * min(MAX_REGISTERS, s.held_registers(keys_per_lane, stages))),
+        SM_SHARED // max(1, s.block_shared_bytes(keys_per_lane, stages)),
+    )
+    return max(1, min(wanted, fitting))
 
 
 def heuristic_split(
-    a: Attention, arch: int, threads: int = DEFAULT_THREADS, keys_per_lane: int = DEFAULT_KEYS_PER_LANE
+    a: Attention,
+    arch: int,
+    threads: int = DEFAULT_THREADS,
+    keys_per_lane: int = DEFAULT_KEYS_PER_LANE,
+    stages: int = DEFAULT_STAGES,
+    vectors_per_lane: int = 1,
 ) -> int:
     """KV slices when the tuning names none. Little's law: ~3.3 TB/s × ~1.5 µs of loaded
     latency is ~5 MB in flight on an H100, ~38 KB per SM (BYTES_IN_FLIGHT_PER_SM = 40 KiB); a
-    block keeps ``threads · keys_per_lane · 32 B`` in flight (D 128 bf16), so the target is
-    ``resident_target`` blocks on each SM of sm_``arch`` (3 at 128 threads and 4 slots: 48
-    KiB). 1 once ``B * Hk * row groups`` blocks reach that; else as many slices as fit those
-    blocks (rounded down: no second, nearly empty wave), each of at least MIN_KEYS_PER_SPLIT
-    keys and MIN_BATCHES_PER_SPLIT batches, at most MAX_SPLIT. B 1, Hk 8, Skv 32k: 8 blocks,
-    split 49 (392 blocks of 669 keys); B 8: 64 blocks, split 6."""
-    s = shape(a, threads)
+    block keeps ``threads · keys_per_lane · 32 B`` in flight (D 128 bf16; times the stages
+    with a ring), so the target is ``resident_target`` blocks on each SM of sm_``arch`` (3 at
+    128 threads and 4 register slots: 48 KiB). 1 once ``B * Hk * row groups`` blocks reach
+    that; else as many slices as fit those blocks (rounded down: no second, nearly empty
+    wave), each of at least MIN_KEYS_PER_SPLIT keys and MIN_BATCHES_PER_SPLIT batches (and
+    the ring's stages), at most MAX_SPLIT. B 1, Hk 8, Skv 32k: 8 blocks, split 49 (392 blocks
+    of 669 keys); B 8: 64 blocks, split 6."""
+    s = shape(a, threads, vectors_per_lane)
     blocks = a.batch * a.kv_heads * s.row_groups
-    target = resident_target(s, keys_per_lane) * sm_count(arch)
+    target = resident_target(s, keys_per_lane, stages) * sm_count(arch)
     if blocks >= target:
         return 1
-    min_keys = max(MIN_KEYS_PER_SPLIT, MIN_BATCHES_PER_SPLIT * s.key_groups * keys_per_lane)
+    batches = max(MIN_BATCHES_PER_SPLIT, stages)
+    min_keys = max(MIN_KEYS_PER_SPLIT, batches * s.key_groups * keys_per_lane)
     return max(1, min(target // blocks, a.skv // min_keys, MAX_SPLIT))
 
 
-def default_keys_per_lane(a: Attention, threads: int) -> int:
-    """DEFAULT_KEYS_PER_LANE, or fewer where its registers would not fit (many packed rows)."""
-    s = shape(a, threads)
-    fitting = [k for k in KEYS_PER_LANE_CHOICES if k <= DEFAULT_KEYS_PER_LANE and s.held_registers(k) <= MAX_REGISTERS]
-    return max(fitting, default=KEYS_PER_LANE_CHOICES[0])
+def default_keys_per_lane(a: Attention, threads: int, stages: int = DEFAULT_STAGES, vectors_per_lane: int = 1) -> int:
+    """DEFAULT_KEYS_PER_LANE, or fewer where its registers (or ring) would not fit."""
+    allowed = RING_KEYS_PER_LANE_CHOICES if stages else KEYS_PER_LANE_CHOICES
+    fitting = [k for k in allowed if k <= DEFAULT_KEYS_PER_LANE and fits(a, threads, k, stages, vectors_per_lane)]
+    return max(fitting, default=allowed[0])
 
 
 def default_config(a: Attention, arch: int) -> DecodeConfig:
+    """The first of DEFAULT_RINGS that fits and packs as many rows per block as one vector per
+    lane does (two vectors per lane hold twice the O registers: more row groups would read
+    K and V again), else the register pipeline; the heuristic's split."""
+    rows = shape(a).rows_per_block
+    for threads, keys, stages, vectors in DEFAULT_RINGS:
+        if fits(a, threads, keys, stages, vectors) and shape(a, threads, vectors).rows_per_block == rows:
+            split = heuristic_split(a, arch, threads, keys, stages, vectors)
+            return DecodeConfig(threads, keys, split, stages, vectors)
     keys = default_keys_per_lane(a, DEFAULT_THREADS)
     return DecodeConfig(DEFAULT_THREADS, keys, heuristic_split(a, arch, DEFAULT_THREADS, keys))
 
 
 def decode_choices(a: Attention, arch: int) -> list[dict[str, object]]:
-    """What autotuning times (the default first): for every threads and key slots per lane
-    whose registers fit (at most 6), the heuristic's split for them, half and twice it; and
-    no split (1) with the default threads and slots. About 20 choices."""
+    """What autotuning times (the default first): for every threads and register key slots
+    per lane that fit (at most 6), the heuristic's split for them, half and twice it; no split
+    (1) with the default; where the rows take 16-byte copies, each threads, ring slots and
+    stages that fit, at the heuristic's split and twice it, and with 2 vectors per lane, 3
+    stages at the heuristic's split where that packs as many rows per block. At most about 38
+    choices."""
     default = default_config(a, arch)
-    configs = [default, DecodeConfig(default.threads, default.keys_per_lane, 1)]
-    for threads in THREADS_CHOICES:
-        s = shape(a, threads)
-        for keys in KEYS_PER_LANE_CHOICES:
-            if s.held_registers(keys) > MAX_REGISTERS:
-                continue
-            best = heuristic_split(a, arch, threads, keys)
-            for split in (best // 2, best, 2 * best):
-                if 1 <= split <= min(MAX_SPLIT, a.skv):
-                    configs.append(DecodeConfig(threads, keys, split))
+    configs = [default, dataclasses.replace(default, split=1)]
+    for stages in STAGES_CHOICES:
+        for threads in THREADS_CHOICES:
+            for keys in RING_KEYS_PER_LANE_CHOICES if stages else KEYS_PER_LANE_CHOICES:
+                for vectors in VECTORS_PER_LANE_CHOICES if stages == 3 else (1,):
+                    if not fits(a, threads, keys, stages, vectors) or not packs_rows(a, threads, vectors):
+                        continue
+                    best = heuristic_split(a, arch, threads, keys, stages, vectors)
+                    splits = (
+                        (best // 2, best, 2 * best) if not stages else (best, 2 * best) if vectors == 1 else (best,)
+                    )
+                    configs += [
+                        DecodeConfig(threads, keys, split, stages, vectors)
+                        for split in splits
+                        if 1 <= split <= min(MAX_SPLIT, a.skv)
+                    ]
     return [c.choice() for c in dict.fromkeys(configs)]
 
 
 def tuned_config(a: Attention, ctx: EmitContext) -> DecodeConfig:
-    """The tuning's choice, each key it leaves out from the heuristic (the split for its
-    threads and key slots)."""
+    """The tuning's choice, each key it leaves out from the default (but the register pipeline
+    with one vector per lane if it names key slots and no stages, and one vector per lane for a
+    pipeline other than the default's), the split from the heuristic for the rest."""
     tuning = dict(ctx.tuning)
     unknown = sorted(set(tuning) - TUNING_KEYS)
     if unknown:
@@ -229,28 +327,37 @@ def tuned_config(a: Attention, ctx: EmitContext) -> DecodeConfig:
             raise UnsupportedError(f"attention tuning {tuning}: {key} must be an integer {choices}")
         return value
 
-    threads = integer("threads", THREADS_CHOICES, DEFAULT_THREADS)
-    keys = integer("keys_per_lane", KEYS_PER_LANE_CHOICES, default_keys_per_lane(a, threads))
-    split = integer("split", range(1, MAX_SPLIT + 1), heuristic_split(a, ctx.arch, threads, keys))
-    return DecodeConfig(threads, keys, split)
+    default = default_config(a, ctx.arch)
+    threads = integer("threads", THREADS_CHOICES, default.threads)
+    stages = integer("stages", STAGES_CHOICES, DEFAULT_STAGES if "keys_per_lane" in tuning else default.stages)
+    as_default = "keys_per_lane" not in tuning and stages == default.stages
+    vectors = integer("vectors_per_lane", VECTORS_PER_LANE_CHOICES, default.vectors_per_lane if as_default else 1)
+    slots = RING_KEYS_PER_LANE_CHOICES if stages else KEYS_PER_LANE_CHOICES
+    keys = integer("keys_per_lane", slots, default_keys_per_lane(a, threads, stages, vectors))
+    s = shape(a, threads, vectors)
+    if stages and not rows_vectorize(a):
+        raise UnsupportedError(
+            f"attention tuning {tuning}: a ring of stages copies 16-byte vectors, and the rows of "
+            f"K '{a.k.name}' or V '{a.v.name}' are not 16-byte vectors (strides {a.k.stride}, {a.v.stride})"
+        )
+    if stages and s.ring_bytes(keys, stages) > MAX_RING:
+        raise UnsupportedError(
+            f"attention tuning {tuning}: the ring of {stages} stages would take "
+            f"{s.ring_bytes(keys, stages)} bytes of shared memory, over {MAX_RING}"
+        )
+    split = integer("split", range(1, MAX_SPLIT + 1), heuristic_split(a, ctx.arch, threads, keys, stages, vectors))
+    return DecodeConfig(threads, keys, split, stages, vectors)
 
 
 def decode_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
     config = tuned_config(a, ctx)
     split = config.split
-    kernel = _decode_kernel(fused, ctx, a, shape(a, config.threads), config)
+    kernel = _decode_kernel(fused, ctx, a, shape(a, config.threads, config.vectors_per_lane), config)
     if split == 1:
         return FusedProgram(fused.name, (kernel,))
     rows = a.batch * a.heads * a.sq * split
     scratch = (Scratch(PARTIAL_O, 4 * rows * a.dv), Scratch(PARTIAL_LSE, 4 * rows))
     return FusedProgram(fused.name, (kernel, _combine_kernel(fused, ctx, a, split)), scratch)
-
-
-def vectorizable(tensor: Tensor, vector: int) -> bool:
-    """Rows of ``tensor`` ([b or page, h, s, d]) load as 16-byte vectors (given aligned pointers)."""
-    if tensor.stride[3] != 1 or tensor.dim[3] % vector:
-        return False
-    return all(stride % vector == 0 for d, stride in zip(tensor.dim[:3], tensor.stride[:3]) if d != 1)
 
 
 def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeShape, config: DecodeConfig) -> Kernel:
@@ -260,8 +367,9 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
     if split > 1:
         params.scratch(PARTIAL_O, "float")
         params.scratch(PARTIAL_LSE, "float")
-    vector = vectorizable(a.k, s.vk) and vectorizable(a.v, s.vv)
+    vector = rows_vectorize(a)
     aligned = params.aligned_flag() if vector else "false"
+    pipeline = KeyPipeline(a, names, config.stages, vector, aligned)
     body = [
         f"using TK = {cuda_type(a.k.data_type)};",
         f"using TV = {cuda_type(a.v.data_type)};",
@@ -270,6 +378,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         f"constexpr int HQ = {a.heads}, HK = {a.kv_heads}, GROUP = HQ / HK, SQ = {a.sq}, SKV = {a.skv};",
         f"constexpr int D = {a.d}, DV = {a.dv}, ROWS = GROUP * SQ, RB = {s.rows_per_block};",
         f"constexpr int ROW_GROUPS = {s.row_groups}, SPLIT = {split}, STEP = KEY_GROUPS * KT;",
+        *([f"constexpr int STAGES = {config.stages};"] if config.stages else []),
         f"constexpr long long KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
         "const float NEG_INF = __uint_as_float(0xff800000u);",
         "const int split = (int)(blockIdx.x % SPLIT);",
@@ -280,9 +389,9 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         *alibi_table(a),
         *dropout_function(a),
         *_key_range(a),
-        *_rows_to_shared(a, names),
+        *([] if config.stages else _rows_to_shared(a, names, ring=False)),
         "const int tid = threadIdx.x, grp = tid / L, sub = tid % L;",
-        *_key_loaders(a, names, vector, aligned),
+        *pipeline.declarations(),
         "float m[RB], l[RB], o[RB][CV * VV];",
         "#pragma unroll",
         "for (int r = 0; r < RB; ++r) {",
@@ -291,23 +400,18 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "#pragma unroll",
         "  for (int c = 0; c < CV * VV; ++c) o[r][c] = 0.0f;",
         "}",
-        "// Software pipeline in registers: slot t of a lane holds key base + t * KEY_GROUPS + grp of",
-        "// the batch being computed; once its K (or V) vectors are consumed, the slot is refilled with",
-        "// the next batch's key, whose loads stay in flight through the rest of this batch.",
-        "gd::Vec<TK, VK> k_slot[KT][CK];",
-        "gd::Vec<TV, VV> v_slot[KT][CV];",
-        *_pipeline_fill(a),
+        *pipeline.fill(),
+        # a ring's first loads hold no registers: the query rows' reads go under them
+        *(_rows_to_shared(a, names, ring=True) if config.stages else []),
         "// the same trip count on every thread: lanes of a group sum their dots with shuffles",
         "for (int base = s_begin; base < s_end; base += STEP) {",
+        *indent(pipeline.issue(), 1).splitlines(),
         "  float s[KT][RB];",
         "#pragma unroll",
         "  for (int t = 0; t < KT; ++t) {",
         "    float kf[CK * VK];",
-        "#pragma unroll",
-        "    for (int c = 0; c < CK; ++c)",
-        "#pragma unroll",
-        "      for (int e = 0; e < VK; ++e) kf[c * VK + e] = gd::element<float>(k_slot[t][c], e);",
-        *indent(_refill(a, "K"), 2).splitlines(),
+        *indent(pipeline.unpack("K"), 2).splitlines(),
+        *indent(pipeline.refill("K"), 2).splitlines(),
         "#pragma unroll",
         "    for (int r = 0; r < RB; ++r) {",
         "      float dot = 0.0f;",
@@ -346,22 +450,23 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "#pragma unroll",
         "  for (int t = 0; t < KT; ++t) {",
         "    float vf[CV * VV];",
-        "#pragma unroll",
-        "    for (int c = 0; c < CV; ++c)",
-        "#pragma unroll",
-        "      for (int e = 0; e < VV; ++e) vf[c * VV + e] = gd::element<float>(v_slot[t][c], e);",
-        *indent(_refill(a, "V"), 2).splitlines(),
+        *indent(pipeline.unpack("V"), 2).splitlines(),
+        *indent(pipeline.refill("V"), 2).splitlines(),
         "#pragma unroll",
         "    for (int r = 0; r < RB; ++r)",
         "#pragma unroll",
         "      for (int c = 0; c < CV * VV; ++c) o[r][c] += s[t][r] * vf[c];",
         "  }",
+        *indent(pipeline.advance(), 1).splitlines(),
         "}",
-        *_merge(a, names, split),
+        *_merge(a, names, split, config.stages),
     ]
     name, source = kernel_source(ctx, fused, pattern_name(fused) + "_decode", params, s.threads, indent(body, 1))
+    if config.stages:
+        source = source.replace('extern "C" __global__', ASYNC_COPY_PRELUDE + '\nextern "C" __global__', 1)
     grid = a.batch * a.kv_heads * s.row_groups * split
-    return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), 0, tuple(params.bindings))
+    dynamic = s.block_shared_bytes(config.keys_per_lane, config.stages) if config.stages else 0
+    return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), dynamic, tuple(params.bindings))
 
 
 def _key_range(a: Attention) -> list[str]:
@@ -386,101 +491,17 @@ def _key_range(a: Attention) -> list[str]:
     return lines
 
 
-def _rows_to_shared(a: Attention, names: dict[str, str]) -> list[str]:
-    """The block's query rows as floats, zero past D and past the last packed row."""
+def _rows_to_shared(a: Attention, names: dict[str, str], ring: bool) -> list[str]:
+    """The block's query rows as floats, zero past D and past the last packed row (``q_s``,
+    which a ring's pipeline declares in its dynamic shared memory)."""
     q = load(a.q.data_type, element(a.q, names["Q"], ["b", "hk * GROUP + rr / SQ", "rr % SQ", "d"]), "float")
     return [
-        "__shared__ float q_s[RB][DKP];",
+        *([] if ring else ["__shared__ float q_s[RB][DKP];"]),
         "for (int e = threadIdx.x; e < RB * DKP; e += THREADS) {",
         "  const int rr = r0 + e / DKP, d = e % DKP;",
         f"  q_s[e / DKP][d] = rr < ROWS && d < D ? {q} : 0.0f;",
         "}",
         "__syncthreads();",
-    ]
-
-
-def _page_lookups(a: Attention, names: dict[str, str]) -> list[str]:
-    """``page_k(j)`` / ``page_v(j)``: key j's page in the pool (0 past the slice: no read)."""
-    return [
-        f"auto page_{role.lower()} = [&](int j) -> long long {{ return j < s_end ? {page_of(a, names, role, 'j')} : 0; }};"
-        for role in ("K", "V")
-    ]
-
-
-def _key_loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str) -> list[str]:
-    """``load_k(j, slot)`` and ``load_v(j, slot)`` (paged: ``load_k(j, page, slot)``): this lane's
-    16-byte vectors of key j's K or V row, as stored (zero for a key past the slice, which reads
-    nothing: its page table entry may be anything, and zero V keeps 0 · V finite)."""
-    page = "long long page, " if a.paged else ""
-
-    def loader(role: str, t: str, width: str, vec: str, count: str) -> list[str]:
-        stride, row = ("KS", "row_k") if role == "K" else ("VS", "row_v")
-        lines = [
-            f"auto load_{role.lower()} = [&](int j, {page}gd::Vec<{t}, {vec}>* slot) {{",
-            "  if (j >= s_end) {",
-            "#pragma unroll",
-            f"    for (int c = 0; c < {count}; ++c) slot[c] = gd::Vec<{t}, {vec}>{{}};",
-            "    return;",
-            "  }",
-            f"  const {t}* const {row} = {key_row_address(a, names, role, 'j')};",
-            "#pragma unroll",
-            f"  for (int c = 0; c < {count}; ++c) {{",
-            f"    const int col0 = (c * L + sub) * {vec};",
-        ]
-        if vector:
-            lines += [
-                f"    if ({aligned} && col0 < {width}) {{",
-                f"      slot[c] = gd::load_vec<{t}, {vec}>({row} + col0);",
-                "      continue;",
-                "    }",
-            ]
-        return [
-            *lines,
-            "#pragma unroll",
-            f"    for (int e = 0; e < {vec}; ++e)",
-            f"      slot[c].v[e] = col0 + e < {width} ? {row}[(col0 + e) * {stride}[3]] : {t}{{}};",
-            "  }",
-            "};",
-        ]
-
-    lookups = _page_lookups(a, names) if a.paged else []
-    return [*lookups, *loader("K", "TK", "D", "VK", "CK"), *loader("V", "TV", "DV", "VV", "CV")]
-
-
-def _refill(a: Attention, role: str) -> list[str]:
-    """Slot t's load of the next batch's key; paged, through the page looked up a batch
-    earlier, and the page of the key after it looked up now (the table read, which the row
-    address needs first, is never waited for)."""
-    r = role.lower()
-    slot = f"{r}_slot[t]"
-    if not a.paged:
-        return [f"load_{r}(base + STEP + t * KEY_GROUPS + grp, {slot});"]
-    return [
-        f"load_{r}(base + STEP + t * KEY_GROUPS + grp, p{r}[t], {slot});",
-        f"p{r}[t] = page_{r}(base + 2 * STEP + t * KEY_GROUPS + grp);",
-    ]
-
-
-def _pipeline_fill(a: Attention) -> list[str]:
-    """The first batch's loads into the slots; paged, also the second batch's pages."""
-    if not a.paged:
-        return [
-            "#pragma unroll",
-            "for (int t = 0; t < KT; ++t) {",
-            "  load_k(s_begin + t * KEY_GROUPS + grp, k_slot[t]);",
-            "  load_v(s_begin + t * KEY_GROUPS + grp, v_slot[t]);",
-            "}",
-        ]
-    return [
-        "long long pk[KT], pv[KT];  // the pages of the slots' next keys",
-        "#pragma unroll",
-        "for (int t = 0; t < KT; ++t) {",
-        "  const int j = s_begin + t * KEY_GROUPS + grp;",
-        "  load_k(j, page_k(j), k_slot[t]);",
-        "  load_v(j, page_v(j), v_slot[t]);",
-        "  pk[t] = page_k(j + STEP);",
-        "  pv[t] = page_v(j + STEP);",
-        "}",
     ]
 
 
@@ -499,11 +520,23 @@ def _dropout(a: Attention) -> list[str]:
     ]
 
 
-def _merge(a: Attention, names: dict[str, str], split: int) -> list[str]:
+def _merge(a: Attention, names: dict[str, str], split: int, stages: int) -> list[str]:
     """The key groups' softmax states merged per row (in group order), then O and STATS, or
-    with split-KV the slice's normalised O and log-sum-exp (base 2) into scratch."""
-    lines = [
+    with split-KV the slice's normalised O and log-sum-exp (base 2) into scratch. With a ring,
+    the states go into its memory once every thread is past its last read (and copy)."""
+    buffers = [
         "__shared__ float red_m[KEY_GROUPS][RB], red_l[KEY_GROUPS][RB], red_o[KEY_GROUPS][RB][DVP];",
+    ]
+    if stages:
+        buffers = [
+            'asm volatile("cp.async.wait_group 0;\\n" ::);',
+            "__syncthreads();  // the ring is free: it holds the merge",
+            "auto& red_m = *reinterpret_cast<float(*)[KEY_GROUPS][RB]>(ring);",
+            "auto& red_l = *reinterpret_cast<float(*)[KEY_GROUPS][RB]>(ring + KEY_GROUPS * RB * 4);",
+            "auto& red_o = *reinterpret_cast<float(*)[KEY_GROUPS][RB][DVP]>(ring + 2 * KEY_GROUPS * RB * 4);",
+        ]
+    lines = [
+        *buffers,
         "#pragma unroll",
         "for (int r = 0; r < RB; ++r) {",
         "  if (sub == 0) {",
