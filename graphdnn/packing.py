@@ -102,7 +102,7 @@ def unpack(raw: np.ndarray, data_type: DataType, dim: Sequence[int], stride: Seq
     dims, _ = byte_layout(name, data_type, dim, stride)
     if raw.dtype not in BYTE_TYPES:
         raise FeedError(
-            f"feed for '{name}' has dtype {raw.dtype}; a {data_type.value} tensor takes its packed bytes as uint8 or "
+            f"feed for '{name}' has dtype {raw.dtype}; a 4-bit ({data_type.value}) tensor takes its packed bytes as uint8 or "
             "int8 (two elements per byte, low nibble first)",
             tensor=name,
         )
