@@ -76,10 +76,10 @@ def dry() -> int:
 
 
 def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool) -> str:
-    from benchmarks.measure import median_us
+    from benchmarks.measure import checked_plan_us, median_us
 
     inputs, want, w16 = _inputs(m, k, n)
-    ours = _time(graph(m, k, n), inputs, want, None)
+    ours = checked_plan_us(graph(m, k, n), inputs, want)
     if sweep:
         _sweep(m, k, n, inputs, want, ours)
     a = inputs["a"]
@@ -94,25 +94,14 @@ def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool) -> str:
 
 
 def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any, default_us: float) -> None:
+    from benchmarks.measure import checked_plan_us
     from codegen.families.gemm import candidates
 
     fused = next(f for f in gd.fuse(graph(m, k, n)).nodes if f.anchor is not None)
-    timed = sorted((_time(graph(m, k, n), inputs, want, {fused.name: c}), str(c)) for c in candidates(fused, 90))
+    timed = sorted(
+        (checked_plan_us(graph(m, k, n), inputs, want, {fused.name: c}), str(c)) for c in candidates(fused, 90)
+    )
     print(f"  M={m} K={k} N={n} default {default_us:.1f} µs; " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
-
-
-def _time(g: gd.OperationGraphSpec, inputs: dict[str, Any], want: Any, tuning: dict[str, Any] | None) -> float:
-    import torch
-
-    from benchmarks.measure import median_us
-
-    c = torch.empty_like(want)
-    bound = gd.compile(g, tuning=tuning).bind({**inputs, "c": c})
-    c.fill_(float("nan"))
-    bound()
-    error = ((c.double() - want.double()).norm() / want.double().norm()).item()
-    assert error <= 1e-2, f"{g.name} {tuning}: relative error {error:.3g}"
-    return median_us(bound)
 
 
 def _inputs(m: int, k: int, n: int) -> tuple[dict[str, Any], Any, Any]:
