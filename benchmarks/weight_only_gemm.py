@@ -45,7 +45,7 @@ def graph(m: int, k: int, n: int) -> gd.OperationGraphSpec:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="emit each plan's kernels for sm_90 (no GPU, no NVRTC)")
-    parser.add_argument("--sweep", action="store_true", help="also time every launch choice (M = 16)")
+    parser.add_argument("--sweep", action="store_true", help="also time every launch choice (shorter timings)")
     args = parser.parse_args()
     if args.dry:
         return dry()
@@ -58,7 +58,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for k, n in SHAPES:
         for m in ROWS:
-            print(row(m, k, n, copy, sweep=args.sweep and m == 16), flush=True)
+            print(row(m, k, n, copy, sweep=args.sweep), flush=True)
     return 0
 
 
@@ -99,9 +99,16 @@ def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any, default_us
 
     fused = next(f for f in gd.fuse(graph(m, k, n)).nodes if f.anchor is not None)
     timed = sorted(
-        (checked_plan_us(graph(m, k, n), inputs, want, {fused.name: c}), str(c)) for c in candidates(fused, 90)
+        (checked_plan_us(graph(m, k, n), inputs, want, {fused.name: c}, rep_ms=50), _short(c))
+        for c in candidates(fused, 90)
     )
-    print(f"  M={m} K={k} N={n} default {default_us:.1f} µs; " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
+    shown = ", ".join(f"{us:.1f} {c}" for us, c in timed)
+    print(f"  M={m} K={k} N={n} default {default_us:.1f} µs; (µs column_tiles/warps/unroll) {shown}")
+
+
+def _short(choice: dict[str, object]) -> str:
+    """A launch choice as tiles/warps/unroll."""
+    return "/".join(str(choice[key]) for key in ("column_tiles", "warps", "unroll"))
 
 
 def _inputs(m: int, k: int, n: int) -> tuple[dict[str, Any], Any, Any]:

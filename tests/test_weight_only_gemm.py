@@ -194,6 +194,7 @@ EMULATED = {
     "m16_k4096_float_scales": (WeightOnly(16, 4096, 16, scale="float"), {}),
     "m3_tiles4_warps4_unroll1": (WeightOnly(3, 512, 72), {"column_tiles": 4, "warps": 4, "unroll": 1}),
     "m12_tiles2": (WeightOnly(12, 320, 40, group=32), {"column_tiles": 2}),  # fp16 only: no bf16 on the CPU
+    "m5_k1184_prefetch_tail": (WeightOnly(5, 1184, 24, group=32), {"warps": 4, "unroll": 1}),
     "simt_n_major": (WeightOnly(3, 100, 30, group=32, k_major=False), {}),
     "simt_k_not_32": (WeightOnly(4, 72, 20, group=32), {}),
     "simt_fp4": (WeightOnly(2, 64, 16, weight="fp4_e2m1"), {}),
