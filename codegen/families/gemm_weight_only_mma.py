@@ -48,7 +48,8 @@ CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8), "unroll": (1, 2)}
 
 def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
     """The launch choice: ``tuning`` checked, else as many column tiles per warp as keep two
-    blocks per SM (the activations are reused across them), 8 warps splitting K, 2 chunks a set."""
+    blocks per SM (the activations are reused across them), 8 warps splitting K, and sets of 2
+    chunks for one tile, of 1 for more (registers: two blocks of 256 threads per SM)."""
     for key, value in tuning.items():
         if key not in CHOICES or value not in CHOICES[key]:
             raise UnsupportedError(
@@ -57,7 +58,7 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
                 node=node,
             )
     tiles = next((t for t in (4, 2) if -(-p.n // (TILE * t)) >= 2 * SMS), 1)
-    return {"column_tiles": tiles, "warps": 8, "unroll": 2, **tuning}
+    return {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, **tuning}
 
 
 def candidates() -> list[dict[str, object]]:
