@@ -24,7 +24,7 @@ from fusion_rules import fuse
 from graphdnn import reference
 from graphdnn.compare import relative_error, tolerance
 from graphdnn.dtypes import DataType
-from graphdnn.errors import DataTypeError, ShapeError
+from graphdnn.errors import DataTypeError, ShapeError, UnsupportedError
 from graphdnn.packing import unpack
 from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import signature
@@ -164,6 +164,30 @@ def test_weights_dequantized_to_another_type_than_a_run_as_written() -> None:
     partition = fuse(g, arch=90)
     reasons = [str(r.reason) for r in partition.rejections if r.rule == "weight_only_matmul"]
     assert any("multiplies half A by float dequantized weights" in r for r in reasons), reasons
+
+
+def test_batch_dims_that_do_not_fold_into_rows_run_as_written() -> None:
+    g = gd.OperationGraphSpec(io_data_type="half", intermediate_data_type="half")
+    a = g.tensor(name="a", dim=[2, 3, 64], stride=[64, 128, 1])  # the batch between the rows
+    w = g.tensor(name="w", dim=[64, 8], stride=[1, 64], data_type="int4")
+    deq = g.block_scale_dequantize(w, g.tensor(name="s", dim=[2, 8]), 32, axis=0, name="deq")
+    g.matmul(a, deq, name="mm").set_output(True)
+    reasons = [str(r.reason) for r in fuse(g, arch=90).rejections if r.rule == "weight_only_matmul"]
+    assert any("has batch dims that do not fold into its rows" in r for r in reasons), reasons
+
+
+def test_launch_choices_are_checked_naming_the_node() -> None:
+    for spec, tuning, message in (
+        (WeightOnly(3, 96, 40), {"column_tiles": 3}, "column_tiles = 3 is not one of column_tiles in [1, 2, 4]"),
+        (WeightOnly(3, 100, 30, k_major=False), {"warps": 4}, "this problem runs on the SIMT kernel, which takes none"),
+    ):
+        partition = fuse(spec.build(), arch=90)
+        (gemm,) = partition.nodes
+        with pytest.raises(UnsupportedError, match="weight_only") as caught:
+            emit_partition(partition, 90, {gemm.name: tuning})
+        assert message in str(caught.value)
+    simt = fuse(WeightOnly(3, 100, 30, k_major=False).build(), arch=90).nodes[0]
+    assert candidates(simt, 90) == []
 
 
 # ---- kernels: NVRTC, the CPU, the GPU ----
