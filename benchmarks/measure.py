@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 def median_us(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 200) -> float:
@@ -18,6 +19,24 @@ def median_us(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float 
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3
+
+
+def checked_plan_us(
+    graph: Any, inputs: dict[str, Any], want: Any, tuning: dict[str, Any] | None = None, rep_ms: float = 200
+) -> float:
+    """Median time of ``graph``'s plan (with ``tuning``) writing output "c", after checking
+    that, from a NaN-poisoned start, it computes ``want`` within 1e-2 relative error."""
+    import torch
+
+    import graphdnn as gd
+
+    c = torch.empty_like(want)
+    bound = gd.compile(graph, tuning=tuning).bind({**inputs, "c": c})
+    c.fill_(float("nan"))
+    bound()
+    error = ((c.double() - want.double()).norm() / want.double().norm()).item()
+    assert error <= 1e-2, f"{graph.name} {tuning}: relative error {error:.3g}"
+    return median_us(bound, rep_ms=rep_ms)
 
 
 def host_us_per_call(fn: Callable[[], object], calls: int = 2000) -> float:

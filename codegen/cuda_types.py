@@ -20,7 +20,11 @@ CUDA_TYPE = {
     DataType.FP8_E4M3: "__nv_fp8_e4m3",
     DataType.FP8_E5M2: "__nv_fp8_e5m2",
     DataType.FP8_E8M0: "__nv_fp8_e8m0",
+    DataType.INT4: "unsigned char",  # pointers to the packed bytes (graphdnn/packing.py)
+    DataType.FP4_E2M1: "unsigned char",
 }
+# Twice the magnitude of each fp4_e2m1 code 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), a nibble each.
+FP4_DOUBLED = 0xC8643210
 
 _HEADERS = {
     DataType.HALF: "cuda_fp16.h",
@@ -57,6 +61,16 @@ def headers_for(source: str) -> list[str]:
 def load(data_type: DataType, expression: str, compute: str = "float") -> str:
     """An expression converting an element (``expression``) of ``data_type`` to ``compute``."""
     return f"gd::to<{compute}>({expression})"
+
+
+def load_packed(data_type: DataType, pointer: str, offset: str, compute: str = "float") -> str:
+    """An expression reading element ``offset`` of a 4-bit tensor as ``compute``: byte
+    offset / 2, the low nibble for even offsets (graphdnn/packing.py)."""
+    code = f"(({pointer}[({offset}) >> 1] >> ((({offset}) & 1) << 2)) & 15)"
+    if data_type is DataType.INT4:
+        return f"({compute})(({code} ^ 8) - 8)"
+    magnitude = f"({compute})((0x{FP4_DOUBLED:X}u >> (({code} & 7) << 2)) & 15) * ({compute})0.5"
+    return f"(({code} & 8) ? -{magnitude} : {magnitude})"
 
 
 def store(data_type: DataType, expression: str) -> str:

@@ -31,16 +31,33 @@ class DataType(enum.Enum):
     FP8_E4M3 = "fp8_e4m3"
     FP8_E5M2 = "fp8_e5m2"
     FP8_E8M0 = "fp8_e8m0"  # a power of two 2^-127..2^127 or NaN (OCP MX scales): no sign, no zero
+    # 4-bit types, stored two per byte (graphdnn/packing.py): weights of weight-only GEMMs
+    INT4 = "int4"  # two's complement, -8..7
+    FP4_E2M1 = "fp4_e2m1"  # OCP MX FP4: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; no inf, no NaN
+
+    @property
+    def bits(self) -> int:
+        """Bits per element: 4 for the packed types, else 8 times the NumPy item size."""
+        return 4 if self in _PACKED else 8 * int(self.numpy.itemsize)
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element; the 4-bit types have none (two share a byte: packing.py sizes them)."""
         if self is DataType.NOT_SET:
             raise DataTypeError("NOT_SET has no size")
+        if self in _PACKED:
+            raise DataTypeError(f"{self.value} elements are packed two per byte; they have no byte size of their own")
         return int(self.numpy.itemsize)
 
     @property
+    def is_packed(self) -> bool:
+        """Two elements per byte (int4, fp4_e2m1): buffers hold the packed bytes (packing.py)."""
+        return self in _PACKED
+
+    @property
     def numpy(self) -> np.dtype:
-        """The NumPy dtype that holds values of this type (bf16 and fp8 via ml_dtypes)."""
+        """The NumPy dtype that holds values of this type (bf16, fp8 and the 4-bit types via
+        ml_dtypes, one 4-bit value per byte: feeds of a 4-bit tensor are packed bytes instead)."""
         try:
             return _NUMPY[self]
         except KeyError:
@@ -69,8 +86,10 @@ _FLOATING = frozenset(
         DataType.FP8_E4M3,
         DataType.FP8_E5M2,
         DataType.FP8_E8M0,
+        DataType.FP4_E2M1,
     }
 )
+_PACKED = frozenset({DataType.INT4, DataType.FP4_E2M1})
 
 _NUMPY: dict[DataType, np.dtype] = {
     DataType.FLOAT: np.dtype(np.float32),
@@ -85,6 +104,8 @@ _NUMPY: dict[DataType, np.dtype] = {
     DataType.FP8_E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
     DataType.FP8_E5M2: np.dtype(ml_dtypes.float8_e5m2),
     DataType.FP8_E8M0: np.dtype(ml_dtypes.float8_e8m0fnu),
+    DataType.INT4: np.dtype(ml_dtypes.int4),
+    DataType.FP4_E2M1: np.dtype(ml_dtypes.float4_e2m1fn),
 }
 
 _BY_NUMPY = {dtype: data_type for data_type, dtype in _NUMPY.items()}
@@ -109,6 +130,10 @@ _ALIASES = {
     "float8_e5m2": DataType.FP8_E5M2,
     "e8m0": DataType.FP8_E8M0,
     "float8_e8m0fnu": DataType.FP8_E8M0,
+    "s4": DataType.INT4,
+    "fp4": DataType.FP4_E2M1,
+    "e2m1": DataType.FP4_E2M1,
+    "float4_e2m1fn": DataType.FP4_E2M1,
 }
 
 
@@ -164,7 +189,8 @@ def round_to(data_type: DataType, values: Any) -> np.ndarray:
     The one rounding rule: the reference backend, variant-pack scalars and the constants
     compiled into kernels all use it, and the kernels' own conversions (``gd::from`` in
     codegen/include/graphdnn.cuh) compute the same. Floating types: nearest, ties to even
-    (ml_dtypes for bf16 and fp8); overflow gives inf, or NaN for fp8_e4m3. fp8_e8m0 holds
+    (ml_dtypes for bf16, fp8 and fp4); overflow gives inf, or NaN for fp8_e4m3; fp4_e2m1 saturates
+    to +-6 and, having no NaN, makes NaN -0 (ml_dtypes). fp8_e8m0 holds
     powers of two only: ml_dtypes rounds to the nearest (ties up), and zero, negative values,
     inf, NaN and overflow become NaN. Integer types:
     nearest, ties to even, then saturated to the type's range, NaN becoming 0 (as the GPU's
@@ -184,7 +210,7 @@ def _float_range(dtype: np.dtype) -> tuple[float, float]:
     """The integer type's range as float64 values that convert back exactly: int64's maximum
     (2**63 - 1) is no float64, so its saturation limit is the largest float64 below 2**63
     (kernels saturate to 2**63 - 1 itself, 1023 away: a relative 1e-16)."""
-    info = np.iinfo(dtype)
+    info = ml_dtypes.iinfo(dtype)  # NumPy's iinfo does not know int4
     high = float(info.max)
     return float(info.min), high if high <= info.max else float(np.nextafter(high, 0.0))
 

@@ -17,6 +17,7 @@ import numpy as np
 from .dtypes import DataType
 from .ir import Graph, Node, Tensor
 from .layout import overlap_reason, storage_extent
+from .packing import pack
 
 
 def _uses(graph: Graph, tensor: Tensor) -> Iterator[tuple[Node, str]]:
@@ -65,6 +66,9 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
             values = rng.integers(low, high + 1, shape)
         else:
             values = rng.standard_normal(shape) * floating_scale(graph, t)
+        if t.data_type.is_packed:  # the packed bytes a 4-bit tensor's feed holds (packing.py)
+            feeds[t.name] = pack(values, t.data_type, t.static_stride, t.name)
+            continue
         values = values.astype(t.data_type.numpy)
         if overlapping:
             strides = tuple(s * values.itemsize for s in t.static_stride)

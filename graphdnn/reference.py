@@ -15,6 +15,7 @@ import numpy as np
 from .dtypes import round_to
 from .errors import FeedError, UnsupportedError
 from .ir import FeedKey, Graph, Node, Tensor, resolve_tensor
+from .packing import unpack
 from .specialize import specialize_for
 
 # The reference holds every tensor in float64: 2**31 elements is 16 GiB. Dims may reach
@@ -116,6 +117,8 @@ def _check_feed(t: Tensor, value: Any) -> np.ndarray:
         return round_to(t.data_type, np.full(t.dim, float(value)))
     if not isinstance(value, np.ndarray):
         raise FeedError(f"feed for '{t.name}' is a {type(value).__name__}; give a NumPy array", tensor=t.name)
+    if t.data_type.is_packed:
+        return unpack(value, t.data_type, t.static_dim, t.static_stride, t.name)
     if tuple(value.shape) != t.dim:
         raise FeedError(f"feed for '{t.name}' has shape {list(value.shape)}, expected {list(t.dim)}", tensor=t.name)
     if value.dtype != t.data_type.numpy:

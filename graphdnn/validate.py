@@ -19,6 +19,7 @@ from .ir import Graph, Node, Tensor
 from .layout import check_dims, check_extent, check_strides, numel, packed_strides
 from .node_spec import NodeSpec
 from .ops.base import Category, Inferred, Op
+from .packing import packed_axis
 from .symbolic import Extent, Sym, Symbol
 from .tensor import Owner, TensorSpec
 
@@ -220,6 +221,8 @@ def _resolve_input(t: TensorSpec, tensor_id: int) -> Tensor:
         raise ShapeError(f"graph input '{t.name}' has no dims", tensor=t.name)
     _check_layout(t.name, t.dim, t.stride if t.stride is not None else packed_strides(t.dim), read_only=True)
     data_type = _resolved_type(t, "graph input")
+    if data_type.is_packed:
+        packed_axis(t.name, data_type, t.dim, t.stride if t.stride is not None else packed_strides(t.dim))
     if t.is_pass_by_value and len(t.dim) and numel(t.dim) != 1:
         raise ShapeError(
             f"pass-by-value tensor '{t.name}' has {numel(t.dim)} elements; it must hold one", tensor=t.name
@@ -306,6 +309,7 @@ def _resolve_node(
             node=node_spec.name,
         )
     node = _partial_node(node_spec, index, inputs, compute)
+    _check_packed_inputs(op, node)
     inferred = _infer(op, node, node_spec)
     outputs = []
     for output in op.outputs:
@@ -326,6 +330,20 @@ def _resolve_node(
         attributes=node.attributes,
         compute_data_type=compute,
     )
+
+
+def _check_packed_inputs(op: Op, node: Node) -> None:
+    """4-bit tensors reach only the roles that unpack them (``Op.packed_inputs``)."""
+    for role, bound in node.inputs:
+        for t in bound if isinstance(bound, tuple) else (bound,):
+            if t.data_type.is_packed and role not in op.packed_inputs:
+                takes = f" (it takes them as {', '.join(sorted(op.packed_inputs))})" if op.packed_inputs else ""
+                raise DataTypeError(
+                    f"{role} '{t.name}' is {t.data_type.value}; {op.kind} does not read 4-bit tensors{takes}: "
+                    "dequantize it first (block_scale_dequantize)",
+                    node=node.name,
+                    tensor=t.name,
+                )
 
 
 def _check_output_roles(node_spec: NodeSpec) -> None:
@@ -423,6 +441,13 @@ def _resolve_output(node: str, op: Op, role: str, t: TensorSpec, inferred: Infer
     else:  # packed strides of valid dims are distinct, non-negative and span numel(dims) elements
         _check_layout(t.name, inferred.dim)
     data_type = _output_type(node, op, role, t, inferred)
+    if data_type.is_packed:
+        raise DataTypeError(
+            f"output {role} '{t.name}' is {data_type.value}: 4-bit tensors are graph inputs (packed weights); "
+            f"no op writes them",
+            node=node,
+            tensor=t.name,
+        )
     if not t._dim_is_set:
         t._dim = inferred.dim
     if not t._stride_is_set:

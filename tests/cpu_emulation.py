@@ -45,6 +45,7 @@ from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
 from graphdnn.ir import Tensor
 from graphdnn.layout import storage_extent
+from graphdnn.packing import byte_layout, storage_bytes
 from graphdnn.symbolic import evaluate
 
 SHIM = r"""
@@ -98,6 +99,14 @@ inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z,
 struct alignas(16) double2 { double x, y; };
 inline void __threadfence() {}
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+// the weight-only GEMM's read-only loads and byte permutes
+template <class T> T __ldg(const T* p) { return *p; }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long both = x | ((unsigned long long)y << 32);
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((both >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
 """
 
 FP16 = """#pragma once
@@ -108,6 +117,9 @@ inline __half __float2half_rn(float f) { return __half{(_Float16)f}; }
 inline __half __double2half(double d) { return __half{(_Float16)d}; }
 struct __half2 { __half x, y; };
 inline __half2 __floats2half2_rn(float x, float y) { return __half2{__float2half_rn(x), __float2half_rn(y)}; }
+inline __half2 __float2half2_rn(float f) { return __floats2half2_rn(f, f); }
+inline __half2 __hsub2(__half2 a, __half2 b) { return {{(_Float16)(a.x.value - b.x.value)}, {(_Float16)(a.y.value - b.y.value)}}; }
+inline __half2 __hmul2(__half2 a, __half2 b) { return {{(_Float16)(a.x.value * b.x.value)}, {(_Float16)(a.y.value * b.y.value)}}; }
 """
 
 # The PTX of the tensor-core kernels' building blocks, on the CPU: (original, stand-in) text.
@@ -294,6 +306,11 @@ def run(
     inputs = {t.id for t in fused.inputs}
     for t in (_concrete(t, symbols) for t in (*fused.inputs, *fused.outputs)):
         if t.is_pass_by_value:
+            continue
+        if t.data_type.is_packed:  # the packed bytes (graphdnn/packing.py), laid out as a buffer holds them
+            dims, strides = byte_layout(t.name, t.data_type, t.static_dim, t.static_stride)
+            buffers[t.id] = np.zeros(storage_bytes(t.name, t.data_type, t.static_dim, t.static_stride), np.uint8)
+            np.lib.stride_tricks.as_strided(buffers[t.id], dims, strides)[...] = memory[t.name]
             continue
         integer = t.data_type.value in ("int32", "int64")  # sequence lengths, indices
         dtype = (

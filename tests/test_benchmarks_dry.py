@@ -94,6 +94,14 @@ def test_the_8bit_gemm_benchmark_plans_take_the_engine() -> None:
     assert len(lines) == 14 and all(line.count("_ws_") == 1 and "," not in line.split(":")[1] for line in lines)
 
 
+def test_the_weight_only_benchmark_plans_take_the_tensor_core_kernel() -> None:
+    """int4 weights, 1 to 16 tokens, 4096 x 4096 and 4096 x 14336: one mma.sync kernel each."""
+    result = _benchmark("weight_only_gemm.py", "--dry")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 8 and all(line.count("gd_weight_only_gemm_mma_") == 1 for line in lines)
+
+
 def test_the_classic_cudnn_cases_build() -> None:
     """LRN, the spatial transformer (grid, then sampler), CTC (one kernel) and a 2-layer LSTM (a
     projection GEMM and a launch per step for each layer)."""

@@ -301,10 +301,8 @@ def test_what_graphdnn_lacks_is_refused_naming_the_node_or_tensor(call: Any, err
 def test_unsupported_types_are_refused_naming_the_node() -> None:
     g, x = graph_with([64, 64], cudnn.data_type.HALF)  # the frontend's general sample dequantizes half
     scale = g.tensor(name="s", dim=[64, 1], data_type=F32)
-    with pytest.raises(GraphError, match=r"node 'dq'.*'x' is half; block_scale_dequantize takes fp8 values"):
+    with pytest.raises(GraphError, match=r"node 'dq'.*'x' is half; block_scale_dequantize takes fp8 or 4-bit values"):
         g.block_scale_dequantize(x, scale, [1, 64], name="dq")
-    with pytest.raises(UnsupportedError, match=r"cudnn\.data_type\.FP4_E2M1 is not supported: graphdnn has no fp4"):
-        cudnn.data_type.FP4_E2M1  # noqa: B018
 
 
 def test_reordering_none_is_accepted_and_reported() -> None:
@@ -329,8 +327,9 @@ def test_data_type_is_graphdnn_s_data_type_but_for_the_frontend_only_names() -> 
     assert cudnn.data_type.FP8_E8M0 is DataType.FP8_E8M0 and cudnn.data_type["HALF"] is DataType.HALF
     assert isinstance(DataType.FLOAT, cudnn.data_type) and cudnn.data_type("bfloat16") is DataType.BFLOAT16
     assert list(cudnn.data_type) == list(DataType)
-    with pytest.raises(UnsupportedError, match="INT4 is not supported: graphdnn has no int4 type"):
-        cudnn.data_type.INT4  # noqa: B018
+    assert cudnn.data_type.INT4 is DataType.INT4 and cudnn.data_type.FP4_E2M1 is DataType.FP4_E2M1
+    with pytest.raises(UnsupportedError, match="INT8x4 is not supported: graphdnn has no vectorized types"):
+        cudnn.data_type.INT8x4  # noqa: B018
 
 
 def test_weight_blocks_become_one_block_scaled_matmul_named_as_the_frontend_names() -> None:

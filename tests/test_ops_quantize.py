@@ -191,7 +191,9 @@ def test_input_types_are_checked():
         g.block_scale_quantize(g.tensor([2, 64], name="x"), 32, name="q")
     g = gd.OperationGraphSpec(io_data_type="float")
     x, s = g.tensor([2, 64], name="x"), g.tensor([2, 2], name="s")
-    with pytest.raises(gd.DataTypeError, match=r"node 'dq'.*X 'x' is float; block_scale_dequantize takes fp8 values"):
+    with pytest.raises(
+        gd.DataTypeError, match=r"node 'dq'.*X 'x' is float; block_scale_dequantize takes fp8 or 4-bit values"
+    ):
         g.block_scale_dequantize(x, s, 32, name="dq")
 
 

@@ -13,7 +13,7 @@ from graphdnn.ir import Node, Tensor
 
 from .. import indexing
 from ..context import EmitContext, KernelParams, compute_of, indent, kernel_source, scalar_value
-from ..cuda_types import load
+from ..cuda_types import load, load_packed
 from ..kernel import Kernel
 
 THREADS = 256
@@ -57,6 +57,8 @@ def read(tensor: Tensor, name: str, offset: str, compute: str) -> str:
     """The element at ``offset`` as the compute type (a pass-by-value scalar is its value)."""
     if tensor.is_pass_by_value:
         return scalar_value(tensor, name, compute)
+    if tensor.data_type.is_packed:
+        return load_packed(tensor.data_type, name, offset, compute)
     return load(tensor.data_type, f"{name}[{offset}]", compute)
 
 

@@ -24,6 +24,9 @@ tuning says otherwise; dynamic ones too, per size bucket of M (below); so do the
 convolutions like the ResNet layers it was measured faster on, fed by TMA im2col
 (gemm_ws.default_choice).
 
+Weight-only 4-bit matmuls (a packed B with group scales, at most 16 rows) take their own
+kernels (gemm_weight_only.py).
+
 Convolution gradients come here only when they fit the tensor cores (the fusion rules ask
 fusion_rules/conv_grad_gemm.py; the others stay in the direct family): dgrad as an implicit
 GEMM over the loss, wgrad as a GEMM over N*P*Q, usually with split-K (few output tiles, long K),
@@ -51,12 +54,14 @@ import logging
 from fusion_rules import FusedNode
 from fusion_rules.conv_grad_gemm import refusal
 from graphdnn.errors import UnsupportedError
+from graphdnn.ops.weight_only import is_weight_only
 from graphdnn.symbolic import Sym, show_ranges, symbols_of
 
 from ..buckets import size_buckets
 from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel, Scratch
 from . import direct_conv
+from . import gemm_weight_only as weight_only
 from .gemm_mma import TILE_CANDIDATES, mma_kernel, tile_config
 from .gemm_problem import Problem, eight_bit_slow_path, on_tensor_cores, problem_of
 from .gemm_simt import simt_kernel
@@ -72,6 +77,8 @@ LOG = logging.getLogger("graphdnn.compile")
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert fused.anchor is not None
+    if is_weight_only(fused.anchor):
+        return weight_only.emit(fused, ctx)
     problem = problem_of(fused.anchor)
     if problem.is_grad:
         return _emit_grad(fused, ctx, problem)
@@ -247,6 +254,8 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     convolution gradient the mma.sync ones, wgmma ones for dgrad, and the direct kernel
     ({"path": "direct"})."""
     assert fused.anchor is not None
+    if is_weight_only(fused.anchor):
+        return weight_only.candidates(fused.anchor)
     problem = problem_of(fused.anchor)
     if not on_tensor_cores(problem, arch):
         return []

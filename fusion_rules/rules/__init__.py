@@ -1,5 +1,15 @@
 """The built-in rules; importing this package registers them."""
 
-from . import attention, batchnorm, block_scaled, gemm, norm, norm_backward, pointwise, reduction
+from . import attention, batchnorm, block_scaled, gemm, norm, norm_backward, pointwise, reduction, weight_only
 
-__all__ = ["attention", "batchnorm", "block_scaled", "gemm", "norm", "norm_backward", "pointwise", "reduction"]
+__all__ = [
+    "attention",
+    "batchnorm",
+    "block_scaled",
+    "gemm",
+    "norm",
+    "norm_backward",
+    "pointwise",
+    "reduction",
+    "weight_only",
+]

@@ -20,8 +20,6 @@ from ..ops.reduction import ReductionMode
 
 # The frontend's data types graphdnn has no counterpart for, and why.
 FRONTEND_ONLY_TYPES = {
-    "FP4_E2M1": "graphdnn has no fp4 type (block-scaled tensors are fp8_e4m3 / fp8_e5m2)",
-    "INT4": "graphdnn has no int4 type",
     "FAST_FLOAT_FOR_FP8": "graphdnn has no fast-accumulation fp8 compute type (it accumulates fp8 products in float)",
     "INT8x4": "graphdnn has no vectorized types",
     "UINT8x4": "graphdnn has no vectorized types",

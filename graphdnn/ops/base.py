@@ -92,6 +92,8 @@ class Op(abc.ABC):
     # Outputs whose dims the user declares (set_dim) because inference cannot know them;
     # ``infer`` receives the declared dims and checks them.
     declared_outputs: ClassVar[frozenset[str]] = frozenset()
+    # Input roles that read 4-bit tensors (graphdnn/packing.py); validation refuses them elsewhere.
+    packed_inputs: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:

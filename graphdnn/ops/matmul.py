@@ -6,6 +6,9 @@ NumPy-style, right-aligned, so the ranks may differ. C is ``[..., M, N]``, row-m
 Block-scaled fp8 (block_scaled.py): with ``A_scale`` and ``B_scale`` bound, C = (A * A_scale
 per 1 x 128 block) @ (B * B_scale per 128 x 128 or 128 x 1 block) with float scales
 (DeepSeek-V3's recipe), or per 1 x 32 and 32 x 1 blocks with fp8_e8m0 scales (MXFP8).
+
+Weight-only (weight_only.py): with a 4-bit B (int4, fp4_e2m1) and ``B_scale`` bound, C = A @
+(B * B_scale per group of 32, 64 or 128 k), A fp16 or bf16.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 from ..symbolic import Extent
 from .base import Category, Inferred, Op, Role, broadcast, fail, register
 from .block_scaled import check_block_scales, scaled_operands
+from .weight_only import check_weight_only, is_weight_only, weight_only_operands
 
 if TYPE_CHECKING:
     from ..ir import Node
@@ -35,6 +39,7 @@ class Matmul(Op):
         Role("B_scale", optional=True, positive=True),
     )
     outputs = (Role("C"),)
+    packed_inputs = frozenset({"B"})
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         a, b = node.input("A"), node.input("B")
@@ -56,13 +61,18 @@ class Matmul(Op):
                 "do not broadcast (each pair, right-aligned, must be equal or contain a 1; a symbolic dim only equals itself)",
                 role="B",
             )
-        check_block_scales(node)
+        if is_weight_only(node):
+            check_weight_only(node)
+        else:
+            check_block_scales(node)
         return {"C": Inferred((*batch, a.dim[-2], b.dim[-1]))}
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The operands arrive widened to float64 (reference.py): fp8 and int8 products are
         exact, fp8 sums at least as accurate as fp32 accumulation, int8 sums exact integers
         (below 2^53), as cuDNN's int32 accumulator; C is then rounded to its own type."""
+        if is_weight_only(node):
+            return {"C": np.matmul(*weight_only_operands(node, x))}
         return {"C": np.matmul(*scaled_operands(x))}
 
 
@@ -79,6 +89,6 @@ class MatmulMethods:
         B_scale: TensorSpec | None = None,
     ) -> TensorSpec:
         """C = A @ B, batched over the leading dims with NumPy broadcasting; with ``A_scale`` and
-        ``B_scale``, block-scaled fp8 operands (docs/ops.md)."""
+        ``B_scale``, block-scaled fp8 operands, or a 4-bit B with its group scales (docs/ops.md)."""
         inputs = {"A": A, "B": B, "A_scale": A_scale, "B_scale": B_scale}
         return self._add_node("matmul", inputs, name=name, compute_data_type=compute_data_type)[0]

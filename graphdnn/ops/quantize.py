@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 ELEMENT_TYPES = frozenset({DataType.FP8_E4M3, DataType.FP8_E5M2})
 SCALE_TYPES = frozenset({DataType.FLOAT, DataType.FP8_E8M0})
+# Dequantize also reads 4-bit weights (graphdnn/packing.py) with 16-bit scales: the group
+# scales of weight-only GEMMs (fusion_rules/rules/weight_only.py).
+DEQUANTIZE_TYPES = ELEMENT_TYPES | {DataType.INT4, DataType.FP4_E2M1}
+DEQUANTIZE_SCALE_TYPES = SCALE_TYPES | {DataType.HALF, DataType.BFLOAT16}
 INPUT_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 # The largest finite value of each element type: the block maximum is scaled onto it.
 LARGEST = {DataType.FP8_E4M3: 448.0, DataType.FP8_E5M2: 57344.0}
@@ -161,19 +165,21 @@ class BlockScaleQuantize(Op):
 
 @register
 class BlockScaleDequantize(Op):
-    """y = x * scale, each element with the scale of its block."""
+    """y = x * scale, each element with the scale of its block: fp8 values with float or
+    fp8_e8m0 scales, or 4-bit weights (int4, fp4_e2m1) with float, half or bfloat16 group scales."""
 
     kind = "block_scale_dequantize"
     category = Category.QUANTIZATION
     inputs = (Role("X"), Role("scale", positive=True))
     outputs = (Role("Y"),)
     attributes = BlockScaleDequantizeAttributes
+    packed_inputs = frozenset({"X"})
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, scale = node.input("X"), node.input("scale")
         assert x is not None and scale is not None
-        _check_input_type(node, "X", x, ELEMENT_TYPES, "fp8 values")
-        _check_input_type(node, "scale", scale, SCALE_TYPES, "block scales")
+        _check_input_type(node, "X", x, DEQUANTIZE_TYPES, "fp8 or 4-bit values")
+        _check_input_type(node, "scale", scale, DEQUANTIZE_SCALE_TYPES, "block scales")
         block_size = _check_block_size(node)
         axis = block_axis(node, len(x.dim))
         expected = scale_dims(x.dim, axis, block_size)
@@ -185,6 +191,11 @@ class BlockScaleDequantize(Op):
                 role="scale",
             )
         return {"Y": Inferred(x.dim, stride_order(x.dim, x.stride))}
+
+    def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
+        """int4 weights span their whole range, -8..7."""
+        x = node.input("X")
+        return (-8, 7) if role == "X" and x is not None and x.data_type is DataType.INT4 else None
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         value, scale = x["X"], x["scale"]

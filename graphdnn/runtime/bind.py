@@ -72,7 +72,7 @@ def _bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, strea
     for tid, buffer in described.items():
         buffers.check(ir.tensors[tid], buffer, device.ordinal, written=tid in outputs_written)
     views = {
-        tid: View(b.pointer, b.shape, b.strides, ir.tensors[tid].data_type.itemsize) for tid, b in described.items()
+        tid: View(b.pointer, b.shape, b.strides, buffers.element_bytes(ir.tensors[tid])) for tid, b in described.items()
     }
     names = {tid: ir.tensors[tid].name for tid in views}
     # A size bucket's variant runs only at the calls its bucket holds: exactly one of a fused node's.

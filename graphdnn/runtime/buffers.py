@@ -9,6 +9,7 @@ tensor it is bound to.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..dtypes import DataType, as_data_type
 from ..errors import DataTypeError, FeedError
 from ..ir import Tensor
 from ..layout import packed_strides, storage_extent
+from ..packing import byte_layout
 from . import strided
 from .device_array import DeviceArray
 
@@ -67,25 +69,64 @@ def check(tensor: Tensor, buffer: Buffer, device: int, written: bool = False) ->
         fail(f"is in {buffer.where}; it must be in GPU memory (cuda:{device})")
     if buffer.device != device:
         fail(f"is on cuda:{buffer.device}, the plan runs on cuda:{device} (where the other buffers are)")
+    if tensor.data_type.is_packed:
+        _check_packed(tensor, buffer, fail)
+        _check_writable(buffer, written, fail)
+        return
     if buffer.data_type is not tensor.data_type:
         fail(f"has data type {buffer.type_name}, the graph declares {tensor.data_type.value}")
     if buffer.shape != tensor.dim:
         fail(f"has dims {list(buffer.shape)}, the graph declares {list(tensor.dim)}")
-    if any(s < 0 for d, s in zip(buffer.shape, buffer.strides) if d > 1):
-        fail(
-            f"has strides {list(buffer.strides)}: a reversed view; graph strides are never negative, so no "
-            f"kernel reads it: pass a copy with the graph's strides {list(tensor.stride)}"
-        )
-    if not same_strides(tensor.static_dim, buffer.strides, tensor.static_stride):
-        fail(
-            f"has strides {list(buffer.strides)}, the graph declares {list(tensor.stride)}: kernels are compiled "
-            "for the graph's strides; pass a buffer with exactly these (e.g. torch.empty_strided) or build the "
-            "graph with the buffer's strides"
-        )
+    _check_strides(tensor.static_dim, buffer.strides, tensor.static_stride, tensor.stride, fail)
     if buffer.pointer % tensor.data_type.itemsize:
         fail(
             f"starts at address {buffer.pointer:#x}, not aligned to its element size ({tensor.data_type.itemsize} bytes)"
         )
+    _check_writable(buffer, written, fail)
+
+
+def element_bytes(tensor: Tensor) -> int:
+    """Bytes per element of the buffer bound to ``tensor``: a 4-bit tensor's holds bytes."""
+    return 1 if tensor.data_type.is_packed else tensor.data_type.itemsize
+
+
+def _check_packed(tensor: Tensor, buffer: Buffer, fail: Callable[[str], None]) -> None:
+    """A 4-bit tensor's buffer is a uint8 or int8 array of its packed bytes (graphdnn/packing.py)."""
+    dims, strides = byte_layout(tensor.name, tensor.data_type, tensor.static_dim, tensor.static_stride)
+    if buffer.data_type not in (DataType.UINT8, DataType.INT8):
+        fail(
+            f"has data type {buffer.type_name}; the graph declares {tensor.data_type.value}, whose buffer holds the "
+            "packed bytes as uint8 or int8 (two elements per byte, low nibble first)"
+        )
+    if buffer.shape != dims:
+        fail(
+            f"has dims {list(buffer.shape)}; {tensor.data_type.value} {list(tensor.dim)} packed two per byte is "
+            f"{list(dims)} bytes"
+        )
+    _check_strides(dims, buffer.strides, strides, strides, fail)
+
+
+def _check_strides(
+    dims: tuple[int, ...],
+    given: tuple[int, ...],
+    declared: tuple[int, ...],
+    shown: tuple[object, ...],
+    fail: Callable[[str], None],
+) -> None:
+    if any(s < 0 for d, s in zip(dims, given) if d > 1):
+        fail(
+            f"has strides {list(given)}: a reversed view; graph strides are never negative, so no "
+            f"kernel reads it: pass a copy with the graph's strides {list(shown)}"
+        )
+    if not same_strides(dims, given, declared):
+        fail(
+            f"has strides {list(given)}, the graph declares {list(shown)}: kernels are compiled "
+            "for the graph's strides; pass a buffer with exactly these (e.g. torch.empty_strided) or build the "
+            "graph with the buffer's strides"
+        )
+
+
+def _check_writable(buffer: Buffer, written: bool, fail: Callable[[str], None]) -> None:
     if written and buffer.readonly:
         fail("is read-only (its exporter set the read-only flag); the plan writes it")
 

@@ -17,6 +17,7 @@ import numpy as np
 from ..dtypes import DataType
 from ..ir import Tensor
 from ..layout import overlap_reason, storage_extent
+from ..packing import byte_layout
 from . import driver
 from .device_array import DeviceArray
 
@@ -58,7 +59,16 @@ def torch_dtype(data_type: DataType) -> Any:
 def to_torch(array: np.ndarray, tensor: Tensor) -> Any:
     """A CUDA torch tensor with ``tensor``'s dims and strides holding ``array`` (logical dims,
     the tensor's NumPy type: ml_dtypes bf16 / fp8 arrays cross by their bits). Strides that map
-    several elements to one address (a broadcast input) hold, there, one of their values."""
+    several elements to one address (a broadcast input) hold, there, one of their values. A
+    4-bit tensor's ``array`` is its packed bytes: the result is a uint8 tensor of the byte
+    layout (graphdnn/packing.py)."""
+    if tensor.data_type.is_packed:
+        import torch
+
+        dims, strides = byte_layout(tensor.name, tensor.data_type, tensor.static_dim, tensor.static_stride)
+        packed = torch.empty_strided(dims, strides, dtype=torch.uint8, device="cuda")
+        packed.copy_(torch.from_numpy(np.ascontiguousarray(array.view(np.uint8))))
+        return packed
     if overlap_reason(tensor.dim, tensor.stride) is not None:  # torch copies into no such view
         storage = np.zeros(storage_extent(tensor.static_dim, tensor.static_stride), dtype=array.dtype)
         strides = tuple(s * storage.itemsize for s in tensor.static_stride)

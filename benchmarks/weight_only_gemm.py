@@ -1,0 +1,131 @@
+"""Weight-only int4 GEMM (issue 12) beside torch's bf16 GEMM of the same shape, on one GPU.
+
+C [M, N] = A [M, K] (bf16) @ dequantize(W int4 [K, N] stored as [N, K], bf16 scales per 128 k
+per column), written as the graph block_scale_dequantize(W) -> matmul, which the
+weight_only_matmul rule fuses: M = 1 to 16 tokens, (K, N) = (4096, 4096) and (4096, 14336),
+LLM decode. The problem is bound by the weights' bytes: ours reads K * N / 2 of them, the bf16
+GEMM 2 * K * N, so 4x is the memory-bound ideal. Each row gives the time, the bytes moved per
+second against the device-to-device copy rate measured in the same run (the HBM roofline),
+and torch.matmul(A, W_bf16ᵀ) in the same run. Outputs are checked against torch's fp32
+product of the dequantized weights.
+
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py            # on the GPU
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --sweep    # and every launch choice
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --dry      # the plans' kernels for sm_90, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import graphdnn as gd
+
+SHAPES = ((4096, 4096), (4096, 14336))  # (K, N)
+ROWS = (1, 4, 8, 16)
+GROUP = 128
+
+
+def graph(m: int, k: int, n: int) -> gd.OperationGraphSpec:
+    g = gd.OperationGraphSpec(
+        name=f"weight_only_{m}x{k}x{n}", io_data_type="bfloat16", intermediate_data_type="bfloat16"
+    )
+    a = g.tensor(name="a", dim=[m, k])
+    w = g.tensor(name="w", dim=[k, n], stride=[1, k], data_type="int4")
+    scale = g.tensor(name="scale", dim=[k // GROUP, n], data_type="bfloat16")
+    c = g.matmul(a, g.block_scale_dequantize(w, scale, GROUP, axis=0, name="deq"), name="mm")
+    c.set_name("c").set_output(True)
+    return g
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry", action="store_true", help="emit each plan's kernels for sm_90 (no GPU, no NVRTC)")
+    parser.add_argument("--sweep", action="store_true", help="also time every launch choice (shorter timings)")
+    args = parser.parse_args()
+    if args.dry:
+        return dry()
+    from benchmarks.measure import measure_ceilings
+
+    ceilings = measure_ceilings()
+    copy = ceilings.copy_bytes_per_s / 1e9
+    print(f"{ceilings.device}: device-to-device copy {copy:.0f} GB/s (read + written)\n")
+    best = " best choice µs (tiles/warps/unroll) | speedup |" if args.sweep else ""
+    print(f"| M | K x N | ours µs | ours GB/s | % of copy | torch bf16 µs | torch GB/s | speedup |{best}")
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if args.sweep else ""))
+    for k, n in SHAPES:
+        for m in ROWS:
+            print(row(m, k, n, copy, sweep=args.sweep), flush=True)
+    return 0
+
+
+def dry() -> int:
+    from fusion_rules import fuse
+    from graphdnn.lower import lower
+    from graphdnn.signature import signature
+
+    for k, n in SHAPES:
+        for m in ROWS:
+            g = graph(m, k, n).validate()
+            sources = lower(fuse(g, arch=90), 90, signature(g), lambda content_hash: content_hash).sources
+            print(f"M={m} K={k} N={n}: {', '.join(source.name for source in sources.values())}")
+    return 0
+
+
+def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool) -> str:
+    from benchmarks.measure import checked_plan_us, median_us
+
+    inputs, want, w16 = _inputs(m, k, n)
+    ours = checked_plan_us(graph(m, k, n), inputs, want)
+    best = _sweep(m, k, n, inputs, want) if sweep else None
+    a = inputs["a"]
+    theirs = median_us(lambda: a @ w16.t())
+    ours_bytes = k * n // 2 + 2 * (k // GROUP) * n + 2 * m * k + 2 * m * n
+    torch_bytes = 2 * k * n + 2 * m * k + 2 * m * n
+    ours_gbs, torch_gbs = ours_bytes / ours / 1e3, torch_bytes / theirs / 1e3
+    shown = f" {best[0]:.1f} ({best[1]}) | {theirs / best[0]:.2f} |" if best else ""
+    return (
+        f"| {m} | {k} x {n} | {ours:.1f} | {ours_gbs:.0f} | {100 * ours_gbs / copy_gbs:.0f}% | {theirs:.1f} | "
+        f"{torch_gbs:.0f} | {theirs / ours:.2f} |{shown}"
+    )
+
+
+def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any) -> tuple[float, str]:
+    """Every launch choice timed (printed on one line); the fastest."""
+    from benchmarks.measure import checked_plan_us
+    from codegen.families.gemm import candidates
+
+    fused = next(f for f in gd.fuse(graph(m, k, n)).nodes if f.anchor is not None)
+    timed = sorted(
+        (checked_plan_us(graph(m, k, n), inputs, want, {fused.name: c}, rep_ms=50), _short(c))
+        for c in candidates(fused, 90)
+    )
+    print(f"  M={m} K={k} N={n} (µs tiles/warps/unroll): " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
+    return timed[0]
+
+
+def _short(choice: dict[str, object]) -> str:
+    """A launch choice as tiles/warps/unroll."""
+    return "/".join(str(choice[key]) for key in ("column_tiles", "warps", "unroll"))
+
+
+def _inputs(m: int, k: int, n: int) -> tuple[dict[str, Any], Any, Any]:
+    """The feeds, the fp32 product of the dequantized weights (bf16), and W dequantized as a
+    bf16 [N, K] matrix (the peer's operand, the same layout as ours)."""
+    import torch
+
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    packed = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8)  # [N, K / 2]: packed along K
+    scale = (torch.rand(k // GROUP, n, device="cuda") * 0.02 + 0.01).to(torch.bfloat16)
+    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(n, k).to(torch.int32)
+    w16 = (((codes ^ 8) - 8).float() * scale.float().repeat_interleave(GROUP, 0).t()).to(torch.bfloat16)
+    want = (a.float() @ w16.float().t()).to(torch.bfloat16)
+    return {"a": a, "w": packed.t(), "scale": scale}, want, w16
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""The weight-only 4-bit GEMM (graphdnn/ops/weight_only.py): C [rows, N] = A [rows, K] (16-bit)
+@ dequantize(W [K, N], group scales), for at most 16 rows (fusion_rules/rules/weight_only.py).
+
+The problem is bound by the weights' bytes, so both kernels read every packed byte once and
+dequantize in registers:
+- the tensor-core kernel (gemm_weight_only_mma.py) where W is int4 packed along K (the [N, K]
+  layout of a linear layer's weight) in 16-byte aligned columns, K a multiple of 32, and A
+  k-contiguous in 16-byte rows: wide loads, mma.sync, K split across warps;
+- otherwise a SIMT kernel, one thread per column n summing every row over K in fp32: correct for
+  any layout and for fp4_e2m1 (Hopper has no FP4 tensor cores; FP4 is storage here), not fast.
+Both round each dequantized weight to A's type, as the reference does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
+from graphdnn.errors import UnsupportedError
+from graphdnn.ir import Node, Tensor
+from graphdnn.ops.weight_only import group_scales, rows_of
+
+from ..context import EmitContext, KernelParams, indent, kernel_source
+from ..cuda_types import cuda_type, load_packed, store
+from ..kernel import FusedProgram, Kernel
+from . import gemm_weight_only_mma as mma
+
+SIMT_THREADS = 128
+
+
+@dataclass(frozen=True)
+class WeightOnly:
+    """The anchor seen as the kernels read it: strides in elements, rows folded (rows_of)."""
+
+    node: Node
+    a: Tensor
+    w: Tensor
+    scale: Tensor
+    out: Tensor
+    rows: int
+    k: int
+    n: int
+    group: int
+    a_row: int  # A's row stride
+    c_row: int  # C's row stride
+
+    @property
+    def k_major(self) -> bool:
+        """W packed along K (strides [1, column stride]): each column's k contiguous."""
+        return self.w.static_stride[0] == 1
+
+    @property
+    def activation(self) -> str:
+        return cuda_type(self.a.data_type)
+
+
+def problem_of(node: Node) -> WeightOnly:
+    a, w, out = node.input("A"), node.input("B"), node.output("C")
+    assert a is not None and w is not None and out is not None
+    scale, group = group_scales(node)
+    a_rows, c_rows = rows_of(a), rows_of(out)
+    assert a_rows is not None and c_rows is not None, f"{node.name}: rows the rule should have refused"
+    k, n = w.static_dim
+    return WeightOnly(node, a, w, scale, out, a_rows[0], k, n, group, a_rows[1], c_rows[1])
+
+
+def tensor_core_reason(p: WeightOnly) -> str | None:
+    """Why the tensor-core kernel cannot read this problem, or None."""
+    if p.w.data_type is not DataType.INT4:
+        return f"W '{p.w.name}' is {p.w.data_type.value}: the tensor-core kernel dequantizes int4 (FP4 is storage here)"
+    if not p.k_major or p.w.static_stride[1] % 32:
+        return f"W '{p.w.name}' has strides {list(p.w.stride)}: the tensor-core kernel reads it packed along K in 16-byte columns"
+    if p.k % 32:
+        return f"K = {p.k} is not a multiple of 32 (one 16-byte load of int4 per thread)"
+    if p.a.static_stride[-1] != 1 or (p.rows > 1 and p.a_row % 8):
+        return f"A '{p.a.name}' has strides {list(p.a.stride)}: the tensor-core kernel reads it k-contiguous in 16-byte rows"
+    return None
+
+
+def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
+    assert fused.anchor is not None
+    p = problem_of(fused.anchor)
+    reason = tensor_core_reason(p)
+    if reason is None:
+        return FusedProgram(fused.name, (mma.kernel(fused, ctx, p, mma.choice(p, ctx.tuning, p.node.name)),))
+    if ctx.tuning:
+        raise UnsupportedError(
+            f"weight-only GEMM tuning {ctx.tuning}: this problem runs on the SIMT kernel, which takes none ({reason})",
+            node=p.node.name,
+        )
+    return FusedProgram(fused.name, (simt_kernel(fused, ctx, p),))
+
+
+def candidates(node: Node) -> list[dict[str, object]]:
+    """Launch choices for autotuning: the tensor-core kernel's; none on the SIMT path."""
+    p = problem_of(node)
+    return mma.candidates() if tensor_core_reason(p) is None else []
+
+
+def simt_kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly) -> Kernel:
+    """One thread per column n: ROWS fp32 sums over K of A[r, k] * round(q[k, n] * scale)."""
+    params = KernelParams()
+    a, w, scale = params.tensor(p.a), params.tensor(p.w), params.tensor(p.scale)
+    out = params.tensor(p.out, writable=True)
+    ws, ss = p.w.static_stride, p.scale.static_stride
+    a_k, c_n = p.a.static_stride[-1], p.out.static_stride[-1]
+    weight = load_packed(p.w.data_type, w, f"kk * {ws[0]}LL + n * {ws[1]}LL")
+    body = [
+        f"constexpr int ROWS = {p.rows}, K = {p.k}, N = {p.n}, GROUP = {p.group};",
+        "const long long n = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
+        "if (n >= N) return;",
+        "float acc[ROWS] = {};",
+        "for (int kk = 0; kk < K; ++kk) {",
+        f"  const float sc = gd::to<float>({scale}[(kk / GROUP) * {ss[0]}LL + n * {ss[1]}LL]);",
+        f"  const float wq = gd::rounded<{p.activation}, float>({weight} * sc);",
+        "  #pragma unroll",
+        "  for (int row = 0; row < ROWS; ++row) {",
+        f"    acc[row] += gd::to<float>({a}[row * {p.a_row}LL + kk * {a_k}LL]) * wq;",
+        "  }",
+        "}",
+        "#pragma unroll",
+        "for (int row = 0; row < ROWS; ++row) {",
+        f"  {out}[row * {p.c_row}LL + n * {c_n}LL] = {store(p.out.data_type, 'acc[row]')};",
+        "}",
+    ]
+    name, source = kernel_source(ctx, fused, "weight_only_gemm_simt", params, SIMT_THREADS, indent(body, 1))
+    grid = (-(-p.n // SIMT_THREADS), 1, 1)
+    return Kernel(name, source, grid, (SIMT_THREADS, 1, 1), 0, tuple(params.bindings))

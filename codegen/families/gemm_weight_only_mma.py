@@ -1,0 +1,217 @@
+"""The weight-only int4 GEMM on tensor cores, for W packed along K and at most 16 rows of A.
+
+Memory-bound on the packed weights, so the kernel is built around reading them, and around
+doing little per weight. The weights are the mma.sync m16n8k16 A operand (16 output columns
+by 16 k), the activations its B operand (8 tokens): a tile of 16 columns takes one MMA per
+16 k for up to 8 tokens, two for up to 16.
+
+Loads: each warp owns ``column_tiles`` tiles of 16 columns; a lane (group g = lane / 4, quad
+q = lane % 4) reads 32 consecutive k of columns g and g + 8 of each tile, one 16-byte load
+each, the four quads together one 64-byte run per column. The warp's chunks of 128 k come in
+sets of ``unroll``, two sets in flight while one multiplies (ping-pong registers). The block's
+``warps`` warps split K (chunk c goes to warp c mod warps; every warp makes the same trips,
+past K with zeros) and sum their partial tiles through shared memory in warp order:
+deterministic. A launch whose pointers are not all 16-byte aligned runs the same loop with
+byte loads.
+
+Dequantizing in registers (the lop3 trick; the CPU emulation reads its C form): a 32-bit
+word holds 8 nibbles; ``(word & 0x000f000f) ^ 0x64086408`` turns nibbles 0 and 4 into the fp16
+pair 1024 + (code ^ 8), so subtracting 1032 gives the signed values exactly (bf16: 0x4308,
+136). Shifting the word by 4, 8 and 12 gives the pairs (1, 5), (2, 6), (3, 7). Times the
+group's scale (rounded once to A's type, as the reference rounds the dequantized weight) they
+are A fragment registers. The k order inside a k16 step does not change the sum, so the
+activations' B fragments take the same permutation: halves (0, 4), (1, 5), (2, 6), (3, 7) of
+each 8-half piece of a token's row, gathered with byte permutes. Tokens past ``rows`` are zero.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
+from graphdnn.errors import UnsupportedError
+
+from ..context import EmitContext, KernelParams, indent, kernel_source
+from ..cuda_types import store
+from ..kernel import Kernel
+from .rnn_projection import with_mma_functions
+
+if TYPE_CHECKING:
+    from .gemm_weight_only import WeightOnly
+
+SMS = 132  # an H100 / H200: the grid should give every SM two blocks or more
+CHUNK = 128  # k per warp step: 4 quads x 32
+TILE = 16  # output columns per MMA
+CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8), "unroll": (1, 2)}
+
+
+def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
+    """The launch choice: ``tuning`` checked, else as many column tiles per warp as keep two
+    blocks per SM (the activations are reused across them), 8 warps splitting K, and sets of 2
+    chunks for one tile, of 1 for more (registers: two blocks of 256 threads per SM)."""
+    for key, value in tuning.items():
+        if key not in CHOICES or value not in CHOICES[key]:
+            raise UnsupportedError(
+                f"weight-only GEMM tuning {dict(tuning)}: {key} = {value!r} is not one of "
+                + "; ".join(f"{k} in {list(v)}" for k, v in CHOICES.items()),
+                node=node,
+            )
+    tiles = next((t for t in (4, 2) if -(-p.n // (TILE * t)) >= 2 * SMS), 1)
+    return {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, **tuning}
+
+
+def candidates() -> list[dict[str, object]]:
+    """Every launch choice, for autotuning (the same for every problem the kernel takes)."""
+    return [
+        {"column_tiles": t, "warps": w, "unroll": u}
+        for t in CHOICES["column_tiles"]
+        for w in CHOICES["warps"]
+        for u in CHOICES["unroll"]
+    ]
+
+
+def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
+    tiles, warps, unroll = launch["column_tiles"], launch["warps"], launch["unroll"]
+    params = KernelParams()
+    a, w, scale = params.tensor(p.a), params.tensor(p.w), params.tensor(p.scale)
+    out = params.tensor(p.out, writable=True)
+    aligned = params.aligned_flag()
+    bf16 = p.a.data_type is DataType.BFLOAT16
+    pair = "__nv_bfloat162" if bf16 else "__half2"
+    magic = "0x43084308" if bf16 else "0x64086408"  # 136 / 1032 in both halves: magic + 8
+    to_pair = "__float2bfloat162_rn" if bf16 else "__float2half2_rn"
+    ss, c_n = p.scale.static_stride, p.out.static_stride[-1]
+
+    def product(load: str) -> list[str]:
+        """The K loop and its loads, reading 16 bytes with ``load``."""
+        return [
+            # the weights and scales of a set of chunks: the warp's chunks base + warp, base + warp + WARPS, ...
+            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]) {{",
+            "  #pragma unroll",
+            "  for (int u = 0; u < UNROLL; ++u) {",
+            "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
+            "    #pragma unroll",
+            "    for (int j = 0; j < TILES; ++j) {",
+            "      #pragma unroll",
+            "      for (int h = 0; h < 2; ++h) {  // columns g and g + 8 of the tile",
+            "        const long long n = first + 16 * j + 8 * h + g;",
+            "        const bool live = n < N && k0 < K;",
+            f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0 / 2) : make_uint4(0, 0, 0, 0);",
+            f"        sc[u][j][h] = {to_pair}(live ? gd::to<float>({scale}[(k0 / GROUP) * {ss[0]}LL + n * {ss[1]}LL]) : 0.0f);",
+            "      }",
+            "    }",
+            "  }",
+            "};",
+            f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]) {{",
+            "  #pragma unroll",
+            "  for (int u = 0; u < UNROLL; ++u) {",
+            "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
+            "    uint4 x[HALVES][4];  // tokens g and g + 8 at k0 .. k0 + 31",
+            "    #pragma unroll",
+            "    for (int t = 0; t < HALVES; ++t) {",
+            "      #pragma unroll",
+            "      for (int piece = 0; piece < 4; ++piece) {",
+            "        const bool live = g + 8 * t < ROWS && k0 < K;",
+            f"        x[t][piece] = live ? {load}({a} + (g + 8 * t) * {p.a_row}LL + k0 + 8 * piece) : make_uint4(0, 0, 0, 0);",
+            "      }",
+            "    }",
+            "    #pragma unroll",
+            "    for (int piece = 0; piece < 4; ++piece) {  // 8 k: k0 + 8 * piece ...",
+            "      #pragma unroll",
+            "      for (int hp = 0; hp < 2; ++hp) {  // k pairs (2 hp, 2 hp + 4) and (2 hp + 1, 2 hp + 5)",
+            "        unsigned fb[HALVES][2];",
+            "        #pragma unroll",
+            "        for (int t = 0; t < HALVES; ++t) {",
+            "          const unsigned lo = hp ? x[t][piece].y : x[t][piece].x, hi = hp ? x[t][piece].w : x[t][piece].z;",
+            "          fb[t][0] = __byte_perm(lo, hi, 0x5410);",
+            "          fb[t][1] = __byte_perm(lo, hi, 0x7632);",
+            "        }",
+            "        #pragma unroll",
+            "        for (int j = 0; j < TILES; ++j) {",
+            "          unsigned fa[4];  // columns g, g + 8; k pairs (2 hp, 2 hp + 4), (2 hp + 1, 2 hp + 5)",
+            "          #pragma unroll",
+            "          for (int h = 0; h < 2; ++h) {",
+            "            const uint4 ws = wv[u][j][h];",
+            "            const unsigned word = piece == 0 ? ws.x : piece == 1 ? ws.y : piece == 2 ? ws.z : ws.w;",
+            "            fa[h] = dequant(word >> (8 * hp), sc[u][j][h]);",
+            "            fa[2 + h] = dequant(word >> (8 * hp + 4), sc[u][j][h]);",
+            "          }",
+            "          #pragma unroll",
+            "          for (int t = 0; t < HALVES; ++t) mma_16816(acc[j][t], fa, fb[t][0], fb[t][1]);",
+            "        }",
+            "      }",
+            "    }",
+            "  }",
+            "};",
+            # ping-pong: one set of chunks in flight while the other multiplies (conditions the same in every warp)
+            "constexpr int STEP = WARPS * UNROLL;",
+            "uint4 wa[UNROLL][TILES][2], wb[UNROLL][TILES][2];",
+            f"{pair} sa[UNROLL][TILES][2], sb[UNROLL][TILES][2];",
+            "fetch(0, wa, sa);",
+            "for (int c0 = 0; c0 < CHUNKS; c0 += 2 * STEP) {",
+            "  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb);",
+            "  multiply(c0, wa, sa);",
+            "  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa);",
+            "  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb);",
+            "}",
+        ]
+
+    body = [
+        f"constexpr int ROWS = {p.rows}, K = {p.k}, N = {p.n}, GROUP = {p.group}, HALVES = ROWS > 8 ? 2 : 1;",
+        f"constexpr int TILES = {tiles}, WARPS = {warps}, UNROLL = {unroll}, CHUNKS = {-(-p.k // CHUNK)};",
+        f"constexpr long long W_COLUMN = {p.w.static_stride[1] // 2};  // bytes between columns",
+        "__shared__ float4 partial[WARPS][TILES * HALVES][32];",
+        "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;",
+        "const long long first = (long long)blockIdx.x * (16 * TILES);",
+        # nibbles 0 and 4 of v: the signed pair, times the scale pair, as a 32-bit fragment register
+        f"auto dequant = [&](unsigned v, {pair} sc) -> unsigned {{",
+        "  unsigned h;",
+        "#ifdef __CUDA_ARCH__  // one lop3: NVCC splits the C expression into two",
+        f'  asm("lop3.b32 %0, %1, 0x000f000f, {magic}, 0x6a;" : "=r"(h) : "r"(v));',
+        "#else",
+        f"  h = (v & 0x000f000fu) ^ {magic}u;",
+        "#endif",
+        f"  const unsigned biased = {magic}u;",
+        f"  {pair} x = __hsub2(*reinterpret_cast<const {pair}*>(&h), *reinterpret_cast<const {pair}*>(&biased));",
+        "  x = __hmul2(x, sc);",
+        "  return *reinterpret_cast<unsigned*>(&x);",
+        "};",
+        "float acc[TILES][HALVES][4] = {};  // [tile][tokens 0-7, 8-15][m16n8 accumulator fragment]",
+        "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
+        "auto load_bytes = [&](const void* at) -> uint4 {",
+        "  unsigned word[4] = {0, 0, 0, 0};",
+        "  #pragma unroll",
+        "  for (int i = 0; i < 16; ++i)",
+        "    word[i / 4] |= (unsigned)__ldg(reinterpret_cast<const unsigned char*>(at) + i) << (8 * (i % 4));",
+        "  return make_uint4(word[0], word[1], word[2], word[3]);",
+        "};",
+        f"if ({aligned}) {{",
+        *("  " + line for line in product("load_wide")),
+        "} else {",
+        *("  " + line for line in product("load_bytes")),
+        "}",
+        "#pragma unroll",
+        "for (int j = 0; j < TILES; ++j) {",
+        "  #pragma unroll",
+        "  for (int t = 0; t < HALVES; ++t) {",
+        "    partial[warp][j * HALVES + t][lane] = make_float4(acc[j][t][0], acc[j][t][1], acc[j][t][2], acc[j][t][3]);",
+        "  }",
+        "}",
+        "__syncthreads();",
+        # one output per step: tile j, tokens half t, lane and register of the m16n8 accumulator fragment
+        "for (int e = threadIdx.x; e < TILES * HALVES * 128; e += WARPS * 32) {",
+        "  const int jt = e >> 7, from = (e >> 2) & 31, reg = e & 3;",
+        "  const int row = 8 * (jt % HALVES) + 2 * (from & 3) + (reg & 1);",
+        "  const long long n = first + 16 * (jt / HALVES) + (from >> 2) + 8 * (reg >> 1);",
+        "  if (row >= ROWS || n >= N) continue;",
+        "  float sum = 0.0f;",
+        "  for (int v = 0; v < WARPS; ++v) sum += reinterpret_cast<const float*>(&partial[v][jt][from])[reg];",
+        f"  {out}[row * {p.c_row}LL + n * {c_n}LL] = {store(p.out.data_type, 'sum')};",
+        "}",
+    ]
+    threads = 32 * warps
+    name, source = kernel_source(ctx, fused, "weight_only_gemm_mma", params, threads, indent(body, 1))
+    grid = (-(-p.n // (TILE * tiles)), 1, 1)
+    plain = Kernel(name, source, grid, (threads, 1, 1), 0, tuple(params.bindings), alignment=16)
+    return with_mma_functions(plain, p.a.data_type)

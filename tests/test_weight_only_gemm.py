@@ -1,0 +1,277 @@
+"""Weight-only 4-bit GEMM (issue 12): matmul(A fp16 / bf16, block_scale_dequantize(W int4 /
+fp4_e2m1, group scales along K)). The reference against a hand-written NumPy product, the
+matmul form the rule builds, the rule and its near misses, the kernels compiled for sm_80 and
+sm_90 and run on the CPU (tests/cpu_emulation.py), and on the GPU against the reference."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import graphdnn as gd
+from codegen.context import EmitContext
+from codegen.emit import emit_partition, emitter
+from codegen.families.gemm import candidates
+from codegen.nvrtc import compile_cubin
+from fusion_rules import fuse
+from graphdnn import reference
+from graphdnn.compare import relative_error, tolerance
+from graphdnn.dtypes import DataType
+from graphdnn.errors import DataTypeError, ShapeError, UnsupportedError
+from graphdnn.packing import unpack
+from graphdnn.random_inputs import random_inputs
+from graphdnn.signature import signature
+from tests import cpu_emulation
+from tests.gpu_check import check_on_gpu
+
+
+@dataclass(frozen=True)
+class WeightOnly:
+    """C = A [*batch, m, k] @ dequantize(W [k, n], scales per ``group`` k), W stored as [n, k]
+    (``k_major``, packed along K) or [k, n] (packed along N)."""
+
+    m: int
+    k: int
+    n: int
+    group: int = 128
+    k_major: bool = True
+    act: str = "half"
+    scale: str = "half"
+    weight: str = "int4"
+    out: str | None = None
+    batch: tuple[int, ...] = ()
+
+    def build(self) -> gd.OperationGraphSpec:
+        g = gd.OperationGraphSpec(name="weight_only", io_data_type=self.act, intermediate_data_type=self.act)
+        a = g.tensor(name="a", dim=[*self.batch, self.m, self.k])
+        stride = [1, self.k] if self.k_major else [self.n, 1]
+        w = g.tensor(name="w", dim=[self.k, self.n], stride=stride, data_type=self.weight)
+        s = g.tensor(name="s", dim=[-(-self.k // self.group), self.n], data_type=self.scale)
+        c = g.matmul(a, g.block_scale_dequantize(w, s, self.group, axis=0, name="deq"), name="mm")
+        c.set_name("c").set_output(True)
+        if self.out:
+            c.set_data_type(self.out)
+        return g
+
+
+def by_hand(case: WeightOnly, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The semantics, written out: each weight's code decoded, times its group's scale, rounded
+    to A's type; then the float64 product."""
+    stride = (1, case.k) if case.k_major else (case.n, 1)
+    w = unpack(feeds["w"], DataType(case.weight), (case.k, case.n), stride, "w")
+    s = feeds["s"].astype(np.float64)
+    scaled = np.array([[w[i, j] * s[i // case.group, j] for j in range(case.n)] for i in range(case.k)])
+    return np.asarray(feeds["a"].astype(np.float64) @ scaled.astype(gd.DataType(case.act).numpy).astype(np.float64))
+
+
+# ---- reference and validation ----
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    m=st.integers(1, 5),
+    k=st.integers(1, 6).map(lambda x: 32 * x + 2 * (x % 3)),
+    n=st.integers(1, 6).map(lambda x: 2 * x),
+    group=st.sampled_from([32, 64, 128]),
+    k_major=st.booleans(),
+    act=st.sampled_from(["half", "bfloat16"]),
+    scale=st.sampled_from(["half", "bfloat16", "float"]),
+    weight=st.sampled_from(["int4", "fp4_e2m1"]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_reference_is_the_hand_written_product(
+    m: int, k: int, n: int, group: int, k_major: bool, act: str, scale: str, weight: str, seed: int
+) -> None:
+    case = WeightOnly(m, k, n, group, k_major, act, scale, weight, out="float")
+    ir = case.build().validate()
+    feeds = random_inputs(ir, seed)
+    got = reference.execute(ir, feeds)["c"].astype(np.float64)
+    want = by_hand(case, feeds)
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def test_the_matmul_form_means_the_dequantize_form() -> None:
+    """The anchor the rule builds (a 4-bit B with B_scale) computes what the two nodes do."""
+    case = WeightOnly(3, 96, 40, group=32)
+    feeds = random_inputs(case.build().validate(), 4)
+    g = gd.OperationGraphSpec(io_data_type="half")
+    a = g.tensor(name="a", dim=[3, 96])
+    w = g.tensor(name="w", dim=[96, 40], stride=[1, 96], data_type="int4")
+    g.matmul(a, w, B_scale=g.tensor(name="s", dim=[3, 40]), name="mm").set_name("c").set_output(True)
+    want = reference.execute(case.build().validate(), feeds)["c"]
+    np.testing.assert_array_equal(reference.execute(g.validate(), feeds)["c"], want)
+
+
+def _weight_only(k: int, scale_dims: list[int], **types: str) -> None:
+    g = gd.OperationGraphSpec(io_data_type=types.get("A", "half"))
+    w = g.tensor(name="w", dim=[k, 16], stride=[1, k], data_type="int4")
+    scale = g.tensor(name="s", dim=scale_dims, data_type=types.get("B_scale", "half"))
+    g.matmul(g.tensor(name="a", dim=[2, k]), w, B_scale=scale, name="wmm").set_output(True)
+    g.validate()
+
+
+@pytest.mark.parametrize(
+    ("k", "scale_dims", "types", "error", "message"),
+    [
+        (256, [3, 16], {}, ShapeError, "B_scale has dims [3, 16], expected [2, 16] or [4, 16] or [8, 16]"),
+        (256, [2, 8], {}, ShapeError, "one scale per group of 32, 64 or 128 k per column"),
+        (256, [2, 16], {"A": "float"}, DataTypeError, "takes half or bfloat16 activations"),
+        (256, [2, 16], {"B_scale": "fp8_e8m0"}, DataTypeError, "float, half or bfloat16 group scales"),
+    ],
+)
+def test_bad_weight_only_matmuls_are_refused_naming_the_node(
+    k: int, scale_dims: list[int], types: dict[str, str], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as caught:
+        _weight_only(k, scale_dims, **types)
+    assert message in str(caught.value) and "wmm" in str(caught.value)
+
+
+# ---- the fusion rule ----
+
+
+def test_the_rule_makes_one_weight_only_gemm() -> None:
+    partition = fuse(WeightOnly(16, 256, 40).build(), arch=80)
+    assert [f.rule for f in partition.nodes] == ["weight_only_matmul"]
+    anchor = partition.nodes[0].anchor
+    assert anchor is not None and anchor.input("B") is not None and anchor.input("B").data_type is DataType.INT4
+
+
+def test_batch_dims_fold_into_the_rows() -> None:
+    partition = fuse(WeightOnly(3, 64, 8, batch=(2,)).build(), arch=90)
+    assert [f.rule for f in partition.nodes] == ["weight_only_matmul"]
+
+
+def test_more_than_16_rows_run_as_written() -> None:
+    partition = fuse(WeightOnly(17, 256, 40).build(), arch=90)
+    assert "weight_only_matmul" not in [f.rule for f in partition.nodes]
+    reasons = [r.reason for r in partition.rejections if r.rule == "weight_only_matmul"]
+    assert any("mm has 17 rows (tokens); the weight-only GEMM serves up to 16" in str(r) for r in reasons), reasons
+
+
+def test_weights_dequantized_to_another_type_than_a_run_as_written() -> None:
+    g = gd.OperationGraphSpec(io_data_type="half", intermediate_data_type="float")
+    w = g.tensor(name="w", dim=[64, 8], stride=[1, 64], data_type="int4")
+    deq = g.block_scale_dequantize(w, g.tensor(name="s", dim=[2, 8]), 32, axis=0, name="deq")
+    g.matmul(g.tensor(name="a", dim=[2, 64]), deq, name="mm").set_output(True)
+    partition = fuse(g, arch=90)
+    reasons = [str(r.reason) for r in partition.rejections if r.rule == "weight_only_matmul"]
+    assert any("multiplies half A by float dequantized weights" in r for r in reasons), reasons
+
+
+def test_batch_dims_that_do_not_fold_into_rows_run_as_written() -> None:
+    g = gd.OperationGraphSpec(io_data_type="half", intermediate_data_type="half")
+    a = g.tensor(name="a", dim=[2, 3, 64], stride=[64, 128, 1])  # the batch between the rows
+    w = g.tensor(name="w", dim=[64, 8], stride=[1, 64], data_type="int4")
+    deq = g.block_scale_dequantize(w, g.tensor(name="s", dim=[2, 8]), 32, axis=0, name="deq")
+    g.matmul(a, deq, name="mm").set_output(True)
+    reasons = [str(r.reason) for r in fuse(g, arch=90).rejections if r.rule == "weight_only_matmul"]
+    assert any("has batch dims that do not fold into its rows" in r for r in reasons), reasons
+
+
+def test_launch_choices_are_checked_naming_the_node() -> None:
+    for spec, tuning, message in (
+        (WeightOnly(3, 96, 40), {"column_tiles": 3}, "column_tiles = 3 is not one of column_tiles in [1, 2, 4]"),
+        (WeightOnly(3, 100, 30, k_major=False), {"warps": 4}, "this problem runs on the SIMT kernel, which takes none"),
+    ):
+        partition = fuse(spec.build(), arch=90)
+        (gemm,) = partition.nodes
+        with pytest.raises(UnsupportedError, match="weight_only") as caught:
+            emit_partition(partition, 90, {gemm.name: tuning})
+        assert message in str(caught.value)
+    simt = fuse(WeightOnly(3, 100, 30, k_major=False).build(), arch=90).nodes[0]
+    assert candidates(simt, 90) == []
+
+
+# ---- kernels: NVRTC, the CPU, the GPU ----
+
+COMPILE_CASES = {
+    "mma_fp16": WeightOnly(3, 96, 40, group=32),
+    "mma_bf16_16_rows": WeightOnly(16, 4000, 24, act="bfloat16", scale="float"),
+    "simt_n_major": WeightOnly(5, 100, 30, group=32, k_major=False),
+    "simt_fp4": WeightOnly(2, 64, 16, act="bfloat16", weight="fp4_e2m1"),
+    "fallback_32_rows": WeightOnly(32, 128, 64),
+}
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("case", COMPILE_CASES)
+def test_every_weight_only_kernel_compiles(case: str, arch: int) -> None:
+    partition = fuse(COMPILE_CASES[case].build(), arch=arch)
+    gemm = next(f for f in partition.nodes if f.anchor is not None and f.anchor.op == "matmul")
+    for choice in [None, *candidates(gemm, arch)]:
+        for program in emit_partition(partition, arch, {gemm.name: choice} if choice else {}):
+            for kernel in program.kernels:
+                assert compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
+
+
+EMULATED = {
+    "m1_k96_g64": (WeightOnly(1, 96, 24, group=64), {}),
+    "m9_k160": (WeightOnly(9, 160, 8), {}),
+    "m16_k4096_float_scales": (WeightOnly(16, 4096, 16, scale="float"), {}),
+    "m3_tiles4_warps4_unroll1": (WeightOnly(3, 512, 72), {"column_tiles": 4, "warps": 4, "unroll": 1}),
+    "m12_tiles2": (WeightOnly(12, 320, 40, group=32), {"column_tiles": 2}),  # fp16 only: no bf16 on the CPU
+    "m5_k1184_prefetch_tail": (WeightOnly(5, 1184, 24, group=32), {"warps": 4, "unroll": 1}),
+    "simt_n_major": (WeightOnly(3, 100, 30, group=32, k_major=False), {}),
+    "simt_k_not_32": (WeightOnly(4, 72, 20, group=32), {}),
+    "simt_fp4": (WeightOnly(2, 64, 16, weight="fp4_e2m1"), {}),
+    "batched_rows": (WeightOnly(3, 64, 8, batch=(2,)), {}),
+}
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize("aligned", [1, 0], ids=["vectors", "bytes"])
+@pytest.mark.parametrize("case", EMULATED)
+def test_the_kernels_match_the_reference_on_the_cpu(
+    case: str, aligned: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    spec, tuning = EMULATED[case]
+    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    ir = spec.build().validate()
+    feeds = random_inputs(ir, zlib.crc32(case.encode()))
+    memory = dict(feeds)
+    (fused,) = fuse(ir, arch=90).nodes
+    program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning))
+    assert ("mma" in program.kernels[0].name) == (not case.startswith("simt"))
+    memory.update(cpu_emulation.run(fused, program, memory, aligned, build))
+    want = reference.execute(ir, feeds)["c"].astype(np.float64)
+    error = relative_error(memory["c"].astype(np.float64), want)
+    assert error <= 1e-3, error  # fp32 sums of the weights rounded as the reference rounds them
+
+
+GPU_CASES = {
+    "m1_4096x4096_bf16": WeightOnly(1, 4096, 4096, act="bfloat16", scale="bfloat16"),
+    "m3_k96_n40_g32": WeightOnly(3, 96, 40, group=32),
+    "m16_k4000_n24_float_scales_bf16": WeightOnly(16, 4000, 24, act="bfloat16", scale="float"),
+    "m9_k256_n296_g64_bf16_scales": WeightOnly(9, 256, 296, group=64, scale="bfloat16"),
+    "m8_k4096_n14336_bf16": WeightOnly(8, 4096, 14336, act="bfloat16", scale="bfloat16"),
+    "simt_n_major_fp16": WeightOnly(5, 100, 30, group=32, k_major=False),
+    "simt_n_major_bf16": WeightOnly(16, 256, 72, group=64, k_major=False, act="bfloat16"),
+    "simt_fp4_bf16": WeightOnly(2, 64, 16, act="bfloat16", weight="fp4_e2m1"),
+    "simt_k_not_32": WeightOnly(4, 72, 20, group=32),
+    "batched_rows_fp32_out": WeightOnly(3, 128, 24, batch=(2,), out="float"),
+    "fallback_32_rows": WeightOnly(32, 256, 64),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_weight_only_gemm_matches_reference_on_gpu(case: str) -> None:
+    from graphdnn.runtime.driver import current_gpu_arch
+
+    spec = GPU_CASES[case]
+    graph = spec.build()
+    limit = 1e-5 if spec.out == "float" else tolerance(DataType(spec.act))
+    check_on_gpu(graph, seed=zlib.crc32(case.encode()), tolerance=limit)  # the default plan
+    gemm = next(f for f in fuse(graph, arch=current_gpu_arch()).nodes if f.anchor is not None)
+    if spec.m * math.prod(spec.batch) <= 16 and "simt" not in case and spec.k * spec.n <= 2**20:  # every launch choice
+        for choice in candidates(gemm, current_gpu_arch()):
+            check_on_gpu(graph, seed=1, tolerance=limit, tuning={gemm.name: choice})
