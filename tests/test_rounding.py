@@ -111,3 +111,47 @@ def test_kernels_use_constants_and_scalars_as_the_reference() -> None:
     gd.compile(graph).execute({"x": to_device(x, ir.tensor("x")), "s": 300, "y": y})
     torch.cuda.synchronize()
     np.testing.assert_array_equal(to_numpy(y), reference.execute(ir, {"x": x, "s": 300})["y"])
+
+
+def fp8_probe_values() -> np.ndarray:
+    """Every fp8 value of both formats, the midpoints between neighbours (ties) and the floats
+    either side of each, the overflow thresholds (e4m3 NaN past 464, e5m2 inf from 61440) and
+    their neighbours, values under the smallest subnormal, signed zeros, infinities and NaNs."""
+    import ml_dtypes
+
+    values = []
+    for dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
+        finite = np.unique(codes[np.isfinite(codes)])
+        values += [finite, (finite[1:] + finite[:-1]) / 2]
+    values.append(np.array([464, 480, 61440, 65536, 1e-9, 2**-17, 2**-10, 0.0], np.float32))
+    probes = np.concatenate(values)
+    probes = np.concatenate([probes, np.nextafter(probes, np.inf), np.nextafter(probes, -np.inf)])
+    probes = np.concatenate([probes, -probes])
+    return np.concatenate([probes, np.array([np.inf, -np.inf, np.nan, -np.nan], np.float32)]).astype(np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("data_type", ["fp8_e4m3", "fp8_e5m2"])
+def test_kernels_convert_to_fp8_bit_for_bit_as_the_reference(data_type: str) -> None:
+    """gd::from<fp8> (one cvt from sm_89, a branch for NaN and overflow) writes the reference's
+    bytes for every probe: nearest even at each tie, NaN or inf past the range (inf signed)."""
+    import torch
+
+    from tests.gpu_check import poisoned, to_device
+
+    x = fp8_probe_values()
+    g = gd.OperationGraphSpec(name=f"to_{data_type}", io_data_type="float")
+    g.identity(g.tensor([x.size], name="x")).set_name("y").set_data_type(data_type).set_output(True)
+    ir = g.validate()
+    expected = reference.execute(ir, {"x": x})["y"].view(np.uint8)
+    y = poisoned(ir.tensor("y"))
+    gd.compile(g).execute({"x": to_device(x, ir.tensor("x")), "y": y})
+    torch.cuda.synchronize()
+    got = y.view(torch.uint8).cpu().numpy()
+    # Where the reference gives NaN, a NaN of either sign: the GPU's conversions and arithmetic
+    # make canonical (positive) NaNs, and the kernel reads its fp8 value back through them.
+    fp8 = ir.tensor("y").data_type.numpy
+    both_nan = np.isnan(got.view(fp8).astype(np.float32)) & np.isnan(expected.view(fp8).astype(np.float32))
+    wrong = np.flatnonzero((got != expected) & ~both_nan)
+    assert wrong.size == 0, [(float(x[i]), hex(got[i]), hex(expected[i])) for i in wrong[:10]]
