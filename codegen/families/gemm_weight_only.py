@@ -13,69 +13,17 @@ Both round each dequantized weight to A's type, as the reference does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fusion_rules import FusedNode
-from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
-from graphdnn.ir import Node, Tensor
-from graphdnn.ops.weight_only import group_scales, rows_of
+from graphdnn.ir import Node
 
 from ..context import EmitContext, KernelParams, indent, kernel_source
-from ..cuda_types import cuda_type, load_packed, store
+from ..cuda_types import load_packed, store
 from ..kernel import FusedProgram, Kernel
 from . import gemm_weight_only_mma as mma
+from .gemm_weight_only_problem import WeightOnly, problem_of, tensor_core_reason
 
 SIMT_THREADS = 128
-
-
-@dataclass(frozen=True)
-class WeightOnly:
-    """The anchor seen as the kernels read it: strides in elements, rows folded (rows_of)."""
-
-    node: Node
-    a: Tensor
-    w: Tensor
-    scale: Tensor
-    out: Tensor
-    rows: int
-    k: int
-    n: int
-    group: int
-    a_row: int  # A's row stride
-    c_row: int  # C's row stride
-
-    @property
-    def k_major(self) -> bool:
-        """W packed along K (strides [1, column stride]): each column's k contiguous."""
-        return self.w.static_stride[0] == 1
-
-    @property
-    def activation(self) -> str:
-        return cuda_type(self.a.data_type)
-
-
-def problem_of(node: Node) -> WeightOnly:
-    a, w, out = node.input("A"), node.input("B"), node.output("C")
-    assert a is not None and w is not None and out is not None
-    scale, group = group_scales(node)
-    a_rows, c_rows = rows_of(a), rows_of(out)
-    assert a_rows is not None and c_rows is not None, f"{node.name}: rows the rule should have refused"
-    k, n = w.static_dim
-    return WeightOnly(node, a, w, scale, out, a_rows[0], k, n, group, a_rows[1], c_rows[1])
-
-
-def tensor_core_reason(p: WeightOnly) -> str | None:
-    """Why the tensor-core kernel cannot read this problem, or None."""
-    if p.w.data_type is not DataType.INT4:
-        return f"W '{p.w.name}' is {p.w.data_type.value}: the tensor-core kernel dequantizes int4 (FP4 is storage here)"
-    if not p.k_major or p.w.static_stride[1] % 32:
-        return f"W '{p.w.name}' has strides {list(p.w.stride)}: the tensor-core kernel reads it packed along K in 16-byte columns"
-    if p.k % 32:
-        return f"K = {p.k} is not a multiple of 32 (one 16-byte load of int4 per thread)"
-    if p.a.static_stride[-1] != 1 or (p.rows > 1 and p.a_row % 8):
-        return f"A '{p.a.name}' has strides {list(p.a.stride)}: the tensor-core kernel reads it k-contiguous in 16-byte rows"
-    return None
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:

@@ -26,7 +26,7 @@ each 8-half piece of a token's row, gathered with byte permutes. Tokens past ``r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
@@ -35,10 +35,8 @@ from graphdnn.errors import UnsupportedError
 from ..context import EmitContext, KernelParams, indent, kernel_source
 from ..cuda_types import store
 from ..kernel import Kernel
+from .gemm_weight_only_problem import WeightOnly
 from .rnn_projection import with_mma_functions
-
-if TYPE_CHECKING:
-    from .gemm_weight_only import WeightOnly
 
 SMS = 132  # an H100 / H200: the grid should give every SM two blocks or more
 CHUNK = 128  # k per warp step: 4 quads x 32
