@@ -82,10 +82,12 @@ def kernel_source(
     threads: int,
     body: str,
     min_blocks: int = 0,
+    device_functions: str = "",
 ) -> tuple[str, str]:
     """(name, full source) of a kernel whose body is ``body`` (the code inside the function);
     ``min_blocks``: blocks per SM that must fit at once (``__launch_bounds__``' second argument,
-    which caps the registers a thread may use), for grids sized to stay resident.
+    which caps the registers a thread may use), for grids sized to stay resident;
+    ``device_functions``: the helpers the body calls, placed before the kernel.
 
     Generated identifiers (t12, v7, ...) are renumbered by first appearance, so a fused node
     that appears in two graphs gives the same source, name and cubin whatever its tensor ids.
@@ -113,7 +115,8 @@ def kernel_source(
         f"fused node {fused.name} (rule {fused.rule}): {members}\n"
         f"parameters: {', '.join(legend)}"
     )
-    return name, compose(header=header, headers=headers_for(function), body=function)
+    code = f"{device_functions}\n{function}" if device_functions else function
+    return name, compose(header=header, headers=headers_for(function), body=code)
 
 
 _GENERATED = re.compile(r"\b(t|tm|s|v|r|a|o|in|out|base|col|exact)(\d+)\b")

@@ -21,6 +21,7 @@ import numpy as np
 
 from .dtypes import DataType, round_to
 from .errors import FeedError, ShapeError
+from .layout import storage_extent
 
 _CODES = np.arange(16, dtype=np.uint8)
 # The value of each 4-bit code, as ml_dtypes reads a byte holding it in its low nibble.
@@ -75,8 +76,7 @@ def byte_layout(
 
 def storage_bytes(name: str, data_type: DataType, dim: Sequence[int], stride: Sequence[int]) -> int:
     """Bytes spanned from the tensor's first byte to its last."""
-    dims, strides = byte_layout(name, data_type, dim, stride)
-    return 1 + sum((d - 1) * s for d, s in zip(dims, strides))
+    return storage_extent(*byte_layout(name, data_type, dim, stride))
 
 
 def encode(values: np.ndarray, data_type: DataType) -> np.ndarray:

@@ -219,10 +219,11 @@ def _assign_uids(spec: GraphSpec, tensors: tuple[Tensor, ...]) -> tuple[Tensor, 
 def _resolve_input(t: TensorSpec, tensor_id: int) -> Tensor:
     if t.dim is None:
         raise ShapeError(f"graph input '{t.name}' has no dims", tensor=t.name)
-    _check_layout(t.name, t.dim, t.stride if t.stride is not None else packed_strides(t.dim), read_only=True)
+    stride = t.stride if t.stride is not None else packed_strides(t.dim)
+    _check_layout(t.name, t.dim, stride, read_only=True)
     data_type = _resolved_type(t, "graph input")
     if data_type.is_packed:
-        packed_axis(t.name, data_type, t.dim, t.stride if t.stride is not None else packed_strides(t.dim))
+        packed_axis(t.name, data_type, t.dim, stride)
     if t.is_pass_by_value and len(t.dim) and numel(t.dim) != 1:
         raise ShapeError(
             f"pass-by-value tensor '{t.name}' has {numel(t.dim)} elements; it must hold one", tensor=t.name

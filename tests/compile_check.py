@@ -18,6 +18,7 @@ cover. Their sample is compiled all the same, and hypothesis's draws change from
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import hashlib
 import json
@@ -317,6 +318,12 @@ class CheckTotals:
     lower_seconds: float = 0.0
     compile_seconds: float = 0.0
     by_test: Counter[str] = field(default_factory=Counter)  # kernels compiled, by test function
+    # the recorder's counts, and compiles the store answered (written with the totals)
+    too_large: int = 0
+    test_ops: int = 0
+    sampled_out: int = 0
+    dynamic: int = 0
+    reused: int = 0
 
     def add(self, other: CheckTotals) -> None:
         for f in fields(self):
@@ -341,16 +348,21 @@ class CompileCheck:
                 new[key] = (graph, test)
         if not new:
             return
-        report = compile_graphs([graph for graph, _ in new.values()], store=self._store or session_store())
-        totals = self.totals
-        totals.graphs += report.graphs
-        totals.refused += report.refused
-        totals.kernels += report.kernels
-        totals.compiled += report.compiled
-        totals.lower_seconds += report.lower_seconds
-        totals.compile_seconds += report.compile_seconds
+        report = compile_graphs([graph for graph, _ in new.values()], store=self._store)
+        by_test: Counter[str] = Counter()
         for graph_signature, count in report.compiled_for.items():
-            totals.by_test[new[graph_signature][1].split("[")[0]] += count
+            by_test[new[graph_signature][1].split("[")[0]] += count
+        self.totals.add(
+            CheckTotals(
+                report.graphs,
+                report.refused,
+                report.kernels,
+                report.compiled,
+                report.lower_seconds,
+                report.compile_seconds,
+                by_test,
+            )
+        )
         if report.failures:
             tests = sorted({test for _, test in new.values()})
             pytest.fail(
@@ -362,9 +374,15 @@ class CompileCheck:
     def write_totals(self, recorder: GraphRecorder) -> None:
         """This process's totals, next to the store, for :func:`summary` in the controller."""
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        counts = {name: getattr(recorder, name) for name in ("too_large", "test_ops", "sampled_out", "dynamic")}
-        record = {f.name: getattr(self.totals, f.name) for f in fields(CheckTotals)}
-        record.update(counts, reused=COMPILE_MEMORY.reused)
+        totals = dataclasses.replace(
+            self.totals,
+            too_large=recorder.too_large,
+            test_ops=recorder.test_ops,
+            sampled_out=recorder.sampled_out,
+            dynamic=recorder.dynamic,
+            reused=COMPILE_MEMORY.reused,
+        )
+        record = {f.name: getattr(totals, f.name) for f in fields(CheckTotals)}
         (session_store().directory / f"totals-{worker}.json").write_text(json.dumps(record))
 
 
@@ -378,19 +396,15 @@ def summary() -> list[str]:
         return []
     total = CheckTotals()
     for record in records:
-        record["by_test"] = Counter(record["by_test"])
-        total.add(CheckTotals(**{f.name: record[f.name] for f in fields(CheckTotals)}))
-    extra = Counter()
-    for record in records:
-        extra.update({name: record[name] for name in ("too_large", "test_ops", "sampled_out", "dynamic", "reused")})
+        total.add(CheckTotals(**{**record, "by_test": Counter(record["by_test"])}))
     lines = [
-        f"{total.graphs} distinct graphs validated by the tests ({extra['too_large']} over {MAX_NODES} nodes, "
-        f"{extra['test_ops']} with ops a test registered and {extra['sampled_out']} validations of compile_sample "
-        f"tests beyond their first {SAMPLE} left out; of {extra['dynamic']} dynamic validations, {total.refused} "
+        f"{total.graphs} distinct graphs validated by the tests ({total.too_large} over {MAX_NODES} nodes, "
+        f"{total.test_ops} with ops a test registered and {total.sampled_out} validations of compile_sample "
+        f"tests beyond their first {SAMPLE} left out; of {total.dynamic} dynamic validations, {total.refused} "
         f"distinct graphs whose kernels cannot take their symbols left out): {total.kernels} kernels for "
         f"{', '.join(f'sm_{t}' for t in TARGETS)}, {total.compiled} compiled by the check (fusing and emitting "
         f"{total.lower_seconds:.0f} s, NVRTC {total.compile_seconds:.0f} s over {len(records)} processes); "
-        f"{extra['reused']} compiles answered from the session's store",
+        f"{total.reused} compiles answered from the session's store",
         "kernels the check compiled, by the test that first validated their graph:",
     ]
     lines += [f"{count:6d}  {test}" for test, count in total.by_test.most_common(15)]

@@ -348,8 +348,8 @@ def _kernel(
     body: list[str],
     blocks: int,
 ) -> Kernel:
-    name, source = kernel_source(ctx, fused, pattern_name(fused) + suffix, params, 32 * WARPS, indent(body, 1))
     data_type: DataType = ab.problem.q.data_type
     functions = ASYNC_COPY_PRELUDE + mma_fragments(data_type) + pack_function(data_type)
-    source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+    pattern = pattern_name(fused) + suffix
+    name, source = kernel_source(ctx, fused, pattern, params, 32 * WARPS, indent(body, 1), device_functions=functions)
     return Kernel(name, source, (blocks, 1, 1), (32 * WARPS, 1, 1), shared_bytes(ab), tuple(params.bindings))

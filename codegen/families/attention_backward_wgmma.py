@@ -175,7 +175,6 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "  }",
     ]
     pattern = pattern_name(fused) + "_dkdv_wgmma"
-    name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
     types = OperandTypes(a.q.data_type, a.q.data_type)
     functions = (
         ASYNC_COPY_PRELUDE
@@ -185,7 +184,9 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         + pack_function(a.q.data_type)
         + BULK_REDUCE
     )
-    source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+    name, source = kernel_source(
+        ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1, device_functions=functions
+    )
     blocks = n_blocks * a.kv_heads * a.batch
     return Kernel(
         name, source, (blocks, 1, 1), (THREADS, 1, 1), shared_bytes(a.d), tuple(params.bindings), arch_suffix="a"

@@ -458,9 +458,9 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         "}",
         *merge(a, names, split, config.stages),
     ]
-    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_decode", params, s.threads, indent(body, 1))
-    if config.stages:
-        source = source.replace('extern "C" __global__', ASYNC_COPY_PRELUDE + '\nextern "C" __global__', 1)
+    functions = ASYNC_COPY_PRELUDE if config.stages else ""
+    pattern = pattern_name(fused) + "_decode"
+    name, source = kernel_source(ctx, fused, pattern, params, s.threads, indent(body, 1), device_functions=functions)
     grid = a.batch * a.kv_heads * s.row_groups * split
     dynamic = s.block_shared_bytes(config.keys_per_lane, config.stages) if config.stages else 0
     return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), dynamic, tuple(params.bindings))

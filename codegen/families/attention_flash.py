@@ -204,9 +204,8 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         *_write(a, names, aligned),
     ]
     pattern = pattern_name(fused) + "_flash"
-    name, source = kernel_source(ctx, fused, pattern, params, 32 * c.warps, indent(body, 1))
     functions = ASYNC_COPY_PRELUDE + mma_fragments(a.q.data_type) + pack_function(a.q.data_type)
-    source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+    name, source = kernel_source(ctx, fused, pattern, params, 32 * c.warps, indent(body, 1), device_functions=functions)
     blocks = work_items(a, c.block_m)
     return Kernel(name, source, (blocks, 1, 1), (32 * c.warps, 1, 1), shared_bytes(a, c), tuple(params.bindings))
 

@@ -201,7 +201,6 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         "}",
     ]
     pattern = pattern_name(fused) + "_wgmma"
-    name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
     functions = (
         ASYNC_COPY_PRELUDE
         + wgmma_prelude(bn, OperandTypes(a.q.data_type, a.q.data_type), 0)
@@ -209,7 +208,9 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
         + mbarrier_prelude(4 if maps else 0)
         + pack_function(a.q.data_type)
     )
-    source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+    name, source = kernel_source(
+        ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1, device_functions=functions
+    )
     blocks = min(work_items(a, BLOCK_M), sm_count(ctx.arch)) if c.persistent else work_items(a, BLOCK_M)
     return Kernel(
         name, source, (blocks, 1, 1), (THREADS, 1, 1), shared_bytes(a, bn), tuple(params.bindings), arch_suffix="a"

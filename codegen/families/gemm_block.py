@@ -159,9 +159,10 @@ class TensorCoreBlock:
         the path's ``device_functions`` before it; one block per output tile, batch index and K slice."""
         s, p, split = self.shape, self.p, self.slices.split
         pattern = pattern_name(self.fused) + path + ("_splitk" if split > 1 else "")
-        name, source = kernel_source(ctx, self.fused, pattern, self.params, s.threads, indent(body, 1))
         functions = ASYNC_COPY_PRELUDE + device_functions
-        source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+        name, source = kernel_source(
+            ctx, self.fused, pattern, self.params, s.threads, indent(body, 1), device_functions=functions
+        )
         grid = self.grid()
         bindings = tuple(self.params.bindings)
         blocks = dynamic_grid(p, s.block_m)

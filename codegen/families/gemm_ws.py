@@ -332,13 +332,14 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "}",
     ]
     pattern = pattern_name(fused) + "_ws"
-    name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1)
     functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, types, 1 if layout == "kn" else 0, first=p.block_scaled)
     if producer == "im2col":
         functions += mbarrier_prelude(len(p.b.dim)) + im2col.prelude(p)
     else:
         functions += mbarrier_prelude(0 if gather else max(len(_map_axes(t)) for t in (p.a, p.b)))
-    source = source.replace('extern "C" __global__', functions + '\nextern "C" __global__', 1)
+    name, source = kernel_source(
+        ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1, device_functions=functions
+    )
     sms = sm_count(ctx.arch)
     grid = (min(tiles_total * split, sms), 1, 1)
     blocks = _persistent_grid(p, bn, split, sms) if p.is_dynamic else None

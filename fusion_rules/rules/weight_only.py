@@ -25,6 +25,7 @@ import dataclasses
 from graphdnn.dtypes import DataType
 from graphdnn.errors import GraphError
 from graphdnn.ir import Node
+from graphdnn.ops.quantize import block_axis
 from graphdnn.ops.weight_only import ACTIVATION_TYPES, GROUPS, SCALE_TYPES, rows_of
 
 from ..guards import fusable_types
@@ -63,7 +64,7 @@ def _reason(ctx: MatchContext, deq: Node, matmul: Node) -> str | None:
     if ctx.arch < MIN_ARCH:
         return f"{matmul.name}: the weight-only GEMM needs sm_{MIN_ARCH} (mma.sync), the target is sm_{ctx.arch}"
     attrs = deq.attributes
-    axis = attrs.axis % len(w.dim) if attrs.axis is not None else len(w.dim) - 1  # type: ignore[attr-defined]
+    axis = block_axis(deq, len(w.dim))
     if len(w.dim) != 2 or axis != 0 or attrs.block_size not in GROUPS:  # type: ignore[attr-defined]
         return (
             f"{deq.name} has blocks of {attrs.block_size} along axis {axis} of {list(w.dim)}; the weight-only GEMM "  # type: ignore[attr-defined]
