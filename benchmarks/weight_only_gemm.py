@@ -7,10 +7,12 @@ LLM decode. The problem is bound by the weights' bytes: ours reads K * N / 2 of 
 GEMM 2 * K * N, so 4x is the memory-bound ideal. Each row gives the time, the bytes moved per
 second against the device-to-device copy rate measured in the same run (the HBM roofline),
 and torch.matmul(A, W_bf16ᵀ) in the same run. Outputs are checked against torch's fp32
-product of the dequantized weights.
+product of the dequantized weights. ``--zero-points`` gives W bf16 zero points per group too
+(asymmetric int4, as AWQ / GPTQ checkpoints): W = (code - zero) * scale.
 
     PYTHONPATH=. python benchmarks/weight_only_gemm.py            # on the GPU
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --sweep    # and every launch choice
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --zero-points
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --dry      # the plans' kernels for sm_90, no GPU
 """
 
@@ -30,14 +32,15 @@ ROWS = (1, 4, 8, 16)
 GROUP = 128
 
 
-def graph(m: int, k: int, n: int) -> gd.OperationGraphSpec:
+def graph(m: int, k: int, n: int, zero_points: bool = False) -> gd.OperationGraphSpec:
     g = gd.OperationGraphSpec(
         name=f"weight_only_{m}x{k}x{n}", io_data_type="bfloat16", intermediate_data_type="bfloat16"
     )
     a = g.tensor(name="a", dim=[m, k])
     w = g.tensor(name="w", dim=[k, n], stride=[1, k], data_type="int4")
     scale = g.tensor(name="scale", dim=[k // GROUP, n], data_type="bfloat16")
-    c = g.matmul(a, g.block_scale_dequantize(w, scale, GROUP, axis=0, name="deq"), name="mm")
+    zero = g.tensor(name="zero", dim=[k // GROUP, n], data_type="bfloat16") if zero_points else None
+    c = g.matmul(a, g.block_scale_dequantize(w, scale, GROUP, axis=0, zero_point=zero, name="deq"), name="mm")
     c.set_name("c").set_output(True)
     return g
 
@@ -46,6 +49,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="emit each plan's kernels for sm_90 (no GPU, no NVRTC)")
     parser.add_argument("--sweep", action="store_true", help="also time every launch choice (shorter timings)")
+    parser.add_argument("--zero-points", action="store_true", help="asymmetric int4: bf16 zero points per group")
     args = parser.parse_args()
     if args.dry:
         return dry()
@@ -59,7 +63,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|" + ("---|---|" if args.sweep else ""))
     for k, n in SHAPES:
         for m in ROWS:
-            print(row(m, k, n, copy, sweep=args.sweep), flush=True)
+            print(row(m, k, n, copy, sweep=args.sweep, zero_points=args.zero_points), flush=True)
     return 0
 
 
@@ -76,15 +80,16 @@ def dry() -> int:
     return 0
 
 
-def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool) -> str:
+def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool, zero_points: bool) -> str:
     from benchmarks.measure import checked_plan_us, median_us
 
-    inputs, want, w16 = _inputs(m, k, n)
-    ours = checked_plan_us(graph(m, k, n), inputs, want)
-    best = _sweep(m, k, n, inputs, want) if sweep else None
+    inputs, want, w16 = _inputs(m, k, n, zero_points)
+    ours = checked_plan_us(graph(m, k, n, zero_points), inputs, want)
+    best = _sweep(m, k, n, inputs, want, zero_points) if sweep else None
     a = inputs["a"]
     theirs = median_us(lambda: a @ w16.t())
-    ours_bytes = k * n // 2 + 2 * (k // GROUP) * n + 2 * m * k + 2 * m * n
+    group_bytes = 2 * (k // GROUP) * n * (2 if zero_points else 1)
+    ours_bytes = k * n // 2 + group_bytes + 2 * m * k + 2 * m * n
     torch_bytes = 2 * k * n + 2 * m * k + 2 * m * n
     ours_gbs, torch_gbs = ours_bytes / ours / 1e3, torch_bytes / theirs / 1e3
     shown = f" {best[0]:.1f} ({best[1]}) | {theirs / best[0]:.2f} |" if best else ""
@@ -94,14 +99,14 @@ def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool) -> str:
     )
 
 
-def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any) -> tuple[float, str]:
+def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any, zero_points: bool) -> tuple[float, str]:
     """Every launch choice timed (printed on one line); the fastest."""
     from benchmarks.measure import checked_plan_us
     from codegen.families.gemm import candidates
 
-    fused = next(f for f in gd.fuse(graph(m, k, n)).nodes if f.anchor is not None)
+    fused = next(f for f in gd.fuse(graph(m, k, n, zero_points)).nodes if f.anchor is not None)
     timed = sorted(
-        (checked_plan_us(graph(m, k, n), inputs, want, {fused.name: c}, rep_ms=50), _short(c))
+        (checked_plan_us(graph(m, k, n, zero_points), inputs, want, {fused.name: c}, rep_ms=50), _short(c))
         for c in candidates(fused, 90)
     )
     print(f"  M={m} K={k} N={n} (µs tiles/warps/unroll): " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
@@ -113,7 +118,7 @@ def _short(choice: dict[str, object]) -> str:
     return "/".join(str(choice[key]) for key in ("column_tiles", "warps", "unroll"))
 
 
-def _inputs(m: int, k: int, n: int) -> tuple[dict[str, Any], Any, Any]:
+def _inputs(m: int, k: int, n: int, zero_points: bool) -> tuple[dict[str, Any], Any, Any]:
     """The feeds, the fp32 product of the dequantized weights (bf16), and W dequantized as a
     bf16 [N, K] matrix (the peer's operand, the same layout as ours)."""
     import torch
@@ -121,10 +126,13 @@ def _inputs(m: int, k: int, n: int) -> tuple[dict[str, Any], Any, Any]:
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     packed = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8)  # [N, K / 2]: packed along K
     scale = (torch.rand(k // GROUP, n, device="cuda") * 0.02 + 0.01).to(torch.bfloat16)
+    zero = (torch.rand(k // GROUP, n, device="cuda") * 4 - 2).to(torch.bfloat16)
     codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(n, k).to(torch.int32)
-    w16 = (((codes ^ 8) - 8).float() * scale.float().repeat_interleave(GROUP, 0).t()).to(torch.bfloat16)
+    values = ((codes ^ 8) - 8).float() - (zero.float().repeat_interleave(GROUP, 0).t() if zero_points else 0.0)
+    w16 = (values * scale.float().repeat_interleave(GROUP, 0).t()).to(torch.bfloat16)
     want = (a.float() @ w16.float().t()).to(torch.bfloat16)
-    return {"a": a, "w": packed.t(), "scale": scale}, want, w16
+    feeds = {"a": a, "w": packed.t(), "scale": scale, **({"zero": zero} if zero_points else {})}
+    return feeds, want, w16
 
 
 if __name__ == "__main__":

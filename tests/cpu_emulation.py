@@ -120,6 +120,9 @@ inline __half2 __floats2half2_rn(float x, float y) { return __half2{__float2half
 inline __half2 __float2half2_rn(float f) { return __floats2half2_rn(f, f); }
 inline __half2 __hsub2(__half2 a, __half2 b) { return {{(_Float16)(a.x.value - b.x.value)}, {(_Float16)(a.y.value - b.y.value)}}; }
 inline __half2 __hmul2(__half2 a, __half2 b) { return {{(_Float16)(a.x.value * b.x.value)}, {(_Float16)(a.y.value * b.y.value)}}; }
+// one rounding: a half product plus a half is exact in double
+inline _Float16 fma_rn(_Float16 a, _Float16 b, _Float16 c) { return (_Float16)((double)a * (double)b + (double)c); }
+inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) { return {{fma_rn(a.x.value, b.x.value, c.x.value)}, {fma_rn(a.y.value, b.y.value, c.y.value)}}; }
 """
 
 # The PTX of the tensor-core kernels' building blocks, on the CPU: (original, stand-in) text.

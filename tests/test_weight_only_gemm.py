@@ -47,14 +47,17 @@ class WeightOnly:
     weight: str = "int4"
     out: str | None = None
     batch: tuple[int, ...] = ()
+    zero: str | None = None  # the zero points' type, if any (asymmetric int4)
 
     def build(self) -> gd.OperationGraphSpec:
         g = gd.OperationGraphSpec(name="weight_only", io_data_type=self.act, intermediate_data_type=self.act)
         a = g.tensor(name="a", dim=[*self.batch, self.m, self.k])
         stride = [1, self.k] if self.k_major else [self.n, 1]
         w = g.tensor(name="w", dim=[self.k, self.n], stride=stride, data_type=self.weight)
-        s = g.tensor(name="s", dim=[-(-self.k // self.group), self.n], data_type=self.scale)
-        c = g.matmul(a, g.block_scale_dequantize(w, s, self.group, axis=0, name="deq"), name="mm")
+        groups = [-(-self.k // self.group), self.n]
+        s = g.tensor(name="s", dim=groups, data_type=self.scale)
+        z = g.tensor(name="z", dim=groups, stride=[1, groups[0]], data_type=self.zero) if self.zero else None
+        c = g.matmul(a, g.block_scale_dequantize(w, s, self.group, axis=0, zero_point=z, name="deq"), name="mm")
         c.set_name("c").set_output(True)
         if self.out:
             c.set_data_type(self.out)
@@ -62,12 +65,15 @@ class WeightOnly:
 
 
 def by_hand(case: WeightOnly, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    """The semantics, written out: each weight's code decoded, times its group's scale, rounded
-    to A's type; then the float64 product."""
+    """The semantics, written out: each weight's code decoded, less its group's zero point,
+    times its group's scale, rounded to A's type; then the float64 product."""
     stride = (1, case.k) if case.k_major else (case.n, 1)
     w = unpack(feeds["w"], DataType(case.weight), (case.k, case.n), stride, "w")
     s = feeds["s"].astype(np.float64)
-    scaled = np.array([[w[i, j] * s[i // case.group, j] for j in range(case.n)] for i in range(case.k)])
+    z = feeds["z"].astype(np.float64) if case.zero else np.zeros_like(s)
+    scaled = np.array(
+        [[(w[i, j] - z[i // case.group, j]) * s[i // case.group, j] for j in range(case.n)] for i in range(case.k)]
+    )
     return np.asarray(feeds["a"].astype(np.float64) @ scaled.astype(gd.DataType(case.act).numpy).astype(np.float64))
 
 
@@ -84,12 +90,14 @@ def by_hand(case: WeightOnly, feeds: dict[str, np.ndarray]) -> np.ndarray:
     act=st.sampled_from(["half", "bfloat16"]),
     scale=st.sampled_from(["half", "bfloat16", "float"]),
     weight=st.sampled_from(["int4", "fp4_e2m1"]),
+    zero=st.sampled_from([None, "half", "bfloat16", "float"]),
     seed=st.integers(0, 2**16),
 )
 def test_the_reference_is_the_hand_written_product(
-    m: int, k: int, n: int, group: int, k_major: bool, act: str, scale: str, weight: str, seed: int
+    m: int, k: int, n: int, group: int, k_major: bool, act: str, scale: str, weight: str, zero: str | None, seed: int
 ) -> None:
-    case = WeightOnly(m, k, n, group, k_major, act, scale, weight, out="float")
+    zero = zero if weight == "int4" else None  # zero points are for int4 weights
+    case = WeightOnly(m, k, n, group, k_major, act, scale, weight, out="float", zero=zero)
     ir = case.build().validate()
     feeds = random_inputs(ir, seed)
     got = reference.execute(ir, feeds)["c"].astype(np.float64)
@@ -97,23 +105,31 @@ def test_the_reference_is_the_hand_written_product(
     assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
-def test_the_matmul_form_means_the_dequantize_form() -> None:
-    """The anchor the rule builds (a 4-bit B with B_scale) computes what the two nodes do."""
-    case = WeightOnly(3, 96, 40, group=32)
+@pytest.mark.parametrize("zero", [None, "bfloat16"])
+def test_the_matmul_form_means_the_dequantize_form(zero: str | None) -> None:
+    """The anchor the rule builds (a 4-bit B with B_scale, and B_zero_point) computes what the
+    two nodes do, and survives JSON."""
+    case = WeightOnly(3, 96, 40, group=32, zero=zero)
     feeds = random_inputs(case.build().validate(), 4)
     g = gd.OperationGraphSpec(io_data_type="half")
     a = g.tensor(name="a", dim=[3, 96])
     w = g.tensor(name="w", dim=[96, 40], stride=[1, 96], data_type="int4")
-    g.matmul(a, w, B_scale=g.tensor(name="s", dim=[3, 40]), name="mm").set_name("c").set_output(True)
+    s = g.tensor(name="s", dim=[3, 40])
+    z = g.tensor(name="z", dim=[3, 40], stride=[1, 3], data_type=zero) if zero else None
+    g.matmul(a, w, B_scale=s, B_zero_point=z, name="mm").set_name("c").set_output(True)
     want = reference.execute(case.build().validate(), feeds)["c"]
     np.testing.assert_array_equal(reference.execute(g.validate(), feeds)["c"], want)
+    again = gd.OperationGraphSpec.from_json(g.to_json()).validate()
+    np.testing.assert_array_equal(reference.execute(again, feeds)["c"], want)
 
 
 def _weight_only(k: int, scale_dims: list[int], **types: str) -> None:
     g = gd.OperationGraphSpec(io_data_type=types.get("A", "half"))
-    w = g.tensor(name="w", dim=[k, 16], stride=[1, k], data_type="int4")
+    w = g.tensor(name="w", dim=[k, 16], stride=[1, k], data_type=types.get("B", "int4"))
     scale = g.tensor(name="s", dim=scale_dims, data_type=types.get("B_scale", "half"))
-    g.matmul(g.tensor(name="a", dim=[2, k]), w, B_scale=scale, name="wmm").set_output(True)
+    zero_dims = [int(d) for d in types.get("zero_dims", ",".join(map(str, scale_dims))).split(",")]
+    zero = g.tensor(name="z", dim=zero_dims, data_type=types["B_zero_point"]) if "B_zero_point" in types else None
+    g.matmul(g.tensor(name="a", dim=[2, k]), w, B_scale=scale, B_zero_point=zero, name="wmm").set_output(True)
     g.validate()
 
 
@@ -124,6 +140,21 @@ def _weight_only(k: int, scale_dims: list[int], **types: str) -> None:
         (256, [2, 8], {}, ShapeError, "one scale per group of 32, 64 or 128 k per column"),
         (256, [2, 16], {"A": "float"}, DataTypeError, "takes half or bfloat16 activations"),
         (256, [2, 16], {"B_scale": "fp8_e8m0"}, DataTypeError, "float, half or bfloat16 group scales"),
+        (256, [2, 16], {"B_zero_point": "int8"}, DataTypeError, "float, half or bfloat16 zero points"),
+        (
+            256,
+            [2, 16],
+            {"B_zero_point": "half", "zero_dims": "4,16"},
+            ShapeError,
+            "B_zero_point has dims [4, 16], expected B_scale's [2, 16]",
+        ),
+        (
+            256,
+            [2, 16],
+            {"B_zero_point": "half", "B": "fp4_e2m1"},
+            ShapeError,
+            "B 'w' is fp4_e2m1: zero points are for int4 weights",
+        ),
     ],
 )
 def test_bad_weight_only_matmuls_are_refused_naming_the_node(
@@ -134,6 +165,38 @@ def test_bad_weight_only_matmuls_are_refused_naming_the_node(
     assert message in str(caught.value) and "wmm" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("weight", "zero_dims", "zero_type", "message"),
+    [
+        (
+            "fp8_e4m3",
+            [64, 1],
+            "float",
+            "zero_point 'z' is bound but X 'w' is fp8_e4m3: zero points are for int4 weights",
+        ),
+        ("int4", [64, 2], "float", "zero_point has dims [64, 2], expected [64, 1]: one per block of 32"),
+        ("int4", [64, 1], "int32", "zero_point 'z' is int32; block_scale_dequantize takes zero points"),
+    ],
+)
+def test_bad_zero_points_are_refused_naming_the_node(
+    weight: str, zero_dims: list[int], zero_type: str, message: str
+) -> None:
+    g = gd.OperationGraphSpec(io_data_type="half")
+    w = g.tensor(name="w", dim=[64, 32], data_type=weight)
+    z = g.tensor(name="z", dim=zero_dims, data_type=zero_type)
+    with pytest.raises((ShapeError, DataTypeError)) as caught:
+        g.block_scale_dequantize(w, g.tensor(name="s", dim=[64, 1]), 32, zero_point=z, name="deq")
+    assert message in str(caught.value) and "deq" in str(caught.value)
+
+
+def test_a_zero_point_on_a_16_bit_matmul_is_refused() -> None:
+    g = gd.OperationGraphSpec(io_data_type="half")
+    b = g.tensor(name="b", dim=[64, 8])
+    z = g.tensor(name="z", dim=[2, 8])
+    with pytest.raises(ShapeError, match=r"mm.*B_zero_point 'z' is bound but B 'b' is half"):
+        g.matmul(g.tensor(name="a", dim=[2, 64]), b, B_zero_point=z, name="mm")
+
+
 # ---- the fusion rule ----
 
 
@@ -142,6 +205,11 @@ def test_the_rule_makes_one_weight_only_gemm() -> None:
     assert [f.rule for f in partition.nodes] == ["weight_only_matmul"]
     anchor = partition.nodes[0].anchor
     assert anchor is not None and anchor.input("B") is not None and anchor.input("B").data_type is DataType.INT4
+    assert anchor.input("B_zero_point") is None
+    (asymmetric,) = fuse(WeightOnly(16, 256, 40, zero="half").build(), arch=80).nodes
+    assert asymmetric.rule == "weight_only_matmul" and asymmetric.anchor is not None
+    zero_point = asymmetric.anchor.input("B_zero_point")
+    assert zero_point is not None and zero_point.name == "z"
 
 
 def test_batch_dims_fold_into_the_rows() -> None:
@@ -198,6 +266,9 @@ COMPILE_CASES = {
     "simt_n_major": WeightOnly(5, 100, 30, group=32, k_major=False),
     "simt_fp4": WeightOnly(2, 64, 16, act="bfloat16", weight="fp4_e2m1"),
     "fallback_32_rows": WeightOnly(32, 128, 64),
+    "mma_bf16_zero_points": WeightOnly(5, 256, 40, act="bfloat16", scale="float", zero="bfloat16"),
+    "simt_zero_points": WeightOnly(5, 100, 30, group=32, k_major=False, zero="float"),
+    "fallback_zero_points": WeightOnly(32, 128, 64, zero="half"),
 }
 
 
@@ -223,6 +294,9 @@ EMULATED = {
     "simt_k_not_32": (WeightOnly(4, 72, 20, group=32), {}),
     "simt_fp4": (WeightOnly(2, 64, 16, weight="fp4_e2m1"), {}),
     "batched_rows": (WeightOnly(3, 64, 8, batch=(2,)), {}),
+    "m5_zero_points": (WeightOnly(5, 1184, 24, group=32, zero="half"), {"warps": 4, "unroll": 1}),
+    "m12_zero_points_tiles2": (WeightOnly(12, 320, 40, group=64, scale="float", zero="float"), {"column_tiles": 2}),
+    "simt_zero_points": (WeightOnly(3, 100, 30, group=32, k_major=False, zero="float"), {}),
 }
 
 
@@ -259,6 +333,11 @@ GPU_CASES = {
     "simt_k_not_32": WeightOnly(4, 72, 20, group=32),
     "batched_rows_fp32_out": WeightOnly(3, 128, 24, batch=(2,), out="float"),
     "fallback_32_rows": WeightOnly(32, 256, 64),
+    "m1_4096x4096_bf16_zero_points": WeightOnly(1, 4096, 4096, act="bfloat16", scale="bfloat16", zero="bfloat16"),
+    "m9_k256_n296_g64_zero_points": WeightOnly(9, 256, 296, group=64, scale="float", zero="float"),
+    "m16_k4000_n24_zero_points_bf16": WeightOnly(16, 4000, 24, act="bfloat16", scale="float", zero="half"),
+    "simt_n_major_zero_points": WeightOnly(5, 100, 30, group=32, k_major=False, zero="half"),
+    "fallback_32_rows_zero_points": WeightOnly(32, 256, 64, zero="half"),
 }
 
 

@@ -5,7 +5,8 @@ element per lane, coalesced when the block axis is contiguous). The warp reduces
 block's largest magnitude (NaN kept), derives the scale exactly as the reference does (fp32
 division, or the exponent arithmetic of an e8m0 power of two), then each lane divides its
 elements in fp32, saturates to the element type's largest finite value (NaN stays NaN) and
-stores them. Dequantize: one element per thread, times its block's scale.
+stores them. Dequantize: one element per thread, less its block's zero point (int4 weights),
+times its block's scale.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def emit_dequantize(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     source, scales, out = params.tensor(x), params.tensor(scale), params.tensor(y, writable=True)
     block = [f"c{d}" if d != axis else f"c{d} / {a.block_size}" for d in range(len(x.static_dim))]
     value = f"{read(x, source, offset_at(x, [f'c{d}' for d in range(len(x.static_dim))]), compute)}"
+    zero_point = node.input("zero_point")
+    if zero_point is not None:
+        value = f"({value} - {read(zero_point, params.tensor(zero_point), offset_at(zero_point, block), compute)})"
     body = [
         *coordinates("p", y.static_dim, stride_order(y.static_dim, y.static_stride), "c", itype),
         f"const {compute} v = {value} * {read(scale, scales, offset_at(scale, block), compute)};",

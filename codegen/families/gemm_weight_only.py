@@ -47,13 +47,16 @@ def candidates(node: Node) -> list[dict[str, object]]:
 
 
 def simt_kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly) -> Kernel:
-    """One thread per column n: ROWS fp32 sums over K of A[r, k] * round(q[k, n] * scale)."""
+    """One thread per column n: ROWS fp32 sums over K of A[r, k] * round((q[k, n] - zero) * scale)."""
     params = KernelParams()
     a, w, scale = params.tensor(p.a), params.tensor(p.w), params.tensor(p.scale)
     out = params.tensor(p.out, writable=True)
     ws, ss = p.w.static_stride, p.scale.static_stride
     a_k, c_n = p.a.static_stride[-1], p.out.static_stride[-1]
     weight = load_packed(p.w.data_type, w, f"kk * {ws[0]}LL + n * {ws[1]}LL")
+    if p.zero_point is not None:
+        zero_point, zs = params.tensor(p.zero_point), p.zero_point.static_stride
+        weight = f"({weight} - gd::to<float>({zero_point}[(kk / GROUP) * {zs[0]}LL + n * {zs[1]}LL]))"
     body = [
         f"constexpr int ROWS = {p.rows}, K = {p.k}, N = {p.n}, GROUP = {p.group};",
         "const long long n = (long long)blockIdx.x * blockDim.x + threadIdx.x;",

@@ -80,12 +80,21 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
     magic = "0x43084308" if bf16 else "0x64086408"  # 136 / 1032 in both halves: magic + 8
     to_pair = "__float2bfloat162_rn" if bf16 else "__float2half2_rn"
     ss, c_n = p.scale.static_stride, p.out.static_stride[-1]
+    # Zero points: a weight is q * scale + (-zero * scale), one fma per pair where the symmetric
+    # kernel has one multiply; -zero * scale is computed in fp32 as the scales are fetched, and
+    # travels beside them (nz, in the za / zb ping-pong arrays).
+    nz = ""
+    if p.zero_point is not None:
+        zero, zs = params.tensor(p.zero_point), p.zero_point.static_stride
+        nz = f"{to_pair}(live ? -gd::to<float>({zero}[(k0 / GROUP) * {zs[0]}LL + n * {zs[1]}LL]) * s : 0.0f)"
+    nz_array = f", {pair} (&nz)[UNROLL][TILES][2]" if nz else ""
+    nz_arg, za, zb = (", nz[u][j][h]", ", za", ", zb") if nz else ("", "", "")
 
     def product(load: str) -> list[str]:
         """The K loop and its loads, reading 16 bytes with ``load``."""
         return [
             # the weights and scales of a set of chunks: the warp's chunks base + warp, base + warp + WARPS, ...
-            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]) {{",
+            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_array}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
             "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
@@ -96,12 +105,14 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "        const long long n = first + 16 * j + 8 * h + g;",
             "        const bool live = n < N && k0 < K;",
             f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0 / 2) : make_uint4(0, 0, 0, 0);",
-            f"        sc[u][j][h] = {to_pair}(live ? gd::to<float>({scale}[(k0 / GROUP) * {ss[0]}LL + n * {ss[1]}LL]) : 0.0f);",
+            f"        const float s = live ? gd::to<float>({scale}[(k0 / GROUP) * {ss[0]}LL + n * {ss[1]}LL]) : 0.0f;",
+            f"        sc[u][j][h] = {to_pair}(s);",
+            *([f"        nz[u][j][h] = {nz};"] if nz else []),
             "      }",
             "    }",
             "  }",
             "};",
-            f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]) {{",
+            f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_array.replace(', ', ', const ', 1)}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
             "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
@@ -132,8 +143,8 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "          for (int h = 0; h < 2; ++h) {",
             "            const uint4 ws = wv[u][j][h];",
             "            const unsigned word = piece == 0 ? ws.x : piece == 1 ? ws.y : piece == 2 ? ws.z : ws.w;",
-            "            fa[h] = dequant(word >> (8 * hp), sc[u][j][h]);",
-            "            fa[2 + h] = dequant(word >> (8 * hp + 4), sc[u][j][h]);",
+            f"            fa[h] = dequant(word >> (8 * hp), sc[u][j][h]{nz_arg});",
+            f"            fa[2 + h] = dequant(word >> (8 * hp + 4), sc[u][j][h]{nz_arg});",
             "          }",
             "          #pragma unroll",
             "          for (int t = 0; t < HALVES; ++t) mma_16816(acc[j][t], fa, fb[t][0], fb[t][1]);",
@@ -146,12 +157,13 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "constexpr int STEP = WARPS * UNROLL;",
             "uint4 wa[UNROLL][TILES][2], wb[UNROLL][TILES][2];",
             f"{pair} sa[UNROLL][TILES][2], sb[UNROLL][TILES][2];",
-            "fetch(0, wa, sa);",
+            *([f"{pair} za[UNROLL][TILES][2], zb[UNROLL][TILES][2];"] if nz else []),
+            f"fetch(0, wa, sa{za});",
             "for (int c0 = 0; c0 < CHUNKS; c0 += 2 * STEP) {",
-            "  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb);",
-            "  multiply(c0, wa, sa);",
-            "  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa);",
-            "  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb);",
+            f"  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb{zb});",
+            f"  multiply(c0, wa, sa{za});",
+            f"  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa{za});",
+            f"  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb{zb});",
             "}",
         ]
 
@@ -163,7 +175,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;",
         "const long long first = (long long)blockIdx.x * (16 * TILES);",
         # nibbles 0 and 4 of v: the signed pair, times the scale pair, as a 32-bit fragment register
-        f"auto dequant = [&](unsigned v, {pair} sc) -> unsigned {{",
+        f"auto dequant = [&](unsigned v, {pair} sc{f', {pair} nz' if nz else ''}) -> unsigned {{",
         "  unsigned h;",
         "#ifdef __CUDA_ARCH__  // one lop3: NVCC splits the C expression into two",
         f'  asm("lop3.b32 %0, %1, 0x000f000f, {magic}, 0x6a;" : "=r"(h) : "r"(v));',
@@ -172,7 +184,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "#endif",
         f"  const unsigned biased = {magic}u;",
         f"  {pair} x = __hsub2(*reinterpret_cast<const {pair}*>(&h), *reinterpret_cast<const {pair}*>(&biased));",
-        "  x = __hmul2(x, sc);",
+        "  x = __hfma2(x, sc, nz);" if nz else "  x = __hmul2(x, sc);",
         "  return *reinterpret_cast<unsigned*>(&x);",
         "};",
         "float acc[TILES][HALVES][4] = {};  // [tile][tokens 0-7, 8-15][m16n8 accumulator fragment]",

@@ -20,6 +20,7 @@ class WeightOnly:
     a: Tensor
     w: Tensor
     scale: Tensor
+    zero_point: Tensor | None  # B_zero_point: an asymmetric int4 weight's zero per group
     out: Tensor
     rows: int
     k: int
@@ -45,7 +46,8 @@ def problem_of(node: Node) -> WeightOnly:
     a_rows, c_rows = rows_of(a), rows_of(out)
     assert a_rows is not None and c_rows is not None, f"{node.name}: rows the rule should have refused"
     k, n = w.static_dim
-    return WeightOnly(node, a, w, scale, out, a_rows[0], k, n, group, a_rows[1], c_rows[1])
+    zero_point = node.input("B_zero_point")
+    return WeightOnly(node, a, w, scale, zero_point, out, a_rows[0], k, n, group, a_rows[1], c_rows[1])
 
 
 def tensor_core_reason(p: WeightOnly) -> str | None:

@@ -1,12 +1,13 @@
 """Weight-only 4-bit GEMM written from primitives: ``block_scale_dequantize`` of a 4-bit weight
-W [K, N] (int4 or fp4_e2m1, group scales of 32, 64 or 128 along K) feeding a ``matmul`` as B,
-with 16-bit activations A [..., M, K]: what LLM inference runs at small batch.
+W [K, N] (int4 or fp4_e2m1, group scales of 32, 64 or 128 along K; int4 with or without group
+zero points) feeding a ``matmul`` as B, with 16-bit activations A [..., M, K]: what LLM
+inference runs at small batch.
 
 The two nodes become one GEMM fused node whose anchor is a ``matmul`` the rule builds with the
-4-bit W as B and the scales as ``B_scale`` (graphdnn/ops/weight_only.py), so that the kernel
-(codegen/families/gemm_weight_only.py) reads the packed weights once and dequantizes them in
-registers: the dequantized weight never reaches memory, and the problem stays bound by the
-weights' bytes (a quarter of a 16-bit GEMM's).
+4-bit W as B, the scales as ``B_scale`` and any zero points as ``B_zero_point``
+(graphdnn/ops/weight_only.py), so that the kernel (codegen/families/gemm_weight_only.py) reads
+the packed weights once and dequantizes them in registers: the dequantized weight never reaches
+memory, and the problem stays bound by the weights' bytes (a quarter of a 16-bit GEMM's).
 
 Numerics: the unfused graph rounds each dequantized weight to its tensor's type, which the
 rule asks to be A's; the kernel rounds it to A's type too (the 16-bit tensor-core operand),
@@ -95,9 +96,9 @@ def _reason(ctx: MatchContext, deq: Node, matmul: Node) -> str | None:
 
 
 def _anchor(deq: Node, matmul: Node) -> Node:
-    a, w, scale = matmul.input("A"), deq.input("X"), deq.input("scale")
+    a, w, scale, zero_point = matmul.input("A"), deq.input("X"), deq.input("scale"), deq.input("zero_point")
     assert a is not None and w is not None and scale is not None
-    inputs = (("A", a), ("B", w), ("B_scale", scale))
+    inputs = (("A", a), ("B", w), ("B_scale", scale), *((("B_zero_point", zero_point),) if zero_point else ()))
     return dataclasses.replace(
         matmul, name=f"{matmul.name}.weight_only", inputs=inputs, compute_data_type=DataType.FLOAT
     )

@@ -8,7 +8,8 @@ per 1 x 128 block) @ (B * B_scale per 128 x 128 or 128 x 1 block) with float sca
 (DeepSeek-V3's recipe), or per 1 x 32 and 32 x 1 blocks with fp8_e8m0 scales (MXFP8).
 
 Weight-only (weight_only.py): with a 4-bit B (int4, fp4_e2m1) and ``B_scale`` bound, C = A @
-(B * B_scale per group of 32, 64 or 128 k), A fp16 or bf16.
+(B * B_scale per group of 32, 64 or 128 k), A fp16 or bf16; an int4 B may have a
+``B_zero_point`` per group: C = A @ ((B - B_zero_point) * B_scale).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Matmul(Op):
         Role("B"),
         Role("A_scale", optional=True, positive=True),
         Role("B_scale", optional=True, positive=True),
+        Role("B_zero_point", optional=True),
     )
     outputs = (Role("C"),)
     packed_inputs = frozenset({"B"})
@@ -63,6 +65,13 @@ class Matmul(Op):
             )
         if is_weight_only(node):
             check_weight_only(node)
+        elif (zero_point := node.input("B_zero_point")) is not None:
+            fail(
+                node,
+                f"B_zero_point '{zero_point.name}' is bound but B '{b.name}' is {b.data_type.value}: zero points "
+                "belong to an int4 B (a weight-only matmul)",
+                role="B_zero_point",
+            )
         else:
             check_block_scales(node)
         return {"C": Inferred((*batch, a.dim[-2], b.dim[-1]))}
@@ -87,8 +96,10 @@ class MatmulMethods:
         name: str | None = None,
         A_scale: TensorSpec | None = None,
         B_scale: TensorSpec | None = None,
+        B_zero_point: TensorSpec | None = None,
     ) -> TensorSpec:
         """C = A @ B, batched over the leading dims with NumPy broadcasting; with ``A_scale`` and
-        ``B_scale``, block-scaled fp8 operands, or a 4-bit B with its group scales (docs/ops.md)."""
-        inputs = {"A": A, "B": B, "A_scale": A_scale, "B_scale": B_scale}
+        ``B_scale``, block-scaled fp8 operands, or a 4-bit B with its group scales (and, for
+        int4, optional group zero points: docs/ops.md)."""
+        inputs = {"A": A, "B": B, "A_scale": A_scale, "B_scale": B_scale, "B_zero_point": B_zero_point}
         return self._add_node("matmul", inputs, name=name, compute_data_type=compute_data_type)[0]

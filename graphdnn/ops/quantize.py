@@ -33,6 +33,9 @@ SCALE_TYPES = frozenset({DataType.FLOAT, DataType.FP8_E8M0})
 # scales of weight-only GEMMs (fusion_rules/rules/weight_only.py).
 DEQUANTIZE_TYPES = ELEMENT_TYPES | {DataType.INT4, DataType.FP4_E2M1}
 DEQUANTIZE_SCALE_TYPES = SCALE_TYPES | {DataType.HALF, DataType.BFLOAT16}
+# int4 weights may carry a zero point per group (asymmetric quantization, as AWQ / GPTQ store
+# them): y = (x - zero_point) * scale.
+ZERO_POINT_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 INPUT_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 # The largest finite value of each element type: the block maximum is scaled onto it.
 LARGEST = {DataType.FP8_E4M3: 448.0, DataType.FP8_E5M2: 57344.0}
@@ -166,30 +169,43 @@ class BlockScaleQuantize(Op):
 @register
 class BlockScaleDequantize(Op):
     """y = x * scale, each element with the scale of its block: fp8 values with float or
-    fp8_e8m0 scales, or 4-bit weights (int4, fp4_e2m1) with float, half or bfloat16 group scales."""
+    fp8_e8m0 scales, or 4-bit weights (int4, fp4_e2m1) with float, half or bfloat16 group
+    scales; int4 weights with a ``zero_point`` per block give y = (x - zero_point) * scale."""
 
     kind = "block_scale_dequantize"
     category = Category.QUANTIZATION
-    inputs = (Role("X"), Role("scale", positive=True))
+    inputs = (Role("X"), Role("scale", positive=True), Role("zero_point", optional=True))
     outputs = (Role("Y"),)
     attributes = BlockScaleDequantizeAttributes
     packed_inputs = frozenset({"X"})
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
-        x, scale = node.input("X"), node.input("scale")
+        x, scale, zero_point = node.input("X"), node.input("scale"), node.input("zero_point")
         assert x is not None and scale is not None
         _check_input_type(node, "X", x, DEQUANTIZE_TYPES, "fp8 or 4-bit values")
         _check_input_type(node, "scale", scale, DEQUANTIZE_SCALE_TYPES, "block scales")
         block_size = _check_block_size(node)
         axis = block_axis(node, len(x.dim))
         expected = scale_dims(x.dim, axis, block_size)
-        if tuple(scale.dim) != expected:
-            fail(
-                node,
-                f"scale has dims {list(scale.dim)}, expected {list(expected)}: one per block of {block_size} "
-                f"along axis {axis} of X {list(x.dim)}",
-                role="scale",
-            )
+        blocks = [("scale", scale)]
+        if zero_point is not None:
+            if x.data_type.is_set and x.data_type is not DataType.INT4:
+                fail(
+                    node,
+                    f"zero_point '{zero_point.name}' is bound but X '{x.name}' is {x.data_type.value}: zero points "
+                    "are for int4 weights (asymmetric quantization)",
+                    role="zero_point",
+                )
+            _check_input_type(node, "zero_point", zero_point, ZERO_POINT_TYPES, "zero points")
+            blocks.append(("zero_point", zero_point))
+        for role, t in blocks:
+            if tuple(t.dim) != expected:
+                fail(
+                    node,
+                    f"{role} has dims {list(t.dim)}, expected {list(expected)}: one per block of {block_size} "
+                    f"along axis {axis} of X {list(x.dim)}",
+                    role=role,
+                )
         return {"Y": Inferred(x.dim, stride_order(x.dim, x.stride))}
 
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
@@ -198,10 +214,12 @@ class BlockScaleDequantize(Op):
         return (-8, 7) if role == "X" and x is not None and x.data_type is DataType.INT4 else None
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        value, scale = x["X"], x["scale"]
+        value = x["X"]
         axis = block_axis(node, value.ndim)
-        block_size = node.attributes.block_size  # type: ignore[attr-defined]
-        return {"Y": value * np.take(scale, np.arange(value.shape[axis]) // block_size, axis=axis)}
+        blocks = np.arange(value.shape[axis]) // node.attributes.block_size  # type: ignore[attr-defined]
+        if "zero_point" in x:
+            value = value - np.take(x["zero_point"], blocks, axis=axis)
+        return {"Y": value * np.take(x["scale"], blocks, axis=axis)}
 
 
 class QuantizeMethods:
@@ -234,11 +252,13 @@ class QuantizeMethods:
         axis: int | None = None,
         compute_data_type: Any = None,
         name: str | None = None,
+        zero_point: TensorSpec | None = None,
     ) -> TensorSpec:
-        """input * scale, each element with its block's scale."""
+        """input * scale, each element with its block's scale; (input - zero_point) * scale with
+        a ``zero_point`` per block (int4 input only)."""
         return self._add_node(
             "block_scale_dequantize",
-            {"X": input, "scale": scale},
+            {"X": input, "scale": scale, "zero_point": zero_point},
             {"block_size": block_size, "axis": axis},
             name=name,
             compute_data_type=compute_data_type,

@@ -3,9 +3,12 @@
 C = A @ (B * B_scale per group), A fp16 or bf16 [..., M, K], B int4 or fp4_e2m1 [K, N] in
 either layout (packed along N or along K: graphdnn/packing.py), one scale per ``group`` k
 (32, 64 or 128) per column: ``B_scale`` [ceil(K / group), N], float, half or bfloat16 (the
-last group of a K the group does not divide is partial). Symmetric: no zero point.
+last group of a K the group does not divide is partial). An int4 B may be asymmetric: an
+optional ``B_zero_point`` of B_scale's dims (float, half or bfloat16, any value: AWQ's and
+GPTQ's unsigned codes and zeros are the signed ones plus 8) gives B's values as
+(B - B_zero_point) * B_scale.
 
-The dequantized weight is rounded to A's type, as the 16-bit tensor-core operand the kernel
+The dequantized weight (with its zero point subtracted, in float64) is rounded to A's type, as the 16-bit tensor-core operand the kernel
 multiplies (and as ``block_scale_dequantize`` to A's type then a matmul compute it), then the
 product is summed in float64 here, in fp32 on the GPU. The group is read off the scale's
 extent: ceil(K / g) differs between 32, 64 and 128 unless K <= 64, where one group covers K.
@@ -74,6 +77,33 @@ def check_weight_only(node: Node) -> None:
             f"B_scale has dims {list(scale.dim)}, expected {shapes}: one scale per group of 32, 64 or 128 k per column",
             role="B_scale",
         )
+    zero_point = node.input("B_zero_point")
+    if zero_point is not None:
+        _check_zero_point(node, b, scale, zero_point)
+
+
+def _check_zero_point(node: Node, b: Tensor, scale: Tensor, zero_point: Tensor) -> None:
+    if b.data_type is not DataType.INT4:
+        fail(
+            node,
+            f"B_zero_point '{zero_point.name}' is bound but B '{b.name}' is {b.data_type.value}: zero points "
+            "are for int4 weights",
+            role="B_zero_point",
+        )
+    if zero_point.data_type.is_set and zero_point.data_type not in SCALE_TYPES:
+        raise DataTypeError(
+            f"B_zero_point '{zero_point.name}' is {zero_point.data_type.value}; a weight-only matmul takes float, "
+            "half or bfloat16 zero points",
+            node=node.name,
+            tensor=zero_point.name,
+        )
+    if tuple(zero_point.dim) != tuple(scale.dim):
+        fail(
+            node,
+            f"B_zero_point has dims {list(zero_point.dim)}, expected B_scale's {list(scale.dim)}: one zero point "
+            "per group per column",
+            role="B_zero_point",
+        )
 
 
 def group_scales(node: Node) -> tuple[Tensor, int]:
@@ -86,12 +116,15 @@ def group_scales(node: Node) -> tuple[Tensor, int]:
 
 
 def weight_only_operands(node: Node, x: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """A, and B times its group scales rounded to A's type (the module's numerics)."""
+    """A, and B less its zero points times its group scales, rounded to A's type (the module's
+    numerics)."""
     a, b, scale = x["A"], x["B"], x["B_scale"]
     group = group_of(b.shape[0], scale.shape[0])
     assert group is not None
     a_type = node.input("A")
     assert a_type is not None
+    if "B_zero_point" in x:
+        b = b - np.repeat(x["B_zero_point"], group, axis=0)[: b.shape[0]]
     return a, round_to(a_type.data_type, b * np.repeat(scale, group, axis=0)[: b.shape[0]])
 
 
