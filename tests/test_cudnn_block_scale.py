@@ -20,6 +20,7 @@ from graphdnn.dtypes import DataType
 from graphdnn.errors import AttributeValueError, GraphError, UnsupportedError
 
 E4M3, E8M0, F32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FP8_E8M0, cudnn.data_type.FLOAT
+TILED = cudnn.tensor_reordering.F8_128x4
 Check = Callable[[], None]
 
 
@@ -45,11 +46,26 @@ def check_quantized(y: np.ndarray, scale: np.ndarray, c: np.ndarray, block: int)
     assert np.all(np.abs(y - c / s) <= step / 2 + slack), "fp8 values off by more than half a step"
 
 
-def mxfp8_matmul_quantize(device: str, **options: Any) -> Check:
+def f8_128x4_tiles(scales: torch.Tensor) -> torch.Tensor:
+    """[b, rows, blocks] e8m0 scales in cuBLAS's block scaling factors layout (what F8_128x4
+    means): padded to 128 x 4 tiles of 512 bytes, tile rows then K tiles, byte (r % 32) * 16
+    + (r // 32 % 4) * 4 + c % 4 inside a tile; the padding holds NaN (0xff), never read."""
+    bytes_ = scales.to(torch.float8_e8m0fnu).view(torch.uint8).numpy()
+    b, rows, cols = bytes_.shape
+    padded_rows, padded_cols = -(-rows // 128) * 128, -(-cols // 4) * 4
+    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    at = (r // 128) * (padded_cols // 4) * 512 + (c // 4) * 512 + (r % 32) * 16 + (r % 128) // 32 * 4 + c % 4
+    out = np.full((b, padded_rows * padded_cols), 0xFF, np.uint8)
+    out[:, at] = bytes_
+    return torch.from_numpy(out.reshape(b, padded_rows, padded_cols)).view(torch.float8_e8m0fnu)
+
+
+def mxfp8_matmul_quantize(device: str, tiled: str = "", m: int = 40, k: int = 96, **options: Any) -> Check:
     """test_block_scale_quantize.py's graph (MXFP8: e4m3 operands, e8m0 scales of 32 blocks,
-    dequantize -> matmul -> block_scale_quantize), with scales in their own dims instead of
-    F8_128x4 tiles (graphdnn refuses the reordering; see the refusal tests)."""
-    b, m, n, k, block_size = 2, 40, 64, 96, 32
+    dequantize -> matmul -> block_scale_quantize). ``tiled``: the scales reordered F8_128x4, as
+    the frontend's test declares them ("declared": in the blocks' dims; "padded": in the tiles'
+    padded dims), their buffers the tiles; else in their own dims."""
+    b, n, block_size = 2, 64, 32
     handle = cudnn.create_handle()
     g = cudnn.pygraph(
         io_data_type=cudnn.data_type.HALF,
@@ -61,8 +77,23 @@ def mxfp8_matmul_quantize(device: str, **options: Any) -> Check:
     sk = k // block_size
     tensor_a = g.tensor(name="tensor_a", dim=[b, m, k], stride=[m * k, k, 1], data_type=E4M3)
     tensor_b = g.tensor(name="tensor_b", dim=[b, k, n], stride=[k * n, 1, k], data_type=E4M3)
-    block_descale_a = g.tensor(name="block_descale_a", dim=[b, m, sk], stride=[m * sk, sk, 1], data_type=E8M0)
-    block_descale_b = g.tensor(name="block_descale_b", dim=[b, sk, n], stride=[n * sk, 1, sk], data_type=E8M0)
+    reordering = cudnn.tensor_reordering.F8_128x4 if tiled else cudnn.tensor_reordering.NONE
+    padded = (-(-m // 128) * 128, -(-n // 128) * 128, -(-sk // 4) * 4)
+    sm, sn, skp = padded if tiled == "padded" else (m, n, sk)  # the declared scale dims
+    block_descale_a = g.tensor(
+        name="block_descale_a",
+        dim=[b, sm, skp],
+        stride=[sm * skp, skp, 1],
+        data_type=E8M0,
+        reordering_type=reordering,
+    )
+    block_descale_b = g.tensor(
+        name="block_descale_b",
+        dim=[b, skp, sn],
+        stride=[sn * skp, 1, skp],
+        data_type=E8M0,
+        reordering_type=reordering,
+    )
     dequant_tensor_a = g.block_scale_dequantize(
         tensor_a, block_descale_a, block_size=[1, block_size], name="dequantize_a"
     )
@@ -89,11 +120,16 @@ def mxfp8_matmul_quantize(device: str, **options: Any) -> Check:
     d = torch.empty(b, m, n, dtype=torch.float8_e4m3fn, device=device)
     scale_out = torch.empty(b, m, n // block_size, dtype=torch.float8_e8m0fnu, device=device)
     workspace = torch.empty(g.get_workspace_size(), device=device, dtype=torch.uint8)
+    descale_a, descale_b = (
+        (f8_128x4_tiles(scale_a), f8_128x4_tiles(scale_b_t))
+        if tiled
+        else (scale_a.to(torch.float8_e8m0fnu), scale_b_t.to(torch.float8_e8m0fnu).transpose(1, 2))
+    )
     variant_pack = {
         tensor_a: a.to(device),
         tensor_b: b_t.to(device).transpose(1, 2),
-        block_descale_a: scale_a.to(torch.float8_e8m0fnu).to(device),
-        block_descale_b: scale_b_t.to(torch.float8_e8m0fnu).to(device).transpose(1, 2),
+        block_descale_a: descale_a.to(device),
+        block_descale_b: descale_b.to(device),
         tensor_d: d,
         block_scale: scale_out,
     }
@@ -155,6 +191,10 @@ def deepseek_matmul(device: str, weight_block: tuple[int, int], **options: Any) 
 
 PROGRAMS: dict[str, Callable[..., Check]] = {
     "mxfp8_matmul_quantize": mxfp8_matmul_quantize,
+    "mxfp8_f8_128x4_scales": functools.partial(mxfp8_matmul_quantize, tiled="declared"),
+    "mxfp8_f8_128x4_padded_dims": functools.partial(mxfp8_matmul_quantize, tiled="padded"),
+    # 2 row tiles of A's scales, 3 K tiles
+    "mxfp8_f8_128x4_many_tiles": functools.partial(mxfp8_matmul_quantize, tiled="declared", m=200, k=288),
     "deepseek_k_blocks": functools.partial(deepseek_matmul, weight_block=(128, 1)),
     "deepseek_weight_blocks": functools.partial(deepseek_matmul, weight_block=(128, 128)),
 }
@@ -279,16 +319,46 @@ def test_a_block_scaled_graph_round_trips_through_serialize() -> None:
         (lambda g, x: g.block_scale_dequantize(x, x, [1, 1, 32], name="d"), AttributeValueError, "1 to 2 sizes"),
         (lambda g, x: g.block_scale_quantize(x, [32], name="q"), AttributeValueError, "takes one int"),
         (
-            lambda g, x: g.tensor(name="sf", dim=[128, 4], reordering_type=cudnn.tensor_reordering.F8_128x4),
+            lambda g, x: g.tensor(name="sf", dim=[128, 4], reordering_type=cudnn.tensor_reordering.F16x16),
             UnsupportedError,
-            r"tensor 'sf': tensor reordering F8_128x4 .* not supported.*reordering NONE",
+            r"tensor 'sf': tensor reordering .*F16x16.* is not supported",
         ),
         (
             lambda g, x: g.block_scale_quantize(x, 32, name="q")[1].set_reordering_type(
                 cudnn.tensor_reordering.F8_128x4
             ),
             UnsupportedError,
-            r"tensor 'q::scale': tensor reordering F8_128x4",
+            r"tensor 'q::scale': set_reordering_type.*F8_128x4 as pygraph.tensor's reordering_type, on a block-scale input",
+        ),
+        (
+            lambda g, x: g.tensor(name="sf", dim=[128, 4], data_type=F32, reordering_type=TILED),
+            UnsupportedError,
+            r"tensor 'sf': tensor reordering F8_128x4 holds 1-byte block scales \(FP8_E8M0 or FP8_E4M3\), not float",
+        ),
+        (
+            lambda g, x: g.tensor(name="sf", dim=[512], data_type=E8M0, reordering_type=TILED),
+            UnsupportedError,
+            r"tensor 'sf': tensor reordering F8_128x4 takes static dims \[..., rows, blocks\] of rank 2",
+        ),
+        (
+            lambda g, x: g.tensor(name="sf", dim=[8, 4, 2], stride=[1, 16, 64], data_type=E8M0, reordering_type=TILED),
+            UnsupportedError,
+            r"tensor 'sf': tensor reordering F8_128x4 with strides \[1, 16, 64\]: one of the last two dims must",
+        ),
+        (
+            lambda g, x: g.tensor(name="sf", dim=[128, 4], data_type=E8M0, is_virtual=True, reordering_type=TILED),
+            UnsupportedError,
+            r"tensor 'sf': tensor reordering F8_128x4 is taken on block-scale inputs only",
+        ),
+        (
+            lambda g, x: g.block_scale_dequantize(
+                g.tensor(name="x8", dim=[128, 128], data_type=E4M3),
+                g.tensor(name="sf", dim=[128, 2], data_type=E8M0, reordering_type=TILED),
+                [1, 32],
+                name="d",
+            ),
+            UnsupportedError,
+            r"tensor 'sf': an op reads the F8_128x4 scales as \[128, 4\]; their tiles hold \[128, 2\]",
         ),
     ],
 )
@@ -303,6 +373,22 @@ def test_unsupported_types_are_refused_naming_the_node() -> None:
     scale = g.tensor(name="s", dim=[64, 1], data_type=F32)
     with pytest.raises(GraphError, match=r"node 'dq'.*'x' is half; block_scale_dequantize takes fp8 or 4-bit values"):
         g.block_scale_dequantize(x, scale, [1, 64], name="dq")
+
+
+def test_f8_128x4_tiles_are_the_input_and_the_plain_scales_are_read_once() -> None:
+    """The buffer bound to a tiled tensor is the tiles (the padded matrices); the movement
+    nodes that undo the tiling run once however many ops read the scales."""
+    g, x = graph_with([200, 96])
+    sf = g.tensor(name="sf", dim=[200, 3], stride=[3, 1], data_type=E8M0, reordering_type=TILED)
+    assert sf.get_dim() == [256, 4] and sf.get_reordering_type() is TILED
+    g.block_scale_dequantize(x, sf, [1, 32], name="d1").set_output(True)
+    g.block_scale_dequantize(x, sf, [1, 32], name="d2").set_output(True)
+    g.build([cudnn.heur_mode.A])
+    ops = [n.op for n in g.ir.nodes]
+    assert ops.count("reshape") == 2 and ops.count("transpose") == 1 and ops.count("slice") == 1, ops
+    assert ops.count("block_scale_dequantize") == 2
+    (tiles,) = [t for t in g.ir.inputs if t.name == "sf"]
+    assert tiles.dim == (256, 4) and tiles.stride == (4, 1)
 
 
 def test_reordering_none_is_accepted_and_reported() -> None:

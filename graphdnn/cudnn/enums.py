@@ -87,7 +87,7 @@ class diagonal_alignment(enum.Enum):
 
 class tensor_reordering(enum.Enum):
     """How a tensor's elements are reordered in memory. graphdnn lays every tensor out by its
-    dims and strides, so only NONE is accepted (see ``check_reordering``)."""
+    dims and strides, so NONE, and F8_128x4 for block-scale inputs (cudnn/reordering.py)."""
 
     NONE = "none"
     INT8x32 = "int8x32"
@@ -95,21 +95,19 @@ class tensor_reordering(enum.Enum):
     F8_128x4 = "f8_128x4"
 
 
-def check_reordering(reordering: Any, tensor: str | None) -> None:
-    """Refuse a reordered layout: graphdnn has no swizzled tensors. F8_128x4 (block scales in
-    128 x 4 tiles, for Blackwell's block-scaled MMA) gets what to declare instead."""
+def tiled_reordering(reordering: Any, tensor: str | None) -> bool:
+    """Whether ``reordering`` is F8_128x4 (block scales in 128 x 4 tiles: cudnn/reordering.py);
+    False for NONE; the other reorderings are refused, naming the tensor."""
     name = getattr(reordering, "name", reordering)
     if reordering is None or name == "NONE":
-        return
+        return False
     if name == "F8_128x4":
-        raise UnsupportedError(
-            "tensor reordering F8_128x4 (block scales swizzled into 128 x 4 tiles, padded to multiples of 128 rows "
-            "and 4 blocks) is not supported: graphdnn reads block scales in their own dims and strides; declare the "
-            "scale with one element per block (X's dims, the block axis ceil(extent / block_size)) and reordering "
-            "NONE",
-            tensor=tensor,
-        )
-    raise UnsupportedError(f"tensor reordering {reordering!r} is not supported", tensor=tensor)
+        return True
+    raise UnsupportedError(
+        f"tensor reordering {reordering!r} is not supported: graphdnn reads tensors in their own dims and strides "
+        "(F8_128x4 block scales excepted)",
+        tensor=tensor,
+    )
 
 
 class reshape_mode(enum.Enum):

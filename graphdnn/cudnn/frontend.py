@@ -24,10 +24,11 @@ from ..serialize import graph_to_json, read_graph
 from ..signature import signature
 from ..symbolic import Extent
 from ..tensor import TensorSpec
-from .enums import build_plan_policy, check_reordering, heur_mode
+from .enums import build_plan_policy, heur_mode, tiled_reordering
 from .handle import Handle, get_stream
 from .ops import FrontendOps
 from .ragged import PendingOutput, check_ragged_uses, pack_outputs
+from .reordering import tiled
 from .spec import FrontendTensor, LenientSpec
 from .variant_pack import adapt
 
@@ -140,11 +141,21 @@ class pygraph(FrontendOps):
                 "offsets, unscaled",
                 tensor=name or None,
             )
-        check_reordering(reordering_type, name or None)
+        layout = None
+        if tiled_reordering(reordering_type, name or None):
+            if is_virtual or is_pass_by_value:
+                raise UnsupportedError(
+                    "tensor reordering F8_128x4 is taken on block-scale inputs only (their buffers hold the tiles)",
+                    tensor=name or None,
+                )
+            layout = tiled(dim, stride, data_type, name or None)
+            dim, stride = layout.storage, None  # the input holds the tiles (cudnn/reordering.py)
         spec = self._spec.tensor(
             dim, stride, data_type, is_virtual, is_pass_by_value, name or None, None if uid == -1 else uid
         )
         assert isinstance(spec, FrontendTensor)
+        if layout is not None:
+            self._spec.declare_tiled(spec, layout)
         return spec.set_ragged_offset(ragged_offset)
 
     def tensor_like(self, input: Any, name: str = "") -> TensorSpec:

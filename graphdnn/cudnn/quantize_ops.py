@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import AttributeValueError
+from ..ops.quantize import scale_dims
 from ..tensor import TensorSpec
 from .deferred import Pending
 from .ops_base import OpsBase, compute_type
@@ -85,6 +86,10 @@ class QuantizeOps(OpsBase):
         multiplies by the scale whatever its sign)."""
         node = self._node(name)
         sizes, axis, size = dequantize_blocks(node, input, block_size)
+        if axis is not None and input.dim is not None and all(isinstance(d, int) for d in input.dim):
+            # F8_128x4 tiles (cudnn/reordering.py) are read as the blocks of the input, whether the
+            # frontend's dims were those or padded ones
+            descale = self._spec.untiled(descale, scale_dims(tuple(input.dim), axis, size))  # type: ignore[arg-type]
         pending = Pending(node, input, descale, sizes, axis, size, compute_type(compute_data_type))
         if pending.held:
             return self._spec.defer_dequantize(pending)

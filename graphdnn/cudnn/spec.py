@@ -12,22 +12,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from ..errors import UnsupportedError
 from ..graph import OperationGraphSpec
 from ..ir import Graph
 from ..tensor import TensorSpec
 from .deferred import Pending, absorbed
-from .enums import check_reordering, tensor_reordering
+from .enums import tensor_reordering, tiled_reordering
+from .reordering import Tiled, untiled
 
 
 class FrontendTensor(TensorSpec):
     """A TensorSpec with the frontend's ``set_ragged_offset``: the ``[B + 1, 1, 1, 1]`` element
     offsets where each sequence of a packed ``[B, H, S, d]`` tensor starts."""
 
-    __slots__ = ("_ragged_offset",)
+    __slots__ = ("_ragged_offset", "_tiled")
 
     def __init__(self, *args: object, **fields: object) -> None:
         super().__init__(*args, **fields)  # type: ignore[arg-type]
         self._ragged_offset: TensorSpec | None = None
+        self._tiled = False  # declared with F8_128x4: its dims are the tiles' (cudnn/reordering.py)
 
     def set_ragged_offset(self, ragged_offset: TensorSpec | None) -> FrontendTensor:
         self._ragged_offset = ragged_offset
@@ -37,12 +40,19 @@ class FrontendTensor(TensorSpec):
         return self._ragged_offset
 
     def set_reordering_type(self, reordering_type: Any) -> FrontendTensor:
-        """Only NONE: graphdnn has no reordered (swizzled) layouts; others raise, saying so."""
-        check_reordering(reordering_type, self.name)
+        """NONE, or the reordering the tensor was declared with: F8_128x4 changes the dims of the
+        buffer, so it is given to ``pygraph.tensor``, for inputs only."""
+        if tiled_reordering(reordering_type, self.name) != self._tiled:
+            raise UnsupportedError(
+                f"set_reordering_type({reordering_type!r}): graphdnn takes F8_128x4 as pygraph.tensor's "
+                "reordering_type, on a block-scale input (its buffer holds the tiles); not on a tensor a node "
+                "writes, nor set afterwards",
+                tensor=self.name,
+            )
         return self
 
     def get_reordering_type(self) -> tensor_reordering:
-        return tensor_reordering.NONE
+        return tensor_reordering.F8_128x4 if self._tiled else tensor_reordering.NONE
 
     @property
     def stride_is_set(self) -> bool:
@@ -58,6 +68,28 @@ class LenientSpec(OperationGraphSpec):
         self._pending: dict[TensorSpec, Pending] = {}  # dequantizes not yet added (cudnn/deferred.py)
         self._held = 0  # frontend calls not (yet) nodes: pending or absorbed dequantizes
         self._absorbed: set[TensorSpec] = set()  # pending outputs a block-scaled matmul stands in for
+        self._tiled: dict[TensorSpec, Tiled] = {}  # F8_128x4 inputs: the tiles, and their declared layout
+        self._untiled: dict[tuple[TensorSpec, tuple[int, ...]], TensorSpec] = {}  # their plain views, as read
+
+    def declare_tiled(self, tiles: FrontendTensor, layout: Tiled) -> None:
+        """``tiles`` (an input of dims ``layout.storage``) holds F8_128x4 block scales."""
+        tiles._tiled = True
+        self._tiled[tiles] = layout
+
+    def untiled(self, t: TensorSpec, dims: tuple[int, ...] | None = None) -> TensorSpec:
+        """``t``, or where it holds F8_128x4 tiles, the plain view of them an op reads: of the
+        declared dims, or of ``dims`` (a dequantize reads the blocks of its input only)."""
+        layout = self._tiled.get(t)
+        if layout is None:
+            return t
+        key = (t, layout.dims if dims is None else dims)
+        if key not in self._untiled:
+            del self._tiled[t]  # the movement nodes read the tiles themselves
+            try:
+                self._untiled[key] = untiled(self, t, layout, key[1])
+            finally:
+                self._tiled[t] = layout
+        return self._untiled[key]
 
     @property
     def node_count(self) -> int:
@@ -95,6 +127,8 @@ class LenientSpec(OperationGraphSpec):
         for value in inputs.values():
             if isinstance(value, TensorSpec) and value in self._pending:
                 self._materialize(value, self._pending[value])
+        if self._tiled:
+            inputs = {role: self.untiled(v) if isinstance(v, TensorSpec) else v for role, v in inputs.items()}
         outputs = super()._add_node(kind, inputs, *args, **kwargs)
         self._absorbed.update(stand_ins)
         return outputs
