@@ -183,6 +183,11 @@ class Graph:
         return tuple(t for t in self.tensors if t.id in self._producers and not t.is_virtual)
 
     @cached_property
+    def constants(self) -> tuple[Tensor, ...]:
+        """Tensors whose value is compiled into the graph (a scalar an op was given as a number)."""
+        return tuple(t for t in self.tensors if t.is_constant)
+
+    @cached_property
     def symbols(self) -> tuple[Symbol, ...]:
         """The symbols of its dynamic dims, by name; empty for a static graph (validation
         checks that each name has one range and is a whole dim of some input)."""

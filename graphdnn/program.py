@@ -13,6 +13,7 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 WORKSPACE_ALIGNMENT = 256  # bytes; every workspace buffer starts on such a boundary
@@ -426,6 +427,12 @@ class LaunchProgram:
     workspace: tuple[WorkspaceBuffer, ...]
     workspace_size: int
     tuning: tuple[dict[str, Any], ...]  # per fused node, in execution order: the family's launch choices
+
+    @cached_property
+    def dim_refs(self) -> tuple[DimRef, ...]:
+        """The dims of a call that its launches read (none for a static graph's program): what a
+        dynamic plan's bind evaluates at each call."""
+        return tuple(dict.fromkeys(ref for launch in self.launches for ref in launch.dim_refs))
 
     @property
     def kernel_keys(self) -> tuple[str, ...]:

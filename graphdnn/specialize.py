@@ -83,7 +83,7 @@ def specialize(ir: Graph, values: Mapping[str, int]) -> Graph:
     names, ids, uids and node order; a static ``ir`` is returned as it is."""
     if not ir.is_dynamic:
         return ir
-    tensors = tuple(_concrete(t, values) for t in ir.tensors)
+    tensors = tuple(concrete_tensor(t, values) for t in ir.tensors)
 
     def bound(b: Tensor | tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
         return tuple(tensors[t.id] for t in b) if isinstance(b, tuple) else tensors[b.id]
@@ -117,7 +117,8 @@ def specialize_for(ir: Graph, feeds: Mapping[FeedKey, Any]) -> Graph:
     return specialize(ir, symbol_values(ir, feed_shapes(ir, feeds)))
 
 
-def _concrete(t: Tensor, values: Mapping[str, int]) -> Tensor:
+def concrete_tensor(t: Tensor, values: Mapping[str, int]) -> Tensor:
+    """``t`` with each symbol replaced by ``values[name]`` (itself when static)."""
     if not t.symbols:
         return t
     return Tensor(

@@ -171,8 +171,8 @@ def test_an_out_of_range_m_is_refused_naming_the_symbol_before_any_launch() -> N
     shapes[ids["res"]] = (7, 24)
     with pytest.raises(gd.FeedError, match=r"'m'"):
         concrete(plan.graph, plan.program, {**shapes, ids["a"]: (5, 32)})
-    static, extents = concrete(plan.graph, plan.program, {**shapes, ids["a"]: (7, 32)})
-    assert extents == {(ids["a"], 0): 7} and static.tensors[ids["a"]].dim == (7, 32)
+    tensor, extents = concrete(plan.graph, plan.program, {**shapes, ids["a"]: (7, 32)})
+    assert extents == {(ids["a"], 0): 7} and tensor(ids["a"]).dim == (7, 32) and tensor(ids["w"]).dim == (32, 24)
 
 
 # -- signature and reference ------------------------------------------------------------------

@@ -11,14 +11,14 @@ start at their address, the workspace, the loaded kernels and every kernel's par
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..arch import arch_name, runs_on
 from ..errors import FeedError, UnsupportedError
-from ..ir import Graph
+from ..ir import Graph, Tensor
 from ..program import TENSOR_MAP_ALIGNMENT, WORKSPACE_ALIGNMENT, ArgKind, DimRef, Launch, LaunchProgram
-from ..specialize import specialize, symbol_values
+from ..specialize import concrete_tensor, symbol_values
 from ..variant_pack import resolve, scalar_value
 from . import buffers, driver, frameworks, nvtx_ranges
 from .device_array import DeviceMemory
@@ -66,23 +66,24 @@ def _bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, strea
     handle = driver.stream_handle(stream)
     driver.current_device()  # a context is current: pointer queries need one
     described = {tid: _describe(plan.graph.tensors[tid].name, value, handle) for tid, value in pack.buffers.items()}
-    ir, extents = concrete(plan.graph, plan.program, {tid: b.shape for tid, b in described.items()})
+    graph = plan.graph
+    tensor, extents = concrete(graph, plan.program, {tid: b.shape for tid, b in described.items()})
     device = _device(plan, [b.device for b in described.values() if b.device is not None])
-    outputs_written = {t.id for t in ir.outputs}
+    outputs_written = {t.id for t in graph.outputs}
     for tid, buffer in described.items():
-        buffers.check(ir.tensors[tid], buffer, device.ordinal, written=tid in outputs_written)
+        buffers.check(tensor(tid), buffer, device.ordinal, written=tid in outputs_written)
     views = {
-        tid: View(b.pointer, b.shape, b.strides, buffers.element_bytes(ir.tensors[tid])) for tid, b in described.items()
+        tid: View(b.pointer, b.shape, b.strides, buffers.element_bytes(tensor(tid))) for tid, b in described.items()
     }
-    names = {tid: ir.tensors[tid].name for tid in views}
+    names = {tid: graph.tensors[tid].name for tid in views}
     # A size bucket's variant runs only at the calls its bucket holds: exactly one of a fused node's.
     active = [i for i, launch in enumerate(plan.program.launches) if launch.runs_at(extents)]
     order = schedule(
-        [plan.program.launches[i] for i in active], views, {t.id for t in ir.outputs if t.id in views}, names
+        [plan.program.launches[i] for i in active], views, {t.id for t in graph.outputs if t.id in views}, names
     )
     library = frameworks.library_of(pack.buffers.values())
-    allocated = {t.id: frameworks.allocate(ir.tensors[t.id], device, library) for t in pack.missing_outputs}
-    described.update({tid: _describe(ir.tensors[tid].name, value, handle) for tid, value in allocated.items()})
+    allocated = {t.id: frameworks.allocate(tensor(t.id), device, library) for t in pack.missing_outputs}
+    described.update({tid: _describe(graph.tensors[tid].name, value, handle) for tid, value in allocated.items()})
 
     base = _workspace(plan, workspace, device, handle, views, names)
     pointers = {tid: buffer.pointer for tid, buffer in described.items()}
@@ -104,30 +105,37 @@ def _bind(plan: Bindable, variant_pack: Mapping[Any, Any], workspace: Any, strea
         copies.append(Copy(DeviceMemory(device, view.end - view.pointer), view.pointer))
         pointers[tid] = copies[-1].destination.pointer
     scalars = dict(pack.scalars)
-    scalars.update({t.id: scalar_value(t, t.value) for t in ir.tensors if t.is_constant})
+    scalars.update({t.id: scalar_value(t, t.value) for t in graph.constants})
     positions = [active[i] for i in order.order]
     launches = [plan.program.launches[i].at(extents) for i in positions]
     kernels = plan.loaded_kernels(device)
     slots = [pack_arguments(launch, pointers, scalars, base, extents) for launch in launches]
 
     values = {**pack.buffers, **allocated}
-    outputs = {t.name: values[t.id] for t in ir.outputs}
+    outputs = {t.name: values[t.id] for t in graph.outputs}
     keep_alive = [b.owner for b in described.values()] + [workspace, plan]  # the plan owns the default workspace
     return kind(device, handle, launches, [kernels[i] for i in positions], slots, outputs, keep_alive, copies)
 
 
 def concrete(
     graph: Graph, program: LaunchProgram, shapes: Mapping[int, tuple[int, ...]]
-) -> tuple[Graph, dict[DimRef, int]]:
-    """The static graph of this call and the extents its launches read (their grids and EXTENT
+) -> tuple[Callable[[int], Tensor], dict[DimRef, int]]:
+    """This call's tensors, by id, and the extents its launches read (their grids and EXTENT
     arguments): a dynamic graph's symbols are read from the ``shapes`` of the buffers (by tensor
-    id) and checked against their ranges (FeedError naming the tensor, the symbol and the range);
-    a static graph is returned as it is, with no extents."""
+    id) and checked against their ranges (FeedError naming the tensor, the symbol and the range),
+    and only the tensors a bind asks for are made static (its buffers': a few of the graph's); a
+    static graph's tensors are its own, with no extents."""
     if not graph.is_dynamic:
-        return graph, {}
-    static = specialize(graph, symbol_values(graph, shapes))
-    refs = {ref for launch in program.launches for ref in launch.dim_refs}
-    return static, {(t, axis): static.tensors[t].static_dim[axis] for t, axis in refs}
+        return graph.tensors.__getitem__, {}
+    values = symbol_values(graph, shapes)
+    made: dict[int, Tensor] = {}
+
+    def tensor(tid: int) -> Tensor:
+        if tid not in made:
+            made[tid] = concrete_tensor(graph.tensors[tid], values)
+        return made[tid]
+
+    return tensor, {(t, axis): tensor(t).static_dim[axis] for t, axis in program.dim_refs}
 
 
 def _misaligned_map_operands(launches: Sequence[Launch], pointers: Mapping[int, int]) -> list[int]:
