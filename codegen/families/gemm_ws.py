@@ -37,8 +37,6 @@ wgmma instruction and the accumulators' type change; 8-bit B is K-major (gemm_pr
 
 from __future__ import annotations
 
-import math
-
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
 from graphdnn.errors import UnsupportedError
