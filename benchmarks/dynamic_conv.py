@@ -25,7 +25,7 @@ from benchmarks.measure import median_us  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
 
-BATCHES = (1, 7, 10, 11, 13, 37, 64)
+BATCHES = (1, 10, 11, 13, 64)
 
 
 def _kernels(bound: Any) -> str:
