@@ -6,12 +6,15 @@ static plan of each batch, on the same buffers.
 ResNet-50's 3x3 128->128 at 28², NHWC bf16 (benchmarks/cases.py, the dynamic conv cases), at
 the batches of the issue (1, 13, 64) and at the edges of the plan's size buckets. Both plans
 take their heuristic choices; each is checked against torch's conv + BN + ReLU from a
-NaN-poisoned output, then timed as the median of CUDA events (triton's do_bench, L2 flushed);
-torch eager (cuDNN) is the peer. Prints a markdown table.
+NaN-poisoned output, then timed as the median of CUDA events (triton's do_bench, L2 flushed),
+the two plans in turn ROUNDS times, each plan's figure the median of its rounds (so that a
+drift of the GPU's clocks falls on both); torch eager (cuDNN) is the peer. Prints a markdown
+table.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,8 @@ from benchmarks.measure import median_us  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
 
-BATCHES = (1, 10, 11, 13, 64)
+BATCHES = (1, 2, 10, 11, 13, 64)
+ROUNDS = 3
 
 
 def _kernels(bound: Any) -> str:
@@ -50,17 +54,18 @@ def main() -> int:
         inputs = {t.name: to_torch(feeds[t.name], t) for t in ir.inputs}
         out = empty_torch(ir.outputs[0])
         expected = _conv_torch(inputs).float()
-        times: dict[str, float] = {}
         try:  # one broken batch must not hide the others' numbers
+            bound: dict[str, Any] = {}
             for key, plan in (("static", gd.compile(graph)), ("dynamic", dynamic)):
-                bound = plan.bind({**inputs, "y": out})
+                bound[key] = plan.bind({**inputs, "y": out})
                 out.fill_(float("nan"))
-                bound()
+                bound[key]()
                 torch.cuda.synchronize()
                 error = float((out.float() - expected).norm() / expected.norm())
                 assert error < 2e-2, f"{key} plan at batch {n}: relative error {error:.3g}"
-                times[key] = median_us(bound)
-                kernels = _kernels(bound) if key == "dynamic" else ""
+            rounds = [[median_us(bound[key], rep_ms=100) for key in ("static", "dynamic")] for _ in range(ROUNDS)]
+            times = dict(zip(("static", "dynamic"), (statistics.median(r) for r in zip(*rounds))))
+            kernels = _kernels(bound["dynamic"])
             eager = median_us(lambda inputs=inputs: _conv_torch(inputs))
             print(
                 f"| {n} | {kernels} | {times['dynamic']:.1f} | {times['static']:.1f} | "

@@ -14,8 +14,10 @@ and runs it. Then the calls are served in the drawn order, and counted:
 - host µs per call: the wall time of the call alone (it enqueues the kernels and returns; the
   GPU is drained between calls, outside the timed span, so no call waits on a full queue),
   median and 99th percentile, of the dynamic plan's bound call at the drawn size against the
-  static plan's bound call at one size of the range (the middle), and of ``plan.execute`` with
-  a fresh pack per call (it binds anew when the size's binding is not among its last 8).
+  static plan's bound call at one size of the range (the middle), of the dynamic plan's bound
+  call at that same size (the same kernels: what a symbol costs a call, apart from the sizes'
+  kernels), and of ``plan.execute`` with a fresh pack per call (it binds anew when the size's
+  binding is not among its last 8).
 
 Prints markdown tables.
 """
@@ -120,6 +122,14 @@ def _stats(times: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
+def _by_launches(times: list[float], launches: list[int]) -> str:
+    """The median of the calls of each launch count: "1: 5.1, 2: 7.9"."""
+    groups: dict[int, list[float]] = {}
+    for t, n in zip(times, launches):
+        groups.setdefault(n, []).append(t)
+    return ", ".join(f"{n} kernel(s) {statistics.median(g):.1f} ({len(g)} calls)" for n, g in sorted(groups.items()))
+
+
 def serve(served: Served, calls: int, counter: CompileCounter, seed: int) -> dict[str, Any]:
     import numpy as np
 
@@ -144,6 +154,7 @@ def serve(served: Served, calls: int, counter: CompileCounter, seed: int) -> dic
         static_pack = _pack(full, ir, middle)
         static_bound = static_plan.bind(static_pack)
         static = host_us([static_bound] * calls)
+        same = host_us([plan.bind(static_pack)] * calls)
         static_execute = host_us([lambda: static_plan.execute(static_pack)] * calls)
     return {
         "name": served.name,
@@ -153,6 +164,8 @@ def serve(served: Served, calls: int, counter: CompileCounter, seed: int) -> dic
         "compiles": after,
         "dynamic": _stats(dynamic),
         "static": _stats(static),
+        "same": _stats(same),
+        "by_launches": _by_launches(dynamic, [len(bound[size].launches) for size in sizes]),
         "execute": _stats(execute),
         "static_execute": _stats(static_execute),
         "middle": middle,
@@ -178,18 +191,19 @@ def main() -> int:
     print(
         "| graph | range | sizes drawn (distinct) | kernels | NVRTC compiles after warm-up | plan-cache compiles "
         "after warm-up | dynamic bound call µs (median / p99) | static bound call µs (median / p99) | "
-        "dynamic − static µs |"
+        "dynamic − static µs | dynamic bound call at the static's size µs (median / p99) | dynamic bound call "
+        "µs by kernels per call (median) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "failure" in r:
-            print(f"| {r['name']} | failed: {r['failure']} | | | | | | | |")
+            print(f"| {r['name']} | failed: {r['failure']} | | | | | | | | | |")
             continue
-        (dm, dp), (sm, sp) = r["dynamic"], r["static"]
+        (dm, dp), (sm, sp), (am, ap) = r["dynamic"], r["static"], r["same"]
         print(
             f"| {r['name']} | {r['range']} | {args.calls} ({r['distinct']}) | {r['kernels']} | "
             f"{r['compiles']['nvrtc']} | {r['compiles']['cache']} | {dm:.1f} / {dp:.1f} | {sm:.1f} / {sp:.1f} "
-            f"(size {r['middle']}) | {dm - sm:+.1f} |"
+            f"(size {r['middle']}) | {dm - sm:+.1f} | {am:.1f} / {ap:.1f} | {r['by_launches']} |"
         )
     print()
     print(
