@@ -44,6 +44,12 @@ where the static plan takes the engine, else the mma.sync tile without split-K; 
 batch is symbolic too, one choice, at the symbols' maxima. mma.sync and wgmma split-K stay
 off for a dynamic M (their slices would be chosen for one M): a tuning that asks for them
 is refused naming the node. The SIMT kernel takes what the tensor cores cannot.
+
+A forward convolution over a symbolic batch N (its only dim shape inference lets be symbolic)
+is bucketed the same way over M = N*P*Q.., but its buckets keep the static plan's mma.sync
+split-K where the static plan takes it (the partials sized for the bucket's largest M, the
+reduction reading M at launch), and on sm_90 the engine's TMA im2col producer where the static
+plan takes it (its image map's batch dim encoded at each call, gemm_im2col.py).
 """
 
 from __future__ import annotations
