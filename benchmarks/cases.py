@@ -291,10 +291,14 @@ def _dbn_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
 
 
 # -- conv + BN(inference) + ReLU --------------------------------------------------------------
-def _conv_graph(n: int, c: int, hw: int, k: int, size: int) -> Callable[[], gd.OperationGraphSpec]:
+def _conv_graph(n: int, c: int, hw: int, k: int, size: int, max_n: int = 0) -> Callable[[], gd.OperationGraphSpec]:
+    """With ``max_n``, the batch is the symbol batch in 1..max_n (a dynamic graph)."""
+
     def build() -> gd.OperationGraphSpec:
-        g = gd.OperationGraphSpec(name=f"conv{size}x{size}_{c}to{k}_{hw}", io_data_type="bf16")
-        x_dim, w_dim = [n, c, hw, hw], [k, c, size, size]
+        name = f"conv{size}x{size}_{c}to{k}_{hw}" + (f"_dyn{max_n}" if max_n else "")
+        g = gd.OperationGraphSpec(name=name, io_data_type="bf16")
+        batch = g.dim("batch", 1, max_n) if max_n else n
+        x_dim, w_dim = [batch, c, hw, hw], [k, c, size, size]
         x = g.tensor(name="x", dim=x_dim, stride=gd.nhwc_strides(x_dim))
         w = g.tensor(name="w", dim=w_dim, stride=gd.nhwc_strides(w_dim))
         y = g.conv_fprop(x, w, padding=[size // 2] * 2)
@@ -481,6 +485,8 @@ def _conv_flops(n: int, c: int, hw: int, k: int, size: int) -> int:
 DYNAMIC_MAX_ROWS = 16384
 DYNAMIC_ROWS = (64, 1531, DYNAMIC_MAX_ROWS)
 DYNAMIC_HIDDEN = 1024
+# ResNet-50's 3x3 128->128 at 28² (NHWC bf16) + BN + ReLU over a batch in 1..DYNAMIC_MAX_BATCH
+DYNAMIC_CONV, DYNAMIC_MAX_BATCH, DYNAMIC_BATCHES = (128, 28, 128, 3), 64, (1, 13, 64)
 
 RESNET_LAYERS = [(32, 64, 56, 64, 3), (32, 64, 56, 256, 1), (32, 128, 28, 128, 3), (32, 256, 14, 256, 3)]
 EAGER_CONV_US = {
@@ -535,6 +541,20 @@ def cases() -> list[Case]:
                     extra={"dynamic": graph(rows, hidden, top)},  # one plan for the range, timed at this shape
                 )
             )
+    for n in DYNAMIC_BATCHES:
+        c, hw, k, size = DYNAMIC_CONV
+        out.append(
+            Case(
+                f"dynamic conv{size}x{size}+bn+relu {c}->{k} @{hw}² n{n} (batch 1..{DYNAMIC_MAX_BATCH})",
+                _conv_graph(n, *DYNAMIC_CONV),  # the static plan of this batch: graphdnn_us
+                _conv_torch,
+                bytes=_conv_bytes(n, *DYNAMIC_CONV),
+                flops=_conv_flops(n, *DYNAMIC_CONV),
+                target="dynamic plan within 5% of the static plan",
+                group="dynamic",
+                extra={"dynamic": _conv_graph(n, *DYNAMIC_CONV, max_n=DYNAMIC_MAX_BATCH)},
+            )
+        )
     for rows, hidden in [(2048, 1024), (16384, 4096)]:
         big = rows == 16384
         for rms, kind in ((False, "layernorm"), (True, "rmsnorm")):

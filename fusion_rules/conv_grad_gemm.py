@@ -16,6 +16,7 @@ Both need groups = 1, fp16 or bf16 operands of one type (fp32 accumulation), and
 from __future__ import annotations
 
 from graphdnn.ir import Node, Tensor
+from graphdnn.symbolic import show_ranges, symbols_of
 
 from .pattern import MatchContext
 
@@ -36,6 +37,9 @@ def operands(node: Node) -> tuple[Tensor, Tensor, Tensor]:
 def refusal(node: Node) -> str | None:
     """Why ``node`` (conv_dgrad / conv_wgrad) cannot take the tensor-core GEMM, or None."""
     a, b, out = operands(node)
+    symbols = symbols_of(v for t in (a, b, out) for v in (*t.dim, *t.stride))
+    if symbols:  # the direct family then refuses it, naming the node (codegen.emit.extents_refusal)
+        return f"the gradient GEMMs take static shapes, and this one has symbolic dims ({show_ranges(symbols)})"
     if a.data_type.value not in _TENSOR_CORE_TYPES or b.data_type != a.data_type:
         return f"tensor cores take fp16 or bf16 operands of one type, not {a.data_type.value} and {b.data_type.value}"
     channels = out.static_dim[1] if node.op == "conv_dgrad" else b.static_dim[1]

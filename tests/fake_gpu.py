@@ -90,6 +90,15 @@ class FakeDriver:
         words = [address, rank, element, *dims, *strides]
         return (0, SimpleNamespace(opaque=words + [0] * (16 - len(words))))
 
+    def cuTensorMapEncodeIm2col(
+        self, element: int, rank: int, address: int, dims: list[int], strides: list[int], *rest: Any
+    ) -> tuple[int, SimpleNamespace]:
+        """As ``cuTensorMapEncodeTiled``; recorded with the window's corners for a box."""
+        lower, upper = rest[0], rest[1]
+        self.calls.append(("tensor_map", address, tuple(dims), tuple(strides), (tuple(lower), tuple(upper))))
+        words = [address, rank, element, *dims, *strides]
+        return (0, SimpleNamespace(opaque=words + [0] * (16 - len(words))))
+
 
 class FakeArray:
     """Device memory seen through ``__cuda_array_interface__`` (as CuPy or Numba arrays are);

@@ -37,15 +37,17 @@ def test_the_few_tile_matmul_cases_build_with_split_k_or_the_engine() -> None:
 def test_the_dynamic_cases_build_one_plan_for_the_range() -> None:
     """Three sizes of each dynamic case: a static plan each, and one dynamic plan built once,
     with a variant per size bucket (3 for the row norms; for the matmul, on the engine, 128 x 256
-    tiles, 128 x 128 tiles, and two K slices with their reduction: 4 kernels). The static
-    matmul of 64 rows takes the engine's split-K (2 kernels), as the dynamic plan's bucket does."""
+    tiles, 128 x 128 tiles, and two K slices with their reduction: 4 kernels; for the conv over N
+    in 1..64, the engine with TMA im2col and mma.sync's two K slices with their reduction: 3).
+    The static matmul of 64 rows takes the engine's split-K (2 kernels), as the dynamic plan's
+    bucket does, and the static conv of N = 1 mma.sync's split-K (2 kernels)."""
     result = _benchmark("run.py", "--dry", "--only", "dynamic")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.count("1 kernel(s), built in") == 8
-    assert result.stdout.count("2 kernel(s), built in") == 1
-    assert result.stdout.count("its dynamic graph's plan: 3 kernel(s), from compiled (3 compiled)") == 2
+    assert result.stdout.count("1 kernel(s), built in") == 10
+    assert result.stdout.count("2 kernel(s), built in") == 2
+    assert result.stdout.count("its dynamic graph's plan: 3 kernel(s), from compiled (3 compiled)") == 3
     assert result.stdout.count("its dynamic graph's plan: 4 kernel(s), from compiled (4 compiled)") == 1
-    assert result.stdout.count("its dynamic graph's plan: 3 kernel(s), from memory cache (0 compiled)") == 4
+    assert result.stdout.count("its dynamic graph's plan: 3 kernel(s), from memory cache (0 compiled)") == 6
     assert result.stdout.count("its dynamic graph's plan: 4 kernel(s), from memory cache (0 compiled)") == 2
 
 

@@ -44,6 +44,12 @@ where the static plan takes the engine, else the mma.sync tile without split-K; 
 batch is symbolic too, one choice, at the symbols' maxima. mma.sync and wgmma split-K stay
 off for a dynamic M (their slices would be chosen for one M): a tuning that asks for them
 is refused naming the node. The SIMT kernel takes what the tensor cores cannot.
+
+A forward convolution over a symbolic batch N (its only dim shape inference lets be symbolic)
+is bucketed the same way over M = N*P*Q.., but its buckets keep the static plan's mma.sync
+split-K where the static plan takes it (the partials sized for the bucket's largest M, the
+reduction reading M at launch), and on sm_90 the engine's TMA im2col producer where the static
+plan takes it (its image map's batch dim encoded at each call, gemm_im2col.py).
 """
 
 from __future__ import annotations
@@ -148,13 +154,14 @@ def _dynamic_default(fused: FusedNode, ctx: EmitContext, problem: Problem) -> Fu
         engine = default_ws(at, ctx.arch)
         if engine is not None:
             return engine
-        tile = tile_config(at, ctx)[0]  # no split-K for a dynamic M
-        return {"block_m": tile.block_m, "block_n": tile.block_n, "stages": tile.stages}
+        tile, split = tile_config(at, ctx)  # no split for a dynamic matmul's M, the static one for a conv's
+        choice: dict[str, object] = {"block_m": tile.block_m, "block_n": tile.block_n, "stages": tile.stages}
+        return {**choice, "split_k": split} if split > 1 else choice
 
     def emit_choice(choice: dict[str, object], top_m: int) -> FusedProgram:
         return _tuned(fused, dataclasses.replace(ctx, tuning=choice), problem, top_m)
 
-    if symbols_of(problem.out.dim[:-2]):
+    if isinstance(problem.batch_count, Sym):
         return emit_choice(choose(problem.m), problem.m)
     assert isinstance(problem.m_extent, Sym)
     found = size_buckets(problem.m_extent, choose)
@@ -172,15 +179,27 @@ def _dynamic_default(fused: FusedNode, ctx: EmitContext, problem: Problem) -> Fu
 
 def extents_refusal(fused: FusedNode) -> str | None:
     """Why the GEMM kernels cannot take ``fused``'s symbols: they take a matmul's M (its rows)
-    and batch dims; a convolution's dims, N and K (which size the tiles and the k loop) stay
-    static. None when they can."""
+    and batch dims, and a forward convolution's batch N (M = N*P*Q..); N and K of a matmul
+    (which size the tiles and the k loop), a convolution's other dims and the gradients' dims
+    stay static. None when they can."""
     assert fused.anchor is not None
     node = fused.anchor
+    if node.op == "conv_fprop":
+        x, w, out = node.input("image"), node.input("weight"), node.outputs[0][1]
+        assert x is not None and w is not None
+        fixed = symbols_of([*w.dim, *w.stride, *x.dim[1:], *x.stride, *out.dim[1:], *out.stride])
+        if fixed:
+            return (
+                f"has symbolic strides or dims besides its batch ({show_ranges(fixed)}); gemm kernels take a "
+                "convolution's batch N as a runtime extent only (its channels, spatial dims and strides size the "
+                "tiles and the gather: keep N outermost in memory, as NHWC and NCHW do)"
+            )
+        return None
     if node.op != "matmul":
         symbols = symbols_of(v for t in (*fused.inputs, *fused.outputs) for v in (*t.dim, *t.stride))
         return (
             f"has symbolic dims ({show_ranges(symbols)}); gemm kernels take runtime extents in a matmul's rows and "
-            f"batch dims only, not in a {node.op}'s (docs/dynamic-shapes.md)"
+            f"batch dims and a conv_fprop's batch only, not in a {node.op}'s (docs/dynamic-shapes.md)"
         )
     a, out = node.input("A"), node.outputs[0][1]
     assert a is not None
@@ -194,16 +213,20 @@ def extents_refusal(fused: FusedNode) -> str | None:
 
 
 def _check_dynamic(problem: Problem, ctx: EmitContext) -> None:
-    """UnsupportedError naming the node when a dynamic matmul asks for a split that cannot take
-    runtime extents: mma.sync's or wgmma's (module docstring; the engine's can)."""
+    """UnsupportedError naming the node when a dynamic problem asks for a split that cannot take
+    runtime extents: a matmul's mma.sync or wgmma split, a convolution's wgmma split (module
+    docstring; the engine's can, and a convolution's mma.sync split, which its buckets take)."""
     node, symbols = problem.node, show_ranges(problem.out.symbols)
-    if ctx.tuning.get("path") != "ws" and (tuned_split(ctx, problem) or 1) > 1:
-        raise UnsupportedError(
-            f"GEMM tuning {ctx.tuning}: a matmul with symbolic dims ({symbols}) takes no mma.sync or wgmma split-K "
-            "(their slices would be chosen for one M): take the warp-specialised engine's split "
-            "({'path': 'ws', ..., 'split_k': n}) on sm_90, or no split",
-            node=node.name,
-        )
+    path = ctx.tuning.get("path")
+    if path == "ws" or (problem.is_conv and path is None) or (tuned_split(ctx, problem) or 1) == 1:
+        return
+    refused = "wgmma" if problem.is_conv else "mma.sync or wgmma"
+    raise UnsupportedError(
+        f"GEMM tuning {ctx.tuning}: a {node.op} with symbolic dims ({symbols}) takes no {refused} split-K "
+        "(their slices would be chosen for one M): take the warp-specialised engine's split "
+        "({'path': 'ws', ..., 'split_k': n}) on sm_90, or no split",
+        node=node.name,
+    )
 
 
 def _program(

@@ -16,6 +16,10 @@ multiple of BK (tiles past C multiply zeros).
 What TMA cannot express is refused (:func:`refusal`): grouped convolutions, channels not
 contiguous in 16-byte chunks, more than 3 spatial dims, strides over 8, padding or dilated
 filters beyond the ranges of the im2col corners and offsets (narrower as the rank grows).
+
+A dynamic graph's convolution (a symbolic batch N) takes it too: the image map's batch dim is
+resolved from each call's N when the plan is bound (TensorMap.symbolic), so the copies wrap
+into zeros past the call's last image.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import math
 from graphdnn.ir import Tensor
 from graphdnn.ops.conv import ConvMode
 from graphdnn.program import IM2COL_CORNERS, IM2COL_OFFSETS, Im2colWindow, TensorMap
+from graphdnn.symbolic import Extent, symbols_of, upper
 
 from ..context import KernelParams
 from .gemm_problem import Problem, pixel_coordinates, tensor_core_layout
@@ -37,8 +42,6 @@ def refusal(p: Problem, bk: int) -> str | None:
     either tile width: the filter's box is as valid with 128 output channels as with 256)."""
     if not p.is_conv:
         return f"TMA im2col feeds a convolution's forward pass, not a {p.node.op}"
-    if p.is_dynamic:
-        return "a dynamic convolution: im2col maps are built for static shapes"
     if p.groups != 1:
         return f"a grouped convolution ({p.groups} groups) has no im2col map (a k tile would span groups)"
     if tensor_core_layout(p) is None:
@@ -62,12 +65,19 @@ def refusal(p: Problem, bk: int) -> str | None:
 
 def k_tiles(p: Problem, bk: int) -> int:
     """k tiles of the im2col walk: each filter tap's channels in tiles of ``bk``."""
-    return math.prod(p.b.static_dim[2:]) * -(-p.a.static_dim[1] // bk)
+    return math.prod(p.b.static_dim[2:]) * -(-p.channels // bk)
 
 
 def maps(p: Problem, bk: int, bn: int) -> tuple[TensorMap, TensorMap]:
     """The image's im2col map and the filter's tiled map (dims: channels, the spatial dims
-    innermost first, then images / output channels)."""
+    innermost first, then images / output channels), their sizes at the symbols' maxima."""
+    (image, _), (filt, _) = _maps(p, bk, bn)
+    return image, filt
+
+
+def _maps(p: Problem, bk: int, bn: int) -> tuple[tuple[TensorMap, tuple[Extent, ...]], ...]:
+    """``maps``, each with its sizes as extents where a symbolic batch makes them depend on the
+    call (``_tensor_map``)."""
     attrs = p.attrs
     spatial = range(len(p.a.dim) - 1, 1, -1)  # the spatial axes, innermost first
     filt = p.b.static_dim
@@ -81,24 +91,27 @@ def maps(p: Problem, bk: int, bn: int) -> tuple[TensorMap, TensorMap]:
     return image, _tensor_map(p.b, (bk, *(1 for _ in spatial), bn), None)
 
 
-def _tensor_map(t: Tensor, box: tuple[int, ...], window: Im2colWindow | None) -> TensorMap:
+def _tensor_map(t: Tensor, box: tuple[int, ...], window: Im2colWindow | None) -> tuple[TensorMap, tuple[Extent, ...]]:
     """``t``'s map, channels innermost; a dim of extent 1 gets the packed stride (any multiple of
-    16 bytes would do: only coordinate 0 of it is ever inside the tensor)."""
+    16 bytes would do: only coordinate 0 of it is ever inside the tensor). With a symbolic batch
+    (the image of a dynamic graph), also its dims then byte strides as extents, the batch dim
+    resolved at each call (its stride is static: a packed layout's outermost stride holds no N)."""
     axes = [1, *range(len(t.dim) - 1, 1, -1), 0]
     size = t.data_type.itemsize
-    dims = [t.static_dim[a] for a in axes]
-    strides = []
-    packed = dims[0] * size
+    dims = [t.dim[a] for a in axes]
+    strides: list[int] = []
+    packed = upper(dims[0]) * size
     for axis, extent in zip(axes[1:], dims[1:]):
-        strides.append(t.static_stride[axis] * size if extent > 1 else packed)
-        packed = strides[-1] * extent
-    return TensorMap(size, tuple(dims), tuple(strides), box, 128, window)
+        strides.append(upper(t.stride[axis]) * size if extent != 1 else packed)
+        packed = strides[-1] * upper(extent)
+    tensor_map = TensorMap(size, tuple(upper(d) for d in dims), tuple(strides), box, 128, window)
+    return tensor_map, ((*dims, *strides) if symbols_of(dims) else ())
 
 
 def declare_maps(params: KernelParams, p: Problem, bk: int, bn: int) -> tuple[str, str]:
     """The two maps as kernel parameters (declared first: no padding before them); their names."""
-    a_map, b_map = maps(p, bk, bn)
-    return params.tensor_map(p.a, a_map), params.tensor_map(p.b, b_map)
+    (a_map, a_sizes), (b_map, b_sizes) = _maps(p, bk, bn)
+    return params.tensor_map(p.a, a_map, a_sizes), params.tensor_map(p.b, b_map, b_sizes)
 
 
 def tile_origin(p: Problem, itype: str) -> list[str]:

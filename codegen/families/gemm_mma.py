@@ -59,7 +59,7 @@ def tile_config(p: Problem, ctx: EmitContext) -> tuple[TileConfig, int]:
         tuned = TileConfig(int(ctx.tuning["block_m"]), int(ctx.tuning["block_n"]), int(ctx.tuning["stages"]))  # type: ignore[call-overload]
         return tuned, split or 1
     block_n = 64 if p.n <= 64 else 128
-    if split is None and not p.is_dynamic:  # no split-K for a dynamic M (gemm.py)
+    if split is None and (p.is_conv or not p.is_dynamic):  # no split-K for a dynamic matmul's M (gemm.py)
         block_m = 64 if p.m <= 64 else 128
         split = heuristic_split(p, output_tiles(p, block_m, block_n), ctx.arch)
         if split > 1:

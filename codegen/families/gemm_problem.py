@@ -12,10 +12,13 @@ As a GEMM, out[m, n] = sum_k A[m, k] * B[k, n]:
   over the loss's (n_img, p, q...); A is the loss read m-contiguous, B gathered from the image;
 - matmul: m, n, k as named, one grid layer (blockIdx.z) per output batch index.
 
-A dynamic graph's matmul may have a symbolic M (rows of A and C) and symbolic batch dims
-(gemm.extents_refusal refuses the rest): ``m`` and ``batch`` are then their values at the
-symbols' maxima, which the launch choices are made for, and the kernels read the call's
-values from their EXTENT arguments (``m_extent``, the batch coordinates and strides).
+A dynamic graph's matmul may have a symbolic M (rows of A and C) and symbolic batch dims, and
+its convolution forward a symbolic batch N, so a symbolic M = N*P*Q.. (gemm.extents_refusal
+refuses the rest): ``m`` and ``batch`` are then their values at the symbols' maxima, which the
+launch choices are made for, and the kernels read the call's values from their EXTENT
+arguments (``m_extent``, the batch coordinates and strides). A convolution's strides stay
+static (a packed layout's strides never hold its outermost dim), and the image index is the
+outermost coordinate of M, found without dividing by N.
 """
 
 from __future__ import annotations
@@ -60,13 +63,29 @@ class Problem:
 
     @property
     def is_dynamic(self) -> bool:
-        """A matmul whose M or batch dims are symbols: its kernels take them as runtime extents."""
+        """A matmul whose M or batch dims are symbols, or a convolution over a symbolic batch: its
+        kernels take them as runtime extents."""
         return bool(self.out.symbols)
 
     @property
     def m_extent(self) -> Extent:
-        """M as the kernels see it: a number, or a product of symbols (a matmul's rows)."""
-        return self.out.dim[-2] if self.is_dynamic else self.m
+        """M as the kernels see it: a number, or a product of symbols (a matmul's rows, a
+        convolution's N times its output pixels per image)."""
+        if not self.is_dynamic:
+            return self.m
+        if self.image_output:
+            return self.out.dim[0] * math.prod(upper(d) for d in self.out.dim[2:])  # static spatial dims
+        return self.out.dim[-2]
+
+    @property
+    def channels(self) -> int:
+        """A convolution's image channels (static: of its dims only N may be symbolic)."""
+        return upper(self.a.dim[1])
+
+    @property
+    def batch_count(self) -> Extent:
+        """The output batch matrices (a matmul's grid layers): 1 for a convolution."""
+        return 1 if self.image_output else math.prod(self.out.dim[:-2])
 
     @property
     def is_conv(self) -> bool:
@@ -98,13 +117,13 @@ def problem_of(node: Node) -> Problem:
     if node.op == "conv_fprop":
         x, w = node.input("image"), node.input("weight")
         assert x is not None and w is not None
-        groups = x.dim[1] // w.dim[1]
+        groups = upper(x.dim[1]) // w.static_dim[1]
         return Problem(
             node,
             x,
             w,
             out,
-            out.static_dim[0] * math.prod(out.static_dim[2:]),
+            math.prod(upper(d) for d in (out.dim[0], *out.dim[2:])),  # N at its maximum in a dynamic graph
             w.static_dim[0],
             w.static_dim[1] * math.prod(w.static_dim[2:]),
             groups,
@@ -170,7 +189,7 @@ def tensor_core_layout(p: Problem) -> str | None:
         channels = p.a.dim[1]
         if channels % chunk or p.a.stride[1] != 1 or p.b.stride[1] != 1:
             return None
-        if any(s % chunk for axis, s in enumerate(p.a.stride) if axis != 1 and p.a.dim[axis] > 1):
+        if any(s % chunk for axis, s in enumerate(p.a.stride) if axis != 1 and p.a.dim[axis] != 1):
             return None
         if any(s % chunk for axis, s in enumerate(p.b.stride) if axis != 1 and p.b.dim[axis] > 1):
             return None
@@ -256,10 +275,10 @@ def batch_offsets(p: Problem, itype: str, batch_index: str = "blockIdx.z") -> li
 
 
 def pixel_coordinates(p: Problem, m: str, itype: str) -> list[str]:
-    """Conv: output coordinates c0 (image), c2.. (spatial) of output pixel m."""
-    spatial = p.out.static_dim[2:]
+    """Conv: output coordinates c0 (image), c2.. (spatial) of output pixel m (the image, outermost,
+    is what is left after the spatial divisions: a symbolic N is never divided by)."""
     rank = len(p.out.dim)
-    dims = (p.out.static_dim[0], *spatial)
+    dims = (p.out.dim[0], *p.out.dim[2:])
     lines = coordinates(m, dims, range(len(dims)), "u", itype)
     lines.append(f"const {itype} c0 = u0;")
     lines += [f"const {itype} c{axis + 1} = u{axis};" for axis in range(1, rank - 1)]
@@ -295,7 +314,7 @@ def dynamic_grid(p: Problem, block_m: int) -> DynamicGrid | None:
     one dynamic grid extent)."""
     if not p.is_dynamic:
         return None
-    batch = math.prod(p.out.dim[:-2])
+    batch = p.batch_count
     if isinstance(batch, Sym):
         return DynamicGrid(batch, 1, MAX_GRID_Z, grid_axis=2)
     assert isinstance(p.m_extent, Sym)

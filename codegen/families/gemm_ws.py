@@ -21,7 +21,8 @@ share A and B panels in L2):
 TMA zero-fills what lies outside the tensors (the gather zero-fills too), so ragged M, N and K
 need no predicates in the main loop. The matmul's batch dims become the tensor maps' outer dims.
 
-A dynamic graph's matmul (a symbolic M, symbolic batch dims) runs here too: its tensor maps'
+A dynamic graph's matmul (a symbolic M, symbolic batch dims) runs here too, and so does its
+convolution over a symbolic batch (M = N*P*Q.., either producer): its tensor maps'
 symbolic dims and strides are resolved from each call's extents when the plan is bound
 (TensorMap.symbolic, runtime/tensor_map.py), the kernel reads M (and the batch) from EXTENT
 arguments and counts its tiles from them, and the persistent grid is computed at launch:
@@ -35,8 +36,6 @@ wgmma instruction and the accumulators' type change; 8-bit B is K-major (gemm_pr
 """
 
 from __future__ import annotations
-
-import math
 
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
@@ -199,7 +198,7 @@ def _default_im2col(p: Problem, arch: int) -> dict[str, object] | None:
         or types.element_bytes != 2
         or len(p.a.dim) != 4
         or any(s != 1 for s in (*attrs.stride, *attrs.dilation))
-        or p.a.static_dim[1] % _block_k(p)
+        or p.channels % _block_k(p)
         or p.n < 128
         or output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch)
         or im2col.refusal(p, _block_k(p)) is not None
@@ -288,7 +287,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {GROUP_M};",
         *_sizes(p, k_tiles, tiles_total, split),
         *(
-            [f"constexpr int CTILES = {-(-p.a.static_dim[1] // bk)};  // k tiles per filter tap"]
+            [f"constexpr int CTILES = {-(-p.channels // bk)};  // k tiles per filter tap"]
             if producer == "im2col"
             else []
         ),
@@ -347,7 +346,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
 
 
 def _sizes(p: Problem, k_tiles: int, tiles_total: int, split: int) -> list[str]:
-    """GM, GN, GK, KTILES, the tile counts and the K slices: constants, but a dynamic matmul's M
+    """GM, GN, GK, KTILES, the tile counts and the K slices: constants, but a dynamic problem's M
     and batch count read from its EXTENT arguments, and the tile counts that follow from them."""
     fixed = f"GN = {p.n}, GK = {p.k}, KTILES = {k_tiles}"
     slices = f"SPLIT = {split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT"
@@ -361,15 +360,15 @@ def _sizes(p: Problem, k_tiles: int, tiles_total: int, split: int) -> list[str]:
         f"const int GM = (int){c_extent(p.m_extent)};",
         f"constexpr int {fixed}, TILES_N = (GN + BN - 1) / BN, {slices};",
         "const int TILES_M = (GM + BM - 1) / BM, BATCH_TILES = TILES_M * TILES_N;",
-        f"const int TILES = (int){c_extent(math.prod(p.out.dim[:-2]))} * BATCH_TILES;  // this call's",
+        f"const int TILES = (int){c_extent(p.batch_count)} * BATCH_TILES;  // this call's",
     ]
 
 
 def _persistent_grid(p: Problem, bn: int, split: int, sms: int) -> DynamicGrid:
-    """A dynamic matmul's persistent grid (module docstring): one block per (tile, K slice) unit
+    """A dynamic problem's persistent grid (module docstring): one block per (tile, K slice) unit
     of the call, at most one per SM."""
     per_m = -(-p.n // bn) * split  # units per tile row
-    batch = math.prod(p.out.dim[:-2])
+    batch = p.batch_count
     if isinstance(batch, Sym):
         return DynamicGrid(batch, 1, sms, multiplier=-(-p.m // BLOCK_M) * per_m)
     assert isinstance(p.m_extent, Sym)
