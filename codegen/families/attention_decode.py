@@ -385,7 +385,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         *sequence_setup(a, names),
         *alibi_table(a),
         *dropout_function(a),
-        *_key_range(a),
+        *slice_range(a),
         *([] if config.stages else _rows_to_shared(a, names, ring=False)),
         "const int tid = threadIdx.x, grp = tid / L, sub = tid % L;",
         *pipeline.declarations(),
@@ -466,7 +466,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
     return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), dynamic, tuple(params.bindings))
 
 
-def _key_range(a: Attention) -> list[str]:
+def slice_range(a: Attention) -> list[str]:
     """``s_begin`` / ``s_end``: this split's slice of the keys any row of the block sees."""
     lines = [
         "int i_lo = SQ, i_hi = -1;  // the block's rows inside the sequence",
