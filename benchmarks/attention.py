@@ -34,8 +34,8 @@ default and the choices named (``mma/4/1/3/h``: warps / tiles / stages / split o
 tensor-core kernel).
 
 Compare (``--decode --compare``): on SWEEP_SHAPES, the CUDA-core kernel's default choice
-(``decode``), the tensor-core kernel's (``decode_mma``) and each of its other choices at the
-heuristic's split (the best of them in its own column), torch, and the untuned plan's time.
+(``decode``), the tensor-core kernel's (``decode_mma``, the untuned plan's) and a few of its
+other choices (COMPARED; the best of them in its own column), beside torch.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
 # --sweep: half the decode shapes, spanning B and Skv (NVRTC compiles a sweep's ~210 plans one at
 # a time, ~0.5 s each: all 12 shapes would take twice as long; --choice for a few)
 SWEEP_SHAPES = [(1, 8192), (1, 32768), (2, 16384), (4, 16384), (8, 8192), (8, 32768)]
+# --compare: the tensor-core kernel's (warps, tiles, stages) timed beside its default, at the
+# heuristic's split (and the default at twice it): a few, as NVRTC compiles each plan (~1 s)
+COMPARED = [(4, 1, 2), (2, 2, 3)]
 # --prefill: (batch, chunk of query rows, Skv) over the same paged cache
 PREFILL_SHAPES = [(4, 512, 4096), (1, 2048, 8192), (8, 256, 2048)]
 # --ragged: the lengths of the packed sequences; heads and head dim fixed
@@ -455,9 +458,11 @@ def decode_sweep(specs: list[str]) -> int:
 def decode_compare() -> int:
     """The CUDA-core and tensor-core decode kernels side by side with torch on SWEEP_SHAPES."""
     from benchmarks.measure import measure_ceilings
+    from codegen.families.attention_decode import MAX_SPLIT
     from codegen.families.attention_decode import default_config as cuda_default
+    from codegen.families.attention_decode_mma import MmaDecodeConfig, fits
     from codegen.families.attention_decode_mma import default_config as mma_default
-    from codegen.families.attention_decode_mma import mma_choices
+    from codegen.families.attention_decode_mma import heuristic_split as mma_split
     from codegen.families.attention_problem import attention_of
 
     ceilings = measure_ceilings()
@@ -467,25 +472,25 @@ def decode_compare() -> int:
     )
     print(
         "| B | Skv | roofline µs | CUDA cores | µs | of roofline | tensor cores | µs | of roofline | best tensor cores | µs | "
-        "of roofline | torch µs | of roofline | default plan µs | tensor cores / torch |"
+        "of roofline | torch µs | of roofline | tensor cores / torch |"
     )
-    print("|---|" * 8 + "---|" * 8)
+    print("|" + "---|" * 15)
     for b, skv in SWEEP_SHAPES:
         graph = decode_graph(b, skv)
         fused = next(f for f in gd.fuse(graph).nodes if f.anchor is not None and f.anchor.op == "sdpa")
         a = attention_of(fused)
         cuda, mma = cuda_default(a, 90).choice(), mma_default(a, 90).choice()
-        others = [c for c in mma_choices(a, 90) if c != mma and rule_of(c, a).endswith("/h")]
-        others.append({**mma, "split": min(64, 2 * int(mma["split"]))})  # type: ignore[call-overload]
+        others = [MmaDecodeConfig(*c, mma_split(a, 90, *c)).choice() for c in COMPARED if fits(a, *c)]
+        others.append({**mma, "split": min(MAX_SPLIT, 2 * int(mma["split"]))})  # type: ignore[call-overload]
         inputs = DecodeInputs(b, skv)
         floor = ceilings.floor_us(2 * b * DECODE_HK * skv * DECODE_D * 2)
-        cuda_us, mma_us, plan_us = (checked_us(inputs, graph, fused.name, c) for c in (cuda, mma, None))
+        cuda_us, mma_us = (checked_us(inputs, graph, fused.name, c) for c in (cuda, mma))
         timed_others = [(checked_us(inputs, graph, fused.name, c), c) for c in others]
         best_us, best = min([(mma_us, mma), *timed_others], key=lambda item: item[0])
         print(
             f"| {b} | {skv} | {floor:.1f} | {short(cuda)} | {cuda_us:.1f} | {floor / cuda_us:.0%} | {short(mma)} | "
             f"{mma_us:.1f} | {floor / mma_us:.0%} | {short(best)} | {best_us:.1f} | {floor / best_us:.0%} | "
-            f"{inputs.torch_us:.1f} | {floor / inputs.torch_us:.0%} | {plan_us:.1f} | {inputs.torch_us / mma_us:.2f}x |"
+            f"{inputs.torch_us:.1f} | {floor / inputs.torch_us:.0%} | {inputs.torch_us / mma_us:.2f}x |"
         )
         for us_other, other in timed_others:
             print(f"  tensor cores {short(other)}: {us_other:.1f} µs")

@@ -6,6 +6,7 @@ ldmatrix and movmatrix exchanged between lanes with the PTX layouts) against the
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -32,6 +33,7 @@ from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import signature
 from tests import cpu_emulation
 from tests.attention_cases import AttentionCase, PagedCase
+from tests.compile_check import ptxas_report
 from tests.test_codegen_attention_decode import attention, emulate_and_compare
 
 # fp16 (the emulation has no bf16): keys not a multiple of 16 nor of the page, B 1 and 3,
@@ -87,6 +89,20 @@ def test_the_tensor_core_decode_kernel_compiles_for_sm80_and_sm90(arch: int) -> 
         assert "_decode_mma_" in kernels[0].name
         for kernel in kernels:
             compile_cubin(kernel.source, kernel.name, arch)
+
+
+def test_the_benchmark_shape_choices_compile_without_spills() -> None:
+    """Every warps, tiles and stages choice offered at the benchmark's shape (Hq 32, Hk 8, D 128,
+    bf16, 64-key pages) keeps its fragments and accumulators in registers on sm_90."""
+    ir, fused = attention(decode_graph(8, 32768))
+    keys = ("warps", "tiles", "stages")
+    offered = {tuple(int(c[k]) for k in keys) for c in mma_choices(attention_of(fused), 90)}  # type: ignore[call-overload]
+    assert len(offered) == 7
+    for choice in sorted(offered):
+        tuning = {"path": MMA_PATH, **dict(zip(keys, choice))}
+        (kernel, *_) = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning)).kernels
+        report = ptxas_report(kernel, 90)
+        assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], (choice, report[-400:])
 
 
 def test_the_default_takes_the_tensor_cores_where_they_apply() -> None:
