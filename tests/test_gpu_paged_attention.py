@@ -188,10 +188,16 @@ def test_every_tensor_core_decode_choice_matches_reference(case: str) -> None:
         feeds["seq_kv"][:] = attention.max_len
     fitting = [(w, t, s) for w in WARPS_CHOICES for t in TILES_CHOICES for s in STAGES_CHOICES if fits(a, w, t, s)]
     assert len(fitting) >= 6
+    wrong = []  # every failing choice, not only the first
     for n, (warps, tiles, stages) in enumerate(fitting):
         choice: dict[str, object] = {"path": MMA_PATH, "warps": warps, "tiles": tiles, "stages": stages}
         split = (None, 1, 7)[n % 3]
         if split is not None:
             choice["split"] = split
-        plan = check_on_gpu(graph, seed=seed, feeds=feeds, tuning={fused.name: choice})
+        try:
+            plan = check_on_gpu(graph, seed=seed, feeds=feeds, tuning={fused.name: choice})
+        except AssertionError as error:
+            wrong.append(f"{choice}: {str(error).splitlines()[0]}")
+            continue
         assert "_decode_mma_" in plan.kernels[0].name, choice
+    assert not wrong, "; ".join(wrong)
