@@ -42,18 +42,24 @@ from graphdnn.errors import UnsupportedError
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type, load
 from ..kernel import FusedProgram, Kernel, Scratch
-from .attention_decode import MAX_SPLIT, MIN_KEYS_PER_SPLIT, SM_SHARED, SM_THREADS, rows_vectorize, slice_range
+from .attention_decode import (
+    MAX_SPLIT,
+    MIN_KEYS_PER_SPLIT,
+    SM_SHARED,
+    SM_THREADS,
+    block_work,
+    rows_vectorize,
+    tuning_integer,
+)
 from .attention_decode_merge import PARTIAL_LSE, PARTIAL_O, combine_kernel, merge_rows
 from .attention_flash import pack_function
 from .attention_problem import (
     Attention,
-    alibi_table,
     declare,
     element,
     key_row_address,
     page_of,
     score_function,
-    sequence_setup,
     strides,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
@@ -185,23 +191,16 @@ def tuned_config(a: Attention, ctx: EmitContext) -> MmaDecodeConfig:
             f"attention tuning {tuning}: the tensor-core decode kernel has no choice {', '.join(unknown)}"
         )
 
-    def integer(key: str, allowed: tuple[int, ...] | range, default: int) -> int:
-        value = tuning.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value not in allowed:
-            choices = f"from {allowed[0]} to {allowed[-1]}" if isinstance(allowed, range) else f"one of {allowed}"
-            raise UnsupportedError(f"attention tuning {tuning}: {key} must be an integer {choices}")
-        return value
-
     default = default_config(a, ctx.arch)
-    warps = integer("warps", WARPS_CHOICES, default.warps)
-    tiles = integer("tiles", TILES_CHOICES, default.tiles)
-    stages = integer("stages", STAGES_CHOICES, default.stages)
+    warps = tuning_integer(tuning, "warps", WARPS_CHOICES, default.warps)
+    tiles = tuning_integer(tuning, "tiles", TILES_CHOICES, default.tiles)
+    stages = tuning_integer(tuning, "stages", STAGES_CHOICES, default.stages)
     if not fits(a, warps, tiles, stages):
         raise UnsupportedError(
             f"attention tuning {tuning}: {warps} warps of {stages} stages of {tiles} tiles take "
             f"{shared_bytes(a, warps, tiles, stages)} bytes of shared memory, over {MAX_SHARED}"
         )
-    split = integer("split", range(1, MAX_SPLIT + 1), heuristic_split(a, ctx.arch, warps, tiles, stages))
+    split = tuning_integer(tuning, "split", range(1, MAX_SPLIT + 1), heuristic_split(a, ctx.arch, warps, tiles, stages))
     return MmaDecodeConfig(warps, tiles, stages, split)
 
 
@@ -235,14 +234,7 @@ def _kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: MmaDecodeConfig
         f"constexpr int ROW_GROUPS = {groups}, SPLIT = {c.split}, KEY_GROUPS = WARPS;",
         "constexpr int KROW = D + 8, VROW = DV + 8;  // shared rows padded by 16 bytes: conflict-free ldmatrix",
         f"constexpr long long KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
-        "const float NEG_INF = __uint_as_float(0xff800000u);",
-        "const int split = (int)(blockIdx.x % SPLIT);",
-        "const int rg = (int)(blockIdx.x / SPLIT % ROW_GROUPS), hk = (int)(blockIdx.x / SPLIT / ROW_GROUPS % HK);",
-        "const int b = (int)(blockIdx.x / SPLIT / ROW_GROUPS / HK);",
-        "const int r0 = rg * RB;  // packed row r is query head hk * GROUP + r / SQ, row r % SQ",
-        *sequence_setup(a, names),
-        *alibi_table(a),
-        *slice_range(a),
+        *block_work(a, names),
         "const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, lr = lane / 4, lc = lane % 4;",
         "extern __shared__ __align__(128) unsigned char smem[];",
         "TK* const k_ring = reinterpret_cast<TK*>(smem) + warp * STAGES * KEYS * KROW;",
