@@ -14,7 +14,7 @@ those rules (no thread may wait in a loop for another thread of its block: fiber
 preempted).
 
 fp16 tensor-core kernels run too (:data:`TENSOR_CORE_STAND_INS`): ``cp.async`` becomes a copy,
-``ldmatrix`` and ``mma.sync`` m16n8k16 exchange fragments between the lanes of each warp
+``ldmatrix``, ``mma.sync`` m16n8k16 and ``movmatrix`` exchange fragments between the lanes of each warp
 through a buffer and two barriers (every thread of the block calls them together, as the
 attention kernels do), with the PTX fragment layouts; the dynamic shared memory is a static
 array and ``ex2.approx`` is exp2f.
