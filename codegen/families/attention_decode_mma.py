@@ -233,6 +233,7 @@ def _kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: MmaDecodeConfig
         f"constexpr int D = {a.d}, DV = {a.dv}, DVP = DV, ROWS = GROUP * SQ, RB = {ROWS_PER_BLOCK};",
         f"constexpr int ROW_GROUPS = {groups}, SPLIT = {c.split}, KEY_GROUPS = WARPS;",
         "constexpr int KROW = D + 8, VROW = DV + 8;  // shared rows padded by 16 bytes: conflict-free ldmatrix",
+        "constexpr int KCH = D / 8, VCH = DV / 8;  // 16-byte chunks of a K and a V row",
         f"constexpr long long KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
         *block_work(a, names),
         "const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, lr = lane / 4, lc = lane % 4;",
@@ -372,42 +373,39 @@ def _kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: MmaDecodeConfig
 
 
 def _loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str) -> list[str]:
-    """``load_k(j, page, stage, t)`` / ``load_v``: this lane's half of key j's row (two lanes a
-    key: 16-byte chunks lane % 2, + 2, ...) into row ``t * 16 + lane / 2`` of the warp's stage;
-    zeros past the slice (nothing read). 16-byte copies where the rows are vectors and the
-    pointers aligned, else element loads stored as 16-byte vectors. Paged, ``page_k(j)``."""
+    """``load_k(j0, pages, stage, t)`` / ``load_v``: the 16 rows of keys j0 to j0 + 15 into tile t
+    of the warp's stage, chunk ``lane + 32 i`` of the tile's 16-byte chunks per lane (so a warp's
+    copy covers whole rows: 256 contiguous bytes per key at D 128, as the CUDA-core ring reads
+    them; half-row pieces per key took ~20% longer), through the page looked up for each chunk's
+    key (``pages[i]``); zeros past the slice (nothing read). 16-byte copies where the rows are
+    vectors and the pointers aligned, else element loads stored as 16-byte vectors. Paged,
+    ``page_k(j)``."""
     lines = [
         f"auto page_{role.lower()} = [&](int j) -> long long {{ return j < s_end ? "
         f"{page_of(a, names, role, 'j')} : 0; }};"
         for role in ("K", "V")
         if a.paged
     ]
-    for role, t, width, row_len, ring in (("K", "TK", "D", "KROW", "k_ring"), ("V", "TV", "DV", "VROW", "v_ring")):
+    for role, t, chunks, row_len, ring in (("K", "TK", "KCH", "KROW", "k_ring"), ("V", "TV", "VCH", "VROW", "v_ring")):
         stride = "KS" if role == "K" else "VS"
-        row = key_row_address(a, names, role, "j")
-        copy = [
-            f"    if ({aligned}) {{",
-            "      copy16(smem_addr(dst + col), src + col, true);",
+        row = key_row_address(a, names, role, "j", "pages[i]")
+        copy = [f"    if ({aligned}) {{", "      copy16(smem_addr(dst), src + col, true);", "      continue;", "    }"]
+        lines += [
+            f"auto load_{role.lower()} = [&](int j0, const long long* pages, int stage, int t) {{",
+            "#pragma unroll",
+            f"  for (int i = 0; i < {chunks} / 2; ++i) {{",
+            f"    const int e = lane + 32 * i, key = e / {chunks}, col = e % {chunks} * 8, j = j0 + key;",
+            f"    {t}* const dst = {ring} + (stage * KEYS + t * 16 + key) * {row_len} + col;",
+            "    if (j >= s_end) {",
+            "      *reinterpret_cast<uint4*>(dst) = uint4{};",
             "      continue;",
             "    }",
-        ]
-        lines += [
-            f"auto load_{role.lower()} = [&](int j, long long page, int stage, int t) {{",
-            f"  {t}* const dst = {ring} + (stage * KEYS + t * 16 + lane / 2) * {row_len};",
-            "  if (j >= s_end) {",
-            "#pragma unroll",
-            f"    for (int ch = lane % 2; ch < {width} / 8; ch += 2) *reinterpret_cast<uint4*>(dst + ch * 8) = uint4{{}};",
-            "    return;",
-            "  }",
-            f"  const {t}* const src = {row};",
-            "#pragma unroll",
-            f"  for (int ch = lane % 2; ch < {width} / 8; ch += 2) {{",
-            "    const int col = ch * 8;",
+            f"    const {t}* const src = {row};",
             *(copy if vector else []),
             f"    gd::Vec<{t}, 8> value;",
             "#pragma unroll",
-            f"    for (int e = 0; e < 8; ++e) value.v[e] = src[(col + e) * {stride}[3]];",
-            f"    *reinterpret_cast<gd::Vec<{t}, 8>*>(dst + col) = value;",
+            f"    for (int x = 0; x < 8; ++x) value.v[x] = src[(col + x) * {stride}[3]];",
+            f"    *reinterpret_cast<gd::Vec<{t}, 8>*>(dst) = value;",
             "  }",
             "};",
         ]
@@ -419,30 +417,30 @@ def _ring_fill(a: Attention) -> list[str]:
     slice); paged, through the pages looked up at the previous issue, then the next batch's
     pages looked up. Then the first STAGES - 1 batches issued."""
     paged = a.paged
+    pages = ("pk[t]", "pv[t]") if paged else ("nullptr", "nullptr")
+    lookups = [
+        "#pragma unroll",
+        "  for (int i = 0; i < KCH / 2; ++i) pk[t][i] = page_k(j0 + (lane + 32 * i) / KCH);",
+        "#pragma unroll",
+        "  for (int i = 0; i < VCH / 2; ++i) pv[t][i] = page_v(j0 + (lane + 32 * i) / VCH);",
+    ]
+    first = [
+        "long long pk[TILES][KCH / 2], pv[TILES][VCH / 2];  // the pages of this lane's chunks of the batch issued next",
+        "#pragma unroll",
+        "for (int t = 0; t < TILES; ++t) {",
+        "  const int j0 = s_begin + warp * KEYS + t * 16;",
+        *lookups,
+        "}",
+    ]
     return [
-        *(
-            ["long long pk[TILES], pv[TILES];  // the pages of this lane's keys of the batch issued next"]
-            if paged
-            else []
-        ),
-        *(
-            [
-                "#pragma unroll",
-                "for (int t = 0; t < TILES; ++t) {",
-                "  pk[t] = page_k(s_begin + warp * KEYS + t * 16 + lane / 2);",
-                "  pv[t] = page_v(s_begin + warp * KEYS + t * 16 + lane / 2);",
-                "}",
-            ]
-            if paged
-            else []
-        ),
+        *(first if paged else []),
         "auto issue = [&](int n) {",
         "#pragma unroll",
         "  for (int t = 0; t < TILES; ++t) {",
-        "    const int j = s_begin + n * STEP + warp * KEYS + t * 16 + lane / 2;",
-        f"    load_k(j, {'pk[t]' if paged else '0'}, n % STAGES, t);",
-        f"    load_v(j, {'pv[t]' if paged else '0'}, n % STAGES, t);",
-        *(["    pk[t] = page_k(j + STEP);", "    pv[t] = page_v(j + STEP);"] if paged else []),
+        "    int j0 = s_begin + n * STEP + warp * KEYS + t * 16;",
+        f"    load_k(j0, {pages[0]}, n % STAGES, t);",
+        f"    load_v(j0, {pages[1]}, n % STAGES, t);",
+        *(["    j0 += STEP;", *indent(lookups, 1).splitlines()] if paged else []),
         "  }",
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "};",
