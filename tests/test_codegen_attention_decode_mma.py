@@ -37,14 +37,19 @@ from tests.compile_check import ptxas_report
 from tests.test_codegen_attention_decode import attention, emulate_and_compare
 
 # fp16 (the emulation has no bf16): keys not a multiple of 16 nor of the page, B 1 and 3,
-# GQA 4, MHA, MQA-like 8:1, D 16 to 64, paged (hnd and vLLM's nhd pools) and dense with a bias,
-# ALiBi and a causal bottom-right mask over 2 query rows
+# GQA 4, MHA, MQA-like 8:1, D 16 to 64, paged (hnd and vLLM's nhd pools; pages of 8 keys, a
+# lookup per chunk, and of 16 or 32, one per tile), a sliding window (its first tile rounded
+# down) and dense with a bias, ALiBi and a causal bottom-right mask over 2 query rows
 EMULATED: dict[str, PagedCase | AttentionCase] = {
     "gqa4_b3": PagedCase(b=3, hq=8, hk=2, max_len=75, page_size=16, d=32, dv=32, data_type=DataType.HALF),
     "mha_b1": PagedCase(b=1, hq=2, hk=2, max_len=53, page_size=8, d=16, dv=16, data_type=DataType.HALF),
     "mqa8_d64": PagedCase(b=2, hq=8, hk=1, max_len=99, page_size=32, d=64, dv=64, data_type=DataType.HALF),
     "nhd_dv16": PagedCase(
         b=2, hq=4, hk=2, max_len=40, page_size=8, d=32, dv=16, data_type=DataType.HALF, layout="nhd"
+    ),
+    "window_20": PagedCase(
+        b=2, hq=8, hk=2, max_len=90, page_size=16, d=32, dv=32, data_type=DataType.HALF,
+        options={"use_causal_mask_bottom_right": True, "sliding_window_length": 20},
     ),
     "dense_bias_alibi": AttentionCase(
         b=2, hq=4, hk=2, sq=2, skv=37, d=16, dv=16, data_type=DataType.HALF, bias=(True, True, False, True),

@@ -155,8 +155,8 @@ def test_every_ring_choice_matches_reference(case: str) -> None:
 
 # the tensor-core decode kernel on awkward shapes: keys not a multiple of 16 nor of the page,
 # B 1 and 3, GQA 4, MHA and MQA-like 8:1, D 64 and 128, fp16 and bf16, vLLM's page layout,
-# dense with a bias, 2 query rows under a causal mask with a sliding window, and 16 packed rows
-# (two row groups)
+# dense with a bias, 2 query rows under a causal mask with a sliding window, 16 packed rows (two
+# row groups), and 8-key pages (a page lookup per chunk: a 16-key tile spans pages)
 MMA_CASES: dict[str, PagedCase | AttentionCase] = {
     "b1_gqa4_full": PagedCase(b=1, hq=32, hk=8, max_len=4999, page_size=64, d=128, dv=128),
     "b3_mha_fp16_d64": PagedCase(b=3, hq=8, hk=8, max_len=1000, page_size=16, data_type=DataType.HALF),
@@ -168,6 +168,7 @@ MMA_CASES: dict[str, PagedCase | AttentionCase] = {
         options={"use_causal_mask_bottom_right": True, "sliding_window_length": 300},
     ),
     "two_row_groups": PagedCase(b=3, hq=16, hk=1, max_len=700, page_size=64, d=128, dv=128),
+    "page_8_gqa4": PagedCase(b=3, hq=8, hk=2, max_len=777, page_size=8, d=128, dv=128),
 }  # fmt: skip
 
 

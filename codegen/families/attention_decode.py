@@ -464,10 +464,10 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
     return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), dynamic, tuple(params.bindings))
 
 
-def block_work(a: Attention, names: dict[str, str]) -> list[str]:
+def block_work(a: Attention, names: dict[str, str], align: int = 1) -> list[str]:
     """The block's slice ``split``, row group ``rg``, kv head ``hk``, batch ``b`` and first packed
     row ``r0`` (blocks ordered slice fastest); the sequence's lengths and scale, the ALiBi and
-    dropout tables; the keys of its slice, ``s_begin`` to ``s_end``."""
+    dropout tables; the keys of its slice, ``s_begin`` to ``s_end`` (:func:`slice_range`)."""
     return [
         "const float NEG_INF = __uint_as_float(0xff800000u);",
         "const int split = (int)(blockIdx.x % SPLIT);",
@@ -477,12 +477,14 @@ def block_work(a: Attention, names: dict[str, str]) -> list[str]:
         *sequence_setup(a, names),
         *alibi_table(a),
         *dropout_function(a),
-        *slice_range(a),
+        *slice_range(a, align),
     ]
 
 
-def slice_range(a: Attention) -> list[str]:
-    """``s_begin`` / ``s_end``: this split's slice of the keys any row of the block sees."""
+def slice_range(a: Attention, align: int = 1) -> list[str]:
+    """``s_begin`` / ``s_end``: this split's slice of the keys any row of the block sees;
+    ``align`` > 1: slices start at multiples of it (the first rounded down: the window masks
+    the keys before it)."""
     lines = [
         "int i_lo = SQ, i_hi = -1;  // the block's rows inside the sequence",
         "for (int r = r0; r < min(ROWS, r0 + RB); ++r)",
@@ -496,8 +498,13 @@ def slice_range(a: Attention) -> list[str]:
         lines.append("kv_end = max(0, min(kv_end, i_hi + diag + 1));")
     if a.window:
         lines.append(f"kv_begin = min(kv_end, max(0, i_lo + diag - {a.window - 1}));")
+        if align > 1:
+            lines.append(f"kv_begin -= kv_begin % {align};")
+    per_split = "(kv_end - kv_begin + SPLIT - 1) / SPLIT"
+    if align > 1:
+        per_split = f"({per_split} + {align - 1}) / {align} * {align}"
     lines += [
-        "const int per_split = (kv_end - kv_begin + SPLIT - 1) / SPLIT;",
+        f"const int per_split = {per_split};",
         "const int s_begin = min(kv_end, kv_begin + split * per_split), s_end = min(kv_end, s_begin + per_split);",
     ]
     return lines

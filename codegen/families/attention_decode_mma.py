@@ -235,7 +235,7 @@ def _kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: MmaDecodeConfig
         "constexpr int KROW = D + 8, VROW = DV + 8;  // shared rows padded by 16 bytes: conflict-free ldmatrix",
         "constexpr int KCH = D / 8, VCH = DV / 8;  // 16-byte chunks of a K and a V row",
         f"constexpr long long KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
-        *block_work(a, names),
+        *block_work(a, names, 16),  # slices of whole 16-key tiles
         "const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, lr = lane / 4, lc = lane % 4;",
         "extern __shared__ __align__(128) unsigned char smem[];",
         "TK* const k_ring = reinterpret_cast<TK*>(smem) + warp * STAGES * KEYS * KROW;",
@@ -388,7 +388,7 @@ def _loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str) ->
     ]
     for role, t, chunks, row_len, ring in (("K", "TK", "KCH", "KROW", "k_ring"), ("V", "TV", "VCH", "VROW", "v_ring")):
         stride = "KS" if role == "K" else "VS"
-        row = key_row_address(a, names, role, "j", "pages[i]")
+        row = key_row_address(a, names, role, "j", "pages[0]" if tile_pages(a, role) else "pages[i]")
         copy = [f"    if ({aligned}) {{", "      copy16(smem_addr(dst), src + col, true);", "      continue;", "    }"]
         lines += [
             f"auto load_{role.lower()} = [&](int j0, const long long* pages, int stage, int t) {{",
@@ -412,20 +412,34 @@ def _loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str) ->
     return lines
 
 
+def tile_pages(a: Attention, role: str) -> bool:
+    """A 16-key tile of K or V (``role``) lies in one page (pages of a multiple of 16 keys; the
+    slices start at multiples of 16): one uniform page lookup per tile, not one per chunk."""
+    tensor = a.k if role == "K" else a.v
+    return a.paged and tensor.static_dim[2] % 16 == 0
+
+
 def _ring_fill(a: Attention) -> list[str]:
     """``issue(n)``: batch n's tiles into stage n % STAGES, one commit group (empty past the
     slice); paged, through the pages looked up at the previous issue, then the next batch's
     pages looked up. Then the first STAGES - 1 batches issued."""
     paged = a.paged
     pages = ("pk[t]", "pv[t]") if paged else ("nullptr", "nullptr")
-    lookups = [
-        "#pragma unroll",
-        "  for (int i = 0; i < KCH / 2; ++i) pk[t][i] = page_k(j0 + (lane + 32 * i) / KCH);",
-        "#pragma unroll",
-        "  for (int i = 0; i < VCH / 2; ++i) pv[t][i] = page_v(j0 + (lane + 32 * i) / VCH);",
-    ]
+    lookups, counts = [], []
+    for role, chunks in (("K", "KCH"), ("V", "VCH")):
+        r = role.lower()
+        if tile_pages(a, role):
+            lookups.append(f"  p{r}[t][0] = page_{r}(j0);")
+            counts.append("1")
+        else:
+            lookups += [
+                "#pragma unroll",
+                f"  for (int i = 0; i < {chunks} / 2; ++i) p{r}[t][i] = page_{r}(j0 + (lane + 32 * i) / {chunks});",
+            ]
+            counts.append(f"{chunks} / 2")
     first = [
-        "long long pk[TILES][KCH / 2], pv[TILES][VCH / 2];  // the pages of this lane's chunks of the batch issued next",
+        "// the pages of this lane's chunks (or of the whole tile) of the batch issued next",
+        f"long long pk[TILES][{counts[0]}], pv[TILES][{counts[1]}];",
         "#pragma unroll",
         "for (int t = 0; t < TILES; ++t) {",
         "  const int j0 = s_begin + warp * KEYS + t * 16;",
