@@ -7,7 +7,8 @@ FMAs of 4 rows x 128 dims for K and V, conversions, the dots' shuffle sums, the 
 lane of a key repeats) and is issue-bound at 29-76% of the HBM roofline (benchmarks/RESULTS.md,
 Session 8). Here a warp takes 16 keys as the mma's M and the block's (up to) 8 packed query rows
 as its N: S^T = K·Q^T is D/16 mmas per 16 keys, and O^T += V^T·P^T DV/16 more, ~6 warp
-instructions per key in all.
+instructions per key in all. Measured on an H200 (benchmarks/RESULTS.md, issue 10): 31-91% of
+the roofline where the CUDA-core kernel reaches 29-76%, 0.86-0.91x torch SDPA.
 
 Fragments (m16n8k16, g = lane / 4, c = lane % 4):
 - S^T: A = the K tile [key][d] (ldmatrix from shared memory), B = Q^T, whose fragment is
@@ -20,8 +21,9 @@ Fragments (m16n8k16, g = lane / 4, c = lane % 4):
   same rows as the softmax state.
 
 Each warp has its own ring of ``stages`` batches of ``tiles`` 16-key tiles of K and V in
-shared memory, fed by cp.async (two lanes per key, one page lookup per lane and tile, read a
-batch ahead); rows are padded by 16 bytes, which makes ldmatrix conflict-free. The warps of a
+shared memory, fed by cp.async (a warp's copy covers whole rows; pages read a batch ahead, one
+per tile where pages hold a multiple of 16 keys); rows are padded by 16 bytes, which makes
+ldmatrix conflict-free. The warps of a
 block take consecutive batches of its slice, then merge their states through shared memory
 (attention_decode_merge.merge_rows), into O or, split, the partials of the combine kernel.
 
@@ -69,7 +71,10 @@ MMA_PATH = "decode_mma"
 WARPS_CHOICES = (2, 4, 8)
 TILES_CHOICES = (1, 2)  # 16-key tiles per warp and batch
 STAGES_CHOICES = (2, 3, 4)  # batches in each warp's ring
-# the default: the first (warps, tiles, stages) whose shared memory fits two blocks per SM
+# the default: the first (warps, tiles, stages) whose shared memory fits two blocks per SM.
+# Measured on an H200 (2026-11-28, the six decode shapes, GQA 4, D 128): 4/1/3 and 4/1/2 within
+# 3% of each other everywhere; 2 warps of 2 tiles 4-46% slower; twice the split from 0.5% faster
+# (B 8, Skv 32k) to 17% slower (B 1, Skv 8k)
 DEFAULTS = ((4, 1, 3), (4, 1, 2), (2, 1, 3), (2, 1, 2))
 ROWS_PER_BLOCK = 8  # the mma's N: packed query rows per block
 MAX_SHARED = SM_SHARED // 2  # a block's ring: two blocks per SM
@@ -376,8 +381,9 @@ def _loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str) ->
     """``load_k(j0, pages, stage, t)`` / ``load_v``: the 16 rows of keys j0 to j0 + 15 into tile t
     of the warp's stage, chunk ``lane + 32 i`` of the tile's 16-byte chunks per lane (so a warp's
     copy covers whole rows: 256 contiguous bytes per key at D 128, as the CUDA-core ring reads
-    them; half-row pieces per key took ~20% longer), through the page looked up for each chunk's
-    key (``pages[i]``); zeros past the slice (nothing read). 16-byte copies where the rows are
+    them; with 32-byte pieces of 16 rows per copy the kernel took 24-46% longer on an H200),
+    through the page of each chunk's key (``pages[i]``) or of the whole tile (``pages[0]``,
+    :func:`tile_pages`); zeros past the slice (nothing read). 16-byte copies where the rows are
     vectors and the pointers aligned, else element loads stored as 16-byte vectors. Paged,
     ``page_k(j)``."""
     lines = [
@@ -466,5 +472,7 @@ def _ring_fill(a: Attention) -> list[str]:
 def by_default(a: Attention, arch: int) -> bool:
     """The untuned plan takes this kernel: where it applies, the rows take 16-byte copies and one
     row group holds every packed row (past 8, the CUDA-core kernel packs 16 rows per block and
-    reads K and V half as often)."""
+    reads K and V half as often). Measured on an H200 (benchmarks/attention.py --decode
+    --compare, GQA 4, D 128, bf16): as fast as the CUDA-core default at B 1, Skv 32k, 5-17%
+    faster on the five other shapes."""
     return unsupported(a, arch) is None and row_groups(a) == 1 and rows_vectorize(a)
