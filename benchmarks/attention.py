@@ -7,6 +7,7 @@ backends, on the issue's shapes (B4 H16, bf16), same inputs, L2 flushed by do_be
     PYTHONPATH=. python benchmarks/attention.py --dry      # anywhere: build the plans only
     PYTHONPATH=. python benchmarks/attention.py --decode   # the paged-KV decode table instead
     PYTHONPATH=. python benchmarks/attention.py --decode --sweep  # every decode tuning choice timed
+    PYTHONPATH=. python benchmarks/attention.py --decode --compare  # CUDA cores, tensor cores, torch
     PYTHONPATH=. python benchmarks/attention.py --prefill  # paged prefill chunks
     PYTHONPATH=. python benchmarks/attention.py --ragged   # packed variable-length sequences
 
@@ -29,7 +30,12 @@ decode node (threads, key slots per lane, split, ring stages, vectors per lane) 
 checked against torch and timed; a table of the best choice and the default beside torch per
 shape, then every (threads, slots, split relative to the heuristic's, stages, vectors) averaged
 over the shapes, to set the defaults from. ``--choice 128/4/h/3/2`` (repeatable) times only the
-default and the choices named.
+default and the choices named (``mma/4/1/3/h``: warps / tiles / stages / split of the
+tensor-core kernel).
+
+Compare (``--decode --compare``): on SWEEP_SHAPES, the CUDA-core kernel's default choice
+(``decode``), the tensor-core kernel's (``decode_mma``, the untuned plan's) and a few of its
+other choices (COMPARED; the best of them in its own column), beside torch.
 """
 
 from __future__ import annotations
@@ -55,6 +61,9 @@ DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
 # --sweep: half the decode shapes, spanning B and Skv (NVRTC compiles a sweep's ~210 plans one at
 # a time, ~0.5 s each: all 12 shapes would take twice as long; --choice for a few)
 SWEEP_SHAPES = [(1, 8192), (1, 32768), (2, 16384), (4, 16384), (8, 8192), (8, 32768)]
+# --compare: the tensor-core kernel's (warps, tiles, stages) timed beside its default, at the
+# heuristic's split (and the default at twice it): a few, as NVRTC compiles each plan (~1 s)
+COMPARED = [(4, 1, 2), (2, 2, 3)]
 # --prefill: (batch, chunk of query rows, Skv) over the same paged cache
 PREFILL_SHAPES = [(4, 512, 4096), (1, 2048, 8192), (8, 256, 2048)]
 # --ragged: the lengths of the packed sequences; heads and head dim fixed
@@ -102,6 +111,11 @@ def main() -> int:
         help="with --sweep: time only the default and these choices (threads/slots/split/stages[/vectors]; split "
         "a number, or h or 2h: the heuristic's or twice it), e.g. 128/4/h/4",
     )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="with --decode: the CUDA-core and the tensor-core kernels' defaults (and the tensor-core choices) and torch",
+    )
     parser.add_argument("--prefill", action="store_true", help="paged prefill chunks against torch on dense K/V")
     parser.add_argument("--ragged", action="store_true", help="packed sequences against padded ones and torch")
     args = parser.parse_args()
@@ -137,6 +151,8 @@ def main() -> int:
         return prefill_table()
     if args.ragged:
         return ragged_table()
+    if args.decode and args.compare:
+        return decode_compare()
     if args.decode and args.sweep:
         return decode_sweep(args.choice)
     if args.decode:
@@ -399,7 +415,6 @@ def decode_timed(b: int, skv: int, autotune: bool) -> tuple[float, float]:
 def decode_sweep(specs: list[str]) -> int:
     """Every decode choice on each of SWEEP_SHAPES (only the default and ``specs`` if any)."""
     from benchmarks.measure import measure_ceilings
-    from codegen.families.attention_decode import heuristic_split
     from codegen.families.attention_problem import attention_of
 
     ceilings = measure_ceilings()
@@ -423,13 +438,7 @@ def decode_sweep(specs: list[str]) -> int:
         floor = ceilings.floor_us(2 * b * DECODE_HK * skv * DECODE_D * 2)
         best = min(range(len(times)), key=times.__getitem__)
         for choice, us in zip(choices, times):
-            threads, keys, split, stages, vectors = (
-                int(choice[key])  # type: ignore[call-overload]
-                for key in ("threads", "keys_per_lane", "split", "stages", "vectors_per_lane")
-            )
-            h = heuristic_split(a, 90, threads, keys, stages, vectors)
-            rule = {h // 2: "h/2", h: "h", 2 * h: "2h"}.get(split, str(split))
-            of_best[f"{threads}/{keys}/{rule}/{stages}/{vectors}"].append(times[best] / us)
+            of_best[rule_of(choice, a)].append(times[best] / us)
         print(
             f"| {b} | {skv} | {len(choices)} | {short(choices[best])} | {times[best]:.1f} | {floor / times[best]:.0%} | "
             f"{short(choices[0])} | {times[0]:.1f} | {floor / times[0]:.0%} | {inputs.torch_us:.1f} | "
@@ -446,11 +455,86 @@ def decode_sweep(specs: list[str]) -> int:
     return 0
 
 
+def decode_compare() -> int:
+    """The CUDA-core and tensor-core decode kernels side by side with torch on SWEEP_SHAPES."""
+    from benchmarks.measure import measure_ceilings
+    from codegen.families.attention_decode import MAX_SPLIT
+    from codegen.families.attention_decode import default_config as cuda_default
+    from codegen.families.attention_decode_mma import MmaDecodeConfig, fits
+    from codegen.families.attention_decode_mma import default_config as mma_default
+    from codegen.families.attention_decode_mma import heuristic_split as mma_split
+    from codegen.families.attention_problem import attention_of
+
+    ceilings = measure_ceilings()
+    print(f"{ceilings.device}: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s (bytes read + written)")
+    print(
+        "CUDA cores t/k/s/r/v: threads / key slots / split / stages / vectors; tensor cores w/t/r/s: warps / tiles / stages / split"
+    )
+    print(
+        "| B | Skv | roofline µs | CUDA cores | µs | of roofline | tensor cores | µs | of roofline | best tensor cores | µs | "
+        "of roofline | torch µs | of roofline | tensor cores / torch |"
+    )
+    print("|" + "---|" * 15)
+    for b, skv in SWEEP_SHAPES:
+        graph = decode_graph(b, skv)
+        fused = next(f for f in gd.fuse(graph).nodes if f.anchor is not None and f.anchor.op == "sdpa")
+        a = attention_of(fused)
+        cuda, mma = cuda_default(a, 90).choice(), mma_default(a, 90).choice()
+        others = [MmaDecodeConfig(*c, mma_split(a, 90, *c)).choice() for c in COMPARED if fits(a, *c)]
+        others.append({**mma, "split": min(MAX_SPLIT, 2 * int(mma["split"]))})  # type: ignore[call-overload]
+        inputs = DecodeInputs(b, skv)
+        floor = ceilings.floor_us(2 * b * DECODE_HK * skv * DECODE_D * 2)
+        cuda_us, mma_us = (checked_us(inputs, graph, fused.name, c) for c in (cuda, mma))
+        timed_others = [(checked_us(inputs, graph, fused.name, c), c) for c in others]
+        best_us, best = min([(mma_us, mma), *timed_others], key=lambda item: item[0])
+        print(
+            f"| {b} | {skv} | {floor:.1f} | {short(cuda)} | {cuda_us:.1f} | {floor / cuda_us:.0%} | {short(mma)} | "
+            f"{mma_us:.1f} | {floor / mma_us:.0%} | {short(best)} | {best_us:.1f} | {floor / best_us:.0%} | "
+            f"{inputs.torch_us:.1f} | {floor / inputs.torch_us:.0%} | {inputs.torch_us / mma_us:.2f}x |"
+        )
+        for us_other, other in timed_others:
+            print(f"  tensor cores {short(other)}: {us_other:.1f} µs")
+    return 0
+
+
+def checked_us(
+    inputs: DecodeInputs, graph: gd.OperationGraphSpec, name: str, choice: dict[str, object] | None
+) -> float:
+    """µs of ``graph`` with ``choice`` for node ``name`` (None: untuned), inf with the error
+    printed where its result is wrong (never timed)."""
+    try:
+        tuning = None if choice is None else {name: choice}
+        return inputs.time(gd.compile(graph, tuning=tuning), choice, warmup_ms=10, rep_ms=50)
+    except AssertionError as error:
+        print(f"WRONG {error}")
+        return float("inf")
+
+
+def rule_of(choice: dict[str, object], a: Any) -> str:
+    """A choice with its split relative to the heuristic's for the rest of it (h/2, h, 2h)."""
+    from codegen.families.attention_decode import heuristic_split
+    from codegen.families.attention_decode_mma import heuristic_split as mma_split
+
+    def rule(split: int, h: int) -> str:
+        return {h // 2: "h/2", h: "h", 2 * h: "2h"}.get(split, str(split))
+
+    if choice.get("path") == "decode_mma":
+        warps, tiles, stages, split = (int(choice[key]) for key in ("warps", "tiles", "stages", "split"))  # type: ignore[call-overload]
+        return f"mma/{warps}/{tiles}/{stages}/{rule(split, mma_split(a, 90, warps, tiles, stages))}"
+    threads, keys, split, stages, vectors = (
+        int(choice[key])  # type: ignore[call-overload]
+        for key in ("threads", "keys_per_lane", "split", "stages", "vectors_per_lane")
+    )
+    return f"{threads}/{keys}/{rule(split, heuristic_split(a, 90, threads, keys, stages, vectors))}/{stages}/{vectors}"
+
+
 def geometric_mean(values: list[float]) -> float:
     return math.prod(values) ** (1 / len(values))
 
 
 def short(choice: dict[str, object]) -> str:
+    if choice.get("path") == "decode_mma":
+        return "mma/" + "/".join(str(choice[key]) for key in ("warps", "tiles", "stages", "split"))
     keys = ("threads", "keys_per_lane", "split", "stages", "vectors_per_lane")
     return "/".join(str(choice[key]) for key in keys)
 
@@ -461,6 +545,20 @@ def spec_choice(spec: str, a: Any) -> dict[str, object]:
     from codegen.families.attention_decode import MAX_SPLIT, heuristic_split
 
     parts = spec.split("/")
+    if parts[0] == "mma" and len(parts) == 5:
+        from codegen.families.attention_decode_mma import heuristic_split as mma_split
+
+        warps, tiles, stages = (int(part) for part in parts[1:4])
+        h = mma_split(a, 90, warps, tiles, stages)
+        split = {"h": h, "2h": 2 * h}.get(parts[4])
+        split = int(parts[4]) if split is None else split
+        return {
+            "path": "decode_mma",
+            "warps": warps,
+            "tiles": tiles,
+            "stages": stages,
+            "split": min(MAX_SPLIT, max(1, split)),
+        }
     if len(parts) not in (4, 5):
         raise SystemExit(f"--choice {spec!r}: expected threads/slots/split/stages[/vectors], e.g. 128/4/h/4")
     threads, keys, stages = int(parts[0]), int(parts[1]), int(parts[3])

@@ -14,7 +14,7 @@ those rules (no thread may wait in a loop for another thread of its block: fiber
 preempted).
 
 fp16 tensor-core kernels run too (:data:`TENSOR_CORE_STAND_INS`): ``cp.async`` becomes a copy,
-``ldmatrix`` and ``mma.sync`` m16n8k16 exchange fragments between the lanes of each warp
+``ldmatrix``, ``mma.sync`` m16n8k16 and ``movmatrix`` exchange fragments between the lanes of each warp
 through a buffer and two barriers (every thread of the block calls them together, as the
 attention kernels do), with the PTX fragment layouts; the dynamic shared memory is a static
 array and ``ex2.approx`` is exp2f.
@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from codegen import FusedProgram, Kernel, ParamKind
+from codegen.families.attention_decode_mma import TRANSPOSE
 from codegen.families.gemm_loaders import ASYNC_COPY_PRELUDE
 from codegen.families.tensor_core import mma_fragments
 from fusion_rules import FusedNode
@@ -74,6 +75,7 @@ std::vector<bool> done;
 int current;
 }  // namespace fibers
 inline void __syncthreads() { swapcontext(&fibers::threads[fibers::current], &fibers::scheduler); }
+inline void __syncwarp(unsigned = 0xffffffffu) {}  // a warp's lanes meet at the block's barriers
 alignas(16) unsigned char shuffled[1024 * 8];
 template <class T> T __shfl_xor_sync(unsigned, T v, int offset) {
   T* values = reinterpret_cast<T*>(shuffled);
@@ -191,6 +193,23 @@ inline void mma_16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
     d[e] = sum;
   }
   __syncthreads();
+}
+""",
+    ),
+    (
+        TRANSPOSE,
+        r"""
+alignas(16) unsigned transposed[1024];
+// movmatrix .trans: lane l gets (row l/4, columns 2(l%4), +1) of the transpose, i.e. (rows
+// 2(l%4), +1 of column l/4); element (row, col) is in lane row*4 + col/2, half col%2.
+inline unsigned transpose8x8(unsigned x) {
+  const int lane = threadIdx.x & 31, warp0 = threadIdx.x - lane, col = lane / 4, row = 2 * (lane % 4);
+  transposed[threadIdx.x] = x;
+  __syncthreads();
+  const unsigned lo = transposed[warp0 + row * 4 + col / 2] >> (16 * (col % 2)) & 0xffff;
+  const unsigned hi = transposed[warp0 + (row + 1) * 4 + col / 2] >> (16 * (col % 2)) & 0xffff;
+  __syncthreads();
+  return lo | hi << 16;
 }
 """,
     ),

@@ -31,6 +31,7 @@ from codegen.families.attention_decode import (
     shape,
 )
 from codegen.families.attention_decode_loads import STAGES_CHOICES
+from codegen.families.attention_decode_mma import unsupported
 from codegen.families.attention_problem import attention_of
 from codegen.kernel import FusedProgram
 from fusion_rules import Family, FusedNode, fuse
@@ -81,7 +82,8 @@ def test_paged_decode_runs_on_the_decode_kernel_and_paged_prefill_on_the_flash_k
     program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90))
     assert ("_decode_" if decode else "_flash_") in program.kernels[0].name
     paths = {str(c.get("path", "flash")) for c in candidates(fused, 90)}
-    assert paths == ({"decode"} if decode else {"decode", "flash"})
+    kernels = {"decode"} if unsupported(attention_of(fused), 90) else {"decode", "decode_mma"}
+    assert paths == (kernels if decode else kernels | {"flash"})
 
 
 def test_few_query_rows_take_the_decode_kernel_and_more_the_flash_kernel() -> None:
@@ -91,7 +93,7 @@ def test_few_query_rows_take_the_decode_kernel_and_more_the_flash_kernel() -> No
         assert path in kernel.name, sq
     _, fused = attention(AttentionCase(sq=1, skv=3000).build())
     paths = {str(c.get("path", "flash")) for c in candidates(fused, 90)}
-    assert paths == {"decode", "flash", "wgmma"}  # a dense decode may still time the flash kernels
+    assert paths == {"decode", "decode_mma", "flash", "wgmma"}  # a dense decode may still time the flash kernels
 
 
 def test_the_hopper_kernel_on_a_paged_problem_is_refused_naming_the_paths_that_read_pages() -> None:
@@ -143,7 +145,7 @@ def test_the_split_heuristic_fills_the_gpu_only_when_the_blocks_do_not(b: int, h
     case = PagedCase(b=b, hq=4 * hk, hk=hk, max_len=skv, page_size=64, d=128, dv=128)
     _, fused = attention(case.build())
     a = attention_of(fused)
-    choices = candidates(fused, 90)
+    choices = [c for c in candidates(fused, 90) if c["path"] == "decode"]  # the CUDA-core kernel's
     for threads, keys, stages in ALL_CHOICES:
         s = shape(a, threads)
         blocks, target = b * hk * s.row_groups, resident_target(s, keys, stages) * sm_count(90)
@@ -259,7 +261,8 @@ def test_the_benchmark_shape_choices_compile_without_spills(arch: int) -> None:
     (every ring but 256 threads with 4 slots and 4 stages, over MAX_RING)."""
     ir, fused = attention(decode_graph(8, 32768))
     keys = ("threads", "keys_per_lane", "stages", "vectors_per_lane")
-    offered = {tuple(int(c[key]) for key in keys) for c in candidates(fused, 90)}  # type: ignore[call-overload]
+    cuda_cores = (c for c in candidates(fused, 90) if c["path"] == "decode")
+    offered = {tuple(int(c[key]) for key in keys) for c in cuda_cores}  # type: ignore[call-overload]
     assert {choice[:3] for choice in offered} == set(ALL_CHOICES) - {(256, 4, 4)}
     # two vectors per lane double a slot and the merge buffers: 256 threads with 4 slots in 3
     # stages would be over MAX_RING, and 256 threads would pack 2 rows of the 4 (two row groups)

@@ -151,3 +151,54 @@ def test_every_ring_choice_matches_reference(case: str) -> None:
             choice["split"] = split
         plan = check_on_gpu(graph, feeds=feeds, tuning={fused.name: choice})
         assert plan.kernels[0].shared_bytes > 0, choice
+
+
+# the tensor-core decode kernel on awkward shapes: keys not a multiple of 16 nor of the page,
+# B 1 and 3, GQA 4, MHA and MQA-like 8:1, D 64 and 128, fp16 and bf16, vLLM's page layout,
+# dense with a bias, 2 query rows under a causal mask with a sliding window, 16 packed rows (two
+# row groups), and 8-key pages (a page lookup per chunk: a 16-key tile spans pages)
+MMA_CASES: dict[str, PagedCase | AttentionCase] = {
+    "b1_gqa4_full": PagedCase(b=1, hq=32, hk=8, max_len=4999, page_size=64, d=128, dv=128),
+    "b3_mha_fp16_d64": PagedCase(b=3, hq=8, hk=8, max_len=1000, page_size=16, data_type=DataType.HALF),
+    "b2_mqa8_d128": PagedCase(b=2, hq=8, hk=1, max_len=3001, page_size=16, d=128, dv=128),
+    "nhd_pools": PAGED_CASES["decode_nhd_pools"],
+    "dense_bias": CHOICE_CASES["dense_bias"],
+    "sq2_window_fp16": AttentionCase(
+        b=3, hq=8, hk=2, sq=2, skv=1001, d=64, dv=64, data_type=DataType.HALF, padding=True,
+        options={"use_causal_mask_bottom_right": True, "sliding_window_length": 300},
+    ),
+    "two_row_groups": PagedCase(b=3, hq=16, hk=1, max_len=700, page_size=64, d=128, dv=128),
+    "page_8_gqa4": PagedCase(b=3, hq=8, hk=2, max_len=777, page_size=8, d=128, dv=128),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(MMA_CASES))
+def test_every_tensor_core_decode_choice_matches_reference(case: str) -> None:
+    """Each warps, tiles and stages that fits, at the heuristic's split, no split or 7 slices
+    in turn (B 1 at its full length); outputs poisoned by check_on_gpu."""
+    from codegen.families.attention_decode_mma import MMA_PATH, STAGES_CHOICES, TILES_CHOICES, WARPS_CHOICES, fits
+    from codegen.families.attention_problem import attention_of
+
+    attention = MMA_CASES[case]
+    graph = attention.build()
+    (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
+    a = attention_of(fused)
+    seed = zlib.crc32(case.encode())
+    feeds = attention.feeds(seed) if isinstance(attention, PagedCase) else None
+    if feeds is not None and attention.b == 1:
+        feeds["seq_kv"][:] = attention.max_len
+    fitting = [(w, t, s) for w in WARPS_CHOICES for t in TILES_CHOICES for s in STAGES_CHOICES if fits(a, w, t, s)]
+    assert len(fitting) >= 6
+    wrong = []  # every failing choice, not only the first
+    for n, (warps, tiles, stages) in enumerate(fitting):
+        choice: dict[str, object] = {"path": MMA_PATH, "warps": warps, "tiles": tiles, "stages": stages}
+        split = (None, 1, 7)[n % 3]
+        if split is not None:
+            choice["split"] = split
+        try:
+            plan = check_on_gpu(graph, seed=seed, feeds=feeds, tuning={fused.name: choice})
+        except AssertionError as error:
+            wrong.append(f"{choice}: {str(error).splitlines()[0]}")
+            continue
+        assert "_decode_mma_" in plan.kernels[0].name, choice
+    assert not wrong, "; ".join(wrong)

@@ -6,7 +6,10 @@ Three paths, all correct for every mask, layout and head dim up to 256:
   paged: GQA rows packed per kv head, the KV length split across blocks when the (batch, kv
   head) blocks cannot keep enough loads in flight; tuning ``{"path": "decode", "split": n,
   "threads": t, "keys_per_lane": k}`` (each key optional). Paged problems of other types
-  run there whatever their rows;
+  run there whatever their rows. Where Q, K and V are one 16-bit type (head dims multiples
+  of 16, no dropout, sm_80+) its tensor-core variant (attention_decode_mma.py, tuning
+  ``{"path": "decode_mma", "warps": w, "tiles": t, "stages": s, "split": n}``) takes the
+  dots and P·V on mma.sync, the default where one block holds a kv head's query rows;
 - flash attention on tensor cores when Q, K and V are all fp16 or all bf16: mma.sync
   (attention_flash.py), which also reads paged K and V through the page tables (paged
   prefill), or on sm_90 for dense head dims 64 and 128 with contiguous rows the
@@ -27,6 +30,7 @@ from graphdnn.errors import UnsupportedError
 from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
 from .attention_decode import decode_choices, decode_program, uses_decode
+from .attention_decode_mma import MMA_PATH, by_default, mma_choices, mma_decode_program
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
 from .attention_problem import Attention, attention_of, on_tensor_cores
@@ -41,7 +45,10 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = attention_of(fused)
     if a.ragged:
         return _ragged_program(fused, ctx, a)
-    if ctx.tuning.get("path") == DECODE or (not ctx.tuning and uses_decode(a)):
+    path = ctx.tuning.get("path")
+    if path == MMA_PATH or (not ctx.tuning and uses_decode(a) and by_default(a, ctx.arch)):
+        return mma_decode_program(fused, ctx, a)
+    if path == DECODE or (not ctx.tuning and uses_decode(a)):
         return decode_program(fused, ctx, a)
     if a.paged and (not on_tensor_cores(a) or ctx.tuning.get("path") == "wgmma"):
         raise UnsupportedError(
@@ -67,7 +74,7 @@ def _ragged_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedPr
     flash kernel (fp16/bf16) or the SIMT one, after the fill of packed outputs
     (attention_ragged.py). The decode kernel addresses a dense batch."""
     path = ctx.tuning.get("path")
-    if path == DECODE or (a.paged and not on_tensor_cores(a)):
+    if path in (DECODE, MMA_PATH) or (a.paged and not on_tensor_cores(a)):
         raise UnsupportedError(
             f"attention tuning {dict(ctx.tuning)}: packed (ragged) sequences run on the Hopper, the mma.sync flash "
             "(all fp16 or all bf16; with a paged KV cache only there) or the SIMT kernel",
@@ -86,7 +93,10 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     if a.ragged:
         hopper = [c.choice() for c in wgmma_configs(a)] if wgmma_supported(a, arch) else []
         return flash_candidates(a) + hopper if on_tensor_cores(a) else []
-    decode = decode_choices(a, arch) if a.paged or uses_decode(a) else []
+    decode: list[dict[str, object]] = []
+    if a.paged or uses_decode(a):  # the default's kernel first
+        cuda, mma = decode_choices(a, arch), mma_choices(a, arch)
+        decode = mma + cuda if uses_decode(a) and by_default(a, arch) else cuda + mma
     if not on_tensor_cores(a) or (a.paged and uses_decode(a)):  # paged decode: the decode kernel's choices
         return decode
     return decode + flash_candidates(a) + ([c.choice() for c in wgmma_configs(a)] if wgmma_supported(a, arch) else [])

@@ -26,8 +26,9 @@ products with the block's query rows (in shared memory, fp32) are summed over th
 and each group keeps its own online softmax (running maximum, sum and O slice, base 2) over
 the keys it saw; the groups are merged through shared memory at the end. Any float input
 type, any strides (element loads where a row is not 16-byte vectors or a pointer is not
-16-byte aligned), every mask, bias and ALiBi. CUDA cores only: at a few rows per key the
-arithmetic is a few FLOPs per byte, under what the SMs issue while HBM streams.
+16-byte aligned), every mask, bias and ALiBi, on CUDA cores. attention_decode_mma.py is its
+tensor-core variant for Q, K and V of one 16-bit type (this kernel is issue-bound there: ~2,000
+lane-ops per key at GQA 4, D 128).
 
 Key j of sequence b lives, dense, at K[b, hk, j]; paged, at K[page, hk, j % page_size] with
 page = PAGE_TABLE_K[b, 0, j / page_size, 0] (V through its own table and page size).
@@ -318,11 +319,7 @@ def tuned_config(a: Attention, ctx: EmitContext) -> DecodeConfig:
         raise UnsupportedError(f"attention tuning {tuning}: the decode kernel has no choice {', '.join(unknown)}")
 
     def integer(key: str, allowed: tuple[int, ...] | range, default: int) -> int:
-        value = tuning.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value not in allowed:
-            choices = f"from {allowed[0]} to {allowed[-1]}" if isinstance(allowed, range) else f"one of {allowed}"
-            raise UnsupportedError(f"attention tuning {tuning}: {key} must be an integer {choices}")
-        return value
+        return tuning_integer(tuning, key, allowed, default)
 
     default = default_config(a, ctx.arch)
     threads = integer("threads", THREADS_CHOICES, default.threads)
@@ -344,6 +341,15 @@ def tuned_config(a: Attention, ctx: EmitContext) -> DecodeConfig:
         )
     split = integer("split", range(1, MAX_SPLIT + 1), heuristic_split(a, ctx.arch, threads, keys, stages, vectors))
     return DecodeConfig(threads, keys, split, stages, vectors)
+
+
+def tuning_integer(tuning: dict[str, object], key: str, allowed: tuple[int, ...] | range, default: int) -> int:
+    """``tuning[key]`` (``default`` where left out), refused clearly unless an integer in ``allowed``."""
+    value = tuning.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value not in allowed:
+        choices = f"from {allowed[0]} to {allowed[-1]}" if isinstance(allowed, range) else f"one of {allowed}"
+        raise UnsupportedError(f"attention tuning {tuning}: {key} must be an integer {choices}")
+    return value
 
 
 def decode_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
@@ -377,15 +383,7 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         f"constexpr int ROW_GROUPS = {s.row_groups}, SPLIT = {split}, STEP = KEY_GROUPS * KT;",
         *([f"constexpr int STAGES = {config.stages};"] if config.stages else []),
         f"constexpr long long KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
-        "const float NEG_INF = __uint_as_float(0xff800000u);",
-        "const int split = (int)(blockIdx.x % SPLIT);",
-        "const int rg = (int)(blockIdx.x / SPLIT % ROW_GROUPS), hk = (int)(blockIdx.x / SPLIT / ROW_GROUPS % HK);",
-        "const int b = (int)(blockIdx.x / SPLIT / ROW_GROUPS / HK);",
-        "const int r0 = rg * RB;  // packed row r is query head hk * GROUP + r / SQ, row r % SQ",
-        *sequence_setup(a, names),
-        *alibi_table(a),
-        *dropout_function(a),
-        *_key_range(a),
+        *block_work(a, names),
         *([] if config.stages else _rows_to_shared(a, names, ring=False)),
         "const int tid = threadIdx.x, grp = tid / L, sub = tid % L;",
         *pipeline.declarations(),
@@ -466,8 +464,27 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
     return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), dynamic, tuple(params.bindings))
 
 
-def _key_range(a: Attention) -> list[str]:
-    """``s_begin`` / ``s_end``: this split's slice of the keys any row of the block sees."""
+def block_work(a: Attention, names: dict[str, str], align: int = 1) -> list[str]:
+    """The block's slice ``split``, row group ``rg``, kv head ``hk``, batch ``b`` and first packed
+    row ``r0`` (blocks ordered slice fastest); the sequence's lengths and scale, the ALiBi and
+    dropout tables; the keys of its slice, ``s_begin`` to ``s_end`` (:func:`slice_range`)."""
+    return [
+        "const float NEG_INF = __uint_as_float(0xff800000u);",
+        "const int split = (int)(blockIdx.x % SPLIT);",
+        "const int rg = (int)(blockIdx.x / SPLIT % ROW_GROUPS), hk = (int)(blockIdx.x / SPLIT / ROW_GROUPS % HK);",
+        "const int b = (int)(blockIdx.x / SPLIT / ROW_GROUPS / HK);",
+        "const int r0 = rg * RB;  // packed row r is query head hk * GROUP + r / SQ, row r % SQ",
+        *sequence_setup(a, names),
+        *alibi_table(a),
+        *dropout_function(a),
+        *slice_range(a, align),
+    ]
+
+
+def slice_range(a: Attention, align: int = 1) -> list[str]:
+    """``s_begin`` / ``s_end``: this split's slice of the keys any row of the block sees;
+    ``align`` > 1: slices start at multiples of it (the first rounded down: the window masks
+    the keys before it)."""
     lines = [
         "int i_lo = SQ, i_hi = -1;  // the block's rows inside the sequence",
         "for (int r = r0; r < min(ROWS, r0 + RB); ++r)",
@@ -481,8 +498,13 @@ def _key_range(a: Attention) -> list[str]:
         lines.append("kv_end = max(0, min(kv_end, i_hi + diag + 1));")
     if a.window:
         lines.append(f"kv_begin = min(kv_end, max(0, i_lo + diag - {a.window - 1}));")
+        if align > 1:
+            lines.append(f"kv_begin -= kv_begin % {align};")
+    per_split = "(kv_end - kv_begin + SPLIT - 1) / SPLIT"
+    if align > 1:
+        per_split = f"({per_split} + {align - 1}) / {align} * {align}"
     lines += [
-        "const int per_split = (kv_end - kv_begin + SPLIT - 1) / SPLIT;",
+        f"const int per_split = {per_split};",
         "const int s_begin = min(kv_end, kv_begin + split * per_split), s_end = min(kv_end, s_begin + per_split);",
     ]
     return lines

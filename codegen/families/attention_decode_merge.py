@@ -29,7 +29,7 @@ def merge(a: Attention, names: dict[str, str], split: int, stages: int) -> list[
             "auto& red_l = *reinterpret_cast<float(*)[KEY_GROUPS][RB]>(ring + KEY_GROUPS * RB * 4);",
             "auto& red_o = *reinterpret_cast<float(*)[KEY_GROUPS][RB][DVP]>(ring + 2 * KEY_GROUPS * RB * 4);",
         ]
-    lines = [
+    return [
         *buffers,
         "#pragma unroll",
         "for (int r = 0; r < RB; ++r) {",
@@ -43,6 +43,15 @@ def merge(a: Attention, names: dict[str, str], split: int, stages: int) -> list[
         "    for (int e = 0; e < VV; ++e) red_o[grp][r][(c * L + sub) * VV + e] = o[r][c * VV + e];",
         "}",
         "__syncthreads();",
+        *merge_rows(a, names, split),
+    ]
+
+
+def merge_rows(a: Attention, names: dict[str, str], split: int) -> list[str]:
+    """Once every key group's state (``red_m``, ``red_l``, ``red_o`` in shared memory) is
+    written: each row's states weighed by 2^(m - max), in group order, into O and STATS, or
+    with split-KV into the slice's normalised O and log-sum-exp (base 2)."""
+    lines = [
         "for (int e = tid; e < RB * DV; e += THREADS) {",
         "  const int r = e / DV, col = e % DV;",
         "  if (r0 + r >= ROWS) continue;",
