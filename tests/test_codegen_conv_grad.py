@@ -176,7 +176,8 @@ def test_candidates_cover_tiles_split_k_and_the_direct_kernel(op: str) -> None:
     choices = candidates(gemm_fused(spec.build()), 90)
     assert {"path": "direct"} in choices
     assert not any(c.get("path") == "ws" for c in choices)
-    assert any(c.get("path") == "wgmma" for c in choices) == (op == "dgrad")  # wgrad's A is m-contiguous
+    assert any(c.get("path") == "wgmma" for c in choices)  # wgrad's m-contiguous loss: wgmma's transposed A
+    assert any(c.get("block_n") == 192 for c in choices) == (op == "wgrad")  # N = 3 * 3 * 64 = 3 * 192
     assert not any(c.get("path") == "wgmma" for c in candidates(gemm_fused(spec.build(), 80), 80))
     assert any("split_k" in c for c in choices) == (op == "wgrad")
     direct = emitted(spec.build(), 90, {"path": "direct"})
@@ -191,7 +192,7 @@ def test_with_an_epilogue_the_direct_kernel_is_no_candidate_and_is_refused() -> 
     with pytest.raises(UnsupportedError, match="has no epilogue"):
         emitted(graph, 90, {"path": "direct"})
     with pytest.raises(UnsupportedError, match=r"mma\.sync path"):
-        emitted(Grad(op="wgrad").build(), 90, {"path": "wgmma", "block_m": 128, "block_n": 128, "stages": 3})
+        emitted(Grad(op="wgrad").build(), 90, {"path": "ws", "block_n": 128, "stages": 3})
 
 
 # -- NVRTC ------------------------------------------------------------------------------------
@@ -233,6 +234,14 @@ def test_gradient_kernels_compile_for_sm80_and_sm90(case: str) -> None:
 
 WGMMA = {"path": "wgmma", "block_m": 128, "block_n": 64, "stages": 4}
 WGMMA_CASES = {case: spec for case, spec in CASES.items() if spec.op == "dgrad"}
+# wgrad on wgmma (the loss as a transposed A): the tile of the 64-channel 3x3 layers, and 128 rows
+# over two warpgroups; a few shapes only (every kernel here is compiled in CI).
+WGRAD_WGMMA = {"path": "wgmma", "block_m": 64, "block_n": 192, "stages": 3}
+WGRAD_WGMMA_CASES = {
+    "wgrad_3x3_s2_odd": (CASES["wgrad_3x3_s2_odd"], {**WGRAD_WGMMA, "split_k": 3}),
+    "wgrad_7x7_s2_pad3": (CASES["wgrad_7x7_s2_pad3"], WGRAD_WGMMA),
+    "wgrad_1x1_pad0": (CASES["wgrad_1x1_pad0"], {**WGMMA, "split_k": 2}),
+}
 
 
 @pytest.mark.parametrize("case", WGMMA_CASES)
@@ -244,6 +253,20 @@ def test_dgrad_wgmma_kernels_compile_for_sm90a(case: str) -> None:
         assert program.kernels[0].name.startswith("gd_conv_dgrad") and "_wgmma" in program.kernels[0].name
         for kernel in program.kernels:
             assert compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
+
+
+@pytest.mark.parametrize("case", WGRAD_WGMMA_CASES)
+def test_wgrad_wgmma_kernels_compile_for_sm90a(case: str) -> None:
+    from codegen.nvrtc import compile_cubin
+
+    spec, choice = WGRAD_WGMMA_CASES[case]
+    program = emitted(spec.build(), 90, choice)
+    main = program.kernels[0]
+    assert main.name.startswith("gd_conv_wgrad_wgmma") and main.block[0] == 2 * int(choice["block_m"])  # type: ignore[call-overload]
+    assert "1, 1, 1, 1;" in main.source  # wgmma with A and B transposed (m- and n-contiguous)
+    assert len(program.kernels) == (2 if "split_k" in choice else 1)
+    for kernel in program.kernels:
+        assert compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
 
 
 # -- GPU --------------------------------------------------------------------------------------
@@ -299,6 +322,31 @@ def test_dgrad_wgmma_matches_reference_on_gpu(case: str, split: int) -> None:
     graph = CASES[case].build()
     fused = gemm_fused(graph, 90)
     plan = check_on_gpu(graph, seed=split, tuning={fused.name: {**WGMMA, "split_k": split}})
+    assert any("_wgmma" in kernel.name for kernel in plan.kernels)
+
+
+# Awkward shapes: K = 40, 8, 136 (not multiples of the 64- or 128-row tile), C = 8 and 24, N*P*Q
+# not a multiple of the 64-element k tile or of the slices, stride 2, dilation, padding, batch 1.
+WGRAD_GPU = {
+    "wgrad_3x3_s2_odd": CASES["wgrad_3x3_s2_odd"],
+    "wgrad_3x3_dil2_pad2": CASES["wgrad_3x3_dil2_pad2"],
+    "wgrad_7x7_s2_pad3": CASES["wgrad_7x7_s2_pad3"],
+    "wgrad_1x1_pad0": CASES["wgrad_1x1_pad0"],
+    "wgrad_batch1_split_k_half": CASES["wgrad_batch1_split_k_half"],
+    "wgrad_convolution_mode": CASES["wgrad_half_convolution_mode"],
+    "resnet_wgrad_3x3_c64_56": RESNET["resnet_wgrad_3x3_c64_56"],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", WGRAD_GPU)
+@pytest.mark.parametrize("choice", [WGRAD_WGMMA, {**WGRAD_WGMMA, "split_k": 5}, {**WGMMA, "split_k": 3}])
+def test_wgrad_wgmma_matches_reference_on_gpu(case: str, choice: dict[str, object]) -> None:
+    if current_gpu_arch() != 90:
+        pytest.skip("the wgmma path runs on sm_90 GPUs only")
+    graph = WGRAD_GPU[case].build()
+    fused = gemm_fused(graph, 90)
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
     assert any("_wgmma" in kernel.name for kernel in plan.kernels)
 
 

@@ -30,8 +30,8 @@ kernels (gemm_weight_only.py).
 Convolution gradients come here only when they fit the tensor cores (the fusion rules ask
 fusion_rules/conv_grad_gemm.py; the others stay in the direct family): dgrad as an implicit
 GEMM over the loss, wgrad as a GEMM over N*P*Q, usually with split-K (few output tiles, long K),
-both on the mma.sync path by default; dgrad may take wgmma on sm_90 through tuning (wgrad's
-m-contiguous A has no wgmma layout here yet). A tuning may still choose the direct kernel
+both on the mma.sync path by default; both may take wgmma on sm_90 through tuning (wgrad's
+m-contiguous loss through wgmma's transposed A). A tuning may still choose the direct kernel
 ({"path": "direct"}, without an epilogue), so that autotuning compares them.
 
 A dynamic graph's matmul (a symbolic M, symbolic batch dims; docs/dynamic-shapes.md) reads M
@@ -219,7 +219,7 @@ def _program(
 
 def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedProgram:
     """A convolution gradient: the mma.sync kernel (split-K when the heuristic or tuning says),
-    or the wgmma kernel (dgrad) or the direct kernel when the tuning asks for it."""
+    or the wgmma kernel or the direct kernel when the tuning asks for it."""
     node = problem.node
     path = ctx.tuning.get("path")
     if path == "direct":
@@ -230,7 +230,7 @@ def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedPro
             )
         emit_direct = direct_conv.emit_dgrad if node.op == "conv_dgrad" else direct_conv.emit_wgrad
         return emit_direct(fused, ctx)
-    paths = ("wgmma", "direct") if problem.a_layout == "mk" else ("direct",)
+    paths = ("wgmma", "direct")
     if path is not None and path not in paths:
         raise UnsupportedError(
             f"GEMM tuning {ctx.tuning}: {node.op} takes the mma.sync path or "
@@ -261,10 +261,9 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
         return []
     if problem.block_scaled:
         return ws_candidates(problem, arch)
-    if problem.is_grad:  # mma.sync, wgmma for dgrad; the direct kernel where no epilogue needs the GEMM
+    if problem.is_grad:  # mma.sync, wgmma; the direct kernel where no epilogue needs the GEMM
         direct: list[dict[str, object]] = [] if fused.epilogue else [{"path": "direct"}]
-        wgmma = wgmma_candidates(problem, arch) if problem.a_layout == "mk" else []
-        return _mma_candidates(problem, arch) + wgmma + direct
+        return _mma_candidates(problem, arch) + wgmma_candidates(problem, arch) + direct
     if problem.is_dynamic:  # split-K on the engine only (_check_dynamic)
         every = _mma_candidates(problem, arch) + wgmma_candidates(problem, arch)
         return [c for c in every if "split_k" not in c] + ws_candidates(problem, arch)

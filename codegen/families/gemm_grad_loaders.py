@@ -21,6 +21,15 @@ from graphdnn.ops.conv import ConvMode
 from ..indexing import coordinates
 from .gemm_problem import Problem, pixel_coordinates
 
+# A wgrad's image tile re-reads each pixel once per filter tap in the block's columns (a 3x3
+# filter over 64 channels: 3 taps in 192 columns, their pixels shifted by one): copied through L1.
+WGRAD_IMAGE_THROUGH_L1 = True
+
+
+def image_copy(p: Problem) -> str:
+    """The copy function of ``p``'s gathered B (gemm_loaders.copy_loop): through L1 for a wgrad's image."""
+    return "copy16_l1" if p.node.op == "conv_wgrad" and WGRAD_IMAGE_THROUGH_L1 else "copy16"
+
 
 def a_setup(p: Problem, itype: str, chunks: int, threads: int, lanes: int, first_row: str) -> list[str]:
     """Per-thread precomputation for its A rows (dgrad; a wgrad thread's rows change per tile)."""

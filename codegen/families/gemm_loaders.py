@@ -24,6 +24,15 @@ __device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid
 }
 """
 
+# For operands whose tiles read the same bytes several times (a wgrad's image, once per filter
+# tap): the copy allocates in L1 too, so the repeated reads need not go to L2.
+L1_COPY_PRELUDE = r"""
+// copy16 through L1 (cp.async.ca): for a gathered operand whose chunks repeat across the tile.
+__device__ __forceinline__ void copy16_l1(unsigned dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+"""
+
 
 @dataclass(frozen=True)
 class SmemTiles:
@@ -215,7 +224,8 @@ def _grad_load_tile(
             *b_setup,
         ]
         b_ok = " && ".join([f"kt < {count} && kk < GK && nn < GN", *b_checks])
-        lines += copy_loop(chunks[1], b_setup, b_ok, b, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
+        b_dst = f"{b_smem} + {tiles.n_major}(kr, nc)"
+        lines += copy_loop(chunks[1], b_setup, b_ok, b, b_src, b_dst, aligned, copy=grad.image_copy(p))
     else:
         lines += [
             f"  const int k = {tile} * BK + a_chunk * 8;",
@@ -278,25 +288,29 @@ def copy_loop(
     aligned: str,
     width: int = 8,
     element: str = "T",
+    copy: str = "copy16",
 ) -> list[str]:
     """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes (``width`` elements
-    of C type ``element``) at ``base + src`` to ``dst`` where ``ok``, else zeros."""
+    of C type ``element``) at ``base + src`` to ``dst`` where ``ok``, else zeros; ``copy``: the
+    asynchronous copy function (copy16, or copy16_l1 of :data:`L1_COPY_PRELUDE`)."""
     return [
         "#pragma unroll",
         f"  for (int i = 0; i < {chunks}; ++i) {{",
         *("    " + line for line in setup),
         f"    const bool ok = {ok};",
         f"    const {element}* src = ok ? {base} + {src} : {base};",
-        *_copy_chunk(dst, "src", "ok", aligned, width, element, depth=2),
+        *_copy_chunk(dst, "src", "ok", aligned, width, element, copy, depth=2),
         "  }",
     ]
 
 
-def _copy_chunk(dst: str, src: str, ok: str, aligned: str, width: int, element: str, depth: int) -> list[str]:
+def _copy_chunk(
+    dst: str, src: str, ok: str, aligned: str, width: int, element: str, copy: str, depth: int
+) -> list[str]:
     pad = "  " * depth
     return [
         f"{pad}if ({aligned}) {{",
-        f"{pad}  copy16(smem_addr({dst}), {src}, {ok});",
+        f"{pad}  {copy}(smem_addr({dst}), {src}, {ok});",
         f"{pad}}} else {{  // unaligned pointers: the same 16 bytes, element by element",
         f"{pad}  gd::Vec<{element}, {width}> chunk;",
         "#pragma unroll",

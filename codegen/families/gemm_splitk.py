@@ -32,8 +32,9 @@ MAX_SPLIT = 16
 # few output tiles (K x C*R*S): more slices to fill the GPU, each still long.
 MAX_GRAD_SPLIT = 64
 MIN_SLICE_K = 512  # k per slice at least: 16 mma.sync or 8 wgmma k tiles, to pay for the reduction
-# The reduction kernel's block: one 8-column chunk per thread
-REDUCE_BM, REDUCE_BN, REDUCE_THREADS = 16, 128, 256
+# The reduction kernel's block: one 8-column chunk per thread, BN = 128 columns by up to 16 rows
+REDUCE_BN = 128
+REDUCE_ROWS = (16, 8, 4)
 
 
 @dataclass(frozen=True)
@@ -156,9 +157,19 @@ def partial_chunks(p: Problem, layer: str, staged: Callable[[str], str]) -> list
     ]
 
 
+def reduce_rows(p: Problem, arch: int) -> int:
+    """Rows of the reduction's block tile: 16 (256 threads), fewer for a small output (a wgrad's
+    64 x 576 is 20 blocks of 16 rows), so that it spreads over two waves of the SMs where it can:
+    each thread sums SPLIT partials, and few blocks leave most SMs idle."""
+    blocks = -(-p.n // REDUCE_BN) * math.prod(p.batch)
+    return next((rows for rows in REDUCE_ROWS if -(-p.m // rows) * blocks >= 2 * sm_count(arch)), REDUCE_ROWS[-1])
+
+
 def reduce_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) -> Kernel:
     """The second kernel: per output element, the sum of the slices' partials in slice order
     (bitwise reproducible), then the fused epilogue; one grid layer per batch index."""
+    tile_rows = reduce_rows(p, ctx.arch)
+    threads = tile_rows * REDUCE_BN // 8
     params, names = declare(fused, p)
     params.scratch(PARTIALS, "const float")
     itype = index_type_of(fused, p)
@@ -181,7 +192,7 @@ def reduce_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) ->
         else [f"constexpr int GM = {p.m}, {sizes};"]
     )
     body = [
-        f"constexpr int BM = {REDUCE_BM}, BN = {REDUCE_BN}, THREADS = {REDUCE_THREADS};",
+        f"constexpr int BM = {tile_rows}, BN = {REDUCE_BN}, THREADS = {threads};",
         *rows,
         "const int tid = threadIdx.x;",
         f"const {itype} block_m = ({itype})blockIdx.x * BM;",
@@ -193,9 +204,7 @@ def reduce_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) ->
         ),
         *tile_epilogue(fused, p, names, itype, aligned, fetch),
     ]
-    name, source = kernel_source(
-        ctx, fused, pattern_name(fused) + "_splitk_reduce", params, REDUCE_THREADS, indent(body, 1)
-    )
-    grid = (-(-p.m // REDUCE_BM), -(-p.n // REDUCE_BN), math.prod(p.batch))
-    blocks = dynamic_grid(p, REDUCE_BM)
-    return Kernel(name, source, grid, (REDUCE_THREADS, 1, 1), 0, tuple(params.bindings), alignment=16, blocks=blocks)
+    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_splitk_reduce", params, threads, indent(body, 1))
+    grid = (-(-p.m // tile_rows), -(-p.n // REDUCE_BN), math.prod(p.batch))
+    blocks = dynamic_grid(p, tile_rows)
+    return Kernel(name, source, grid, (threads, 1, 1), 0, tuple(params.bindings), alignment=16, blocks=blocks)
