@@ -168,6 +168,8 @@ def test_wgrad_of_a_long_reduction_splits_k() -> None:
     main, reduce = program.kernels
     assert "_splitk_" in main.name and "_splitk_reduce_" in reduce.name
     assert 16 < main.grid[2] <= 64 and program.scratch  # 5 tiles of 64 x 128: about one wave of slices
+    # The reduction of the small 64 x 576 output: blocks of 4 rows (64 threads), 80 of them, not 20.
+    assert reduce.block[0] == 64 and reduce.grid[:2] == (16, 5)
 
 
 @pytest.mark.parametrize("op", ["dgrad", "wgrad"])

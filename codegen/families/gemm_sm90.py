@@ -61,8 +61,8 @@ WGMMA_HELPERS = r"""
 // K-major tile (A, and k-contiguous B): one 128-byte row per m (n), the 128 bytes of k of the tile.
 __device__ __forceinline__ int swizzle128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
-// N-major tile (n-contiguous B, and m-contiguous A): 64-column blocks one after another, each
-// 64 k rows of 128 bytes (8 KB); `chunk` counts 16-byte chunks along n (m).
+// N-major tile (n-contiguous B): 64-column blocks one after another, each 64 k rows of
+// 128 bytes (8 KB); `chunk` counts 16-byte chunks along n.
 __device__ __forceinline__ int swizzle128_n(int k, int chunk) {
   return (chunk >> 3) * 8192 + k * 128 + (((chunk & 7) ^ (k & 7)) << 4);
 }
@@ -77,7 +77,6 @@ __device__ __forceinline__ int swizzle128_n(int k, int chunk) {
 // within one swizzled row; 16 by convention), stride offset 1024 (the next 8 rows); a step
 // advances the start address by 32 bytes. N-major (transposed B): leading offset 8192 (the next 64
 // columns), stride offset 1024 (the next 8 k rows); a k16 step advances it by 16 rows, 2048 bytes.
-// M-major A (transpose bit) likewise, a warpgroup's 64 rows being one such block.
 __device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned addr, unsigned leading, unsigned stride) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)(leading >> 4) << 16 |
          (unsigned long long)(stride >> 4) << 32 | 1ull << 62;
@@ -222,8 +221,9 @@ def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int) -> None
 
 def _main_loop(a_layout: str, layout: str, a_stage: int, b_stage: int, slices: KSlices, accumulator: str) -> list[str]:
     """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 steps of 32 bytes of k of a tile) in flight."""
-    # Descriptors: (leading, stride) byte offsets and the start-address step of one k step; an
-    # m-contiguous A tile is laid out as an n-contiguous B one (64-row blocks, one per warpgroup).
+    # Descriptors: (leading, stride) byte offsets and the start-address step of one k step. An
+    # m-contiguous A tile (a wgrad's loss, read with wgmma's transpose bit) is laid out as an
+    # n-contiguous B one (swizzle128_n: 64-row blocks of 64 k rows, one block per warpgroup).
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
     a_leading, a_stride, a_step = (16, 1024, 32) if a_layout == "mk" else (8192, 1024, 2048)
     return [
