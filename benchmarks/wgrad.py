@@ -115,6 +115,12 @@ def choices(layer: Layer) -> list[tuple[str, dict[str, object] | None]]:
     return out
 
 
+def fused_name(ir: gd.Graph) -> str:
+    """The name of the fused node holding the conv_wgrad (what a tuning is keyed by)."""
+    (name,) = [f.name for f in fr.fuse(ir, arch=ARCH).nodes if any(n.op == "conv_wgrad" for n in f.nodes)]
+    return name
+
+
 def measure(layer: Layer, selected: list[tuple[str, dict[str, object] | None]], peak: Any) -> list[str]:
     """Markdown rows: each choice checked against torch (fp32, no TF32), then timed."""
     import torch
@@ -134,7 +140,7 @@ def measure(layer: Layer, selected: list[tuple[str, dict[str, object] | None]], 
         padding=layer.pad,
     )
     torch_us = median_us(layer.torch_fn(t), rep_ms=100)
-    (name,) = [f.name for f in fr.fuse(ir, arch=ARCH).nodes if f.anchor is not None and f.anchor.op == "conv_wgrad"]
+    name = fused_name(ir)
     roof = peak.floor_us(layer.bytes, layer.flops)
     rows = []
     for label, choice in selected:
@@ -172,9 +178,7 @@ def main() -> int:
     if args.dry:
         for layer in layers:
             ir = layer.graph().validate()
-            (name,) = [
-                f.name for f in fr.fuse(ir, arch=ARCH).nodes if f.anchor is not None and f.anchor.op == "conv_wgrad"
-            ] or ["-"]
+            name = fused_name(ir)
             for label, choice in choices(layer)[: 1 if args.default else None]:
                 tuning = None if choice is None else {name: choice}
                 plan = gd.compile(ir, arch=ARCH, cache=None, tuning=tuning)
