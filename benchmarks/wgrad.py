@@ -12,6 +12,7 @@ markdown table with the roofline (x and dy read once, dw written; 2*K*C*R*S*N*P*
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,8 +122,11 @@ def fused_name(ir: gd.Graph) -> str:
     return name
 
 
-def measure(layer: Layer, selected: list[tuple[str, dict[str, object] | None]], peak: Any) -> list[str]:
-    """Markdown rows: each choice checked against torch (fp32, no TF32), then timed."""
+def measure(
+    layer: Layer, selected: list[tuple[str, dict[str, object] | None]], peak: Any, profile: bool = False
+) -> list[str]:
+    """Markdown rows: each choice checked against torch (fp32, no TF32), then timed; with
+    ``profile``, each kernel of the fastest choice too."""
     import torch
 
     from benchmarks.measure import median_us
@@ -142,7 +146,8 @@ def measure(layer: Layer, selected: list[tuple[str, dict[str, object] | None]], 
     torch_us = median_us(layer.torch_fn(t), rep_ms=100)
     name = fused_name(ir)
     roof = peak.floor_us(layer.bytes, layer.flops)
-    rows = []
+    rows: list[str] = []
+    fastest: tuple[float, str, Any] = (math.inf, "", None)
     for label, choice in selected:
         try:
             plan = gd.compile(graph, cache=None) if choice is None else gd.compile(graph, tuning={name: choice})
@@ -155,6 +160,7 @@ def measure(layer: Layer, selected: list[tuple[str, dict[str, object] | None]], 
             if not error <= 1e-2:
                 raise AssertionError(f"relative error {error:.3g}")
             us = median_us(bound, rep_ms=100)
+            fastest = min(fastest, (us, label, plan), key=lambda f: f[0])
             grids = " + ".join(f"{k.name.removeprefix('gd_').rsplit('_', 1)[0]} {list(k.grid)}" for k in plan.kernels)
             rows.append(
                 f"| {layer.name} | {label} | {grids} | {us:.1f} | {layer.flops / us / 1e6:.0f} | "
@@ -165,7 +171,31 @@ def measure(layer: Layer, selected: list[tuple[str, dict[str, object] | None]], 
                 f"| {layer.name} | {label} | failed: {type(error).__name__}: {str(error)[:160]} |  |  |  |  |  |"
             )
         print(rows[-1], flush=True)
+    if profile and fastest[2] is not None:
+        rows.append(f"| {layer.name} | {fastest[1]}: per kernel | {kernel_times(fastest[2].bind({**t, 'dw': dw}))} |")
+        print(rows[-1], flush=True)
     return rows
+
+
+def _device_us(event: Any) -> float:
+    """A profiler average's total device time (µs): ``device_time_total``, ``cuda_time_total`` before torch 2.4."""
+    total = getattr(event, "device_time_total", None)
+    return float(total if total is not None else event.cuda_time_total)
+
+
+def kernel_times(bound: Callable[[], Any], runs: int = 20) -> str:
+    """Each kernel's mean GPU time over ``runs`` calls (torch.profiler: CUPTI sees every launch)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    bound()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            bound()
+        torch.cuda.synchronize()
+    found = [e for e in prof.key_averages() if e.key.startswith("gd_") and e.count]
+    return ", ".join(f"{e.key.removeprefix('gd_').rsplit('_', 1)[0]} {_device_us(e) / e.count:.1f} µs" for e in found)
 
 
 def main() -> int:
@@ -173,6 +203,7 @@ def main() -> int:
     parser.add_argument("--only", default="", help="layers whose name contains this text")
     parser.add_argument("--default", action="store_true", help="time the default plans only")
     parser.add_argument("--dry", action="store_true", help="build every choice for sm_90 without a GPU; time nothing")
+    parser.add_argument("--profile", action="store_true", help="time each kernel of the fastest choice too")
     args = parser.parse_args()
     layers = [x for x in LAYERS if args.only in x.name]
     if args.dry:
@@ -194,7 +225,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for layer in layers:
         selected = choices(layer)
-        measure(layer, selected[:1] if args.default else selected, peak)
+        measure(layer, selected[:1] if args.default else selected, peak, args.profile)
     return 0
 
 
