@@ -95,19 +95,20 @@ LAYERS = [
 
 def choices(layer: Layer) -> list[tuple[str, dict[str, object] | None]]:
     """The default plan, then wgmma tiles (64 rows where M is that short; 192 columns where N is
-    a multiple of 192 but not of 256) with K slices for one wave of blocks (4 stages, and the
-    most one block per SM holds) and two waves (3 stages: two blocks per SM)."""
+    a multiple of 192 but not of 256) with K slices for one wave of blocks (4 stages; 6 for a
+    64-column tile, whose k tiles are small) and for two (3 stages: two blocks per SM), and
+    three for 64-row tiles."""
     m, n, k = layer.gemm
     if layer.c % 8:
         return [("default", None)]
     sms = sm_count(ARCH)
     bm = 64 if m <= 64 else 128
-    widths = [64] if n <= 64 else [128, 256] + ([192] if n % 192 == 0 and n % 256 else [])
+    widths = [64] if n <= 64 else [192, 128] if n % 192 == 0 and n % 256 else [128, 256]
     out: list[tuple[str, dict[str, object] | None]] = [("default", None)]
     for bn in widths:
         tiles = -(-m // bm) * -(-n // bn)
-        deep = 6 if 6 * (bm + bn) * 128 + 1024 <= 227 * 1024 else 4  # as many stages as one block per SM holds
-        for stages, waves in sorted({(4, 1), (deep, 1), (3, 2)}):
+        shapes = [(4, 1), (3, 2)] + ([(6, 1)] if bn == 64 else []) + ([(3, 3)] if bm == 64 else [])
+        for stages, waves in shapes:
             split = max(1, min(-(-waves * sms // tiles), k // (4 * 64)))
             choice: dict[str, object] = {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages}
             if split > 1:
@@ -143,7 +144,7 @@ def measure(
         stride=layer.stride,
         padding=layer.pad,
     )
-    torch_us = median_us(layer.torch_fn(t), rep_ms=100)
+    torch_first = torch_us = median_us(layer.torch_fn(t), rep_ms=100)
     name = fused_name(ir)
     roof = peak.floor_us(layer.bytes, layer.flops)
     rows: list[str] = []
@@ -171,6 +172,10 @@ def measure(
                 f"| {layer.name} | {label} | failed: {type(error).__name__}: {str(error)[:160]} |  |  |  |  |  |"
             )
         print(rows[-1], flush=True)
+    # torch's time varied by up to 2x between runs (H200): timed again after graphdnn's, both shown
+    torch_last = median_us(layer.torch_fn(t), rep_ms=100)
+    rows.append(f"| {layer.name} | torch (cuDNN) |  |  |  |  | {torch_first:.1f} before, {torch_last:.1f} after |  |")
+    print(rows[-1], flush=True)
     if profile and fastest[2] is not None:
         rows.append(f"| {layer.name} | {fastest[1]}: per kernel | {kernel_times(fastest[2].bind({**t, 'dw': dw}))} |")
         print(rows[-1], flush=True)

@@ -25,7 +25,6 @@ inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned cha
 inline void copy16(unsigned dst, const void* src, bool valid) {
   if (valid) std::memcpy(smem + dst, src, 16); else std::memset(smem + dst, 0, 16);
 }
-inline void copy16_l1(unsigned dst, const void* src, bool valid) { copy16(dst, src, valid); }
 inline unsigned short smem_b16(unsigned addr, int element) {
   unsigned short v; std::memcpy(&v, smem + addr + 2 * element, 2); return v;
 }

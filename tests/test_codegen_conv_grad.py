@@ -111,8 +111,9 @@ def emitted(graph: gd.OperationGraphSpec, arch: int = 90, choice: dict[str, obje
 def test_fitting_gradients_take_the_tensor_core_gemm(op: str, arch: int) -> None:
     fused = gemm_fused(Grad(op=op).build(), arch)
     assert fused.family is fr.Family.GEMM and fused.rule == f"conv_{op}_gemm"
-    (kernel,) = emitted(Grad(op=op).build(), arch).kernels
-    assert kernel.name.startswith(f"gd_conv_{op}_mma_") and kernel.block[0] >= 64
+    kernel = emitted(Grad(op=op).build(), arch).kernels[0]
+    path = "wgmma" if (op, arch) == ("wgrad", 90) else "mma"  # a wgrad's default on sm_90: gemm_wgrad.py
+    assert kernel.name.startswith(f"gd_conv_{op}_{path}_") and kernel.block[0] >= 64
 
 
 def test_dgrad_epilogues_fuse_into_the_gemm() -> None:
@@ -164,12 +165,27 @@ def test_k_contiguous_filter_takes_the_gemm() -> None:
 
 def test_wgrad_of_a_long_reduction_splits_k() -> None:
     spec = Grad(op="wgrad", n=32, c=64, k=64, hw=(56, 56))  # 64 x 576 outputs, K = 32*56*56
-    program = emitted(spec.build(), 90)
+    program = emitted(spec.build(), 80)
     main, reduce = program.kernels
-    assert "_splitk_" in main.name and "_splitk_reduce_" in reduce.name
+    assert "_mma_splitk_" in main.name and "_splitk_reduce_" in reduce.name
     assert 16 < main.grid[2] <= 64 and program.scratch  # 5 tiles of 64 x 128: about one wave of slices
-    # The reduction of the small 64 x 576 output: blocks of 4 rows (64 threads), 80 of them, not 20.
-    assert reduce.block[0] == 64 and reduce.grid[:2] == (16, 5)
+    # The reduction of the small 64 x 576 output over 22 slices: 8 slice groups of 3 (reduce_groups),
+    # so blocks of 2 rows x 128 columns by 8 groups, 160 of them (one group: 20 blocks of 16 rows).
+    assert main.grid[2] == 22 and reduce.block[0] == 256 and reduce.grid[:2] == (32, 5)
+    assert "GROUPS = 8" in reduce.source
+
+
+def test_wgrad_takes_wgmma_on_sm90() -> None:
+    """gemm_wgrad.default_choice: 64 x 192 tiles (none wasted over N = 576), 3 stages, slices for
+    two waves; 128 x 64 tiles for a 1x1 64 -> 256, 6 stages, slices for one wave."""
+    main, reduce = emitted(Grad(op="wgrad", n=32, c=64, k=64, hw=(56, 56)).build(), 90).kernels
+    assert "_wgmma_splitk_" in main.name and main.grid == (1, 3, 88) and main.block == (128, 1, 1)
+    assert "STAGES = 3" in main.source and "_splitk_reduce_" in reduce.name
+    one_by_one = Grad(op="wgrad", n=32, c=64, k=256, hw=(56, 56), filt=(1, 1), pre=(0, 0), post=(0, 0))
+    main = emitted(one_by_one.build(), 90).kernels[0]
+    assert main.grid == (2, 1, 66) and main.block == (256, 1, 1) and "STAGES = 6" in main.source
+    (small,) = emitted(Grad(op="wgrad").build(), 90).kernels  # K = 2*9*7: one k tile, no split
+    assert "_wgmma_" in small.name and "splitk" not in small.name
 
 
 @pytest.mark.parametrize("op", ["dgrad", "wgrad"])
@@ -295,7 +311,8 @@ def test_gradient_matches_reference_on_gpu(case: str) -> None:
     # sqrt(K) * 2^-24 relative to a sum of random signs, past the 2e-5 of an elementwise fp32 output.
     tolerance = 1e-4 if spec.op == "wgrad" else None
     plan = check_on_gpu(spec.build(), seed=zlib.crc32(case.encode()), tolerance=tolerance)
-    assert any("_mma_" in kernel.name for kernel in plan.kernels), "the gradient did not take the tensor cores"
+    tensor_cores = ("_mma_", "_wgmma_")
+    assert any(p in k.name for k in plan.kernels for p in tensor_cores), "the gradient did not take the tensor cores"
 
 
 @pytest.mark.gpu

@@ -30,8 +30,9 @@ kernels (gemm_weight_only.py).
 Convolution gradients come here only when they fit the tensor cores (the fusion rules ask
 fusion_rules/conv_grad_gemm.py; the others stay in the direct family): dgrad as an implicit
 GEMM over the loss, wgrad as a GEMM over N*P*Q, usually with split-K (few output tiles, long K),
-both on the mma.sync path by default; both may take wgmma on sm_90 through tuning (wgrad's
-m-contiguous loss through wgmma's transposed A). A tuning may still choose the direct kernel
+dgrad on the mma.sync path by default (wgmma on sm_90 through tuning), wgrad on it on sm_80 and
+on the wgmma path on sm_90 (its m-contiguous loss through wgmma's transposed A; gemm_wgrad.py
+says which tile). A tuning may still choose the direct kernel
 ({"path": "direct"}, without an epilogue), so that autotuning compares them.
 
 A dynamic graph's matmul (a symbolic M, symbolic batch dims; docs/dynamic-shapes.md) reads M
@@ -68,6 +69,7 @@ from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
 from .gemm_sm90 import wgmma_kernel
 from .gemm_splitk import output_tiles, reduce_kernel, scratch, split_choices, tuned_split
+from .gemm_wgrad import default_choice as default_wgrad
 from .gemm_ws import candidates as ws_candidates
 from .gemm_ws import default_choice as default_ws
 from .gemm_ws import ws_kernel, ws_split
@@ -219,7 +221,8 @@ def _program(
 
 def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedProgram:
     """A convolution gradient: the mma.sync kernel (split-K when the heuristic or tuning says),
-    or the wgmma kernel or the direct kernel when the tuning asks for it."""
+    or the wgmma kernel (a wgrad's default on sm_90, gemm_wgrad.py) or the direct kernel when
+    the tuning asks for it."""
     node = problem.node
     path = ctx.tuning.get("path")
     if path == "direct":
@@ -240,6 +243,9 @@ def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedPro
     reason = refusal(node)
     if reason is not None:
         raise UnsupportedError(f"{node.op} cannot take the tensor-core GEMM: {reason}", node=node.name)
+    default = None if ctx.tuning else default_wgrad(problem, ctx.arch)
+    if default is not None:
+        ctx, path = dataclasses.replace(ctx, tuning=default), "wgmma"
     if path == "wgmma":
         split = tuned_split(ctx, problem) or 1
         return _program(fused, ctx, problem, wgmma_kernel(fused, ctx, problem, split), split)

@@ -18,11 +18,9 @@ from fusion_rules import FusedNode
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..indexing import c_extent
 from ..kernel import Kernel
-from . import gemm_grad_loaders as grad
 from .gemm_epilogue import staged_epilogue
 from .gemm_loaders import (
     ASYNC_COPY_PRELUDE,
-    L1_COPY_PRELUDE,
     SmemTiles,
     a_loader_setup,
     b_loader_setup,
@@ -161,8 +159,7 @@ class TensorCoreBlock:
         the path's ``device_functions`` before it; one block per output tile, batch index and K slice."""
         s, p, split = self.shape, self.p, self.slices.split
         pattern = pattern_name(self.fused) + path + ("_splitk" if split > 1 else "")
-        l1 = L1_COPY_PRELUDE if grad.image_copy(p) == "copy16_l1" else ""
-        functions = ASYNC_COPY_PRELUDE + l1 + device_functions
+        functions = ASYNC_COPY_PRELUDE + device_functions
         name, source = kernel_source(
             ctx, self.fused, pattern, self.params, s.threads, indent(body, 1), device_functions=functions
         )

@@ -21,15 +21,6 @@ from graphdnn.ops.conv import ConvMode
 from ..indexing import coordinates
 from .gemm_problem import Problem, pixel_coordinates
 
-# A wgrad's image tile re-reads each pixel once per filter tap in the block's columns (a 3x3
-# filter over 64 channels: 3 taps in 192 columns, their pixels shifted by one): copied through L1.
-WGRAD_IMAGE_THROUGH_L1 = True
-
-
-def image_copy(p: Problem) -> str:
-    """The copy function of ``p``'s gathered B (gemm_loaders.copy_loop): through L1 for a wgrad's image."""
-    return "copy16_l1" if p.node.op == "conv_wgrad" and WGRAD_IMAGE_THROUGH_L1 else "copy16"
-
 
 def a_setup(p: Problem, itype: str, chunks: int, threads: int, lanes: int, first_row: str) -> list[str]:
     """Per-thread precomputation for its A rows (dgrad; a wgrad thread's rows change per tile)."""
@@ -112,12 +103,14 @@ def wgrad_k(p: Problem, k: str) -> list[str]:
     return coordinates(k, dims, range(len(dims)), "q", "int")
 
 
-def wgrad_b(p: Problem, itype: str) -> tuple[list[str], list[str], str]:
-    """(setup, checks, source offset) of an image chunk at loss coordinates q0.. and dw column
-    ``nn``: taps g0.. and first channel g{spatial}."""
+def wgrad_b(p: Problem, itype: str) -> tuple[list[str], list[str], list[str], str]:
+    """(tap setup, pixel setup, checks, source offset) of an image chunk at loss coordinates
+    q0.. and dw column ``nn``: the tap setup finds taps g0.. and first channel g{spatial} from
+    ``nn`` alone (the same in every k tile), the pixel setup the image coordinates h0..."""
     spatial = len(p.out.dim) - 2
     filt = p.out.static_dim
-    setup = coordinates("nn", (*filt[2:], filt[1]), range(len(filt) - 1), "g", "int")
+    taps = coordinates("nn", (*filt[2:], filt[1]), range(len(filt) - 1), "g", "int")
+    setup: list[str] = []
     checks, terms = [], [f"({itype})q0 * {p.b.stride[0]}"]
     for axis in range(spatial):
         tap = filter_tap(p, axis, f"g{axis}")
@@ -126,7 +119,7 @@ def wgrad_b(p: Problem, itype: str) -> tuple[list[str], list[str], str]:
         )
         checks.append(f"(unsigned)h{axis} < {p.b.static_dim[axis + 2]}u")
         terms.append(f"({itype})h{axis} * {p.b.stride[axis + 2]}")
-    return setup, checks, f"{' + '.join(terms)} + g{spatial}"
+    return taps, setup, checks, f"{' + '.join(terms)} + g{spatial}"
 
 
 def wgrad_a_offset(p: Problem, itype: str) -> str:

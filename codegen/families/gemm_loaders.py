@@ -24,15 +24,6 @@ __device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid
 }
 """
 
-# For operands whose tiles read the same bytes several times (a wgrad's image, once per filter
-# tap): the copy allocates in L1 too, so the repeated reads need not go to L2.
-L1_COPY_PRELUDE = r"""
-// copy16 through L1 (cp.async.ca): for a gathered operand whose chunks repeat across the tile.
-__device__ __forceinline__ void copy16_l1(unsigned dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-"""
-
 
 @dataclass(frozen=True)
 class SmemTiles:
@@ -215,17 +206,7 @@ def _grad_load_tile(
         lines += copy_loop(
             chunks[0], a_setup, a_ok, dy, grad.wgrad_a_offset(p, itype), f"{a_smem} + {tiles.m_major}(kr, mc)", aligned
         )
-        b_setup, b_checks, b_src = grad.wgrad_b(p, itype)
-        b_setup = [
-            "const int id = tid + i * THREADS;",
-            "const int kr = id / (BN / 8), nc = id % (BN / 8);",
-            f"const int kk = {tile} * BK + kr, nn = block_n + nc * 8;",
-            *grad.wgrad_k(p, "kk"),
-            *b_setup,
-        ]
-        b_ok = " && ".join([f"kt < {count} && kk < GK && nn < GN", *b_checks])
-        b_dst = f"{b_smem} + {tiles.n_major}(kr, nc)"
-        lines += copy_loop(chunks[1], b_setup, b_ok, b, b_src, b_dst, aligned, copy=grad.image_copy(p))
+        lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
     else:
         lines += [
             f"  const int k = {tile} * BK + a_chunk * 8;",
@@ -260,6 +241,36 @@ def _grad_load_tile(
     return lines
 
 
+def _wgrad_image_rows(
+    p: Problem, b: str, itype: str, b_smem: str, aligned: str, tiles: SmemTiles, slices: KSlices
+) -> list[str]:
+    """A wgrad's image tile [BK][BN], 8 threads per k row, each copying chunks tid % 8 + 8j of
+    its rows: a row's pixel coordinates are found once for its BN / 64 chunks (not once per
+    chunk), and a chunk's taps (from its column alone) are the same in every k tile; 8
+    consecutive threads copy 128 contiguous bytes."""
+    taps, pixel, checks, src = grad.wgrad_b(p, itype)
+    tile, count = slices.tile("kt"), slices.count
+    dst = f"{b_smem} + {tiles.n_major}(kr, nc)"
+    return [
+        '  static_assert(BN % 64 == 0 && BK * 8 % THREADS == 0, "8 threads a k row, 8 chunks apart");',
+        "#pragma unroll",
+        "  for (int i = 0; i < BK * 8 / THREADS; ++i) {  // k rows tid/8 + i * THREADS/8",
+        "    const int kr = (tid >> 3) + i * (THREADS / 8);",
+        f"    const int kk = {tile} * BK + kr;",
+        *("    " + line for line in grad.wgrad_k(p, "kk")),
+        f"    const bool k_ok = kt < {count} && kk < GK;",
+        "#pragma unroll",
+        "    for (int j = 0; j < BN / 64; ++j) {",
+        "      const int nc = (tid & 7) + 8 * j, nn = block_n + nc * 8;",
+        *("      " + line for line in taps + pixel),
+        f"      const bool ok = {' && '.join(['k_ok && nn < GN', *checks])};",
+        f"      const T* src = ok ? {b} + {src} : {b};",
+        *_copy_chunk(dst, "src", "ok", aligned, 8, "T", depth=3),
+        "    }",
+        "  }",
+    ]
+
+
 def element_types(p: Problem) -> list[str]:
     """The C type aliases the loaders copy: ``T`` for A, and ``TB`` for B where its type differs
     (fp8 e4m3 by e5m2)."""
@@ -288,29 +299,25 @@ def copy_loop(
     aligned: str,
     width: int = 8,
     element: str = "T",
-    copy: str = "copy16",
 ) -> list[str]:
     """Each of a thread's ``chunks`` chunks i: after ``setup``, the 16 bytes (``width`` elements
-    of C type ``element``) at ``base + src`` to ``dst`` where ``ok``, else zeros; ``copy``: the
-    asynchronous copy function (copy16, or copy16_l1 of :data:`L1_COPY_PRELUDE`)."""
+    of C type ``element``) at ``base + src`` to ``dst`` where ``ok``, else zeros."""
     return [
         "#pragma unroll",
         f"  for (int i = 0; i < {chunks}; ++i) {{",
         *("    " + line for line in setup),
         f"    const bool ok = {ok};",
         f"    const {element}* src = ok ? {base} + {src} : {base};",
-        *_copy_chunk(dst, "src", "ok", aligned, width, element, copy, depth=2),
+        *_copy_chunk(dst, "src", "ok", aligned, width, element, depth=2),
         "  }",
     ]
 
 
-def _copy_chunk(
-    dst: str, src: str, ok: str, aligned: str, width: int, element: str, copy: str, depth: int
-) -> list[str]:
+def _copy_chunk(dst: str, src: str, ok: str, aligned: str, width: int, element: str, depth: int) -> list[str]:
     pad = "  " * depth
     return [
         f"{pad}if ({aligned}) {{",
-        f"{pad}  {copy}(smem_addr({dst}), {src}, {ok});",
+        f"{pad}  copy16(smem_addr({dst}), {src}, {ok});",
         f"{pad}}} else {{  // unaligned pointers: the same 16 bytes, element by element",
         f"{pad}  gd::Vec<{element}, {width}> chunk;",
         "#pragma unroll",
