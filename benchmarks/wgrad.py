@@ -105,6 +105,12 @@ def choices(layer: Layer) -> list[tuple[str, dict[str, object] | None]]:
     bm = 64 if m <= 64 else 128
     widths = [64] if n <= 64 else [192, 128] if n % 192 == 0 and n % 256 else [128, 256]
     out: list[tuple[str, dict[str, object] | None]] = [("default", None)]
+    # mma.sync as its heuristic (sm_80's default, gemm_mma.tile_config) picks it for sm_90
+    mma_m, mma_n = (64 if m <= 64 else 128), (64 if n <= 64 else 128)
+    mma_split = max(1, min(-(-sms // (-(-m // mma_m) * -(-n // mma_n))), k // 512, 64))
+    mma_stages = 3 if (mma_m, mma_n) == (128, 128) else 4
+    mma = {"block_m": mma_m, "block_n": mma_n, "stages": mma_stages, "split_k": mma_split}
+    out.append((f"mma.sync {mma_m}x{mma_n}x{mma_stages} split {mma_split}", mma))
     for bn in widths:
         tiles = -(-m // bm) * -(-n // bn)
         shapes = [(4, 1), (3, 2)] + ([(6, 1)] if bn == 64 else []) + ([(3, 3)] if bm == 64 else [])
