@@ -181,6 +181,7 @@ def test_wgrad_takes_wgmma_on_sm90() -> None:
     main, reduce = emitted(Grad(op="wgrad", n=32, c=64, k=64, hw=(56, 56)).build(), 90).kernels
     assert "_wgmma_splitk_" in main.name and main.grid == (1, 3, 88) and main.block == (128, 1, 1)
     assert "STAGES = 3" in main.source and "_splitk_reduce_" in reduce.name
+    assert "(int)kk * 64 + m" in main.source  # the packed loss addressed from k directly
     one_by_one = Grad(op="wgrad", n=32, c=64, k=256, hw=(56, 56), filt=(1, 1), pre=(0, 0), post=(0, 0))
     main = emitted(one_by_one.build(), 90).kernels[0]
     assert main.grid == (2, 1, 66) and main.block == (256, 1, 1) and "STAGES = 6" in main.source
@@ -407,6 +408,20 @@ EMULATED: dict[str, tuple[Grad, dict[str, object] | None]] = {
 def test_mma_kernels_match_reference_on_the_cpu(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     spec, choice = EMULATED[case]
     emulate(spec.build(), choice, tmp_path_factory)
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+def test_wgrad_of_a_loss_with_padded_rows_on_the_cpu(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A loss whose rows are 10 pixels apart for 9 (a view): its pixels are no single run, so the
+    loader finds each one's coordinates (a packed loss is addressed from k directly)."""
+    g = gd.OperationGraphSpec(name="conv_wgrad_padded_loss", io_data_type="half")
+    x = g.tensor(name="x", dim=[2, 16, 7, 9], stride=gd.nhwc_strides([2, 16, 7, 9]))
+    dy = g.tensor(name="dy", dim=[2, 24, 7, 9], stride=[7 * 10 * 24, 1, 10 * 24, 24])
+    dw = g.conv_wgrad(image=x, loss=dy, padding=[1, 1], filter_dim=[24, 16, 3, 3])
+    dw.set_name("dw").set_output(True).set_data_type("float")
+    source = emitted(g, 80).kernels[0].source
+    assert "q1 * 240" in source and "kk * 24" not in source
+    emulate(g, {"block_m": 64, "block_n": 64, "stages": 4, "split_k": 2}, tmp_path_factory)
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")

@@ -122,9 +122,13 @@ def wgrad_b(p: Problem, itype: str) -> tuple[list[str], list[str], list[str], st
     return taps, setup, checks, f"{' + '.join(terms)} + g{spatial}"
 
 
-def wgrad_a_offset(p: Problem, itype: str) -> str:
-    """The loss offset of coordinates q0.. and first output channel ``m``."""
-    spatial = len(p.out.dim) - 2
-    terms = [f"({itype})q0 * {p.a.stride[0]}"]
-    terms += [f"({itype})q{axis + 1} * {p.a.stride[axis + 2]}" for axis in range(spatial)]
-    return f"{' + '.join(terms)} + m"
+def wgrad_a(p: Problem, itype: str) -> tuple[list[str], str]:
+    """(setup, source offset) of the loss chunk at k ``kk`` and first output channel ``m``. A loss
+    whose pixels (n, p, q...) are one row-major run of equal steps (packed NHWC) is addressed
+    from ``kk`` directly, without finding its coordinates."""
+    dims = (p.a.static_dim[0], *p.a.static_dim[2:])
+    strides = (p.a.static_stride[0], *p.a.static_stride[2:])
+    if all(strides[i] == strides[i + 1] * dims[i + 1] for i in range(len(dims) - 1)):
+        return [], f"({itype})kk * {strides[-1]} + m"
+    terms = [f"({itype})q{axis} * {stride}" for axis, stride in enumerate(strides)]
+    return wgrad_k(p, "kk"), f"{' + '.join(terms)} + m"

@@ -195,17 +195,16 @@ def _grad_load_tile(
     k_major_chunk = f"{tiles.k_major}({_thread_row(tiles)} + i * (THREADS / {tiles.lanes}), a_chunk)"
     lines = ["auto load_tile = [&](int stage, int kt) {"]
     if p.node.op == "conv_wgrad":
+        a_pixel, a_src = grad.wgrad_a(p, itype)
         a_setup = [
             "const int id = tid + i * THREADS;",
             "const int kr = id / (BM / 8), mc = id % (BM / 8);",
             f"const int kk = {tile} * BK + kr;",
             f"const {itype} m = block_m + mc * 8;",
-            *grad.wgrad_k(p, "kk"),
+            *a_pixel,
         ]
         a_ok = f"kt < {count} && kk < GK && m < GM"
-        lines += copy_loop(
-            chunks[0], a_setup, a_ok, dy, grad.wgrad_a_offset(p, itype), f"{a_smem} + {tiles.m_major}(kr, mc)", aligned
-        )
+        lines += copy_loop(chunks[0], a_setup, a_ok, dy, a_src, f"{a_smem} + {tiles.m_major}(kr, mc)", aligned)
         lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
     else:
         lines += [
