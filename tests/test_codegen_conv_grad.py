@@ -176,15 +176,19 @@ def test_wgrad_of_a_long_reduction_splits_k() -> None:
 
 
 def test_wgrad_takes_wgmma_on_sm90() -> None:
-    """gemm_wgrad.default_choice: 64 x 192 tiles (none wasted over N = 576), 3 stages, slices for
-    two waves; 128 x 64 tiles for a 1x1 64 -> 256, 6 stages, slices for one wave."""
+    """gemm_wgrad.default_choice: 64 x 128 tiles, 3 stages, slices for three waves (three blocks
+    per SM); 128 x 64 tiles for a 1x1 64 -> 256, 6 stages, slices for one wave; 128 x 192 tiles
+    for a 3x3 over 128 channels (N = 1152, six tiles)."""
     main, reduce = emitted(Grad(op="wgrad", n=32, c=64, k=64, hw=(56, 56)).build(), 90).kernels
-    assert "_wgmma_splitk_" in main.name and main.grid == (1, 3, 88) and main.block == (128, 1, 1)
+    assert "_wgmma_splitk_" in main.name and main.grid == (1, 5, 80) and main.block == (128, 1, 1)
     assert "STAGES = 3" in main.source and "_splitk_reduce_" in reduce.name
     assert "(int)kk * 64 + m" in main.source  # the packed loss addressed from k directly
     one_by_one = Grad(op="wgrad", n=32, c=64, k=256, hw=(56, 56), filt=(1, 1), pre=(0, 0), post=(0, 0))
     main = emitted(one_by_one.build(), 90).kernels[0]
     assert main.grid == (2, 1, 66) and main.block == (256, 1, 1) and "STAGES = 6" in main.source
+    wide = Grad(op="wgrad", n=32, c=128, k=128, hw=(28, 28))
+    main = emitted(wide.build(), 90).kernels[0]
+    assert main.grid == (1, 6, 22) and main.block == (256, 1, 1) and "STAGES = 4" in main.source
     (small,) = emitted(Grad(op="wgrad").build(), 90).kernels  # K = 2*9*7: one k tile, no split
     assert "_wgmma_" in small.name and "splitk" not in small.name
 
