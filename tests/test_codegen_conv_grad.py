@@ -201,6 +201,8 @@ def test_candidates_cover_tiles_split_k_and_the_direct_kernel(op: str) -> None:
     assert not any(c.get("path") == "ws" for c in choices)
     assert any(c.get("path") == "wgmma" for c in choices)  # wgrad's m-contiguous loss: wgmma's transposed A
     assert any(c.get("block_n") == 192 for c in choices) == (op == "wgrad")  # N = 3 * 3 * 64 = 3 * 192
+    wgrad_default = {"path": "wgmma", "block_m": 64, "block_n": 128, "stages": 3, "split_k": 80}
+    assert (wgrad_default in choices) == (op == "wgrad")  # autotuning times the default too
     assert not any(c.get("path") == "wgmma" for c in candidates(gemm_fused(spec.build(), 80), 80))
     assert any("split_k" in c for c in choices) == (op == "wgrad")
     direct = emitted(spec.build(), 90, {"path": "direct"})

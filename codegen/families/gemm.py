@@ -257,8 +257,8 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     """Launch choices the runtime may time on the GPU (autotuning); empty on the SIMT path.
     The mma.sync tiles (no "path" key) and, for problems with few output tiles, their split-K
     variants ("split_k"), then on sm_90 the wgmma ones ({"path": "wgmma", ...}); for a
-    convolution gradient the mma.sync ones, wgmma ones for dgrad, and the direct kernel
-    ({"path": "direct"})."""
+    convolution gradient the mma.sync and wgmma ones (with a wgrad's sm_90 default,
+    gemm_wgrad.py), and the direct kernel ({"path": "direct"})."""
     assert fused.anchor is not None
     if is_weight_only(fused.anchor):
         return weight_only.candidates(fused.anchor)
@@ -267,9 +267,11 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
         return []
     if problem.block_scaled:
         return ws_candidates(problem, arch)
-    if problem.is_grad:  # mma.sync, wgmma; the direct kernel where no epilogue needs the GEMM
+    if problem.is_grad:  # mma.sync, wgmma (a wgrad's default among them); the direct kernel without an epilogue
         direct: list[dict[str, object]] = [] if fused.epilogue else [{"path": "direct"}]
-        return _mma_candidates(problem, arch) + wgmma_candidates(problem, arch) + direct
+        wgmma = wgmma_candidates(problem, arch)
+        default = default_wgrad(problem, arch)
+        return _mma_candidates(problem, arch) + wgmma + ([default] if default and default not in wgmma else []) + direct
     if problem.is_dynamic:  # split-K on the engine only (_check_dynamic)
         every = _mma_candidates(problem, arch) + wgmma_candidates(problem, arch)
         return [c for c in every if "split_k" not in c] + ws_candidates(problem, arch)
