@@ -86,6 +86,15 @@ def test_the_conv_backward_cases_build_on_the_tensor_core_gemm() -> None:
     assert all(("1 kernel(s)" if "dgrad" in line else "2 kernel(s)") in line for line in lines), lines
 
 
+def test_the_wgrad_benchmark_builds_its_default_plans() -> None:
+    """benchmarks/wgrad.py --dry: the stride-2 1x1 downsample's default plan on sm_90, the wgmma
+    slices and their reduction."""
+    result = _benchmark("wgrad.py", "--dry", "--default", "--only", "s2 wgrad 256")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (line,) = result.stdout.splitlines()
+    assert "| default |" in line and "_wgmma_splitk_" in line and "_splitk_reduce_" in line
+
+
 def test_the_8bit_gemm_benchmark_plans_take_the_engine() -> None:
     """fp8 (per-tensor and row / column scales, block-scaled and MXFP8 as a matmul and as
     dequantize -> matmul) and int8 at 4096³ and 8192³: one warp-specialised kernel each, the

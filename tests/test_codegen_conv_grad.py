@@ -111,8 +111,9 @@ def emitted(graph: gd.OperationGraphSpec, arch: int = 90, choice: dict[str, obje
 def test_fitting_gradients_take_the_tensor_core_gemm(op: str, arch: int) -> None:
     fused = gemm_fused(Grad(op=op).build(), arch)
     assert fused.family is fr.Family.GEMM and fused.rule == f"conv_{op}_gemm"
-    (kernel,) = emitted(Grad(op=op).build(), arch).kernels
-    assert kernel.name.startswith(f"gd_conv_{op}_mma_") and kernel.block[0] >= 64
+    kernel = emitted(Grad(op=op).build(), arch).kernels[0]
+    path = "wgmma" if (op, arch) == ("wgrad", 90) else "mma"  # a wgrad's default on sm_90: gemm_wgrad.py
+    assert kernel.name.startswith(f"gd_conv_{op}_{path}_") and kernel.block[0] >= 64
 
 
 def test_dgrad_epilogues_fuse_into_the_gemm() -> None:
@@ -164,10 +165,32 @@ def test_k_contiguous_filter_takes_the_gemm() -> None:
 
 def test_wgrad_of_a_long_reduction_splits_k() -> None:
     spec = Grad(op="wgrad", n=32, c=64, k=64, hw=(56, 56))  # 64 x 576 outputs, K = 32*56*56
-    program = emitted(spec.build(), 90)
+    program = emitted(spec.build(), 80)
     main, reduce = program.kernels
-    assert "_splitk_" in main.name and "_splitk_reduce_" in reduce.name
+    assert "_mma_splitk_" in main.name and "_splitk_reduce_" in reduce.name
     assert 16 < main.grid[2] <= 64 and program.scratch  # 5 tiles of 64 x 128: about one wave of slices
+    # The reduction of the small 64 x 576 output over 22 slices: 8 slice groups of 3 (reduce_groups),
+    # so blocks of 2 rows x 128 columns by 8 groups, 160 of them (one group: 20 blocks of 16 rows).
+    assert main.grid[2] == 22 and reduce.block[0] == 256 and reduce.grid[:2] == (32, 5)
+    assert "GROUPS = 8" in reduce.source
+
+
+def test_wgrad_takes_wgmma_on_sm90() -> None:
+    """gemm_wgrad.default_choice: 64 x 128 tiles, 3 stages, slices for three waves (three blocks
+    per SM); 128 x 64 tiles for a 1x1 64 -> 256, 6 stages, slices for one wave; 128 x 192 tiles
+    for a 3x3 over 128 channels (N = 1152, six tiles)."""
+    main, reduce = emitted(Grad(op="wgrad", n=32, c=64, k=64, hw=(56, 56)).build(), 90).kernels
+    assert "_wgmma_splitk_" in main.name and main.grid == (1, 5, 80) and main.block == (128, 1, 1)
+    assert "STAGES = 3" in main.source and "_splitk_reduce_" in reduce.name
+    assert "(int)kk * 64 + m" in main.source  # the packed loss addressed from k directly
+    one_by_one = Grad(op="wgrad", n=32, c=64, k=256, hw=(56, 56), filt=(1, 1), pre=(0, 0), post=(0, 0))
+    main = emitted(one_by_one.build(), 90).kernels[0]
+    assert main.grid == (2, 1, 66) and main.block == (256, 1, 1) and "STAGES = 6" in main.source
+    wide = Grad(op="wgrad", n=32, c=128, k=128, hw=(28, 28))
+    main = emitted(wide.build(), 90).kernels[0]
+    assert main.grid == (1, 6, 22) and main.block == (256, 1, 1) and "STAGES = 4" in main.source
+    (small,) = emitted(Grad(op="wgrad").build(), 90).kernels  # K = 2*9*7: one k tile, no split
+    assert "_wgmma_" in small.name and "splitk" not in small.name
 
 
 @pytest.mark.parametrize("op", ["dgrad", "wgrad"])
@@ -176,7 +199,10 @@ def test_candidates_cover_tiles_split_k_and_the_direct_kernel(op: str) -> None:
     choices = candidates(gemm_fused(spec.build()), 90)
     assert {"path": "direct"} in choices
     assert not any(c.get("path") == "ws" for c in choices)
-    assert any(c.get("path") == "wgmma" for c in choices) == (op == "dgrad")  # wgrad's A is m-contiguous
+    assert any(c.get("path") == "wgmma" for c in choices)  # wgrad's m-contiguous loss: wgmma's transposed A
+    assert any(c.get("block_n") == 192 for c in choices) == (op == "wgrad")  # N = 3 * 3 * 64 = 3 * 192
+    wgrad_default = {"path": "wgmma", "block_m": 64, "block_n": 128, "stages": 3, "split_k": 80}
+    assert (wgrad_default in choices) == (op == "wgrad")  # autotuning times the default too
     assert not any(c.get("path") == "wgmma" for c in candidates(gemm_fused(spec.build(), 80), 80))
     assert any("split_k" in c for c in choices) == (op == "wgrad")
     direct = emitted(spec.build(), 90, {"path": "direct"})
@@ -191,7 +217,7 @@ def test_with_an_epilogue_the_direct_kernel_is_no_candidate_and_is_refused() -> 
     with pytest.raises(UnsupportedError, match="has no epilogue"):
         emitted(graph, 90, {"path": "direct"})
     with pytest.raises(UnsupportedError, match=r"mma\.sync path"):
-        emitted(Grad(op="wgrad").build(), 90, {"path": "wgmma", "block_m": 128, "block_n": 128, "stages": 3})
+        emitted(Grad(op="wgrad").build(), 90, {"path": "ws", "block_n": 128, "stages": 3})
 
 
 # -- NVRTC ------------------------------------------------------------------------------------
@@ -233,6 +259,14 @@ def test_gradient_kernels_compile_for_sm80_and_sm90(case: str) -> None:
 
 WGMMA = {"path": "wgmma", "block_m": 128, "block_n": 64, "stages": 4}
 WGMMA_CASES = {case: spec for case, spec in CASES.items() if spec.op == "dgrad"}
+# wgrad on wgmma (the loss as a transposed A): the tile of the 64-channel 3x3 layers, and 128 rows
+# over two warpgroups; a few shapes only (every kernel here is compiled in CI).
+WGRAD_WGMMA = {"path": "wgmma", "block_m": 64, "block_n": 192, "stages": 3}
+WGRAD_WGMMA_CASES = {
+    "wgrad_3x3_s2_odd": (CASES["wgrad_3x3_s2_odd"], {**WGRAD_WGMMA, "split_k": 3}),
+    "wgrad_7x7_s2_pad3": (CASES["wgrad_7x7_s2_pad3"], WGRAD_WGMMA),
+    "wgrad_1x1_pad0": (CASES["wgrad_1x1_pad0"], {**WGMMA, "split_k": 2}),
+}
 
 
 @pytest.mark.parametrize("case", WGMMA_CASES)
@@ -244,6 +278,20 @@ def test_dgrad_wgmma_kernels_compile_for_sm90a(case: str) -> None:
         assert program.kernels[0].name.startswith("gd_conv_dgrad") and "_wgmma" in program.kernels[0].name
         for kernel in program.kernels:
             assert compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
+
+
+@pytest.mark.parametrize("case", WGRAD_WGMMA_CASES)
+def test_wgrad_wgmma_kernels_compile_for_sm90a(case: str) -> None:
+    from codegen.nvrtc import compile_cubin
+
+    spec, choice = WGRAD_WGMMA_CASES[case]
+    program = emitted(spec.build(), 90, choice)
+    main = program.kernels[0]
+    assert main.name.startswith("gd_conv_wgrad_wgmma") and main.block[0] == 2 * int(choice["block_m"])  # type: ignore[call-overload]
+    assert "1, 1, 1, 1;" in main.source  # wgmma with A and B transposed (m- and n-contiguous)
+    assert len(program.kernels) == (2 if "split_k" in choice else 1)
+    for kernel in program.kernels:
+        assert compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
 
 
 # -- GPU --------------------------------------------------------------------------------------
@@ -270,7 +318,8 @@ def test_gradient_matches_reference_on_gpu(case: str) -> None:
     # sqrt(K) * 2^-24 relative to a sum of random signs, past the 2e-5 of an elementwise fp32 output.
     tolerance = 1e-4 if spec.op == "wgrad" else None
     plan = check_on_gpu(spec.build(), seed=zlib.crc32(case.encode()), tolerance=tolerance)
-    assert any("_mma_" in kernel.name for kernel in plan.kernels), "the gradient did not take the tensor cores"
+    tensor_cores = ("_mma_", "_wgmma_")
+    assert any(p in k.name for k in plan.kernels for p in tensor_cores), "the gradient did not take the tensor cores"
 
 
 @pytest.mark.gpu
@@ -299,6 +348,35 @@ def test_dgrad_wgmma_matches_reference_on_gpu(case: str, split: int) -> None:
     graph = CASES[case].build()
     fused = gemm_fused(graph, 90)
     plan = check_on_gpu(graph, seed=split, tuning={fused.name: {**WGMMA, "split_k": split}})
+    assert any("_wgmma" in kernel.name for kernel in plan.kernels)
+
+
+# Awkward shapes: K = 40, 8, 136 (not multiples of the 64- or 128-row tile), C = 8 and 24, N*P*Q
+# not a multiple of the 64-element k tile or of the slices, stride 2, dilation, padding, batch 1.
+WGRAD_GPU = {
+    "wgrad_3x3_s2_odd": CASES["wgrad_3x3_s2_odd"],
+    "wgrad_3x3_dil2_pad2": CASES["wgrad_3x3_dil2_pad2"],
+    "wgrad_7x7_s2_pad3": CASES["wgrad_7x7_s2_pad3"],
+    "wgrad_1x1_pad0": CASES["wgrad_1x1_pad0"],
+    "wgrad_batch1_split_k_half": CASES["wgrad_batch1_split_k_half"],
+    "wgrad_convolution_mode": CASES["wgrad_half_convolution_mode"],
+    "wgrad_3x3_c64_28": Grad(op="wgrad", n=2, c=64, k=64, hw=(28, 28)),  # N = 576: three 192-column tiles
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", WGRAD_GPU)
+@pytest.mark.parametrize(
+    "choice",
+    [{**WGRAD_WGMMA, "split_k": 5}, {**WGMMA, "split_k": 3}],  # no split: the default of the small cases
+    ids=["64x192_split5", "128x64_split3"],
+)
+def test_wgrad_wgmma_matches_reference_on_gpu(case: str, choice: dict[str, object]) -> None:
+    if current_gpu_arch() != 90:
+        pytest.skip("the wgmma path runs on sm_90 GPUs only")
+    graph = WGRAD_GPU[case].build()
+    fused = gemm_fused(graph, 90)
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
     assert any("_wgmma" in kernel.name for kernel in plan.kernels)
 
 
@@ -336,6 +414,20 @@ EMULATED: dict[str, tuple[Grad, dict[str, object] | None]] = {
 def test_mma_kernels_match_reference_on_the_cpu(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     spec, choice = EMULATED[case]
     emulate(spec.build(), choice, tmp_path_factory)
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+def test_wgrad_of_a_loss_with_padded_rows_on_the_cpu(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A loss whose rows are 10 pixels apart for 9 (a view): its pixels are no single run, so the
+    loader finds each one's coordinates (a packed loss is addressed from k directly)."""
+    g = gd.OperationGraphSpec(name="conv_wgrad_padded_loss", io_data_type="half")
+    x = g.tensor(name="x", dim=[2, 16, 7, 9], stride=gd.nhwc_strides([2, 16, 7, 9]))
+    dy = g.tensor(name="dy", dim=[2, 24, 7, 9], stride=[7 * 10 * 24, 1, 10 * 24, 24])
+    dw = g.conv_wgrad(image=x, loss=dy, padding=[1, 1], filter_dim=[24, 16, 3, 3])
+    dw.set_name("dw").set_output(True).set_data_type("float")
+    source = emitted(g, 80).kernels[0].source
+    assert "q1 * 240" in source and "kk * 24" not in source
+    emulate(g, {"block_m": 64, "block_n": 64, "stages": 4, "split_k": 2}, tmp_path_factory)
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")

@@ -80,7 +80,7 @@ def test_the_default_stays_on_mma_sync_and_wgmma_off_sm90_is_refused() -> None:
     assert "_mma_" in program.kernels[0].name and program.kernels[0].arch_suffix == ""
     with pytest.raises(UnsupportedError, match=r"sm_90 only.*sm_80"):
         emit(graph, wgmma_choices(fused)[0], arch=80)
-    with pytest.raises(UnsupportedError, match="block_n 64, 128 or 256"):
+    with pytest.raises(UnsupportedError, match="block_n 64, 128, 192 or 256"):
         emit(graph, {"path": "wgmma", "block_m": 128, "block_n": 96, "stages": 4})
     with pytest.raises(UnsupportedError, match="shared memory"):
         emit(graph, {"path": "wgmma", "block_m": 128, "block_n": 256, "stages": 5})

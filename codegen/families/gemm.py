@@ -30,8 +30,9 @@ kernels (gemm_weight_only.py).
 Convolution gradients come here only when they fit the tensor cores (the fusion rules ask
 fusion_rules/conv_grad_gemm.py; the others stay in the direct family): dgrad as an implicit
 GEMM over the loss, wgrad as a GEMM over N*P*Q, usually with split-K (few output tiles, long K),
-both on the mma.sync path by default; dgrad may take wgmma on sm_90 through tuning (wgrad's
-m-contiguous A has no wgmma layout here yet). A tuning may still choose the direct kernel
+dgrad on the mma.sync path by default (wgmma on sm_90 through tuning), wgrad on it on sm_80 and
+on the wgmma path on sm_90 (its m-contiguous loss through wgmma's transposed A; gemm_wgrad.py
+says which tile). A tuning may still choose the direct kernel
 ({"path": "direct"}, without an epilogue), so that autotuning compares them.
 
 A dynamic graph's matmul (a symbolic M, symbolic batch dims; docs/dynamic-shapes.md) reads M
@@ -74,6 +75,7 @@ from .gemm_simt import simt_kernel
 from .gemm_sm90 import candidates as wgmma_candidates
 from .gemm_sm90 import wgmma_kernel
 from .gemm_splitk import output_tiles, reduce_kernel, scratch, split_choices, tuned_split
+from .gemm_wgrad import default_choice as default_wgrad
 from .gemm_ws import candidates as ws_candidates
 from .gemm_ws import default_choice as default_ws
 from .gemm_ws import ws_kernel, ws_split
@@ -242,7 +244,8 @@ def _program(
 
 def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedProgram:
     """A convolution gradient: the mma.sync kernel (split-K when the heuristic or tuning says),
-    or the wgmma kernel (dgrad) or the direct kernel when the tuning asks for it."""
+    or the wgmma kernel (a wgrad's default on sm_90, gemm_wgrad.py) or the direct kernel when
+    the tuning asks for it."""
     node = problem.node
     path = ctx.tuning.get("path")
     if path == "direct":
@@ -253,7 +256,7 @@ def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedPro
             )
         emit_direct = direct_conv.emit_dgrad if node.op == "conv_dgrad" else direct_conv.emit_wgrad
         return emit_direct(fused, ctx)
-    paths = ("wgmma", "direct") if problem.a_layout == "mk" else ("direct",)
+    paths = ("wgmma", "direct")
     if path is not None and path not in paths:
         raise UnsupportedError(
             f"GEMM tuning {ctx.tuning}: {node.op} takes the mma.sync path or "
@@ -263,6 +266,9 @@ def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedPro
     reason = refusal(node)
     if reason is not None:
         raise UnsupportedError(f"{node.op} cannot take the tensor-core GEMM: {reason}", node=node.name)
+    default = None if ctx.tuning else default_wgrad(problem, ctx.arch)
+    if default is not None:
+        ctx, path = dataclasses.replace(ctx, tuning=default), "wgmma"
     if path == "wgmma":
         split = tuned_split(ctx, problem) or 1
         return _program(fused, ctx, problem, wgmma_kernel(fused, ctx, problem, split), split)
@@ -274,8 +280,8 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     """Launch choices the runtime may time on the GPU (autotuning); empty on the SIMT path.
     The mma.sync tiles (no "path" key) and, for problems with few output tiles, their split-K
     variants ("split_k"), then on sm_90 the wgmma ones ({"path": "wgmma", ...}); for a
-    convolution gradient the mma.sync ones, wgmma ones for dgrad, and the direct kernel
-    ({"path": "direct"})."""
+    convolution gradient the mma.sync and wgmma ones (with a wgrad's sm_90 default,
+    gemm_wgrad.py), and the direct kernel ({"path": "direct"})."""
     assert fused.anchor is not None
     if is_weight_only(fused.anchor):
         return weight_only.candidates(fused.anchor)
@@ -284,10 +290,11 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
         return []
     if problem.block_scaled:
         return ws_candidates(problem, arch)
-    if problem.is_grad:  # mma.sync, wgmma for dgrad; the direct kernel where no epilogue needs the GEMM
+    if problem.is_grad:  # mma.sync, wgmma (a wgrad's default among them); the direct kernel without an epilogue
         direct: list[dict[str, object]] = [] if fused.epilogue else [{"path": "direct"}]
-        wgmma = wgmma_candidates(problem, arch) if problem.a_layout == "mk" else []
-        return _mma_candidates(problem, arch) + wgmma + direct
+        wgmma = wgmma_candidates(problem, arch)
+        default = default_wgrad(problem, arch)
+        return _mma_candidates(problem, arch) + wgmma + ([default] if default and default not in wgmma else []) + direct
     if problem.is_dynamic:  # split-K on the engine only (_check_dynamic)
         every = _mma_candidates(problem, arch) + wgmma_candidates(problem, arch)
         return [c for c in every if "split_k" not in c] + ws_candidates(problem, arch)

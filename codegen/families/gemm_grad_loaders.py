@@ -103,12 +103,14 @@ def wgrad_k(p: Problem, k: str) -> list[str]:
     return coordinates(k, dims, range(len(dims)), "q", "int")
 
 
-def wgrad_b(p: Problem, itype: str) -> tuple[list[str], list[str], str]:
-    """(setup, checks, source offset) of an image chunk at loss coordinates q0.. and dw column
-    ``nn``: taps g0.. and first channel g{spatial}."""
+def wgrad_b(p: Problem, itype: str) -> tuple[list[str], list[str], list[str], str]:
+    """(tap setup, pixel setup, checks, source offset) of an image chunk at loss coordinates
+    q0.. and dw column ``nn``: the tap setup finds taps g0.. and first channel g{spatial} from
+    ``nn`` alone (the same in every k tile), the pixel setup the image coordinates h0..."""
     spatial = len(p.out.dim) - 2
     filt = p.out.static_dim
-    setup = coordinates("nn", (*filt[2:], filt[1]), range(len(filt) - 1), "g", "int")
+    taps = coordinates("nn", (*filt[2:], filt[1]), range(len(filt) - 1), "g", "int")
+    setup: list[str] = []
     checks, terms = [], [f"({itype})q0 * {p.b.stride[0]}"]
     for axis in range(spatial):
         tap = filter_tap(p, axis, f"g{axis}")
@@ -117,12 +119,16 @@ def wgrad_b(p: Problem, itype: str) -> tuple[list[str], list[str], str]:
         )
         checks.append(f"(unsigned)h{axis} < {p.b.static_dim[axis + 2]}u")
         terms.append(f"({itype})h{axis} * {p.b.stride[axis + 2]}")
-    return setup, checks, f"{' + '.join(terms)} + g{spatial}"
+    return taps, setup, checks, f"{' + '.join(terms)} + g{spatial}"
 
 
-def wgrad_a_offset(p: Problem, itype: str) -> str:
-    """The loss offset of coordinates q0.. and first output channel ``m``."""
-    spatial = len(p.out.dim) - 2
-    terms = [f"({itype})q0 * {p.a.stride[0]}"]
-    terms += [f"({itype})q{axis + 1} * {p.a.stride[axis + 2]}" for axis in range(spatial)]
-    return f"{' + '.join(terms)} + m"
+def wgrad_a(p: Problem, itype: str) -> tuple[list[str], str]:
+    """(setup, source offset) of the loss chunk at k ``kk`` and first output channel ``m``. A loss
+    whose pixels (n, p, q...) are one row-major run of equal steps (packed NHWC) is addressed
+    from ``kk`` directly, without finding its coordinates."""
+    dims = (p.a.static_dim[0], *p.a.static_dim[2:])
+    strides = (p.a.static_stride[0], *p.a.static_stride[2:])
+    if all(strides[i] == strides[i + 1] * dims[i + 1] for i in range(len(dims) - 1)):
+        return [], f"({itype})kk * {strides[-1]} + m"
+    terms = [f"({itype})q{axis} * {stride}" for axis, stride in enumerate(strides)]
+    return wgrad_k(p, "kk"), f"{' + '.join(terms)} + m"

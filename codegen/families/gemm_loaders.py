@@ -195,27 +195,17 @@ def _grad_load_tile(
     k_major_chunk = f"{tiles.k_major}({_thread_row(tiles)} + i * (THREADS / {tiles.lanes}), a_chunk)"
     lines = ["auto load_tile = [&](int stage, int kt) {"]
     if p.node.op == "conv_wgrad":
+        a_pixel, a_src = grad.wgrad_a(p, itype)
         a_setup = [
             "const int id = tid + i * THREADS;",
             "const int kr = id / (BM / 8), mc = id % (BM / 8);",
             f"const int kk = {tile} * BK + kr;",
             f"const {itype} m = block_m + mc * 8;",
-            *grad.wgrad_k(p, "kk"),
+            *a_pixel,
         ]
         a_ok = f"kt < {count} && kk < GK && m < GM"
-        lines += copy_loop(
-            chunks[0], a_setup, a_ok, dy, grad.wgrad_a_offset(p, itype), f"{a_smem} + {tiles.m_major}(kr, mc)", aligned
-        )
-        b_setup, b_checks, b_src = grad.wgrad_b(p, itype)
-        b_setup = [
-            "const int id = tid + i * THREADS;",
-            "const int kr = id / (BN / 8), nc = id % (BN / 8);",
-            f"const int kk = {tile} * BK + kr, nn = block_n + nc * 8;",
-            *grad.wgrad_k(p, "kk"),
-            *b_setup,
-        ]
-        b_ok = " && ".join([f"kt < {count} && kk < GK && nn < GN", *b_checks])
-        lines += copy_loop(chunks[1], b_setup, b_ok, b, b_src, f"{b_smem} + {tiles.n_major}(kr, nc)", aligned)
+        lines += copy_loop(chunks[0], a_setup, a_ok, dy, a_src, f"{a_smem} + {tiles.m_major}(kr, mc)", aligned)
+        lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
     else:
         lines += [
             f"  const int k = {tile} * BK + a_chunk * 8;",
@@ -248,6 +238,36 @@ def _grad_load_tile(
             )
     lines.append("};")
     return lines
+
+
+def _wgrad_image_rows(
+    p: Problem, b: str, itype: str, b_smem: str, aligned: str, tiles: SmemTiles, slices: KSlices
+) -> list[str]:
+    """A wgrad's image tile [BK][BN], 8 threads per k row, each copying chunks tid % 8 + 8j of
+    its rows: a row's pixel coordinates are found once for its BN / 64 chunks (not once per
+    chunk), and a chunk's taps (from its column alone) are the same in every k tile; 8
+    consecutive threads copy 128 contiguous bytes."""
+    taps, pixel, checks, src = grad.wgrad_b(p, itype)
+    tile, count = slices.tile("kt"), slices.count
+    dst = f"{b_smem} + {tiles.n_major}(kr, nc)"
+    return [
+        '  static_assert(BN % 64 == 0 && BK * 8 % THREADS == 0, "8 threads a k row, 8 chunks apart");',
+        "#pragma unroll",
+        "  for (int i = 0; i < BK * 8 / THREADS; ++i) {  // k rows tid/8 + i * THREADS/8",
+        "    const int kr = (tid >> 3) + i * (THREADS / 8);",
+        f"    const int kk = {tile} * BK + kr;",
+        *("    " + line for line in grad.wgrad_k(p, "kk")),
+        f"    const bool k_ok = kt < {count} && kk < GK;",
+        "#pragma unroll",
+        "    for (int j = 0; j < BN / 64; ++j) {",
+        "      const int nc = (tid & 7) + 8 * j, nn = block_n + nc * 8;",
+        *("      " + line for line in taps + pixel),
+        f"      const bool ok = {' && '.join(['k_ok && nn < GN', *checks])};",
+        f"      const T* src = ok ? {b} + {src} : {b};",
+        *_copy_chunk(dst, "src", "ok", aligned, 8, "T", depth=3),
+        "    }",
+        "  }",
+    ]
 
 
 def element_types(p: Problem) -> list[str]:

@@ -45,6 +45,8 @@ TILES = (
     (64, 128, 4),
     (64, 256, 3),
 )
+# A wgrad's N is R*S*C: 576 for a 3x3 filter over 64 channels, three tiles of 192 columns.
+WGRAD_TILES = ((64, 192, 4), (128, 192, 3))
 MAX_SHARED = 227 * 1024  # an sm_90 block's dynamic shared memory, opted in
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 
@@ -106,32 +108,39 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     layouts; the tiles, then their split-K variants where the output has few tiles."""
     if arch != ARCH or tensor_core_layout(p) is None:
         return []
+    shapes = TILES + WGRAD_TILES if p.node.op == "conv_wgrad" else TILES
     tiles: list[dict[str, object]] = [
-        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in TILES
+        {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in shapes
     ]
     return tiles + [
         {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages, "split_k": split}
-        for bm, bn, stages in TILES
+        for bm, bn, stages in shapes
         for split in split_choices(p, output_tiles(p, bm, bn), arch)
     ]
 
 
-def wgmma_prelude(bn: int, types: OperandTypes, transpose_b: int, first: bool = False) -> str:
+def wgmma_prelude(bn: int, types: OperandTypes, transpose_b: int, first: bool = False, transpose_a: int = 0) -> str:
     """The wgmma device functions for a warpgroup tile 64 x ``bn`` of operands ``types``:
     the helpers of :data:`WGMMA_HELPERS` and ``wgmma_step`` (:func:`wgmma_step_function`).
     With ``first`` (block-scaled fp8), also ``wgmma_first``: the same step overwriting d,
     which starts a fresh fragment without zeroing it."""
-    step = wgmma_step_function(bn, types, transpose_b)
+    step = wgmma_step_function(bn, types, transpose_b, transpose_a=transpose_a)
     return WGMMA_HELPERS + step + (wgmma_step_function(bn, types, transpose_b, "wgmma_first", True) if first else "")
 
 
 def wgmma_step_function(
-    bn: int, types: OperandTypes, transpose_b: int, name: str = "wgmma_step", overwrite: bool = False
+    bn: int,
+    types: OperandTypes,
+    transpose_b: int,
+    name: str = "wgmma_step",
+    overwrite: bool = False,
+    transpose_a: int = 0,
 ) -> str:
     """``name`` multiplies one tensor-core step, 32 bytes of k (k16 of 16-bit operands, k32 of
     8-bit ones, whose instructions take no transpose bits: 8-bit B is K-major), into a 64 x
     ``bn`` warpgroup tile; a kernel with two kinds of step names the second one apart.
-    ``overwrite``: d = A * B (scale-d 0, d written only) instead of d += A * B."""
+    ``overwrite``: d = A * B (scale-d 0, d written only) instead of d += A * B.
+    ``transpose_a`` 1: A is m-contiguous (a wgrad's loss), 16-bit only."""
     count = bn // 2
     outputs = ", ".join(f"%{i}" for i in range(count))
     mode = "=" if overwrite else "+"
@@ -146,9 +155,11 @@ def wgmma_step_function(
     elif types.eight_bit:  # fp8: input scales (1: not negated), no transposes
         operands = f"%{count}, %{count + 1}, {scale_d}, 1, 1"
     else:
-        operands = f"%{count}, %{count + 1}, {scale_d}, 1, 1, 0, {transpose_b}"
+        operands = f"%{count}, %{count + 1}, {scale_d}, 1, 1, {transpose_a}, {transpose_b}"
     k = types.k_step
     layout = f"{'n' if transpose_b else 'k'}-contiguous" + ("" if types.eight_bit else f": transpose bit {transpose_b}")
+    if transpose_a:
+        layout += "; A m-contiguous: transpose bit 1"
     return f"""
 // d (the warpgroup's 64 x {bn} {types.accumulator_ptx.replace("f", "fp")} tile, wgmma fragment layout) {"=" if overwrite else "+="} A (64 x {k}) * B ({k} x {bn}),
 // both from shared memory; B {layout}.
@@ -181,7 +192,7 @@ def wgmma_kernel(
     shared = shape.shared_bytes + ALIGN_SLACK
     _check(ctx, bm, bn, stages, shared)
 
-    tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", chunk=types.chunk)
+    tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", "swizzle128_n", chunk=types.chunk)
     block = block_type(fused, p, shape, tiles, KSlices(split))
     shared_memory = [
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
@@ -191,27 +202,30 @@ def wgmma_kernel(
     lines = block.prelude(
         shared_memory, "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile"
     )
-    lines += _main_loop(block.layout, shape.a_stage, shape.b_stage, block.slices, types.accumulator)
+    lines += _main_loop(p.a_layout, block.layout, shape.a_stage, shape.b_stage, block.slices, types.accumulator)
     lines += block.epilogue(_staging(shape.c_stride, types.accumulator))
-    functions = wgmma_prelude(bn, types, 1 if block.layout == "kn" else 0)
+    functions = wgmma_prelude(bn, types, 1 if block.layout == "kn" else 0, transpose_a=1 if p.a_layout == "km" else 0)
     return block.kernel(ctx, lines, "_wgmma", functions, shared, arch_suffix="a")
 
 
 def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int) -> None:
     if ctx.arch != ARCH:
         raise UnsupportedError(f"the wgmma GEMM path runs on sm_90 only (sm_90a code); the target is sm_{ctx.arch}")
-    if bm not in (64, 128) or bn not in (64, 128, 256) or stages < 3:
+    if bm not in (64, 128) or bn not in (64, 128, 192, 256) or stages < 3:
         raise UnsupportedError(
-            f"wgmma GEMM tile {ctx.tuning}: expected block_m 64 or 128, block_n 64, 128 or 256, stages >= 3"
+            f"wgmma GEMM tile {ctx.tuning}: expected block_m 64 or 128, block_n 64, 128, 192 or 256, stages >= 3"
         )
     if shared > MAX_SHARED:
         raise UnsupportedError(f"wgmma GEMM tile {ctx.tuning} needs {shared} bytes of shared memory, over {MAX_SHARED}")
 
 
-def _main_loop(layout: str, a_stage: int, b_stage: int, slices: KSlices, accumulator: str) -> list[str]:
+def _main_loop(a_layout: str, layout: str, a_stage: int, b_stage: int, slices: KSlices, accumulator: str) -> list[str]:
     """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 steps of 32 bytes of k of a tile) in flight."""
-    # B descriptor: (leading, stride) byte offsets and the start-address step of one k step
+    # Descriptors: (leading, stride) byte offsets and the start-address step of one k step. An
+    # m-contiguous A tile (a wgrad's loss, read with wgmma's transpose bit) is laid out as an
+    # n-contiguous B one (swizzle128_n: 64-row blocks of 64 k rows, one block per warpgroup).
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
+    a_leading, a_stride, a_step = (16, 1024, 32) if a_layout == "mk" else (8192, 1024, 2048)
     return [
         f"{accumulator} acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
         "#pragma unroll",
@@ -238,7 +252,7 @@ def _main_loop(layout: str, a_stage: int, b_stage: int, slices: KSlices, accumul
         "  wgmma_fence();",
         "#pragma unroll",
         f"  for (int kk = 0; kk < {BLOCK_K_BYTES // 32}; ++kk)  // steps of 32 bytes of k",
-        f"    wgmma_step(acc, wgmma_descriptor(a_tiles + stage * {a_stage} + kk * 32, 16, 1024),",
+        f"    wgmma_step(acc, wgmma_descriptor(a_tiles + stage * {a_stage} + kk * {a_step}, {a_leading}, {a_stride}),",
         f"              wgmma_descriptor(b_tiles + stage * {b_stage} + kk * {b_step}, {b_leading}, {b_stride}));",
         "  wgmma_commit();",
         "  wgmma_wait<1>();  // the batch of tile kt-1 is done",

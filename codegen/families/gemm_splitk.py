@@ -32,8 +32,9 @@ MAX_SPLIT = 16
 # few output tiles (K x C*R*S): more slices to fill the GPU, each still long.
 MAX_GRAD_SPLIT = 64
 MIN_SLICE_K = 512  # k per slice at least: 16 mma.sync or 8 wgmma k tiles, to pay for the reduction
-# The reduction kernel's block: one 8-column chunk per thread
-REDUCE_BM, REDUCE_BN, REDUCE_THREADS = 16, 128, 256
+# The reduction kernel's block: 256 threads, BN = 128 columns; one 8-column chunk per thread of a
+# slice group (reduce_groups), so 16 rows with one group, 1 with 16
+REDUCE_BN, REDUCE_THREADS = 128, 256
 
 
 @dataclass(frozen=True)
@@ -156,24 +157,43 @@ def partial_chunks(p: Problem, layer: str, staged: Callable[[str], str]) -> list
     ]
 
 
+def reduce_groups(p: Problem, split: int, arch: int) -> int:
+    """Slice groups of the reduction: 1 (each thread sums every slice of its chunk), or more for
+    a small output with many slices (a wgrad's 64 x 576 dw over 88 slices is 4,608 chunks, a few
+    warps per SM each walking a long chain of loads): the slices are cut into that many
+    contiguous groups, each summed by its own threads, so that the launch has threads for two
+    blocks of REDUCE_THREADS per SM."""
+    chunks = p.m * -(-p.n // 8) * math.prod(p.batch)
+    target = 2 * sm_count(arch) * REDUCE_THREADS
+    most = min(16, 1 << max(0, (split // 2).bit_length() - 1))  # two slices a group at least
+    return next(g for g in (1, 2, 4, 8, 16) if g >= most or chunks * g >= target)
+
+
 def reduce_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) -> Kernel:
-    """The second kernel: per output element, the sum of the slices' partials in slice order
-    (bitwise reproducible), then the fused epilogue; one grid layer per batch index."""
+    """The second kernel: per output element, the sum of the slices' partials in a fixed order
+    (bitwise reproducible: each slice group's in slice order, then the groups in order; one
+    group is plain slice order), then the fused epilogue; one grid layer per batch index."""
+    groups = reduce_groups(p, split, ctx.arch)
+    tile_rows = REDUCE_THREADS // (REDUCE_BN // 8) // groups  # one chunk per thread of a group
     params, names = declare(fused, p)
     params.scratch(PARTIALS, "const float")
     itype = index_type_of(fused, p)
     aligned = params.aligned_flag()
+    sums = _slice_sums("acc8", "0", "PER" if groups > 1 else "SPLIT")
     fetch = [
         "if (block_n + col >= GN) continue;  // a chunk wholly past the last column",
         "#pragma unroll",
         "for (int e = 0; e < 8; ++e) acc8[e] = 0.0f;",
-        "for (int slice = 0; slice < SPLIT; ++slice) {  // a fixed order: the same sum every run",
-        "  const float* const part = partials + ((size_t)(blockIdx.z * SPLIT + slice) * GM + m) * NP + block_n + col;",
-        "  const float4 lo = *reinterpret_cast<const float4*>(part), hi = *reinterpret_cast<const float4*>(part + 4);",
-        "  acc8[0] += lo.x; acc8[1] += lo.y; acc8[2] += lo.z; acc8[3] += lo.w;",
-        "  acc8[4] += hi.x; acc8[5] += hi.y; acc8[6] += hi.z; acc8[7] += hi.w;",
-        "}",
+        *sums,
     ]
+    if groups > 1:
+        fetch += [
+            "for (int g = 1; g < GROUPS; ++g) {  // the other groups' sums, in group order",
+            "  const float4 lo = group_sums[g - 1][chunk][0], hi = group_sums[g - 1][chunk][1];",
+            "  acc8[0] += lo.x; acc8[1] += lo.y; acc8[2] += lo.z; acc8[3] += lo.w;",
+            "  acc8[4] += hi.x; acc8[5] += hi.y; acc8[6] += hi.z; acc8[7] += hi.w;",
+            "}",
+        ]
     sizes = f"GN = {p.n}, NP = {padded_n(p)}, SPLIT = {split}"
     rows = (
         [f"const int GM = (int){c_extent(p.m_extent)};", f"constexpr int {sizes};"]
@@ -181,7 +201,7 @@ def reduce_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) ->
         else [f"constexpr int GM = {p.m}, {sizes};"]
     )
     body = [
-        f"constexpr int BM = {REDUCE_BM}, BN = {REDUCE_BN}, THREADS = {REDUCE_THREADS};",
+        f"constexpr int BM = {tile_rows}, BN = {REDUCE_BN}, THREADS = {REDUCE_THREADS};",
         *rows,
         "const int tid = threadIdx.x;",
         f"const {itype} block_m = ({itype})blockIdx.x * BM;",
@@ -191,11 +211,48 @@ def reduce_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, split: int) ->
             if p.is_dynamic
             else []
         ),
+        *(_group_sums(groups, itype) if groups > 1 else []),
         *tile_epilogue(fused, p, names, itype, aligned, fetch),
     ]
     name, source = kernel_source(
         ctx, fused, pattern_name(fused) + "_splitk_reduce", params, REDUCE_THREADS, indent(body, 1)
     )
-    grid = (-(-p.m // REDUCE_BM), -(-p.n // REDUCE_BN), math.prod(p.batch))
-    blocks = dynamic_grid(p, REDUCE_BM)
+    grid = (-(-p.m // tile_rows), -(-p.n // REDUCE_BN), math.prod(p.batch))
+    blocks = dynamic_grid(p, tile_rows)
     return Kernel(name, source, grid, (REDUCE_THREADS, 1, 1), 0, tuple(params.bindings), alignment=16, blocks=blocks)
+
+
+def _slice_sums(acc: str, first: str, count: str) -> list[str]:
+    """Adds the ``count`` partials of slices ``first``.. of the chunk at row ``m``, column
+    ``block_n + col`` to ``acc`` (8 floats), in slice order."""
+    end = "SPLIT" if count == "SPLIT" else f"min(SPLIT, {first} + {count})"
+    return [
+        f"for (int slice = {first}; slice < {end}; ++slice) {{  // a fixed order: the same sum every run",
+        "  const float* const part = partials + ((size_t)(blockIdx.z * SPLIT + slice) * GM + m) * NP + block_n + col;",
+        "  const float4 lo = *reinterpret_cast<const float4*>(part), hi = *reinterpret_cast<const float4*>(part + 4);",
+        f"  {acc}[0] += lo.x; {acc}[1] += lo.y; {acc}[2] += lo.z; {acc}[3] += lo.w;",
+        f"  {acc}[4] += hi.x; {acc}[5] += hi.y; {acc}[6] += hi.z; {acc}[7] += hi.w;",
+        "}",
+    ]
+
+
+def _group_sums(groups: int, itype: str) -> list[str]:
+    """Slice groups 1..GROUPS-1 (threads CHUNKS and up): each thread sums its chunk's slices of
+    its group into shared memory; group 0 (the first CHUNKS threads) sums its own slices in the
+    epilogue's fetch and adds these in group order."""
+    return [
+        f"constexpr int GROUPS = {groups}, CHUNKS = BM * BN / 8, PER = (SPLIT + GROUPS - 1) / GROUPS;",
+        "__shared__ float4 group_sums[GROUPS - 1][CHUNKS][2];",
+        "if (tid >= CHUNKS) {",
+        "  const int chunk = tid % CHUNKS, group = tid / CHUNKS;",
+        "  const int row = chunk / (BN / 8), col = (chunk % (BN / 8)) * 8;",
+        f"  const {itype} m = block_m + row;",
+        "  float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};",
+        "  if (m < GM && block_n + col < GN) {",
+        *("    " + line for line in _slice_sums("sum", "group * PER", "PER")),
+        "  }",
+        "  group_sums[group - 1][chunk][0] = make_float4(sum[0], sum[1], sum[2], sum[3]);",
+        "  group_sums[group - 1][chunk][1] = make_float4(sum[4], sum[5], sum[6], sum[7]);",
+        "}",
+        "__syncthreads();",
+    ]
