@@ -132,17 +132,6 @@ def strip_header(source: str) -> str:
     return source.rpartition(HEADER_MARK)[2]
 
 
-def split_preamble(source: str) -> tuple[str, str] | None:
-    """(preamble, body) of a source :func:`compose` wrote: its includes and the helpers, and
-    what follows them; None for a source written otherwise."""
-    rest = strip_header(source)
-    end = rest.find(HELPERS)
-    if end < 0 or any(line and not line.startswith("#include <") for line in rest[:end].split("\n")):
-        return None
-    end += len(HELPERS)
-    return rest[:end], rest[end:]
-
-
 def compose(*, header: str, headers: list[str], body: str) -> str:
     """A complete kernel source: the descriptive comment, includes, helpers, the kernel."""
     includes = "".join(f"#include <{h}>\n" for h in headers)

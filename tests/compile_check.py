@@ -6,11 +6,7 @@ compile: :func:`compile_graphs` fuses and emits each graph for each target and g
 each distinct kernel it has not seen yet. The suite runs on several pytest-xdist workers, so
 what has been compiled is a :class:`KernelStore` on disk that every worker shares: a kernel is
 compiled once in the session, by the first worker to claim it, and a test compiling a kernel
-another test compiled gets the same cubin back from the store. The kernels a check compiles go
-to NVRTC in programs of up to :data:`BATCH` that share their includes and helpers, each body in
-a namespace of its own, so the CUDA headers are parsed once per program; a program that fails
-is compiled again kernel by kernel, so the failure names its kernel and nothing passes only in
-company (:func:`compiles_together`).
+another test compiled gets the same cubin back from the store.
 
 Tests marked ``compile_sample`` (property tests drawing hundreds of random graphs of the same
 few families, and sweeps such as 400 dropout offsets whose graphs differ in one constant) give
@@ -36,7 +32,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -44,16 +40,12 @@ from codegen.kernel import Kernel
 from graphdnn.ir import Graph
 from graphdnn.signature import signature
 
-if TYPE_CHECKING:
-    from graphdnn.lower import KernelSource
-
 TARGETS = (80, 90)
 # Graphs larger than this are built to time the passes (linear-cost tests): fusing and
 # compiling them would dominate the suite's run time, and their kernels repeat the small
 # graphs' ones.
 MAX_NODES = 2000
 SAMPLE = 25  # validations kept from each test marked compile_sample
-BATCH = 8  # kernels NVRTC compiles as one program (compiles_together); more measured no faster
 STORE_VARIABLE = "GRAPHDNN_TEST_KERNEL_STORE"  # the session's KernelStore directory, for the workers
 
 
@@ -252,7 +244,7 @@ def compile_graphs(
     first. A kernel the session compiled already (``store``) is not compiled again."""
     from codegen.emit import extents_refusal
     from fusion_rules import fuse
-    from graphdnn.lower import lower
+    from graphdnn.lower import KernelSource, lower
 
     store = store or session_store()
     report = CompileReport()
@@ -296,70 +288,14 @@ def compile_graphs(
             return f"{describe(graph)}: kernel {source.name} for sm_{target}{source.arch_suffix}: {log}"
         return None
 
-    def batch(items: list[tuple[tuple[int, str], tuple[KernelSource, Graph]]]) -> list[str]:
-        """The failures of ``items``: compiled as one program where they are several, each alone
-        where that program fails (so a failure names its kernel, and no kernel passes only in
-        company)."""
-        if len(items) > 1 and compiles_together([source for _, (source, _) in items], items[0][0][0]):
-            return []
-        return [failure for item in items if (failure := one(item)) is not None]
-
     if todo:
         import cuda.core  # noqa: F401  (its first import is not thread-safe)
 
-        groups = batches(todo, lambda item: (item[0][0], item[1][0]))
-        with ThreadPoolExecutor(max(1, min(compile_threads(), len(groups)))) as pool:
-            report.failures += [failure for failures in pool.map(batch, groups) for failure in failures]
+        with ThreadPoolExecutor(max(1, min(compile_threads(), len(todo)))) as pool:
+            report.failures += [failure for failure in pool.map(one, todo) if failure is not None]
     report.compiled = len(todo)
     report.compile_seconds = time.perf_counter() - start - report.lower_seconds
     return report
-
-
-T = TypeVar("T")
-
-
-def batches(items: list[T], target_source: Callable[[T], tuple[int, KernelSource]]) -> list[list[T]]:
-    """``items`` in groups of at most BATCH kernels for one target (and arch suffix) whose sources
-    have the same preamble (codegen.kernel.split_preamble), in their order; a kernel whose source
-    has no such preamble alone."""
-    from codegen.kernel import split_preamble
-
-    groups: dict[tuple[int, str, str], list[list[T]]] = {}
-    alone: list[list[T]] = []
-    for item in items:
-        target, source = target_source(item)
-        parts = split_preamble(source.source)
-        if parts is None:
-            alone.append([item])
-            continue
-        runs = groups.setdefault((target, source.arch_suffix, parts[0]), [[]])
-        if len(runs[-1]) == BATCH:
-            runs.append([])
-        runs[-1].append(item)
-    return [run for runs in groups.values() for run in runs] + alone
-
-
-def compiles_together(sources: list[KernelSource], target: int) -> bool:
-    """Whether NVRTC compiles these kernels (one target and suffix, one preamble) as one program:
-    the preamble once, each kernel's body in a namespace of its own (so no body sees another's
-    functions), every kernel exported. The CUDA headers and the helpers are parsed once for all:
-    measured 28.1 s alone against 18.0 s in programs of 8, over 160 kernels."""
-    import codegen.nvrtc
-    from codegen.cubin import exports
-    from codegen.kernel import split_preamble
-
-    preamble, bodies = "", []
-    for source in sources:
-        parts = split_preamble(source.source)
-        assert parts is not None and preamble in ("", parts[0]), "batches() groups kernels of one preamble"
-        preamble = parts[0]
-        bodies.append(parts[1])
-    program = preamble + "".join(f"\nnamespace gd_check_{i} {{\n{body}\n}}\n" for i, body in enumerate(bodies))
-    try:
-        cubin = codegen.nvrtc.compile_cubin(program, sources[0].name, target, sources[0].arch_suffix)
-    except Exception:
-        return False
-    return all(exports(cubin, source.name) for source in sources)
 
 
 def describe(graph: Graph) -> str:

@@ -17,22 +17,10 @@ import graphdnn as gd
 from graphdnn.compare import TOLERANCE
 from graphdnn.errors import GraphError
 from graphdnn.ir import Graph
-from graphdnn.lower import KernelSource
 from graphdnn.signature import signature
 
 from . import plan_graphs
-from .compile_check import (
-    BATCH,
-    COMPILE_MEMORY,
-    RECORDER,
-    TARGETS,
-    CompileCheck,
-    KernelStore,
-    batches,
-    compile_graphs,
-    compiled_key,
-    compiles_together,
-)
+from .compile_check import COMPILE_MEMORY, RECORDER, TARGETS, CompileCheck, KernelStore, compile_graphs, compiled_key
 
 IO_TYPES = ("float", "half", "bfloat16", "fp8_e4m3", "fp8_e5m2", "int8")
 INTERMEDIATE_TYPES = ("float", "half", "bfloat16")
@@ -450,71 +438,3 @@ def test_a_kernel_compiled_twice_in_the_session_comes_from_the_store() -> None:
     reused = COMPILE_MEMORY.reused
     assert codegen.nvrtc.compile_cubin(source, "graphdnn_store_probe", 80) == first
     assert COMPILE_MEMORY.reused == reused + 1
-
-
-def _kernel(name: str, body: str, headers: tuple[str, ...] = ("cuda_fp16.h",), suffix: str = "") -> KernelSource:
-    """A composed source: its kernel ``name`` after a device function every such kernel defines."""
-    from codegen.kernel import compose
-
-    helper = "__device__ float twice(float v) { return 2.0f * v; }\n"
-    source = compose(
-        header=f"kernel {name}", headers=list(headers), body=f'{helper}extern "C" __global__ void {name}{body}'
-    )
-    return KernelSource(name, source, name, suffix)
-
-
-def test_the_preamble_splits_off_a_composed_source_only() -> None:
-    from codegen.kernel import HELPERS, split_preamble
-
-    parts = split_preamble(_kernel("k", "(float* x) { x[0] = twice(x[0]); }").source)
-    assert parts is not None and parts[0] == "\n#include <cuda_fp16.h>\n" + HELPERS and "twice" in parts[1]
-    assert split_preamble('extern "C" __global__ void k() {}') is None
-
-
-def test_kernels_of_one_target_and_preamble_are_batched_in_order() -> None:
-    plain = [(80, _kernel(f"k{i}", "() {}")) for i in range(BATCH + 2)]
-    other = [(80, _kernel("fp8", "() {}", ("cuda_fp16.h", "cuda_fp8.h"))), (90, _kernel("k90", "() {}"))]
-    odd = [(80, KernelSource("raw", 'extern "C" __global__ void raw() {}', "raw"))]
-    groups = batches([*plain, *other, *odd], lambda item: item)
-    assert [[source.name for _, source in group] for group in groups] == [
-        [f"k{i}" for i in range(BATCH)],
-        [f"k{BATCH}", f"k{BATCH + 1}"],
-        ["fp8"],
-        ["k90"],
-        ["raw"],
-    ]
-
-
-def test_kernels_compile_together_each_in_its_own_namespace() -> None:
-    """Each defines ``twice``: in one program only their namespaces keep them apart; a body that
-    calls a function only another body defines does not compile in company either."""
-    good = [_kernel(f"batch_probe_{i}", f"(float* x) {{ x[{i}] = twice(x[{i}]); }}") for i in range(3)]
-    assert compiles_together(good, 80)
-    lender = _kernel("batch_probe_lender", "(float* x) {}").source.replace("twice", "lent")
-    borrower = _kernel("batch_probe_borrower", "(float* x) { x[0] = lent(x[0]); }")
-    source = KernelSource("batch_probe_lender", lender, "lender")
-    assert not compiles_together([source, borrower], 80)
-
-
-def test_a_batch_that_fails_is_compiled_kernel_by_kernel_naming_the_one_that_fails(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """The elementwise kernels of two graphs share a preamble: one program first; a planted error
-    in the sigmoid's kernel fails it, then each kernel alone, and only the sigmoid's fails."""
-    import codegen.nvrtc
-
-    original = codegen.nvrtc.compile_cubin
-    kernels_per_program: list[int] = []
-
-    def planted(source: str, name: str, arch: int, arch_suffix: str = "") -> bytes:
-        kernels_per_program.append(source.count('extern "C" __global__'))
-        if "gd_sigmoid_mul_" in source:  # the sigmoid's kernel, alone or in a program with others
-            raise codegen.nvrtc.CompileError(f"NVRTC could not compile kernel '{name}' for sm_{arch}: a planted error")
-        return original(source, name, arch, arch_suffix)
-
-    monkeypatch.setattr(codegen.nvrtc, "compile_cubin", planted)
-    graphs = [plan_graphs.add_relu().validate(), plan_graphs.add_relu_and_sigmoid().validate()]
-    report = compile_graphs(graphs, (80,), store=KernelStore(tmp_path))
-    assert kernels_per_program[0] == report.compiled == report.kernels >= 2
-    assert kernels_per_program[1:] == [1] * report.kernels
-    assert len(report.failures) == 1 and "a planted error" in report.failures[0] and "two_groups" in report.failures[0]
