@@ -87,14 +87,15 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
     if p.zero_point is not None:
         zero, zs = params.tensor(p.zero_point), p.zero_point.static_stride
         nz = f"{to_pair}(live ? -gd::to<float>({zero}[(k0 / GROUP) * {zs[0]}LL + n * {zs[1]}LL]) * s : 0.0f)"
-    nz_array = f", {pair} (&nz)[UNROLL][TILES][2]" if nz else ""
+    nz_array = f"{pair} (&nz)[UNROLL][TILES][2]"
+    nz_out, nz_in = (f", {nz_array}", f", const {nz_array}") if nz else ("", "")  # fetch's and multiply's
     nz_arg, za, zb = (", nz[u][j][h]", ", za", ", zb") if nz else ("", "", "")
 
     def product(load: str) -> list[str]:
         """The K loop and its loads, reading 16 bytes with ``load``."""
         return [
             # the weights and scales of a set of chunks: the warp's chunks base + warp, base + warp + WARPS, ...
-            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_array}) {{",
+            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_out}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
             "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
@@ -112,7 +113,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "    }",
             "  }",
             "};",
-            f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_array.replace(', ', ', const ', 1)}) {{",
+            f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_in}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
             "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
