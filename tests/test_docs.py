@@ -203,10 +203,12 @@ def _run_blocks(path: Path, with_gpu: bool, namespace: dict[str, object]) -> int
 
 @pytest.fixture
 def in_scratch_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A temporary working directory in which ``examples/`` is the repository's."""
+    """A temporary working directory in which ``examples/`` is the repository's, and the compile
+    options a user has (not the check's GRAPHDNN_FAST_COMPILE: docs print compile options)."""
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GRAPHDNN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("GRAPHDNN_FAST_COMPILE", raising=False)
     return tmp_path
 
 

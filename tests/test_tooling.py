@@ -192,7 +192,7 @@ def test_lineinfo_is_a_compile_option_and_part_of_the_key(monkeypatch: pytest.Mo
     plain = gd.compile(graph, arch=ARCH, cache=None)
     monkeypatch.setenv("GRAPHDNN_LINEINFO", "1")
     lined = gd.compile(graph, arch=ARCH, cache=None)
-    assert key_fields(graph.validate(), 90).options.endswith(";lineinfo=True")
+    assert "lineinfo=True" in key_fields(graph.validate(), 90).options.split(";")
     assert lined.key != plain.key
     (before,), (after,) = plain.binaries.values(), lined.binaries.values()
     assert before.kernel_key != after.kernel_key
@@ -200,6 +200,20 @@ def test_lineinfo_is_a_compile_option_and_part_of_the_key(monkeypatch: pytest.Mo
     monkeypatch.setenv("GRAPHDNN_LINEINFO", "sometimes")
     with pytest.raises(gd.GraphError, match="GRAPHDNN_LINEINFO='sometimes' is not a boolean"):
         gd.compile(graph, arch=ARCH, cache=None)
+
+
+def test_fast_compile_is_a_compile_option_and_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test session sets GRAPHDNN_FAST_COMPILE without a GPU (conftest): its cubins must
+    never be taken for the optimised ones, in memory or on disk."""
+    graph = plan_graphs.add_relu(cols=35)
+    monkeypatch.delenv("GRAPHDNN_FAST_COMPILE", raising=False)
+    plain = gd.compile(graph, arch=ARCH, cache=None)
+    monkeypatch.setenv("GRAPHDNN_FAST_COMPILE", "1")
+    fast = gd.compile(graph, arch=ARCH, cache=None)
+    assert "ofast_compile=mid" in key_fields(graph.validate(), 90).options.split(";")
+    assert fast.key != plain.key
+    (before,), (after,) = plain.binaries.values(), fast.binaries.values()
+    assert before.kernel_key != after.kernel_key and before.cubin != after.cubin
 
 
 # -- packaging ---------------------------------------------------------------------------------------
