@@ -186,34 +186,29 @@ def test_inspect_out_needs_cuda(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert "--out names where --cuda writes kernel sources: add --cuda" in capsys.readouterr().err
 
 
-# -- lineinfo ----------------------------------------------------------------------------------------
-def test_lineinfo_is_a_compile_option_and_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+# -- compile switches ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("switch", "option"), [("GRAPHDNN_LINEINFO", "lineinfo=True"), ("GRAPHDNN_FAST_COMPILE", "ofast_compile=mid")]
+)
+def test_a_compile_switch_is_a_compile_option_and_part_of_the_key(
+    switch: str, option: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cubin built under a switch is never taken for one built without it, in memory or on
+    disk (the test session itself sets GRAPHDNN_FAST_COMPILE where there is no GPU: conftest)."""
     graph = plan_graphs.add_relu(cols=35)
+    monkeypatch.delenv(switch, raising=False)
     plain = gd.compile(graph, arch=ARCH, cache=None)
-    monkeypatch.setenv("GRAPHDNN_LINEINFO", "1")
-    lined = gd.compile(graph, arch=ARCH, cache=None)
-    assert "lineinfo=True" in key_fields(graph.validate(), 90).options.split(";")
-    assert lined.key != plain.key
-    (before,), (after,) = plain.binaries.values(), lined.binaries.values()
-    assert before.kernel_key != after.kernel_key
-    assert b".debug_line" in after.cubin and b".debug_line" not in before.cubin
-    monkeypatch.setenv("GRAPHDNN_LINEINFO", "sometimes")
-    with pytest.raises(gd.GraphError, match="GRAPHDNN_LINEINFO='sometimes' is not a boolean"):
-        gd.compile(graph, arch=ARCH, cache=None)
-
-
-def test_fast_compile_is_a_compile_option_and_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The test session sets GRAPHDNN_FAST_COMPILE without a GPU (conftest): its cubins must
-    never be taken for the optimised ones, in memory or on disk."""
-    graph = plan_graphs.add_relu(cols=35)
-    monkeypatch.delenv("GRAPHDNN_FAST_COMPILE", raising=False)
-    plain = gd.compile(graph, arch=ARCH, cache=None)
-    monkeypatch.setenv("GRAPHDNN_FAST_COMPILE", "1")
-    fast = gd.compile(graph, arch=ARCH, cache=None)
-    assert "ofast_compile=mid" in key_fields(graph.validate(), 90).options.split(";")
-    assert fast.key != plain.key
-    (before,), (after,) = plain.binaries.values(), fast.binaries.values()
+    monkeypatch.setenv(switch, "1")
+    switched = gd.compile(graph, arch=ARCH, cache=None)
+    assert option in key_fields(graph.validate(), 90).options.split(";")
+    assert switched.key != plain.key
+    (before,), (after,) = plain.binaries.values(), switched.binaries.values()
     assert before.kernel_key != after.kernel_key and before.cubin != after.cubin
+    if switch == "GRAPHDNN_LINEINFO":
+        assert b".debug_line" in after.cubin and b".debug_line" not in before.cubin
+    monkeypatch.setenv(switch, "sometimes")
+    with pytest.raises(gd.GraphError, match=f"{switch}='sometimes' is not a boolean"):
+        gd.compile(graph, arch=ARCH, cache=None)
 
 
 # -- packaging ---------------------------------------------------------------------------------------
