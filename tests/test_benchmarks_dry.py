@@ -95,6 +95,14 @@ def test_the_wgrad_benchmark_builds_its_default_plans() -> None:
     assert "| default |" in line and "_wgmma_splitk_" in line and "_splitk_reduce_" in line
 
 
+def test_the_grouped_conv_benchmark_builds_every_pass_of_every_layer() -> None:
+    """benchmarks/grouped_conv.py --dry: forward, dgrad and wgrad of each depthwise and grouped layer."""
+    result = _benchmark("grouped_conv.py", "--dry")
+    assert result.returncode == 0, result.stderr[-2000:]
+    passes = [line.split(" | ")[1] for line in result.stdout.splitlines()]
+    assert len(passes) >= 6 and passes == ["fprop", "dgrad", "wgrad"] * (len(passes) // 3), result.stdout
+
+
 def test_the_8bit_gemm_benchmark_plans_take_the_engine() -> None:
     """fp8 (per-tensor and row / column scales, block-scaled and MXFP8 as a matmul and as
     dequantize -> matmul) and int8 at 4096³ and 8192³: one warp-specialised kernel each, the
