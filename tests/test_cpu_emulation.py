@@ -36,7 +36,30 @@ def direct_case(name: str) -> gd.OperationGraphSpec:
     return graph
 
 
+def grouped_conv(kind: str, channels: int, groups: int, stride: int = 1) -> gd.OperationGraphSpec:
+    """A float NHWC 3x3 convolution pass of ``groups`` groups (depthwise: groups == channels), with
+    an odd size and channel count so that the threads' coordinates wrap unevenly."""
+    g = gd.OperationGraphSpec(name=f"{kind}_g{groups}_c{channels}_s{stride}_nhwc", io_data_type="float")
+    out = (7 + 2 - 3) // stride + 1
+    x_dim, w_dim, y_dim = [2, channels, 7, 7], [channels, channels // groups, 3, 3], [2, channels, out, out]
+
+    def tensor(name: str, dim: list[int]) -> gd.TensorSpec:
+        return g.tensor(name=name, dim=dim, stride=gd.nhwc_strides(dim))
+
+    conv = {"padding": [1, 1], "stride": [stride, stride]}
+    if kind == "fprop":
+        result, dim = g.conv_fprop(tensor("x", x_dim), tensor("w", w_dim), **conv), y_dim
+    else:
+        result, dim = g.conv_wgrad(tensor("x", x_dim), tensor("dy", y_dim), filter_dim=w_dim, **conv), w_dim
+    result.set_name("out").set_output(True).set_stride(gd.nhwc_strides(dim))
+    return g
+
+
 GRAPHS = [
+    grouped_conv("fprop", 9, 9),  # depthwise on the SIMT GEMM kernel: threads in NHWC order
+    grouped_conv("fprop", 12, 3, 2),
+    grouped_conv("wgrad", 9, 9),  # the direct sums kernel: lanes along c, then k, then the taps
+    grouped_conv("wgrad", 12, 4, 2),
     build(Case("layernorm_backward", "float", (7, 33), (1, 33))),  # 2 rows per block, a 64-thread group
     build(Case("layernorm_backward", "half", (7, 1000), (1, 1000))),  # 8-element vectors
     build(Case("rmsnorm_backward", "float", (1000, 1), (1, 1))),  # 128 rows per block

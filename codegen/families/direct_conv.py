@@ -8,7 +8,8 @@ convolution_mode "convolution" the filter is flipped: tap f uses w[F-1-f].
   dx[i] = sum over f and k of dy[p] * w[f], p = (i + a - f*l) / s where that divides and
   0 <= p < P; k runs over the output channels of the element's group.
 - wgrad: dw[k, c, f] = sum over (n, p) of dy[n, k, p] * x[n, group(k)*Cg + c, p*s + f*l - a],
-  one dw element per thread group with the reduction pattern (direct_reduce) over N*P.
+  one dw element per thread group with the reduction pattern (direct_reduce) over N*P, or
+  with NHWC data one per lane, the lanes along c then k.
 """
 
 from __future__ import annotations
@@ -144,7 +145,11 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             f"{params.tensor(dw, writable=True)}[{offset(dw, dw.static_dim, 'c')}] = {store(dw.data_type, totals[0])};"
         ]
 
-    kept = stride_order(dw.static_dim, dw.static_stride)
+    # Lanes take consecutive kept elements where dy's channel is innermost (NHWC): the filter
+    # taps outermost, then k, then c, so a warp reads runs of x's and dy's channels (for a
+    # depthwise filter, c has one value: in dw's own order the lanes would take the taps, whose
+    # x elements lie a channel count apart).
+    kept = stride_order(dw.static_dim, dw.static_stride) if rows else (*range(2, rank), 0, 1)
     sums = Sums("conv_wgrad", dims, kept, reduced, rows, terms, finish)
     kernels, scratch = sums_kernels(ctx, fused, sums, compute)
     return FusedProgram(fused.name, kernels, scratch)
