@@ -1,7 +1,7 @@
 """GEMM family: convolution forward and matmul with fused epilogues.
 
 CPU: every kernel is emitted and compiled with NVRTC for sm_80 and sm_90, and takes the
-path (tensor cores or SIMT) its layout calls for. GPU: results against the reference on
+path (tensor cores, SIMT or depthwise) its layout calls for. GPU: results against the reference on
 awkward shapes.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 import fusion_rules as fr
@@ -17,7 +18,11 @@ import graphdnn as gd
 from codegen.emit import emit_partition
 from codegen.families.gemm import candidates
 from codegen.nvrtc import compile_cubin
-from tests.gpu_check import check_on_gpu
+from graphdnn import reference
+from graphdnn.compare import relative_error, tolerance
+from graphdnn.random_inputs import random_inputs
+from graphdnn.runtime.frameworks import to_torch
+from tests.gpu_check import check_on_gpu, poisoned, to_numpy
 
 
 @dataclass(frozen=True)
@@ -127,12 +132,23 @@ SIMT = {
     "fp32_conv": Conv(dtype="float"),
     "c3_first_layer": Conv(c=3, hw=(15, 13), k=16, filt=(7, 7), stride=(2, 2), pre=(3, 3), post=(3, 3)),
     "grouped": Conv(c=16, k=24, groups=4),
-    "depthwise": Conv(c=16, k=16, groups=16, epilogue="bias_add_relu"),
+    "depthwise_multiplier": Conv(c=16, k=32, groups=16, epilogue="bias_add_relu"),  # 2 filters a channel
+    "depthwise_c_not_a_vector": Conv(c=12, k=12, groups=12),
     "nchw_input": Conv(nhwc=False),
     "double_conv": Conv(dtype="double", epilogue="bias_add_relu"),
     "matmul_fp32": Matmul(dtype="float"),
     "matmul_k_odd": Matmul(k=37),
     "matmul_double_batched": Matmul(batch_a=(2,), batch_b=(2,), dtype="double", epilogue="bias"),
+}
+
+# Depthwise NHWC with runs of 16 bytes of channels: codegen/families/gemm_depthwise.py
+DEPTHWISE = {
+    "depthwise": Conv(c=16, k=16, groups=16, epilogue="bias_add_relu"),
+    "depthwise_half_conv_mode_stride2": Conv(c=24, k=24, groups=24, dtype="half", stride=(2, 2), mode="convolution"),
+    "depthwise_fp32_dilation2_asym": Conv(
+        c=12, hw=(11, 6), k=12, groups=12, dtype="float", dilation=(2, 2), pre=(2, 0), post=(1, 3), epilogue="gelu"
+    ),
+    "depthwise_5x5_nchw_output": Conv(c=32, k=32, groups=32, filt=(5, 5), pre=(2, 2), post=(2, 2), out_nhwc=False),
 }
 
 
@@ -148,9 +164,12 @@ def gemm_kernels(graph: gd.OperationGraphSpec, arch: int) -> list:
 
 
 @pytest.mark.parametrize("arch", [80, 90])
-@pytest.mark.parametrize(("case", "path"), [*[(c, "mma") for c in TENSOR_CORE], *[(c, "simt") for c in SIMT]])
+@pytest.mark.parametrize(
+    ("case", "path"),
+    [*[(c, "mma") for c in TENSOR_CORE], *[(c, "simt") for c in SIMT], *[(c, "depthwise") for c in DEPTHWISE]],
+)
 def test_gemm_kernels_compile_and_take_their_path(case: str, path: str, arch: int) -> None:
-    spec = {**TENSOR_CORE, **SIMT}[case]
+    spec = {**TENSOR_CORE, **SIMT, **DEPTHWISE}[case]
     (kernel,) = gemm_kernels(spec.build(), arch)
     assert f"_{path}_" in kernel.name
     assert max(kernel.block) <= 1024 and kernel.block[0] % 32 == 0
@@ -180,9 +199,30 @@ def test_kernel_header_names_the_graph_and_nodes() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [*TENSOR_CORE, *SIMT])
+@pytest.mark.parametrize("case", [*TENSOR_CORE, *SIMT, *DEPTHWISE])
 def test_gemm_matches_reference_on_gpu(case: str) -> None:
-    check_on_gpu({**TENSOR_CORE, **SIMT}[case].build(), seed=zlib.crc32(case.encode()))
+    check_on_gpu({**TENSOR_CORE, **SIMT, **DEPTHWISE}[case].build(), seed=zlib.crc32(case.encode()))
+
+
+@pytest.mark.gpu
+def test_depthwise_reads_a_misaligned_image_element_by_element() -> None:
+    """An image two bytes past a 16-byte boundary: the runtime's aligned flag is 0 and the
+    kernel reads its channels one by one, with the same result."""
+    import torch
+
+    graph = DEPTHWISE["depthwise"].build()
+    ir = graph.validate()
+    feeds = random_inputs(ir, 7)
+    expected = reference.execute(ir, feeds)
+    pack = {t.name: to_torch(feeds[t.name], t) for t in ir.inputs}
+    x = pack["x"]
+    pack["x"] = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device).as_strided(x.shape, x.stride(), 1)
+    pack["x"].copy_(x)
+    (out,) = ir.outputs
+    result = poisoned(out)
+    gd.compile(graph).execute({**pack, out.name: result})
+    torch.cuda.synchronize()
+    assert relative_error(to_numpy(result), expected[out.name].astype(np.float64)) <= tolerance(out.data_type)
 
 
 @pytest.mark.gpu

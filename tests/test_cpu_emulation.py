@@ -36,21 +36,31 @@ def direct_case(name: str) -> gd.OperationGraphSpec:
     return graph
 
 
-def grouped_conv(kind: str, channels: int, groups: int, stride: int = 1) -> gd.OperationGraphSpec:
-    """A float NHWC 3x3 convolution pass of ``groups`` groups (depthwise: groups == channels), with
-    an odd size and channel count so that the threads' coordinates wrap unevenly."""
-    g = gd.OperationGraphSpec(name=f"{kind}_g{groups}_c{channels}_s{stride}_nhwc", io_data_type="float")
-    out = (7 + 2 - 3) // stride + 1
+def grouped_conv(
+    kind: str, channels: int, groups: int, stride: int = 1, io: str = "float", **options: object
+) -> gd.OperationGraphSpec:
+    """An NHWC 3x3 convolution pass of ``groups`` groups (depthwise: groups == channels) on a 7x7
+    image, so that the threads' coordinates wrap unevenly. ``options``: ``dilation``, ``mode``
+    (true convolution: the filter flipped) and ``bias_relu`` (a fused epilogue, forward only)."""
+    name = "_".join([kind, f"g{groups}", f"c{channels}", f"s{stride}", io, *options])
+    g = gd.OperationGraphSpec(name=name, io_data_type=io)
+    dilation = int(options.get("dilation", 1))  # type: ignore[call-overload]
+    out = (7 + 2 * dilation - 1 - 2 * dilation) // stride + 1
     x_dim, w_dim, y_dim = [2, channels, 7, 7], [channels, channels // groups, 3, 3], [2, channels, out, out]
 
     def tensor(name: str, dim: list[int]) -> gd.TensorSpec:
         return g.tensor(name=name, dim=dim, stride=gd.nhwc_strides(dim))
 
-    conv = {"padding": [1, 1], "stride": [stride, stride]}
+    conv: dict[str, object] = {"padding": [dilation] * 2, "stride": [stride] * 2, "dilation": [dilation] * 2}
+    if options.get("mode"):
+        conv["convolution_mode"] = "CONVOLUTION"
     if kind == "fprop":
-        result, dim = g.conv_fprop(tensor("x", x_dim), tensor("w", w_dim), **conv), y_dim
+        result, dim = g.conv_fprop(tensor("x", x_dim), tensor("w", w_dim), **conv), y_dim  # type: ignore[arg-type]
+        if options.get("bias_relu"):
+            result = g.relu(g.add(result, g.tensor(name="bias", dim=[1, channels, 1, 1])))
     else:
-        result, dim = g.conv_wgrad(tensor("x", x_dim), tensor("dy", y_dim), filter_dim=w_dim, **conv), w_dim
+        result = g.conv_wgrad(tensor("x", x_dim), tensor("dy", y_dim), filter_dim=w_dim, **conv)  # type: ignore[arg-type]
+        dim = w_dim
     result.set_name("out").set_output(True).set_stride(gd.nhwc_strides(dim))
     return g
 
@@ -58,6 +68,9 @@ def grouped_conv(kind: str, channels: int, groups: int, stride: int = 1) -> gd.O
 GRAPHS = [
     grouped_conv("fprop", 9, 9),  # depthwise on the SIMT GEMM kernel: threads in NHWC order
     grouped_conv("fprop", 12, 3, 2),
+    grouped_conv("fprop", 12, 12, bias_relu=True),  # the depthwise kernel: runs of 4 float channels
+    grouped_conv("fprop", 8, 8, 2, dilation=2, mode=True),
+    grouped_conv("fprop", 24, 24, io="half", bias_relu=True),  # runs of 8 half channels
     grouped_conv("wgrad", 9, 9),  # the direct sums kernel: lanes along c, then k, then the taps
     grouped_conv("wgrad", 12, 4, 2),
     build(Case("layernorm_backward", "float", (7, 33), (1, 33))),  # 2 rows per block, a 64-thread group

@@ -1,0 +1,114 @@
+"""Depthwise convolution in NHWC (one input channel per group and one output channel per
+input channel: the spatial filters of MobileNet, EfficientNet and ConvNeXt).
+
+A depthwise layer has no reduction over channels, so the tensor cores have nothing to do
+and the SIMT kernel's one output element per thread reads the image two bytes at a time.
+Here each thread takes a run of VEC channels (16 bytes) of one output pixel: at each filter
+tap it reads those channels of the image as one vector (or element by element where the
+runtime's ``aligned`` flag says a pointer is not 16-byte aligned: the same mapping), and the
+tap's VEC weights as elements (a depthwise filter is small and stays in L1). The fused
+epilogue runs per channel, as the SIMT kernel's does. Threads run along the channels, then
+the pixels, so a warp's reads and writes are contiguous.
+"""
+
+from __future__ import annotations
+
+from fusion_rules import FusedNode
+from graphdnn.dtypes import DataType
+from graphdnn.ops.conv import ConvMode
+
+from ..context import EmitContext, compute_of, indent, kernel_source, pattern_name
+from ..cuda_types import cuda_type, load
+from ..indexing import loop_index_type
+from ..kernel import Kernel
+from .gemm_epilogue import Epilogue
+from .gemm_problem import Problem, declare
+
+THREADS = 256
+MAX_BLOCKS = 65535
+VECTOR_BYTES = 16
+TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
+
+
+def takes_depthwise(p: Problem) -> bool:
+    """A static 2-d depthwise convolution forward over an NHWC image whose channel runs read
+    as 16-byte vectors: the image's and filter's type fp16, bf16 or fp32 (the same), C a
+    multiple of the vector, the image's other strides too, the output's channels contiguous."""
+    x, w, y = p.a, p.b, p.out
+    if p.node.op != "conv_fprop" or p.is_dynamic or len(y.dim) != 4:
+        return False
+    channels = x.static_dim[1]
+    if not (p.groups == channels == y.static_dim[1] and w.static_dim[1] == 1):
+        return False
+    if x.data_type is not w.data_type or x.data_type not in TYPES:
+        return False
+    vec = VECTOR_BYTES // x.data_type.itemsize
+    return (
+        channels % vec == 0
+        and x.static_stride[1] == 1
+        and all(s % vec == 0 for axis, s in enumerate(x.static_stride) if axis != 1)
+        and y.static_stride[1] == 1
+    )
+
+
+def depthwise_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
+    params, names = declare(fused, p)
+    aligned = params.aligned_flag()
+    x, w, y = p.a, p.b, p.out
+    compute = compute_of([x, w, *fused.outputs])
+    element = cuda_type(x.data_type)
+    vec = VECTOR_BYTES // x.data_type.itemsize
+    n, _, out_h, out_w = y.static_dim
+    runs = n * out_h * out_w * (x.static_dim[1] // vec)
+    blocks = min(max(1, -(-runs // THREADS)), MAX_BLOCKS)
+    itype = loop_index_type([*fused.inputs, *fused.outputs], runs * vec, blocks * THREADS)
+    a = p.attrs
+    xs, ws = x.static_stride, w.static_stride
+    flip = a.convolution_mode is ConvMode.CONVOLUTION
+    weight = names[w.id]
+
+    def tap(axis: int, f: str) -> str:
+        return f"({w.static_dim[axis] - 1} - {f})" if flip else f
+
+    def products(read: str) -> list[str]:
+        k_at = f"(cb * {vec} + j) * {ws[0]} + {tap(2, 'r')} * {ws[2]} + {tap(3, 's')} * {ws[3]}"
+        return [
+            "#pragma unroll",
+            f"for (int j = 0; j < {vec}; ++j) acc[j] += {read} * {load(w.data_type, f'{weight}[{k_at}]', compute)};",
+        ]
+
+    body = [
+        f"const {itype} stride = ({itype})gridDim.x * blockDim.x;",
+        f"for ({itype} e = ({itype})blockIdx.x * blockDim.x + threadIdx.x; e < {runs}; e += stride) {{",
+        f"  const {itype} cb = e % {x.static_dim[1] // vec};  // the run of channels",
+        f"  const {itype} pixel = e / {x.static_dim[1] // vec};",
+        f"  const {itype} c3 = pixel % {out_w};",
+        f"  const {itype} c2 = pixel / {out_w} % {out_h};",
+        f"  const {itype} c0 = pixel / {out_w * out_h};",
+        f"  {compute} acc[{vec}] = {{}};",
+        "  #pragma unroll",
+        f"  for (int r = 0; r < {w.static_dim[2]}; ++r) {{",
+        f"    const {itype} h = c2 * {a.stride[0]} - {a.pre_padding[0]} + r * {a.dilation[0]};",
+        f"    if (h < 0 || h >= {x.static_dim[2]}) continue;",
+        "    #pragma unroll",
+        f"    for (int s = 0; s < {w.static_dim[3]}; ++s) {{",
+        f"      const {itype} q = c3 * {a.stride[1]} - {a.pre_padding[1]} + s * {a.dilation[1]};",
+        f"      if (q < 0 || q >= {x.static_dim[3]}) continue;",
+        f"      const {element}* at = {names[x.id]} + c0 * {xs[0]} + h * {xs[2]} + q * {xs[3]} + cb * {vec};",
+        f"      if ({aligned}) {{",
+        f"        const gd::Vec<{element}, {vec}> image = gd::load_vec<{element}, {vec}>(at);",
+        *("        " + line for line in products(f"gd::element<{compute}>(image, j)")),
+        "      } else {",
+        *("        " + line for line in products(load(x.data_type, "at[j]", compute))),
+        "      }",
+        "    }",
+        "  }",
+        "  #pragma unroll",
+        f"  for (int j = 0; j < {vec}; ++j) {{",
+        f"    const {itype} c1 = cb * {vec} + j;",
+        *("    " + line for line in Epilogue(fused, p, names, compute).statements("acc[j]")),
+        "  }",
+        "}",
+    ]
+    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_depthwise", params, THREADS, indent(body, 1))
+    return Kernel(name, source, (blocks, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings))
