@@ -1,7 +1,7 @@
 """GEMM family: convolution forward and matmul with fused epilogues.
 
 CPU: every kernel is emitted and compiled with NVRTC for sm_80 and sm_90, and takes the
-path (tensor cores, SIMT or depthwise) its layout calls for. GPU: results against the reference on
+path (tensor cores, SIMT, depthwise or small groups) its layout calls for. GPU: results against the reference on
 awkward shapes.
 """
 
@@ -141,7 +141,7 @@ SIMT = {
     "matmul_double_batched": Matmul(batch_a=(2,), batch_b=(2,), dtype="double", epilogue="bias"),
 }
 
-# Depthwise NHWC with runs of 16 bytes of channels: codegen/families/gemm_depthwise.py
+# Depthwise and small-group NHWC with runs of 16 bytes of channels: codegen/families/gemm_grouped_conv.py
 DEPTHWISE = {
     "depthwise": Conv(c=16, k=16, groups=16, epilogue="bias_add_relu"),
     "depthwise_half_conv_mode_stride2": Conv(c=24, k=24, groups=24, dtype="half", stride=(2, 2), mode="convolution"),
@@ -149,6 +149,11 @@ DEPTHWISE = {
         c=12, hw=(11, 6), k=12, groups=12, dtype="float", dilation=(2, 2), pre=(2, 0), post=(1, 3), epilogue="gelu"
     ),
     "depthwise_5x5_nchw_output": Conv(c=32, k=32, groups=32, filt=(5, 5), pre=(2, 2), post=(2, 2), out_nhwc=False),
+}
+GROUPED = {
+    "grouped_4_channels": Conv(c=32, k=32, groups=8, epilogue="bias_add_relu"),  # ResNeXt 32x4d's kind
+    "grouped_8_channels_half_stride2": Conv(c=16, hw=(9, 8), k=16, groups=2, dtype="half", stride=(2, 2)),
+    "grouped_2_channels_fp32_conv_mode": Conv(c=8, k=8, groups=4, dtype="float", mode="convolution", epilogue="gelu"),
 }
 
 
@@ -166,10 +171,15 @@ def gemm_kernels(graph: gd.OperationGraphSpec, arch: int) -> list:
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize(
     ("case", "path"),
-    [*[(c, "mma") for c in TENSOR_CORE], *[(c, "simt") for c in SIMT], *[(c, "depthwise") for c in DEPTHWISE]],
+    [
+        *[(c, "mma") for c in TENSOR_CORE],
+        *[(c, "simt") for c in SIMT],
+        *[(c, "depthwise") for c in DEPTHWISE],
+        *[(c, "grouped") for c in GROUPED],
+    ],
 )
 def test_gemm_kernels_compile_and_take_their_path(case: str, path: str, arch: int) -> None:
-    spec = {**TENSOR_CORE, **SIMT, **DEPTHWISE}[case]
+    spec = {**TENSOR_CORE, **SIMT, **DEPTHWISE, **GROUPED}[case]
     (kernel,) = gemm_kernels(spec.build(), arch)
     assert f"_{path}_" in kernel.name
     assert max(kernel.block) <= 1024 and kernel.block[0] % 32 == 0
@@ -199,9 +209,9 @@ def test_kernel_header_names_the_graph_and_nodes() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [*TENSOR_CORE, *SIMT, *DEPTHWISE])
+@pytest.mark.parametrize("case", [*TENSOR_CORE, *SIMT, *DEPTHWISE, *GROUPED])
 def test_gemm_matches_reference_on_gpu(case: str) -> None:
-    check_on_gpu({**TENSOR_CORE, **SIMT, **DEPTHWISE}[case].build(), seed=zlib.crc32(case.encode()))
+    check_on_gpu({**TENSOR_CORE, **SIMT, **DEPTHWISE, **GROUPED}[case].build(), seed=zlib.crc32(case.encode()))
 
 
 @pytest.mark.gpu

@@ -69,7 +69,7 @@ from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel, Scratch
 from . import direct_conv
 from . import gemm_weight_only as weight_only
-from .gemm_depthwise import depthwise_kernel, takes_depthwise
+from .gemm_grouped_conv import grouped_conv_kernel, takes_grouped_conv
 from .gemm_mma import TILE_CANDIDATES, mma_kernel, tile_config
 from .gemm_problem import Problem, eight_bit_slow_path, on_tensor_cores, problem_of
 from .gemm_simt import simt_kernel
@@ -99,7 +99,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if problem.is_dynamic:
         _check_dynamic(problem, ctx)
     if not on_tensor_cores(problem, ctx.arch):
-        kernel = depthwise_kernel if takes_depthwise(problem) else simt_kernel
+        kernel = grouped_conv_kernel if takes_grouped_conv(problem) else simt_kernel
         return FusedProgram(fused.name, (kernel(fused, ctx, problem),))
     if problem.is_dynamic and not ctx.tuning:
         return _dynamic_default(fused, ctx, problem)

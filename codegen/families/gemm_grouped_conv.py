@@ -1,17 +1,21 @@
-"""Depthwise convolution in NHWC (one input channel per group and one output channel per
-input channel: the spatial filters of MobileNet, EfficientNet and ConvNeXt).
+"""Depthwise and small-group convolutions in NHWC: as many output channels as input channels,
+in groups of G = 1 (depthwise: the spatial filters of MobileNet, EfficientNet, ConvNeXt), 2, 4
+or 8 channels (ResNeXt's grouped 3x3s), G dividing a 16-byte run of channels.
 
-A depthwise layer has no reduction over channels, so the tensor cores have nothing to do
-and the SIMT kernel's one output element per thread reads the image two bytes at a time.
-Here each thread takes a run of VEC channels (16 bytes) of one output pixel: at each filter
-tap it reads those channels of the image as one vector (or element by element where the
-runtime's ``aligned`` flag says a pointer is not 16-byte aligned: the same mapping), and the
-tap's VEC weights as elements (a depthwise filter is small and stays in L1). The fused
-epilogue runs per channel, as the SIMT kernel's does. Threads run along the channels, then
-the pixels, so a warp's reads and writes are contiguous.
+Such a layer has almost no reduction over channels (G per output), so the tensor cores have
+little to do, and the SIMT kernel's one output element per thread reads the image two bytes
+at a time. Here each thread takes a run of VEC output channels (16 bytes) of one output
+pixel: their groups read exactly the same run of VEC image channels, so at each filter tap it
+reads them as one vector (element by element where the runtime's ``aligned`` flag says a
+pointer is not 16-byte aligned: the same mapping), and the tap's VEC x G weights as elements
+(a grouped filter is small and stays in L1). The fused epilogue runs per channel, as the
+SIMT kernel's does. Threads run along the channels, then the pixels, so a warp's reads and
+writes are contiguous.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
@@ -30,19 +34,20 @@ VECTOR_BYTES = 16
 TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 
 
-def takes_depthwise(p: Problem) -> bool:
-    """A static 2-d depthwise convolution forward over an NHWC image whose channel runs read
-    as 16-byte vectors: the image's and filter's type fp16, bf16 or fp32 (the same), C a
-    multiple of the vector, the image's other strides too, the output's channels contiguous."""
+def takes_grouped_conv(p: Problem) -> bool:
+    """A static 2-d grouped convolution forward with C = K and G = C / groups channels a group
+    dividing the vector, over an NHWC image whose channel runs read as 16-byte vectors: the
+    image's and filter's type fp16, bf16 or fp32 (the same), C a multiple of the vector, the
+    image's other strides too, the output's channels contiguous."""
     x, w, y = p.a, p.b, p.out
     if p.node.op != "conv_fprop" or p.is_dynamic or len(y.dim) != 4:
         return False
-    channels = x.static_dim[1]
-    if not (p.groups == channels == y.static_dim[1] and w.static_dim[1] == 1):
-        return False
     if x.data_type is not w.data_type or x.data_type not in TYPES:
         return False
+    channels, per_group = x.static_dim[1], w.static_dim[1]
     vec = VECTOR_BYTES // x.data_type.itemsize
+    if not (channels == y.static_dim[1] and p.groups > 1 and vec % per_group == 0):
+        return False
     return (
         channels % vec == 0
         and x.static_stride[1] == 1
@@ -51,7 +56,7 @@ def takes_depthwise(p: Problem) -> bool:
     )
 
 
-def depthwise_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
+def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     params, names = declare(fused, p)
     aligned = params.aligned_flag()
     x, w, y = p.a, p.b, p.out
@@ -65,16 +70,21 @@ def depthwise_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     a = p.attrs
     xs, ws = x.static_stride, w.static_stride
     flip = a.convolution_mode is ConvMode.CONVOLUTION
-    weight = names[w.id]
+    weight, group = names[w.id], w.static_dim[1]
 
     def tap(axis: int, f: str) -> str:
         return f"({w.static_dim[axis] - 1} - {f})" if flip else f
 
-    def products(read: str) -> list[str]:
-        k_at = f"(cb * {vec} + j) * {ws[0]} + {tap(2, 'r')} * {ws[2]} + {tap(3, 's')} * {ws[3]}"
+    def products(read: Callable[[str], str]) -> list[str]:
+        """Output channel j of the run sums its group's G image channels, ``read(index in the run)``."""
+        k_at = f"(cb * {vec} + j) * {ws[0]} + ci * {ws[1]} + {tap(2, 'r')} * {ws[2]} + {tap(3, 's')} * {ws[3]}"
+        product = f"{read(f'j / {group} * {group} + ci')} * {load(w.data_type, f'{weight}[{k_at}]', compute)}"
         return [
             "#pragma unroll",
-            f"for (int j = 0; j < {vec}; ++j) acc[j] += {read} * {load(w.data_type, f'{weight}[{k_at}]', compute)};",
+            f"for (int j = 0; j < {vec}; ++j) {{",
+            "  #pragma unroll",
+            f"  for (int ci = 0; ci < {group}; ++ci) acc[j] += {product};",
+            "}",
         ]
 
     body = [
@@ -97,9 +107,9 @@ def depthwise_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         f"      const {element}* at = {names[x.id]} + c0 * {xs[0]} + h * {xs[2]} + q * {xs[3]} + cb * {vec};",
         f"      if ({aligned}) {{",
         f"        const gd::Vec<{element}, {vec}> image = gd::load_vec<{element}, {vec}>(at);",
-        *("        " + line for line in products(f"gd::element<{compute}>(image, j)")),
+        *("        " + line for line in products(lambda i: f"gd::element<{compute}>(image, {i})")),
         "      } else {",
-        *("        " + line for line in products(load(x.data_type, "at[j]", compute))),
+        *("        " + line for line in products(lambda i: load(x.data_type, f"at[{i}]", compute))),
         "      }",
         "    }",
         "  }",
@@ -110,5 +120,7 @@ def depthwise_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "  }",
         "}",
     ]
-    name, source = kernel_source(ctx, fused, pattern_name(fused) + "_depthwise", params, THREADS, indent(body, 1))
+    name, source = kernel_source(
+        ctx, fused, pattern_name(fused) + ("_depthwise" if group == 1 else "_grouped"), params, THREADS, indent(body, 1)
+    )
     return Kernel(name, source, (blocks, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings))
