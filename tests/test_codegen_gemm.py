@@ -149,6 +149,9 @@ DEPTHWISE = {
         c=12, hw=(11, 6), k=12, groups=12, dtype="float", dilation=(2, 2), pre=(2, 0), post=(1, 3), epilogue="gelu"
     ),
     "depthwise_5x5_nchw_output": Conv(c=32, k=32, groups=32, filt=(5, 5), pre=(2, 2), post=(2, 2), out_nhwc=False),
+    "depthwise_filter_over_32k_in_memory": Conv(
+        n=1, c=672, hw=(5, 4), k=672, groups=672, filt=(5, 5), pre=(2, 2), post=(2, 2), mode="convolution"
+    ),
 }
 GROUPED = {
     "grouped_4_channels": Conv(c=32, k=32, groups=8, epilogue="bias_add_relu"),  # ResNeXt 32x4d's kind

@@ -7,10 +7,11 @@ little to do, and the SIMT kernel's one output element per thread reads the imag
 at a time. Here each thread takes a run of VEC output channels (16 bytes) of one output
 pixel: their groups read exactly the same run of VEC image channels, so at each filter tap it
 reads them as one vector (element by element where the runtime's ``aligned`` flag says a
-pointer is not 16-byte aligned: the same mapping), and the tap's VEC x G weights as elements
-(a grouped filter is small and stays in L1). The fused epilogue runs per channel, as the
-SIMT kernel's does. Threads run along the channels, then the pixels, so a warp's reads and
-writes are contiguous.
+pointer is not 16-byte aligned: the same mapping). Each block first stages the filter in
+shared memory as [tap][ci][k], so that a tap's weights for a run are G vectors (a filter
+over STAGED_BYTES is read from memory an element at a time), and then walks its share of
+the runs. The fused epilogue runs per channel, as the SIMT kernel's does. Threads run along
+the channels, then the pixels, so a warp's reads and writes are contiguous.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
 from graphdnn.ops.conv import ConvMode
 
@@ -29,8 +31,10 @@ from .gemm_epilogue import Epilogue
 from .gemm_problem import Problem, declare
 
 THREADS = 256
+RESIDENT_BLOCKS = 8  # blocks of THREADS per SM at full occupancy
 MAX_BLOCKS = 65535
 VECTOR_BYTES = 16
+STAGED_BYTES = 32 * 1024  # a filter up to this size is staged in shared memory (static: any arch)
 TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 
 
@@ -63,45 +67,66 @@ def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kerne
     compute = compute_of([x, w, *fused.outputs])
     element = cuda_type(x.data_type)
     vec = VECTOR_BYTES // x.data_type.itemsize
-    n, _, out_h, out_w = y.static_dim
-    runs = n * out_h * out_w * (x.static_dim[1] // vec)
-    blocks = min(max(1, -(-runs // THREADS)), MAX_BLOCKS)
+    n, channels, out_h, out_w = y.static_dim
+    runs = n * out_h * out_w * (channels // vec)
+    # A resident grid: each block stages the filter once, then walks several runs.
+    blocks = min(max(1, -(-runs // THREADS)), sm_count(ctx.arch) * RESIDENT_BLOCKS, MAX_BLOCKS)
     itype = loop_index_type([*fused.inputs, *fused.outputs], runs * vec, blocks * THREADS)
     a = p.attrs
     xs, ws = x.static_stride, w.static_stride
+    group, taps_h, taps_w = w.static_dim[1:]
     flip = a.convolution_mode is ConvMode.CONVOLUTION
-    weight, group = names[w.id], w.static_dim[1]
-
-    def tap(axis: int, f: str) -> str:
-        return f"({w.static_dim[axis] - 1} - {f})" if flip else f
+    tap_r, tap_s = (f"({taps_h - 1} - r)", f"({taps_w - 1} - s)") if flip else ("r", "s")
+    staged = w.static_numel * x.data_type.itemsize <= STAGED_BYTES
 
     def products(read: Callable[[str], str]) -> list[str]:
-        """Output channel j of the run sums its group's G image channels, ``read(index in the run)``."""
-        k_at = f"(cb * {vec} + j) * {ws[0]} + ci * {ws[1]} + {tap(2, 'r')} * {ws[2]} + {tap(3, 's')} * {ws[3]}"
-        product = f"{read(f'j / {group} * {group} + ci')} * {load(w.data_type, f'{weight}[{k_at}]', compute)}"
+        """Output channel j of the run sums its group's G image channels (``read(index in the
+        run)``) times its filter at the tap: from the staged filter, a vector of the run's
+        channels per ci; from the filter in memory, an element each."""
+        x_at = f"j / {group} * {group} + ci"
+        if staged:
+            at = f"(({tap_r} * {taps_w} + {tap_s}) * {group} + ci) * {channels} + cb * {vec}"
+            weights = f"gd::load_vec<{element}, {vec}>(filter + {at})"
+            weight = f"gd::element<{compute}>(taps, j)"
+            fetch = [f"  const gd::Vec<{element}, {vec}> taps = {weights};"]
+        else:
+            k_at = f"(cb * {vec} + j) * {ws[0]} + ci * {ws[1]} + {tap_r} * {ws[2]} + {tap_s} * {ws[3]}"
+            weight, fetch = load(w.data_type, f"{names[w.id]}[{k_at}]", compute), []
         return [
             "#pragma unroll",
-            f"for (int j = 0; j < {vec}; ++j) {{",
+            f"for (int ci = 0; ci < {group}; ++ci) {{",
+            *fetch,
             "  #pragma unroll",
-            f"  for (int ci = 0; ci < {group}; ++ci) acc[j] += {product};",
+            f"  for (int j = 0; j < {vec}; ++j) acc[j] += {read(x_at)} * {weight};",
             "}",
         ]
 
+    stage = []
+    if staged:  # the filter as [tap][ci][k]: a run's k contiguous
+        stage = [
+            f"__shared__ __align__(16) {element} filter[{w.static_numel}];",
+            f"for (int i = threadIdx.x; i < {w.static_numel}; i += blockDim.x) {{",
+            f"  const int k = i % {channels}, ci = i / {channels} % {group}, t = i / {channels * group};",
+            f"  filter[i] = {names[w.id]}[k * {ws[0]} + ci * {ws[1]} + t / {taps_w} * {ws[2]} + t % {taps_w} * {ws[3]}];",
+            "}",
+            "__syncthreads();",
+        ]
     body = [
+        *stage,
         f"const {itype} stride = ({itype})gridDim.x * blockDim.x;",
         f"for ({itype} e = ({itype})blockIdx.x * blockDim.x + threadIdx.x; e < {runs}; e += stride) {{",
-        f"  const {itype} cb = e % {x.static_dim[1] // vec};  // the run of channels",
-        f"  const {itype} pixel = e / {x.static_dim[1] // vec};",
+        f"  const {itype} cb = e % {channels // vec};  // the run of channels",
+        f"  const {itype} pixel = e / {channels // vec};",
         f"  const {itype} c3 = pixel % {out_w};",
         f"  const {itype} c2 = pixel / {out_w} % {out_h};",
         f"  const {itype} c0 = pixel / {out_w * out_h};",
         f"  {compute} acc[{vec}] = {{}};",
         "  #pragma unroll",
-        f"  for (int r = 0; r < {w.static_dim[2]}; ++r) {{",
+        f"  for (int r = 0; r < {taps_h}; ++r) {{",
         f"    const {itype} h = c2 * {a.stride[0]} - {a.pre_padding[0]} + r * {a.dilation[0]};",
         f"    if (h < 0 || h >= {x.static_dim[2]}) continue;",
         "    #pragma unroll",
-        f"    for (int s = 0; s < {w.static_dim[3]}; ++s) {{",
+        f"    for (int s = 0; s < {taps_w}; ++s) {{",
         f"      const {itype} q = c3 * {a.stride[1]} - {a.pre_padding[1]} + s * {a.dilation[1]};",
         f"      if (q < 0 || q >= {x.static_dim[3]}) continue;",
         f"      const {element}* at = {names[x.id]} + c0 * {xs[0]} + h * {xs[2]} + q * {xs[3]} + cb * {vec};",
