@@ -134,6 +134,7 @@ SIMT = {
     "grouped": Conv(c=16, k=24, groups=4),
     "depthwise_multiplier": Conv(c=16, k=32, groups=16, epilogue="bias_add_relu"),  # 2 filters a channel
     "depthwise_c_not_a_vector": Conv(c=12, k=12, groups=12),
+    "grouped_filter_over_48k": Conv(n=1, c=512, hw=(4, 5), k=512, groups=64),  # 8 channels a group, 72 KiB
     "nchw_input": Conv(nhwc=False),
     "double_conv": Conv(dtype="double", epilogue="bias_add_relu"),
     "matmul_fp32": Matmul(dtype="float"),
@@ -149,8 +150,8 @@ DEPTHWISE = {
         c=12, hw=(11, 6), k=12, groups=12, dtype="float", dilation=(2, 2), pre=(2, 0), post=(1, 3), epilogue="gelu"
     ),
     "depthwise_5x5_nchw_output": Conv(c=32, k=32, groups=32, filt=(5, 5), pre=(2, 2), post=(2, 2), out_nhwc=False),
-    "depthwise_filter_over_32k_in_memory": Conv(
-        n=1, c=672, hw=(5, 4), k=672, groups=672, filt=(5, 5), pre=(2, 2), post=(2, 2), mode="convolution"
+    "depthwise_filter_over_48k_in_memory": Conv(
+        n=1, c=1008, hw=(5, 4), k=1008, groups=1008, filt=(5, 5), pre=(2, 2), post=(2, 2), mode="convolution"
     ),
 }
 GROUPED = {

@@ -73,7 +73,7 @@ GRAPHS = [
     grouped_conv("fprop", 24, 24, io="half", bias_relu=True),  # runs of 8 half channels
     grouped_conv("fprop", 8, 4, 2, mode=True),  # 2 channels a group: a run holds two groups
     grouped_conv("fprop", 16, 4, io="half"),  # 4 channels a group
-    grouped_conv("fprop", 912, 912),  # a filter over 32 KiB: read from memory, not staged
+    grouped_conv("fprop", 1368, 1368),  # a filter over 48 KiB: read from memory, not staged
     grouped_conv("wgrad", 9, 9),  # the direct sums kernel: lanes along c, then k, then the taps
     grouped_conv("wgrad", 12, 4, 2),
     build(Case("layernorm_backward", "float", (7, 33), (1, 33))),  # 2 rows per block, a 64-thread group

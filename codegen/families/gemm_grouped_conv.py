@@ -8,9 +8,9 @@ at a time. Here each thread takes a run of VEC output channels (16 bytes) of one
 pixel: their groups read exactly the same run of VEC image channels, so at each filter tap it
 reads them as one vector (element by element where the runtime's ``aligned`` flag says a
 pointer is not 16-byte aligned: the same mapping). Each block first stages the filter in
-shared memory as [tap][ci][k], so that a tap's weights for a run are G vectors (a filter
-over STAGED_BYTES is read from memory an element at a time), and then walks its share of
-the runs. The fused epilogue runs per channel, as the SIMT kernel's does. Threads run along
+shared memory as [tap][ci][k], so that a tap's weights for a run are G vectors (a depthwise
+filter over STAGED_BYTES is read from memory an element at a time; a larger grouped one
+takes the SIMT kernel), and then walks its share of the runs. The fused epilogue runs per channel, as the SIMT kernel's does. Threads run along
 the channels, then the pixels, so a warp's reads and writes are contiguous.
 """
 
@@ -34,7 +34,7 @@ THREADS = 256
 RESIDENT_BLOCKS = 8  # blocks of THREADS per SM at full occupancy
 MAX_BLOCKS = 65535
 VECTOR_BYTES = 16
-STAGED_BYTES = 32 * 1024  # a filter up to this size is staged in shared memory (static: any arch)
+STAGED_BYTES = 48 * 1024  # a filter up to this size is staged in shared memory (static: any arch)
 TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 
 
@@ -42,7 +42,8 @@ def takes_grouped_conv(p: Problem) -> bool:
     """A static 2-d grouped convolution forward with C = K and G = C / groups channels a group
     dividing the vector, over an NHWC image whose channel runs read as 16-byte vectors: the
     image's and filter's type fp16, bf16 or fp32 (the same), C a multiple of the vector, the
-    image's other strides too, the output's channels contiguous."""
+    image's other strides too, the output's channels contiguous; a filter of several channels
+    a group no larger than STAGED_BYTES."""
     x, w, y = p.a, p.b, p.out
     if p.node.op != "conv_fprop" or p.is_dynamic or len(y.dim) != 4:
         return False
@@ -52,6 +53,8 @@ def takes_grouped_conv(p: Problem) -> bool:
     vec = VECTOR_BYTES // x.data_type.itemsize
     if not (channels == y.static_dim[1] and p.groups > 1 and vec % per_group == 0):
         return False
+    if per_group > 1 and w.static_numel * x.data_type.itemsize > STAGED_BYTES:
+        return False  # G x VEC element loads of the filter a tap: slower than the SIMT kernel (H200)
     return (
         channels % vec == 0
         and x.static_stride[1] == 1
