@@ -314,6 +314,22 @@ def wgrad_depthwise_nhwc_bf16() -> gd.OperationGraphSpec:
 
 
 @case()
+def wgrad_depthwise_runs_nhwc_bf16() -> gd.OperationGraphSpec:
+    # 16-byte runs of channels (direct_conv_runs): 24 channels, an odd image, split sums
+    g = graph("bfloat16")
+    x, dy = tensor(g, [3, 24, 37, 29], "nhwc", name="x"), tensor(g, [3, 24, 37, 29], "nhwc", name="dy")
+    return outputs(g, g.conv_wgrad(x, dy, padding=[1, 1], filter_dim=[24, 1, 3, 3]))
+
+
+@case()
+def wgrad_grouped_runs_nhwc_half() -> gd.OperationGraphSpec:
+    # 4 channels a group, stride 2, dilation, asymmetric padding, true convolution
+    g = graph("half")
+    x, dy = tensor(g, [2, 16, 11, 11], "nhwc", name="x"), tensor(g, [2, 16, 5, 6], "nhwc", name="dy")
+    return outputs(g, g.conv_wgrad(x, dy, filter_dim=[16, 4, 3, 3], convolution_mode="CONVOLUTION", **CONV_2D))
+
+
+@case()
 def wgrad_convolution_1d_float() -> gd.OperationGraphSpec:
     g = graph("float")
     x, dy = tensor(g, [3, 3, 22], name="x"), tensor(g, [3, 4, 6], name="dy")

@@ -37,16 +37,17 @@ def direct_case(name: str) -> gd.OperationGraphSpec:
 
 
 def grouped_conv(
-    kind: str, channels: int, groups: int, stride: int = 1, io: str = "float", **options: object
+    kind: str, channels: int, groups: int, stride: int = 1, io: str = "float", size: int = 7, **options: object
 ) -> gd.OperationGraphSpec:
-    """An NHWC 3x3 convolution pass of ``groups`` groups (depthwise: groups == channels) on a 7x7
-    image, so that the threads' coordinates wrap unevenly. ``options``: ``dilation``, ``mode``
-    (true convolution: the filter flipped) and ``bias_relu`` (a fused epilogue, forward only)."""
-    name = "_".join([kind, f"g{groups}", f"c{channels}", f"s{stride}", io, *options])
+    """An NHWC 3x3 convolution pass of ``groups`` groups (depthwise: groups == channels) on a
+    ``size`` x ``size`` image (odd by default, so that the threads' coordinates wrap unevenly).
+    ``options``: ``dilation``, ``mode`` (true convolution: the filter flipped) and ``bias_relu``
+    (a fused epilogue, forward only)."""
+    name = "_".join([kind, f"g{groups}", f"c{channels}", f"s{stride}", io, f"{size}px", *options])
     g = gd.OperationGraphSpec(name=name, io_data_type=io)
     dilation = int(options.get("dilation", 1))  # type: ignore[call-overload]
-    out = (7 + 2 * dilation - 1 - 2 * dilation) // stride + 1
-    x_dim, w_dim, y_dim = [2, channels, 7, 7], [channels, channels // groups, 3, 3], [2, channels, out, out]
+    out = (size - 1) // stride + 1
+    x_dim, w_dim, y_dim = [2, channels, size, size], [channels, channels // groups, 3, 3], [2, channels, out, out]
 
     def tensor(name: str, dim: list[int]) -> gd.TensorSpec:
         return g.tensor(name=name, dim=dim, stride=gd.nhwc_strides(dim))
@@ -76,6 +77,10 @@ GRAPHS = [
     grouped_conv("fprop", 1368, 1368),  # a filter over 48 KiB: read from memory, not staged
     grouped_conv("wgrad", 9, 9),  # the direct sums kernel: lanes along c, then k, then the taps
     grouped_conv("wgrad", 12, 4, 2),
+    grouped_conv("wgrad", 12, 12),  # runs of 4 float channels (direct_conv_runs)
+    grouped_conv("wgrad", 16, 8, 2, io="half"),  # 2 channels a group, runs of 8 half channels
+    grouped_conv("wgrad", 8, 2, dilation=2, mode=True),  # 4 channels a group
+    grouped_conv("wgrad", 8, 8, size=64),  # 8192 pixels: the sums split in two, then finalized
     build(Case("layernorm_backward", "float", (7, 33), (1, 33))),  # 2 rows per block, a 64-thread group
     build(Case("layernorm_backward", "half", (7, 1000), (1, 1000))),  # 8-element vectors
     build(Case("rmsnorm_backward", "float", (1000, 1), (1, 1))),  # 128 rows per block

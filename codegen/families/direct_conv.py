@@ -9,7 +9,8 @@ convolution_mode "convolution" the filter is flipped: tap f uses w[F-1-f].
   0 <= p < P; k runs over the output channels of the element's group.
 - wgrad: dw[k, c, f] = sum over (n, p) of dy[n, k, p] * x[n, group(k)*Cg + c, p*s + f*l - a],
   one dw element per thread group with the reduction pattern (direct_reduce) over N*P, or
-  with NHWC data one per lane, the lanes along c then k.
+  with NHWC data one per lane, the lanes along c then k; depthwise and small groups in NHWC
+  sum runs of channels instead (direct_conv_runs).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .direct_common import (
     make_kernel,
     read,
 )
+from .direct_conv_runs import emit_wgrad_runs, takes_runs
 from .direct_reduce import Sums, innermost_reduced, sums_kernels
 
 
@@ -104,6 +106,8 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     x, dy, dw = node.input("image"), node.input("loss"), node.output("dw")
     assert x is not None and dy is not None and dw is not None
     a = _attributes(fused)
+    if takes_runs(x, dy, dw):
+        return emit_wgrad_runs(fused, ctx, x, dy, dw, a)
     compute = compute_for(fused)
     rank = len(dw.dim)
     sample = rank  # the space axis of n; p_d is at rank + 1 + d
