@@ -28,6 +28,7 @@ from .direct_common import compute_for, declare
 from .direct_reduce import Sums, sums_kernels
 
 VECTOR_BYTES = 16
+MIN_SPLIT = 256  # fewest pixels per split (direct_reduce's own 4096 left a 576-channel layer 21 blocks)
 TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 
 
@@ -121,6 +122,7 @@ def emit_wgrad_runs(
         ]
 
     kept = (*range(2, rank), 0, 1)  # lanes along ci, then the runs: a warp reads runs of channels
-    sums = Sums("conv_wgrad_runs", dims, kept, reduced, False, terms, finish)
+    # Few kept runs (162 for a 144-channel 3x3): split the pixels finely enough to fill the GPU.
+    sums = Sums("conv_wgrad_runs", dims, kept, reduced, False, terms, finish, min_split=MIN_SPLIT)
     kernels, scratch = sums_kernels(ctx, fused, sums, compute)
     return FusedProgram(fused.name, kernels, scratch)
