@@ -50,8 +50,9 @@ from .attention_problem import (
 )
 from .attention_wgmma import swizzled_row_copies, wgmma_registers_a
 from .gemm_loaders import ASYNC_COPY_PRELUDE
-from .gemm_sm90 import ALIGN_SLACK, ARCH, MAX_SHARED, wgmma_prelude, wgmma_step_function
+from .gemm_sm90 import ALIGN_SLACK, ARCH, MAX_SHARED, STMATRIX, wgmma_prelude, wgmma_step_function
 from .tensor_core import TENSOR_CORE_TYPES, OperandTypes
+from .tma_prelude import mbarrier_prelude
 
 BN = 128  # keys per block: a warpgroup per 64
 BQ = 64  # query rows per tile
@@ -182,6 +183,8 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         + wgmma_step_function(64, types, 1, "wgmma_step_n")
         + wgmma_registers_a(a.d, "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16")
         + pack_function(a.q.data_type)
+        + STMATRIX
+        + mbarrier_prelude(0)
         + BULK_REDUCE
     )
     name, source = kernel_source(
@@ -196,16 +199,15 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
 def _iteration(a: Attention, names: dict[str, str]) -> list[str]:
     """One query tile: the four products of dK and dV, then dQ's share."""
     return [
+        'asm volatile("cp.async.wait_group 0;\\n" ::);  // this tile\'s copies, issued under the last one',
+        "// the copies (generic proxy) before the tensor cores' reads (async proxy), then every thread's;",
+        "// past this barrier every warp is done with tile t - 1, so its stage takes tile t + 1",
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        "__syncthreads();",
         "if (t + 1 < total) {  // the next tile's copies run under this one's products",
         "  load_tile(t + 1);",
         "  fetch_statistics(t + 1);",
-        '  asm volatile("cp.async.wait_group 1;\\n" ::);',
-        "} else {",
-        '  asm volatile("cp.async.wait_group 0;\\n" ::);',
         "}",
-        "// the copies (generic proxy) before the tensor cores' reads (async proxy), then every thread's",
-        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
-        "__syncthreads();",
         "const int stage = t % STAGES, head = hk * GROUP + t / tiles, row0 = q_first + (t % tiles) * BQ;",
         "const unsigned q_s = q_tiles + stage * Q_BYTES, o_s = o_tiles + stage * O_BYTES;",
         "float s[BQ / 2], dp[BQ / 2];  // Sᵀ, then Pᵀ; dPᵀ, then dSᵀ",
@@ -250,6 +252,7 @@ def _iteration(a: Attention, names: dict[str, str]) -> list[str]:
         "    p[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);",
         "    ds[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);",
         "  }",
+        *_ds_store(),
         "wgmma_fence();",
         "#pragma unroll",
         "for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs(dv, p[kk], wgmma_descriptor(o_s + kk * 2048, BQ * 128, 1024));",
@@ -259,31 +262,37 @@ def _iteration(a: Attention, names: dict[str, str]) -> list[str]:
         *_dq_share(names),
         "fence_accumulators(dk);",
         "fence_accumulators(dv);",
-        "if (t + 1 < total) store_statistics(t + 1);",
-        "__syncthreads();  // every warpgroup is done with this stage before it is refilled",
+        "if (t + 1 < total) store_statistics(t + 1);  // its stage's were read in tile t - 1",
+    ]
+
+
+def _ds_store() -> list[str]:
+    """dSᵀ (this warpgroup's 64 keys by BQ rows, packed as the A operand of dK's product) to shared
+    memory as dS, the K-major A tile of dQ's product (row q: 64 keys, 128 bytes, 16-byte chunk c at
+    c ^ (q % 8)), by transposing stores of its 8 x 8 fragments: ds[kk][i] holds rows 16kk + 8 (i / 2)
+    .. + 7 and keys 8 (i % 2) .. + 7 of this warp's 16."""
+    return [
+        "const int ds_q = 8 * (lane >> 4) + (lane & 7), ds_chunk = 2 * (warp & 3) + ((lane >> 3) & 1);",
+        "#pragma unroll",
+        "for (int kk = 0; kk < BQ / 16; ++kk)",
+        "  stmatrix_x4_trans(ds_tile + wg * (BQ * 128) + swizzle128(16 * kk + ds_q, ds_chunk), ds[kk]);",
     ]
 
 
 def _dq_share(names: dict[str, str]) -> list[str]:
-    """dSᵀ (this warpgroup's 64 keys by BQ rows) to shared memory as dS, the K-major A tile of
-    dQ's product (row q: 64 keys, 128 bytes, 16-byte chunk c at c ^ (q % 8)); then 64 columns of
-    dQ's partial dS K per warpgroup (K read n-major): at D 128 its own 64 columns over the block's
-    128 keys, at D 64 every column over its own 64 keys. The partial is staged in fp32 rows and
+    """64 columns of dQ's partial dS K per warpgroup, dS from shared memory (:func:`_ds_store`), K
+    read n-major: at D 128 its own 64 columns over the block's 128 keys (both warpgroups' dS: a
+    block barrier), at D 64 every column over its own 64 keys (its own dS: a warpgroup barrier). The partial is staged in fp32 rows and
     each warp's 16 rows are added to ``dq_accum`` by bulk reductions (one per row, in L2), which
     read the staged rows asynchronously: a lane waits for its last one before they are rewritten."""
     acc = names[DQ_ACCUM]
     return [
-        "unsigned char* const ds_rows = smem_raw + (ds_tile - smem_addr(smem_raw)) + wg * (BQ * 128);",
-        "#pragma unroll",
-        "for (int j = 0; j < BQ / 8; ++j)",
-        "#pragma unroll",
-        "  for (int e = 0; e < 4; ++e) {",
-        "    const int q = j * 8 + (lane & 3) * 2 + (e & 1), key = (warp & 3) * 16 + (lane >> 2) + ((e >> 1) << 3);",
-        "    *reinterpret_cast<T*>(ds_rows + q * 128 + (((key >> 3) ^ (q & 7)) << 4) + (key & 7) * 2) =",
-        "        gd::from<T>(dp[4 * j + e]);",
-        "  }",
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
-        "__syncthreads();  // both warpgroups' dS is in shared memory",
+        "if (D == 128) {",
+        "  __syncthreads();  // both warpgroups' dS is in shared memory",
+        "} else {",
+        "  warpgroup_sync(wg);  // this warpgroup's",
+        "}",
         "// this warpgroup's 64 columns from dq_col, over key blocks of 64 from first_block",
         "constexpr int DQ_BLOCKS = D / 64 == 2 ? 2 : 1;",
         "const int dq_col = D == 128 ? wg * 64 : 0, first_block = D == 128 ? 0 : wg;",
