@@ -1,0 +1,248 @@
+"""What the Hopper attention backward's two dK/dV kernels share (attention_backward_wgmma.py,
+where every thread copies, and attention_backward_ws.py, fed by a producer warpgroup): the
+block's keys and query range, and one query tile's work for a warpgroup of 64 keys.
+
+A block owns BN = 128 keys of one (batch, kv head): two warpgroups of 64 keys each keep dK and
+dV (64 x D each) in registers while the block walks the BQ = 64-row query tiles of every head of
+the group that see its keys. Per query tile each warpgroup computes
+- Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, both operands in shared memory (K-major);
+- Pᵀ = 2^(score - lse) and dSᵀ = Pᵀ (dPᵀ - delta) in registers (lse and delta per column);
+- dV += Pᵀ dO and dK += dSᵀ Q, Pᵀ and dSᵀ straight from the registers (the accumulator layout
+  is the register A operand) and dO and Q read n-major from the tiles they were read from;
+- dQ += dS K: dSᵀ stored to shared memory as the K-major A tile of dS (``stmatrix``), a wgmma
+  per warpgroup for 64 columns of dQ, and the partial added into ``dq_accum`` (fp32, zeroed by
+  the preprocess kernel) by bulk reductions in L2 (``cp.reduce.async.bulk``, a row each, as
+  FlashAttention-3 adds dQ); the last kernel writes dQ = scale * dq_accum.
+The order of the blocks' additions varies run to run: unlike the mma.sync path, dQ is not
+bitwise deterministic.
+
+The kernels name the tile's shared memory alike: ``k_tile`` / ``v_tile`` (the block's keys),
+``q_s`` / ``o_s`` (the tile's Q and dO, 128-byte swizzle), ``lse_s[stage]`` / ``delta_s[stage]``,
+``ds_s`` (the tile's dS) and ``dq_stage``; ``wg`` is the warpgroup's half of the keys.
+"""
+
+from __future__ import annotations
+
+from graphdnn.dtypes import DataType
+
+from .attention_backward_problem import DQ_ACCUM, AttentionBackward, gradient_store, query_range
+from .attention_flash import pack_function
+from .attention_problem import Attention, constants, lengths_and_scale, needs_mask, score_function
+from .attention_wgmma import wgmma_registers_a
+from .gemm_sm90 import STMATRIX, wgmma_prelude, wgmma_step_function
+from .tensor_core import OperandTypes
+from .tma_prelude import mbarrier_prelude
+
+BN = 128  # keys per block: a warpgroup per 64
+BQ = 64  # query rows per tile
+HEAD_DIMS = (64, 128)
+DQ_ROW = 64 + 8  # floats per staged dQ row: the 8 of padding keep a half-warp's float2 stores off each other's banks
+DS_BARRIER = 3  # the named barrier both warpgroups meet at once their dS is stored (D 128)
+DQ_STAGE_BYTES = 2 * 64 * DQ_ROW * 4  # each warpgroup's staged 64 x 64 fp32 dQ partial
+
+
+def block_setup(a: Attention, names: dict[str, str]) -> list[str]:
+    """The block's keys ``kv0`` .. of kv head ``hk`` of batch ``b`` (causal: the blocks with the
+    most rows first), the score function, and its ``total`` query tiles (``tiles`` per head of
+    the group, from row ``q_first``)."""
+    n_blocks = -(-a.skv // BN)
+    return [
+        *constants(a),
+        f"constexpr int N_BLOCKS = {n_blocks}, HK = {a.kv_heads};",
+        "const int kv0 = (int)(blockIdx.x % N_BLOCKS) * BN;",
+        "const int hk = (int)((blockIdx.x / N_BLOCKS) % HK), b = (int)(blockIdx.x / N_BLOCKS / HK);",
+        *lengths_and_scale(a, names, with_slope=False, first=("kv", "kv0")),
+        *score_function(a, names),
+        *query_range(a, BN, BQ),
+        "const int tiles = q_end > q_begin ? (q_end - q_first + BQ - 1) / BQ : 0, total = GROUP * tiles;",
+        "constexpr unsigned K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2, Q_BYTES = BQ * D * 2, O_BYTES = BQ * DV * 2;",
+        "constexpr unsigned DS_BYTES = BQ * BN * 2;  // dS, [key block of 64][BQ rows][128 bytes]",
+        f"constexpr int DQ_ROW = {DQ_ROW};",
+    ]
+
+
+def blocks(a: Attention) -> int:
+    return -(-a.skv // BN) * a.kv_heads * a.batch
+
+
+def accumulators() -> list[str]:
+    """This thread's keys and its dK and dV fragments, zeroed."""
+    return [
+        "// wgmma fragments: warp w of a warpgroup holds rows 16w..16w+15 of its 64; acc[4j + 2r + e]",
+        "// is row lane/4 + 8r, column 8j + 2 (lane % 4) + e. Rows here are the warpgroup's keys.",
+        "const int key_base = wg * 64 + (warp & 3) * 16 + (lane >> 2);  // this thread's keys: + 0 and + 8",
+        "const unsigned k_rows = k_tile + wg * (64 * 128), v_rows = v_tile + wg * (64 * 128);",
+        "float dk[D / 2], dv[DV / 2];",
+        "#pragma unroll",
+        "for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;",
+    ]
+
+
+def tile_products(a: Attention) -> list[str]:
+    """Sᵀ and dPᵀ, then Pᵀ and dSᵀ in registers, dSᵀ stored as dS (:func:`_ds_store`), and dV's
+    and dK's products issued (committed, not waited for) for the query tile of ``stage`` (rows
+    from ``row0``)."""
+    return [
+        "float s[BQ / 2], dp[BQ / 2];  // Sᵀ, then Pᵀ; dPᵀ, then dSᵀ",
+        "#pragma unroll",
+        "for (int i = 0; i < BQ / 2; ++i) s[i] = dp[i] = 0.0f;",
+        "fence_accumulators(s);",
+        "fence_accumulators(dp);",
+        "wgmma_fence();",
+        "#pragma unroll",
+        "for (int kk = 0; kk < D / 16; ++kk)  // 64-element blocks of the head dim, 4 k16 steps each",
+        "  wgmma_step(s, wgmma_descriptor(k_rows + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),",
+        "             wgmma_descriptor(q_s + (kk >> 2) * (BQ * 128) + (kk & 3) * 32, 16, 1024));",
+        "wgmma_commit();",
+        "#pragma unroll",
+        "for (int kk = 0; kk < DV / 16; ++kk)",
+        "  wgmma_step(dp, wgmma_descriptor(v_rows + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),",
+        "             wgmma_descriptor(o_s + (kk >> 2) * (BQ * 128) + (kk & 3) * 32, 16, 1024));",
+        "wgmma_commit();",
+        "wgmma_wait<1>();  // Sᵀ is in; dPᵀ may still run",
+        "fence_accumulators(s);",
+        f"const bool masked = {needs_mask(a, BQ, BN)};",
+        "#pragma unroll",
+        "for (int j = 0; j < BQ / 8; ++j)",
+        "#pragma unroll",
+        "  for (int e = 0; e < 4; ++e) {",
+        "    const int col = j * 8 + (lane & 3) * 2 + (e & 1);",
+        "    const float x = score(s[4 * j + e], row0 + col, kv0 + key_base + ((e >> 1) << 3), masked);",
+        "    const float lse = lse_s[stage][col];",
+        "    s[4 * j + e] = x == NEG_INF || lse == NEG_INF ? 0.0f : gd::exp2_approx(x - lse);",
+        "  }",
+        "wgmma_wait<0>();",
+        "fence_accumulators(dp);",
+        "#pragma unroll",
+        "for (int j = 0; j < BQ / 8; ++j)",
+        "#pragma unroll",
+        "  for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - delta_s[stage][j * 8 + (lane & 3) * 2 + (e & 1)]);",
+        "unsigned p[BQ / 16][4], ds[BQ / 16][4];  // Pᵀ and dSᵀ as A operands: k16 step kk is columns 16kk ..",
+        "#pragma unroll",
+        "for (int kk = 0; kk < BQ / 16; ++kk)",
+        "#pragma unroll",
+        "  for (int r = 0; r < 4; ++r) {",
+        "    p[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);",
+        "    ds[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);",
+        "  }",
+        *_ds_store(),
+        "wgmma_fence();",
+        "#pragma unroll",
+        "for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs(dv, p[kk], wgmma_descriptor(o_s + kk * 2048, BQ * 128, 1024));",
+        "#pragma unroll",
+        "for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs(dk, ds[kk], wgmma_descriptor(q_s + kk * 2048, BQ * 128, 1024));",
+        "wgmma_commit();",
+    ]
+
+
+def _ds_store() -> list[str]:
+    """dSᵀ (this warpgroup's 64 keys by BQ rows, packed as the A operand of dK's product) to shared
+    memory as dS, the K-major A tile of dQ's product (row q: 64 keys, 128 bytes, 16-byte chunk c at
+    c ^ (q % 8)), by transposing stores of its 8 x 8 fragments: ds[kk][i] holds rows 16kk + 8 (i / 2)
+    .. + 7 and keys 8 (i % 2) .. + 7 of this warp's 16."""
+    return [
+        "const int ds_q = 8 * (lane >> 4) + (lane & 7), ds_chunk = 2 * (warp & 3) + ((lane >> 3) & 1);",
+        "#pragma unroll",
+        "for (int kk = 0; kk < BQ / 16; ++kk)",
+        "  stmatrix_x4_trans(ds_s + wg * (BQ * 128) + swizzle128(16 * kk + ds_q, ds_chunk), ds[kk]);",
+    ]
+
+
+def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
+    """64 columns of dQ's partial dS K per warpgroup, dS from shared memory (:func:`_ds_store`), K
+    read n-major: at D 128 its own 64 columns over the block's 128 keys (both warpgroups' dS: the
+    named barrier DS_BARRIER of their 256 threads), at D 64 every column over its own 64 keys (its
+    own dS: a warpgroup barrier). ``products_read``: lines run once dV's and dK's products are done
+    (they no longer read Q, dO or the statistics). The partial is staged in fp32 rows and each
+    warp's 16 rows are added to ``dq_accum`` by bulk reductions (one per row, in L2), which read
+    the staged rows asynchronously: a lane waits for its last one before they are rewritten."""
+    acc = names[DQ_ACCUM]
+    return [
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // dS, before the tensor cores read it',
+        "if (D == 128) {",
+        f'  asm volatile("bar.sync {DS_BARRIER}, 256;\\n" ::: "memory");  // both warpgroups\' dS is stored',
+        "} else {",
+        "  warpgroup_sync(wg);  // this warpgroup's",
+        "}",
+        "// this warpgroup's 64 columns from dq_col, over key blocks of 64 from first_block",
+        "constexpr int DQ_BLOCKS = D / 64 == 2 ? 2 : 1;",
+        "const int dq_col = D == 128 ? wg * 64 : 0, first_block = D == 128 ? 0 : wg;",
+        "float dq[32];",
+        "#pragma unroll",
+        "for (int i = 0; i < 32; ++i) dq[i] = 0.0f;",
+        "fence_accumulators(dq);",
+        "wgmma_fence();",
+        "#pragma unroll",
+        "for (int kb = 0; kb < DQ_BLOCKS; ++kb)",
+        "#pragma unroll",
+        "  for (int kk = 0; kk < 4; ++kk)",
+        "    wgmma_step_n(dq, wgmma_descriptor(ds_s + (first_block + kb) * (BQ * 128) + kk * 32, 16, 1024),",
+        "                 wgmma_descriptor(k_tile + (dq_col / 64) * (BN * 128) + (first_block + kb) * (64 * 128) + kk * 2048,",
+        "                                  BN * 128, 1024));",
+        "wgmma_commit();",
+        *(["wgmma_wait<1>();  // dV's and dK's products", *products_read] if products_read else []),
+        "bulk_wait_read();  // this lane's reduction of the previous tile has read its staged row",
+        "__syncwarp();",
+        "wgmma_wait<0>();",
+        "fence_accumulators(dq);",
+        "fence_accumulators(dk);",
+        "fence_accumulators(dv);",
+        "float* const staged = reinterpret_cast<float*>(smem_raw + (dq_stage - smem_addr(smem_raw))) + wg * (64 * DQ_ROW);",
+        "const int q_base = (warp & 3) * 16 + (lane >> 2);  // this thread's rows of dQ: + 0 and + 8",
+        "#pragma unroll",
+        "for (int j = 0; j < 8; ++j)",
+        "#pragma unroll",
+        "  for (int r = 0; r < 2; ++r)",
+        "    *reinterpret_cast<float2*>(staged + (q_base + 8 * r) * DQ_ROW + j * 8 + (lane & 3) * 2) =",
+        "        make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);",
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // before the bulk reductions read them',
+        "__syncwarp();",
+        "if (lane < 16 && row0 + (warp & 3) * 16 + lane < SQ) {",
+        "  const int q = (warp & 3) * 16 + lane;",
+        f"  bulk_add(&{acc}[(((long long)b * HQ + head) * SQ + row0 + q) * D + dq_col], staged + q * DQ_ROW, 64 * 4);",
+        "}",
+    ]
+
+
+def gradient_stores(ab: AttentionBackward, names: dict[str, str]) -> list[str]:
+    """Once every tile is done: the bulk reductions waited for, dK (scaled) and dV written."""
+    a = ab.problem
+    return [
+        'asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");  // the bulk reductions are done',
+        "#pragma unroll",
+        "for (int j = 0; j < D / 8; ++j)",
+        "#pragma unroll",
+        "  for (int e = 0; e < 4; ++e) {",
+        "    const int key = kv0 + key_base + ((e >> 1) << 3), col = j * 8 + (lane & 3) * 2 + (e & 1);",
+        "    if (key >= SKV) continue;",
+        f"    {gradient_store(a, 'DK', ab.dk, names['DK'], 'hk', 'key', 'col', 'scale * dk[4 * j + e]')}",
+        f"    {gradient_store(a, 'DV', ab.dv, names['DV'], 'hk', 'key', 'col', 'dv[4 * j + e]')}",
+        "  }",
+    ]
+
+
+BULK_REDUCE = r"""
+// fp32 rows added into global memory by the L2 (sm_90 bulk reductions, completing as a bulk group)
+__device__ __forceinline__ void bulk_add(float* dst, const float* src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk reductions have read their shared-memory source.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+"""
+
+
+def device_functions(a: Attention, rank: int) -> str:
+    """The wgmma steps (64-key tiles of Sᵀ and dPᵀ, dQ's 64 columns, dV's and dK's register A),
+    pack2, stmatrix, the mbarrier helpers with TMA loads of up to ``rank`` dims, bulk reductions."""
+    types = OperandTypes(a.q.data_type, a.q.data_type)
+    return (
+        wgmma_prelude(BQ, types, 0)
+        + wgmma_step_function(64, types, 1, "wgmma_step_n")
+        + wgmma_registers_a(a.d, "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16")
+        + pack_function(a.q.data_type)
+        + STMATRIX
+        + mbarrier_prelude(rank)
+        + BULK_REDUCE
+    )
