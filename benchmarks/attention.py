@@ -135,16 +135,18 @@ def main() -> int:
         return 0
     if args.backward:
         print(
-            "| shape | graphdnn default | mma.sync | wgmma | torch FA2 | torch cuDNN | default / cuDNN | wgmma / cuDNN |"
+            "| shape | graphdnn default | mma.sync | wgmma, copies | wgmma, producer | torch FA2 | torch cuDNN "
+            "| default / cuDNN | copies / cuDNN | producer / cuDNN |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for shape in SHAPES:
             b, h, s, d, causal = shape
             tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed_backward(shape)]
             print(
                 f"| B{b} H{h} S{s} D{d}{' causal' if causal else ''} | "
                 + " | ".join(f"{t:.0f}" for t in tflops)
-                + f" | {tflops[0] / tflops[4]:.2f} | {tflops[2] / tflops[4]:.2f} |"
+                + "".join(f" | {tflops[i] / tflops[5]:.2f}" for i in (0, 2, 3))
+                + " |"
             )
         return 0
     if args.prefill:
@@ -571,8 +573,8 @@ def spec_choice(spec: str, a: Any) -> dict[str, object]:
 
 
 def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:
-    """µs of graphdnn's sdpa_backward plan (default, the mma.sync kernels, the wgmma ones), and of
-    torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
+    """µs of graphdnn's sdpa_backward plan (default, the mma.sync kernels, the wgmma ones with
+    every thread copying and with a TMA producer warpgroup), and of torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
     all from the same Q, K, V and dO."""
     import torch
     import torch.nn.functional as F
@@ -601,10 +603,11 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
     }
     fused = next(f for f in gd.fuse(backward_graph(*shape)).nodes if f.anchor is not None)
 
-    def ours(path: str | None) -> float | None:
-        """µs of the default plan (``path`` None) or of the kernels of ``path``, once its gradients
+    def ours(choice: dict[str, object] | None) -> float | None:
+        """µs of the default plan (``choice`` None) or of the tuning ``choice``, once its gradients
         match torch's (None, with the error printed, where they do not)."""
-        tuning = None if path is None else {fused.name: {"path": path}}
+        path = None if choice is None else str(choice)
+        tuning = None if choice is None else {fused.name: choice}
         bound = gd.compile(backward_graph(*shape), tuning=tuning).bind(pack)
         for grad in grads:
             grad.fill_(float("nan"))
@@ -625,7 +628,14 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
             print(f"{shape}: {backend} unavailable: {str(error).splitlines()[0]}")
             return None
 
-    return ours(None), ours("mma"), ours("wgmma"), peer(SDPBackend.FLASH_ATTENTION), peer(SDPBackend.CUDNN_ATTENTION)
+    return (
+        ours(None),
+        ours({"path": "mma"}),
+        ours({"path": "wgmma", "producer": False}),
+        ours({"path": "wgmma", "producer": True}),
+        peer(SDPBackend.FLASH_ATTENTION),
+        peer(SDPBackend.CUDNN_ATTENTION),
+    )
 
 
 if __name__ == "__main__":

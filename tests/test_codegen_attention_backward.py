@@ -11,7 +11,8 @@ import pytest
 
 from codegen import emitter
 from codegen.context import EmitContext
-from codegen.families.attention_backward import MMA, SIMT, WGMMA
+from codegen.families import attention_backward_ws
+from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER
 from codegen.families.attention_backward_wgmma import shared_bytes
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
@@ -79,6 +80,32 @@ def test_wgmma_kernels_compile_for_sm90(case: str) -> None:
         compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
 
 
+@pytest.mark.parametrize("case", sorted(WGMMA_CASES))
+def test_the_warp_specialised_wgmma_kernel_compiles_for_sm90(case: str) -> None:
+    """A producer warpgroup's TMA loads (four tensor maps: Q, dO, K, V) into an mbarrier ring,
+    registers moved to the consumers; the same preprocess and conversion kernels."""
+    _, _, program = backward_program(case, WGMMA_PRODUCER)
+    _, dkdv, convert = program.kernels
+    assert "_dkdv_wgmma_ws_" in dkdv.name and "_dq_convert_" in convert.name and dkdv.arch_suffix == "a"
+    for needed in ("cp.async.bulk.tensor.4d", "setmaxnreg.inc", "stmatrix", "cp.reduce.async.bulk", "mbar_wait(full"):
+        assert needed in dkdv.source, needed
+    assert sum(p.kind.name == "TENSOR_MAP" for p in dkdv.params) == 4 and dkdv.block == (384, 1, 1)
+    c = WGMMA_CASES[case]
+    assert dkdv.shared_bytes == attention_backward_ws.shared_bytes(c.d, attention_backward_ws.stages(c.d)) <= 227 * 1024
+    assert attention_backward_ws.stages(c.d) == (2 if c.d == 128 else 4)
+    for kernel in program.kernels:
+        compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
+
+
+def test_the_wgmma_choices_name_their_dkdv_kernel() -> None:
+    """``{"path": "wgmma"}`` alone is the default kernel for the problem; ``producer`` names one."""
+    names = {str(t): backward_program("d128_bshd", t)[2].kernels[1].name for t in (WGMMA, WGMMA_COPIES, WGMMA_PRODUCER)}
+    assert "_dkdv_wgmma_ws_" in names[str(WGMMA_PRODUCER)] and "_ws_" not in names[str(WGMMA_COPIES)]
+    default = backward_program("d128_bshd")[2].kernels[1].name
+    assert names[str(WGMMA)] == default
+
+
+@pytest.mark.parametrize("tuning", [WGMMA, WGMMA_PRODUCER])
 @pytest.mark.parametrize(
     ("case", "reason"),
     [
@@ -90,9 +117,9 @@ def test_wgmma_kernels_compile_for_sm90(case: str) -> None:
         ("mixed_types_simt", "not all fp16 or all bf16"),
     ],
 )
-def test_the_wgmma_tuning_says_why_it_cannot_take_a_problem(case: str, reason: str) -> None:
+def test_the_wgmma_tuning_says_why_it_cannot_take_a_problem(case: str, reason: str, tuning: dict[str, object]) -> None:
     with pytest.raises(UnsupportedError, match=f"node 'attention_backward': the wgmma kernels do not take .*{reason}"):
-        backward_program(case, WGMMA)
+        backward_program(case, tuning)
 
 
 def test_a_deterministic_backward_keeps_the_kernels_that_sum_in_a_fixed_order() -> None:

@@ -29,6 +29,7 @@ from .attention_backward_problem import DQ_ACCUM, AttentionBackward, gradient_st
 from .attention_flash import pack_function
 from .attention_problem import Attention, constants, lengths_and_scale, needs_mask, score_function
 from .attention_wgmma import wgmma_registers_a
+from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import STMATRIX, wgmma_prelude, wgmma_step_function
 from .tensor_core import OperandTypes
 from .tma_prelude import mbarrier_prelude
@@ -234,11 +235,13 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 
 
 def device_functions(a: Attention, rank: int) -> str:
-    """The wgmma steps (64-key tiles of Sᵀ and dPᵀ, dQ's 64 columns, dV's and dK's register A),
-    pack2, stmatrix, the mbarrier helpers with TMA loads of up to ``rank`` dims, bulk reductions."""
+    """cp.async and ``smem_addr``, the wgmma steps (64-key tiles of Sᵀ and dPᵀ, dQ's 64 columns,
+    dV's and dK's register A), pack2, stmatrix, the mbarrier helpers with TMA loads of up to
+    ``rank`` dims, bulk reductions."""
     types = OperandTypes(a.q.data_type, a.q.data_type)
     return (
-        wgmma_prelude(BQ, types, 0)
+        ASYNC_COPY_PRELUDE
+        + wgmma_prelude(BQ, types, 0)
         + wgmma_step_function(64, types, 1, "wgmma_step_n")
         + wgmma_registers_a(a.d, "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16")
         + pack_function(a.q.data_type)

@@ -35,7 +35,6 @@ from .attention_backward_tile import (
 from .attention_flash import vectorizable
 from .attention_problem import Attention, constants, coordinates, element, sequence_setup, strides
 from .attention_wgmma import swizzled_row_copies
-from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import ALIGN_SLACK, ARCH, MAX_SHARED
 from .tensor_core import TENSOR_CORE_TYPES
 
@@ -132,7 +131,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         *gradient_stores(ab, names),
     ]
     pattern = pattern_name(fused) + "_dkdv_wgmma"
-    functions = ASYNC_COPY_PRELUDE + device_functions(a, 0)
+    functions = device_functions(a, 0)
     name, source = kernel_source(
         ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1, device_functions=functions
     )

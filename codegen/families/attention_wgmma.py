@@ -220,12 +220,17 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
 def tensor_maps(a: Attention, bn: int) -> dict[str, tuple[Tensor, TensorMap]]:
     """TMA maps of Q, K and V (boxes of 64 elements by BM or BN rows of one batch and head, in the
     128-byte swizzle), or none where the driver could not encode one of them."""
-    maps = {"Q": (a.q, _tensor_map(a.q, BLOCK_M)), "K": (a.k, _tensor_map(a.k, bn)), "V": (a.v, _tensor_map(a.v, bn))}
+    maps = {
+        "Q": (a.q, row_tensor_map(a.q, BLOCK_M)),
+        "K": (a.k, row_tensor_map(a.k, bn)),
+        "V": (a.v, row_tensor_map(a.v, bn)),
+    }
     return {} if any(m.problems() for _, m in maps.values()) else maps
 
 
-def _tensor_map(t: Tensor, rows: int) -> TensorMap:
-    """Dims d, s, h, b innermost first. A size-1 dim's stride never moves the address: it is
+def row_tensor_map(t: Tensor, rows: int) -> TensorMap:
+    """A map of boxes of 64 elements by ``rows`` rows of one batch and head (the 128-byte
+    swizzle), for Hopper attention's TMA loads. Dims d, s, h, b innermost first. A size-1 dim's stride never moves the address: it is
     given as the packed one, which the driver accepts whatever the tensor's says."""
     size = t.data_type.itemsize
     dims = tuple(reversed(t.static_dim))
