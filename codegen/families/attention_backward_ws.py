@@ -22,20 +22,9 @@ from graphdnn.program import TensorMap
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
 from ..kernel import Kernel
+from . import attention_backward_tile as tile
 from . import attention_backward_wgmma
 from .attention_backward_problem import AttentionBackward, declare, row_statistics
-from .attention_backward_tile import (
-    BN,
-    BQ,
-    DQ_STAGE_BYTES,
-    accumulators,
-    block_setup,
-    blocks,
-    device_functions,
-    dq_share,
-    gradient_stores,
-    tile_products,
-)
 from .attention_wgmma import row_tensor_map
 from .gemm_sm90 import ALIGN_SLACK, MAX_SHARED
 
@@ -46,7 +35,12 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 32, 232  # 128 x 24 + 256 x 240 <= 64K 
 
 def shared_bytes(d: int, stages: int) -> int:
     """K and V, ``stages`` of Q and dO, two dS tiles, the staged dQ partials, the mbarriers."""
-    return 2 * (2 * BN * d + stages * 2 * BQ * d + 2 * BQ * BN) + DQ_STAGE_BYTES + 8 * (1 + 2 * stages) + ALIGN_SLACK
+    return (
+        2 * (2 * tile.BN * d + stages * 2 * tile.BQ * d + 2 * tile.BQ * tile.BN)
+        + tile.DQ_STAGE_BYTES
+        + 8 * (1 + 2 * stages)
+        + ALIGN_SLACK
+    )
 
 
 def stages(d: int) -> int:
@@ -60,10 +54,10 @@ def tensor_maps(ab: AttentionBackward) -> dict[str, tuple[Tensor, TensorMap]]:
     encodes them (binding copies a tensor whose address is not aligned)."""
     a = ab.problem
     maps = {
-        "Q": (a.q, row_tensor_map(a.q, BQ)),
-        "DO": (ab.d_o, row_tensor_map(ab.d_o, BQ)),
-        "K": (a.k, row_tensor_map(a.k, BN)),
-        "V": (a.v, row_tensor_map(a.v, BN)),
+        "Q": (a.q, row_tensor_map(a.q, tile.BQ)),
+        "DO": (ab.d_o, row_tensor_map(ab.d_o, tile.BQ)),
+        "K": (a.k, row_tensor_map(a.k, tile.BN)),
+        "V": (a.v, row_tensor_map(a.v, tile.BN)),
     }
     assert not any(m.problems() for _, m in maps.values())
     return maps
@@ -79,14 +73,14 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
     names = declare(ab, dq_accum=True, params=params).names
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
-        f"constexpr int BN = {BN}, BQ = {BQ}, STAGES = {ring};",
-        *block_setup(a, names),
+        f"constexpr int BN = {tile.BN}, BQ = {tile.BQ}, STAGES = {ring};",
+        *tile.block_setup(a, names),
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "const unsigned k_tile = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024-byte aligned: the swizzle's unit",
         "const unsigned v_tile = k_tile + K_BYTES, q_tiles = v_tile + V_BYTES, o_tiles = q_tiles + STAGES * Q_BYTES;",
         "const unsigned ds_tiles = o_tiles + STAGES * O_BYTES;  // tile t's dS at ds_tiles + (t & 1) * DS_BYTES",
         "const unsigned dq_stage = ds_tiles + 2 * DS_BYTES;  // per warpgroup: 64 rows of DQ_ROW floats",
-        f"const unsigned kv_full = dq_stage + {DQ_STAGE_BYTES}, full = kv_full + 8, empty = full + 8 * STAGES;",
+        f"const unsigned kv_full = dq_stage + {tile.DQ_STAGE_BYTES}, full = kv_full + 8, empty = full + 8 * STAGES;",
         "__shared__ float lse_s[STAGES][BQ], delta_s[STAGES][BQ];",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
         "if (tid == 0) {",
@@ -115,12 +109,12 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         THREADS,
         indent(body, 1),
         min_blocks=1,
-        device_functions=device_functions(a, 4),
+        device_functions=tile.device_functions(a, 4),
     )
     return Kernel(
         name,
         source,
-        (blocks(a), 1, 1),
+        (tile.blocks(a), 1, 1),
         (THREADS, 1, 1),
         shared_bytes(a.d, ring),
         tuple(params.bindings),
@@ -171,18 +165,18 @@ def _producer(ab: AttentionBackward, names: dict[str, str], maps: dict[str, str]
 def _consumer(ab: AttentionBackward, names: dict[str, str]) -> list[str]:
     """The tiles as they land; the stage released as soon as dV's and dK's products are done."""
     return [
-        *accumulators(),
+        *tile.accumulators(),
         "mbar_wait(kv_full, 0);",
         "for (int t = 0; t < total; ++t) {",
         "  const int stage = t % STAGES, head = hk * GROUP + t / tiles, row0 = q_first + (t % tiles) * BQ;",
         "  const unsigned q_s = q_tiles + stage * Q_BYTES, o_s = o_tiles + stage * O_BYTES;",
         "  const unsigned ds_s = ds_tiles + (t & 1) * DS_BYTES;",
         "  mbar_wait(full + 8 * stage, (t / STAGES) & 1);",
-        *indent(tile_products(ab.problem), 1).splitlines(),
+        *indent(tile.tile_products(ab.problem), 1).splitlines(),
         *indent(
-            dq_share(names, ["if (lane == 0) mbar_arrive(empty + 8 * stage);  // Q, dO, lse and delta are read"]),
+            tile.dq_share(names, ["if (lane == 0) mbar_arrive(empty + 8 * stage);  // Q, dO, lse and delta are read"]),
             1,
         ).splitlines(),
         "}",
-        *gradient_stores(ab, names),
+        *tile.gradient_stores(ab, names),
     ]
