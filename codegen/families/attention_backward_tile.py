@@ -80,9 +80,9 @@ def accumulators() -> list[str]:
 
 
 def tile_products(a: Attention) -> list[str]:
-    """Sᵀ and dPᵀ, then Pᵀ and dSᵀ in registers, dSᵀ stored as dS (:func:`_ds_store`), and dV's
-    and dK's products issued (committed, not waited for) for the query tile of ``stage`` (rows
-    from ``row0``)."""
+    """For the query tile of ``stage`` (rows from ``row0``): Sᵀ and dPᵀ issued; once Sᵀ is in,
+    Pᵀ, and dV's product issued behind dPᵀ; once dPᵀ is in, dSᵀ, stored as dS
+    (:func:`_ds_store`). dV's product may still run (committed, not waited for)."""
     return [
         "float s[BQ / 2], dp[BQ / 2];  // Sᵀ, then Pᵀ; dPᵀ, then dSᵀ",
         "#pragma unroll",
@@ -112,27 +112,26 @@ def tile_products(a: Attention) -> list[str]:
         "    const float lse = lse_s[stage][col];",
         "    s[4 * j + e] = x == NEG_INF || lse == NEG_INF ? 0.0f : gd::exp2_approx(x - lse);",
         "  }",
-        "wgmma_wait<0>();",
+        "unsigned p[BQ / 16][4], ds[BQ / 16][4];  // Pᵀ and dSᵀ as A operands: k16 step kk is columns 16kk ..",
+        "#pragma unroll",
+        "for (int kk = 0; kk < BQ / 16; ++kk)",
+        "#pragma unroll",
+        "  for (int r = 0; r < 4; ++r) p[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);",
+        "wgmma_fence();",
+        "#pragma unroll",
+        "for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs(dv, p[kk], wgmma_descriptor(o_s + kk * 2048, BQ * 128, 1024));",
+        "wgmma_commit();",
+        "wgmma_wait<1>();  // dPᵀ is in; dV's product may still run",
         "fence_accumulators(dp);",
         "#pragma unroll",
         "for (int j = 0; j < BQ / 8; ++j)",
         "#pragma unroll",
         "  for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - delta_s[stage][j * 8 + (lane & 3) * 2 + (e & 1)]);",
-        "unsigned p[BQ / 16][4], ds[BQ / 16][4];  // Pᵀ and dSᵀ as A operands: k16 step kk is columns 16kk ..",
         "#pragma unroll",
         "for (int kk = 0; kk < BQ / 16; ++kk)",
         "#pragma unroll",
-        "  for (int r = 0; r < 4; ++r) {",
-        "    p[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);",
-        "    ds[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);",
-        "  }",
+        "  for (int r = 0; r < 4; ++r) ds[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);",
         *_ds_store(),
-        "wgmma_fence();",
-        "#pragma unroll",
-        "for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs(dv, p[kk], wgmma_descriptor(o_s + kk * 2048, BQ * 128, 1024));",
-        "#pragma unroll",
-        "for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs(dk, ds[kk], wgmma_descriptor(q_s + kk * 2048, BQ * 128, 1024));",
-        "wgmma_commit();",
     ]
 
 
@@ -150,13 +149,16 @@ def _ds_store() -> list[str]:
 
 
 def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
-    """64 columns of dQ's partial dS K per warpgroup, dS from shared memory (:func:`_ds_store`), K
-    read n-major: at D 128 its own 64 columns over the block's 128 keys (both warpgroups' dS: the
-    named barrier DS_BARRIER of their 256 threads), at D 64 every column over its own 64 keys (its
-    own dS: a warpgroup barrier). ``products_read``: lines run once dV's and dK's products are done
-    (they no longer read Q, dO or the statistics). The partial is staged in fp32 rows and each
-    warp's 16 rows are added to ``dq_accum`` by bulk reductions (one per row, in L2), which read
-    the staged rows asynchronously: a lane waits for its last one before they are rewritten."""
+    """dQ's and dK's products, and dQ's partial added to ``dq_accum`` while dK's runs.
+
+    dQ's partial dS K covers 64 columns per warpgroup, dS from shared memory (:func:`_ds_store`),
+    K read n-major: at D 128 its own 64 columns over the block's 128 keys (both warpgroups' dS:
+    the named barrier DS_BARRIER of their 256 threads), at D 64 every column over its own 64 keys
+    (its own dS: a warpgroup barrier). dK += dSᵀ Q is issued behind it. The partial is staged in
+    fp32 rows and each warp's 16 rows are added to ``dq_accum`` by bulk reductions (one per row,
+    in L2), which read the staged rows asynchronously: a lane waits for its last one before they
+    are rewritten. ``products_read``: lines run once dV's and dK's products are done (they no
+    longer read Q, dO or the statistics)."""
     acc = names[DQ_ACCUM]
     return [
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // dS, before the tensor cores read it',
@@ -181,12 +183,13 @@ def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
         "                 wgmma_descriptor(k_tile + (dq_col / 64) * (BN * 128) + (first_block + kb) * (64 * 128) + kk * 2048,",
         "                                  BN * 128, 1024));",
         "wgmma_commit();",
-        *(["wgmma_wait<1>();  // dV's and dK's products", *products_read] if products_read else []),
+        "#pragma unroll",
+        "for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs(dk, ds[kk], wgmma_descriptor(q_s + kk * 2048, BQ * 128, 1024));",
+        "wgmma_commit();",
         "bulk_wait_read();  // this lane's reduction of the previous tile has read its staged row",
         "__syncwarp();",
-        "wgmma_wait<0>();",
+        "wgmma_wait<1>();  // dV's and dQ's products are in; dK's may still run",
         "fence_accumulators(dq);",
-        "fence_accumulators(dk);",
         "fence_accumulators(dv);",
         "float* const staged = reinterpret_cast<float*>(smem_raw + (dq_stage - smem_addr(smem_raw))) + wg * (64 * DQ_ROW);",
         "const int q_base = (warp & 3) * 16 + (lane >> 2);  // this thread's rows of dQ: + 0 and + 8",
@@ -202,6 +205,9 @@ def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
         "  const int q = (warp & 3) * 16 + lane;",
         f"  bulk_add(&{acc}[(((long long)b * HQ + head) * SQ + row0 + q) * D + dq_col], staged + q * DQ_ROW, 64 * 4);",
         "}",
+        "wgmma_wait<0>();  // dK's product",
+        "fence_accumulators(dk);",
+        *products_read,
     ]
 
 
