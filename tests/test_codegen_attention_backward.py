@@ -12,7 +12,7 @@ import pytest
 from codegen import emitter
 from codegen.context import EmitContext
 from codegen.families import attention_backward_ws
-from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER
+from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV
 from codegen.families.attention_backward_wgmma import shared_bytes
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
@@ -95,6 +95,23 @@ def test_the_warp_specialised_wgmma_kernel_compiles_for_sm90(case: str) -> None:
     assert attention_backward_ws.stages(c.d) == (2 if c.d == 128 else 4)
     for kernel in program.kernels:
         compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
+
+
+@pytest.mark.parametrize("case", sorted(c for c in WGMMA_CASES if WGMMA_CASES[c].d == 64))
+def test_k_and_v_in_registers_compile_for_sm90_at_head_dim_64(case: str) -> None:
+    """Sᵀ's and dPᵀ's products take K and V as register A fragments (ldmatrix, once)."""
+    _, _, program = backward_program(case, WGMMA_PRODUCER_KV)
+    dkdv = program.kernels[1]
+    assert "_dkdv_wgmma_ws_kv_" in dkdv.name and "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in dkdv.source
+    assert "wgmma_rs_k(s, kf[kk]" in dkdv.source and "wgmma_rs_k(dp, vf[kk]" in dkdv.source
+    compile_cubin(dkdv.source, dkdv.name, 90, dkdv.arch_suffix)
+
+
+def test_k_and_v_in_registers_say_why_not_at_head_dim_128() -> None:
+    with pytest.raises(
+        UnsupportedError, match=r"'attention_backward': K and V stay in registers at head dim 64 only, not 128"
+    ):
+        backward_program("d128_bshd", WGMMA_PRODUCER_KV)
 
 
 def test_the_wgmma_choices_name_their_dkdv_kernel() -> None:

@@ -12,8 +12,9 @@ Three paths:
   ``dq_accum``) and converted by the last kernel, not bitwise deterministic. The dK/dV kernel
   either copies with every thread (attention_backward_wgmma.py) or is fed by a producer
   warpgroup's TMA loads (attention_backward_ws.py): ``{"path": "wgmma", "producer": False}`` or
-  ``True`` names one, ``{"path": "wgmma"}`` takes the default for the problem; ``{"path": "mma"}``
-  names the mma.sync path;
+  ``True`` names one (with ``"kv_registers": True`` at head dim 64, K and V held in registers),
+  ``{"path": "wgmma"}`` takes the default for the problem; ``{"path": "mma"}`` names the
+  mma.sync path;
 - else fp32 SIMT tiles (attention_backward_simt.py), which take any type, layout and head dim
   (the tuning ``{"path": "simt"}`` takes them for any problem: the CPU emulation runs them, and
   they check the tensor-core kernels on a GPU).
@@ -28,7 +29,7 @@ from fusion_rules import FusedNode
 from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
-from ..kernel import FusedProgram
+from ..kernel import FusedProgram, Kernel
 from . import attention_backward_mma, attention_backward_simt, attention_backward_wgmma, attention_backward_ws
 from .attention_backward_problem import AttentionBackward, backward_of, preprocess_kernel
 from .attention_ragged import fill_kernel
@@ -38,7 +39,9 @@ MMA: dict[str, object] = {"path": "mma"}
 WGMMA: dict[str, object] = {"path": "wgmma"}  # the wgmma kernels' default dK/dV kernel for the problem
 WGMMA_COPIES: dict[str, object] = {"path": "wgmma", "producer": False}  # every thread copies
 WGMMA_PRODUCER: dict[str, object] = {"path": "wgmma", "producer": True}  # a TMA producer warpgroup
-CHOICES = (SIMT, MMA, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER)
+# and K and V held in the consumers' registers (head dim 64)
+WGMMA_PRODUCER_KV: dict[str, object] = {"path": "wgmma", "producer": True, "kv_registers": True}
+CHOICES = (SIMT, MMA, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV)
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -46,10 +49,9 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if ctx.tuning and ctx.tuning not in CHOICES:
         raise UnsupportedError(f"attention_backward tuning {ctx.tuning} is not one of its choices {list(CHOICES)}")
     if path(ab, ctx) == "wgmma":
-        dkdv = attention_backward_ws if producer(ab, ctx) else attention_backward_wgmma
         kernels = (
             preprocess_kernel(fused, ctx, ab, zero_dq=True),
-            dkdv.dkdv_kernel(fused, ctx, ab),
+            dkdv_kernel(fused, ctx, ab),
             attention_backward_wgmma.dq_kernel(fused, ctx, ab),
         )
         return FusedProgram(fused.name, kernels, (ab.scratch, ab.dq_scratch))
@@ -85,7 +87,14 @@ def path(ab: AttentionBackward, ctx: EmitContext) -> str:
     return "simt"
 
 
-def producer(ab: AttentionBackward, ctx: EmitContext) -> bool:
-    """Whether the wgmma path's dK/dV kernel is the warp-specialised one: the tuning's, else
-    the default (the kernel where every thread copies)."""
-    return ctx.tuning == WGMMA_PRODUCER
+def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
+    """The wgmma path's dK/dV kernel: the tuning's, else the default (every thread copying). K
+    and V in registers asked for at another head dim than 64 is an error saying why."""
+    if ctx.tuning == WGMMA_PRODUCER_KV and ab.problem.d != attention_backward_ws.KV_REGISTERS_HEAD_DIM:
+        raise UnsupportedError(
+            f"sdpa_backward node '{ab.problem.node.name}': K and V stay in registers at head dim "
+            f"{attention_backward_ws.KV_REGISTERS_HEAD_DIM} only, not {ab.problem.d} (too few registers)"
+        )
+    if ctx.tuning in (WGMMA_PRODUCER, WGMMA_PRODUCER_KV):
+        return attention_backward_ws.dkdv_kernel(fused, ctx, ab, kv_registers=ctx.tuning == WGMMA_PRODUCER_KV)
+    return attention_backward_wgmma.dkdv_kernel(fused, ctx, ab)

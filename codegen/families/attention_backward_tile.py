@@ -31,7 +31,7 @@ from .attention_problem import Attention, constants, lengths_and_scale, needs_ma
 from .attention_wgmma import wgmma_registers_a
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import STMATRIX, wgmma_prelude, wgmma_step_function
-from .tensor_core import OperandTypes
+from .tensor_core import OperandTypes, mma_fragments
 from .tma_prelude import mbarrier_prelude
 
 BN = 128  # keys per block: a warpgroup per 64
@@ -79,10 +79,35 @@ def accumulators() -> list[str]:
     ]
 
 
-def tile_products(a: Attention) -> list[str]:
-    """For the query tile of ``stage`` (rows from ``row0``): Sᵀ and dPᵀ issued; once Sᵀ is in,
-    Pᵀ, and dV's product issued behind dPᵀ; once dPᵀ is in, dSᵀ, stored as dS
-    (:func:`_ds_store`). dV's product may still run (committed, not waited for)."""
+def kv_fragments() -> list[str]:
+    """This warpgroup's 64 keys of K and V as wgmma A fragments (``ldmatrix`` from their tiles,
+    once they landed), for :func:`tile_products` with ``kv_registers``: 16 registers each at D 64."""
+    return [
+        "unsigned kf[D / 16][4], vf[DV / 16][4];  // k16 step kk: this warp's 16 keys, columns 16kk ..",
+        "{",
+        "  const int row = (warp & 3) * 16 + (lane & 15), half = lane >> 4;",
+        "#pragma unroll",
+        "  for (int kk = 0; kk < D / 16; ++kk) {",
+        "    const int at = (kk >> 2) * (BN * 128) + swizzle128(row, (kk & 3) * 2 + half);",
+        "    ldmatrix_x4(k_rows + at, kf[kk][0], kf[kk][1], kf[kk][2], kf[kk][3]);",
+        "    ldmatrix_x4(v_rows + at, vf[kk][0], vf[kk][1], vf[kk][2], vf[kk][3]);",
+        "  }",
+        "}",
+    ]
+
+
+def tile_products(a: Attention, kv_registers: bool) -> list[str]:
+    """For the query tile of ``stage`` (rows from ``row0``): Sᵀ and dPᵀ issued (K and V from
+    shared memory, or with ``kv_registers`` from :func:`kv_fragments`); once Sᵀ is in, Pᵀ, and
+    dV's product issued behind dPᵀ; once dPᵀ is in, dSᵀ, stored as dS (:func:`_ds_store`). dV's
+    product may still run (committed, not waited for)."""
+    q_at, o_at = "q_s + (kk >> 2) * (BQ * 128) + (kk & 3) * 32", "o_s + (kk >> 2) * (BQ * 128) + (kk & 3) * 32"
+    if kv_registers:
+        s_step = f"wgmma_rs_k(s, kf[kk], wgmma_descriptor({q_at}, 16, 1024));"
+        dp_step = f"wgmma_rs_k(dp, vf[kk], wgmma_descriptor({o_at}, 16, 1024));"
+    else:
+        s_step = f"wgmma_step(s, wgmma_descriptor(k_rows + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), wgmma_descriptor({q_at}, 16, 1024));"
+        dp_step = f"wgmma_step(dp, wgmma_descriptor(v_rows + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), wgmma_descriptor({o_at}, 16, 1024));"
     return [
         "float s[BQ / 2], dp[BQ / 2];  // Sᵀ, then Pᵀ; dPᵀ, then dSᵀ",
         "#pragma unroll",
@@ -92,13 +117,11 @@ def tile_products(a: Attention) -> list[str]:
         "wgmma_fence();",
         "#pragma unroll",
         "for (int kk = 0; kk < D / 16; ++kk)  // 64-element blocks of the head dim, 4 k16 steps each",
-        "  wgmma_step(s, wgmma_descriptor(k_rows + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),",
-        "             wgmma_descriptor(q_s + (kk >> 2) * (BQ * 128) + (kk & 3) * 32, 16, 1024));",
+        f"  {s_step}",
         "wgmma_commit();",
         "#pragma unroll",
         "for (int kk = 0; kk < DV / 16; ++kk)",
-        "  wgmma_step(dp, wgmma_descriptor(v_rows + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),",
-        "             wgmma_descriptor(o_s + (kk >> 2) * (BQ * 128) + (kk & 3) * 32, 16, 1024));",
+        f"  {dp_step}",
         "wgmma_commit();",
         "wgmma_wait<1>();  // Sᵀ is in; dPᵀ may still run",
         "fence_accumulators(s);",
@@ -240,16 +263,19 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 """
 
 
-def device_functions(a: Attention, rank: int) -> str:
+def device_functions(a: Attention, rank: int, kv_registers: bool) -> str:
     """cp.async and ``smem_addr``, the wgmma steps (64-key tiles of Sᵀ and dPᵀ, dQ's 64 columns,
-    dV's and dK's register A), pack2, stmatrix, the mbarrier helpers with TMA loads of up to
-    ``rank`` dims, bulk reductions."""
+    dV's and dK's register A; with ``kv_registers`` ldmatrix and Sᵀ's and dPᵀ's register A),
+    pack2, stmatrix, the mbarrier helpers with TMA loads of up to ``rank`` dims, bulk reductions."""
     types = OperandTypes(a.q.data_type, a.q.data_type)
+    elem = "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16"
+    registers_a = mma_fragments(a.q.data_type) + wgmma_registers_a(BQ, elem, "wgmma_rs_k", 0) if kv_registers else ""
     return (
         ASYNC_COPY_PRELUDE
         + wgmma_prelude(BQ, types, 0)
         + wgmma_step_function(64, types, 1, "wgmma_step_n")
-        + wgmma_registers_a(a.d, "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16")
+        + wgmma_registers_a(a.d, elem)
+        + registers_a
         + pack_function(a.q.data_type)
         + STMATRIX
         + mbarrier_prelude(rank)

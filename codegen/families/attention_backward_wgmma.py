@@ -131,7 +131,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         *gradient_stores(ab, names),
     ]
     pattern = pattern_name(fused) + "_dkdv_wgmma"
-    functions = device_functions(a, 0)
+    functions = device_functions(a, 0, kv_registers=False)
     name, source = kernel_source(
         ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1, device_functions=functions
     )
@@ -154,7 +154,7 @@ def _iteration(a: Attention, names: dict[str, str]) -> list[str]:
         "}",
         "const int stage = t % STAGES, head = hk * GROUP + t / tiles, row0 = q_first + (t % tiles) * BQ;",
         "const unsigned q_s = q_tiles + stage * Q_BYTES, o_s = o_tiles + stage * O_BYTES;",
-        *tile_products(a),
+        *tile_products(a, kv_registers=False),
         *dq_share(names, []),
         "if (t + 1 < total) store_statistics(t + 1);  // its stage's were read in tile t - 1",
     ]

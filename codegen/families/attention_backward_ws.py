@@ -30,7 +30,8 @@ from .gemm_sm90 import ALIGN_SLACK, MAX_SHARED
 
 THREADS = 384  # the producer warpgroup, then the two consumers
 MAX_STAGES = 4
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 32, 232  # 128 x 24 + 256 x 240 <= 64K registers
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 32, 232  # 128 x 32 + 256 x 232 <= 64K registers
+KV_REGISTERS_HEAD_DIM = 64  # K and V fragments in registers: 32 more a consumer thread, too many at D 128
 
 
 def shared_bytes(d: int, stages: int) -> int:
@@ -63,11 +64,14 @@ def tensor_maps(ab: AttentionBackward) -> dict[str, tuple[Tensor, TensorMap]]:
     return maps
 
 
-def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
-    """dK and dV of a block of keys, and its share of dQ added into ``dq_accum``."""
+def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, kv_registers: bool) -> Kernel:
+    """dK and dV of a block of keys, and its share of dQ added into ``dq_accum``; with
+    ``kv_registers`` (head dim 64: the consumers' registers hold them) Sᵀ's and dPᵀ's products
+    take K and V from registers, loaded once."""
     a = ab.problem
     ring = stages(a.d)
     assert attention_backward_wgmma.unsupported(ab, ctx.arch) is None and shared_bytes(a.d, ring) <= MAX_SHARED
+    assert not kv_registers or a.d == KV_REGISTERS_HEAD_DIM
     params = KernelParams()
     maps = {role: params.tensor_map(t, m) for role, (t, m) in tensor_maps(ab).items()}
     names = declare(ab, dq_accum=True, params=params).names
@@ -98,18 +102,18 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         "} else {",
         f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");',
         "  const int wg = warpgroup - 1;  // keys wg * 64 .. + 63 of the block",
-        *indent(_consumer(ab, names), 1).splitlines(),
+        *indent(_consumer(ab, names, kv_registers), 1).splitlines(),
         "}",
     ]
     name, source = kernel_source(
         ctx,
         fused,
-        pattern_name(fused) + "_dkdv_wgmma_ws",
+        pattern_name(fused) + ("_dkdv_wgmma_ws_kv" if kv_registers else "_dkdv_wgmma_ws"),
         params,
         THREADS,
         indent(body, 1),
         min_blocks=1,
-        device_functions=tile.device_functions(a, 4),
+        device_functions=tile.device_functions(a, 4, kv_registers),
     )
     return Kernel(
         name,
@@ -162,17 +166,18 @@ def _producer(ab: AttentionBackward, names: dict[str, str], maps: dict[str, str]
     ]
 
 
-def _consumer(ab: AttentionBackward, names: dict[str, str]) -> list[str]:
+def _consumer(ab: AttentionBackward, names: dict[str, str], kv_registers: bool) -> list[str]:
     """The tiles as they land; the stage released as soon as dV's and dK's products are done."""
     return [
         *tile.accumulators(),
         "mbar_wait(kv_full, 0);",
+        *(tile.kv_fragments() if kv_registers else []),
         "for (int t = 0; t < total; ++t) {",
         "  const int stage = t % STAGES, head = hk * GROUP + t / tiles, row0 = q_first + (t % tiles) * BQ;",
         "  const unsigned q_s = q_tiles + stage * Q_BYTES, o_s = o_tiles + stage * O_BYTES;",
         "  const unsigned ds_s = ds_tiles + (t & 1) * DS_BYTES;",
         "  mbar_wait(full + 8 * stage, (t / STAGES) & 1);",
-        *indent(tile.tile_products(ab.problem), 1).splitlines(),
+        *indent(tile.tile_products(ab.problem, kv_registers), 1).splitlines(),
         *indent(
             tile.dq_share(names, ["if (lane == 0) mbar_arrive(empty + 8 * stage);  // Q, dO, lse and delta are read"]),
             1,
