@@ -55,6 +55,9 @@ from codegen.emit import candidates  # noqa: E402
 
 # (batch, heads, sequence, head dim, causal)
 SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128, True), (4, 16, 2048, 64, False)]
+# --backward: also head dim 64 causal and a longer sequence without a mask (which wgmma dK/dV kernel wins
+# depends on the mask and the head dim)
+BACKWARD_SHAPES = [*SHAPES, (4, 16, 2048, 64, True), (4, 16, 4096, 128, False)]
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
 DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
@@ -139,7 +142,7 @@ def main() -> int:
             "| torch FA2 | torch cuDNN | default / cuDNN | copies / cuDNN | producer / cuDNN | K/V in registers / cuDNN |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for shape in SHAPES:
+        for shape in BACKWARD_SHAPES:
             b, h, s, d, causal = shape
             tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed_backward(shape)]
             print(

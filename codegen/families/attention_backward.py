@@ -87,14 +87,24 @@ def path(ab: AttentionBackward, ctx: EmitContext) -> str:
     return "simt"
 
 
+def default_dkdv(ab: AttentionBackward) -> dict[str, object]:
+    """The wgmma dK/dV kernel measured fastest on an H200 (benchmarks/RESULTS.md, issue 10,
+    h/attnbwd2): without a mask the producer warpgroup's (1.21x the copying kernel at D 128; with
+    K and V in registers 1.25x at D 64); with a causal mask the copying one (3% ahead at D 128)."""
+    if ab.problem.causal:
+        return WGMMA_COPIES
+    return WGMMA_PRODUCER_KV if ab.problem.d == attention_backward_ws.KV_REGISTERS_HEAD_DIM else WGMMA_PRODUCER
+
+
 def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
-    """The wgmma path's dK/dV kernel: the tuning's, else the default (every thread copying). K
-    and V in registers asked for at another head dim than 64 is an error saying why."""
+    """The wgmma path's dK/dV kernel: the tuning's, else :func:`default_dkdv`'s. K and V in
+    registers asked for at another head dim than 64 is an error saying why."""
     if ctx.tuning == WGMMA_PRODUCER_KV and ab.problem.d != attention_backward_ws.KV_REGISTERS_HEAD_DIM:
         raise UnsupportedError(
             f"sdpa_backward node '{ab.problem.node.name}': K and V stay in registers at head dim "
             f"{attention_backward_ws.KV_REGISTERS_HEAD_DIM} only, not {ab.problem.d} (too few registers)"
         )
-    if ctx.tuning in (WGMMA_PRODUCER, WGMMA_PRODUCER_KV):
-        return attention_backward_ws.dkdv_kernel(fused, ctx, ab, kv_registers=ctx.tuning == WGMMA_PRODUCER_KV)
+    choice = default_dkdv(ab) if ctx.tuning in ({}, WGMMA) else ctx.tuning
+    if choice in (WGMMA_PRODUCER, WGMMA_PRODUCER_KV):
+        return attention_backward_ws.dkdv_kernel(fused, ctx, ab, kv_registers=choice == WGMMA_PRODUCER_KV)
     return attention_backward_wgmma.dkdv_kernel(fused, ctx, ab)

@@ -25,9 +25,18 @@ from __future__ import annotations
 
 from graphdnn.dtypes import DataType
 
+from ..context import indent
 from .attention_backward_problem import DQ_ACCUM, AttentionBackward, gradient_store, query_range
-from .attention_flash import pack_function
-from .attention_problem import Attention, constants, lengths_and_scale, needs_mask, score_function
+from .attention_flash import pack_function, vectorizable
+from .attention_problem import (
+    Attention,
+    constants,
+    coordinates,
+    element,
+    lengths_and_scale,
+    needs_mask,
+    score_function,
+)
 from .attention_wgmma import wgmma_registers_a
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import STMATRIX, wgmma_prelude, wgmma_step_function
@@ -234,11 +243,15 @@ def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
     ]
 
 
-def gradient_stores(ab: AttentionBackward, names: dict[str, str]) -> list[str]:
-    """Once every tile is done: the bulk reductions waited for, dK (scaled) and dV written."""
+def gradient_stores(ab: AttentionBackward, names: dict[str, str], aligned: str) -> list[str]:
+    """Once every tile is done: dK (scaled) and dV written, then the bulk reductions' reads of
+    their rows waited for. Where dK's and dV's rows copy as 16-byte chunks of the kernel's type
+    (and, at run time, ``aligned``), through shared memory: K's and V's tiles and what follows
+    them, free once both warpgroups' last products are done (a barrier), take each warpgroup's
+    fragments by ``stmatrix``, then its rows leave by 16-byte stores; else element by element
+    from the fragments."""
     a = ab.problem
-    return [
-        'asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");  // the bulk reductions are done',
+    elements = [
         "#pragma unroll",
         "for (int j = 0; j < D / 8; ++j)",
         "#pragma unroll",
@@ -248,6 +261,44 @@ def gradient_stores(ab: AttentionBackward, names: dict[str, str]) -> list[str]:
         f"    {gradient_store(a, 'DK', ab.dk, names['DK'], 'hk', 'key', 'col', 'scale * dk[4 * j + e]')}",
         f"    {gradient_store(a, 'DV', ab.dv, names['DV'], 'hk', 'key', 'col', 'dv[4 * j + e]')}",
         "  }",
+    ]
+    wait = 'asm volatile("cp.async.bulk.wait_group.read 0;\\n" ::: "memory");  // the bulk reductions read their rows'
+    if not (vectorizable((ab.dk, ab.dv)) and ab.dk.data_type is ab.dv.data_type is a.q.data_type):
+        return [*elements, wait]
+
+    def packed(acc: str, factor: str) -> str:
+        pairs = (f"pack2({factor}{acc}[8 * jj + {i}], {factor}{acc}[8 * jj + {i + 1}])" for i in range(0, 8, 2))
+        return ", ".join(pairs)
+
+    dk_at = element(ab.dk, names["DK"], coordinates(a, "DK", "hk", "key", "col"))
+    dv_at = element(ab.dv, names["DV"], coordinates(a, "DV", "hk", "key", "col"))
+    return [
+        f'asm volatile("bar.sync {DS_BARRIER}, 256;\\n" ::: "memory");  // every product is done: K and V are free',
+        f"if ({aligned}) {{",
+        "  constexpr int GROW = D * 2 + 16;  // bytes a staged row: the 16 of padding keep stmatrix's rows on distinct banks",
+        "  const unsigned dk_rows = k_tile, dv_rows = k_tile + BN * GROW;",
+        "  // fragments' column blocks 2jj and 2jj + 1, rows + 0 and + 8: matrices 0 .. 3 of a stmatrix",
+        "  const int srow = wg * 64 + (warp & 3) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, schunk = lane >> 4;",
+        "#pragma unroll",
+        "  for (int jj = 0; jj < D / 16; ++jj) {",
+        f"    const unsigned dk_pairs[4] = {{{packed('dk', 'scale * ')}}};",
+        f"    const unsigned dv_pairs[4] = {{{packed('dv', '')}}};",
+        "    stmatrix_x4(dk_rows + srow * GROW + (2 * jj + schunk) * 16, dk_pairs);",
+        "    stmatrix_x4(dv_rows + srow * GROW + (2 * jj + schunk) * 16, dv_pairs);",
+        "  }",
+        "  warpgroup_sync(wg);",
+        "  const unsigned char* const staged = smem_raw + (k_tile - smem_addr(smem_raw));",
+        "  for (int c = tid & 127; c < 64 * (D / 8); c += 128) {  // this warpgroup's rows, 16 bytes a thread",
+        "    const int row = wg * 64 + c / (D / 8), col = c % (D / 8) * 8, key = kv0 + row;",
+        "    if (key >= SKV) continue;",
+        f"    *reinterpret_cast<uint4*>(&{dk_at}) = *reinterpret_cast<const uint4*>(staged + row * GROW + col * 2);",
+        f"    *reinterpret_cast<uint4*>(&{dv_at}) =",
+        "        *reinterpret_cast<const uint4*>(staged + BN * GROW + row * GROW + col * 2);",
+        "  }",
+        "} else {",
+        *indent(elements, 1).splitlines(),
+        "}",
+        wait,
     ]
 
 

@@ -128,7 +128,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Ke
         *indent(_iteration(a, names), 1).splitlines(),
         "}",
         'asm volatile("cp.async.wait_group 0;\\n" ::);',
-        *gradient_stores(ab, names),
+        *gradient_stores(ab, names, aligned),
     ]
     pattern = pattern_name(fused) + "_dkdv_wgmma"
     functions = device_functions(a, 0, kv_registers=False)

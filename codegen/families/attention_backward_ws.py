@@ -75,6 +75,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, kv_re
     params = KernelParams()
     maps = {role: params.tensor_map(t, m) for role, (t, m) in tensor_maps(ab).items()}
     names = declare(ab, dq_accum=True, params=params).names
+    aligned = params.aligned_flag()
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
         f"constexpr int BN = {tile.BN}, BQ = {tile.BQ}, STAGES = {ring};",
@@ -102,7 +103,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, kv_re
         "} else {",
         f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");',
         "  const int wg = warpgroup - 1;  // keys wg * 64 .. + 63 of the block",
-        *indent(_consumer(ab, names, kv_registers), 1).splitlines(),
+        *indent(_consumer(ab, names, kv_registers, aligned), 1).splitlines(),
         "}",
     ]
     name, source = kernel_source(
@@ -166,7 +167,7 @@ def _producer(ab: AttentionBackward, names: dict[str, str], maps: dict[str, str]
     ]
 
 
-def _consumer(ab: AttentionBackward, names: dict[str, str], kv_registers: bool) -> list[str]:
+def _consumer(ab: AttentionBackward, names: dict[str, str], kv_registers: bool, aligned: str) -> list[str]:
     """The tiles as they land; the stage released as soon as dV's and dK's products are done."""
     return [
         *tile.accumulators(),
@@ -183,5 +184,5 @@ def _consumer(ab: AttentionBackward, names: dict[str, str], kv_registers: bool) 
             1,
         ).splitlines(),
         "}",
-        *tile.gradient_stores(ab, names),
+        *tile.gradient_stores(ab, names, aligned),
     ]

@@ -104,9 +104,13 @@ template <int N> __device__ __forceinline__ void fence_accumulators(int (&acc)[N
 
 
 STMATRIX = r"""
-// Four 8 x 8 b16 matrices from the registers to shared memory, transposed (sm_90): register i of
-// each thread holds row lane / 4, columns 2 (lane % 4) .. + 1 of matrix i; lane 8i + r gives the
-// address of row r of the stored (transposed) matrix i, 16 contiguous bytes.
+// Four 8 x 8 b16 matrices from the registers to shared memory (sm_90): register i of each thread
+// holds row lane / 4, columns 2 (lane % 4) .. + 1 of matrix i; lane 8i + r gives the address of
+// row r of the stored matrix i, 16 contiguous bytes; _trans stores each matrix transposed.
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
 __device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const unsigned (&r)[4]) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
                ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
