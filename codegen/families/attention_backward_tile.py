@@ -49,6 +49,7 @@ HEAD_DIMS = (64, 128)
 DQ_ROW = 64 + 8  # floats per staged dQ row: the 8 of padding keep a half-warp's float2 stores off each other's banks
 DS_BARRIER = 3  # the named barrier both warpgroups meet at once their dS is stored (D 128)
 DQ_STAGE_BYTES = 2 * 64 * DQ_ROW * 4  # each warpgroup's staged 64 x 64 fp32 dQ partial
+DQ_CHUNK_BYTES = 16 << 20  # causal: the dQ sums of a chunk of blocks run together, a third of an H100's L2
 
 
 def block_setup(a: Attention, names: dict[str, str]) -> list[str]:
@@ -59,8 +60,7 @@ def block_setup(a: Attention, names: dict[str, str]) -> list[str]:
     return [
         *constants(a),
         f"constexpr int N_BLOCKS = {n_blocks}, HK = {a.kv_heads};",
-        "const int kv0 = (int)(blockIdx.x % N_BLOCKS) * BN;",
-        "const int hk = (int)((blockIdx.x / N_BLOCKS) % HK), b = (int)(blockIdx.x / N_BLOCKS / HK);",
+        *_block_order(a),
         *lengths_and_scale(a, names, with_slope=False, first=("kv", "kv0")),
         *score_function(a, names),
         *query_range(a, BN, BQ),
@@ -68,6 +68,28 @@ def block_setup(a: Attention, names: dict[str, str]) -> list[str]:
         "constexpr unsigned K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2, Q_BYTES = BQ * D * 2, O_BYTES = BQ * DV * 2;",
         "constexpr unsigned DS_BYTES = BQ * BN * 2;  // dS, [key block of 64][BQ rows][128 bytes]",
         f"constexpr int DQ_ROW = {DQ_ROW};",
+    ]
+
+
+def _block_order(a: Attention) -> list[str]:
+    """``kv0``, ``hk`` and ``b`` of this block. Without a mask every block has the same work: the
+    blocks of one (batch, kv head) pair in turn. Under a causal mask the first keys see the most
+    rows: in chunks of pairs whose dQ sums fit a part of L2 (DQ_CHUNK_BYTES), the blocks with the
+    most rows of every pair go first, so that the grid ends on short blocks, not on a long one
+    started last (blocks start in index order)."""
+    if not a.causal:
+        return [
+            "const int kv0 = (int)(blockIdx.x % N_BLOCKS) * BN;",
+            "const int hk = (int)((blockIdx.x / N_BLOCKS) % HK), b = (int)(blockIdx.x / N_BLOCKS / HK);",
+        ]
+    pairs = a.kv_heads * a.batch
+    chunk = max(1, min(pairs, DQ_CHUNK_BYTES // (a.heads // a.kv_heads * a.sq * a.d * 4)))
+    return [
+        f"constexpr int CHUNK = {chunk}, PAIRS = {pairs};  // (batch, kv head) pairs a chunk",
+        "const int chunk = (int)(blockIdx.x / (CHUNK * N_BLOCKS)), within = (int)(blockIdx.x % (CHUNK * N_BLOCKS));",
+        "const int pairs = min(CHUNK, PAIRS - chunk * CHUNK), pair = chunk * CHUNK + within % pairs;",
+        "const int kv0 = within / pairs * BN;  // the chunk's first keys (the most rows) first",
+        "const int hk = pair % HK, b = pair / HK;",
     ]
 
 
