@@ -89,11 +89,12 @@ def path(ab: AttentionBackward, ctx: EmitContext) -> str:
 
 def default_dkdv(ab: AttentionBackward) -> dict[str, object]:
     """The wgmma dK/dV kernel measured fastest on an H200 (benchmarks/RESULTS.md, issue 10,
-    h/attnbwd2): without a mask the producer warpgroup's (1.21x the copying kernel at D 128; with
-    K and V in registers 1.25x at D 64); with a causal mask the copying one (3% ahead at D 128)."""
-    if ab.problem.causal:
-        return WGMMA_COPIES
-    return WGMMA_PRODUCER_KV if ab.problem.d == attention_backward_ws.KV_REGISTERS_HEAD_DIM else WGMMA_PRODUCER
+    h/attnbwd2, round 2): the producer warpgroup's, 1.02-1.28x the copying kernel at D 128 (with
+    or without a causal mask) and 1.28x at D 64 without one; under a causal mask at D 64 that
+    with K and V in registers (1.10x the producer's alone, 1.02x the copying kernel)."""
+    if ab.problem.causal and ab.problem.d == attention_backward_ws.KV_REGISTERS_HEAD_DIM:
+        return WGMMA_PRODUCER_KV
+    return WGMMA_PRODUCER
 
 
 def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:

@@ -8,9 +8,10 @@ rows past the sequence zero-filled) into a ring of stages, completing on the sta
 mbarrier; its second warp reads the tile's lse and delta (two rows a lane) into the stage and
 arrives there too. The two consumer warpgroups (64 keys each, with the producer's registers:
 ``setmaxnreg``) wait on *full*, compute the tile and release the stage on its *empty* mbarrier
-once dV's and dK's products have read it, while dQ's product still runs. dS is double-buffered,
-so that the only barrier between the consumers is the one at which both have stored it (D 128;
-at D 64 each reads its own). The consumers never copy and never wait for one another's copies.
+once dV's and dK's products have read it. dS is double-buffered, so that the only barrier
+between the consumers in a tile is the one at which both have stored it (D 128; at D 64 each
+reads its own), and one more before the epilogue. The consumers never copy and never wait for
+one another's copies.
 """
 
 from __future__ import annotations
