@@ -55,6 +55,9 @@ from codegen.emit import candidates  # noqa: E402
 
 # (batch, heads, sequence, head dim, causal)
 SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128, True), (4, 16, 2048, 64, False)]
+# --backward: also head dim 64 causal and a longer sequence without a mask (which wgmma dK/dV kernel wins
+# depends on the mask and the head dim)
+BACKWARD_SHAPES = [*SHAPES, (4, 16, 2048, 64, True), (4, 16, 4096, 128, False)]
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
 DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
@@ -135,16 +138,18 @@ def main() -> int:
         return 0
     if args.backward:
         print(
-            "| shape | graphdnn default | mma.sync | wgmma | torch FA2 | torch cuDNN | default / cuDNN | wgmma / cuDNN |"
+            "| shape | graphdnn default | wgmma, copies | wgmma, producer | producer, K/V in registers "
+            "| torch FA2 | torch cuDNN | default / cuDNN | copies / cuDNN | producer / cuDNN | K/V in registers / cuDNN |"
         )
-        print("|---|---|---|---|---|---|---|---|")
-        for shape in SHAPES:
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for shape in BACKWARD_SHAPES:
             b, h, s, d, causal = shape
             tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed_backward(shape)]
             print(
                 f"| B{b} H{h} S{s} D{d}{' causal' if causal else ''} | "
                 + " | ".join(f"{t:.0f}" for t in tflops)
-                + f" | {tflops[0] / tflops[4]:.2f} | {tflops[2] / tflops[4]:.2f} |"
+                + "".join(f" | {tflops[i] / tflops[5]:.2f}" for i in (0, 1, 2, 3))
+                + " |"
             )
         return 0
     if args.prefill:
@@ -571,8 +576,9 @@ def spec_choice(spec: str, a: Any) -> dict[str, object]:
 
 
 def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:
-    """µs of graphdnn's sdpa_backward plan (default, the mma.sync kernels, the wgmma ones), and of
-    torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
+    """µs of graphdnn's sdpa_backward plan (default; the wgmma dK/dV kernels with every thread
+    copying, with a TMA producer warpgroup, and at head dim 64 that with K and V in registers), and
+    of torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
     all from the same Q, K, V and dO."""
     import torch
     import torch.nn.functional as F
@@ -601,10 +607,11 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
     }
     fused = next(f for f in gd.fuse(backward_graph(*shape)).nodes if f.anchor is not None)
 
-    def ours(path: str | None) -> float | None:
-        """µs of the default plan (``path`` None) or of the kernels of ``path``, once its gradients
+    def ours(choice: dict[str, object] | None) -> float | None:
+        """µs of the default plan (``choice`` None) or of the tuning ``choice``, once its gradients
         match torch's (None, with the error printed, where they do not)."""
-        tuning = None if path is None else {fused.name: {"path": path}}
+        path = None if choice is None else str(choice)
+        tuning = None if choice is None else {fused.name: choice}
         bound = gd.compile(backward_graph(*shape), tuning=tuning).bind(pack)
         for grad in grads:
             grad.fill_(float("nan"))
@@ -625,7 +632,14 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
             print(f"{shape}: {backend} unavailable: {str(error).splitlines()[0]}")
             return None
 
-    return ours(None), ours("mma"), ours("wgmma"), peer(SDPBackend.FLASH_ATTENTION), peer(SDPBackend.CUDNN_ATTENTION)
+    return (
+        ours(None),
+        ours({"path": "wgmma", "producer": False}),
+        ours({"path": "wgmma", "producer": True}),
+        ours({"path": "wgmma", "producer": True, "kv_registers": True}) if d == 64 else None,  # head dim 64 only
+        peer(SDPBackend.FLASH_ATTENTION),
+        peer(SDPBackend.CUDNN_ATTENTION),
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import pytest
 
 from codegen import emitter
 from codegen.context import EmitContext
-from codegen.families.attention_backward import MMA, SIMT, WGMMA
+from codegen.families import attention_backward_ws
+from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV
 from codegen.families.attention_backward_wgmma import shared_bytes
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
@@ -49,9 +50,14 @@ def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sm90_takes_the_wgmma_kernels_where_they_apply_and_the_sm80_ones_elsewhere(case: str) -> None:
+    """The wgmma dK/dV kernel measured fastest: the producer warpgroup's, with K and V in
+    registers under a causal mask at head dim 64."""
     names = [k.name.rsplit("_", 1)[0] for k in backward_program(case)[2].kernels]
     if case in WGMMA_CASES:
-        assert names == ["gd_sdpa_backward_delta", "gd_sdpa_backward_dkdv_wgmma", "gd_sdpa_backward_dq_convert"]
+        c = WGMMA_CASES[case]
+        causal = any(c.options.get(m) for m in ("use_causal_mask", "use_causal_mask_bottom_right"))
+        dkdv = "dkdv_wgmma_ws_kv" if causal and c.d == 64 else "dkdv_wgmma_ws"
+        assert names == ["gd_sdpa_backward_delta", f"gd_sdpa_backward_{dkdv}", "gd_sdpa_backward_dq_convert"]
     else:
         assert names == [k.name.rsplit("_", 1)[0] for k in backward_program(case, arch=80)[2].kernels]
 
@@ -67,8 +73,9 @@ def test_each_tuning_takes_its_kernels_and_nothing_else_is_a_choice() -> None:
 
 @pytest.mark.parametrize("case", sorted(WGMMA_CASES))
 def test_wgmma_kernels_compile_for_sm90(case: str) -> None:
-    """Delta (and dq_accum zeroed), the wgmma dK/dV kernel adding into dq_accum, dQ's conversion."""
-    _, _, program = backward_program(case, WGMMA)
+    """Delta (and dq_accum zeroed), the wgmma dK/dV kernel (every thread copying) adding into
+    dq_accum, dQ's conversion."""
+    _, _, program = backward_program(case, WGMMA_COPIES)
     delta, dkdv, convert = program.kernels
     assert "_dkdv_wgmma_" in dkdv.name and "_dq_convert_" in convert.name and dkdv.arch_suffix == "a"
     assert "wgmma.mma_async" in dkdv.source and "cp.reduce.async.bulk" in dkdv.source and "dq_accum" in delta.source
@@ -79,6 +86,49 @@ def test_wgmma_kernels_compile_for_sm90(case: str) -> None:
         compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
 
 
+@pytest.mark.parametrize("case", sorted(WGMMA_CASES))
+def test_the_warp_specialised_wgmma_kernel_compiles_for_sm90(case: str) -> None:
+    """A producer warpgroup's TMA loads (four tensor maps: Q, dO, K, V) into an mbarrier ring,
+    registers moved to the consumers; the same preprocess and conversion kernels."""
+    _, _, program = backward_program(case, WGMMA_PRODUCER)
+    _, dkdv, convert = program.kernels
+    assert "_dkdv_wgmma_ws_" in dkdv.name and "_dq_convert_" in convert.name and dkdv.arch_suffix == "a"
+    for needed in ("cp.async.bulk.tensor.4d", "setmaxnreg.inc", "stmatrix", "cp.reduce.async.bulk", "mbar_wait(full"):
+        assert needed in dkdv.source, needed
+    assert sum(p.kind.name == "TENSOR_MAP" for p in dkdv.params) == 4 and dkdv.block == (384, 1, 1)
+    c = WGMMA_CASES[case]
+    assert dkdv.shared_bytes == attention_backward_ws.shared_bytes(c.d, attention_backward_ws.stages(c.d)) <= 227 * 1024
+    assert attention_backward_ws.stages(c.d) == (2 if c.d == 128 else 4)
+    for kernel in program.kernels:
+        compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
+
+
+@pytest.mark.parametrize("case", sorted(c for c in WGMMA_CASES if WGMMA_CASES[c].d == 64))
+def test_k_and_v_in_registers_compile_for_sm90_at_head_dim_64(case: str) -> None:
+    """Sᵀ's and dPᵀ's products take K and V as register A fragments (ldmatrix, once)."""
+    _, _, program = backward_program(case, WGMMA_PRODUCER_KV)
+    dkdv = program.kernels[1]
+    assert "_dkdv_wgmma_ws_kv_" in dkdv.name and "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in dkdv.source
+    assert "wgmma_rs_k(s, kf[kk]" in dkdv.source and "wgmma_rs_k(dp, vf[kk]" in dkdv.source
+    compile_cubin(dkdv.source, dkdv.name, 90, dkdv.arch_suffix)
+
+
+def test_k_and_v_in_registers_say_why_not_at_head_dim_128() -> None:
+    with pytest.raises(
+        UnsupportedError, match=r"'attention_backward': K and V stay in registers at head dim 64 only, not 128"
+    ):
+        backward_program("d128_bshd", WGMMA_PRODUCER_KV)
+
+
+def test_the_wgmma_choices_name_their_dkdv_kernel() -> None:
+    """``{"path": "wgmma"}`` alone is the default kernel for the problem; ``producer`` names one."""
+    names = {str(t): backward_program("d128_bshd", t)[2].kernels[1].name for t in (WGMMA, WGMMA_COPIES, WGMMA_PRODUCER)}
+    assert "_dkdv_wgmma_ws_" in names[str(WGMMA_PRODUCER)] and "_ws_" not in names[str(WGMMA_COPIES)]
+    default = backward_program("d128_bshd")[2].kernels[1].name
+    assert names[str(WGMMA)] == default
+
+
+@pytest.mark.parametrize("tuning", [WGMMA, WGMMA_PRODUCER])
 @pytest.mark.parametrize(
     ("case", "reason"),
     [
@@ -90,9 +140,9 @@ def test_wgmma_kernels_compile_for_sm90(case: str) -> None:
         ("mixed_types_simt", "not all fp16 or all bf16"),
     ],
 )
-def test_the_wgmma_tuning_says_why_it_cannot_take_a_problem(case: str, reason: str) -> None:
+def test_the_wgmma_tuning_says_why_it_cannot_take_a_problem(case: str, reason: str, tuning: dict[str, object]) -> None:
     with pytest.raises(UnsupportedError, match=f"node 'attention_backward': the wgmma kernels do not take .*{reason}"):
-        backward_program(case, WGMMA)
+        backward_program(case, tuning)
 
 
 def test_a_deterministic_backward_keeps_the_kernels_that_sum_in_a_fixed_order() -> None:

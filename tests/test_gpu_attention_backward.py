@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import graphdnn as gd
-from codegen.families.attention_backward import MMA, SIMT, WGMMA
+from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV
 from fusion_rules import Family, fuse
 from graphdnn import reference
 from graphdnn.compare import tolerance
@@ -45,22 +45,32 @@ def backward_node(graph: gd.OperationGraphSpec) -> str:
     return fused.name
 
 
+@pytest.mark.parametrize(("tuning", "kernel"), [(WGMMA_COPIES, "_dkdv_wgmma_"), (WGMMA_PRODUCER, "_dkdv_wgmma_ws_")])
 @pytest.mark.parametrize("case", sorted(WGMMA_CASES))
-def test_wgmma_kernels_match_reference(case: str) -> None:
+def test_wgmma_kernels_match_reference(case: str, tuning: dict[str, object], kernel: str) -> None:
+    """Either dK/dV kernel: every thread copying, or fed by a TMA producer warpgroup."""
     graph = WGMMA_CASES[case].build()
-    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={backward_node(graph): WGMMA})
-    assert any("_dkdv_wgmma_" in kernel.name for kernel in plan.kernels)
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={backward_node(graph): tuning})
+    assert any(kernel in k.name for k in plan.kernels)
 
 
-def test_wgmma_dq_is_right_run_after_run() -> None:
-    """Each run's preprocess kernel zeroes dq_accum before the atomics add into it."""
+@pytest.mark.parametrize("case", sorted(c for c in WGMMA_CASES if WGMMA_CASES[c].d == 64))
+def test_wgmma_kernel_with_k_and_v_in_registers_matches_reference(case: str) -> None:
+    graph = WGMMA_CASES[case].build()
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={backward_node(graph): WGMMA_PRODUCER_KV})
+    assert any("_dkdv_wgmma_ws_kv_" in k.name for k in plan.kernels)
+
+
+@pytest.mark.parametrize("tuning", [WGMMA, WGMMA_PRODUCER, WGMMA_PRODUCER_KV])
+def test_wgmma_dq_is_right_run_after_run(tuning: dict[str, object]) -> None:
+    """Each run's preprocess kernel zeroes dq_accum before the bulk reductions add into it."""
     import torch
 
     graph = WGMMA_CASES["gqa_4to1_causal"].build()
     ir = graph.validate()
     feeds = random_inputs(ir, 13)
     expected = reference.execute(ir, feeds)
-    plan = gd.compile(ir, tuning={backward_node(graph): WGMMA})
+    plan = gd.compile(ir, tuning={backward_node(graph): tuning})
     pack = {t.name: to_device(feeds[t.name], t) for t in ir.inputs}
     for _ in range(3):
         outputs = {t.name: poisoned(t) for t in ir.outputs}

@@ -7,10 +7,14 @@ Three paths:
   (attention_backward_mma.py), deterministic (no atomics: every gradient element is summed by
   one thread in a fixed order);
 - on sm_90, for fp16/bf16 at head dims 64 and 128 with no mask or a causal one, wgmma kernels in
-  FlashAttention-3's shape (attention_backward_wgmma.py), the default there: dK, dV and dQ's sums
+  FlashAttention-3's shape (attention_backward_tile.py), the default there: dK, dV and dQ's sums
   in one kernel, dQ added in fp32 by bulk reductions (the preprocess kernel zeroes
-  ``dq_accum``) and converted by the last kernel, not bitwise deterministic; the tunings
-  ``{"path": "wgmma"}`` and ``{"path": "mma"}`` name either path;
+  ``dq_accum``) and converted by the last kernel, not bitwise deterministic. The dK/dV kernel
+  either copies with every thread (attention_backward_wgmma.py) or is fed by a producer
+  warpgroup's TMA loads (attention_backward_ws.py): ``{"path": "wgmma", "producer": False}`` or
+  ``True`` names one (with ``"kv_registers": True`` at head dim 64, K and V held in registers),
+  ``{"path": "wgmma"}`` takes the default for the problem; ``{"path": "mma"}`` names the
+  mma.sync path;
 - else fp32 SIMT tiles (attention_backward_simt.py), which take any type, layout and head dim
   (the tuning ``{"path": "simt"}`` takes them for any problem: the CPU emulation runs them, and
   they check the tensor-core kernels on a GPU).
@@ -25,26 +29,29 @@ from fusion_rules import FusedNode
 from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
-from ..kernel import FusedProgram
-from . import attention_backward_mma, attention_backward_simt, attention_backward_wgmma
+from ..kernel import FusedProgram, Kernel
+from . import attention_backward_mma, attention_backward_simt, attention_backward_wgmma, attention_backward_ws
 from .attention_backward_problem import AttentionBackward, backward_of, preprocess_kernel
 from .attention_ragged import fill_kernel
 
 SIMT: dict[str, object] = {"path": "simt"}  # the tuning that takes the SIMT kernels where mma.sync could run
 MMA: dict[str, object] = {"path": "mma"}
-WGMMA: dict[str, object] = {"path": "wgmma"}
+WGMMA: dict[str, object] = {"path": "wgmma"}  # the wgmma kernels' default dK/dV kernel for the problem
+WGMMA_COPIES: dict[str, object] = {"path": "wgmma", "producer": False}  # every thread copies
+WGMMA_PRODUCER: dict[str, object] = {"path": "wgmma", "producer": True}  # a TMA producer warpgroup
+# and K and V held in the consumers' registers (head dim 64)
+WGMMA_PRODUCER_KV: dict[str, object] = {"path": "wgmma", "producer": True, "kv_registers": True}
+CHOICES = (SIMT, MMA, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV)
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     ab = backward_of(fused)
-    if ctx.tuning and ctx.tuning not in (SIMT, MMA, WGMMA):
-        raise UnsupportedError(
-            f"attention_backward tuning {ctx.tuning} is not one of its choices [{SIMT}, {MMA}, {WGMMA}]"
-        )
+    if ctx.tuning and ctx.tuning not in CHOICES:
+        raise UnsupportedError(f"attention_backward tuning {ctx.tuning} is not one of its choices {list(CHOICES)}")
     if path(ab, ctx) == "wgmma":
         kernels = (
             preprocess_kernel(fused, ctx, ab, zero_dq=True),
-            attention_backward_wgmma.dkdv_kernel(fused, ctx, ab),
+            dkdv_kernel(fused, ctx, ab),
             attention_backward_wgmma.dq_kernel(fused, ctx, ab),
         )
         return FusedProgram(fused.name, kernels, (ab.scratch, ab.dq_scratch))
@@ -63,11 +70,12 @@ def path(ab: AttentionBackward, ctx: EmitContext) -> str:
     if ctx.tuning == SIMT:
         return "simt"
     wgmma_unsupported = attention_backward_wgmma.unsupported(ab, ctx.arch)
-    if ctx.tuning == WGMMA and wgmma_unsupported is not None:
+    wgmma_tuned = ctx.tuning.get("path") == "wgmma"
+    if wgmma_tuned and wgmma_unsupported is not None:
         raise UnsupportedError(
             f"sdpa_backward node '{ab.problem.node.name}': the wgmma kernels do not take {wgmma_unsupported}"
         )
-    if ctx.tuning == WGMMA or (not ctx.tuning and wgmma_unsupported is None):
+    if wgmma_tuned or (not ctx.tuning and wgmma_unsupported is None):
         return "wgmma"
     if attention_backward_mma.supported(ab):
         return "mma"
@@ -77,3 +85,27 @@ def path(ab: AttentionBackward, ctx: EmitContext) -> str:
             f"with head dims up to {attention_backward_mma.MAX_HEAD_DIM}"
         )
     return "simt"
+
+
+def default_dkdv(ab: AttentionBackward) -> dict[str, object]:
+    """The wgmma dK/dV kernel measured fastest on an H200 (benchmarks/RESULTS.md, issue 10,
+    h/attnbwd2, round 2): the producer warpgroup's, 1.02-1.28x the copying kernel at D 128 (with
+    or without a causal mask) and 1.28x at D 64 without one; under a causal mask at D 64 that
+    with K and V in registers (1.10x the producer's alone, 1.02x the copying kernel)."""
+    if ab.problem.causal and ab.problem.d == attention_backward_ws.KV_REGISTERS_HEAD_DIM:
+        return WGMMA_PRODUCER_KV
+    return WGMMA_PRODUCER
+
+
+def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
+    """The wgmma path's dK/dV kernel: the tuning's, else :func:`default_dkdv`'s. K and V in
+    registers asked for at another head dim than 64 is an error saying why."""
+    if ctx.tuning == WGMMA_PRODUCER_KV and ab.problem.d != attention_backward_ws.KV_REGISTERS_HEAD_DIM:
+        raise UnsupportedError(
+            f"sdpa_backward node '{ab.problem.node.name}': K and V stay in registers at head dim "
+            f"{attention_backward_ws.KV_REGISTERS_HEAD_DIM} only, not {ab.problem.d} (too few registers)"
+        )
+    choice = default_dkdv(ab) if ctx.tuning in ({}, WGMMA) else ctx.tuning
+    if choice in (WGMMA_PRODUCER, WGMMA_PRODUCER_KV):
+        return attention_backward_ws.dkdv_kernel(fused, ctx, ab, kv_registers=choice == WGMMA_PRODUCER_KV)
+    return attention_backward_wgmma.dkdv_kernel(fused, ctx, ab)

@@ -78,11 +78,11 @@ def backward_of(fused: FusedNode) -> AttentionBackward:
     return AttentionBackward(problem, o, d_o, stats, dq, dk, dv, deterministic)  # type: ignore[arg-type]
 
 
-def declare(ab: AttentionBackward, dq_accum: bool = False) -> AttentionParams:
+def declare(ab: AttentionBackward, dq_accum: bool = False, params: KernelParams | None = None) -> AttentionParams:
     """Every tensor once (one tensor may fill several roles), the outputs writable, ``delta``
-    and (``dq_accum``) the fp32 dQ sums."""
+    and (``dq_accum``) the fp32 dQ sums; after ``params``' declarations (tensor maps) if given."""
     a = ab.problem
-    params = KernelParams()
+    params = KernelParams() if params is None else params
     declared: dict[int, str] = {}
 
     def name_of(tensor: Tensor, writable: bool = False) -> str:

@@ -220,12 +220,17 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
 def tensor_maps(a: Attention, bn: int) -> dict[str, tuple[Tensor, TensorMap]]:
     """TMA maps of Q, K and V (boxes of 64 elements by BM or BN rows of one batch and head, in the
     128-byte swizzle), or none where the driver could not encode one of them."""
-    maps = {"Q": (a.q, _tensor_map(a.q, BLOCK_M)), "K": (a.k, _tensor_map(a.k, bn)), "V": (a.v, _tensor_map(a.v, bn))}
+    maps = {
+        "Q": (a.q, row_tensor_map(a.q, BLOCK_M)),
+        "K": (a.k, row_tensor_map(a.k, bn)),
+        "V": (a.v, row_tensor_map(a.v, bn)),
+    }
     return {} if any(m.problems() for _, m in maps.values()) else maps
 
 
-def _tensor_map(t: Tensor, rows: int) -> TensorMap:
-    """Dims d, s, h, b innermost first. A size-1 dim's stride never moves the address: it is
+def row_tensor_map(t: Tensor, rows: int) -> TensorMap:
+    """A map of boxes of 64 elements by ``rows`` rows of one batch and head (the 128-byte
+    swizzle), for Hopper attention's TMA loads. Dims d, s, h, b innermost first. A size-1 dim's stride never moves the address: it is
     given as the packed one, which the driver accepts whatever the tensor's says."""
     size = t.data_type.itemsize
     dims = tuple(reversed(t.static_dim))
@@ -527,18 +532,18 @@ def _online_softmax() -> list[str]:
     ]
 
 
-def wgmma_registers_a(n: int, elem: str) -> str:
-    """``wgmma_rs``: d (64 x n fp32) += A (64 x 16, four registers per thread) * B (16 x n from
-    shared memory, n contiguous: the transpose bit)."""
+def wgmma_registers_a(n: int, elem: str, name: str = "wgmma_rs", transpose_b: int = 1) -> str:
+    """``name``: d (64 x n fp32) += A (64 x 16, four registers per thread) * B (16 x n from
+    shared memory; n contiguous with the transpose bit ``transpose_b``, else k contiguous)."""
     count = n // 2
     outputs = ", ".join(f"%{i}" for i in range(count))
     constraints = ",\n                 ".join(
         ", ".join(f'"+f"(d[{i}])' for i in range(row, min(row + 8, count))) for row in range(0, count, 8)
     )
     return f"""
-__device__ __forceinline__ void wgmma_rs(float (&d)[{count}], const unsigned (&a)[4], unsigned long long b) {{
+__device__ __forceinline__ void {name}(float (&d)[{count}], const unsigned (&a)[4], unsigned long long b) {{
   asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{elem}.{elem} "
-               "{{{outputs}}}, {{%{count}, %{count + 1}, %{count + 2}, %{count + 3}}}, %{count + 4}, 1, 1, 1, 1;\\n"
+               "{{{outputs}}}, {{%{count}, %{count + 1}, %{count + 2}, %{count + 3}}}, %{count + 4}, 1, 1, 1, {transpose_b};\\n"
                : {constraints}
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
                : "memory");

@@ -103,6 +103,21 @@ template <int N> __device__ __forceinline__ void fence_accumulators(int (&acc)[N
 """
 
 
+STMATRIX = r"""
+// Four 8 x 8 b16 matrices from the registers to shared memory (sm_90): register i of each thread
+// holds row lane / 4, columns 2 (lane % 4) .. + 1 of matrix i; lane 8i + r gives the address of
+// row r of the stored matrix i, 16 contiguous bytes; _trans stores each matrix transposed.
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+"""
+
+
 def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     """The wgmma launch choices for ``p`` on sm_``arch``: none off sm_90 or off the tensor-core
     layouts; the tiles, then their split-K variants where the output has few tiles."""
