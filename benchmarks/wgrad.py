@@ -89,7 +89,8 @@ LAYERS = [
     Layer(32, 64, 56, 256, 1),
     Layer(32, 256, 56, 512, 1, 2),  # ResNet-50's downsample 1x1, 56² -> 28²
     Layer(32, 128, 28, 128, 3),
-    Layer(32, 3, 224, 64, 7, 2),  # the stem: C = 3 stays on the direct kernel (conv_grad_gemm.py)
+    Layer(32, 3, 224, 64, 7, 2),  # the stem: C = 3, the image gathered element by element
+    Layer(32, 12, 56, 64, 3),  # C not a multiple of 8 (no ResNet layer): element by element too
 ]
 
 
@@ -97,14 +98,15 @@ def choices(layer: Layer) -> list[tuple[str, dict[str, object] | None]]:
     """The default plan, then wgmma tiles (64 rows where M is that short; 192 columns where N is
     a multiple of 192 but not of 256) with K slices for one wave of blocks (4 stages; 6 for a
     64-column tile, whose k tiles are small) and for two (3 stages: two blocks per SM), and
-    three for 64-row tiles."""
+    three for 64-row tiles. Where C is not a multiple of 8 (the image gathered element by
+    element), the direct kernel too, and 192 columns where they cover N (the stem's 147)."""
     m, n, k = layer.gemm
-    if layer.c % 8:
-        return [("default", None)]
     sms = sm_count(ARCH)
     bm = 64 if m <= 64 else 128
-    widths = [64] if n <= 64 else [192, 128] if n % 192 == 0 and n % 256 else [128, 256]
+    widths = [64] if n <= 64 else [192, 128] if (n % 192 == 0 and n % 256) or n <= 192 else [128, 256]
     out: list[tuple[str, dict[str, object] | None]] = [("default", None)]
+    if layer.c % 8:
+        out.append(("direct", {"path": "direct"}))
     # mma.sync as its heuristic (sm_80's default, gemm_mma.tile_config) picks it for sm_90
     mma_m, mma_n = (64 if m <= 64 else 128), (64 if n <= 64 else 128)
     mma_split = max(1, min(-(-sms // (-(-m // mma_m) * -(-n // mma_n))), k // 512, 64))

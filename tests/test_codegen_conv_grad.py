@@ -131,7 +131,7 @@ REFUSED = {
     "filter_c_not_multiple_of_8": (Grad(c=12), "filter 'w' needs axis 1 contiguous"),
     "grouped": (Grad(c=32, groups=2), "grouped convolution"),
     "wgrad_nchw": (Grad(op="wgrad", layout="nchw"), "loss 'dy' needs axis 1"),
-    "wgrad_c_not_multiple_of_8": (Grad(op="wgrad", c=12), "image 'x' needs axis 1 contiguous"),
+    "wgrad_k_not_multiple_of_8": (Grad(op="wgrad", k=20), "loss 'dy' needs axis 1 contiguous with a multiple of 8"),
     "wgrad_grouped": (Grad(op="wgrad", c=32, groups=2), "grouped convolution"),
 }
 
@@ -243,7 +243,17 @@ CASES: dict[str, Grad] = {
     "wgrad_half_convolution_mode": Grad(op="wgrad", dtype="half", mode="convolution", hw=(8, 7)),
     "wgrad_split_k": Grad(op="wgrad", n=8, c=64, k=64, hw=(28, 28)),
     "wgrad_batch1_split_k_half": Grad(op="wgrad", n=1, c=16, k=8, hw=(33, 31), dtype="half"),
+    # Channels that do not read in 16-byte chunks: the image gathered element by element.
+    "wgrad_stem_c3_7x7_s2": Grad(
+        op="wgrad", c=3, k=24, filt=(7, 7), stride=(2, 2), pre=(3, 3), post=(3, 3), hw=(19, 17)
+    ),
+    "wgrad_c1_odd": Grad(op="wgrad", c=1, k=40, hw=(9, 11)),
+    "wgrad_c5_dil2_s2": Grad(
+        op="wgrad", c=5, k=16, hw=(13, 11), stride=(2, 2), dilation=(2, 2), pre=(2, 2), post=(2, 2)
+    ),
+    "wgrad_c12_half_convolution_mode": Grad(op="wgrad", c=12, k=72, dtype="half", mode="convolution"),
 }
+ODD_CHANNELS = [case for case, spec in CASES.items() if spec.op == "wgrad" and spec.c % 8]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -257,6 +267,19 @@ def test_gradient_kernels_compile_for_sm80_and_sm90(case: str) -> None:
     assert report.kernels >= 2
 
 
+@pytest.mark.parametrize("case", ODD_CHANNELS)
+@pytest.mark.parametrize("arch", [80, 90])
+def test_wgrad_of_odd_channels_gathers_the_image_element_by_element(case: str, arch: int) -> None:
+    """C = 1, 3, 5, 12: no 16-byte chunks along the image's channels, so the gather reads it
+    element by element (gemm_wgrad_gather.py) and each dw column finds its own taps."""
+    fused = gemm_fused(CASES[case].build(), arch)
+    assert fused.family is fr.Family.GEMM and fused.rule == "conv_wgrad_gemm"
+    main = emitted(CASES[case].build(), arch).kernels[0]
+    assert "px_base[i]" in main.source and "(block_n + col + e)" in main.source
+    assert "cp.async" in main.source  # the loss still copies in 16-byte chunks
+    assert "px_base[i]" not in emitted(CASES["wgrad_3x3_s1"].build(), arch).kernels[0].source
+
+
 WGMMA = {"path": "wgmma", "block_m": 128, "block_n": 64, "stages": 4}
 WGMMA_CASES = {case: spec for case, spec in CASES.items() if spec.op == "dgrad"}
 # wgrad on wgmma (the loss as a transposed A): the tile of the 64-channel 3x3 layers, and 128 rows
@@ -266,6 +289,8 @@ WGRAD_WGMMA_CASES = {
     "wgrad_3x3_s2_odd": (CASES["wgrad_3x3_s2_odd"], {**WGRAD_WGMMA, "split_k": 3}),
     "wgrad_7x7_s2_pad3": (CASES["wgrad_7x7_s2_pad3"], WGRAD_WGMMA),
     "wgrad_1x1_pad0": (CASES["wgrad_1x1_pad0"], {**WGMMA, "split_k": 2}),
+    "wgrad_stem_c3_7x7_s2": (CASES["wgrad_stem_c3_7x7_s2"], {**WGRAD_WGMMA, "split_k": 4}),
+    "wgrad_c5_dil2_s2": (CASES["wgrad_c5_dil2_s2"], WGMMA),
 }
 
 
@@ -361,6 +386,10 @@ WGRAD_GPU = {
     "wgrad_batch1_split_k_half": CASES["wgrad_batch1_split_k_half"],
     "wgrad_convolution_mode": CASES["wgrad_half_convolution_mode"],
     "wgrad_3x3_c64_28": Grad(op="wgrad", n=2, c=64, k=64, hw=(28, 28)),  # N = 576: three 192-column tiles
+    **{case: CASES[case] for case in ODD_CHANNELS},
+    "wgrad_stem_c3_n4": Grad(
+        op="wgrad", n=4, c=3, k=64, hw=(57, 55), filt=(7, 7), stride=(2, 2), pre=(3, 3), post=(3, 3)
+    ),
 }
 
 
@@ -378,6 +407,17 @@ def test_wgrad_wgmma_matches_reference_on_gpu(case: str, choice: dict[str, objec
     fused = gemm_fused(graph, 90)
     plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
     assert any("_wgmma" in kernel.name for kernel in plan.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["wgrad_stem_c3_n4", "wgrad_c5_dil2_s2"])
+def test_wgrad_of_odd_channels_on_mma_sync_matches_reference_on_gpu(case: str) -> None:
+    """sm_80's path (mma.sync) for an image gathered element by element, run on this GPU."""
+    graph = WGRAD_GPU[case].build()
+    fused = gemm_fused(graph, current_gpu_arch() or 90)
+    choice = {"block_m": 64, "block_n": 128, "stages": 3, "split_k": 3}
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
+    assert any("_mma_" in kernel.name for kernel in plan.kernels)
 
 
 # -- the mma.sync kernels on the CPU (tests/mma_emulation.py) ------------------------------------
@@ -405,6 +445,16 @@ EMULATED: dict[str, tuple[Grad, dict[str, object] | None]] = {
     "wgrad_split_k": (
         replace(CASES["wgrad_batch1_split_k_half"], hw=(17, 15)),
         {"block_m": 64, "block_n": 64, "stages": 4, "split_k": 5},
+    ),
+    "wgrad_stem_c3_7x7_s2": (
+        replace(CASES["wgrad_stem_c3_7x7_s2"], dtype="half", n=1),
+        {"block_m": 64, "block_n": 128, "stages": 3, "split_k": 3},
+    ),
+    "wgrad_c1_odd": (replace(CASES["wgrad_c1_odd"], dtype="half", n=1), None),
+    "wgrad_c5_dil2_s2": (replace(CASES["wgrad_c5_dil2_s2"], dtype="half", n=1), None),
+    "wgrad_c12_convolution_mode": (
+        replace(CASES["wgrad_c12_half_convolution_mode"], n=1),
+        {"block_m": 128, "block_n": 64, "stages": 4},
     ),
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusion_rules.conv_grad_gemm import image_chunked
 from graphdnn.ops.conv import ConvMode
 
 from ..cuda_types import cuda_type
@@ -13,6 +14,7 @@ from ..indexing import c_extent
 from . import gemm_grad_loaders as grad
 from .gemm_problem import Problem, pixel_coordinates
 from .gemm_splitk import KSlices
+from .gemm_wgrad_gather import image_elements
 
 ASYNC_COPY_PRELUDE = r"""
 // ---- tensor-core GEMM building blocks (sm_80+) ----
@@ -205,7 +207,10 @@ def _grad_load_tile(
         ]
         a_ok = f"kt < {count} && kk < GK && m < GM"
         lines += copy_loop(chunks[0], a_setup, a_ok, dy, a_src, f"{a_smem} + {tiles.m_major}(kr, mc)", aligned)
-        lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
+        if image_chunked(p.node):
+            lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
+        else:
+            lines += image_elements(p, b, itype, b_smem, tiles.n_major, slices)
     else:
         lines += [
             f"  const int k = {tile} * BK + a_chunk * 8;",
