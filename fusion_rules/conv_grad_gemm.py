@@ -56,12 +56,14 @@ def refusal(node: Node) -> str | None:
 
 
 def b_layout(node: Node) -> str:
-    """How the GEMM's B operand is read: "kn" (n contiguous) or "nk" (k contiguous); the image of
-    a wgrad and a KRSC filter are "kn", a filter with contiguous output channels "nk"."""
+    """How the GEMM's B operand is laid out in shared memory: "kn" (n contiguous) or "nk" (k
+    contiguous); a wgrad's image read in chunks and a KRSC filter are "kn", a wgrad's image
+    gathered element by element (8 pixels of one column a chunk) and a filter with contiguous
+    output channels "nk"."""
     _, b, _ = operands(node)
-    if node.op == "conv_wgrad" or _chunked(b, "filter", 1) is None:
-        return "kn"
-    return "nk"
+    if node.op == "conv_wgrad":
+        return "kn" if image_chunked(node) else "nk"
+    return "kn" if _chunked(b, "filter", 1) is None else "nk"
 
 
 def image_chunked(node: Node) -> bool:

@@ -210,7 +210,7 @@ def _grad_load_tile(
         if image_chunked(p.node):
             lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
         else:
-            lines += image_elements(p, b, itype, b_smem, tiles.n_major, slices)
+            lines += image_elements(p, b, itype, b_smem, tiles.k_major, slices)
     else:
         lines += [
             f"  const int k = {tile} * BK + a_chunk * 8;",

@@ -1,12 +1,14 @@
 """A wgrad's image tile when its channels do not read in 16-byte chunks (C = 1, 3, 5, 12, ..., or
 a channel stride other than 1; fusion_rules/conv_grad_gemm.image_chunked): the GEMM's columns
-n = (r, s..., c) gathered element by element into the swizzled [BK][BN] tile the chunked loader
-fills (gemm_loaders._wgrad_image_rows), N = R*S*C padded with zeros up to the tile (the stem's
-147 columns to 192), so the tensor cores and the epilogue see the same tile as for any other C.
+n = (r, s..., c) gathered element by element into a k-contiguous tile (B "nk": one row of BK
+pixels per column, 16-byte chunks of 8 pixels), N = R*S*C padded with zeros up to the tile (the
+stem's 147 columns to 192); the tensor cores and the epilogue see a tile like any other.
 
-Each thread fills the chunks of that loader's mapping (k rows tid/8 + i*THREADS/8, 16-byte
-chunks tid%8 + 8j): per chunk it finds the 8 columns' taps once and reads them for each of its
-rows, whose pixel coordinates it found once per tile. Plain loads through registers and one
+k-contiguous, not the chunked loader's n-contiguous tile, so that the 32 lanes of a warp read
+32 consecutive columns of one pixel: (s, c) runs are contiguous in an NHWC image (21 elements
+of the stem), a warp's loads touch two or three 32-byte sectors. Each thread finds the image
+offsets of its chunk's 8 pixels once per tile and each column's offset once per chunk, so an
+element costs an add, its bounds checks and the load. Plain loads through registers and one
 16-byte shared store per chunk, not cp.async (whose smallest copy is 4 aligned bytes): the
 stores complete before the thread's next barrier, and on sm_90 the main loop's proxy fence
 publishes them to wgmma as it does the cp.async copies.
@@ -19,47 +21,55 @@ from .gemm_grad_loaders import filter_tap, wgrad_k
 from .gemm_problem import Problem
 from .gemm_splitk import KSlices
 
-ROWS = "BK * 8 / THREADS"  # k rows per thread and tile
+# An image coordinate no pixel or tap reaches: a pixel past the slice, or a column past N, moves
+# its first spatial coordinate there, so that one bounds check covers both.
+NOWHERE = "-(1 << 28)"
 
 
-def image_elements(p: Problem, image: str, itype: str, b_smem: str, n_major: str, slices: KSlices) -> list[str]:
-    """The body of ``load_tile`` that fills the image tile at ``b_smem`` (``n_major`` places a
-    16-byte chunk) with k tile ``kt`` of the block's slice, zeros past its end and past N."""
+def image_elements(p: Problem, image: str, itype: str, b_smem: str, k_major: str, slices: KSlices) -> list[str]:
+    """The body of ``load_tile`` that fills the k-major image tile at ``b_smem`` (``k_major``
+    places a 16-byte chunk: 8 pixels of one column) with k tile ``kt`` of the block's slice,
+    zeros past its end and past N."""
     spatial = len(p.out.dim) - 2
     filt, attrs, x = p.out.static_dim, p.attrs, p.b
     taps = coordinates("nn", (*filt[2:], filt[1]), range(len(filt) - 1), "g", "int")
-    checks = " && ".join(["px_ok[i]", "nn < GN", *(f"(unsigned)h{a} < {x.static_dim[a + 2]}u" for a in range(spatial))])
-    offset = " + ".join(["px_base[i]", *(f"({itype})h{a} * {x.stride[a + 2]}" for a in range(spatial)), "channel"])
+    extents = x.static_dim[2:]
+    checks = " && ".join(f"(unsigned)(px_h{a}[e] + reach{a}) < {extents[a]}u" for a in range(spatial))
+    corner = [
+        f"({itype})(q{a + 1} * {attrs.stride[a]} - {attrs.pre_padding[a]}) * {x.stride[a + 2]}" for a in range(spatial)
+    ]
+    column = [f"({itype})reach{a} * {x.stride[a + 2]}" for a in range(spatial)]
     return [
-        '  static_assert(BN % 64 == 0 && BK * 8 % THREADS == 0, "8 threads a k row, 8 chunks apart");',
-        f"  {itype} px_base[{ROWS}]; bool px_ok[{ROWS}];",
-        *(f"  int px_h{a}[{ROWS}];  // p * stride - pre-padding" for a in range(spatial)),
+        "  constexpr int WARPS = THREADS / 32, LANES = BK / 8;  // LANES: 16-byte chunks of a k-major row",
+        "  // warp w: k chunks w % LANES + a * WARPS (a < KCS), 32-column groups from w / LANES, NSTEP apart",
+        "  constexpr int KCS = LANES > WARPS ? LANES / WARPS : 1, NSTEP = WARPS > LANES ? WARPS / LANES : 1;",
+        '  static_assert(BN % (32 * NSTEP) == 0, "a warp fills 32 columns at a time");',
         "#pragma unroll",
-        f"  for (int i = 0; i < {ROWS}; ++i) {{  // k rows tid/8 + i * THREADS/8: their pixels",
-        f"    const int kk = {slices.tile('kt')} * BK + (tid >> 3) + i * (THREADS / 8);",
-        *("    " + line for line in wgrad_k(p, "kk")),
-        f"    px_ok[i] = kt < {slices.count} && kk < GK;",
-        f"    px_base[i] = ({itype})q0 * {x.stride[0]};",
-        *(f"    px_h{a}[i] = q{a + 1} * {attrs.stride[a]} - {attrs.pre_padding[a]};" for a in range(spatial)),
-        "  }",
+        "  for (int a = 0; a < KCS; ++a) {",
+        "    const int kc = warp % LANES + a * WARPS;",
+        f"    {itype} px_base[8];  // pixel e's image offset at tap 0, its first reach NOWHERE past the slice",
+        *(f"    int px_h{a}[8];" for a in range(spatial)),
         "#pragma unroll",
-        "  for (int j = 0; j < BN / 64; ++j) {  // chunks tid%8 + 8j",
-        "    const int nc = (tid & 7) + 8 * j;",
-        f"    gd::Vec<T, 8> chunk[{ROWS}];",
-        "#pragma unroll",
-        "    for (int e = 0; e < 8; ++e) {  // column nn: taps g0.., channel g" + str(spatial),
-        "      const int nn = block_n + nc * 8 + e;",
-        *("      " + line for line in taps),
-        *(f"      const int reach{a} = {filter_tap(p, a, f'g{a}')} * {attrs.dilation[a]};" for a in range(spatial)),
-        f"      const {itype} channel = ({itype})g{spatial} * {x.stride[1]};",
-        "#pragma unroll",
-        f"      for (int i = 0; i < {ROWS}; ++i) {{",
-        *(f"        const int h{a} = px_h{a}[i] + reach{a};" for a in range(spatial)),
-        f"        chunk[i].v[e] = {checks} ? {image}[{offset}] : gd::from<T>(0.0f);",
-        "      }",
+        "    for (int e = 0; e < 8; ++e) {",
+        f"      const int kk = {slices.tile('kt')} * BK + kc * 8 + e;",
+        f"      const bool in = kt < {slices.count} && kk < GK;",
+        *("      " + line for line in wgrad_k(p, "(in ? kk : 0)")),
+        f"      px_base[e] = ({itype})q0 * {x.stride[0]} + {' + '.join(corner)};",
+        *(f"      px_h{a}[e] = q{a + 1} * {attrs.stride[a]} - {attrs.pre_padding[a]};" for a in range(spatial)),
+        f"      if (!in) px_h0[e] = {NOWHERE};",
         "    }",
         "#pragma unroll",
-        f"    for (int i = 0; i < {ROWS}; ++i)",
-        f"      gd::store_vec<T, 8>(reinterpret_cast<T*>({b_smem} + {n_major}((tid >> 3) + i * (THREADS / 8), nc)), chunk[i]);",
+        "    for (int b = 0; b < BN / (32 * NSTEP); ++b) {  // column n: taps g0.., channel g" + str(spatial),
+        "      const int n = (b * NSTEP + warp / LANES) * 32 + lane, nn = block_n + n;",
+        *("      " + line for line in taps),
+        *(f"      int reach{a} = {filter_tap(p, a, f'g{a}')} * {attrs.dilation[a]};" for a in range(spatial)),
+        f"      if (nn >= GN) reach0 = {NOWHERE};",
+        f"      const {itype} column = {' + '.join(column)} + ({itype})g{spatial} * {x.stride[1]};",
+        "      gd::Vec<T, 8> chunk;",
+        "#pragma unroll",
+        "      for (int e = 0; e < 8; ++e)",
+        f"        chunk.v[e] = {checks} ? {image}[px_base[e] + column] : gd::from<T>(0.0f);",
+        f"      gd::store_vec<T, 8>(reinterpret_cast<T*>({b_smem} + {k_major}(n, kc)), chunk);",
+        "    }",
         "  }",
     ]
