@@ -291,6 +291,7 @@ WGRAD_WGMMA_CASES = {
     "wgrad_1x1_pad0": (CASES["wgrad_1x1_pad0"], {**WGMMA, "split_k": 2}),
     "wgrad_stem_c3_7x7_s2": (CASES["wgrad_stem_c3_7x7_s2"], {**WGRAD_WGMMA, "split_k": 4}),
     "wgrad_c5_dil2_s2": (CASES["wgrad_c5_dil2_s2"], WGMMA),
+    "wgrad_stem_c3_160_columns": (CASES["wgrad_stem_c3_7x7_s2"], {**WGRAD_WGMMA, "block_n": 160, "split_k": 2}),
 }
 
 
@@ -407,6 +408,27 @@ def test_wgrad_wgmma_matches_reference_on_gpu(case: str, choice: dict[str, objec
         pytest.skip("the wgmma path runs on sm_90 GPUs only")
     graph = WGRAD_GPU[case].build()
     fused = gemm_fused(graph, 90)
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
+    assert any("_wgmma" in kernel.name for kernel in plan.kernels)
+
+
+def test_160_column_tiles_take_only_k_contiguous_b() -> None:
+    """wgmma's 160-column tile (the stem's N = 147) fits a k-contiguous B tile (an image gathered
+    element by element), not the n-contiguous one of 64-column blocks."""
+    choice = {**WGRAD_WGMMA, "block_n": 160}
+    assert "m64n160k16" in emitted(CASES["wgrad_stem_c3_7x7_s2"].build(), 90, choice).kernels[0].source
+    with pytest.raises(UnsupportedError, match=r"block_n in \(64, 128, 192, 256\) \(with B n-contiguous\)"):
+        emitted(CASES["wgrad_3x3_s1"].build(), 90, choice)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [*ODD_CHANNELS, "wgrad_stem_c3_n4"])
+def test_wgrad_of_odd_channels_in_160_columns_matches_reference_on_gpu(case: str) -> None:
+    if current_gpu_arch() != 90:
+        pytest.skip("the wgmma path runs on sm_90 GPUs only")
+    graph = WGRAD_GPU[case].build()
+    fused = gemm_fused(graph, 90)
+    choice = {**WGRAD_WGMMA, "block_n": 160, "split_k": 3}
     plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
     assert any("_wgmma" in kernel.name for kernel in plan.kernels)
 

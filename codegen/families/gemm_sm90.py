@@ -190,7 +190,7 @@ def wgmma_kernel(
     bk = BLOCK_K_BYTES // size
     shape = BlockShape(bm, bn, bk, stages, bm * 2, size)  # one warpgroup (128 threads) per 64 rows
     shared = shape.shared_bytes + ALIGN_SLACK
-    _check(ctx, bm, bn, stages, shared)
+    _check(ctx, bm, bn, stages, shared, tensor_core_layout(p))
 
     tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", "swizzle128_n", chunk=types.chunk)
     block = block_type(fused, p, shape, tiles, KSlices(split))
@@ -208,12 +208,16 @@ def wgmma_kernel(
     return block.kernel(ctx, lines, "_wgmma", functions, shared, arch_suffix="a")
 
 
-def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int) -> None:
+def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int, layout: str | None) -> None:
     if ctx.arch != ARCH:
         raise UnsupportedError(f"the wgmma GEMM path runs on sm_90 only (sm_90a code); the target is sm_{ctx.arch}")
-    if bm not in (64, 128) or bn not in (64, 128, 192, 256) or stages < 3:
+    # 160 columns (the stem wgrad's 147) only in a k-contiguous B tile: an n-contiguous one is
+    # cut into 64-column blocks
+    widths = (64, 128, 160, 192, 256) if layout == "nk" else (64, 128, 192, 256)
+    if bm not in (64, 128) or bn not in widths or stages < 3:
         raise UnsupportedError(
-            f"wgmma GEMM tile {ctx.tuning}: expected block_m 64 or 128, block_n 64, 128, 192 or 256, stages >= 3"
+            f"wgmma GEMM tile {ctx.tuning}: expected block_m 64 or 128, block_n in {widths} "
+            f"(with B {'k' if layout == 'nk' else 'n'}-contiguous), stages >= 3"
         )
     if shared > MAX_SHARED:
         raise UnsupportedError(f"wgmma GEMM tile {ctx.tuning} needs {shared} bytes of shared memory, over {MAX_SHARED}")
