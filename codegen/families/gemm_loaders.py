@@ -14,7 +14,7 @@ from ..indexing import c_extent
 from . import gemm_grad_loaders as grad
 from .gemm_problem import Problem, pixel_coordinates
 from .gemm_splitk import KSlices
-from .gemm_wgrad_gather import image_elements
+from .gemm_wgrad_gather import gather_functions
 
 ASYNC_COPY_PRELUDE = r"""
 // ---- tensor-core GEMM building blocks (sm_80+) ----
@@ -195,7 +195,8 @@ def _grad_load_tile(
     a_smem, b_smem = f"a_smem + stage * {stages[0]}", f"b_smem + stage * {stages[1]}"
     tile, count = slices.tile("kt"), slices.count
     k_major_chunk = f"{tiles.k_major}({_thread_row(tiles)} + i * (THREADS / {tiles.lanes}), a_chunk)"
-    lines = ["auto load_tile = [&](int stage, int kt) {"]
+    gathered = p.node.op == "conv_wgrad" and not image_chunked(p.node)
+    lines = ["auto load_a = [&](int stage, int kt) {" if gathered else "auto load_tile = [&](int stage, int kt) {"]
     if p.node.op == "conv_wgrad":
         a_pixel, a_src = grad.wgrad_a(p, itype)
         a_setup = [
@@ -207,10 +208,14 @@ def _grad_load_tile(
         ]
         a_ok = f"kt < {count} && kk < GK && m < GM"
         lines += copy_loop(chunks[0], a_setup, a_ok, dy, a_src, f"{a_smem} + {tiles.m_major}(kr, mc)", aligned)
-        if image_chunked(p.node):
-            lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
-        else:
-            lines += image_elements(p, b, itype, b_smem, tiles.k_major, slices)
+        if gathered:  # the image through registers: gather(kt), then put(stage) (gemm_wgrad_gather.py)
+            return [
+                *gather_functions(p, b, itype, b_smem, tiles.k_major, slices),
+                *lines,
+                "};",
+                "auto load_tile = [&](int stage, int kt) { load_a(stage, kt); gather(kt); put(stage); };",
+            ]
+        lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
     else:
         lines += [
             f"  const int k = {tile} * BK + a_chunk * 8;",

@@ -202,7 +202,9 @@ def wgmma_kernel(
     lines = block.prelude(
         shared_memory, "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile"
     )
-    lines += _main_loop(p.a_layout, block.layout, shape.a_stage, shape.b_stage, block.slices, types.accumulator)
+    gathered = p.node.op == "conv_wgrad" and block.layout == "nk"  # gemm_wgrad_gather.py
+    stages = (shape.a_stage, shape.b_stage)
+    lines += _main_loop(p.a_layout, block.layout, stages, block.slices, types.accumulator, gathered)
     lines += block.epilogue(_staging(shape.c_stride, types.accumulator))
     functions = wgmma_prelude(bn, types, 1 if block.layout == "kn" else 0, transpose_a=1 if p.a_layout == "km" else 0)
     return block.kernel(ctx, lines, "_wgmma", functions, shared, arch_suffix="a")
@@ -223,8 +225,28 @@ def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int, layout:
         raise UnsupportedError(f"wgmma GEMM tile {ctx.tuning} needs {shared} bytes of shared memory, over {MAX_SHARED}")
 
 
-def _main_loop(a_layout: str, layout: str, a_stage: int, b_stage: int, slices: KSlices, accumulator: str) -> list[str]:
-    """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 steps of 32 bytes of k of a tile) in flight."""
+def _main_loop(
+    a_layout: str, layout: str, stages: tuple[int, int], slices: KSlices, accumulator: str, gathered: bool
+) -> list[str]:
+    """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 steps of 32 bytes of k of a tile) in
+    flight. ``gathered``: B is loaded through registers (gemm_wgrad_gather.py): the loads of
+    tile kt+STAGES-1 are issued in iteration kt, under its tensor-core batch and the next
+    barrier, and stored in iteration kt+1 (``put``), instead of waited for where issued."""
+    a_stage, b_stage = stages
+    ahead = "(kt + STAGES - 2) % STAGES, kt + STAGES - 2"
+    copies = (
+        [
+            f"  load_a({ahead});",
+            '  asm volatile("cp.async.commit_group;\\n" ::);',
+            "  put((kt + STAGES - 2) % STAGES);  // loaded in iteration kt-1",
+            "  gather(kt + STAGES - 1);",
+        ]
+        if gathered
+        else [
+            f"  load_tile({ahead});  // into the stage of tile kt-2",
+            '  asm volatile("cp.async.commit_group;\\n" ::);',
+        ]
+    )
     # Descriptors: (leading, stride) byte offsets and the start-address step of one k step. An
     # m-contiguous A tile (a wgrad's loss, read with wgmma's transpose bit) is laid out as an
     # n-contiguous B one (swizzle128_n: 64-row blocks of 64 k rows, one block per warpgroup).
@@ -239,6 +261,7 @@ def _main_loop(a_layout: str, layout: str, a_stage: int, b_stage: int, slices: K
         "  load_tile(s, s);",
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "}",
+        *(["gather(STAGES - 2);  // the image of the first tile the loop stores"] if gathered else []),
         "const unsigned a_tiles = smem_addr(a_smem) + warpgroup * (64 * 128);  // this warpgroup's 64 rows",
         "const unsigned b_tiles = smem_addr(b_smem);",
         f"for (int kt = 0; kt < {slices.count}; ++kt) {{",
@@ -249,8 +272,7 @@ def _main_loop(a_layout: str, layout: str, a_stage: int, b_stage: int, slices: K
         "  // Every thread's copies of tile kt are in; and both warpgroups have passed wgmma_wait<1> of",
         "  // iteration kt-1, so the batch of tile kt-2 is done reading its stage.",
         "  __syncthreads();",
-        "  load_tile((kt + STAGES - 2) % STAGES, kt + STAGES - 2);  // into the stage of tile kt-2",
-        '  asm volatile("cp.async.commit_group;\\n" ::);',
+        *copies,
         "  const int stage = kt % STAGES;",
         "  fence_accumulators(acc);",
         "  wgmma_fence();",

@@ -26,10 +26,12 @@ from .gemm_splitk import KSlices
 NOWHERE = "-(1 << 28)"
 
 
-def image_elements(p: Problem, image: str, itype: str, b_smem: str, k_major: str, slices: KSlices) -> list[str]:
-    """The body of ``load_tile`` that fills the k-major image tile at ``b_smem`` (``k_major``
-    places a 16-byte chunk: 8 pixels of one column) with k tile ``kt`` of the block's slice,
-    zeros past its end and past N."""
+def gather_functions(p: Problem, image: str, itype: str, b_smem: str, k_major: str, slices: KSlices) -> list[str]:
+    """Kernel-scope code: the image chunks of a thread in registers (``pending``), and the
+    lambdas ``gather(kt)``, which loads k tile ``kt`` of the block's slice into them (zeros past
+    its end and past N), and ``put(stage)``, which stores them into the stage's k-major tile at
+    ``b_smem`` (``k_major`` places a 16-byte chunk: 8 pixels of one column). The loads are
+    predicated, never selected, so that nothing waits for them before ``put``."""
     spatial = len(p.out.dim) - 2
     filt, attrs, x = p.out.static_dim, p.attrs, p.b
     taps = coordinates("nn", (*filt[2:], filt[1]), range(len(filt) - 1), "g", "int")
@@ -40,10 +42,12 @@ def image_elements(p: Problem, image: str, itype: str, b_smem: str, k_major: str
     ]
     column = [f"({itype})reach{a} * {x.stride[a + 2]}" for a in range(spatial)]
     return [
-        "  constexpr int WARPS = THREADS / 32, LANES = BK / 8;  // LANES: 16-byte chunks of a k-major row",
-        "  // warp w: k chunks w % LANES + a * WARPS (a < KCS), 32-column groups from w / LANES, NSTEP apart",
-        "  constexpr int KCS = LANES > WARPS ? LANES / WARPS : 1, NSTEP = WARPS > LANES ? WARPS / LANES : 1;",
-        '  static_assert(BN % (32 * NSTEP) == 0, "a warp fills 32 columns at a time");',
+        "constexpr int WARPS = THREADS / 32, LANES = BK / 8;  // LANES: 16-byte chunks of a k-major row",
+        "// warp w: k chunks w % LANES + a * WARPS (a < KCS), 32-column groups from w / LANES, NSTEP apart",
+        "constexpr int KCS = LANES > WARPS ? LANES / WARPS : 1, NSTEP = WARPS > LANES ? WARPS / LANES : 1;",
+        'static_assert(BN % (32 * NSTEP) == 0, "a warp fills 32 columns at a time");',
+        "gd::Vec<T, 8> pending[KCS][BN / (32 * NSTEP)];  // this thread's image chunks of one k tile",
+        "auto gather = [&](int kt) {",
         "#pragma unroll",
         "  for (int a = 0; a < KCS; ++a) {",
         "    const int kc = warp % LANES + a * WARPS;",
@@ -60,21 +64,28 @@ def image_elements(p: Problem, image: str, itype: str, b_smem: str, k_major: str
         "    }",
         "#pragma unroll",
         "    for (int b = 0; b < BN / (32 * NSTEP); ++b) {  // column n: taps g0.., channel g" + str(spatial),
-        "      const int n = (b * NSTEP + warp / LANES) * 32 + lane, nn = block_n + n;",
-        "      gd::Vec<T, 8> chunk;",
-        "      if (nn - lane >= GN) {  // the warp's 32 columns all past N (the stem's 160..191): zeros",
+        "      const int nn = block_n + (b * NSTEP + warp / LANES) * 32 + lane;",
+        "      gd::Vec<T, 8>& chunk = pending[a][b];",
         "#pragma unroll",
-        "        for (int e = 0; e < 8; ++e) chunk.v[e] = gd::from<T>(0.0f);",
-        "      } else {",
-        *("        " + line for line in taps),
-        *(f"        int reach{a} = {filter_tap(p, a, f'g{a}')} * {attrs.dilation[a]};" for a in range(spatial)),
-        f"        const {itype} column = {' + '.join(column)} + ({itype})g{spatial} * {x.stride[1]};",
-        f"        if (nn >= GN) reach0 = {NOWHERE};",
+        "      for (int e = 0; e < 8; ++e) chunk.v[e] = gd::from<T>(0.0f);",
+        "      if (nn - lane >= GN) continue;  // the warp's 32 columns all past N (the stem's 160..191)",
+        *("      " + line for line in taps),
+        *(f"      int reach{a} = {filter_tap(p, a, f'g{a}')} * {attrs.dilation[a]};" for a in range(spatial)),
+        f"      const {itype} column = {' + '.join(column)} + ({itype})g{spatial} * {x.stride[1]};",
+        f"      if (nn >= GN) reach0 = {NOWHERE};",
         "#pragma unroll",
-        "        for (int e = 0; e < 8; ++e)",
-        f"          chunk.v[e] = {checks} ? {image}[px_base[e] + column] : gd::from<T>(0.0f);",
-        "      }",
-        f"      gd::store_vec<T, 8>(reinterpret_cast<T*>({b_smem} + {k_major}(n, kc)), chunk);",
+        "      for (int e = 0; e < 8; ++e)",
+        f"        if ({checks}) chunk.v[e] = {image}[px_base[e] + column];",
         "    }",
         "  }",
+        "};",
+        "auto put = [&](int stage) {",
+        "#pragma unroll",
+        "  for (int a = 0; a < KCS; ++a)",
+        "#pragma unroll",
+        "    for (int b = 0; b < BN / (32 * NSTEP); ++b) {",
+        "      const int n = (b * NSTEP + warp / LANES) * 32 + lane;",
+        f"      gd::store_vec<T, 8>(reinterpret_cast<T*>({b_smem} + {k_major}(n, warp % LANES + a * WARPS)), pending[a][b]);",
+        "    }",
+        "};",
     ]
