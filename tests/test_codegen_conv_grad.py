@@ -42,6 +42,7 @@ class Grad:
     groups: int = 1
     dtype: str = "bf16"
     layout: str = "nhwc"  # or "nchw" (image and loss)
+    image_layout: str = ""  # a wgrad's image in another layout than the loss ("nchw")
     filter_layout: str = "krsc"  # "kcrs", or "rsck" (output channels contiguous)
     mode: str = "cross_correlation"
     epilogue: str = ""  # dgrad: "", "drelu" (relu_backward of a forward input), "add" (a residual), "drelu_add"
@@ -68,7 +69,8 @@ class Grad:
             convolution_mode=self.mode,
         )
         if self.op == "wgrad":
-            x = g.tensor(name="x", dim=x_dim, stride=layout(x_dim))
+            image_layout = {"": layout, "nhwc": gd.nhwc_strides, "nchw": gd.nchw_strides}[self.image_layout]
+            x = g.tensor(name="x", dim=x_dim, stride=image_layout(x_dim))
             dw = g.conv_wgrad(image=x, loss=dy, filter_dim=w_dim, **conv)
             dw.set_name("dw").set_output(True).set_data_type("float")
             return g
@@ -252,8 +254,9 @@ CASES: dict[str, Grad] = {
         op="wgrad", c=5, k=16, hw=(13, 11), stride=(2, 2), dilation=(2, 2), pre=(2, 2), post=(2, 2)
     ),
     "wgrad_c12_half_convolution_mode": Grad(op="wgrad", c=12, k=72, dtype="half", mode="convolution"),
+    "wgrad_nchw_image_c16_s2": Grad(op="wgrad", c=16, image_layout="nchw", stride=(2, 2), hw=(9, 11)),
 }
-ODD_CHANNELS = [case for case, spec in CASES.items() if spec.op == "wgrad" and spec.c % 8]
+ODD_CHANNELS = [case for case, spec in CASES.items() if spec.op == "wgrad" and (spec.c % 8 or spec.image_layout)]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -270,12 +273,14 @@ def test_gradient_kernels_compile_for_sm80_and_sm90(case: str) -> None:
 @pytest.mark.parametrize("case", ODD_CHANNELS)
 @pytest.mark.parametrize("arch", [80, 90])
 def test_wgrad_of_odd_channels_gathers_the_image_element_by_element(case: str, arch: int) -> None:
-    """C = 1, 3, 5, 12: no 16-byte chunks along the image's channels, so the gather reads it
-    element by element (gemm_wgrad_gather.py) and each dw column finds its own taps."""
+    """C = 1, 3, 5, 12, or an NCHW image: no 16-byte chunks along the image's channels, so the
+    gather reads it element by element (gemm_wgrad_gather.py) and each dw column whose
+    channels are no multiple of 8 finds its own taps."""
     fused = gemm_fused(CASES[case].build(), arch)
     assert fused.family is fr.Family.GEMM and fused.rule == "conv_wgrad_gemm"
     main = emitted(CASES[case].build(), arch).kernels[0]
-    assert "px_base[e] + column" in main.source and "(block_n + col + e)" in main.source
+    assert "px_base[e] + column" in main.source
+    assert ("(block_n + col + e)" in main.source) == (CASES[case].c % 8 != 0)
     assert "cp.async" in main.source  # the loss still copies in 16-byte chunks
     assert "px_base" not in emitted(CASES["wgrad_3x3_s1"].build(), arch).kernels[0].source
 
@@ -476,6 +481,7 @@ EMULATED: dict[str, tuple[Grad, dict[str, object] | None]] = {
     ),
     "wgrad_c1_odd": (replace(CASES["wgrad_c1_odd"], dtype="half", n=1), None),
     "wgrad_c5_dil2_s2": (replace(CASES["wgrad_c5_dil2_s2"], dtype="half", n=1), None),
+    "wgrad_nchw_image_c16_s2": (replace(CASES["wgrad_nchw_image_c16_s2"], dtype="half", n=1), None),
     "wgrad_c12_convolution_mode": (
         replace(CASES["wgrad_c12_half_convolution_mode"], n=1),
         {"block_m": 128, "block_n": 64, "stages": 4},
