@@ -426,14 +426,30 @@ def test_160_column_tiles_take_only_k_contiguous_b() -> None:
         emitted(CASES["wgrad_3x3_s1"].build(), 90, choice)
 
 
+def test_prefetch_is_a_choice_of_a_gathered_image_on_wgmma() -> None:
+    """ "prefetch" (the image's loads a tile ahead through registers, on by default) applies to a
+    wgrad gathered element by element on the wgmma path only; elsewhere it is refused."""
+    stem = CASES["wgrad_stem_c3_7x7_s2"].build()
+    ahead = emitted(stem, 90, {**WGRAD_WGMMA, "block_n": 160}).kernels[0].source
+    assert "gather(kt + STAGES - 1);" in ahead and "put(" in ahead
+    inline = emitted(stem, 90, {**WGRAD_WGMMA, "block_n": 160, "prefetch": False}).kernels[0].source
+    assert "gather_tile(stage, kt)" in inline and "pending" not in inline
+    with pytest.raises(UnsupportedError, match=r"prefetch .* applies to a conv_wgrad whose image is gathered"):
+        emitted(CASES["wgrad_3x3_s1"].build(), 90, {**WGRAD_WGMMA, "prefetch": True})
+    with pytest.raises(UnsupportedError, match="prefetch is a choice of the wgmma path"):
+        emitted(stem, 90, {"block_m": 64, "block_n": 64, "stages": 4, "prefetch": True})
+    assert {"path": "wgmma", "block_m": 64, "block_n": 160, "stages": 3} in candidates(gemm_fused(stem), 90)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [*ODD_CHANNELS, "wgrad_stem_c3_n4"])
-def test_wgrad_of_odd_channels_in_160_columns_matches_reference_on_gpu(case: str) -> None:
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_wgrad_of_odd_channels_in_160_columns_matches_reference_on_gpu(case: str, prefetch: bool) -> None:
     if current_gpu_arch() != 90:
         pytest.skip("the wgmma path runs on sm_90 GPUs only")
     graph = WGRAD_GPU[case].build()
     fused = gemm_fused(graph, 90)
-    choice = {**WGRAD_WGMMA, "block_n": 160, "split_k": 3}
+    choice = {**WGRAD_WGMMA, "block_n": 160, "split_k": 3, "prefetch": prefetch}
     plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
     assert any("_wgmma" in kernel.name for kernel in plan.kernels)
 

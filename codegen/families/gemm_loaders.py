@@ -117,6 +117,7 @@ def load_tile_lambda(
     aligned: str,
     tiles: SmemTiles,
     slices: KSlices,
+    prefetch: bool = False,
 ) -> list[str]:
     """`load_tile(stage, kt)`: issue the cp.async copies of the block's k tile kt (of its K
     slice) into a stage; zeros past the slice's last tile.
@@ -124,7 +125,8 @@ def load_tile_lambda(
     Without 16-byte aligned pointers the same chunks are copied with plain loads."""
     if p.is_grad:
         stages = (a_stage, b_stage)
-        return _grad_load_tile(p, (x, w), itype, (a_chunks, b_chunks), stages, layout, aligned, tiles, slices)
+        chunks = (a_chunks, b_chunks)
+        return _grad_load_tile(p, (x, w), itype, chunks, stages, layout, aligned, tiles, slices, prefetch)
     b_type = _b_element(p)
     lines = [
         "auto load_tile = [&](int stage, int kt) {",
@@ -189,8 +191,10 @@ def _grad_load_tile(
     aligned: str,
     tiles: SmemTiles,
     slices: KSlices,
+    prefetch: bool,
 ) -> list[str]:
-    """`load_tile(stage, kt)` of a convolution gradient (gemm_grad_loaders.py)."""
+    """`load_tile(stage, kt)` of a convolution gradient (gemm_grad_loaders.py); with ``prefetch``
+    (a gathered image), also `load_a`, `gather` and `put` (gemm_wgrad_gather.py)."""
     dy, b = names
     a_smem, b_smem = f"a_smem + stage * {stages[0]}", f"b_smem + stage * {stages[1]}"
     tile, count = slices.tile("kt"), slices.count
@@ -210,10 +214,10 @@ def _grad_load_tile(
         lines += copy_loop(chunks[0], a_setup, a_ok, dy, a_src, f"{a_smem} + {tiles.m_major}(kr, mc)", aligned)
         if gathered:  # the image through registers: gather(kt), then put(stage) (gemm_wgrad_gather.py)
             return [
-                *gather_functions(p, b, itype, b_smem, tiles.k_major, slices),
+                *gather_functions(p, b, itype, b_smem, tiles.k_major, slices, prefetch),
                 *lines,
                 "};",
-                "auto load_tile = [&](int stage, int kt) { load_a(stage, kt); gather(kt); put(stage); };",
+                "auto load_tile = [&](int stage, int kt) { load_a(stage, kt); gather_tile(stage, kt); };",
             ]
         lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
     else:

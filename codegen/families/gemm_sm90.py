@@ -47,6 +47,8 @@ TILES = (
 )
 # A wgrad's N is R*S*C: 576 for a 3x3 filter over 64 channels, three tiles of 192 columns.
 WGRAD_TILES = ((64, 192, 4), (128, 192, 3))
+# A wgrad whose image is gathered element by element (k-contiguous B): the stem's N = 147.
+GATHER_TILES = ((64, 160, 3),)
 MAX_SHARED = 227 * 1024  # an sm_90 block's dynamic shared memory, opted in
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 
@@ -109,6 +111,8 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     if arch != ARCH or tensor_core_layout(p) is None:
         return []
     shapes = TILES + WGRAD_TILES if p.node.op == "conv_wgrad" else TILES
+    if p.node.op == "conv_wgrad" and tensor_core_layout(p) == "nk":  # a gathered image: 160 columns too
+        shapes += GATHER_TILES
     tiles: list[dict[str, object]] = [
         {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in shapes
     ]
@@ -199,15 +203,28 @@ def wgmma_kernel(
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
         "unsigned char* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);",
     ]
-    lines = block.prelude(
-        shared_memory, "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile"
-    )
-    gathered = p.node.op == "conv_wgrad" and block.layout == "nk"  # gemm_wgrad_gather.py
+    prefetch = _prefetch(ctx, p)
+    roles = "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile"
+    lines = block.prelude(shared_memory, roles, prefetch)
     stages = (shape.a_stage, shape.b_stage)
-    lines += _main_loop(p.a_layout, block.layout, stages, block.slices, types.accumulator, gathered)
+    lines += _main_loop(p.a_layout, block.layout, stages, block.slices, types.accumulator, prefetch)
     lines += block.epilogue(_staging(shape.c_stride, types.accumulator))
     functions = wgmma_prelude(bn, types, 1 if block.layout == "kn" else 0, transpose_a=1 if p.a_layout == "km" else 0)
     return block.kernel(ctx, lines, "_wgmma", functions, shared, arch_suffix="a")
+
+
+def _prefetch(ctx: EmitContext, p: Problem) -> bool:
+    """Whether the loop issues the image loads of a wgrad gathered element by element a tile
+    ahead, through registers (gemm_wgrad_gather.py): tuning ``"prefetch"``, on by default."""
+    gathered = p.node.op == "conv_wgrad" and tensor_core_layout(p) == "nk"
+    prefetch = ctx.tuning.get("prefetch", gathered)
+    if not isinstance(prefetch, bool) or (prefetch and not gathered):
+        raise UnsupportedError(
+            f"wgmma GEMM tile {ctx.tuning}: prefetch (true or false) applies to a conv_wgrad whose image is "
+            "gathered element by element (channels not a multiple of 8, or not contiguous)",
+            node=p.node.name,
+        )
+    return prefetch
 
 
 def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int, layout: str | None) -> None:
@@ -226,10 +243,10 @@ def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int, layout:
 
 
 def _main_loop(
-    a_layout: str, layout: str, stages: tuple[int, int], slices: KSlices, accumulator: str, gathered: bool
+    a_layout: str, layout: str, stages: tuple[int, int], slices: KSlices, accumulator: str, prefetch: bool
 ) -> list[str]:
     """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 steps of 32 bytes of k of a tile) in
-    flight. ``gathered``: B is loaded through registers (gemm_wgrad_gather.py): the loads of
+    flight. ``prefetch``: B is gathered through registers (gemm_wgrad_gather.py): the loads of
     tile kt+STAGES-1 are issued in iteration kt, under its tensor-core batch and the next
     barrier, and stored in iteration kt+1 (``put``), instead of waited for where issued."""
     a_stage, b_stage = stages
@@ -241,7 +258,7 @@ def _main_loop(
             "  put((kt + STAGES - 2) % STAGES);  // loaded in iteration kt-1",
             "  gather(kt + STAGES - 1);",
         ]
-        if gathered
+        if prefetch
         else [
             f"  load_tile({ahead});  // into the stage of tile kt-2",
             '  asm volatile("cp.async.commit_group;\\n" ::);',
@@ -261,7 +278,7 @@ def _main_loop(
         "  load_tile(s, s);",
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "}",
-        *(["gather(STAGES - 2);  // the image of the first tile the loop stores"] if gathered else []),
+        *(["gather(STAGES - 2);  // the image of the first tile the loop stores"] if prefetch else []),
         "const unsigned a_tiles = smem_addr(a_smem) + warpgroup * (64 * 128);  // this warpgroup's 64 rows",
         "const unsigned b_tiles = smem_addr(b_smem);",
         f"for (int kt = 0; kt < {slices.count}; ++kt) {{",
