@@ -110,7 +110,7 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     layouts; the tiles, then their split-K variants where the output has few tiles."""
     if arch != ARCH or tensor_core_layout(p) is None:
         return []
-    shapes = TILES + WGRAD_TILES if p.node.op == "conv_wgrad" else TILES
+    shapes: tuple[tuple[int, int, int], ...] = TILES + WGRAD_TILES if p.node.op == "conv_wgrad" else TILES
     if p.node.op == "conv_wgrad" and tensor_core_layout(p) == "nk":  # a gathered image: 160 columns too
         shapes += GATHER_TILES
     tiles: list[dict[str, object]] = [
