@@ -99,8 +99,9 @@ def choices(layer: Layer) -> list[tuple[str, dict[str, object] | None]]:
     a multiple of 192 but not of 256) with K slices for one wave of blocks (4 stages; 6 for a
     64-column tile, whose k tiles are small) and for two (3 stages: two blocks per SM), and
     three for 64-row tiles. Where C is not a multiple of 8 (the image gathered element by
-    element into a k-contiguous tile): the direct kernel, and the two narrowest widths (160 a
-    width too) that cover N, two and three waves first."""
+    element into a k-contiguous tile): the direct kernel, and 128 columns and the narrowest width
+    (160 a width too) that covers N, 3 stages, slices for two and three waves, the image's loads a tile
+    ahead through registers or not ("prefetch")."""
     m, n, k = layer.gemm
     sms = sm_count(ARCH)
     bm = 64 if m <= 64 else 128
@@ -108,18 +109,26 @@ def choices(layer: Layer) -> list[tuple[str, dict[str, object] | None]]:
     out: list[tuple[str, dict[str, object] | None]] = [("default", None)]
     if layer.c % 8:
         out.append(("direct", {"path": "direct"}))
-        widths = [w for w in (64, 128, 160, 192, 256) if w >= n][:2] or [192, 256]
+        widths = sorted({128, next((w for w in (64, 128, 160, 192, 256) if w >= n), 256)})
     # mma.sync as its heuristic (sm_80's default, gemm_mma.tile_config) picks it for sm_90
     mma_m, mma_n = (64 if m <= 64 else 128), (64 if n <= 64 else 128)
     mma_split = max(1, min(-(-sms // (-(-m // mma_m) * -(-n // mma_n))), k // 512, 64))
     mma_stages = 3 if (mma_m, mma_n) == (128, 128) else 4
     mma = {"block_m": mma_m, "block_n": mma_n, "stages": mma_stages, "split_k": mma_split}
     out.append((f"mma.sync {mma_m}x{mma_n}x{mma_stages} split {mma_split}", mma))
+    if layer.c % 8:
+        return out + [
+            (
+                f"wgmma {bm}x{bn}x3 split {split}{'' if prefetch else ' no prefetch'}",
+                {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": 3, "split_k": split, "prefetch": prefetch},
+            )
+            for bn in widths
+            for split in (max(1, min(-(-waves * sms // -(-n // bn)), k // (4 * 64))) for waves in (2, 3))
+            for prefetch in (True, False)
+        ]
     for bn in widths:
         tiles = -(-m // bm) * -(-n // bn)
         shapes = [(4, 1), (3, 2)] + ([(6, 1)] if bn == 64 else []) + ([(3, 3)] if bm == 64 else [])
-        if layer.c % 8:
-            shapes = [(3, 2), (3, 3), (4, 1)]
         for stages, waves in shapes:
             split = max(1, min(-(-waves * sms // tiles), k // (4 * 64)))
             choice: dict[str, object] = {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages}
