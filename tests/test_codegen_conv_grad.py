@@ -496,6 +496,11 @@ EMULATED: dict[str, tuple[Grad, dict[str, object] | None]] = {
         {"block_m": 64, "block_n": 128, "stages": 3, "split_k": 3},
     ),
     "wgrad_c1_odd": (replace(CASES["wgrad_c1_odd"], dtype="half", n=1), None),
+    # rows of 22 output pixels: chunks of 8 whose every tap is inside the image (no bounds checks)
+    "wgrad_stem_c3_interior": (
+        replace(CASES["wgrad_stem_c3_7x7_s2"], dtype="half", n=1, k=16, hw=(40, 44)),
+        {"block_m": 64, "block_n": 64, "stages": 4, "split_k": 2},
+    ),
     "wgrad_c5_dil2_s2": (replace(CASES["wgrad_c5_dil2_s2"], dtype="half", n=1), None),
     "wgrad_nchw_image_c16_s2": (replace(CASES["wgrad_nchw_image_c16_s2"], dtype="half", n=1), None),
     "wgrad_c12_convolution_mode": (

@@ -82,12 +82,15 @@ def gather_functions(
 
 
 def _pixels(p: Problem, itype: str, slices: KSlices) -> list[str]:
-    """This thread's 8 pixels of k tile ``kt``: their image offsets at tap 0 and first coordinates."""
+    """This thread's 8 pixels of k tile ``kt``: their image offsets at tap 0 and first coordinates,
+    and whether every tap of theirs falls inside the image (``inside``)."""
     spatial = len(p.out.dim) - 2
     attrs, x = p.attrs, p.b
     corner = [
         f"({itype})(q{a + 1} * {attrs.stride[a]} - {attrs.pre_padding[a]}) * {x.stride[a + 2]}" for a in range(spatial)
     ]
+    reach = [(p.out.static_dim[a + 2] - 1) * attrs.dilation[a] for a in range(spatial)]
+    window = [f"px_h{a}[e] >= 0 && px_h{a}[e] + {reach[a]} < {x.static_dim[a + 2]}" for a in range(spatial)]
     return [
         f"  {itype} px_base[8];  // pixel e's image offset at tap 0, its first reach NOWHERE past the slice",
         *(f"  int px_h{a}[8];" for a in range(spatial)),
@@ -100,6 +103,10 @@ def _pixels(p: Problem, itype: str, slices: KSlices) -> list[str]:
         *(f"    px_h{a}[e] = q{a + 1} * {attrs.stride[a]} - {attrs.pre_padding[a]};" for a in range(spatial)),
         f"    if (!in) px_h0[e] = {NOWHERE};",
         "  }",
+        "  bool inside = true;  // every tap of the 8 pixels in the image (most of them): no bounds checks",
+        "#pragma unroll",
+        "  for (int e = 0; e < 8; ++e)",
+        f"    inside = inside && {' && '.join(window)};",
     ]
 
 
@@ -120,8 +127,13 @@ def _chunk(p: Problem, image: str, itype: str) -> list[str]:
         *(f"      int reach{a} = {filter_tap(p, a, f'g{a}')} * {attrs.dilation[a]};" for a in range(spatial)),
         f"      const {itype} column = {' + '.join(column)} + ({itype})g{spatial} * {x.stride[1]};",
         f"      if (nn >= GN) reach0 = {NOWHERE};",
+        "      if (inside && nn < GN) {",
         "#pragma unroll",
-        "      for (int e = 0; e < 8; ++e)",
-        f"        if ({checks}) chunk.v[e] = {image}[px_base[e] + column];",
+        f"        for (int e = 0; e < 8; ++e) chunk.v[e] = {image}[px_base[e] + column];",
+        "      } else {",
+        "#pragma unroll",
+        "        for (int e = 0; e < 8; ++e)",
+        f"          if ({checks}) chunk.v[e] = {image}[px_base[e] + column];",
+        "      }",
         "    }",
     ]
