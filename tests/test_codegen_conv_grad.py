@@ -426,6 +426,20 @@ def test_160_column_tiles_take_only_k_contiguous_b() -> None:
         emitted(CASES["wgrad_3x3_s1"].build(), 90, choice)
 
 
+def test_gathered_wgrad_defaults_on_sm90() -> None:
+    """gemm_wgrad._gathered: one column tile, the narrowest covering N; the stem's 147 columns in
+    160, prefetch, slices for two waves (two blocks per SM); a 3x3 over 12 channels (N = 108) in
+    128 columns, three blocks per SM without prefetch, slices for three waves (at most K / 256)."""
+    stem = Grad(op="wgrad", n=32, c=3, k=64, hw=(224, 224), filt=(7, 7), stride=(2, 2), pre=(3, 3), post=(3, 3))
+    main, reduce = emitted(stem.build(), 90).kernels
+    assert main.grid == (1, 1, 264) and "m64n160k16" in main.source and "gather(kt + STAGES - 1);" in main.source
+    assert "_splitk_reduce_" in reduce.name
+    twelve = Grad(op="wgrad", n=32, c=12, k=64, hw=(56, 56))
+    main = emitted(twelve.build(), 90).kernels[0]
+    assert main.grid == (1, 1, 392) and "m64n128k16" in main.source and "pending" not in main.source
+    assert "_mma_splitk_" in emitted(stem.build(), 80).kernels[0].name  # sm_80: the mma.sync heuristic
+
+
 def test_prefetch_is_a_choice_of_a_gathered_image_on_wgmma() -> None:
     """ "prefetch" (the image's loads a tile ahead through registers, on by default) applies to a
     wgrad gathered element by element on the wgmma path only; elsewhere it is refused."""
