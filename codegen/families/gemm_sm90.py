@@ -235,8 +235,8 @@ def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int, layout:
     widths = (64, 128, 160, 192, 256) if layout == "nk" else (64, 128, 192, 256)
     if bm not in (64, 128) or bn not in widths or stages < 3:
         raise UnsupportedError(
-            f"wgmma GEMM tile {ctx.tuning}: expected block_m 64 or 128, block_n in {widths} "
-            f"(with B {'k' if layout == 'nk' else 'n'}-contiguous), stages >= 3"
+            f"wgmma GEMM tile {ctx.tuning}: expected block_m 64 or 128, block_n 64, 128, 192 or 256 (160 too "
+            f"where B is k-contiguous; here it is {'k' if layout == 'nk' else 'n'}-contiguous), stages >= 3"
         )
     if shared > MAX_SHARED:
         raise UnsupportedError(f"wgmma GEMM tile {ctx.tuning} needs {shared} bytes of shared memory, over {MAX_SHARED}")
