@@ -546,6 +546,22 @@ def test_wgrad_of_a_loss_with_padded_rows_on_the_cpu(tmp_path_factory: pytest.Te
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+def test_wgrad_of_a_3d_image_of_3_channels_on_the_cpu(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The element gather and the epilogue's own taps over three spatial axes (NDHWC, C = 3,
+    3x3x3, stride 2 along one axis); compiled for sm_90a too."""
+    g = gd.OperationGraphSpec(name="conv_wgrad_3d", io_data_type="half")
+    x_dim, dy_dim = [1, 3, 5, 6, 7], [1, 16, 5, 3, 7]
+    x = g.tensor(name="x", dim=x_dim, stride=gd.nhwc_strides(x_dim))
+    dy = g.tensor(name="dy", dim=dy_dim, stride=gd.nhwc_strides(dy_dim))
+    dw = g.conv_wgrad(image=x, loss=dy, padding=[1, 1, 1], stride=[1, 2, 1], filter_dim=[16, 3, 3, 3, 3])
+    dw.set_name("dw").set_output(True).set_data_type("float")
+    assert "px_h2[e]" in emitted(g, 90).kernels[0].source
+    report = compile_graphs([g.validate()], (80, 90))
+    assert not report.failures, "\n".join(report.failures)
+    emulate(g, None, tmp_path_factory)
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
 @pytest.mark.parametrize("case", ["dgrad_drelu_add", "wgrad_split_k"])
 def test_unaligned_pointers_copy_element_by_element_on_the_cpu(
     case: str, tmp_path_factory: pytest.TempPathFactory
