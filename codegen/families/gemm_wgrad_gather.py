@@ -2,13 +2,16 @@
 a channel stride other than 1; fusion_rules/conv_grad_gemm.image_chunked): the GEMM's columns
 n = (r, s..., c) gathered element by element into a k-contiguous tile (B "nk": one row of BK
 pixels per column, 16-byte chunks of 8 pixels), N = R*S*C padded with zeros up to the tile (the
-stem's 147 columns to 192); the tensor cores and the epilogue see a tile like any other.
+stem's 147 columns to 160); the tensor cores and the epilogue see a tile like any other.
 
-k-contiguous, not the chunked loader's n-contiguous tile, so that the 32 lanes of a warp read
-32 consecutive columns of one pixel: (s, c) runs are contiguous in an NHWC image (21 elements
-of the stem), a warp's loads touch two or three 32-byte sectors. Each thread finds the image
-offsets of its chunk's 8 pixels once per tile and each column's offset once per chunk, so an
-element costs an add, its bounds checks and the load. Plain loads through registers and one
+k-contiguous, not the chunked loader's n-contiguous tile, so that a warp reads 16 or 32
+consecutive columns of a pixel: (s, c) runs are contiguous in an NHWC image (21 elements of the
+stem), so a warp's loads touch few 32-byte sectors. The GROUP threads of a k chunk share its 8
+pixels, whose image offsets each finds once per tile, and find a column's offset once per
+chunk, so an element costs an add, its bounds checks and the load; just the add and the load
+where every tap of the 8 pixels is inside the image (measured: the n-contiguous element gather
+138 µs, this layout with 16 pixels a thread 148 µs, with 8 and the interior loads 107 µs, on
+the stem on an H200, benchmarks/RESULTS.md). Plain loads through registers and one
 16-byte shared store per chunk, not cp.async (whose smallest copy is 4 aligned bytes): the
 stores complete before the thread's next barrier, and on sm_90 the main loop's proxy fence
 publishes them to wgmma as it does the cp.async copies.
