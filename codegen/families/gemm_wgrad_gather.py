@@ -9,9 +9,10 @@ consecutive columns of a pixel: (s, c) runs are contiguous in an NHWC image (21 
 stem), so a warp's loads touch few 32-byte sectors. The GROUP threads of a k chunk share its 8
 pixels, whose image offsets each finds once per tile, and find a column's offset once per
 chunk, so an element costs an add, its bounds checks and the load; just the add and the load
-where every tap of the 8 pixels is inside the image (measured: the n-contiguous element gather
-138 µs, this layout with 16 pixels a thread 148 µs, with 8 and the interior loads 107 µs, on
-the stem on an H200, benchmarks/RESULTS.md). Plain loads through registers and one
+where every tap of the 8 pixels is inside the image. Measured on the stem at 64 x 160 on an
+H200 (benchmarks/RESULTS.md): 148 µs with 16 pixels a thread, 147 with 8 and the interior
+loads, 107 with prefetch (below); an n-contiguous element gather took 138 µs at 64 x 128
+(three blocks per SM), without prefetch. Plain loads through registers and one
 16-byte shared store per chunk, not cp.async (whose smallest copy is 4 aligned bytes): the
 stores complete before the thread's next barrier, and on sm_90 the main loop's proxy fence
 publishes them to wgmma as it does the cp.async copies.
