@@ -212,7 +212,7 @@ def _grad_load_tile(
         ]
         a_ok = f"kt < {count} && kk < GK && m < GM"
         lines += copy_loop(chunks[0], a_setup, a_ok, dy, a_src, f"{a_smem} + {tiles.m_major}(kr, mc)", aligned)
-        if gathered:  # the image through registers: gather(kt), then put(stage) (gemm_wgrad_gather.py)
+        if gathered:  # the image element by element (gemm_wgrad_gather.py)
             return [
                 *gather_functions(p, b, itype, b_smem, tiles.k_major, slices, prefetch),
                 *lines,
