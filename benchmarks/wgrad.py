@@ -89,7 +89,8 @@ LAYERS = [
     Layer(32, 64, 56, 256, 1),
     Layer(32, 256, 56, 512, 1, 2),  # ResNet-50's downsample 1x1, 56² -> 28²
     Layer(32, 128, 28, 128, 3),
-    Layer(32, 3, 224, 64, 7, 2),  # the stem: C = 3 stays on the direct kernel (conv_grad_gemm.py)
+    Layer(32, 3, 224, 64, 7, 2),  # the stem: C = 3, the image gathered element by element
+    Layer(32, 12, 56, 64, 3),  # C not a multiple of 8 (no ResNet layer): element by element too
 ]
 
 
@@ -97,20 +98,34 @@ def choices(layer: Layer) -> list[tuple[str, dict[str, object] | None]]:
     """The default plan, then wgmma tiles (64 rows where M is that short; 192 columns where N is
     a multiple of 192 but not of 256) with K slices for one wave of blocks (4 stages; 6 for a
     64-column tile, whose k tiles are small) and for two (3 stages: two blocks per SM), and
-    three for 64-row tiles."""
+    three for 64-row tiles. Where C is not a multiple of 8 (the image gathered element by
+    element into a k-contiguous tile): the direct kernel, and 128 columns and the narrowest width
+    (160 a width too) that covers N, 3 stages, slices for two and three waves, the image's loads a tile
+    ahead through registers or not ("prefetch")."""
     m, n, k = layer.gemm
-    if layer.c % 8:
-        return [("default", None)]
     sms = sm_count(ARCH)
     bm = 64 if m <= 64 else 128
     widths = [64] if n <= 64 else [192, 128] if n % 192 == 0 and n % 256 else [128, 256]
     out: list[tuple[str, dict[str, object] | None]] = [("default", None)]
+    if layer.c % 8:
+        out.append(("direct", {"path": "direct"}))
+        widths = sorted({128, next((w for w in (64, 128, 160, 192, 256) if w >= n), 256)})
     # mma.sync as its heuristic (sm_80's default, gemm_mma.tile_config) picks it for sm_90
     mma_m, mma_n = (64 if m <= 64 else 128), (64 if n <= 64 else 128)
     mma_split = max(1, min(-(-sms // (-(-m // mma_m) * -(-n // mma_n))), k // 512, 64))
     mma_stages = 3 if (mma_m, mma_n) == (128, 128) else 4
     mma = {"block_m": mma_m, "block_n": mma_n, "stages": mma_stages, "split_k": mma_split}
     out.append((f"mma.sync {mma_m}x{mma_n}x{mma_stages} split {mma_split}", mma))
+    if layer.c % 8:
+        return out + [
+            (
+                f"wgmma {bm}x{bn}x3 split {split}{'' if prefetch else ' no prefetch'}",
+                {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": 3, "split_k": split, "prefetch": prefetch},
+            )
+            for bn in widths
+            for split in (max(1, min(-(-waves * sms // -(-n // bn)), k // (4 * 64))) for waves in (2, 3))
+            for prefetch in (True, False)
+        ]
     for bn in widths:
         tiles = -(-m // bm) * -(-n // bn)
         shapes = [(4, 1), (3, 2)] + ([(6, 1)] if bn == 64 else []) + ([(3, 3)] if bm == 64 else [])

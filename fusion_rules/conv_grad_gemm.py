@@ -8,7 +8,10 @@ multiple of 8 (the rules of convolution forward, gemm_problem.tensor_core_layout
 - dgrad (dx = implicit GEMM over dy and the filter): the loss's channels (K) contiguous; the
   filter with its input channels (C) contiguous (a KRSC filter: B is read n-contiguous, "kn") or
   its output channels contiguous (B k-contiguous, "nk");
-- wgrad (dw = dy^T x over N*P*Q): the loss's channels and the image's channels contiguous (NHWC).
+- wgrad (dw = dy^T x over N*P*Q): the loss's channels contiguous (NHWC). The image is gathered
+  in 16-byte chunks where its channels allow it (contiguous, a multiple of 8: ``image_chunked``),
+  else element by element (any layout, any C: the 3-channel stem), which is slower per element
+  but keeps the GEMM on the tensor cores (the direct kernel is ~70x slower than cuDNN there).
 
 Both need groups = 1, fp16 or bf16 operands of one type (fp32 accumulation), and sm_80 or newer.
 """
@@ -46,22 +49,28 @@ def refusal(node: Node) -> str | None:
     filter_channels = b.static_dim[1] if node.op == "conv_dgrad" else out.static_dim[1]
     if channels != filter_channels:
         return f"a grouped convolution ({channels // filter_channels} groups) stays on the direct kernel"
-    if node.op == "conv_wgrad":
-        reason = _chunked(a, "loss", 1) or _chunked(b, "image", 1)
-    elif _chunked(b, "filter", 1) is None or _chunked(b, "filter", 0) is None:
-        reason = _chunked(a, "loss", 1)
-    else:
-        reason = f"{_chunked(b, 'filter', 1)}, or axis 0 (its output channels) likewise"
-    return reason
+    # a wgrad's image is gathered whatever its layout (element by element where it must be)
+    if node.op == "conv_wgrad" or _chunked(b, "filter", 1) is None or _chunked(b, "filter", 0) is None:
+        return _chunked(a, "loss", 1)
+    return f"{_chunked(b, 'filter', 1)}, or axis 0 (its output channels) likewise"
 
 
 def b_layout(node: Node) -> str:
-    """How the GEMM's B operand is read: "kn" (n contiguous) or "nk" (k contiguous); the image of
-    a wgrad and a KRSC filter are "kn", a filter with contiguous output channels "nk"."""
+    """How the GEMM's B operand is laid out in shared memory: "kn" (n contiguous) or "nk" (k
+    contiguous); a wgrad's image read in chunks and a KRSC filter are "kn", a wgrad's image
+    gathered element by element (8 pixels of one column a chunk) and a filter with contiguous
+    output channels "nk"."""
     _, b, _ = operands(node)
-    if node.op == "conv_wgrad" or _chunked(b, "filter", 1) is None:
-        return "kn"
-    return "nk"
+    if node.op == "conv_wgrad":
+        return "kn" if image_chunked(node) else "nk"
+    return "kn" if _chunked(b, "filter", 1) is None else "nk"
+
+
+def image_chunked(node: Node) -> bool:
+    """A wgrad's image reads in 16-byte chunks of 8 channels; else it is gathered element by
+    element (codegen/families/gemm_wgrad_gather.py)."""
+    _, image, _ = operands(node)
+    return _chunked(image, "image", 1) is None
 
 
 def tensor_core_conv_grad(ctx: MatchContext, node: Node) -> str | None:

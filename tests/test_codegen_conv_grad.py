@@ -42,6 +42,7 @@ class Grad:
     groups: int = 1
     dtype: str = "bf16"
     layout: str = "nhwc"  # or "nchw" (image and loss)
+    image_layout: str = ""  # a wgrad's image in another layout than the loss ("nchw")
     filter_layout: str = "krsc"  # "kcrs", or "rsck" (output channels contiguous)
     mode: str = "cross_correlation"
     epilogue: str = ""  # dgrad: "", "drelu" (relu_backward of a forward input), "add" (a residual), "drelu_add"
@@ -68,7 +69,8 @@ class Grad:
             convolution_mode=self.mode,
         )
         if self.op == "wgrad":
-            x = g.tensor(name="x", dim=x_dim, stride=layout(x_dim))
+            image_layout = {"": layout, "nhwc": gd.nhwc_strides, "nchw": gd.nchw_strides}[self.image_layout]
+            x = g.tensor(name="x", dim=x_dim, stride=image_layout(x_dim))
             dw = g.conv_wgrad(image=x, loss=dy, filter_dim=w_dim, **conv)
             dw.set_name("dw").set_output(True).set_data_type("float")
             return g
@@ -131,7 +133,7 @@ REFUSED = {
     "filter_c_not_multiple_of_8": (Grad(c=12), "filter 'w' needs axis 1 contiguous"),
     "grouped": (Grad(c=32, groups=2), "grouped convolution"),
     "wgrad_nchw": (Grad(op="wgrad", layout="nchw"), "loss 'dy' needs axis 1"),
-    "wgrad_c_not_multiple_of_8": (Grad(op="wgrad", c=12), "image 'x' needs axis 1 contiguous"),
+    "wgrad_k_not_multiple_of_8": (Grad(op="wgrad", k=20), "loss 'dy' needs axis 1 contiguous with a multiple of 8"),
     "wgrad_grouped": (Grad(op="wgrad", c=32, groups=2), "grouped convolution"),
 }
 
@@ -243,7 +245,18 @@ CASES: dict[str, Grad] = {
     "wgrad_half_convolution_mode": Grad(op="wgrad", dtype="half", mode="convolution", hw=(8, 7)),
     "wgrad_split_k": Grad(op="wgrad", n=8, c=64, k=64, hw=(28, 28)),
     "wgrad_batch1_split_k_half": Grad(op="wgrad", n=1, c=16, k=8, hw=(33, 31), dtype="half"),
+    # Channels that do not read in 16-byte chunks: the image gathered element by element.
+    "wgrad_stem_c3_7x7_s2": Grad(
+        op="wgrad", c=3, k=24, filt=(7, 7), stride=(2, 2), pre=(3, 3), post=(3, 3), hw=(19, 17)
+    ),
+    "wgrad_c1_odd": Grad(op="wgrad", c=1, k=40, hw=(9, 11)),
+    "wgrad_c5_dil2_s2": Grad(
+        op="wgrad", c=5, k=16, hw=(13, 11), stride=(2, 2), dilation=(2, 2), pre=(2, 2), post=(2, 2)
+    ),
+    "wgrad_c12_half_convolution_mode": Grad(op="wgrad", c=12, k=72, dtype="half", mode="convolution"),
+    "wgrad_nchw_image_c16_s2": Grad(op="wgrad", c=16, image_layout="nchw", stride=(2, 2), hw=(9, 11)),
 }
+ODD_CHANNELS = [case for case, spec in CASES.items() if spec.op == "wgrad" and (spec.c % 8 or spec.image_layout)]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -257,6 +270,21 @@ def test_gradient_kernels_compile_for_sm80_and_sm90(case: str) -> None:
     assert report.kernels >= 2
 
 
+@pytest.mark.parametrize("case", ODD_CHANNELS)
+@pytest.mark.parametrize("arch", [80, 90])
+def test_wgrad_of_odd_channels_gathers_the_image_element_by_element(case: str, arch: int) -> None:
+    """C = 1, 3, 5, 12, or an NCHW image: no 16-byte chunks along the image's channels, so the
+    gather reads it element by element (gemm_wgrad_gather.py) and each dw column whose
+    channels are no multiple of 8 finds its own taps."""
+    fused = gemm_fused(CASES[case].build(), arch)
+    assert fused.family is fr.Family.GEMM and fused.rule == "conv_wgrad_gemm"
+    main = emitted(CASES[case].build(), arch).kernels[0]
+    assert "px_base[e] + column" in main.source
+    assert ("(block_n + col + e)" in main.source) == (CASES[case].c % 8 != 0)
+    assert "cp.async" in main.source  # the loss still copies in 16-byte chunks
+    assert "px_base" not in emitted(CASES["wgrad_3x3_s1"].build(), arch).kernels[0].source
+
+
 WGMMA = {"path": "wgmma", "block_m": 128, "block_n": 64, "stages": 4}
 WGMMA_CASES = {case: spec for case, spec in CASES.items() if spec.op == "dgrad"}
 # wgrad on wgmma (the loss as a transposed A): the tile of the 64-channel 3x3 layers, and 128 rows
@@ -266,6 +294,9 @@ WGRAD_WGMMA_CASES = {
     "wgrad_3x3_s2_odd": (CASES["wgrad_3x3_s2_odd"], {**WGRAD_WGMMA, "split_k": 3}),
     "wgrad_7x7_s2_pad3": (CASES["wgrad_7x7_s2_pad3"], WGRAD_WGMMA),
     "wgrad_1x1_pad0": (CASES["wgrad_1x1_pad0"], {**WGMMA, "split_k": 2}),
+    "wgrad_stem_c3_7x7_s2": (CASES["wgrad_stem_c3_7x7_s2"], {**WGRAD_WGMMA, "split_k": 4}),
+    "wgrad_c5_dil2_s2": (CASES["wgrad_c5_dil2_s2"], WGMMA),
+    "wgrad_stem_c3_160_columns": (CASES["wgrad_stem_c3_7x7_s2"], {**WGRAD_WGMMA, "block_n": 160, "split_k": 2}),
 }
 
 
@@ -288,7 +319,9 @@ def test_wgrad_wgmma_kernels_compile_for_sm90a(case: str) -> None:
     program = emitted(spec.build(), 90, choice)
     main = program.kernels[0]
     assert main.name.startswith("gd_conv_wgrad_wgmma") and main.block[0] == 2 * int(choice["block_m"])  # type: ignore[call-overload]
-    assert "1, 1, 1, 1;" in main.source  # wgmma with A and B transposed (m- and n-contiguous)
+    # wgmma with A transposed (m-contiguous) and B too (n-contiguous), but an image gathered
+    # element by element, whose tile is k-contiguous
+    assert ("1, 1, 1, 1;" if spec.c % 8 == 0 else "1, 1, 1, 0;") in main.source
     assert len(program.kernels) == (2 if "split_k" in choice else 1)
     for kernel in program.kernels:
         assert compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
@@ -361,6 +394,10 @@ WGRAD_GPU = {
     "wgrad_batch1_split_k_half": CASES["wgrad_batch1_split_k_half"],
     "wgrad_convolution_mode": CASES["wgrad_half_convolution_mode"],
     "wgrad_3x3_c64_28": Grad(op="wgrad", n=2, c=64, k=64, hw=(28, 28)),  # N = 576: three 192-column tiles
+    **{case: CASES[case] for case in ODD_CHANNELS},
+    "wgrad_stem_c3_n4": Grad(
+        op="wgrad", n=4, c=3, k=64, hw=(57, 55), filt=(7, 7), stride=(2, 2), pre=(3, 3), post=(3, 3)
+    ),
 }
 
 
@@ -378,6 +415,68 @@ def test_wgrad_wgmma_matches_reference_on_gpu(case: str, choice: dict[str, objec
     fused = gemm_fused(graph, 90)
     plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
     assert any("_wgmma" in kernel.name for kernel in plan.kernels)
+
+
+def test_160_column_tiles_take_only_k_contiguous_b() -> None:
+    """wgmma's 160-column tile (the stem's N = 147) fits a k-contiguous B tile (an image gathered
+    element by element), not the n-contiguous one of 64-column blocks."""
+    choice = {**WGRAD_WGMMA, "block_n": 160}
+    assert "m64n160k16" in emitted(CASES["wgrad_stem_c3_7x7_s2"].build(), 90, choice).kernels[0].source
+    with pytest.raises(UnsupportedError, match="160 too where B is k-contiguous; here it is n-contiguous"):
+        emitted(CASES["wgrad_3x3_s1"].build(), 90, choice)
+
+
+def test_gathered_wgrad_defaults_on_sm90() -> None:
+    """gemm_wgrad._gathered: one column tile, the narrowest covering N; the stem's 147 columns in
+    160, prefetch, slices for two waves (two blocks per SM); a 3x3 over 12 channels (N = 108) in
+    128 columns, three blocks per SM without prefetch, slices for three waves (at most K / 256)."""
+    stem = Grad(op="wgrad", n=32, c=3, k=64, hw=(224, 224), filt=(7, 7), stride=(2, 2), pre=(3, 3), post=(3, 3))
+    main, reduce = emitted(stem.build(), 90).kernels
+    assert main.grid == (1, 1, 264) and "m64n160k16" in main.source and "gather(kt + STAGES - 1);" in main.source
+    assert "_splitk_reduce_" in reduce.name
+    twelve = Grad(op="wgrad", n=32, c=12, k=64, hw=(56, 56))
+    main = emitted(twelve.build(), 90).kernels[0]
+    assert main.grid == (1, 1, 392) and "m64n128k16" in main.source and "pending" not in main.source
+    assert "_mma_splitk_" in emitted(stem.build(), 80).kernels[0].name  # sm_80: the mma.sync heuristic
+
+
+def test_prefetch_is_a_choice_of_a_gathered_image_on_wgmma() -> None:
+    """ "prefetch" (the image's loads a tile ahead through registers, on by default) applies to a
+    wgrad gathered element by element on the wgmma path only; elsewhere it is refused."""
+    stem = CASES["wgrad_stem_c3_7x7_s2"].build()
+    ahead = emitted(stem, 90, {**WGRAD_WGMMA, "block_n": 160}).kernels[0].source
+    assert "gather(kt + STAGES - 1);" in ahead and "put(" in ahead
+    inline = emitted(stem, 90, {**WGRAD_WGMMA, "block_n": 160, "prefetch": False}).kernels[0].source
+    assert "gather_tile(stage, kt)" in inline and "pending" not in inline
+    with pytest.raises(UnsupportedError, match=r"prefetch .* applies to a conv_wgrad whose image is gathered"):
+        emitted(CASES["wgrad_3x3_s1"].build(), 90, {**WGRAD_WGMMA, "prefetch": True})
+    with pytest.raises(UnsupportedError, match="prefetch is a choice of the wgmma path"):
+        emitted(stem, 90, {"block_m": 64, "block_n": 64, "stages": 4, "prefetch": True})
+    assert {"path": "wgmma", "block_m": 64, "block_n": 160, "stages": 3} in candidates(gemm_fused(stem), 90)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [*ODD_CHANNELS, "wgrad_stem_c3_n4"])
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_wgrad_of_odd_channels_in_160_columns_matches_reference_on_gpu(case: str, prefetch: bool) -> None:
+    if current_gpu_arch() != 90:
+        pytest.skip("the wgmma path runs on sm_90 GPUs only")
+    graph = WGRAD_GPU[case].build()
+    fused = gemm_fused(graph, 90)
+    choice = {**WGRAD_WGMMA, "block_n": 160, "split_k": 3, "prefetch": prefetch}
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
+    assert any("_wgmma" in kernel.name for kernel in plan.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["wgrad_stem_c3_n4", "wgrad_c5_dil2_s2"])
+def test_wgrad_of_odd_channels_on_mma_sync_matches_reference_on_gpu(case: str) -> None:
+    """sm_80's path (mma.sync) for an image gathered element by element, run on this GPU."""
+    graph = WGRAD_GPU[case].build()
+    fused = gemm_fused(graph, current_gpu_arch() or 90)
+    choice = {"block_m": 64, "block_n": 128, "stages": 3, "split_k": 3}
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={fused.name: choice}, tolerance=1e-4)
+    assert any("_mma_" in kernel.name for kernel in plan.kernels)
 
 
 # -- the mma.sync kernels on the CPU (tests/mma_emulation.py) ------------------------------------
@@ -406,6 +505,22 @@ EMULATED: dict[str, tuple[Grad, dict[str, object] | None]] = {
         replace(CASES["wgrad_batch1_split_k_half"], hw=(17, 15)),
         {"block_m": 64, "block_n": 64, "stages": 4, "split_k": 5},
     ),
+    "wgrad_stem_c3_7x7_s2": (
+        replace(CASES["wgrad_stem_c3_7x7_s2"], dtype="half", n=1),
+        {"block_m": 64, "block_n": 128, "stages": 3, "split_k": 3},
+    ),
+    "wgrad_c1_odd": (replace(CASES["wgrad_c1_odd"], dtype="half", n=1), None),
+    # rows of 22 output pixels: chunks of 8 whose every tap is inside the image (no bounds checks)
+    "wgrad_stem_c3_interior": (
+        replace(CASES["wgrad_stem_c3_7x7_s2"], dtype="half", n=1, k=16, hw=(40, 44)),
+        {"block_m": 64, "block_n": 64, "stages": 4, "split_k": 2},
+    ),
+    "wgrad_c5_dil2_s2": (replace(CASES["wgrad_c5_dil2_s2"], dtype="half", n=1), None),
+    "wgrad_nchw_image_c16_s2": (replace(CASES["wgrad_nchw_image_c16_s2"], dtype="half", n=1), None),
+    "wgrad_c12_convolution_mode": (
+        replace(CASES["wgrad_c12_half_convolution_mode"], n=1),
+        {"block_m": 128, "block_n": 64, "stages": 4},
+    ),
 }
 
 
@@ -428,6 +543,22 @@ def test_wgrad_of_a_loss_with_padded_rows_on_the_cpu(tmp_path_factory: pytest.Te
     source = emitted(g, 80).kernels[0].source
     assert "q1 * 240" in source and "kk * 24" not in source
     emulate(g, {"block_m": 64, "block_n": 64, "stages": 4, "split_k": 2}, tmp_path_factory)
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+def test_wgrad_of_a_3d_image_of_3_channels_on_the_cpu(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The element gather and the epilogue's own taps over three spatial axes (NDHWC, C = 3,
+    3x3x3, stride 2 along one axis); compiled for sm_90a too."""
+    g = gd.OperationGraphSpec(name="conv_wgrad_3d", io_data_type="half")
+    x_dim, dy_dim = [1, 3, 5, 6, 7], [1, 16, 5, 3, 7]
+    x = g.tensor(name="x", dim=x_dim, stride=gd.nhwc_strides(x_dim))
+    dy = g.tensor(name="dy", dim=dy_dim, stride=gd.nhwc_strides(dy_dim))
+    dw = g.conv_wgrad(image=x, loss=dy, padding=[1, 1, 1], stride=[1, 2, 1], filter_dim=[16, 3, 3, 3, 3])
+    dw.set_name("dw").set_output(True).set_data_type("float")
+    assert "px_h2[e]" in emitted(g, 90).kernels[0].source
+    report = compile_graphs([g.validate()], (80, 90))
+    assert not report.failures, "\n".join(report.failures)
+    emulate(g, None, tmp_path_factory)
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")

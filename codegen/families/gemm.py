@@ -268,6 +268,8 @@ def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedPro
     reason = refusal(node)
     if reason is not None:
         raise UnsupportedError(f"{node.op} cannot take the tensor-core GEMM: {reason}", node=node.name)
+    if "prefetch" in ctx.tuning and path != "wgmma":
+        raise UnsupportedError(f"GEMM tuning {ctx.tuning}: prefetch is a choice of the wgmma path", node=node.name)
     default = None if ctx.tuning else default_wgrad(problem, ctx.arch)
     if default is not None:
         ctx, path = dataclasses.replace(ctx, tuning=default), "wgmma"

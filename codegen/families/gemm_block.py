@@ -80,9 +80,10 @@ class TensorCoreBlock:
             self.params.scratch(PARTIALS, "float")
         self.itype = index_type_of(fused, p)
 
-    def prelude(self, shared_memory: list[str], warp_roles: str) -> list[str]:
+    def prelude(self, shared_memory: list[str], warp_roles: str, prefetch: bool = False) -> list[str]:
         """Constants, the A and B tiles in ``smem`` (declared by ``shared_memory``), thread and
-        block coordinates (``warp_roles``: what the path's warps compute), and the loaders."""
+        block coordinates (``warp_roles``: what the path's warps compute), and the loaders
+        (``prefetch``: a gathered image's through registers, gemm_wgrad_gather.py)."""
         p, s, itype = self.p, self.shape, self.itype
         lines = [
             *element_types(p),
@@ -115,6 +116,7 @@ class TensorCoreBlock:
             self.aligned,
             self.tiles,
             self.slices,
+            prefetch,
         )
         return lines
 

@@ -128,8 +128,11 @@ def tile_epilogue(
     coordinate = "c"
     column = f"{coordinate}{column_axis}"
     # The chunk's first column and column e's coordinate: a wgrad column is (taps, channel), the
-    # 8 columns of a chunk one tap and 8 consecutive channels (C % 8 == 0, conv_grad_gemm.py).
+    # 8 columns of a chunk one tap and 8 consecutive channels where C % 8 == 0; else each column
+    # finds its own (an image gathered element by element, gemm_wgrad_gather.py).
     first_column, column_e = ("w1", "w1 + e") if wgrad else ("(block_n + col)", "block_n + col + e")
+    own_taps = wgrad and out.static_dim[1] % 8 != 0
+    column_coords: list[str] = []
     anchor_inputs = {t.id for t in p.node.input_tensors()}  # A, B (and a grouped GEMM's offsets)
     operands = [t for t in fused.inputs if t.id not in anchor_inputs]
     per_column = [
@@ -154,12 +157,16 @@ def tile_epilogue(
         ]
     # 8 consecutive columns form one aligned 16-byte (or wider) vector of every output when
     # the column stride is 1 and every other stride keeps 8-element alignment.
-    vector_ok = all(_columns_contiguous(t, column_axis) for t in fused.outputs)
+    vector_ok = not own_taps and all(_columns_contiguous(t, column_axis) for t in fused.outputs)
     if p.image_output:
         coords = pixel_coordinates(p, "m", itype)
     elif wgrad:
         taps = coordinates("(block_n + col)", out.static_dim, (*range(2, rank), 1), "w", "int")
         coords = [f"const {itype} c0 = m;", *taps, *(f"const int c{axis} = w{axis};" for axis in range(2, rank))]
+        if own_taps:  # column e's taps and channel, in the loop over e
+            taps = coordinates("(block_n + col + e)", out.static_dim, (*range(2, rank), 1), "w", "int")
+            column_coords = [*taps, *(f"const int c{axis} = w{axis};" for axis in range(1, rank))]
+            coords = [f"const {itype} c0 = m;"]
     else:
         coords = [f"const {itype} c{rank - 2} = m;", *batch_coords(p, itype, batch_index)]
     lines = [
@@ -203,8 +210,9 @@ def tile_epilogue(
     lines += [
         "#pragma unroll",
         "  for (int e = 0; e < 8; ++e) {",
-        f"    const int {column} = {column_e};",
+        *([] if own_taps else [f"    const int {column} = {column_e};"]),
         f"    if ({'block_n + col + e' if wgrad else column} >= GN) break;",
+        *("    " + line for line in column_coords),
         *("    " + line for line in epi.statements("acc8[e]")),
         "  }",
         "}",

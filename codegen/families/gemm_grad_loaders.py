@@ -48,6 +48,8 @@ def a_setup(p: Problem, itype: str, chunks: int, threads: int, lanes: int, first
 def b_setup(p: Problem, itype: str, chunks: int, threads: int, lanes: int, layout: str, first_row: str) -> list[str]:
     if layout == "kn":
         return [f"// B (n contiguous): each thread copies {chunks} chunks of the [BK][BN] tile."]
+    if p.node.op == "conv_wgrad":
+        return ["// B (the image, gathered element by element into a k-contiguous tile: gemm_wgrad_gather.py)."]
     return [
         f"// B (the filter, k_out contiguous): each thread copies {chunks} chunks, rows tid/{lanes} + i*{threads // lanes}, chunk tid%{lanes}.",
         f"{itype} b_row[{chunks}]; bool b_row_ok[{chunks}];",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusion_rules.conv_grad_gemm import image_chunked
 from graphdnn.ops.conv import ConvMode
 
 from ..cuda_types import cuda_type
@@ -13,6 +14,7 @@ from ..indexing import c_extent
 from . import gemm_grad_loaders as grad
 from .gemm_problem import Problem, pixel_coordinates
 from .gemm_splitk import KSlices
+from .gemm_wgrad_gather import gather_functions
 
 ASYNC_COPY_PRELUDE = r"""
 // ---- tensor-core GEMM building blocks (sm_80+) ----
@@ -115,6 +117,7 @@ def load_tile_lambda(
     aligned: str,
     tiles: SmemTiles,
     slices: KSlices,
+    prefetch: bool = False,
 ) -> list[str]:
     """`load_tile(stage, kt)`: issue the cp.async copies of the block's k tile kt (of its K
     slice) into a stage; zeros past the slice's last tile.
@@ -122,7 +125,8 @@ def load_tile_lambda(
     Without 16-byte aligned pointers the same chunks are copied with plain loads."""
     if p.is_grad:
         stages = (a_stage, b_stage)
-        return _grad_load_tile(p, (x, w), itype, (a_chunks, b_chunks), stages, layout, aligned, tiles, slices)
+        chunks = (a_chunks, b_chunks)
+        return _grad_load_tile(p, (x, w), itype, chunks, stages, layout, aligned, tiles, slices, prefetch)
     b_type = _b_element(p)
     lines = [
         "auto load_tile = [&](int stage, int kt) {",
@@ -187,13 +191,16 @@ def _grad_load_tile(
     aligned: str,
     tiles: SmemTiles,
     slices: KSlices,
+    prefetch: bool,
 ) -> list[str]:
-    """`load_tile(stage, kt)` of a convolution gradient (gemm_grad_loaders.py)."""
+    """`load_tile(stage, kt)` of a convolution gradient (gemm_grad_loaders.py); with ``prefetch``
+    (a gathered image), also `load_a`, `gather` and `put` (gemm_wgrad_gather.py)."""
     dy, b = names
     a_smem, b_smem = f"a_smem + stage * {stages[0]}", f"b_smem + stage * {stages[1]}"
     tile, count = slices.tile("kt"), slices.count
     k_major_chunk = f"{tiles.k_major}({_thread_row(tiles)} + i * (THREADS / {tiles.lanes}), a_chunk)"
-    lines = ["auto load_tile = [&](int stage, int kt) {"]
+    gathered = p.node.op == "conv_wgrad" and not image_chunked(p.node)
+    lines = ["auto load_a = [&](int stage, int kt) {" if gathered else "auto load_tile = [&](int stage, int kt) {"]
     if p.node.op == "conv_wgrad":
         a_pixel, a_src = grad.wgrad_a(p, itype)
         a_setup = [
@@ -205,6 +212,13 @@ def _grad_load_tile(
         ]
         a_ok = f"kt < {count} && kk < GK && m < GM"
         lines += copy_loop(chunks[0], a_setup, a_ok, dy, a_src, f"{a_smem} + {tiles.m_major}(kr, mc)", aligned)
+        if gathered:  # the image element by element (gemm_wgrad_gather.py)
+            return [
+                *gather_functions(p, b, itype, b_smem, tiles.k_major, slices, prefetch),
+                *lines,
+                "};",
+                "auto load_tile = [&](int stage, int kt) { load_a(stage, kt); gather_tile(stage, kt); };",
+            ]
         lines += _wgrad_image_rows(p, b, itype, b_smem, aligned, tiles, slices)
     else:
         lines += [

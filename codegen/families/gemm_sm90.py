@@ -47,6 +47,8 @@ TILES = (
 )
 # A wgrad's N is R*S*C: 576 for a 3x3 filter over 64 channels, three tiles of 192 columns.
 WGRAD_TILES = ((64, 192, 4), (128, 192, 3))
+# A wgrad whose image is gathered element by element (k-contiguous B): the stem's N = 147.
+GATHER_TILES = ((64, 160, 3),)
 MAX_SHARED = 227 * 1024  # an sm_90 block's dynamic shared memory, opted in
 ALIGN_SLACK = 1024  # the dynamic shared memory base is rounded up to 1024 bytes in the kernel
 
@@ -123,7 +125,9 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     layouts; the tiles, then their split-K variants where the output has few tiles."""
     if arch != ARCH or tensor_core_layout(p) is None:
         return []
-    shapes = TILES + WGRAD_TILES if p.node.op == "conv_wgrad" else TILES
+    shapes: tuple[tuple[int, int, int], ...] = TILES + WGRAD_TILES if p.node.op == "conv_wgrad" else TILES
+    if p.node.op == "conv_wgrad" and tensor_core_layout(p) == "nk":  # a gathered image: 160 columns too
+        shapes += GATHER_TILES
     tiles: list[dict[str, object]] = [
         {"path": "wgmma", "block_m": bm, "block_n": bn, "stages": stages} for bm, bn, stages in shapes
     ]
@@ -205,7 +209,7 @@ def wgmma_kernel(
     bk = BLOCK_K_BYTES // size
     shape = BlockShape(bm, bn, bk, stages, bm * 2, size)  # one warpgroup (128 threads) per 64 rows
     shared = shape.shared_bytes + ALIGN_SLACK
-    _check(ctx, bm, bn, stages, shared)
+    _check(ctx, bm, bn, stages, shared, tensor_core_layout(p))
 
     tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", "swizzle128_n", chunk=types.chunk)
     block = block_type(fused, p, shape, tiles, KSlices(split))
@@ -214,28 +218,67 @@ def wgmma_kernel(
         "// The swizzle needs 1024-byte aligned tiles: round the base up (the launch adds the slack).",
         "unsigned char* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);",
     ]
-    lines = block.prelude(
-        shared_memory, "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile"
-    )
-    lines += _main_loop(p.a_layout, block.layout, shape.a_stage, shape.b_stage, block.slices, types.accumulator)
+    prefetch = _prefetch(ctx, p)
+    roles = "const int warpgroup = warp >> 2;  // rows warpgroup * 64 .. + 63 of the block tile"
+    lines = block.prelude(shared_memory, roles, prefetch)
+    stages = (shape.a_stage, shape.b_stage)
+    lines += _main_loop(p.a_layout, block.layout, stages, block.slices, types.accumulator, prefetch)
     lines += block.epilogue(_staging(shape.c_stride, types.accumulator))
     functions = wgmma_prelude(bn, types, 1 if block.layout == "kn" else 0, transpose_a=1 if p.a_layout == "km" else 0)
     return block.kernel(ctx, lines, "_wgmma", functions, shared, arch_suffix="a")
 
 
-def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int) -> None:
+def _prefetch(ctx: EmitContext, p: Problem) -> bool:
+    """Whether the loop issues the image loads of a wgrad gathered element by element a tile
+    ahead, through registers (gemm_wgrad_gather.py): tuning ``"prefetch"``, on by default."""
+    gathered = p.node.op == "conv_wgrad" and tensor_core_layout(p) == "nk"
+    prefetch = ctx.tuning.get("prefetch", gathered)
+    if not isinstance(prefetch, bool) or (prefetch and not gathered):
+        raise UnsupportedError(
+            f"wgmma GEMM tile {ctx.tuning}: prefetch (true or false) applies to a conv_wgrad whose image is "
+            "gathered element by element (channels not a multiple of 8, or not contiguous)",
+            node=p.node.name,
+        )
+    return prefetch
+
+
+def _check(ctx: EmitContext, bm: int, bn: int, stages: int, shared: int, layout: str | None) -> None:
     if ctx.arch != ARCH:
         raise UnsupportedError(f"the wgmma GEMM path runs on sm_90 only (sm_90a code); the target is sm_{ctx.arch}")
-    if bm not in (64, 128) or bn not in (64, 128, 192, 256) or stages < 3:
+    # 160 columns (the stem wgrad's 147) only in a k-contiguous B tile: an n-contiguous one is
+    # cut into 64-column blocks
+    widths = (64, 128, 160, 192, 256) if layout == "nk" else (64, 128, 192, 256)
+    if bm not in (64, 128) or bn not in widths or stages < 3:
         raise UnsupportedError(
-            f"wgmma GEMM tile {ctx.tuning}: expected block_m 64 or 128, block_n 64, 128, 192 or 256, stages >= 3"
+            f"wgmma GEMM tile {ctx.tuning}: expected block_m 64 or 128, block_n 64, 128, 192 or 256 (160 too "
+            f"where B is k-contiguous; here it is {'k' if layout == 'nk' else 'n'}-contiguous), stages >= 3"
         )
     if shared > MAX_SHARED:
         raise UnsupportedError(f"wgmma GEMM tile {ctx.tuning} needs {shared} bytes of shared memory, over {MAX_SHARED}")
 
 
-def _main_loop(a_layout: str, layout: str, a_stage: int, b_stage: int, slices: KSlices, accumulator: str) -> list[str]:
-    """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 steps of 32 bytes of k of a tile) in flight."""
+def _main_loop(
+    a_layout: str, layout: str, stages: tuple[int, int], slices: KSlices, accumulator: str, prefetch: bool
+) -> list[str]:
+    """Copies STAGES-2 tiles ahead; one wgmma batch (the 4 steps of 32 bytes of k of a tile) in
+    flight. ``prefetch``: B is gathered through registers (gemm_wgrad_gather.py): the loads of
+    tile kt+STAGES-1 are issued in iteration kt, under its tensor-core batch and the next
+    barrier, and stored in iteration kt+1 (``put``), instead of waited for where issued."""
+    a_stage, b_stage = stages
+    ahead = "(kt + STAGES - 2) % STAGES, kt + STAGES - 2"
+    copies = (
+        [
+            f"  load_a({ahead});",
+            '  asm volatile("cp.async.commit_group;\\n" ::);',
+            "  put((kt + STAGES - 2) % STAGES);  // loaded in iteration kt-1",
+            "  gather(kt + STAGES - 1);",
+        ]
+        if prefetch
+        else [
+            f"  load_tile({ahead});  // into the stage of tile kt-2",
+            '  asm volatile("cp.async.commit_group;\\n" ::);',
+        ]
+    )
     # Descriptors: (leading, stride) byte offsets and the start-address step of one k step. An
     # m-contiguous A tile (a wgrad's loss, read with wgmma's transpose bit) is laid out as an
     # n-contiguous B one (swizzle128_n: 64-row blocks of 64 k rows, one block per warpgroup).
@@ -250,6 +293,7 @@ def _main_loop(a_layout: str, layout: str, a_stage: int, b_stage: int, slices: K
         "  load_tile(s, s);",
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "}",
+        *(["gather(STAGES - 2);  // the image of the first tile the loop stores"] if prefetch else []),
         "const unsigned a_tiles = smem_addr(a_smem) + warpgroup * (64 * 128);  // this warpgroup's 64 rows",
         "const unsigned b_tiles = smem_addr(b_smem);",
         f"for (int kt = 0; kt < {slices.count}; ++kt) {{",
@@ -260,8 +304,7 @@ def _main_loop(a_layout: str, layout: str, a_stage: int, b_stage: int, slices: K
         "  // Every thread's copies of tile kt are in; and both warpgroups have passed wgmma_wait<1> of",
         "  // iteration kt-1, so the batch of tile kt-2 is done reading its stage.",
         "  __syncthreads();",
-        "  load_tile((kt + STAGES - 2) % STAGES, kt + STAGES - 2);  // into the stage of tile kt-2",
-        '  asm volatile("cp.async.commit_group;\\n" ::);',
+        *copies,
         "  const int stage = kt % STAGES;",
         "  fence_accumulators(acc);",
         "  wgmma_fence();",
