@@ -1,4 +1,4 @@
-"""The weight-only int4 GEMM on tensor cores, for W packed along K and at most 16 rows of A.
+"""The weight-only int4 / int8 GEMM on tensor cores, for W k-contiguous and at most 16 rows of A.
 
 Memory-bound on the packed weights, so the kernel is built around reading them, and around
 doing little per weight. The weights are the mma.sync m16n8k16 A operand (16 output columns
@@ -6,9 +6,9 @@ by 16 k), the activations its B operand (8 tokens): a tile of 16 columns takes o
 16 k for up to 8 tokens, two for up to 16.
 
 Loads: each warp owns ``column_tiles`` tiles of 16 columns; a lane (group g = lane / 4, quad
-q = lane % 4) reads 32 consecutive k of columns g and g + 8 of each tile, one 16-byte load
-each, the four quads together one 64-byte run per column. The warp's chunks of 128 k come in
-sets of ``unroll``, two sets in flight while one multiplies (ping-pong registers). The block's
+q = lane % 4) reads 32 consecutive k (int4; 16 of int8) of columns g and g + 8 of each tile, one
+16-byte load each, the four quads together one 64-byte run per column. The warp's chunks of
+128 k (64 of int8) come in sets of ``unroll``, two sets in flight while one multiplies (ping-pong registers). The block's
 ``warps`` warps split K (chunk c goes to warp c mod warps; every warp makes the same trips,
 past K with zeros) and sum their partial tiles through shared memory in warp order:
 deterministic. A launch whose pointers are not all 16-byte aligned runs the same loop with
@@ -22,6 +22,13 @@ group's scale (rounded once to A's type, as the reference rounds the dequantized
 are A fragment registers. The k order inside a k16 step does not change the sum, so the
 activations' B fragments take the same permutation: halves (0, 4), (1, 5), (2, 6), (3, 7) of
 each 8-half piece of a token's row, gathered with byte permutes. Tokens past ``rows`` are zero.
+
+int8 (the prmt trick, exact): a word holds 4 signed codes (k 0-3); ``word ^ 0x80808080`` makes
+them unsigned (code + 128), and a byte permute sets each beside the fp16 exponent byte 0x64:
+1024 + code + 128, pairs (0, 2) and (1, 3); subtracting 1152 gives the codes. bf16 has too few
+mantissa bits for that, so each byte goes beside fp32's 0x4B (2^23 + code + 128), less
+2^23 + 128 in fp32, and the pair is the two floats' high halves (exact: integers of 8 bits).
+The activations' pieces take the matching permutation: halves (0, 2) and (1, 3) of each 4.
 """
 
 from __future__ import annotations
@@ -39,7 +46,6 @@ from .gemm_weight_only_problem import WeightOnly
 from .rnn_projection import with_mma_functions
 
 SMS = 132  # an H100 / H200: the grid should give every SM two blocks or more
-CHUNK = 128  # k per warp step: 4 quads x 32
 TILE = 16  # output columns per MMA
 CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8), "unroll": (1, 2)}
 
@@ -69,8 +75,61 @@ def candidates() -> list[dict[str, object]]:
     ]
 
 
+def _dequant_int4(pair: str, magic: str, nz: str) -> list[str]:
+    """dequant(v, scale pair): nibbles 0 and 4 of v, the signed pair times the scale pair (less
+    the zero point, with ``nz``), as a 32-bit fragment register."""
+    return [
+        f"auto dequant = [&](unsigned v, {pair} sc{f', {pair} nz' if nz else ''}) -> unsigned {{",
+        "  unsigned h;",
+        "#ifdef __CUDA_ARCH__  // one lop3: NVCC splits the C expression into two",
+        f'  asm("lop3.b32 %0, %1, 0x000f000f, {magic}, 0x6a;" : "=r"(h) : "r"(v));',
+        "#else",
+        f"  h = (v & 0x000f000fu) ^ {magic}u;",
+        "#endif",
+        f"  const unsigned biased = {magic}u;",
+        f"  {pair} x = __hsub2(*reinterpret_cast<const {pair}*>(&h), *reinterpret_cast<const {pair}*>(&biased));",
+        "  x = __hfma2(x, sc, nz);" if nz else "  x = __hmul2(x, sc);",
+        "  return *reinterpret_cast<unsigned*>(&x);",
+        "};",
+    ]
+
+
+def _dequant_int8(pair: str, bf16: bool) -> list[str]:
+    """dequant(v, scale pair, even, odd): the 4 signed bytes of v, pairs (0, 2) and (1, 3), times
+    the scale pair, as two 32-bit fragment registers (the module's prmt trick)."""
+    if bf16:
+        exact = [
+            "  float f[4];  // 2^23 + code + 128 in fp32, less 2^23 + 128",
+            "  #pragma unroll",
+            "  for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7650 + i)) - 8388736.0f;",
+            "  unsigned h[2] = {__byte_perm(__float_as_uint(f[0]), __float_as_uint(f[2]), 0x7632),",
+            "                   __byte_perm(__float_as_uint(f[1]), __float_as_uint(f[3]), 0x7632)};",
+        ]
+    else:
+        exact = [
+            "  unsigned h[2] = {__byte_perm(u, 0x64646464u, 0x4240), __byte_perm(u, 0x64646464u, 0x4341)};  // 1024 + code + 128",
+            "  const unsigned biased = 0x64806480u;  // 1152 in both halves",
+            "  #pragma unroll",
+            "  for (int i = 0; i < 2; ++i) {",
+            f"    const {pair} x = __hsub2(*reinterpret_cast<const {pair}*>(&h[i]), *reinterpret_cast<const {pair}*>(&biased));",
+            "    h[i] = *reinterpret_cast<const unsigned*>(&x);",
+            "  }",
+        ]
+    return [
+        f"auto dequant = [&](unsigned v, {pair} sc, unsigned& even, unsigned& odd) {{",
+        "  const unsigned u = v ^ 0x80808080u;  // code + 128 in each byte",
+        *exact,
+        f"  const {pair} e = __hmul2(*reinterpret_cast<const {pair}*>(&h[0]), sc), o = __hmul2(*reinterpret_cast<const {pair}*>(&h[1]), sc);",
+        "  even = *reinterpret_cast<const unsigned*>(&e);",
+        "  odd = *reinterpret_cast<const unsigned*>(&o);",
+        "};",
+    ]
+
+
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
     tiles, warps, unroll = launch["column_tiles"], launch["warps"], launch["unroll"]
+    byte_codes = p.w.data_type is DataType.INT8
+    chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
     a, w, scale = params.tensor(p.a), params.tensor(p.w), params.tensor(p.scale)
     out = params.tensor(p.out, writable=True)
@@ -91,6 +150,16 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
     nz_out, nz_in = (f", {nz_array}", f", const {nz_array}") if nz else ("", "")  # fetch's and multiply's
     nz_arg, za, zb = (", nz[u][j][h]", ", za", ", zb") if nz else ("", "", "")
 
+    # The k order inside a k16 step is free, so each word's codes pair up as they dequantize
+    # cheapest, and the activations' halves follow: int4 pairs (2 hp, 2 hp + 4), (2 hp + 1,
+    # 2 hp + 5) of a piece's word; int8 pairs (0, 2), (1, 3) of its word hp.
+    if byte_codes:
+        pairs, word_at = "(0, 2) and (1, 3) of word 2 piece + hp", "2 * piece + hp"
+        halves = "hp ? x[t][piece].z : x[t][piece].x, hi = hp ? x[t][piece].w : x[t][piece].y"
+    else:
+        pairs, word_at = "(2 hp, 2 hp + 4) and (2 hp + 1, 2 hp + 5)", "piece"
+        halves = "hp ? x[t][piece].y : x[t][piece].x, hi = hp ? x[t][piece].w : x[t][piece].z"
+
     def product(load: str) -> list[str]:
         """The K loop and its loads, reading 16 bytes with ``load``."""
         return [
@@ -98,14 +167,14 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_out}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
-            "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
+            "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
             "    #pragma unroll",
             "    for (int j = 0; j < TILES; ++j) {",
             "      #pragma unroll",
             "      for (int h = 0; h < 2; ++h) {  // columns g and g + 8 of the tile",
             "        const long long n = first + 16 * j + 8 * h + g;",
             "        const bool live = n < N && k0 < K;",
-            f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0 / 2) : make_uint4(0, 0, 0, 0);",
+            f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);",
             f"        const float s = live ? gd::to<float>({scale}[(k0 / GROUP) * {ss[0]}LL + n * {ss[1]}LL]) : 0.0f;",
             f"        sc[u][j][h] = {to_pair}(s);",
             *([f"        nz[u][j][h] = {nz};"] if nz else []),
@@ -116,24 +185,24 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_in}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
-            "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
-            "    uint4 x[HALVES][4];  // tokens g and g + 8 at k0 .. k0 + 31",
+            "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
+            "    uint4 x[HALVES][PIECES];  // tokens g and g + 8 at k0 .. k0 + KPL - 1",
             "    #pragma unroll",
             "    for (int t = 0; t < HALVES; ++t) {",
             "      #pragma unroll",
-            "      for (int piece = 0; piece < 4; ++piece) {",
+            "      for (int piece = 0; piece < PIECES; ++piece) {",
             "        const bool live = g + 8 * t < ROWS && k0 < K;",
             f"        x[t][piece] = live ? {load}({a} + (g + 8 * t) * {p.a_row}LL + k0 + 8 * piece) : make_uint4(0, 0, 0, 0);",
             "      }",
             "    }",
             "    #pragma unroll",
-            "    for (int piece = 0; piece < 4; ++piece) {  // 8 k: k0 + 8 * piece ...",
+            "    for (int piece = 0; piece < PIECES; ++piece) {  // 8 k: k0 + 8 * piece ...",
             "      #pragma unroll",
-            "      for (int hp = 0; hp < 2; ++hp) {  // k pairs (2 hp, 2 hp + 4) and (2 hp + 1, 2 hp + 5)",
+            f"      for (int hp = 0; hp < 2; ++hp) {{  // k pairs {pairs}",
             "        unsigned fb[HALVES][2];",
             "        #pragma unroll",
             "        for (int t = 0; t < HALVES; ++t) {",
-            "          const unsigned lo = hp ? x[t][piece].y : x[t][piece].x, hi = hp ? x[t][piece].w : x[t][piece].z;",
+            f"          const unsigned lo = {halves};",
             "          fb[t][0] = __byte_perm(lo, hi, 0x5410);",
             "          fb[t][1] = __byte_perm(lo, hi, 0x7632);",
             "        }",
@@ -143,9 +212,16 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "          #pragma unroll",
             "          for (int h = 0; h < 2; ++h) {",
             "            const uint4 ws = wv[u][j][h];",
-            "            const unsigned word = piece == 0 ? ws.x : piece == 1 ? ws.y : piece == 2 ? ws.z : ws.w;",
-            f"            fa[h] = dequant(word >> (8 * hp), sc[u][j][h]{nz_arg});",
-            f"            fa[2 + h] = dequant(word >> (8 * hp + 4), sc[u][j][h]{nz_arg});",
+            f"            const int at = {word_at};",
+            "            const unsigned word = at == 0 ? ws.x : at == 1 ? ws.y : at == 2 ? ws.z : ws.w;",
+            *(
+                ["            dequant(word, sc[u][j][h], fa[h], fa[2 + h]);"]
+                if byte_codes
+                else [
+                    f"            fa[h] = dequant(word >> (8 * hp), sc[u][j][h]{nz_arg});",
+                    f"            fa[2 + h] = dequant(word >> (8 * hp + 4), sc[u][j][h]{nz_arg});",
+                ]
+            ),
             "          }",
             "          #pragma unroll",
             "          for (int t = 0; t < HALVES; ++t) mma_16816(acc[j][t], fa, fb[t][0], fb[t][1]);",
@@ -170,24 +246,13 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
 
     body = [
         f"constexpr int ROWS = {p.rows}, K = {p.k}, N = {p.n}, GROUP = {p.group}, HALVES = ROWS > 8 ? 2 : 1;",
-        f"constexpr int TILES = {tiles}, WARPS = {warps}, UNROLL = {unroll}, CHUNKS = {-(-p.k // CHUNK)};",
-        f"constexpr long long W_COLUMN = {p.w.static_stride[1] // 2};  // bytes between columns",
+        f"constexpr int TILES = {tiles}, WARPS = {warps}, UNROLL = {unroll}, CHUNKS = {-(-p.k // chunk)};",
+        f"constexpr int CHUNK = {chunk}, KPL = {p.k_per_load}, PIECES = KPL / 8;  // k per warp step, lane, 8 halves",
+        f"constexpr long long W_COLUMN = {p.w.static_stride[1] // (1 if byte_codes else 2)};  // bytes between columns",
         "__shared__ float4 partial[WARPS][TILES * HALVES][32];",
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;",
         "const long long first = (long long)blockIdx.x * (16 * TILES);",
-        # nibbles 0 and 4 of v: the signed pair, times the scale pair, as a 32-bit fragment register
-        f"auto dequant = [&](unsigned v, {pair} sc{f', {pair} nz' if nz else ''}) -> unsigned {{",
-        "  unsigned h;",
-        "#ifdef __CUDA_ARCH__  // one lop3: NVCC splits the C expression into two",
-        f'  asm("lop3.b32 %0, %1, 0x000f000f, {magic}, 0x6a;" : "=r"(h) : "r"(v));',
-        "#else",
-        f"  h = (v & 0x000f000fu) ^ {magic}u;",
-        "#endif",
-        f"  const unsigned biased = {magic}u;",
-        f"  {pair} x = __hsub2(*reinterpret_cast<const {pair}*>(&h), *reinterpret_cast<const {pair}*>(&biased));",
-        "  x = __hfma2(x, sc, nz);" if nz else "  x = __hmul2(x, sc);",
-        "  return *reinterpret_cast<unsigned*>(&x);",
-        "};",
+        *(_dequant_int8(pair, bf16) if byte_codes else _dequant_int4(pair, magic, nz)),
         "float acc[TILES][HALVES][4] = {};  // [tile][tokens 0-7, 8-15][m16n8 accumulator fragment]",
         "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
         "auto load_bytes = [&](const void* at) -> uint4 {",

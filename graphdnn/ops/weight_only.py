@@ -1,9 +1,12 @@
-"""Weight-only quantized matmul operands: what ``matmul`` means with a 4-bit B and ``B_scale``.
+"""Weight-only quantized matmul operands: what ``matmul`` means with a 4-bit B and ``B_scale``,
+or an int8 B, a 16-bit A and ``B_scale``.
 
 C = A @ (B * B_scale per group), A fp16 or bf16 [..., M, K], B int4 or fp4_e2m1 [K, N] in
-either layout (packed along N or along K: graphdnn/packing.py), one scale per ``group`` k
-(32, 64 or 128) per column: ``B_scale`` [ceil(K / group), N], float, half or bfloat16 (the
-last group of a K the group does not divide is partial). An int4 B may be asymmetric: an
+either layout (packed along N or along K: graphdnn/packing.py) or int8 (symmetric), one scale
+per ``group`` k (32, 64 or 128) per column: ``B_scale`` [ceil(K / group), N], float, half or
+bfloat16 (the last group of a K the group does not divide is partial); or one scale per
+column, ``B_scale`` [1, N] (per-channel: one group covers K). An int8 B without ``B_scale``
+(or with an int8 A) is an ordinary matmul of its values, as before. An int4 B may be asymmetric: an
 optional ``B_zero_point`` of B_scale's dims (float, half or bfloat16, any value: AWQ's and
 GPTQ's unsigned codes and zeros are the signed ones plus 8) gives B's values as
 (B - B_zero_point) * B_scale.
@@ -11,7 +14,8 @@ GPTQ's unsigned codes and zeros are the signed ones plus 8) gives B's values as
 The dequantized weight (with its zero point subtracted, in float64) is rounded to A's type, as the 16-bit tensor-core operand the kernel
 multiplies (and as ``block_scale_dequantize`` to A's type then a matmul compute it), then the
 product is summed in float64 here, in fp32 on the GPU. The group is read off the scale's
-extent: ceil(K / g) differs between 32, 64 and 128 unless K <= 64, where one group covers K.
+extent: ceil(K / g) differs between 32, 64 and 128 unless K <= 64, where one group covers K,
+as a per-channel [1, N] does.
 This is the anchor the ``weight_only_matmul`` fusion rule builds from
 ``matmul(A, block_scale_dequantize(W, scale, g, axis=0))`` (fusion_rules/rules/weight_only.py).
 """
@@ -34,24 +38,35 @@ if TYPE_CHECKING:
 
 GROUPS = (32, 64, 128)
 ACTIVATION_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
+BYTE_WEIGHTS = frozenset({DataType.INT8})  # weight-only with a 16-bit A and B_scale; else an ordinary B
 SCALE_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 
 
 def is_weight_only(node: Node) -> bool:
-    """A matmul whose B is a 4-bit tensor."""
-    b = node.input("B")
-    return b is not None and b.data_type.is_packed
+    """A matmul whose B is a 4-bit tensor, or an int8 B with B_scale bound and A not int8 (an
+    int8 A makes it the int8 GEMM, whose scales are A_scale and B_scale together); an A not
+    16-bit is then refused by check_weight_only."""
+    a, b = node.input("A"), node.input("B")
+    if a is None or b is None:
+        return False
+    return b.data_type.is_packed or (
+        b.data_type in BYTE_WEIGHTS and a.data_type not in BYTE_WEIGHTS and node.input("B_scale") is not None
+    )
 
 
 def group_of(k: int, groups: int) -> int | None:
-    """The group size g in GROUPS with ceil(k / g) == groups (the smallest where several agree:
-    they then mean the same one group), or None."""
+    """The group size with ceil(k / g) == groups: k itself for one group (per-channel scales),
+    else the g in GROUPS (the smallest where several agree: they then mean the same groups),
+    or None."""
+    if groups == 1:
+        return max(k, 1)
     return next((g for g in GROUPS if -(-k // g) == groups), None)
 
 
 def check_weight_only(node: Node) -> None:
     """A 16-bit A, a static rank-2 B with float/half/bfloat16 ``B_scale`` of [ceil(K / g), N]
-    for a group g in GROUPS, and no A_scale (a ShapeError or DataTypeError naming the node)."""
+    for a group g in GROUPS or [1, N], and no A_scale (a ShapeError or DataTypeError naming the
+    node)."""
     a, b, scale = node.input("A"), node.input("B"), node.input("B_scale")
     assert a is not None and b is not None
     if node.input("A_scale") is not None:
@@ -74,7 +89,8 @@ def check_weight_only(node: Node) -> None:
         shapes = " or ".join(sorted({f"[{-(-k // g)}, {n}]" for g in GROUPS}))
         fail(
             node,
-            f"B_scale has dims {list(scale.dim)}, expected {shapes}: one scale per group of 32, 64 or 128 k per column",
+            f"B_scale has dims {list(scale.dim)}, expected {shapes}: one scale per group of 32, 64 or 128 k per column "
+            f"(or [1, {n}]: one per column)",
             role="B_scale",
         )
     zero_point = node.input("B_zero_point")
@@ -87,7 +103,7 @@ def _check_zero_point(node: Node, b: Tensor, scale: Tensor, zero_point: Tensor) 
         fail(
             node,
             f"B_zero_point '{zero_point.name}' is bound but B '{b.name}' is {b.data_type.value}: zero points "
-            "are for int4 weights",
+            "are for int4 weights (int8 weights are symmetric)",
             role="B_zero_point",
         )
     if zero_point.data_type.is_set and zero_point.data_type not in SCALE_TYPES:
