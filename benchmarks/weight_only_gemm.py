@@ -69,6 +69,7 @@ def main() -> int:
     parser.add_argument("--zero-points", action="store_true", help="asymmetric int4: bf16 zero points per group")
     parser.add_argument("--bits", type=int, choices=(4, 8), default=4, help="int4 or int8 weights")
     parser.add_argument("--group", choices=("32", "64", "128", "channel"), default="128", help="k per scale")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="the M (tokens) to time, comma-separated")
     args = parser.parse_args()
     if args.zero_points and args.bits == 8:
         parser.error("--zero-points: int8 weights are symmetric")
@@ -86,7 +87,7 @@ def main() -> int:
     print(f"| M | K x N | ours µs | ours GB/s | % of copy | torch bf16 µs | torch GB/s | speedup |{dequantized}{best}")
     print("|---|---|---|---|---|---|---|---|" + ("---|" if dequantized else "") + ("---|---|" if args.sweep else ""))
     for k, n in SHAPES:
-        for m in ROWS:
+        for m in map(int, args.rows.split(",")):
             print(row(m, k, n, copy, args.sweep, weights), flush=True)
     return 0
 

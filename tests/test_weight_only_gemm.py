@@ -459,3 +459,25 @@ def test_weight_only_gemm_matches_reference_on_gpu(case: str) -> None:
     if spec.m * math.prod(spec.batch) <= 16 and "simt" not in case and spec.k * spec.n <= 2**20:  # every launch choice
         for choice in candidates(gemm, current_gpu_arch()):
             check_on_gpu(graph, seed=1, tolerance=limit, tuning={gemm.name: choice})
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize("weight", ["int4", "int8"])
+def test_a_direct_weight_only_matmul_of_more_than_16_rows_runs_on_the_simt_kernel(
+    weight: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The matmul form written by hand is not bound by the rule's 16 rows; the tensor-core
+    kernel serves 16, so 20 rows take the SIMT kernel, every row written."""
+    g = gd.OperationGraphSpec(io_data_type="half")
+    w = g.tensor(name="w", dim=[64, 24], stride=[1, 64], data_type=weight)
+    scale = g.tensor(name="s", dim=[1, 24])
+    g.matmul(g.tensor(name="a", dim=[20, 64]), w, B_scale=scale, name="mm").set_name("c").set_output(True)
+    ir = g.validate()
+    feeds = random_inputs(ir, 20)
+    (fused,) = fuse(ir, arch=90).nodes
+    program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {}))
+    assert "simt" in program.kernels[0].name
+    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    got = cpu_emulation.run(fused, program, dict(feeds), 1, build)["c"].astype(np.float64)
+    assert relative_error(got, reference.execute(ir, feeds)["c"].astype(np.float64)) <= 1e-3
