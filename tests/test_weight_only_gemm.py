@@ -1,5 +1,5 @@
 """Weight-only 4-bit and 8-bit GEMM (issue 12): matmul(A fp16 / bf16, block_scale_dequantize(W
-int4 / fp4_e2m1 / int8, group scales along K or one scale per column)). The reference against a hand-written NumPy product, the
+int4 / fp4_e2m1 / int8 / fp8_e4m3, group scales along K or one scale per column)). The reference against a hand-written NumPy product, the
 matmul form the rule builds, the rule and its near misses, the kernels compiled for sm_80 and
 sm_90 and run on the CPU (tests/cpu_emulation.py), and on the GPU against the reference."""
 
@@ -73,7 +73,7 @@ def by_hand(case: WeightOnly, feeds: dict[str, np.ndarray]) -> np.ndarray:
     """The semantics, written out: each weight's code decoded, less its group's zero point,
     times its group's scale, rounded to A's type; then the float64 product."""
     stride = (1, case.k) if case.k_major else (case.n, 1)
-    if case.weight == "int8":
+    if case.weight in ("int8", "fp8_e4m3"):
         w = feeds["w"].astype(np.float64)
     else:
         w = unpack(feeds["w"], DataType(case.weight), (case.k, case.n), stride, "w")
@@ -96,7 +96,7 @@ def by_hand(case: WeightOnly, feeds: dict[str, np.ndarray]) -> np.ndarray:
     k_major=st.booleans(),
     act=st.sampled_from(["half", "bfloat16"]),
     scale=st.sampled_from(["half", "bfloat16", "float"]),
-    weight=st.sampled_from(["int4", "fp4_e2m1", "int8"]),
+    weight=st.sampled_from(["int4", "fp4_e2m1", "int8", "fp8_e4m3"]),
     zero=st.sampled_from([None, "half", "bfloat16", "float"]),
     seed=st.integers(0, 2**16),
 )
@@ -113,7 +113,7 @@ def test_the_reference_is_the_hand_written_product(
     seed: int,
 ) -> None:
     zero = zero if weight == "int4" else None  # zero points are for int4 weights
-    n += n % 2 if weight != "int8" and not k_major else 0  # 4-bit packed along N: whole bytes
+    n += n % 2 if weight in ("int4", "fp4_e2m1") and not k_major else 0  # 4-bit packed along N: whole bytes
     case = WeightOnly(m, k, n, group, k_major, act, scale, weight, out="float", zero=zero)
     ir = case.build().validate()
     feeds = random_inputs(ir, seed)
@@ -177,7 +177,7 @@ def _weight_only(k: int, scale_dims: list[int], **types: str) -> None:
             [2, 16],
             {"B_zero_point": "half", "B": "int8"},
             ShapeError,
-            "B 'w' is int8: zero points are for int4 weights (int8 weights are symmetric)",
+            "B 'w' is int8: zero points are for int4 weights (int8 and fp8 weights are symmetric)",
         ),
         (256, [3, 16], {"B": "int8"}, ShapeError, "B_scale has dims [3, 16], expected [2, 16] or [4, 16] or [8, 16]"),
         (256, [1, 8], {"B": "int8"}, ShapeError, "(or [1, 16]: one per column)"),
@@ -264,13 +264,20 @@ def test_the_rule_makes_one_weight_only_gemm() -> None:
     assert zero_point is not None and zero_point.name == "z"
 
 
+@pytest.mark.parametrize("weight", ["int8", "fp8_e4m3"])
 @pytest.mark.parametrize("group", [32, None], ids=["groups", "per_channel"])
-def test_the_rule_makes_one_int8_weight_only_gemm(group: int | None) -> None:
-    (gemm,) = fuse(WeightOnly(5, 256, 40, group=group, weight="int8").build(), arch=80).nodes
+def test_the_rule_makes_one_8_bit_weight_only_gemm(group: int | None, weight: str) -> None:
+    (gemm,) = fuse(WeightOnly(5, 256, 40, group=group, weight=weight).build(), arch=80).nodes
     assert gemm.rule == "weight_only_matmul" and gemm.anchor is not None
     b, scale = gemm.anchor.input("B"), gemm.anchor.input("B_scale")
-    assert b is not None and b.data_type is DataType.INT8
+    assert b is not None and b.data_type is DataType(weight)
     assert scale is not None and list(scale.dim) == [8 if group else 1, 40]
+
+
+def test_fp8_e5m2_weights_run_as_written_with_the_reason() -> None:
+    partition = fuse(WeightOnly(5, 256, 40, weight="fp8_e5m2").build(), arch=90)
+    reasons = [str(r.reason) for r in partition.rejections if r.rule == "weight_only_matmul"]
+    assert any("deq dequantizes fp8_e5m2 weights; the weight-only GEMM takes int4" in r for r in reasons), reasons
 
 
 def test_blocks_that_are_neither_a_group_nor_k_run_as_written() -> None:
@@ -347,6 +354,9 @@ COMPILE_CASES = {
     "simt_int8_n_major": WeightOnly(5, 100, 31, group=32, k_major=False, weight="int8"),
     "simt_int8_k_not_16": WeightOnly(2, 72, 17, group=None, act="bfloat16", weight="int8"),
     "fallback_int8_32_rows": WeightOnly(32, 128, 64, weight="int8"),
+    "mma_fp8_fp16": WeightOnly(3, 96, 40, group=32, weight="fp8_e4m3"),
+    "mma_fp8_bf16_per_channel": WeightOnly(9, 4000, 24, group=None, act="bfloat16", weight="fp8_e4m3"),
+    "simt_fp8_n_major": WeightOnly(5, 100, 31, group=64, k_major=False, act="bfloat16", weight="fp8_e4m3"),
 }
 
 
@@ -443,6 +453,10 @@ GPU_CASES = {
     "simt_int8_k_not_16": WeightOnly(4, 72, 20, group=None, weight="int8"),
     "batched_rows_int8_fp32_out": WeightOnly(3, 128, 24, batch=(2,), out="float", weight="int8"),
     "fallback_int8_32_rows": WeightOnly(32, 256, 64, weight="int8"),
+    "m1_4096x4096_fp8_per_channel_bf16": WeightOnly(1, 4096, 4096, group=None, act="bfloat16", weight="fp8_e4m3"),
+    "m9_k336_n297_fp8_g64_fp16": WeightOnly(9, 336, 297, group=64, weight="fp8_e4m3"),
+    "m16_k4000_n24_fp8_g32_bf16": WeightOnly(16, 4000, 24, group=32, act="bfloat16", scale="float", weight="fp8_e4m3"),
+    "simt_fp8_n_major": WeightOnly(5, 100, 31, group=64, k_major=False, act="bfloat16", weight="fp8_e4m3"),
 }
 
 

@@ -1,4 +1,5 @@
-"""The weight-only int4 / int8 GEMM on tensor cores, for W k-contiguous and at most 16 rows of A.
+"""The weight-only int4 / int8 / fp8_e4m3 GEMM on tensor cores, for W k-contiguous and at most 16
+rows of A.
 
 Memory-bound on the packed weights, so the kernel is built around reading them, and around
 doing little per weight. The weights are the mma.sync m16n8k16 A operand (16 output columns
@@ -29,6 +30,9 @@ them unsigned (code + 128), and a byte permute sets each beside the fp16 exponen
 mantissa bits for that, so each byte goes beside fp32's 0x4B (2^23 + code + 128), less
 2^23 + 128 in fp32, and the pair is the two floats' high halves (exact: integers of 8 bits).
 The activations' pieces take the matching permutation: halves (0, 2) and (1, 3) of each 4.
+fp8_e4m3 takes the same pairs: a byte permute sets a pair side by side, and cuda_fp8.h's
+conversion (one cvt.rn.f16x2.e4m3x2 from sm_89, exact) makes the fp16 pair (bf16: through
+fp32, exact: 4 significant bits).
 """
 
 from __future__ import annotations
@@ -94,10 +98,21 @@ def _dequant_int4(pair: str, magic: str, nz: str) -> list[str]:
     ]
 
 
-def _dequant_int8(pair: str, bf16: bool) -> list[str]:
-    """dequant(v, scale pair, even, odd): the 4 signed bytes of v, pairs (0, 2) and (1, 3), times
-    the scale pair, as two 32-bit fragment registers (the module's prmt trick)."""
-    if bf16:
+def _dequant_bytes(weight: DataType, pair: str, bf16: bool) -> list[str]:
+    """dequant(v, scale pair, even, odd): the 4 int8 or fp8_e4m3 bytes of v, pairs (0, 2) and
+    (1, 3), times the scale pair, as two 32-bit fragment registers (the module's tricks)."""
+    if weight is DataType.FP8_E4M3:
+        to_pair = "__float22bfloat162_rn(__half22float2(x))" if bf16 else "x"
+        exact = [
+            "  unsigned h[2];",
+            "  #pragma unroll",
+            "  for (int i = 0; i < 2; ++i) {  // bytes (i, i + 2) side by side, converted exactly",
+            "    const __half2 x = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)__byte_perm(v, 0u, 0x20 + i * 0x11), __NV_E4M3));",
+            f"    const {pair} y = {to_pair};",
+            "    h[i] = *reinterpret_cast<const unsigned*>(&y);",
+            "  }",
+        ]
+    elif bf16:
         exact = [
             "  float f[4];  // 2^23 + code + 128 in fp32, less 2^23 + 128",
             "  #pragma unroll",
@@ -117,7 +132,7 @@ def _dequant_int8(pair: str, bf16: bool) -> list[str]:
         ]
     return [
         f"auto dequant = [&](unsigned v, {pair} sc, unsigned& even, unsigned& odd) {{",
-        "  const unsigned u = v ^ 0x80808080u;  // code + 128 in each byte",
+        *([] if weight is DataType.FP8_E4M3 else ["  const unsigned u = v ^ 0x80808080u;  // code + 128 in each byte"]),
         *exact,
         f"  const {pair} e = __hmul2(*reinterpret_cast<const {pair}*>(&h[0]), sc), o = __hmul2(*reinterpret_cast<const {pair}*>(&h[1]), sc);",
         "  even = *reinterpret_cast<const unsigned*>(&e);",
@@ -128,7 +143,7 @@ def _dequant_int8(pair: str, bf16: bool) -> list[str]:
 
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
     tiles, warps, unroll = launch["column_tiles"], launch["warps"], launch["unroll"]
-    byte_codes = p.w.data_type is DataType.INT8
+    byte_codes = not p.w.data_type.is_packed
     chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
     a, w, scale = params.tensor(p.a), params.tensor(p.w), params.tensor(p.scale)
@@ -252,7 +267,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "__shared__ float4 partial[WARPS][TILES * HALVES][32];",
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;",
         "const long long first = (long long)blockIdx.x * (16 * TILES);",
-        *(_dequant_int8(pair, bf16) if byte_codes else _dequant_int4(pair, magic, nz)),
+        *(_dequant_bytes(p.w.data_type, pair, bf16) if byte_codes else _dequant_int4(pair, magic, nz)),
         "float acc[TILES][HALVES][4] = {};  // [tile][tokens 0-7, 8-15][m16n8 accumulator fragment]",
         "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
         "auto load_bytes = [&](const void* at) -> uint4 {",

@@ -38,8 +38,8 @@ class WeightOnly:
 
     @property
     def k_per_load(self) -> int:
-        """k in one 16-byte load of a column: 32 int4 codes, 16 int8 ones."""
-        return 16 if self.w.data_type is DataType.INT8 else 32
+        """k in one 16-byte load of a column: 32 int4 codes, 16 of one byte."""
+        return 32 if self.w.data_type.is_packed else 16
 
     @property
     def activation(self) -> str:
@@ -59,8 +59,11 @@ def problem_of(node: Node) -> WeightOnly:
 
 def tensor_core_reason(p: WeightOnly) -> str | None:
     """Why the tensor-core kernel cannot read this problem, or None."""
-    if p.w.data_type not in (DataType.INT4, DataType.INT8):
-        return f"W '{p.w.name}' is {p.w.data_type.value}: the tensor-core kernel dequantizes int4 and int8 (FP4 is storage here)"
+    if p.w.data_type not in (DataType.INT4, DataType.INT8, DataType.FP8_E4M3):
+        return (
+            f"W '{p.w.name}' is {p.w.data_type.value}: the tensor-core kernel dequantizes int4, int8 and fp8_e4m3 "
+            "(FP4 is storage here)"
+        )
     if p.rows > MAX_ROWS:
         return f"{p.rows} rows (tokens): the tensor-core kernel serves up to {MAX_ROWS}"
     if not p.k_major or p.w.static_stride[1] % p.k_per_load:

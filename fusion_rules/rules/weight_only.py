@@ -1,5 +1,6 @@
 """Weight-only 4-bit and 8-bit GEMM written from primitives: ``block_scale_dequantize`` of a
-weight W [K, N] (int4 or fp4_e2m1, int4 with or without group zero points, or symmetric int8;
+weight W [K, N] (int4 or fp4_e2m1, int4 with or without group zero points, symmetric int8 or
+fp8_e4m3;
 group scales of 32, 64 or 128 along K, or one scale per column: a block of K or more) feeding a
 ``matmul`` as B, with 16-bit activations A [..., M, K]: what LLM inference runs at small batch.
 
@@ -26,7 +27,8 @@ import dataclasses
 
 from graphdnn.dtypes import DataType
 from graphdnn.errors import GraphError
-from graphdnn.ir import Node
+from graphdnn.ir import Node, Tensor
+from graphdnn.ops.block_scaled import FP8
 from graphdnn.ops.quantize import block_axis
 from graphdnn.ops.weight_only import ACTIVATION_TYPES, BYTE_WEIGHTS, GROUPS, SCALE_TYPES, rows_of
 
@@ -44,9 +46,15 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
     deq, matmul = found.bindings["deq"], found.bindings["matmul"]
     w = deq.input("X")
     assert w is not None
-    if not (w.data_type.is_packed or w.data_type in BYTE_WEIGHTS):  # fp8: the block_scaled_matmul rule's
+    if _block_scaled(ctx, w, matmul):
         return Miss()
     names = (deq.name, matmul.name)
+    if not (w.data_type.is_packed or w.data_type in BYTE_WEIGHTS):
+        return Miss(
+            f"{deq.name} dequantizes {w.data_type.value} weights; the weight-only GEMM takes int4, fp4_e2m1, int8 "
+            "and fp8_e4m3",
+            names,
+        )
     reason = _reason(ctx, deq, matmul)
     if reason is not None:
         return Miss(reason, names)
@@ -56,6 +64,14 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
     except GraphError as error:  # the checks above should have caught it; say what matmul says
         return Miss(f"the equivalent weight-only matmul is invalid: {error}", names)
     return Match(found.bindings, (), (deq, matmul), anchor)
+
+
+def _block_scaled(ctx: MatchContext, w: Tensor, matmul: Node) -> bool:
+    """fp8 weights times a dequantized A: the block_scaled_matmul rule's (fp8 x fp8)."""
+    a = matmul.input("A")
+    assert a is not None
+    source = ctx.graph.producer(a)
+    return w.data_type in FP8 and source is not None and source.op == "block_scale_dequantize"
 
 
 def _reason(ctx: MatchContext, deq: Node, matmul: Node) -> str | None:
@@ -120,7 +136,7 @@ WEIGHT_ONLY_MATMUL = register_rule(
         priority=39,  # before matmul_epilogue, which would take the matmul alone
         rewrite=rewrite,
         description=(
-            "block_scale_dequantize(W int4 / fp4_e2m1 / int8, groups of 32 / 64 / 128 along K or per column) → "
+            "block_scale_dequantize(W int4 / fp4_e2m1 / int8 / fp8_e4m3, groups of 32 / 64 / 128 along K or per column) → "
             "matmul(A half / bfloat16, ·) for up to 16 rows of A, as one weight-only GEMM dequantizing the weights "
             "in registers"
         ),

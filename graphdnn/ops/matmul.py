@@ -8,9 +8,9 @@ per 1 x 128 block) @ (B * B_scale per 128 x 128 or 128 x 1 block) with float sca
 (DeepSeek-V3's recipe), or per 1 x 32 and 32 x 1 blocks with fp8_e8m0 scales (MXFP8).
 
 Weight-only (weight_only.py): with a 4-bit B (int4, fp4_e2m1) and ``B_scale`` bound, or an
-int8 B, ``B_scale`` bound and A not int8, C = A @ (B * B_scale per group of 32, 64 or 128 k,
-or per column), A fp16 or bf16; an int4 B may have a ``B_zero_point`` per group:
-C = A @ ((B - B_zero_point) * B_scale). An int8 B with an int8 A is the int8 GEMM.
+8-bit B (int8, fp8_e4m3), ``B_scale`` alone and A not 8-bit, C = A @ (B * B_scale per group
+of 32, 64 or 128 k, or per column), A fp16 or bf16; an int4 B may have a ``B_zero_point`` per
+group: C = A @ ((B - B_zero_point) * B_scale). An int8 B with an int8 A is the int8 GEMM.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class MatmulMethods:
         B_zero_point: TensorSpec | None = None,
     ) -> TensorSpec:
         """C = A @ B, batched over the leading dims with NumPy broadcasting; with ``A_scale`` and
-        ``B_scale``, block-scaled fp8 operands; with ``B_scale`` alone, a 4-bit or int8 B with its
+        ``B_scale``, block-scaled fp8 operands; with ``B_scale`` alone, a 4-bit or 8-bit B with its
         group or per-column scales (and, for int4, optional group zero points: docs/ops.md)."""
         inputs = {"A": A, "B": B, "A_scale": A_scale, "B_scale": B_scale, "B_zero_point": B_zero_point}
         return self._add_node("matmul", inputs, name=name, compute_data_type=compute_data_type)[0]

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 ELEMENT_TYPES = frozenset({DataType.FP8_E4M3, DataType.FP8_E5M2})
 SCALE_TYPES = frozenset({DataType.FLOAT, DataType.FP8_E8M0})
-# Dequantize also reads 4-bit weights (graphdnn/packing.py) and int8 weights with 16-bit
-# scales: the group or per-channel scales of weight-only GEMMs (fusion_rules/rules/weight_only.py).
+# Dequantize also reads 4-bit weights (graphdnn/packing.py) and int8 weights, and fp8 ones
+# with 16-bit scales: the group or per-channel scales of weight-only GEMMs (fusion_rules/rules/weight_only.py).
 DEQUANTIZE_TYPES = ELEMENT_TYPES | {DataType.INT4, DataType.FP4_E2M1, DataType.INT8}
 DEQUANTIZE_SCALE_TYPES = SCALE_TYPES | {DataType.HALF, DataType.BFLOAT16}
 # int4 weights may carry a zero point per group (asymmetric quantization, as AWQ / GPTQ store

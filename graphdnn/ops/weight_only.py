@@ -1,12 +1,14 @@
 """Weight-only quantized matmul operands: what ``matmul`` means with a 4-bit B and ``B_scale``,
-or an int8 B, a 16-bit A and ``B_scale``.
+or an 8-bit B (int8, fp8_e4m3), ``B_scale`` and an A that is not 8-bit.
 
 C = A @ (B * B_scale per group), A fp16 or bf16 [..., M, K], B int4 or fp4_e2m1 [K, N] in
-either layout (packed along N or along K: graphdnn/packing.py) or int8 (symmetric), one scale
+either layout (packed along N or along K: graphdnn/packing.py) or int8 (symmetric) or
+fp8_e4m3 [K, N], one scale
 per ``group`` k (32, 64 or 128) per column: ``B_scale`` [ceil(K / group), N], float, half or
 bfloat16 (the last group of a K the group does not divide is partial); or one scale per
-column, ``B_scale`` [1, N] (per-channel: one group covers K). An int8 B without ``B_scale``
-(or with an int8 A) is an ordinary matmul of its values, as before. An int4 B may be asymmetric: an
+column, ``B_scale`` [1, N] (per-channel: one group covers K). An 8-bit B without ``B_scale``
+is an ordinary matmul of its values, and with an 8-bit A or an ``A_scale`` the int8 GEMM or
+the block-scaled fp8 GEMM (block_scaled.py), as before. An int4 B may be asymmetric: an
 optional ``B_zero_point`` of B_scale's dims (float, half or bfloat16, any value: AWQ's and
 GPTQ's unsigned codes and zeros are the signed ones plus 8) gives B's values as
 (B - B_zero_point) * B_scale.
@@ -38,19 +40,23 @@ if TYPE_CHECKING:
 
 GROUPS = (32, 64, 128)
 ACTIVATION_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
-BYTE_WEIGHTS = frozenset({DataType.INT8})  # weight-only with a 16-bit A and B_scale; else an ordinary B
+BYTE_WEIGHTS = frozenset({DataType.INT8, DataType.FP8_E4M3})  # weight-only with B_scale alone and A not 8-bit
+EIGHT_BIT = frozenset({DataType.INT8, DataType.FP8_E4M3, DataType.FP8_E5M2})
 SCALE_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 
 
 def is_weight_only(node: Node) -> bool:
-    """A matmul whose B is a 4-bit tensor, or an int8 B with B_scale bound and A not int8 (an
-    int8 A makes it the int8 GEMM, whose scales are A_scale and B_scale together); an A not
+    """A matmul whose B is a 4-bit tensor, or an 8-bit B with B_scale bound, no A_scale and A
+    not 8-bit (else the int8 or block-scaled fp8 GEMM, whose scales come in pairs); an A not
     16-bit is then refused by check_weight_only."""
     a, b = node.input("A"), node.input("B")
     if a is None or b is None:
         return False
     return b.data_type.is_packed or (
-        b.data_type in BYTE_WEIGHTS and a.data_type not in BYTE_WEIGHTS and node.input("B_scale") is not None
+        b.data_type in BYTE_WEIGHTS
+        and a.data_type not in EIGHT_BIT
+        and node.input("B_scale") is not None
+        and node.input("A_scale") is None
     )
 
 
@@ -103,7 +109,7 @@ def _check_zero_point(node: Node, b: Tensor, scale: Tensor, zero_point: Tensor) 
         fail(
             node,
             f"B_zero_point '{zero_point.name}' is bound but B '{b.name}' is {b.data_type.value}: zero points "
-            "are for int4 weights (int8 weights are symmetric)",
+            "are for int4 weights (int8 and fp8 weights are symmetric)",
             role="B_zero_point",
         )
     if zero_point.data_type.is_set and zero_point.data_type not in SCALE_TYPES:
