@@ -7,7 +7,7 @@ which the weight_only_matmul rule fuses: M = 1 to 16 tokens, (K, N) = (4096, 409
 them (int4) or K * N (int8), the bf16 GEMM 2 * K * N, so 4x (2x) is the memory-bound ideal.
 Each row gives the time, the bytes moved per second against the device-to-device copy rate
 measured in the same run (the HBM roofline), torch.matmul(A, W_bf16ᵀ) in the same run, and
-with ``--bits 8`` torch's dequantize-then-matmul (the int8 codes widened to bf16 times their
+with 8-bit weights torch's dequantize-then-matmul (the codes widened to bf16 times their
 scales, expanded once beforehand, then the bf16 GEMM: what a plain PyTorch layer runs). Outputs are checked
 against torch's fp32 product of the dequantized weights. ``--zero-points`` gives W bf16 zero
 points per group too (asymmetric int4, as AWQ / GPTQ checkpoints): W = (code - zero) * scale.
@@ -15,7 +15,8 @@ points per group too (asymmetric int4, as AWQ / GPTQ checkpoints): W = (code - z
     PYTHONPATH=. python benchmarks/weight_only_gemm.py            # on the GPU
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --sweep    # and every launch choice
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --zero-points
-    PYTHONPATH=. python benchmarks/weight_only_gemm.py --bits 8 [--group channel]
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight int8 [--group channel]
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight fp8_e4m3 --rows 1,16
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --dry      # the plans' kernels for sm_90, no GPU
 """
 
@@ -37,12 +38,16 @@ ROWS = (1, 4, 8, 16)
 
 @dataclass(frozen=True)
 class Weights:
-    """How W is stored: int4 or int8 codes, scales per ``group`` k (K itself: per column), and
-    bf16 zero points per group (int4) or none."""
+    """How W is stored: int4, int8 or fp8_e4m3 codes, scales per ``group`` k (K itself: per
+    column), and bf16 zero points per group (int4) or none."""
 
-    bits: int = 4
+    weight: str = "int4"
     group: int | None = 128  # None: one scale per column
     zero_points: bool = False
+
+    @property
+    def bits(self) -> int:
+        return 4 if self.weight == "int4" else 8
 
     def block(self, k: int) -> int:
         return self.group or k
@@ -53,7 +58,7 @@ def graph(m: int, k: int, n: int, weights: Weights = Weights()) -> gd.OperationG
         name=f"weight_only_{m}x{k}x{n}", io_data_type="bfloat16", intermediate_data_type="bfloat16"
     )
     a = g.tensor(name="a", dim=[m, k])
-    w = g.tensor(name="w", dim=[k, n], stride=[1, k], data_type="int4" if weights.bits == 4 else "int8")
+    w = g.tensor(name="w", dim=[k, n], stride=[1, k], data_type=weights.weight)
     block = weights.block(k)
     scale = g.tensor(name="scale", dim=[k // block, n], data_type="bfloat16")
     zero = g.tensor(name="zero", dim=[k // block, n], data_type="bfloat16") if weights.zero_points else None
@@ -67,13 +72,13 @@ def main() -> int:
     parser.add_argument("--dry", action="store_true", help="emit each plan's kernels for sm_90 (no GPU, no NVRTC)")
     parser.add_argument("--sweep", action="store_true", help="also time every launch choice (shorter timings)")
     parser.add_argument("--zero-points", action="store_true", help="asymmetric int4: bf16 zero points per group")
-    parser.add_argument("--bits", type=int, choices=(4, 8), default=4, help="int4 or int8 weights")
+    parser.add_argument("--weight", choices=("int4", "int8", "fp8_e4m3"), default="int4", help="W's type")
     parser.add_argument("--group", choices=("32", "64", "128", "channel"), default="128", help="k per scale")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="the M (tokens) to time, comma-separated")
     args = parser.parse_args()
-    if args.zero_points and args.bits == 8:
-        parser.error("--zero-points: int8 weights are symmetric")
-    weights = Weights(args.bits, None if args.group == "channel" else int(args.group), args.zero_points)
+    if args.zero_points and args.weight != "int4":
+        parser.error("--zero-points: 8-bit weights are symmetric")
+    weights = Weights(args.weight, None if args.group == "channel" else int(args.group), args.zero_points)
     if args.dry:
         return dry(weights)
     from benchmarks.measure import measure_ceilings
@@ -82,8 +87,8 @@ def main() -> int:
     copy = ceilings.copy_bytes_per_s / 1e9
     print(f"{ceilings.device}: device-to-device copy {copy:.0f} GB/s (read + written)\n")
     best = " best choice µs (tiles/warps/unroll) | speedup |" if args.sweep else ""
-    dequantized = " torch dequantize + bf16 µs |" if args.bits == 8 else ""
-    print(f"int{args.bits} weights, scales per {args.group if weights.group else 'column'}")
+    dequantized = " torch dequantize + bf16 µs |" if weights.bits == 8 else ""
+    print(f"{args.weight} weights, scales per {args.group if weights.group else 'column'}")
     print(f"| M | K x N | ours µs | ours GB/s | % of copy | torch bf16 µs | torch GB/s | speedup |{dequantized}{best}")
     print("|---|---|---|---|---|---|---|---|" + ("---|" if dequantized else "") + ("---|---|" if args.sweep else ""))
     for k, n in SHAPES:
@@ -114,7 +119,7 @@ def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool, weights: Weights) 
     a = inputs["a"]
     theirs = median_us(lambda: a @ w16.t())
     dequantized = ""
-    if weights.bits == 8:  # the int8 codes widened, times their scales, then the bf16 GEMM
+    if weights.bits == 8:  # the codes widened, times their scales, then the bf16 GEMM
         codes, scale = inputs["w"].t(), inputs["scale"]
         groups = scale.repeat_interleave(weights.block(k), 0).t()
         dequantized = f" {median_us(lambda: a @ (codes.to(a.dtype) * groups).t()):.1f} |"
@@ -157,13 +162,16 @@ def _inputs(m: int, k: int, n: int, weights: Weights) -> tuple[dict[str, Any], A
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     scale = (torch.rand(k // block, n, device="cuda") * 0.02 + 0.01).to(torch.bfloat16)
     zero = (torch.rand(k // block, n, device="cuda") * 4 - 2).to(torch.bfloat16)
-    if weights.bits == 8:
-        stored = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)  # [N, K]: k-contiguous
-        codes = stored.to(torch.int32)
+    if weights.weight == "fp8_e4m3":
+        stored = (torch.randn(n, k, device="cuda") * 64).to(torch.float8_e4m3fn)  # [N, K]: k-contiguous
+        codes = stored.float()
+    elif weights.weight == "int8":
+        stored = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
+        codes = stored.float()
     else:
         stored = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8)  # [N, K / 2]: packed along K
-        codes = (torch.stack([stored & 15, stored >> 4], dim=-1).reshape(n, k).to(torch.int32) ^ 8) - 8
-    values = codes.float() - (zero.float().repeat_interleave(block, 0).t() if weights.zero_points else 0.0)
+        codes = ((torch.stack([stored & 15, stored >> 4], dim=-1).reshape(n, k).to(torch.int32) ^ 8) - 8).float()
+    values = codes - (zero.float().repeat_interleave(block, 0).t() if weights.zero_points else 0.0)
     w16 = (values * scale.float().repeat_interleave(block, 0).t()).to(torch.bfloat16)
     want = (a.float() @ w16.float().t()).to(torch.bfloat16)
     feeds = {"a": a, "w": stored.t(), "scale": scale, **({"zero": zero} if weights.zero_points else {})}

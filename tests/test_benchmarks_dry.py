@@ -115,7 +115,7 @@ def test_the_weight_only_benchmark_plans_take_the_tensor_core_kernel() -> None:
 
 def test_the_int8_weight_only_benchmark_plans_take_the_tensor_core_kernel() -> None:
     """int8 weights with one scale per column: one mma.sync kernel each as well."""
-    result = _benchmark("weight_only_gemm.py", "--dry", "--bits", "8", "--group", "channel")
+    result = _benchmark("weight_only_gemm.py", "--dry", "--weight", "int8", "--group", "channel")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert len(lines) == 8 and all(line.count("gd_weight_only_gemm_mma_") == 1 for line in lines)
