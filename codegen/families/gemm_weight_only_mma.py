@@ -51,7 +51,8 @@ from .rnn_projection import with_mma_functions
 
 SMS = 132  # an H100 / H200: the grid should give every SM two blocks or more
 TILE = 16  # output columns per MMA
-CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8), "unroll": (1, 2)}
+CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8), "unroll": (1, 2, 4)}
+WIDE_UNROLL = 4  # sets of 4 chunks: one tile only (the two register sets hold 16 loads then)
 
 
 def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
@@ -66,7 +67,13 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
                 node=node,
             )
     tiles = next((t for t in (4, 2) if -(-p.n // (TILE * t)) >= 2 * SMS), 1)
-    return {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, **tuning}
+    launch = {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, **tuning}
+    if launch["unroll"] == WIDE_UNROLL and launch["column_tiles"] != 1:
+        raise UnsupportedError(
+            f"weight-only GEMM tuning {dict(tuning)}: unroll = {WIDE_UNROLL} takes column_tiles = 1 (registers)",
+            node=node,
+        )
+    return launch
 
 
 def candidates() -> list[dict[str, object]]:
@@ -76,6 +83,7 @@ def candidates() -> list[dict[str, object]]:
         for t in CHOICES["column_tiles"]
         for w in CHOICES["warps"]
         for u in CHOICES["unroll"]
+        if u != WIDE_UNROLL or t == 1
     ]
 
 
