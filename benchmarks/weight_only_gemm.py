@@ -7,8 +7,8 @@ which the weight_only_matmul rule fuses: M = 1 to 16 tokens, (K, N) = (4096, 409
 them (int4) or K * N (int8), the bf16 GEMM 2 * K * N, so 4x (2x) is the memory-bound ideal.
 Each row gives the time, the bytes moved per second against the device-to-device copy rate
 measured in the same run (the HBM roofline), torch.matmul(A, W_bf16ᵀ) in the same run, and
-with 8-bit weights torch's dequantize-then-matmul (the codes widened to bf16 times their
-scales, expanded once beforehand, then the bf16 GEMM: what a plain PyTorch layer runs). Outputs are checked
+with 8-bit weights torch's dequantize-then-matmul (what a plain PyTorch layer runs:
+_dequantize_then_matmul). Outputs are checked
 against torch's fp32 product of the dequantized weights. ``--zero-points`` gives W bf16 zero
 points per group too (asymmetric int4, as AWQ / GPTQ checkpoints): W = (code - zero) * scale.
 
@@ -86,7 +86,7 @@ def main() -> int:
     ceilings = measure_ceilings()
     copy = ceilings.copy_bytes_per_s / 1e9
     print(f"{ceilings.device}: device-to-device copy {copy:.0f} GB/s (read + written)\n")
-    best = " best choice µs (tiles/warps/unroll) | speedup |" if args.sweep else ""
+    best = " best choice µs (tiles/warps/unroll/early_a) | speedup |" if args.sweep else ""
     dequantized = " torch dequantize + bf16 µs |" if weights.bits == 8 else ""
     print(f"{args.weight} weights, scales per {args.group if weights.group else 'column'}")
     print(f"| M | K x N | ours µs | ours GB/s | % of copy | torch bf16 µs | torch GB/s | speedup |{dequantized}{best}")
@@ -119,10 +119,8 @@ def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool, weights: Weights) 
     a = inputs["a"]
     theirs = median_us(lambda: a @ w16.t())
     dequantized = ""
-    if weights.bits == 8:  # the codes widened, times their scales, then the bf16 GEMM
-        codes, scale = inputs["w"].t(), inputs["scale"]
-        groups = scale.repeat_interleave(weights.block(k), 0).t()
-        dequantized = f" {median_us(lambda: a @ (codes.to(a.dtype) * groups).t()):.1f} |"
+    if weights.bits == 8:
+        dequantized = f" {median_us(_dequantize_then_matmul(a, inputs, weights)):.1f} |"
     group_bytes = 2 * (k // weights.block(k)) * n * (2 if weights.zero_points else 1)
     ours_bytes = k * n * weights.bits // 8 + group_bytes + 2 * m * k + 2 * m * n
     torch_bytes = 2 * k * n + 2 * m * k + 2 * m * n
@@ -132,6 +130,17 @@ def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool, weights: Weights) 
         f"| {m} | {k} x {n} | {ours:.1f} | {ours_gbs:.0f} | {100 * ours_gbs / copy_gbs:.0f}% | {theirs:.1f} | "
         f"{torch_gbs:.0f} | {theirs / ours:.2f} |{dequantized}{shown}"
     )
+
+
+def _dequantize_then_matmul(a: Any, inputs: dict[str, Any], weights: Weights) -> Any:
+    """torch's plain form of the layer: per column, the bf16 product of the widened codes times
+    the scales (torchao's int8 weight-only form); per group, the codes widened times their
+    scales (expanded once beforehand, [N, K] contiguous), then the bf16 GEMM."""
+    codes, scale = inputs["w"].t(), inputs["scale"]  # codes [N, K]
+    if weights.group is None:
+        return lambda: (a @ codes.to(a.dtype).t()) * scale
+    groups = scale.repeat_interleave(weights.group, 0).t().contiguous()
+    return lambda: a @ (codes.to(a.dtype) * groups).t()
 
 
 def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any, weights: Weights) -> tuple[float, str]:
@@ -144,13 +153,13 @@ def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any, weights: W
         (checked_plan_us(graph(m, k, n, weights), inputs, want, {fused.name: c}, rep_ms=50), _short(c))
         for c in candidates(fused, 90)
     )
-    print(f"  M={m} K={k} N={n} (µs tiles/warps/unroll): " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
+    print(f"  M={m} K={k} N={n} (µs tiles/warps/unroll/early_a): " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
     return timed[0]
 
 
 def _short(choice: dict[str, object]) -> str:
-    """A launch choice as tiles/warps/unroll."""
-    return "/".join(str(choice[key]) for key in ("column_tiles", "warps", "unroll"))
+    """A launch choice as tiles/warps/unroll/early_a."""
+    return "/".join(str(choice[key]) for key in ("column_tiles", "warps", "unroll", "early_a"))
 
 
 def _inputs(m: int, k: int, n: int, weights: Weights) -> tuple[dict[str, Any], Any, Any]:

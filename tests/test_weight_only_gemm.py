@@ -325,6 +325,9 @@ def test_launch_choices_are_checked_naming_the_node() -> None:
     for spec, tuning, message in (
         (WeightOnly(3, 96, 40), {"column_tiles": 3}, "column_tiles = 3 is not one of column_tiles in [1, 2, 4]"),
         (WeightOnly(3, 96, 40), {"column_tiles": 2, "unroll": 4}, "unroll = 4 takes column_tiles = 1 (registers)"),
+        (WeightOnly(3, 96, 40), {"column_tiles": 4, "warps": 16}, "warps = 16 takes column_tiles <= 2"),
+        (WeightOnly(3, 96, 40), {"early_a": 1}, "early_a = 1 takes 8-bit weights and at most 8 rows"),
+        (WeightOnly(9, 96, 40, weight="int8"), {"early_a": 1}, "early_a = 1 takes 8-bit weights and at most 8 rows"),
         (WeightOnly(3, 100, 30, k_major=False), {"warps": 4}, "this problem runs on the SIMT kernel, which takes none"),
     ):
         partition = fuse(spec.build(), arch=90)
@@ -397,6 +400,12 @@ EMULATED = {
     "int8_m12_tiles2_k_tail": (WeightOnly(12, 336, 40, group=32, weight="int8"), {"column_tiles": 2}),
     "int8_m5_k1184_prefetch_tail": (WeightOnly(5, 1184, 24, group=32, weight="int8"), {"warps": 4, "unroll": 1}),
     "int8_m5_k1184_unroll4": (WeightOnly(5, 1184, 24, group=32, weight="int8"), {"warps": 4, "unroll": 4}),
+    "int8_m16_k1184_warps16": (WeightOnly(16, 1184, 40, group=32, weight="int8"), {"warps": 16, "column_tiles": 2}),
+    "int8_m5_k1184_early_a": (WeightOnly(5, 1184, 24, group=32, weight="int8"), {"warps": 4, "early_a": 1}),
+    "int8_m8_k336_early_a_tiles2": (
+        WeightOnly(8, 336, 40, weight="int8"),
+        {"column_tiles": 2, "unroll": 1, "early_a": 1},
+    ),
     "m7_k2080_unroll4": (WeightOnly(7, 2080, 40, group=32), {"warps": 8, "unroll": 4}),
     "simt_int8_n_major": (WeightOnly(3, 100, 31, group=32, k_major=False, weight="int8"), {}),
     "simt_int8_k_not_16": (WeightOnly(4, 72, 20, group=None, weight="int8"), {}),

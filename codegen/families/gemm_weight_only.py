@@ -45,7 +45,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 def candidates(node: Node) -> list[dict[str, object]]:
     """Launch choices for autotuning: the tensor-core kernel's; none on the SIMT path."""
     p = problem_of(node)
-    return mma.candidates() if tensor_core_reason(p) is None else []
+    return mma.candidates(p) if tensor_core_reason(p) is None else []
 
 
 def simt_kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly) -> Kernel:

@@ -51,8 +51,21 @@ from .rnn_projection import with_mma_functions
 
 SMS = 132  # an H100 / H200: the grid should give every SM two blocks or more
 TILE = 16  # output columns per MMA
-CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8), "unroll": (1, 2, 4)}
-WIDE_UNROLL = 4  # sets of 4 chunks: one tile only (the two register sets hold 16 loads then)
+CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8, 16), "unroll": (1, 2, 4), "early_a": (0, 1)}
+
+
+def _refusal(p: WeightOnly, launch: dict[str, int]) -> str | None:
+    """Why a combination of choices cannot build, or None: sets of 4 chunks hold 16 loads per
+    tile in registers (one tile only), 16 warps' partial tiles fill 32 KB of static shared
+    memory per 2 tiles (at most 2), and activations fetched a set ahead (``early_a``) hold 16
+    k per load, up to 8 tokens (8-bit weights)."""
+    if launch["early_a"] and (p.w.data_type.is_packed or p.rows > 8):
+        return "early_a = 1 takes 8-bit weights and at most 8 rows (registers)"
+    if launch["unroll"] == 4 and launch["column_tiles"] != 1:
+        return "unroll = 4 takes column_tiles = 1 (registers)"
+    if launch["warps"] == 16 and launch["column_tiles"] > 2:
+        return "warps = 16 takes column_tiles <= 2 (shared memory for the partial sums)"
+    return None
 
 
 def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
@@ -67,24 +80,23 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
                 node=node,
             )
     tiles = next((t for t in (4, 2) if -(-p.n // (TILE * t)) >= 2 * SMS), 1)
-    launch = {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, **tuning}
-    if launch["unroll"] == WIDE_UNROLL and launch["column_tiles"] != 1:
-        raise UnsupportedError(
-            f"weight-only GEMM tuning {dict(tuning)}: unroll = {WIDE_UNROLL} takes column_tiles = 1 (registers)",
-            node=node,
-        )
+    launch = {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, "early_a": 0, **tuning}
+    refusal = _refusal(p, launch)
+    if refusal is not None:
+        raise UnsupportedError(f"weight-only GEMM tuning {dict(tuning)}: {refusal}", node=node)
     return launch
 
 
-def candidates() -> list[dict[str, object]]:
-    """Every launch choice, for autotuning (the same for every problem the kernel takes)."""
-    return [
-        {"column_tiles": t, "warps": w, "unroll": u}
+def candidates(p: WeightOnly) -> list[dict[str, object]]:
+    """Every launch choice the problem can take, for autotuning."""
+    every = [
+        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e}
         for t in CHOICES["column_tiles"]
         for w in CHOICES["warps"]
         for u in CHOICES["unroll"]
-        if u != WIDE_UNROLL or t == 1
+        for e in CHOICES["early_a"]
     ]
+    return [dict(launch) for launch in every if _refusal(p, launch) is None]
 
 
 def _dequant_int4(pair: str, magic: str, nz: str) -> list[str]:
@@ -150,7 +162,7 @@ def _dequant_bytes(weight: DataType, pair: str, bf16: bool) -> list[str]:
 
 
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
-    tiles, warps, unroll = launch["column_tiles"], launch["warps"], launch["unroll"]
+    tiles, warps, unroll, early = launch["column_tiles"], launch["warps"], launch["unroll"], launch["early_a"]
     byte_codes = not p.w.data_type.is_packed
     chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
@@ -172,6 +184,20 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
     nz_array = f"{pair} (&nz)[UNROLL][TILES][2]"
     nz_out, nz_in = (f", {nz_array}", f", const {nz_array}") if nz else ("", "")  # fetch's and multiply's
     nz_arg, za, zb = (", nz[u][j][h]", ", za", ", zb") if nz else ("", "", "")
+    # early_a (8-bit weights, up to 8 tokens): the activations come with the weights, a set
+    # ahead, so that multiply waits for neither; else multiply loads them (L2) as it starts
+    xs_array = "uint4 (&xs)[UNROLL][HALVES][PIECES]"
+    xs_out, xs_in, xa, xb = (f", {xs_array}", f", const {xs_array}", ", xa", ", xb") if early else ("",) * 4
+    activations = [
+        "#pragma unroll",
+        "for (int t = 0; t < HALVES; ++t) {",
+        "  #pragma unroll",
+        "  for (int piece = 0; piece < PIECES; ++piece) {",
+        "    const bool live = g + 8 * t < ROWS && k0 < K;",
+        "    X[t][piece] = live ? LOAD(A + (g + 8 * t) * A_ROWLL + k0 + 8 * piece) : make_uint4(0, 0, 0, 0);",
+        "  }",
+        "}",
+    ]
 
     # The k order inside a k16 step is free, so each word's codes pair up as they dequantize
     # cheapest, and the activations' halves follow: int4 pairs (2 hp, 2 hp + 4), (2 hp + 1,
@@ -185,9 +211,16 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
 
     def product(load: str) -> list[str]:
         """The K loop and its loads, reading 16 bytes with ``load``."""
+
+        def load_x(into: str, depth: str) -> list[str]:
+            """The loads of tokens g and g + 8 at k0 .. k0 + KPL - 1 into ``into``."""
+            text = [line.replace("X[", f"{into}[").replace("LOAD", load) for line in activations]
+            text = [line.replace("A + ", f"{a} + ").replace("A_ROWLL", f"{p.a_row}LL") for line in text]
+            return [depth + line for line in text]
+
         return [
             # the weights and scales of a set of chunks: the warp's chunks base + warp, base + warp + WARPS, ...
-            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_out}) {{",
+            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
             "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
@@ -203,21 +236,21 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             *([f"        nz[u][j][h] = {nz};"] if nz else []),
             "      }",
             "    }",
+            *(load_x("xs[u]", "    ") if early else []),
             "  }",
             "};",
-            f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_in}) {{",
+            f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_in}{xs_in}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
-            "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
-            "    uint4 x[HALVES][PIECES];  // tokens g and g + 8 at k0 .. k0 + KPL - 1",
-            "    #pragma unroll",
-            "    for (int t = 0; t < HALVES; ++t) {",
-            "      #pragma unroll",
-            "      for (int piece = 0; piece < PIECES; ++piece) {",
-            "        const bool live = g + 8 * t < ROWS && k0 < K;",
-            f"        x[t][piece] = live ? {load}({a} + (g + 8 * t) * {p.a_row}LL + k0 + 8 * piece) : make_uint4(0, 0, 0, 0);",
-            "      }",
-            "    }",
+            *(
+                ["    const uint4 (&x)[HALVES][PIECES] = xs[u];  // tokens g and g + 8 at k0 .. k0 + KPL - 1"]
+                if early
+                else [
+                    "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
+                    "    uint4 x[HALVES][PIECES];  // tokens g and g + 8 at k0 .. k0 + KPL - 1",
+                    *load_x("x", "    "),
+                ]
+            ),
             "    #pragma unroll",
             "    for (int piece = 0; piece < PIECES; ++piece) {  // 8 k: k0 + 8 * piece ...",
             "      #pragma unroll",
@@ -258,12 +291,13 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "uint4 wa[UNROLL][TILES][2], wb[UNROLL][TILES][2];",
             f"{pair} sa[UNROLL][TILES][2], sb[UNROLL][TILES][2];",
             *([f"{pair} za[UNROLL][TILES][2], zb[UNROLL][TILES][2];"] if nz else []),
-            f"fetch(0, wa, sa{za});",
+            *(["uint4 xa[UNROLL][HALVES][PIECES], xb[UNROLL][HALVES][PIECES];"] if early else []),
+            f"fetch(0, wa, sa{za}{xa});",
             "for (int c0 = 0; c0 < CHUNKS; c0 += 2 * STEP) {",
-            f"  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb{zb});",
-            f"  multiply(c0, wa, sa{za});",
-            f"  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa{za});",
-            f"  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb{zb});",
+            f"  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb{zb}{xb});",
+            f"  multiply(c0, wa, sa{za}{xa});",
+            f"  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa{za}{xa});",
+            f"  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb{zb}{xb});",
             "}",
         ]
 
