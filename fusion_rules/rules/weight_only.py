@@ -1,15 +1,15 @@
 """Weight-only 4-bit and 8-bit GEMM written from primitives: ``block_scale_dequantize`` of a
 weight W [K, N] (int4 or fp4_e2m1, int4 with or without group zero points, symmetric int8 or
-fp8_e4m3;
-group scales of 32, 64 or 128 along K, or one scale per column: a block of K or more) feeding a
-``matmul`` as B, with 16-bit activations A [..., M, K]: what LLM inference runs at small batch.
+fp8_e4m3; group scales of 32, 64 or 128 along K, or one scale per column: a block of K or more)
+feeding a ``matmul`` as B, with 16-bit activations A [..., M, K]: what LLM inference runs at
+small batch.
 
 The two nodes become one GEMM fused node whose anchor is a ``matmul`` the rule builds with the
-4-bit W as B, the scales as ``B_scale`` and any zero points as ``B_zero_point``
+weight W as B, the scales as ``B_scale`` and any zero points as ``B_zero_point``
 (graphdnn/ops/weight_only.py), so that the kernel (codegen/families/gemm_weight_only.py) reads
 the packed weights once and dequantizes them in registers: the dequantized weight never reaches
 memory, and the problem stays bound by the weights' bytes (a quarter of a 16-bit GEMM's for
-4-bit weights, a half for int8).
+4-bit weights, a half for 8-bit ones).
 
 Numerics: the unfused graph rounds each dequantized weight to its tensor's type, which the
 rule asks to be A's; the kernel rounds it to A's type too (the 16-bit tensor-core operand),

@@ -3,10 +3,10 @@ or an 8-bit B (int8, fp8_e4m3), ``B_scale`` and an A that is not 8-bit.
 
 C = A @ (B * B_scale per group), A fp16 or bf16 [..., M, K], B int4 or fp4_e2m1 [K, N] in
 either layout (packed along N or along K: graphdnn/packing.py) or int8 (symmetric) or
-fp8_e4m3 [K, N], one scale
-per ``group`` k (32, 64 or 128) per column: ``B_scale`` [ceil(K / group), N], float, half or
-bfloat16 (the last group of a K the group does not divide is partial); or one scale per
-column, ``B_scale`` [1, N] (per-channel: one group covers K). An 8-bit B without ``B_scale``
+fp8_e4m3 [K, N], one scale per ``group`` k (32, 64 or 128) per column: ``B_scale``
+[ceil(K / group), N], float, half or bfloat16 (the last group of a K the group does not
+divide is partial); or one scale per column, ``B_scale`` [1, N] (per-channel: one group
+covers K). An 8-bit B without ``B_scale``
 is an ordinary matmul of its values, and with an 8-bit A or an ``A_scale`` the int8 GEMM or
 the block-scaled fp8 GEMM (block_scaled.py), as before. An int4 B may be asymmetric: an
 optional ``B_zero_point`` of B_scale's dims (float, half or bfloat16, any value: AWQ's and
