@@ -7,9 +7,10 @@ by 16 k), the activations its B operand (8 tokens): a tile of 16 columns takes o
 16 k for up to 8 tokens, two for up to 16.
 
 Loads: each warp owns ``column_tiles`` tiles of 16 columns; a lane (group g = lane / 4, quad
-q = lane % 4) reads 32 consecutive k (int4; 16 of int8) of columns g and g + 8 of each tile, one
-16-byte load each, the four quads together one 64-byte run per column. The warp's chunks of
-128 k (64 of int8) come in sets of ``unroll``, two sets in flight while one multiplies (ping-pong registers). The block's
+q = lane % 4) reads 32 consecutive k (int4; 16 of 8-bit weights) of columns g and g + 8 of each
+tile, one 16-byte load each, the four quads together one 64-byte run per column. The warp's
+chunks of 128 k (64 of 8-bit weights) come in sets of ``unroll``, two sets in flight while one
+multiplies (ping-pong registers); ``early_a`` fetches a set's activations with it. The block's
 ``warps`` warps split K (chunk c goes to warp c mod warps; every warp makes the same trips,
 past K with zeros) and sum their partial tiles through shared memory in warp order:
 deterministic. A launch whose pointers are not all 16-byte aligned runs the same loop with
