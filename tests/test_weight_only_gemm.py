@@ -122,6 +122,21 @@ def test_the_reference_is_the_hand_written_product(
     assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("form", ["dequantize", "matmul"])
+def test_random_int8_weights_span_the_whole_type(form: str) -> None:
+    """-128..127, so that the tests reach the codes the dequantize tricks treat specially
+    (the int8 GEMM's operands keep the small default range)."""
+    if form == "dequantize":
+        ir = WeightOnly(2, 64, 64, group=None, weight="int8").build().validate()
+    else:
+        g = gd.OperationGraphSpec(io_data_type="half")
+        w = g.tensor(name="w", dim=[64, 64], stride=[1, 64], data_type="int8")
+        g.matmul(g.tensor(name="a", dim=[2, 64]), w, B_scale=g.tensor(name="s", dim=[1, 64])).set_output(True)
+        ir = g.validate()
+    w = random_inputs(ir, 3)["w"]
+    assert w.min() == -128 and w.max() == 127
+
+
 @pytest.mark.parametrize("zero", [None, "bfloat16"])
 def test_the_matmul_form_means_the_dequantize_form(zero: str | None) -> None:
     """The anchor the rule builds (a 4-bit B with B_scale, and B_zero_point) computes what the
