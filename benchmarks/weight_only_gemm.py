@@ -1,18 +1,22 @@
-"""Weight-only int4 GEMM (issue 12) beside torch's bf16 GEMM of the same shape, on one GPU.
+"""Weight-only int4 / int8 GEMM (issue 12) beside torch's bf16 GEMM of the same shape, on one GPU.
 
-C [M, N] = A [M, K] (bf16) @ dequantize(W int4 [K, N] stored as [N, K], bf16 scales per 128 k
-per column), written as the graph block_scale_dequantize(W) -> matmul, which the
-weight_only_matmul rule fuses: M = 1 to 16 tokens, (K, N) = (4096, 4096) and (4096, 14336),
-LLM decode. The problem is bound by the weights' bytes: ours reads K * N / 2 of them, the bf16
-GEMM 2 * K * N, so 4x is the memory-bound ideal. Each row gives the time, the bytes moved per
-second against the device-to-device copy rate measured in the same run (the HBM roofline),
-and torch.matmul(A, W_bf16ᵀ) in the same run. Outputs are checked against torch's fp32
-product of the dequantized weights. ``--zero-points`` gives W bf16 zero points per group too
-(asymmetric int4, as AWQ / GPTQ checkpoints): W = (code - zero) * scale.
+C [M, N] = A [M, K] (bf16) @ dequantize(W int4 or int8 [K, N] stored as [N, K], bf16 scales per
+128 k per column, or one per column), written as the graph block_scale_dequantize(W) -> matmul,
+which the weight_only_matmul rule fuses: M = 1 to 16 tokens, (K, N) = (4096, 4096) and
+(4096, 14336), LLM decode. The problem is bound by the weights' bytes: ours reads K * N / 2 of
+them (int4) or K * N (int8), the bf16 GEMM 2 * K * N, so 4x (2x) is the memory-bound ideal.
+Each row gives the time, the bytes moved per second against the device-to-device copy rate
+measured in the same run (the HBM roofline), torch.matmul(A, W_bf16ᵀ) in the same run, and
+with 8-bit weights torch's dequantize-then-matmul (what a plain PyTorch layer runs:
+_dequantize_then_matmul). Outputs are checked
+against torch's fp32 product of the dequantized weights. ``--zero-points`` gives W bf16 zero
+points per group too (asymmetric int4, as AWQ / GPTQ checkpoints): W = (code - zero) * scale.
 
     PYTHONPATH=. python benchmarks/weight_only_gemm.py            # on the GPU
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --sweep    # and every launch choice
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --zero-points
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight int8 [--group channel]
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight fp8_e4m3 --rows 1,16
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --dry      # the plans' kernels for sm_90, no GPU
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +34,35 @@ import graphdnn as gd
 
 SHAPES = ((4096, 4096), (4096, 14336))  # (K, N)
 ROWS = (1, 4, 8, 16)
-GROUP = 128
 
 
-def graph(m: int, k: int, n: int, zero_points: bool = False) -> gd.OperationGraphSpec:
+@dataclass(frozen=True)
+class Weights:
+    """How W is stored: int4, int8 or fp8_e4m3 codes, scales per ``group`` k (K itself: per
+    column), and bf16 zero points per group (int4) or none."""
+
+    weight: str = "int4"
+    group: int | None = 128  # None: one scale per column
+    zero_points: bool = False
+
+    @property
+    def bits(self) -> int:
+        return 4 if self.weight == "int4" else 8
+
+    def block(self, k: int) -> int:
+        return self.group or k
+
+
+def graph(m: int, k: int, n: int, weights: Weights = Weights()) -> gd.OperationGraphSpec:
     g = gd.OperationGraphSpec(
         name=f"weight_only_{m}x{k}x{n}", io_data_type="bfloat16", intermediate_data_type="bfloat16"
     )
     a = g.tensor(name="a", dim=[m, k])
-    w = g.tensor(name="w", dim=[k, n], stride=[1, k], data_type="int4")
-    scale = g.tensor(name="scale", dim=[k // GROUP, n], data_type="bfloat16")
-    zero = g.tensor(name="zero", dim=[k // GROUP, n], data_type="bfloat16") if zero_points else None
-    c = g.matmul(a, g.block_scale_dequantize(w, scale, GROUP, axis=0, zero_point=zero, name="deq"), name="mm")
+    w = g.tensor(name="w", dim=[k, n], stride=[1, k], data_type=weights.weight)
+    block = weights.block(k)
+    scale = g.tensor(name="scale", dim=[k // block, n], data_type="bfloat16")
+    zero = g.tensor(name="zero", dim=[k // block, n], data_type="bfloat16") if weights.zero_points else None
+    c = g.matmul(a, g.block_scale_dequantize(w, scale, block, axis=0, zero_point=zero, name="deq"), name="mm")
     c.set_name("c").set_output(True)
     return g
 
@@ -50,88 +72,118 @@ def main() -> int:
     parser.add_argument("--dry", action="store_true", help="emit each plan's kernels for sm_90 (no GPU, no NVRTC)")
     parser.add_argument("--sweep", action="store_true", help="also time every launch choice (shorter timings)")
     parser.add_argument("--zero-points", action="store_true", help="asymmetric int4: bf16 zero points per group")
+    parser.add_argument("--weight", choices=("int4", "int8", "fp8_e4m3"), default="int4", help="W's type")
+    parser.add_argument("--group", choices=("32", "64", "128", "channel"), default="128", help="k per scale")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="the M (tokens) to time, comma-separated")
     args = parser.parse_args()
+    if args.zero_points and args.weight != "int4":
+        parser.error("--zero-points: 8-bit weights are symmetric")
+    weights = Weights(args.weight, None if args.group == "channel" else int(args.group), args.zero_points)
     if args.dry:
-        return dry()
+        return dry(weights)
     from benchmarks.measure import measure_ceilings
 
     ceilings = measure_ceilings()
     copy = ceilings.copy_bytes_per_s / 1e9
     print(f"{ceilings.device}: device-to-device copy {copy:.0f} GB/s (read + written)\n")
-    best = " best choice µs (tiles/warps/unroll) | speedup |" if args.sweep else ""
-    print(f"| M | K x N | ours µs | ours GB/s | % of copy | torch bf16 µs | torch GB/s | speedup |{best}")
-    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if args.sweep else ""))
+    best = " best choice µs (tiles/warps/unroll/early_a) | speedup |" if args.sweep else ""
+    dequantized = " torch dequantize + bf16 µs |" if weights.bits == 8 else ""
+    print(f"{args.weight} weights, scales per {args.group if weights.group else 'column'}")
+    print(f"| M | K x N | ours µs | ours GB/s | % of copy | torch bf16 µs | torch GB/s | speedup |{dequantized}{best}")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if dequantized else "") + ("---|---|" if args.sweep else ""))
     for k, n in SHAPES:
-        for m in ROWS:
-            print(row(m, k, n, copy, sweep=args.sweep, zero_points=args.zero_points), flush=True)
+        for m in map(int, args.rows.split(",")):
+            print(row(m, k, n, copy, args.sweep, weights), flush=True)
     return 0
 
 
-def dry() -> int:
+def dry(weights: Weights) -> int:
     from fusion_rules import fuse
     from graphdnn.lower import lower
     from graphdnn.signature import signature
 
     for k, n in SHAPES:
         for m in ROWS:
-            g = graph(m, k, n).validate()
+            g = graph(m, k, n, weights).validate()
             sources = lower(fuse(g, arch=90), 90, signature(g), lambda content_hash: content_hash).sources
             print(f"M={m} K={k} N={n}: {', '.join(source.name for source in sources.values())}")
     return 0
 
 
-def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool, zero_points: bool) -> str:
+def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool, weights: Weights) -> str:
     from benchmarks.measure import checked_plan_us, median_us
 
-    inputs, want, w16 = _inputs(m, k, n, zero_points)
-    ours = checked_plan_us(graph(m, k, n, zero_points), inputs, want)
-    best = _sweep(m, k, n, inputs, want, zero_points) if sweep else None
+    inputs, want, w16 = _inputs(m, k, n, weights)
+    ours = checked_plan_us(graph(m, k, n, weights), inputs, want)
+    best = _sweep(m, k, n, inputs, want, weights) if sweep else None
     a = inputs["a"]
     theirs = median_us(lambda: a @ w16.t())
-    group_bytes = 2 * (k // GROUP) * n * (2 if zero_points else 1)
-    ours_bytes = k * n // 2 + group_bytes + 2 * m * k + 2 * m * n
+    dequantized = ""
+    if weights.bits == 8:
+        dequantized = f" {median_us(_dequantize_then_matmul(a, inputs, weights)):.1f} |"
+    group_bytes = 2 * (k // weights.block(k)) * n * (2 if weights.zero_points else 1)
+    ours_bytes = k * n * weights.bits // 8 + group_bytes + 2 * m * k + 2 * m * n
     torch_bytes = 2 * k * n + 2 * m * k + 2 * m * n
     ours_gbs, torch_gbs = ours_bytes / ours / 1e3, torch_bytes / theirs / 1e3
     shown = f" {best[0]:.1f} ({best[1]}) | {theirs / best[0]:.2f} |" if best else ""
     return (
         f"| {m} | {k} x {n} | {ours:.1f} | {ours_gbs:.0f} | {100 * ours_gbs / copy_gbs:.0f}% | {theirs:.1f} | "
-        f"{torch_gbs:.0f} | {theirs / ours:.2f} |{shown}"
+        f"{torch_gbs:.0f} | {theirs / ours:.2f} |{dequantized}{shown}"
     )
 
 
-def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any, zero_points: bool) -> tuple[float, str]:
+def _dequantize_then_matmul(a: Any, inputs: dict[str, Any], weights: Weights) -> Any:
+    """torch's plain form of the layer: per column, the bf16 product of the widened codes times
+    the scales (torchao's int8 weight-only form); per group, the codes widened times their
+    scales (expanded once beforehand, [N, K] contiguous), then the bf16 GEMM."""
+    codes, scale = inputs["w"].t(), inputs["scale"]  # codes [N, K]
+    if weights.group is None:
+        return lambda: (a @ codes.to(a.dtype).t()) * scale
+    groups = scale.repeat_interleave(weights.group, 0).t().contiguous()
+    return lambda: a @ (codes.to(a.dtype) * groups).t()
+
+
+def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any, weights: Weights) -> tuple[float, str]:
     """Every launch choice timed (printed on one line); the fastest."""
     from benchmarks.measure import checked_plan_us
     from codegen.families.gemm import candidates
 
-    fused = next(f for f in gd.fuse(graph(m, k, n, zero_points)).nodes if f.anchor is not None)
+    fused = next(f for f in gd.fuse(graph(m, k, n, weights)).nodes if f.anchor is not None)
     timed = sorted(
-        (checked_plan_us(graph(m, k, n, zero_points), inputs, want, {fused.name: c}, rep_ms=50), _short(c))
+        (checked_plan_us(graph(m, k, n, weights), inputs, want, {fused.name: c}, rep_ms=50), _short(c))
         for c in candidates(fused, 90)
     )
-    print(f"  M={m} K={k} N={n} (µs tiles/warps/unroll): " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
+    print(f"  M={m} K={k} N={n} (µs tiles/warps/unroll/early_a): " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
     return timed[0]
 
 
 def _short(choice: dict[str, object]) -> str:
-    """A launch choice as tiles/warps/unroll."""
-    return "/".join(str(choice[key]) for key in ("column_tiles", "warps", "unroll"))
+    """A launch choice as tiles/warps/unroll/early_a."""
+    return "/".join(str(choice[key]) for key in ("column_tiles", "warps", "unroll", "early_a"))
 
 
-def _inputs(m: int, k: int, n: int, zero_points: bool) -> tuple[dict[str, Any], Any, Any]:
+def _inputs(m: int, k: int, n: int, weights: Weights) -> tuple[dict[str, Any], Any, Any]:
     """The feeds, the fp32 product of the dequantized weights (bf16), and W dequantized as a
     bf16 [N, K] matrix (the peer's operand, the same layout as ours)."""
     import torch
 
+    block = weights.block(k)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    packed = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8)  # [N, K / 2]: packed along K
-    scale = (torch.rand(k // GROUP, n, device="cuda") * 0.02 + 0.01).to(torch.bfloat16)
-    zero = (torch.rand(k // GROUP, n, device="cuda") * 4 - 2).to(torch.bfloat16)
-    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(n, k).to(torch.int32)
-    values = ((codes ^ 8) - 8).float() - (zero.float().repeat_interleave(GROUP, 0).t() if zero_points else 0.0)
-    w16 = (values * scale.float().repeat_interleave(GROUP, 0).t()).to(torch.bfloat16)
+    scale = (torch.rand(k // block, n, device="cuda") * 0.02 + 0.01).to(torch.bfloat16)
+    zero = (torch.rand(k // block, n, device="cuda") * 4 - 2).to(torch.bfloat16)
+    if weights.weight == "fp8_e4m3":
+        stored = (torch.randn(n, k, device="cuda") * 64).to(torch.float8_e4m3fn)  # [N, K]: k-contiguous
+        codes = stored.float()
+    elif weights.weight == "int8":
+        stored = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
+        codes = stored.float()
+    else:
+        stored = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8)  # [N, K / 2]: packed along K
+        codes = ((torch.stack([stored & 15, stored >> 4], dim=-1).reshape(n, k).to(torch.int32) ^ 8) - 8).float()
+    values = codes - (zero.float().repeat_interleave(block, 0).t() if weights.zero_points else 0.0)
+    w16 = (values * scale.float().repeat_interleave(block, 0).t()).to(torch.bfloat16)
     want = (a.float() @ w16.float().t()).to(torch.bfloat16)
-    feeds = {"a": a, "w": packed.t(), "scale": scale, **({"zero": zero} if zero_points else {})}
+    feeds = {"a": a, "w": stored.t(), "scale": scale, **({"zero": zero} if weights.zero_points else {})}
     return feeds, want, w16
 
 

@@ -1,7 +1,7 @@
 """Generated kernels run on the CPU, to check their index math on a machine without a GPU.
 
 A kernel's source (float, double and half kernels: half is GCC's _Float16 behind a stand-in
-cuda_fp16.h, both rounding to nearest even; int32 and int64 tensors; no bf16 or fp8) is
+cuda_fp16.h, both rounding to nearest even; int8, int32 and int64 tensors; no bf16 or fp8) is
 compiled with g++ after a few stand-ins for the CUDA built-ins: each block runs after the
 previous one, its threads as fibers (ucontext) of one OS thread, each run in turn up to its
 next ``__syncthreads``, which is what the barrier means (no OS thread per CUDA thread, no
@@ -334,7 +334,7 @@ def run(
             buffers[t.id] = np.zeros(storage_bytes(t.name, t.data_type, t.static_dim, t.static_stride), np.uint8)
             np.lib.stride_tricks.as_strided(buffers[t.id], dims, strides)[...] = memory[t.name]
             continue
-        integer = t.data_type.value in ("int32", "int64")  # sequence lengths, indices
+        integer = t.data_type.value in ("int8", "int32", "int64")  # weights, sequence lengths, indices
         dtype = (
             t.data_type.numpy
             if integer

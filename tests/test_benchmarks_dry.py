@@ -121,6 +121,14 @@ def test_the_weight_only_benchmark_plans_take_the_tensor_core_kernel() -> None:
     assert len(lines) == 8 and all(line.count("gd_weight_only_gemm_mma_") == 1 for line in lines)
 
 
+def test_the_int8_weight_only_benchmark_plans_take_the_tensor_core_kernel() -> None:
+    """int8 weights with one scale per column: one mma.sync kernel each as well."""
+    result = _benchmark("weight_only_gemm.py", "--dry", "--weight", "int8", "--group", "channel")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 8 and all(line.count("gd_weight_only_gemm_mma_") == 1 for line in lines)
+
+
 def test_the_classic_cudnn_cases_build() -> None:
     """LRN, the spatial transformer (grid, then sampler), CTC (one kernel) and a 2-layer LSTM (a
     projection GEMM and a launch per step for each layer)."""

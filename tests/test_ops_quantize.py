@@ -192,7 +192,7 @@ def test_input_types_are_checked():
     g = gd.OperationGraphSpec(io_data_type="float")
     x, s = g.tensor([2, 64], name="x"), g.tensor([2, 2], name="s")
     with pytest.raises(
-        gd.DataTypeError, match=r"node 'dq'.*X 'x' is float; block_scale_dequantize takes fp8 or 4-bit values"
+        gd.DataTypeError, match=r"node 'dq'.*X 'x' is float; block_scale_dequantize takes fp8, 4-bit or int8 values"
     ):
         g.block_scale_dequantize(x, s, 32, name="dq")
 

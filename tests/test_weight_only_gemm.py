@@ -1,5 +1,5 @@
-"""Weight-only 4-bit GEMM (issue 12): matmul(A fp16 / bf16, block_scale_dequantize(W int4 /
-fp4_e2m1, group scales along K)). The reference against a hand-written NumPy product, the
+"""Weight-only 4-bit and 8-bit GEMM (issue 12): matmul(A fp16 / bf16, block_scale_dequantize(W
+int4 / fp4_e2m1 / int8 / fp8_e4m3, group scales along K or one scale per column)). The reference against a hand-written NumPy product, the
 matmul form the rule builds, the rule and its near misses, the kernels compiled for sm_80 and
 sm_90 and run on the CPU (tests/cpu_emulation.py), and on the GPU against the reference."""
 
@@ -34,13 +34,13 @@ from tests.gpu_check import check_on_gpu
 
 @dataclass(frozen=True)
 class WeightOnly:
-    """C = A [*batch, m, k] @ dequantize(W [k, n], scales per ``group`` k), W stored as [n, k]
-    (``k_major``, packed along K) or [k, n] (packed along N)."""
+    """C = A [*batch, m, k] @ dequantize(W [k, n], scales per ``group`` k, or per column where
+    ``group`` is None), W stored as [n, k] (``k_major``, packed along K) or [k, n] (along N)."""
 
     m: int
     k: int
     n: int
-    group: int = 128
+    group: int | None = 128
     k_major: bool = True
     act: str = "half"
     scale: str = "half"
@@ -54,26 +54,33 @@ class WeightOnly:
         a = g.tensor(name="a", dim=[*self.batch, self.m, self.k])
         stride = [1, self.k] if self.k_major else [self.n, 1]
         w = g.tensor(name="w", dim=[self.k, self.n], stride=stride, data_type=self.weight)
-        groups = [-(-self.k // self.group), self.n]
+        groups = [-(-self.k // self.block), self.n]
         s = g.tensor(name="s", dim=groups, data_type=self.scale)
         z = g.tensor(name="z", dim=groups, stride=[1, groups[0]], data_type=self.zero) if self.zero else None
-        c = g.matmul(a, g.block_scale_dequantize(w, s, self.group, axis=0, zero_point=z, name="deq"), name="mm")
+        c = g.matmul(a, g.block_scale_dequantize(w, s, self.block, axis=0, zero_point=z, name="deq"), name="mm")
         c.set_name("c").set_output(True)
         if self.out:
             c.set_data_type(self.out)
         return g
+
+    @property
+    def block(self) -> int:
+        """k per scale: the group, or all of K (per-channel)."""
+        return self.group or self.k
 
 
 def by_hand(case: WeightOnly, feeds: dict[str, np.ndarray]) -> np.ndarray:
     """The semantics, written out: each weight's code decoded, less its group's zero point,
     times its group's scale, rounded to A's type; then the float64 product."""
     stride = (1, case.k) if case.k_major else (case.n, 1)
-    w = unpack(feeds["w"], DataType(case.weight), (case.k, case.n), stride, "w")
+    if case.weight in ("int8", "fp8_e4m3"):
+        w = feeds["w"].astype(np.float64)
+    else:
+        w = unpack(feeds["w"], DataType(case.weight), (case.k, case.n), stride, "w")
     s = feeds["s"].astype(np.float64)
     z = feeds["z"].astype(np.float64) if case.zero else np.zeros_like(s)
-    scaled = np.array(
-        [[(w[i, j] - z[i // case.group, j]) * s[i // case.group, j] for j in range(case.n)] for i in range(case.k)]
-    )
+    g = case.block
+    scaled = np.array([[(w[i, j] - z[i // g, j]) * s[i // g, j] for j in range(case.n)] for i in range(case.k)])
     return np.asarray(feeds["a"].astype(np.float64) @ scaled.astype(gd.DataType(case.act).numpy).astype(np.float64))
 
 
@@ -84,25 +91,50 @@ def by_hand(case: WeightOnly, feeds: dict[str, np.ndarray]) -> np.ndarray:
 @given(
     m=st.integers(1, 5),
     k=st.integers(1, 6).map(lambda x: 32 * x + 2 * (x % 3)),
-    n=st.integers(1, 6).map(lambda x: 2 * x),
-    group=st.sampled_from([32, 64, 128]),
+    n=st.integers(1, 12),
+    group=st.sampled_from([32, 64, 128, None]),
     k_major=st.booleans(),
     act=st.sampled_from(["half", "bfloat16"]),
     scale=st.sampled_from(["half", "bfloat16", "float"]),
-    weight=st.sampled_from(["int4", "fp4_e2m1"]),
+    weight=st.sampled_from(["int4", "fp4_e2m1", "int8", "fp8_e4m3"]),
     zero=st.sampled_from([None, "half", "bfloat16", "float"]),
     seed=st.integers(0, 2**16),
 )
 def test_the_reference_is_the_hand_written_product(
-    m: int, k: int, n: int, group: int, k_major: bool, act: str, scale: str, weight: str, zero: str | None, seed: int
+    m: int,
+    k: int,
+    n: int,
+    group: int | None,
+    k_major: bool,
+    act: str,
+    scale: str,
+    weight: str,
+    zero: str | None,
+    seed: int,
 ) -> None:
     zero = zero if weight == "int4" else None  # zero points are for int4 weights
+    n += n % 2 if weight in ("int4", "fp4_e2m1") and not k_major else 0  # 4-bit packed along N: whole bytes
     case = WeightOnly(m, k, n, group, k_major, act, scale, weight, out="float", zero=zero)
     ir = case.build().validate()
     feeds = random_inputs(ir, seed)
     got = reference.execute(ir, feeds)["c"].astype(np.float64)
     want = by_hand(case, feeds)
     assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("form", ["dequantize", "matmul"])
+def test_random_int8_weights_span_the_whole_type(form: str) -> None:
+    """-128..127, so that the tests reach the codes the dequantize tricks treat specially
+    (the int8 GEMM's operands keep the small default range)."""
+    if form == "dequantize":
+        ir = WeightOnly(2, 64, 64, group=None, weight="int8").build().validate()
+    else:
+        g = gd.OperationGraphSpec(io_data_type="half")
+        w = g.tensor(name="w", dim=[64, 64], stride=[1, 64], data_type="int8")
+        g.matmul(g.tensor(name="a", dim=[2, 64]), w, B_scale=g.tensor(name="s", dim=[1, 64])).set_output(True)
+        ir = g.validate()
+    w = random_inputs(ir, 3)["w"]
+    assert w.min() == -128 and w.max() == 127
 
 
 @pytest.mark.parametrize("zero", [None, "bfloat16"])
@@ -155,6 +187,23 @@ def _weight_only(k: int, scale_dims: list[int], **types: str) -> None:
             ShapeError,
             "B 'w' is fp4_e2m1: zero points are for int4 weights",
         ),
+        (
+            256,
+            [2, 16],
+            {"B_zero_point": "half", "B": "int8"},
+            ShapeError,
+            "B 'w' is int8: zero points are for int4 weights (int8 and fp8 weights are symmetric)",
+        ),
+        (256, [3, 16], {"B": "int8"}, ShapeError, "B_scale has dims [3, 16], expected [2, 16] or [4, 16] or [8, 16]"),
+        (256, [1, 8], {"B": "int8"}, ShapeError, "(or [1, 16]: one per column)"),
+        (
+            256,
+            [2, 16],
+            {"B": "int8", "A": "float"},
+            DataTypeError,
+            "of int8 weights takes half or bfloat16 activations",
+        ),
+        (256, [1, 16], {"B": "int8", "B_scale": "int32"}, DataTypeError, "float, half or bfloat16 group scales"),
     ],
 )
 def test_bad_weight_only_matmuls_are_refused_naming_the_node(
@@ -189,6 +238,24 @@ def test_bad_zero_points_are_refused_naming_the_node(
     assert message in str(caught.value) and "deq" in str(caught.value)
 
 
+@pytest.mark.parametrize("a_type", ["int8", "half"])
+def test_an_int8_b_without_b_scale_or_with_an_int8_a_is_no_weight_only_matmul(a_type: str) -> None:
+    """int8 x int8 stays the int8 GEMM (its scales are A_scale and B_scale together), and an
+    int8 B without B_scale an ordinary matmul of its values."""
+    from graphdnn.ops.weight_only import is_weight_only
+
+    g = gd.OperationGraphSpec(io_data_type="half")
+    b = g.tensor(name="b", dim=[64, 8], data_type="int8")
+    g.matmul(g.tensor(name="a", dim=[2, 64], data_type=a_type), b, name="mm").set_output(True)
+    (node,) = g.validate().nodes
+    assert not is_weight_only(node)
+    g = gd.OperationGraphSpec(io_data_type="half")
+    b = g.tensor(name="b", dim=[64, 8], data_type="int8")
+    a = g.tensor(name="a", dim=[2, 64], data_type="int8")
+    with pytest.raises(ShapeError, match=r"mm.*a block-scaled matmul binds both A_scale and B_scale"):
+        g.matmul(a, b, B_scale=g.tensor(name="s", dim=[1, 8]), name="mm")
+
+
 def test_a_zero_point_on_a_16_bit_matmul_is_refused() -> None:
     g = gd.OperationGraphSpec(io_data_type="half")
     b = g.tensor(name="b", dim=[64, 8])
@@ -210,6 +277,31 @@ def test_the_rule_makes_one_weight_only_gemm() -> None:
     assert asymmetric.rule == "weight_only_matmul" and asymmetric.anchor is not None
     zero_point = asymmetric.anchor.input("B_zero_point")
     assert zero_point is not None and zero_point.name == "z"
+
+
+@pytest.mark.parametrize("weight", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("group", [32, None], ids=["groups", "per_channel"])
+def test_the_rule_makes_one_8_bit_weight_only_gemm(group: int | None, weight: str) -> None:
+    (gemm,) = fuse(WeightOnly(5, 256, 40, group=group, weight=weight).build(), arch=80).nodes
+    assert gemm.rule == "weight_only_matmul" and gemm.anchor is not None
+    b, scale = gemm.anchor.input("B"), gemm.anchor.input("B_scale")
+    assert b is not None and b.data_type is DataType(weight)
+    assert scale is not None and list(scale.dim) == [8 if group else 1, 40]
+
+
+def test_fp8_e5m2_weights_run_as_written_with_the_reason() -> None:
+    partition = fuse(WeightOnly(5, 256, 40, weight="fp8_e5m2").build(), arch=90)
+    reasons = [str(r.reason) for r in partition.rejections if r.rule == "weight_only_matmul"]
+    assert any("deq dequantizes fp8_e5m2 weights; the weight-only GEMM takes int4" in r for r in reasons), reasons
+
+
+def test_blocks_that_are_neither_a_group_nor_k_run_as_written() -> None:
+    g = gd.OperationGraphSpec(io_data_type="half", intermediate_data_type="half")
+    w = g.tensor(name="w", dim=[256, 8], stride=[1, 256], data_type="int8")
+    deq = g.block_scale_dequantize(w, g.tensor(name="s", dim=[3, 8]), 96, axis=0, name="deq")
+    g.matmul(g.tensor(name="a", dim=[2, 256]), deq, name="mm").set_output(True)
+    reasons = [str(r.reason) for r in fuse(g, arch=90).rejections if r.rule == "weight_only_matmul"]
+    assert any("deq has blocks of 96 along axis 0" in r and "or one per column" in r for r in reasons), reasons
 
 
 def test_batch_dims_fold_into_the_rows() -> None:
@@ -247,6 +339,10 @@ def test_batch_dims_that_do_not_fold_into_rows_run_as_written() -> None:
 def test_launch_choices_are_checked_naming_the_node() -> None:
     for spec, tuning, message in (
         (WeightOnly(3, 96, 40), {"column_tiles": 3}, "column_tiles = 3 is not one of column_tiles in [1, 2, 4]"),
+        (WeightOnly(3, 96, 40), {"column_tiles": 2, "unroll": 4}, "unroll = 4 takes column_tiles = 1 (registers)"),
+        (WeightOnly(3, 96, 40), {"column_tiles": 4, "warps": 16}, "warps = 16 takes column_tiles <= 2"),
+        (WeightOnly(3, 96, 40), {"early_a": 1}, "early_a = 1 takes 8-bit weights and at most 8 rows"),
+        (WeightOnly(9, 96, 40, weight="int8"), {"early_a": 1}, "early_a = 1 takes 8-bit weights and at most 8 rows"),
         (WeightOnly(3, 100, 30, k_major=False), {"warps": 4}, "this problem runs on the SIMT kernel, which takes none"),
     ):
         partition = fuse(spec.build(), arch=90)
@@ -269,6 +365,17 @@ COMPILE_CASES = {
     "mma_bf16_zero_points": WeightOnly(5, 256, 40, act="bfloat16", scale="float", zero="bfloat16"),
     "simt_zero_points": WeightOnly(5, 100, 30, group=32, k_major=False, zero="float"),
     "fallback_zero_points": WeightOnly(32, 128, 64, zero="half"),
+    "mma_int4_per_channel": WeightOnly(4, 4096, 40, group=None, act="bfloat16", scale="bfloat16"),
+    "mma_int8_fp16": WeightOnly(3, 96, 40, group=32, weight="int8"),
+    "mma_int8_bf16_per_channel_16_rows": WeightOnly(
+        16, 4000, 24, group=None, act="bfloat16", scale="float", weight="int8"
+    ),
+    "simt_int8_n_major": WeightOnly(5, 100, 31, group=32, k_major=False, weight="int8"),
+    "simt_int8_k_not_16": WeightOnly(2, 72, 17, group=None, act="bfloat16", weight="int8"),
+    "fallback_int8_32_rows": WeightOnly(32, 128, 64, weight="int8"),
+    "mma_fp8_fp16": WeightOnly(3, 96, 40, group=32, weight="fp8_e4m3"),
+    "mma_fp8_bf16_per_channel": WeightOnly(9, 4000, 24, group=None, act="bfloat16", weight="fp8_e4m3"),
+    "simt_fp8_n_major": WeightOnly(5, 100, 31, group=64, k_major=False, act="bfloat16", weight="fp8_e4m3"),
 }
 
 
@@ -297,6 +404,26 @@ EMULATED = {
     "m5_zero_points": (WeightOnly(5, 1184, 24, group=32, zero="half"), {"warps": 4, "unroll": 1}),
     "m12_zero_points_tiles2": (WeightOnly(12, 320, 40, group=64, scale="float", zero="float"), {"column_tiles": 2}),
     "simt_zero_points": (WeightOnly(3, 100, 30, group=32, k_major=False, zero="float"), {}),
+    "int4_per_channel": (WeightOnly(2, 512, 24, group=None), {}),
+    "int8_m1_k96_g64": (WeightOnly(1, 96, 24, group=64, weight="int8"), {}),
+    "int8_m9_k160_n_odd": (WeightOnly(9, 160, 27, weight="int8"), {}),
+    "int8_m16_k4096_per_channel": (WeightOnly(16, 4096, 16, group=None, scale="float", weight="int8"), {}),
+    "int8_m3_tiles4_warps4_unroll1": (
+        WeightOnly(3, 512, 72, weight="int8"),
+        {"column_tiles": 4, "warps": 4, "unroll": 1},
+    ),
+    "int8_m12_tiles2_k_tail": (WeightOnly(12, 336, 40, group=32, weight="int8"), {"column_tiles": 2}),
+    "int8_m5_k1184_prefetch_tail": (WeightOnly(5, 1184, 24, group=32, weight="int8"), {"warps": 4, "unroll": 1}),
+    "int8_m5_k1184_unroll4": (WeightOnly(5, 1184, 24, group=32, weight="int8"), {"warps": 4, "unroll": 4}),
+    "int8_m16_k1184_warps16": (WeightOnly(16, 1184, 40, group=32, weight="int8"), {"warps": 16, "column_tiles": 2}),
+    "int8_m5_k1184_early_a": (WeightOnly(5, 1184, 24, group=32, weight="int8"), {"warps": 4, "early_a": 1}),
+    "int8_m8_k336_early_a_tiles2": (
+        WeightOnly(8, 336, 40, weight="int8"),
+        {"column_tiles": 2, "unroll": 1, "early_a": 1},
+    ),
+    "m7_k2080_unroll4": (WeightOnly(7, 2080, 40, group=32), {"warps": 8, "unroll": 4}),
+    "simt_int8_n_major": (WeightOnly(3, 100, 31, group=32, k_major=False, weight="int8"), {}),
+    "simt_int8_k_not_16": (WeightOnly(4, 72, 20, group=None, weight="int8"), {}),
 }
 
 
@@ -338,6 +465,25 @@ GPU_CASES = {
     "m16_k4000_n24_zero_points_bf16": WeightOnly(16, 4000, 24, act="bfloat16", scale="float", zero="half"),
     "simt_n_major_zero_points": WeightOnly(5, 100, 30, group=32, k_major=False, zero="half"),
     "fallback_32_rows_zero_points": WeightOnly(32, 256, 64, zero="half"),
+    "m4_4096x4096_int4_per_channel_bf16": WeightOnly(4, 4096, 4096, group=None, act="bfloat16", scale="bfloat16"),
+    "m1_4096x4096_int8_per_channel_bf16": WeightOnly(
+        1, 4096, 4096, group=None, act="bfloat16", scale="bfloat16", weight="int8"
+    ),
+    "m16_4096x4096_int8_g128_bf16": WeightOnly(16, 4096, 4096, act="bfloat16", scale="bfloat16", weight="int8"),
+    "m8_k4096_n14336_int8_per_channel_fp16": WeightOnly(8, 4096, 14336, group=None, weight="int8"),
+    "m3_k96_n40_int8_g32": WeightOnly(3, 96, 40, group=32, weight="int8"),
+    "m9_k336_n297_int8_g64_bf16_float_scales": WeightOnly(
+        9, 336, 297, group=64, act="bfloat16", scale="float", weight="int8"
+    ),
+    "m16_k4000_n24_int8_per_channel_bf16": WeightOnly(16, 4000, 24, group=None, act="bfloat16", weight="int8"),
+    "simt_int8_n_major_bf16": WeightOnly(5, 100, 31, group=32, k_major=False, act="bfloat16", weight="int8"),
+    "simt_int8_k_not_16": WeightOnly(4, 72, 20, group=None, weight="int8"),
+    "batched_rows_int8_fp32_out": WeightOnly(3, 128, 24, batch=(2,), out="float", weight="int8"),
+    "fallback_int8_32_rows": WeightOnly(32, 256, 64, weight="int8"),
+    "m1_4096x4096_fp8_per_channel_bf16": WeightOnly(1, 4096, 4096, group=None, act="bfloat16", weight="fp8_e4m3"),
+    "m9_k336_n297_fp8_g64_fp16": WeightOnly(9, 336, 297, group=64, weight="fp8_e4m3"),
+    "m16_k4000_n24_fp8_g32_bf16": WeightOnly(16, 4000, 24, group=32, act="bfloat16", scale="float", weight="fp8_e4m3"),
+    "simt_fp8_n_major": WeightOnly(5, 100, 31, group=64, k_major=False, act="bfloat16", weight="fp8_e4m3"),
 }
 
 
@@ -354,3 +500,25 @@ def test_weight_only_gemm_matches_reference_on_gpu(case: str) -> None:
     if spec.m * math.prod(spec.batch) <= 16 and "simt" not in case and spec.k * spec.n <= 2**20:  # every launch choice
         for choice in candidates(gemm, current_gpu_arch()):
             check_on_gpu(graph, seed=1, tolerance=limit, tuning={gemm.name: choice})
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize("weight", ["int4", "int8"])
+def test_a_direct_weight_only_matmul_of_more_than_16_rows_runs_on_the_simt_kernel(
+    weight: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The matmul form written by hand is not bound by the rule's 16 rows; the tensor-core
+    kernel serves 16, so 20 rows take the SIMT kernel, every row written."""
+    g = gd.OperationGraphSpec(io_data_type="half")
+    w = g.tensor(name="w", dim=[64, 24], stride=[1, 64], data_type=weight)
+    scale = g.tensor(name="s", dim=[1, 24])
+    g.matmul(g.tensor(name="a", dim=[20, 64]), w, B_scale=scale, name="mm").set_name("c").set_output(True)
+    ir = g.validate()
+    feeds = random_inputs(ir, 20)
+    (fused,) = fuse(ir, arch=90).nodes
+    program = emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, {}))
+    assert "simt" in program.kernels[0].name
+    build: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    got = cpu_emulation.run(fused, program, dict(feeds), 1, build)["c"].astype(np.float64)
+    assert relative_error(got, reference.execute(ir, feeds)["c"].astype(np.float64)) <= 1e-3

@@ -1,11 +1,13 @@
-"""The weight-only 4-bit GEMM (graphdnn/ops/weight_only.py): C [rows, N] = A [rows, K] (16-bit)
-@ dequantize(W [K, N], group scales), for at most 16 rows (fusion_rules/rules/weight_only.py).
+"""The weight-only 4-bit / int8 GEMM (graphdnn/ops/weight_only.py): C [rows, N] = A [rows, K]
+(16-bit) @ dequantize(W [K, N], group or per-column scales), for at most 16 rows
+(fusion_rules/rules/weight_only.py).
 
-The problem is bound by the weights' bytes, so both kernels read every packed byte once and
+The problem is bound by the weights' bytes, so both kernels read every weight byte once and
 dequantize in registers:
-- the tensor-core kernel (gemm_weight_only_mma.py) where W is int4 packed along K (the [N, K]
-  layout of a linear layer's weight) in 16-byte aligned columns, K a multiple of 32, and A
-  k-contiguous in 16-byte rows: wide loads, mma.sync, K split across warps;
+- the tensor-core kernel (gemm_weight_only_mma.py) where W is int4 or int8 k-contiguous (the
+  [N, K] layout of a linear layer's weight) in 16-byte aligned columns, K a multiple of 32
+  (int4) or 16 (int8), at most 16 rows, and A k-contiguous in 16-byte rows: wide loads,
+  mma.sync, K split across warps;
 - otherwise a SIMT kernel, one thread per column n summing every row over K in fp32: correct for
   any layout and for fp4_e2m1 (Hopper has no FP4 tensor cores; FP4 is storage here), not fast.
 Both round each dequantized weight to A's type, as the reference does.
@@ -18,7 +20,7 @@ from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Node
 
 from ..context import EmitContext, KernelParams, indent, kernel_source
-from ..cuda_types import load_packed, store
+from ..cuda_types import load, load_packed, store
 from ..kernel import FusedProgram, Kernel
 from . import gemm_weight_only_mma as mma
 from .gemm_weight_only_problem import WeightOnly, problem_of, tensor_core_reason
@@ -43,7 +45,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 def candidates(node: Node) -> list[dict[str, object]]:
     """Launch choices for autotuning: the tensor-core kernel's; none on the SIMT path."""
     p = problem_of(node)
-    return mma.candidates() if tensor_core_reason(p) is None else []
+    return mma.candidates(p) if tensor_core_reason(p) is None else []
 
 
 def simt_kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly) -> Kernel:
@@ -53,7 +55,8 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly) -> Kernel:
     out = params.tensor(p.out, writable=True)
     ws, ss = p.w.static_stride, p.scale.static_stride
     a_k, c_n = p.a.static_stride[-1], p.out.static_stride[-1]
-    weight = load_packed(p.w.data_type, w, f"kk * {ws[0]}LL + n * {ws[1]}LL")
+    at = f"kk * {ws[0]}LL + n * {ws[1]}LL"
+    weight = load_packed(p.w.data_type, w, at) if p.w.data_type.is_packed else load(p.w.data_type, f"{w}[{at}]")
     if p.zero_point is not None:
         zero_point, zs = params.tensor(p.zero_point), p.zero_point.static_stride
         weight = f"({weight} - gd::to<float>({zero_point}[(kk / GROUP) * {zs[0]}LL + n * {zs[1]}LL]))"

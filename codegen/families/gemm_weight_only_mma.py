@@ -1,4 +1,5 @@
-"""The weight-only int4 GEMM on tensor cores, for W packed along K and at most 16 rows of A.
+"""The weight-only int4 / int8 / fp8_e4m3 GEMM on tensor cores, for W k-contiguous and at most 16
+rows of A.
 
 Memory-bound on the packed weights, so the kernel is built around reading them, and around
 doing little per weight. The weights are the mma.sync m16n8k16 A operand (16 output columns
@@ -6,9 +7,10 @@ by 16 k), the activations its B operand (8 tokens): a tile of 16 columns takes o
 16 k for up to 8 tokens, two for up to 16.
 
 Loads: each warp owns ``column_tiles`` tiles of 16 columns; a lane (group g = lane / 4, quad
-q = lane % 4) reads 32 consecutive k of columns g and g + 8 of each tile, one 16-byte load
-each, the four quads together one 64-byte run per column. The warp's chunks of 128 k come in
-sets of ``unroll``, two sets in flight while one multiplies (ping-pong registers). The block's
+q = lane % 4) reads 32 consecutive k (int4; 16 of 8-bit weights) of columns g and g + 8 of each
+tile, one 16-byte load each, the four quads together one 64-byte run per column. The warp's
+chunks of 128 k (64 of 8-bit weights) come in sets of ``unroll``, two sets in flight while one
+multiplies (ping-pong registers); ``early_a`` fetches a set's activations with it. The block's
 ``warps`` warps split K (chunk c goes to warp c mod warps; every warp makes the same trips,
 past K with zeros) and sum their partial tiles through shared memory in warp order:
 deterministic. A launch whose pointers are not all 16-byte aligned runs the same loop with
@@ -22,6 +24,16 @@ group's scale (rounded once to A's type, as the reference rounds the dequantized
 are A fragment registers. The k order inside a k16 step does not change the sum, so the
 activations' B fragments take the same permutation: halves (0, 4), (1, 5), (2, 6), (3, 7) of
 each 8-half piece of a token's row, gathered with byte permutes. Tokens past ``rows`` are zero.
+
+int8 (the prmt trick, exact): a word holds 4 signed codes (k 0-3); ``word ^ 0x80808080`` makes
+them unsigned (code + 128), and a byte permute sets each beside the fp16 exponent byte 0x64:
+1024 + code + 128, pairs (0, 2) and (1, 3); subtracting 1152 gives the codes. bf16 has too few
+mantissa bits for that, so each byte goes beside fp32's 0x4B (2^23 + code + 128), less
+2^23 + 128 in fp32, and the pair is the two floats' high halves (exact: integers of 8 bits).
+The activations' pieces take the matching permutation: halves (0, 2) and (1, 3) of each 4.
+fp8_e4m3 takes the same pairs: a byte permute sets a pair side by side, and cuda_fp8.h's
+conversion (one cvt.rn.f16x2.e4m3x2 from sm_89, exact) makes the fp16 pair (bf16: through
+fp32, exact: 4 significant bits).
 """
 
 from __future__ import annotations
@@ -39,15 +51,31 @@ from .gemm_weight_only_problem import WeightOnly
 from .rnn_projection import with_mma_functions
 
 SMS = 132  # an H100 / H200: the grid should give every SM two blocks or more
-CHUNK = 128  # k per warp step: 4 quads x 32
 TILE = 16  # output columns per MMA
-CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8), "unroll": (1, 2)}
+CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8, 16), "unroll": (1, 2, 4), "early_a": (0, 1)}
+
+
+def _refusal(p: WeightOnly, launch: dict[str, int]) -> str | None:
+    """Why a combination of choices cannot build, or None: sets of 4 chunks hold 16 loads per
+    tile in registers (one tile only), 16 warps' partial tiles fill 32 KB of static shared
+    memory per 2 tiles (at most 2), and activations fetched a set ahead (``early_a``) hold 16
+    k per load, up to 8 tokens (8-bit weights)."""
+    if launch["early_a"] and (p.w.data_type.is_packed or p.rows > 8):
+        return "early_a = 1 takes 8-bit weights and at most 8 rows (registers)"
+    if launch["unroll"] == 4 and launch["column_tiles"] != 1:
+        return "unroll = 4 takes column_tiles = 1 (registers)"
+    if launch["warps"] == 16 and launch["column_tiles"] > 2:
+        return "warps = 16 takes column_tiles <= 2 (shared memory for the partial sums)"
+    return None
 
 
 def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
     """The launch choice: ``tuning`` checked, else as many column tiles per warp as keep two
     blocks per SM (the activations are reused across them), 8 warps splitting K, and sets of 2
-    chunks for one tile, of 1 for more (registers: two blocks of 256 threads per SM)."""
+    chunks for one tile, of 1 for more (registers: two blocks of 256 threads per SM). 8-bit
+    weights in one tile per warp for up to 8 tokens take 16 warps in sets of 4 chunks: 11.3 µs
+    against 13.8 at 1 x 4096 x 4096 int8 (H200, one run: RESULTS.md); ptxas fits them in 64
+    registers, so two blocks of 512 threads share an SM."""
     for key, value in tuning.items():
         if key not in CHOICES or value not in CHOICES[key]:
             raise UnsupportedError(
@@ -55,22 +83,95 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
                 + "; ".join(f"{k} in {list(v)}" for k, v in CHOICES.items()),
                 node=node,
             )
-    tiles = next((t for t in (4, 2) if -(-p.n // (TILE * t)) >= 2 * SMS), 1)
-    return {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, **tuning}
+    tiles = tuning.get("column_tiles", next((t for t in (4, 2) if -(-p.n // (TILE * t)) >= 2 * SMS), 1))
+    launch = {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, "early_a": 0}
+    if tiles == 1 and not p.w.data_type.is_packed and p.rows <= 8:
+        launch.update(warps=16, unroll=4)
+    launch.update(tuning)
+    refusal = _refusal(p, launch)
+    if refusal is not None:
+        raise UnsupportedError(f"weight-only GEMM tuning {dict(tuning)}: {refusal}", node=node)
+    return launch
 
 
-def candidates() -> list[dict[str, object]]:
-    """Every launch choice, for autotuning (the same for every problem the kernel takes)."""
-    return [
-        {"column_tiles": t, "warps": w, "unroll": u}
+def candidates(p: WeightOnly) -> list[dict[str, object]]:
+    """Every launch choice the problem can take, for autotuning."""
+    every = [
+        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e}
         for t in CHOICES["column_tiles"]
         for w in CHOICES["warps"]
         for u in CHOICES["unroll"]
+        for e in CHOICES["early_a"]
+    ]
+    return [dict(launch) for launch in every if _refusal(p, launch) is None]
+
+
+def _dequant_int4(pair: str, magic: str, nz: str) -> list[str]:
+    """dequant(v, scale pair): nibbles 0 and 4 of v, the signed pair times the scale pair (less
+    the zero point, with ``nz``), as a 32-bit fragment register."""
+    return [
+        f"auto dequant = [&](unsigned v, {pair} sc{f', {pair} nz' if nz else ''}) -> unsigned {{",
+        "  unsigned h;",
+        "#ifdef __CUDA_ARCH__  // one lop3: NVCC splits the C expression into two",
+        f'  asm("lop3.b32 %0, %1, 0x000f000f, {magic}, 0x6a;" : "=r"(h) : "r"(v));',
+        "#else",
+        f"  h = (v & 0x000f000fu) ^ {magic}u;",
+        "#endif",
+        f"  const unsigned biased = {magic}u;",
+        f"  {pair} x = __hsub2(*reinterpret_cast<const {pair}*>(&h), *reinterpret_cast<const {pair}*>(&biased));",
+        "  x = __hfma2(x, sc, nz);" if nz else "  x = __hmul2(x, sc);",
+        "  return *reinterpret_cast<unsigned*>(&x);",
+        "};",
+    ]
+
+
+def _dequant_bytes(weight: DataType, pair: str, bf16: bool) -> list[str]:
+    """dequant(v, scale pair, even, odd): the 4 int8 or fp8_e4m3 bytes of v, pairs (0, 2) and
+    (1, 3), times the scale pair, as two 32-bit fragment registers (the module's tricks)."""
+    if weight is DataType.FP8_E4M3:
+        to_pair = "__float22bfloat162_rn(__half22float2(x))" if bf16 else "x"
+        exact = [
+            "  unsigned h[2];",
+            "  #pragma unroll",
+            "  for (int i = 0; i < 2; ++i) {  // bytes (i, i + 2) side by side, converted exactly",
+            "    const __half2 x = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)__byte_perm(v, 0u, 0x20 + i * 0x11), __NV_E4M3));",
+            f"    const {pair} y = {to_pair};",
+            "    h[i] = *reinterpret_cast<const unsigned*>(&y);",
+            "  }",
+        ]
+    elif bf16:
+        exact = [
+            "  float f[4];  // 2^23 + code + 128 in fp32, less 2^23 + 128",
+            "  #pragma unroll",
+            "  for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7650 + i)) - 8388736.0f;",
+            "  unsigned h[2] = {__byte_perm(__float_as_uint(f[0]), __float_as_uint(f[2]), 0x7632),",
+            "                   __byte_perm(__float_as_uint(f[1]), __float_as_uint(f[3]), 0x7632)};",
+        ]
+    else:
+        exact = [
+            "  unsigned h[2] = {__byte_perm(u, 0x64646464u, 0x4240), __byte_perm(u, 0x64646464u, 0x4341)};  // 1024 + code + 128",
+            "  const unsigned biased = 0x64806480u;  // 1152 in both halves",
+            "  #pragma unroll",
+            "  for (int i = 0; i < 2; ++i) {",
+            f"    const {pair} x = __hsub2(*reinterpret_cast<const {pair}*>(&h[i]), *reinterpret_cast<const {pair}*>(&biased));",
+            "    h[i] = *reinterpret_cast<const unsigned*>(&x);",
+            "  }",
+        ]
+    return [
+        f"auto dequant = [&](unsigned v, {pair} sc, unsigned& even, unsigned& odd) {{",
+        *([] if weight is DataType.FP8_E4M3 else ["  const unsigned u = v ^ 0x80808080u;  // code + 128 in each byte"]),
+        *exact,
+        f"  const {pair} e = __hmul2(*reinterpret_cast<const {pair}*>(&h[0]), sc), o = __hmul2(*reinterpret_cast<const {pair}*>(&h[1]), sc);",
+        "  even = *reinterpret_cast<const unsigned*>(&e);",
+        "  odd = *reinterpret_cast<const unsigned*>(&o);",
+        "};",
     ]
 
 
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
-    tiles, warps, unroll = launch["column_tiles"], launch["warps"], launch["unroll"]
+    tiles, warps, unroll, early = launch["column_tiles"], launch["warps"], launch["unroll"], launch["early_a"]
+    byte_codes = not p.w.data_type.is_packed
+    chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
     a, w, scale = params.tensor(p.a), params.tensor(p.w), params.tensor(p.scale)
     out = params.tensor(p.out, writable=True)
@@ -90,50 +191,81 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
     nz_array = f"{pair} (&nz)[UNROLL][TILES][2]"
     nz_out, nz_in = (f", {nz_array}", f", const {nz_array}") if nz else ("", "")  # fetch's and multiply's
     nz_arg, za, zb = (", nz[u][j][h]", ", za", ", zb") if nz else ("", "", "")
+    # early_a (8-bit weights, up to 8 tokens): the activations come with the weights, a set
+    # ahead, so that multiply waits for neither; else multiply loads them (L2) as it starts
+    xs_array = "uint4 (&xs)[UNROLL][HALVES][PIECES]"
+    xs_out, xs_in, xa, xb = (f", {xs_array}", f", const {xs_array}", ", xa", ", xb") if early else ("",) * 4
+    activations = [
+        "#pragma unroll",
+        "for (int t = 0; t < HALVES; ++t) {",
+        "  #pragma unroll",
+        "  for (int piece = 0; piece < PIECES; ++piece) {",
+        "    const bool live = g + 8 * t < ROWS && k0 < K;",
+        "    X[t][piece] = live ? LOAD(A + (g + 8 * t) * A_ROWLL + k0 + 8 * piece) : make_uint4(0, 0, 0, 0);",
+        "  }",
+        "}",
+    ]
+
+    # The k order inside a k16 step is free, so each word's codes pair up as they dequantize
+    # cheapest, and the activations' halves follow: int4 pairs (2 hp, 2 hp + 4), (2 hp + 1,
+    # 2 hp + 5) of a piece's word; int8 pairs (0, 2), (1, 3) of its word hp.
+    if byte_codes:
+        pairs, word_at = "(0, 2) and (1, 3) of word 2 piece + hp", "2 * piece + hp"
+        halves = "hp ? x[t][piece].z : x[t][piece].x, hi = hp ? x[t][piece].w : x[t][piece].y"
+    else:
+        pairs, word_at = "(2 hp, 2 hp + 4) and (2 hp + 1, 2 hp + 5)", "piece"
+        halves = "hp ? x[t][piece].y : x[t][piece].x, hi = hp ? x[t][piece].w : x[t][piece].z"
 
     def product(load: str) -> list[str]:
         """The K loop and its loads, reading 16 bytes with ``load``."""
+
+        def load_x(into: str, depth: str) -> list[str]:
+            """The loads of tokens g and g + 8 at k0 .. k0 + KPL - 1 into ``into``."""
+            text = [line.replace("X[", f"{into}[").replace("LOAD", load) for line in activations]
+            text = [line.replace("A + ", f"{a} + ").replace("A_ROWLL", f"{p.a_row}LL") for line in text]
+            return [depth + line for line in text]
+
         return [
             # the weights and scales of a set of chunks: the warp's chunks base + warp, base + warp + WARPS, ...
-            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_out}) {{",
+            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
-            "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
+            "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
             "    #pragma unroll",
             "    for (int j = 0; j < TILES; ++j) {",
             "      #pragma unroll",
             "      for (int h = 0; h < 2; ++h) {  // columns g and g + 8 of the tile",
             "        const long long n = first + 16 * j + 8 * h + g;",
             "        const bool live = n < N && k0 < K;",
-            f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0 / 2) : make_uint4(0, 0, 0, 0);",
+            f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);",
             f"        const float s = live ? gd::to<float>({scale}[(k0 / GROUP) * {ss[0]}LL + n * {ss[1]}LL]) : 0.0f;",
             f"        sc[u][j][h] = {to_pair}(s);",
             *([f"        nz[u][j][h] = {nz};"] if nz else []),
             "      }",
             "    }",
+            *(load_x("xs[u]", "    ") if early else []),
             "  }",
             "};",
-            f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_in}) {{",
+            f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_in}{xs_in}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
-            "    const int k0 = (base + warp + u * WARPS) * 128 + q * 32;",
-            "    uint4 x[HALVES][4];  // tokens g and g + 8 at k0 .. k0 + 31",
+            *(
+                ["    const uint4 (&x)[HALVES][PIECES] = xs[u];  // tokens g and g + 8 at k0 .. k0 + KPL - 1"]
+                if early
+                else [
+                    "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
+                    "    uint4 x[HALVES][PIECES];  // tokens g and g + 8 at k0 .. k0 + KPL - 1",
+                    *load_x("x", "    "),
+                ]
+            ),
             "    #pragma unroll",
-            "    for (int t = 0; t < HALVES; ++t) {",
+            "    for (int piece = 0; piece < PIECES; ++piece) {  // 8 k: k0 + 8 * piece ...",
             "      #pragma unroll",
-            "      for (int piece = 0; piece < 4; ++piece) {",
-            "        const bool live = g + 8 * t < ROWS && k0 < K;",
-            f"        x[t][piece] = live ? {load}({a} + (g + 8 * t) * {p.a_row}LL + k0 + 8 * piece) : make_uint4(0, 0, 0, 0);",
-            "      }",
-            "    }",
-            "    #pragma unroll",
-            "    for (int piece = 0; piece < 4; ++piece) {  // 8 k: k0 + 8 * piece ...",
-            "      #pragma unroll",
-            "      for (int hp = 0; hp < 2; ++hp) {  // k pairs (2 hp, 2 hp + 4) and (2 hp + 1, 2 hp + 5)",
+            f"      for (int hp = 0; hp < 2; ++hp) {{  // k pairs {pairs}",
             "        unsigned fb[HALVES][2];",
             "        #pragma unroll",
             "        for (int t = 0; t < HALVES; ++t) {",
-            "          const unsigned lo = hp ? x[t][piece].y : x[t][piece].x, hi = hp ? x[t][piece].w : x[t][piece].z;",
+            f"          const unsigned lo = {halves};",
             "          fb[t][0] = __byte_perm(lo, hi, 0x5410);",
             "          fb[t][1] = __byte_perm(lo, hi, 0x7632);",
             "        }",
@@ -143,9 +275,16 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "          #pragma unroll",
             "          for (int h = 0; h < 2; ++h) {",
             "            const uint4 ws = wv[u][j][h];",
-            "            const unsigned word = piece == 0 ? ws.x : piece == 1 ? ws.y : piece == 2 ? ws.z : ws.w;",
-            f"            fa[h] = dequant(word >> (8 * hp), sc[u][j][h]{nz_arg});",
-            f"            fa[2 + h] = dequant(word >> (8 * hp + 4), sc[u][j][h]{nz_arg});",
+            f"            const int at = {word_at};",
+            "            const unsigned word = at == 0 ? ws.x : at == 1 ? ws.y : at == 2 ? ws.z : ws.w;",
+            *(
+                ["            dequant(word, sc[u][j][h], fa[h], fa[2 + h]);"]
+                if byte_codes
+                else [
+                    f"            fa[h] = dequant(word >> (8 * hp), sc[u][j][h]{nz_arg});",
+                    f"            fa[2 + h] = dequant(word >> (8 * hp + 4), sc[u][j][h]{nz_arg});",
+                ]
+            ),
             "          }",
             "          #pragma unroll",
             "          for (int t = 0; t < HALVES; ++t) mma_16816(acc[j][t], fa, fb[t][0], fb[t][1]);",
@@ -159,35 +298,25 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "uint4 wa[UNROLL][TILES][2], wb[UNROLL][TILES][2];",
             f"{pair} sa[UNROLL][TILES][2], sb[UNROLL][TILES][2];",
             *([f"{pair} za[UNROLL][TILES][2], zb[UNROLL][TILES][2];"] if nz else []),
-            f"fetch(0, wa, sa{za});",
+            *(["uint4 xa[UNROLL][HALVES][PIECES], xb[UNROLL][HALVES][PIECES];"] if early else []),
+            f"fetch(0, wa, sa{za}{xa});",
             "for (int c0 = 0; c0 < CHUNKS; c0 += 2 * STEP) {",
-            f"  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb{zb});",
-            f"  multiply(c0, wa, sa{za});",
-            f"  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa{za});",
-            f"  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb{zb});",
+            f"  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb{zb}{xb});",
+            f"  multiply(c0, wa, sa{za}{xa});",
+            f"  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa{za}{xa});",
+            f"  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb{zb}{xb});",
             "}",
         ]
 
     body = [
         f"constexpr int ROWS = {p.rows}, K = {p.k}, N = {p.n}, GROUP = {p.group}, HALVES = ROWS > 8 ? 2 : 1;",
-        f"constexpr int TILES = {tiles}, WARPS = {warps}, UNROLL = {unroll}, CHUNKS = {-(-p.k // CHUNK)};",
-        f"constexpr long long W_COLUMN = {p.w.static_stride[1] // 2};  // bytes between columns",
+        f"constexpr int TILES = {tiles}, WARPS = {warps}, UNROLL = {unroll}, CHUNKS = {-(-p.k // chunk)};",
+        f"constexpr int CHUNK = {chunk}, KPL = {p.k_per_load}, PIECES = KPL / 8;  // k per warp step, lane, 8 halves",
+        f"constexpr long long W_COLUMN = {p.w.static_stride[1] // (1 if byte_codes else 2)};  // bytes between columns",
         "__shared__ float4 partial[WARPS][TILES * HALVES][32];",
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;",
         "const long long first = (long long)blockIdx.x * (16 * TILES);",
-        # nibbles 0 and 4 of v: the signed pair, times the scale pair, as a 32-bit fragment register
-        f"auto dequant = [&](unsigned v, {pair} sc{f', {pair} nz' if nz else ''}) -> unsigned {{",
-        "  unsigned h;",
-        "#ifdef __CUDA_ARCH__  // one lop3: NVCC splits the C expression into two",
-        f'  asm("lop3.b32 %0, %1, 0x000f000f, {magic}, 0x6a;" : "=r"(h) : "r"(v));',
-        "#else",
-        f"  h = (v & 0x000f000fu) ^ {magic}u;",
-        "#endif",
-        f"  const unsigned biased = {magic}u;",
-        f"  {pair} x = __hsub2(*reinterpret_cast<const {pair}*>(&h), *reinterpret_cast<const {pair}*>(&biased));",
-        "  x = __hfma2(x, sc, nz);" if nz else "  x = __hmul2(x, sc);",
-        "  return *reinterpret_cast<unsigned*>(&x);",
-        "};",
+        *(_dequant_bytes(p.w.data_type, pair, bf16) if byte_codes else _dequant_int4(pair, magic, nz)),
         "float acc[TILES][HALVES][4] = {};  // [tile][tokens 0-7, 8-15][m16n8 accumulator fragment]",
         "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
         "auto load_bytes = [&](const void* at) -> uint4 {",

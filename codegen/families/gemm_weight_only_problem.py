@@ -11,6 +11,8 @@ from graphdnn.ops.weight_only import group_scales, rows_of
 
 from ..cuda_types import cuda_type
 
+MAX_ROWS = 16  # two m16n8k16 column halves of 8 tokens
+
 
 @dataclass(frozen=True)
 class WeightOnly:
@@ -35,6 +37,11 @@ class WeightOnly:
         return self.w.static_stride[0] == 1
 
     @property
+    def k_per_load(self) -> int:
+        """k in one 16-byte load of a column: 32 int4 codes, 16 of one byte."""
+        return 32 if self.w.data_type.is_packed else 16
+
+    @property
     def activation(self) -> str:
         return cuda_type(self.a.data_type)
 
@@ -52,12 +59,17 @@ def problem_of(node: Node) -> WeightOnly:
 
 def tensor_core_reason(p: WeightOnly) -> str | None:
     """Why the tensor-core kernel cannot read this problem, or None."""
-    if p.w.data_type is not DataType.INT4:
-        return f"W '{p.w.name}' is {p.w.data_type.value}: the tensor-core kernel dequantizes int4 (FP4 is storage here)"
-    if not p.k_major or p.w.static_stride[1] % 32:
-        return f"W '{p.w.name}' has strides {list(p.w.stride)}: the tensor-core kernel reads it packed along K in 16-byte columns"
-    if p.k % 32:
-        return f"K = {p.k} is not a multiple of 32 (one 16-byte load of int4 per thread)"
+    if p.w.data_type not in (DataType.INT4, DataType.INT8, DataType.FP8_E4M3):
+        return (
+            f"W '{p.w.name}' is {p.w.data_type.value}: the tensor-core kernel dequantizes int4, int8 and fp8_e4m3 "
+            "(FP4 is storage here)"
+        )
+    if p.rows > MAX_ROWS:
+        return f"{p.rows} rows (tokens): the tensor-core kernel serves up to {MAX_ROWS}"
+    if not p.k_major or p.w.static_stride[1] % p.k_per_load:
+        return f"W '{p.w.name}' has strides {list(p.w.stride)}: the tensor-core kernel reads it k-contiguous in 16-byte columns"
+    if p.k % p.k_per_load:
+        return f"K = {p.k} is not a multiple of {p.k_per_load} (one 16-byte load of {p.w.data_type.value} per thread)"
     if p.a.static_stride[-1] != 1 or (p.rows > 1 and p.a_row % 8):
         return f"A '{p.a.name}' has strides {list(p.a.stride)}: the tensor-core kernel reads it k-contiguous in 16-byte rows"
     return None

@@ -1,13 +1,15 @@
-"""Weight-only 4-bit GEMM written from primitives: ``block_scale_dequantize`` of a 4-bit weight
-W [K, N] (int4 or fp4_e2m1, group scales of 32, 64 or 128 along K; int4 with or without group
-zero points) feeding a ``matmul`` as B, with 16-bit activations A [..., M, K]: what LLM
-inference runs at small batch.
+"""Weight-only 4-bit and 8-bit GEMM written from primitives: ``block_scale_dequantize`` of a
+weight W [K, N] (int4 or fp4_e2m1, int4 with or without group zero points, symmetric int8 or
+fp8_e4m3; group scales of 32, 64 or 128 along K, or one scale per column: a block of K or more)
+feeding a ``matmul`` as B, with 16-bit activations A [..., M, K]: what LLM inference runs at
+small batch.
 
 The two nodes become one GEMM fused node whose anchor is a ``matmul`` the rule builds with the
-4-bit W as B, the scales as ``B_scale`` and any zero points as ``B_zero_point``
+weight W as B, the scales as ``B_scale`` and any zero points as ``B_zero_point``
 (graphdnn/ops/weight_only.py), so that the kernel (codegen/families/gemm_weight_only.py) reads
 the packed weights once and dequantizes them in registers: the dequantized weight never reaches
-memory, and the problem stays bound by the weights' bytes (a quarter of a 16-bit GEMM's).
+memory, and the problem stays bound by the weights' bytes (a quarter of a 16-bit GEMM's for
+4-bit weights, a half for 8-bit ones).
 
 Numerics: the unfused graph rounds each dequantized weight to its tensor's type, which the
 rule asks to be A's; the kernel rounds it to A's type too (the 16-bit tensor-core operand),
@@ -25,9 +27,10 @@ import dataclasses
 
 from graphdnn.dtypes import DataType
 from graphdnn.errors import GraphError
-from graphdnn.ir import Node
+from graphdnn.ir import Node, Tensor
+from graphdnn.ops.block_scaled import FP8
 from graphdnn.ops.quantize import block_axis
-from graphdnn.ops.weight_only import ACTIVATION_TYPES, GROUPS, SCALE_TYPES, rows_of
+from graphdnn.ops.weight_only import ACTIVATION_TYPES, BYTE_WEIGHTS, GROUPS, SCALE_TYPES, rows_of
 
 from ..guards import fusable_types
 from ..partition import Family
@@ -43,9 +46,15 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
     deq, matmul = found.bindings["deq"], found.bindings["matmul"]
     w = deq.input("X")
     assert w is not None
-    if not w.data_type.is_packed:  # an fp8 operand: the block_scaled_matmul rule's
+    if _block_scaled(ctx, w, matmul):
         return Miss()
     names = (deq.name, matmul.name)
+    if not (w.data_type.is_packed or w.data_type in BYTE_WEIGHTS):
+        return Miss(
+            f"{deq.name} dequantizes {w.data_type.value} weights; the weight-only GEMM takes int4, fp4_e2m1, int8 "
+            "and fp8_e4m3",
+            names,
+        )
     reason = _reason(ctx, deq, matmul)
     if reason is not None:
         return Miss(reason, names)
@@ -57,6 +66,14 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
     return Match(found.bindings, (), (deq, matmul), anchor)
 
 
+def _block_scaled(ctx: MatchContext, w: Tensor, matmul: Node) -> bool:
+    """fp8 weights times a dequantized A: the block_scaled_matmul rule's (fp8 x fp8)."""
+    a = matmul.input("A")
+    assert a is not None
+    source = ctx.graph.producer(a)
+    return w.data_type in FP8 and source is not None and source.op == "block_scale_dequantize"
+
+
 def _reason(ctx: MatchContext, deq: Node, matmul: Node) -> str | None:
     """Why the weight-only kernel cannot take these nodes, or None."""
     w, scale, y = deq.input("X"), deq.input("scale"), deq.output("Y")
@@ -66,10 +83,12 @@ def _reason(ctx: MatchContext, deq: Node, matmul: Node) -> str | None:
         return f"{matmul.name}: the weight-only GEMM needs sm_{MIN_ARCH} (mma.sync), the target is sm_{ctx.arch}"
     attrs = deq.attributes
     axis = block_axis(deq, len(w.dim))
-    if len(w.dim) != 2 or axis != 0 or attrs.block_size not in GROUPS:  # type: ignore[attr-defined]
+    block = attrs.block_size  # type: ignore[attr-defined]
+    if len(w.dim) != 2 or axis != 0 or not (block in GROUPS or (isinstance(w.dim[0], int) and block >= w.dim[0])):
         return (
-            f"{deq.name} has blocks of {attrs.block_size} along axis {axis} of {list(w.dim)}; the weight-only GEMM "  # type: ignore[attr-defined]
-            f"takes a rank-2 weight with groups of {', '.join(map(str, GROUPS))} along K (axis 0)"
+            f"{deq.name} has blocks of {block} along axis {axis} of {list(w.dim)}; the weight-only GEMM "
+            f"takes a rank-2 weight with groups of {', '.join(map(str, GROUPS))} along K (axis 0), or one per "
+            "column (a block of K or more)"
         )
     if a.data_type not in ACTIVATION_TYPES or y.data_type is not a.data_type:
         return (
@@ -117,8 +136,9 @@ WEIGHT_ONLY_MATMUL = register_rule(
         priority=39,  # before matmul_epilogue, which would take the matmul alone
         rewrite=rewrite,
         description=(
-            "block_scale_dequantize(W int4 / fp4_e2m1, groups of 32 / 64 / 128 along K) → matmul(A half / bfloat16, "
-            "·) for up to 16 rows of A, as one weight-only GEMM dequantizing the packed weights in registers"
+            "block_scale_dequantize(W int4 / fp4_e2m1 / int8 / fp8_e4m3, groups of 32 / 64 / 128 along K or per column) → "
+            "matmul(A half / bfloat16, ·) for up to 16 rows of A, as one weight-only GEMM dequantizing the weights "
+            "in registers"
         ),
     )
 )

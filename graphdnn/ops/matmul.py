@@ -7,9 +7,10 @@ Block-scaled fp8 (block_scaled.py): with ``A_scale`` and ``B_scale`` bound, C = 
 per 1 x 128 block) @ (B * B_scale per 128 x 128 or 128 x 1 block) with float scales
 (DeepSeek-V3's recipe), or per 1 x 32 and 32 x 1 blocks with fp8_e8m0 scales (MXFP8).
 
-Weight-only (weight_only.py): with a 4-bit B (int4, fp4_e2m1) and ``B_scale`` bound, C = A @
-(B * B_scale per group of 32, 64 or 128 k), A fp16 or bf16; an int4 B may have a
-``B_zero_point`` per group: C = A @ ((B - B_zero_point) * B_scale).
+Weight-only (weight_only.py): with a 4-bit B (int4, fp4_e2m1) and ``B_scale`` bound, or an
+8-bit B (int8, fp8_e4m3), ``B_scale`` alone and A not 8-bit, C = A @ (B * B_scale per group
+of 32, 64 or 128 k, or per column), A fp16 or bf16; an int4 B may have a ``B_zero_point`` per
+group: C = A @ ((B - B_zero_point) * B_scale). An int8 B with an int8 A is the int8 GEMM.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..dtypes import DataType
 from ..symbolic import Extent
 from .base import Category, Inferred, Op, Role, broadcast, fail, register
 from .block_scaled import check_block_scales, scaled_operands
@@ -76,6 +78,13 @@ class Matmul(Op):
             check_block_scales(node)
         return {"C": Inferred((*batch, a.dim[-2], b.dim[-1]))}
 
+    def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
+        """A weight-only int8 B spans -128..127 (the int8 GEMM's operands keep the default
+        range, whose sums stay small)."""
+        b = node.input("B")
+        weight_only_int8 = role == "B" and b is not None and b.data_type is DataType.INT8 and is_weight_only(node)
+        return (-128, 127) if weight_only_int8 else None
+
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The operands arrive widened to float64 (reference.py): fp8 and int8 products are
         exact, fp8 sums at least as accurate as fp32 accumulation, int8 sums exact integers
@@ -99,7 +108,7 @@ class MatmulMethods:
         B_zero_point: TensorSpec | None = None,
     ) -> TensorSpec:
         """C = A @ B, batched over the leading dims with NumPy broadcasting; with ``A_scale`` and
-        ``B_scale``, block-scaled fp8 operands, or a 4-bit B with its group scales (and, for
-        int4, optional group zero points: docs/ops.md)."""
+        ``B_scale``, block-scaled fp8 operands; with ``B_scale`` alone, a 4-bit or 8-bit B with its
+        group or per-column scales (and, for int4, optional group zero points: docs/ops.md)."""
         inputs = {"A": A, "B": B, "A_scale": A_scale, "B_scale": B_scale, "B_zero_point": B_zero_point}
         return self._add_node("matmul", inputs, name=name, compute_data_type=compute_data_type)[0]

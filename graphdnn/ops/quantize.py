@@ -29,13 +29,14 @@ if TYPE_CHECKING:
 
 ELEMENT_TYPES = frozenset({DataType.FP8_E4M3, DataType.FP8_E5M2})
 SCALE_TYPES = frozenset({DataType.FLOAT, DataType.FP8_E8M0})
-# Dequantize also reads 4-bit weights (graphdnn/packing.py) with 16-bit scales: the group
-# scales of weight-only GEMMs (fusion_rules/rules/weight_only.py).
-DEQUANTIZE_TYPES = ELEMENT_TYPES | {DataType.INT4, DataType.FP4_E2M1}
+# Dequantize also reads 4-bit weights (graphdnn/packing.py) and int8 weights, and fp8 ones
+# with 16-bit scales: the group or per-channel scales of weight-only GEMMs (fusion_rules/rules/weight_only.py).
+DEQUANTIZE_TYPES = ELEMENT_TYPES | {DataType.INT4, DataType.FP4_E2M1, DataType.INT8}
 DEQUANTIZE_SCALE_TYPES = SCALE_TYPES | {DataType.HALF, DataType.BFLOAT16}
 # int4 weights may carry a zero point per group (asymmetric quantization, as AWQ / GPTQ store
 # them): y = (x - zero_point) * scale.
 ZERO_POINT_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
+WEIGHT_RANGES = {DataType.INT4: (-8, 7), DataType.INT8: (-128, 127)}  # random weights span their type
 INPUT_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 # The largest finite value of each element type: the block maximum is scaled onto it.
 LARGEST = {DataType.FP8_E4M3: 448.0, DataType.FP8_E5M2: 57344.0}
@@ -169,8 +170,8 @@ class BlockScaleQuantize(Op):
 @register
 class BlockScaleDequantize(Op):
     """y = x * scale, each element with the scale of its block: fp8 values with float or
-    fp8_e8m0 scales, or 4-bit weights (int4, fp4_e2m1) with float, half or bfloat16 group
-    scales; int4 weights with a ``zero_point`` per block give y = (x - zero_point) * scale."""
+    fp8_e8m0 scales, or 4-bit (int4, fp4_e2m1) or int8 weights with float, half or bfloat16
+    group scales; int4 weights with a ``zero_point`` per block give y = (x - zero_point) * scale."""
 
     kind = "block_scale_dequantize"
     category = Category.QUANTIZATION
@@ -182,7 +183,7 @@ class BlockScaleDequantize(Op):
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         x, scale, zero_point = node.input("X"), node.input("scale"), node.input("zero_point")
         assert x is not None and scale is not None
-        _check_input_type(node, "X", x, DEQUANTIZE_TYPES, "fp8 or 4-bit values")
+        _check_input_type(node, "X", x, DEQUANTIZE_TYPES, "fp8, 4-bit or int8 values")
         _check_input_type(node, "scale", scale, DEQUANTIZE_SCALE_TYPES, "block scales")
         block_size = _check_block_size(node)
         axis = block_axis(node, len(x.dim))
@@ -209,9 +210,9 @@ class BlockScaleDequantize(Op):
         return {"Y": Inferred(x.dim, stride_order(x.dim, x.stride))}
 
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
-        """int4 weights span their whole range, -8..7."""
+        """int4 and int8 weights span their whole range, -8..7 and -128..127."""
         x = node.input("X")
-        return (-8, 7) if role == "X" and x is not None and x.data_type is DataType.INT4 else None
+        return WEIGHT_RANGES.get(x.data_type) if role == "X" and x is not None else None
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         value = x["X"]
