@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import graphdnn as gd  # noqa: E402
+from benchmarks.conv_shapes import SquareConv  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
 
@@ -30,25 +31,10 @@ PASSES = ("fprop", "dgrad", "wgrad")
 
 
 @dataclass(frozen=True)
-class Layer:
-    """A 2-d convolution of ``groups`` groups (depthwise: groups == c == k), square, padded
-    to keep the size at stride 1."""
+class Layer(SquareConv):
+    """A convolution of ``groups`` groups (depthwise: groups == c == k)."""
 
-    n: int
-    c: int
-    hw: int
-    k: int
-    size: int
-    groups: int
-    stride: int = 1
-
-    @property
-    def pad(self) -> int:
-        return self.size // 2
-
-    @property
-    def out_hw(self) -> int:
-        return (self.hw + 2 * self.pad - self.size) // self.stride + 1
+    groups: int = 1
 
     @property
     def name(self) -> str:
@@ -106,11 +92,11 @@ class Layer:
 
 
 LAYERS = [
-    Layer(32, 144, 56, 144, 3, 144),  # MobileNetV2's depthwise 3x3 at 56²
-    Layer(32, 144, 56, 144, 3, 144, 2),  # and its stride-2 one
-    Layer(32, 576, 14, 576, 3, 576),
-    Layer(32, 128, 56, 128, 3, 32),  # ResNeXt-50 32x4d's grouped 3x3s: 4 and 8 channels a group
-    Layer(32, 256, 28, 256, 3, 32),
+    Layer(32, 144, 56, 144, 3, groups=144),  # MobileNetV2's depthwise 3x3 at 56²
+    Layer(32, 144, 56, 144, 3, stride=2, groups=144),  # and its stride-2 one
+    Layer(32, 576, 14, 576, 3, groups=576),
+    Layer(32, 128, 56, 128, 3, groups=32),  # ResNeXt-50 32x4d's grouped 3x3s: 4 and 8 channels a group
+    Layer(32, 256, 28, 256, 3, groups=32),
 ]
 
 

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import fusion_rules as fr  # noqa: E402
 import graphdnn as gd  # noqa: E402
+from benchmarks.conv_shapes import SquareConv  # noqa: E402
 from graphdnn.arch import sm_count  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
@@ -32,22 +33,7 @@ ARCH = 90
 
 
 @dataclass(frozen=True)
-class Layer:
-    n: int
-    c: int
-    hw: int
-    k: int
-    size: int
-    stride: int = 1
-
-    @property
-    def pad(self) -> int:
-        return self.size // 2
-
-    @property
-    def out_hw(self) -> int:
-        return (self.hw + 2 * self.pad - self.size) // self.stride + 1
-
+class Layer(SquareConv):
     @property
     def name(self) -> str:
         s = f" s{self.stride}" if self.stride > 1 else ""

@@ -44,7 +44,7 @@ def compile_options() -> tuple[tuple[str, object], ...]:
     cubin for Nsight Compute and compute-sanitizer (the machine code stays the same); plus
     ``-Ofast-compile=mid -minimal`` under GRAPHDNN_FAST_COMPILE=1: NVVM and ptxas spend less
     effort and the front end leaves out the CUDA runtime's device API (which no generated
-    kernel calls), so a check that every kernel compiles runs about a third faster, and the
+    kernel calls), so a check that every kernel compiles takes about half the time, and the
     kernels may run slower (the front end and ptxas still check the source and its inline PTX)."""
     return (
         COMPILE_OPTIONS

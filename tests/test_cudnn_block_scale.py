@@ -371,7 +371,9 @@ def test_what_graphdnn_lacks_is_refused_naming_the_node_or_tensor(call: Any, err
 def test_unsupported_types_are_refused_naming_the_node() -> None:
     g, x = graph_with([64, 64], cudnn.data_type.HALF)  # the frontend's general sample dequantizes half
     scale = g.tensor(name="s", dim=[64, 1], data_type=F32)
-    with pytest.raises(GraphError, match=r"node 'dq'.*'x' is half; block_scale_dequantize takes fp8, 4-bit or int8 values"):
+    with pytest.raises(
+        GraphError, match=r"node 'dq'.*'x' is half; block_scale_dequantize takes fp8, 4-bit or int8 values"
+    ):
         g.block_scale_dequantize(x, scale, [1, 64], name="dq")
 
 
