@@ -322,6 +322,22 @@ def wgrad_depthwise_runs_nhwc_bf16() -> gd.OperationGraphSpec:
 
 
 @case()
+def dgrad_depthwise_runs_nhwc_bf16() -> gd.OperationGraphSpec:
+    # 16-byte runs of channels (direct_conv_runs), stride 2 over an odd image
+    g = graph("bfloat16")
+    dy, w = tensor(g, [3, 24, 19, 15], "nhwc", name="dy"), tensor(g, [24, 1, 3, 3], "nhwc", name="w")
+    return outputs(g, g.conv_dgrad(dy, w, padding=[1, 1], stride=[2, 2], image_dim=[3, 24, 37, 29]))
+
+
+@case()
+def dgrad_grouped_runs_nhwc_half() -> gd.OperationGraphSpec:
+    # 4 channels a group, stride 2, dilation, asymmetric padding, true convolution
+    g = graph("half")
+    dy, w = tensor(g, [2, 16, 5, 6], "nhwc", name="dy"), tensor(g, [16, 4, 3, 3], "nhwc", name="w")
+    return outputs(g, g.conv_dgrad(dy, w, image_dim=[2, 16, 11, 11], convolution_mode="CONVOLUTION", **CONV_2D))
+
+
+@case()
 def wgrad_grouped_runs_nhwc_half() -> gd.OperationGraphSpec:
     # 4 channels a group, stride 2, dilation, asymmetric padding, true convolution
     g = graph("half")

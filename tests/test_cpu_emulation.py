@@ -59,6 +59,9 @@ def grouped_conv(
         result, dim = g.conv_fprop(tensor("x", x_dim), tensor("w", w_dim), **conv), y_dim  # type: ignore[arg-type]
         if options.get("bias_relu"):
             result = g.relu(g.add(result, g.tensor(name="bias", dim=[1, channels, 1, 1])))
+    elif kind == "dgrad":
+        result = g.conv_dgrad(tensor("dy", y_dim), tensor("w", w_dim), image_dim=x_dim, **conv)  # type: ignore[arg-type]
+        dim = x_dim
     else:
         result = g.conv_wgrad(tensor("x", x_dim), tensor("dy", y_dim), filter_dim=w_dim, **conv)  # type: ignore[arg-type]
         dim = w_dim
@@ -81,6 +84,9 @@ GRAPHS = [
     grouped_conv("wgrad", 16, 8, 2, io="half"),  # 2 channels a group, runs of 8 half channels
     grouped_conv("wgrad", 8, 2, dilation=2, mode=True),  # 4 channels a group
     grouped_conv("wgrad", 8, 8, size=64),  # 8192 pixels: the sums split in two, then finalized
+    grouped_conv("dgrad", 12, 12, 2),  # runs of 4 float channels, only the taps the stride divides
+    grouped_conv("dgrad", 16, 4, io="half", dilation=2, mode=True),  # 4 channels a group
+    grouped_conv("dgrad", 16, 8, 2, io="half"),  # 2 channels a group
     build(Case("layernorm_backward", "float", (7, 33), (1, 33))),  # 2 rows per block, a 64-thread group
     build(Case("layernorm_backward", "half", (7, 1000), (1, 1000))),  # 8-element vectors
     build(Case("rmsnorm_backward", "float", (1000, 1), (1, 1))),  # 128 rows per block

@@ -9,8 +9,9 @@ convolution_mode "convolution" the filter is flipped: tap f uses w[F-1-f].
   0 <= p < P; k runs over the output channels of the element's group.
 - wgrad: dw[k, c, f] = sum over (n, p) of dy[n, k, p] * x[n, group(k)*Cg + c, p*s + f*l - a],
   one dw element per thread group with the reduction pattern (direct_reduce) over N*P, or
-  with NHWC data one per lane, the lanes along c then k; depthwise and small groups in NHWC
-  sum runs of channels instead (direct_conv_runs).
+  with NHWC data one per lane, the lanes along c then k.
+
+Depthwise and small-group gradients in NHWC take runs of channels instead (direct_conv_runs).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .direct_common import (
     make_kernel,
     read,
 )
-from .direct_conv_runs import emit_wgrad_runs, takes_runs
+from .direct_conv_runs import emit_dgrad_runs, emit_wgrad_runs, takes_dgrad_runs, takes_runs
 from .direct_reduce import Sums, innermost_reduced, sums_kernels
 
 
@@ -55,6 +56,8 @@ def emit_dgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     dy, w, dx = node.input("loss"), node.input("filter"), node.output("dx")
     assert dy is not None and w is not None and dx is not None
     a = _attributes(fused)
+    if takes_dgrad_runs(dy, w, dx):
+        return emit_dgrad_runs(fused, ctx, dy, w, dx, a)
     compute, itype = compute_for(fused), loop_index_type([dy, w, dx], dx.static_numel)
     params = KernelParams()
     names = declare(params, [dy, w])

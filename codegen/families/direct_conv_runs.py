@@ -1,7 +1,10 @@
-"""The weight gradient of depthwise and small-group convolutions in NHWC, over runs of channels.
+"""The gradients of depthwise and small-group convolutions in NHWC, over runs of channels.
 
 With as many output channels as input channels in groups of G dividing a 16-byte run of
-VEC channels (G = 1: depthwise), dw[k, ci, taps] sums dy[n, p, k] * x[n, p * s + tap, group(k)
+VEC channels (G = 1: depthwise), a run of channels of dy reads the same run of channels of
+x and dx (the groups line up), so both gradients read 16 bytes at a time.
+
+The weight gradient: dw[k, ci, taps] sums dy[n, p, k] * x[n, p * s + tap, group(k)
 * G + ci] over (n, p). direct_conv's one-element sums read both tensors two bytes at a time
 and find (n, p) by division for every product. Here each kept index is a run of VEC output
 channels at one tap and ci: at each (n, p) a thread reads the run of dy as one vector and
@@ -9,11 +12,21 @@ the run's image channels (one vector for depthwise, VEC / G elements otherwise),
 VEC products; the reduction pattern (direct_reduce: lanes along ci, then the runs, the
 block's warps over (n, p), splits added in a fixed order) is direct_conv's. Where the
 runtime's ``aligned`` flag is 0 the same elements are read one by one.
+
+The data gradient (2-d): dx[n, c, h] sums dy[n, k, p] * w[k, c - group(c) * G, tap] over the
+taps and the G output channels k of c's group, p = (h + pad - tap * dilation) / stride where
+that divides. A thread takes a run of VEC dx channels of one pixel; each block first stages
+the filter in shared memory as [tap][kk][c] = w[group(c) * G + kk, c % G, tap], so that at a
+tap the run reads one vector of dy and G vectors of the filter (direct_conv's one-element
+kernel reads G elements of each per dx element).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
 from graphdnn.ir import Tensor
 from graphdnn.layout import stride_order
@@ -24,26 +37,41 @@ from ..cuda_types import cuda_type, load, store
 from ..indexing import offset_at
 from ..kernel import FusedProgram
 from ..pointwise import literal
-from .direct_common import compute_for, declare
+from .direct_common import blocks_for, compute_for, declare, first_thread, loop_index_type, make_kernel
 from .direct_reduce import Sums, sums_kernels
 
 VECTOR_BYTES = 16
+STAGED_BYTES = 48 * 1024  # static shared memory: any arch
+RESIDENT_BLOCKS = 8  # blocks of 256 threads per SM at full occupancy
 MIN_SPLIT = 256  # fewest pixels per split (direct_reduce's own 4096 left a 576-channel layer 21 blocks)
 TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 
 
-def takes_runs(x: Tensor, dy: Tensor, dw: Tensor) -> bool:
-    """A static wgrad with K = C, G = C / groups dividing the run, x and dy of one type (fp16,
-    bf16, fp32) with their channels contiguous, C and their other strides multiples of the run."""
-    if any(t.symbols for t in (x, dy, dw)) or x.data_type is not dy.data_type or x.data_type not in TYPES:
+def takes_runs(image: Tensor, loss: Tensor, filter: Tensor) -> bool:
+    """A static gradient with K = C, G = C / groups dividing the run, the image (x or dx) and the
+    loss of one type (fp16, bf16, fp32) with their channels contiguous, C and their other
+    strides multiples of the run."""
+    if any(t.symbols for t in (image, loss, filter)) or image.data_type is not loss.data_type:
         return False
-    vec = VECTOR_BYTES // x.data_type.itemsize
-    channels, group = x.static_dim[1], dw.static_dim[1]
-    if not (dw.static_dim[0] == channels and channels > group and vec % group == 0 and channels % vec == 0):
+    if image.data_type not in TYPES:
+        return False
+    vec = VECTOR_BYTES // image.data_type.itemsize
+    channels, group = image.static_dim[1], filter.static_dim[1]
+    if not (filter.static_dim[0] == channels and channels > group and vec % group == 0 and channels % vec == 0):
         return False
     return all(
         t.static_stride[1] == 1 and all(s % vec == 0 for axis, s in enumerate(t.static_stride) if axis != 1)
-        for t in (x, dy)
+        for t in (image, loss)
+    )
+
+
+def takes_dgrad_runs(dy: Tensor, w: Tensor, dx: Tensor) -> bool:
+    """takes_runs, 2-d, the filter of dx's type and small enough to stage (STAGED_BYTES)."""
+    return (
+        len(dx.dim) == 4
+        and takes_runs(dx, dy, w)
+        and w.data_type is dx.data_type
+        and w.static_numel * w.data_type.itemsize <= STAGED_BYTES
     )
 
 
@@ -126,3 +154,85 @@ def emit_wgrad_runs(
     sums = Sums("conv_wgrad_runs", dims, kept, reduced, False, terms, finish, min_split=MIN_SPLIT)
     kernels, scratch = sums_kernels(ctx, fused, sums, compute)
     return FusedProgram(fused.name, kernels, scratch)
+
+
+def emit_dgrad_runs(
+    fused: FusedNode, ctx: EmitContext, dy: Tensor, w: Tensor, dx: Tensor, a: ConvAttributes
+) -> FusedProgram:
+    params = KernelParams()
+    names = declare(params, [dy, w])
+    out = params.tensor(dx, writable=True)
+    aligned = params.aligned_flag()
+    compute = compute_for(fused)
+    element = cuda_type(dy.data_type)
+    vec = VECTOR_BYTES // dy.data_type.itemsize
+    n, channels, height, width = dx.static_dim
+    group, taps_h, taps_w = w.static_dim[1:]
+    runs = n * height * width * (channels // vec)
+    # A resident grid: each block stages the filter once, then walks several runs.
+    blocks = min(blocks_for(runs), sm_count(ctx.arch) * RESIDENT_BLOCKS)
+    itype = loop_index_type([dy, w, dx], runs * vec)
+    ys, ws = dy.static_stride, w.static_stride
+    flip = a.convolution_mode is ConvMode.CONVOLUTION
+    tap_r, tap_s = (f"({taps_h - 1} - r)", f"({taps_w - 1} - s)") if flip else ("r", "s")
+
+    def products(read: Callable[[str], str]) -> list[str]:
+        """dx channel j of the run sums dy channel (j / G) * G + kk of the run times the staged
+        filter's (tap, kk) vector at j."""
+        at = f"(({tap_r} * {taps_w} + {tap_s}) * {group} + kk) * {channels} + cb * {vec}"
+        return [
+            "#pragma unroll",
+            f"for (int kk = 0; kk < {group}; ++kk) {{",
+            f"  const gd::Vec<{element}, {vec}> taps = gd::load_vec<{element}, {vec}>(filter + {at});",
+            "  #pragma unroll",
+            f"  for (int j = 0; j < {vec}; ++j) "
+            f"acc[j] += {read(f'j / {group} * {group} + kk')} * gd::element<{compute}>(taps, j);",
+            "}",
+        ]
+
+    def reach(axis: int, loop: str, coordinate: str, bound: int) -> list[str]:
+        s, dilation, pre = a.stride[axis], a.dilation[axis], a.pre_padding[axis]
+        return [
+            f"const {itype} reach{loop} = {coordinate} + {pre} - {loop} * {dilation};  // p * stride",
+            f"if (reach{loop} < 0{f' || reach{loop} % {s} != 0' if s > 1 else ''}) continue;",
+            f"const {itype} p{loop} = reach{loop} / {s};",
+            f"if (p{loop} >= {bound}) continue;",
+        ]
+
+    body = [
+        f"__shared__ __align__(16) {element} filter[{w.static_numel}];  // [tap][kk][c]",
+        f"for (int i = threadIdx.x; i < {w.static_numel}; i += blockDim.x) {{",
+        f"  const int c = i % {channels}, kk = i / {channels} % {group}, t = i / {channels * group};",
+        f"  filter[i] = {names[w.id]}[(c / {group} * {group} + kk) * {ws[0]} + c % {group} * {ws[1]} "
+        f"+ t / {taps_w} * {ws[2]} + t % {taps_w} * {ws[3]}];",
+        "}",
+        "__syncthreads();",
+        f"for ({itype} e = {first_thread(itype)}; e < {runs}; e += ({itype})gridDim.x * blockDim.x) {{",
+        f"  const {itype} cb = e % {channels // vec};  // the run of channels",
+        f"  const {itype} pixel = e / {channels // vec};",
+        f"  const {itype} c3 = pixel % {width};",
+        f"  const {itype} c2 = pixel / {width} % {height};",
+        f"  const {itype} c0 = pixel / {width * height};",
+        f"  {compute} acc[{vec}] = {{}};",
+        "  #pragma unroll",
+        f"  for (int r = 0; r < {taps_h}; ++r) {{",
+        *("    " + line for line in reach(0, "r", "c2", dy.static_dim[2])),
+        "    #pragma unroll",
+        f"    for (int s = 0; s < {taps_w}; ++s) {{",
+        *("      " + line for line in reach(1, "s", "c3", dy.static_dim[3])),
+        f"      const {element}* losses = {names[dy.id]} + c0 * {ys[0]} + pr * {ys[2]} + ps * {ys[3]} + cb * {vec};",
+        f"      if ({aligned}) {{",
+        f"        const gd::Vec<{element}, {vec}> loss = gd::load_vec<{element}, {vec}>(losses);",
+        *("        " + line for line in products(lambda i: f"gd::element<{compute}>(loss, {i})")),
+        "      } else {",
+        *("        " + line for line in products(lambda i: load(dy.data_type, f"losses[{i}]", compute))),
+        "      }",
+        "    }",
+        "  }",
+        "  #pragma unroll",
+        f"  for (int j = 0; j < {vec}; ++j) "
+        f"{out}[{offset_at(dx, ['c0', f'cb * {vec} + j', 'c2', 'c3'])}] = {store(dx.data_type, 'acc[j]')};",
+        "}",
+    ]
+    kernel = make_kernel(ctx, fused, "conv_dgrad_runs", params, body, (blocks, 1, 1))
+    return FusedProgram(fused.name, (kernel,))
