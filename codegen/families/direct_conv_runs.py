@@ -26,8 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fusion_rules import FusedNode
-from graphdnn.arch import sm_count
-from graphdnn.dtypes import DataType
 from graphdnn.ir import Tensor
 from graphdnn.layout import stride_order
 from graphdnn.ops.conv import ConvAttributes, ConvMode
@@ -37,42 +35,27 @@ from ..cuda_types import cuda_type, load, store
 from ..indexing import offset_at
 from ..kernel import FusedProgram
 from ..pointwise import literal
-from .direct_common import blocks_for, compute_for, declare, first_thread, loop_index_type, make_kernel
+from .channel_runs import lines_up, resident_grid, run_width, staged_filter, stages
+from .direct_common import THREADS, compute_for, declare, first_thread, loop_index_type, make_kernel
 from .direct_reduce import Sums, sums_kernels
 
-VECTOR_BYTES = 16
-STAGED_BYTES = 48 * 1024  # static shared memory: any arch
-RESIDENT_BLOCKS = 8  # blocks of 256 threads per SM at full occupancy
 MIN_SPLIT = 256  # fewest pixels per split (direct_reduce's own 4096 left a 576-channel layer 21 blocks)
-TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 
 
 def takes_runs(image: Tensor, loss: Tensor, filter: Tensor) -> bool:
-    """A static gradient with K = C, G = C / groups dividing the run, the image (x or dx) and the
-    loss of one type (fp16, bf16, fp32) with their channels contiguous, C and their other
-    strides multiples of the run."""
-    if any(t.symbols for t in (image, loss, filter)) or image.data_type is not loss.data_type:
-        return False
-    if image.data_type not in TYPES:
-        return False
-    vec = VECTOR_BYTES // image.data_type.itemsize
-    channels, group = image.static_dim[1], filter.static_dim[1]
-    if not (filter.static_dim[0] == channels and channels > group and vec % group == 0 and channels % vec == 0):
-        return False
-    return all(
-        t.static_stride[1] == 1 and all(s % vec == 0 for axis, s in enumerate(t.static_stride) if axis != 1)
-        for t in (image, loss)
+    """channel_runs.lines_up, the loss (dy) of the image's type laid out like it."""
+    return (
+        lines_up(image, filter)
+        and not loss.symbols
+        and loss.data_type is image.data_type
+        and loss.static_stride[1] == 1
+        and all(s % run_width(loss.data_type) == 0 for axis, s in enumerate(loss.static_stride) if axis != 1)
     )
 
 
 def takes_dgrad_runs(dy: Tensor, w: Tensor, dx: Tensor) -> bool:
-    """takes_runs, 2-d, the filter of dx's type and small enough to stage (STAGED_BYTES)."""
-    return (
-        len(dx.dim) == 4
-        and takes_runs(dx, dy, w)
-        and w.data_type is dx.data_type
-        and w.static_numel * w.data_type.itemsize <= STAGED_BYTES
-    )
+    """takes_runs, 2-d, the filter of dx's type and small enough to stage."""
+    return len(dx.dim) == 4 and takes_runs(dx, dy, w) and w.data_type is dx.data_type and stages(w)
 
 
 def emit_wgrad_runs(
@@ -81,7 +64,7 @@ def emit_wgrad_runs(
     """The space is (k run, ci, taps..., n, p...): the first axes kept, (n, p...) reduced."""
     compute = compute_for(fused)
     element = cuda_type(x.data_type)
-    vec = VECTOR_BYTES // x.data_type.itemsize
+    vec = run_width(x.data_type)
     rank, group = len(dw.dim), dw.static_dim[1]
     sample = rank  # the space axis of n; p_d is at rank + 1 + d
     dims = (dw.static_dim[0] // vec, group, *dw.static_dim[2:], dy.static_dim[0], *dy.static_dim[2:])
@@ -165,12 +148,11 @@ def emit_dgrad_runs(
     aligned = params.aligned_flag()
     compute = compute_for(fused)
     element = cuda_type(dy.data_type)
-    vec = VECTOR_BYTES // dy.data_type.itemsize
+    vec = run_width(dy.data_type)
     n, channels, height, width = dx.static_dim
     group, taps_h, taps_w = w.static_dim[1:]
     runs = n * height * width * (channels // vec)
-    # A resident grid: each block stages the filter once, then walks several runs.
-    blocks = min(blocks_for(runs), sm_count(ctx.arch) * RESIDENT_BLOCKS)
+    blocks = resident_grid(runs, THREADS, ctx.arch)
     itype = loop_index_type([dy, w, dx], runs * vec)
     ys, ws = dy.static_stride, w.static_stride
     flip = a.convolution_mode is ConvMode.CONVOLUTION
@@ -200,13 +182,14 @@ def emit_dgrad_runs(
         ]
 
     body = [
-        f"__shared__ __align__(16) {element} filter[{w.static_numel}];  // [tap][kk][c]",
-        f"for (int i = threadIdx.x; i < {w.static_numel}; i += blockDim.x) {{",
-        f"  const int c = i % {channels}, kk = i / {channels} % {group}, t = i / {channels * group};",
-        f"  filter[i] = {names[w.id]}[(c / {group} * {group} + kk) * {ws[0]} + c % {group} * {ws[1]} "
-        f"+ t / {taps_w} * {ws[2]} + t % {taps_w} * {ws[3]}];",
-        "}",
-        "__syncthreads();",
+        *staged_filter(
+            element,
+            w.static_numel,
+            f"c = i % {channels}, kk = i / {channels} % {group}, t = i / {channels * group}",
+            f"{names[w.id]}[(c / {group} * {group} + kk) * {ws[0]} + c % {group} * {ws[1]} "
+            f"+ t / {taps_w} * {ws[2]} + t % {taps_w} * {ws[3]}]",
+            "  // [tap][kk][c]",
+        ),
         f"for ({itype} e = {first_thread(itype)}; e < {runs}; e += ({itype})gridDim.x * blockDim.x) {{",
         f"  const {itype} cb = e % {channels // vec};  // the run of channels",
         f"  const {itype} pixel = e / {channels // vec};",

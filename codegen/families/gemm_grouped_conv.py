@@ -9,7 +9,7 @@ pixel: their groups read exactly the same run of VEC image channels, so at each 
 reads them as one vector (element by element where the runtime's ``aligned`` flag says a
 pointer is not 16-byte aligned: the same mapping). Each block first stages the filter in
 shared memory as [tap][ci][k], so that a tap's weights for a run are G vectors (a depthwise
-filter over STAGED_BYTES is read from memory an element at a time; a larger grouped one
+filter over 48 KiB is read from memory an element at a time; a larger grouped one
 takes the SIMT kernel), and then walks its share of the runs. The fused epilogue runs per channel, as the SIMT kernel's does. Threads run along
 the channels, then the pixels, so a warp's reads and writes are contiguous.
 """
@@ -19,23 +19,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fusion_rules import FusedNode
-from graphdnn.arch import sm_count
-from graphdnn.dtypes import DataType
 from graphdnn.ops.conv import ConvMode
 
 from ..context import EmitContext, compute_of, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type, load
 from ..indexing import loop_index_type
 from ..kernel import Kernel
+from .channel_runs import lines_up, resident_grid, run_width, staged_filter, stages
 from .gemm_epilogue import Epilogue
 from .gemm_problem import Problem, declare
 
 THREADS = 256
-RESIDENT_BLOCKS = 8  # blocks of THREADS per SM at full occupancy
-MAX_BLOCKS = 65535
-VECTOR_BYTES = 16
-STAGED_BYTES = 48 * 1024  # a filter up to this size is staged in shared memory (static: any arch)
-TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 
 
 def takes_grouped_conv(p: Problem) -> bool:
@@ -43,24 +37,13 @@ def takes_grouped_conv(p: Problem) -> bool:
     dividing the vector, over an NHWC image whose channel runs read as 16-byte vectors: the
     image's and filter's type fp16, bf16 or fp32 (the same), C a multiple of the vector, the
     image's other strides too, the output's channels contiguous; a filter of several channels
-    a group no larger than STAGED_BYTES."""
+    a group no larger than channel_runs.STAGED_BYTES."""
     x, w, y = p.a, p.b, p.out
-    if p.node.op != "conv_fprop" or p.is_dynamic or len(y.dim) != 4:
+    if p.node.op != "conv_fprop" or p.is_dynamic or len(y.dim) != 4 or x.data_type is not w.data_type:
         return False
-    if x.data_type is not w.data_type or x.data_type not in TYPES:
+    if not (lines_up(x, w) and y.static_stride[1] == 1):
         return False
-    channels, per_group = x.static_dim[1], w.static_dim[1]
-    vec = VECTOR_BYTES // x.data_type.itemsize
-    if not (channels == y.static_dim[1] and p.groups > 1 and vec % per_group == 0):
-        return False
-    if per_group > 1 and w.static_numel * x.data_type.itemsize > STAGED_BYTES:
-        return False  # G x VEC element loads of the filter a tap: slower than the SIMT kernel (H200)
-    return (
-        channels % vec == 0
-        and x.static_stride[1] == 1
-        and all(s % vec == 0 for axis, s in enumerate(x.static_stride) if axis != 1)
-        and y.static_stride[1] == 1
-    )
+    return w.static_dim[1] == 1 or stages(w)  # G x VEC element loads a tap: slower than the SIMT kernel (H200)
 
 
 def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
@@ -69,18 +52,17 @@ def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kerne
     x, w, y = p.a, p.b, p.out
     compute = compute_of([x, w, *fused.outputs])
     element = cuda_type(x.data_type)
-    vec = VECTOR_BYTES // x.data_type.itemsize
+    vec = run_width(x.data_type)
     n, channels, out_h, out_w = y.static_dim
     runs = n * out_h * out_w * (channels // vec)
-    # A resident grid: each block stages the filter once, then walks several runs.
-    blocks = min(max(1, -(-runs // THREADS)), sm_count(ctx.arch) * RESIDENT_BLOCKS, MAX_BLOCKS)
+    blocks = resident_grid(runs, THREADS, ctx.arch)
     itype = loop_index_type([*fused.inputs, *fused.outputs], runs * vec, blocks * THREADS)
     a = p.attrs
     xs, ws = x.static_stride, w.static_stride
     group, taps_h, taps_w = w.static_dim[1:]
     flip = a.convolution_mode is ConvMode.CONVOLUTION
     tap_r, tap_s = (f"({taps_h - 1} - r)", f"({taps_w - 1} - s)") if flip else ("r", "s")
-    staged = w.static_numel * x.data_type.itemsize <= STAGED_BYTES
+    staged = stages(w)
 
     def products(read: Callable[[str], str]) -> list[str]:
         """Output channel j of the run sums its group's G image channels (``read(index in the
@@ -106,14 +88,9 @@ def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kerne
 
     stage = []
     if staged:  # the filter as [tap][ci][k]: a run's k contiguous
-        stage = [
-            f"__shared__ __align__(16) {element} filter[{w.static_numel}];",
-            f"for (int i = threadIdx.x; i < {w.static_numel}; i += blockDim.x) {{",
-            f"  const int k = i % {channels}, ci = i / {channels} % {group}, t = i / {channels * group};",
-            f"  filter[i] = {names[w.id]}[k * {ws[0]} + ci * {ws[1]} + t / {taps_w} * {ws[2]} + t % {taps_w} * {ws[3]}];",
-            "}",
-            "__syncthreads();",
-        ]
+        indices = f"k = i % {channels}, ci = i / {channels} % {group}, t = i / {channels * group}"
+        source = f"{names[w.id]}[k * {ws[0]} + ci * {ws[1]} + t / {taps_w} * {ws[2]} + t % {taps_w} * {ws[3]}]"
+        stage = staged_filter(element, w.static_numel, indices, source)
     body = [
         *stage,
         f"const {itype} stride = ({itype})gridDim.x * blockDim.x;",

@@ -1,0 +1,55 @@
+"""What the depthwise and small-group convolution kernels share: NHWC tensors read in 16-byte
+runs of channels whose groups line up (K = C, G channels a group dividing the run), a filter
+staged per block in shared memory, a resident grid (gemm_grouped_conv.py: forward;
+direct_conv_runs.py: the gradients)."""
+
+from __future__ import annotations
+
+from graphdnn.arch import sm_count
+from graphdnn.dtypes import DataType
+from graphdnn.ir import Tensor
+
+VECTOR_BYTES = 16
+TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
+STAGED_BYTES = 48 * 1024  # a filter up to this size is staged in shared memory (static: any arch)
+RESIDENT_BLOCKS = 8  # blocks of 256 threads per SM at full occupancy
+
+
+def run_width(data_type: DataType) -> int:
+    """Channels in a 16-byte run."""
+    return VECTOR_BYTES // data_type.itemsize
+
+
+def lines_up(image: Tensor, filter: Tensor) -> bool:
+    """A static image of fp16, bf16 or fp32 with its channels contiguous, C = K channels in
+    groups of G dividing the run (C > G), C and the image's other strides multiples of it."""
+    if image.symbols or filter.symbols or image.data_type not in TYPES:
+        return False
+    vec = run_width(image.data_type)
+    channels, group = image.static_dim[1], filter.static_dim[1]
+    if not (filter.static_dim[0] == channels and channels > group and vec % group == 0 and channels % vec == 0):
+        return False
+    return image.static_stride[1] == 1 and all(s % vec == 0 for axis, s in enumerate(image.static_stride) if axis != 1)
+
+
+def stages(filter: Tensor) -> bool:
+    return filter.static_numel * filter.data_type.itemsize <= STAGED_BYTES
+
+
+def resident_grid(runs: int, threads: int, arch: int) -> int:
+    """Blocks for ``runs`` items of one thread each, at most a resident grid: each block stages
+    the filter once, then walks several runs."""
+    return min(max(1, -(-runs // threads)), sm_count(arch) * RESIDENT_BLOCKS)
+
+
+def staged_filter(element: str, numel: int, indices: str, source: str, comment: str = "") -> list[str]:
+    """Statements copying the filter into ``__shared__ filter[numel]``: ``indices`` declares
+    the coordinates of element ``i`` in the staged order, ``source`` reads the filter there."""
+    return [
+        f"__shared__ __align__(16) {element} filter[{numel}];{comment}",
+        f"for (int i = threadIdx.x; i < {numel}; i += blockDim.x) {{",
+        f"  const int {indices};",
+        f"  filter[i] = {source};",
+        "}",
+        "__syncthreads();",
+    ]
