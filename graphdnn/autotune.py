@@ -9,11 +9,18 @@ plan is built), then run alone on the GPU on random inputs and timed with CUDA e
 (median of rounds); the choices of the fastest are stored in the plan-cache entry with
 the plan, together with the name of the GPU model they were timed on: a tuned plan is
 stored per model (two sm_90 models keep one each), beside the untuned plan of the arch.
+
+A dynamic graph's plan serves its whole range, so one size's timings cannot choose for it:
+each candidate is timed at sizes across the range (:func:`sample_values`), the heuristic's
+size-bucketed variants competing as one more candidate, and the candidate with the least
+mean time relative to the fastest at each size wins (:func:`fastest`). A tuned choice is
+one variant for the whole range, so it replaces the buckets only where it beats them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .cache.entries import KernelBinary
@@ -24,6 +31,7 @@ from .kernel_build import build_kernels
 from .lower import assemble
 from .program import LaunchProgram
 from .random_inputs import random_inputs
+from .specialize import specialize
 from .variant_pack import scalar_value
 
 # Times a program (one fused node's launches, its own workspace layout) in µs.
@@ -32,10 +40,11 @@ ROUNDS = 20
 
 
 def tune(
-    job: Compilation, measure: Measure, *, cache: PlanCache | None = None, jobs: int | None = None
+    job: Compilation, measures: Sequence[Measure], *, cache: PlanCache | None = None, jobs: int | None = None
 ) -> dict[int, dict[str, Any]]:
     """The fastest candidate choices, by fused-node position, for nodes with several
-    candidates of ``job``'s partition."""
+    candidates of ``job``'s partition, each timed by every one of ``measures`` (one per size
+    of a dynamic graph's range). A dynamic node whose heuristic wins keeps it (no entry)."""
     from codegen.context import EmitContext
     from codegen.emit import candidates, emitter
 
@@ -43,6 +52,8 @@ def tune(
     chosen: dict[int, dict[str, Any]] = {}
     for index, fused in enumerate(partition.nodes):
         options = candidates(fused, arch)
+        if job.ir.is_dynamic and options:
+            options = [{}, *options]  # the heuristic: its size buckets, each with the static plan's choice
         if len(options) < 2:
             continue
         emit = emitter(fused.family)
@@ -57,19 +68,55 @@ def tune(
         ]
         sources = {key: source for each in lowered for key, source in each.sources.items()}
         binaries, _ = build_kernels(sources, arch, cache, jobs)  # every candidate at once, in parallel
-        times = [measure(each.program, binaries) for each in lowered]
-        chosen[index] = dict(options[times.index(min(times))])
+        times = [[measure(each.program, binaries) for measure in measures] for each in lowered]
+        best = options[fastest(times)]
+        if best:
+            chosen[index] = dict(best)
     return chosen
 
 
-def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> Measure:
-    """A Measure that runs programs on the current GPU (random graph inputs, zeroed workspace)."""
+def fastest(times: Sequence[Sequence[float]]) -> int:
+    """The candidate (row of ``times``, a column per size) whose time relative to the fastest
+    at each size has the least mean: each size counts alike, however long it runs; ties go
+    to the first."""
+    best_at = [min(column) for column in zip(*times, strict=True)]
+    scores = [sum(t / b for t, b in zip(row, best_at, strict=True)) for row in times]
+    return scores.index(min(scores))
+
+
+def sample_values(ir: Graph) -> list[dict[str, int]]:
+    """Sizes across a dynamic graph's range to time candidates at: every symbol at its
+    minimum, at the geometric middle of its range and at its maximum (three calls, fewer
+    where they coincide)."""
+    points = [
+        {s.name: value for s, value in zip(ir.symbols, values, strict=True)}
+        for values in zip(
+            *((s.min, max(s.min, min(s.max, round(math.sqrt(s.min * s.max)))), s.max) for s in ir.symbols),
+            strict=True,
+        )
+    ]
+    return list({tuple(p.items()): p for p in points}.values())
+
+
+def gpu_measures(ir: Graph) -> list[Measure]:
+    """A Measure per size to time at: one for a static graph, one per :func:`sample_values`
+    of a dynamic one."""
+    if not ir.is_dynamic:
+        return [gpu_measure(ir)]
+    return [gpu_measure(ir, values) for values in sample_values(ir)]
+
+
+def gpu_measure(ir: Graph, values: Mapping[str, int] | None = None, rounds: int = ROUNDS) -> Measure:
+    """A Measure that runs programs on the current GPU (random graph inputs, zeroed workspace);
+    a dynamic graph's at its symbols' ``values`` (the launches of those sizes' buckets, their
+    grids and extents)."""
     from .runtime import driver, modules
     from .runtime.device_array import DeviceArray, DeviceMemory
     from .runtime.launch import BoundPlan, pack_arguments
     from .runtime.timing import kernel_times_us
 
     device = driver.current_device()
+    ir = specialize(ir, values) if values is not None else ir
     feeds = random_inputs(ir, seed=0)
     arrays: dict[int, DeviceArray] = {}
     scalars = {t.id: scalar_value(t, t.value if t.is_constant else feeds[t.name]) for t in _scalars(ir)}
@@ -83,21 +130,23 @@ def gpu_measure(ir: Graph, rounds: int = ROUNDS) -> Measure:
         return arrays[t.id].pointer
 
     def measure(program: LaunchProgram, binaries: Mapping[str, KernelBinary]) -> float:
+        extents = {(t, axis): ir.tensors[t].static_dim[axis] for t, axis in program.dim_refs}
+        launches = [launch.at(extents) for launch in program.launches if launch.runs_at(extents)]
         workspace = DeviceMemory(device, program.workspace_size)
         with device.current():
             driver.call(driver.api().cuMemsetD8, workspace.pointer, 0, max(program.workspace_size, 1))
         intermediates = program.intermediate_offsets()
         pointers = {tid: workspace.pointer + offset for tid, offset in intermediates.items()}
-        for launch in program.launches:
+        for launch in launches:
             for arg in launch.args:
                 if arg.reads_memory and arg.tensor is not None and arg.tensor not in intermediates:
                     pointers[arg.tensor] = buffer(ir.tensors[arg.tensor])
         kernels = [
             modules.load(device, launch.kernel_key, launch.name, binaries[launch.kernel_key].cubin, launch.shared_bytes)
-            for launch in program.launches
+            for launch in launches
         ]
-        slots = [pack_arguments(launch, pointers, scalars, workspace.pointer) for launch in program.launches]
-        bound = BoundPlan(device, 0, program.launches, kernels, slots, {}, [workspace, arrays])
+        slots = [pack_arguments(launch, pointers, scalars, workspace.pointer, extents) for launch in launches]
+        bound = BoundPlan(device, 0, launches, kernels, slots, {}, [workspace, arrays])
         return sum(kernel_times_us(bound, rounds))
 
     return measure

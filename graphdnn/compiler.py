@@ -164,18 +164,11 @@ def tuning_gpu(target: int) -> str:
 
 
 def tuned_choices(job: Compilation, plan_cache: PlanCache | None, jobs: int | None) -> dict[int, dict[str, Any]]:
-    """Launch choices by fused-node position, autotuned on the current GPU (see tuning_gpu).
-    UnsupportedError for a dynamic graph: one shape's timings would choose for its whole range."""
-    from .autotune import gpu_measure, tune
+    """Launch choices by fused-node position, autotuned on the current GPU (see tuning_gpu); a
+    dynamic graph's timed at sizes across its range (graphdnn.autotune)."""
+    from .autotune import gpu_measures, tune
 
-    if job.ir.is_dynamic:
-        raise UnsupportedError(
-            f"graph '{job.ir.name}' has symbolic dims: autotuning times one shape, and a dynamic graph's plan serves "
-            "its whole range; compile it without autotune (heuristic launch choices sized for the range's maxima), "
-            "or give tuning= explicitly"
-        )
-
-    return tune(job, gpu_measure(job.ir), cache=plan_cache, jobs=jobs)
+    return tune(job, gpu_measures(job.ir), cache=plan_cache, jobs=jobs)
 
 
 def store_plan(

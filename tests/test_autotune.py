@@ -145,3 +145,100 @@ def test_a_tuned_plan_filed_under_another_models_key_is_rejected(
     with pytest.warns(gd.CacheWarning, match="holds plan"):
         h100 = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
     assert (h100.origin, h100.tuned_on, h100.key) == ("compiled", "NVIDIA H100", h100_key)
+
+
+# -- dynamic graphs: timed across the range ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        (plan_graphs.ln_gelu(max_rows=4096), [{"rows": 1}, {"rows": 64}, {"rows": 4096}]),
+        (
+            plan_graphs.add_rmsnorm(width=64, max_batch=3, max_seq=5),
+            [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 2}, {"batch": 3, "seq": 5}],
+        ),
+        (plan_graphs.ln_gelu(max_rows=2), [{"rows": 1}, {"rows": 2}]),  # the middle is an end
+    ],
+)
+def test_candidates_are_timed_at_the_ends_and_the_middle_of_the_range(
+    graph: gd.OperationGraphSpec, expected: list[dict[str, int]]
+) -> None:
+    assert autotune.sample_values(graph.validate()) == expected
+
+
+def test_the_winner_is_fastest_relative_to_each_size_not_in_total_time() -> None:
+    # 10 µs lost at the large size outweighs 0.5 µs saved at each small one only relatively
+    assert autotune.fastest([[1.0, 1.0, 100.0], [1.5, 1.5, 90.0]]) == 0
+    assert autotune.fastest([[1.0, 1.0, 180.0], [1.1, 1.1, 90.0]]) == 1
+    assert autotune.fastest([[2.0, 2.0], [1.0, 4.0], [4.0, 1.0]]) == 0  # ties go to the first: 3, 3, 3
+
+
+class TimedBySize:
+    """A fake GPU timer per size: at each size, candidate i (in timing order, the dynamic
+    heuristic first) takes ``times[i][size]``."""
+
+    def __init__(self, times: dict[int, list[float]]) -> None:
+        self.times = times
+        self.timed: list[tuple[dict[str, int], int]] = []  # (size, candidate)
+
+    def measure(self, ir: gd.Graph, values: Mapping[str, int] | None = None) -> autotune.Measure:
+        assert values is not None, "a dynamic graph is timed at sizes of its range"
+        size = dict(values)
+        position = autotune.sample_values(ir).index(size)
+
+        def measure(program: LaunchProgram, binaries: Mapping[str, KernelBinary]) -> float:
+            assert all(launch.kernel_key in binaries for launch in program.launches)
+            candidate = sum(1 for s, _ in self.timed if s == size)
+            self.timed.append((size, candidate))
+            return self.times.get(candidate, [9.0, 9.0, 9.0])[position]
+
+        return measure
+
+
+@pytest.mark.parametrize(
+    ("times", "winner"),
+    [
+        ({0: [1.0, 1.0, 1.0], 2: [1.2, 1.2, 0.5]}, 2),  # twice as fast at the top: worth 20% below
+        ({0: [1.0, 1.0, 1.0], 2: [3.0, 3.0, 0.5]}, 0),  # the heuristic's buckets stay
+    ],
+)
+def test_a_dynamic_graph_is_tuned_across_its_range(
+    times: dict[int, list[float]], winner: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from codegen.emit import candidates
+    from fusion_rules import fuse
+
+    graph = plan_graphs.ln_gelu(max_rows=4096)
+    (fused,) = fuse(graph.validate(), arch=90).nodes
+    options = [{}, *candidates(fused, 90)]  # the heuristic's size buckets first
+    timer = TimedBySize(times)
+    monkeypatch.setattr(driver, "current_gpu_arch", lambda: 90)
+    monkeypatch.setattr(autotune, "gpu_measure", timer.measure)
+    fake_model(monkeypatch, "Fake GPU")
+    plan = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
+    sizes = autotune.sample_values(graph.validate())
+    assert sorted(timer.timed, key=lambda t: (sizes.index(t[0]), t[1])) == [
+        (size, i) for size in sizes for i in range(len(options))
+    ]  # every candidate at every size
+    untuned = gd.compile(graph, arch="sm_90", cache=None)
+    assert plan.tuned_on == "Fake GPU" and plan.program.tuning == (options[winner],)
+    if winner == 0:
+        assert [k.name for k in plan.kernels] == [k.name for k in untuned.kernels]
+        assert all(launch.bucket is not None for launch in plan.program.launches)
+    else:
+        assert [launch.bucket for launch in plan.program.launches] == [None]  # one variant for the range
+    rebuilt = gd.compile(graph, arch="sm_90", cache=PlanCache(tmp_path), autotune=True)
+    assert (rebuilt.origin, rebuilt.program.tuning) == ("disk cache", (options[winner],))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "graph", [plan_graphs.ln_gelu(max_rows=4096), plan_graphs.add_rmsnorm(max_batch=4, max_seq=300)]
+)
+def test_a_dynamic_plan_tuned_on_the_gpu_runs_across_its_range(graph: gd.OperationGraphSpec) -> None:
+    from tests.gpu_check import check_across_the_range
+
+    ir = graph.validate()
+    plan = gd.compile(ir, cache=None, autotune=True)
+    assert plan.tuned_on is not None
+    ends = autotune.sample_values(ir)
+    check_across_the_range(plan, ir, [*ends, {name: 7 for name in ends[0]}])

@@ -24,8 +24,6 @@ from codegen.buckets import size_buckets
 from fusion_rules import fuse
 from graphdnn.cli import main
 from graphdnn.compare import relative_error, tolerance
-from graphdnn.compilation import Compilation
-from graphdnn.compiler import tuned_choices
 from graphdnn.program import Arg, ArgKind, GridExtent, LaunchProgram
 from graphdnn.random_inputs import random_inputs
 from graphdnn.specialize import specialize
@@ -158,12 +156,6 @@ def test_a_row_norm_over_a_symbolic_axis_is_refused_naming_the_node_and_symbol()
         "runtime extents in their rows only (the row's width sizes each thread's registers). Run it with "
         "backend='reference', or build a static graph for each shape"
     )
-
-
-def test_autotuning_a_dynamic_graph_is_refused() -> None:
-    job = Compilation.of(plan_graphs.ln_gelu().validate(), 90)
-    with pytest.raises(gd.UnsupportedError, match="graph 'ln_gelu' has symbolic dims: autotuning times one shape"):
-        tuned_choices(job, None, None)
 
 
 # -- the plan cache and warmup -------------------------------------------------------------------
