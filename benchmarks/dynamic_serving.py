@@ -17,7 +17,7 @@ and runs it. Then the calls are served in the drawn order, and counted:
   static plan's bound call at one size of the range (the middle), of the dynamic plan's bound
   call at that same size (the same kernels: what a symbol costs a call, apart from the sizes'
   kernels), and of ``plan.execute`` with a fresh pack per call (it binds anew when the size's
-  binding is not among its last 8).
+  binding is not among the 256 it remembers).
 
 Prints markdown tables.
 """

@@ -135,7 +135,7 @@ class Plan(PlanBase):
         compiled: int = 0,
         tuned_on: str | None = None,
     ) -> None:
-        from .runtime.bind_cache import BindCache
+        from .runtime.bind_cache import DYNAMIC_SIZE, SIZE, BindCache
 
         super().__init__(graph)
         self.arch = arch
@@ -148,7 +148,7 @@ class Plan(PlanBase):
         self._lock = threading.Lock()
         self._loaded: dict[int, list[LoadedKernel]] = {}
         self._workspaces: dict[int, DeviceMemory] = {}
-        self._bound = BindCache()  # execute's recent bindings
+        self._bound = BindCache(DYNAMIC_SIZE if graph.is_dynamic else SIZE)  # execute's recent bindings
 
     @property
     def arch_name(self) -> str:

@@ -304,6 +304,34 @@ def test_execute_serves_every_size_with_one_plan(monkeypatch: pytest.MonkeyPatch
     assert [c for c in fake.calls if c[0] == "launch"] == [("launch", plan.program.launches[0].name)] * 4
 
 
+def test_execute_binds_each_size_of_a_range_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's loop: buffers of the largest size, a view of each call's rows; up to 256
+    sizes bind once each (a static plan remembers 8 bindings)."""
+    from graphdnn.runtime import bind as binding
+
+    plan = gd.compile(plan_graphs.ln_gelu(width=64, max_rows=300), arch=ARCH, cache=None)
+    fake = fake_gpu.install(monkeypatch)
+    binds: list[int] = []
+    original = binding.bind
+    monkeypatch.setattr(binding, "bind", lambda plan, pack, *rest: binds.append(1) or original(plan, pack, *rest))
+    memory = {t.name: fake.allocate(300 * 64 * 2) for t in (*plan.graph.inputs, *plan.graph.outputs)}
+
+    def pack(rows: int) -> dict[str, Any]:
+        static = specialize(plan.graph, {"rows": rows})
+        tensors = (*static.inputs, *static.outputs)
+        return {t.name: fake_gpu.FakeArray(memory[t.name], t.dim, t.stride, "<f2") for t in tensors}
+
+    sizes = [*range(1, 257), *range(256, 0, -3)]
+    for rows in sizes:
+        assert plan.execute(pack(rows))["y"].__cuda_array_interface__["shape"] == (rows, 64)
+    assert len(binds) == 256  # the second pass found every size bound
+    plan.execute(pack(300))  # a 257th size: the least recently used (2, not in the second pass) goes
+    plan.execute(pack(1))
+    assert len(binds) == 257
+    plan.execute(pack(2))
+    assert len(binds) == 258
+
+
 # -- the kernels, run on the CPU ------------------------------------------------------------------
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
 @pytest.mark.parametrize("aligned", [1, 0], ids=["vectors", "elements"])

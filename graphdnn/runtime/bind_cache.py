@@ -31,6 +31,9 @@ from .launch import BoundPlan
 from .strided import consumer_stream
 
 SIZE = 8  # bound plans kept per plan (least recently used dropped first)
+# A dynamic plan's: one per size a server sees (a batch of 1..256 binds each size once); an entry
+# is a few kilobytes of packed parameters, no buffers.
+DYNAMIC_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,10 @@ class Entry:
 
 
 class BindCache:
-    """A few bound plans of one plan, by the layout of their variant packs."""
+    """Up to ``size`` bound plans of one plan, by the layout of their variant packs."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int = SIZE) -> None:
+        self.size = size
         self._entries: OrderedDict[Hashable, Entry] = OrderedDict()
         self._newest: Entry | None = None  # the most recently used entry (the end of _entries)
         self._lock = threading.Lock()
@@ -71,7 +75,7 @@ class BindCache:
             return
         with self._lock:
             self._entries[key] = self._newest = Entry(bound.detached(), outputs)
-            if len(self._entries) > SIZE:
+            if len(self._entries) > self.size:
                 self._entries.popitem(last=False)
 
     def __len__(self) -> int:
