@@ -12,6 +12,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -291,17 +292,23 @@ def _dbn_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
 
 
 # -- conv + BN(inference) + ReLU --------------------------------------------------------------
-def _conv_graph(n: int, c: int, hw: int, k: int, size: int, max_n: int = 0) -> Callable[[], gd.OperationGraphSpec]:
+def _conv_graph(
+    n: int, c: int, hw: int, k: int, size: int, max_n: int = 0, stride: int = 1
+) -> Callable[[], gd.OperationGraphSpec]:
     """With ``max_n``, the batch is the symbol batch in 1..max_n (a dynamic graph)."""
 
     def build() -> gd.OperationGraphSpec:
-        name = f"conv{size}x{size}_{c}to{k}_{hw}" + (f"_dyn{max_n}" if max_n else "")
+        name = (
+            f"conv{size}x{size}_{c}to{k}_{hw}"
+            + (f"_s{stride}" if stride > 1 else "")
+            + (f"_dyn{max_n}" if max_n else "")
+        )
         g = gd.OperationGraphSpec(name=name, io_data_type="bf16")
         batch = g.dim("batch", 1, max_n) if max_n else n
         x_dim, w_dim = [batch, c, hw, hw], [k, c, size, size]
         x = g.tensor(name="x", dim=x_dim, stride=gd.nhwc_strides(x_dim))
         w = g.tensor(name="w", dim=w_dim, stride=gd.nhwc_strides(w_dim))
-        y = g.conv_fprop(x, w, padding=[size // 2] * 2)
+        y = g.conv_fprop(x, w, padding=[size // 2] * 2, stride=[stride] * 2)
         stats = [
             g.tensor(name=s, dim=[1, k, 1, 1], data_type="float") for s in ("mean", "inv_variance", "gamma", "beta")
         ]
@@ -311,20 +318,20 @@ def _conv_graph(n: int, c: int, hw: int, k: int, size: int, max_n: int = 0) -> C
     return build
 
 
-def _conv_torch(t: Tensors) -> Any:
+def _conv_torch(t: Tensors, stride: int = 1) -> Any:
     import torch.nn.functional as F
 
     k = t["w"].shape[0]
     pad = t["w"].shape[-1] // 2
     variance = t["inv_variance"].reshape(k).float().pow(-2) - EPS  # the same normalisation as graphdnn's
-    y = F.conv2d(t["x"], t["w"], padding=pad)
+    y = F.conv2d(t["x"], t["w"], padding=pad, stride=stride)
     y = F.batch_norm(
         y, t["mean"].reshape(k), variance, t["gamma"].reshape(k), t["beta"].reshape(k), training=False, eps=EPS
     )
     return F.relu(y)
 
 
-def _conv_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
+def _conv_cudnn(t: Tensors, out: Tensors, stride: int = 1) -> Callable[[], Any]:
     """The cuDNN frontend's fused conv + bias + ReLU (inference BN folds into the bias)."""
     import cudnn
     import torch
@@ -336,7 +343,7 @@ def _conv_cudnn(t: Tensors, out: Tensors) -> Callable[[], Any]:
     x = graph.tensor(name="x", dim=list(x_t.shape), stride=list(x_t.stride()), data_type=cudnn.data_type.BFLOAT16)
     w = graph.tensor(name="w", dim=list(w_t.shape), stride=list(w_t.stride()), data_type=cudnn.data_type.BFLOAT16)
     b = graph.tensor(name="b", dim=[1, k, 1, 1], stride=[k, 1, k, k], data_type=cudnn.data_type.BFLOAT16)
-    y = graph.conv_fprop(image=x, weight=w, padding=[pad, pad], stride=[1, 1], dilation=[1, 1])
+    y = graph.conv_fprop(image=x, weight=w, padding=[pad, pad], stride=[stride] * 2, dilation=[1, 1])
     y = graph.relu(input=graph.bias(input=y, bias=b))
     y.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
     return _cudnn_runner(graph, handle, {x: x_t, w: w_t, b: bias_t, y: out["y"]})
@@ -472,12 +479,18 @@ def _bottleneck_torch(t: Tensors) -> Any:
     return F.relu(conv_bn(h, "conv3", 1) + t["x"])
 
 
-def _conv_bytes(n: int, c: int, hw: int, k: int, size: int) -> int:
-    return 2 * (n * c * hw * hw + k * c * size * size + n * k * hw * hw) + 4 * 4 * k
+def _conv_out(hw: int, size: int, stride: int) -> int:
+    """The output's height and width ('same' padding, size // 2 on each side)."""
+    return (hw + 2 * (size // 2) - size) // stride + 1
 
 
-def _conv_flops(n: int, c: int, hw: int, k: int, size: int) -> int:
-    return 2 * n * hw * hw * k * c * size * size
+def _conv_bytes(n: int, c: int, hw: int, k: int, size: int, stride: int = 1) -> int:
+    pq = _conv_out(hw, size, stride)
+    return 2 * (n * c * hw * hw + k * c * size * size + n * k * pq * pq) + 4 * 4 * k
+
+
+def _conv_flops(n: int, c: int, hw: int, k: int, size: int, stride: int = 1) -> int:
+    return 2 * n * _conv_out(hw, size, stride) ** 2 * k * c * size * size
 
 
 # Dynamic shapes (issue 11): one plan for rows in 1..DYNAMIC_MAX_ROWS against the static plan
@@ -489,6 +502,9 @@ DYNAMIC_HIDDEN = 1024
 DYNAMIC_CONV, DYNAMIC_MAX_BATCH, DYNAMIC_BATCHES = (128, 28, 128, 3), 64, (1, 13, 64)
 
 RESNET_LAYERS = [(32, 64, 56, 64, 3), (32, 64, 56, 256, 1), (32, 128, 28, 128, 3), (32, 256, 14, 256, 3)]
+# ResNet-50's stride-2 layers entering stage 2 (torchvision's layout: the stride on the 3x3, and
+# the projection): timed beside the stride-1 ones, not in EAGER_CONV_US
+STRIDED_LAYERS = [(32, 128, 56, 128, 3), (32, 256, 56, 512, 1)]
 EAGER_CONV_US = {
     (32, 64, 56, 64, 3): 91,
     (32, 64, 56, 256, 1): 106,
@@ -581,17 +597,17 @@ def cases() -> list[Case]:
             group="backward",
         )
     )
-    for layer in RESNET_LAYERS:
+    for layer, stride in [*((layer, 1) for layer in RESNET_LAYERS), *((layer, 2) for layer in STRIDED_LAYERS)]:
         n, c, hw, k, size = layer
         out.append(
             Case(
-                f"conv{size}x{size}+bn+relu {c}->{k} @{hw}² n{n}",
-                _conv_graph(*layer),
-                _conv_torch,
-                bytes=_conv_bytes(*layer),
-                flops=_conv_flops(*layer),
+                f"conv{size}x{size}{f' s{stride}' if stride > 1 else ''}+bn+relu {c}->{k} @{hw}² n{n}",
+                _conv_graph(*layer, stride=stride),
+                partial(_conv_torch, stride=stride),
+                bytes=_conv_bytes(*layer, stride),
+                flops=_conv_flops(*layer, stride),
                 target="faster than eager; geomean ≥ 0.8x cuDNN fused",
-                cudnn=_conv_cudnn,
+                cudnn=partial(_conv_cudnn, stride=stride),
                 group="conv",
             )
         )
