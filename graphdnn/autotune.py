@@ -14,12 +14,12 @@ A dynamic graph's plan serves its whole range, so one size's timings cannot choo
 each candidate is timed at sizes across the range (:func:`sample_values`), the heuristic's
 size-bucketed variants competing as one more candidate, and the candidate with the least
 mean time relative to the fastest at each size wins (:func:`fastest`). A tuned choice is
-one variant for the whole range, so it replaces the buckets only where it beats them.
+one variant for the whole range, so it replaces the buckets only when it beats them by
+HEURISTIC_MARGIN.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +37,11 @@ from .variant_pack import scalar_value
 # Times a program (one fused node's launches, its own workspace layout) in µs.
 Measure = Callable[[LaunchProgram, Mapping[str, KernelBinary]], float]
 ROUNDS = 20
+SAMPLES = 5  # sizes a dynamic graph's candidates are timed at
+# A dynamic graph keeps its heuristic's size buckets unless a candidate, one variant for the whole
+# range, is this much faster on average (measured: a choice that won by a few % at the sampled
+# sizes lost 8% between them to the buckets)
+HEURISTIC_MARGIN = 0.03
 
 
 def tune(
@@ -69,33 +74,36 @@ def tune(
         sources = {key: source for each in lowered for key, source in each.sources.items()}
         binaries, _ = build_kernels(sources, arch, cache, jobs)  # every candidate at once, in parallel
         times = [[measure(each.program, binaries) for measure in measures] for each in lowered]
-        best = options[fastest(times)]
+        best = options[fastest(times, HEURISTIC_MARGIN if job.ir.is_dynamic else 0.0)]
         if best:
             chosen[index] = dict(best)
     return chosen
 
 
-def fastest(times: Sequence[Sequence[float]]) -> int:
+def fastest(times: Sequence[Sequence[float]], margin: float = 0.0) -> int:
     """The candidate (row of ``times``, a column per size) whose time relative to the fastest
-    at each size has the least mean: each size counts alike, however long it runs; ties go
-    to the first."""
+    at each size has the least mean: each size counts alike, however long it runs. The first
+    candidate stays unless another's mean is lower by more than ``margin`` (a fraction); ties
+    go to the first."""
     best_at = [min(column) for column in zip(*times, strict=True)]
-    scores = [sum(t / b for t, b in zip(row, best_at, strict=True)) for row in times]
-    return scores.index(min(scores))
+    scores = [sum(t / b for t, b in zip(row, best_at, strict=True)) / len(best_at) for row in times]
+    best = scores.index(min(scores))
+    return best if scores[best] < scores[0] - margin else 0
 
 
 def sample_values(ir: Graph) -> list[dict[str, int]]:
-    """Sizes across a dynamic graph's range to time candidates at: every symbol at its
-    minimum, at the geometric middle of its range and at its maximum (three calls, fewer
-    where they coincide)."""
+    """Sizes across a dynamic graph's range to time candidates at: SAMPLES calls, each symbol
+    spaced geometrically from its minimum to its maximum (fewer where values coincide), so
+    that every factor of the range is timed alike (rows 1..16384: 1, 11, 128, 1448, 16384)."""
     points = [
         {s.name: value for s, value in zip(ir.symbols, values, strict=True)}
-        for values in zip(
-            *((s.min, max(s.min, min(s.max, round(math.sqrt(s.min * s.max)))), s.max) for s in ir.symbols),
-            strict=True,
-        )
+        for values in zip(*(_geometric(s.min, s.max) for s in ir.symbols), strict=True)
     ]
     return list({tuple(p.items()): p for p in points}.values())
+
+
+def _geometric(low: int, high: int) -> list[int]:
+    return [min(high, max(low, round(low * (high / low) ** (i / (SAMPLES - 1))))) for i in range(SAMPLES)]
 
 
 def gpu_measures(ir: Graph) -> list[Measure]:
