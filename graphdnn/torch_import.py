@@ -171,7 +171,7 @@ def _per_dim(value: Any, rank: int) -> list[int]:
 @_aten("getitem")
 def _getitem(g: OperationGraphSpec, node: Any, value: Any, index: int) -> Value:
     picked = value[index]
-    if picked is None:
+    if picked is None and node.users:  # an unread one (pooling's indices) is no gap
         raise _Unmapped(f"output {index} of '{node.args[0].name}' has no graphdnn equivalent")
     return picked
 
@@ -374,6 +374,11 @@ def _reshape(g: OperationGraphSpec, node: Any, x: Any, shape: Sequence[int]) -> 
     return g.reshape(_tensor(x, "input"), _dims(node))
 
 
+@_aten("flatten")
+def _flatten(g: OperationGraphSpec, node: Any, x: Any, start_dim: int = 0, end_dim: int = -1) -> Value:
+    return g.reshape(_tensor(x, "input"), _dims(node))
+
+
 @_aten("permute")
 def _permute(g: OperationGraphSpec, node: Any, x: Any, dims: Sequence[int]) -> Value:
     rank = len(dims)
@@ -438,6 +443,13 @@ def _avg_pool2d(
     window, stride, padding = _window_args(kernel, stride, padding)
     mode = "avg_include_padding" if count_include_pad else "avg_exclude_padding"
     return g.pooling(_tensor(x, "input"), mode, window, stride=stride, padding=padding)
+
+
+@_aten("adaptive_avg_pool2d", "_adaptive_avg_pool2d", "adaptive_max_pool2d")
+def _adaptive_pool2d(g: OperationGraphSpec, node: Any, x: Any, output_size: Any) -> Value:
+    mode = "max" if _aten_name(node.target) == "adaptive_max_pool2d" else "avg"
+    y = g.adaptive_pooling(_tensor(x, "input"), mode, _per_dim(output_size, 2))
+    return (y, None) if mode == "max" else y  # adaptive_max_pool2d returns (values, indices)
 
 
 @_aten("scaled_dot_product_attention")

@@ -294,6 +294,32 @@ def test_grouped_and_depthwise_convolution() -> None:
     assert [node.op for node in graph.nodes].count("conv_fprop") == 2
 
 
+def test_a_classifier_head_global_pooling_flatten_linear() -> None:
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(6, 5))
+    graph = _check(head, {"input": torch.randn(2, 6, 7, 5)})
+    assert [node.op for node in graph.nodes][:2] == ["adaptive_pooling", "reshape"]
+    pools = nn.Sequential(nn.AdaptiveMaxPool2d((3, 2)), nn.AdaptiveAvgPool2d(2))  # bins that overlap
+    _check(pools, {"input": torch.randn(2, 3, 7, 5)})
+
+
+@pytest.mark.gpu
+def test_torchvision_resnet50_runs_on_the_gpu() -> None:
+    """The whole torchvision ResNet-50 (stem, four stages of bottlenecks, pooling, classifier):
+    imported against eager on the CPU, then run on the GPU against the reference."""
+    torchvision = pytest.importorskip("torchvision")
+    from tests.gpu_check import check_on_gpu
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval()
+    _randomize_bn(model)
+    x = torch.randn(2, 3, 64, 64)
+    graph = _check(model, {"x": x}, rtol=1e-3)
+    kinds = [node.op for node in graph.nodes]
+    assert kinds.count("conv_fprop") == 53 and "adaptive_pooling" in kinds
+    check_on_gpu(graph, feeds=_feeds(graph, model, {"x": x}))
+
+
 def test_without_torch_the_error_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
     with pytest.raises(ImportError, match=r"gd\.from_torch needs PyTorch"):
