@@ -97,7 +97,12 @@ class _Importer:
         target = node.target
         key = "getitem" if target is operator.getitem else _aten_name(target)
         translator = _TRANSLATORS.get(key) if key is not None else None
+        in_place = translator is None and key is not None and key.endswith("_") and not key.startswith("_")
         try:
+            if in_place and key is not None:
+                translator = _TRANSLATORS.get(key[:-1])  # relu_, add_: the op, its result a new tensor
+                if translator is not None:
+                    _check_in_place(node)
             if translator is None:
                 raise _Unmapped("no graphdnn translation")
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n.name])
@@ -109,6 +114,8 @@ class _Importer:
             self.missing.add(node.name)
             return
         self.values[node.name] = value
+        if in_place:  # later reads of the tensor it wrote over see the result
+            self.values[node.args[0].name] = value
 
     def _mark_outputs(self, outputs: Sequence[Any]) -> None:
         for index, out in enumerate(outputs):
@@ -117,6 +124,44 @@ class _Importer:
                 spec = self.g.identity(spec, name=f"output_copy{index}")  # an input or a repeat
             spec.set_name("output" if len(outputs) == 1 else f"output{index}")
             spec.set_output(True).set_data_type(out.meta["val"].dtype)
+
+
+# ops whose result may share memory with their input: writing over it in place writes over that too
+_VIEWS = frozenset(
+    {
+        "view",
+        "reshape",
+        "_unsafe_view",
+        "permute",
+        "transpose",
+        "t",
+        "flatten",
+        "expand",
+        "slice",
+        "select",
+        "squeeze",
+        "unsqueeze",
+        "alias",
+        "as_strided",
+        "detach",
+        "contiguous",
+        "dropout",
+        "getitem",
+    }
+)
+
+
+def _check_in_place(node: Any) -> None:
+    """An in-place op (ResNet's ``relu_``, ``out += identity``) maps to its functional form, its
+    result standing for the tensor it wrote over from then on, unless that tensor is a graph
+    input (a mutation torch.export hands back to the caller) or may share memory with another
+    (a view: writing it would change that one too)."""
+    written = node.args[0]
+    if written.op == "placeholder":
+        raise _Unmapped(f"it writes over the input '{written.name}' in place, which graphdnn cannot hand back")
+    source = "getitem" if written.target is operator.getitem else _aten_name(written.target)
+    if source in _VIEWS:
+        raise _Unmapped(f"it writes in place over '{written.name}', a {source} that may share memory with its input")
 
 
 def _aten_name(target: Any) -> str | None:

@@ -146,7 +146,9 @@ def test_groups_nchw_and_matmuls_are_refused_with_their_reason() -> None:
         (Conv(n=32, c=128, hw=(28, 28), k=128), 128),
         (Conv(n=32, c=256, hw=(14, 14), k=256), 128),  # 128 x 256 tiles would not fill the SMs
         (Conv(n=32, c=64, hw=(56, 56), k=64), None),  # 64 output channels: measured slower, mma.sync
-        (Conv(n=32, c=128, hw=(28, 28), k=128, stride=(2, 2)), None),  # not measured
+        (Conv(n=32, c=128, hw=(56, 56), k=128, stride=(2, 2)), 128),  # ResNet-50's stride-2 3x3, measured
+        (Conv(n=32, c=256, hw=(56, 56), k=512, filt=(1, 1), stride=(2, 2), pre=(0, 0), post=(0, 0)), 256),
+        (Conv(n=32, c=128, hw=(56, 56), k=128, stride=(3, 3)), None),  # not measured
         (Conv(n=32, c=72, hw=(28, 28), k=128), None),  # channels not in whole k tiles
         (Conv(n=2, c=128, hw=(14, 14), k=128), None),  # tiles for fewer than half the SMs
         (Conv(n=32, c=128, hw=(28, 28), k=128, dtype="float"), None),  # SIMT

@@ -303,6 +303,53 @@ def test_a_classifier_head_global_pooling_flatten_linear() -> None:
     _check(pools, {"input": torch.randn(2, 3, 7, 5)})
 
 
+class InPlace(nn.Module):
+    """torchvision's residual end: ``out += identity`` then ``relu(inplace=True)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(x)
+        out += x
+        return self.relu(out) * 2
+
+
+def test_in_place_ops_on_intermediates_map_to_their_functional_form() -> None:
+    torch.manual_seed(0)
+    graph = _check(InPlace(), {"x": torch.randn(3, 6)})
+    assert {"add", "relu", "mul"} <= {node.op for node in graph.nodes}
+
+
+class WritesThroughAView(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 3
+        h.view(-1).relu_()  # changes h too
+        return h + 1
+
+
+class WritesOverItsInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.relu_() + 1
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        (
+            WritesThroughAView(),
+            r"'relu_' \(aten\.relu_\.default\): it writes in place over 'view', a view that may share",
+        ),
+        (WritesOverItsInput(), r"it writes over the input 'x' in place, which graphdnn cannot hand back"),
+    ],
+)
+def test_in_place_writes_graphdnn_cannot_follow_are_named(module: nn.Module, message: str) -> None:
+    with pytest.raises(gd.UnsupportedError, match=message):
+        gd.from_torch(module, (torch.randn(2, 4),))
+
+
 @pytest.mark.gpu
 def test_torchvision_resnet50_runs_on_the_gpu() -> None:
     """The whole torchvision ResNet-50 (stem, four stages of bottlenecks, pooling, classifier):

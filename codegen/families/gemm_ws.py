@@ -188,16 +188,19 @@ def _default_im2col(p: Problem, arch: int) -> dict[str, object] | None:
     """The im2col producer for the convolutions like those it was measured faster on (an H200,
     benchmarks/RESULTS.md: ResNet-50's 1x1 64->256 at 56², 3x3 128->128 at 28² and 3x3 256->256
     at 14², N=32, bf16: 1.2x, 1.8x and 2.7x the mma.sync default with the fastest im2col tile of
-    each): 2-d, 16-bit, stride and dilation 1, channels in whole k tiles, at least 128 output
-    channels and tiles for half the SMs. 128 x 256 tiles (3 stages, the fastest measured) where
-    the output channels and those tiles fill every SM, 128 x 128 otherwise. 64 output channels stay on mma.sync (3x3 64->64 at 56² ran 0.96x:
-    half of each 128-column tile would multiply zeros); other convolutions were not measured."""
+    each), and its stride-2 layers, 3x3 128->128 and the 1x1 256->512 projection at 56² (1.66x
+    and 1.40x): 2-d, 16-bit, strides of 1 or 2, dilation 1, channels in whole k tiles, at least
+    128 output channels and tiles for half the SMs. 128 x 256 tiles (3 stages, the fastest
+    measured) where the output channels and those tiles fill every SM, 128 x 128 otherwise. 64
+    output channels stay on mma.sync (3x3 64->64 at 56² ran 0.96x: half of each 128-column tile
+    would multiply zeros); other convolutions were not measured."""
     types, attrs = tensor_core_types(p), p.attrs
     if (
         types is None
         or types.element_bytes != 2
         or len(p.a.dim) != 4
-        or any(s != 1 for s in (*attrs.stride, *attrs.dilation))
+        or any(s != 1 for s in attrs.dilation)
+        or any(s > 2 for s in attrs.stride)
         or p.channels % _block_k(p)
         or p.n < 128
         or output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch)
