@@ -10,7 +10,7 @@ Then the ResNet-50 conv + BN + ReLU layers: the default plan, the engine's tiles
 gather producer and with the TMA im2col producer (gemm_im2col.py), the cuDNN frontend's fused
 kernel where its wheel imports, and torch eager.
 
-    PYTHONPATH=. python benchmarks/gemm_engine.py [--only matmul|conv]
+    PYTHONPATH=. python benchmarks/gemm_engine.py [--only matmul|conv] [--case TEXT]
 """
 
 from __future__ import annotations
@@ -50,11 +50,12 @@ def graph(m: int, n: int, k: int, transposed: bool) -> gd.OperationGraphSpec:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=("matmul", "conv"), help="one of the two tables")
-    only = parser.parse_args(argv).only
-    if only != "conv":
+    parser.add_argument("--case", default="", help="only the conv layers whose name holds TEXT")
+    args = parser.parse_args(argv)
+    if args.only != "conv":
         matmul_table()
-    if only != "matmul":
-        conv_table()
+    if args.only != "matmul":
+        conv_table(args.case)
     return 0
 
 
@@ -70,14 +71,14 @@ def matmul_table() -> None:
         )
 
 
-def conv_table() -> None:
+def conv_table(only: str = "") -> None:
     print(
         "\n| conv + BN + ReLU | default plan µs | ws gather µs (best tile) | ws im2col µs (best tile) "
         "| default / im2col | cuDNN FE fused µs | torch eager µs |"
     )
     print("|---|---|---|---|---|---|---|")
     for case in cases():
-        if case.group == "conv":
+        if case.group == "conv" and only in case.name:
             default, (ws, tile), (mapped, mapped_tile), cudnn, eager = conv_row(case)
             print(
                 f"| {case.name} | {default:.1f} | {ws:.1f} ({tile}) | {mapped:.1f} ({mapped_tile}) "
