@@ -31,6 +31,7 @@ class AttentionCase:
     stats: bool = True
     options: dict[str, Any] = field(default_factory=dict)
     dropout: float | None = None  # the drop rate; the seed an int64 tensor, the offset a pass-by-value one
+    batch_max: int | None = None  # a dynamic graph: the batch is symbol 'batch' in 1..batch_max (b unused)
 
     def build(self) -> gd.OperationGraphSpec:
         g = self.graph("attention")
@@ -47,16 +48,17 @@ class AttentionCase:
     def inputs(self, g: gd.OperationGraphSpec) -> tuple[gd.TensorSpec, gd.TensorSpec, gd.TensorSpec, dict[str, Any]]:
         """Q, K, V and the other arguments forward and backward share (scale, bias, lengths)."""
         kv_type = self.kv_type or self.data_type
-        q = g.tensor(name="q", dim=[self.b, self.hq, self.sq, self.d], stride=self._strides(self.hq, self.sq, self.d))
+        b = g.dim("batch", 1, self.batch_max) if self.batch_max is not None else self.b
+        q = g.tensor(name="q", dim=[b, self.hq, self.sq, self.d], stride=self._strides(self.hq, self.sq, self.d))
         k = g.tensor(
             name="k",
-            dim=[self.b, self.hk, self.skv, self.d],
+            dim=[b, self.hk, self.skv, self.d],
             stride=self._strides(self.hk, self.skv, self.d, kv=True),
             data_type=kv_type,
         )
         v = g.tensor(
             name="v",
-            dim=[self.b, self.hk, self.skv, self.dv],
+            dim=[b, self.hk, self.skv, self.dv],
             stride=self._strides(self.hk, self.skv, self.dv, kv=True),
             data_type=kv_type,
         )
@@ -68,12 +70,12 @@ class AttentionCase:
                 name="scale", dim=[1, 1, 1, 1], data_type=DataType.FLOAT, is_pass_by_value=True
             )
         if self.bias is not None:
-            full = (self.b, self.hq, self.sq, self.skv)
+            full = (b, self.hq, self.sq, self.skv)
             extra["bias"] = g.tensor(name="bias", dim=[n if keep else 1 for n, keep in zip(full, self.bias)])
         if self.padding:
             extra["use_padding_mask"] = True
-            extra["seq_len_q"] = g.tensor(name="seq_q", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
-            extra["seq_len_kv"] = g.tensor(name="seq_kv", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
+            extra["seq_len_q"] = g.tensor(name="seq_q", dim=[b, 1, 1, 1], data_type=DataType.INT32)
+            extra["seq_len_kv"] = g.tensor(name="seq_kv", dim=[b, 1, 1, 1], data_type=DataType.INT32)
         if self.dropout is not None:
             seed = g.tensor(name="seed", dim=[1, 1, 1, 1], data_type=DataType.INT64)
             offset = g.tensor(name="offset", dim=[1, 1, 1, 1], data_type=DataType.INT64, is_pass_by_value=True)

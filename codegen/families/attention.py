@@ -20,16 +20,22 @@ Three paths, all correct for every mask, layout and head dim up to 256:
 Every path takes dropout, drawing the reference's mask (attention_problem.dropout_function).
 Packed (ragged) sequences run on the Hopper (non-persistent), flash or SIMT kernel, after
 attention_ragged.py's fill of the packed outputs.
+
+A dynamic graph's attention (docs/dynamic-shapes.md) takes a symbolic batch on the flash, Hopper
+and SIMT paths, with every mask, a bias and per-batch lengths: one plan for any batch in range,
+the grid (a persistent kernel's item count) computed at launch from the batch, the Hopper
+kernel's TMA maps encoded per call (:func:`extents_refusal` says what stays refused).
 """
 
 from __future__ import annotations
 
 from fusion_rules import FusedNode
 from graphdnn.errors import UnsupportedError
+from graphdnn.symbolic import show_ranges, symbols_of
 
 from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
-from .attention_decode import decode_choices, decode_program, uses_decode
+from .attention_decode import DECODE_MAX_SQ, decode_choices, decode_program, uses_decode
 from .attention_decode_mma import MMA_PATH, by_default, mma_choices, mma_decode_program
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
@@ -46,6 +52,12 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if a.ragged:
         return _ragged_program(fused, ctx, a)
     path = ctx.tuning.get("path")
+    if a.is_dynamic and path in (DECODE, MMA_PATH):
+        raise UnsupportedError(
+            f"attention tuning {dict(ctx.tuning)}: the decode kernels take no symbolic batch "
+            f"({show_ranges(symbols_of([a.batch_extent]))}) yet; the flash, Hopper and SIMT kernels do",
+            node=a.node.name,
+        )
     if path == MMA_PATH or (not ctx.tuning and uses_decode(a) and by_default(a, ctx.arch)):
         return mma_decode_program(fused, ctx, a)
     if path == DECODE or (not ctx.tuning and uses_decode(a)):
@@ -100,6 +112,33 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     if not on_tensor_cores(a) or (a.paged and uses_decode(a)):  # paged decode: the decode kernel's choices
         return decode
     return decode + flash_candidates(a) + ([c.choice() for c in wgmma_configs(a)] if wgmma_supported(a, arch) else [])
+
+
+def extents_refusal(fused: FusedNode) -> str | None:
+    """Why the attention kernels cannot take ``fused``'s symbols: they take a dense forward
+    problem's batch (dim 0 of every tensor) as a runtime extent, with static strides (the batch
+    outermost in memory); sequence lengths, heads and head dims size the tiles and masks, and the
+    decode, paged, packed (ragged) and dropout kernels take no runtime extents yet. None when
+    they can."""
+    a = attention_of(fused)
+    tensors = (*fused.inputs, *fused.outputs)
+    fixed = symbols_of(v for t in tensors for v in (*t.dim[1:], *t.stride))
+    if fixed:
+        return (
+            f"has symbolic sequence lengths, heads, head dims or strides ({show_ranges(fixed)}); attention kernels "
+            "take the batch (dim 0) as a runtime extent only (the other dims size the tiles and masks: keep the "
+            "batch outermost in memory, as [B, H, S, D] and [B, S, H, D] layouts do)"
+        )
+    symbols = show_ranges(symbols_of(t.dim[0] for t in tensors))
+    if a.ragged or a.paged or a.dropout is not None:
+        what = "packed (ragged) sequences" if a.ragged else "a paged KV cache" if a.paged else "dropout"
+        return f"has a symbolic batch ({symbols}) with {what}; those attention kernels take no runtime extents yet"
+    if uses_decode(a):
+        return (
+            f"has a symbolic batch ({symbols}) and {a.sq} query rows, which take the decode kernel; it takes no "
+            f"runtime extents yet (the flash kernels take a symbolic batch from {DECODE_MAX_SQ + 1} query rows)"
+        )
+    return None
 
 
 DECODE = "decode"
