@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import graphdnn as gd  # noqa: E402
 from benchmarks.cases import DYNAMIC_CONV, DYNAMIC_MAX_BATCH, _conv_graph, _conv_torch  # noqa: E402
-from benchmarks.measure import median_us, static_against_dynamic  # noqa: E402
+from benchmarks.measure import against_cells, median_us, static_against_dynamic  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
 
@@ -58,11 +58,7 @@ def main() -> int:
             times, bound = static_against_dynamic(plans, {**inputs, "y": out}, out, expected, ROUNDS)
             kernels = _kernels(bound)
             eager = median_us(lambda inputs=inputs: _conv_torch(inputs))
-            print(
-                f"| {n} | {kernels} | {times['dynamic']:.1f} | {times['static']:.1f} | "
-                f"{times['dynamic'] / times['static']:.3f} | {eager:.1f} |",
-                flush=True,
-            )
+            print(f"| {n} | {kernels} | {against_cells(times, eager)}", flush=True)
         except Exception as error:
             print(f"| {n} | failed: {type(error).__name__}: {str(error)[:200]} | | | | |", flush=True)
     return 0

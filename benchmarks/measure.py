@@ -62,6 +62,12 @@ def static_against_dynamic(
     return dict(zip(("static", "dynamic"), (statistics.median(r) for r in zip(*timed)))), bound["dynamic"]
 
 
+def against_cells(times: dict[str, float], peer: float) -> str:
+    """Table cells of :func:`static_against_dynamic`'s times and a peer's: dynamic µs, static µs,
+    their ratio, the peer's µs."""
+    return f"{times['dynamic']:.1f} | {times['static']:.1f} | {times['dynamic'] / times['static']:.3f} | {peer:.1f} |"
+
+
 def host_us_per_call(fn: Callable[[], object], calls: int = 2000) -> float:
     """Wall time per call of ``fn`` in a loop (enqueue cost; the GPU keeps up for tiny kernels)."""
     import torch

@@ -11,6 +11,7 @@ the maximum."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,11 @@ from graphdnn.program import ArgKind
 from graphdnn.random_inputs import random_inputs
 from graphdnn.specialize import specialize
 from tests import cpu_emulation
-from tests.attention_cases import CASES, AttentionCase
+from tests.attention_cases import CASES, AttentionCase, PagedCase
 
 MAX = 24
-# Each case over batch 1..MAX; the kernel sm_90 gives it by default.
-DYNAMIC = {
+# Each case over batch 1..MAX, and the kernel sm_90 gives it by default (sm_80: flash for wgmma).
+DYNAMIC: dict[str, tuple[AttentionCase | PagedCase, str]] = {
     "gqa_causal_d64": (dataclasses.replace(CASES["gqa_4to1_causal"], batch_max=MAX), "wgmma"),
     "d128_bshd": (dataclasses.replace(CASES["d128_bshd"], batch_max=MAX), "wgmma"),
     "padding_bottom_right": (dataclasses.replace(CASES["padding_causal_bottom_right"], batch_max=MAX), "wgmma"),
@@ -49,7 +50,20 @@ DYNAMIC = {
     "kv_shared_across_batch": (dataclasses.replace(CASES["kv_shared_across_batch"], batch_max=MAX), "wgmma"),
     "d72_dv40": (dataclasses.replace(CASES["d72_dv40"], batch_max=MAX), "flash"),
     "fp32_simt": (dataclasses.replace(CASES["fp32_simt"], batch_max=MAX), "simt"),
-}
+    # decode: KV splits that fall as the batch grows, a variant per power-of-two range of it
+    "decode_gqa_padded": (
+        AttentionCase(hq=16, hk=4, sq=1, skv=1100, d=128, dv=128, padding=True, batch_max=MAX), "decode_mma"
+    ),
+    "decode_fp32_two_rows": (
+        AttentionCase(
+            hq=8, hk=2, sq=2, skv=700, d=64, dv=64, data_type=DataType.FLOAT, batch_max=MAX,
+            options={"use_causal_mask_bottom_right": True},
+        ),
+        "decode",
+    ),
+    "paged_decode": (PagedCase(hq=8, hk=2, max_len=700, page_size=16, d=128, dv=128, batch_max=MAX), "decode_mma"),
+    "paged_prefill": (PagedCase(hq=4, hk=2, sq=40, max_len=300, page_size=16, batch_max=MAX), "flash"),
+}  # fmt: skip
 
 
 def _q(ir: gd.Graph) -> int:
@@ -126,10 +140,10 @@ def test_the_dynamic_kernels_compile(name: str, arch: int) -> None:
     case, kind = DYNAMIC[name]
     ir = case.build().validate()
     (program,) = emit_partition(fuse(ir, arch=arch), arch)
-    (kernel,) = program.kernels
-    assert kernel.blocks is not None
-    assert f"_{kind if arch == 90 or kind == 'simt' else 'flash'}_" in kernel.name
-    assert compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
+    assert f"_{'flash' if arch == 80 and kind == 'wgmma' else kind}_" in program.kernels[0].name
+    for kernel in program.kernels:
+        assert kernel.blocks is not None
+        assert compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
 
 
 @pytest.mark.parametrize("choice", [{"path": "wgmma", "block_n": 128, "pingpong": False, "persistent": False}])
@@ -173,80 +187,77 @@ def test_a_batch_inside_the_strides_is_refused() -> None:
     assert "has symbolic sequence lengths, heads, head dims or strides (batch in 1..8)" in _refusal(g)
 
 
-@pytest.mark.parametrize(
-    ("case", "what"),
-    [
-        (dataclasses.replace(CASES["dropout_half_gqa"], batch_max=4), "with dropout; those attention kernels"),
-        (
-            dataclasses.replace(CASES["mha_odd_lengths"], sq=3, batch_max=4),
-            "and 3 query rows, which take the decode kernel; it takes no runtime extents yet (the flash kernels "
-            "take a symbolic batch from 5 query rows)",
-        ),
-    ],
-    ids=["dropout", "decode"],
-)
-def test_the_kernels_without_runtime_extents_are_refused(case: AttentionCase, what: str) -> None:
-    message = _refusal(case.build())
-    assert message.startswith("fused node 'attention' (attention: attention) has a symbolic batch (batch in 1..4)")
-    assert what in message
-
-
-def test_a_paged_kv_cache_over_a_symbolic_batch_is_refused() -> None:
-    """The serving case's page tables [batch, 1, pages, 1] over a static pool. (Packed sequences
-    cannot have a symbolic batch: their offsets have batch + 1 entries.)"""
-    g = gd.OperationGraphSpec("dyn_paged", io_data_type="bfloat16", compute_data_type="float")
-    batch = g.dim("batch", 1, 16)
-    q = g.tensor(name="q", dim=[batch, 8, 1, 128])
-    k, v = (g.tensor(name=n, dim=[40, 2, 16, 128]) for n in "kv")
-    tables = [g.tensor(name=n, dim=[batch, 1, 8, 1], data_type=DataType.INT32) for n in ("tk", "tv")]
-    lengths = [g.tensor(name=n, dim=[batch, 1, 1, 1], data_type=DataType.INT32) for n in ("sq", "skv")]
-    g.sdpa(
-        q, k, v, attn_scale=0.1, use_padding_mask=True, seq_len_q=lengths[0], seq_len_kv=lengths[1],
-        paged_attention_k_table=tables[0], paged_attention_v_table=tables[1], name="attn",
-    )[0].set_output(True)  # fmt: skip
-    assert _refusal(g) == (
-        "fused node 'attn' (attention: attn) has a symbolic batch (batch in 1..16) with a paged KV cache; those "
+def test_dropout_over_a_symbolic_batch_is_refused() -> None:
+    case = dataclasses.replace(CASES["dropout_half_gqa"], batch_max=4)
+    assert _refusal(case.build()) == (
+        "fused node 'attention' (attention: attention) has a symbolic batch (batch in 1..4) with dropout; those "
         "attention kernels take no runtime extents yet. Run it with backend='reference', or build a static graph "
         "for each shape"
     )
 
 
-def test_a_decode_tuning_is_refused_for_a_symbolic_batch() -> None:
-    case, _ = DYNAMIC["gqa_causal_d64"]
+def test_decode_variants_are_the_static_plans_of_power_of_two_batches() -> None:
+    """GQA 4 decode over Skv 4096, batch 1..256, sm_90: the static plans split the keys less as
+    the batch grows; each variant is the static plan's kernels at the smallest batch of its range."""
+    case = AttentionCase(hq=32, hk=8, sq=1, skv=4096, d=128, dv=128, padding=True, batch_max=256)
+    ir = case.build().validate()
+    plan = gd.compile(ir, arch="sm_90", cache=None)
+    variants: dict[tuple[int, int], list[tuple[Any, ...]]] = {}
+    q = _q(plan.graph)
+    for launch, kernel in zip(plan.program.launches, plan.kernels):
+        assert launch.bucket is not None and launch.blocks is not None
+        low = launch.bucket.low
+        shape = (launch.at({(q, 0): low}).grid, launch.block, launch.shared_bytes)
+        variants.setdefault((low, launch.bucket.high), []).append((*shape, strip_header(kernel.source)))
+    ranges = sorted(variants)
+    assert ranges[0][0] == 1 and ranges[-1][1] == 256
+    assert all(high + 1 == low for (_, high), (low, _) in itertools.pairwise(ranges))  # the range, once
+    assert len(ranges) >= 3 and all(low & (low - 1) == 0 for low, _ in ranges)  # powers of two
+    for (low, _), kernels in variants.items():
+        static = gd.compile(specialize(ir, {"batch": low}), arch="sm_90", cache=None)
+        launches = zip(static.program.launches, static.kernels)
+        # at batch 1 the static kernels also drop the batch offsets (b is 0): the same launches
+        expected = [(s.grid, s.block, s.shared_bytes, strip_header(k.source)) for s, k in launches]
+        assert [k[: 3 if low == 1 else 4] for k in kernels] == [k[: 3 if low == 1 else 4] for k in expected], low
+    splits = [len(kernels) for _, kernels in sorted(variants.items())]
+    assert splits[0] == 2 and splits[-1] == 1  # split-KV and its combine at batch 1, one kernel at 256
+
+
+def test_a_tuned_decode_choice_serves_the_whole_range() -> None:
+    case, _ = DYNAMIC["decode_fp32_two_rows"]
     ir = case.build().validate()
     partition = fuse(ir, arch=90)
     (fused,) = partition.nodes
-    with pytest.raises(gd.UnsupportedError, match=r"the decode kernels take no symbolic batch \(batch in 1\.\.24\)"):
-        emit_partition(partition, 90, {fused.name: {"path": "decode"}})
+    (program,) = emit_partition(partition, 90, {fused.name: {"path": "decode", "split": 3}})
+    decode, combine = program.kernels
+    assert decode.bucket is None and decode.blocks is not None and combine.blocks is not None
+    assert decode.blocks.multiplier == 2 * 3 and combine.blocks.multiplier == 8 * 2  # kv heads x split; rows
+    (_, partial_lse) = program.scratch
+    assert partial_lse.bytes == 4 * MAX * 8 * 2 * 3  # the partials of the largest batch
 
 
 # -- the kernels, run on the CPU ------------------------------------------------------------------
-CPU_CASES = {
+CPU_CASES: dict[str, AttentionCase | PagedCase] = {
     "flash_fp16_causal_padding": AttentionCase(
-        hq=4,
-        hk=2,
-        sq=40,
-        skv=33,
-        d=32,
-        dv=32,
-        data_type=DataType.HALF,
-        padding=True,
-        batch_max=3,
+        hq=4, hk=2, sq=40, skv=33, d=32, dv=32, data_type=DataType.HALF, padding=True, batch_max=3,
         options={"use_causal_mask": True},
     ),
+    "decode_mma_fp16_padding": AttentionCase(
+        hq=4, hk=1, sq=1, skv=600, d=16, dv=16, data_type=DataType.HALF, padding=True, batch_max=3
+    ),
+    "decode_fp32_window": AttentionCase(
+        hq=4, hk=2, sq=2, skv=555, d=24, dv=8, data_type=DataType.FLOAT, batch_max=3,
+        options={"use_causal_mask_bottom_right": True, "sliding_window_length": 300},
+    ),
+    "paged_decode_fp16": PagedCase(
+        hq=8, hk=2, max_len=600, page_size=16, d=32, dv=32, data_type=DataType.HALF, batch_max=3
+    ),
     "flash_fp16_bias_alibi_window": AttentionCase(
-        hq=2,
-        hk=1,
-        sq=21,
-        skv=37,
-        d=16,
-        dv=24,
-        data_type=DataType.HALF,
-        bias=(False, True, False, True),
+        hq=2, hk=1, sq=21, skv=37, d=16, dv=24, data_type=DataType.HALF, bias=(False, True, False, True),
         options={"use_alibi_mask": True, "use_causal_mask_bottom_right": True, "sliding_window_length": 9},
         batch_max=3,
     ),
-}
+}  # fmt: skip
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
@@ -254,8 +265,8 @@ CPU_CASES = {
 def test_the_kernels_match_the_reference_across_the_range_on_the_cpu(
     name: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Emitted once (sm_80: the flash kernel), run at batch 1, 2 and 3; O stored in pairs and
-    element by element. (The SIMT kernel's warps meet at __syncwarp, which the emulation's
+    """Emitted once for sm_80 (the flash and decode kernels, the decode ones with their KV split
+    and combine), run at batch 1, 2 and 3; O stored in pairs and element by element. (The SIMT kernel's warps meet at __syncwarp, which the emulation's
     fibers do not.)"""
     build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
     build_dir.mkdir(exist_ok=True)
@@ -279,7 +290,7 @@ def test_the_dynamic_reference_equals_the_static_one(batch: int, masks: str) -> 
     options: dict[str, Any] = {
         "causal": {"use_causal_mask": True},
         "window": {"use_causal_mask": True, "sliding_window_length": 5},
-        "alibi": {"use_alibi_mask": True},
+        "alibi": {"use_causal_mask": True, "use_alibi_mask": True},
     }.get(masks, {})
     base = AttentionCase(
         hq=4,

@@ -21,25 +21,33 @@ Every path takes dropout, drawing the reference's mask (attention_problem.dropou
 Packed (ragged) sequences run on the Hopper (non-persistent), flash or SIMT kernel, after
 attention_ragged.py's fill of the packed outputs.
 
-A dynamic graph's attention (docs/dynamic-shapes.md) takes a symbolic batch on the flash, Hopper
-and SIMT paths, with every mask, a bias and per-batch lengths: one plan for any batch in range,
-the grid (a persistent kernel's item count) computed at launch from the batch, the Hopper
-kernel's TMA maps encoded per call (:func:`extents_refusal` says what stays refused).
+A dynamic graph's attention (docs/dynamic-shapes.md) takes a symbolic batch on every forward path
+(flash, Hopper, SIMT, decode, paged), with every mask, a bias and per-batch lengths: one plan for
+any batch in range, the grid (a persistent kernel's item count) computed at launch from the batch,
+the Hopper kernel's TMA maps encoded per call. The decode kernels' KV split depends on the batch,
+so an untuned decode problem compiles a variant per size bucket of the batch (codegen.buckets),
+each the static plan's choice at its largest batch (:func:`extents_refusal` says what stays
+refused).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from fusion_rules import FusedNode
 from graphdnn.errors import UnsupportedError
-from graphdnn.symbolic import show_ranges, symbols_of
+from graphdnn.symbolic import Sym, show_ranges, symbols_of
 
+from ..buckets import bucketed_program, size_buckets
 from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
-from .attention_decode import DECODE_MAX_SQ, decode_choices, decode_program, uses_decode
+from .attention_decode import decode_choices, decode_program, uses_decode
+from .attention_decode import default_config as decode_default
 from .attention_decode_mma import MMA_PATH, by_default, mma_choices, mma_decode_program
+from .attention_decode_mma import default_config as mma_default
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
-from .attention_problem import Attention, attention_of, on_tensor_cores
+from .attention_problem import Attention, at_batch, attention_of, on_tensor_cores
 from .attention_ragged import NEG_INF, fill_kernel
 from .attention_simt import simt_kernel
 from .attention_wgmma import configs as wgmma_configs
@@ -52,12 +60,8 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if a.ragged:
         return _ragged_program(fused, ctx, a)
     path = ctx.tuning.get("path")
-    if a.is_dynamic and path in (DECODE, MMA_PATH):
-        raise UnsupportedError(
-            f"attention tuning {dict(ctx.tuning)}: the decode kernels take no symbolic batch "
-            f"({show_ranges(symbols_of([a.batch_extent]))}) yet; the flash, Hopper and SIMT kernels do",
-            node=a.node.name,
-        )
+    if a.is_dynamic and not ctx.tuning and uses_decode(a):
+        return _dynamic_decode(fused, ctx, a)
     if path == MMA_PATH or (not ctx.tuning and uses_decode(a) and by_default(a, ctx.arch)):
         return mma_decode_program(fused, ctx, a)
     if path == DECODE or (not ctx.tuning and uses_decode(a)):
@@ -69,6 +73,25 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             node=a.node.name,
         )
     return FusedProgram(fused.name, (_attention_kernel(fused, ctx, a),))
+
+
+def _dynamic_decode(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
+    """A decode problem over a symbolic batch, untuned: a variant per power-of-two range of the
+    batch (codegen.buckets; at most DECODE_BUCKETS), each with the static plan's kernel and KV
+    split at the range's smallest batch (the split falls as the batch grows: a larger batch of
+    the range has up to twice the static plan's blocks, never fewer, so the GPU stays full), the
+    partials sized for its largest batch."""
+
+    def choose(batch: int) -> dict[str, object]:
+        at = at_batch(a, 1 << (batch.bit_length() - 1))
+        return mma_default(at, ctx.arch).choice() if by_default(at, ctx.arch) else decode_default(at, ctx.arch).choice()
+
+    def emit_choice(choice: dict[str, object], top_batch: int) -> FusedProgram:
+        program = mma_decode_program if choice["path"] == MMA_PATH else decode_program
+        return program(fused, dataclasses.replace(ctx, tuning=choice), a, top_batch)
+
+    assert isinstance(a.batch_extent, Sym)
+    return bucketed_program(fused.name, size_buckets(a.batch_extent, choose, DECODE_BUCKETS), emit_choice)
 
 
 def _attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
@@ -115,11 +138,10 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
 
 
 def extents_refusal(fused: FusedNode) -> str | None:
-    """Why the attention kernels cannot take ``fused``'s symbols: they take a dense forward
-    problem's batch (dim 0 of every tensor) as a runtime extent, with static strides (the batch
-    outermost in memory); sequence lengths, heads and head dims size the tiles and masks, and the
-    decode, paged, packed (ragged) and dropout kernels take no runtime extents yet. None when
-    they can."""
+    """Why the attention kernels cannot take ``fused``'s symbols: they take the batch (dim 0 of
+    every tensor but a paged pool) as a runtime extent, with static strides (the batch outermost
+    in memory); sequence lengths, heads and head dims size the tiles and masks, and packed
+    (ragged) sequences and dropout take no runtime extents yet. None when they can."""
     a = attention_of(fused)
     tensors = (*fused.inputs, *fused.outputs)
     fixed = symbols_of(v for t in tensors for v in (*t.dim[1:], *t.stride))
@@ -129,16 +151,12 @@ def extents_refusal(fused: FusedNode) -> str | None:
             "take the batch (dim 0) as a runtime extent only (the other dims size the tiles and masks: keep the "
             "batch outermost in memory, as [B, H, S, D] and [B, S, H, D] layouts do)"
         )
-    symbols = show_ranges(symbols_of(t.dim[0] for t in tensors))
-    if a.ragged or a.paged or a.dropout is not None:
-        what = "packed (ragged) sequences" if a.ragged else "a paged KV cache" if a.paged else "dropout"
+    if a.ragged or a.dropout is not None:
+        symbols = show_ranges(symbols_of(t.dim[0] for t in tensors))
+        what = "packed (ragged) sequences" if a.ragged else "dropout"
         return f"has a symbolic batch ({symbols}) with {what}; those attention kernels take no runtime extents yet"
-    if uses_decode(a):
-        return (
-            f"has a symbolic batch ({symbols}) and {a.sq} query rows, which take the decode kernel; it takes no "
-            f"runtime extents yet (the flash kernels take a symbolic batch from {DECODE_MAX_SQ + 1} query rows)"
-        )
     return None
 
 
 DECODE = "decode"
+DECODE_BUCKETS = 8  # a batch of 1..255: 1, 2-3, 4-7, ... 64-127 (most at split 1 by then), 128-255

@@ -17,6 +17,7 @@ window, where diag is skv - sq for the bottom-right alignment and 0 otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,10 +65,9 @@ class Attention:
 
     @property
     def batch(self) -> int:
-        """Q's dim 0, or for a packed Q (dim 0 of 1) the sequence lengths'."""
-        if self.ragged_q is not None and self.seq_len_q is not None:
-            return self.seq_len_q.static_dim[0]
-        return self.q.static_dim[0]
+        """Q's dim 0, or for a packed Q (dim 0 of 1) the sequence lengths'; in a dynamic graph its
+        maximum (the grid's size there, and what the heuristics choose for: :func:`at_batch`)."""
+        return upper(self.batch_extent)
 
     @property
     def batch_extent(self) -> Extent:
@@ -220,7 +220,7 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
 def work_items(a: Attention, block_m: int) -> int:
     """The (row block, head, batch) items of a kernel that gives each ``block_m`` query rows (at
     the batch's maximum in a dynamic graph)."""
-    return _items_per_sequence(a, block_m) * upper(a.batch_extent)
+    return _items_per_sequence(a, block_m) * a.batch
 
 
 def work_count(a: Attention, block_m: int) -> str:
@@ -234,9 +234,21 @@ def work_count(a: Attention, block_m: int) -> str:
 def work_grid(a: Attention, block_m: int, cap: int = 2**31 - 1) -> DynamicGrid | None:
     """A dynamic graph's grid of one block per work item (at most ``cap``: a persistent kernel's
     SMs), computed at launch from the batch; None in a static graph."""
+    return batch_grid(a, _items_per_sequence(a, block_m), cap)
+
+
+def batch_grid(a: Attention, per_sequence: int, cap: int = 2**31 - 1) -> DynamicGrid | None:
+    """A dynamic graph's grid of ``per_sequence`` blocks per sequence (the batch outermost in
+    the block index), at most ``cap``, computed at launch from the batch; None in a static graph."""
     if not isinstance(a.batch_extent, Sym):
         return None
-    return DynamicGrid(a.batch_extent, 1, cap, multiplier=_items_per_sequence(a, block_m))
+    return DynamicGrid(a.batch_extent, 1, cap, multiplier=per_sequence)
+
+
+def at_batch(a: Attention, batch: int) -> Attention:
+    """``a`` with a static batch of ``batch``: what the static plan of that batch chooses (a dynamic
+    problem's size buckets)."""
+    return dataclasses.replace(a, q=dataclasses.replace(a.q, dim=(batch, *a.q.dim[1:])))
 
 
 def _items_per_sequence(a: Attention, block_m: int) -> int:
