@@ -1,7 +1,7 @@
 """A dynamic attention plan (sdpa over a batch in 1..max, one plan) against the static plan of
 each batch, on the same buffers: the serving case, one plan for any batch of requests.
 
-    PYTHONPATH=. python benchmarks/dynamic_attention.py            # on a GPU
+    PYTHONPATH=. python benchmarks/dynamic_attention.py [--only prefill|decode]   # on a GPU
 
 bf16 Q [batch, H, Sq, D], K and V [batch, Hk, Skv, D]: prefill (causal at D 128, none at D 64;
 on sm_90 the Hopper kernel, persistent: the same kernel as the static plan's but for its item
@@ -48,9 +48,15 @@ def graph(
     return g
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     import torch
     import torch.nn.functional as F
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("prefill", "decode"), help="the prefill or the decode shapes alone")
+    only = parser.parse_args(argv).only
 
     print(
         f"{torch.cuda.get_device_name()}: sdpa bf16, one plan for batch 1..{MAX_BATCH} against each batch's static plan"
@@ -61,6 +67,8 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for heads, kv_heads, sq, skv, d, causal, batches in SHAPES:
+        if only is not None and (only == "decode") != (sq == 1):
+            continue
         shape = (heads, kv_heads, sq, skv, d, causal)
         dynamic = gd.compile(graph(None, *shape))
         for n in batches:
