@@ -2,8 +2,9 @@
 lengths and head dims) compiles once for its range. On the CPU: the lowering (a grid of one
 block per work item computed at launch, the Hopper kernel's item count from its EXTENT argument
 and its Q/K/V tensor maps' batch dim encoded per call), the flash and SIMT kernels identical to
-the static plan's, the refusals (symbolic lengths, dropout, paged, packed and decode problems),
-NVRTC for sm_80 and sm_90(a), the fp16 flash and fp32 SIMT kernels run by tests/cpu_emulation.py
+the static plan's, the decode kernels' variants per power-of-two range of the batch identical to
+the static plans', the signature, the refusals (symbolic lengths or strides, dropout), NVRTC for
+sm_80 and sm_90(a), the flash and decode kernels (dense and paged) run by tests/cpu_emulation.py
 against the reference across the range, and the dynamic graph's reference against the static
 graph's at random batches; the `gpu` tests run one plan per kernel path at batch 1, a prime and
 the maximum."""
@@ -30,6 +31,7 @@ from graphdnn.compare import relative_error, tolerance
 from graphdnn.dtypes import DataType
 from graphdnn.program import ArgKind
 from graphdnn.random_inputs import random_inputs
+from graphdnn.signature import signature
 from graphdnn.specialize import specialize
 from tests import cpu_emulation
 from tests.attention_cases import CASES, AttentionCase, PagedCase
@@ -132,6 +134,20 @@ def test_static_attention_takes_no_extents() -> None:
     (launch,) = plan.program.launches
     assert launch.blocks is None and all(a.kind is not ArgKind.EXTENT for a in launch.args)
     assert all(not a.tensor_map.symbolic for a in launch.args if a.tensor_map is not None)
+
+
+def test_the_signature_covers_the_range_not_the_name() -> None:
+    def sdpa(name: str, top: int) -> gd.Graph:
+        g = gd.OperationGraphSpec("dyn", io_data_type="half", compute_data_type="float")
+        batch = g.dim(name, 1, top)
+        q, k, v = (g.tensor([batch, 2, 40, 64], name=n) for n in "qkv")
+        g.sdpa(q, k, v, attn_scale=0.125, use_causal_mask=True, name="attn")[0].set_output(True)
+        return g.validate()
+
+    assert signature(sdpa("batch", 64)) == signature(sdpa("requests", 64))
+    assert signature(sdpa("batch", 64)) != signature(sdpa("batch", 65))
+    plan = gd.compile(sdpa("batch", 64), arch="sm_90", cache=None)
+    assert plan.program == gd.compile(sdpa("requests", 64), arch="sm_90", cache=None).program
 
 
 @pytest.mark.parametrize("arch", [80, 90])
