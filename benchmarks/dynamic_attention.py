@@ -37,11 +37,11 @@ ROUNDS = 3
 
 
 def graph(
-    batch: int | None, heads: int, kv_heads: int, sq: int, skv: int, d: int, causal: bool
+    batch: int | None, heads: int, kv_heads: int, sq: int, skv: int, d: int, causal: bool, top: int = MAX_BATCH
 ) -> gd.OperationGraphSpec:
-    """sdpa over ``batch`` (None: a symbol in 1..MAX_BATCH)."""
+    """sdpa over ``batch`` (None: a symbol in 1..``top``)."""
     g = gd.OperationGraphSpec("dyn_attention", io_data_type="bfloat16", compute_data_type="float")
-    b = g.dim("batch", 1, MAX_BATCH) if batch is None else batch
+    b = g.dim("batch", 1, top) if batch is None else batch
     q = g.tensor([b, heads, sq, d], name="q")
     k, v = (g.tensor([b, kv_heads, skv, d], name=n) for n in "kv")
     g.sdpa(q, k, v, attn_scale=d**-0.5, use_causal_mask=causal, name="attn")[0].set_output(True).set_name("o")
