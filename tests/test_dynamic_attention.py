@@ -2,17 +2,16 @@
 lengths and head dims) compiles once for its range. On the CPU: the lowering (a grid of one
 block per work item computed at launch, the Hopper kernel's item count from its EXTENT argument
 and its Q/K/V tensor maps' batch dim encoded per call), the flash and SIMT kernels identical to
-the static plan's, the decode kernels' variants per power-of-two range of the batch identical to
-the static plans', the signature, the refusals (symbolic lengths or strides, dropout), NVRTC for
-sm_80 and sm_90(a), the flash and decode kernels (dense and paged) run by tests/cpu_emulation.py
-against the reference across the range, and the dynamic graph's reference against the static
-graph's at random batches; the `gpu` tests run one plan per kernel path at batch 1, a prime and
-the maximum."""
+the static plan's, the decode kernels' variants (one per range of batches sharing the static
+plans' KV split) identical to the static plans', the signature, the refusals (symbolic lengths
+or strides, dropout), NVRTC for sm_80 and sm_90(a), the flash and decode kernels (dense and
+paged) run by tests/cpu_emulation.py against the reference across the range, and the dynamic
+graph's reference against the static graph's at random batches; the `gpu` tests run one plan
+per kernel path at batch 1, a prime and the maximum."""
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from pathlib import Path
 from typing import Any
 
@@ -212,9 +211,9 @@ def test_dropout_over_a_symbolic_batch_is_refused() -> None:
     )
 
 
-def test_decode_variants_are_the_static_plans_of_power_of_two_batches() -> None:
+def test_decode_variants_are_the_static_plans_of_their_batches() -> None:
     """GQA 4 decode over Skv 4096, batch 1..256, sm_90: the static plans split the keys less as
-    the batch grows; each variant is the static plan's kernels at the smallest batch of its range."""
+    the batch grows; each variant is the static plan's kernels at every batch of its range."""
     case = AttentionCase(hq=32, hk=8, sq=1, skv=4096, d=128, dv=128, padding=True, batch_max=256)
     ir = case.build().validate()
     plan = gd.compile(ir, arch="sm_90", cache=None)
@@ -222,21 +221,18 @@ def test_decode_variants_are_the_static_plans_of_power_of_two_batches() -> None:
     q = _q(plan.graph)
     for launch, kernel in zip(plan.program.launches, plan.kernels):
         assert launch.bucket is not None and launch.blocks is not None
-        low = launch.bucket.low
-        shape = (launch.at({(q, 0): low}).grid, launch.block, launch.shared_bytes)
-        variants.setdefault((low, launch.bucket.high), []).append((*shape, strip_header(kernel.source)))
-    ranges = sorted(variants)
-    assert ranges[0][0] == 1 and ranges[-1][1] == 256
-    assert all(high + 1 == low for (_, high), (low, _) in itertools.pairwise(ranges))  # the range, once
-    assert len(ranges) >= 3 and all(low & (low - 1) == 0 for low, _ in ranges)  # powers of two
-    for (low, _), kernels in variants.items():
-        static = gd.compile(specialize(ir, {"batch": low}), arch="sm_90", cache=None)
+        for batch in {launch.bucket.low, launch.bucket.high}:
+            shape = (launch.at({(q, 0): batch}).grid, launch.block, launch.shared_bytes)
+            variants.setdefault((batch, launch.bucket.high), []).append((*shape, strip_header(kernel.source)))
+    tops = sorted({high for _, high in variants})
+    assert tops[-1] == 256 and len(tops) == 9  # splits 16, 11, 8, 6, 5, 4, 3, 2 and 1
+    for (batch, _), kernels in variants.items():
+        static = gd.compile(specialize(ir, {"batch": batch}), arch="sm_90", cache=None)
         launches = zip(static.program.launches, static.kernels)
         # at batch 1 the static kernels also drop the batch offsets (b is 0): the same launches
         expected = [(s.grid, s.block, s.shared_bytes, strip_header(k.source)) for s, k in launches]
-        assert [k[: 3 if low == 1 else 4] for k in kernels] == [k[: 3 if low == 1 else 4] for k in expected], low
-    splits = [len(kernels) for _, kernels in sorted(variants.items())]
-    assert splits[0] == 2 and splits[-1] == 1  # split-KV and its combine at batch 1, one kernel at 256
+        assert [k[: 3 if batch == 1 else 4] for k in kernels] == [k[: 3 if batch == 1 else 4] for k in expected], batch
+    assert len(variants[(1, tops[0])]) == 2 and len(variants[(256, 256)]) == 1  # split-KV + combine; one kernel
 
 
 def test_a_tuned_decode_choice_serves_the_whole_range() -> None:
