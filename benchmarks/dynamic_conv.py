@@ -14,7 +14,6 @@ table.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import graphdnn as gd  # noqa: E402
 from benchmarks.cases import DYNAMIC_CONV, DYNAMIC_MAX_BATCH, _conv_graph, _conv_torch  # noqa: E402
-from benchmarks.measure import median_us  # noqa: E402
+from benchmarks.measure import against_cells, median_us, static_against_dynamic  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
 
@@ -55,23 +54,11 @@ def main() -> int:
         out = empty_torch(ir.outputs[0])
         expected = _conv_torch(inputs).float()
         try:  # one broken batch must not hide the others' numbers
-            bound: dict[str, Any] = {}
-            for key, plan in (("static", gd.compile(graph)), ("dynamic", dynamic)):
-                bound[key] = plan.bind({**inputs, "y": out})
-                out.fill_(float("nan"))
-                bound[key]()
-                torch.cuda.synchronize()
-                error = float((out.float() - expected).norm() / expected.norm())
-                assert error < 2e-2, f"{key} plan at batch {n}: relative error {error:.3g}"
-            rounds = [[median_us(bound[key], rep_ms=100) for key in ("static", "dynamic")] for _ in range(ROUNDS)]
-            times = dict(zip(("static", "dynamic"), (statistics.median(r) for r in zip(*rounds))))
-            kernels = _kernels(bound["dynamic"])
+            plans = {"static": gd.compile(graph), "dynamic": dynamic}
+            times, bound = static_against_dynamic(plans, {**inputs, "y": out}, out, expected, ROUNDS)
+            kernels = _kernels(bound)
             eager = median_us(lambda inputs=inputs: _conv_torch(inputs))
-            print(
-                f"| {n} | {kernels} | {times['dynamic']:.1f} | {times['static']:.1f} | "
-                f"{times['dynamic'] / times['static']:.3f} | {eager:.1f} |",
-                flush=True,
-            )
+            print(f"| {n} | {kernels} | {against_cells(times, eager)}", flush=True)
         except Exception as error:
             print(f"| {n} | failed: {type(error).__name__}: {str(error)[:200]} | | | | |", flush=True)
     return 0

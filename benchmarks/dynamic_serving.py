@@ -1,11 +1,12 @@
 """Serving shapes drawn from a dynamic graph's range: compiles after warm-up, and the host cost
 of a call against a static plan's.
 
-    PYTHONPATH=. python benchmarks/dynamic_serving.py [--calls 1000]     # on a GPU
+    PYTHONPATH=. python benchmarks/dynamic_serving.py [--calls 1000] [--only sdpa]     # on a GPU
 
 For each dynamic graph of the benchmark cases (LN + GELU over rows 1..4096, the [rows, 1024] @
 [1024, 1024] projection over rows 1..4096, conv 3x3 128->128 @28² + BN + ReLU over a batch
-1..64; bf16), ``--calls`` sizes are drawn at random from the range (seeded). One plan is built
+1..64, GQA decode attention over a batch 1..64; bf16; ``--only`` those whose name holds a
+word), ``--calls`` sizes are drawn at random from the range (seeded). One plan is built
 through a PlanCache; warm-up binds it once at each size drawn (a server's bound plan per size)
 and runs it. Then the calls are served in the drawn order, and counted:
 
@@ -45,6 +46,7 @@ from benchmarks.cases import (  # noqa: E402
     _ln_gelu_graph,
     _square_matmul_graph,
 )
+from benchmarks.dynamic_attention import graph as attention_graph  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
 from graphdnn.specialize import specialize  # noqa: E402
@@ -67,6 +69,11 @@ GRAPHS = [
     Served(
         "conv3x3+bn+relu 128->128 @28², NHWC",
         lambda n, top: _conv_graph(n, *DYNAMIC_CONV, max_n=top)(),
+        DYNAMIC_MAX_BATCH,
+    ),
+    Served(
+        "sdpa decode, GQA 32/8 heads, 1024 keys, D 128",
+        lambda n, top: attention_graph(None if top else n, 32, 8, 1, 1024, 128, False, top or 1),
         DYNAMIC_MAX_BATCH,
     ),
 ]
@@ -178,10 +185,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--only", default="", help="the graphs whose name holds this word (default: all)")
     args = parser.parse_args()
     counter = CompileCounter()
     rows = []
-    for served in GRAPHS:
+    for served in (s for s in GRAPHS if args.only in s.name):
         try:  # one broken graph must not hide the others' numbers
             rows.append(serve(served, args.calls, counter, args.seed))
         except Exception as error:

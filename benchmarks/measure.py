@@ -39,6 +39,35 @@ def checked_plan_us(
     return median_us(bound, rep_ms=rep_ms)
 
 
+def static_against_dynamic(
+    plans: dict[str, Any], pack: dict[str, Any], out: Any, expected: Any, rounds: int = 3
+) -> tuple[dict[str, float], Any]:
+    """The median µs of each plan ("static", "dynamic") bound to ``pack`` (which holds ``out``),
+    each checked first to write ``expected`` (2e-2 relative error) into a NaN-poisoned ``out``:
+    the two timed in turn ``rounds`` times, each figure the median of its rounds (a drift of the
+    GPU's clocks falls on both); and the dynamic plan's bound call."""
+    import statistics
+
+    import torch
+
+    bound = {}
+    for key in ("static", "dynamic"):
+        bound[key] = plans[key].bind(pack)
+        out.fill_(float("nan"))
+        bound[key]()
+        torch.cuda.synchronize()
+        error = float((out.float() - expected).norm() / expected.norm())
+        assert error < 2e-2, f"{key} plan: relative error {error:.3g}"
+    timed = [[median_us(bound[key], rep_ms=100) for key in ("static", "dynamic")] for _ in range(rounds)]
+    return dict(zip(("static", "dynamic"), (statistics.median(r) for r in zip(*timed)))), bound["dynamic"]
+
+
+def against_cells(times: dict[str, float], peer: float) -> str:
+    """Table cells of :func:`static_against_dynamic`'s times and a peer's: dynamic µs, static µs,
+    their ratio, the peer's µs."""
+    return f"{times['dynamic']:.1f} | {times['static']:.1f} | {times['dynamic'] / times['static']:.3f} | {peer:.1f} |"
+
+
 def host_us_per_call(fn: Callable[[], object], calls: int = 2000) -> float:
     """Wall time per call of ``fn`` in a loop (enqueue cost; the GPU keeps up for tiny kernels)."""
     import torch

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from graphdnn.symbolic import Sym, lower, upper
 
-from .kernel import Kernel, SizeBucket
+from .kernel import FusedProgram, Kernel, Scratch, SizeBucket
 
 C = TypeVar("C")
 MAX_BUCKETS = 3
@@ -53,3 +53,22 @@ def size_buckets(count: Sym, choose: Callable[[int], C], most: int = MAX_BUCKETS
             below, same = (below, middle) if choose(middle) == choice else (middle, same)
         found.append((SizeBucket(count, same, high), choice))
         high = below
+
+
+def bucketed_program(
+    name: str, found: list[tuple[SizeBucket, C]], emit: Callable[[C, int], FusedProgram]
+) -> FusedProgram:
+    """Fused node ``name``'s program over the buckets ``found``: each bucket's kernels (``emit(choice,
+    the bucket's largest size)``) tagged with it, and one workspace buffer per scratch name, for
+    the largest bucket that needs it; the one variant, untagged, where one bucket covers the range."""
+    if len(found) == 1:
+        (bucket, choice), *_ = found
+        return emit(choice, bucket.high)
+    kernels: list[Kernel] = []
+    scratch: dict[str, Scratch] = {}
+    for bucket, choice in found:
+        program = emit(choice, bucket.high)
+        kernels += [dataclasses.replace(k, bucket=bucket) for k in program.kernels]
+        for s in program.scratch:
+            scratch[s.name] = max(s, scratch.get(s.name, s), key=lambda x: x.bytes)
+    return FusedProgram(name, tuple(kernels), tuple(scratch.values()))

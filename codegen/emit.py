@@ -28,7 +28,7 @@ _FAMILY_MODULES = {
     Family.DIRECT: "direct",
 }
 # The families whose kernels take runtime extents (a dynamic graph's symbols as arguments).
-DYNAMIC_FAMILIES = frozenset({Family.ELEMENTWISE, Family.ROW_NORM, Family.GEMM})
+DYNAMIC_FAMILIES = frozenset({Family.ELEMENTWISE, Family.ROW_NORM, Family.GEMM, Family.ATTENTION})
 
 
 def emitter(family: Family) -> Callable[[FusedNode, EmitContext], FusedProgram]:

@@ -19,7 +19,7 @@ from .errors import FeedError, GraphError, UnsupportedError
 from .layout import numel
 from .ops.attributes import Attributes
 from .ops.registry import lookup
-from .symbolic import Extent, Symbol, symbols_of
+from .symbolic import Extent, Sym, Symbol, symbols_of
 
 Scalar = float | int | bool
 FeedKey = Any  # a TensorSpec, an IR Tensor, a tensor name or a uid
@@ -57,6 +57,16 @@ class Tensor:
     @property
     def static_stride(self) -> tuple[int, ...]:
         return self._static(self.stride)
+
+    def static_axis(self, axis: int) -> int:
+        """Dim ``axis``, for a stage that needs its value where other dims may be symbolic (an
+        attention kernel's sequence length beside a symbolic batch)."""
+        extent = self.dim[axis]
+        if isinstance(extent, Sym):
+            raise UnsupportedError(
+                f"has a symbolic dim {axis} in {list(self.dim)}; this stage needs its value", tensor=self.name
+            )
+        return extent
 
     @property
     def static_numel(self) -> int:

@@ -31,6 +31,7 @@ class AttentionCase:
     stats: bool = True
     options: dict[str, Any] = field(default_factory=dict)
     dropout: float | None = None  # the drop rate; the seed an int64 tensor, the offset a pass-by-value one
+    batch_max: int | None = None  # a dynamic graph: the batch is symbol 'batch' in 1..batch_max (b unused)
 
     def build(self) -> gd.OperationGraphSpec:
         g = self.graph("attention")
@@ -47,16 +48,17 @@ class AttentionCase:
     def inputs(self, g: gd.OperationGraphSpec) -> tuple[gd.TensorSpec, gd.TensorSpec, gd.TensorSpec, dict[str, Any]]:
         """Q, K, V and the other arguments forward and backward share (scale, bias, lengths)."""
         kv_type = self.kv_type or self.data_type
-        q = g.tensor(name="q", dim=[self.b, self.hq, self.sq, self.d], stride=self._strides(self.hq, self.sq, self.d))
+        b = g.dim("batch", 1, self.batch_max) if self.batch_max is not None else self.b
+        q = g.tensor(name="q", dim=[b, self.hq, self.sq, self.d], stride=self._strides(self.hq, self.sq, self.d))
         k = g.tensor(
             name="k",
-            dim=[self.b, self.hk, self.skv, self.d],
+            dim=[b, self.hk, self.skv, self.d],
             stride=self._strides(self.hk, self.skv, self.d, kv=True),
             data_type=kv_type,
         )
         v = g.tensor(
             name="v",
-            dim=[self.b, self.hk, self.skv, self.dv],
+            dim=[b, self.hk, self.skv, self.dv],
             stride=self._strides(self.hk, self.skv, self.dv, kv=True),
             data_type=kv_type,
         )
@@ -68,12 +70,12 @@ class AttentionCase:
                 name="scale", dim=[1, 1, 1, 1], data_type=DataType.FLOAT, is_pass_by_value=True
             )
         if self.bias is not None:
-            full = (self.b, self.hq, self.sq, self.skv)
+            full = (b, self.hq, self.sq, self.skv)
             extra["bias"] = g.tensor(name="bias", dim=[n if keep else 1 for n, keep in zip(full, self.bias)])
         if self.padding:
             extra["use_padding_mask"] = True
-            extra["seq_len_q"] = g.tensor(name="seq_q", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
-            extra["seq_len_kv"] = g.tensor(name="seq_kv", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
+            extra["seq_len_q"] = g.tensor(name="seq_q", dim=[b, 1, 1, 1], data_type=DataType.INT32)
+            extra["seq_len_kv"] = g.tensor(name="seq_kv", dim=[b, 1, 1, 1], data_type=DataType.INT32)
         if self.dropout is not None:
             seed = g.tensor(name="seed", dim=[1, 1, 1, 1], data_type=DataType.INT64)
             offset = g.tensor(name="offset", dim=[1, 1, 1, 1], data_type=DataType.INT64, is_pass_by_value=True)
@@ -156,6 +158,7 @@ class PagedCase:
     stats: bool = True
     layout: str = "hnd"  # the pools' layout: [page, head, row, d], or "nhd": [page, row, head, d] (vLLM's)
     dropout: float | None = None  # the drop rate, with constant seed and offset
+    batch_max: int | None = None  # a dynamic graph: the batch is symbol 'batch' in 1..batch_max (feeds: b of them)
 
     @property
     def max_pages(self) -> int:
@@ -163,7 +166,7 @@ class PagedCase:
 
     @property
     def pages(self) -> int:
-        return self.b * self.max_pages + 3  # spare pages no table names
+        return (self.batch_max or self.b) * self.max_pages + 3  # spare pages no table names
 
     def build(self) -> gd.OperationGraphSpec:
         g, q, seq_q, seq_kv = self._common("paged_attention")
@@ -171,7 +174,8 @@ class PagedCase:
             g.tensor(name=n, dim=[self.pages, self.hk, self.page_size, w], stride=self._pool_strides(w))
             for n, w in (("k", self.d), ("v", self.dv))
         )
-        tables = [g.tensor(name=n, dim=[self.b, 1, self.max_pages, 1], data_type=DataType.INT32) for n in ("tk", "tv")]
+        b = q.dim[0]
+        tables = [g.tensor(name=n, dim=[b, 1, self.max_pages, 1], data_type=DataType.INT32) for n in ("tk", "tv")]
         o, stats = g.sdpa(
             q, k, v, attn_scale=self.d**-0.5, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv,
             generate_stats=self.stats, paged_attention_k_table=tables[0], paged_attention_v_table=tables[1],
@@ -215,9 +219,10 @@ class PagedCase:
 
     def _common(self, name: str) -> tuple[gd.OperationGraphSpec, gd.TensorSpec, gd.TensorSpec, gd.TensorSpec]:
         g = gd.OperationGraphSpec(name=name, io_data_type=self.data_type, compute_data_type=DataType.FLOAT)
-        q = g.tensor(name="q", dim=[self.b, self.hq, self.sq, self.d])
-        seq_q = g.tensor(name="seq_q", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
-        seq_kv = g.tensor(name="seq_kv", dim=[self.b, 1, 1, 1], data_type=DataType.INT32)
+        b = g.dim("batch", 1, self.batch_max) if self.batch_max is not None else self.b
+        q = g.tensor(name="q", dim=[b, self.hq, self.sq, self.d])
+        seq_q = g.tensor(name="seq_q", dim=[b, 1, 1, 1], data_type=DataType.INT32)
+        seq_kv = g.tensor(name="seq_kv", dim=[b, 1, 1, 1], data_type=DataType.INT32)
         return g, q, seq_q, seq_kv
 
     def _outputs(

@@ -308,7 +308,7 @@ def _grid(kernel: Kernel, symbols: Mapping[str, int]) -> tuple[int, int, int]:
         return kernel.grid
     blocks = -(-evaluate(kernel.blocks.count, symbols) // kernel.blocks.per_block)
     grid = list(kernel.grid)
-    grid[kernel.blocks.grid_axis] = min(max(1, blocks), kernel.blocks.cap)
+    grid[kernel.blocks.grid_axis] = min(max(1, blocks) * kernel.blocks.multiplier, kernel.blocks.cap)
     return (grid[0], grid[1], grid[2])
 
 

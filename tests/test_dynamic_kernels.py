@@ -137,8 +137,8 @@ def test_a_family_without_runtime_extents_is_refused_naming_the_node_and_symbols
         gd.compile(g, arch=ARCH, cache=None)
     assert str(caught.value) == (
         "fused node 'sum' (reduction: sum) has symbolic dims (m in 1..128); reduction kernels do not take runtime "
-        "extents yet (only elementwise, gemm and row_norm kernels do, docs/dynamic-shapes.md). Run it with "
-        "backend='reference', or build a static graph for each shape"
+        "extents yet (only attention, elementwise, gemm and row_norm kernels do, docs/dynamic-shapes.md). Run it "
+        "with backend='reference', or build a static graph for each shape"
     )
 
 

@@ -291,8 +291,8 @@ def test_execution_checks_extents_against_ranges_and_each_other() -> None:
 def test_the_gpu_backend_refuses_a_dynamic_reduction_but_fusion_runs(tmp_path: Path) -> None:
     refusal = (
         "fused node 'rows' (reduction: rows) has symbolic dims (batch in 1..16, seq in 1..8); reduction kernels do "
-        "not take runtime extents yet (only elementwise, gemm and row_norm kernels do, docs/dynamic-shapes.md). Run "
-        "it with backend='reference', or build a static graph for each shape"
+        "not take runtime extents yet (only attention, elementwise, gemm and row_norm kernels do, docs/dynamic-shapes.md). "
+        "Run it with backend='reference', or build a static graph for each shape"
     )
     with pytest.raises(gd.UnsupportedError) as caught:
         gd.compile(ln_matmul(), arch="sm_90", cache=None)

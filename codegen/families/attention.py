@@ -20,20 +20,33 @@ Three paths, all correct for every mask, layout and head dim up to 256:
 Every path takes dropout, drawing the reference's mask (attention_problem.dropout_function).
 Packed (ragged) sequences run on the Hopper (non-persistent), flash or SIMT kernel, after
 attention_ragged.py's fill of the packed outputs.
+
+A dynamic graph's attention (docs/dynamic-shapes.md) takes a symbolic batch on every forward path
+(flash, Hopper, SIMT, decode, paged), with every mask, a bias and per-batch lengths: one plan for
+any batch in range, the grid (a persistent kernel's item count) computed at launch from the batch,
+the Hopper kernel's TMA maps encoded per call. The decode kernels' KV split depends on the batch,
+so an untuned decode problem compiles a variant per range of batches that share the static
+plan's choice (codegen.buckets). :func:`extents_refusal` says what stays refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from fusion_rules import FusedNode
 from graphdnn.errors import UnsupportedError
+from graphdnn.symbolic import Sym, show_ranges, symbols_of
 
+from ..buckets import bucketed_program, size_buckets
 from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
 from .attention_decode import decode_choices, decode_program, uses_decode
+from .attention_decode import default_config as decode_default
 from .attention_decode_mma import MMA_PATH, by_default, mma_choices, mma_decode_program
+from .attention_decode_mma import default_config as mma_default
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
-from .attention_problem import Attention, attention_of, on_tensor_cores
+from .attention_problem import Attention, at_batch, attention_of, on_tensor_cores
 from .attention_ragged import NEG_INF, fill_kernel
 from .attention_simt import simt_kernel
 from .attention_wgmma import configs as wgmma_configs
@@ -46,6 +59,8 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if a.ragged:
         return _ragged_program(fused, ctx, a)
     path = ctx.tuning.get("path")
+    if a.is_dynamic and not ctx.tuning and uses_decode(a):
+        return _dynamic_decode(fused, ctx, a)
     if path == MMA_PATH or (not ctx.tuning and uses_decode(a) and by_default(a, ctx.arch)):
         return mma_decode_program(fused, ctx, a)
     if path == DECODE or (not ctx.tuning and uses_decode(a)):
@@ -57,6 +72,26 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             node=a.node.name,
         )
     return FusedProgram(fused.name, (_attention_kernel(fused, ctx, a),))
+
+
+def _dynamic_decode(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
+    """A decode problem over a symbolic batch, untuned: the static plan's kernel and KV split at
+    every batch (the split falls as the batch grows), one variant per range of batches that share
+    them (codegen.buckets; past DECODE_BUCKETS, the smallest batches share the last one's), the
+    partials sized for its largest batch. Measured on an H200 (benchmarks/dynamic_attention.py):
+    a variant per power-of-two range, each at its smallest batch's split, was 4-15% slower than
+    the static plans inside its ranges (more blocks than fit at once)."""
+
+    def choose(batch: int) -> dict[str, object]:
+        at = at_batch(a, batch)
+        return mma_default(at, ctx.arch).choice() if by_default(at, ctx.arch) else decode_default(at, ctx.arch).choice()
+
+    def emit_choice(choice: dict[str, object], top_batch: int) -> FusedProgram:
+        program = mma_decode_program if choice["path"] == MMA_PATH else decode_program
+        return program(fused, dataclasses.replace(ctx, tuning=choice), a, top_batch)
+
+    assert isinstance(a.batch_extent, Sym)
+    return bucketed_program(fused.name, size_buckets(a.batch_extent, choose, DECODE_BUCKETS), emit_choice)
 
 
 def _attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
@@ -102,4 +137,26 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     return decode + flash_candidates(a) + ([c.choice() for c in wgmma_configs(a)] if wgmma_supported(a, arch) else [])
 
 
+def extents_refusal(fused: FusedNode) -> str | None:
+    """Why the attention kernels cannot take ``fused``'s symbols: they take the batch (dim 0 of
+    every tensor but a paged pool) as a runtime extent, with static strides (the batch outermost
+    in memory); sequence lengths, heads and head dims size the tiles and masks, and packed
+    (ragged) sequences and dropout take no runtime extents yet. None when they can."""
+    a = attention_of(fused)
+    tensors = (*fused.inputs, *fused.outputs)
+    fixed = symbols_of(v for t in tensors for v in (*t.dim[1:], *t.stride))
+    if fixed:
+        return (
+            f"has symbolic sequence lengths, heads, head dims or strides ({show_ranges(fixed)}); attention kernels "
+            "take the batch (dim 0) as a runtime extent only (the other dims size the tiles and masks: keep the "
+            "batch outermost in memory, as [B, H, S, D] and [B, S, H, D] layouts do)"
+        )
+    if a.ragged or a.dropout is not None:
+        symbols = show_ranges(symbols_of(t.dim[0] for t in tensors))
+        what = "packed (ragged) sequences" if a.ragged else "dropout"
+        return f"has a symbolic batch ({symbols}) with {what}; those attention kernels take no runtime extents yet"
+    return None
+
+
 DECODE = "decode"
+DECODE_BUCKETS = 16  # GQA 4 over 4096 keys, batch 1..256 on sm_90: 9 (splits 16, 11, 8, 6, 5, 4, 3, 2, 1)

@@ -51,6 +51,7 @@ from .attention_decode_merge import PARTIAL_LSE, PARTIAL_O, combine_kernel, merg
 from .attention_problem import (
     Attention,
     alibi_table,
+    batch_grid,
     declare,
     dropout_function,
     dropped,
@@ -352,13 +353,15 @@ def tuning_integer(tuning: dict[str, object], key: str, allowed: tuple[int, ...]
     return value
 
 
-def decode_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
+def decode_program(fused: FusedNode, ctx: EmitContext, a: Attention, top_batch: int | None = None) -> FusedProgram:
+    """The decode kernel (and with split-KV the combine and the partials, for a batch of up to
+    ``top_batch``, by default the problem's)."""
     config = tuned_config(a, ctx)
     split = config.split
     kernel = _decode_kernel(fused, ctx, a, shape(a, config.threads, config.vectors_per_lane), config)
     if split == 1:
         return FusedProgram(fused.name, (kernel,))
-    rows = a.batch * a.heads * a.sq * split
+    rows = (top_batch or a.batch) * a.heads * a.sq * split
     scratch = (Scratch(PARTIAL_O, 4 * rows * a.dv), Scratch(PARTIAL_LSE, 4 * rows))
     return FusedProgram(fused.name, (kernel, combine_kernel(fused, ctx, a, split)), scratch)
 
@@ -459,9 +462,11 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
     functions = ASYNC_COPY_PRELUDE if config.stages else ""
     pattern = pattern_name(fused) + "_decode"
     name, source = kernel_source(ctx, fused, pattern, params, s.threads, indent(body, 1), device_functions=functions)
-    grid = a.batch * a.kv_heads * s.row_groups * split
+    per_sequence = a.kv_heads * s.row_groups * split
     dynamic = s.block_shared_bytes(config.keys_per_lane, config.stages) if config.stages else 0
-    return Kernel(name, source, (grid, 1, 1), (s.threads, 1, 1), dynamic, tuple(params.bindings))
+    grid = (a.batch * per_sequence, 1, 1)
+    blocks = batch_grid(a, per_sequence)
+    return Kernel(name, source, grid, (s.threads, 1, 1), dynamic, tuple(params.bindings), blocks=blocks)
 
 
 def block_work(a: Attention, names: dict[str, str], align: int = 1) -> list[str]:

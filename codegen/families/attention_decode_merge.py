@@ -8,7 +8,7 @@ from fusion_rules import FusedNode
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..kernel import Kernel
-from .attention_problem import Attention, declare, o_store, stats_store
+from .attention_problem import Attention, batch_grid, declare, o_store, stats_store
 
 PARTIAL_O, PARTIAL_LSE = "partial_o", "partial_lse"
 COMBINE_THREADS = 128
@@ -110,5 +110,6 @@ def combine_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, split: int)
     name, source = kernel_source(
         ctx, fused, pattern_name(fused) + "_decode_combine", params, COMBINE_THREADS, indent(body, 1)
     )
-    grid = a.batch * a.heads * a.sq
-    return Kernel(name, source, (grid, 1, 1), (COMBINE_THREADS, 1, 1), 0, tuple(params.bindings))
+    grid = (a.batch * a.heads * a.sq, 1, 1)
+    blocks = batch_grid(a, a.heads * a.sq)
+    return Kernel(name, source, grid, (COMBINE_THREADS, 1, 1), 0, tuple(params.bindings), blocks=blocks)

@@ -57,6 +57,7 @@ from .attention_decode_merge import PARTIAL_LSE, PARTIAL_O, combine_kernel, merg
 from .attention_flash import pack_function
 from .attention_problem import (
     Attention,
+    batch_grid,
     declare,
     element,
     key_row_address,
@@ -209,12 +210,14 @@ def tuned_config(a: Attention, ctx: EmitContext) -> MmaDecodeConfig:
     return MmaDecodeConfig(warps, tiles, stages, split)
 
 
-def mma_decode_program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
+def mma_decode_program(fused: FusedNode, ctx: EmitContext, a: Attention, top_batch: int | None = None) -> FusedProgram:
+    """The kernel (and with split-KV the combine and the partials, for a batch of up to
+    ``top_batch``, by default the problem's)."""
     config = tuned_config(a, ctx)
     kernel = _kernel(fused, ctx, a, config)
     if config.split == 1:
         return FusedProgram(fused.name, (kernel,))
-    rows = a.batch * a.heads * a.sq * config.split
+    rows = (top_batch or a.batch) * a.heads * a.sq * config.split
     scratch = (Scratch(PARTIAL_O, 4 * rows * a.dv), Scratch(PARTIAL_LSE, 4 * rows))
     return FusedProgram(fused.name, (kernel, combine_kernel(fused, ctx, a, config.split)), scratch)
 
@@ -372,9 +375,11 @@ def _kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: MmaDecodeConfig
         indent(body, 1),
         device_functions=functions,
     )
-    grid = a.batch * a.kv_heads * groups * c.split
+    per_sequence = a.kv_heads * groups * c.split
     dynamic = shared_bytes(a, c.warps, c.tiles, c.stages)
-    return Kernel(name, source, (grid, 1, 1), (32 * c.warps, 1, 1), dynamic, tuple(params.bindings))
+    grid = (a.batch * per_sequence, 1, 1)
+    blocks = batch_grid(a, per_sequence)
+    return Kernel(name, source, grid, (32 * c.warps, 1, 1), dynamic, tuple(params.bindings), blocks=blocks)
 
 
 def _loaders(a: Attention, names: dict[str, str], vector: bool, aligned: str) -> list[str]:

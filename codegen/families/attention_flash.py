@@ -45,6 +45,7 @@ from .attention_problem import (
     score_function,
     stats_store,
     strides,
+    work_grid,
     work_items,
     written_rows,
 )
@@ -207,7 +208,15 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
     functions = ASYNC_COPY_PRELUDE + mma_fragments(a.q.data_type) + pack_function(a.q.data_type)
     name, source = kernel_source(ctx, fused, pattern, params, 32 * c.warps, indent(body, 1), device_functions=functions)
     blocks = work_items(a, c.block_m)
-    return Kernel(name, source, (blocks, 1, 1), (32 * c.warps, 1, 1), shared_bytes(a, c), tuple(params.bindings))
+    return Kernel(
+        name,
+        source,
+        (blocks, 1, 1),
+        (32 * c.warps, 1, 1),
+        shared_bytes(a, c),
+        tuple(params.bindings),
+        blocks=work_grid(a, c.block_m),
+    )
 
 
 def _key_rows(a: Attention, names: dict[str, str]) -> list[str]:

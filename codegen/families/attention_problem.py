@@ -4,6 +4,12 @@ block computes, each batch's effective lengths, the visible key range of a block
 one score's scale / bias / ALiBi / mask, dropout's mask (the same bits in every kernel,
 forward and backward), and the final write of a row of O and STATS.
 
+A dynamic graph's forward attention (attention.extents_refusal) has a symbolic batch only: Q, K, V,
+O, STATS, a bias and the lengths keep static strides (the batch outermost in memory), so every
+offset is what it was; the grid, one block per work item, is computed at launch from the batch
+(:func:`work_grid`), and a kernel that walks the items reads their count from the batch's EXTENT
+argument (:func:`work_count`).
+
 Masks follow the reference (graphdnn/ops/attention.py): key j is visible from query row i
 when j < skv, j <= i + diag under a causal mask and j > i + diag - window under a sliding
 window, where diag is skv - sq for the bottom-right alignment and 0 otherwise.
@@ -11,17 +17,20 @@ window, where diag is skv - sq for the bottom-right alignment and 0 otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.attention import Masks, alibi_slopes, kv_length
+from graphdnn.symbolic import Extent, Sym, upper
 
 from ..context import KernelParams, scalar_value
 from ..cuda_types import cuda_type, load
 from ..epilogue import rounded_constant, scalar_integer
-from ..indexing import offset_at
+from ..indexing import c_extent, divides, offset_at
+from ..kernel import DynamicGrid
 from ..pointwise import bernoulli_threshold, literal
 from .tensor_core import TENSOR_CORE_TYPES
 
@@ -56,10 +65,20 @@ class Attention:
 
     @property
     def batch(self) -> int:
-        """Q's dim 0, or for a packed Q (dim 0 of 1) the sequence lengths'."""
+        """Q's dim 0, or for a packed Q (dim 0 of 1) the sequence lengths'; in a dynamic graph its
+        maximum (the grid's size there, and what the heuristics choose for: :func:`at_batch`)."""
+        return upper(self.batch_extent)
+
+    @property
+    def batch_extent(self) -> Extent:
+        """:attr:`batch` as a dim: a symbol in a dynamic graph."""
         if self.ragged_q is not None and self.seq_len_q is not None:
-            return self.seq_len_q.static_dim[0]
-        return self.q.static_dim[0]
+            return self.seq_len_q.dim[0]
+        return self.q.dim[0]
+
+    @property
+    def is_dynamic(self) -> bool:
+        return isinstance(self.batch_extent, Sym)
 
     @property
     def rows_per_sequence(self) -> int:
@@ -73,15 +92,15 @@ class Attention:
 
     @property
     def heads(self) -> int:
-        return self.q.static_dim[1]
+        return self.q.static_axis(1)
 
     @property
     def kv_heads(self) -> int:
-        return self.k.static_dim[1]
+        return self.k.static_axis(1)
 
     @property
     def sq(self) -> int:
-        return self.q.static_dim[2]
+        return self.q.static_axis(2)
 
     @property
     def skv(self) -> int:
@@ -94,11 +113,11 @@ class Attention:
 
     @property
     def d(self) -> int:
-        return self.q.static_dim[3]
+        return self.q.static_axis(3)
 
     @property
     def dv(self) -> int:
-        return self.v.static_dim[3]
+        return self.v.static_axis(3)
 
     @property
     def causal(self) -> bool:
@@ -199,8 +218,41 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
 
 
 def work_items(a: Attention, block_m: int) -> int:
-    """The (row block, head, batch) items of a kernel that gives each ``block_m`` query rows."""
-    return -(-a.rows_per_sequence // block_m) * a.heads * a.batch
+    """The (row block, head, batch) items of a kernel that gives each ``block_m`` query rows (at
+    the batch's maximum in a dynamic graph)."""
+    return _items_per_sequence(a, block_m) * a.batch
+
+
+def work_count(a: Attention, block_m: int) -> str:
+    """C: this call's work items (:func:`work_items`), from the batch's EXTENT argument in a
+    dynamic graph."""
+    if not a.is_dynamic:
+        return str(work_items(a, block_m))
+    return f"(int){c_extent(a.batch_extent * _items_per_sequence(a, block_m))}"
+
+
+def work_grid(a: Attention, block_m: int, cap: int = 2**31 - 1) -> DynamicGrid | None:
+    """A dynamic graph's grid of one block per work item (at most ``cap``: a persistent kernel's
+    SMs), computed at launch from the batch; None in a static graph."""
+    return batch_grid(a, _items_per_sequence(a, block_m), cap)
+
+
+def batch_grid(a: Attention, per_sequence: int, cap: int = 2**31 - 1) -> DynamicGrid | None:
+    """A dynamic graph's grid of ``per_sequence`` blocks per sequence (the batch outermost in
+    the block index), at most ``cap``, computed at launch from the batch; None in a static graph."""
+    if not isinstance(a.batch_extent, Sym):
+        return None
+    return DynamicGrid(a.batch_extent, 1, cap, multiplier=per_sequence)
+
+
+def at_batch(a: Attention, batch: int) -> Attention:
+    """``a`` with a static batch of ``batch``: what the static plan of that batch chooses (a dynamic
+    problem's size buckets)."""
+    return dataclasses.replace(a, q=dataclasses.replace(a.q, dim=(batch, *a.q.dim[1:])))
+
+
+def _items_per_sequence(a: Attention, block_m: int) -> int:
+    return -(-a.rows_per_sequence // block_m) * a.heads
 
 
 def work_setup(a: Attention, names: dict[str, str], block_m: int, work: str) -> list[str]:
@@ -489,8 +541,8 @@ def o_pair_store(
         o.data_type is a.q.data_type
         and o.data_type.itemsize == 2
         and a.dv % 2 == 0
-        and o.static_stride[3] == 1
-        and all(stride % 2 == 0 for n, stride in zip(o.static_dim[:3], o.static_stride[:3]) if n != 1)
+        and o.stride[3] == 1
+        and all(divides(stride, 2) for n, stride in zip(o.dim[:3], o.stride[:3]) if n != 1)
     )
     if not pairable:
         return pairs

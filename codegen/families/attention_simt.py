@@ -27,6 +27,7 @@ from .attention_problem import (
     o_store,
     score_function,
     stats_store,
+    work_grid,
     work_items,
     written_rows,
 )
@@ -94,4 +95,5 @@ def simt_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
     ]
     name, source = kernel_source(ctx, fused, pattern_name(fused) + "_simt", params, 32 * WARPS, indent(body, 1))
     blocks = work_items(a, WARPS)
-    return Kernel(name, source, (blocks, 1, 1), (32 * WARPS, 1, 1), 0, tuple(params.bindings))
+    grid = work_grid(a, WARPS)
+    return Kernel(name, source, (blocks, 1, 1), (32 * WARPS, 1, 1), 0, tuple(params.bindings), blocks=grid)

@@ -34,6 +34,7 @@ from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
 from graphdnn.program import TensorMap
+from graphdnn.symbolic import Extent, symbols_of, upper
 
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
@@ -54,6 +55,8 @@ from .attention_problem import (
     score_function,
     stats_store,
     strides,
+    work_count,
+    work_grid,
     work_items,
     work_setup,
     written_rows,
@@ -157,7 +160,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     bn = c.block_n
     params = KernelParams()
     maps = tensor_maps(a, bn)
-    map_names = {role: params.tensor_map(t, m) for role, (t, m) in maps.items()}
+    map_names = {role: params.tensor_map(t, m, row_map_sizes(t)) for role, (t, m) in maps.items()}
     declared = declare(a, params)
     names = declared.names
     aligned = params.aligned_flag()
@@ -166,7 +169,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     item = [*work_setup(a, names, BLOCK_M, "work"), *key_range(a, BLOCK_M), *ITEM_TILES]
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
-        f"constexpr int BM = {BLOCK_M}, BN = {bn}, STAGES = {stages(a, bn)}, WORK = {work_items(a, BLOCK_M)};",
+        *_work_constants(a, bn),
         f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
         *constants(a),
         "constexpr unsigned Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2;",
@@ -211,10 +214,25 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     name, source = kernel_source(
         ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks=1, device_functions=functions
     )
-    blocks = min(work_items(a, BLOCK_M), sm_count(ctx.arch)) if c.persistent else work_items(a, BLOCK_M)
+    cap = sm_count(ctx.arch) if c.persistent else 2**31 - 1
     return Kernel(
-        name, source, (blocks, 1, 1), (THREADS, 1, 1), shared_bytes(a, bn), tuple(params.bindings), arch_suffix="a"
+        name,
+        source,
+        (min(work_items(a, BLOCK_M), cap), 1, 1),
+        (THREADS, 1, 1),
+        shared_bytes(a, bn),
+        tuple(params.bindings),
+        arch_suffix="a",
+        blocks=work_grid(a, BLOCK_M, cap),
     )
+
+
+def _work_constants(a: Attention, bn: int) -> list[str]:
+    """BM, BN, STAGES and WORK, the work items: a constant, or this call's from the batch."""
+    fixed = f"BM = {BLOCK_M}, BN = {bn}, STAGES = {stages(a, bn)}"
+    if not a.is_dynamic:
+        return [f"constexpr int {fixed}, WORK = {work_count(a, BLOCK_M)};"]
+    return [f"constexpr int {fixed};", f"const int WORK = {work_count(a, BLOCK_M)};  // this call's"]
 
 
 def tensor_maps(a: Attention, bn: int) -> dict[str, tuple[Tensor, TensorMap]]:
@@ -232,14 +250,26 @@ def row_tensor_map(t: Tensor, rows: int) -> TensorMap:
     """A map of boxes of 64 elements by ``rows`` rows of one batch and head (the 128-byte
     swizzle), for Hopper attention's TMA loads. Dims d, s, h, b innermost first. A size-1 dim's stride never moves the address: it is
     given as the packed one, which the driver accepts whatever the tensor's says."""
+    dims, strides = _map_extents(t)
+    return TensorMap(t.data_type.itemsize, tuple(map(upper, dims)), tuple(map(upper, strides)), (64, rows, 1, 1), 128)
+
+
+def row_map_sizes(t: Tensor) -> tuple[Extent, ...]:
+    """A dynamic graph's :func:`row_tensor_map` sizes (dims, then byte strides) as extents, resolved
+    at each call (a symbolic batch); () where they are static."""
+    dims, strides = _map_extents(t)
+    return (*dims, *strides) if symbols_of([*dims, *strides]) else ()
+
+
+def _map_extents(t: Tensor) -> tuple[tuple[Extent, ...], tuple[Extent, ...]]:
     size = t.data_type.itemsize
-    dims = tuple(reversed(t.static_dim))
-    strides: list[int] = []
-    for axis, stride in enumerate(reversed(t.static_stride)):
+    dims = tuple(reversed(t.dim))
+    strides: list[Extent] = []
+    for axis, stride in enumerate(reversed(t.stride)):
         if axis:
             packed = (strides[-1] if strides else size) * dims[axis - 1]
             strides.append(packed if dims[axis] == 1 else stride * size)
-    return TensorMap(size, dims, tuple(strides), (64, rows, 1, 1), 128)
+    return dims, tuple(strides)
 
 
 def _tma_producer(a: Attention, maps: dict[str, str]) -> list[str]:

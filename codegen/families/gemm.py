@@ -64,9 +64,9 @@ from graphdnn.errors import UnsupportedError
 from graphdnn.ops.weight_only import is_weight_only
 from graphdnn.symbolic import Sym, show_ranges, symbols_of
 
-from ..buckets import size_buckets
+from ..buckets import bucketed_program, size_buckets
 from ..context import EmitContext
-from ..kernel import FusedProgram, Kernel, Scratch
+from ..kernel import FusedProgram, Kernel
 from . import direct_conv
 from . import gemm_weight_only as weight_only
 from .gemm_grouped_conv import grouped_conv_kernel, takes_grouped_conv
@@ -168,17 +168,7 @@ def _dynamic_default(fused: FusedNode, ctx: EmitContext, problem: Problem) -> Fu
     if isinstance(problem.batch_count, Sym):
         return emit_choice(choose(problem.m), problem.m)
     assert isinstance(problem.m_extent, Sym)
-    found = size_buckets(problem.m_extent, choose)
-    if len(found) == 1:
-        return emit_choice(found[0][1], problem.m)
-    kernels: list[Kernel] = []
-    partials: dict[str, Scratch] = {}
-    for bucket, choice in found:
-        program = emit_choice(choice, bucket.high)
-        kernels += [dataclasses.replace(k, bucket=bucket) for k in program.kernels]
-        for s in program.scratch:  # one workspace buffer per name, for the largest bucket that needs it
-            partials[s.name] = max(s, partials.get(s.name, s), key=lambda x: x.bytes)
-    return FusedProgram(fused.name, tuple(kernels), tuple(partials.values()))
+    return bucketed_program(fused.name, size_buckets(problem.m_extent, choose), emit_choice)
 
 
 def extents_refusal(fused: FusedNode) -> str | None:

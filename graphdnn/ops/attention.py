@@ -162,7 +162,7 @@ def sequence_length_range(node: Node, role: str) -> tuple[int, int] | None:
         return None
     q = node.input("Q")
     assert q is not None
-    return 0, q.static_dim[2] if role == "SEQ_LEN_Q" else kv_length(node)
+    return 0, q.static_axis(2) if role == "SEQ_LEN_Q" else kv_length(node)
 
 
 def kv_length(node: Node) -> int:
@@ -171,9 +171,9 @@ def kv_length(node: Node) -> int:
     k, table = node.input("K"), node.input("PAGE_TABLE_K")
     assert k is not None
     if table is None:
-        return k.static_dim[2]
+        return k.static_axis(2)
     explicit = node.attributes.paged_attention_max_seq_len_kv  # type: ignore[attr-defined]
-    return explicit if explicit is not None else table.static_dim[2] * k.static_dim[2]
+    return explicit if explicit is not None else table.static_axis(2) * k.static_axis(2)
 
 
 def gather_pages(
@@ -391,11 +391,11 @@ def _check_paged(node: Node, batch: Extent, d: Extent) -> int:
     for role, pool in (("PAGE_TABLE_K", k), ("PAGE_TABLE_V", v)):
         table = tables[role]
         assert table is not None
-        reach = table.static_dim[2] * pool.static_dim[2]
+        reach = table.static_axis(2) * pool.static_axis(2)
         if skv > reach:
             fail(
                 node,
-                f"{role} addresses {table.static_dim[2]} pages of {pool.static_dim[2]} keys = {reach} keys, fewer than "
+                f"{role} addresses {table.static_axis(2)} pages of {pool.static_axis(2)} keys = {reach} keys, fewer than "
                 f"Skv = {skv} (paged_attention_max_seq_len_kv, or the K table's pages times K's page size)",
                 role=role,
             )
