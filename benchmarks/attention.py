@@ -74,6 +74,14 @@ RAGGED_LENGTHS = [(512, 4096, 1024, 3000, 2048, 777, 4000, 1000), tuple(range(10
 RAGGED_H, RAGGED_D = 16, 128
 
 
+def parsed_shape(spec: str) -> tuple[int, int, int, int, bool]:
+    """``B,H,S,D[,causal]`` (causal 1 or 0) as a shape of the tables."""
+    parts = [int(part) for part in spec.split(",")]
+    if len(parts) not in (4, 5):
+        raise SystemExit(f"--shape {spec!r}: expected B,H,S,D[,causal], e.g. 4,16,2048,64,1")
+    return parts[0], parts[1], parts[2], parts[3], bool(parts[4]) if len(parts) == 5 else False
+
+
 def graph(b: int, h: int, s: int, d: int, causal: bool, stats: bool = False) -> gd.OperationGraphSpec:
     g = gd.OperationGraphSpec(name=f"sdpa_b{b}h{h}s{s}d{d}{'_causal' if causal else ''}", io_data_type="bf16")
     q, k, v = (g.tensor(name=n, dim=[b, h, s, d]) for n in "qkv")
@@ -104,6 +112,13 @@ def main() -> int:
     parser.add_argument("--dry", action="store_true")
     parser.add_argument("--autotune", action="store_true", help="time the launch choices first")
     parser.add_argument("--backward", action="store_true", help="sdpa_backward against torch's SDPA backward")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="B,H,S,D[,causal]",
+        help="with --backward: time these shapes instead of the table's (repeatable; causal 1 or 0)",
+    )
     parser.add_argument("--decode", action="store_true", help="the paged-KV decode table")
     parser.add_argument("--sweep", action="store_true", help="with --decode: time every decode tuning choice")
     parser.add_argument(
@@ -139,16 +154,17 @@ def main() -> int:
     if args.backward:
         print(
             "| shape | graphdnn default | wgmma, copies | wgmma, producer | producer, K/V in registers "
-            "| torch FA2 | torch cuDNN | default / cuDNN | copies / cuDNN | producer / cuDNN | K/V in registers / cuDNN |"
+            "| producer, 128-row tiles | torch FA2 | torch cuDNN | default / cuDNN | copies / cuDNN "
+            "| producer / cuDNN | K/V in registers / cuDNN | 128-row tiles / cuDNN |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
-        for shape in BACKWARD_SHAPES:
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for shape in [parsed_shape(spec) for spec in args.shape] or BACKWARD_SHAPES:
             b, h, s, d, causal = shape
             tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed_backward(shape)]
             print(
                 f"| B{b} H{h} S{s} D{d}{' causal' if causal else ''} | "
                 + " | ".join(f"{t:.0f}" for t in tflops)
-                + "".join(f" | {tflops[i] / tflops[5]:.2f}" for i in (0, 1, 2, 3))
+                + "".join(f" | {tflops[i] / tflops[6]:.2f}" for i in (0, 1, 2, 3, 4))
                 + " |"
             )
         return 0
@@ -577,7 +593,8 @@ def spec_choice(spec: str, a: Any) -> dict[str, object]:
 
 def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:
     """µs of graphdnn's sdpa_backward plan (default; the wgmma dK/dV kernels with every thread
-    copying, with a TMA producer warpgroup, and at head dim 64 that with K and V in registers), and
+    copying, with a TMA producer warpgroup, and at head dim 64 that with K and V in registers and that
+    with 128-row query tiles), and
     of torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
     all from the same Q, K, V and dO."""
     import torch
@@ -637,6 +654,7 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
         ours({"path": "wgmma", "producer": False}),
         ours({"path": "wgmma", "producer": True}),
         ours({"path": "wgmma", "producer": True, "kv_registers": True}) if d == 64 else None,  # head dim 64 only
+        ours({"path": "wgmma", "producer": True, "rows": 128}) if d == 64 else None,  # head dim 64 only
         peer(SDPBackend.FLASH_ATTENTION),
         peer(SDPBackend.CUDNN_ATTENTION),
     )

@@ -7,12 +7,22 @@ test_gpu_attention_backward.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from codegen import emitter
 from codegen.context import EmitContext
 from codegen.families import attention_backward_ws
-from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV
+from codegen.families.attention_backward import (
+    MMA,
+    SIMT,
+    WGMMA,
+    WGMMA_COPIES,
+    WGMMA_PRODUCER,
+    WGMMA_PRODUCER_KV,
+    WGMMA_PRODUCER_WIDE,
+)
 from codegen.families.attention_backward_wgmma import shared_bytes
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
@@ -20,7 +30,7 @@ from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
 from tests import cpu_emulation
 from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_CASES, BackwardCase, cpu_runs, matches_on_the_cpu
-from tests.compile_check import compile_graphs
+from tests.compile_check import compile_graphs, ptxas_report
 
 
 def backward_program(case: str, tuning: dict[str, object] | None = None, arch: int = 90):  # type: ignore[no-untyped-def]
@@ -111,6 +121,27 @@ def test_k_and_v_in_registers_compile_for_sm90_at_head_dim_64(case: str) -> None
     assert "_dkdv_wgmma_ws_kv_" in dkdv.name and "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in dkdv.source
     assert "wgmma_rs_k(s, kf[kk]" in dkdv.source and "wgmma_rs_k(dp, vf[kk]" in dkdv.source
     compile_cubin(dkdv.source, dkdv.name, 90, dkdv.arch_suffix)
+
+
+@pytest.mark.parametrize("case", sorted(c for c in WGMMA_CASES if WGMMA_CASES[c].d == 64))
+def test_128_row_query_tiles_compile_for_sm90a_at_head_dim_64_without_spills(case: str) -> None:
+    """Sᵀ and dPᵀ of 64 keys by 128 rows (m64n128 steps), Q and dO boxes of 128 rows, two
+    stages; within the consumers' registers (dS from the packed P) and no serialised wgmma."""
+    _, _, program = backward_program(case, WGMMA_PRODUCER_WIDE)
+    dkdv = program.kernels[1]
+    assert "_dkdv_wgmma_ws_wide_" in dkdv.name and "BQ = 128, STAGES = 2;" in dkdv.source
+    assert "wgmma.mma_async.sync.aligned.m64n128k16" in dkdv.source and "unpack2(p[" in dkdv.source
+    assert dkdv.shared_bytes == attention_backward_ws.shared_bytes(64, 2, 128) <= 227 * 1024 - 2 * 2 * 128 * 4
+    report = ptxas_report(dkdv, 90)
+    assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], report[-600:]
+    assert "serializ" not in report, report[-600:]
+
+
+def test_128_row_query_tiles_say_why_not_at_head_dim_128() -> None:
+    with pytest.raises(
+        UnsupportedError, match=r"'attention_backward': 128-row query tiles are for head dim 64 only, not 128"
+    ):
+        backward_program("d128_bshd", WGMMA_PRODUCER_WIDE)
 
 
 def test_k_and_v_in_registers_say_why_not_at_head_dim_128() -> None:

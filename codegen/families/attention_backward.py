@@ -12,7 +12,8 @@ Three paths:
   ``dq_accum``) and converted by the last kernel, not bitwise deterministic. The dK/dV kernel
   either copies with every thread (attention_backward_wgmma.py) or is fed by a producer
   warpgroup's TMA loads (attention_backward_ws.py): ``{"path": "wgmma", "producer": False}`` or
-  ``True`` names one (with ``"kv_registers": True`` at head dim 64, K and V held in registers),
+  ``True`` names one (with ``"kv_registers": True`` at head dim 64, K and V held in registers;
+  with ``"rows": 128`` at head dim 64, 128-row query tiles),
   ``{"path": "wgmma"}`` takes the default for the problem; ``{"path": "mma"}`` names the
   mma.sync path;
 - else fp32 SIMT tiles (attention_backward_simt.py), which take any type, layout and head dim
@@ -32,6 +33,7 @@ from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
 from . import attention_backward_mma, attention_backward_simt, attention_backward_wgmma, attention_backward_ws
 from .attention_backward_problem import AttentionBackward, backward_of, preprocess_kernel
+from .attention_backward_tile import WIDE_BQ
 from .attention_ragged import fill_kernel
 
 SIMT: dict[str, object] = {"path": "simt"}  # the tuning that takes the SIMT kernels where mma.sync could run
@@ -41,7 +43,9 @@ WGMMA_COPIES: dict[str, object] = {"path": "wgmma", "producer": False}  # every 
 WGMMA_PRODUCER: dict[str, object] = {"path": "wgmma", "producer": True}  # a TMA producer warpgroup
 # and K and V held in the consumers' registers (head dim 64)
 WGMMA_PRODUCER_KV: dict[str, object] = {"path": "wgmma", "producer": True, "kv_registers": True}
-CHOICES = (SIMT, MMA, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV)
+# and 128-row query tiles (head dim 64)
+WGMMA_PRODUCER_WIDE: dict[str, object] = {"path": "wgmma", "producer": True, "rows": 128}
+CHOICES = (SIMT, MMA, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WGMMA_PRODUCER_WIDE)
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -99,13 +103,21 @@ def default_dkdv(ab: AttentionBackward) -> dict[str, object]:
 
 def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
     """The wgmma path's dK/dV kernel: the tuning's, else :func:`default_dkdv`'s. K and V in
-    registers asked for at another head dim than 64 is an error saying why."""
+    registers, or 128-row query tiles, asked for at another head dim than 64 is an error saying
+    why."""
     if ctx.tuning == WGMMA_PRODUCER_KV and ab.problem.d != attention_backward_ws.KV_REGISTERS_HEAD_DIM:
         raise UnsupportedError(
             f"sdpa_backward node '{ab.problem.node.name}': K and V stay in registers at head dim "
             f"{attention_backward_ws.KV_REGISTERS_HEAD_DIM} only, not {ab.problem.d} (too few registers)"
         )
+    if ctx.tuning == WGMMA_PRODUCER_WIDE and ab.problem.d != attention_backward_ws.WIDE_HEAD_DIM:
+        raise UnsupportedError(
+            f"sdpa_backward node '{ab.problem.node.name}': 128-row query tiles are for head dim "
+            f"{attention_backward_ws.WIDE_HEAD_DIM} only, not {ab.problem.d} (too few registers)"
+        )
     choice = default_dkdv(ab) if ctx.tuning in ({}, WGMMA) else ctx.tuning
+    if choice == WGMMA_PRODUCER_WIDE:
+        return attention_backward_ws.dkdv_kernel(fused, ctx, ab, kv_registers=False, bq=WIDE_BQ)
     if choice in (WGMMA_PRODUCER, WGMMA_PRODUCER_KV):
         return attention_backward_ws.dkdv_kernel(fused, ctx, ab, kv_registers=choice == WGMMA_PRODUCER_KV)
     return attention_backward_wgmma.dkdv_kernel(fused, ctx, ab)

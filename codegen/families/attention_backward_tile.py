@@ -45,6 +45,7 @@ from .tma_prelude import mbarrier_prelude
 
 BN = 128  # keys per block: a warpgroup per 64
 BQ = 64  # query rows per tile
+WIDE_BQ = 128  # query rows per tile of the producer kernel's wide choice (head dim 64: registers for Sᵀ and dPᵀ)
 HEAD_DIMS = (64, 128)
 DQ_ROW = 64 + 8  # floats per staged dQ row: the 8 of padding keep a half-warp's float2 stores off each other's banks
 DS_BARRIER = 3  # the named barrier both warpgroups meet at once their dS is stored (D 128)
@@ -52,10 +53,10 @@ DQ_STAGE_BYTES = 2 * 64 * DQ_ROW * 4  # each warpgroup's staged 64 x 64 fp32 dQ 
 DQ_CHUNK_BYTES = 16 << 20  # causal: the dQ sums of a chunk of blocks run together, a third of an H100's L2
 
 
-def block_setup(a: Attention, names: dict[str, str]) -> list[str]:
+def block_setup(a: Attention, names: dict[str, str], bq: int = BQ) -> list[str]:
     """The block's keys ``kv0`` .. of kv head ``hk`` of batch ``b`` (causal: the blocks with the
-    most rows first), the score function, and its ``total`` query tiles (``tiles`` per head of
-    the group, from row ``q_first``)."""
+    most rows first), the score function, and its ``total`` query tiles of ``bq`` rows (``tiles``
+    per head of the group, from row ``q_first``)."""
     n_blocks = -(-a.skv // BN)
     return [
         *constants(a),
@@ -63,7 +64,7 @@ def block_setup(a: Attention, names: dict[str, str]) -> list[str]:
         *_block_order(a),
         *lengths_and_scale(a, names, with_slope=False, first=("kv", "kv0")),
         *score_function(a, names),
-        *query_range(a, BN, BQ),
+        *query_range(a, BN, bq),
         "const int tiles = q_end > q_begin ? (q_end - q_first + BQ - 1) / BQ : 0, total = GROUP * tiles;",
         "constexpr unsigned K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2, Q_BYTES = BQ * D * 2, O_BYTES = BQ * DV * 2;",
         "constexpr unsigned DS_BYTES = BQ * BN * 2;  // dS, [key block of 64][BQ rows][128 bytes]",
@@ -127,7 +128,7 @@ def kv_fragments() -> list[str]:
     ]
 
 
-def tile_products(a: Attention, kv_registers: bool) -> list[str]:
+def tile_products(a: Attention, kv_registers: bool, bq: int = BQ) -> list[str]:
     """For the query tile of ``stage`` (rows from ``row0``): Sᵀ and dPᵀ issued (K and V from
     shared memory, or with ``kv_registers`` from :func:`kv_fragments`); once Sᵀ is in, Pᵀ, and
     dV's product issued behind dPᵀ; once dPᵀ is in, dSᵀ, stored as dS (:func:`_ds_store`). dV's
@@ -156,7 +157,7 @@ def tile_products(a: Attention, kv_registers: bool) -> list[str]:
         "wgmma_commit();",
         "wgmma_wait<1>();  // Sᵀ is in; dPᵀ may still run",
         "fence_accumulators(s);",
-        f"const bool masked = {needs_mask(a, BQ, BN)};",
+        f"const bool masked = {needs_mask(a, bq, BN)};",
         "#pragma unroll",
         "for (int j = 0; j < BQ / 8; ++j)",
         "#pragma unroll",
@@ -177,15 +178,32 @@ def tile_products(a: Attention, kv_registers: bool) -> list[str]:
         "wgmma_commit();",
         "wgmma_wait<1>();  // dPᵀ is in; dV's product may still run",
         "fence_accumulators(dp);",
-        "#pragma unroll",
-        "for (int j = 0; j < BQ / 8; ++j)",
-        "#pragma unroll",
-        "  for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - delta_s[stage][j * 8 + (lane & 3) * 2 + (e & 1)]);",
+        *_ds_values(bq),
         "#pragma unroll",
         "for (int kk = 0; kk < BQ / 16; ++kk)",
         "#pragma unroll",
         "  for (int r = 0; r < 4; ++r) ds[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);",
         *_ds_store(),
+    ]
+
+
+def _ds_values(bq: int) -> list[str]:
+    """dSᵀ = Pᵀ (dPᵀ - delta) into ``dp``. With 128-row tiles Pᵀ is read back from its packed
+    16-bit form (``p``, live for dV's product anyway): Sᵀ's 64 floats die at the packing, which
+    keeps the consumer within its registers (dS is rounded to 16 bits for its products too)."""
+    unpacked = ["    const float2 pf = unpack2(p[j >> 1][2 * (j & 1) + (e >> 1)]);"] if bq != BQ else []
+    p = "s[4 * j + e]" if bq == BQ else "((e & 1) ? pf.y : pf.x)"
+    lines = [
+        "#pragma unroll",
+        "for (int j = 0; j < BQ / 8; ++j)",
+        "#pragma unroll",
+        "  for (int e = 0; e < 4; ++e) {",
+        *unpacked,
+    ]
+    return [
+        *lines,
+        f"    dp[4 * j + e] = {p} * (dp[4 * j + e] - delta_s[stage][j * 8 + (lane & 3) * 2 + (e & 1)]);",
+        "  }",
     ]
 
 
@@ -205,10 +223,11 @@ def _ds_store() -> list[str]:
 def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
     """dQ's and dK's products, and dQ's partial added to ``dq_accum`` while dK's runs.
 
-    dQ's partial dS K covers 64 columns per warpgroup, dS from shared memory (:func:`_ds_store`),
-    K read n-major: at D 128 its own 64 columns over the block's 128 keys (both warpgroups' dS:
-    the named barrier DS_BARRIER of their 256 threads), at D 64 every column over its own 64 keys
-    (its own dS: a warpgroup barrier). dK += dSᵀ Q is issued behind it. The partial is staged in
+    dQ's partial dS K is a 64 x 64 block per warpgroup, dS from shared memory (:func:`_ds_store`),
+    K read n-major: at D 128 its own 64 columns over the block's 128 keys, with 128-row tiles (D 64)
+    its own 64 rows over them (both: both warpgroups' dS, the named barrier DS_BARRIER of their 256
+    threads), else (D 64, 64 rows) every column over its own 64 keys (its own dS: a warpgroup
+    barrier). dK += dSᵀ Q is issued behind it. The partial is staged in
     fp32 rows and each warp's 16 rows are added to ``dq_accum`` by bulk reductions (one per row,
     in L2), which read the staged rows asynchronously: a lane waits for its last one before they
     are rewritten. ``products_read``: lines run once dV's and dK's products are done (they no
@@ -216,14 +235,15 @@ def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
     acc = names[DQ_ACCUM]
     return [
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // dS, before the tensor cores read it',
-        "if (D == 128) {",
+        "constexpr bool BOTH = D == 128 || BQ == 128;  // dQ's product reads both warpgroups' dS",
+        "if (BOTH) {",
         f'  asm volatile("bar.sync {DS_BARRIER}, 256;\\n" ::: "memory");  // both warpgroups\' dS is stored',
         "} else {",
         "  warpgroup_sync(wg);  // this warpgroup's",
         "}",
-        "// this warpgroup's 64 columns from dq_col, over key blocks of 64 from first_block",
-        "constexpr int DQ_BLOCKS = D / 64 == 2 ? 2 : 1;",
-        "const int dq_col = D == 128 ? wg * 64 : 0, first_block = D == 128 ? 0 : wg;",
+        "// this warpgroup's 64 rows from dq_row and 64 columns from dq_col, over key blocks of 64 from first_block",
+        "constexpr int DQ_BLOCKS = BOTH ? 2 : 1;",
+        "const int dq_col = D == 128 ? wg * 64 : 0, dq_row = BQ == 128 ? wg * 64 : 0, first_block = BOTH ? 0 : wg;",
         "float dq[32];",
         "#pragma unroll",
         "for (int i = 0; i < 32; ++i) dq[i] = 0.0f;",
@@ -233,7 +253,7 @@ def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
         "for (int kb = 0; kb < DQ_BLOCKS; ++kb)",
         "#pragma unroll",
         "  for (int kk = 0; kk < 4; ++kk)",
-        "    wgmma_step_n(dq, wgmma_descriptor(ds_s + (first_block + kb) * (BQ * 128) + kk * 32, 16, 1024),",
+        "    wgmma_step_n(dq, wgmma_descriptor(ds_s + (first_block + kb) * (BQ * 128) + dq_row * 128 + kk * 32, 16, 1024),",
         "                 wgmma_descriptor(k_tile + (dq_col / 64) * (BN * 128) + (first_block + kb) * (64 * 128) + kk * 2048,",
         "                                  BN * 128, 1024));",
         "wgmma_commit();",
@@ -255,9 +275,9 @@ def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
         "        make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);",
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // before the bulk reductions read them',
         "__syncwarp();",
-        "if (lane < 16 && row0 + (warp & 3) * 16 + lane < SQ) {",
-        "  const int q = (warp & 3) * 16 + lane;",
-        f"  bulk_add(&{acc}[(((long long)b * HQ + head) * SQ + row0 + q) * D + dq_col], staged + q * DQ_ROW, 64 * 4);",
+        "if (lane < 16 && row0 + dq_row + (warp & 3) * 16 + lane < SQ) {",
+        "  const int q = (warp & 3) * 16 + lane;  // of this warpgroup's rows",
+        f"  bulk_add(&{acc}[(((long long)b * HQ + head) * SQ + row0 + dq_row + q) * D + dq_col], staged + q * DQ_ROW, 64 * 4);",
         "}",
         "wgmma_wait<0>();  // dK's product",
         "fence_accumulators(dk);",
@@ -336,20 +356,32 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 """
 
 
-def device_functions(a: Attention, rank: int, kv_registers: bool) -> str:
-    """cp.async and ``smem_addr``, the wgmma steps (64-key tiles of Sᵀ and dPᵀ, dQ's 64 columns,
+def unpack_function(data_type: DataType) -> str:
+    """``unpack2``: :func:`~.attention_flash.pack_function`'s inverse (x from the low half)."""
+    pair, convert = (
+        ("__half2", "__half22float2") if data_type is DataType.HALF else ("__nv_bfloat162", "__bfloat1622float2")
+    )
+    return (
+        "\n// One register of two 16-bit values as two floats, x from the low half.\n"
+        f"__device__ __forceinline__ float2 unpack2(unsigned v) {{ return {convert}(*reinterpret_cast<{pair}*>(&v)); }}\n"
+    )
+
+
+def device_functions(a: Attention, rank: int, kv_registers: bool, bq: int = BQ) -> str:
+    """cp.async and ``smem_addr``, the wgmma steps (64 keys by ``bq`` rows of Sᵀ and dPᵀ, dQ's 64 columns,
     dV's and dK's register A; with ``kv_registers`` ldmatrix and Sᵀ's and dPᵀ's register A),
-    pack2, stmatrix, the mbarrier helpers with TMA loads of up to ``rank`` dims, bulk reductions."""
+    pack2 (and with 128-row tiles unpack2), stmatrix, the mbarrier helpers with TMA loads of up to ``rank`` dims, bulk reductions."""
     types = OperandTypes(a.q.data_type, a.q.data_type)
     elem = "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16"
     registers_a = mma_fragments(a.q.data_type) + wgmma_registers_a(BQ, elem, "wgmma_rs_k", 0) if kv_registers else ""
     return (
         ASYNC_COPY_PRELUDE
-        + wgmma_prelude(BQ, types, 0)
+        + wgmma_prelude(bq, types, 0)
         + wgmma_step_function(64, types, 1, "wgmma_step_n")
         + wgmma_registers_a(a.d, elem)
         + registers_a
         + pack_function(a.q.data_type)
+        + (unpack_function(a.q.data_type) if bq != BQ else "")
         + STMATRIX
         + mbarrier_prelude(rank)
         + BULK_REDUCE

@@ -33,31 +33,33 @@ THREADS = 384  # the producer warpgroup, then the two consumers
 MAX_STAGES = 4
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 32, 232  # 128 x 32 + 256 x 232 <= 64K registers
 KV_REGISTERS_HEAD_DIM = 64  # K and V fragments in registers: 32 more a consumer thread, too many at D 128
+WIDE_HEAD_DIM = 64  # 128-row query tiles: Sᵀ and dPᵀ 64 floats a thread each, too many beside D 128's dK and dV
 
 
-def shared_bytes(d: int, stages: int) -> int:
-    """K and V, ``stages`` of Q and dO, two dS tiles, the staged dQ partials, the mbarriers."""
+def shared_bytes(d: int, stages: int, bq: int = tile.BQ) -> int:
+    """K and V, ``stages`` of Q and dO (``bq`` rows), two dS tiles, the staged dQ partials, the mbarriers."""
     return (
-        2 * (2 * tile.BN * d + stages * 2 * tile.BQ * d + 2 * tile.BQ * tile.BN)
+        2 * (2 * tile.BN * d + stages * 2 * bq * d + 2 * bq * tile.BN)
         + tile.DQ_STAGE_BYTES
         + 8 * (1 + 2 * stages)
         + ALIGN_SLACK
     )
 
 
-def stages(d: int) -> int:
-    """As many query-tile stages as fit, up to MAX_STAGES (2 at D 128, 4 at D 64)."""
-    return max(s for s in range(2, MAX_STAGES + 1) if s == 2 or shared_bytes(d, s) <= MAX_SHARED)
+def stages(d: int, bq: int = tile.BQ) -> int:
+    """As many query-tile stages as fit, up to MAX_STAGES (2 at D 128, 4 at D 64; 2 with 128-row
+    tiles)."""
+    return max(s for s in range(2, MAX_STAGES + 1) if s == 2 or shared_bytes(d, s, bq) <= MAX_SHARED)
 
 
-def tensor_maps(ab: AttentionBackward) -> dict[str, tuple[Tensor, TensorMap]]:
-    """TMA maps of Q and dO (64-row boxes) and K and V (BN rows). The wgmma kernels take rows
+def tensor_maps(ab: AttentionBackward, bq: int = tile.BQ) -> dict[str, tuple[Tensor, TensorMap]]:
+    """TMA maps of Q and dO (boxes of ``bq`` rows) and K and V (BN rows). The wgmma kernels take rows
     that copy as 16-byte chunks only, so that every stride is a multiple of 16 bytes: the driver
     encodes them (binding copies a tensor whose address is not aligned)."""
     a = ab.problem
     maps = {
-        "Q": (a.q, row_tensor_map(a.q, tile.BQ)),
-        "DO": (ab.d_o, row_tensor_map(ab.d_o, tile.BQ)),
+        "Q": (a.q, row_tensor_map(a.q, bq)),
+        "DO": (ab.d_o, row_tensor_map(ab.d_o, bq)),
         "K": (a.k, row_tensor_map(a.k, tile.BN)),
         "V": (a.v, row_tensor_map(a.v, tile.BN)),
     }
@@ -65,22 +67,26 @@ def tensor_maps(ab: AttentionBackward) -> dict[str, tuple[Tensor, TensorMap]]:
     return maps
 
 
-def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, kv_registers: bool) -> Kernel:
-    """dK and dV of a block of keys, and its share of dQ added into ``dq_accum``; with
-    ``kv_registers`` (head dim 64: the consumers' registers hold them) Sᵀ's and dPᵀ's products
-    take K and V from registers, loaded once."""
+def dkdv_kernel(
+    fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, kv_registers: bool, bq: int = tile.BQ
+) -> Kernel:
+    """dK and dV of a block of keys, and its share of dQ added into ``dq_accum``, over query tiles
+    of ``bq`` rows (tile.WIDE_BQ at head dim 64 only: Sᵀ and dPᵀ take twice the registers); with
+    ``kv_registers`` (head dim 64, 64-row tiles: the consumers' registers hold them) Sᵀ's and dPᵀ's
+    products take K and V from registers, loaded once."""
     a = ab.problem
-    ring = stages(a.d)
-    assert attention_backward_wgmma.unsupported(ab, ctx.arch) is None and shared_bytes(a.d, ring) <= MAX_SHARED
-    assert not kv_registers or a.d == KV_REGISTERS_HEAD_DIM
+    ring = stages(a.d, bq)
+    assert attention_backward_wgmma.unsupported(ab, ctx.arch) is None and shared_bytes(a.d, ring, bq) <= MAX_SHARED
+    assert not kv_registers or (a.d == KV_REGISTERS_HEAD_DIM and bq == tile.BQ)
+    assert bq == tile.BQ or (bq == tile.WIDE_BQ and a.d == WIDE_HEAD_DIM)
     params = KernelParams()
-    maps = {role: params.tensor_map(t, m) for role, (t, m) in tensor_maps(ab).items()}
+    maps = {role: params.tensor_map(t, m) for role, (t, m) in tensor_maps(ab, bq).items()}
     names = declare(ab, dq_accum=True, params=params).names
     aligned = params.aligned_flag()
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
-        f"constexpr int BN = {tile.BN}, BQ = {tile.BQ}, STAGES = {ring};",
-        *tile.block_setup(a, names),
+        f"constexpr int BN = {tile.BN}, BQ = {bq}, STAGES = {ring};",
+        *tile.block_setup(a, names, bq),
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "const unsigned k_tile = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024-byte aligned: the swizzle's unit",
         "const unsigned v_tile = k_tile + K_BYTES, q_tiles = v_tile + V_BYTES, o_tiles = q_tiles + STAGES * Q_BYTES;",
@@ -104,32 +110,33 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, kv_re
         "} else {",
         f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");',
         "  const int wg = warpgroup - 1;  // keys wg * 64 .. + 63 of the block",
-        *indent(_consumer(ab, names, kv_registers, aligned), 1).splitlines(),
+        *indent(_consumer(ab, names, kv_registers, aligned, bq), 1).splitlines(),
         "}",
     ]
     name, source = kernel_source(
         ctx,
         fused,
-        pattern_name(fused) + ("_dkdv_wgmma_ws_kv" if kv_registers else "_dkdv_wgmma_ws"),
+        pattern_name(fused)
+        + ("_dkdv_wgmma_ws_kv" if kv_registers else "_dkdv_wgmma_ws" if bq == tile.BQ else "_dkdv_wgmma_ws_wide"),
         params,
         THREADS,
         indent(body, 1),
         min_blocks=1,
-        device_functions=tile.device_functions(a, 4, kv_registers),
+        device_functions=tile.device_functions(a, 4, kv_registers, bq),
     )
     return Kernel(
         name,
         source,
         (tile.blocks(a), 1, 1),
         (THREADS, 1, 1),
-        shared_bytes(a.d, ring),
+        shared_bytes(a.d, ring, bq),
         tuple(params.bindings),
         arch_suffix="a",
     )
 
 
 def _producer(ab: AttentionBackward, names: dict[str, str], maps: dict[str, str]) -> list[str]:
-    """Warp 0's first thread: TMA loads; warp 1: the statistics. Both wait for the stage's
+    """Warp 0's first thread: TMA loads; warp 1: the statistics (BQ / 32 rows a lane). Both wait for the stage's
     *empty* phase before they fill it (the first pass finds every stage free)."""
     lse, delta = row_statistics(ab, names, "row", "head")
     return [
@@ -152,23 +159,24 @@ def _producer(ab: AttentionBackward, names: dict[str, str], maps: dict[str, str]
         "} else if (warp == 1) {",
         "  for (int t = 0; t < total; ++t) {",
         "    const int stage = t % STAGES, head = hk * GROUP + t / tiles;",
-        "    float lse_v[2], delta_v[2];  // rows lane and lane + 32 of the tile, read before the stage frees",
+        "    float lse_v[BQ / 32], delta_v[BQ / 32];  // rows lane, lane + 32 .. of the tile, read before the stage frees",
         "#pragma unroll",
-        "    for (int half = 0; half < 2; ++half) {",
-        "      const int row = q_first + (t % tiles) * BQ + lane + 32 * half;",
-        f"      lse_v[half] = row < SQ ? {lse} : NEG_INF;",
-        f"      delta_v[half] = row < SQ ? {delta} : 0.0f;",
+        "    for (int part = 0; part < BQ / 32; ++part) {",
+        "      const int row = q_first + (t % tiles) * BQ + lane + 32 * part;",
+        f"      lse_v[part] = row < SQ ? {lse} : NEG_INF;",
+        f"      delta_v[part] = row < SQ ? {delta} : 0.0f;",
         "    }",
         "    mbar_wait(empty + 8 * stage, ((t / STAGES) & 1) ^ 1);",
-        "    lse_s[stage][lane] = lse_v[0], lse_s[stage][lane + 32] = lse_v[1];",
-        "    delta_s[stage][lane] = delta_v[0], delta_s[stage][lane + 32] = delta_v[1];",
+        "#pragma unroll",
+        "    for (int part = 0; part < BQ / 32; ++part)",
+        "      lse_s[stage][lane + 32 * part] = lse_v[part], delta_s[stage][lane + 32 * part] = delta_v[part];",
         "    mbar_arrive(full + 8 * stage);",
         "  }",
         "}",
     ]
 
 
-def _consumer(ab: AttentionBackward, names: dict[str, str], kv_registers: bool, aligned: str) -> list[str]:
+def _consumer(ab: AttentionBackward, names: dict[str, str], kv_registers: bool, aligned: str, bq: int) -> list[str]:
     """The tiles as they land; the stage released as soon as dV's and dK's products are done."""
     return [
         *tile.accumulators(),
@@ -179,7 +187,7 @@ def _consumer(ab: AttentionBackward, names: dict[str, str], kv_registers: bool, 
         "  const unsigned q_s = q_tiles + stage * Q_BYTES, o_s = o_tiles + stage * O_BYTES;",
         "  const unsigned ds_s = ds_tiles + (t & 1) * DS_BYTES;",
         "  mbar_wait(full + 8 * stage, (t / STAGES) & 1);",
-        *indent(tile.tile_products(ab.problem, kv_registers), 1).splitlines(),
+        *indent(tile.tile_products(ab.problem, kv_registers, bq), 1).splitlines(),
         *indent(
             tile.dq_share(names, ["if (lane == 0) mbar_arrive(empty + 8 * stage);  // Q, dO, lse and delta are read"]),
             1,
