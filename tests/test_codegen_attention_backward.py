@@ -29,12 +29,20 @@ from fusion_rules import Family, fuse
 from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
 from tests import cpu_emulation
-from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_CASES, BackwardCase, cpu_runs, matches_on_the_cpu
+from tests.attention_backward_cases import (
+    CASES,
+    CPU_CASES,
+    WGMMA_ALONE_CASES,
+    WGMMA_CASES,
+    BackwardCase,
+    cpu_runs,
+    matches_on_the_cpu,
+)
 from tests.compile_check import compile_graphs, ptxas_report
 
 
 def backward_program(case: str, tuning: dict[str, object] | None = None, arch: int = 90):  # type: ignore[no-untyped-def]
-    graph = (CASES | CPU_CASES | WGMMA_CASES)[case].build().validate()
+    graph = (CASES | CPU_CASES | WGMMA_CASES | WGMMA_ALONE_CASES)[case].build().validate()
     (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION_BACKWARD]
     return graph, fused, emitter(fused.family)(fused, EmitContext(graph, signature(graph), arch, tuning or {}))
 
@@ -142,6 +150,19 @@ def test_128_row_query_tiles_say_why_not_at_head_dim_128() -> None:
         UnsupportedError, match=r"'attention_backward': 128-row query tiles are for head dim 64 only, not 128"
     ):
         backward_program("d128_bshd", WGMMA_PRODUCER_WIDE)
+
+
+@pytest.mark.parametrize(
+    ("case", "o_vectors"), [("d64_half_alone_causal", True), ("d128_bf16_alone_bshd", True), ("d128_bshd", False)]
+)
+def test_the_hopper_memory_passes_move_16_bytes_a_thread_where_the_rows_take_them(case: str, o_vectors: bool) -> None:
+    """delta reads O and dO 16 bytes at a time where both are in Q's 16-bit type (a training
+    step's O is the forward's fp32), dQ's conversion stores 16 bytes; both compile."""
+    delta, _, convert = backward_program(case)[2].kernels
+    assert ("const uint4 ov" in delta.source) == o_vectors and "make_float4(0.0f" in delta.source
+    assert "make_uint4(pack2(scale * acc[0]" in convert.source and "if (aligned)" in convert.source
+    for kernel in (delta, convert):
+        compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
 
 
 def test_k_and_v_in_registers_say_why_not_at_head_dim_128() -> None:

@@ -27,7 +27,7 @@ from fusion_rules import Family, fuse
 from graphdnn import reference
 from graphdnn.compare import tolerance
 from graphdnn.random_inputs import random_inputs
-from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_CASES
+from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_ALONE_CASES, WGMMA_CASES
 from tests.gpu_check import check_on_gpu, poisoned, relative_error, to_device, to_numpy
 
 pytestmark = pytest.mark.gpu
@@ -104,17 +104,21 @@ def test_tensor_core_kernels_run_where_they_apply() -> None:
     assert sum("_mma_" in kernel.name for kernel in plan.kernels) == 2
 
 
-def run_alone(case: str, seed: int, chosen: dict[str, np.ndarray] | None = None):  # type: ignore[no-untyped-def]
-    """The backward-alone graph on consistent inputs: (outputs by name, the reference's)."""
+def run_alone(  # type: ignore[no-untyped-def]
+    case: str, seed: int, chosen: dict[str, np.ndarray] | None = None, tuning: dict[str, object] | None = None
+):
+    """The backward-alone graph on consistent inputs (the node with ``tuning``): (the graph,
+    outputs by name, the reference's)."""
     import torch
 
-    spec = CPU_CASES[case]
+    spec = (CPU_CASES | WGMMA_ALONE_CASES)[case]
     ir = spec.build().validate()
     feeds = spec.consistent_feeds(ir, seed, chosen)
     expected = reference.execute(ir, feeds)
     outputs = {t.name: poisoned(t) for t in ir.outputs}
     pack = {t.name: feeds[t.name] if t.is_pass_by_value else to_device(feeds[t.name], t) for t in ir.inputs}
-    gd.compile(ir).execute({**pack, **outputs})
+    node_tuning = None if tuning is None else {backward_node(spec.build()): tuning}
+    gd.compile(ir, tuning=node_tuning).execute({**pack, **outputs})
     torch.cuda.synchronize()
     return ir, {name: to_numpy(value) for name, value in outputs.items()}, expected
 
@@ -122,6 +126,15 @@ def run_alone(case: str, seed: int, chosen: dict[str, np.ndarray] | None = None)
 @pytest.mark.parametrize("case", sorted(CPU_CASES))
 def test_backward_alone_matches_reference(case: str) -> None:
     ir, got, expected = run_alone(case, 3)
+    for t in ir.outputs:
+        assert relative_error(got[t.name], expected[t.name]) <= tolerance(t.data_type), t.name
+
+
+@pytest.mark.parametrize("tuning", [WGMMA, WGMMA_COPIES])
+@pytest.mark.parametrize("case", sorted(WGMMA_ALONE_CASES))
+def test_wgmma_backward_alone_with_16_bit_o_matches_reference(case: str, tuning: dict[str, object]) -> None:
+    """The preprocess kernel's 16-byte reads of O and dO (the training step's O is fp32)."""
+    ir, got, expected = run_alone(case, 7, tuning=tuning)
     for t in ir.outputs:
         assert relative_error(got[t.name], expected[t.name]) <= tolerance(t.data_type), t.name
 

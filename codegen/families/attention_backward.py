@@ -9,7 +9,8 @@ Three paths:
 - on sm_90, for fp16/bf16 at head dims 64 and 128 with no mask or a causal one, wgmma kernels in
   FlashAttention-3's shape (attention_backward_tile.py), the default there: dK, dV and dQ's sums
   in one kernel, dQ added in fp32 by bulk reductions (the preprocess kernel zeroes
-  ``dq_accum``) and converted by the last kernel, not bitwise deterministic. The dK/dV kernel
+  ``dq_accum``) and converted by the last kernel (attention_backward_passes.py), not bitwise
+  deterministic. The dK/dV kernel
   either copies with every thread (attention_backward_wgmma.py) or is fed by a producer
   warpgroup's TMA loads (attention_backward_ws.py): ``{"path": "wgmma", "producer": False}`` or
   ``True`` names one (with ``"kv_registers": True`` at head dim 64, K and V held in registers;
@@ -31,7 +32,13 @@ from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
-from . import attention_backward_mma, attention_backward_simt, attention_backward_wgmma, attention_backward_ws
+from . import (
+    attention_backward_mma,
+    attention_backward_passes,
+    attention_backward_simt,
+    attention_backward_wgmma,
+    attention_backward_ws,
+)
 from .attention_backward_problem import AttentionBackward, backward_of, preprocess_kernel
 from .attention_backward_tile import WIDE_BQ
 from .attention_ragged import fill_kernel
@@ -54,9 +61,9 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         raise UnsupportedError(f"attention_backward tuning {ctx.tuning} is not one of its choices {list(CHOICES)}")
     if path(ab, ctx) == "wgmma":
         kernels = (
-            preprocess_kernel(fused, ctx, ab, zero_dq=True),
+            attention_backward_passes.preprocess_kernel(fused, ctx, ab),
             dkdv_kernel(fused, ctx, ab),
-            attention_backward_wgmma.dq_kernel(fused, ctx, ab),
+            attention_backward_passes.dq_kernel(fused, ctx, ab),
         )
         return FusedProgram(fused.name, kernels, (ab.scratch, ab.dq_scratch))
     module = attention_backward_mma if path(ab, ctx) == "mma" else attention_backward_simt
