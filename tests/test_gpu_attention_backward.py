@@ -14,15 +14,8 @@ import numpy as np
 import pytest
 
 import graphdnn as gd
-from codegen.families.attention_backward import (
-    MMA,
-    SIMT,
-    WGMMA,
-    WGMMA_COPIES,
-    WGMMA_PRODUCER,
-    WGMMA_PRODUCER_KV,
-    WGMMA_PRODUCER_WIDE,
-)
+from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV
+from codegen.families.attention_backward import WGMMA_PRODUCER_WIDE as WIDE
 from fusion_rules import Family, fuse
 from graphdnn import reference
 from graphdnn.compare import tolerance
@@ -72,11 +65,11 @@ def test_wgmma_kernel_with_k_and_v_in_registers_matches_reference(case: str) -> 
 @pytest.mark.parametrize("case", sorted(c for c in WGMMA_CASES if WGMMA_CASES[c].d == 64))
 def test_wgmma_kernel_with_128_row_query_tiles_matches_reference(case: str) -> None:
     graph = WGMMA_CASES[case].build()
-    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={backward_node(graph): WGMMA_PRODUCER_WIDE})
+    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={backward_node(graph): WIDE})
     assert any("_dkdv_wgmma_ws_wide_" in k.name for k in plan.kernels)
 
 
-@pytest.mark.parametrize("tuning", [WGMMA, WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WGMMA_PRODUCER_WIDE])
+@pytest.mark.parametrize("tuning", [WGMMA, WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WIDE])
 def test_wgmma_dq_is_right_run_after_run(tuning: dict[str, object]) -> None:
     """Each run's preprocess kernel zeroes dq_accum before the bulk reductions add into it."""
     import torch
