@@ -58,6 +58,15 @@ SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128
 # --backward: also head dim 64 causal and a longer sequence without a mask (which wgmma dK/dV kernel wins
 # depends on the mask and the head dim)
 BACKWARD_SHAPES = [*SHAPES, (4, 16, 2048, 64, True), (4, 16, 4096, 128, False)]
+# --backward: (column, the sdpa_backward tuning (None: the default plan), the head dims it takes)
+BACKWARD_CHOICES: list[tuple[str, dict[str, object] | None, tuple[int, ...]]] = [
+    ("default", None, (64, 128)),
+    ("copies", {"path": "wgmma", "producer": False}, (64, 128)),
+    ("producer", {"path": "wgmma", "producer": True}, (64, 128)),
+    ("K/V in registers", {"path": "wgmma", "producer": True, "kv_registers": True}, (64,)),
+    ("128-row tiles", {"path": "wgmma", "producer": True, "rows": 128}, (64,)),
+    ("dQ a tile behind", {"path": "wgmma", "producer": True, "dq_behind": True}, (128,)),
+]
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
 DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
@@ -152,19 +161,16 @@ def main() -> int:
             print(f"{built.name}: {len(plan.kernels)} kernel(s)")
         return 0
     if args.backward:
-        print(
-            "| shape | graphdnn default | wgmma, copies | wgmma, producer | producer, K/V in registers "
-            "| producer, 128-row tiles | torch FA2 | torch cuDNN | default / cuDNN | copies / cuDNN "
-            "| producer / cuDNN | K/V in registers / cuDNN | 128-row tiles / cuDNN |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        names = [name for name, _, _ in BACKWARD_CHOICES]
+        print("| shape | " + " | ".join([*names, "torch FA2", "torch cuDNN", *(f"{n} / cuDNN" for n in names)]) + " |")
+        print("|---|" + "---|" * (3 * len(names) + 2))
         for shape in [parsed_shape(spec) for spec in args.shape] or BACKWARD_SHAPES:
             b, h, s, d, causal = shape
             tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed_backward(shape)]
             print(
                 f"| B{b} H{h} S{s} D{d}{' causal' if causal else ''} | "
-                + " | ".join(f"{t:.0f}" for t in tflops)
-                + "".join(f" | {tflops[i] / tflops[6]:.2f}" for i in (0, 1, 2, 3, 4))
+                + " | ".join("–" if t != t else f"{t:.0f}" for t in tflops)
+                + "".join(" | –" if t != t else f" | {t / tflops[-1]:.2f}" for t in tflops[: len(names)])
                 + " |"
             )
         return 0
@@ -592,10 +598,8 @@ def spec_choice(spec: str, a: Any) -> dict[str, object]:
 
 
 def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:
-    """µs of graphdnn's sdpa_backward plan (default; the wgmma dK/dV kernels with every thread
-    copying, with a TMA producer warpgroup, and at head dim 64 that with K and V in registers and that
-    with 128-row query tiles), and
-    of torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
+    """µs of graphdnn's sdpa_backward plan (default, then each of BACKWARD_CHOICES' tunings at the
+    head dims it takes; None elsewhere), and of torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
     all from the same Q, K, V and dO."""
     import torch
     import torch.nn.functional as F
@@ -650,11 +654,7 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
             return None
 
     return (
-        ours(None),
-        ours({"path": "wgmma", "producer": False}),
-        ours({"path": "wgmma", "producer": True}),
-        ours({"path": "wgmma", "producer": True, "kv_registers": True}) if d == 64 else None,  # head dim 64 only
-        ours({"path": "wgmma", "producer": True, "rows": 128}) if d == 64 else None,  # head dim 64 only
+        *(ours(choice) if d in dims else None for _, choice, dims in BACKWARD_CHOICES),
         peer(SDPBackend.FLASH_ATTENTION),
         peer(SDPBackend.CUDNN_ATTENTION),
     )

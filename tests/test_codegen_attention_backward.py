@@ -20,6 +20,7 @@ from codegen.families.attention_backward import (
     WGMMA,
     WGMMA_COPIES,
     WGMMA_PRODUCER,
+    WGMMA_PRODUCER_BEHIND,
     WGMMA_PRODUCER_KV,
     WGMMA_PRODUCER_WIDE,
 )
@@ -131,25 +132,49 @@ def test_k_and_v_in_registers_compile_for_sm90_at_head_dim_64(case: str) -> None
     compile_cubin(dkdv.source, dkdv.name, 90, dkdv.arch_suffix)
 
 
-@pytest.mark.parametrize("case", sorted(c for c in WGMMA_CASES if WGMMA_CASES[c].d == 64))
-def test_128_row_query_tiles_compile_for_sm90a_at_head_dim_64_without_spills(case: str) -> None:
-    """Sᵀ and dPᵀ of 64 keys by 128 rows (m64n128 steps), Q and dO boxes of 128 rows, two
-    stages; within the consumers' registers (dS from the packed P) and no serialised wgmma."""
-    _, _, program = backward_program(case, WGMMA_PRODUCER_WIDE)
+def producer_choices(d: int) -> list[tuple[str, dict[str, object]]]:
+    """(case, tuning): the producer kernel's choices for one head dim, on every wgmma case of it."""
+    tunings = [WGMMA_PRODUCER_WIDE] if d == 64 else [WGMMA_PRODUCER_BEHIND]
+    return [(case, tuning) for case in sorted(WGMMA_CASES) if WGMMA_CASES[case].d == d for tuning in tunings]
+
+
+@pytest.mark.parametrize(("case", "tuning"), producer_choices(64) + producer_choices(128))
+def test_the_producer_kernels_new_choices_compile_for_sm90a_without_spills(
+    case: str, tuning: dict[str, object]
+) -> None:
+    """128-row query tiles (head dim 64): Sᵀ and dPᵀ of 64 keys by 128 rows (m64n128 steps), Q and
+    dO boxes of 128 rows, two stages, dS from the packed P. dQ a tile behind (head dim 128): three
+    dS buffers and their mbarriers. Both within the consumers' registers, no serialised wgmma."""
+    _, _, program = backward_program(case, tuning)
     dkdv = program.kernels[1]
-    assert "_dkdv_wgmma_ws_wide_" in dkdv.name and "BQ = 128, STAGES = 2;" in dkdv.source
-    assert "wgmma.mma_async.sync.aligned.m64n128k16" in dkdv.source and "unpack2(p[" in dkdv.source
-    assert dkdv.shared_bytes == attention_backward_ws.shared_bytes(64, 2, 128) <= 227 * 1024 - 2 * 2 * 128 * 4
+    if tuning == WGMMA_PRODUCER_WIDE:
+        assert "_dkdv_wgmma_ws_wide_" in dkdv.name and "BQ = 128, STAGES = 2, DS_RING = 2;" in dkdv.source
+        assert "wgmma.mma_async.sync.aligned.m64n128k16" in dkdv.source and "unpack2(p[" in dkdv.source
+        consumers = attention_backward_ws.Consumers(rows=128)
+    else:
+        assert "_dkdv_wgmma_ws_behind_" in dkdv.name and "BQ = 64, STAGES = 2, DS_RING = 3;" in dkdv.source
+        assert "mbar_wait(ds_full + 8 * behind_buffer" in dkdv.source and "mbar_init(ds_empty" in dkdv.source
+        consumers = attention_backward_ws.Consumers(dq_behind=True)
+    d = WGMMA_CASES[case].d
+    static = 2 * 2 * consumers.rows * 4  # lse_s and delta_s
+    assert dkdv.shared_bytes == attention_backward_ws.shared_bytes(d, 2, consumers) <= 227 * 1024 - static
     report = ptxas_report(dkdv, 90)
     assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], report[-600:]
     assert "serializ" not in report, report[-600:]
 
 
-def test_128_row_query_tiles_say_why_not_at_head_dim_128() -> None:
-    with pytest.raises(
-        UnsupportedError, match=r"'attention_backward': 128-row query tiles are for head dim 64 only, not 128"
-    ):
-        backward_program("d128_bshd", WGMMA_PRODUCER_WIDE)
+@pytest.mark.parametrize(
+    ("case", "tuning", "message"),
+    [
+        ("d128_bshd", WGMMA_PRODUCER_WIDE, "128-row query tiles are for head dim 64 only, not 128"),
+        ("gqa_4to1_causal", WGMMA_PRODUCER_BEHIND, "dQ's product a tile behind is for head dim 128 only, not 64"),
+    ],
+)
+def test_the_producer_kernels_new_choices_say_why_not_at_the_other_head_dim(
+    case: str, tuning: dict[str, object], message: str
+) -> None:
+    with pytest.raises(UnsupportedError, match=f"'attention_backward': {message}"):
+        backward_program(case, tuning)
 
 
 @pytest.mark.parametrize(

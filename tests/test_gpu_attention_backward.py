@@ -15,6 +15,7 @@ import pytest
 
 import graphdnn as gd
 from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV
+from codegen.families.attention_backward import WGMMA_PRODUCER_BEHIND as BEHIND
 from codegen.families.attention_backward import WGMMA_PRODUCER_WIDE as WIDE
 from fusion_rules import Family, fuse
 from graphdnn import reference
@@ -62,19 +63,28 @@ def test_wgmma_kernel_with_k_and_v_in_registers_matches_reference(case: str) -> 
     assert any("_dkdv_wgmma_ws_kv_" in k.name for k in plan.kernels)
 
 
-@pytest.mark.parametrize("case", sorted(c for c in WGMMA_CASES if WGMMA_CASES[c].d == 64))
-def test_wgmma_kernel_with_128_row_query_tiles_matches_reference(case: str) -> None:
-    graph = WGMMA_CASES[case].build()
-    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()), tuning={backward_node(graph): WIDE})
-    assert any("_dkdv_wgmma_ws_wide_" in k.name for k in plan.kernels)
+@pytest.mark.parametrize(
+    "case", [f"{c}-128_rows" if WGMMA_CASES[c].d == 64 else f"{c}-dq_behind" for c in sorted(WGMMA_CASES)]
+)
+def test_the_producer_kernels_new_choices_match_reference(case: str) -> None:
+    """128-row query tiles at head dim 64, dQ's product a tile behind at 128."""
+    name, choice = case.rsplit("-", 1)
+    graph = WGMMA_CASES[name].build()
+    tuning = WIDE if choice == "128_rows" else BEHIND
+    plan = check_on_gpu(graph, seed=zlib.crc32(name.encode()), tuning={backward_node(graph): tuning})
+    assert any(("_wide_" if tuning == WIDE else "_behind_") in k.name for k in plan.kernels)
 
 
-@pytest.mark.parametrize("tuning", [WGMMA, WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WIDE])
-def test_wgmma_dq_is_right_run_after_run(tuning: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    ("tuning", "case"),
+    [(t, "gqa_4to1_causal") for t in (WGMMA, WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WIDE)]
+    + [(BEHIND, "d128_gqa_causal_fp16")],
+)
+def test_wgmma_dq_is_right_run_after_run(tuning: dict[str, object], case: str) -> None:
     """Each run's preprocess kernel zeroes dq_accum before the bulk reductions add into it."""
     import torch
 
-    graph = WGMMA_CASES["gqa_4to1_causal"].build()
+    graph = WGMMA_CASES[case].build()
     ir = graph.validate()
     feeds = random_inputs(ir, 13)
     expected = reference.execute(ir, feeds)

@@ -14,7 +14,8 @@ Three paths:
   either copies with every thread (attention_backward_wgmma.py) or is fed by a producer
   warpgroup's TMA loads (attention_backward_ws.py): ``{"path": "wgmma", "producer": False}`` or
   ``True`` names one (with ``"kv_registers": True`` at head dim 64, K and V held in registers;
-  with ``"rows": 128`` at head dim 64, 128-row query tiles),
+  with ``"rows": 128`` at head dim 64, 128-row query tiles; with ``"dq_behind": True`` at head
+  dim 128, dQ's product a tile behind),
   ``{"path": "wgmma"}`` takes the default for the problem; ``{"path": "mma"}`` names the
   mma.sync path;
 - else fp32 SIMT tiles (attention_backward_simt.py), which take any type, layout and head dim
@@ -52,7 +53,24 @@ WGMMA_PRODUCER: dict[str, object] = {"path": "wgmma", "producer": True}  # a TMA
 WGMMA_PRODUCER_KV: dict[str, object] = {"path": "wgmma", "producer": True, "kv_registers": True}
 # and 128-row query tiles (head dim 64)
 WGMMA_PRODUCER_WIDE: dict[str, object] = {"path": "wgmma", "producer": True, "rows": 128}
-CHOICES = (SIMT, MMA, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WGMMA_PRODUCER_WIDE)
+# and dQ's product a tile behind (head dim 128)
+WGMMA_PRODUCER_BEHIND: dict[str, object] = {"path": "wgmma", "producer": True, "dq_behind": True}
+CONSUMERS = {
+    str(WGMMA_PRODUCER): attention_backward_ws.Consumers(),
+    str(WGMMA_PRODUCER_KV): attention_backward_ws.Consumers(kv_registers=True),
+    str(WGMMA_PRODUCER_WIDE): attention_backward_ws.Consumers(rows=WIDE_BQ),
+    str(WGMMA_PRODUCER_BEHIND): attention_backward_ws.Consumers(dq_behind=True),
+}  # the producer kernel's choices
+CHOICES = (
+    SIMT,
+    MMA,
+    WGMMA,
+    WGMMA_COPIES,
+    WGMMA_PRODUCER,
+    WGMMA_PRODUCER_KV,
+    WGMMA_PRODUCER_WIDE,
+    WGMMA_PRODUCER_BEHIND,
+)
 
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -109,22 +127,14 @@ def default_dkdv(ab: AttentionBackward) -> dict[str, object]:
 
 
 def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
-    """The wgmma path's dK/dV kernel: the tuning's, else :func:`default_dkdv`'s. K and V in
-    registers, or 128-row query tiles, asked for at another head dim than 64 is an error saying
-    why."""
-    if ctx.tuning == WGMMA_PRODUCER_KV and ab.problem.d != attention_backward_ws.KV_REGISTERS_HEAD_DIM:
-        raise UnsupportedError(
-            f"sdpa_backward node '{ab.problem.node.name}': K and V stay in registers at head dim "
-            f"{attention_backward_ws.KV_REGISTERS_HEAD_DIM} only, not {ab.problem.d} (too few registers)"
-        )
-    if ctx.tuning == WGMMA_PRODUCER_WIDE and ab.problem.d != attention_backward_ws.WIDE_HEAD_DIM:
-        raise UnsupportedError(
-            f"sdpa_backward node '{ab.problem.node.name}': 128-row query tiles are for head dim "
-            f"{attention_backward_ws.WIDE_HEAD_DIM} only, not {ab.problem.d} (too few registers)"
-        )
+    """The wgmma path's dK/dV kernel: the tuning's, else :func:`default_dkdv`'s. A producer
+    kernel's choice the head dim cannot take (K and V in registers or 128-row query tiles at head
+    dim 128, dQ a tile behind at 64) is an error saying why."""
     choice = default_dkdv(ab) if ctx.tuning in ({}, WGMMA) else ctx.tuning
-    if choice == WGMMA_PRODUCER_WIDE:
-        return attention_backward_ws.dkdv_kernel(fused, ctx, ab, kv_registers=False, bq=WIDE_BQ)
-    if choice in (WGMMA_PRODUCER, WGMMA_PRODUCER_KV):
-        return attention_backward_ws.dkdv_kernel(fused, ctx, ab, kv_registers=choice == WGMMA_PRODUCER_KV)
-    return attention_backward_wgmma.dkdv_kernel(fused, ctx, ab)
+    if choice == WGMMA_COPIES:
+        return attention_backward_wgmma.dkdv_kernel(fused, ctx, ab)
+    consumers = CONSUMERS[str(choice)]
+    problem = consumers.problem(ab.problem.d)
+    if problem is not None:
+        raise UnsupportedError(f"sdpa_backward node '{ab.problem.node.name}': {problem}")
+    return attention_backward_ws.dkdv_kernel(fused, ctx, ab, consumers)

@@ -49,6 +49,7 @@ WIDE_BQ = 128  # query rows per tile of the producer kernel's wide choice (head 
 HEAD_DIMS = (64, 128)
 DQ_ROW = 64 + 8  # floats per staged dQ row: the 8 of padding keep a half-warp's float2 stores off each other's banks
 DS_BARRIER = 3  # the named barrier both warpgroups meet at once their dS is stored (D 128)
+DS_RING = 3  # dS buffers with dQ's product a tile behind (D 128): tile t + 3 waits for tile t's reads
 DQ_STAGE_BYTES = 2 * 64 * DQ_ROW * 4  # each warpgroup's staged 64 x 64 fp32 dQ partial
 DQ_CHUNK_BYTES = 16 << 20  # causal: the dQ sums of a chunk of blocks run together, a third of an H100's L2
 
@@ -232,19 +233,100 @@ def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
     in L2), which read the staged rows asynchronously: a lane waits for its last one before they
     are rewritten. ``products_read``: lines run once dV's and dK's products are done (they no
     longer read Q, dO or the statistics)."""
-    acc = names[DQ_ACCUM]
     return [
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // dS, before the tensor cores read it',
-        "constexpr bool BOTH = D == 128 || BQ == 128;  // dQ's product reads both warpgroups' dS",
+        *_dq_columns(),
         "if (BOTH) {",
         f'  asm volatile("bar.sync {DS_BARRIER}, 256;\\n" ::: "memory");  // both warpgroups\' dS is stored',
         "} else {",
         "  warpgroup_sync(wg);  // this warpgroup's",
         "}",
+        "float dq[32];",
+        *_dq_product("ds_s"),
+        *_dk_product(),
+        "bulk_wait_read();  // this lane's reduction of the previous tile has read its staged row",
+        "__syncwarp();",
+        "wgmma_wait<1>();  // dV's and dQ's products are in; dK's may still run",
+        "fence_accumulators(dq);",
+        "fence_accumulators(dv);",
+        *_dq_add(names, "head", "row0"),
+        "wgmma_wait<0>();  // dK's product",
+        "fence_accumulators(dk);",
+        *products_read,
+    ]
+
+
+def dq_share_behind(names: dict[str, str], products_read: list[str]) -> list[str]:
+    """:func:`dq_share` at D 128 with dQ's product one tile behind, so that neither warpgroup waits
+    for the other's dS of the tile it has just computed: tile t's dS goes to buffer t % DS_RING
+    and its *ds_full* mbarrier (every consumer warp arrives); tile t's dQ product is issued in tile
+    t + 1 (or after the last tile: :func:`dq_last`) once both warpgroups' arrived, and releases the
+    buffer on its *ds_empty* mbarrier, which tile t + DS_RING waits for before storing into it
+    (:func:`ds_buffer_wait`)."""
+    return [
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // dS, before the tensor cores read it',
+        "__syncwarp();",
+        "if (lane == 0) mbar_arrive(ds_full + 8 * (t % DS_RING));",
+        *_dq_columns(),
+        "float dq[32];",
+        "const int behind = t - 1, behind_buffer = (t + DS_RING - 1) % DS_RING;  // the tile whose dQ this one adds",
+        "if (t > 0) mbar_wait(ds_full + 8 * behind_buffer, (behind / DS_RING) & 1);  // both warpgroups' dS of tile t - 1",
+        "// (tile 0 multiplies a buffer no tile stored yet: uniform code, which ptxas keeps in registers; dropped)",
+        *_dq_product("ds_tiles + behind_buffer * DS_BYTES"),
+        *_dk_product(),
+        "bulk_wait_read();  // this lane's reduction of the previous tile has read its staged row",
+        "__syncwarp();",
+        "wgmma_wait<1>();  // dV's and tile t - 1's dQ products are in; dK's may still run",
+        "fence_accumulators(dq);",
+        "fence_accumulators(dv);",
+        "if (t > 0) {",
+        "  if (lane == 0) mbar_arrive(ds_empty + 8 * behind_buffer);",
+        "  const int behind_head = hk * GROUP + behind / tiles, behind_row0 = q_first + (behind % tiles) * BQ;",
+        *indent(_dq_add(names, "behind_head", "behind_row0"), 1).splitlines(),
+        "}",
+        "wgmma_wait<0>();  // dK's product",
+        "fence_accumulators(dk);",
+        *products_read,
+    ]
+
+
+def ds_buffer_wait() -> list[str]:
+    """Before tile t stores its dS (:func:`dq_share_behind`): tile t - DS_RING's dQ products, in both
+    warpgroups, have read the buffer."""
+    return ["if (t >= DS_RING) mbar_wait(ds_empty + 8 * (t % DS_RING), (t / DS_RING - 1) & 1);"]
+
+
+def dq_last(names: dict[str, str]) -> list[str]:
+    """After the last tile of :func:`dq_share_behind`: its dQ product, and the partial added."""
+    return [
+        "if (total > 0) {",
+        "  const int behind = total - 1, behind_buffer = behind % DS_RING;",
+        "  mbar_wait(ds_full + 8 * behind_buffer, (behind / DS_RING) & 1);",
+        *indent(_dq_columns(), 1).splitlines(),
+        "  float dq[32];",
+        *indent(_dq_product("ds_tiles + behind_buffer * DS_BYTES"), 1).splitlines(),
+        "  bulk_wait_read();",
+        "  __syncwarp();",
+        "  wgmma_wait<0>();",
+        "  fence_accumulators(dq);",
+        "  const int behind_head = hk * GROUP + behind / tiles, behind_row0 = q_first + (behind % tiles) * BQ;",
+        *indent(_dq_add(names, "behind_head", "behind_row0"), 1).splitlines(),
+        "}",
+    ]
+
+
+def _dq_columns() -> list[str]:
+    return [
+        "constexpr bool BOTH = D == 128 || BQ == 128;  // dQ's product reads both warpgroups' dS",
         "// this warpgroup's 64 rows from dq_row and 64 columns from dq_col, over key blocks of 64 from first_block",
         "constexpr int DQ_BLOCKS = BOTH ? 2 : 1;",
         "const int dq_col = D == 128 ? wg * 64 : 0, dq_row = BQ == 128 ? wg * 64 : 0, first_block = BOTH ? 0 : wg;",
-        "float dq[32];",
+    ]
+
+
+def _dq_product(ds: str) -> list[str]:
+    """dQ's partial (``dq``, zeroed here) from the dS tile at ``ds``: issued and committed."""
+    return [
         "#pragma unroll",
         "for (int i = 0; i < 32; ++i) dq[i] = 0.0f;",
         "fence_accumulators(dq);",
@@ -253,18 +335,25 @@ def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
         "for (int kb = 0; kb < DQ_BLOCKS; ++kb)",
         "#pragma unroll",
         "  for (int kk = 0; kk < 4; ++kk)",
-        "    wgmma_step_n(dq, wgmma_descriptor(ds_s + (first_block + kb) * (BQ * 128) + dq_row * 128 + kk * 32, 16, 1024),",
+        f"    wgmma_step_n(dq, wgmma_descriptor({ds} + (first_block + kb) * (BQ * 128) + dq_row * 128 + kk * 32, 16, 1024),",
         "                 wgmma_descriptor(k_tile + (dq_col / 64) * (BN * 128) + (first_block + kb) * (64 * 128) + kk * 2048,",
         "                                  BN * 128, 1024));",
         "wgmma_commit();",
+    ]
+
+
+def _dk_product() -> list[str]:
+    return [
         "#pragma unroll",
         "for (int kk = 0; kk < BQ / 16; ++kk) wgmma_rs(dk, ds[kk], wgmma_descriptor(q_s + kk * 2048, BQ * 128, 1024));",
         "wgmma_commit();",
-        "bulk_wait_read();  // this lane's reduction of the previous tile has read its staged row",
-        "__syncwarp();",
-        "wgmma_wait<1>();  // dV's and dQ's products are in; dK's may still run",
-        "fence_accumulators(dq);",
-        "fence_accumulators(dv);",
+    ]
+
+
+def _dq_add(names: dict[str, str], head: str, row0: str) -> list[str]:
+    """``dq`` staged and its rows added to ``dq_accum`` at query head ``head``, rows from ``row0``."""
+    acc = names[DQ_ACCUM]
+    return [
         "float* const staged = reinterpret_cast<float*>(smem_raw + (dq_stage - smem_addr(smem_raw))) + wg * (64 * DQ_ROW);",
         "const int q_base = (warp & 3) * 16 + (lane >> 2);  // this thread's rows of dQ: + 0 and + 8",
         "#pragma unroll",
@@ -275,13 +364,10 @@ def dq_share(names: dict[str, str], products_read: list[str]) -> list[str]:
         "        make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);",
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // before the bulk reductions read them',
         "__syncwarp();",
-        "if (lane < 16 && row0 + dq_row + (warp & 3) * 16 + lane < SQ) {",
+        f"if (lane < 16 && {row0} + dq_row + (warp & 3) * 16 + lane < SQ) {{",
         "  const int q = (warp & 3) * 16 + lane;  // of this warpgroup's rows",
-        f"  bulk_add(&{acc}[(((long long)b * HQ + head) * SQ + row0 + dq_row + q) * D + dq_col], staged + q * DQ_ROW, 64 * 4);",
+        f"  bulk_add(&{acc}[(((long long)b * HQ + {head}) * SQ + {row0} + dq_row + q) * D + dq_col], staged + q * DQ_ROW, 64 * 4);",
         "}",
-        "wgmma_wait<0>();  // dK's product",
-        "fence_accumulators(dk);",
-        *products_read,
     ]
 
 

@@ -16,6 +16,8 @@ one another's copies.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fusion_rules import FusedNode
 from graphdnn.ir import Tensor
 from graphdnn.program import TensorMap
@@ -36,20 +38,55 @@ KV_REGISTERS_HEAD_DIM = 64  # K and V fragments in registers: 32 more a consumer
 WIDE_HEAD_DIM = 64  # 128-row query tiles: Sᵀ and dPᵀ 64 floats a thread each, too many beside D 128's dK and dV
 
 
-def shared_bytes(d: int, stages: int, bq: int = tile.BQ) -> int:
-    """K and V, ``stages`` of Q and dO (``bq`` rows), two dS tiles, the staged dQ partials, the mbarriers."""
+@dataclass(frozen=True)
+class Consumers:
+    """How the consumer warpgroups work a query tile: ``rows`` per tile (tile.WIDE_BQ at head dim
+    64 only: Sᵀ and dPᵀ take twice the registers); ``kv_registers`` (head dim 64, 64-row tiles)
+    Sᵀ's and dPᵀ's products take K and V from registers, loaded once; ``dq_behind`` (head dim 128)
+    dQ's product a tile behind, over a ring of tile.DS_RING dS buffers, so that the warpgroups
+    never wait for each other's dS of the current tile (tile.dq_share_behind)."""
+
+    rows: int = tile.BQ
+    kv_registers: bool = False
+    dq_behind: bool = False
+
+    @property
+    def ds_buffers(self) -> int:
+        return tile.DS_RING if self.dq_behind else 2
+
+    @property
+    def suffix(self) -> str:
+        """The kernel name's ending."""
+        if self.kv_registers:
+            return "_kv"
+        return "_wide" if self.rows != tile.BQ else "_behind" if self.dq_behind else ""
+
+    def problem(self, d: int) -> str | None:
+        """Why the head dim ``d`` cannot take these consumers (None: it can)."""
+        if self.kv_registers and (d != KV_REGISTERS_HEAD_DIM or self.rows != tile.BQ or self.dq_behind):
+            return f"K and V stay in registers at head dim {KV_REGISTERS_HEAD_DIM} only, not {d} (too few registers)"
+        if self.rows != tile.BQ and (d != WIDE_HEAD_DIM or self.rows != tile.WIDE_BQ):
+            return f"128-row query tiles are for head dim {WIDE_HEAD_DIM} only, not {d} (too few registers)"
+        if self.dq_behind and (d != 128 or self.rows != tile.BQ):
+            return f"dQ's product a tile behind is for head dim 128 only, not {d} (too little shared memory)"
+        return None
+
+
+def shared_bytes(d: int, stages: int, consumers: Consumers = Consumers()) -> int:
+    """K and V, ``stages`` of Q and dO, the dS tiles, the staged dQ partials, the mbarriers."""
+    bq, buffers = consumers.rows, consumers.ds_buffers
     return (
-        2 * (2 * tile.BN * d + stages * 2 * bq * d + 2 * bq * tile.BN)
+        2 * (2 * tile.BN * d + stages * 2 * bq * d + buffers * bq * tile.BN)
         + tile.DQ_STAGE_BYTES
-        + 8 * (1 + 2 * stages)
+        + 8 * (1 + 2 * stages + (2 * buffers if consumers.dq_behind else 0))
         + ALIGN_SLACK
     )
 
 
-def stages(d: int, bq: int = tile.BQ) -> int:
+def stages(d: int, consumers: Consumers = Consumers()) -> int:
     """As many query-tile stages as fit, up to MAX_STAGES (2 at D 128, 4 at D 64; 2 with 128-row
     tiles)."""
-    return max(s for s in range(2, MAX_STAGES + 1) if s == 2 or shared_bytes(d, s, bq) <= MAX_SHARED)
+    return max(s for s in range(2, MAX_STAGES + 1) if s == 2 or shared_bytes(d, s, consumers) <= MAX_SHARED)
 
 
 def tensor_maps(ab: AttentionBackward, bq: int = tile.BQ) -> dict[str, tuple[Tensor, TensorMap]]:
@@ -67,32 +104,38 @@ def tensor_maps(ab: AttentionBackward, bq: int = tile.BQ) -> dict[str, tuple[Ten
     return maps
 
 
-def dkdv_kernel(
-    fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, kv_registers: bool, bq: int = tile.BQ
-) -> Kernel:
-    """dK and dV of a block of keys, and its share of dQ added into ``dq_accum``, over query tiles
-    of ``bq`` rows (tile.WIDE_BQ at head dim 64 only: Sᵀ and dPᵀ take twice the registers); with
-    ``kv_registers`` (head dim 64, 64-row tiles: the consumers' registers hold them) Sᵀ's and dPᵀ's
-    products take K and V from registers, loaded once."""
+def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, consumers: Consumers) -> Kernel:
+    """dK and dV of a block of keys, and its share of dQ added into ``dq_accum``, the tiles worked
+    as ``consumers`` says."""
     a = ab.problem
-    ring = stages(a.d, bq)
-    assert attention_backward_wgmma.unsupported(ab, ctx.arch) is None and shared_bytes(a.d, ring, bq) <= MAX_SHARED
-    assert not kv_registers or (a.d == KV_REGISTERS_HEAD_DIM and bq == tile.BQ)
-    assert bq == tile.BQ or (bq == tile.WIDE_BQ and a.d == WIDE_HEAD_DIM)
+    ring, bq = stages(a.d, consumers), consumers.rows
+    assert attention_backward_wgmma.unsupported(ab, ctx.arch) is None and consumers.problem(a.d) is None
+    assert shared_bytes(a.d, ring, consumers) <= MAX_SHARED
     params = KernelParams()
     maps = {role: params.tensor_map(t, m) for role, (t, m) in tensor_maps(ab, bq).items()}
     names = declare(ab, dq_accum=True, params=params).names
     aligned = params.aligned_flag()
+    barriers = ["const unsigned kv_full = dq_stage + DQ_STAGE_BYTES, full = kv_full + 8, empty = full + 8 * STAGES;"]
+    inits = []
+    if consumers.dq_behind:
+        barriers.append("const unsigned ds_full = empty + 8 * STAGES, ds_empty = ds_full + 8 * DS_RING;")
+        inits = [
+            "  for (int s = 0; s < DS_RING; ++s) {",
+            "    mbar_init(ds_full + 8 * s, 8);  // every consumer warp, once its dS of the tile is stored",
+            "    mbar_init(ds_empty + 8 * s, 8);  // every consumer warp, once its dQ product read the buffer",
+            "  }",
+        ]
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
-        f"constexpr int BN = {tile.BN}, BQ = {bq}, STAGES = {ring};",
+        f"constexpr int BN = {tile.BN}, BQ = {bq}, STAGES = {ring}, DS_RING = {consumers.ds_buffers};",
+        f"constexpr unsigned DQ_STAGE_BYTES = {tile.DQ_STAGE_BYTES};",
         *tile.block_setup(a, names, bq),
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "const unsigned k_tile = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024-byte aligned: the swizzle's unit",
         "const unsigned v_tile = k_tile + K_BYTES, q_tiles = v_tile + V_BYTES, o_tiles = q_tiles + STAGES * Q_BYTES;",
-        "const unsigned ds_tiles = o_tiles + STAGES * O_BYTES;  // tile t's dS at ds_tiles + (t & 1) * DS_BYTES",
-        "const unsigned dq_stage = ds_tiles + 2 * DS_BYTES;  // per warpgroup: 64 rows of DQ_ROW floats",
-        f"const unsigned kv_full = dq_stage + {tile.DQ_STAGE_BYTES}, full = kv_full + 8, empty = full + 8 * STAGES;",
+        "const unsigned ds_tiles = o_tiles + STAGES * O_BYTES;  // tile t's dS at ds_tiles + (t % DS_RING) * DS_BYTES",
+        "const unsigned dq_stage = ds_tiles + DS_RING * DS_BYTES;  // per warpgroup: 64 rows of DQ_ROW floats",
+        *barriers,
         "__shared__ float lse_s[STAGES][BQ], delta_s[STAGES][BQ];",
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
         "if (tid == 0) {",
@@ -101,6 +144,7 @@ def dkdv_kernel(
         "    mbar_init(full + 8 * s, 1 + 32);  // the TMA thread's expect_tx, the statistics warp's lanes",
         "    mbar_init(empty + 8 * s, 8);  // every consumer warp, once dV's and dK's products read the stage",
         "  }",
+        *inits,
         '  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
         "}",
         "__syncthreads();",
@@ -110,26 +154,25 @@ def dkdv_kernel(
         "} else {",
         f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");',
         "  const int wg = warpgroup - 1;  // keys wg * 64 .. + 63 of the block",
-        *indent(_consumer(ab, names, kv_registers, aligned, bq), 1).splitlines(),
+        *indent(_consumer(ab, names, consumers, aligned), 1).splitlines(),
         "}",
     ]
     name, source = kernel_source(
         ctx,
         fused,
-        pattern_name(fused)
-        + ("_dkdv_wgmma_ws_kv" if kv_registers else "_dkdv_wgmma_ws" if bq == tile.BQ else "_dkdv_wgmma_ws_wide"),
+        pattern_name(fused) + "_dkdv_wgmma_ws" + consumers.suffix,
         params,
         THREADS,
         indent(body, 1),
         min_blocks=1,
-        device_functions=tile.device_functions(a, 4, kv_registers, bq),
+        device_functions=tile.device_functions(a, 4, consumers.kv_registers, bq),
     )
     return Kernel(
         name,
         source,
         (tile.blocks(a), 1, 1),
         (THREADS, 1, 1),
-        shared_bytes(a.d, ring, bq),
+        shared_bytes(a.d, ring, consumers),
         tuple(params.bindings),
         arch_suffix="a",
     )
@@ -176,22 +219,26 @@ def _producer(ab: AttentionBackward, names: dict[str, str], maps: dict[str, str]
     ]
 
 
-def _consumer(ab: AttentionBackward, names: dict[str, str], kv_registers: bool, aligned: str, bq: int) -> list[str]:
+def _consumer(ab: AttentionBackward, names: dict[str, str], consumers: Consumers, aligned: str) -> list[str]:
     """The tiles as they land; the stage released as soon as dV's and dK's products are done."""
+    release = ["if (lane == 0) mbar_arrive(empty + 8 * stage);  // Q, dO, lse and delta are read"]
+    if consumers.dq_behind:
+        share, last, wait = tile.dq_share_behind(names, release), tile.dq_last(names), tile.ds_buffer_wait()
+    else:
+        share, last, wait = tile.dq_share(names, release), [], []
     return [
         *tile.accumulators(),
         "mbar_wait(kv_full, 0);",
-        *(tile.kv_fragments() if kv_registers else []),
+        *(tile.kv_fragments() if consumers.kv_registers else []),
         "for (int t = 0; t < total; ++t) {",
         "  const int stage = t % STAGES, head = hk * GROUP + t / tiles, row0 = q_first + (t % tiles) * BQ;",
         "  const unsigned q_s = q_tiles + stage * Q_BYTES, o_s = o_tiles + stage * O_BYTES;",
-        "  const unsigned ds_s = ds_tiles + (t & 1) * DS_BYTES;",
+        "  const unsigned ds_s = ds_tiles + (t % DS_RING) * DS_BYTES;",
+        *indent(wait, 1).splitlines(),
         "  mbar_wait(full + 8 * stage, (t / STAGES) & 1);",
-        *indent(tile.tile_products(ab.problem, kv_registers, bq), 1).splitlines(),
-        *indent(
-            tile.dq_share(names, ["if (lane == 0) mbar_arrive(empty + 8 * stage);  // Q, dO, lse and delta are read"]),
-            1,
-        ).splitlines(),
+        *indent(tile.tile_products(ab.problem, consumers.kv_registers, consumers.rows), 1).splitlines(),
+        *indent(share, 1).splitlines(),
         "}",
+        *last,
         *tile.gradient_stores(ab, names, aligned),
     ]
