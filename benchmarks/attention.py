@@ -66,6 +66,7 @@ BACKWARD_CHOICES: list[tuple[str, dict[str, object] | None, tuple[int, ...]]] = 
     ("K/V in registers", {"path": "wgmma", "producer": True, "kv_registers": True}, (64,)),
     ("128-row tiles", {"path": "wgmma", "producer": True, "rows": 128}, (64,)),
     ("dQ a tile behind", {"path": "wgmma", "producer": True, "dq_behind": True}, (128,)),
+    ("ping-pong", {"path": "wgmma", "producer": True, "dq_behind": True, "pingpong": True}, (128,)),
 ]
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
@@ -128,6 +129,12 @@ def main() -> int:
         metavar="B,H,S,D[,causal]",
         help="with --backward: time these shapes instead of the table's (repeatable; causal 1 or 0)",
     )
+    parser.add_argument(
+        "--columns",
+        default="",
+        metavar="NAME,...",
+        help="with --backward: only these of graphdnn's columns (BACKWARD_CHOICES' names; default all)",
+    )
     parser.add_argument("--decode", action="store_true", help="the paged-KV decode table")
     parser.add_argument("--sweep", action="store_true", help="with --decode: time every decode tuning choice")
     parser.add_argument(
@@ -161,12 +168,18 @@ def main() -> int:
             print(f"{built.name}: {len(plan.kernels)} kernel(s)")
         return 0
     if args.backward:
-        names = [name for name, _, _ in BACKWARD_CHOICES]
+        wanted = [name for name in args.columns.split(",") if name]
+        unknown = set(wanted) - {name for name, _, _ in BACKWARD_CHOICES}
+        if unknown:
+            raise SystemExit(f"--columns: no column {sorted(unknown)}; the columns: {[c[0] for c in BACKWARD_CHOICES]}")
+        choices = [c for c in BACKWARD_CHOICES if not wanted or c[0] in wanted]
+        names = [name for name, _, _ in choices]
         print("| shape | " + " | ".join([*names, "torch FA2", "torch cuDNN", *(f"{n} / cuDNN" for n in names)]) + " |")
         print("|---|" + "---|" * (3 * len(names) + 2))
         for shape in [parsed_shape(spec) for spec in args.shape] or BACKWARD_SHAPES:
             b, h, s, d, causal = shape
-            tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed_backward(shape)]
+            timed = timed_backward(shape, choices)
+            tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed]
             print(
                 f"| B{b} H{h} S{s} D{d}{' causal' if causal else ''} | "
                 + " | ".join("–" if t != t else f"{t:.0f}" for t in tflops)
@@ -597,9 +610,11 @@ def spec_choice(spec: str, a: Any) -> dict[str, object]:
             "stages": stages, "vectors_per_lane": vectors}  # fmt: skip
 
 
-def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:
-    """µs of graphdnn's sdpa_backward plan (default, then each of BACKWARD_CHOICES' tunings at the
-    head dims it takes; None elsewhere), and of torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
+def timed_backward(
+    shape: tuple[int, int, int, int, bool], choices: list[tuple[str, dict[str, object] | None, tuple[int, ...]]]
+) -> tuple[float | None, ...]:
+    """µs of graphdnn's sdpa_backward plan with each of ``choices``' tunings (None: the default plan)
+    at the head dims it takes (None elsewhere), and of torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
     all from the same Q, K, V and dO."""
     import torch
     import torch.nn.functional as F
@@ -654,7 +669,7 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
             return None
 
     return (
-        *(ours(choice) if d in dims else None for _, choice, dims in BACKWARD_CHOICES),
+        *(ours(choice) if d in dims else None for _, choice, dims in choices),
         peer(SDPBackend.FLASH_ATTENTION),
         peer(SDPBackend.CUDNN_ATTENTION),
     )

@@ -15,6 +15,7 @@ from codegen import emitter
 from codegen.context import EmitContext
 from codegen.families import attention_backward_ws
 from codegen.families.attention_backward import (
+    CONSUMERS,
     MMA,
     SIMT,
     WGMMA,
@@ -22,6 +23,7 @@ from codegen.families.attention_backward import (
     WGMMA_PRODUCER,
     WGMMA_PRODUCER_BEHIND,
     WGMMA_PRODUCER_KV,
+    WGMMA_PRODUCER_PINGPONG,
     WGMMA_PRODUCER_WIDE,
 )
 from codegen.families.attention_backward_wgmma import shared_bytes
@@ -134,30 +136,30 @@ def test_k_and_v_in_registers_compile_for_sm90_at_head_dim_64(case: str) -> None
 
 def producer_choices(d: int) -> list[tuple[str, dict[str, object]]]:
     """(case, tuning): the producer kernel's choices for one head dim, on every wgmma case of it."""
-    tunings = [WGMMA_PRODUCER_WIDE] if d == 64 else [WGMMA_PRODUCER_BEHIND]
+    tunings = [WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WGMMA_PRODUCER_WIDE] if d == 64 else [WGMMA_PRODUCER]
+    tunings += [WGMMA_PRODUCER_BEHIND, WGMMA_PRODUCER_PINGPONG] if d == 128 else []
     return [(case, tuning) for case in sorted(WGMMA_CASES) if WGMMA_CASES[case].d == d for tuning in tunings]
 
 
 @pytest.mark.parametrize(("case", "tuning"), producer_choices(64) + producer_choices(128))
-def test_the_producer_kernels_new_choices_compile_for_sm90a_without_spills(
-    case: str, tuning: dict[str, object]
-) -> None:
+def test_every_producer_kernel_choice_compiles_for_sm90a_without_spills(case: str, tuning: dict[str, object]) -> None:
     """128-row query tiles (head dim 64): Sᵀ and dPᵀ of 64 keys by 128 rows (m64n128 steps), Q and
     dO boxes of 128 rows, two stages, dS from the packed P. dQ a tile behind (head dim 128): three
-    dS buffers and their mbarriers. Both within the consumers' registers, no serialised wgmma."""
+    dS buffers and their mbarriers; with the warpgroups taking turns, two more named barriers.
+    Every choice within its warpgroups' registers (``setmaxnreg``), no serialised wgmma."""
     _, _, program = backward_program(case, tuning)
     dkdv = program.kernels[1]
-    if tuning == WGMMA_PRODUCER_WIDE:
-        assert "_dkdv_wgmma_ws_wide_" in dkdv.name and "BQ = 128, STAGES = 2, DS_RING = 2;" in dkdv.source
-        assert "wgmma.mma_async.sync.aligned.m64n128k16" in dkdv.source and "unpack2(p[" in dkdv.source
-        consumers = attention_backward_ws.Consumers(rows=128)
-    else:
-        assert "_dkdv_wgmma_ws_behind_" in dkdv.name and "BQ = 64, STAGES = 2, DS_RING = 3;" in dkdv.source
-        assert "mbar_wait(ds_full + 8 * behind_buffer" in dkdv.source and "mbar_init(ds_empty" in dkdv.source
-        consumers = attention_backward_ws.Consumers(dq_behind=True)
-    d = WGMMA_CASES[case].d
-    static = 2 * 2 * consumers.rows * 4  # lse_s and delta_s
-    assert dkdv.shared_bytes == attention_backward_ws.shared_bytes(d, 2, consumers) <= 227 * 1024 - static
+    consumers, d = CONSUMERS[str(tuning)], WGMMA_CASES[case].d
+    ring = attention_backward_ws.stages(d, consumers)
+    assert f"_dkdv_wgmma_ws{consumers.suffix}_" in dkdv.name
+    assert f"BQ = {consumers.rows}, STAGES = {ring}, DS_RING = {consumers.ds_buffers};" in dkdv.source
+    n128 = "wgmma.mma_async.sync.aligned.m64n128k16" in dkdv.source  # Sᵀ's at 128 rows, dV's and dK's at D 128
+    assert n128 == (consumers.rows == 128 or d == 128)
+    assert ("unpack2(p[" in dkdv.source) == consumers.packed_p == (consumers.rows == 128)
+    assert ("mbar_wait(ds_full + 8 * behind_buffer" in dkdv.source) == consumers.dq_behind
+    assert ('bar.arrive %0, 256;\\n" ::"r"(4 + 1 - wg)' in dkdv.source) == consumers.pingpong
+    static = 2 * ring * consumers.rows * 4  # lse_s and delta_s
+    assert dkdv.shared_bytes == attention_backward_ws.shared_bytes(d, ring, consumers) <= 227 * 1024 - static
     report = ptxas_report(dkdv, 90)
     assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], report[-600:]
     assert "serializ" not in report, report[-600:]
@@ -168,6 +170,7 @@ def test_the_producer_kernels_new_choices_compile_for_sm90a_without_spills(
     [
         ("d128_bshd", WGMMA_PRODUCER_WIDE, "128-row query tiles are for head dim 64 only, not 128"),
         ("gqa_4to1_causal", WGMMA_PRODUCER_BEHIND, "dQ's product a tile behind is for head dim 128 only, not 64"),
+        ("gqa_4to1_causal", WGMMA_PRODUCER_PINGPONG, "dQ's product a tile behind is for head dim 128 only, not 64"),
     ],
 )
 def test_the_producer_kernels_new_choices_say_why_not_at_the_other_head_dim(

@@ -16,6 +16,7 @@ import pytest
 import graphdnn as gd
 from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV
 from codegen.families.attention_backward import WGMMA_PRODUCER_BEHIND as BEHIND
+from codegen.families.attention_backward import WGMMA_PRODUCER_PINGPONG as PINGPONG
 from codegen.families.attention_backward import WGMMA_PRODUCER_WIDE as WIDE
 from fusion_rules import Family, fuse
 from graphdnn import reference
@@ -63,22 +64,30 @@ def test_wgmma_kernel_with_k_and_v_in_registers_matches_reference(case: str) -> 
     assert any("_dkdv_wgmma_ws_kv_" in k.name for k in plan.kernels)
 
 
+NEW_CHOICES = {"wide": WIDE, "behind": BEHIND, "pingpong": PINGPONG}  # by the kernel name's ending
+
+
 @pytest.mark.parametrize(
-    "case", [f"{c}-128_rows" if WGMMA_CASES[c].d == 64 else f"{c}-dq_behind" for c in sorted(WGMMA_CASES)]
+    "case",
+    [
+        f"{c}-{choice}"
+        for c in sorted(WGMMA_CASES)
+        for choice in (("wide",) if WGMMA_CASES[c].d == 64 else ("behind", "pingpong"))
+    ],
 )
 def test_the_producer_kernels_new_choices_match_reference(case: str) -> None:
-    """128-row query tiles at head dim 64, dQ's product a tile behind at 128."""
+    """128-row query tiles at head dim 64; dQ's product a tile behind at 128, with or without the
+    warpgroups taking turns."""
     name, choice = case.rsplit("-", 1)
     graph = WGMMA_CASES[name].build()
-    tuning = WIDE if choice == "128_rows" else BEHIND
-    plan = check_on_gpu(graph, seed=zlib.crc32(name.encode()), tuning={backward_node(graph): tuning})
-    assert any(("_wide_" if tuning == WIDE else "_behind_") in k.name for k in plan.kernels)
+    plan = check_on_gpu(graph, seed=zlib.crc32(name.encode()), tuning={backward_node(graph): NEW_CHOICES[choice]})
+    assert any(f"_dkdv_wgmma_ws_{choice}_" in k.name for k in plan.kernels)
 
 
 @pytest.mark.parametrize(
     ("tuning", "case"),
     [(t, "gqa_4to1_causal") for t in (WGMMA, WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WIDE)]
-    + [(BEHIND, "d128_gqa_causal_fp16")],
+    + [(BEHIND, "d128_gqa_causal_fp16"), (PINGPONG, "d128_gqa_causal_fp16")],
 )
 def test_wgmma_dq_is_right_run_after_run(tuning: dict[str, object], case: str) -> None:
     """Each run's preprocess kernel zeroes dq_accum before the bulk reductions add into it."""

@@ -15,7 +15,8 @@ Three paths:
   warpgroup's TMA loads (attention_backward_ws.py): ``{"path": "wgmma", "producer": False}`` or
   ``True`` names one (with ``"kv_registers": True`` at head dim 64, K and V held in registers;
   with ``"rows": 128`` at head dim 64, 128-row query tiles; with ``"dq_behind": True`` at head
-  dim 128, dQ's product a tile behind),
+  dim 128, dQ's product a tile behind, and with ``"pingpong": True`` too the warpgroups taking
+  turns to issue their first products),
   ``{"path": "wgmma"}`` takes the default for the problem; ``{"path": "mma"}`` names the
   mma.sync path;
 - else fp32 SIMT tiles (attention_backward_simt.py), which take any type, layout and head dim
@@ -55,11 +56,14 @@ WGMMA_PRODUCER_KV: dict[str, object] = {"path": "wgmma", "producer": True, "kv_r
 WGMMA_PRODUCER_WIDE: dict[str, object] = {"path": "wgmma", "producer": True, "rows": 128}
 # and dQ's product a tile behind (head dim 128)
 WGMMA_PRODUCER_BEHIND: dict[str, object] = {"path": "wgmma", "producer": True, "dq_behind": True}
+# and the warpgroups taking turns to issue Sᵀ and dPᵀ
+WGMMA_PRODUCER_PINGPONG: dict[str, object] = {"path": "wgmma", "producer": True, "dq_behind": True, "pingpong": True}
 CONSUMERS = {
     str(WGMMA_PRODUCER): attention_backward_ws.Consumers(),
     str(WGMMA_PRODUCER_KV): attention_backward_ws.Consumers(kv_registers=True),
     str(WGMMA_PRODUCER_WIDE): attention_backward_ws.Consumers(rows=WIDE_BQ),
     str(WGMMA_PRODUCER_BEHIND): attention_backward_ws.Consumers(dq_behind=True),
+    str(WGMMA_PRODUCER_PINGPONG): attention_backward_ws.Consumers(dq_behind=True, pingpong=True),
 }  # the producer kernel's choices
 CHOICES = (
     SIMT,
@@ -70,6 +74,7 @@ CHOICES = (
     WGMMA_PRODUCER_KV,
     WGMMA_PRODUCER_WIDE,
     WGMMA_PRODUCER_BEHIND,
+    WGMMA_PRODUCER_PINGPONG,
 )
 
 

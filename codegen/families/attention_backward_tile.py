@@ -50,6 +50,7 @@ HEAD_DIMS = (64, 128)
 DQ_ROW = 64 + 8  # floats per staged dQ row: the 8 of padding keep a half-warp's float2 stores off each other's banks
 DS_BARRIER = 3  # the named barrier both warpgroups meet at once their dS is stored (D 128)
 DS_RING = 3  # dS buffers with dQ's product a tile behind (D 128): tile t + 3 waits for tile t's reads
+TURN_BARRIER = 4  # and 5: the named barriers at which the warpgroups take turns to issue Sᵀ and dPᵀ
 DQ_STAGE_BYTES = 2 * 64 * DQ_ROW * 4  # each warpgroup's staged 64 x 64 fp32 dQ partial
 DQ_CHUNK_BYTES = 16 << 20  # causal: the dQ sums of a chunk of blocks run together, a third of an H100's L2
 
@@ -129,11 +130,15 @@ def kv_fragments() -> list[str]:
     ]
 
 
-def tile_products(a: Attention, kv_registers: bool, bq: int = BQ) -> list[str]:
+def tile_products(
+    a: Attention, kv_registers: bool, bq: int = BQ, issued: tuple[str, ...] = (), packed_p: bool = False
+) -> list[str]:
     """For the query tile of ``stage`` (rows from ``row0``): Sᵀ and dPᵀ issued (K and V from
-    shared memory, or with ``kv_registers`` from :func:`kv_fragments`); once Sᵀ is in, Pᵀ, and
+    shared memory, or with ``kv_registers`` from :func:`kv_fragments`); once Sᵀ is in, the lines
+    ``issued``, Pᵀ, and
     dV's product issued behind dPᵀ; once dPᵀ is in, dSᵀ, stored as dS (:func:`_ds_store`). dV's
-    product may still run (committed, not waited for)."""
+    product may still run (committed, not waited for). ``packed_p``: dS from the packed P
+    (:func:`_ds_values`)."""
     q_at, o_at = "q_s + (kk >> 2) * (BQ * 128) + (kk & 3) * 32", "o_s + (kk >> 2) * (BQ * 128) + (kk & 3) * 32"
     if kv_registers:
         s_step = f"wgmma_rs_k(s, kf[kk], wgmma_descriptor({q_at}, 16, 1024));"
@@ -157,6 +162,7 @@ def tile_products(a: Attention, kv_registers: bool, bq: int = BQ) -> list[str]:
         f"  {dp_step}",
         "wgmma_commit();",
         "wgmma_wait<1>();  // Sᵀ is in; dPᵀ may still run",
+        *issued,
         "fence_accumulators(s);",
         f"const bool masked = {needs_mask(a, bq, BN)};",
         "#pragma unroll",
@@ -179,7 +185,7 @@ def tile_products(a: Attention, kv_registers: bool, bq: int = BQ) -> list[str]:
         "wgmma_commit();",
         "wgmma_wait<1>();  // dPᵀ is in; dV's product may still run",
         "fence_accumulators(dp);",
-        *_ds_values(bq),
+        *_ds_values(packed_p),
         "#pragma unroll",
         "for (int kk = 0; kk < BQ / 16; ++kk)",
         "#pragma unroll",
@@ -188,12 +194,13 @@ def tile_products(a: Attention, kv_registers: bool, bq: int = BQ) -> list[str]:
     ]
 
 
-def _ds_values(bq: int) -> list[str]:
-    """dSᵀ = Pᵀ (dPᵀ - delta) into ``dp``. With 128-row tiles Pᵀ is read back from its packed
-    16-bit form (``p``, live for dV's product anyway): Sᵀ's 64 floats die at the packing, which
-    keeps the consumer within its registers (dS is rounded to 16 bits for its products too)."""
-    unpacked = ["    const float2 pf = unpack2(p[j >> 1][2 * (j & 1) + (e >> 1)]);"] if bq != BQ else []
-    p = "s[4 * j + e]" if bq == BQ else "((e & 1) ? pf.y : pf.x)"
+def _ds_values(packed_p: bool) -> list[str]:
+    """dSᵀ = Pᵀ (dPᵀ - delta) into ``dp``. With ``packed_p`` Pᵀ is read back from its packed
+    16-bit form (``p``, live for dV's product anyway): Sᵀ's floats die at the packing, which keeps
+    a consumer with more to hold within its registers (dS is rounded to 16 bits for its products
+    too)."""
+    unpacked = ["    const float2 pf = unpack2(p[j >> 1][2 * (j & 1) + (e >> 1)]);"] if packed_p else []
+    p = "((e & 1) ? pf.y : pf.x)" if packed_p else "s[4 * j + e]"
     lines = [
         "#pragma unroll",
         "for (int j = 0; j < BQ / 8; ++j)",
@@ -288,6 +295,22 @@ def dq_share_behind(names: dict[str, str], products_read: list[str]) -> list[str
         "fence_accumulators(dk);",
         *products_read,
     ]
+
+
+def turns() -> tuple[list[str], tuple[str, ...], list[str]]:
+    """(before a tile's products, once its Sᵀ is in, after the loop): the warpgroups take turns to
+    issue Sᵀ and dPᵀ, warpgroup 0 first, so that one's exponentials and dS run while the tensor
+    cores work the other's products (FlashAttention-3's ping-pong). Warpgroup w waits at barrier
+    TURN_BARRIER + w for the other's arrival (warpgroup 0's first tile does not: it goes first);
+    warpgroup 0 waits once more after the loop for warpgroup 1's last arrival. Whether warpgroup
+    1 arrives before the loop instead is what ptxas takes for a reason to spill."""
+    wait = f'asm volatile("bar.sync %0, 256;\\n" ::"r"({TURN_BARRIER} + wg));'
+    pass_turn = f'asm volatile("bar.arrive %0, 256;\\n" ::"r"({TURN_BARRIER} + 1 - wg));'
+    return (
+        [f"if (t > 0 || wg == 1) {wait}  // this warpgroup's turn"],
+        (f"{pass_turn}  // the other's turn",),
+        [f"if (wg == 0 && total > 0) {wait}  // warpgroup 1's last turn passed"],
+    )
 
 
 def ds_buffer_wait() -> list[str]:
@@ -453,10 +476,10 @@ def unpack_function(data_type: DataType) -> str:
     )
 
 
-def device_functions(a: Attention, rank: int, kv_registers: bool, bq: int = BQ) -> str:
+def device_functions(a: Attention, rank: int, kv_registers: bool, bq: int = BQ, packed_p: bool = False) -> str:
     """cp.async and ``smem_addr``, the wgmma steps (64 keys by ``bq`` rows of Sᵀ and dPᵀ, dQ's 64 columns,
     dV's and dK's register A; with ``kv_registers`` ldmatrix and Sᵀ's and dPᵀ's register A),
-    pack2 (and with 128-row tiles unpack2), stmatrix, the mbarrier helpers with TMA loads of up to ``rank`` dims, bulk reductions."""
+    pack2 (and with ``packed_p`` unpack2), stmatrix, the mbarrier helpers with TMA loads of up to ``rank`` dims, bulk reductions."""
     types = OperandTypes(a.q.data_type, a.q.data_type)
     elem = "bf16" if a.q.data_type is DataType.BFLOAT16 else "f16"
     registers_a = mma_fragments(a.q.data_type) + wgmma_registers_a(BQ, elem, "wgmma_rs_k", 0) if kv_registers else ""
@@ -467,7 +490,7 @@ def device_functions(a: Attention, rank: int, kv_registers: bool, bq: int = BQ) 
         + wgmma_registers_a(a.d, elem)
         + registers_a
         + pack_function(a.q.data_type)
-        + (unpack_function(a.q.data_type) if bq != BQ else "")
+        + (unpack_function(a.q.data_type) if packed_p else "")
         + STMATRIX
         + mbarrier_prelude(rank)
         + BULK_REDUCE

@@ -33,7 +33,7 @@ from .gemm_sm90 import ALIGN_SLACK, MAX_SHARED
 
 THREADS = 384  # the producer warpgroup, then the two consumers
 MAX_STAGES = 4
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 32, 232  # 128 x 32 + 256 x 232 <= 64K registers
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 x 40 + 256 x 232 = 384 x 168, the launch's registers
 KV_REGISTERS_HEAD_DIM = 64  # K and V fragments in registers: 32 more a consumer thread, too many at D 128
 WIDE_HEAD_DIM = 64  # 128-row query tiles: Sᵀ and dPᵀ 64 floats a thread each, too many beside D 128's dK and dV
 
@@ -49,6 +49,12 @@ class Consumers:
     rows: int = tile.BQ
     kv_registers: bool = False
     dq_behind: bool = False
+    pingpong: bool = False  # with dq_behind: the warpgroups take turns to issue Sᵀ and dPᵀ (tile.turns)
+
+    @property
+    def packed_p(self) -> bool:
+        """dS from the packed P (tile._ds_values): where the registers would not hold the rest."""
+        return self.rows != tile.BQ
 
     @property
     def ds_buffers(self) -> int:
@@ -59,7 +65,9 @@ class Consumers:
         """The kernel name's ending."""
         if self.kv_registers:
             return "_kv"
-        return "_wide" if self.rows != tile.BQ else "_behind" if self.dq_behind else ""
+        if self.rows != tile.BQ:
+            return "_wide"
+        return "_pingpong" if self.pingpong else "_behind" if self.dq_behind else ""
 
     def problem(self, d: int) -> str | None:
         """Why the head dim ``d`` cannot take these consumers (None: it can)."""
@@ -69,6 +77,8 @@ class Consumers:
             return f"128-row query tiles are for head dim {WIDE_HEAD_DIM} only, not {d} (too few registers)"
         if self.dq_behind and (d != 128 or self.rows != tile.BQ):
             return f"dQ's product a tile behind is for head dim 128 only, not {d} (too little shared memory)"
+        if self.pingpong and not self.dq_behind:
+            return "the warpgroups take turns only with dQ's product a tile behind"
         return None
 
 
@@ -165,7 +175,7 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, consu
         THREADS,
         indent(body, 1),
         min_blocks=1,
-        device_functions=tile.device_functions(a, 4, consumers.kv_registers, bq),
+        device_functions=tile.device_functions(a, 4, consumers.kv_registers, bq, consumers.packed_p),
     )
     return Kernel(
         name,
@@ -226,6 +236,8 @@ def _consumer(ab: AttentionBackward, names: dict[str, str], consumers: Consumers
         share, last, wait = tile.dq_share_behind(names, release), tile.dq_last(names), tile.ds_buffer_wait()
     else:
         share, last, wait = tile.dq_share(names, release), [], []
+    turn, issued, after = tile.turns() if consumers.pingpong else ([], (), [])
+    products = tile.tile_products(ab.problem, consumers.kv_registers, consumers.rows, issued, consumers.packed_p)
     return [
         *tile.accumulators(),
         "mbar_wait(kv_full, 0);",
@@ -236,9 +248,11 @@ def _consumer(ab: AttentionBackward, names: dict[str, str], consumers: Consumers
         "  const unsigned ds_s = ds_tiles + (t % DS_RING) * DS_BYTES;",
         *indent(wait, 1).splitlines(),
         "  mbar_wait(full + 8 * stage, (t / STAGES) & 1);",
-        *indent(tile.tile_products(ab.problem, consumers.kv_registers, consumers.rows), 1).splitlines(),
+        *indent(turn, 1).splitlines(),
+        *indent(products, 1).splitlines(),
         *indent(share, 1).splitlines(),
         "}",
+        *after,
         *last,
         *tile.gradient_stores(ab, names, aligned),
     ]
