@@ -71,13 +71,13 @@ def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sm90_takes_the_wgmma_kernels_where_they_apply_and_the_sm80_ones_elsewhere(case: str) -> None:
-    """The wgmma dK/dV kernel measured fastest: the producer warpgroup's, with K and V in
-    registers under a causal mask at head dim 64."""
+    """The wgmma dK/dV kernel measured fastest: the producer warpgroup's, with 128-row query
+    tiles at head dim 64 and dQ's product a tile behind under a causal mask at 128."""
     names = [k.name.rsplit("_", 1)[0] for k in backward_program(case)[2].kernels]
     if case in WGMMA_CASES:
         c = WGMMA_CASES[case]
         causal = any(c.options.get(m) for m in ("use_causal_mask", "use_causal_mask_bottom_right"))
-        dkdv = "dkdv_wgmma_ws_kv" if causal and c.d == 64 else "dkdv_wgmma_ws"
+        dkdv = "dkdv_wgmma_ws_wide" if c.d == 64 else "dkdv_wgmma_ws_behind" if causal else "dkdv_wgmma_ws"
         assert names == ["gd_sdpa_backward_delta", f"gd_sdpa_backward_{dkdv}", "gd_sdpa_backward_dq_convert"]
     else:
         assert names == [k.name.rsplit("_", 1)[0] for k in backward_program(case, arch=80)[2].kernels]

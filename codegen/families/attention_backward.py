@@ -123,12 +123,12 @@ def path(ab: AttentionBackward, ctx: EmitContext) -> str:
 
 def default_dkdv(ab: AttentionBackward) -> dict[str, object]:
     """The wgmma dK/dV kernel measured fastest on an H200 (benchmarks/RESULTS.md, issue 10,
-    h/attnbwd2, round 2): the producer warpgroup's, 1.02-1.28x the copying kernel at D 128 (with
-    or without a causal mask) and 1.28x at D 64 without one; under a causal mask at D 64 that
-    with K and V in registers (1.10x the producer's alone, 1.02x the copying kernel)."""
-    if ab.problem.causal and ab.problem.d == attention_backward_ws.KV_REGISTERS_HEAD_DIM:
-        return WGMMA_PRODUCER_KV
-    return WGMMA_PRODUCER
+    h/attnbwd3): at D 64 the producer kernel with 128-row query tiles (1.14x the 64-row one
+    without a mask); at D 128 under a causal mask with dQ's product a tile behind (1.08x), else
+    the producer kernel as it was (the same speed)."""
+    if ab.problem.d == attention_backward_ws.WIDE_HEAD_DIM:
+        return WGMMA_PRODUCER_WIDE
+    return WGMMA_PRODUCER_BEHIND if ab.problem.causal else WGMMA_PRODUCER
 
 
 def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
