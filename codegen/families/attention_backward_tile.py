@@ -3,8 +3,8 @@ where every thread copies, and attention_backward_ws.py, fed by a producer warpg
 block's keys and query range, and one query tile's work for a warpgroup of 64 keys.
 
 A block owns BN = 128 keys of one (batch, kv head): two warpgroups of 64 keys each keep dK and
-dV (64 x D each) in registers while the block walks the BQ = 64-row query tiles of every head of
-the group that see its keys. Per query tile each warpgroup computes
+dV (64 x D each) in registers while the block walks the query tiles of BQ = 64 rows (or
+WIDE_BQ = 128 at head dim 64) of every head of the group that see its keys. Per query tile each warpgroup computes
 - Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, both operands in shared memory (K-major);
 - Pᵀ = 2^(score - lse) and dSᵀ = Pᵀ (dPᵀ - delta) in registers (lse and delta per column);
 - dV += Pᵀ dO and dK += dSᵀ Q, Pᵀ and dSᵀ straight from the registers (the accumulator layout

@@ -11,7 +11,9 @@ arrives there too. The two consumer warpgroups (64 keys each, with the producer'
 once dV's and dK's products have read it. dS is double-buffered, so that the only barrier
 between the consumers in a tile is the one at which both have stored it (D 128; at D 64 each
 reads its own), and one more before the epilogue. The consumers never copy and never wait for
-one another's copies.
+one another's copies. :class:`Consumers` names the variants of their tile work: 128-row query
+tiles at D 64, K and V in registers, and at D 128 dQ's product a tile behind (no barrier of
+both warpgroups per tile), optionally with the warpgroups taking turns.
 """
 
 from __future__ import annotations
