@@ -58,17 +58,12 @@ WGMMA_PRODUCER_WIDE: dict[str, object] = {"path": "wgmma", "producer": True, "ro
 WGMMA_PRODUCER_BEHIND: dict[str, object] = {"path": "wgmma", "producer": True, "dq_behind": True}
 # and the warpgroups taking turns to issue Sᵀ and dPᵀ
 WGMMA_PRODUCER_PINGPONG: dict[str, object] = {"path": "wgmma", "producer": True, "dq_behind": True, "pingpong": True}
-# and each block of a head starting at a different query tile (rotate), 64- or 128-row tiles
-WGMMA_PRODUCER_ROTATED: dict[str, object] = {"path": "wgmma", "producer": True, "rotate": True}
-WGMMA_PRODUCER_WIDE_ROTATED: dict[str, object] = {"path": "wgmma", "producer": True, "rows": 128, "rotate": True}
 CONSUMERS = {
     str(WGMMA_PRODUCER): attention_backward_ws.Consumers(),
     str(WGMMA_PRODUCER_KV): attention_backward_ws.Consumers(kv_registers=True),
     str(WGMMA_PRODUCER_WIDE): attention_backward_ws.Consumers(rows=WIDE_BQ),
     str(WGMMA_PRODUCER_BEHIND): attention_backward_ws.Consumers(dq_behind=True),
     str(WGMMA_PRODUCER_PINGPONG): attention_backward_ws.Consumers(dq_behind=True, pingpong=True),
-    str(WGMMA_PRODUCER_ROTATED): attention_backward_ws.Consumers(rotate=True),
-    str(WGMMA_PRODUCER_WIDE_ROTATED): attention_backward_ws.Consumers(rows=WIDE_BQ, rotate=True),
 }  # the producer kernel's choices
 CHOICES = (
     SIMT,
@@ -80,8 +75,6 @@ CHOICES = (
     WGMMA_PRODUCER_WIDE,
     WGMMA_PRODUCER_BEHIND,
     WGMMA_PRODUCER_PINGPONG,
-    WGMMA_PRODUCER_ROTATED,
-    WGMMA_PRODUCER_WIDE_ROTATED,
 )
 
 

@@ -52,7 +52,6 @@ class Consumers:
     kv_registers: bool = False
     dq_behind: bool = False
     pingpong: bool = False  # with dq_behind: the warpgroups take turns to issue Sᵀ and dPᵀ (tile.turns)
-    rotate: bool = False  # block n of a head's N_BLOCKS starts at its tile n * tiles / N_BLOCKS (rotated)
 
     @property
     def packed_p(self) -> bool:
@@ -66,9 +65,11 @@ class Consumers:
     @property
     def suffix(self) -> str:
         """The kernel name's ending."""
-        kind = "_kv" if self.kv_registers else "_wide" if self.rows != tile.BQ else ""
-        kind += "_pingpong" if self.pingpong else "_behind" if self.dq_behind else ""
-        return kind + ("_rotated" if self.rotate else "")
+        if self.kv_registers:
+            return "_kv"
+        if self.rows != tile.BQ:
+            return "_wide"
+        return "_pingpong" if self.pingpong else "_behind" if self.dq_behind else ""
 
     def problem(self, d: int) -> str | None:
         """Why the head dim ``d`` cannot take these consumers (None: it can)."""
@@ -161,11 +162,11 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, consu
         "__syncthreads();",
         "if (warpgroup == 0) {",
         f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};\\n");',
-        *indent(_rotated(_producer(ab, names, maps), consumers), 1).splitlines(),
+        *indent(_producer(ab, names, maps), 1).splitlines(),
         "} else {",
         f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");',
         "  const int wg = warpgroup - 1;  // keys wg * 64 .. + 63 of the block",
-        *indent(_rotated(_consumer(ab, names, consumers, aligned), consumers), 1).splitlines(),
+        *indent(_consumer(ab, names, consumers, aligned), 1).splitlines(),
         "}",
     ]
     name, source = kernel_source(
@@ -187,19 +188,6 @@ def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, consu
         tuple(params.bindings),
         arch_suffix="a",
     )
-
-
-def _rotated(lines: list[str], consumers: Consumers) -> list[str]:
-    """With ``consumers.rotate``, the lines' tile t of a head taken at its rows of tile
-    (t + rot) % tiles: the blocks of one head add into different rows of dQ at a time."""
-    if not consumers.rotate:
-        return lines
-    rot = "const int rot = (int)((long long)(kv0 / BN) * tiles / N_BLOCKS);  // this block's first tile of a head"
-    rows = [
-        line.replace("(t % tiles)", "((t + rot) % tiles)").replace("(behind % tiles)", "((behind + rot) % tiles)")
-        for line in lines
-    ]
-    return [rot, *rows]
 
 
 def _producer(ab: AttentionBackward, names: dict[str, str], maps: dict[str, str]) -> list[str]:
