@@ -177,7 +177,7 @@ def main() -> int:
         choices = [c for c in BACKWARD_CHOICES if not wanted or c[0] in wanted]
         names = [name for name, _, _ in choices]
         print("| shape | " + " | ".join([*names, "torch FA2", "torch cuDNN", *(f"{n} / cuDNN" for n in names)]) + " |")
-        print("|---|" + "---|" * (3 * len(names) + 2))
+        print("|---|" + "---|" * (2 * len(names) + 2))
         for shape in [parsed_shape(spec) for spec in args.shape] or BACKWARD_SHAPES:
             b, h, s, d, causal = shape
             timed = timed_backward(shape, choices)
