@@ -67,8 +67,6 @@ BACKWARD_CHOICES: list[tuple[str, dict[str, object] | None, tuple[int, ...]]] = 
     ("128-row tiles", {"path": "wgmma", "producer": True, "rows": 128}, (64,)),
     ("dQ a tile behind", {"path": "wgmma", "producer": True, "dq_behind": True}, (128,)),
     ("ping-pong", {"path": "wgmma", "producer": True, "dq_behind": True, "pingpong": True}, (128,)),
-    ("64-row ping-pong", {"path": "wgmma", "producer": True, "pingpong": True}, (64,)),
-    ("K/V in registers ping-pong", {"path": "wgmma", "producer": True, "kv_registers": True, "pingpong": True}, (64,)),
 ]
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]

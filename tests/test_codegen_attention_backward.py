@@ -23,9 +23,7 @@ from codegen.families.attention_backward import (
     WGMMA_PRODUCER,
     WGMMA_PRODUCER_BEHIND,
     WGMMA_PRODUCER_KV,
-    WGMMA_PRODUCER_KV_TURNS,
     WGMMA_PRODUCER_PINGPONG,
-    WGMMA_PRODUCER_TURNS,
     WGMMA_PRODUCER_WIDE,
 )
 from codegen.families.attention_backward_wgmma import shared_bytes
@@ -75,13 +73,12 @@ def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
 def test_sm90_takes_the_wgmma_kernels_where_they_apply_and_the_sm80_ones_elsewhere(case: str) -> None:
     """The wgmma dK/dV kernel measured fastest: the producer warpgroup's; at head dim 64 with
     128-row query tiles, or K and V in registers under a causal mask; at 128 with dQ's product a
-    tile behind, and without a mask the warpgroups taking turns."""
+    tile behind and the warpgroups taking turns."""
     names = [k.name.rsplit("_", 1)[0] for k in backward_program(case)[2].kernels]
     if case in WGMMA_CASES:
         c = WGMMA_CASES[case]
         causal = any(c.options.get(m) for m in ("use_causal_mask", "use_causal_mask_bottom_right"))
-        dkdv = "dkdv_wgmma_ws_" + ("kv" if causal else "wide") if c.d == 64 else "dkdv_wgmma_ws_"
-        dkdv += "" if c.d == 64 else "behind" if causal else "pingpong"
+        dkdv = "dkdv_wgmma_ws_" + (("kv" if causal else "wide") if c.d == 64 else "pingpong")
         assert names == ["gd_sdpa_backward_delta", f"gd_sdpa_backward_{dkdv}", "gd_sdpa_backward_dq_convert"]
     else:
         assert names == [k.name.rsplit("_", 1)[0] for k in backward_program(case, arch=80)[2].kernels]
@@ -141,7 +138,6 @@ def test_k_and_v_in_registers_compile_for_sm90_at_head_dim_64(case: str) -> None
 def producer_choices(d: int) -> list[tuple[str, dict[str, object]]]:
     """(case, tuning): the producer kernel's choices for one head dim, on every wgmma case of it."""
     tunings = [WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WGMMA_PRODUCER_WIDE] if d == 64 else [WGMMA_PRODUCER]
-    tunings += [WGMMA_PRODUCER_TURNS, WGMMA_PRODUCER_KV_TURNS] if d == 64 else []
     tunings += [WGMMA_PRODUCER_BEHIND, WGMMA_PRODUCER_PINGPONG] if d == 128 else []
     return [(case, tuning) for case in sorted(WGMMA_CASES) if WGMMA_CASES[case].d == d for tuning in tunings]
 
@@ -176,7 +172,6 @@ def test_every_producer_kernel_choice_compiles_for_sm90a_without_spills(case: st
         ("d128_bshd", WGMMA_PRODUCER_WIDE, "128-row query tiles are for head dim 64 only, not 128"),
         ("gqa_4to1_causal", WGMMA_PRODUCER_BEHIND, "dQ's product a tile behind is for head dim 128 only, not 64"),
         ("gqa_4to1_causal", WGMMA_PRODUCER_PINGPONG, "dQ's product a tile behind is for head dim 128 only, not 64"),
-        ("d128_bshd", WGMMA_PRODUCER_TURNS, "the warpgroups take turns only where they do not meet once a tile"),
     ],
 )
 def test_the_producer_kernels_new_choices_say_why_not_at_the_other_head_dim(

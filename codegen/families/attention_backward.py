@@ -16,7 +16,7 @@ Three paths:
   ``True`` names one (with ``"kv_registers": True`` at head dim 64, K and V held in registers;
   with ``"rows": 128`` at head dim 64, 128-row query tiles; with ``"dq_behind": True`` at head
   dim 128, dQ's product a tile behind, and with ``"pingpong": True`` too the warpgroups taking
-  turns to issue their first products, as they may at head dim 64 with 64-row tiles),
+  turns to issue their first products),
   ``{"path": "wgmma"}`` takes the default for the problem; ``{"path": "mma"}`` names the
   mma.sync path;
 - else fp32 SIMT tiles (attention_backward_simt.py), which take any type, layout and head dim
@@ -58,17 +58,12 @@ WGMMA_PRODUCER_WIDE: dict[str, object] = {"path": "wgmma", "producer": True, "ro
 WGMMA_PRODUCER_BEHIND: dict[str, object] = {"path": "wgmma", "producer": True, "dq_behind": True}
 # and the warpgroups taking turns to issue Sᵀ and dPᵀ
 WGMMA_PRODUCER_PINGPONG: dict[str, object] = {"path": "wgmma", "producer": True, "dq_behind": True, "pingpong": True}
-# the warpgroups taking turns at head dim 64 (64-row tiles: they never meet), K and V in registers or not
-WGMMA_PRODUCER_TURNS: dict[str, object] = {"path": "wgmma", "producer": True, "pingpong": True}
-WGMMA_PRODUCER_KV_TURNS: dict[str, object] = {"path": "wgmma", "producer": True, "kv_registers": True, "pingpong": True}
 CONSUMERS = {
     str(WGMMA_PRODUCER): attention_backward_ws.Consumers(),
     str(WGMMA_PRODUCER_KV): attention_backward_ws.Consumers(kv_registers=True),
     str(WGMMA_PRODUCER_WIDE): attention_backward_ws.Consumers(rows=WIDE_BQ),
     str(WGMMA_PRODUCER_BEHIND): attention_backward_ws.Consumers(dq_behind=True),
     str(WGMMA_PRODUCER_PINGPONG): attention_backward_ws.Consumers(dq_behind=True, pingpong=True),
-    str(WGMMA_PRODUCER_TURNS): attention_backward_ws.Consumers(pingpong=True),
-    str(WGMMA_PRODUCER_KV_TURNS): attention_backward_ws.Consumers(kv_registers=True, pingpong=True),
 }  # the producer kernel's choices
 CHOICES = (
     SIMT,
@@ -80,8 +75,6 @@ CHOICES = (
     WGMMA_PRODUCER_WIDE,
     WGMMA_PRODUCER_BEHIND,
     WGMMA_PRODUCER_PINGPONG,
-    WGMMA_PRODUCER_TURNS,
-    WGMMA_PRODUCER_KV_TURNS,
 )
 
 
@@ -130,14 +123,14 @@ def path(ab: AttentionBackward, ctx: EmitContext) -> str:
 
 def default_dkdv(ab: AttentionBackward) -> dict[str, object]:
     """The wgmma dK/dV kernel measured fastest on an H200 (benchmarks/RESULTS.md, issue 10,
-    h/attnbwd3): at D 128 the producer kernel with dQ's product a tile behind, with the warpgroups
-    taking turns without a mask (1.11x the kernel without either) and not under a causal mask
-    (1.08x the kernel without either at S 4096, as fast as with turns at S 8192); at D 64 without
-    a mask 128-row query tiles (1.09-1.14x), under a causal mask K and V in registers (as before:
-    128-row tiles measured the same)."""
+    h/attnbwd3): at D 128 the producer kernel with dQ's product a tile behind and the warpgroups
+    taking turns (1.11x the kernel without either without a mask; under a causal mask 1.02x dQ a
+    tile behind alone at S 4096, which was 1.08x the kernel without it, and as fast at S 8192); at
+    D 64 128-row query tiles (1.09-1.14x without a mask), under a causal mask K and V in registers
+    as before (128-row tiles only tied it)."""
     if ab.problem.d == attention_backward_ws.WIDE_HEAD_DIM:
         return WGMMA_PRODUCER_KV if ab.problem.causal else WGMMA_PRODUCER_WIDE
-    return WGMMA_PRODUCER_BEHIND if ab.problem.causal else WGMMA_PRODUCER_PINGPONG
+    return WGMMA_PRODUCER_PINGPONG
 
 
 def dkdv_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:

@@ -46,14 +46,13 @@ class Consumers:
     64 only: Sᵀ and dPᵀ take twice the registers); ``kv_registers`` (head dim 64, 64-row tiles)
     Sᵀ's and dPᵀ's products take K and V from registers, loaded once; ``dq_behind`` (head dim 128)
     dQ's product a tile behind, over a ring of tile.DS_RING dS buffers, so that the warpgroups
-    never wait for each other's dS of the current tile (tile.dq_share_behind); ``pingpong`` where
-    the warpgroups do not meet once a tile (that, or 64-row tiles at head dim 64: each reads its
-    own dS) they take turns to issue Sᵀ and dPᵀ."""
+    never wait for each other's dS of the current tile (tile.dq_share_behind), and with it
+    ``pingpong``: they take turns to issue Sᵀ and dPᵀ."""
 
     rows: int = tile.BQ
     kv_registers: bool = False
     dq_behind: bool = False
-    pingpong: bool = False  # the warpgroups take turns to issue Sᵀ and dPᵀ (tile.turns)
+    pingpong: bool = False  # with dq_behind: the warpgroups take turns to issue Sᵀ and dPᵀ (tile.turns)
 
     @property
     def packed_p(self) -> bool:
@@ -81,11 +80,8 @@ class Consumers:
             return f"128-row query tiles are for head dim {WIDE_HEAD_DIM} only, not {d} (too few registers)"
         if self.dq_behind and (d != 128 or self.rows != tile.BQ):
             return f"dQ's product a tile behind is for head dim 128 only, not {d} (too little shared memory)"
-        if self.pingpong and not (self.dq_behind or (d == 64 and self.rows == tile.BQ)):
-            return (
-                "the warpgroups take turns only where they do not meet once a tile: with dQ's product a "
-                f"tile behind at head dim 128, with 64-row query tiles at 64 (not head dim {d}, {self.rows} rows)"
-            )
+        if self.pingpong and not self.dq_behind:
+            return "the warpgroups take turns only with dQ's product a tile behind"
         return None
 
 
