@@ -278,7 +278,7 @@ def dq_share_behind(names: dict[str, str], products_read: list[str]) -> list[str
         "float dq[32];",
         "const int behind = t - 1, behind_buffer = (t + DS_RING - 1) % DS_RING;  // the tile whose dQ this one adds",
         "if (t > 0) mbar_wait(ds_full + 8 * behind_buffer, (behind / DS_RING) & 1);  // both warpgroups' dS of tile t - 1",
-        "// (tile 0 multiplies a buffer no tile stored yet: uniform code, which ptxas keeps in registers; dropped)",
+        "// (tile 0 multiplies a buffer no tile stored yet and drops the product: under a branch, ptxas spilled)",
         *_dq_product("ds_tiles + behind_buffer * DS_BYTES"),
         *_dk_product(),
         "bulk_wait_read();  // this lane's reduction of the previous tile has read its staged row",
