@@ -58,6 +58,16 @@ SHAPES = [(4, 16, 1024, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128
 # --backward: also head dim 64 causal and a longer sequence without a mask (which wgmma dK/dV kernel wins
 # depends on the mask and the head dim)
 BACKWARD_SHAPES = [*SHAPES, (4, 16, 2048, 64, True), (4, 16, 4096, 128, False)]
+# --backward: (column, the sdpa_backward tuning (None: the default plan), the head dims it takes)
+BACKWARD_CHOICES: list[tuple[str, dict[str, object] | None, tuple[int, ...]]] = [
+    ("default", None, (64, 128)),
+    ("copies", {"path": "wgmma", "producer": False}, (64, 128)),
+    ("producer", {"path": "wgmma", "producer": True}, (64, 128)),
+    ("K/V in registers", {"path": "wgmma", "producer": True, "kv_registers": True}, (64,)),
+    ("128-row tiles", {"path": "wgmma", "producer": True, "rows": 128}, (64,)),
+    ("dQ a tile behind", {"path": "wgmma", "producer": True, "dq_behind": True}, (128,)),
+    ("ping-pong", {"path": "wgmma", "producer": True, "dq_behind": True, "pingpong": True}, (128,)),
+]
 # decode: (batch, Skv); Hq, Hk, D and the page size fixed
 DECODE_SHAPES = [(b, skv) for b in (1, 2, 4, 8) for skv in (8192, 16384, 32768)]
 DECODE_HQ, DECODE_HK, DECODE_D, PAGE_SIZE = 32, 8, 128, 64
@@ -72,6 +82,14 @@ PREFILL_SHAPES = [(4, 512, 4096), (1, 2048, 8192), (8, 256, 2048)]
 # --ragged: the lengths of the packed sequences; heads and head dim fixed
 RAGGED_LENGTHS = [(512, 4096, 1024, 3000, 2048, 777, 4000, 1000), tuple(range(100, 1700, 25))]
 RAGGED_H, RAGGED_D = 16, 128
+
+
+def parsed_shape(spec: str) -> tuple[int, int, int, int, bool]:
+    """``B,H,S,D[,causal]`` (causal 1 or 0) as a shape of the tables."""
+    parts = [int(part) for part in spec.split(",")]
+    if len(parts) not in (4, 5):
+        raise SystemExit(f"--shape {spec!r}: expected B,H,S,D[,causal], e.g. 4,16,2048,64,1")
+    return parts[0], parts[1], parts[2], parts[3], bool(parts[4]) if len(parts) == 5 else False
 
 
 def graph(b: int, h: int, s: int, d: int, causal: bool, stats: bool = False) -> gd.OperationGraphSpec:
@@ -104,6 +122,19 @@ def main() -> int:
     parser.add_argument("--dry", action="store_true")
     parser.add_argument("--autotune", action="store_true", help="time the launch choices first")
     parser.add_argument("--backward", action="store_true", help="sdpa_backward against torch's SDPA backward")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="B,H,S,D[,causal]",
+        help="with --backward: time these shapes instead of the table's (repeatable; causal 1 or 0)",
+    )
+    parser.add_argument(
+        "--columns",
+        default="",
+        metavar="NAME,...",
+        help="with --backward: only these of graphdnn's columns (BACKWARD_CHOICES' names; default all)",
+    )
     parser.add_argument("--decode", action="store_true", help="the paged-KV decode table")
     parser.add_argument("--sweep", action="store_true", help="with --decode: time every decode tuning choice")
     parser.add_argument(
@@ -137,18 +168,22 @@ def main() -> int:
             print(f"{built.name}: {len(plan.kernels)} kernel(s)")
         return 0
     if args.backward:
-        print(
-            "| shape | graphdnn default | wgmma, copies | wgmma, producer | producer, K/V in registers "
-            "| torch FA2 | torch cuDNN | default / cuDNN | copies / cuDNN | producer / cuDNN | K/V in registers / cuDNN |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
-        for shape in BACKWARD_SHAPES:
+        wanted = [name for name in args.columns.split(",") if name]
+        unknown = set(wanted) - {name for name, _, _ in BACKWARD_CHOICES}
+        if unknown:
+            raise SystemExit(f"--columns: no column {sorted(unknown)}; the columns: {[c[0] for c in BACKWARD_CHOICES]}")
+        choices = [c for c in BACKWARD_CHOICES if not wanted or c[0] in wanted]
+        names = [name for name, _, _ in choices]
+        print("| shape | " + " | ".join([*names, "torch FA2", "torch cuDNN", *(f"{n} / cuDNN" for n in names)]) + " |")
+        print("|---|" + "---|" * (2 * len(names) + 2))
+        for shape in [parsed_shape(spec) for spec in args.shape] or BACKWARD_SHAPES:
             b, h, s, d, causal = shape
-            tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed_backward(shape)]
+            timed = timed_backward(shape, choices)
+            tflops = [flops(*shape, backward=True) / us / 1e6 if us else float("nan") for us in timed]
             print(
                 f"| B{b} H{h} S{s} D{d}{' causal' if causal else ''} | "
-                + " | ".join(f"{t:.0f}" for t in tflops)
-                + "".join(f" | {tflops[i] / tflops[5]:.2f}" for i in (0, 1, 2, 3))
+                + " | ".join("–" if t != t else f"{t:.0f}" for t in tflops)
+                + "".join(" | –" if t != t else f" | {t / tflops[-1]:.2f}" for t in tflops[: len(names)])
                 + " |"
             )
         return 0
@@ -575,10 +610,11 @@ def spec_choice(spec: str, a: Any) -> dict[str, object]:
             "stages": stages, "vectors_per_lane": vectors}  # fmt: skip
 
 
-def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None, ...]:
-    """µs of graphdnn's sdpa_backward plan (default; the wgmma dK/dV kernels with every thread
-    copying, with a TMA producer warpgroup, and at head dim 64 that with K and V in registers), and
-    of torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
+def timed_backward(
+    shape: tuple[int, int, int, int, bool], choices: list[tuple[str, dict[str, object] | None, tuple[int, ...]]]
+) -> tuple[float | None, ...]:
+    """µs of graphdnn's sdpa_backward plan with each of ``choices``' tunings (None: the default plan)
+    at the head dims it takes (None elsewhere), and of torch's SDPA backward (autograd.grad of a recorded forward) on FlashAttention-2 and cuDNN,
     all from the same Q, K, V and dO."""
     import torch
     import torch.nn.functional as F
@@ -633,10 +669,7 @@ def timed_backward(shape: tuple[int, int, int, int, bool]) -> tuple[float | None
             return None
 
     return (
-        ours(None),
-        ours({"path": "wgmma", "producer": False}),
-        ours({"path": "wgmma", "producer": True}),
-        ours({"path": "wgmma", "producer": True, "kv_registers": True}) if d == 64 else None,  # head dim 64 only
+        *(ours(choice) if d in dims else None for _, choice, dims in choices),
         peer(SDPBackend.FLASH_ATTENTION),
         peer(SDPBackend.CUDNN_ATTENTION),
     )

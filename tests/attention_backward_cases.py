@@ -116,6 +116,15 @@ WGMMA_CASES = {
     "mqa_32_to_1_causal": BackwardCase(b=1, hq=32, hk=1, sq=129, skv=257, options={"use_causal_mask": True}),
 }  # fmt: skip
 
+# The backward alone on the wgmma path: O and dO in the 16-bit type (the training step's O is
+# the forward's fp32), so that the preprocess kernel reads them 16 bytes at a time.
+WGMMA_ALONE_CASES = {
+    "d64_half_alone_causal": BackwardCase(
+        b=2, hq=4, hk=2, sq=130, skv=200, data_type=DataType.HALF, forward=False, options={"use_causal_mask": True}
+    ),
+    "d128_bf16_alone_bshd": BackwardCase(b=1, hq=2, hk=2, sq=77, skv=140, d=128, dv=128, forward=False, layout="bshd"),
+}  # fmt: skip
+
 # Small cases the CPU emulation runs (float and half only: it has no bf16), backward alone; the
 # half ones on the tensor-core kernels too.
 CPU_CASES = {

@@ -412,7 +412,8 @@ def summary() -> list[str]:
 
 
 def ptxas_report(kernel: Kernel, arch: int) -> str:
-    """ptxas's resource report (registers, spills) for the kernel, through NVRTC."""
+    """ptxas's resource report (registers, spills) for the kernel, through NVRTC (for sm_90a
+    where the kernel needs it)."""
     import io
 
     from cuda.core import Program, ProgramOptions
@@ -421,7 +422,7 @@ def ptxas_report(kernel: Kernel, arch: int) -> str:
 
     options = ProgramOptions(
         name=f"{kernel.name}.cu",
-        arch=f"sm_{arch}",
+        arch=f"sm_{arch}{kernel.arch_suffix}",
         include_path=list(include_paths()),
         ptxas_options="-v",
         **dict(COMPILE_OPTIONS),

@@ -7,24 +7,45 @@ test_gpu_attention_backward.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from codegen import emitter
 from codegen.context import EmitContext
 from codegen.families import attention_backward_ws
-from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV
+from codegen.families.attention_backward import (
+    CONSUMERS,
+    MMA,
+    SIMT,
+    WGMMA,
+    WGMMA_COPIES,
+    WGMMA_PRODUCER,
+    WGMMA_PRODUCER_BEHIND,
+    WGMMA_PRODUCER_KV,
+    WGMMA_PRODUCER_PINGPONG,
+    WGMMA_PRODUCER_WIDE,
+)
 from codegen.families.attention_backward_wgmma import shared_bytes
 from codegen.nvrtc import compile_cubin
 from fusion_rules import Family, fuse
 from graphdnn.errors import UnsupportedError
 from graphdnn.signature import signature
 from tests import cpu_emulation
-from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_CASES, BackwardCase, cpu_runs, matches_on_the_cpu
-from tests.compile_check import compile_graphs
+from tests.attention_backward_cases import (
+    CASES,
+    CPU_CASES,
+    WGMMA_ALONE_CASES,
+    WGMMA_CASES,
+    BackwardCase,
+    cpu_runs,
+    matches_on_the_cpu,
+)
+from tests.compile_check import compile_graphs, ptxas_report
 
 
 def backward_program(case: str, tuning: dict[str, object] | None = None, arch: int = 90):  # type: ignore[no-untyped-def]
-    graph = (CASES | CPU_CASES | WGMMA_CASES)[case].build().validate()
+    graph = (CASES | CPU_CASES | WGMMA_CASES | WGMMA_ALONE_CASES)[case].build().validate()
     (fused,) = [f for f in fuse(graph).nodes if f.family is Family.ATTENTION_BACKWARD]
     return graph, fused, emitter(fused.family)(fused, EmitContext(graph, signature(graph), arch, tuning or {}))
 
@@ -50,13 +71,14 @@ def test_delta_then_dkdv_then_dq_with_a_delta_per_row(case: str) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sm90_takes_the_wgmma_kernels_where_they_apply_and_the_sm80_ones_elsewhere(case: str) -> None:
-    """The wgmma dK/dV kernel measured fastest: the producer warpgroup's, with K and V in
-    registers under a causal mask at head dim 64."""
+    """The wgmma dK/dV kernel measured fastest: the producer warpgroup's; at head dim 64 with
+    128-row query tiles, or K and V in registers under a causal mask; at 128 with dQ's product a
+    tile behind and the warpgroups taking turns."""
     names = [k.name.rsplit("_", 1)[0] for k in backward_program(case)[2].kernels]
     if case in WGMMA_CASES:
         c = WGMMA_CASES[case]
         causal = any(c.options.get(m) for m in ("use_causal_mask", "use_causal_mask_bottom_right"))
-        dkdv = "dkdv_wgmma_ws_kv" if causal and c.d == 64 else "dkdv_wgmma_ws"
+        dkdv = "dkdv_wgmma_ws_" + (("kv" if causal else "wide") if c.d == 64 else "pingpong")
         assert names == ["gd_sdpa_backward_delta", f"gd_sdpa_backward_{dkdv}", "gd_sdpa_backward_dq_convert"]
     else:
         assert names == [k.name.rsplit("_", 1)[0] for k in backward_program(case, arch=80)[2].kernels]
@@ -111,6 +133,65 @@ def test_k_and_v_in_registers_compile_for_sm90_at_head_dim_64(case: str) -> None
     assert "_dkdv_wgmma_ws_kv_" in dkdv.name and "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in dkdv.source
     assert "wgmma_rs_k(s, kf[kk]" in dkdv.source and "wgmma_rs_k(dp, vf[kk]" in dkdv.source
     compile_cubin(dkdv.source, dkdv.name, 90, dkdv.arch_suffix)
+
+
+def producer_choices(d: int) -> list[tuple[str, dict[str, object]]]:
+    """(case, tuning): the producer kernel's choices for one head dim, on every wgmma case of it."""
+    tunings = [WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WGMMA_PRODUCER_WIDE] if d == 64 else [WGMMA_PRODUCER]
+    tunings += [WGMMA_PRODUCER_BEHIND, WGMMA_PRODUCER_PINGPONG] if d == 128 else []
+    return [(case, tuning) for case in sorted(WGMMA_CASES) if WGMMA_CASES[case].d == d for tuning in tunings]
+
+
+@pytest.mark.parametrize(("case", "tuning"), producer_choices(64) + producer_choices(128))
+def test_every_producer_kernel_choice_compiles_for_sm90a_without_spills(case: str, tuning: dict[str, object]) -> None:
+    """128-row query tiles (head dim 64): Sᵀ and dPᵀ of 64 keys by 128 rows (m64n128 steps), Q and
+    dO boxes of 128 rows, two stages, dS from the packed P. dQ a tile behind (head dim 128): three
+    dS buffers and their mbarriers; with the warpgroups taking turns, two more named barriers.
+    Every choice within its warpgroups' registers (``setmaxnreg``), no serialised wgmma."""
+    _, _, program = backward_program(case, tuning)
+    dkdv = program.kernels[1]
+    consumers, d = CONSUMERS[str(tuning)], WGMMA_CASES[case].d
+    ring = attention_backward_ws.stages(d, consumers)
+    assert f"_dkdv_wgmma_ws{consumers.suffix}_" in dkdv.name
+    assert f"BQ = {consumers.rows}, STAGES = {ring}, DS_RING = {consumers.ds_buffers};" in dkdv.source
+    n128 = "wgmma.mma_async.sync.aligned.m64n128k16" in dkdv.source  # Sᵀ's at 128 rows, dV's and dK's at D 128
+    assert n128 == (consumers.rows == 128 or d == 128)
+    assert ("unpack2(p[" in dkdv.source) == consumers.packed_p == (consumers.rows == 128)
+    assert ("mbar_wait(ds_full + 8 * behind_buffer" in dkdv.source) == consumers.dq_behind
+    assert ('bar.arrive %0, 256;\\n" ::"r"(4 + 1 - wg)' in dkdv.source) == consumers.pingpong
+    static = 2 * ring * consumers.rows * 4  # lse_s and delta_s
+    assert dkdv.shared_bytes == attention_backward_ws.shared_bytes(d, ring, consumers) <= 227 * 1024 - static
+    report = ptxas_report(dkdv, 90)
+    assert re.findall(r"(\d+) bytes spill stores", report) == ["0"], report[-600:]
+    assert "serializ" not in report, report[-600:]
+
+
+@pytest.mark.parametrize(
+    ("case", "tuning", "message"),
+    [
+        ("d128_bshd", WGMMA_PRODUCER_WIDE, "128-row query tiles are for head dim 64 only, not 128"),
+        ("gqa_4to1_causal", WGMMA_PRODUCER_BEHIND, "dQ's product a tile behind is for head dim 128 only, not 64"),
+        ("gqa_4to1_causal", WGMMA_PRODUCER_PINGPONG, "dQ's product a tile behind is for head dim 128 only, not 64"),
+    ],
+)
+def test_the_producer_kernels_new_choices_say_why_not_at_the_other_head_dim(
+    case: str, tuning: dict[str, object], message: str
+) -> None:
+    with pytest.raises(UnsupportedError, match=f"'attention_backward': {message}"):
+        backward_program(case, tuning)
+
+
+@pytest.mark.parametrize(
+    ("case", "o_vectors"), [("d64_half_alone_causal", True), ("d128_bf16_alone_bshd", True), ("d128_bshd", False)]
+)
+def test_the_hopper_memory_passes_move_16_bytes_a_thread_where_the_rows_take_them(case: str, o_vectors: bool) -> None:
+    """delta reads O and dO 16 bytes at a time where both are in Q's 16-bit type (a training
+    step's O is the forward's fp32), dQ's conversion stores 16 bytes; both compile."""
+    delta, _, convert = backward_program(case)[2].kernels
+    assert ("const uint4 ov" in delta.source) == o_vectors and "make_float4(0.0f" in delta.source
+    assert "make_uint4(pack2(scale * acc[0]" in convert.source and "if (aligned)" in convert.source
+    for kernel in (delta, convert):
+        compile_cubin(kernel.source, kernel.name, 90, kernel.arch_suffix)
 
 
 def test_k_and_v_in_registers_say_why_not_at_head_dim_128() -> None:

@@ -15,11 +15,14 @@ import pytest
 
 import graphdnn as gd
 from codegen.families.attention_backward import MMA, SIMT, WGMMA, WGMMA_COPIES, WGMMA_PRODUCER, WGMMA_PRODUCER_KV
+from codegen.families.attention_backward import WGMMA_PRODUCER_BEHIND as BEHIND
+from codegen.families.attention_backward import WGMMA_PRODUCER_PINGPONG as PINGPONG
+from codegen.families.attention_backward import WGMMA_PRODUCER_WIDE as WIDE
 from fusion_rules import Family, fuse
 from graphdnn import reference
 from graphdnn.compare import tolerance
 from graphdnn.random_inputs import random_inputs
-from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_CASES
+from tests.attention_backward_cases import CASES, CPU_CASES, WGMMA_ALONE_CASES, WGMMA_CASES
 from tests.gpu_check import check_on_gpu, poisoned, relative_error, to_device, to_numpy
 
 pytestmark = pytest.mark.gpu
@@ -61,12 +64,40 @@ def test_wgmma_kernel_with_k_and_v_in_registers_matches_reference(case: str) -> 
     assert any("_dkdv_wgmma_ws_kv_" in k.name for k in plan.kernels)
 
 
-@pytest.mark.parametrize("tuning", [WGMMA, WGMMA_PRODUCER, WGMMA_PRODUCER_KV])
-def test_wgmma_dq_is_right_run_after_run(tuning: dict[str, object]) -> None:
+NEW_CHOICES = {  # by the kernel name's ending
+    "wide": WIDE,
+    "behind": BEHIND,
+    "pingpong": PINGPONG,
+}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        f"{c}-{choice}"
+        for c in sorted(WGMMA_CASES)
+        for choice in (("wide",) if WGMMA_CASES[c].d == 64 else ("behind", "pingpong"))
+    ],
+)
+def test_the_producer_kernels_new_choices_match_reference(case: str) -> None:
+    """128-row query tiles at head dim 64; dQ's product a tile behind at 128, with or without the
+    warpgroups taking turns."""
+    name, choice = case.rsplit("-", 1)
+    graph = WGMMA_CASES[name].build()
+    plan = check_on_gpu(graph, seed=zlib.crc32(name.encode()), tuning={backward_node(graph): NEW_CHOICES[choice]})
+    assert any(f"_dkdv_wgmma_ws_{choice}_" in k.name for k in plan.kernels)
+
+
+@pytest.mark.parametrize(
+    ("tuning", "case"),
+    [(t, "gqa_4to1_causal") for t in (WGMMA, WGMMA_PRODUCER, WGMMA_PRODUCER_KV, WIDE)]
+    + [(BEHIND, "d128_gqa_causal_fp16"), (PINGPONG, "d128_gqa_causal_fp16")],
+)
+def test_wgmma_dq_is_right_run_after_run(tuning: dict[str, object], case: str) -> None:
     """Each run's preprocess kernel zeroes dq_accum before the bulk reductions add into it."""
     import torch
 
-    graph = WGMMA_CASES["gqa_4to1_causal"].build()
+    graph = WGMMA_CASES[case].build()
     ir = graph.validate()
     feeds = random_inputs(ir, 13)
     expected = reference.execute(ir, feeds)
@@ -89,17 +120,21 @@ def test_tensor_core_kernels_run_where_they_apply() -> None:
     assert sum("_mma_" in kernel.name for kernel in plan.kernels) == 2
 
 
-def run_alone(case: str, seed: int, chosen: dict[str, np.ndarray] | None = None):  # type: ignore[no-untyped-def]
-    """The backward-alone graph on consistent inputs: (outputs by name, the reference's)."""
+def run_alone(  # type: ignore[no-untyped-def]
+    case: str, seed: int, chosen: dict[str, np.ndarray] | None = None, tuning: dict[str, object] | None = None
+):
+    """The backward-alone graph on consistent inputs (the node with ``tuning``): (the graph,
+    outputs by name, the reference's)."""
     import torch
 
-    spec = CPU_CASES[case]
+    spec = (CPU_CASES | WGMMA_ALONE_CASES)[case]
     ir = spec.build().validate()
     feeds = spec.consistent_feeds(ir, seed, chosen)
     expected = reference.execute(ir, feeds)
     outputs = {t.name: poisoned(t) for t in ir.outputs}
     pack = {t.name: feeds[t.name] if t.is_pass_by_value else to_device(feeds[t.name], t) for t in ir.inputs}
-    gd.compile(ir).execute({**pack, **outputs})
+    node_tuning = None if tuning is None else {backward_node(spec.build()): tuning}
+    gd.compile(ir, tuning=node_tuning).execute({**pack, **outputs})
     torch.cuda.synchronize()
     return ir, {name: to_numpy(value) for name, value in outputs.items()}, expected
 
@@ -107,6 +142,15 @@ def run_alone(case: str, seed: int, chosen: dict[str, np.ndarray] | None = None)
 @pytest.mark.parametrize("case", sorted(CPU_CASES))
 def test_backward_alone_matches_reference(case: str) -> None:
     ir, got, expected = run_alone(case, 3)
+    for t in ir.outputs:
+        assert relative_error(got[t.name], expected[t.name]) <= tolerance(t.data_type), t.name
+
+
+@pytest.mark.parametrize("tuning", [WGMMA, WGMMA_COPIES])
+@pytest.mark.parametrize("case", sorted(WGMMA_ALONE_CASES))
+def test_wgmma_backward_alone_with_16_bit_o_matches_reference(case: str, tuning: dict[str, object]) -> None:
+    """The preprocess kernel's 16-byte reads of O and dO (the training step's O is fp32)."""
+    ir, got, expected = run_alone(case, 7, tuning=tuning)
     for t in ir.outputs:
         assert relative_error(got[t.name], expected[t.name]) <= tolerance(t.data_type), t.name
 

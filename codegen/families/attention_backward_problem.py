@@ -101,13 +101,13 @@ def declare(ab: AttentionBackward, dq_accum: bool = False, params: KernelParams 
     return AttentionParams(params, names)
 
 
-def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward, zero_dq: bool = False) -> Kernel:
+def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
     """``delta[b, h, i] = sum_d dO[b, h, i, d] O[b, h, i, d]``, one warp per row (its lanes read
     consecutive columns; every lane takes part in the reduction, rows past the end included).
     A packed Q's row i of sequence b is token ``q_start + i``; rows past the sequence's are 0.
-    ``zero_dq``: the row's ``dq_accum`` to 0 too, before the Hopper kernel adds into it."""
+    (The Hopper path has its own: attention_backward_passes.py.)"""
     a = ab.problem
-    declared = declare(ab, zero_dq)
+    declared = declare(ab)
     names, params = declared.names, declared.params
 
     def value(role: str, tensor: Tensor) -> str:
@@ -135,8 +135,6 @@ def preprocess_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward,
         "sum = gd::lanes_sum<32>(sum);",
         f"if (row < {ab.rows}LL && lane == 0) {names[DELTA]}[row] = sum;",
     ]
-    if zero_dq:
-        body.append(f"if (row < {ab.rows}LL) for (int d = lane; d < D; d += 32) {names[DQ_ACCUM]}[row * D + d] = 0.0f;")
     name, source = kernel_source(
         ctx, fused, pattern_name(fused) + "_delta", params, PREPROCESS_THREADS, indent(body, 1)
     )

@@ -1,7 +1,7 @@
 """Attention backward on Hopper: wgmma (sm_90a), fp16/bf16, head dims 64 and 128 (D = Dv), no
 mask or a causal one (either alignment), MHA, GQA and MQA, in FlashAttention-3's shape
 (attention_backward_tile.py: the block, the tile's products, dQ's bulk reductions); the problem
-checks every Hopper backward kernel shares, and dQ's conversion.
+checks every Hopper backward kernel shares (its memory passes: attention_backward_passes.py).
 
 This module's dK/dV kernel has no warp specialisation: every thread copies the next query tile's
 Q and dO (cp.async, the forward's swizzled row copies) while the current one is computed, two
@@ -18,7 +18,7 @@ from graphdnn.ir import Tensor
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
 from ..kernel import Kernel
-from .attention_backward_problem import DQ_ACCUM, AttentionBackward, declare, gradient_store, row_statistics
+from .attention_backward_problem import AttentionBackward, declare, row_statistics
 from .attention_backward_tile import (
     BN,
     BQ,
@@ -33,14 +33,13 @@ from .attention_backward_tile import (
     tile_products,
 )
 from .attention_flash import vectorizable
-from .attention_problem import Attention, constants, coordinates, element, sequence_setup, strides
+from .attention_problem import Attention, coordinates, element, strides
 from .attention_wgmma import swizzled_row_copies
 from .gemm_sm90 import ALIGN_SLACK, ARCH, MAX_SHARED
 from .tensor_core import TENSOR_CORE_TYPES
 
 THREADS = 256
 STAGES = 2  # query tiles in shared memory: the one computed and the one being copied
-CONVERT_THREADS = 256
 
 
 def unsupported(ab: AttentionBackward, arch: int) -> str | None:
@@ -158,27 +157,6 @@ def _iteration(a: Attention, names: dict[str, str]) -> list[str]:
         *dq_share(names, []),
         "if (t + 1 < total) store_statistics(t + 1);  // its stage's were read in tile t - 1",
     ]
-
-
-def dq_kernel(fused: FusedNode, ctx: EmitContext, ab: AttentionBackward) -> Kernel:
-    """dQ = scale * dq_accum in dQ's type and layout, a thread per element."""
-    a = ab.problem
-    declared = declare(ab, dq_accum=True)
-    names, params = declared.names, declared.params
-    elements = ab.rows * a.d
-    body = [
-        *constants(a),
-        f"const long long at = (long long)blockIdx.x * {CONVERT_THREADS} + threadIdx.x;",
-        f"if (at >= {elements}LL) return;",
-        "const int c = (int)(at % D), i = (int)(at / D % SQ), h = (int)(at / D / SQ % HQ), b = (int)(at / D / SQ / HQ);",
-        *sequence_setup(a, names),
-        gradient_store(a, "DQ", ab.dq, names["DQ"], "h", "i", "c", f"scale * {names[DQ_ACCUM]}[at]"),
-    ]
-    name, source = kernel_source(
-        ctx, fused, pattern_name(fused) + "_dq_convert", params, CONVERT_THREADS, indent(body, 1)
-    )
-    grid = -(-elements // CONVERT_THREADS)
-    return Kernel(name, source, (grid, 1, 1), (CONVERT_THREADS, 1, 1), 0, tuple(params.bindings))
 
 
 def tensor_of(ab: AttentionBackward, role: str) -> Tensor:
