@@ -1,0 +1,246 @@
+"""The weight gradient of depthwise and small-group convolutions in NHWC: a thread per run of
+channels and its taps, walking a contiguous range of pixels.
+
+dw[k, ci, f] sums dy[n, p, k] * x[n, p * s + f * l - a, group(k) * G + ci] over the pixels
+(n, p). A thread keeps a run of VEC output channels k, one ci and its taps (all of them where
+VEC x taps accumulators fit, else the taps of the last spatial dims: the others are split over
+threads as *bands*). At each pixel it reads the run of dy once (one vector) and, per tap, the
+image elements the run's groups read (one vector for depthwise, VEC / G elements otherwise),
+and adds VEC products per tap. Its pixels are a contiguous range in (n, p...) order walked with
+counters: no division per pixel (the first kernel over runs, direct_reduce's, divided (n, p)
+out for every pixel, and re-read dy once per tap).
+
+A block holds SLOTS x WIDTH threads: WIDTH consecutive kept indices (ci innermost, then the run,
+then the band: a warp reads consecutive channels) times SLOTS pixel ranges; blockIdx.y takes the
+next WIDTH kept indices. At the end each block adds its slots' sums in slot order through shared
+memory and writes one partial per dw element; a finalize kernel (direct_reduce's columns
+layout) adds the blocks' partials in block order: results are reproducible run to run.
+Where the runtime's ``aligned`` flag is 0 the vectors are read element by element.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
+from graphdnn.errors import UnsupportedError
+from graphdnn.ir import Tensor
+from graphdnn.ops.conv import ConvAttributes, ConvMode
+
+from ..context import EmitContext, KernelParams
+from ..cuda_types import cuda_type, load, store
+from ..indexing import coordinates, index_type, offset_at
+from ..kernel import FusedProgram, Kernel, Scratch
+from ..pointwise import literal
+from .channel_runs import run_width
+from .direct_common import THREADS, compute_for, declare, make_kernel
+from .direct_reduce import Sums, sums_kernels
+
+MAX_ACCUMULATORS = 72  # per thread: VEC x owned taps (a bf16 3x3 run: 72)
+MAX_WIDTH = 32  # kept indices per block: more slots per block, fewer partials to finalize
+BLOCKS_PER_SM = 2  # 256-thread blocks of about 110 registers
+MIN_PIXELS = 16  # fewest pixels per slot
+CHOICES = frozenset({"owned_dims", "width", "blocks_per_sm"})
+PARTIALS = "conv_wgrad_runs_partials"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``owned`` trailing tap dims per thread; WIDTH kept indices times SLOTS ranges of
+    ``pixels`` pixels per block; a grid of ``blocks`` x ``chunks``."""
+
+    owned: int
+    width: int
+    slots: int
+    chunks: int
+    blocks: int
+    pixels: int
+    resident: int  # blocks per SM the registers must allow
+
+
+def _choice(tuning: dict[str, object], name: str, default: int, low: int, high: int) -> int:
+    value = tuning.get(name, default)
+    if not isinstance(value, int) or not low <= value <= high:
+        raise UnsupportedError(f"conv_wgrad runs tuning {tuning}: {name} must be an integer in {low}..{high}")
+    return value
+
+
+def layout(dy: Tensor, dw: Tensor, vec: int, arch: int, tuning: dict[str, object]) -> Layout:
+    """The default owns the most trailing tap dims whose accumulators fit MAX_ACCUMULATORS."""
+    unknown = set(tuning) - CHOICES
+    if unknown:
+        raise UnsupportedError(
+            f"conv_wgrad runs tuning {tuning}: unknown {sorted(unknown)} (choices {sorted(CHOICES)})"
+        )
+    taps = dw.static_dim[2:]
+    fitting = max(d for d in range(len(taps) + 1) if vec * math.prod(taps[len(taps) - d :]) <= MAX_ACCUMULATORS)
+    owned = _choice(tuning, "owned_dims", fitting, 0, len(taps))
+    kept = math.prod(taps[: len(taps) - owned]) * (dw.static_dim[0] // vec) * dw.static_dim[1]
+    chunks = -(-kept // _choice(tuning, "width", MAX_WIDTH, 1, THREADS))
+    width = -(-kept // chunks)
+    slots = THREADS // width
+    pixels = dy.static_dim[0] * math.prod(dy.static_dim[2:])
+    wanted = -(-pixels // (MIN_PIXELS * slots))
+    resident = _choice(tuning, "blocks_per_sm", BLOCKS_PER_SM, 1, 8)
+    per_slot = -(-pixels // (max(1, min(wanted, sm_count(arch) * resident // chunks)) * slots))
+    return Layout(owned, width, slots, chunks, -(-pixels // (per_slot * slots)), per_slot, resident)
+
+
+def emit_wgrad_runs(
+    fused: FusedNode, ctx: EmitContext, x: Tensor, dy: Tensor, dw: Tensor, a: ConvAttributes
+) -> FusedProgram:
+    compute = compute_for(fused)
+    vec = run_width(x.data_type)
+    plan = layout(dy, dw, vec, ctx.arch, dict(ctx.tuning))
+    taps = dw.static_dim[2:]
+    kept = math.prod(taps[: len(taps) - plan.owned]) * (dw.static_dim[0] // vec) * dw.static_dim[1]
+    values = math.prod(taps[len(taps) - plan.owned :]) * vec * kept  # a block's partials
+    kernel = _sums(fused, ctx, x, dy, dw, a, plan, compute)
+    finalize, _ = sums_kernels(ctx, fused, _totals(dw, a, plan, vec, compute), compute)
+    bytes_ = plan.blocks * values * (8 if compute == "double" else 4)
+    return FusedProgram(fused.name, (kernel, *finalize), (Scratch(PARTIALS, bytes_),))
+
+
+def _sums(
+    fused: FusedNode, ctx: EmitContext, x: Tensor, dy: Tensor, dw: Tensor, a: ConvAttributes, plan: Layout, compute: str
+) -> Kernel:
+    """Each thread's sums over its pixels, then the block's over its slots, to the partials."""
+    element = cuda_type(x.data_type)
+    vec, group, taps = run_width(x.data_type), dw.static_dim[1], dw.static_dim[2:]
+    spatial, runs = len(taps), dw.static_dim[0] // vec
+    bands, owned = range(spatial - plan.owned), range(spatial - plan.owned, spatial)
+    kept = math.prod(taps[d] for d in bands) * runs * group
+    owned_count = math.prod(taps[d] for d in owned)
+    pixels = dy.static_dim[0] * math.prod(dy.static_dim[2:])
+    values = plan.blocks * owned_count * vec * kept
+    itype = index_type([x, dy, dw], values, plan.blocks * plan.slots * plan.pixels)
+    params = KernelParams()
+    names = declare(params, [x, dy])
+    scratch = params.scratch(PARTIALS, compute)
+    aligned = params.aligned_flag()
+    zero = literal(0, compute)
+    picks = vec // group  # the image elements of the run's groups at ci: every G-th
+    reach = [f"h{d} + f{d} * {a.dilation[d]}" for d in range(spatial)]  # the image coordinate at tap f_d
+    inside = []
+    for d in range(spatial):
+        inside += [f"{reach[d]} >= 0"] * (a.pre_padding[d] > 0)
+        # The last tap of the last output reaches extent + post - 1: only padding can fall outside.
+        inside += [f"{reach[d]} < {x.static_dim[2 + d]}"] * (a.post_padding[d] > 0)
+    if group == 1:
+        gather = [
+            f"if (inside && {aligned}) {{",
+            f"  const gd::Vec<{element}, {vec}> v = gd::load_vec<{element}, {vec}>(image);",
+            "  #pragma unroll",
+            f"  for (int j = 0; j < {vec}; ++j) pixel[j] = gd::element<{compute}>(v, j);",
+            "} else {",
+            "  #pragma unroll",
+            f"  for (int j = 0; j < {vec}; ++j) pixel[j] = inside ? {load(x.data_type, 'image[j]', compute)} : {zero};",
+            "}",
+        ]
+    else:
+        gather = [
+            "#pragma unroll",
+            f"for (int m = 0; m < {picks}; ++m) "
+            f"pixel[m] = inside ? {load(x.data_type, f'image[m * {group}]', compute)} : {zero};",
+        ]
+    tap = " + ".join(f"f{d} * {math.prod(taps[d + 1 :])}" for d in owned) or "0"  # among the owned taps
+    products = [
+        f"const bool inside = {' && '.join(inside) or 'true'};",
+        f"const {element}* image = {names[x.id]} + ({offset_at(x, ['c0', f'run * {vec} + ci', *reach])});",
+        *gather,
+        "#pragma unroll",
+        f"for (int j = 0; j < {vec}; ++j) acc[{tap}][j] += loss[j] * pixel[j / {group}];",
+    ]
+    for d in reversed(owned):
+        products = [
+            "#pragma unroll",
+            f"for (int f{d} = 0; f{d} < {taps[d]}; ++f{d}) {{",
+            *("  " + line for line in products),
+            "}",
+        ]
+    walked = [0, *range(2, len(dy.dim))]  # dy's axes in walking order: n, then p0, p1, ...
+    advance = [f"if (++c{axis} == {dy.static_dim[axis]}) {{ c{axis} = 0;" for axis in reversed(walked[1:])]
+    pixel = [
+        *(f"const {itype} h{d} = c{2 + d} * {a.stride[d]} - {a.pre_padding[d]};" for d in range(spatial)),
+        f"const {element}* losses = {names[dy.id]} + {offset_at(dy, ['c0', f'run * {vec}', *(f'c{2 + d}' for d in range(spatial))])};",
+        f"{compute} loss[{vec}], pixel[{picks}];",
+        f"if ({aligned}) {{",
+        f"  const gd::Vec<{element}, {vec}> v = gd::load_vec<{element}, {vec}>(losses);",
+        "  #pragma unroll",
+        f"  for (int j = 0; j < {vec}; ++j) loss[j] = gd::element<{compute}>(v, j);",
+        "} else {",
+        "  #pragma unroll",
+        f"  for (int j = 0; j < {vec}; ++j) loss[j] = {load(dy.data_type, 'losses[j]', compute)};",
+        "}",
+        *products,
+        "// the next pixel in (n, p...) order",
+        " ".join(advance) + " ++c0;" + " }" * len(advance),
+    ]
+    first = coordinates("first", [dy.static_dim[axis] for axis in walked], range(len(walked)), "w", itype)
+    body = [
+        f"const int lane = threadIdx.x % {plan.width}, slot = threadIdx.x / {plan.width};",
+        f"const int u = blockIdx.y * {plan.width} + lane;  // the kept index: (band, run, ci)",
+        f"const int ci = u % {group}, run = u / {group} % {runs};",
+        *coordinates(f"(u / {group * runs})", taps[: len(bands)], bands, "f", "int"),
+        f"{compute} acc[{owned_count}][{vec}] = {{}};",
+        f"const {itype} first = (({itype})blockIdx.x * {plan.slots} + slot) * {plan.pixels};",
+        f"const {itype} last = first + {plan.pixels} < {pixels} ? first + {plan.pixels} : {pixels};",
+        f"if (slot < {plan.slots} && u < {kept} && first < last) {{",
+        *("  " + line for line in first),
+        *(f"  {itype} c{axis} = w{i};" for i, axis in enumerate(walked)),
+        f"  for ({itype} e = first; e < last; ++e) {{",
+        *("    " + line for line in pixel),
+        "  }",
+        "}",
+        f"__shared__ {compute} red[{vec * plan.slots * plan.width}];  // [j][slot][lane]",
+        "#pragma unroll",
+        f"for (int t = 0; t < {owned_count}; ++t) {{",
+        "  __syncthreads();",
+        f"  if (slot < {plan.slots}) {{",
+        "    #pragma unroll",
+        f"    for (int j = 0; j < {vec}; ++j) red[(j * {plan.slots} + slot) * {plan.width} + lane] = acc[t][j];",
+        "  }",
+        "  __syncthreads();",
+        f"  for (int i = threadIdx.x; i < {vec * plan.width}; i += {THREADS}) {{",
+        f"    const int j = i / {plan.width}, l = i % {plan.width}, o = blockIdx.y * {plan.width} + l;",
+        f"    if (o >= {kept}) continue;",
+        f"    {compute} total = {zero};",
+        "    #pragma unroll",
+        f"    for (int s = 0; s < {plan.slots}; ++s) total += red[(j * {plan.slots} + s) * {plan.width} + l];",
+        f"    {scratch}[((({itype})blockIdx.x * {owned_count} + t) * {vec} + j) * {kept} + o] = total;",
+        "  }",
+        "}",
+    ]
+    grid = (plan.blocks, plan.chunks, 1)
+    return make_kernel(ctx, fused, "conv_wgrad_runs", params, body, grid, min_blocks=plan.resident)
+
+
+def _totals(dw: Tensor, a: ConvAttributes, plan: Layout, vec: int, compute: str) -> Sums:
+    """The partials as a sum over (block, owned tap, j, kept index): the block reduced."""
+    group, taps = dw.static_dim[1], dw.static_dim[2:]
+    spatial, runs = len(taps), dw.static_dim[0] // vec
+    bands = taps[: spatial - plan.owned]
+    owned = taps[spatial - plan.owned :]
+    kept = math.prod(bands) * runs * group
+    dims = (plan.blocks, math.prod(owned), vec, kept)
+
+    def terms(params: KernelParams, itype: str) -> tuple[list[str], list[str]]:
+        partials = params.scratch(PARTIALS, compute)
+        return [], [f"{partials}[((c0 * {dims[1]} + c1) * {vec} + c2) * {kept} + c3]"]
+
+    def finish(params: KernelParams, totals: list[str]) -> list[str]:
+        flip = a.convolution_mode is ConvMode.CONVOLUTION
+        index = [f"({extent - 1} - f{d})" if flip else f"f{d}" for d, extent in enumerate(taps)]
+        return [
+            f"const long long ci = c3 % {group}, run = c3 / {group} % {runs};",
+            *coordinates(f"(c3 / {group * runs})", bands, range(len(bands)), "f", "long long"),
+            *coordinates("c1", owned, range(len(owned)), "g", "long long"),
+            *(f"const long long f{len(bands) + d} = g{d};" for d in range(len(owned))),
+            f"{params.tensor(dw, writable=True)}[{offset_at(dw, [f'run * {vec} + c2', 'ci', *index])}] = "
+            f"{store(dw.data_type, totals[0])};",
+        ]
+
+    # One split: the blocks' partials are few enough for one pass (min_split above them).
+    return Sums("conv_wgrad_runs_total", dims, (1, 2, 3), (0,), False, terms, finish, min_split=plan.blocks + 1)
