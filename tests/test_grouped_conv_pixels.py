@@ -21,44 +21,48 @@ from tests.test_codegen_gemm import Conv
 from tests.test_cpu_emulation import check, grouped_conv
 
 EMULATED = [
-    (grouped_conv("fprop", 16, 2, io="half", size=9), 4),  # 8 channels a group, 9 = 4 + 4 + 1 columns
-    (grouped_conv("fprop", 16, 2, 2, io="half", dilation=2, mode=True), 3),
-    (grouped_conv("fprop", 12, 12, bias_relu=True), 2),  # depthwise, runs of 4 floats
-    (grouped_conv("fprop", 24, 6, io="half", size=11), 8),  # 4 channels a group
-    (grouped_conv("fprop", 8, 4, 2, mode=True), 5),  # 2 channels a group, one tile a row
+    (grouped_conv("fprop", 16, 2, io="half", size=9), {"pixels": 4}),  # 8 channels a group, 9 = 4 + 4 + 1
+    (grouped_conv("fprop", 16, 2, 2, io="half", dilation=2, mode=True), {"pixels": 3, "blocks_per_sm": 2}),
+    (grouped_conv("fprop", 12, 12, bias_relu=True), {"pixels": 2}),  # depthwise, runs of 4 floats
+    (grouped_conv("fprop", 24, 6, io="half", size=11), {"pixels": 8, "blocks_per_sm": 1}),  # 4 channels a group
+    (grouped_conv("fprop", 8, 4, 2, mode=True), {"pixels": 5}),  # 2 channels a group, one tile a row
 ]
 
 
-def kernels(graph: gd.OperationGraphSpec, pixels: int, arch: int = 90):
+def kernels(graph: gd.OperationGraphSpec, tuning: dict[str, object], arch: int = 90):
     ir = graph.validate()
     return [
         k
         for fused in fuse(ir).nodes
-        for k in emitter(fused.family)(fused, EmitContext(ir, signature(ir), arch, {"pixels": pixels})).kernels
+        for k in emitter(fused.family)(fused, EmitContext(ir, signature(ir), arch, tuning)).kernels
     ]
 
 
+def case_id(case: tuple[gd.OperationGraphSpec, dict[str, object]]) -> str:
+    return case[0].name + "".join(f"-{k}{v}" for k, v in case[1].items())
+
+
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
-@pytest.mark.parametrize("case", EMULATED, ids=lambda case: f"{case[0].name}-p{case[1]}")
+@pytest.mark.parametrize("case", EMULATED, ids=case_id)
 def test_matches_reference_on_the_cpu(case, tmp_path_factory: pytest.TempPathFactory) -> None:
-    graph, pixels = case
-    check(graph, {"pixels": pixels}, tmp_path_factory, marker=f"acc[{pixels}]")
+    graph, tuning = case
+    check(graph, tuning, tmp_path_factory, marker=f"acc[{tuning['pixels']}]")
 
 
 @pytest.mark.parametrize("arch", [80, 90])
-@pytest.mark.parametrize("case", EMULATED, ids=lambda case: f"{case[0].name}-p{case[1]}")
+@pytest.mark.parametrize("case", EMULATED, ids=case_id)
 def test_kernels_compile(case, arch: int) -> None:
-    graph, pixels = case
-    for kernel in kernels(graph, pixels, arch):
+    graph, tuning = case
+    for kernel in kernels(graph, tuning, arch):
         assert compile_cubin(kernel.source, kernel.name, arch)
 
 
-@pytest.mark.parametrize("tuning", [{"pixels": 0}, {"pixels": 9}, {"block_n": 64}])
+@pytest.mark.parametrize("tuning", [{"pixels": 0}, {"pixels": 9}, {"blocks_per_sm": 9}, {"block_n": 64}])
 def test_a_bad_choice_is_refused_by_name(tuning: dict[str, object]) -> None:
     graph = grouped_conv("fprop", 16, 2, io="half")
     ir = graph.validate()
     (fused,) = fuse(ir).nodes
-    with pytest.raises(UnsupportedError, match=r"the one choice is 'pixels', 1\.\.8"):
+    with pytest.raises(UnsupportedError, match=r"the choices are 'pixels' \(1\.\.8\) and 'blocks_per_sm' \(1\.\.8\)"):
         emitter(fused.family)(fused, EmitContext(ir, signature(ir), 90, tuning))
 
 
@@ -74,13 +78,13 @@ GPU = {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pixels", [2, 4])
+@pytest.mark.parametrize("choice", [{"pixels": 2}, {"pixels": 4, "blocks_per_sm": 2}], ids=["p2", "p4-bps2"])
 @pytest.mark.parametrize("case", GPU)
-def test_matches_reference_on_gpu(case: str, pixels: int) -> None:
+def test_matches_reference_on_gpu(case: str, choice: dict[str, object]) -> None:
     from tests.gpu_check import check_on_gpu
 
     graph = GPU[case].build()
     ir = graph.validate()
-    tuning = {fused.name: {"pixels": pixels} for fused in fuse(ir).nodes if fused.family.value == "gemm"}
+    tuning = {fused.name: choice for fused in fuse(ir).nodes if fused.family.value == "gemm"}
     assert tuning
     check_on_gpu(graph, tuning=tuning, cache=None)

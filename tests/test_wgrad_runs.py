@@ -75,12 +75,13 @@ def programs(graph: gd.OperationGraphSpec, tuning: dict[str, object], arch: int 
 # Emulated: (graph, tuning). The CPU emulation has no bf16: float (runs of 4) and half (runs of 8).
 EMULATED = [
     (wgrad("float", 12, 1, [9, 7], [3, 3]), {}),  # every tap owned, 3 runs, one block
+    (wgrad("half", 24, 1, [9, 10], [3, 3], n=3), {"prefetch": 0}),  # no loads ahead
     (wgrad("half", 16, 2, [11, 9], [3, 3], stride=2), {"owned_dims": 1}),  # bands: a thread per tap row
     (wgrad("half", 24, 4, [7, 8], [3, 3], dilation=[2, 2], convolution_mode="CONVOLUTION"), {"owned_dims": 0}),
     (wgrad("float", 16, 4, [10, 7], [3, 2], pre_padding=[2, 0], post_padding=[0, 1]), {"width": 5}),  # 4 chunks
     (wgrad("half", 16, 8, [23, 21], [3, 3], n=3), {"blocks_per_sm": 1, "width": 3}),  # 8 channels a group
     (wgrad("float", 8, 1, [64, 48], [3, 3]), {}),  # 6144 pixels: several blocks of partials
-    (wgrad("float", 8, 2, [64, 32], [5, 5], stride=2), {"owned_dims": 2, "width": 4}),  # 100 accumulators
+    (wgrad("float", 8, 2, [64, 32], [5, 5], stride=2), {"owned_dims": 2, "width": 4, "prefetch": 0}),  # 100 sums
     (wgrad("half", 16, 1, [37], [7], stride=3, dilation=[2]), {}),  # 1-d
     (wgrad("float", 8, 2, [5, 6, 7], [3, 3, 3]), {}),  # 3-d: bands of the first dim's taps
     (wgrad("half", 16, 8, [6, 5, 7], [3, 1, 3], stride=2), {"owned_dims": 3}),
@@ -134,6 +135,7 @@ def test_layouts_of_the_benchmark_layers() -> None:
         ({"owned_dims": 3}, "owned_dims must be an integer in 0..2"),
         ({"width": 0}, "width must be an integer in 1..256"),
         ({"blocks": 2}, r"unknown \['blocks'\]"),
+        ({"prefetch": 2}, "prefetch must be an integer in 0..1"),
     ],
 )
 def test_a_bad_choice_is_refused_by_name(tuning: dict[str, object], message: str) -> None:
@@ -151,7 +153,7 @@ GPU = [
     wgrad("float", 36, 2, [15, 31], [5, 5], n=3, pre_padding=[2, 1], post_padding=[1, 2]),
     wgrad("bfloat16", 24, 1, [7, 9, 11], [3, 3, 3], n=2),
 ]
-GPU_TUNINGS = [{}, {"owned_dims": 1, "blocks_per_sm": 4}, {"owned_dims": 0, "width": 8}]
+GPU_TUNINGS = [{}, {"owned_dims": 1, "blocks_per_sm": 4, "prefetch": 0}, {"owned_dims": 0, "width": 8}]
 
 
 @pytest.mark.gpu

@@ -36,10 +36,10 @@ def stages(filter: Tensor) -> bool:
     return filter.static_numel * filter.data_type.itemsize <= STAGED_BYTES
 
 
-def resident_grid(runs: int, threads: int, arch: int) -> int:
-    """Blocks for ``runs`` items of one thread each, at most a resident grid: each block stages
-    the filter once, then walks several runs."""
-    return min(max(1, -(-runs // threads)), sm_count(arch) * RESIDENT_BLOCKS)
+def resident_grid(runs: int, threads: int, arch: int, per_sm: int = RESIDENT_BLOCKS) -> int:
+    """Blocks for ``runs`` items of one thread each, at most a resident grid of ``per_sm``
+    blocks per SM: each block stages the filter once, then walks several runs."""
+    return min(max(1, -(-runs // threads)), sm_count(arch) * per_sm)
 
 
 def staged_filter(element: str, numel: int, indices: str, source: str, comment: str = "") -> list[str]:

@@ -29,7 +29,7 @@ from ..cuda_types import cuda_type, load
 from ..indexing import loop_index_type
 from ..kernel import Kernel
 from ..pointwise import literal
-from .channel_runs import lines_up, resident_grid, run_width, staged_filter, stages
+from .channel_runs import RESIDENT_BLOCKS, lines_up, resident_grid, run_width, staged_filter, stages
 from .gemm_epilogue import Epilogue
 from .gemm_problem import Problem, declare
 
@@ -51,15 +51,22 @@ def takes_grouped_conv(p: Problem) -> bool:
     return w.static_dim[1] == 1 or stages(w)  # G x VEC element loads a tap: slower than the SIMT kernel (H200)
 
 
-def pixels_choice(ctx: EmitContext) -> int:
-    """The tuning's ``pixels``: output pixels of a row per thread (1, the default, when untuned)."""
-    unknown = set(ctx.tuning) - {"pixels"}
-    pixels = ctx.tuning.get("pixels", 1)
-    if unknown or not isinstance(pixels, int) or not 1 <= pixels <= MAX_PIXELS:
+def choices(ctx: EmitContext) -> tuple[int, int]:
+    """The tuning's ``pixels`` (output pixels of a row per thread; 1 untuned) and
+    ``blocks_per_sm`` (the resident grid's blocks per SM, which the registers must allow;
+    0 untuned: channel_runs.RESIDENT_BLOCKS, no register cap)."""
+    pixels, resident = ctx.tuning.get("pixels", 1), ctx.tuning.get("blocks_per_sm", 0)
+    if (
+        set(ctx.tuning) - {"pixels", "blocks_per_sm"}
+        or not isinstance(pixels, int)
+        or not isinstance(resident, int)
+        or not (1 <= pixels <= MAX_PIXELS and 0 <= resident <= RESIDENT_BLOCKS)
+    ):
         raise UnsupportedError(
-            f"grouped convolution tuning {dict(ctx.tuning)}: the one choice is 'pixels', 1..{MAX_PIXELS}"
+            f"grouped convolution tuning {dict(ctx.tuning)}: the choices are 'pixels' (1..{MAX_PIXELS}) "
+            f"and 'blocks_per_sm' (1..{RESIDENT_BLOCKS})"
         )
-    return pixels
+    return pixels, resident
 
 
 def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
@@ -69,11 +76,11 @@ def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kerne
     compute = compute_of([x, w, *fused.outputs])
     element = cuda_type(x.data_type)
     vec = run_width(x.data_type)
-    pixels = pixels_choice(ctx)
+    pixels, resident = choices(ctx)
     n, channels, out_h, out_w = y.static_dim
     tiles_w = -(-out_w // pixels)
     runs = n * out_h * tiles_w * (channels // vec)
-    blocks = resident_grid(runs, THREADS, ctx.arch)
+    blocks = resident_grid(runs, THREADS, ctx.arch, resident or RESIDENT_BLOCKS)
     itype = loop_index_type([*fused.inputs, *fused.outputs], runs * vec * pixels, blocks * THREADS)
     a = p.attrs
     xs, ws = x.static_stride, w.static_stride
@@ -169,6 +176,12 @@ def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kerne
         "}",
     ]
     name, source = kernel_source(
-        ctx, fused, pattern_name(fused) + ("_depthwise" if group == 1 else "_grouped"), params, THREADS, indent(body, 1)
+        ctx,
+        fused,
+        pattern_name(fused) + ("_depthwise" if group == 1 else "_grouped"),
+        params,
+        THREADS,
+        indent(body, 1),
+        resident,
     )
     return Kernel(name, source, (blocks, 1, 1), (THREADS, 1, 1), 0, tuple(params.bindings))

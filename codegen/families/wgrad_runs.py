@@ -30,7 +30,7 @@ from graphdnn.ir import Tensor
 from graphdnn.ops.conv import ConvAttributes, ConvMode
 
 from ..context import EmitContext, KernelParams
-from ..cuda_types import cuda_type, load, store
+from ..cuda_types import cuda_type, store
 from ..indexing import coordinates, index_type, offset_at
 from ..kernel import FusedProgram, Kernel, Scratch
 from ..pointwise import literal
@@ -42,7 +42,8 @@ MAX_ACCUMULATORS = 72  # per thread: VEC x owned taps (a bf16 3x3 run: 72)
 MAX_WIDTH = 32  # kept indices per block: more slots per block, fewer partials to finalize
 BLOCKS_PER_SM = 2  # 256-thread blocks of about 110 registers
 MIN_PIXELS = 16  # fewest pixels per slot
-CHOICES = frozenset({"owned_dims", "width", "blocks_per_sm"})
+PREFETCH = 1  # pixels loaded ahead of the products (0 or 1)
+CHOICES = frozenset({"owned_dims", "width", "blocks_per_sm", "prefetch"})
 PARTIALS = "conv_wgrad_runs_partials"
 
 
@@ -58,6 +59,7 @@ class Layout:
     blocks: int
     pixels: int
     resident: int  # blocks per SM the registers must allow
+    prefetch: int
 
 
 def _choice(tuning: dict[str, object], name: str, default: int, low: int, high: int) -> int:
@@ -85,7 +87,8 @@ def layout(dy: Tensor, dw: Tensor, vec: int, arch: int, tuning: dict[str, object
     wanted = -(-pixels // (MIN_PIXELS * slots))
     resident = _choice(tuning, "blocks_per_sm", BLOCKS_PER_SM, 1, 8)
     per_slot = -(-pixels // (max(1, min(wanted, sm_count(arch) * resident // chunks)) * slots))
-    return Layout(owned, width, slots, chunks, -(-pixels // (per_slot * slots)), per_slot, resident)
+    prefetch = _choice(tuning, "prefetch", PREFETCH, 0, 1)
+    return Layout(owned, width, slots, chunks, -(-pixels // (per_slot * slots)), per_slot, resident, prefetch)
 
 
 def emit_wgrad_runs(
@@ -128,56 +131,87 @@ def _sums(
         inside += [f"{reach[d]} >= 0"] * (a.pre_padding[d] > 0)
         # The last tap of the last output reaches extent + post - 1: only padding can fall outside.
         inside += [f"{reach[d]} < {x.static_dim[2 + d]}"] * (a.post_padding[d] > 0)
-    if group == 1:
-        gather = [
-            f"if (inside && {aligned}) {{",
-            f"  const gd::Vec<{element}, {vec}> v = gd::load_vec<{element}, {vec}>(image);",
-            "  #pragma unroll",
-            f"  for (int j = 0; j < {vec}; ++j) pixel[j] = gd::element<{compute}>(v, j);",
-            "} else {",
-            "  #pragma unroll",
-            f"  for (int j = 0; j < {vec}; ++j) pixel[j] = inside ? {load(x.data_type, 'image[j]', compute)} : {zero};",
-            "}",
-        ]
-    else:
-        gather = [
-            "#pragma unroll",
-            f"for (int m = 0; m < {picks}; ++m) "
-            f"pixel[m] = inside ? {load(x.data_type, f'image[m * {group}]', compute)} : {zero};",
-        ]
+    nothing = store(x.data_type, zero)  # an element outside the image
     tap = " + ".join(f"f{d} * {math.prod(taps[d + 1 :])}" for d in owned) or "0"  # among the owned taps
-    products = [
-        f"const bool inside = {' && '.join(inside) or 'true'};",
-        f"const {element}* image = {names[x.id]} + ({offset_at(x, ['c0', f'run * {vec} + ci', *reach])});",
-        *gather,
-        "#pragma unroll",
-        f"for (int j = 0; j < {vec}; ++j) acc[{tap}][j] += loss[j] * pixel[j / {group}];",
-    ]
-    for d in reversed(owned):
-        products = [
-            "#pragma unroll",
-            f"for (int f{d} = 0; f{d} < {taps[d]}; ++f{d}) {{",
-            *("  " + line for line in products),
+
+    def gather(to: str) -> list[str]:
+        """The image's elements at a tap (``image``, in the image where ``inside``) into ``to``image[tap]."""
+        if group > 1:
+            return [
+                "#pragma unroll",
+                f"for (int m = 0; m < {picks}; ++m) {to}image[{tap}].v[m] = inside ? image[m * {group}] : {nothing};",
+            ]
+        return [
+            f"if (inside && {aligned}) {to}image[{tap}] = gd::load_vec<{element}, {vec}>(image);",
+            "else {",
+            "  #pragma unroll",
+            f"  for (int j = 0; j < {vec}; ++j) {to}image[{tap}].v[j] = inside ? image[j] : {nothing};",
             "}",
         ]
+
+    def over_taps(statements: list[str]) -> list[str]:
+        for d in reversed(owned):
+            statements = [
+                "#pragma unroll",
+                f"for (int f{d} = 0; f{d} < {taps[d]}; ++f{d}) {{",
+                *("  " + line for line in statements),
+                "}",
+            ]
+        return statements
+
+    def fetch(to: str) -> list[str]:
+        """The pixel at the counters' raw elements: dy's run into ``to``loss, the image's at each
+        owned tap into ``to``image[tap]."""
+        losses = offset_at(dy, ["c0", f"run * {vec}", *(f"c{2 + d}" for d in range(spatial))])
+        at_tap = [
+            f"const bool inside = {' && '.join(inside) or 'true'};",
+            f"const {element}* image = {names[x.id]} + ({offset_at(x, ['c0', f'run * {vec} + ci', *reach])});",
+            *gather(to),
+        ]
+        return [
+            "{",
+            *(f"  const {itype} h{d} = c{2 + d} * {a.stride[d]} - {a.pre_padding[d]};" for d in range(spatial)),
+            f"  const {element}* losses = {names[dy.id]} + {losses};",
+            f"  if ({aligned}) {to}loss = gd::load_vec<{element}, {vec}>(losses);",
+            "  else {",
+            "    #pragma unroll",
+            f"    for (int j = 0; j < {vec}; ++j) {to}loss.v[j] = losses[j];",
+            "  }",
+            *("  " + line for line in over_taps(at_tap)),
+            "}",
+        ]
+
+    raw = [f"gd::Vec<{element}, {vec}> {{0}}loss;", f"gd::Vec<{element}, {picks}> {{0}}image[{owned_count}];"]
     walked = [0, *range(2, len(dy.dim))]  # dy's axes in walking order: n, then p0, p1, ...
     advance = [f"if (++c{axis} == {dy.static_dim[axis]}) {{ c{axis} = 0;" for axis in reversed(walked[1:])]
-    pixel = [
-        *(f"const {itype} h{d} = c{2 + d} * {a.stride[d]} - {a.pre_padding[d]};" for d in range(spatial)),
-        f"const {element}* losses = {names[dy.id]} + {offset_at(dy, ['c0', f'run * {vec}', *(f'c{2 + d}' for d in range(spatial))])};",
-        f"{compute} loss[{vec}], pixel[{picks}];",
-        f"if ({aligned}) {{",
-        f"  const gd::Vec<{element}, {vec}> v = gd::load_vec<{element}, {vec}>(losses);",
-        "  #pragma unroll",
-        f"  for (int j = 0; j < {vec}; ++j) loss[j] = gd::element<{compute}>(v, j);",
-        "} else {",
-        "  #pragma unroll",
-        f"  for (int j = 0; j < {vec}; ++j) loss[j] = {load(dy.data_type, 'losses[j]', compute)};",
-        "}",
-        *products,
-        "// the next pixel in (n, p...) order",
-        " ".join(advance) + " ++c0;" + " }" * len(advance),
+    step = ["// the next pixel in (n, p...) order", " ".join(advance) + " ++c0;" + " }" * len(advance)]
+    products = [
+        f"{compute} loss[{vec}];",
+        "#pragma unroll",
+        f"for (int j = 0; j < {vec}; ++j) loss[j] = gd::element<{compute}>(this_loss, j);",
+        *over_taps(
+            [
+                "#pragma unroll",
+                f"for (int j = 0; j < {vec}; ++j) "
+                f"acc[{tap}][j] += loss[j] * gd::element<{compute}>(this_image[{tap}], j / {group});",
+            ]
+        ),
     ]
+    if plan.prefetch:  # the next pixel's loads in flight during this one's products
+        pixel = [
+            *(line.format("this_") for line in raw),
+            "this_loss = next_loss;",
+            "#pragma unroll",
+            f"for (int t = 0; t < {owned_count}; ++t) this_image[t] = next_image[t];",
+            *step,
+            "if (e + 1 < last) " + fetch("next_")[0],
+            *fetch("next_")[1:],
+            *products,
+        ]
+        ahead = [*(line.format("next_") for line in raw), *fetch("next_")]
+    else:
+        pixel = [*(line.format("this_") for line in raw), *fetch("this_"), *products, *step]
+        ahead = []
     first = coordinates("first", [dy.static_dim[axis] for axis in walked], range(len(walked)), "w", itype)
     body = [
         f"const int lane = threadIdx.x % {plan.width}, slot = threadIdx.x / {plan.width};",
@@ -190,6 +224,7 @@ def _sums(
         f"if (slot < {plan.slots} && u < {kept} && first < last) {{",
         *("  " + line for line in first),
         *(f"  {itype} c{axis} = w{i};" for i, axis in enumerate(walked)),
+        *("  " + line for line in ahead),
         f"  for ({itype} e = first; e < last; ++e) {{",
         *("    " + line for line in pixel),
         "  }",
