@@ -139,7 +139,7 @@ def test_layouts_of_the_benchmark_layers() -> None:
     ],
 )
 def test_a_bad_choice_is_refused_by_name(tuning: dict[str, object], message: str) -> None:
-    with pytest.raises(UnsupportedError, match=message):
+    with pytest.raises(UnsupportedError, match=r"^node '\w+': conv_wgrad runs tuning .*" + message):
         programs(wgrad("float", 12, 1, [9, 7], [3, 3]), tuning)
 
 

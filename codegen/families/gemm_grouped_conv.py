@@ -51,7 +51,7 @@ def takes_grouped_conv(p: Problem) -> bool:
     return w.static_dim[1] == 1 or stages(w)  # G x VEC element loads a tap: slower than the SIMT kernel (H200)
 
 
-def choices(ctx: EmitContext) -> tuple[int, int]:
+def choices(ctx: EmitContext, node: str) -> tuple[int, int]:
     """The tuning's ``pixels`` (output pixels of a row per thread; 1 untuned) and
     ``blocks_per_sm`` (the resident grid's blocks per SM, which the registers must allow;
     0 untuned: channel_runs.RESIDENT_BLOCKS, no register cap)."""
@@ -64,7 +64,8 @@ def choices(ctx: EmitContext) -> tuple[int, int]:
     ):
         raise UnsupportedError(
             f"grouped convolution tuning {dict(ctx.tuning)}: the choices are 'pixels' (1..{MAX_PIXELS}) "
-            f"and 'blocks_per_sm' (1..{RESIDENT_BLOCKS})"
+            f"and 'blocks_per_sm' (1..{RESIDENT_BLOCKS})",
+            node=node,
         )
     return pixels, resident
 
@@ -76,7 +77,7 @@ def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kerne
     compute = compute_of([x, w, *fused.outputs])
     element = cuda_type(x.data_type)
     vec = run_width(x.data_type)
-    pixels, resident = choices(ctx)
+    pixels, resident = choices(ctx, p.node.name)
     n, channels, out_h, out_w = y.static_dim
     tiles_w = -(-out_w // pixels)
     runs = n * out_h * tiles_w * (channels // vec)

@@ -35,7 +35,7 @@ from ..indexing import coordinates, index_type, offset_at
 from ..kernel import FusedProgram, Kernel, Scratch
 from ..pointwise import literal
 from .channel_runs import run_width
-from .direct_common import THREADS, compute_for, declare, make_kernel
+from .direct_common import THREADS, anchor_of, compute_for, declare, make_kernel
 from .direct_reduce import Sums, sums_kernels
 
 MAX_ACCUMULATORS = 72  # per thread: VEC x owned taps (a bf16 3x3 run: 72)
@@ -62,20 +62,23 @@ class Layout:
     prefetch: int
 
 
-def _choice(tuning: dict[str, object], name: str, default: int, low: int, high: int) -> int:
-    value = tuning.get(name, default)
-    if not isinstance(value, int) or not low <= value <= high:
-        raise UnsupportedError(f"conv_wgrad runs tuning {tuning}: {name} must be an integer in {low}..{high}")
-    return value
-
-
-def layout(dy: Tensor, dw: Tensor, vec: int, arch: int, tuning: dict[str, object]) -> Layout:
-    """The default owns the most trailing tap dims whose accumulators fit MAX_ACCUMULATORS."""
+def layout(dy: Tensor, dw: Tensor, vec: int, arch: int, tuning: dict[str, object], node: str = "") -> Layout:
+    """The default owns the most trailing tap dims whose accumulators fit MAX_ACCUMULATORS;
+    ``node`` names the conv_wgrad in errors."""
     unknown = set(tuning) - CHOICES
     if unknown:
         raise UnsupportedError(
-            f"conv_wgrad runs tuning {tuning}: unknown {sorted(unknown)} (choices {sorted(CHOICES)})"
+            f"conv_wgrad runs tuning {tuning}: unknown {sorted(unknown)} (choices {sorted(CHOICES)})", node=node
         )
+
+    def _choice(tuning: dict[str, object], name: str, default: int, low: int, high: int) -> int:
+        value = tuning.get(name, default)
+        if not isinstance(value, int) or not low <= value <= high:
+            raise UnsupportedError(
+                f"conv_wgrad runs tuning {tuning}: {name} must be an integer in {low}..{high}", node=node
+            )
+        return value
+
     taps = dw.static_dim[2:]
     fitting = max(d for d in range(len(taps) + 1) if vec * math.prod(taps[len(taps) - d :]) <= MAX_ACCUMULATORS)
     owned = _choice(tuning, "owned_dims", fitting, 0, len(taps))
@@ -96,7 +99,7 @@ def emit_wgrad_runs(
 ) -> FusedProgram:
     compute = compute_for(fused)
     vec = run_width(x.data_type)
-    plan = layout(dy, dw, vec, ctx.arch, dict(ctx.tuning))
+    plan = layout(dy, dw, vec, ctx.arch, dict(ctx.tuning), anchor_of(fused).name)
     taps = dw.static_dim[2:]
     kept = math.prod(taps[: len(taps) - plan.owned]) * (dw.static_dim[0] // vec) * dw.static_dim[1]
     values = math.prod(taps[len(taps) - plan.owned :]) * vec * kept  # a block's partials
