@@ -85,6 +85,11 @@ EMULATED = [
     (wgrad("half", 16, 1, [37], [7], stride=3, dilation=[2]), {}),  # 1-d
     (wgrad("float", 8, 2, [5, 6, 7], [3, 3, 3]), {}),  # 3-d: bands of the first dim's taps
     (wgrad("half", 16, 8, [6, 5, 7], [3, 1, 3], stride=2), {"owned_dims": 3}),
+    # the image columns of the previous pixel of a row reused (window): stride / dilation = 1 or 2
+    (wgrad("half", 24, 1, [9, 10], [3, 3], n=3), {"window": 1}),
+    (wgrad("float", 12, 4, [11, 9], [3, 3], stride=2), {"window": 1, "owned_dims": 1}),
+    (wgrad("half", 16, 2, [12, 13], [3, 5], stride=2, dilation=[1, 2]), {"window": 1, "width": 7}),
+    (wgrad("float", 8, 1, [29], [4], pre_padding=[2], post_padding=[1]), {"window": 1}),
 ]
 
 
@@ -99,7 +104,7 @@ def test_matches_reference_on_the_cpu(case, tmp_path_factory: pytest.TempPathFac
     graph, tuning = case
     kernels = programs(graph, tuning).kernels
     assert [k.name.rsplit("_", 1)[0] for k in kernels] == ["gd_conv_wgrad_runs", "gd_conv_wgrad_runs_total_sums"]
-    check(graph, tuning, tmp_path_factory)
+    check(graph, tuning, tmp_path_factory, marker="= this_image[" if tuning.get("window") else "")
 
 
 @pytest.mark.parametrize("arch", [80, 90])
@@ -123,7 +128,7 @@ def test_layouts_of_the_benchmark_layers() -> None:
     for (channels, group, size, taps), want in cases.items():
         _, fused = fused_of(wgrad("bfloat16", channels, group, [size, size], [taps, taps], n=32))
         dy, dw = fused.inputs[1], fused.outputs[0]
-        plan = layout(dy, dw, 8, 90, {})
+        plan = layout(dy, dw, fused.anchor.attributes, 8, 90, {})
         assert (plan.owned, plan.width, plan.slots, plan.chunks) == want
         pixels = 32 * size * size
         assert plan.blocks * plan.slots * plan.pixels >= pixels > (plan.blocks - 1) * plan.slots * plan.pixels
@@ -136,6 +141,7 @@ def test_layouts_of_the_benchmark_layers() -> None:
         ({"width": 0}, "width must be an integer in 1..256"),
         ({"blocks": 2}, r"unknown \['blocks'\]"),
         ({"prefetch": 2}, "prefetch must be an integer in 0..1"),
+        ({"window": 1, "prefetch": 0}, "window must be an integer in 0..0"),
     ],
 )
 def test_a_bad_choice_is_refused_by_name(tuning: dict[str, object], message: str) -> None:

@@ -43,7 +43,8 @@ MAX_WIDTH = 32  # kept indices per block: more slots per block, fewer partials t
 BLOCKS_PER_SM = 2  # 256-thread blocks of about 110 registers
 MIN_PIXELS = 16  # fewest pixels per slot
 PREFETCH = 1  # pixels loaded ahead of the products (0 or 1)
-CHOICES = frozenset({"owned_dims", "width", "blocks_per_sm", "prefetch"})
+WINDOW = 0  # reuse the previous pixel's image columns where the walked dim's stride allows (0 or 1)
+CHOICES = frozenset({"owned_dims", "width", "blocks_per_sm", "prefetch", "window"})
 PARTIALS = "conv_wgrad_runs_partials"
 
 
@@ -60,9 +61,12 @@ class Layout:
     pixels: int
     resident: int  # blocks per SM the registers must allow
     prefetch: int
+    window: int
 
 
-def layout(dy: Tensor, dw: Tensor, vec: int, arch: int, tuning: dict[str, object], node: str = "") -> Layout:
+def layout(
+    dy: Tensor, dw: Tensor, a: ConvAttributes, vec: int, arch: int, tuning: dict[str, object], node: str = ""
+) -> Layout:
     """The default owns the most trailing tap dims whose accumulators fit MAX_ACCUMULATORS;
     ``node`` names the conv_wgrad in errors."""
     unknown = set(tuning) - CHOICES
@@ -91,7 +95,13 @@ def layout(dy: Tensor, dw: Tensor, vec: int, arch: int, tuning: dict[str, object
     resident = _choice(tuning, "blocks_per_sm", BLOCKS_PER_SM, 1, 8)
     per_slot = -(-pixels // (max(1, min(wanted, sm_count(arch) * resident // chunks)) * slots))
     prefetch = _choice(tuning, "prefetch", PREFETCH, 0, 1)
-    return Layout(owned, width, slots, chunks, -(-pixels // (per_slot * slots)), per_slot, resident, prefetch)
+    # A window needs the loads ahead, the walked dim's taps owned, and its stride a multiple of
+    # its dilation (the next pixel's tap s is this one's tap s + stride / dilation).
+    stride, dilation = a.stride[-1], a.dilation[-1]
+    windows = prefetch == 1 and owned >= 1 and stride % dilation == 0 and stride // dilation < taps[-1]
+    window = _choice(tuning, "window", WINDOW if windows else 0, 0, 1 if windows else 0)
+    blocks = -(-pixels // (per_slot * slots))
+    return Layout(owned, width, slots, chunks, blocks, per_slot, resident, prefetch, window)
 
 
 def emit_wgrad_runs(
@@ -99,7 +109,7 @@ def emit_wgrad_runs(
 ) -> FusedProgram:
     compute = compute_for(fused)
     vec = run_width(x.data_type)
-    plan = layout(dy, dw, vec, ctx.arch, dict(ctx.tuning), anchor_of(fused).name)
+    plan = layout(dy, dw, a, vec, ctx.arch, dict(ctx.tuning), anchor_of(fused).name)
     taps = dw.static_dim[2:]
     kept = math.prod(taps[: len(taps) - plan.owned]) * (dw.static_dim[0] // vec) * dw.static_dim[1]
     values = math.prod(taps[len(taps) - plan.owned :]) * vec * kept  # a block's partials
@@ -162,15 +172,26 @@ def _sums(
             ]
         return statements
 
-    def fetch(to: str) -> list[str]:
+    last = spatial - 1  # the walked dim: the counter c{2 + last} steps by one
+
+    def fetch(to: str, window: bool = False) -> list[str]:
         """The pixel at the counters' raw elements: dy's run into ``to``loss, the image's at each
-        owned tap into ``to``image[tap]."""
+        owned tap into ``to``image[tap]. ``window``: where the pixel follows this_ in its row, the
+        taps whose columns this_ read (tap + shift there) are copied instead of loaded."""
         losses = offset_at(dy, ["c0", f"run * {vec}", *(f"c{2 + d}" for d in range(spatial))])
         at_tap = [
             f"const bool inside = {' && '.join(inside) or 'true'};",
             f"const {element}* image = {names[x.id]} + ({offset_at(x, ['c0', f'run * {vec} + ci', *reach])});",
             *gather(to),
         ]
+        if window:
+            shift = a.stride[last] // a.dilation[last]
+            at_tap = [
+                f"if (f{last} < {taps[last] - shift} && c{2 + last} != 0) {to}image[{tap}] = this_image[{tap} + {shift}];",
+                "else {",
+                *("  " + line for line in at_tap),
+                "}",
+            ]
         return [
             "{",
             *(f"  const {itype} h{d} = c{2 + d} * {a.stride[d]} - {a.pre_padding[d]};" for d in range(spatial)),
@@ -207,8 +228,8 @@ def _sums(
             "#pragma unroll",
             f"for (int t = 0; t < {owned_count}; ++t) this_image[t] = next_image[t];",
             *step,
-            "if (e + 1 < last) " + fetch("next_")[0],
-            *fetch("next_")[1:],
+            "if (e + 1 < last) " + fetch("next_", plan.window)[0],
+            *fetch("next_", plan.window)[1:],
             *products,
         ]
         ahead = [*(line.format("next_") for line in raw), *fetch("next_")]
