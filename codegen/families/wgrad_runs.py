@@ -228,8 +228,8 @@ def _sums(
             "#pragma unroll",
             f"for (int t = 0; t < {owned_count}; ++t) this_image[t] = next_image[t];",
             *step,
-            "if (e + 1 < last) " + fetch("next_", plan.window)[0],
-            *fetch("next_", plan.window)[1:],
+            "if (e + 1 < last) " + fetch("next_", plan.window == 1)[0],
+            *fetch("next_", plan.window == 1)[1:],
             *products,
         ]
         ahead = [*(line.format("next_") for line in raw), *fetch("next_")]
