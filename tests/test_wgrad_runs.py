@@ -75,19 +75,19 @@ def programs(graph: gd.OperationGraphSpec, tuning: dict[str, object], arch: int 
 # Emulated: (graph, tuning). The CPU emulation has no bf16: float (runs of 4) and half (runs of 8).
 EMULATED = [
     (wgrad("float", 12, 1, [9, 7], [3, 3]), {}),  # every tap owned, 3 runs, one block
-    (wgrad("half", 24, 1, [9, 10], [3, 3], n=3), {"prefetch": 0}),  # no loads ahead
+    (wgrad("half", 24, 1, [9, 10], [3, 3], n=3), {"prefetch": 1}),  # the next pixel's loads ahead
     (wgrad("half", 16, 2, [11, 9], [3, 3], stride=2), {"owned_dims": 1}),  # bands: a thread per tap row
     (wgrad("half", 24, 4, [7, 8], [3, 3], dilation=[2, 2], convolution_mode="CONVOLUTION"), {"owned_dims": 0}),
     (wgrad("float", 16, 4, [10, 7], [3, 2], pre_padding=[2, 0], post_padding=[0, 1]), {"width": 5}),  # 4 chunks
     (wgrad("half", 16, 8, [23, 21], [3, 3], n=3), {"blocks_per_sm": 1, "width": 3}),  # 8 channels a group
     (wgrad("float", 8, 1, [64, 48], [3, 3]), {}),  # 6144 pixels: several blocks of partials
-    (wgrad("float", 8, 2, [64, 32], [5, 5], stride=2), {"owned_dims": 2, "width": 4, "prefetch": 0}),  # 100 sums
+    (wgrad("float", 8, 2, [64, 32], [5, 5], stride=2), {"owned_dims": 2, "width": 4}),  # 100 sums
     (wgrad("half", 16, 1, [37], [7], stride=3, dilation=[2]), {}),  # 1-d
     (wgrad("float", 8, 2, [5, 6, 7], [3, 3, 3]), {}),  # 3-d: bands of the first dim's taps
     (wgrad("half", 16, 8, [6, 5, 7], [3, 1, 3], stride=2), {"owned_dims": 3}),
     # the image columns of the previous pixel of a row reused (window): stride / dilation = 1 or 2
     (wgrad("half", 24, 1, [9, 10], [3, 3], n=3), {"window": 1}),
-    (wgrad("float", 12, 4, [11, 9], [3, 3], stride=2), {"window": 1, "owned_dims": 1}),
+    (wgrad("float", 12, 4, [11, 9], [3, 3], stride=2), {"window": 1, "owned_dims": 1, "prefetch": 1}),
     (wgrad("half", 16, 2, [12, 13], [3, 5], stride=2, dilation=[1, 2]), {"window": 1, "width": 7}),
     (wgrad("float", 8, 1, [29], [4], pre_padding=[2], post_padding=[1]), {"window": 1}),
 ]
@@ -116,20 +116,24 @@ def test_kernels_compile(case, arch: int) -> None:
 
 
 def test_layouts_of_the_benchmark_layers() -> None:
-    """A bf16 3x3 run owns its 9 taps (72 accumulators); a 5x5 one its rows' 5 (bands of rows);
-    kept indices in chunks of up to 32; enough pixel ranges per block to fill 256 threads."""
+    """A bf16 3x3 run of 8 channels a group owns its 9 taps (72 sums, 2 blocks per SM); a
+    depthwise one a row of 3 (24 sums, 4 blocks per SM), of a 5x5 filter a row of 5 (40 sums,
+    2 blocks per SM); kept indices in chunks of up to 32; enough pixel ranges per block to fill
+    256 threads; no loads ahead, no window."""
     cases = {
-        # (channels, group, size, taps): (owned, width, slots, chunks)
-        (144, 1, 56, 3): (2, 18, 14, 1),
-        (576, 1, 14, 3): (2, 24, 10, 3),
-        (256, 8, 28, 3): (2, 32, 8, 8),
-        (144, 1, 56, 5): (1, 30, 8, 3),
+        # (channels, group, size, taps): (owned, width, slots, chunks, blocks per SM)
+        (144, 1, 56, 3): (1, 27, 9, 2, 4),
+        (576, 1, 14, 3): (1, 31, 8, 7, 4),
+        (256, 8, 28, 3): (2, 32, 8, 8, 2),
+        (128, 4, 56, 3): (2, 32, 8, 2, 2),
+        (144, 1, 56, 5): (1, 30, 8, 3, 2),
     }
     for (channels, group, size, taps), want in cases.items():
         _, fused = fused_of(wgrad("bfloat16", channels, group, [size, size], [taps, taps], n=32))
         dy, dw = fused.inputs[1], fused.outputs[0]
         plan = layout(dy, dw, fused.anchor.attributes, 8, 90, {})
-        assert (plan.owned, plan.width, plan.slots, plan.chunks) == want
+        assert (plan.owned, plan.width, plan.slots, plan.chunks, plan.resident) == want
+        assert (plan.prefetch, plan.window) == (0, 0)
         pixels = 32 * size * size
         assert plan.blocks * plan.slots * plan.pixels >= pixels > (plan.blocks - 1) * plan.slots * plan.pixels
 
@@ -141,7 +145,7 @@ def test_layouts_of_the_benchmark_layers() -> None:
         ({"width": 0}, "width must be an integer in 1..256"),
         ({"blocks": 2}, r"unknown \['blocks'\]"),
         ({"prefetch": 2}, "prefetch must be an integer in 0..1"),
-        ({"window": 1, "prefetch": 0}, "window must be an integer in 0..0"),
+        ({"window": 1, "owned_dims": 0}, "window must be an integer in 0..0"),
     ],
 )
 def test_a_bad_choice_is_refused_by_name(tuning: dict[str, object], message: str) -> None:
@@ -159,7 +163,7 @@ GPU = [
     wgrad("float", 36, 2, [15, 31], [5, 5], n=3, pre_padding=[2, 1], post_padding=[1, 2]),
     wgrad("bfloat16", 24, 1, [7, 9, 11], [3, 3, 3], n=2),
 ]
-GPU_TUNINGS = [{}, {"owned_dims": 1, "blocks_per_sm": 4, "prefetch": 0}, {"owned_dims": 0, "width": 8}]
+GPU_TUNINGS = [{}, {"owned_dims": 2, "prefetch": 1}, {"owned_dims": 0, "width": 8}, {"window": 1, "blocks_per_sm": 3}]
 
 
 @pytest.mark.gpu

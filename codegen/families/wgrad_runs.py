@@ -38,11 +38,15 @@ from .channel_runs import run_width
 from .direct_common import THREADS, anchor_of, compute_for, declare, make_kernel
 from .direct_reduce import Sums, sums_kernels
 
-MAX_ACCUMULATORS = 72  # per thread: VEC x owned taps (a bf16 3x3 run: 72)
+# Defaults, measured on an H200 (benchmarks/RESULTS.md, "depthwise and grouped wgrad"): a thread
+# of several channels a group owns all of a 3x3 run's taps (72 sums: dy is read once for 72
+# products), a depthwise thread a row of taps (24 sums: 4 blocks of 64 registers per SM).
+MAX_ACCUMULATORS = 72  # per thread: VEC x owned taps, G > 1
+DEPTHWISE_ACCUMULATORS = 56  # G = 1: a bf16 row of 3, 5 or 7 taps
+FEW_ACCUMULATORS = 32  # at most this many: 4 blocks per SM, else 2
 MAX_WIDTH = 32  # kept indices per block: more slots per block, fewer partials to finalize
-BLOCKS_PER_SM = 2  # 256-thread blocks of about 110 registers
 MIN_PIXELS = 16  # fewest pixels per slot
-PREFETCH = 1  # pixels loaded ahead of the products (0 or 1)
+PREFETCH = 0  # pixels loaded ahead of the products (0 or 1): 1 was slower everywhere (registers)
 WINDOW = 0  # reuse the previous pixel's image columns where the walked dim's stride allows (0 or 1)
 CHOICES = frozenset({"owned_dims", "width", "blocks_per_sm", "prefetch", "window"})
 PARTIALS = "conv_wgrad_runs_partials"
@@ -67,8 +71,8 @@ class Layout:
 def layout(
     dy: Tensor, dw: Tensor, a: ConvAttributes, vec: int, arch: int, tuning: dict[str, object], node: str = ""
 ) -> Layout:
-    """The default owns the most trailing tap dims whose accumulators fit MAX_ACCUMULATORS;
-    ``node`` names the conv_wgrad in errors."""
+    """The default owns the most trailing tap dims whose accumulators fit MAX_ACCUMULATORS
+    (DEPTHWISE_ACCUMULATORS for G = 1); ``node`` names the conv_wgrad in errors."""
     unknown = set(tuning) - CHOICES
     if unknown:
         raise UnsupportedError(
@@ -84,21 +88,23 @@ def layout(
         return value
 
     taps = dw.static_dim[2:]
-    fitting = max(d for d in range(len(taps) + 1) if vec * math.prod(taps[len(taps) - d :]) <= MAX_ACCUMULATORS)
+    most = MAX_ACCUMULATORS if dw.static_dim[1] > 1 else DEPTHWISE_ACCUMULATORS
+    fitting = max(d for d in range(len(taps) + 1) if vec * math.prod(taps[len(taps) - d :]) <= most)
     owned = _choice(tuning, "owned_dims", fitting, 0, len(taps))
+    accumulators = vec * math.prod(taps[len(taps) - owned :])
     kept = math.prod(taps[: len(taps) - owned]) * (dw.static_dim[0] // vec) * dw.static_dim[1]
     chunks = -(-kept // _choice(tuning, "width", MAX_WIDTH, 1, THREADS))
     width = -(-kept // chunks)
     slots = THREADS // width
     pixels = dy.static_dim[0] * math.prod(dy.static_dim[2:])
     wanted = -(-pixels // (MIN_PIXELS * slots))
-    resident = _choice(tuning, "blocks_per_sm", BLOCKS_PER_SM, 1, 8)
+    resident = _choice(tuning, "blocks_per_sm", 4 if accumulators <= FEW_ACCUMULATORS else 2, 1, 8)
     per_slot = -(-pixels // (max(1, min(wanted, sm_count(arch) * resident // chunks)) * slots))
     prefetch = _choice(tuning, "prefetch", PREFETCH, 0, 1)
-    # A window needs the loads ahead, the walked dim's taps owned, and its stride a multiple of
-    # its dilation (the next pixel's tap s is this one's tap s + stride / dilation).
+    # A window needs the walked dim's taps owned and its stride a multiple of its dilation (the
+    # next pixel's tap s is this one's tap s + stride / dilation).
     stride, dilation = a.stride[-1], a.dilation[-1]
-    windows = prefetch == 1 and owned >= 1 and stride % dilation == 0 and stride // dilation < taps[-1]
+    windows = owned >= 1 and stride % dilation == 0 and stride // dilation < taps[-1]
     window = _choice(tuning, "window", WINDOW if windows else 0, 0, 1 if windows else 0)
     blocks = -(-pixels // (per_slot * slots))
     return Layout(owned, width, slots, chunks, blocks, per_slot, resident, prefetch, window)
@@ -174,10 +180,11 @@ def _sums(
 
     last = spatial - 1  # the walked dim: the counter c{2 + last} steps by one
 
-    def fetch(to: str, window: bool = False) -> list[str]:
+    def fetch(to: str, window: str = "") -> list[str]:
         """The pixel at the counters' raw elements: dy's run into ``to``loss, the image's at each
-        owned tap into ``to``image[tap]. ``window``: where the pixel follows this_ in its row, the
-        taps whose columns this_ read (tap + shift there) are copied instead of loaded."""
+        owned tap into ``to``image[tap]. ``window``: where it holds and the pixel follows this_ in its
+        row, the taps whose columns this_ read (tap + shift there) are copied instead of loaded
+        (in increasing tap order: in place where ``to`` is this_)."""
         losses = offset_at(dy, ["c0", f"run * {vec}", *(f"c{2 + d}" for d in range(spatial))])
         at_tap = [
             f"const bool inside = {' && '.join(inside) or 'true'};",
@@ -187,7 +194,7 @@ def _sums(
         if window:
             shift = a.stride[last] // a.dilation[last]
             at_tap = [
-                f"if (f{last} < {taps[last] - shift} && c{2 + last} != 0) {to}image[{tap}] = this_image[{tap} + {shift}];",
+                f"if (f{last} < {taps[last] - shift} && {window}) {to}image[{tap}] = this_image[{tap} + {shift}];",
                 "else {",
                 *("  " + line for line in at_tap),
                 "}",
@@ -228,14 +235,14 @@ def _sums(
             "#pragma unroll",
             f"for (int t = 0; t < {owned_count}; ++t) this_image[t] = next_image[t];",
             *step,
-            "if (e + 1 < last) " + fetch("next_", plan.window == 1)[0],
-            *fetch("next_", plan.window == 1)[1:],
+            "if (e + 1 < last) " + fetch("next_", f"c{2 + last} != 0" if plan.window else "")[0],
+            *fetch("next_", f"c{2 + last} != 0" if plan.window else "")[1:],
             *products,
         ]
         ahead = [*(line.format("next_") for line in raw), *fetch("next_")]
-    else:
-        pixel = [*(line.format("this_") for line in raw), *fetch("this_"), *products, *step]
-        ahead = []
+    else:  # with a window this_ holds the previous pixel's elements, from the second on
+        pixel = [*fetch("this_", f"e != first && c{2 + last} != 0" if plan.window else ""), *products, *step]
+        ahead = [line.format("this_") for line in raw]
     first = coordinates("first", [dy.static_dim[axis] for axis in walked], range(len(walked)), "w", itype)
     body = [
         f"const int lane = threadIdx.x % {plan.width}, slot = threadIdx.x / {plan.width};",
