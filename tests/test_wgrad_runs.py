@@ -90,6 +90,14 @@ EMULATED = [
     (wgrad("float", 12, 4, [11, 9], [3, 3], stride=2), {"window": 1, "owned_dims": 1, "prefetch": 1}),
     (wgrad("half", 16, 2, [12, 13], [3, 5], stride=2, dilation=[1, 2]), {"window": 1, "width": 7}),
     (wgrad("float", 8, 1, [29], [4], pre_padding=[2], post_padding=[1]), {"window": 1}),
+    # whole groups: a thread sums every ci of its run's groups from one image vector a tap
+    (wgrad("half", 16, 8, [9, 11], [3, 3], n=3, stride=2), {"whole_groups": 1}),
+    (wgrad("half", 24, 4, [7, 8], [3, 3], dilation=[2, 2], convolution_mode="CONVOLUTION"), {"whole_groups": 1}),
+    (
+        wgrad("float", 16, 2, [10, 7], [3, 2], pre_padding=[2, 0], post_padding=[0, 1]),
+        {"whole_groups": 1, "owned_dims": 1, "window": 1, "width": 3},
+    ),
+    (wgrad("half", 16, 8, [6, 5, 7], [3, 1, 3], stride=2), {"whole_groups": 1, "prefetch": 1}),
 ]
 
 
@@ -163,7 +171,13 @@ GPU = [
     wgrad("float", 36, 2, [15, 31], [5, 5], n=3, pre_padding=[2, 1], post_padding=[1, 2]),
     wgrad("bfloat16", 24, 1, [7, 9, 11], [3, 3, 3], n=2),
 ]
-GPU_TUNINGS = [{}, {"owned_dims": 2, "prefetch": 1}, {"owned_dims": 0, "width": 8}, {"window": 1, "blocks_per_sm": 3}]
+GPU_TUNINGS = [
+    {},
+    {"owned_dims": 2, "prefetch": 1},
+    {"owned_dims": 0, "width": 8},
+    {"window": 1, "blocks_per_sm": 3},
+    {"whole_groups": 1},
+]
 
 
 @pytest.mark.gpu

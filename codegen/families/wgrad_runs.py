@@ -10,6 +10,11 @@ and adds VEC products per tap. Its pixels are a contiguous range in (n, p...) or
 counters: no division per pixel (the first kernel over runs, direct_reduce's, divided (n, p)
 out for every pixel, and re-read dy once per tap).
 
+With the tuning choice ``whole_groups`` a thread takes every ci of its run's groups instead of
+one: one image vector a tap feeds VEC x G products (G elements a tap feed VEC otherwise).
+``prefetch`` loads the next pixel before this one's products; ``window`` copies, for a pixel
+after another of its row, the image columns the previous one read at the taps they share.
+
 A block holds SLOTS x WIDTH threads: WIDTH consecutive kept indices (ci innermost, then the run,
 then the band: a warp reads consecutive channels) times SLOTS pixel ranges; blockIdx.y takes the
 next WIDTH kept indices. At the end each block adds its slots' sums in slot order through shared
@@ -48,7 +53,8 @@ MAX_WIDTH = 32  # kept indices per block: more slots per block, fewer partials t
 MIN_PIXELS = 16  # fewest pixels per slot
 PREFETCH = 0  # pixels loaded ahead of the products (0 or 1): 1 was slower everywhere (registers)
 WINDOW = 0  # reuse the previous pixel's image columns where the walked dim's stride allows (0 or 1)
-CHOICES = frozenset({"owned_dims", "width", "blocks_per_sm", "prefetch", "window"})
+WHOLE_GROUPS = 0  # 1: a thread takes every ci of its run's groups (one image vector a tap) instead of one
+CHOICES = frozenset({"owned_dims", "width", "blocks_per_sm", "prefetch", "window", "whole_groups"})
 PARTIALS = "conv_wgrad_runs_partials"
 
 
@@ -66,6 +72,9 @@ class Layout:
     resident: int  # blocks per SM the registers must allow
     prefetch: int
     window: int
+    cis: int  # input channels of the groups per thread: 1, or G (whole groups)
+    kept: int  # kept indices: (band, run, ci) or (band, run)
+    sums: int  # a thread's sums per output channel of its run: owned taps x cis
 
 
 def layout(
@@ -89,10 +98,12 @@ def layout(
 
     taps = dw.static_dim[2:]
     most = MAX_ACCUMULATORS if dw.static_dim[1] > 1 else DEPTHWISE_ACCUMULATORS
-    fitting = max(d for d in range(len(taps) + 1) if vec * math.prod(taps[len(taps) - d :]) <= most)
+    cis = dw.static_dim[1] if _choice(tuning, "whole_groups", WHOLE_GROUPS, 0, 1) else 1
+    fitting = max(d for d in range(len(taps) + 1) if vec * cis * math.prod(taps[len(taps) - d :]) <= most)
     owned = _choice(tuning, "owned_dims", fitting, 0, len(taps))
-    accumulators = vec * math.prod(taps[len(taps) - owned :])
-    kept = math.prod(taps[: len(taps) - owned]) * (dw.static_dim[0] // vec) * dw.static_dim[1]
+    sums = math.prod(taps[len(taps) - owned :]) * cis
+    accumulators = vec * sums
+    kept = math.prod(taps[: len(taps) - owned]) * (dw.static_dim[0] // vec) * dw.static_dim[1] // cis
     chunks = -(-kept // _choice(tuning, "width", MAX_WIDTH, 1, THREADS))
     width = -(-kept // chunks)
     slots = THREADS // width
@@ -107,7 +118,7 @@ def layout(
     windows = owned >= 1 and stride % dilation == 0 and stride // dilation < taps[-1]
     window = _choice(tuning, "window", WINDOW if windows else 0, 0, 1 if windows else 0)
     blocks = -(-pixels // (per_slot * slots))
-    return Layout(owned, width, slots, chunks, blocks, per_slot, resident, prefetch, window)
+    return Layout(owned, width, slots, chunks, blocks, per_slot, resident, prefetch, window, cis, kept, sums)
 
 
 def emit_wgrad_runs(
@@ -116,9 +127,7 @@ def emit_wgrad_runs(
     compute = compute_for(fused)
     vec = run_width(x.data_type)
     plan = layout(dy, dw, a, vec, ctx.arch, dict(ctx.tuning), anchor_of(fused).name)
-    taps = dw.static_dim[2:]
-    kept = math.prod(taps[: len(taps) - plan.owned]) * (dw.static_dim[0] // vec) * dw.static_dim[1]
-    values = math.prod(taps[len(taps) - plan.owned :]) * vec * kept  # a block's partials
+    values = plan.sums * vec * plan.kept  # a block's partials
     kernel = _sums(fused, ctx, x, dy, dw, a, plan, compute)
     finalize, _ = sums_kernels(ctx, fused, _totals(dw, a, plan, vec, compute), compute)
     bytes_ = plan.blocks * values * (8 if compute == "double" else 4)
@@ -133,17 +142,16 @@ def _sums(
     vec, group, taps = run_width(x.data_type), dw.static_dim[1], dw.static_dim[2:]
     spatial, runs = len(taps), dw.static_dim[0] // vec
     bands, owned = range(spatial - plan.owned), range(spatial - plan.owned, spatial)
-    kept = math.prod(taps[d] for d in bands) * runs * group
-    owned_count = math.prod(taps[d] for d in owned)
+    kept, cis, owned_count = plan.kept, plan.cis, plan.sums // plan.cis
     pixels = dy.static_dim[0] * math.prod(dy.static_dim[2:])
-    values = plan.blocks * owned_count * vec * kept
+    values = plan.blocks * plan.sums * vec * kept
     itype = index_type([x, dy, dw], values, plan.blocks * plan.slots * plan.pixels)
     params = KernelParams()
     names = declare(params, [x, dy])
     scratch = params.scratch(PARTIALS, compute)
     aligned = params.aligned_flag()
     zero = literal(0, compute)
-    picks = vec // group  # the image elements of the run's groups at ci: every G-th
+    picks = vec // group * cis  # the image elements of the run's groups at ci (every G-th), or all
     reach = [f"h{d} + f{d} * {a.dilation[d]}" for d in range(spatial)]  # the image coordinate at tap f_d
     inside = []
     for d in range(spatial):
@@ -155,7 +163,7 @@ def _sums(
 
     def gather(to: str) -> list[str]:
         """The image's elements at a tap (``image``, in the image where ``inside``) into ``to``image[tap]."""
-        if group > 1:
+        if picks < vec:
             return [
                 "#pragma unroll",
                 f"for (int m = 0; m < {picks}; ++m) {to}image[{tap}].v[m] = inside ? image[m * {group}] : {nothing};",
@@ -226,6 +234,15 @@ def _sums(
                 f"for (int j = 0; j < {vec}; ++j) "
                 f"acc[{tap}][j] += loss[j] * gd::element<{compute}>(this_image[{tap}], j / {group});",
             ]
+            if cis == 1
+            else [  # every ci of the run's groups: channel j / G * G + cc of the image vector
+                "#pragma unroll",
+                f"for (int cc = 0; cc < {cis}; ++cc) {{",
+                "  #pragma unroll",
+                f"  for (int j = 0; j < {vec}; ++j) acc[({tap}) * {cis} + cc][j] += "
+                f"loss[j] * gd::element<{compute}>(this_image[{tap}], j / {group} * {group} + cc);",
+                "}",
+            ]
         ),
     ]
     if plan.prefetch:  # the next pixel's loads in flight during this one's products
@@ -247,9 +264,9 @@ def _sums(
     body = [
         f"const int lane = threadIdx.x % {plan.width}, slot = threadIdx.x / {plan.width};",
         f"const int u = blockIdx.y * {plan.width} + lane;  // the kept index: (band, run, ci)",
-        f"const int ci = u % {group}, run = u / {group} % {runs};",
-        *coordinates(f"(u / {group * runs})", taps[: len(bands)], bands, "f", "int"),
-        f"{compute} acc[{owned_count}][{vec}] = {{}};",
+        f"const int ci = u % {group // cis}, run = u / {group // cis} % {runs};",
+        *coordinates(f"(u / {group // cis * runs})", taps[: len(bands)], bands, "f", "int"),
+        f"{compute} acc[{plan.sums}][{vec}] = {{}};",
         f"const {itype} first = (({itype})blockIdx.x * {plan.slots} + slot) * {plan.pixels};",
         f"const {itype} last = first + {plan.pixels} < {pixels} ? first + {plan.pixels} : {pixels};",
         f"if (slot < {plan.slots} && u < {kept} && first < last) {{",
@@ -262,7 +279,7 @@ def _sums(
         "}",
         f"__shared__ {compute} red[{vec * plan.slots * plan.width}];  // [j][slot][lane]",
         "#pragma unroll",
-        f"for (int t = 0; t < {owned_count}; ++t) {{",
+        f"for (int t = 0; t < {plan.sums}; ++t) {{",
         "  __syncthreads();",
         f"  if (slot < {plan.slots}) {{",
         "    #pragma unroll",
@@ -275,7 +292,7 @@ def _sums(
         f"    {compute} total = {zero};",
         "    #pragma unroll",
         f"    for (int s = 0; s < {plan.slots}; ++s) total += red[(j * {plan.slots} + s) * {plan.width} + l];",
-        f"    {scratch}[((({itype})blockIdx.x * {owned_count} + t) * {vec} + j) * {kept} + o] = total;",
+        f"    {scratch}[((({itype})blockIdx.x * {plan.sums} + t) * {vec} + j) * {kept} + o] = total;",
         "  }",
         "}",
     ]
@@ -284,13 +301,13 @@ def _sums(
 
 
 def _totals(dw: Tensor, a: ConvAttributes, plan: Layout, vec: int, compute: str) -> Sums:
-    """The partials as a sum over (block, owned tap, j, kept index): the block reduced."""
+    """The partials as a sum over (block, (owned tap, cc), j, kept index): the block reduced."""
     group, taps = dw.static_dim[1], dw.static_dim[2:]
     spatial, runs = len(taps), dw.static_dim[0] // vec
     bands = taps[: spatial - plan.owned]
     owned = taps[spatial - plan.owned :]
-    kept = math.prod(bands) * runs * group
-    dims = (plan.blocks, math.prod(owned), vec, kept)
+    kept, cis = plan.kept, plan.cis
+    dims = (plan.blocks, plan.sums, vec, kept)
 
     def terms(params: KernelParams, itype: str) -> tuple[list[str], list[str]]:
         partials = params.scratch(PARTIALS, compute)
@@ -300,9 +317,9 @@ def _totals(dw: Tensor, a: ConvAttributes, plan: Layout, vec: int, compute: str)
         flip = a.convolution_mode is ConvMode.CONVOLUTION
         index = [f"({extent - 1} - f{d})" if flip else f"f{d}" for d, extent in enumerate(taps)]
         return [
-            f"const long long ci = c3 % {group}, run = c3 / {group} % {runs};",
-            *coordinates(f"(c3 / {group * runs})", bands, range(len(bands)), "f", "long long"),
-            *coordinates("c1", owned, range(len(owned)), "g", "long long"),
+            f"const long long ci = c3 % {group // cis} + c1 % {cis}, run = c3 / {group // cis} % {runs};",
+            *coordinates(f"(c3 / {group // cis * runs})", bands, range(len(bands)), "f", "long long"),
+            *coordinates(f"(c1 / {cis})", owned, range(len(owned)), "g", "long long"),
             *(f"const long long f{len(bands) + d} = g{d};" for d in range(len(owned))),
             f"{params.tensor(dw, writable=True)}[{offset_at(dw, [f'run * {vec} + c2', 'ci', *index])}] = "
             f"{store(dw.data_type, totals[0])};",
