@@ -1,6 +1,6 @@
 """The depthwise and small-group forward with P output pixels a thread (gemm_grouped_conv.py's
-tuning choice ``pixels``): P = 1 is the default kernel; P > 1 shares each weight vector among P
-pixels. CPU: the CPU emulation against the reference (float and half; rows whose width P does
+tuning choice ``pixels``, with ``blocks_per_sm``): P > 1 shares each weight vector among P
+pixels (a grouped layer's default: 4 pixels, 2 blocks per SM; a depthwise one's: 1). CPU: the CPU emulation against the reference (float and half; rows whose width P does
 not divide, stride 2, dilation, true convolution, a fused epilogue, 1, 2, 4 and 8 channels a
 group) at both alignments, NVRTC for sm_80 and sm_90, a bad choice refused by name. GPU: the
 benchmark's grouped layers (batch 2) and awkward shapes against the reference."""
@@ -91,3 +91,17 @@ def test_matches_reference_on_gpu(case: str, choice: dict[str, object]) -> None:
     tuning = {fused.name: choice for fused in fuse(ir).nodes if fused.family.value == "gemm"}
     assert tuning
     check_on_gpu(graph, tuning=tuning, cache=None)
+
+
+def test_defaults_take_four_pixels_for_groups_and_one_for_depthwise() -> None:
+    """Measured on an H200 (benchmarks/RESULTS.md): a grouped layer's thread takes 4 pixels on a
+    grid of 2 blocks per SM, whose registers the launch bounds cap; a depthwise one 1 pixel on
+    the uncapped resident grid of 8 blocks per SM."""
+    grouped = Conv(n=32, c=256, hw=(28, 28), k=256, groups=32, epilogue="").build()
+    depthwise = Conv(n=32, c=144, hw=(56, 56), k=144, groups=144, epilogue="").build()
+    (kernel,) = kernels(grouped, {})
+    assert "acc[4][8]" in kernel.source and "__launch_bounds__(256, 2)" in kernel.source
+    assert kernel.grid == (2 * 132, 1, 1)
+    (kernel,) = kernels(depthwise, {})
+    assert "acc[1][8]" in kernel.source and "__launch_bounds__(256)" in kernel.source
+    assert kernel.grid == (8 * 132, 1, 1)
