@@ -6,11 +6,14 @@ fp32 first; prints a markdown table with the roofline (every tensor read or writ
     PYTHONPATH=. python benchmarks/grouped_conv.py                # every layer and pass
     PYTHONPATH=. python benchmarks/grouped_conv.py --only dw      # layers whose name contains "dw"
     PYTHONPATH=. python benchmarks/grouped_conv.py --dry          # anywhere: build every plan for sm_90
+    PYTHONPATH=. python benchmarks/grouped_conv.py --passes wgrad --tuning '{"blocks_per_sm": 1}'
+        # the wgrad rows, each also with that tuning choice (a row per --tuning)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Callable
@@ -23,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import graphdnn as gd  # noqa: E402
 from benchmarks.conv_shapes import SquareConv  # noqa: E402
+from fusion_rules import fuse  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
 
@@ -100,20 +104,23 @@ LAYERS = [
 ]
 
 
-def measure(layer: Layer, kind: str, peak: Any) -> str:
-    """A markdown row: the default plan checked against torch (fp32, no TF32), then timed."""
+def measure(layer: Layer, kind: str, peak: Any, choice: dict[str, Any] | None = None) -> str:
+    """A markdown row: the default plan (or the tuning ``choice``) checked against torch (fp32,
+    no TF32), then timed."""
     import torch
 
     from benchmarks.measure import median_us
 
     torch.backends.cudnn.allow_tf32 = False
+    label = "" if choice is None else f"{json.dumps(choice)}: "
     graph = layer.graph(kind)
     ir = graph.validate()
     feeds = random_inputs(ir, seed=1)
     t = {x.name: to_torch(feeds[x.name], x) for x in ir.inputs}
     want = layer.torch_fn(kind, t, fp32=True)()
     try:
-        plan = gd.compile(graph, cache=None)
+        tuning = None if choice is None else {node.name: choice for node in fuse(ir).nodes}
+        plan = gd.compile(graph, cache=None, tuning=tuning)
         out = empty_torch(ir.outputs[0])
         bound = plan.bind({**t, "out": out}, cuda_graph=len(plan.kernels) > 1)
         out.fill_(float("nan"))
@@ -124,9 +131,9 @@ def measure(layer: Layer, kind: str, peak: Any) -> str:
             raise AssertionError(f"relative error {error:.3g}")
         us = median_us(bound, rep_ms=100)
     except Exception as error:  # one failing pass must not hide the others
-        return f"| {layer.name} | {kind} | failed: {type(error).__name__}: {str(error)[:160]} |  |  |  |  |"
+        return f"| {layer.name} | {kind} | {label}failed: {type(error).__name__}: {str(error)[:160]} |  |  |  |  |"
     torch_us = median_us(layer.torch_fn(kind, t), rep_ms=100)
-    kernels = " + ".join(k.name.removeprefix("gd_").rsplit("_", 1)[0] for k in plan.kernels)
+    kernels = label + " + ".join(k.name.removeprefix("gd_").rsplit("_", 1)[0] for k in plan.kernels)
     roof = peak.floor_us(layer.bytes, layer.flops)
     return f"| {layer.name} | {kind} | {kernels} | {us:.1f} | {100 * roof / us:.0f}% | {torch_us:.1f} | {torch_us / us:.2f}x |"
 
@@ -135,11 +142,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="layers whose name contains this text")
     parser.add_argument("--dry", action="store_true", help="build every plan for sm_90 without a GPU; time nothing")
+    parser.add_argument("--passes", default=",".join(PASSES), help="comma-separated passes to run")
+    parser.add_argument("--tuning", action="append", default=[], help="a JSON tuning choice timed besides the default")
     args = parser.parse_args()
     layers = [x for x in LAYERS if args.only in x.name]
+    passes = [kind for kind in args.passes.split(",") if kind]
+    choices = [None, *map(json.loads, args.tuning)]
     if args.dry:
         for layer in layers:
-            for kind in PASSES:
+            for kind in passes:
                 plan = gd.compile(layer.graph(kind), arch=ARCH, cache=None)
                 print(f"{layer.name} | {kind} | {[(k.name, k.grid, k.block) for k in plan.kernels]}", flush=True)
         return 0
@@ -152,8 +163,9 @@ def main() -> int:
     print("| layer | pass | kernels | µs | % of roofline | torch µs | torch / ours |")
     print("|---|---|---|---|---|---|---|")
     for layer in layers:
-        for kind in PASSES:
-            print(measure(layer, kind, peak), flush=True)
+        for kind in passes:
+            for choice in choices:
+                print(measure(layer, kind, peak, choice), flush=True)
     return 0
 
 

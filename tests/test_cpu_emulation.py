@@ -158,12 +158,18 @@ def test_pipelined_matches_reference_on_the_cpu(
 ) -> None:
     graph, choice = item
     keys = ("threads_per_row", "rows_per_block", "vectors_per_thread", "blocks_per_sm")
-    check(graph, dict(zip(keys, choice)), tmp_path_factory)
+    check(graph, dict(zip(keys, choice)), tmp_path_factory, marker="the next rows' loads")
 
 
-def check(graph: gd.OperationGraphSpec, tuning: dict[str, object], tmp_path_factory: pytest.TempPathFactory) -> None:
+def check(
+    graph: gd.OperationGraphSpec,
+    tuning: dict[str, object],
+    tmp_path_factory: pytest.TempPathFactory,
+    marker: str = "",
+) -> None:
     """The graph's kernels against the reference with aligned pointers (vector accesses) and,
-    where a kernel has an element path (an ALIGNED parameter), with the flag at 0 too."""
+    where a kernel has an element path (an ALIGNED parameter), with the flag at 0 too;
+    ``marker``: a text each program's first kernel must contain (the tuning took effect)."""
     build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
     build_dir.mkdir(exist_ok=True)
     ir = graph.validate()
@@ -176,8 +182,7 @@ def check(graph: gd.OperationGraphSpec, tuning: dict[str, object], tmp_path_fact
     for aligned in (1, 0) if paths else (1,):
         memory = dict(feeds)
         for fused, program in programs:
-            if tuning:
-                assert "the next rows' loads" in program.kernels[0].source
+            assert marker in program.kernels[0].source
             memory.update(cpu_emulation.run(fused, program, memory, aligned, build_dir))
         for t in ir.outputs:
             error = relative_error(memory[t.name].astype(np.float64), expected[t.name].astype(np.float64))

@@ -13,6 +13,7 @@ VECTOR_BYTES = 16
 TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 STAGED_BYTES = 48 * 1024  # a filter up to this size is staged in shared memory (static: any arch)
 RESIDENT_BLOCKS = 8  # blocks of 256 threads per SM at full occupancy
+STAGE_BATCH = 8  # filter elements a thread loads before storing them to shared memory
 
 
 def run_width(data_type: DataType) -> int:
@@ -36,20 +37,35 @@ def stages(filter: Tensor) -> bool:
     return filter.static_numel * filter.data_type.itemsize <= STAGED_BYTES
 
 
-def resident_grid(runs: int, threads: int, arch: int) -> int:
-    """Blocks for ``runs`` items of one thread each, at most a resident grid: each block stages
-    the filter once, then walks several runs."""
-    return min(max(1, -(-runs // threads)), sm_count(arch) * RESIDENT_BLOCKS)
+def resident_grid(runs: int, threads: int, arch: int, per_sm: int = RESIDENT_BLOCKS) -> int:
+    """Blocks for ``runs`` items of one thread each, at most a resident grid of ``per_sm``
+    blocks per SM: each block stages the filter once, then walks several runs."""
+    return min(max(1, -(-runs // threads)), sm_count(arch) * per_sm)
 
 
 def staged_filter(element: str, numel: int, indices: str, source: str, comment: str = "") -> list[str]:
     """Statements copying the filter into ``__shared__ filter[numel]``: ``indices`` declares
-    the coordinates of element ``i`` in the staged order, ``source`` reads the filter there."""
+    the coordinates of element ``i`` in the staged order, ``source`` reads the filter there.
+    A thread loads STAGE_BATCH elements before it stores any: a copy of one element at a time
+    waits for each load (a 36 KiB filter, 72 loads a thread, cost a block about as long as
+    its share of the convolution)."""
     return [
         f"__shared__ __align__(16) {element} filter[{numel}];{comment}",
-        f"for (int i = threadIdx.x; i < {numel}; i += blockDim.x) {{",
-        f"  const int {indices};",
-        f"  filter[i] = {source};",
+        f"for (int first = threadIdx.x; first < {numel}; first += {STAGE_BATCH} * blockDim.x) {{",
+        f"  {element} held[{STAGE_BATCH}];",
+        "  #pragma unroll",
+        f"  for (int b = 0; b < {STAGE_BATCH}; ++b) {{",
+        "    const int i = first + b * blockDim.x;",
+        f"    if (i >= {numel}) break;",
+        f"    const int {indices};",
+        f"    held[b] = {source};",
+        "  }",
+        "  #pragma unroll",
+        f"  for (int b = 0; b < {STAGE_BATCH}; ++b) {{",
+        "    const int i = first + b * blockDim.x;",
+        f"    if (i >= {numel}) break;",
+        "    filter[i] = held[b];",
+        "  }",
         "}",
         "__syncthreads();",
     ]

@@ -108,6 +108,8 @@ def make_kernel(
     grid: tuple[int, int, int],
     *,
     alignment: int = 16,
+    min_blocks: int = 0,
 ) -> Kernel:
-    name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1))
+    """``min_blocks``: blocks per SM that must fit at once (kernel_source's), for resident grids."""
+    name, source = kernel_source(ctx, fused, pattern, params, THREADS, indent(body, 1), min_blocks)
     return Kernel(name, source, grid, (THREADS, 1, 1), 0, tuple(params.bindings), alignment=alignment)

@@ -11,7 +11,8 @@ convolution_mode "convolution" the filter is flipped: tap f uses w[F-1-f].
   one dw element per thread group with the reduction pattern (direct_reduce) over N*P, or
   with NHWC data one per lane, the lanes along c then k.
 
-Depthwise and small-group gradients in NHWC take runs of channels instead (direct_conv_runs).
+Depthwise and small-group gradients in NHWC take runs of channels instead (direct_conv_runs,
+wgrad_runs).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from .direct_common import (
     make_kernel,
     read,
 )
-from .direct_conv_runs import emit_dgrad_runs, emit_wgrad_runs, takes_dgrad_runs, takes_runs
+from .direct_conv_runs import emit_dgrad_runs, takes_dgrad_runs, takes_runs
 from .direct_reduce import Sums, innermost_reduced, sums_kernels
+from .wgrad_runs import emit_wgrad_runs
 
 
 def _attributes(fused: FusedNode) -> ConvAttributes:
