@@ -64,6 +64,7 @@ using std::min;
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __restrict__ __restrict
 #define __shared__ static
 struct Dim { unsigned x = 0, y = 0, z = 0; };

@@ -5,6 +5,7 @@ sm_90 and run on the CPU (tests/cpu_emulation.py), and on the GPU against the re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from dataclasses import dataclass
@@ -354,6 +355,17 @@ def test_launch_choices_are_checked_naming_the_node() -> None:
     assert candidates(simt, 90) == []
 
 
+def test_k_slices_take_sm_90() -> None:
+    """Off sm_90 no cluster sums the K slices: refused naming the node, and not offered."""
+    partition = fuse(WeightOnly(3, 96, 40).build(), arch=80)
+    (gemm,) = partition.nodes
+    with pytest.raises(UnsupportedError, match="weight_only") as caught:
+        emit_partition(partition, 80, {gemm.name: {"split": 4}})
+    assert "split = 4 takes sm_90 or later" in str(caught.value)
+    assert all(c["split"] == 1 for c in candidates(gemm, 80))
+    assert {c["split"] for c in candidates(gemm, 90)} == {1, 2, 4, 8}
+
+
 # ---- kernels: NVRTC, the CPU, the GPU ----
 
 COMPILE_CASES = {
@@ -390,6 +402,20 @@ def test_every_weight_only_kernel_compiles(case: str, arch: int) -> None:
                 assert compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
 
 
+# K cut over the blocks of a cluster (sm_90): awkward shapes, K slices with no chunk at all
+SPLIT_CASES = {
+    "m3_k96_g32_split2": (WeightOnly(3, 96, 40, group=32), {"split": 2}),
+    "m9_k1184_g32_split4_warps4": (WeightOnly(9, 1184, 24, group=32), {"split": 4, "warps": 4, "unroll": 1}),
+    "m16_k4096_tiles2_split8": (WeightOnly(16, 4096, 40, scale="float"), {"split": 8, "warps": 4, "column_tiles": 2}),
+    "m1_k2080_n31_split8": (WeightOnly(1, 2080, 31, group=32), {"split": 8, "warps": 8}),
+    "m5_zero_points_split4": (WeightOnly(5, 1184, 24, group=32, zero="half"), {"split": 4, "warps": 4}),
+    "int8_m1_k336_n27_split2": (WeightOnly(1, 336, 27, weight="int8"), {"split": 2, "warps": 4}),
+    "int8_m12_per_channel_split2_tiles2": (
+        WeightOnly(12, 1184, 40, group=None, weight="int8"),
+        {"split": 2, "column_tiles": 2, "unroll": 1},
+    ),
+}
+
 EMULATED = {
     "m1_k96_g64": (WeightOnly(1, 96, 24, group=64), {}),
     "m9_k160": (WeightOnly(9, 160, 8), {}),
@@ -424,6 +450,7 @@ EMULATED = {
     "m7_k2080_unroll4": (WeightOnly(7, 2080, 40, group=32), {"warps": 8, "unroll": 4}),
     "simt_int8_n_major": (WeightOnly(3, 100, 31, group=32, k_major=False, weight="int8"), {}),
     "simt_int8_k_not_16": (WeightOnly(4, 72, 20, group=None, weight="int8"), {}),
+    **{f"split_{name}": case for name, case in SPLIT_CASES.items()},
 }
 
 
@@ -500,6 +527,34 @@ def test_weight_only_gemm_matches_reference_on_gpu(case: str) -> None:
     if spec.m * math.prod(spec.batch) <= 16 and "simt" not in case and spec.k * spec.n <= 2**20:  # every launch choice
         for choice in candidates(gemm, current_gpu_arch()):
             check_on_gpu(graph, seed=1, tolerance=limit, tuning={gemm.name: choice})
+
+
+GPU_SPLIT_CASES = {
+    **{name: (dataclasses.replace(spec, act="bfloat16"), tuning) for name, (spec, tuning) in SPLIT_CASES.items()},
+    "m1_4096x4096_split4_warps4": (
+        WeightOnly(1, 4096, 4096, act="bfloat16", scale="bfloat16"),
+        {"split": 4, "warps": 4},
+    ),
+    "m9_4096x4096_zero_points_split8": (
+        WeightOnly(9, 4096, 4096, act="bfloat16", scale="bfloat16", zero="bfloat16"),
+        {"split": 8, "warps": 4, "unroll": 1},
+    ),
+    "m16_4096x14336_int8_per_channel_split2_tiles2": (
+        WeightOnly(16, 4096, 14336, group=None, act="bfloat16", scale="bfloat16", weight="int8"),
+        {"split": 2, "column_tiles": 2, "unroll": 1},
+    ),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_SPLIT_CASES)
+def test_k_slices_match_the_reference_on_gpu(case: str) -> None:
+    spec, tuning = GPU_SPLIT_CASES[case]
+    graph = spec.build()
+    gemm = next(f for f in fuse(graph, arch=90).nodes if f.anchor is not None)
+    check_on_gpu(
+        graph, seed=zlib.crc32(case.encode()), tolerance=tolerance(DataType(spec.act)), tuning={gemm.name: tuning}
+    )
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")

@@ -52,14 +52,25 @@ from .rnn_projection import with_mma_functions
 
 SMS = 132  # an H100 / H200: the grid should give every SM two blocks or more
 TILE = 16  # output columns per MMA
-CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8, 16), "unroll": (1, 2, 4), "early_a": (0, 1)}
+CHOICES = {
+    "column_tiles": (1, 2, 4),
+    "warps": (4, 8, 16),
+    "unroll": (1, 2, 4),
+    "early_a": (0, 1),
+    "split": (1, 2, 4, 8),
+}
 
 
-def _refusal(p: WeightOnly, launch: dict[str, int]) -> str | None:
+def _refusal(p: WeightOnly, launch: dict[str, int], arch: int) -> str | None:
     """Why a combination of choices cannot build, or None: sets of 4 chunks hold 16 loads per
     tile in registers (one tile only), 16 warps' partial tiles fill 32 KB of static shared
-    memory per 2 tiles (at most 2), and activations fetched a set ahead (``early_a``) hold 16
-    k per load, up to 8 tokens (8-bit weights)."""
+    memory per 2 tiles (at most 2), activations fetched a set ahead (``early_a``) hold 16
+    k per load, up to 8 tokens (8-bit weights), and K slices (``split``) are summed through a
+    thread-block cluster's shared memory (sm_90)."""
+    if launch["split"] > 1 and arch < 90:
+        return (
+            f"split = {launch['split']} takes sm_90 or later (a thread-block cluster sums the K slices), not sm_{arch}"
+        )
     if launch["early_a"] and (p.w.data_type.is_packed or p.rows > 8):
         return "early_a = 1 takes 8-bit weights and at most 8 rows (registers)"
     if launch["unroll"] == 4 and launch["column_tiles"] != 1:
@@ -69,7 +80,7 @@ def _refusal(p: WeightOnly, launch: dict[str, int]) -> str | None:
     return None
 
 
-def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
+def choice(p: WeightOnly, tuning: dict[str, Any], node: str, arch: int) -> dict[str, int]:
     """The launch choice: ``tuning`` checked, else as many column tiles per warp as keep two
     blocks per SM (the activations are reused across them), 8 warps splitting K, and sets of 2
     chunks for one tile, of 1 for more (registers: two blocks of 256 threads per SM). 8-bit
@@ -84,26 +95,30 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
                 node=node,
             )
     tiles = tuning.get("column_tiles", next((t for t in (4, 2) if -(-p.n // (TILE * t)) >= 2 * SMS), 1))
-    launch = {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, "early_a": 0}
+    launch = {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, "early_a": 0, "split": 1}
     if tiles == 1 and not p.w.data_type.is_packed and p.rows <= 8:
         launch.update(warps=16, unroll=4)
     launch.update(tuning)
-    refusal = _refusal(p, launch)
+    refusal = _refusal(p, launch, arch)
     if refusal is not None:
         raise UnsupportedError(f"weight-only GEMM tuning {dict(tuning)}: {refusal}", node=node)
     return launch
 
 
-def candidates(p: WeightOnly) -> list[dict[str, object]]:
-    """Every launch choice the problem can take, for autotuning."""
+def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
+    """Every launch choice the problem can take, for autotuning; K slices only beside 1 or 2
+    column tiles of 4 or 8 warps in sets of 1 or 2 chunks, so that the list stays short
+    enough to time."""
     every = [
-        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e}
+        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e, "split": s}
         for t in CHOICES["column_tiles"]
         for w in CHOICES["warps"]
         for u in CHOICES["unroll"]
         for e in CHOICES["early_a"]
+        for s in CHOICES["split"]
+        if s == 1 or (t <= 2 and w <= 8 and u <= 2 and not e)
     ]
-    return [dict(launch) for launch in every if _refusal(p, launch) is None]
+    return [dict(launch) for launch in every if _refusal(p, launch, arch) is None]
 
 
 def _dequant_int4(pair: str, magic: str, nz: str) -> list[str]:
@@ -170,6 +185,7 @@ def _dequant_bytes(weight: DataType, pair: str, bf16: bool) -> list[str]:
 
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
     tiles, warps, unroll, early = launch["column_tiles"], launch["warps"], launch["unroll"], launch["early_a"]
+    split = launch["split"]
     byte_codes = not p.w.data_type.is_packed
     chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
@@ -181,6 +197,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
     magic = "0x43084308" if bf16 else "0x64086408"  # 136 / 1032 in both halves: magic + 8
     to_pair = "__float2bfloat162_rn" if bf16 else "__float2half2_rn"
     ss, c_n = p.scale.static_stride, p.out.static_stride[-1]
+    target = f"{out}[row * {p.c_row}LL + n * {c_n}LL]"
     # Zero points: a weight is q * scale + (-zero * scale), one fma per pair where the symmetric
     # kernel has one multiply; -zero * scale is computed in fp32 as the scales are fetched, and
     # travels beside them (nz, in the za / zb ping-pong arrays).
@@ -230,7 +247,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
-            "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
+            "    const int k0 = (base + kw + u * KWARPS) * CHUNK + q * KPL;",
             "    #pragma unroll",
             "    for (int j = 0; j < TILES; ++j) {",
             "      #pragma unroll",
@@ -253,7 +270,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
                 ["    const uint4 (&x)[HALVES][PIECES] = xs[u];  // tokens g and g + 8 at k0 .. k0 + KPL - 1"]
                 if early
                 else [
-                    "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
+                    "    const int k0 = (base + kw + u * KWARPS) * CHUNK + q * KPL;",
                     "    uint4 x[HALVES][PIECES];  // tokens g and g + 8 at k0 .. k0 + KPL - 1",
                     *load_x("x", "    "),
                 ]
@@ -294,7 +311,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "  }",
             "};",
             # ping-pong: one set of chunks in flight while the other multiplies (conditions the same in every warp)
-            "constexpr int STEP = WARPS * UNROLL;",
+            "constexpr int STEP = KWARPS * UNROLL;",
             "uint4 wa[UNROLL][TILES][2], wb[UNROLL][TILES][2];",
             f"{pair} sa[UNROLL][TILES][2], sb[UNROLL][TILES][2];",
             *([f"{pair} za[UNROLL][TILES][2], zb[UNROLL][TILES][2];"] if nz else []),
@@ -311,11 +328,13 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
     body = [
         f"constexpr int ROWS = {p.rows}, K = {p.k}, N = {p.n}, GROUP = {p.group}, HALVES = ROWS > 8 ? 2 : 1;",
         f"constexpr int TILES = {tiles}, WARPS = {warps}, UNROLL = {unroll}, CHUNKS = {-(-p.k // chunk)};",
+        f"constexpr int SPLIT = {split}, KWARPS = SPLIT * WARPS;  // K slices (blocks of a cluster); warps over K",
         f"constexpr int CHUNK = {chunk}, KPL = {p.k_per_load}, PIECES = KPL / 8;  // k per warp step, lane, 8 halves",
         f"constexpr long long W_COLUMN = {p.w.static_stride[1] // (1 if byte_codes else 2)};  // bytes between columns",
         "__shared__ float4 partial[WARPS][TILES * HALVES][32];",
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;",
-        "const long long first = (long long)blockIdx.x * (16 * TILES);",
+        "const int rank = blockIdx.x % SPLIT, kw = rank * WARPS + warp;  // the block's K slice, the warp's",
+        "const long long first = (long long)(blockIdx.x / SPLIT) * (16 * TILES);",
         *(_dequant_bytes(p.w.data_type, pair, bf16) if byte_codes else _dequant_int4(pair, magic, nz)),
         "float acc[TILES][HALVES][4] = {};  // [tile][tokens 0-7, 8-15][m16n8 accumulator fragment]",
         "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
@@ -347,11 +366,70 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "  if (row >= ROWS || n >= N) continue;",
         "  float sum = 0.0f;",
         "  for (int v = 0; v < WARPS; ++v) sum += reinterpret_cast<const float*>(&partial[v][jt][from])[reg];",
-        f"  {out}[row * {p.c_row}LL + n * {c_n}LL] = {store(p.out.data_type, 'sum')};",
-        "}",
+        *(
+            [f"  {target} = {store(p.out.data_type, 'sum')};", "}"]
+            if split == 1
+            else ["  mine[e] = sum;", "}", *_cluster_sum(target, store(p.out.data_type, "sum"))]
+        ),
     ]
     threads = 32 * warps
-    name, source = kernel_source(ctx, fused, "weight_only_gemm_mma", params, threads, indent(body, 1))
-    grid = (-(-p.n // (TILE * tiles)), 1, 1)
+    if split > 1:
+        body[body.index("__syncthreads();") : body.index("__syncthreads();")] = _cluster_setup()
+    name, source = kernel_source(ctx, fused, "weight_only_gemm_mma", params, threads, indent(body, 1), cluster=split)
+    grid = (-(-p.n // (TILE * tiles)) * split, 1, 1)
     plain = Kernel(name, source, grid, (threads, 1, 1), 0, tuple(params.bindings), alignment=16)
     return with_mma_functions(plain, p.a.data_type)
+
+
+def _cluster_setup() -> list[str]:
+    """The block's sums over its warps (``mine``), and the cluster's two helpers: its barrier
+    and the address of rank r's sums (sm_90's distributed shared memory). The CPU emulation
+    runs one block at a time, a cluster's ranks in order, their statics shared: there each rank
+    keeps its own row of ``block_sums`` and the barrier is nothing."""
+    return [
+        "#ifdef __CUDA_ARCH__",
+        "constexpr int SLOTS = 1;  // each block's own; the others' through the cluster",
+        "#else",
+        "constexpr int SLOTS = SPLIT;",
+        "#endif",
+        "__shared__ float block_sums[SLOTS][TILES * HALVES * 128];",
+        "float* const mine = block_sums[SLOTS == 1 ? 0 : rank];",
+        "auto cluster_sync = [] {",
+        "#ifdef __CUDA_ARCH__",
+        '  asm volatile("barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");',
+        "#endif",
+        "};",
+        "auto sums_of = [&](int r) -> const float* {  // rank r's sums",
+        "#ifdef __CUDA_ARCH__",
+        "  const float* at;",
+        '  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(at) : "l"(block_sums[0]), "r"(r));',
+        "  return at;",
+        "#else",
+        "  return block_sums[r];",
+        "#endif",
+        "};",
+    ]
+
+
+def _cluster_sum(target: str, value: str) -> list[str]:
+    """The K slices' sums added in rank order by the cluster's last block (deterministic), which
+    writes ``target``; the second barrier keeps every block's shared memory alive until read."""
+    return [
+        "cluster_sync();",
+        "if (rank == SPLIT - 1) {",
+        "  for (int e = threadIdx.x; e < TILES * HALVES * 128; e += WARPS * 32) {",
+        "    const int jt = e >> 7, from = (e >> 2) & 31, reg = e & 3;",
+        "    const int row = 8 * (jt % HALVES) + 2 * (from & 3) + (reg & 1);",
+        "    const long long n = first + 16 * (jt / HALVES) + (from >> 2) + 8 * (reg >> 1);",
+        "    if (row >= ROWS || n >= N) continue;",
+        "    float part[SPLIT];",
+        "    #pragma unroll",
+        "    for (int r = 0; r < SPLIT; ++r) part[r] = sums_of(r)[e];",
+        "    float sum = 0.0f;",
+        "    #pragma unroll",
+        "    for (int r = 0; r < SPLIT; ++r) sum += part[r];",
+        f"    {target} = {value};",
+        "  }",
+        "}",
+        "cluster_sync();",
+    ]
