@@ -215,10 +215,7 @@ inline unsigned transpose8x8(unsigned x) {
 """,
     ),
     ('asm volatile("cp.async.commit_group;\\n" ::);', ";"),
-    ('asm volatile("cp.async.wait_group 3;\\n" ::);', ";"),
-    ('asm volatile("cp.async.wait_group 2;\\n" ::);', ";"),
-    ('asm volatile("cp.async.wait_group 1;\\n" ::);', ";"),
-    ('asm volatile("cp.async.wait_group 0;\\n" ::);', ";"),
+    *((f'asm volatile("cp.async.wait_group {n};\\n" ::);', ";") for n in range(7)),
     ("gd::exp2_approx(", "exp2f("),
 )
 

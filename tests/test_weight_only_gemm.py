@@ -402,8 +402,9 @@ def test_every_weight_only_kernel_compiles(case: str, arch: int) -> None:
                 assert compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
 
 
-# K cut over the blocks of a cluster (sm_90): awkward shapes, K slices with no chunk at all
-SPLIT_CASES = {
+# K cut over the blocks of a cluster (sm_90), and the weights through the cp.async ring:
+# awkward shapes, K slices with no chunk at all, rings that wrap around and run past K
+CHOICE_CASES = {
     "m3_k96_g32_split2": (WeightOnly(3, 96, 40, group=32), {"split": 2}),
     "m9_k1184_g32_split4_warps4": (WeightOnly(9, 1184, 24, group=32), {"split": 4, "warps": 4, "unroll": 1}),
     "m16_k4096_tiles2_split8": (WeightOnly(16, 4096, 40, scale="float"), {"split": 8, "warps": 4, "column_tiles": 2}),
@@ -414,6 +415,18 @@ SPLIT_CASES = {
         WeightOnly(12, 1184, 40, group=None, weight="int8"),
         {"split": 2, "column_tiles": 2, "unroll": 1},
     ),
+    "m3_k96_g32_stages3": (WeightOnly(3, 96, 40, group=32), {"stages": 3}),
+    "m9_k2080_stages4_warps4": (WeightOnly(9, 2080, 24, group=32), {"stages": 4, "unroll": 1, "warps": 4}),
+    "m16_k4096_tiles2_stages6_split2": (
+        WeightOnly(16, 4096, 40, scale="float"),
+        {"stages": 6, "unroll": 1, "column_tiles": 2, "split": 2, "warps": 4},
+    ),
+    "m5_zero_points_stages4": (WeightOnly(5, 1184, 24, group=32, zero="half"), {"stages": 4, "unroll": 1, "warps": 4}),
+    "int8_m12_per_channel_stages3_tiles2": (
+        WeightOnly(12, 1184, 40, group=None, weight="int8"),
+        {"stages": 3, "column_tiles": 2, "unroll": 1, "warps": 4},
+    ),
+    "int8_m1_k336_n27_stages6": (WeightOnly(1, 336, 27, weight="int8"), {"stages": 6, "unroll": 1, "warps": 4}),
 }
 
 EMULATED = {
@@ -450,7 +463,7 @@ EMULATED = {
     "m7_k2080_unroll4": (WeightOnly(7, 2080, 40, group=32), {"warps": 8, "unroll": 4}),
     "simt_int8_n_major": (WeightOnly(3, 100, 31, group=32, k_major=False, weight="int8"), {}),
     "simt_int8_k_not_16": (WeightOnly(4, 72, 20, group=None, weight="int8"), {}),
-    **{f"split_{name}": case for name, case in SPLIT_CASES.items()},
+    **{f"choice_{name}": case for name, case in CHOICE_CASES.items()},
 }
 
 
@@ -529,8 +542,8 @@ def test_weight_only_gemm_matches_reference_on_gpu(case: str) -> None:
             check_on_gpu(graph, seed=1, tolerance=limit, tuning={gemm.name: choice})
 
 
-GPU_SPLIT_CASES = {
-    **{name: (dataclasses.replace(spec, act="bfloat16"), tuning) for name, (spec, tuning) in SPLIT_CASES.items()},
+GPU_CHOICE_CASES = {
+    **{name: (dataclasses.replace(spec, act="bfloat16"), tuning) for name, (spec, tuning) in CHOICE_CASES.items()},
     "m1_4096x4096_split4_warps4": (
         WeightOnly(1, 4096, 4096, act="bfloat16", scale="bfloat16"),
         {"split": 4, "warps": 4},
@@ -543,13 +556,21 @@ GPU_SPLIT_CASES = {
         WeightOnly(16, 4096, 14336, group=None, act="bfloat16", scale="bfloat16", weight="int8"),
         {"split": 2, "column_tiles": 2, "unroll": 1},
     ),
+    "m16_4096x14336_stages4": (
+        WeightOnly(16, 4096, 14336, act="bfloat16", scale="bfloat16"),
+        {"stages": 4, "unroll": 1, "column_tiles": 1},
+    ),
+    "m1_4096x4096_int8_stages6_split2": (
+        WeightOnly(1, 4096, 4096, group=None, act="bfloat16", scale="bfloat16", weight="int8"),
+        {"stages": 6, "unroll": 1, "split": 2},
+    ),
 }
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_SPLIT_CASES)
-def test_k_slices_match_the_reference_on_gpu(case: str) -> None:
-    spec, tuning = GPU_SPLIT_CASES[case]
+@pytest.mark.parametrize("case", GPU_CHOICE_CASES)
+def test_k_slices_and_the_ring_match_the_reference_on_gpu(case: str) -> None:
+    spec, tuning = GPU_CHOICE_CASES[case]
     graph = spec.build()
     gemm = next(f for f in fuse(graph, arch=90).nodes if f.anchor is not None)
     check_on_gpu(

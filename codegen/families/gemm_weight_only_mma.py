@@ -47,6 +47,7 @@ from graphdnn.errors import UnsupportedError
 from ..context import EmitContext, KernelParams, indent, kernel_source
 from ..cuda_types import store
 from ..kernel import Kernel
+from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_weight_only_problem import WeightOnly
 from .rnn_projection import with_mma_functions
 
@@ -58,7 +59,9 @@ CHOICES = {
     "unroll": (1, 2, 4),
     "early_a": (0, 1),
     "split": (1, 2, 4, 8),
+    "stages": (0, 3, 4, 6),
 }
+RING_BYTES = 160 * 1024  # the cp.async ring's limit: under an SM's 227 KB
 
 
 def _refusal(p: WeightOnly, launch: dict[str, int], arch: int) -> str | None:
@@ -71,6 +74,10 @@ def _refusal(p: WeightOnly, launch: dict[str, int], arch: int) -> str | None:
         return (
             f"split = {launch['split']} takes sm_90 or later (a thread-block cluster sums the K slices), not sm_{arch}"
         )
+    if launch["stages"] and launch["early_a"]:
+        return "stages > 0 takes early_a = 0 (the ring carries the weights, multiply loads the activations)"
+    if ring_bytes(launch) > RING_BYTES:
+        return f"stages = {launch['stages']}: the ring needs {ring_bytes(launch)} bytes of shared memory, over {RING_BYTES}"
     if launch["early_a"] and (p.w.data_type.is_packed or p.rows > 8):
         return "early_a = 1 takes 8-bit weights and at most 8 rows (registers)"
     if launch["unroll"] == 4 and launch["column_tiles"] != 1:
@@ -95,7 +102,14 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str, arch: int) -> dict[
                 node=node,
             )
     tiles = tuning.get("column_tiles", next((t for t in (4, 2) if -(-p.n // (TILE * t)) >= 2 * SMS), 1))
-    launch = {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, "early_a": 0, "split": 1}
+    launch = {
+        "column_tiles": tiles,
+        "warps": 8,
+        "unroll": 2 if tiles == 1 else 1,
+        "early_a": 0,
+        "split": 1,
+        "stages": 0,
+    }
     if tiles == 1 and not p.w.data_type.is_packed and p.rows <= 8:
         launch.update(warps=16, unroll=4)
     launch.update(tuning)
@@ -110,13 +124,14 @@ def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
     column tiles of 4 or 8 warps in sets of 1 or 2 chunks, so that the list stays short
     enough to time."""
     every = [
-        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e, "split": s}
+        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e, "split": s, "stages": r}
         for t in CHOICES["column_tiles"]
         for w in CHOICES["warps"]
         for u in CHOICES["unroll"]
         for e in CHOICES["early_a"]
         for s in CHOICES["split"]
-        if s == 1 or (t <= 2 and w <= 8 and u <= 2 and not e)
+        for r in CHOICES["stages"]
+        if (s == 1 or (t <= 2 and w <= 8 and u <= 2 and not e)) and (not r or (u == 1 and w <= 8 and s <= 2))
     ]
     return [dict(launch) for launch in every if _refusal(p, launch, arch) is None]
 
@@ -185,7 +200,7 @@ def _dequant_bytes(weight: DataType, pair: str, bf16: bool) -> list[str]:
 
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
     tiles, warps, unroll, early = launch["column_tiles"], launch["warps"], launch["unroll"], launch["early_a"]
-    split = launch["split"]
+    split, stages = launch["split"], launch["stages"]
     byte_codes = not p.w.data_type.is_packed
     chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
@@ -207,11 +222,11 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         nz = f"{to_pair}(live ? -gd::to<float>({zero}[(k0 / GROUP) * {zs[0]}LL + n * {zs[1]}LL]) * s : 0.0f)"
     nz_array = f"{pair} (&nz)[UNROLL][TILES][2]"
     nz_out, nz_in = (f", {nz_array}", f", const {nz_array}") if nz else ("", "")  # fetch's and multiply's
-    nz_arg, za, zb = (", nz[u][j][h]", ", za", ", zb") if nz else ("", "", "")
+    nz_arg = ", nz[u][j][h]" if nz else ""
     # early_a (8-bit weights, up to 8 tokens): the activations come with the weights, a set
     # ahead, so that multiply waits for neither; else multiply loads them (L2) as it starts
     xs_array = "uint4 (&xs)[UNROLL][HALVES][PIECES]"
-    xs_out, xs_in, xa, xb = (f", {xs_array}", f", const {xs_array}", ", xa", ", xb") if early else ("",) * 4
+    xs_out, xs_in = (f", {xs_array}", f", const {xs_array}") if early else ("", "")
     activations = [
         "#pragma unroll",
         "for (int t = 0; t < HALVES; ++t) {",
@@ -233,8 +248,9 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         pairs, word_at = "(2 hp, 2 hp + 4) and (2 hp + 1, 2 hp + 5)", "piece"
         halves = "hp ? x[t][piece].y : x[t][piece].x, hi = hp ? x[t][piece].w : x[t][piece].z"
 
-    def product(load: str) -> list[str]:
-        """The K loop and its loads, reading 16 bytes with ``load``."""
+    def product(load: str, ring: bool) -> list[str]:
+        """The K loop and its loads, reading 16 bytes with ``load``, or with ``ring`` copying
+        them into the thread's slots of the shared-memory ring (cp.async, STAGES sets)."""
 
         def load_x(into: str, depth: str) -> list[str]:
             """The loads of tokens g and g + 8 at k0 .. k0 + KPL - 1 into ``into``."""
@@ -244,7 +260,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
 
         return [
             # the weights and scales of a set of chunks: the warp's chunks base + warp, base + warp + WARPS, ...
-            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
+            f"auto fetch = [&](int base, {'int stage' if ring else 'uint4 (&wv)[UNROLL][TILES][2]'}, {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
             "    const int k0 = (base + kw + u * KWARPS) * CHUNK + q * KPL;",
@@ -254,7 +270,11 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "      for (int h = 0; h < 2; ++h) {  // columns g and g + 8 of the tile",
             "        const long long n = first + 16 * j + 8 * h + g;",
             "        const bool live = n < N && k0 < K;",
-            f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);",
+            (
+                f"        copy16(smem_addr(ring + SLOT(stage, u, j, h)), {w} + (live ? n * W_COLUMN + k0{'' if byte_codes else ' / 2'} : 0), live);"
+                if ring
+                else f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);"
+            ),
             f"        const float s = live ? gd::to<float>({scale}[(k0 / GROUP) * {ss[0]}LL + n * {ss[1]}LL]) : 0.0f;",
             f"        sc[u][j][h] = {to_pair}(s);",
             *([f"        nz[u][j][h] = {nz};"] if nz else []),
@@ -262,6 +282,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "    }",
             *(load_x("xs[u]", "    ") if early else []),
             "  }",
+            *(['  asm volatile("cp.async.commit_group;\\n" ::);'] if ring else []),
             "};",
             f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_in}{xs_in}) {{",
             "  #pragma unroll",
@@ -310,19 +331,8 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "    }",
             "  }",
             "};",
-            # ping-pong: one set of chunks in flight while the other multiplies (conditions the same in every warp)
             "constexpr int STEP = KWARPS * UNROLL;",
-            "uint4 wa[UNROLL][TILES][2], wb[UNROLL][TILES][2];",
-            f"{pair} sa[UNROLL][TILES][2], sb[UNROLL][TILES][2];",
-            *([f"{pair} za[UNROLL][TILES][2], zb[UNROLL][TILES][2];"] if nz else []),
-            *(["uint4 xa[UNROLL][HALVES][PIECES], xb[UNROLL][HALVES][PIECES];"] if early else []),
-            f"fetch(0, wa, sa{za}{xa});",
-            "for (int c0 = 0; c0 < CHUNKS; c0 += 2 * STEP) {",
-            f"  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb{zb}{xb});",
-            f"  multiply(c0, wa, sa{za}{xa});",
-            f"  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa{za}{xa});",
-            f"  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb{zb}{xb});",
-            "}",
+            *(_ring_loop(pair, stages, bool(nz)) if ring else _ping_pong(pair, bool(nz), bool(early))),
         ]
 
     body = [
@@ -346,9 +356,9 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "  return make_uint4(word[0], word[1], word[2], word[3]);",
         "};",
         f"if ({aligned}) {{",
-        *("  " + line for line in product("load_wide")),
+        *("  " + line for line in product("load_wide", stages > 0)),
         "} else {",
-        *("  " + line for line in product("load_bytes")),
+        *("  " + line for line in product("load_bytes", False)),
         "}",
         "#pragma unroll",
         "for (int j = 0; j < TILES; ++j) {",
@@ -375,10 +385,85 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
     threads = 32 * warps
     if split > 1:
         body[body.index("__syncthreads();") : body.index("__syncthreads();")] = _cluster_setup()
-    name, source = kernel_source(ctx, fused, "weight_only_gemm_mma", params, threads, indent(body, 1), cluster=split)
+    if stages:
+        at = body.index(
+            "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };"
+        )
+        body[at:at] = [
+            f"constexpr int STAGES = {stages}, THREADS = {32 * warps};",
+            "extern __shared__ __align__(128) unsigned char smem[];",
+            "uint4* const ring = reinterpret_cast<uint4*>(smem);  // [STAGES][UNROLL][TILES][2][THREADS]: the threads' own slots",
+            "auto SLOT = [](int stage, int u, int j, int h) { return (((stage * UNROLL + u) * TILES + j) * 2 + h) * THREADS + threadIdx.x; };",
+        ]
+    name, source = kernel_source(
+        ctx,
+        fused,
+        "weight_only_gemm_mma",
+        params,
+        threads,
+        indent(body, 1),
+        device_functions=ASYNC_COPY_PRELUDE if stages else "",
+        cluster=split,
+    )
     grid = (-(-p.n // (TILE * tiles)) * split, 1, 1)
-    plain = Kernel(name, source, grid, (threads, 1, 1), 0, tuple(params.bindings), alignment=16)
+    plain = Kernel(name, source, grid, (threads, 1, 1), ring_bytes(launch), tuple(params.bindings), alignment=16)
     return with_mma_functions(plain, p.a.data_type)
+
+
+def ring_bytes(launch: dict[str, int]) -> int:
+    """Dynamic shared memory of the cp.async ring: STAGES sets of each thread's 16-byte loads."""
+    return launch["stages"] * launch["unroll"] * launch["column_tiles"] * 2 * 32 * launch["warps"] * 16
+
+
+def _ping_pong(pair: str, nz: bool, early: bool) -> list[str]:
+    """One set of chunks in flight in registers while the other multiplies (conditions the
+    same in every warp)."""
+    za, zb = (", za", ", zb") if nz else ("", "")
+    xa, xb = (", xa", ", xb") if early else ("", "")
+    return [
+        "uint4 wa[UNROLL][TILES][2], wb[UNROLL][TILES][2];",
+        f"{pair} sa[UNROLL][TILES][2], sb[UNROLL][TILES][2];",
+        *([f"{pair} za[UNROLL][TILES][2], zb[UNROLL][TILES][2];"] if nz else []),
+        *(["uint4 xa[UNROLL][HALVES][PIECES], xb[UNROLL][HALVES][PIECES];"] if early else []),
+        f"fetch(0, wa, sa{za}{xa});",
+        "for (int c0 = 0; c0 < CHUNKS; c0 += 2 * STEP) {",
+        f"  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb{zb}{xb});",
+        f"  multiply(c0, wa, sa{za}{xa});",
+        f"  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa{za}{xa});",
+        f"  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb{zb}{xb});",
+        "}",
+    ]
+
+
+def _ring_loop(pair: str, stages: int, nz: bool) -> list[str]:
+    """STAGES - 1 sets of chunks in flight through shared memory (each thread copies and reads
+    back only its own slots: cp.async.wait_group orders them, no barrier), their scales (and
+    zero-point terms) in a register ring beside; the stage loop unrolled so that the register
+    ring's indices are constants."""
+    zr = ", zr[{}]" if nz else ""
+    return [
+        f"{pair} sr[STAGES][UNROLL][TILES][2];  // the scales of the sets in flight",
+        *([f"{pair} zr[STAGES][UNROLL][TILES][2];"] if nz else []),
+        "#pragma unroll",
+        f"for (int s = 0; s < STAGES - 1; ++s) fetch(s * STEP, s, sr[s]{zr.format('s')});",
+        "for (int c0 = 0; c0 < CHUNKS; c0 += STAGES * STEP) {",
+        "  #pragma unroll",
+        "  for (int s = 0; s < STAGES; ++s) {",
+        "    const int base = c0 + s * STEP;",
+        "    if (base < CHUNKS) {  // the same in every warp",
+        f'      asm volatile("cp.async.wait_group {stages - 2};\\n" ::);',
+        "      uint4 wv[UNROLL][TILES][2];",
+        "      #pragma unroll",
+        "      for (int u = 0; u < UNROLL; ++u)",
+        "        #pragma unroll",
+        "        for (int j = 0; j < TILES; ++j) wv[u][j][0] = ring[SLOT(s, u, j, 0)], wv[u][j][1] = ring[SLOT(s, u, j, 1)];",
+        "      const int next = (s + STAGES - 1) % STAGES;  // the slot read one step ago",
+        f"      fetch(base + (STAGES - 1) * STEP, next, sr[next]{zr.format('next')});",
+        f"      multiply(base, wv, sr[s]{zr.format('s')});",
+        "    }",
+        "  }",
+        "}",
+    ]
 
 
 def _cluster_setup() -> list[str]:
