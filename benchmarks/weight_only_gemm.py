@@ -177,12 +177,17 @@ def _sweep(
     from codegen.families.gemm import candidates
 
     fused = next(f for f in gd.fuse(graph(m, k, n, weights)).nodes if f.anchor is not None)
-    timed = sorted(
-        (checked_plan_us(graph(m, k, n, weights), inputs, want, {fused.name: c}, rep_ms=50, clean=clean), _short(c))
-        for c in (candidates(fused, 90) if chosen is None else chosen)
-    )
+    timed = []
+    for c in candidates(fused, 90) if chosen is None else chosen:
+        try:
+            us = checked_plan_us(graph(m, k, n, weights), inputs, want, {fused.name: c}, rep_ms=50, clean=clean)
+        except Exception as error:  # a choice the problem refuses, or a wrong result: said, and the rest timed
+            print(f"  M={m} K={k} N={n} {_short(c)}: {type(error).__name__}: {str(error)[:300]}")
+            continue
+        timed.append((us, _short(c)))
+    timed.sort()
     print(f"  M={m} K={k} N={n} (µs {'/'.join(KEYS)}): " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
-    return timed[0]
+    return timed[0] if timed else (float("nan"), "none")
 
 
 KEYS = ("column_tiles", "warps", "unroll", "early_a", "split", "stages")
