@@ -41,12 +41,14 @@ from __future__ import annotations
 from typing import Any
 
 from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 
 from ..context import EmitContext, KernelParams, indent, kernel_source
 from ..cuda_types import store
 from ..kernel import Kernel
+from . import gemm_weight_only_loops as loops
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_weight_only_problem import WeightOnly
 from .rnn_projection import with_mma_functions
@@ -60,8 +62,9 @@ CHOICES = {
     "early_a": (0, 1),
     "split": (1, 2, 4, 8),
     "stages": (0, 3, 4, 6),
+    "persist": (0, 1, 2, 3, 4),
 }
-RING_BYTES = 160 * 1024  # the cp.async ring's limit: under an SM's 227 KB
+SHARED_BYTES = 227 * 1024  # an SM's shared memory (sm_80: 163 KB; the driver refuses what does not fit)
 
 
 def _refusal(p: WeightOnly, launch: dict[str, int], arch: int) -> str | None:
@@ -69,15 +72,22 @@ def _refusal(p: WeightOnly, launch: dict[str, int], arch: int) -> str | None:
     tile in registers (one tile only), 16 warps' partial tiles fill 32 KB of static shared
     memory per 2 tiles (at most 2), activations fetched a set ahead (``early_a``) hold 16
     k per load, up to 8 tokens (8-bit weights), and K slices (``split``) are summed through a
-    thread-block cluster's shared memory (sm_90)."""
+    thread-block cluster's shared memory (sm_90); ``persist`` blocks per SM must fit their
+    rings and warps."""
     if launch["split"] > 1 and arch < 90:
         return (
             f"split = {launch['split']} takes sm_90 or later (a thread-block cluster sums the K slices), not sm_{arch}"
         )
     if launch["stages"] and launch["early_a"]:
         return "stages > 0 takes early_a = 0 (the ring carries the weights, multiply loads the activations)"
-    if ring_bytes(launch) > RING_BYTES:
-        return f"stages = {launch['stages']}: the ring needs {ring_bytes(launch)} bytes of shared memory, over {RING_BYTES}"
+    resident = max(1, launch["persist"])
+    if resident * loops.ring_bytes(launch) > SHARED_BYTES:
+        return (
+            f"stages = {launch['stages']}: {resident} block(s) per SM need {resident} x {loops.ring_bytes(launch)} "
+            f"bytes of shared memory for the ring, over {SHARED_BYTES}"
+        )
+    if launch["persist"] * launch["warps"] > 64:
+        return f"persist = {launch['persist']} blocks of {launch['warps']} warps exceed an SM's 64 warps"
     if launch["early_a"] and (p.w.data_type.is_packed or p.rows > 8):
         return "early_a = 1 takes 8-bit weights and at most 8 rows (registers)"
     if launch["unroll"] == 4 and launch["column_tiles"] != 1:
@@ -109,6 +119,7 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str, arch: int) -> dict[
         "early_a": 0,
         "split": 1,
         "stages": 0,
+        "persist": 0,
     }
     if tiles == 1 and not p.w.data_type.is_packed and p.rows <= 8:
         launch.update(warps=16, unroll=4)
@@ -124,14 +135,17 @@ def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
     column tiles of 4 or 8 warps in sets of 1 or 2 chunks, so that the list stays short
     enough to time."""
     every = [
-        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e, "split": s, "stages": r}
+        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e, "split": s, "stages": r, "persist": b}
         for t in CHOICES["column_tiles"]
         for w in CHOICES["warps"]
         for u in CHOICES["unroll"]
         for e in CHOICES["early_a"]
         for s in CHOICES["split"]
         for r in CHOICES["stages"]
-        if (s == 1 or (t <= 2 and w <= 8 and u <= 2 and not e)) and (not r or (u == 1 and w <= 8 and s <= 2))
+        for b in CHOICES["persist"]
+        if (s == 1 or (t <= 2 and w <= 8 and u <= 2 and not e))
+        and (not r or (u == 1 and w <= 8 and s <= 2))
+        and (not b or (r == 4 and b in (2, 3)))
     ]
     return [dict(launch) for launch in every if _refusal(p, launch, arch) is None]
 
@@ -200,7 +214,7 @@ def _dequant_bytes(weight: DataType, pair: str, bf16: bool) -> list[str]:
 
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
     tiles, warps, unroll, early = launch["column_tiles"], launch["warps"], launch["unroll"], launch["early_a"]
-    split, stages = launch["split"], launch["stages"]
+    split, stages, persist = launch["split"], launch["stages"], launch["persist"]
     byte_codes = not p.w.data_type.is_packed
     chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
@@ -260,7 +274,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
 
         return [
             # the weights and scales of a set of chunks: the warp's chunks base + warp, base + warp + WARPS, ...
-            f"auto fetch = [&](int base, {'int stage' if ring else 'uint4 (&wv)[UNROLL][TILES][2]'}, {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
+            f"auto fetch = [&](long long first, int base, {'int stage' if ring else 'uint4 (&wv)[UNROLL][TILES][2]'}, {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
             "    const int k0 = (base + kw + u * KWARPS) * CHUNK + q * KPL;",
@@ -332,7 +346,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "  }",
             "};",
             "constexpr int STEP = KWARPS * UNROLL;",
-            *(_ring_loop(pair, stages, bool(nz)) if ring else _ping_pong(pair, bool(nz), bool(early))),
+            *(loops.ring_stream(pair, stages, bool(nz)) if ring else loops.ping_pong(pair, bool(nz), bool(early))),
         ]
 
     body = [
@@ -344,9 +358,13 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "__shared__ float4 partial[WARPS][TILES * HALVES][32];",
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;",
         "const int rank = blockIdx.x % SPLIT, kw = rank * WARPS + warp;  // the block's K slice, the warp's",
-        "const long long first = (long long)(blockIdx.x / SPLIT) * (16 * TILES);",
+        "constexpr int COLUMN_TILES = (N + 16 * TILES - 1) / (16 * TILES);",
+        "const int cluster = blockIdx.x / SPLIT, clusters = gridDim.x / SPLIT;  // column tiles cluster, + clusters, ...",
         *(_dequant_bytes(p.w.data_type, pair, bf16) if byte_codes else _dequant_int4(pair, magic, nz)),
         "float acc[TILES][HALVES][4] = {};  // [tile][tokens 0-7, 8-15][m16n8 accumulator fragment]",
+        *(loops.cluster_setup() if split > 1 else []),
+        *loops.finish(target, store(p.out.data_type, "sum"), split > 1),
+        *(loops.ring_setup(stages, warps) if stages else []),
         "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
         "auto load_bytes = [&](const void* at) -> uint4 {",
         "  unsigned word[4] = {0, 0, 0, 0};",
@@ -360,41 +378,8 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "} else {",
         *("  " + line for line in product("load_bytes", False)),
         "}",
-        "#pragma unroll",
-        "for (int j = 0; j < TILES; ++j) {",
-        "  #pragma unroll",
-        "  for (int t = 0; t < HALVES; ++t) {",
-        "    partial[warp][j * HALVES + t][lane] = make_float4(acc[j][t][0], acc[j][t][1], acc[j][t][2], acc[j][t][3]);",
-        "  }",
-        "}",
-        "__syncthreads();",
-        # one output per step: tile j, tokens half t, lane and register of the m16n8 accumulator fragment
-        "for (int e = threadIdx.x; e < TILES * HALVES * 128; e += WARPS * 32) {",
-        "  const int jt = e >> 7, from = (e >> 2) & 31, reg = e & 3;",
-        "  const int row = 8 * (jt % HALVES) + 2 * (from & 3) + (reg & 1);",
-        "  const long long n = first + 16 * (jt / HALVES) + (from >> 2) + 8 * (reg >> 1);",
-        "  if (row >= ROWS || n >= N) continue;",
-        "  float sum = 0.0f;",
-        "  for (int v = 0; v < WARPS; ++v) sum += reinterpret_cast<const float*>(&partial[v][jt][from])[reg];",
-        *(
-            [f"  {target} = {store(p.out.data_type, 'sum')};", "}"]
-            if split == 1
-            else ["  mine[e] = sum;", "}", *_cluster_sum(target, store(p.out.data_type, "sum"))]
-        ),
     ]
     threads = 32 * warps
-    if split > 1:
-        body[body.index("__syncthreads();") : body.index("__syncthreads();")] = _cluster_setup()
-    if stages:
-        at = body.index(
-            "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };"
-        )
-        body[at:at] = [
-            f"constexpr int STAGES = {stages}, THREADS = {32 * warps};",
-            "extern __shared__ __align__(128) unsigned char smem[];",
-            "uint4* const ring = reinterpret_cast<uint4*>(smem);  // [STAGES][UNROLL][TILES][2][THREADS]: the threads' own slots",
-            "auto SLOT = [](int stage, int u, int j, int h) { return (((stage * UNROLL + u) * TILES + j) * 2 + h) * THREADS + threadIdx.x; };",
-        ]
     name, source = kernel_source(
         ctx,
         fused,
@@ -402,119 +387,12 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         params,
         threads,
         indent(body, 1),
+        min_blocks=persist,
         device_functions=ASYNC_COPY_PRELUDE if stages else "",
         cluster=split,
     )
-    grid = (-(-p.n // (TILE * tiles)) * split, 1, 1)
-    plain = Kernel(name, source, grid, (threads, 1, 1), ring_bytes(launch), tuple(params.bindings), alignment=16)
+    column_tiles = -(-p.n // (TILE * tiles))
+    clusters = min(column_tiles, max(1, sm_count(ctx.arch) * persist // split)) if persist else column_tiles
+    grid = (clusters * split, 1, 1)
+    plain = Kernel(name, source, grid, (threads, 1, 1), loops.ring_bytes(launch), tuple(params.bindings), alignment=16)
     return with_mma_functions(plain, p.a.data_type)
-
-
-def ring_bytes(launch: dict[str, int]) -> int:
-    """Dynamic shared memory of the cp.async ring: STAGES sets of each thread's 16-byte loads."""
-    return launch["stages"] * launch["unroll"] * launch["column_tiles"] * 2 * 32 * launch["warps"] * 16
-
-
-def _ping_pong(pair: str, nz: bool, early: bool) -> list[str]:
-    """One set of chunks in flight in registers while the other multiplies (conditions the
-    same in every warp)."""
-    za, zb = (", za", ", zb") if nz else ("", "")
-    xa, xb = (", xa", ", xb") if early else ("", "")
-    return [
-        "uint4 wa[UNROLL][TILES][2], wb[UNROLL][TILES][2];",
-        f"{pair} sa[UNROLL][TILES][2], sb[UNROLL][TILES][2];",
-        *([f"{pair} za[UNROLL][TILES][2], zb[UNROLL][TILES][2];"] if nz else []),
-        *(["uint4 xa[UNROLL][HALVES][PIECES], xb[UNROLL][HALVES][PIECES];"] if early else []),
-        f"fetch(0, wa, sa{za}{xa});",
-        "for (int c0 = 0; c0 < CHUNKS; c0 += 2 * STEP) {",
-        f"  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb{zb}{xb});",
-        f"  multiply(c0, wa, sa{za}{xa});",
-        f"  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa{za}{xa});",
-        f"  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb{zb}{xb});",
-        "}",
-    ]
-
-
-def _ring_loop(pair: str, stages: int, nz: bool) -> list[str]:
-    """STAGES - 1 sets of chunks in flight through shared memory (each thread copies and reads
-    back only its own slots: cp.async.wait_group orders them, no barrier), their scales (and
-    zero-point terms) in a register ring beside; the stage loop unrolled so that the register
-    ring's indices are constants."""
-    zr = ", zr[{}]" if nz else ""
-    return [
-        f"{pair} sr[STAGES][UNROLL][TILES][2];  // the scales of the sets in flight",
-        *([f"{pair} zr[STAGES][UNROLL][TILES][2];"] if nz else []),
-        "#pragma unroll",
-        f"for (int s = 0; s < STAGES - 1; ++s) fetch(s * STEP, s, sr[s]{zr.format('s')});",
-        "for (int c0 = 0; c0 < CHUNKS; c0 += STAGES * STEP) {",
-        "  #pragma unroll",
-        "  for (int s = 0; s < STAGES; ++s) {",
-        "    const int base = c0 + s * STEP;",
-        "    if (base < CHUNKS) {  // the same in every warp",
-        f'      asm volatile("cp.async.wait_group {stages - 2};\\n" ::);',
-        "      uint4 wv[UNROLL][TILES][2];",
-        "      #pragma unroll",
-        "      for (int u = 0; u < UNROLL; ++u)",
-        "        #pragma unroll",
-        "        for (int j = 0; j < TILES; ++j) wv[u][j][0] = ring[SLOT(s, u, j, 0)], wv[u][j][1] = ring[SLOT(s, u, j, 1)];",
-        "      const int next = (s + STAGES - 1) % STAGES;  // the slot read one step ago",
-        f"      fetch(base + (STAGES - 1) * STEP, next, sr[next]{zr.format('next')});",
-        f"      multiply(base, wv, sr[s]{zr.format('s')});",
-        "    }",
-        "  }",
-        "}",
-    ]
-
-
-def _cluster_setup() -> list[str]:
-    """The block's sums over its warps (``mine``), and the cluster's two helpers: its barrier
-    and the address of rank r's sums (sm_90's distributed shared memory). The CPU emulation
-    runs one block at a time, a cluster's ranks in order, their statics shared: there each rank
-    keeps its own row of ``block_sums`` and the barrier is nothing."""
-    return [
-        "#ifdef __CUDA_ARCH__",
-        "constexpr int SLOTS = 1;  // each block's own; the others' through the cluster",
-        "#else",
-        "constexpr int SLOTS = SPLIT;",
-        "#endif",
-        "__shared__ float block_sums[SLOTS][TILES * HALVES * 128];",
-        "float* const mine = block_sums[SLOTS == 1 ? 0 : rank];",
-        "auto cluster_sync = [] {",
-        "#ifdef __CUDA_ARCH__",
-        '  asm volatile("barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");',
-        "#endif",
-        "};",
-        "auto sums_of = [&](int r) -> const float* {  // rank r's sums",
-        "#ifdef __CUDA_ARCH__",
-        "  const float* at;",
-        '  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(at) : "l"(block_sums[0]), "r"(r));',
-        "  return at;",
-        "#else",
-        "  return block_sums[r];",
-        "#endif",
-        "};",
-    ]
-
-
-def _cluster_sum(target: str, value: str) -> list[str]:
-    """The K slices' sums added in rank order by the cluster's last block (deterministic), which
-    writes ``target``; the second barrier keeps every block's shared memory alive until read."""
-    return [
-        "cluster_sync();",
-        "if (rank == SPLIT - 1) {",
-        "  for (int e = threadIdx.x; e < TILES * HALVES * 128; e += WARPS * 32) {",
-        "    const int jt = e >> 7, from = (e >> 2) & 31, reg = e & 3;",
-        "    const int row = 8 * (jt % HALVES) + 2 * (from & 3) + (reg & 1);",
-        "    const long long n = first + 16 * (jt / HALVES) + (from >> 2) + 8 * (reg >> 1);",
-        "    if (row >= ROWS || n >= N) continue;",
-        "    float part[SPLIT];",
-        "    #pragma unroll",
-        "    for (int r = 0; r < SPLIT; ++r) part[r] = sums_of(r)[e];",
-        "    float sum = 0.0f;",
-        "    #pragma unroll",
-        "    for (int r = 0; r < SPLIT; ++r) sum += part[r];",
-        f"    {target} = {value};",
-        "  }",
-        "}",
-        "cluster_sync();",
-    ]
