@@ -216,6 +216,7 @@ inline unsigned transpose8x8(unsigned x) {
     ),
     ('asm volatile("cp.async.commit_group;\\n" ::);', ";"),
     *((f'asm volatile("cp.async.wait_group {n};\\n" ::);', ";") for n in range(7)),
+    *((f'asm volatile("cp.async.wait_group {n};\\n" ::: "memory");', ";") for n in range(7)),
     ("gd::exp2_approx(", "exp2f("),
 )
 

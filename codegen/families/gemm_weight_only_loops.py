@@ -75,7 +75,8 @@ def ring_stream(pair: str, stages: int, nz: bool) -> list[str]:
         "  for (int s = 0; s < STAGES; ++s) {",
         "    const int i = i0 + s, ahead = i + STAGES - 1;",
         "    if (i < steps) {",
-        f'      asm volatile("cp.async.wait_group {stages - 2};\\n" ::);',
+        # the memory clobber keeps the slot's read below the wait (no barrier does it here)
+        f'      asm volatile("cp.async.wait_group {stages - 2};\\n" ::: "memory");',
         "      uint4 wv[UNROLL][TILES][2];",
         "      #pragma unroll",
         "      for (int u = 0; u < UNROLL; ++u)",
