@@ -441,6 +441,12 @@ CHOICE_CASES = {
         WeightOnly(5, 192, 600, group=64, zero="half"),
         {"persist": 1, "split": 8, "stages": 3, "unroll": 1, "warps": 4, "column_tiles": 2},
     ),
+    # the weights loaded evict-first in L2: through the ring, and into registers
+    "m9_k2080_stages4_evict_first": (
+        WeightOnly(9, 2080, 24, group=32),
+        {"stages": 4, "unroll": 1, "warps": 4, "evict_first": 1},
+    ),
+    "int8_m3_k336_n40_evict_first": (WeightOnly(3, 336, 40, weight="int8"), {"evict_first": 1}),
 }
 
 EMULATED = {
@@ -581,6 +587,10 @@ GPU_CHOICE_CASES = {
     "m1_4096x14336_int8_per_channel_stages4_persist2_tiles2": (
         WeightOnly(1, 4096, 14336, group=None, act="bfloat16", scale="bfloat16", weight="int8"),
         {"stages": 4, "unroll": 1, "column_tiles": 2, "persist": 2},
+    ),
+    "m1_4096x4096_evict_first_split2_stages4": (
+        WeightOnly(1, 4096, 4096, act="bfloat16", scale="bfloat16"),
+        {"evict_first": 1, "split": 2, "stages": 4, "unroll": 1},
     ),
     "m1_4096x4096_int8_stages6_split2": (
         WeightOnly(1, 4096, 4096, group=None, act="bfloat16", scale="bfloat16", weight="int8"),

@@ -63,7 +63,43 @@ CHOICES = {
     "split": (1, 2, 4, 8),
     "stages": (0, 3, 4, 6),
     "persist": (0, 1, 2, 3, 4),
+    "evict_first": (0, 1),
 }
+# The weights and their scales are read once: loaded with an L2 evict-first policy they push
+# out each other rather than the lines other kernels keep in L2 (a layer's activations, a KV
+# cache; dirty lines that would have to be written back first). The CPU emulation reads the
+# plain copies.
+STREAMING = r"""
+__device__ __forceinline__ unsigned long long stream_policy() {
+#ifdef __CUDA_ARCH__
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+#else
+  return 0;
+#endif
+}
+// 16 bytes global -> shared (cp.async), evict-first in L2; zeros when !valid (src then unread)
+__device__ __forceinline__ void stream16(void* dst, const void* src, bool valid, unsigned long long policy) {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
+               :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 16 : 0), "l"(policy));
+#else
+  if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
+#endif
+}
+// 16 bytes global -> registers through the read-only path, evict-first in L2, not kept in L1
+__device__ __forceinline__ uint4 load_streaming(const void* at, unsigned long long policy) {
+#ifdef __CUDA_ARCH__
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(at), "l"(policy));
+  return v;
+#else
+  return *reinterpret_cast<const uint4*>(at);
+#endif
+}
+"""
 SHARED_BYTES = 227 * 1024  # an SM's shared memory (sm_80: 163 KB; the driver refuses what does not fit)
 
 
@@ -120,6 +156,7 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str, arch: int) -> dict[
         "split": 1,
         "stages": 0,
         "persist": 0,
+        "evict_first": 0,
     }
     if tiles == 1 and not p.w.data_type.is_packed and p.rows <= 8:
         launch.update(warps=16, unroll=4)
@@ -135,7 +172,16 @@ def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
     column tiles of 4 or 8 warps in sets of 1 or 2 chunks, so that the list stays short
     enough to time."""
     every = [
-        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e, "split": s, "stages": r, "persist": b}
+        {
+            "column_tiles": t,
+            "warps": w,
+            "unroll": u,
+            "early_a": e,
+            "split": s,
+            "stages": r,
+            "persist": b,
+            "evict_first": 0,
+        }
         for t in CHOICES["column_tiles"]
         for w in CHOICES["warps"]
         for u in CHOICES["unroll"]
@@ -214,7 +260,7 @@ def _dequant_bytes(weight: DataType, pair: str, bf16: bool) -> list[str]:
 
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
     tiles, warps, unroll, early = launch["column_tiles"], launch["warps"], launch["unroll"], launch["early_a"]
-    split, stages, persist = launch["split"], launch["stages"], launch["persist"]
+    split, stages, persist, evict = launch["split"], launch["stages"], launch["persist"], launch["evict_first"]
     byte_codes = not p.w.data_type.is_packed
     chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
@@ -285,7 +331,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "        const long long n = first + 16 * j + 8 * h + g;",
             "        const bool live = n < N && k0 < K;",
             (
-                f"        copy16(smem_addr(ring + SLOT(stage, u, j, h)), {w} + (live ? n * W_COLUMN + k0{'' if byte_codes else ' / 2'} : 0), live);"
+                f"        {'stream16(ring + SLOT(stage, u, j, h)' if evict else 'copy16(smem_addr(ring + SLOT(stage, u, j, h))'}, {w} + (live ? n * W_COLUMN + k0{'' if byte_codes else ' / 2'} : 0), live{', policy' if evict else ''});"
                 if ring
                 else f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);"
             ),
@@ -365,7 +411,12 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         *(loops.cluster_setup() if split > 1 else []),
         *loops.finish(target, store(p.out.data_type, "sum"), split > 1),
         *(loops.ring_setup(stages, warps) if stages else []),
-        "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
+        *(["const unsigned long long policy = stream_policy();"] if evict else []),
+        (
+            "auto load_wide = [&](const void* at) -> uint4 { return load_streaming(at, policy); };"
+            if evict
+            else "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };"
+        ),
         "auto load_bytes = [&](const void* at) -> uint4 {",
         "  unsigned word[4] = {0, 0, 0, 0};",
         "  #pragma unroll",
@@ -388,7 +439,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         threads,
         indent(body, 1),
         min_blocks=persist,
-        device_functions=ASYNC_COPY_PRELUDE if stages else "",
+        device_functions=(STREAMING if evict else "") + (ASYNC_COPY_PRELUDE if stages and not evict else ""),
         cluster=split,
     )
     column_tiles = -(-p.n // (TILE * tiles))
