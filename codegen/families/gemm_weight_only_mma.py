@@ -88,11 +88,12 @@ __device__ __forceinline__ void stream16(void* dst, const void* src, bool valid,
   if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
 #endif
 }
-// 16 bytes global -> registers through the read-only path, evict-first in L2, not kept in L1
+// 16 bytes global -> registers through the read-only path, evict-first in L2, not kept in L1;
+// volatile: never executed where the code does not ask for it (a load past the end faults)
 __device__ __forceinline__ uint4 load_streaming(const void* at, unsigned long long policy) {
 #ifdef __CUDA_ARCH__
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(at), "l"(policy));
   return v;
 #else
@@ -333,7 +334,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             (
                 f"        {'stream16(ring + SLOT(stage, u, j, h)' if evict else 'copy16(smem_addr(ring + SLOT(stage, u, j, h))'}, {w} + (live ? n * W_COLUMN + k0{'' if byte_codes else ' / 2'} : 0), live{', policy' if evict else ''});"
                 if ring
-                else f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);"
+                else f"        wv[u][j][h] = live ? {'load_weights' if evict and load == 'load_wide' else load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);"
             ),
             f"        const float s = live ? gd::to<float>({scale}[(k0 / GROUP) * {ss[0]}LL + n * {ss[1]}LL]) : 0.0f;",
             f"        sc[u][j][h] = {to_pair}(s);",
@@ -411,11 +412,14 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         *(loops.cluster_setup() if split > 1 else []),
         *loops.finish(target, store(p.out.data_type, "sum"), split > 1),
         *(loops.ring_setup(stages, warps) if stages else []),
-        *(["const unsigned long long policy = stream_policy();"] if evict else []),
-        (
-            "auto load_wide = [&](const void* at) -> uint4 { return load_streaming(at, policy); };"
+        "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
+        *(
+            [
+                "const unsigned long long policy = stream_policy();  // the weights' (the activations are reused)",
+                "auto load_weights = [&](const void* at) -> uint4 { return load_streaming(at, policy); };",
+            ]
             if evict
-            else "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };"
+            else []
         ),
         "auto load_bytes = [&](const void* at) -> uint4 {",
         "  unsigned word[4] = {0, 0, 0, 0};",
