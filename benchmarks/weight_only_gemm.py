@@ -14,7 +14,7 @@ points per group too (asymmetric int4, as AWQ / GPTQ checkpoints): W = (code - z
 
     PYTHONPATH=. python benchmarks/weight_only_gemm.py            # on the GPU
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --sweep    # and every launch choice
-    PYTHONPATH=. python benchmarks/weight_only_gemm.py --choices 1/8/2/0/1/0/0/0,1/4/2/0/4/0/0/1  # and these
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --choices 1/8/2/0/2/0,1/8/1/0/1/4  # and these
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --zero-points
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight int8 [--group channel]
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight fp8_e4m3 --rows 1,16
@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument(
         "--choices",
         default="",
-        help="also time these launch choices, tiles/warps/unroll/early_a/split/stages/persist/evict_first, comma-separated",
+        help="also time these launch choices, tiles/warps/unroll/early_a/split/stages, comma-separated",
     )
     parser.add_argument("--zero-points", action="store_true", help="asymmetric int4: bf16 zero points per group")
     parser.add_argument("--weight", choices=("int4", "int8", "fp8_e4m3"), default="int4", help="W's type")
@@ -96,11 +96,7 @@ def main() -> int:
     copy = ceilings.copy_bytes_per_s / 1e9
     print(f"{ceilings.device}: device-to-device copy {copy:.0f} GB/s (read + written)\n")
     chosen = [_choice(text) for text in args.choices.split(",") if text]
-    best = (
-        " best choice µs (tiles/warps/unroll/early_a/split/stages/persist/evict_first) | speedup |"
-        if args.sweep or chosen
-        else ""
-    )
+    best = " best choice µs (tiles/warps/unroll/early_a/split/stages) | speedup |" if args.sweep or chosen else ""
     dequantized = " torch dequantize + bf16 µs |" if weights.bits == 8 else ""
     print(f"{args.weight} weights, scales per {args.group if weights.group else 'column'}")
     print(f"| M | K x N | ours µs | ours GB/s | % of copy | torch bf16 µs | torch GB/s | speedup |{dequantized}{best}")
@@ -194,21 +190,19 @@ def _sweep(
     return timed[0] if timed else (float("nan"), "none")
 
 
-KEYS = ("column_tiles", "warps", "unroll", "early_a", "split", "stages", "persist", "evict_first")
+KEYS = ("column_tiles", "warps", "unroll", "early_a", "split", "stages")
 
 
 def _short(choice: dict[str, object]) -> str:
-    """A launch choice as tiles/warps/unroll/early_a/split/stages/persist/evict_first."""
+    """A launch choice as tiles/warps/unroll/early_a/split/stages."""
     return "/".join(str(choice[key]) for key in KEYS)
 
 
 def _choice(text: str) -> dict[str, object]:
-    """tiles/warps/unroll/early_a/split/stages/persist/evict_first as a launch choice."""
+    """tiles/warps/unroll/early_a/split/stages as a launch choice."""
     values = text.split("/")
     if len(values) != len(KEYS) or not all(v.isdigit() for v in values):
-        raise SystemExit(
-            f"--choices: {text!r} is not eight integers tiles/warps/unroll/early_a/split/stages/persist/evict_first"
-        )
+        raise SystemExit(f"--choices: {text!r} is not six integers tiles/warps/unroll/early_a/split/stages")
     return dict(zip(KEYS, map(int, values)))
 
 

@@ -427,26 +427,6 @@ CHOICE_CASES = {
         {"stages": 3, "column_tiles": 2, "unroll": 1, "warps": 4},
     ),
     "int8_m1_k336_n27_stages6": (WeightOnly(1, 336, 27, weight="int8"), {"stages": 6, "unroll": 1, "warps": 4}),
-    # a resident grid (132 SMs x persist blocks / split: 16 clusters here) walks several column
-    # tiles a cluster, the ring running on across the tiles' ends
-    "m3_k256_n600_persist_split8_stages4": (
-        WeightOnly(3, 256, 600, group=32),
-        {"persist": 1, "split": 8, "stages": 4, "unroll": 1, "warps": 4},
-    ),
-    "int8_m9_k160_n1000_persist_split8": (
-        WeightOnly(9, 160, 1000, weight="int8"),
-        {"persist": 1, "split": 8, "unroll": 1, "warps": 4},
-    ),
-    "m5_k192_n600_zero_points_persist_tiles2": (
-        WeightOnly(5, 192, 600, group=64, zero="half"),
-        {"persist": 1, "split": 8, "stages": 3, "unroll": 1, "warps": 4, "column_tiles": 2},
-    ),
-    # the weights loaded evict-first in L2: through the ring, and into registers
-    "m9_k2080_stages4_evict_first": (
-        WeightOnly(9, 2080, 24, group=32),
-        {"stages": 4, "unroll": 1, "warps": 4, "evict_first": 1},
-    ),
-    "int8_m3_k336_n40_evict_first": (WeightOnly(3, 336, 40, weight="int8"), {"evict_first": 1}),
 }
 
 EMULATED = {
@@ -579,18 +559,6 @@ GPU_CHOICE_CASES = {
     "m16_4096x14336_stages4": (
         WeightOnly(16, 4096, 14336, act="bfloat16", scale="bfloat16"),
         {"stages": 4, "unroll": 1, "column_tiles": 1},
-    ),
-    "m16_4096x14336_stages4_persist3": (
-        WeightOnly(16, 4096, 14336, act="bfloat16", scale="bfloat16"),
-        {"stages": 4, "unroll": 1, "column_tiles": 1, "persist": 3},
-    ),
-    "m1_4096x14336_int8_per_channel_stages4_persist2_tiles2": (
-        WeightOnly(1, 4096, 14336, group=None, act="bfloat16", scale="bfloat16", weight="int8"),
-        {"stages": 4, "unroll": 1, "column_tiles": 2, "persist": 2},
-    ),
-    "m1_4096x4096_evict_first_split2_stages4": (
-        WeightOnly(1, 4096, 4096, act="bfloat16", scale="bfloat16"),
-        {"evict_first": 1, "split": 2, "stages": 4, "unroll": 1},
     ),
     "m1_4096x4096_int8_stages6_split2": (
         WeightOnly(1, 4096, 4096, group=None, act="bfloat16", scale="bfloat16", weight="int8"),

@@ -41,7 +41,6 @@ from __future__ import annotations
 from typing import Any
 
 from fusion_rules import FusedNode
-from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
 from graphdnn.errors import UnsupportedError
 
@@ -62,45 +61,7 @@ CHOICES = {
     "early_a": (0, 1),
     "split": (1, 2, 4, 8),
     "stages": (0, 3, 4, 6),
-    "persist": (0, 1, 2, 3, 4),
-    "evict_first": (0, 1),
 }
-# The weights and their scales are read once: loaded with an L2 evict-first policy they push
-# out each other rather than the lines other kernels keep in L2 (a layer's activations, a KV
-# cache; dirty lines that would have to be written back first). The CPU emulation reads the
-# plain copies.
-STREAMING = r"""
-__device__ __forceinline__ unsigned long long stream_policy() {
-#ifdef __CUDA_ARCH__
-  unsigned long long policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-#else
-  return 0;
-#endif
-}
-// 16 bytes global -> shared (cp.async), evict-first in L2; zeros when !valid (src then unread)
-__device__ __forceinline__ void stream16(void* dst, const void* src, bool valid, unsigned long long policy) {
-#ifdef __CUDA_ARCH__
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
-               :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 16 : 0), "l"(policy));
-#else
-  if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
-#endif
-}
-// 16 bytes global -> registers through the read-only path, evict-first in L2, not kept in L1;
-// volatile: never executed where the code does not ask for it (a load past the end faults)
-__device__ __forceinline__ uint4 load_streaming(const void* at, unsigned long long policy) {
-#ifdef __CUDA_ARCH__
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(at), "l"(policy));
-  return v;
-#else
-  return *reinterpret_cast<const uint4*>(at);
-#endif
-}
-"""
 SHARED_BYTES = 227 * 1024  # an SM's shared memory (sm_80: 163 KB; the driver refuses what does not fit)
 
 
@@ -109,22 +70,15 @@ def _refusal(p: WeightOnly, launch: dict[str, int], arch: int) -> str | None:
     tile in registers (one tile only), 16 warps' partial tiles fill 32 KB of static shared
     memory per 2 tiles (at most 2), activations fetched a set ahead (``early_a``) hold 16
     k per load, up to 8 tokens (8-bit weights), and K slices (``split``) are summed through a
-    thread-block cluster's shared memory (sm_90); ``persist`` blocks per SM must fit their
-    rings and warps."""
+    thread-block cluster's shared memory (sm_90); the ring must fit an SM's shared memory."""
     if launch["split"] > 1 and arch < 90:
         return (
             f"split = {launch['split']} takes sm_90 or later (a thread-block cluster sums the K slices), not sm_{arch}"
         )
     if launch["stages"] and launch["early_a"]:
         return "stages > 0 takes early_a = 0 (the ring carries the weights, multiply loads the activations)"
-    resident = max(1, launch["persist"])
-    if resident * loops.ring_bytes(launch) > SHARED_BYTES:
-        return (
-            f"stages = {launch['stages']}: {resident} block(s) per SM need {resident} x {loops.ring_bytes(launch)} "
-            f"bytes of shared memory for the ring, over {SHARED_BYTES}"
-        )
-    if launch["persist"] * launch["warps"] > 64:
-        return f"persist = {launch['persist']} blocks of {launch['warps']} warps exceed an SM's 64 warps"
+    if loops.ring_bytes(launch) > SHARED_BYTES:
+        return f"stages = {launch['stages']}: the ring needs {loops.ring_bytes(launch)} bytes of shared memory, over {SHARED_BYTES}"
     if launch["early_a"] and (p.w.data_type.is_packed or p.rows > 8):
         return "early_a = 1 takes 8-bit weights and at most 8 rows (registers)"
     if launch["unroll"] == 4 and launch["column_tiles"] != 1:
@@ -156,8 +110,6 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str, arch: int) -> dict[
         "early_a": 0,
         "split": 1,
         "stages": 0,
-        "persist": 0,
-        "evict_first": 0,
     }
     if tiles == 1 and not p.w.data_type.is_packed and p.rows <= 8:
         launch.update(warps=16, unroll=4)
@@ -180,8 +132,6 @@ def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
             "early_a": e,
             "split": s,
             "stages": r,
-            "persist": b,
-            "evict_first": 0,
         }
         for t in CHOICES["column_tiles"]
         for w in CHOICES["warps"]
@@ -189,10 +139,7 @@ def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
         for e in CHOICES["early_a"]
         for s in CHOICES["split"]
         for r in CHOICES["stages"]
-        for b in CHOICES["persist"]
-        if (s == 1 or (t <= 2 and w <= 8 and u <= 2 and not e))
-        and (not r or (u == 1 and w <= 8 and s <= 2))
-        and (not b or (r == 4 and b in (2, 3)))
+        if (s == 1 or (t <= 2 and w <= 8 and u <= 2 and not e)) and (not r or (u == 1 and w <= 8 and s <= 2))
     ]
     return [dict(launch) for launch in every if _refusal(p, launch, arch) is None]
 
@@ -261,7 +208,7 @@ def _dequant_bytes(weight: DataType, pair: str, bf16: bool) -> list[str]:
 
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
     tiles, warps, unroll, early = launch["column_tiles"], launch["warps"], launch["unroll"], launch["early_a"]
-    split, stages, persist, evict = launch["split"], launch["stages"], launch["persist"], launch["evict_first"]
+    split, stages = launch["split"], launch["stages"]
     byte_codes = not p.w.data_type.is_packed
     chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
@@ -321,7 +268,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
 
         return [
             # the weights and scales of a set of chunks: the warp's chunks base + warp, base + warp + WARPS, ...
-            f"auto fetch = [&](long long first, int base, {'int stage' if ring else 'uint4 (&wv)[UNROLL][TILES][2]'}, {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
+            f"auto fetch = [&](int base, {'int stage' if ring else 'uint4 (&wv)[UNROLL][TILES][2]'}, {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
             "    const int k0 = (base + kw + u * KWARPS) * CHUNK + q * KPL;",
@@ -332,9 +279,9 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "        const long long n = first + 16 * j + 8 * h + g;",
             "        const bool live = n < N && k0 < K;",
             (
-                f"        {'stream16(ring + SLOT(stage, u, j, h)' if evict else 'copy16(smem_addr(ring + SLOT(stage, u, j, h))'}, {w} + (live ? n * W_COLUMN + k0{'' if byte_codes else ' / 2'} : 0), live{', policy' if evict else ''});"
+                f"        copy16(smem_addr(ring + SLOT(stage, u, j, h)), {w} + (live ? n * W_COLUMN + k0{'' if byte_codes else ' / 2'} : 0), live);"
                 if ring
-                else f"        wv[u][j][h] = live ? {'load_weights' if evict and load == 'load_wide' else load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);"
+                else f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);"
             ),
             f"        const float s = live ? gd::to<float>({scale}[(k0 / GROUP) * {ss[0]}LL + n * {ss[1]}LL]) : 0.0f;",
             f"        sc[u][j][h] = {to_pair}(s);",
@@ -393,7 +340,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "  }",
             "};",
             "constexpr int STEP = KWARPS * UNROLL;",
-            *(loops.ring_stream(pair, stages, bool(nz)) if ring else loops.ping_pong(pair, bool(nz), bool(early))),
+            *(loops.ring_loop(pair, stages, bool(nz)) if ring else loops.ping_pong(pair, bool(nz), bool(early))),
         ]
 
     body = [
@@ -405,22 +352,12 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "__shared__ float4 partial[WARPS][TILES * HALVES][32];",
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;",
         "const int rank = blockIdx.x % SPLIT, kw = rank * WARPS + warp;  // the block's K slice, the warp's",
-        "constexpr int COLUMN_TILES = (N + 16 * TILES - 1) / (16 * TILES);",
-        "const int cluster = blockIdx.x / SPLIT, clusters = gridDim.x / SPLIT;  // column tiles cluster, + clusters, ...",
+        "const long long first = (long long)(blockIdx.x / SPLIT) * (16 * TILES);",
         *(_dequant_bytes(p.w.data_type, pair, bf16) if byte_codes else _dequant_int4(pair, magic, nz)),
         "float acc[TILES][HALVES][4] = {};  // [tile][tokens 0-7, 8-15][m16n8 accumulator fragment]",
         *(loops.cluster_setup() if split > 1 else []),
-        *loops.finish(target, store(p.out.data_type, "sum"), split > 1),
         *(loops.ring_setup(stages, warps) if stages else []),
         "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
-        *(
-            [
-                "const unsigned long long policy = stream_policy();  // the weights' (the activations are reused)",
-                "auto load_weights = [&](const void* at) -> uint4 { return load_streaming(at, policy); };",
-            ]
-            if evict
-            else []
-        ),
         "auto load_bytes = [&](const void* at) -> uint4 {",
         "  unsigned word[4] = {0, 0, 0, 0};",
         "  #pragma unroll",
@@ -433,6 +370,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "} else {",
         *("  " + line for line in product("load_bytes", False)),
         "}",
+        *loops.tile_end(target, store(p.out.data_type, "sum"), split > 1),
     ]
     threads = 32 * warps
     name, source = kernel_source(
@@ -442,12 +380,9 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         params,
         threads,
         indent(body, 1),
-        min_blocks=persist,
-        device_functions=(STREAMING if evict else "") + (ASYNC_COPY_PRELUDE if stages and not evict else ""),
+        device_functions=ASYNC_COPY_PRELUDE if stages else "",
         cluster=split,
     )
-    column_tiles = -(-p.n // (TILE * tiles))
-    clusters = min(column_tiles, max(1, sm_count(ctx.arch) * persist // split)) if persist else column_tiles
-    grid = (clusters * split, 1, 1)
+    grid = (-(-p.n // (TILE * tiles)) * split, 1, 1)
     plain = Kernel(name, source, grid, (threads, 1, 1), loops.ring_bytes(launch), tuple(params.bindings), alignment=16)
     return with_mma_functions(plain, p.a.data_type)
