@@ -121,9 +121,10 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str, arch: int) -> dict[
 
 
 def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
-    """Every launch choice the problem can take, for autotuning; K slices only beside 1 or 2
-    column tiles of 4 or 8 warps in sets of 1 or 2 chunks, so that the list stays short
-    enough to time."""
+    """The launch choices autotuning times: every one the problem can take without K slices or
+    the ring; with them, 2 or 4 K slices and a ring of 4 stages, beside 1 or 2 column tiles of 4
+    or 8 warps in sets of 1 or 2 chunks (the ring: of 1), so that the list stays short enough
+    to time (the others can still be asked for)."""
     every = [
         {
             "column_tiles": t,
@@ -139,7 +140,8 @@ def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
         for e in CHOICES["early_a"]
         for s in CHOICES["split"]
         for r in CHOICES["stages"]
-        if (s == 1 or (t <= 2 and w <= 8 and u <= 2 and not e)) and (not r or (u == 1 and w <= 8 and s <= 2))
+        if (s == 1 or (s <= 4 and t <= 2 and w <= 8 and u <= 2 and not e))
+        and (not r or (r == 4 and u == 1 and t <= 2 and w <= 8 and s <= 2))
     ]
     return [dict(launch) for launch in every if _refusal(p, launch, arch) is None]
 
