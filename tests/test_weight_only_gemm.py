@@ -355,6 +355,25 @@ def test_launch_choices_are_checked_naming_the_node() -> None:
     assert candidates(simt, 90) == []
 
 
+@pytest.mark.parametrize(
+    ("spec", "ring"),
+    [
+        (WeightOnly(1, 4096, 14336, group=None, act="bfloat16", weight="int8"), True),
+        (WeightOnly(8, 4096, 14336, group=None, act="bfloat16", weight="int8"), True),
+        (WeightOnly(16, 4096, 14336, group=None, act="bfloat16", weight="int8"), False),  # measured slower
+        (WeightOnly(1, 4096, 14336, group=128, act="bfloat16", weight="int8"), False),  # not measured
+        (WeightOnly(1, 4096, 14336, act="bfloat16"), False),  # int4: no gain
+        (WeightOnly(1, 4096, 4096, group=None, act="bfloat16", weight="int8"), False),  # one tile: 16 warps
+    ],
+    ids=["int8_m1", "int8_m8", "int8_m16", "int8_groups", "int4", "int8_4096_columns"],
+)
+def test_the_ring_is_the_default_only_where_it_was_measured_faster(spec: WeightOnly, ring: bool) -> None:
+    (program,) = emit_partition(fuse(spec.build(), arch=90), 90, {})
+    (kernel,) = program.kernels
+    assert ("cp.async.wait_group" in kernel.source) == ring
+    assert kernel.shared_bytes == (4 * 2 * 256 * 16 if ring else 0)  # 4 stages of 2 loads per thread
+
+
 def test_k_slices_take_sm_90() -> None:
     """Off sm_90 no cluster sums the K slices: refused naming the node, and not offered."""
     partition = fuse(WeightOnly(3, 96, 40).build(), arch=80)

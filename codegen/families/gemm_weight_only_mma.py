@@ -94,7 +94,9 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str, arch: int) -> dict[
     chunks for one tile, of 1 for more (registers: two blocks of 256 threads per SM). 8-bit
     weights in one tile per warp for up to 8 tokens take 16 warps in sets of 4 chunks: 11.3 µs
     against 13.8 at 1 x 4096 x 4096 int8 (H200, one run: RESULTS.md); ptxas fits them in 64
-    registers, so two blocks of 512 threads share an SM."""
+    registers, so two blocks of 512 threads share an SM. Where two tiles would be taken,
+    int8 weights with one scale per column for up to 8 tokens take one tile through the
+    cp.async ring instead (_ring_by_default)."""
     for key, value in tuning.items():
         if key not in CHOICES or value not in CHOICES[key]:
             raise UnsupportedError(
@@ -113,11 +115,22 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str, arch: int) -> dict[
     }
     if tiles == 1 and not p.w.data_type.is_packed and p.rows <= 8:
         launch.update(warps=16, unroll=4)
+    if "column_tiles" not in tuning and tiles == 2 and _ring_by_default(p):
+        launch.update(column_tiles=1, unroll=1, stages=4)
     launch.update(tuning)
     refusal = _refusal(p, launch, arch)
     if refusal is not None:
         raise UnsupportedError(f"weight-only GEMM tuning {dict(tuning)}: {refusal}", node=node)
     return launch
+
+
+def _ring_by_default(p: WeightOnly) -> bool:
+    """int8 weights with one scale per column, up to 8 tokens: one column tile per warp, 8 warps,
+    through a 4-stage ring (tiles/warps/unroll/early_a/split/stages 1/8/1/0/1/4) rather than 2
+    tiles in ping-pong registers: 31.1 against 36.7 µs at 1 x 4096 x 14336, 31.7 against 38.0 at
+    4 tokens (H200, RESULTS.md, h/wosplit; measured at 1 and 4 tokens, per-channel int8 only:
+    16 tokens were slower, 37.5 against 34.9, and int4 gained nothing)."""
+    return p.w.data_type is DataType.INT8 and p.group >= p.k and p.rows <= 8
 
 
 def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
