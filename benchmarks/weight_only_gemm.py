@@ -15,6 +15,7 @@ points per group too (asymmetric int4, as AWQ / GPTQ checkpoints): W = (code - z
     PYTHONPATH=. python benchmarks/weight_only_gemm.py            # on the GPU
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --sweep    # and every launch choice
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --choices 1/8/2/0/2/0,1/8/1/0/1/4  # and these
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --clean-flush  # L2 flushed by a read
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --zero-points
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight int8 [--group channel]
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight fp8_e4m3 --rows 1,16

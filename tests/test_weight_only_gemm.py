@@ -345,6 +345,13 @@ def test_launch_choices_are_checked_naming_the_node() -> None:
         (WeightOnly(3, 96, 40), {"early_a": 1}, "early_a = 1 takes 8-bit weights and at most 8 rows"),
         (WeightOnly(9, 96, 40, weight="int8"), {"early_a": 1}, "early_a = 1 takes 8-bit weights and at most 8 rows"),
         (WeightOnly(3, 100, 30, k_major=False), {"warps": 4}, "this problem runs on the SIMT kernel, which takes none"),
+        (
+            WeightOnly(3, 96, 40),
+            {"stages": 6, "column_tiles": 4, "unroll": 2},
+            "the ring needs 393216 bytes of shared memory, over 232448",
+        ),
+        (WeightOnly(3, 96, 40, weight="int8"), {"stages": 4, "early_a": 1}, "stages > 0 takes early_a = 0"),
+        (WeightOnly(3, 96, 40), {"split": 3}, "split = 3 is not one of"),
     ):
         partition = fuse(spec.build(), arch=90)
         (gemm,) = partition.nodes
