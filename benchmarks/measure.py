@@ -14,15 +14,48 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def median_us(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 200) -> float:
-    """Median GPU time of ``fn`` in microseconds."""
+def median_us(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 200, clean: bool = False) -> float:
+    """Median GPU time of ``fn`` in microseconds. do_bench's flush writes zeros over 256 MB,
+    which leaves the L2 cache full of dirty lines: a kernel that reads a few MB then pays for
+    writing up to an L2's worth of them back to memory. ``clean`` flushes by reading 256 MB
+    instead, so that a memory-bound kernel is timed against reads alone."""
+    if clean:
+        return _median_after_a_read_flush_us(fn, warmup_ms, rep_ms)
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3
 
 
+def _median_after_a_read_flush_us(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
+    import torch
+
+    flush = torch.ones(2**26, device="cuda")  # 256 MB of fp32, read by a sum: clean lines in L2
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    once_ms = max(begin.elapsed_time(end), 1e-3)
+    for _ in range(max(1, int(warmup_ms / once_ms))):
+        fn()
+    times = []
+    for _ in range(max(10, min(1000, int(rep_ms / once_ms)))):
+        flush.sum()
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    return float(sorted(times)[len(times) // 2]) * 1e3
+
+
 def checked_plan_us(
-    graph: Any, inputs: dict[str, Any], want: Any, tuning: dict[str, Any] | None = None, rep_ms: float = 200
+    graph: Any,
+    inputs: dict[str, Any],
+    want: Any,
+    tuning: dict[str, Any] | None = None,
+    rep_ms: float = 200,
+    clean: bool = False,
 ) -> float:
     """Median time of ``graph``'s plan (with ``tuning``) writing output "c", after checking
     that, from a NaN-poisoned start, it computes ``want`` within 1e-2 relative error."""
@@ -36,7 +69,7 @@ def checked_plan_us(
     bound()
     error = ((c.double() - want.double()).norm() / want.double().norm()).item()
     assert error <= 1e-2, f"{graph.name} {tuning}: relative error {error:.3g}"
-    return median_us(bound, rep_ms=rep_ms)
+    return median_us(bound, rep_ms=rep_ms, clean=clean)
 
 
 def static_against_dynamic(

@@ -14,6 +14,8 @@ points per group too (asymmetric int4, as AWQ / GPTQ checkpoints): W = (code - z
 
     PYTHONPATH=. python benchmarks/weight_only_gemm.py            # on the GPU
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --sweep    # and every launch choice
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --choices 1/8/2/0/2/0,1/8/1/0/1/4  # and these
+    PYTHONPATH=. python benchmarks/weight_only_gemm.py --clean-flush  # L2 flushed by a read
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --zero-points
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight int8 [--group channel]
     PYTHONPATH=. python benchmarks/weight_only_gemm.py --weight fp8_e4m3 --rows 1,16
@@ -71,6 +73,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="emit each plan's kernels for sm_90 (no GPU, no NVRTC)")
     parser.add_argument("--sweep", action="store_true", help="also time every launch choice (shorter timings)")
+    parser.add_argument(
+        "--clean-flush", action="store_true", help="flush L2 by reading between repetitions (measure.median_us)"
+    )
+    parser.add_argument(
+        "--choices",
+        default="",
+        help="also time these launch choices, tiles/warps/unroll/early_a/split/stages, comma-separated",
+    )
     parser.add_argument("--zero-points", action="store_true", help="asymmetric int4: bf16 zero points per group")
     parser.add_argument("--weight", choices=("int4", "int8", "fp8_e4m3"), default="int4", help="W's type")
     parser.add_argument("--group", choices=("32", "64", "128", "channel"), default="128", help="k per scale")
@@ -86,14 +96,15 @@ def main() -> int:
     ceilings = measure_ceilings()
     copy = ceilings.copy_bytes_per_s / 1e9
     print(f"{ceilings.device}: device-to-device copy {copy:.0f} GB/s (read + written)\n")
-    best = " best choice µs (tiles/warps/unroll/early_a) | speedup |" if args.sweep else ""
+    chosen = [_choice(text) for text in args.choices.split(",") if text]
+    best = " best choice µs (tiles/warps/unroll/early_a/split/stages) | speedup |" if args.sweep or chosen else ""
     dequantized = " torch dequantize + bf16 µs |" if weights.bits == 8 else ""
     print(f"{args.weight} weights, scales per {args.group if weights.group else 'column'}")
     print(f"| M | K x N | ours µs | ours GB/s | % of copy | torch bf16 µs | torch GB/s | speedup |{dequantized}{best}")
-    print("|---|---|---|---|---|---|---|---|" + ("---|" if dequantized else "") + ("---|---|" if args.sweep else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if dequantized else "") + ("---|---|" if best else ""))
     for k, n in SHAPES:
         for m in map(int, args.rows.split(",")):
-            print(row(m, k, n, copy, args.sweep, weights), flush=True)
+            print(row(m, k, n, copy, args.sweep, chosen, weights, args.clean_flush), flush=True)
     return 0
 
 
@@ -110,17 +121,26 @@ def dry(weights: Weights) -> int:
     return 0
 
 
-def row(m: int, k: int, n: int, copy_gbs: float, sweep: bool, weights: Weights) -> str:
+def row(
+    m: int,
+    k: int,
+    n: int,
+    copy_gbs: float,
+    sweep: bool,
+    chosen: list[dict[str, object]],
+    weights: Weights,
+    clean: bool,
+) -> str:
     from benchmarks.measure import checked_plan_us, median_us
 
     inputs, want, w16 = _inputs(m, k, n, weights)
-    ours = checked_plan_us(graph(m, k, n, weights), inputs, want)
-    best = _sweep(m, k, n, inputs, want, weights) if sweep else None
+    ours = checked_plan_us(graph(m, k, n, weights), inputs, want, clean=clean)
+    best = _sweep(m, k, n, inputs, want, weights, None if sweep else chosen, clean) if sweep or chosen else None
     a = inputs["a"]
-    theirs = median_us(lambda: a @ w16.t())
+    theirs = median_us(lambda: a @ w16.t(), clean=clean)
     dequantized = ""
     if weights.bits == 8:
-        dequantized = f" {median_us(_dequantize_then_matmul(a, inputs, weights)):.1f} |"
+        dequantized = f" {median_us(_dequantize_then_matmul(a, inputs, weights), clean=clean):.1f} |"
     group_bytes = 2 * (k // weights.block(k)) * n * (2 if weights.zero_points else 1)
     ours_bytes = k * n * weights.bits // 8 + group_bytes + 2 * m * k + 2 * m * n
     torch_bytes = 2 * k * n + 2 * m * k + 2 * m * n
@@ -143,23 +163,48 @@ def _dequantize_then_matmul(a: Any, inputs: dict[str, Any], weights: Weights) ->
     return lambda: a @ (codes.to(a.dtype) * groups).t()
 
 
-def _sweep(m: int, k: int, n: int, inputs: dict[str, Any], want: Any, weights: Weights) -> tuple[float, str]:
-    """Every launch choice timed (printed on one line); the fastest."""
+def _sweep(
+    m: int,
+    k: int,
+    n: int,
+    inputs: dict[str, Any],
+    want: Any,
+    weights: Weights,
+    chosen: list[dict[str, object]] | None,
+    clean: bool,
+) -> tuple[float, str]:
+    """The ``chosen`` launch choices (None: every one) timed, printed on one line; the fastest."""
     from benchmarks.measure import checked_plan_us
     from codegen.families.gemm import candidates
 
     fused = next(f for f in gd.fuse(graph(m, k, n, weights)).nodes if f.anchor is not None)
-    timed = sorted(
-        (checked_plan_us(graph(m, k, n, weights), inputs, want, {fused.name: c}, rep_ms=50), _short(c))
-        for c in candidates(fused, 90)
-    )
-    print(f"  M={m} K={k} N={n} (µs tiles/warps/unroll/early_a): " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
-    return timed[0]
+    timed = []
+    for c in candidates(fused, 90) if chosen is None else chosen:
+        try:
+            us = checked_plan_us(graph(m, k, n, weights), inputs, want, {fused.name: c}, rep_ms=50, clean=clean)
+        except Exception as error:  # a choice the problem refuses, or a wrong result: said, and the rest timed
+            print(f"  M={m} K={k} N={n} {_short(c)}: {type(error).__name__}: {str(error)[:300]}")
+            continue
+        timed.append((us, _short(c)))
+    timed.sort()
+    print(f"  M={m} K={k} N={n} (µs {'/'.join(KEYS)}): " + ", ".join(f"{us:.1f} {c}" for us, c in timed))
+    return timed[0] if timed else (float("nan"), "none")
+
+
+KEYS = ("column_tiles", "warps", "unroll", "early_a", "split", "stages")
 
 
 def _short(choice: dict[str, object]) -> str:
-    """A launch choice as tiles/warps/unroll/early_a."""
-    return "/".join(str(choice[key]) for key in ("column_tiles", "warps", "unroll", "early_a"))
+    """A launch choice as tiles/warps/unroll/early_a/split/stages."""
+    return "/".join(str(choice[key]) for key in KEYS)
+
+
+def _choice(text: str) -> dict[str, object]:
+    """tiles/warps/unroll/early_a/split/stages as a launch choice."""
+    values = text.split("/")
+    if len(values) != len(KEYS) or not all(v.isdigit() for v in values):
+        raise SystemExit(f"--choices: {text!r} is not six integers tiles/warps/unroll/early_a/split/stages")
+    return dict(zip(KEYS, map(int, values)))
 
 
 def _inputs(m: int, k: int, n: int, weights: Weights) -> tuple[dict[str, Any], Any, Any]:

@@ -83,11 +83,14 @@ def kernel_source(
     body: str,
     min_blocks: int = 0,
     device_functions: str = "",
+    cluster: int = 1,
 ) -> tuple[str, str]:
     """(name, full source) of a kernel whose body is ``body`` (the code inside the function);
     ``min_blocks``: blocks per SM that must fit at once (``__launch_bounds__``' second argument,
     which caps the registers a thread may use), for grids sized to stay resident;
-    ``device_functions``: the helpers the body calls, placed before the kernel.
+    ``device_functions``: the helpers the body calls, placed before the kernel; ``cluster``:
+    blocks per thread-block cluster along x (sm_90; ``__cluster_dims__``, so that a plain launch
+    groups them), 1 for none.
 
     Generated identifiers (t12, v7, ...) are renumbered by first appearance, so a fused node
     that appears in two graphs gives the same source, name and cubin whatever its tensor ids.
@@ -96,8 +99,9 @@ def kernel_source(
     """
     params.extents(ctx.graph, body)
     bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
+    dims = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
     function, renamed = canonical_identifiers(
-        f'extern "C" __global__ void __launch_bounds__({bounds}) KERNEL({", ".join(params.declarations)}) {{\n{body}}}\n'
+        f'extern "C" __global__ void {dims}__launch_bounds__({bounds}) KERNEL({", ".join(params.declarations)}) {{\n{body}}}\n'
     )
     name = kernel_name(pattern, function)  # the headers follow from the function's text
     function = function.replace(" KERNEL(", f" {name}(", 1)

@@ -64,6 +64,7 @@ using std::min;
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __restrict__ __restrict
 #define __shared__ static
 struct Dim { unsigned x = 0, y = 0, z = 0; };
@@ -214,10 +215,8 @@ inline unsigned transpose8x8(unsigned x) {
 """,
     ),
     ('asm volatile("cp.async.commit_group;\\n" ::);', ";"),
-    ('asm volatile("cp.async.wait_group 3;\\n" ::);', ";"),
-    ('asm volatile("cp.async.wait_group 2;\\n" ::);', ";"),
-    ('asm volatile("cp.async.wait_group 1;\\n" ::);', ";"),
-    ('asm volatile("cp.async.wait_group 0;\\n" ::);', ";"),
+    *((f'asm volatile("cp.async.wait_group {n};\\n" ::);', ";") for n in range(7)),
+    *((f'asm volatile("cp.async.wait_group {n};\\n" ::: "memory");', ";") for n in range(7)),
     ("gd::exp2_approx(", "exp2f("),
 )
 

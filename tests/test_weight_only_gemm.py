@@ -5,6 +5,7 @@ sm_90 and run on the CPU (tests/cpu_emulation.py), and on the GPU against the re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from dataclasses import dataclass
@@ -344,6 +345,13 @@ def test_launch_choices_are_checked_naming_the_node() -> None:
         (WeightOnly(3, 96, 40), {"early_a": 1}, "early_a = 1 takes 8-bit weights and at most 8 rows"),
         (WeightOnly(9, 96, 40, weight="int8"), {"early_a": 1}, "early_a = 1 takes 8-bit weights and at most 8 rows"),
         (WeightOnly(3, 100, 30, k_major=False), {"warps": 4}, "this problem runs on the SIMT kernel, which takes none"),
+        (
+            WeightOnly(3, 96, 40),
+            {"stages": 6, "column_tiles": 4, "unroll": 2},
+            "the ring needs 393216 bytes of shared memory, over 232448",
+        ),
+        (WeightOnly(3, 96, 40, weight="int8"), {"stages": 4, "early_a": 1}, "stages > 0 takes early_a = 0"),
+        (WeightOnly(3, 96, 40), {"split": 3}, "split = 3 is not one of"),
     ):
         partition = fuse(spec.build(), arch=90)
         (gemm,) = partition.nodes
@@ -352,6 +360,36 @@ def test_launch_choices_are_checked_naming_the_node() -> None:
         assert message in str(caught.value)
     simt = fuse(WeightOnly(3, 100, 30, k_major=False).build(), arch=90).nodes[0]
     assert candidates(simt, 90) == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "ring"),
+    [
+        (WeightOnly(1, 4096, 14336, group=None, act="bfloat16", weight="int8"), True),
+        (WeightOnly(8, 4096, 14336, group=None, act="bfloat16", weight="int8"), True),
+        (WeightOnly(16, 4096, 14336, group=None, act="bfloat16", weight="int8"), False),  # measured slower
+        (WeightOnly(1, 4096, 14336, group=128, act="bfloat16", weight="int8"), False),  # not measured
+        (WeightOnly(1, 4096, 14336, act="bfloat16"), False),  # int4: no gain
+        (WeightOnly(1, 4096, 4096, group=None, act="bfloat16", weight="int8"), False),  # one tile: 16 warps
+    ],
+    ids=["int8_m1", "int8_m8", "int8_m16", "int8_groups", "int4", "int8_4096_columns"],
+)
+def test_the_ring_is_the_default_only_where_it_was_measured_faster(spec: WeightOnly, ring: bool) -> None:
+    (program,) = emit_partition(fuse(spec.build(), arch=90), 90, {})
+    (kernel,) = program.kernels
+    assert ("cp.async.wait_group" in kernel.source) == ring
+    assert kernel.shared_bytes == (4 * 2 * 256 * 16 if ring else 0)  # 4 stages of 2 loads per thread
+
+
+def test_k_slices_take_sm_90() -> None:
+    """Off sm_90 no cluster sums the K slices: refused naming the node, and not offered."""
+    partition = fuse(WeightOnly(3, 96, 40).build(), arch=80)
+    (gemm,) = partition.nodes
+    with pytest.raises(UnsupportedError, match="weight_only") as caught:
+        emit_partition(partition, 80, {gemm.name: {"split": 4}})
+    assert "split = 4 takes sm_90 or later" in str(caught.value)
+    assert all(c["split"] == 1 for c in candidates(gemm, 80))
+    assert {c["split"] for c in candidates(gemm, 90)} == {1, 2, 4}
 
 
 # ---- kernels: NVRTC, the CPU, the GPU ----
@@ -390,6 +428,33 @@ def test_every_weight_only_kernel_compiles(case: str, arch: int) -> None:
                 assert compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
 
 
+# K cut over the blocks of a cluster (sm_90), and the weights through the cp.async ring:
+# awkward shapes, K slices with no chunk at all, rings that wrap around and run past K
+CHOICE_CASES = {
+    "m3_k96_g32_split2": (WeightOnly(3, 96, 40, group=32), {"split": 2}),
+    "m9_k1184_g32_split4_warps4": (WeightOnly(9, 1184, 24, group=32), {"split": 4, "warps": 4, "unroll": 1}),
+    "m16_k4096_tiles2_split8": (WeightOnly(16, 4096, 40, scale="float"), {"split": 8, "warps": 4, "column_tiles": 2}),
+    "m1_k2080_n31_split8": (WeightOnly(1, 2080, 31, group=32), {"split": 8, "warps": 8}),
+    "m5_zero_points_split4": (WeightOnly(5, 1184, 24, group=32, zero="half"), {"split": 4, "warps": 4}),
+    "int8_m1_k336_n27_split2": (WeightOnly(1, 336, 27, weight="int8"), {"split": 2, "warps": 4}),
+    "int8_m12_per_channel_split2_tiles2": (
+        WeightOnly(12, 1184, 40, group=None, weight="int8"),
+        {"split": 2, "column_tiles": 2, "unroll": 1},
+    ),
+    "m3_k96_g32_stages3": (WeightOnly(3, 96, 40, group=32), {"stages": 3}),
+    "m9_k2080_stages4_warps4": (WeightOnly(9, 2080, 24, group=32), {"stages": 4, "unroll": 1, "warps": 4}),
+    "m16_k4096_tiles2_stages6_split2": (
+        WeightOnly(16, 4096, 40, scale="float"),
+        {"stages": 6, "unroll": 1, "column_tiles": 2, "split": 2, "warps": 4},
+    ),
+    "m5_zero_points_stages4": (WeightOnly(5, 1184, 24, group=32, zero="half"), {"stages": 4, "unroll": 1, "warps": 4}),
+    "int8_m12_per_channel_stages3_tiles2": (
+        WeightOnly(12, 1184, 40, group=None, weight="int8"),
+        {"stages": 3, "column_tiles": 2, "unroll": 1, "warps": 4},
+    ),
+    "int8_m1_k336_n27_stages6": (WeightOnly(1, 336, 27, weight="int8"), {"stages": 6, "unroll": 1, "warps": 4}),
+}
+
 EMULATED = {
     "m1_k96_g64": (WeightOnly(1, 96, 24, group=64), {}),
     "m9_k160": (WeightOnly(9, 160, 8), {}),
@@ -424,6 +489,7 @@ EMULATED = {
     "m7_k2080_unroll4": (WeightOnly(7, 2080, 40, group=32), {"warps": 8, "unroll": 4}),
     "simt_int8_n_major": (WeightOnly(3, 100, 31, group=32, k_major=False, weight="int8"), {}),
     "simt_int8_k_not_16": (WeightOnly(4, 72, 20, group=None, weight="int8"), {}),
+    **{f"choice_{name}": case for name, case in CHOICE_CASES.items()},
 }
 
 
@@ -500,6 +566,42 @@ def test_weight_only_gemm_matches_reference_on_gpu(case: str) -> None:
     if spec.m * math.prod(spec.batch) <= 16 and "simt" not in case and spec.k * spec.n <= 2**20:  # every launch choice
         for choice in candidates(gemm, current_gpu_arch()):
             check_on_gpu(graph, seed=1, tolerance=limit, tuning={gemm.name: choice})
+
+
+GPU_CHOICE_CASES = {
+    **{name: (dataclasses.replace(spec, act="bfloat16"), tuning) for name, (spec, tuning) in CHOICE_CASES.items()},
+    "m1_4096x4096_split4_warps4": (
+        WeightOnly(1, 4096, 4096, act="bfloat16", scale="bfloat16"),
+        {"split": 4, "warps": 4},
+    ),
+    "m9_4096x4096_zero_points_split8": (
+        WeightOnly(9, 4096, 4096, act="bfloat16", scale="bfloat16", zero="bfloat16"),
+        {"split": 8, "warps": 4, "unroll": 1},
+    ),
+    "m16_4096x14336_int8_per_channel_split2_tiles2": (
+        WeightOnly(16, 4096, 14336, group=None, act="bfloat16", scale="bfloat16", weight="int8"),
+        {"split": 2, "column_tiles": 2, "unroll": 1},
+    ),
+    "m16_4096x14336_stages4": (
+        WeightOnly(16, 4096, 14336, act="bfloat16", scale="bfloat16"),
+        {"stages": 4, "unroll": 1, "column_tiles": 1},
+    ),
+    "m1_4096x4096_int8_stages6_split2": (
+        WeightOnly(1, 4096, 4096, group=None, act="bfloat16", scale="bfloat16", weight="int8"),
+        {"stages": 6, "unroll": 1, "split": 2},
+    ),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CHOICE_CASES)
+def test_k_slices_and_the_ring_match_the_reference_on_gpu(case: str) -> None:
+    spec, tuning = GPU_CHOICE_CASES[case]
+    graph = spec.build()
+    gemm = next(f for f in fuse(graph, arch=90).nodes if f.anchor is not None)
+    check_on_gpu(
+        graph, seed=zlib.crc32(case.encode()), tolerance=tolerance(DataType(spec.act)), tuning={gemm.name: tuning}
+    )
 
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")

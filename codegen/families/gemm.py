@@ -278,7 +278,7 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     gemm_wgrad.py), and the direct kernel ({"path": "direct"})."""
     assert fused.anchor is not None
     if is_weight_only(fused.anchor):
-        return weight_only.candidates(fused.anchor)
+        return weight_only.candidates(fused.anchor, arch)
     problem = problem_of(fused.anchor)
     if not on_tensor_cores(problem, arch):
         return []

@@ -33,7 +33,7 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     p = problem_of(fused.anchor)
     reason = tensor_core_reason(p)
     if reason is None:
-        return FusedProgram(fused.name, (mma.kernel(fused, ctx, p, mma.choice(p, ctx.tuning, p.node.name)),))
+        return FusedProgram(fused.name, (mma.kernel(fused, ctx, p, mma.choice(p, ctx.tuning, p.node.name, ctx.arch)),))
     if ctx.tuning:
         raise UnsupportedError(
             f"weight-only GEMM tuning {ctx.tuning}: this problem runs on the SIMT kernel, which takes none ({reason})",
@@ -42,10 +42,10 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     return FusedProgram(fused.name, (simt_kernel(fused, ctx, p),))
 
 
-def candidates(node: Node) -> list[dict[str, object]]:
+def candidates(node: Node, arch: int) -> list[dict[str, object]]:
     """Launch choices for autotuning: the tensor-core kernel's; none on the SIMT path."""
     p = problem_of(node)
-    return mma.candidates(p) if tensor_core_reason(p) is None else []
+    return mma.candidates(p, arch) if tensor_core_reason(p) is None else []
 
 
 def simt_kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly) -> Kernel:

@@ -47,19 +47,38 @@ from graphdnn.errors import UnsupportedError
 from ..context import EmitContext, KernelParams, indent, kernel_source
 from ..cuda_types import store
 from ..kernel import Kernel
+from . import gemm_weight_only_loops as loops
+from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_weight_only_problem import WeightOnly
 from .rnn_projection import with_mma_functions
 
 SMS = 132  # an H100 / H200: the grid should give every SM two blocks or more
 TILE = 16  # output columns per MMA
-CHOICES = {"column_tiles": (1, 2, 4), "warps": (4, 8, 16), "unroll": (1, 2, 4), "early_a": (0, 1)}
+CHOICES = {
+    "column_tiles": (1, 2, 4),
+    "warps": (4, 8, 16),
+    "unroll": (1, 2, 4),
+    "early_a": (0, 1),
+    "split": (1, 2, 4, 8),
+    "stages": (0, 3, 4, 6),
+}
+SHARED_BYTES = 227 * 1024  # an SM's shared memory (sm_80: 163 KB; the driver refuses what does not fit)
 
 
-def _refusal(p: WeightOnly, launch: dict[str, int]) -> str | None:
+def _refusal(p: WeightOnly, launch: dict[str, int], arch: int) -> str | None:
     """Why a combination of choices cannot build, or None: sets of 4 chunks hold 16 loads per
     tile in registers (one tile only), 16 warps' partial tiles fill 32 KB of static shared
-    memory per 2 tiles (at most 2), and activations fetched a set ahead (``early_a``) hold 16
-    k per load, up to 8 tokens (8-bit weights)."""
+    memory per 2 tiles (at most 2), activations fetched a set ahead (``early_a``) hold 16
+    k per load, up to 8 tokens (8-bit weights), and K slices (``split``) are summed through a
+    thread-block cluster's shared memory (sm_90); the ring must fit an SM's shared memory."""
+    if launch["split"] > 1 and arch < 90:
+        return (
+            f"split = {launch['split']} takes sm_90 or later (a thread-block cluster sums the K slices), not sm_{arch}"
+        )
+    if launch["stages"] and launch["early_a"]:
+        return "stages > 0 takes early_a = 0 (the ring carries the weights, multiply loads the activations)"
+    if loops.ring_bytes(launch) > SHARED_BYTES:
+        return f"stages = {launch['stages']}: the ring needs {loops.ring_bytes(launch)} bytes of shared memory, over {SHARED_BYTES}"
     if launch["early_a"] and (p.w.data_type.is_packed or p.rows > 8):
         return "early_a = 1 takes 8-bit weights and at most 8 rows (registers)"
     if launch["unroll"] == 4 and launch["column_tiles"] != 1:
@@ -69,13 +88,15 @@ def _refusal(p: WeightOnly, launch: dict[str, int]) -> str | None:
     return None
 
 
-def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
+def choice(p: WeightOnly, tuning: dict[str, Any], node: str, arch: int) -> dict[str, int]:
     """The launch choice: ``tuning`` checked, else as many column tiles per warp as keep two
     blocks per SM (the activations are reused across them), 8 warps splitting K, and sets of 2
     chunks for one tile, of 1 for more (registers: two blocks of 256 threads per SM). 8-bit
     weights in one tile per warp for up to 8 tokens take 16 warps in sets of 4 chunks: 11.3 µs
     against 13.8 at 1 x 4096 x 4096 int8 (H200, one run: RESULTS.md); ptxas fits them in 64
-    registers, so two blocks of 512 threads share an SM."""
+    registers, so two blocks of 512 threads share an SM. Where two tiles would be taken,
+    int8 weights with one scale per column for up to 8 tokens take one tile through the
+    cp.async ring instead (_ring_by_default)."""
     for key, value in tuning.items():
         if key not in CHOICES or value not in CHOICES[key]:
             raise UnsupportedError(
@@ -84,26 +105,58 @@ def choice(p: WeightOnly, tuning: dict[str, Any], node: str) -> dict[str, int]:
                 node=node,
             )
     tiles = tuning.get("column_tiles", next((t for t in (4, 2) if -(-p.n // (TILE * t)) >= 2 * SMS), 1))
-    launch = {"column_tiles": tiles, "warps": 8, "unroll": 2 if tiles == 1 else 1, "early_a": 0}
+    launch = {
+        "column_tiles": tiles,
+        "warps": 8,
+        "unroll": 2 if tiles == 1 else 1,
+        "early_a": 0,
+        "split": 1,
+        "stages": 0,
+    }
     if tiles == 1 and not p.w.data_type.is_packed and p.rows <= 8:
         launch.update(warps=16, unroll=4)
+    if "column_tiles" not in tuning and tiles == 2 and _ring_by_default(p):
+        launch.update(column_tiles=1, unroll=1, stages=4)
     launch.update(tuning)
-    refusal = _refusal(p, launch)
+    refusal = _refusal(p, launch, arch)
     if refusal is not None:
         raise UnsupportedError(f"weight-only GEMM tuning {dict(tuning)}: {refusal}", node=node)
     return launch
 
 
-def candidates(p: WeightOnly) -> list[dict[str, object]]:
-    """Every launch choice the problem can take, for autotuning."""
+def _ring_by_default(p: WeightOnly) -> bool:
+    """int8 weights with one scale per column, up to 8 tokens: one column tile per warp, 8 warps,
+    through a 4-stage ring (tiles/warps/unroll/early_a/split/stages 1/8/1/0/1/4) rather than 2
+    tiles in ping-pong registers: 31.1 against 36.7 µs at 1 x 4096 x 14336, 31.7 against 38.0 at
+    4 tokens (H200, RESULTS.md, h/wosplit; measured at 1 and 4 tokens, per-channel int8 only:
+    16 tokens were slower, 37.5 against 34.9, and int4 gained nothing)."""
+    return p.w.data_type is DataType.INT8 and p.group >= p.k and p.rows <= 8
+
+
+def candidates(p: WeightOnly, arch: int) -> list[dict[str, object]]:
+    """The launch choices autotuning times: every one the problem can take without K slices or
+    the ring; with them, 2 or 4 K slices and a ring of 4 stages, beside 1 or 2 column tiles of 4
+    or 8 warps in sets of 1 or 2 chunks (the ring: of 1), so that the list stays short enough
+    to time (the others can still be asked for)."""
     every = [
-        {"column_tiles": t, "warps": w, "unroll": u, "early_a": e}
+        {
+            "column_tiles": t,
+            "warps": w,
+            "unroll": u,
+            "early_a": e,
+            "split": s,
+            "stages": r,
+        }
         for t in CHOICES["column_tiles"]
         for w in CHOICES["warps"]
         for u in CHOICES["unroll"]
         for e in CHOICES["early_a"]
+        for s in CHOICES["split"]
+        for r in CHOICES["stages"]
+        if (s == 1 or (s <= 4 and t <= 2 and w <= 8 and u <= 2 and not e))
+        and (not r or (r == 4 and u == 1 and t <= 2 and w <= 8 and s <= 2))
     ]
-    return [dict(launch) for launch in every if _refusal(p, launch) is None]
+    return [dict(launch) for launch in every if _refusal(p, launch, arch) is None]
 
 
 def _dequant_int4(pair: str, magic: str, nz: str) -> list[str]:
@@ -170,6 +223,7 @@ def _dequant_bytes(weight: DataType, pair: str, bf16: bool) -> list[str]:
 
 def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, int]) -> Kernel:
     tiles, warps, unroll, early = launch["column_tiles"], launch["warps"], launch["unroll"], launch["early_a"]
+    split, stages = launch["split"], launch["stages"]
     byte_codes = not p.w.data_type.is_packed
     chunk = 4 * p.k_per_load  # k per warp step: 4 quads of one 16-byte load
     params = KernelParams()
@@ -181,6 +235,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
     magic = "0x43084308" if bf16 else "0x64086408"  # 136 / 1032 in both halves: magic + 8
     to_pair = "__float2bfloat162_rn" if bf16 else "__float2half2_rn"
     ss, c_n = p.scale.static_stride, p.out.static_stride[-1]
+    target = f"{out}[row * {p.c_row}LL + n * {c_n}LL]"
     # Zero points: a weight is q * scale + (-zero * scale), one fma per pair where the symmetric
     # kernel has one multiply; -zero * scale is computed in fp32 as the scales are fetched, and
     # travels beside them (nz, in the za / zb ping-pong arrays).
@@ -190,11 +245,11 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         nz = f"{to_pair}(live ? -gd::to<float>({zero}[(k0 / GROUP) * {zs[0]}LL + n * {zs[1]}LL]) * s : 0.0f)"
     nz_array = f"{pair} (&nz)[UNROLL][TILES][2]"
     nz_out, nz_in = (f", {nz_array}", f", const {nz_array}") if nz else ("", "")  # fetch's and multiply's
-    nz_arg, za, zb = (", nz[u][j][h]", ", za", ", zb") if nz else ("", "", "")
+    nz_arg = ", nz[u][j][h]" if nz else ""
     # early_a (8-bit weights, up to 8 tokens): the activations come with the weights, a set
     # ahead, so that multiply waits for neither; else multiply loads them (L2) as it starts
     xs_array = "uint4 (&xs)[UNROLL][HALVES][PIECES]"
-    xs_out, xs_in, xa, xb = (f", {xs_array}", f", const {xs_array}", ", xa", ", xb") if early else ("",) * 4
+    xs_out, xs_in = (f", {xs_array}", f", const {xs_array}") if early else ("", "")
     activations = [
         "#pragma unroll",
         "for (int t = 0; t < HALVES; ++t) {",
@@ -216,8 +271,9 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         pairs, word_at = "(2 hp, 2 hp + 4) and (2 hp + 1, 2 hp + 5)", "piece"
         halves = "hp ? x[t][piece].y : x[t][piece].x, hi = hp ? x[t][piece].w : x[t][piece].z"
 
-    def product(load: str) -> list[str]:
-        """The K loop and its loads, reading 16 bytes with ``load``."""
+    def product(load: str, ring: bool) -> list[str]:
+        """The K loop and its loads, reading 16 bytes with ``load``, or with ``ring`` copying
+        them into the thread's slots of the shared-memory ring (cp.async, STAGES sets)."""
 
         def load_x(into: str, depth: str) -> list[str]:
             """The loads of tokens g and g + 8 at k0 .. k0 + KPL - 1 into ``into``."""
@@ -227,17 +283,21 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
 
         return [
             # the weights and scales of a set of chunks: the warp's chunks base + warp, base + warp + WARPS, ...
-            f"auto fetch = [&](int base, uint4 (&wv)[UNROLL][TILES][2], {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
+            f"auto fetch = [&](int base, {'int stage' if ring else 'uint4 (&wv)[UNROLL][TILES][2]'}, {pair} (&sc)[UNROLL][TILES][2]{nz_out}{xs_out}) {{",
             "  #pragma unroll",
             "  for (int u = 0; u < UNROLL; ++u) {",
-            "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
+            "    const int k0 = (base + kw + u * KWARPS) * CHUNK + q * KPL;",
             "    #pragma unroll",
             "    for (int j = 0; j < TILES; ++j) {",
             "      #pragma unroll",
             "      for (int h = 0; h < 2; ++h) {  // columns g and g + 8 of the tile",
             "        const long long n = first + 16 * j + 8 * h + g;",
             "        const bool live = n < N && k0 < K;",
-            f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);",
+            (
+                f"        copy16(smem_addr(ring + SLOT(stage, u, j, h)), {w} + (live ? n * W_COLUMN + k0{'' if byte_codes else ' / 2'} : 0), live);"
+                if ring
+                else f"        wv[u][j][h] = live ? {load}({w} + n * W_COLUMN + k0{'' if byte_codes else ' / 2'}) : make_uint4(0, 0, 0, 0);"
+            ),
             f"        const float s = live ? gd::to<float>({scale}[(k0 / GROUP) * {ss[0]}LL + n * {ss[1]}LL]) : 0.0f;",
             f"        sc[u][j][h] = {to_pair}(s);",
             *([f"        nz[u][j][h] = {nz};"] if nz else []),
@@ -245,6 +305,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "    }",
             *(load_x("xs[u]", "    ") if early else []),
             "  }",
+            *(['  asm volatile("cp.async.commit_group;\\n" ::);'] if ring else []),
             "};",
             f"auto multiply = [&](int base, const uint4 (&wv)[UNROLL][TILES][2], const {pair} (&sc)[UNROLL][TILES][2]{nz_in}{xs_in}) {{",
             "  #pragma unroll",
@@ -253,7 +314,7 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
                 ["    const uint4 (&x)[HALVES][PIECES] = xs[u];  // tokens g and g + 8 at k0 .. k0 + KPL - 1"]
                 if early
                 else [
-                    "    const int k0 = (base + warp + u * WARPS) * CHUNK + q * KPL;",
+                    "    const int k0 = (base + kw + u * KWARPS) * CHUNK + q * KPL;",
                     "    uint4 x[HALVES][PIECES];  // tokens g and g + 8 at k0 .. k0 + KPL - 1",
                     *load_x("x", "    "),
                 ]
@@ -293,31 +354,24 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
             "    }",
             "  }",
             "};",
-            # ping-pong: one set of chunks in flight while the other multiplies (conditions the same in every warp)
-            "constexpr int STEP = WARPS * UNROLL;",
-            "uint4 wa[UNROLL][TILES][2], wb[UNROLL][TILES][2];",
-            f"{pair} sa[UNROLL][TILES][2], sb[UNROLL][TILES][2];",
-            *([f"{pair} za[UNROLL][TILES][2], zb[UNROLL][TILES][2];"] if nz else []),
-            *(["uint4 xa[UNROLL][HALVES][PIECES], xb[UNROLL][HALVES][PIECES];"] if early else []),
-            f"fetch(0, wa, sa{za}{xa});",
-            "for (int c0 = 0; c0 < CHUNKS; c0 += 2 * STEP) {",
-            f"  if (c0 + STEP < CHUNKS) fetch(c0 + STEP, wb, sb{zb}{xb});",
-            f"  multiply(c0, wa, sa{za}{xa});",
-            f"  if (c0 + 2 * STEP < CHUNKS) fetch(c0 + 2 * STEP, wa, sa{za}{xa});",
-            f"  if (c0 + STEP < CHUNKS) multiply(c0 + STEP, wb, sb{zb}{xb});",
-            "}",
+            "constexpr int STEP = KWARPS * UNROLL;",
+            *(loops.ring_loop(pair, stages, bool(nz)) if ring else loops.ping_pong(pair, bool(nz), bool(early))),
         ]
 
     body = [
         f"constexpr int ROWS = {p.rows}, K = {p.k}, N = {p.n}, GROUP = {p.group}, HALVES = ROWS > 8 ? 2 : 1;",
         f"constexpr int TILES = {tiles}, WARPS = {warps}, UNROLL = {unroll}, CHUNKS = {-(-p.k // chunk)};",
+        f"constexpr int SPLIT = {split}, KWARPS = SPLIT * WARPS;  // K slices (blocks of a cluster); warps over K",
         f"constexpr int CHUNK = {chunk}, KPL = {p.k_per_load}, PIECES = KPL / 8;  // k per warp step, lane, 8 halves",
         f"constexpr long long W_COLUMN = {p.w.static_stride[1] // (1 if byte_codes else 2)};  // bytes between columns",
         "__shared__ float4 partial[WARPS][TILES * HALVES][32];",
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;",
-        "const long long first = (long long)blockIdx.x * (16 * TILES);",
+        "const int rank = blockIdx.x % SPLIT, kw = rank * WARPS + warp;  // the block's K slice, the warp's",
+        "const long long first = (long long)(blockIdx.x / SPLIT) * (16 * TILES);",
         *(_dequant_bytes(p.w.data_type, pair, bf16) if byte_codes else _dequant_int4(pair, magic, nz)),
         "float acc[TILES][HALVES][4] = {};  // [tile][tokens 0-7, 8-15][m16n8 accumulator fragment]",
+        *(loops.cluster_setup() if split > 1 else []),
+        *(loops.ring_setup(stages, warps) if stages else []),
         "auto load_wide = [&](const void* at) -> uint4 { return __ldg(reinterpret_cast<const uint4*>(at)); };",
         "auto load_bytes = [&](const void* at) -> uint4 {",
         "  unsigned word[4] = {0, 0, 0, 0};",
@@ -327,31 +381,23 @@ def kernel(fused: FusedNode, ctx: EmitContext, p: WeightOnly, launch: dict[str, 
         "  return make_uint4(word[0], word[1], word[2], word[3]);",
         "};",
         f"if ({aligned}) {{",
-        *("  " + line for line in product("load_wide")),
+        *("  " + line for line in product("load_wide", stages > 0)),
         "} else {",
-        *("  " + line for line in product("load_bytes")),
+        *("  " + line for line in product("load_bytes", False)),
         "}",
-        "#pragma unroll",
-        "for (int j = 0; j < TILES; ++j) {",
-        "  #pragma unroll",
-        "  for (int t = 0; t < HALVES; ++t) {",
-        "    partial[warp][j * HALVES + t][lane] = make_float4(acc[j][t][0], acc[j][t][1], acc[j][t][2], acc[j][t][3]);",
-        "  }",
-        "}",
-        "__syncthreads();",
-        # one output per step: tile j, tokens half t, lane and register of the m16n8 accumulator fragment
-        "for (int e = threadIdx.x; e < TILES * HALVES * 128; e += WARPS * 32) {",
-        "  const int jt = e >> 7, from = (e >> 2) & 31, reg = e & 3;",
-        "  const int row = 8 * (jt % HALVES) + 2 * (from & 3) + (reg & 1);",
-        "  const long long n = first + 16 * (jt / HALVES) + (from >> 2) + 8 * (reg >> 1);",
-        "  if (row >= ROWS || n >= N) continue;",
-        "  float sum = 0.0f;",
-        "  for (int v = 0; v < WARPS; ++v) sum += reinterpret_cast<const float*>(&partial[v][jt][from])[reg];",
-        f"  {out}[row * {p.c_row}LL + n * {c_n}LL] = {store(p.out.data_type, 'sum')};",
-        "}",
+        *loops.tile_end(target, store(p.out.data_type, "sum"), split > 1),
     ]
     threads = 32 * warps
-    name, source = kernel_source(ctx, fused, "weight_only_gemm_mma", params, threads, indent(body, 1))
-    grid = (-(-p.n // (TILE * tiles)), 1, 1)
-    plain = Kernel(name, source, grid, (threads, 1, 1), 0, tuple(params.bindings), alignment=16)
+    name, source = kernel_source(
+        ctx,
+        fused,
+        "weight_only_gemm_mma",
+        params,
+        threads,
+        indent(body, 1),
+        device_functions=ASYNC_COPY_PRELUDE if stages else "",
+        cluster=split,
+    )
+    grid = (-(-p.n // (TILE * tiles)) * split, 1, 1)
+    plain = Kernel(name, source, grid, (threads, 1, 1), loops.ring_bytes(launch), tuple(params.bindings), alignment=16)
     return with_mma_functions(plain, p.a.data_type)
