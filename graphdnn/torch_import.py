@@ -97,12 +97,12 @@ class _Importer:
         target = node.target
         key = "getitem" if target is operator.getitem else _aten_name(target)
         translator = _TRANSLATORS.get(key) if key is not None else None
-        in_place = translator is None and key is not None and key.endswith("_") and not key.startswith("_")
+        functional = _functional_form(key) if translator is None else None
+        in_place = functional is not None
         try:
-            if in_place and key is not None:
-                translator = _TRANSLATORS.get(key[:-1])  # relu_, add_: the op, its result a new tensor
-                if translator is not None:
-                    _check_in_place(node)
+            if functional is not None:
+                _check_in_place(node)
+                translator = functional
             if translator is None:
                 raise _Unmapped("no graphdnn translation")
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.values[n.name])
@@ -149,6 +149,13 @@ _VIEWS = frozenset(
         "getitem",
     }
 )
+
+
+def _functional_form(key: str | None) -> Translator | None:
+    """The translator of an in-place op's functional form (``relu_``: ``relu``'s), if it has one."""
+    if key is None or not key.endswith("_") or key.startswith("_"):
+        return None
+    return _TRANSLATORS.get(key[:-1])
 
 
 def _check_in_place(node: Any) -> None:
@@ -414,13 +421,9 @@ def _softmax(g: OperationGraphSpec, node: Any, x: Any, dim: int, option: Any = N
     return g.softmax(_tensor(x, "input"), axis=int(dim))
 
 
-@_aten("view", "reshape", "_unsafe_view")
-def _reshape(g: OperationGraphSpec, node: Any, x: Any, shape: Sequence[int]) -> Value:
-    return g.reshape(_tensor(x, "input"), _dims(node))
-
-
-@_aten("flatten")
-def _flatten(g: OperationGraphSpec, node: Any, x: Any, start_dim: int = 0, end_dim: int = -1) -> Value:
+@_aten("view", "reshape", "_unsafe_view", "flatten")
+def _reshape(g: OperationGraphSpec, node: Any, x: Any, *layout: Any) -> Value:
+    """``layout`` (a shape, or flatten's dims) is not read: the output's dims are the node's."""
     return g.reshape(_tensor(x, "input"), _dims(node))
 
 
