@@ -309,6 +309,9 @@ __device__ __forceinline__ float rcp_approx(float x) {
   return y;
 }
 
+// a + b^2 with b evaluated once (b may be a whole fused expression).
+template <class T> __device__ __forceinline__ T add_square(T a, T b) { return a + b * b; }
+
 template <class T> __device__ __forceinline__ T sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
 // float: the hardware exp2 and reciprocal (~1e-6 relative error, a third of the instructions;
 // the activations sit in memory-bound kernels where precise exp and division would make

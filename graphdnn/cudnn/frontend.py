@@ -34,8 +34,6 @@ from .variant_pack import adapt
 
 # Frontend calls graphdnn cannot serve, and why (AttributeError would not say).
 NOT_SUPPORTED = {
-    "tan": "graphdnn has no tangent op (sin / cos gives it)",
-    "add_square": "graphdnn has no add_square op (mul then add gives it)",
     "instancenorm_backward": "graphdnn has no instance norm backward op",
     "adalayernorm": "graphdnn has no adaptive layer norm",
     "adalayernorm_backward": "graphdnn has no adaptive layer norm",
@@ -55,8 +53,6 @@ NOT_SUPPORTED = {
     "get_knobs_for_engine": "graphdnn has no engine ids or knobs (gd.compile(tuning=...) picks launch choices)",
     "get_engine_count": "graphdnn has no engine ids or knobs (gd.compile(tuning=...) picks launch choices)",
 }
-for _op in ("relu", "leaky_relu", "tanh", "sigmoid", "elu", "gelu", "softplus", "swish", "gelu_approx_tanh"):
-    NOT_SUPPORTED[f"{_op}_backward"] = "graphdnn has no activation backward ops"
 
 
 class pygraph(FrontendOps):

@@ -8,6 +8,7 @@ the frontend. Frontend ops that graphdnn lacks raise UnsupportedError saying so.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -338,6 +339,38 @@ class FrontendOps(AttentionOps, QuantizeOps):
         beta = 1.0 if swish_beta is None else swish_beta
         return self._pointwise("swish", [input], compute_data_type, name, swish_beta=beta)
 
+    def relu_backward(
+        self,
+        loss: TensorSpec,
+        input: TensorSpec,
+        negative_slope: float | None = None,
+        lower_clip: float | None = None,
+        upper_clip: float | None = None,
+        compute_data_type: Any = None,
+        name: str = "",
+    ) -> TensorSpec:
+        clips = {"negative_slope": negative_slope, "lower_clip": lower_clip, "upper_clip": upper_clip}
+        return self._pointwise("relu_backward", [loss, input], compute_data_type, name, **clips)
+
+    def leaky_relu_backward(
+        self, loss: TensorSpec, input: TensorSpec, negative_slope: float, compute_data_type: Any = None, name: str = ""
+    ) -> TensorSpec:
+        return self._pointwise(
+            "leaky_relu_backward", [loss, input], compute_data_type, name, negative_slope=negative_slope
+        )
+
+    def swish_backward(
+        self,
+        loss: TensorSpec,
+        input: TensorSpec,
+        compute_data_type: Any = None,
+        swish_beta: float | None = None,
+        name: str = "",
+    ) -> TensorSpec:
+        """The frontend's order: ``compute_data_type`` comes before ``swish_beta`` here."""
+        beta = 1.0 if swish_beta is None else swish_beta
+        return self._pointwise("swish_backward", [loss, input], compute_data_type, name, swish_beta=beta)
+
     def bias(self, input: TensorSpec, bias: TensorSpec, compute_data_type: Any = None, name: str = "") -> TensorSpec:
         return self._pointwise("bias", [input, bias], compute_data_type, name)
 
@@ -363,54 +396,50 @@ def _no_peer_stats(peer_stats: Sequence[TensorSpec], node: str) -> None:
 
 
 # Pointwise methods whose signatures differ only in the op and in their inputs' names.
-def _unary(kind: str) -> Callable[..., TensorSpec]:
-    def method(self: FrontendOps, input: TensorSpec, compute_data_type: Any = None, name: str = "") -> TensorSpec:
-        return self._pointwise(kind, [input], compute_data_type, name)
+def _pointwise_method(kind: str, roles: tuple[str, ...], doc: str) -> Callable[..., TensorSpec]:
+    """``kind`` taking ``roles`` (by position or name), then compute_data_type and name."""
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [
+            inspect.Parameter("self", positional),
+            *(inspect.Parameter(role, positional, annotation="TensorSpec") for role in roles),
+            inspect.Parameter("compute_data_type", positional, default=None, annotation="Any"),
+            inspect.Parameter("name", positional, default="", annotation="str"),
+        ],
+        return_annotation="TensorSpec",
+    )
+
+    def method(*args: Any, **kwargs: Any) -> TensorSpec:
+        given = signature.bind(*args, **kwargs)
+        given.apply_defaults()
+        values = given.arguments
+        return values["self"]._pointwise(kind, [values[r] for r in roles], values["compute_data_type"], values["name"])
 
     method.__name__ = method.__qualname__ = kind
-    method.__doc__ = f"Pointwise {kind} -> OUT_0."
-    return method
-
-
-def _ab(kind: str) -> Callable[..., TensorSpec]:
-    def method(self: FrontendOps, a: Any, b: Any, compute_data_type: Any = None, name: str = "") -> TensorSpec:
-        return self._pointwise(kind, [a, b], compute_data_type, name)
-
-    method.__name__ = method.__qualname__ = kind
-    method.__doc__ = f"Pointwise {kind}(a, b) -> OUT_0."
-    return method
-
-
-def _input01(kind: str) -> Callable[..., TensorSpec]:
-    def method(
-        self: FrontendOps, input0: Any, input1: Any, compute_data_type: Any = None, name: str = ""
-    ) -> TensorSpec:
-        return self._pointwise(kind, [input0, input1], compute_data_type, name)
-
-    method.__name__ = method.__qualname__ = kind
-    method.__doc__ = f"Pointwise {kind}(input0, input1) -> OUT_0."
-    return method
-
-
-def _comparison(kind: str) -> Callable[..., TensorSpec]:
-    def method(
-        self: FrontendOps, input: Any, comparison: Any, compute_data_type: Any = None, name: str = ""
-    ) -> TensorSpec:
-        return self._pointwise(kind, [input, comparison], compute_data_type, name)
-
-    method.__name__ = method.__qualname__ = kind
-    method.__doc__ = f"Pointwise {kind}(input, comparison) -> OUT_0: 1 where true, 0 where false."
+    method.__doc__ = f"Pointwise {kind}({', '.join(roles)}) -> OUT_0{doc}."
+    method.__signature__ = signature  # type: ignore[attr-defined]
     return method
 
 
 UNARY = (
-    "identity", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "erf", "floor", "ceil",
-    "logical_not", "tanh", "sigmoid", "elu", "gelu", "gelu_approx_tanh", "softplus",
+    "identity", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tan", "erf", "floor",
+    "ceil", "logical_not", "tanh", "sigmoid", "elu", "gelu", "gelu_approx_tanh", "softplus",
 )  # fmt: skip
-BINARY_AB = ("add", "sub", "mul", "div", "logical_and", "logical_or")
+BINARY_AB = ("add", "sub", "mul", "div", "add_square", "logical_and", "logical_or")
 BINARY_INPUT01 = ("max", "min", "pow", "mod")
 COMPARISONS = ("cmp_eq", "cmp_neq", "cmp_gt", "cmp_ge", "cmp_lt", "cmp_le")
+# The frontend's elu_backward and softplus_backward take no alpha / beta: the defaults, 1.
+BACKWARD = (
+    "tanh_backward", "sigmoid_backward", "elu_backward", "gelu_backward", "gelu_approx_tanh_backward",
+    "softplus_backward",
+)  # fmt: skip
 
-for _kinds, _factory in ((UNARY, _unary), (BINARY_AB, _ab), (BINARY_INPUT01, _input01), (COMPARISONS, _comparison)):
+for _kinds, _roles, _doc in (
+    (UNARY, ("input",), ""),
+    (BINARY_AB, ("a", "b"), ""),
+    (BINARY_INPUT01, ("input0", "input1"), ""),
+    (COMPARISONS, ("input", "comparison"), ": 1 where true, 0 where false"),
+    (BACKWARD, ("loss", "input"), ": loss times the derivative at the forward input"),
+):
     for _kind in _kinds:
-        setattr(FrontendOps, _kind, _factory(_kind))
+        setattr(FrontendOps, _kind, _pointwise_method(_kind, _roles, _doc))

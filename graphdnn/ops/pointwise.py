@@ -98,6 +98,7 @@ _UNARY: dict[str, tuple[type[Attributes], bool, Callable[..., np.ndarray]]] = {
     "reciprocal": (NoAttributes, False, lambda x, a: 1.0 / x),
     "sin": (NoAttributes, False, lambda x, a: np.sin(x)),
     "cos": (NoAttributes, False, lambda x, a: np.cos(x)),
+    "tan": (NoAttributes, False, lambda x, a: np.tan(x)),
     "erf": (NoAttributes, False, lambda x, a: _erf(x)),
     "floor": (NoAttributes, False, lambda x, a: np.floor(x)),
     "ceil": (NoAttributes, False, lambda x, a: np.ceil(x)),
@@ -160,6 +161,7 @@ _BINARY: dict[str, tuple[tuple[str, str], Callable[[np.ndarray, np.ndarray], np.
     "min": (("a", "b"), np.minimum),
     "pow": (("a", "b"), np.power),
     "mod": (("a", "b"), np.fmod),  # C fmod: the sign of a; NaN where b is 0
+    "add_square": (("a", "b"), lambda x, y: x + y * y),
     "logical_and": (("a", "b"), lambda x, y: ((x != 0) & (y != 0)).astype(np.float64)),
     "logical_or": (("a", "b"), lambda x, y: ((x != 0) | (y != 0)).astype(np.float64)),
     "scale": (("input", "scale"), np.multiply),
@@ -299,6 +301,12 @@ class PointwiseMethods:
         """C ``fmod(a, b)``: the remainder has the sign of ``a``; NaN where ``b`` is 0."""
         return self._pointwise("mod", {"a": a, "b": b}, name, compute_data_type)
 
+    def add_square(
+        self, a: TensorSpec, b: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
+    ) -> TensorSpec:
+        """``a + b * b`` (the frontend's ADD_SQUARE: a running sum of squares in one node)."""
+        return self._pointwise("add_square", {"a": a, "b": b}, name, compute_data_type)
+
     def scale(
         self, input: TensorSpec, scale: TensorSpec | Scalar, compute_data_type: Any = None, name: str | None = None
     ) -> TensorSpec:
@@ -397,6 +405,9 @@ class PointwiseMethods:
 
     def cos(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
         return self._pointwise("cos", {"input": input}, name, compute_data_type)
+
+    def tan(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
+        return self._pointwise("tan", {"input": input}, name, compute_data_type)
 
     def erf(self, input: TensorSpec, compute_data_type: Any = None, name: str | None = None) -> TensorSpec:
         return self._pointwise("erf", {"input": input}, name, compute_data_type)
