@@ -9,6 +9,7 @@ graphdnn (NumPy in float64, torch's CPU autograd for gradients).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -303,6 +304,60 @@ def genstats(device: str) -> list[Result]:
     return [
         Result("genstats::SUM", total, xs.sum(axis=(0, 2, 3), keepdims=True), DataType.FLOAT),
         Result("genstats::SQ_SUM", squares, (xs**2).sum(axis=(0, 2, 3), keepdims=True), DataType.FLOAT),
+    ]
+
+
+def moe_grouped_matmul(device: str) -> list[Result]:
+    """The frontend's MoE layout: token [1, S, K], weight [E, K, N] with K contiguous, offsets
+    [E, 1, 1] int32 (an expert without rows among them); mode NONE, and GATHER picking rows by
+    token_index [1, S', 1]."""
+    torch.manual_seed(9)
+    experts, rows, k, n, picked = 4, 40, 64, 48, 56
+    token = torch.randn(1, rows, k, dtype=torch.bfloat16, device=device)
+    weight = torch.randn(experts, n, k, dtype=torch.bfloat16, device=device).transpose(1, 2)  # K contiguous
+    offsets = torch.tensor([0, 9, 9, 25], dtype=torch.int32, device=device).view(experts, 1, 1)
+    picks = torch.randint(0, rows, (1, picked, 1), dtype=torch.int32, device=device)
+    gathered_offsets = torch.tensor([0, 20, 31, 31], dtype=torch.int32, device=device).view(experts, 1, 1)
+
+    graph = cudnn.pygraph(intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    TOKEN, WEIGHT = graph.tensor_like(token), graph.tensor_like(weight)
+    OFFSETS, GATHERED_OFFSETS, INDEX = (
+        graph.tensor_like(offsets),
+        graph.tensor_like(gathered_offsets),
+        graph.tensor_like(picks),
+    )
+    Y = graph.moe_grouped_matmul(TOKEN, WEIGHT, OFFSETS, mode=cudnn.moe_grouped_matmul_mode.NONE, name="moe")
+    G = graph.moe_grouped_matmul(
+        token=TOKEN,
+        weight=WEIGHT,
+        first_token_offset=GATHERED_OFFSETS,
+        token_index=INDEX,
+        mode=cudnn.moe_grouped_matmul_mode.GATHER,
+        name="moe_gather",
+    )
+    for out in (Y, G):
+        out.set_output(True).set_data_type(cudnn.data_type.BFLOAT16)
+    graph.build([cudnn.heur_mode.A])
+    y = torch.empty(1, rows, n, dtype=torch.bfloat16, device=device)
+    g = torch.empty(1, picked, n, dtype=torch.bfloat16, device=device)
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    pack = {TOKEN: token, WEIGHT: weight, OFFSETS: offsets, GATHERED_OFFSETS: gathered_offsets, INDEX: picks}
+    graph.execute(pack | {Y: y, G: g}, workspace)
+
+    def grouped(rows_in: np.ndarray, firsts: list[int]) -> np.ndarray:
+        bounds = [*firsts, len(rows_in)]
+        w = f64(weight)
+        return np.concatenate([rows_in[a:b] @ w[e] for e, (a, b) in enumerate(itertools.pairwise(bounds))])[None]
+
+    tokens = f64(token)[0]
+    return [
+        Result("moe::Output", y, grouped(tokens, [0, 9, 9, 25]), DataType.BFLOAT16),
+        Result(
+            "moe_gather::Output",
+            g,
+            grouped(tokens[f64(picks).astype(int)[0, :, 0]], [0, 20, 31, 31]),
+            DataType.BFLOAT16,
+        ),
     ]
 
 
@@ -724,6 +779,7 @@ PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
         rmsnorm_inference,
         matmul_bias,
         genstats,
+        moe_grouped_matmul,
         sdpa,
         sdpa_backward,
         sdpa_ragged,

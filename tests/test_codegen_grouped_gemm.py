@@ -19,6 +19,7 @@ import pytest
 
 import graphdnn as gd
 from codegen import compile_cubin
+from codegen.families.gemm_grouped import WIDE_WGMMA
 from codegen.families.gemm_grouped_block import row_tiles
 from codegen.families.gemm_mma import TILE_CANDIDATES
 from codegen.families.gemm_sm90 import TILES as WGMMA_TILES
@@ -42,14 +43,17 @@ def grouped(
     k_major: bool = False,
     offsets: str = "int32",
     compute: str = "float",
+    frontend_form: bool = False,
 ) -> gd.OperationGraphSpec:
     """output [rows, n] = moe_grouped_matmul(token [rows, k], weight [experts, k, n], offsets);
-    ``k_major``: the weight stored [experts, n, k] (seen as [experts, k, n])."""
+    ``k_major``: the weight stored [experts, n, k] (seen as [experts, k, n]); ``frontend_form``:
+    token [1, rows, k], offsets [experts, 1, 1] and output [1, rows, n], as the cuDNN frontend has them."""
     g = gd.OperationGraphSpec(io_data_type=io, intermediate_data_type="float", compute_data_type=compute)
     stride = [n * k, 1, k] if k_major else [k * n, n, 1]
     weight = g.tensor([experts, k, n], name="weight", stride=stride)
-    first = g.tensor([experts], name="offsets", data_type=offsets)
-    y = g.moe_grouped_matmul(g.tensor([rows, k], name="token"), weight, first, name=NODE)
+    unit = [1] if frontend_form else []
+    first = g.tensor([experts, *unit, *unit], name="offsets", data_type=offsets)
+    y = g.moe_grouped_matmul(g.tensor([*unit, rows, k], name="token"), weight, first, name=NODE)
     y.set_name("out").set_output(True)
     return g
 
@@ -189,7 +193,7 @@ def run(g: gd.OperationGraphSpec, offsets: np.ndarray, tuning: Mapping[str, Any]
 
     ir = g.validate()
     feeds = random_inputs(ir, seed=3)
-    feeds["offsets"] = offsets.astype(feeds["offsets"].dtype)
+    feeds["offsets"] = offsets.astype(feeds["offsets"].dtype).reshape(feeds["offsets"].shape)
     want = reference.execute(ir, feeds)["out"].astype(np.float64)
     plan = gd.compile(ir, tuning=None if tuning is None else {NODE: dict(tuning)})
     out = poisoned(ir.outputs[0])
@@ -198,6 +202,7 @@ def run(g: gd.OperationGraphSpec, offsets: np.ndarray, tuning: Mapping[str, Any]
     got = to_numpy(out)
     error = relative_error(got, want)
     assert error <= tolerance(ir.outputs[0].data_type), f"relative error {error:.3g}"
+    got = got.reshape(-1, got.shape[-1])
     unheld = np.arange(got.shape[0]) < min(max(int(offsets.min()), 0), got.shape[0])
     np.testing.assert_array_equal(got[unheld], 0.0)
 
@@ -224,6 +229,26 @@ def test_case_matches_the_reference(name: str) -> None:
 )
 def test_crafted_offsets(offsets: list[int]) -> None:
     run(grouped(*CASES["ragged_k_n_8_experts"]), np.array(offsets))
+
+
+FRONTEND_FORM = (300, 72, 88, 8, "bfloat16", True)
+PATH_CHOICES = [{"path": "simt"}, {"path": "mma", "block_m": 64, "block_n": 64, "stages": 4}, dict(WIDE_WGMMA)]
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_the_frontend_form_compiles_on_every_path(arch: int) -> None:
+    """Token [1, S, K] and offsets [E, 1, 1]: the unit axis adds no offset, in the SIMT kernel
+    and the tensor-core ones (wgmma on sm_90 only)."""
+    g = grouped(*FRONTEND_FORM, frontend_form=True)
+    for choice in PATH_CHOICES[: 3 if arch == 90 else 2]:
+        (source,) = sources(g, arch, choice)
+        assert compile_cubin(source.source, source.name, arch, source.arch_suffix)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("choice", PATH_CHOICES, ids=["simt", "mma", "wgmma"])
+def test_the_frontend_form_matches_the_reference(choice: Mapping[str, Any] | None) -> None:
+    run(grouped(*FRONTEND_FORM, frontend_form=True), rising_offsets(300, 8, seed=5), choice)
 
 
 @pytest.mark.gpu

@@ -401,6 +401,13 @@ def test_sm_version_compiles_the_gpu_plan_without_a_gpu() -> None:
     ("call", "message"),
     [
         (lambda g, x: g.adalayernorm(x, x, x, x), "pygraph.adalayernorm is not supported: graphdnn has no adaptive"),
+        (
+            lambda g, x: g.moe_grouped_matmul(x, x, x, x, x, cudnn.moe_grouped_matmul_mode.SCATTER, top_k=2),
+            "mode SCATTER: graphdnn multiplies grouped rows",
+        ),
+        (lambda g, x: g.moe_grouped_matmul(x, x, x, token_index=x), "mode NONE reads neither token_index"),
+        (lambda g, x: g.moe_grouped_matmul(x, x, x, mode=cudnn.moe_grouped_matmul_mode.GATHER), "GATHER needs"),
+        (lambda g, x: g.moe_grouped_matmul_bwd(x, x, x), "no weight gradient of the grouped matmul"),
         (lambda g, x: g.sdpa(x, x, x, dropout=(x, x)), r"sdpa dropout=.*not a caller's \(mask, scale\)"),
         (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, dropout=(0.1, x, x), rng_dump=x), "rng_dump: .* rng\\(seed"),
         (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, dBias=x), "sdpa_backward dBias: .* no bias gradient"),

@@ -186,6 +186,20 @@ def test_grouped_matmul_rows_belong_to_the_last_expert_starting_at_or_before_the
     np.testing.assert_allclose(out[y.name], want, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("token", "offsets", "message"),
+    [
+        ([2, 7, 4], [3], r"token has dims \[2, 7, 4\]; expected \[rows, K\] or \[1, rows, K\]"),
+        ([7, 4], [3, 1], r"first_token_offset has dims \[3, 1\], expected \[3\] or \[3, 1, 1\]"),
+    ],
+)
+def test_grouped_matmul_takes_the_frontend_form_and_nothing_else(token, offsets, message):
+    g = graph()
+    w, t, f = g.tensor([3, 4, 2], name="w"), g.tensor(token, name="t"), g.tensor(offsets, name="f", data_type="int32")
+    with pytest.raises(gd.GraphError, match=message):
+        g.moe_grouped_matmul(t, w, f, name="mm")
+
+
 def test_gather_along_an_inner_axis(rng):
     g = graph()
     x, index = g.tensor([2, 5, 3], name="x"), g.tensor([4], name="i", data_type="int64")

@@ -232,20 +232,22 @@ def emit_grouped_matmul(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     params = KernelParams()
     a, b, firsts = params.tensor(token), params.tensor(weight), params.tensor(offsets)
     out = params.tensor(out_t, writable=True)
+    # the frontend's form has a unit axis first (token [1, S, K], offsets [E, 1, 1]): index 0
+    *unit, row, column = (f"c{axis}" for axis in range(len(out_t.dim)))
     body = [
         *coordinates("p", out_t.static_dim, stride_order(out_t.static_dim, out_t.static_stride), "c", itype),
         "int e = -1;",
         f"for (int i = 0; i < {weight.static_dim[0]}; ++i) {{",
-        f"  if ((long long){firsts}[{offset_at(offsets, ['i'])}] <= (long long)c0) e = i;",
+        f"  if ((long long){firsts}[{offset_at(offsets, ['i'] + ['0'] * (len(offsets.dim) - 1))}] <= (long long){row}) e = i;",
         "}",
         f"{compute} acc = 0;",
         "if (e >= 0) {",
-        f"  for ({itype} k = 0; k < {token.static_dim[1]}; ++k) {{",
-        f"    acc += {read(token, a, offset_at(token, ['c0', 'k']), compute)} * "
-        f"{read(weight, b, offset_at(weight, ['e', 'k', 'c1']), compute)};",
+        f"  for ({itype} k = 0; k < {token.static_dim[-1]}; ++k) {{",
+        f"    acc += {read(token, a, offset_at(token, [*unit, row, 'k']), compute)} * "
+        f"{read(weight, b, offset_at(weight, ['e', 'k', column]), compute)};",
         "  }",
         "}",
-        f"{out}[{offset_at(out_t, ['c0', 'c1'])}] = {store(out_t.data_type, 'acc')};",
+        f"{out}[{offset_at(out_t, [*unit, row, column])}] = {store(out_t.data_type, 'acc')};",
     ]
     loop = grid_stride("p", first_thread(itype), out_t.static_numel, itype, body)
     kernel = make_kernel(ctx, fused, "moe_grouped_matmul", params, loop, (blocks_for(out_t.static_numel), 1, 1))

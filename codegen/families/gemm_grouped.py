@@ -48,10 +48,11 @@ WIDE_WGMMA = {"path": "wgmma", "block_m": 128, "block_n": 256, "stages": 4}
 
 def grouped_problem(node: Node) -> Problem:
     """The node as the GEMM family sees one expert's product: A = token [S, K], B = weight [K, N]
-    of the block's expert (its batch offset is the block's), M = S rows at most."""
+    of the block's expert (its batch offset is the block's), M = S rows at most (a token of the
+    frontend's form, [1, S, K], is the same matrix: its unit axis has no offset)."""
     token, weight, out = node.input("token"), node.input("weight"), node.output("output")
     assert token is not None and weight is not None and out is not None
-    rows, k = token.static_dim
+    rows, k = token.static_dim[-2:]
     return Problem(node, token, weight, out, rows, weight.static_dim[2], k, 1, ())
 
 

@@ -115,3 +115,11 @@ class reshape_mode(enum.Enum):
 
     VIEW_ONLY = "view_only"
     LOGICAL = "logical"
+
+
+class moe_grouped_matmul_mode(enum.Enum):
+    """Where a grouped matmul's rows come from (GATHER: ``token_index``) or go (SCATTER: not supported)."""
+
+    NONE = "none"
+    GATHER = "gather"
+    SCATTER = "scatter"

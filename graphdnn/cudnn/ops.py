@@ -18,6 +18,7 @@ from ..ops.conv import ConvMode
 from ..tensor import TensorSpec
 from .attention_ops import AttentionOps
 from .enums import reshape_mode as reshape_modes
+from .moe_ops import MoeOps
 from .ops_base import MaybeTensor, compute_type
 from .quantize_ops import QuantizeOps
 
@@ -27,7 +28,7 @@ def _dims(values: Sequence[int] | None) -> Sequence[int] | None:
     return None if values is None or len(values) == 0 else values
 
 
-class FrontendOps(AttentionOps, QuantizeOps):
+class FrontendOps(AttentionOps, MoeOps, QuantizeOps):
     """Op methods of :class:`~graphdnn.cudnn.pygraph`, mixed in; ``_spec`` is the builder."""
 
     # -- convolution and matmul ----------------------------------------------------------

@@ -169,7 +169,11 @@ class MoeUnpermute(Op):
 class MoeGroupedMatmul(Op):
     """Output[s] = Token[s] @ Weight[e] for the expert e whose rows hold s: row s belongs to
     the last expert e with first_token_offset[e] <= s (the experts' rows are contiguous and
-    in order when the offsets rise); a row no expert holds is zero."""
+    in order when the offsets rise); a row no expert holds is zero.
+
+    Token [S, K] with offsets [E] and output [S, N], or the cuDNN frontend's form: token
+    [1, S, K], offsets [E, 1, 1], output [1, S, N] (the same memory, no copy).
+    """
 
     kind = "moe_grouped_matmul"
     category = Category.MATMUL
@@ -180,25 +184,27 @@ class MoeGroupedMatmul(Op):
         token, weight = node.input("token"), node.input("weight")
         offsets = index_tensor(node, "first_token_offset")
         assert token is not None and weight is not None
-        if len(token.dim) != 2:
-            fail(node, f"token has dims {list(token.dim)}; expected [rows, K]", role="token")
-        if len(weight.dim) != 3 or weight.dim[1] != token.dim[1]:
-            fail(node, f"weight has dims {list(weight.dim)}; expected [experts, {token.dim[1]}, N]", role="weight")
-        if tuple(offsets.dim) != (weight.dim[0],):
+        if len(token.dim) not in (2, 3) or token.dim[:-2] not in ((), (1,)):
+            fail(node, f"token has dims {list(token.dim)}; expected [rows, K] or [1, rows, K]", role="token")
+        if len(weight.dim) != 3 or weight.dim[1] != token.dim[-1]:
+            fail(node, f"weight has dims {list(weight.dim)}; expected [experts, {token.dim[-1]}, N]", role="weight")
+        if tuple(offsets.dim) not in ((weight.dim[0],), (weight.dim[0], 1, 1)):
             fail(
                 node,
-                f"first_token_offset has dims {list(offsets.dim)}, expected [{weight.dim[0]}] (one per expert)",
+                f"first_token_offset has dims {list(offsets.dim)}, expected [{weight.dim[0]}] or "
+                f"[{weight.dim[0]}, 1, 1] (one per expert)",
                 role="first_token_offset",
             )
-        return {"output": Inferred((token.dim[0], weight.dim[2]))}
+        return {"output": Inferred((*token.dim[:-1], weight.dim[2]))}
 
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
         token = node.input("token")
         assert token is not None
-        return (0, int(token.dim[0])) if role == "first_token_offset" else None
+        return (0, int(token.dim[-2])) if role == "first_token_offset" else None
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        token, weight, offsets = x["token"], x["weight"], x["first_token_offset"]
+        token, weight, offsets = x["token"], x["weight"], x["first_token_offset"].reshape(-1)
+        token = token.reshape(token.shape[-2:])
         rows = np.arange(token.shape[0])
         holds = offsets[None, :] <= rows[:, None]  # [S, E]
         last = weight.shape[0] - 1 - np.argmax(holds[:, ::-1], axis=1)
@@ -207,7 +213,7 @@ class MoeGroupedMatmul(Op):
         for e in np.unique(expert[expert >= 0]):
             mine = expert == e
             out[mine] = token[mine] @ weight[e]
-        return {"output": out}
+        return {"output": out.reshape(node.output("output").dim)}  # type: ignore[union-attr]
 
 
 class MoeMethods:
