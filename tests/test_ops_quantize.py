@@ -146,10 +146,12 @@ def test_dequantize_inverts_quantize_within_fp8_rounding(scale, rng):
 
 
 def test_fp8_e8m0_is_a_data_type_rounded_as_ml_dtypes_rounds():
-    values = np.array([0.0, -1.0, 1.0, 1.5, 1.4999, 3.0, 2.0**-128, 1.2 * 2.0**-127, 2.0**128, np.inf, np.nan])
+    values = np.array(
+        [0.0, -1.0, 1.0, 1.5, 1.4999, 3.0, 2.0**-128, 1.2 * 2.0**-127, 1.5 * 2.0**-127, 2.0**128, np.inf, np.nan]
+    )
     np.testing.assert_array_equal(
         bits(gd.dtypes.round_to(gd.DataType.FP8_E8M0, values), E8M0),
-        [255, 255, 127, 128, 127, 129, 0, 1, 255, 255, 255],
+        [255, 255, 127, 128, 127, 129, 0, 0, 1, 255, 255, 255],
     )
     assert gd.DataType("fp8_e8m0").itemsize == 1 and gd.dtypes.as_data_type("e8m0") is gd.DataType.FP8_E8M0
 

@@ -108,9 +108,8 @@ template <> struct Elem<__nv_fp8_e5m2> : Fp8Elem<__nv_fp8_e5m2, __NV_E5M2> {};
 // E8M0 (OCP MX scales): the byte is the biased exponent of a power of two, 0 is 2^-127 and
 // 255 NaN. Rounded by hand as ml_dtypes rounds (CUDA's __nv_cvt_float_to_e8m0 rounds |x| up or
 // toward zero, never to nearest, and keeps negative values and zero as powers of two):
-// to the nearer power of two with ties up, anything below 2^-126 to 2^-127 unless it exceeds
-// it, and zero, negatives, inf, NaN and overflow to NaN. A double goes through float first,
-// as ml_dtypes converts it.
+// to the nearer power of two with ties up (2^-127, the smallest, up to 1.5 * 2^-127), and zero,
+// negatives, inf, NaN and overflow to NaN. A double goes through float first.
 template <> struct Elem<__nv_fp8_e8m0> {
   __device__ __forceinline__ static float get(__nv_fp8_e8m0 x) {
     const unsigned code = x.__x;
@@ -122,7 +121,7 @@ template <> struct Elem<__nv_fp8_e8m0> {
     const unsigned bits = __float_as_uint(v), exponent = bits >> 23, mantissa = bits & 0x7fffffu;
     unsigned code;
     if (!(v > 0.0f) || exponent == 255u) code = 255u;
-    else if (exponent == 0u) code = mantissa > 0x400000u ? 1u : 0u;
+    else if (exponent == 0u) code = mantissa >= 0x600000u ? 1u : 0u;  // float subnormal: 1.5 * 2^-127 ties up
     else code = min(exponent + (mantissa >= 0x400000u ? 1u : 0u), 255u);
     r.__x = (__nv_fp8_storage_t)code;
     return r;
