@@ -1,5 +1,6 @@
-"""The warp-specialised engine's main loop for an MXFP8 matmul (fp8_e8m0 scales per 32 k of
-A's rows and of B's columns, graphdnn/ops/block_scaled.py).
+"""The warp-specialised engine's MXFP8 matmul (fp8_e8m0 scales per 32 k of A's rows and of
+B's columns, graphdnn/ops/block_scaled.py): the producer warpgroup's loop and the consumers'
+k loop.
 
 Hopper's tensor cores have no MX forms, so the scales are applied outside them: one fp8
 wgmma step reads 32 k (32 bytes), exactly one scale block, so each of a k tile's four steps
@@ -10,8 +11,14 @@ range (under- or overflow), so the only roundings are the tensor cores' sum of a
 products into the fragment and the fp32 addition into the accumulators (docs/kernels.md says
 why per-block promotion rather than pre-scaling the operands).
 
-The step's 34 scale bytes per thread (2 rows, 32 columns: the fragment's) are plain loads
-issued right after the step, so that their latency overlaps its wgmma; blocks past K (the
+That promotion is CUDA-core work every 32 k: per consumer thread and step, 64 fragment
+elements times a multiplication and an FMA, against one m64n128k32 wgmma (64 tensor-core
+cycles of the SM). So the consumers do nothing else: the producer warpgroup's 128 threads,
+idle beside the one that issues the TMA copies, read each k tile's scale bytes from global
+memory (before the stage is free, so that their latency overlaps the wait), convert them to
+floats and store them beside the stage's tiles, in the order the fragments read them (four
+16-byte loads per row pair and tile, eight per step for the 32 column scales); the stage's
+full barrier then counts their 128 arrivals besides the copies' bytes. Blocks past K (the
 last k tile's, zero-filled by TMA), rows past M and columns past N get the scale 0.
 """
 
@@ -22,52 +29,103 @@ from .gemm_problem import Problem
 from .gemm_sm90 import BLOCK_K_BYTES
 
 STEP_K = 32  # fp8 k per wgmma step: one MX scale block
+STEPS = BLOCK_K_BYTES // STEP_K  # scale blocks per k tile
+ROWS = 128  # the tile's rows (gemm_ws.BLOCK_M): one producer thread each, and one B column each
+COLUMN_PAD = 4  # floats between the four lane quads' column scales: conflict-free 16-byte loads
+PRODUCER_THREADS = 128
 
 
-def mx_loop(p: Problem, names: dict[int, str], b_step: int, b_leading: int, b_stride: int) -> list[str]:
-    """The consumer's k loop (gemm_ws_consumer.consumer), lines at its depth. Fragment element
-    i is row ``srow + 8 * ((i >> 1) & 1)``, column ``8 * (i >> 2) + 2 * (lane & 3) + (i & 1)``
-    of the warpgroup's 64 x BN part of the tile."""
+def column_run(bn: int) -> int:
+    """Floats one lane quad's column scales take per step: its BN / 4 columns and the pad."""
+    return bn // 4 + COLUMN_PAD
+
+
+def scale_stage_bytes(bn: int) -> int:
+    """A stage's scales: ROWS x STEPS row scales, then per step the four quads' column runs."""
+    return 4 * (ROWS * STEPS + STEPS * 4 * column_run(bn))
+
+
+def full_arrivals() -> int:
+    """Arrivals a stage's full barrier waits for: the TMA thread's expect_tx and every
+    producer thread's, once its scales are stored."""
+    return 1 + PRODUCER_THREADS
+
+
+def scale_area(bn: int) -> list[str]:
+    """The kernel's pointer to the stages' scales: after the mbarriers (16-byte aligned)."""
+    return [
+        f"constexpr int SCALE_STAGE = {scale_stage_bytes(bn) // 4}, A_SCALES = {ROWS * STEPS}, "
+        f"RUN = {column_run(bn)};  // floats",
+        "float* const scales = reinterpret_cast<float*>(smem_raw + (empty + STAGES * 8 - smem_addr(smem_raw)));",
+    ]
+
+
+def scale_loads(p: Problem, names: dict[int, str]) -> list[str]:
+    """The producer's first lines per k tile ``kt``, every thread, before it waits for the
+    stage: row tid's and column tid's scales of the tile's blocks, as floats."""
     assert p.a_scale is not None and p.b_scale is not None
     sa, sb = p.a_scale, p.b_scale
-    a_scale, b_scale = names[sa.id], names[sb.id]
-    steps = BLOCK_K_BYTES // STEP_K
+    a_at = f"{names[sa.id]}[(m0 + tid) * {c_extent(sa.stride[0])} + kb * {c_extent(sa.stride[1])}]"
+    b_at = f"{names[sb.id]}[kb * {c_extent(sb.stride[0])} + (n0 + tid) * {c_extent(sb.stride[1])}]"
+    return [
+        f"float fa[{STEPS}], fb[{STEPS}];  // row tid's and column tid's scales of the tile's blocks",
+        "#pragma unroll",
+        f"for (int j = 0; j < {STEPS}; ++j) {{",
+        f"  const int kb = kt * {STEPS} + j;",
+        f"  const bool live = kb < {p.k // STEP_K};  // the last k tile's blocks past K hold zeros",
+        f"  fa[j] = live && m0 + tid < GM ? gd::to<float>({a_at}) : 0.f;",
+        f"  fb[j] = live && n0 + tid < GN ? gd::to<float>({b_at}) : 0.f;",
+        "}",
+    ]
 
-    def a_load(h: int) -> str:
-        row = f"m0 + srow + {h}"
-        at = f"{a_scale}[({row}) * {c_extent(sa.stride[0])} + kb * {c_extent(sa.stride[1])}]"
-        return f"live && {row} < GM ? gd::to<float>({at}) : 0.f"
 
-    column = "n0 + 8 * (c >> 1) + 2 * (lane & 3) + (c & 1)"
-    b_at = f"{b_scale}[kb * {c_extent(sb.stride[0])} + col * {c_extent(sb.stride[1])}]"
+def scale_stores() -> list[str]:
+    """The producer's last lines per k tile, every thread, once the stage is free: its scales
+    into the stage (column t of the tile is fragment column 8 j + 2 quad + e: entry 2 j + e of
+    quad's run), then its arrival on the stage's full barrier, which releases them."""
+    column = "((tid >> 1) & 3) * RUN + (tid >> 3) * 2 + (tid & 1)"
+    return [
+        "float* const s = scales + stage * SCALE_STAGE;",
+        "*reinterpret_cast<float4*>(s + 4 * tid) = make_float4(fa[0], fa[1], fa[2], fa[3]);",
+        "#pragma unroll",
+        f"for (int j = 0; j < {STEPS}; ++j) s[A_SCALES + j * 4 * RUN + {column}] = fb[j];",
+        "mbar_arrive(bar);",
+    ]
+
+
+def mx_loop(b_step: int, b_leading: int, b_stride: int) -> list[str]:
+    """The consumer's k loop (gemm_ws_consumer.consumer), lines at its depth. Fragment element
+    i is row ``srow + 8 * ((i >> 1) & 1)``, column ``8 * (i >> 2) + 2 * (lane & 3) + (i & 1)``
+    of the warpgroup's 64 x BN part of the tile: its column scale is entry
+    ``((i >> 2) << 1) | (i & 1)`` of the lane quad's run."""
     return [
         "  const int srow = consumer * 64 + (warp & 3) * 16 + (lane >> 2);",
         "  float part[BN / 2];  // one 32-k block's products, a fresh fragment per block",
         "  for (int kt = kt_first; kt < kt_end; ++kt) {",
         "    mbar_wait(full + 8 * stage, phase);",
+        "    const float* const s = scales + stage * SCALE_STAGE;",
+        "    const float4 r0 = *reinterpret_cast<const float4*>(s + 4 * srow);  // rows srow, srow + 8: a scale a block",
+        "    const float4 r1 = *reinterpret_cast<const float4*>(s + 4 * (srow + 8));",
+        f"    const float sa0[{STEPS}] = {{r0.x, r0.y, r0.z, r0.w}}, sa1[{STEPS}] = {{r1.x, r1.y, r1.z, r1.w}};",
         "#pragma unroll",
-        f"    for (int kk = 0; kk < {steps}; ++kk) {{  // wgmma steps of 32 k: one scale block each",
-        f"      const int kb = kt * {steps} + kk;",
-        f"      const bool live = kb < {p.k // STEP_K};  // the last k tile's blocks past K hold zeros",
+        f"    for (int kk = 0; kk < {STEPS}; ++kk) {{  // wgmma steps of 32 k: one scale block each",
         "      wgmma_fence();",
         "      wgmma_first(part, wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128) + kk * 32, 16, 1024),",
         f"                  wgmma_descriptor(b_tiles + stage * B_STAGE + kk * {b_step}, {b_leading}, {b_stride}));",
         "      wgmma_commit();",
-        f"      const float sa0 = {a_load(0)};",
-        f"      const float sa1 = {a_load(8)};",
-        "      float sbc[BN / 4];  // the scales of the fragment's 32 columns",
+        "      float sb[BN / 4];  // the scales of the fragment's columns, read while the step runs",
+        "      const float* const run = s + A_SCALES + kk * 4 * RUN + (lane & 3) * RUN;",
         "#pragma unroll",
-        "      for (int c = 0; c < BN / 4; ++c) {",
-        f"        const int col = {column};",
-        f"        sbc[c] = live && col < GN ? gd::to<float>({b_at}) : 0.f;",
-        "      }",
+        "      for (int v = 0; v < BN / 16; ++v)",
+        "        *reinterpret_cast<float4*>(sb + 4 * v) = *reinterpret_cast<const float4*>(run + 4 * v);",
         "      wgmma_wait<0>();",
         "      fence_accumulators(part);",
-        f"      if (kk == {steps - 1} && lane == 0) mbar_arrive(empty + 8 * stage);  // the buffer goes back first",
         "#pragma unroll",
         "      for (int i = 0; i < BN / 2; ++i)  // exact power-of-two factors: one rounding, the addition",
-        "        acc[i] += part[i] * ((i & 2) ? sa1 : sa0) * sbc[((i >> 2) << 1) | (i & 1)];",
+        "        acc[i] = fmaf(part[i] * ((i & 2) ? sa1[kk] : sa0[kk]), sb[((i >> 2) << 1) | (i & 1)], acc[i]);",
         "    }",
+        "    __syncwarp();  // the warp's scale and tile reads are done",
+        "    if (lane == 0) mbar_arrive(empty + 8 * stage);",
         "    if (++stage == STAGES) stage = 0, phase ^= 1;",
         "  }",
     ]
