@@ -99,7 +99,8 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     if not supported(p, arch):
         return []
     if p.block_scaled:  # 128 x 128 tiles: fresh fragments per k block beside the accumulators
-        return tiles(128, _scale_bytes(p, 128))
+        ring = tiles(128, _scale_bytes(p, 128))
+        return ring + [{**ring[0], "split_k": s} for s in split_choices(p, arch)] if mxfp8(p) else ring
     split = [{**tiles(128)[0], "split_k": s} for s in split_choices(p, arch)]
     every = [choice for bn in _block_ns("gather" if p.is_conv else "tma") for choice in tiles(bn)] + split
     if not p.is_conv or im2col.refusal(p, _block_k(p)) is not None:
@@ -184,10 +185,20 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     if p.is_conv:
         return _default_im2col(p, arch)
     if p.block_scaled:  # the engine is its only tensor-core kernel, whatever the tile count
-        return tiles(128, _scale_bytes(p, 128))[0]
-    if output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch):
-        return {**tiles(128)[0], "split_k": 2} if p.k >= 2 * MIN_SLICE_K and _fp32_partials(p) else None
+        deepest = tiles(128, _scale_bytes(p, 128))[0]
+        return (_two_slices(p, deepest) if mxfp8(p) and _few_tiles(p, arch) else None) or deepest
+    if _few_tiles(p, arch):
+        return _two_slices(p, tiles(128)[0]) if _fp32_partials(p) else None
     return tiles(256 if output_tiles(p, BLOCK_M, 256) >= sm_count(arch) else 128)[0]
+
+
+def _few_tiles(p: Problem, arch: int) -> bool:
+    return output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch)
+
+
+def _two_slices(p: Problem, choice: dict[str, object]) -> dict[str, object] | None:
+    """``choice`` with K cut in two slices, where K is long enough for it; else None."""
+    return {**choice, "split_k": 2} if p.k >= 2 * MIN_SLICE_K else None
 
 
 def _default_im2col(p: Problem, arch: int) -> dict[str, object] | None:
@@ -262,10 +273,10 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     assert types is not None
     bk = _block_k(p)
     producer = _producer_of(ctx, p)
-    if p.block_scaled and (bn != 128 or split != 1):
+    if p.block_scaled and (bn != 128 or (split != 1 and not mxfp8(p))):
         raise UnsupportedError(
-            f"warp-specialised GEMM tuning {ctx.tuning}: a block-scaled matmul takes block_n 128 and no split_k "
-            "(its k-block fragments and the accumulators share the registers)",
+            f"warp-specialised GEMM tuning {ctx.tuning}: a block-scaled matmul takes block_n 128 (its k-block "
+            "fragments and the accumulators share the registers), and split_k only with MXFP8 scales",
             node=p.node.name,
         )
     if bn not in _block_ns(producer) or stages < 2 or shared > MAX_SHARED:
