@@ -370,7 +370,9 @@ def test_every_block_scaled_kernel_compiles(case: str, arch: int) -> None:
     for choice in [None, *choices]:
         for program in emit_partition(partition, arch, {gemm.name: choice} if choice else {}):
             for kernel in program.kernels:
-                engine = arch == 90 and kernel.name.startswith(("gd_matmul", "gd_block")) and "_splitk_" not in kernel.name
+                engine = (
+                    arch == 90 and kernel.name.startswith(("gd_matmul", "gd_block")) and "_splitk_" not in kernel.name
+                )
                 assert ("_ws_" in kernel.name) == engine
                 assert compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
 
