@@ -60,13 +60,13 @@ from .gemm_problem import Problem, declare, index_type_of, mxfp8, tensor_core_la
 from .gemm_sm90 import ARCH, BLOCK_K_BYTES, MAX_SHARED, wgmma_prelude
 from .gemm_splitk import MIN_SLICE_K, PARTIALS, KSlices, output_tiles
 from .gemm_ws_consumer import SUBTILE, consumer, tile_coordinates, units
-from .gemm_ws_mx import full_arrivals, scale_area, scale_loads, scale_stage_bytes, scale_stores
+from .gemm_ws_mx import MX_REGISTERS, full_arrivals, scale_area, scale_loads, scale_stage_bytes, scale_stores
 from .tma_prelude import mbarrier_prelude
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row (BLOCK_K_BYTES)
 THREADS = 384  # the producer warpgroup, then the two consumers
 CONSUMER_WARPS = 8
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 * 40 + 256 * 232 <= 64K registers
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 * 40 + 256 * 232 = 384 * 168, the launch's registers
 GROUP_M = 8
 BARRIER_BYTES = 16  # a full and an empty mbarrier per stage
 STAGING = 2 * SUBTILE * SUBTILE * 4  # fp32, one subtile per consumer
@@ -190,6 +190,11 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     if _few_tiles(p, arch):
         return _two_slices(p, tiles(128)[0]) if _fp32_partials(p) else None
     return tiles(256 if output_tiles(p, BLOCK_M, 256) >= sm_count(arch) else 128)[0]
+
+
+def _registers(p: Problem) -> tuple[int, int]:
+    """A producer's and a consumer's registers (setmaxnreg): MXFP8's own split (gemm_ws_mx.py)."""
+    return MX_REGISTERS if mxfp8(p) else (PRODUCER_REGISTERS, CONSUMER_REGISTERS)
 
 
 def _few_tiles(p: Problem, arch: int) -> bool:
@@ -339,7 +344,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
             if producer == "im2col"
             else ([], _matmul_loads(p, a_map, b_map, layout))
         )
-        setmaxnreg = f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};\\n");'
+        setmaxnreg = f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {_registers(p)[0]};\\n");'
         if mxfp8(p):  # every producer thread stages scales; thread 0 issues the copies
             producer_lines = _producer(p, itype, tile_setup, loads, scale_loads(p, names), scale_stores())
             body += [setmaxnreg, *indent(producer_lines, 1).splitlines()]
@@ -352,7 +357,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
             ]
     body += [
         "} else {",
-        *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");']),
+        *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {_registers(p)[1]};\\n");']),
         *indent(consumer(fused, p, names, layout, itype, aligned, gather, types.accumulator, split), 1).splitlines(),
         "}",
     ]

@@ -33,6 +33,10 @@ STEPS = BLOCK_K_BYTES // STEP_K  # scale blocks per k tile
 ROWS = 128  # the tile's rows (gemm_ws.BLOCK_M): one producer thread each, and one B column each
 COLUMN_PAD = 4  # floats between the four lane quads' column scales: conflict-free 16-byte loads
 PRODUCER_THREADS = 128
+# setmaxnreg: the two fragments in flight, the accumulators and a step's scales take more than
+# the engine's 232 registers a consumer thread; the producer's loop fits 24 (128 * 24 + 256 * 240
+# = 384 * 168, the launch's registers)
+MX_REGISTERS = (24, 240)
 
 
 def column_run(bn: int) -> int:
@@ -94,40 +98,69 @@ def scale_stores() -> list[str]:
 
 
 def mx_loop(b_step: int, b_leading: int, b_stride: int) -> list[str]:
-    """The consumer's k loop (gemm_ws_consumer.consumer), lines at its depth. Fragment element
-    i is row ``srow + 8 * ((i >> 1) & 1)``, column ``8 * (i >> 2) + 2 * (lane & 3) + (i & 1)``
-    of the warpgroup's 64 x BN part of the tile: its column scale is entry
-    ``((i >> 2) << 1) | (i & 1)`` of the lane quad's run."""
-    return [
+    """The consumer's k loop (gemm_ws_consumer.consumer), lines at its depth: per k tile, its
+    four steps in a pipeline of two fragments, step s + 1's wgmma issued before step s is
+    waited for (``wgmma_wait<1>``) and promoted, so that a warpgroup's tensor-core work and its
+    promotion overlap (the tile's last step is waited for alone: no wgmma stays in flight
+    across the loop's back edge, where ptxas would wait for it anyway)."""
+    lines = [
         "  const int srow = consumer * 64 + (warp & 3) * 16 + (lane >> 2);",
-        "  float part[BN / 2];  // one 32-k block's products, a fresh fragment per block",
+        "  float part0[BN / 2], part1[BN / 2];  // the steps' products, fresh fragments in turn",
         "  for (int kt = kt_first; kt < kt_end; ++kt) {",
         "    mbar_wait(full + 8 * stage, phase);",
         "    const float* const s = scales + stage * SCALE_STAGE;",
-        "    const float4 r0 = *reinterpret_cast<const float4*>(s + 4 * srow);  // rows srow, srow + 8: a scale a block",
-        "    const float4 r1 = *reinterpret_cast<const float4*>(s + 4 * (srow + 8));",
-        f"    const float sa0[{STEPS}] = {{r0.x, r0.y, r0.z, r0.w}}, sa1[{STEPS}] = {{r1.x, r1.y, r1.z, r1.w}};",
         "    // the tile's descriptors; a step moves the start address (bits 0-13, in 16 bytes: no carry out)",
         "    const unsigned long long da = wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128), 16, 1024);",
         f"    const unsigned long long db = wgmma_descriptor(b_tiles + stage * B_STAGE, {b_leading}, {b_stride});",
-        "#pragma unroll",
-        f"    for (int kk = 0; kk < {STEPS}; ++kk) {{  // wgmma steps of 32 k: one scale block each",
-        "      wgmma_fence();",
-        f"      wgmma_first(part, da + kk * 2, db + kk * {b_step // 16});",
-        "      wgmma_commit();",
-        "      float sb[BN / 4];  // the scales of the fragment's columns, read while the step runs",
-        "      const float* const run = s + A_SCALES + kk * 4 * RUN + (lane & 3) * RUN;",
-        "#pragma unroll",
-        "      for (int v = 0; v < BN / 16; ++v)",
-        "        *reinterpret_cast<float4*>(sb + 4 * v) = *reinterpret_cast<const float4*>(run + 4 * v);",
-        "      wgmma_wait<0>();",
-        "      fence_accumulators(part);",
-        "#pragma unroll",
-        "      for (int i = 0; i < BN / 2; ++i)  // exact power-of-two factors: one rounding, the addition",
-        "        acc[i] = fmaf(part[i] * ((i & 2) ? sa1[kk] : sa0[kk]), sb[((i >> 2) << 1) | (i & 1)], acc[i]);",
-        "    }",
+        *_issue(0, b_step),
+    ]
+    for kk in range(STEPS):
+        last = kk == STEPS - 1
+        lines += [
+            *([] if last else _issue(kk + 1, b_step)),
+            f"    {{  // step {kk}",
+            *("      " + line for line in _promotion(kk, last)),
+            "    }",
+        ]
+    return [
+        *lines,
         "    __syncwarp();  // the warp's scale and tile reads are done",
         "    if (lane == 0) mbar_arrive(empty + 8 * stage);",
         "    if (++stage == STAGES) stage = 0, phase ^= 1;",
         "  }",
+    ]
+
+
+def _issue(kk: int, b_step: int) -> list[str]:
+    """Step ``kk``'s wgmma into fragment part{kk % 2}."""
+    return [
+        "    wgmma_fence();",
+        f"    wgmma_first(part{kk % 2}, da + {kk * 2}, db + {kk * b_step // 16});",
+        "    wgmma_commit();",
+    ]
+
+
+def _promotion(kk: int, last: bool) -> list[str]:
+    """Step ``kk``'s scales (read while its wgmma runs), the wait for it and its promotion.
+    Fragment element i is row ``srow + 8 * ((i >> 1) & 1)``, column
+    ``8 * (i >> 2) + 2 * (lane & 3) + (i & 1)`` of the warpgroup's 64 x BN part of the tile:
+    its column scale is entry ``((i >> 2) << 1) | (i & 1)`` of the lane quad's run."""
+    part = f"part{kk % 2}"
+    chunk = [  # fragment elements 16 q .. 16 q + 15: columns 8 (4 q) .. 8 (4 q + 3) + 7, entries 8 q .. 8 q + 7
+        "#pragma unroll",
+        "for (int q = 0; q < BN / 32; ++q) {",
+        "  float sb[8];  // the column scales of a quarter of the fragment",
+        "  *reinterpret_cast<float4*>(sb) = *reinterpret_cast<const float4*>(run + 8 * q);",
+        "  *reinterpret_cast<float4*>(sb + 4) = *reinterpret_cast<const float4*>(run + 8 * q + 4);",
+        "#pragma unroll",
+        "  for (int i = 16 * q; i < 16 * q + 16; ++i)  // exact power-of-two factors: one rounding, the addition",
+        f"    acc[i] = fmaf({part}[i] * ((i & 2) ? sa1 : sa0), sb[(((i >> 2) << 1) | (i & 1)) & 7], acc[i]);",
+        "}",
+    ]
+    return [
+        f"const float sa0 = s[4 * srow + {kk}], sa1 = s[4 * (srow + 8) + {kk}];  // rows srow, srow + 8",
+        f"const float* const run = s + A_SCALES + {kk} * 4 * RUN + (lane & 3) * RUN;",
+        f"wgmma_wait<{0 if last else 1}>();  // step {kk} is done{'' if last else ', the next one may run'}",
+        f"fence_accumulators({part});",
+        *chunk,
     ]
