@@ -97,54 +97,87 @@ def scale_stores() -> list[str]:
     ]
 
 
+GROUP = 2  # k tiles a loop iteration runs in one pipeline (the last iteration may run fewer)
+
+
 def mx_loop(b_step: int, b_leading: int, b_stride: int) -> list[str]:
-    """The consumer's k loop (gemm_ws_consumer.consumer), lines at its depth: per k tile, its
-    four steps in a pipeline of two fragments, step s + 1's wgmma issued before step s is
-    waited for (``wgmma_wait<1>``) and promoted, so that a warpgroup's tensor-core work and its
-    promotion overlap (the tile's last step is waited for alone: no wgmma stays in flight
-    across the loop's back edge, where ptxas would wait for it anyway)."""
-    lines = [
+    """The consumer's k loop (gemm_ws_consumer.consumer), lines at its depth: GROUP k tiles at a
+    time, their steps in a pipeline of two fragments, step s + 1's wgmma issued before step s
+    is waited for (``wgmma_wait<1>``) and promoted, so that a warpgroup's tensor-core work and
+    its promotion overlap. The group's last step is waited for alone: no wgmma stays in flight
+    across the loop's back edge (ptxas would wait for it there)."""
+    return [
         "  const int srow = consumer * 64 + (warp & 3) * 16 + (lane >> 2);",
         "  float part0[BN / 2], part1[BN / 2];  // the steps' products, fresh fragments in turn",
-        "  for (int kt = kt_first; kt < kt_end; ++kt) {",
-        "    mbar_wait(full + 8 * stage, phase);",
-        "    const float* const s = scales + stage * SCALE_STAGE;",
-        "    // the tile's descriptors; a step moves the start address (bits 0-13, in 16 bytes: no carry out)",
-        "    const unsigned long long da = wgmma_descriptor(a_tiles + stage * A_STAGE + consumer * (64 * 128), 16, 1024);",
-        f"    const unsigned long long db = wgmma_descriptor(b_tiles + stage * B_STAGE, {b_leading}, {b_stride});",
-        *_issue(0, b_step),
-    ]
-    for kk in range(STEPS):
-        last = kk == STEPS - 1
-        lines += [
-            *([] if last else _issue(kk + 1, b_step)),
-            f"    {{  // step {kk}",
-            *("      " + line for line in _promotion(kk, last)),
-            "    }",
-        ]
-    return [
-        *lines,
-        "    __syncwarp();  // the warp's scale and tile reads are done",
-        "    if (lane == 0) mbar_arrive(empty + 8 * stage);",
-        "    if (++stage == STAGES) stage = 0, phase ^= 1;",
+        "  int kt = kt_first;",
+        f"  for (; kt + {GROUP - 1} < kt_end; kt += {GROUP}) {{",
+        *("    " + line for line in _pipeline(GROUP, b_step, b_leading, b_stride)),
         "  }",
+        *(
+            line
+            for rest in range(GROUP - 1, 0, -1)
+            for line in [
+                f"  if (kt + {rest - 1} < kt_end) {{  // {rest} k tile{'s' if rest > 1 else ''} left",
+                *("    " + line for line in _pipeline(rest, b_step, b_leading, b_stride)),
+                f"    kt += {rest};",
+                "  }",
+            ]
+        ),
     ]
 
 
-def _issue(kk: int, b_step: int) -> list[str]:
-    """Step ``kk``'s wgmma into fragment part{kk % 2}."""
+def _pipeline(tiles: int, b_step: int, b_leading: int, b_stride: int) -> list[str]:
+    """The steps of ``tiles`` k tiles, from the current stage on, in one pipeline."""
+    lines = _tile(0, b_leading, b_stride) + _issue(0, 0, b_step)
+    for g in range(STEPS * tiles):
+        t, kk = divmod(g, STEPS)
+        if g + 1 < STEPS * tiles:
+            following = divmod(g + 1, STEPS)
+            lines += (_tile(following[0], b_leading, b_stride) if following[1] == 0 else []) + _issue(
+                *following, b_step
+            )
+        lines += [
+            f"{{  // tile {t}, step {kk}",
+            *("  " + line for line in _promotion(t, kk, g + 1 == STEPS * tiles)),
+            "}",
+        ]
+        if kk == STEPS - 1:
+            lines += [
+                "__syncwarp();  // the warp's scale and tile reads of the stage are done",
+                f"if (lane == 0) mbar_arrive(empty + 8 * stage{t});",
+            ]
+    return lines
+
+
+def _tile(t: int, b_leading: int, b_stride: int) -> list[str]:
+    """Tile t of the group: waits for its stage (then the next one is current), its scales'
+    address and its descriptors (a step moves their start address, bits 0-13 in 16 bytes: no
+    carry out)."""
     return [
-        "    wgmma_fence();",
-        f"    wgmma_first(part{kk % 2}, da + {kk * 2}, db + {kk * b_step // 16});",
-        "    wgmma_commit();",
+        f"const int stage{t} = stage;",
+        "mbar_wait(full + 8 * stage, phase);",
+        "if (++stage == STAGES) stage = 0, phase ^= 1;",
+        f"const float* const s{t} = scales + stage{t} * SCALE_STAGE;",
+        f"const unsigned long long da{t} = wgmma_descriptor(a_tiles + stage{t} * A_STAGE + consumer * (64 * 128), 16, 1024);",
+        f"const unsigned long long db{t} = wgmma_descriptor(b_tiles + stage{t} * B_STAGE, {b_leading}, {b_stride});",
     ]
 
 
-def _promotion(kk: int, last: bool) -> list[str]:
-    """Step ``kk``'s scales (read while its wgmma runs), the wait for it and its promotion.
-    Fragment element i is row ``srow + 8 * ((i >> 1) & 1)``, column
-    ``8 * (i >> 2) + 2 * (lane & 3) + (i & 1)`` of the warpgroup's 64 x BN part of the tile:
-    its column scale is entry ``((i >> 2) << 1) | (i & 1)`` of the lane quad's run."""
+def _issue(t: int, kk: int, b_step: int) -> list[str]:
+    """Tile t's step ``kk``: its wgmma into fragment part{kk % 2} (a tile has an even number of
+    steps: the fragments alternate across tiles too)."""
+    return [
+        "wgmma_fence();",
+        f"wgmma_first(part{kk % 2}, da{t} + {kk * 2}, db{t} + {kk * b_step // 16});",
+        "wgmma_commit();",
+    ]
+
+
+def _promotion(t: int, kk: int, last: bool) -> list[str]:
+    """Tile t's step ``kk``: its scales, the wait for it and its promotion. Fragment element i
+    is row ``srow + 8 * ((i >> 1) & 1)``, column ``8 * (i >> 2) + 2 * (lane & 3) + (i & 1)`` of
+    the warpgroup's 64 x BN part of the tile: its column scale is entry
+    ``((i >> 2) << 1) | (i & 1)`` of the lane quad's run."""
     part = f"part{kk % 2}"
     chunk = [  # fragment elements 16 q .. 16 q + 15: columns 8 (4 q) .. 8 (4 q + 3) + 7, entries 8 q .. 8 q + 7
         "#pragma unroll",
@@ -158,9 +191,9 @@ def _promotion(kk: int, last: bool) -> list[str]:
         "}",
     ]
     return [
-        f"const float sa0 = s[4 * srow + {kk}], sa1 = s[4 * (srow + 8) + {kk}];  // rows srow, srow + 8",
-        f"const float* const run = s + A_SCALES + {kk} * 4 * RUN + (lane & 3) * RUN;",
-        f"wgmma_wait<{0 if last else 1}>();  // step {kk} is done{'' if last else ', the next one may run'}",
+        f"const float sa0 = s{t}[4 * srow + {kk}], sa1 = s{t}[4 * (srow + 8) + {kk}];  // rows srow, srow + 8",
+        f"const float* const run = s{t} + A_SCALES + {kk} * 4 * RUN + (lane & 3) * RUN;",
+        f"wgmma_wait<{0 if last else 1}>();  // the step is done{'' if last else ', the next one may run'}",
         f"fence_accumulators({part});",
         *chunk,
     ]
