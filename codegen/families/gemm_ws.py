@@ -8,6 +8,7 @@ share A and B panels in L2):
   and B (128-byte swizzle, the layout the wgmma descriptors read), each buffer guarded by a
   *full* mbarrier (the copies landed) and an *empty* one (the consumers are done with it).
   For a matmul it gives its registers away (``setmaxnreg``) and one thread issues TMA copies;
+  for an MXFP8 matmul every thread also stages the k tile's scales (gemm_ws_mx.py);
   for a convolution, by default, all 128 threads gather the implicit-GEMM tiles with ``cp.async``
   (gemm_loaders.py, as the other tensor-core paths do), each thread's copies arriving on the
   full barrier when they land; with ``"producer": "im2col"`` (a tuning, or the default for the

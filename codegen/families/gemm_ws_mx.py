@@ -13,13 +13,19 @@ why per-block promotion rather than pre-scaling the operands).
 
 That promotion is CUDA-core work every 32 k: per consumer thread and step, 64 fragment
 elements times a multiplication and an FMA, against one m64n128k32 wgmma (64 tensor-core
-cycles of the SM). So the consumers do nothing else: the producer warpgroup's 128 threads,
-idle beside the one that issues the TMA copies, read each k tile's scale bytes from global
-memory (before the stage is free, so that their latency overlaps the wait), convert them to
-floats and store them beside the stage's tiles, in the order the fragments read them (four
-16-byte loads per row pair and tile, eight per step for the 32 column scales); the stage's
-full barrier then counts their 128 arrivals besides the copies' bytes. Blocks past K (the
-last k tile's, zero-filled by TMA), rows past M and columns past N get the scale 0.
+cycles of the SM). So the consumers do little else, and hide the rest:
+- the producer warpgroup's 128 threads, idle beside the one that issues the TMA copies, read
+  each k tile's scale bytes from global memory (before the stage is free, so that their
+  latency overlaps the wait), convert them to floats and store them beside the stage's tiles
+  in the order the fragments read them (a step's 32 column scales are eight 16-byte loads);
+  the stage's full barrier then counts their 128 arrivals besides the copies' bytes. Blocks
+  past K (the last k tile's, zero-filled by TMA), rows past M and columns past N get the
+  scale 0;
+- a warpgroup's steps run in a pipeline of two fragments: step s + 1's wgmma is issued before
+  step s is waited for and promoted, so that the promotion overlaps the warpgroup's own next
+  wgmma, not only the other warpgroup's (measured: round 1's loop, one fragment, kept a step's
+  wgmma latency and its promotion in series; benchmarks/RESULTS.md).
+"""
 """
 
 from __future__ import annotations
