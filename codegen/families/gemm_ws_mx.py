@@ -26,7 +26,6 @@ cycles of the SM). So the consumers do little else, and hide the rest:
   wgmma, not only the other warpgroup's (measured: round 1's loop, one fragment, kept a step's
   wgmma latency and its promotion in series; benchmarks/RESULTS.md).
 """
-"""
 
 from __future__ import annotations
 
