@@ -180,7 +180,8 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     slices: measured on an H100 (benchmarks/RESULTS.md), 128 x 4096 x 4096 and 64 x 8192 x 8192
     ran 1.4x and 1.3x faster so than on mma.sync split-K, and faster than with 4 or no slices.
     Short-K few-tile problems stay on the other paths (not measured on the engine).
-    Convolutions: see ``_default_im2col``."""
+    A block-scaled matmul always takes the engine's 128 x 128 tile, an MXFP8 one of few tiles
+    and a long K in two slices too (not measured yet). Convolutions: see ``_default_im2col``."""
     if not supported(p, arch):
         return None
     if p.is_conv:
