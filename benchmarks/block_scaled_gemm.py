@@ -20,6 +20,7 @@ from typing import Any
 import graphdnn as gd
 
 SIZES = (4096, 8192)
+SKINNY = (128, 8192, 8192)  # an MXFP8 decode-like shape: 64 tiles, half the SMs
 MX_FORMS = ("matmul mxfp8 1x32 / 32x1", "dequantize graph mxfp8 1x32 / 32x1")
 FORMS = ("matmul 1x128 / 128x128", "dequantize graph 1x128 / 128x1", *MX_FORMS)
 BLOCK = 128
@@ -30,10 +31,18 @@ def _block(form: str) -> int:
     return MX_BLOCK if "mxfp8" in form else BLOCK
 
 
-def graph(size: int, form: str) -> gd.OperationGraphSpec:
-    m = n = k = size
+def shapes(form: str) -> list[tuple[int, int, int]]:
+    """(M, N, K) of the form's rows: the square SIZES, and for MXFP8 the SKINNY shape too."""
+    return [(size, size, size) for size in SIZES] + ([SKINNY] if "mxfp8" in form else [])
+
+
+def graph(shape: tuple[int, int, int], form: str) -> gd.OperationGraphSpec:
+    m, n, k = shape
     g = gd.OperationGraphSpec(
-        name=f"block_scaled_{size}", io_data_type="fp8_e4m3", intermediate_data_type="float", compute_data_type="float"
+        name=f"block_scaled_{m}x{n}x{k}",
+        io_data_type="fp8_e4m3",
+        intermediate_data_type="float",
+        compute_data_type="float",
     )
     a, b = g.tensor(name="a", dim=[m, k]), g.tensor(name="b", dim=[k, n], stride=[1, k])
     block = _block(form)
@@ -51,27 +60,27 @@ def graph(size: int, form: str) -> gd.OperationGraphSpec:
 
 def table(forms: tuple[str, ...] = FORMS) -> None:
     print(
-        "| GEMM | M=N=K | default plan TFLOP/s | engine, best stages | _scaled_mm per-tensor | "
+        "| GEMM | M x N x K | default plan TFLOP/s | engine, best stages | _scaled_mm per-tensor | "
         "_scaled_mm blockwise | default / per-tensor |"
     )
     print("|---|---|---|---|---|---|---|")
     for form in forms:
-        for size in SIZES:
-            print(row(size, form), flush=True)
+        for shape in shapes(form):
+            print(row(shape, form), flush=True)
 
 
-def row(size: int, form: str) -> str:
+def row(shape: tuple[int, int, int], form: str) -> str:
     """One table row: ours (default plan, each engine candidate) and the peers, in TFLOP/s."""
     from benchmarks.measure import checked_plan_us
     from codegen.families.gemm import candidates
 
-    inputs, want, peers = _inputs(size, form)
-    flop = 2 * size**3
-    fused = next(f for f in gd.fuse(graph(size, form)).nodes if f.anchor is not None)
+    inputs, want, peers = _inputs(shape, form)
+    flop = 2 * shape[0] * shape[1] * shape[2]
+    fused = next(f for f in gd.fuse(graph(shape, form)).nodes if f.anchor is not None)
     assert fused.anchor is not None and fused.anchor.input("A_scale") is not None, "not block-scaled"
-    default = flop / checked_plan_us(graph(size, form), inputs, want, None) / 1e6
+    default = flop / checked_plan_us(graph(shape, form), inputs, want, None) / 1e6
     every = [
-        (flop / checked_plan_us(graph(size, form), inputs, want, {fused.name: c}) / 1e6, f"{c['stages']}")
+        (flop / checked_plan_us(graph(shape, form), inputs, want, {fused.name: c}) / 1e6, f"{c['stages']}")
         for c in candidates(fused, 90)
     ]
     best = max(every)
@@ -79,7 +88,7 @@ def row(size: int, form: str) -> str:
     rates = {name: flop / _median(fn) / 1e6 if fn else why for name, (fn, why) in peers.items()}
     shown = {name: f"{rate:.0f}" if isinstance(rate, float) else rate for name, rate in rates.items()}
     return (  # the ratio divides by the per-tensor rate shown: one timing of the peer, not two
-        f"| fp8 e4m3 block-scaled, {form} | {size} | {default:.0f} | {best[0]:.0f} ({best[1]} stages) | "
+        f"| fp8 e4m3 block-scaled, {form} | {' x '.join(map(str, shape))} | {default:.0f} | {best[0]:.0f} ({best[1]} stages) | "
         f"{shown['tensor']} | {shown['blockwise']} | {default / float(rates['tensor']):.2f} |"
     )
 
@@ -91,11 +100,13 @@ def _median(fn: Callable[[], Any] | None) -> float:
     return median_us(fn)
 
 
-def _inputs(size: int, form: str) -> tuple[dict[str, Any], Any, dict[str, tuple[Callable[[], Any] | None, str]]]:
+def _inputs(
+    shape: tuple[int, int, int], form: str
+) -> tuple[dict[str, Any], Any, dict[str, tuple[Callable[[], Any] | None, str]]]:
     """The feeds, the fp32 dequantized product (bf16) and the peers: name -> (call, or None and why)."""
     import torch
 
-    m = n = k = size
+    m, n, k = shape
     a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()  # K-major [K, N]
     block = _block(form)

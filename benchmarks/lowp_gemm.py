@@ -87,9 +87,9 @@ def dry() -> int:
 
     graphs = [(name, size, graph(size, operand, out, scales)) for name, operand, out, scales in KINDS for size in SIZES]
     graphs += [
-        (f"block-scaled, {form}", size, block_scaled_gemm.graph(size, form))
+        (f"block-scaled, {form}", " x ".join(map(str, shape)), block_scaled_gemm.graph(shape, form))
         for form in block_scaled_gemm.FORMS
-        for size in block_scaled_gemm.SIZES
+        for shape in block_scaled_gemm.shapes(form)
     ]
     for name, size, spec in graphs:
         g = spec.validate()

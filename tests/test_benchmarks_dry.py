@@ -105,12 +105,17 @@ def test_the_grouped_conv_benchmark_builds_every_pass_of_every_layer() -> None:
 
 def test_the_8bit_gemm_benchmark_plans_take_the_engine() -> None:
     """fp8 (per-tensor and row / column scales, block-scaled and MXFP8 as a matmul and as
-    dequantize -> matmul) and int8 at 4096³ and 8192³: one warp-specialised kernel each, the
-    scales in it."""
+    dequantize -> matmul) and int8 at 4096³ and 8192³, MXFP8 at 128 x 8192 x 8192 too: one
+    warp-specialised kernel each, the scales in it (the skinny MXFP8 shape's in two K slices,
+    then their reduction)."""
     result = _benchmark("lowp_gemm.py", "--dry")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    assert len(lines) == 14 and all(line.count("_ws_") == 1 and "," not in line.split(":")[1] for line in lines)
+    kernels = {line.split(": ")[0]: line.split(": ")[1].split(", ") for line in lines}
+    skinny = [names for shape, names in kernels.items() if shape.endswith(" 128 x 8192 x 8192")]
+    assert len(kernels) == 16 and len(skinny) == 2
+    assert all(len(names) == 1 and "_ws_" in names[0] for names in kernels.values() if names not in skinny)
+    assert all("_ws_" in ws and "_splitk_reduce_" in reduce for ws, reduce in skinny)
 
 
 def test_the_weight_only_benchmark_plans_take_the_tensor_core_kernel() -> None:

@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 import graphdnn as gd
 from codegen.emit import emit_partition
 from codegen.families.gemm import candidates
+from codegen.families.gemm_problem import problem_of
+from codegen.families.gemm_ws import default_choice
 from codegen.nvrtc import compile_cubin
 from fusion_rules import fuse
 from fusion_rules.partition_reference import execute_partition
@@ -287,7 +289,7 @@ def test_the_rule_makes_one_mxfp8_gemm_on_sm90() -> None:
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-2, atol=1e-2)
     (program,) = emit_partition(partition, 90, {})
     (kernel,) = program.kernels
-    assert "_ws_" in kernel.name and "wgmma steps of 32 k: one scale block each" in kernel.source
+    assert "_ws_" in kernel.name and "the step is done, the next one may run" in kernel.source
 
 
 NEAR_MISSES = {
@@ -361,11 +363,17 @@ def test_every_block_scaled_kernel_compiles(case: str, arch: int) -> None:
     partition = fuse(COMPILE_CASES[case].build(), arch=arch)
     gemm = next(f for f in partition.nodes if f.anchor is not None and f.anchor.op == "matmul")
     choices = candidates(gemm, arch)
-    assert len(choices) == (2 if arch == 90 else 0)  # the engine's 128 x 128 tile, two ring depths
+    # the engine's 128 x 128 tile, two ring depths; an MXFP8 matmul of few tiles and long K, K slices too
+    splits = [c["split_k"] for c in choices[2:]]
+    assert len(choices) == (2 + len(splits) if arch == 90 else 0)
+    assert splits == ([4, 8] if case == "mx_e5m2" and arch == 90 else [])
     for choice in [None, *choices]:
         for program in emit_partition(partition, arch, {gemm.name: choice} if choice else {}):
             for kernel in program.kernels:
-                assert ("_ws_" in kernel.name) == (arch == 90 and kernel.name.startswith(("gd_matmul", "gd_block")))
+                engine = (
+                    arch == 90 and kernel.name.startswith(("gd_matmul", "gd_block")) and "_splitk_" not in kernel.name
+                )
+                assert ("_ws_" in kernel.name) == engine
                 assert compile_cubin(kernel.source, kernel.name, arch, kernel.arch_suffix)
 
 
@@ -373,7 +381,8 @@ def test_a_tuning_the_block_scaled_gemm_cannot_take_is_refused() -> None:
     partition = fuse(BlockScaled(256, 512, 256, form="matmul", b_blocks="tile").build(), arch=90)
     (gemm,) = partition.nodes
     for tuning, message in (
-        ({"path": "ws", "block_n": 256, "stages": 3}, "takes block_n 128 and no split_k"),
+        ({"path": "ws", "block_n": 256, "stages": 3}, "takes block_n 128"),
+        ({"path": "ws", "block_n": 128, "stages": 5, "split_k": 2}, "split_k only with MXFP8 scales"),
         ({"block_m": 128, "block_n": 128, "stages": 3}, "runs on the warp-specialised engine only"),
     ):
         with pytest.raises(UnsupportedError, match=message):
@@ -413,7 +422,8 @@ def test_block_scaled_gemm_matches_reference_on_gpu(case: str) -> None:
     tolerance = 1e-3 if spec.out_type == "float" else None
     check_on_gpu(graph, seed=seed, feeds=feeds, tolerance=tolerance)  # the default plan
     gemm = next(f for f in fuse(graph, arch=arch).nodes if f.anchor is not None and f.anchor.op == "matmul")
-    for choice in candidates(gemm, arch)[1:]:  # the default is the first
+    default = default_choice(problem_of(gemm.anchor), arch)
+    for choice in (c for c in candidates(gemm, arch) if c != default):
         check_on_gpu(graph, seed=seed, feeds=feeds, tolerance=tolerance, tuning={gemm.name: choice})
 
 

@@ -130,7 +130,7 @@ def _emit_block_scaled(fused: FusedNode, ctx: EmitContext, problem: Problem) -> 
             node=problem.node.name,
         )
     tuned = dataclasses.replace(ctx, tuning=ctx.tuning or default_ws(problem, ctx.arch) or {})
-    return FusedProgram(fused.name, (ws_kernel(fused, tuned, problem),))
+    return _program(fused, tuned, problem, ws_kernel(fused, tuned, problem), ws_split(tuned, problem))
 
 
 def _tuned(fused: FusedNode, ctx: EmitContext, problem: Problem, top_m: int) -> FusedProgram:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from fusion_rules import FusedNode
 from fusion_rules.conv_grad_gemm import CONV_GRADS, b_layout, operands, refusal
 from graphdnn.ir import Node, Tensor
-from graphdnn.ops.block_scaled import BLOCK, k_block, per_column
+from graphdnn.ops.block_scaled import BLOCK, MX_BLOCK, k_block, per_column
 from graphdnn.ops.conv import ConvAttributes
 from graphdnn.symbolic import Extent, Sym, upper
 
@@ -247,6 +247,11 @@ def scale_block(p: Problem) -> int:
     """The k elements one scale covers: 128 (float scales) or 32 (fp8_e8m0, MXFP8)."""
     assert p.a_scale is not None
     return k_block(p.a_scale)
+
+
+def mxfp8(p: Problem) -> bool:
+    """Whether ``p`` is an MXFP8 matmul (fp8_e8m0 scales per 32 k)."""
+    return p.block_scaled and scale_block(p) == MX_BLOCK
 
 
 def scale_columns(p: Problem) -> int:

@@ -8,6 +8,7 @@ share A and B panels in L2):
   and B (128-byte swizzle, the layout the wgmma descriptors read), each buffer guarded by a
   *full* mbarrier (the copies landed) and an *empty* one (the consumers are done with it).
   For a matmul it gives its registers away (``setmaxnreg``) and one thread issues TMA copies;
+  for an MXFP8 matmul every thread also stages the k tile's scales (gemm_ws_mx.py);
   for a convolution, by default, all 128 threads gather the implicit-GEMM tiles with ``cp.async``
   (gemm_loaders.py, as the other tensor-core paths do), each thread's copies arriving on the
   full barrier when they land; with ``"producer": "im2col"`` (a tuning, or the default for the
@@ -56,16 +57,17 @@ from .gemm_loaders import (
     element_types,
     load_tile_lambda,
 )
-from .gemm_problem import Problem, declare, index_type_of, tensor_core_layout, tensor_core_types
+from .gemm_problem import Problem, declare, index_type_of, mxfp8, tensor_core_layout, tensor_core_types
 from .gemm_sm90 import ARCH, BLOCK_K_BYTES, MAX_SHARED, wgmma_prelude
 from .gemm_splitk import MIN_SLICE_K, PARTIALS, KSlices, output_tiles
 from .gemm_ws_consumer import SUBTILE, consumer, tile_coordinates, units
+from .gemm_ws_mx import MX_REGISTERS, full_arrivals, scale_area, scale_loads, scale_stage_bytes, scale_stores
 from .tma_prelude import mbarrier_prelude
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row (BLOCK_K_BYTES)
 THREADS = 384  # the producer warpgroup, then the two consumers
 CONSUMER_WARPS = 8
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 * 40 + 256 * 232 <= 64K registers
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 * 40 + 256 * 232 = 384 * 168, the launch's registers
 GROUP_M = 8
 BARRIER_BYTES = 16  # a full and an empty mbarrier per stage
 STAGING = 2 * SUBTILE * SUBTILE * 4  # fp32, one subtile per consumer
@@ -75,10 +77,10 @@ GATHER_BLOCK_NS = (128,)  # 128 x 256 tiles: the gather's per-thread rows no lon
 PRODUCERS = ("gather", "im2col")  # a convolution's; a matmul's is TMA, named by no "producer" key
 
 
-def tiles(block_n: int) -> list[dict[str, object]]:
+def tiles(block_n: int, extra: int = 0) -> list[dict[str, object]]:
     """The deepest ring that fits for ``block_n``, and one stage less (shared memory for a
-    second block is out of reach either way)."""
-    stage = (BLOCK_M + block_n) * BLOCK_K_BYTES
+    second block is out of reach either way); ``extra``: more bytes per stage (MXFP8's scales)."""
+    stage = (BLOCK_M + block_n) * BLOCK_K_BYTES + extra
     deepest = (MAX_SHARED - ALIGN_SLACK - STAGING) // (stage + BARRIER_BYTES)
     return [{"path": "ws", "block_n": block_n, "stages": s} for s in (deepest, deepest - 1)]
 
@@ -98,7 +100,8 @@ def candidates(p: Problem, arch: int) -> list[dict[str, object]]:
     if not supported(p, arch):
         return []
     if p.block_scaled:  # 128 x 128 tiles: fresh fragments per k block beside the accumulators
-        return tiles(128)
+        ring = tiles(128, _scale_bytes(p, 128))
+        return ring + [{**ring[0], "split_k": s} for s in split_choices(p, arch)] if mxfp8(p) else ring
     split = [{**tiles(128)[0], "split_k": s} for s in split_choices(p, arch)]
     every = [choice for bn in _block_ns("gather" if p.is_conv else "tma") for choice in tiles(bn)] + split
     if not p.is_conv or im2col.refusal(p, _block_k(p)) is not None:
@@ -123,6 +126,11 @@ def _fp32_partials(p: Problem) -> bool:
     """Split-K sums fp32 partial tiles: float accumulators only (int8's int32 sums stay exact)."""
     types = tensor_core_types(p)
     return types is not None and types.accumulator == "float"
+
+
+def _scale_bytes(p: Problem, block_n: int) -> int:
+    """Shared-memory bytes per stage besides the tiles: an MXFP8 matmul's scales (gemm_ws_mx.py)."""
+    return scale_stage_bytes(block_n) if mxfp8(p) else 0
 
 
 def _block_ns(producer: str) -> tuple[int, ...]:
@@ -172,16 +180,32 @@ def default_choice(p: Problem, arch: int) -> dict[str, object] | None:
     slices: measured on an H100 (benchmarks/RESULTS.md), 128 x 4096 x 4096 and 64 x 8192 x 8192
     ran 1.4x and 1.3x faster so than on mma.sync split-K, and faster than with 4 or no slices.
     Short-K few-tile problems stay on the other paths (not measured on the engine).
-    Convolutions: see ``_default_im2col``."""
+    A block-scaled matmul always takes the engine's 128 x 128 tile, an MXFP8 one of few tiles
+    and a long K in two slices too (not measured yet). Convolutions: see ``_default_im2col``."""
     if not supported(p, arch):
         return None
     if p.is_conv:
         return _default_im2col(p, arch)
     if p.block_scaled:  # the engine is its only tensor-core kernel, whatever the tile count
-        return tiles(128)[0]
-    if output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch):
-        return {**tiles(128)[0], "split_k": 2} if p.k >= 2 * MIN_SLICE_K and _fp32_partials(p) else None
+        deepest = tiles(128, _scale_bytes(p, 128))[0]
+        return (_two_slices(p, deepest) if mxfp8(p) and _few_tiles(p, arch) else None) or deepest
+    if _few_tiles(p, arch):
+        return _two_slices(p, tiles(128)[0]) if _fp32_partials(p) else None
     return tiles(256 if output_tiles(p, BLOCK_M, 256) >= sm_count(arch) else 128)[0]
+
+
+def _registers(p: Problem) -> tuple[int, int]:
+    """A producer's and a consumer's registers (setmaxnreg): MXFP8's own split (gemm_ws_mx.py)."""
+    return MX_REGISTERS if mxfp8(p) else (PRODUCER_REGISTERS, CONSUMER_REGISTERS)
+
+
+def _few_tiles(p: Problem, arch: int) -> bool:
+    return output_tiles(p, BLOCK_M, 128) * 2 < sm_count(arch)
+
+
+def _two_slices(p: Problem, choice: dict[str, object]) -> dict[str, object] | None:
+    """``choice`` with K cut in two slices, where K is long enough for it; else None."""
+    return {**choice, "split_k": 2} if p.k >= 2 * MIN_SLICE_K else None
 
 
 def _default_im2col(p: Problem, arch: int) -> dict[str, object] | None:
@@ -246,7 +270,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
     split = ws_split(ctx, p)
     layout = tensor_core_layout(p)
-    shared = stages * ((BLOCK_M + bn) * BLOCK_K_BYTES + BARRIER_BYTES) + STAGING + ALIGN_SLACK
+    shared = stages * ((BLOCK_M + bn) * BLOCK_K_BYTES + BARRIER_BYTES + _scale_bytes(p, bn)) + STAGING + ALIGN_SLACK
     if not supported(p, ctx.arch):
         raise UnsupportedError(
             f"the warp-specialised GEMM engine takes tensor-core problems (16-bit, fp8 or int8 operands) on "
@@ -256,10 +280,10 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     assert types is not None
     bk = _block_k(p)
     producer = _producer_of(ctx, p)
-    if p.block_scaled and (bn != 128 or split != 1):
+    if p.block_scaled and (bn != 128 or (split != 1 and not mxfp8(p))):
         raise UnsupportedError(
-            f"warp-specialised GEMM tuning {ctx.tuning}: a block-scaled matmul takes block_n 128 and no split_k "
-            "(its k-block fragments and the accumulators share the registers)",
+            f"warp-specialised GEMM tuning {ctx.tuning}: a block-scaled matmul takes block_n 128 (its k-block "
+            "fragments and the accumulators share the registers), and split_k only with MXFP8 scales",
             node=p.node.name,
         )
     if bn not in _block_ns(producer) or stages < 2 or shared > MAX_SHARED:
@@ -301,11 +325,12 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "const unsigned b_tiles = a_tiles + STAGES * A_STAGE;",
         f"{types.accumulator}* const staging = reinterpret_cast<{types.accumulator}*>(smem_raw + (b_tiles + STAGES * B_STAGE - smem_addr(smem_raw)));",
         f"const unsigned full = b_tiles + STAGES * B_STAGE + {STAGING}, empty = full + STAGES * 8;  // mbarriers, 8 bytes each",
+        *(scale_area(bn) if mxfp8(p) else []),
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
         "if (tid == 0) {",
         "  for (int s = 0; s < STAGES; ++s) {",
         "    // the gathering threads' copies, or the TMA producer's expect_tx arrival and the copies' bytes",
-        f"    mbar_init(full + 8 * s, {128 if gather else 1});",
+        f"    mbar_init(full + 8 * s, {128 if gather else full_arrivals() if mxfp8(p) else 1});",
         f"    mbar_init(empty + 8 * s, {CONSUMER_WARPS});  // one arrival per consumer warp",
         "  }",
         '  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
@@ -321,15 +346,20 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
             if producer == "im2col"
             else ([], _matmul_loads(p, a_map, b_map, layout))
         )
-        body += [
-            f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};\\n");',
-            "  if (tid == 0) {",
-            *indent(_producer(p, itype, tile_setup, loads), 2).splitlines(),
-            "  }",
-        ]
+        setmaxnreg = f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {_registers(p)[0]};\\n");'
+        if mxfp8(p):  # every producer thread stages scales; thread 0 issues the copies
+            producer_lines = _producer(p, itype, tile_setup, loads, scale_loads(p, names), scale_stores())
+            body += [setmaxnreg, *indent(producer_lines, 1).splitlines()]
+        else:
+            body += [
+                setmaxnreg,
+                "  if (tid == 0) {",
+                *indent(_producer(p, itype, tile_setup, loads), 2).splitlines(),
+                "  }",
+            ]
     body += [
         "} else {",
-        *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};\\n");']),
+        *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {_registers(p)[1]};\\n");']),
         *indent(consumer(fused, p, names, layout, itype, aligned, gather, types.accumulator, split), 1).splitlines(),
         "}",
     ]
@@ -404,9 +434,23 @@ def _map_coordinates(t: Tensor, p: Problem, matrix: tuple[str, str]) -> list[str
     return [*matrix, *batch]
 
 
-def _producer(p: Problem, itype: str, tile_setup: list[str], loads: list[str]) -> list[str]:
+def _producer(
+    p: Problem,
+    itype: str,
+    tile_setup: list[str],
+    loads: list[str],
+    before: list[str] | None = None,
+    after: list[str] | None = None,
+) -> list[str]:
     """One thread's loop: per unit, the tile's coordinates and ``tile_setup``; per k tile, waits
-    for the consumers to release the stage, then issues ``loads`` completing on its full barrier."""
+    for the consumers to release the stage, then issues ``loads`` completing on its full barrier.
+    With ``before`` and ``after`` (MXFP8's scales), every thread of the warpgroup runs the loop
+    and these lines around the wait and the copies, which thread 0 alone issues."""
+    if before is None or after is None:
+        issue = ["mbar_expect_tx(bar, A_STAGE + B_STAGE);", *loads]
+        before, after = [], []
+    else:
+        issue = ["if (tid == 0) {", "  mbar_expect_tx(bar, A_STAGE + B_STAGE);", *("  " + line for line in loads), "}"]
     return [
         "int stage = 0;",
         "unsigned phase = 0;",
@@ -414,10 +458,11 @@ def _producer(p: Problem, itype: str, tile_setup: list[str], loads: list[str]) -
         *("  " + line for line in tile_coordinates(p, itype)),
         *("  " + line for line in tile_setup),
         "  for (int kt = kt_first; kt < kt_end; ++kt) {",
+        *("    " + line for line in before),
         "    mbar_wait(empty + 8 * stage, phase ^ 1);  // the consumers released this buffer (passes at first)",
         "    const unsigned bar = full + 8 * stage;",
-        "    mbar_expect_tx(bar, A_STAGE + B_STAGE);",
-        *("    " + line for line in loads),
+        *("    " + line for line in issue),
+        *("    " + line for line in after),
         "    if (++stage == STAGES) stage = 0, phase ^= 1;",
         "  }",
         "}",

@@ -14,11 +14,10 @@ MXFP8 matmul promotes every 32-k wgmma step instead (gemm_ws_mx.py).
 from __future__ import annotations
 
 from fusion_rules import FusedNode
-from graphdnn.ops.block_scaled import MX_BLOCK
 
 from ..indexing import c_extent
 from .gemm_epilogue import tile_epilogue
-from .gemm_problem import Problem, batch_coords, scale_block, scale_columns
+from .gemm_problem import Problem, batch_coords, mxfp8, scale_columns
 from .gemm_sm90 import BLOCK_K_BYTES
 from .gemm_splitk import partial_chunks
 from .gemm_ws_mx import mx_loop
@@ -80,8 +79,8 @@ def consumer(
 
 def _loop(p: Problem, names: dict[int, str], gather: bool, b_step: int, b_leading: int, b_stride: int) -> list[str]:
     """The k loop: MXFP8's (gemm_ws_mx.py), the float block scales' or the plain one."""
-    if p.block_scaled and scale_block(p) == MX_BLOCK:
-        return mx_loop(p, names, b_step, b_leading, b_stride)
+    if mxfp8(p):
+        return mx_loop(b_step, b_leading, b_stride)
     if p.block_scaled:
         return _block_scaled_loop(p, names, b_step, b_leading, b_stride)
     return _main_loop(gather, b_step, b_leading, b_stride)
