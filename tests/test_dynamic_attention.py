@@ -3,11 +3,11 @@ lengths and head dims) compiles once for its range. On the CPU: the lowering (a 
 block per work item computed at launch, the Hopper kernel's item count from its EXTENT argument
 and its Q/K/V tensor maps' batch dim encoded per call), the flash and SIMT kernels identical to
 the static plan's, the decode kernels' variants (one per range of batches sharing the static
-plans' KV split) identical to the static plans', the signature, the refusals (symbolic lengths
-or strides, dropout), NVRTC for sm_80 and sm_90(a), the flash and decode kernels (dense and
-paged) run by tests/cpu_emulation.py against the reference across the range, and the dynamic
-graph's reference against the static graph's at random batches; the `gpu` tests run one plan
-per kernel path at batch 1, a prime and the maximum."""
+plans' KV split) identical to the static plans', the signature, the refusals (a batch inside
+the strides, dropout; symbolic lengths: test_dynamic_attention_lengths.py), NVRTC for sm_80 and
+sm_90(a), the flash and decode kernels (dense and paged) run by tests/cpu_emulation.py against
+the reference across the range, and the dynamic graph's reference against the static graph's at
+random batches; the `gpu` tests run one plan per kernel path at batch 1, a prime and the maximum."""
 
 from __future__ import annotations
 
@@ -180,32 +180,19 @@ def _refusal(graph: gd.OperationGraphSpec, arch: str = "sm_90") -> str:
     return str(caught.value)
 
 
-def test_symbolic_lengths_are_refused_naming_the_node_and_symbol() -> None:
-    g = gd.OperationGraphSpec("dyn_seq", io_data_type="half", compute_data_type="float")
-    batch, seq = g.dim("batch", 1, 8), g.dim("seq", 1, 512)
-    q, k, v = (g.tensor([batch, 2, seq, 64], name=n) for n in "qkv")
-    g.sdpa(q, k, v, attn_scale=0.125, name="attn")[0].set_output(True)
-    assert _refusal(g) == (
-        "fused node 'attn' (attention: attn) has symbolic sequence lengths, heads, head dims or strides (seq in "
-        "1..512); attention kernels take the batch (dim 0) as a runtime extent only (the other dims size the tiles "
-        "and masks: keep the batch outermost in memory, as [B, H, S, D] and [B, S, H, D] layouts do). Run it with "
-        "backend='reference', or build a static graph for each shape"
-    )
-
-
 def test_a_batch_inside_the_strides_is_refused() -> None:
     """[S, B, H, D] in memory: the sequence stride holds the batch."""
     g = gd.OperationGraphSpec("dyn_sbhd", io_data_type="half", compute_data_type="float")
     batch = g.dim("batch", 1, 8)
     q, k, v = (g.tensor([batch, 2, 40, 64], stride=[128, 64, 128 * batch, 1], name=n) for n in "qkv")
     g.sdpa(q, k, v, attn_scale=0.125, name="attn")[0].set_output(True)
-    assert "has symbolic sequence lengths, heads, head dims or strides (batch in 1..8)" in _refusal(g)
+    assert "has the symbolic batch inside its strides (batch in 1..8); attention kernels take" in _refusal(g)
 
 
 def test_dropout_over_a_symbolic_batch_is_refused() -> None:
     case = dataclasses.replace(CASES["dropout_half_gqa"], batch_max=4)
     assert _refusal(case.build()) == (
-        "fused node 'attention' (attention: attention) has a symbolic batch (batch in 1..4) with dropout; those "
+        "fused node 'attention' (attention: attention) has symbolic dims (batch in 1..4) with dropout; those "
         "attention kernels take no runtime extents yet. Run it with backend='reference', or build a static graph "
         "for each shape"
     )
