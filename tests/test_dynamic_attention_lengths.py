@@ -154,7 +154,7 @@ def test_static_kernels_read_no_lengths() -> None:
     assert "constexpr int HQ = 4, GROUP = 1, SQ = 100, SKV = 100;" in plan.kernels[0].source
 
 
-def test_the_signature_covers_the_length_range() -> None:
+def test_the_signature_and_the_plan_cache_cover_the_length_range(tmp_path: Path) -> None:
     def sdpa(name: str, top: int) -> gd.Graph:
         g = gd.OperationGraphSpec("dyn", io_data_type="half", compute_data_type="float")
         seq = g.dim(name, 1, top)
@@ -164,6 +164,10 @@ def test_the_signature_covers_the_length_range() -> None:
 
     assert signature(sdpa("seq", 512)) == signature(sdpa("prompt", 512))
     assert signature(sdpa("seq", 512)) != signature(sdpa("seq", 513))
+    cache = gd.PlanCache(tmp_path)
+    plan = gd.compile(sdpa("seq", 512), arch="sm_90", cache=cache)
+    assert gd.compile(sdpa("prompt", 512), arch="sm_90", cache=cache).program == plan.program
+    assert (cache.counters.compiles, cache.counters.hits) == (1, 1)  # one plan for the range, whatever its name
 
 
 @pytest.mark.parametrize("arch", [80, 90])

@@ -24,9 +24,12 @@ attention_ragged.py's fill of the packed outputs.
 A dynamic graph's attention (docs/dynamic-shapes.md) takes a symbolic batch on every forward path
 (flash, Hopper, SIMT, decode, paged), with every mask, a bias and per-batch lengths: one plan for
 any batch in range, the grid (a persistent kernel's item count) computed at launch from the batch,
-the Hopper kernel's TMA maps encoded per call. The decode kernels' KV split depends on the batch,
-so an untuned decode problem compiles a variant per range of batches that share the static
-plan's choice (codegen.buckets). :func:`extents_refusal` says what stays refused.
+the Hopper kernel's TMA maps encoded per call. Or it takes symbolic sequence lengths (Sq, Skv) on
+the flash, Hopper, SIMT and decode kernels, which read them at run time (the grid's row blocks
+from Sq, the TMA maps' sequence dims per call). The decode kernels' KV split depends on the batch
+and on Skv, so an untuned decode problem compiles a variant per range of batches (or of key
+lengths) that share the static plan's choice (codegen.buckets). :func:`extents_refusal` says what
+stays refused.
 """
 
 from __future__ import annotations
