@@ -47,9 +47,10 @@ from .attention_decode import DECODE_MAX_SQ, decode_choices, decode_program, use
 from .attention_decode import default_config as decode_default
 from .attention_decode_mma import MMA_PATH, by_default, mma_choices, mma_decode_program
 from .attention_decode_mma import default_config as mma_default
+from .attention_extents import at_batch, at_skv
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
-from .attention_problem import Attention, at_batch, at_skv, attention_of, on_tensor_cores
+from .attention_problem import Attention, attention_of, on_tensor_cores
 from .attention_ragged import NEG_INF, fill_kernel
 from .attention_simt import simt_kernel
 from .attention_wgmma import configs as wgmma_configs

@@ -48,10 +48,10 @@ from ..cuda_types import cuda_type, load
 from ..kernel import FusedProgram, Kernel, Scratch
 from .attention_decode_loads import STAGES_CHOICES, KeyPipeline, ring_bytes, vectorizable
 from .attention_decode_merge import PARTIAL_LSE, PARTIAL_O, combine_kernel, merge
+from .attention_extents import batch_grid
 from .attention_problem import (
     Attention,
     alibi_table,
-    batch_grid,
     declare,
     dropout_function,
     dropped,

@@ -54,10 +54,10 @@ from .attention_decode import (
     tuning_integer,
 )
 from .attention_decode_merge import PARTIAL_LSE, PARTIAL_O, combine_kernel, merge_rows
+from .attention_extents import batch_grid
 from .attention_flash import pack_function
 from .attention_problem import (
     Attention,
-    batch_grid,
     declare,
     element,
     int_constants,

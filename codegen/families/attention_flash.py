@@ -29,6 +29,7 @@ from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
 from ..indexing import divides
 from ..kernel import Kernel
+from .attention_extents import work_grid, work_items
 from .attention_problem import (
     Attention,
     block_setup,
@@ -46,8 +47,6 @@ from .attention_problem import (
     score_function,
     stats_store,
     stride_arrays,
-    work_grid,
-    work_items,
     written_rows,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE

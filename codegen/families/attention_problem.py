@@ -7,12 +7,12 @@ forward and backward), and the final write of a row of O and STATS.
 A dynamic graph's forward attention (attention.extents_refusal) has a symbolic batch or symbolic
 sequence lengths (Sq, Skv), never both. With a symbolic batch, Q, K, V, O, STATS, a bias and the
 lengths keep static strides (the batch outermost in memory), so every offset is what it was; the
-grid, one block per work item, is computed at launch from the batch (:func:`work_grid`), and a
-kernel that walks the items reads their count from the batch's EXTENT argument
-(:func:`work_count`). With symbolic lengths, ``SQ`` / ``SKV`` and the strides that hold them are
-read from the EXTENT arguments (:func:`int_constants`, :func:`stride_arrays`): every loop bound,
-mask and tail tile already works from them; the grid is ``ceil(Sq / rows per block)`` row blocks
-per (head, sequence), computed at launch.
+grid, one block per work item, is computed at launch from the batch, and a
+kernel that walks the items reads their count from the batch's EXTENT argument. With symbolic
+lengths, ``SQ`` / ``SKV`` and the strides that hold them are read from the EXTENT arguments:
+every loop bound, mask and tail tile already works from them; the grid is ``ceil(Sq / rows per
+block)`` row blocks per (head, sequence), computed at launch (attention_extents.py has the grids,
+counts).
 
 Masks follow the reference (graphdnn/ops/attention.py): key j is visible from query row i
 when j < skv, j <= i + diag under a causal mask and j > i + diag - window under a sliding
@@ -21,7 +21,6 @@ window, where diag is skv - sq for the bottom-right alignment and 0 otherwise.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,7 +33,6 @@ from ..context import KernelParams, scalar_value
 from ..cuda_types import cuda_type, load
 from ..epilogue import rounded_constant, scalar_integer
 from ..indexing import c_extent, divides, offset_at
-from ..kernel import DynamicGrid
 from ..pointwise import bernoulli_threshold, literal
 from .tensor_core import TENSOR_CORE_TYPES
 
@@ -256,55 +254,6 @@ def int_constants(values: Sequence[tuple[str, Extent | str]]) -> list[str]:
 def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
     """Constants; then :func:`work_setup` of the block's own work item."""
     return [*constants(a), *work_setup(a, names, block_m, "blockIdx.x")]
-
-
-def work_items(a: Attention, block_m: int) -> int:
-    """The (row block, head, batch) items of a kernel that gives each ``block_m`` query rows (at
-    the batch's maximum in a dynamic graph)."""
-    return _items_per_sequence(a, block_m) * a.batch
-
-
-def work_count(a: Attention, block_m: int) -> str:
-    """C: this call's work items (:func:`work_items`), from the batch's or Sq's EXTENT argument
-    in a dynamic graph."""
-    if isinstance(a.sq_extent, Sym):
-        return f"(int)(({c_extent(a.sq_extent)} + {block_m - 1}) / {block_m} * {a.heads * a.batch})"
-    if not a.is_dynamic:
-        return str(work_items(a, block_m))
-    return f"(int){c_extent(a.batch_extent * _items_per_sequence(a, block_m))}"
-
-
-def work_grid(a: Attention, block_m: int, cap: int = 2**31 - 1) -> DynamicGrid | None:
-    """A dynamic graph's grid of one block per work item (at most ``cap``: a persistent kernel's
-    SMs), computed at launch from the batch or Sq; None in a static graph."""
-    if isinstance(a.sq_extent, Sym):
-        return DynamicGrid(a.sq_extent, block_m, cap, multiplier=a.heads * a.batch)
-    return batch_grid(a, _items_per_sequence(a, block_m), cap)
-
-
-def batch_grid(a: Attention, per_sequence: int, cap: int = 2**31 - 1) -> DynamicGrid | None:
-    """A dynamic graph's grid of ``per_sequence`` blocks per sequence (the batch outermost in
-    the block index), at most ``cap``, computed at launch from the batch; None in a static graph."""
-    if not isinstance(a.batch_extent, Sym):
-        return None
-    return DynamicGrid(a.batch_extent, 1, cap, multiplier=per_sequence)
-
-
-def at_batch(a: Attention, batch: int) -> Attention:
-    """``a`` with a static batch of ``batch``: what the static plan of that batch chooses (a dynamic
-    problem's size buckets)."""
-    return dataclasses.replace(a, q=dataclasses.replace(a.q, dim=(batch, *a.q.dim[1:])))
-
-
-def at_skv(a: Attention, skv: int) -> Attention:
-    """``a`` with ``skv`` keys (K's and V's dim 2): what the static plan of that length chooses (a
-    dynamic decode problem's size buckets)."""
-    k, v = (dataclasses.replace(t, dim=(*t.dim[:2], skv, t.dim[3])) for t in (a.k, a.v))
-    return dataclasses.replace(a, k=k, v=v)
-
-
-def _items_per_sequence(a: Attention, block_m: int) -> int:
-    return -(-a.rows_per_sequence // block_m) * a.heads
 
 
 def work_setup(a: Attention, names: dict[str, str], block_m: int, work: str) -> list[str]:

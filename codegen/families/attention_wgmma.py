@@ -39,6 +39,7 @@ from graphdnn.symbolic import Extent, symbols_of, upper
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
 from ..kernel import Kernel
+from .attention_extents import work_count, work_grid, work_items
 from .attention_flash import pack_function, vectorizable
 from .attention_problem import (
     Attention,
@@ -55,9 +56,6 @@ from .attention_problem import (
     score_function,
     stats_store,
     stride_arrays,
-    work_count,
-    work_grid,
-    work_items,
     work_setup,
     written_rows,
 )
