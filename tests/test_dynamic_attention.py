@@ -26,7 +26,6 @@ from codegen.kernel import strip_header
 from codegen.nvrtc import compile_cubin
 from fusion_rules import fuse
 from graphdnn.arch import sm_count
-from graphdnn.compare import relative_error, tolerance
 from graphdnn.dtypes import DataType
 from graphdnn.program import ArgKind
 from graphdnn.random_inputs import random_inputs
@@ -267,19 +266,7 @@ def test_the_kernels_match_the_reference_across_the_range_on_the_cpu(
     """Emitted once for sm_80 (the flash and decode kernels, the decode ones with their KV split
     and combine), run at batch 1, 2 and 3; O stored in pairs and element by element. (The SIMT kernel's warps meet at __syncwarp, which the emulation's
     fibers do not.)"""
-    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
-    build_dir.mkdir(exist_ok=True)
-    ir = CPU_CASES[name].build().validate()
-    partition = fuse(ir, arch=80)
-    (fused,), (program,) = partition.nodes, emit_partition(partition, 80)
-    for batch in (1, 2, 3):
-        values = {"batch": batch}
-        feeds = random_inputs(specialize(ir, values), batch)
-        expected = gd.reference.execute(ir, feeds)
-        got = cpu_emulation.run(fused, program, feeds, batch % 2, build_dir, values)
-        for t in ir.outputs:
-            error = relative_error(got[t.name].astype(np.float64), expected[t.name].astype(np.float64))
-            assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
+    cpu_emulation.check_across_the_range(CPU_CASES[name].build(), [{"batch": n} for n in (1, 2, 3)], tmp_path_factory)
 
 
 # -- property: the dynamic graph computes what the static graph of its batch computes --------------
@@ -315,13 +302,7 @@ def test_the_dynamic_reference_equals_the_static_one(batch: int, masks: str) -> 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(DYNAMIC))
 def test_one_plan_runs_across_the_range_on_the_gpu(name: str, tmp_path: Path) -> None:
-    from tests.gpu_check import check_across_the_range
+    from tests.gpu_check import check_one_plan_across_the_range
 
     case, kind = DYNAMIC[name]
-    cache = gd.PlanCache(tmp_path)
-    plan = gd.compile(case.build(), cache=cache)
-    assert f"_{kind}_" in plan.program.launches[0].name
-    compiles = cache.counters.compiles
-    check_across_the_range(plan, plan.graph, [{"batch": 1}, {"batch": 13}, {"batch": MAX}])
-    assert gd.compile(case.build(), cache=cache).program == plan.program
-    assert cache.counters.compiles == compiles  # no compile inside the range
+    check_one_plan_across_the_range(case.build(), kind, [{"batch": 1}, {"batch": 13}, {"batch": MAX}], tmp_path)

@@ -26,9 +26,8 @@ from codegen.kernel import strip_header
 from codegen.nvrtc import compile_cubin
 from fusion_rules import fuse
 from graphdnn.arch import sm_count
-from graphdnn.compare import relative_error, tolerance
 from graphdnn.dtypes import DataType
-from graphdnn.program import ArgKind
+from graphdnn.program import ArgKind, GridExtent
 from graphdnn.random_inputs import random_inputs
 from graphdnn.signature import signature
 from graphdnn.specialize import specialize
@@ -82,6 +81,14 @@ DYNAMIC: dict[str, tuple[AttentionCase, str, list[dict[str, int]]]] = {
         AttentionCase(b=2, hq=4, hk=2, one_length=True, sq_max=400, d=72, dv=40, options=CAUSAL), "flash",
         [{"seq": n} for n in (1, 17, 129, 400)],
     ),
+    "prefill_batch_and_seq_gqa_causal": (
+        AttentionCase(hq=8, hk=2, batch_max=5, one_length=True, sq_max=600, options=CAUSAL), "wgmma",
+        [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 129}, {"batch": 5, "seq": 600}],
+    ),
+    "prefill_flash_batch_and_two_lengths": (
+        AttentionCase(hq=4, hk=2, batch_max=4, sq_max=200, skv_max=300, d=72, dv=40, padding=True, options=BOTTOM_RIGHT),
+        "flash", [{"batch": 1, "sq": 17, "skv": 1}, {"batch": 4, "sq": 200, "skv": 129}],
+    ),
     "prefill_fp32_simt_q_only": (
         AttentionCase(b=2, hq=4, hk=2, sq_max=200, skv=45, d=40, dv=24, data_type=DataType.FLOAT), "simt",
         [{"sq": n} for n in (1, 17, 200)],
@@ -106,6 +113,20 @@ def test_a_prefill_grid_is_ceil_sq_over_the_block_rows_per_head_and_sequence(arc
         blocks = -(-n // 128) * case.hq * case.b
         assert launch.at({seq: n}).grid == ((min(blocks, sm_count(90)) if arch == 90 else blocks), 1, 1)
     assert [a.axis for a in launch.args if a.kind is ArgKind.EXTENT] == [2]
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_with_a_symbolic_batch_too_the_row_blocks_are_times_the_batch(arch: int) -> None:
+    case, _, _ = DYNAMIC["prefill_batch_and_seq_gqa_causal"]
+    plan = gd.compile(case.build(), arch=f"sm_{arch}", cache=None)
+    (launch,) = plan.program.launches
+    seq, batch = _dim_source(plan.graph, "q", 2), _dim_source(plan.graph, "q", 0)
+    blocks = launch.blocks
+    assert blocks is not None and blocks.dims == (seq,) and blocks.times == (batch,)
+    assert blocks.multiplier == case.hq and GridExtent.from_json(blocks.to_json()) == blocks
+    for n, b in ((1, 1), (129, 3), (600, 5)):
+        items = -(-n // 128) * case.hq * b
+        assert launch.at({seq: n, batch: b}).grid == ((min(items, sm_count(90)) if arch == 90 else items), 1, 1)
 
 
 def test_the_hopper_kernel_encodes_the_lengths_of_its_maps_per_call() -> None:
@@ -212,11 +233,29 @@ def test_symbolic_heads_are_refused_naming_the_node_and_symbol() -> None:
     )
 
 
-def test_a_symbolic_batch_with_symbolic_lengths_is_refused() -> None:
-    assert _refusal(_graph(["batch", 2, "seq", 64])) == (
+def test_a_symbolic_batch_with_symbolic_lengths_is_refused_on_the_decode_kernels() -> None:
+    assert _refusal(_graph(["batch", 2, 1, 64], kv_dims=["batch", 2, "seq", 64])) == (
         "fused node 'attn' (attention: attn) has a symbolic batch and symbolic sequence lengths (batch in 1..8, seq "
-        "in 1..512); attention kernels take one or the other as runtime extents, not both (give the batch or the "
-        "lengths a static size)" + SUFFIX
+        "in 1..512) on the decode kernels, whose KV split depends on both (a variant per range of one of them); give "
+        "the batch or Skv a static size" + SUFFIX
+    )
+
+
+def test_a_symbolic_page_count_is_refused() -> None:
+    g = gd.OperationGraphSpec("dyn", io_data_type="half", compute_data_type="float")
+    pages = g.dim("pages", 1, 64)
+    q = g.tensor([2, 2, 1, 64], name="q")
+    k, v = (g.tensor([pages, 2, 16, 64], name=n) for n in "kv")
+    tables = [g.tensor([2, 1, 4, 1], data_type="int32", name=n) for n in ("tk", "tv")]
+    lengths = [g.tensor([2, 1, 1, 1], data_type="int32", name=n) for n in ("lq", "lkv")]
+    g.sdpa(
+        q, k, v, use_padding_mask=True, seq_len_q=lengths[0], seq_len_kv=lengths[1],
+        paged_attention_k_table=tables[0], paged_attention_v_table=tables[1], name="attn",
+    )[0].set_output(True)  # fmt: skip
+    assert _refusal(g) == (
+        "fused node 'attn' (attention: attn) has symbolic dims other than the batch and the sequence lengths (pages "
+        "in 1..64); attention kernels take the batch (dim 0) and the sequence lengths (dim 2 of Q and of K and V) as "
+        "runtime extents only" + SUFFIX
     )
 
 
@@ -273,6 +312,10 @@ CPU_CASES: dict[str, tuple[AttentionCase, list[dict[str, int]]]] = {
         ),
         [{"sq": 33, "skv": 9}, {"sq": 1, "skv": 70}, {"sq": 40, "skv": 40}],
     ),
+    "flash_fp16_batch_and_seq": (
+        AttentionCase(hq=2, hk=1, batch_max=3, one_length=True, sq_max=80, d=16, dv=16, data_type=DataType.HALF),
+        [{"batch": 1, "seq": 65}, {"batch": 3, "seq": 9}],
+    ),
     "decode_mma_fp16_bshd": (
         AttentionCase(b=2, hq=4, hk=1, sq=1, skv_max=1300, d=16, dv=16, data_type=DataType.HALF, layout="bshd"),
         [{"skv": 1}, {"skv": 129}, {"skv": 1300}],
@@ -289,24 +332,13 @@ CPU_CASES: dict[str, tuple[AttentionCase, list[dict[str, int]]]] = {
 
 @pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
 @pytest.mark.parametrize("name", sorted(CPU_CASES))
-def test_the_kernels_match_the_reference_across_the_range_on_the_cpu(
+def test_the_kernels_match_the_reference_at_lengths_off_the_tiles_on_the_cpu(
     name: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Emitted once for sm_80 (the flash kernel, the decode ones with their KV split variants
     and combine), run at lengths off the tiles and at the maximum."""
-    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
-    build_dir.mkdir(exist_ok=True)
     case, lengths = CPU_CASES[name]
-    ir = case.build().validate()
-    partition = fuse(ir, arch=80)
-    (fused,), (program,) = partition.nodes, emit_partition(partition, 80)
-    for i, values in enumerate(lengths):
-        feeds = random_inputs(specialize(ir, values), i)
-        expected = gd.reference.execute(ir, feeds)
-        got = cpu_emulation.run(fused, program, feeds, i % 2, build_dir, values)
-        for t in ir.outputs:
-            error = relative_error(got[t.name].astype(np.float64), expected[t.name].astype(np.float64))
-            assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
+    cpu_emulation.check_across_the_range(case.build(), lengths, tmp_path_factory)
 
 
 # -- property: the dynamic graph computes what the static graph of its lengths computes -----------
@@ -331,13 +363,7 @@ def test_the_dynamic_reference_equals_the_static_one(sq: int, skv: int, mask: st
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(DYNAMIC))
 def test_one_plan_runs_across_the_lengths_on_the_gpu(name: str, tmp_path: Path) -> None:
-    from tests.gpu_check import check_across_the_range
+    from tests.gpu_check import check_one_plan_across_the_range
 
     case, kind, lengths = DYNAMIC[name]
-    cache = gd.PlanCache(tmp_path)
-    plan = gd.compile(case.build(), cache=cache)
-    assert f"_{kind}_" in plan.program.launches[0].name
-    compiles = cache.counters.compiles
-    check_across_the_range(plan, plan.graph, lengths)
-    assert gd.compile(case.build(), cache=cache).program == plan.program
-    assert cache.counters.compiles == compiles  # no compile inside the range
+    check_one_plan_across_the_range(case.build(), kind, lengths, tmp_path)

@@ -24,9 +24,9 @@ attention_ragged.py's fill of the packed outputs.
 A dynamic graph's attention (docs/dynamic-shapes.md) takes a symbolic batch on every forward path
 (flash, Hopper, SIMT, decode, paged), with every mask, a bias and per-batch lengths: one plan for
 any batch in range, the grid (a persistent kernel's item count) computed at launch from the batch,
-the Hopper kernel's TMA maps encoded per call. Or it takes symbolic sequence lengths (Sq, Skv) on
-the flash, Hopper, SIMT and decode kernels, which read them at run time (the grid's row blocks
-from Sq, the TMA maps' sequence dims per call). The decode kernels' KV split depends on the batch
+the Hopper kernel's TMA maps encoded per call. It takes symbolic sequence lengths (Sq, Skv) too,
+with or without a symbolic batch, on the flash, Hopper, SIMT and (without) the decode kernels,
+which read them at run time (the grid's row blocks from Sq, the TMA maps' sequence dims per call). The decode kernels' KV split depends on the batch
 and on Skv, so an untuned decode problem compiles a variant per range of batches (or of key
 lengths) that share the static plan's choice (codegen.buckets). :func:`extents_refusal` says what
 stays refused.
@@ -152,23 +152,23 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
 
 def extents_refusal(fused: FusedNode) -> str | None:
     """Why the attention kernels cannot take ``fused``'s symbols, None when they can. They take
-    either the batch (dim 0 of every tensor but a paged pool, with static strides: the batch
-    outermost in memory) or the sequence lengths Sq and Skv (dim 2 of Q / O / STATS and of K / V,
-    and the strides that hold them) as runtime extents; heads and head dims size the tiles.
-    Packed (ragged) sequences and dropout take no runtime extents, a paged cache and the decode
-    kernel's packed query rows no symbolic lengths, and a batch and lengths are not symbolic
-    together (one grid extent per launch)."""
+    the batch (dim 0 of every tensor but a paged pool, with static strides: the batch outermost
+    in memory) and the sequence lengths Sq and Skv (dim 2 of Q / O / STATS and of K / V, and the
+    strides that hold them) as runtime extents; heads and head dims (static by validation) and a
+    paged pool's pages size the tiles and addresses. Packed (ragged) sequences and dropout take
+    no runtime extents, a paged cache and the decode kernel's packed query rows no symbolic
+    lengths, and the decode kernels not a batch and lengths both symbolic (their KV split is
+    chosen per range of one of them)."""
     a = attention_of(fused)
     tensors = (*fused.inputs, *fused.outputs)
     batch = symbols_of([a.batch_extent])
     lengths = symbols_of([a.sq_extent, a.skv_extent])
-    sizes = symbols_of(t.dim[axis] for t in (a.q, a.k, a.v) for axis in (1, 3))
     stray = [s for s in symbols_of(v for t in tensors for v in t.dim) if s not in (*batch, *lengths)]
-    if sizes or stray:
+    if stray:
         return (
-            f"has symbolic heads, head dims or page counts ({show_ranges(sizes or stray)}); attention kernels take "
-            "the batch (dim 0) or the sequence lengths (dim 2 of Q and of K and V) as runtime extents only (the "
-            "heads and head dims size the tiles)"
+            f"has symbolic dims other than the batch and the sequence lengths ({show_ranges(stray)}); attention "
+            "kernels take the batch (dim 0) and the sequence lengths (dim 2 of Q and of K and V) as runtime extents "
+            "only"
         )
     in_strides = [s for s in symbols_of(v for t in tensors for v in t.stride) if s in batch]
     if in_strides:
@@ -183,11 +183,6 @@ def extents_refusal(fused: FusedNode) -> str | None:
         return f"has symbolic dims ({symbols}) with {what}; those attention kernels take no runtime extents yet"
     if not lengths:
         return None
-    if batch:
-        return (
-            f"has a symbolic batch and symbolic sequence lengths ({symbols}); attention kernels take one or the "
-            "other as runtime extents, not both (give the batch or the lengths a static size)"
-        )
     if a.paged:
         return (
             f"has symbolic sequence lengths ({symbols}) with a paged KV cache; paged attention takes the batch as "
@@ -198,6 +193,11 @@ def extents_refusal(fused: FusedNode) -> str | None:
             f"has a symbolic Sq ({show_ranges(symbols_of([a.sq_extent]))}) of at most {DECODE_MAX_SQ} query rows, "
             "which take the decode kernel; its blocks pack the query rows of a kv head at compile time (give Sq a "
             f"static size, or a range reaching past {DECODE_MAX_SQ} for the flash kernels)"
+        )
+    if batch and uses_decode(a):
+        return (
+            f"has a symbolic batch and symbolic sequence lengths ({symbols}) on the decode kernels, whose KV split "
+            "depends on both (a variant per range of one of them); give the batch or Skv a static size"
         )
     return None
 

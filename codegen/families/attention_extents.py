@@ -24,7 +24,7 @@ def work_count(a: Attention, block_m: int) -> str:
     """C: this call's work items (:func:`work_items`), from the batch's or Sq's EXTENT argument
     in a dynamic graph."""
     if isinstance(a.sq_extent, Sym):
-        return f"(int)(({c_extent(a.sq_extent)} + {block_m - 1}) / {block_m} * {a.heads * a.batch})"
+        return f"(int)(({c_extent(a.sq_extent)} + {block_m - 1}) / {block_m} * {c_extent(a.batch_extent * a.heads)})"
     if not a.is_dynamic:
         return str(work_items(a, block_m))
     return f"(int){c_extent(a.batch_extent * _items_per_sequence(a, block_m))}"
@@ -34,7 +34,10 @@ def work_grid(a: Attention, block_m: int, cap: int = 2**31 - 1) -> DynamicGrid |
     """A dynamic graph's grid of one block per work item (at most ``cap``: a persistent kernel's
     SMs), computed at launch from the batch or Sq; None in a static graph."""
     if isinstance(a.sq_extent, Sym):
-        return DynamicGrid(a.sq_extent, block_m, cap, multiplier=a.heads * a.batch)
+        batch = a.batch_extent  # a symbolic batch multiplies the rounded row blocks
+        if isinstance(batch, Sym):
+            return DynamicGrid(a.sq_extent, block_m, cap, multiplier=a.heads * batch.coefficient, times=batch.factors)
+        return DynamicGrid(a.sq_extent, block_m, cap, multiplier=a.heads * batch)
     return batch_grid(a, _items_per_sequence(a, block_m), cap)
 
 

@@ -4,15 +4,13 @@ block computes, each batch's effective lengths, the visible key range of a block
 one score's scale / bias / ALiBi / mask, dropout's mask (the same bits in every kernel,
 forward and backward), and the final write of a row of O and STATS.
 
-A dynamic graph's forward attention (attention.extents_refusal) has a symbolic batch or symbolic
-sequence lengths (Sq, Skv), never both. With a symbolic batch, Q, K, V, O, STATS, a bias and the
-lengths keep static strides (the batch outermost in memory), so every offset is what it was; the
-grid, one block per work item, is computed at launch from the batch, and a
-kernel that walks the items reads their count from the batch's EXTENT argument. With symbolic
-lengths, ``SQ`` / ``SKV`` and the strides that hold them are read from the EXTENT arguments:
-every loop bound, mask and tail tile already works from them; the grid is ``ceil(Sq / rows per
-block)`` row blocks per (head, sequence), computed at launch (attention_extents.py has the grids,
-counts).
+A dynamic graph's forward attention (attention.extents_refusal) has a symbolic batch, symbolic
+sequence lengths (Sq, Skv) or both (not on the decode kernels). Q, K, V, O, STATS, a bias and the
+lengths keep the batch out of their strides (the batch outermost in memory). ``SQ`` / ``SKV``
+and the strides that hold them are read from the kernel's EXTENT arguments: every loop bound,
+mask and tail tile already works from them. The grid, one block per work item (``ceil(Sq / rows
+per block)`` row blocks per head and sequence), is computed at launch, and a kernel that walks
+the items counts them from its EXTENT arguments (attention_extents.py).
 
 Masks follow the reference (graphdnn/ops/attention.py): key j is visible from query row i
 when j < skv, j <= i + diag under a causal mask and j > i + diag - window under a sliding
