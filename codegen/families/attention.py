@@ -88,7 +88,8 @@ def _dynamic_decode(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedPr
     """A decode problem over a symbolic batch or Skv, untuned: the static plan's kernel and KV
     split at every size (the split falls as the batch grows and rises with the keys), one
     variant per range of sizes that share them (codegen.buckets; past DECODE_BUCKETS, the
-    smallest sizes share the last one's), the partials sized for its largest batch. Measured on
+    smallest batches share the last variant's split, the longest key lengths the maximum's),
+    the partials sized for its largest batch and split. Measured on
     an H200 (benchmarks/dynamic_attention.py): a variant per power-of-two range of the batch,
     each at its smallest batch's split, was 4-15% slower than the static plans inside its
     ranges (more blocks than fit at once)."""
@@ -104,7 +105,10 @@ def _dynamic_decode(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedPr
         return program(fused, dataclasses.replace(ctx, tuning=choice), a, top if by_batch else None)
 
     assert isinstance(count, Sym)
-    return bucketed_program(fused.name, size_buckets(count, choose, DECODE_BUCKETS), emit_choice)
+    # the split falls as the batch grows and levels off at 1; it grows with the keys and levels off
+    # where the blocks fill the GPU: cut where it levels off last
+    found = size_buckets(count, choose, DECODE_BUCKETS, from_top=by_batch)
+    return bucketed_program(fused.name, found, emit_choice)
 
 
 def _attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
