@@ -185,13 +185,17 @@ def test_warmup_compiles_a_dynamic_graph(tmp_path: Path, capsys: pytest.CaptureF
 
 
 # -- size buckets --------------------------------------------------------------------------------
-@settings(max_examples=60, deadline=None)
-@given(
+# a step function of the size over a range: its bottom, its span, where the choice changes, the most buckets
+STEP_FUNCTIONS = given(
     low=st.integers(1, 50),
     span=st.integers(0, 5000),
     steps=st.lists(st.integers(1, 5050), max_size=4),
     most=st.integers(1, 4),
 )
+
+
+@settings(max_examples=60, deadline=None)
+@STEP_FUNCTIONS
 def test_size_buckets_cover_the_range_with_the_choice_at_each_top(
     low: int, span: int, steps: list[int], most: int
 ) -> None:
@@ -219,12 +223,7 @@ def test_size_buckets_cover_the_range_with_the_choice_at_each_top(
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    low=st.integers(1, 50),
-    span=st.integers(0, 5000),
-    steps=st.lists(st.integers(1, 5050), max_size=4),
-    most=st.integers(1, 4),
-)
+@STEP_FUNCTIONS
 def test_size_buckets_from_the_bottom_take_each_bottom_choice(low: int, span: int, steps: list[int], most: int) -> None:
     """A choice that grows with the size (a decode's split over its keys), cut from the bottom:
     the buckets cover the range without gaps or overlap, largest first, each holding its
