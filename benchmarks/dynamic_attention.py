@@ -73,8 +73,8 @@ SHAPES = (
     Shape("batch", 16, 16, MAX_BATCH, 1024, 1024, 128, True, (1, 13, 64), MAX_BATCH),
     Shape("batch", 8, 8, MAX_BATCH, 512, 512, 64, False, (1, 13, 64), MAX_BATCH),
     Shape("batch", 32, 8, MAX_BATCH, 1, 4096, 128, False, (1, 3, 6, 13, 24, 64), MAX_BATCH),
+    Shape("skv", 32, 8, 4, 1, 32768, 128, False, (200, 3000, 32768), 32768, low=128),
     Shape("seq", 16, 16, 4, 8192, 8192, 128, True, (200, 1500, 8192), 8192),
-    Shape("skv", 32, 8, 4, 1, 32768, 128, False, (200, 1000, 3000, 32768), 32768, low=128),
 )
 ROUNDS = 3
 
