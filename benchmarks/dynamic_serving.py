@@ -46,6 +46,7 @@ from benchmarks.cases import (  # noqa: E402
     _ln_gelu_graph,
     _square_matmul_graph,
 )
+from benchmarks.dynamic_attention import Shape  # noqa: E402
 from benchmarks.dynamic_attention import graph as attention_graph  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
@@ -73,7 +74,7 @@ GRAPHS = [
     ),
     Served(
         "sdpa decode, GQA 32/8 heads, 1024 keys, D 128",
-        lambda n, top: attention_graph(None if top else n, 32, 8, 1, 1024, 128, False, top or 1),
+        lambda n, top: attention_graph(Shape("batch", 32, 8, n, 1, 1024, 128, False, (), top or 1), None if top else n),
         DYNAMIC_MAX_BATCH,
     ),
 ]

@@ -8,6 +8,10 @@ choice for its maximum, which small calls pay for (1.07-1.27x at 64 rows measure
 norm). :func:`size_buckets` cuts the range where the choice changes, from the top: each
 bucket's variant takes the choice at its largest size, which is the static plan's at every
 size in it, but the last bucket, which takes the rest of the range down to the minimum.
+A choice that grows with the size and levels off (a decode's KV split over its key length: more
+slices for more keys, up to what fills the GPU) is cut from the bottom instead: each bucket takes
+the sizes that share its smallest size's choice, and the last one the rest of the range up to
+the maximum, with the maximum's choice, where the choice has levelled off.
 The variants are kernels of the plan like any other, so compiling or warming up the plan
 compiles every bucket; binding launches the one whose bucket holds the call's size.
 """
@@ -35,11 +39,16 @@ def variants(count: Sym, choose: Callable[[int], C], emit: Callable[[C], Kernel]
     return tuple(dataclasses.replace(emit(choice), bucket=bucket) for bucket, choice in found)
 
 
-def size_buckets(count: Sym, choose: Callable[[int], C], most: int = MAX_BUCKETS) -> list[tuple[SizeBucket, C]]:
+def size_buckets(
+    count: Sym, choose: Callable[[int], C], most: int = MAX_BUCKETS, from_top: bool = True
+) -> list[tuple[SizeBucket, C]]:
     """``(bucket, choice)`` pairs covering ``lower(count)..upper(count)`` without overlap, largest
     sizes first; ``choose(size)`` is the static choice at a size. It must be monotone: once the
     choice at a size differs from the choice at a larger one, it does at every smaller size
-    too (as the heuristics' thresholds are), so each bucket's bottom is found by bisection."""
+    too (as the heuristics' thresholds are), so each bucket's edge is found by bisection.
+    ``from_top`` false: cut from the bottom (a choice that levels off at the top of the range)."""
+    if not from_top:
+        return _buckets_from_bottom(count, choose, most)
     low, high = lower(count), upper(count)
     found: list[tuple[SizeBucket, C]] = []
     while True:
@@ -53,6 +62,24 @@ def size_buckets(count: Sym, choose: Callable[[int], C], most: int = MAX_BUCKETS
             below, same = (below, middle) if choose(middle) == choice else (middle, same)
         found.append((SizeBucket(count, same, high), choice))
         high = below
+
+
+def _buckets_from_bottom(count: Sym, choose: Callable[[int], C], most: int) -> list[tuple[SizeBucket, C]]:
+    """:func:`size_buckets` cut from the bottom: each bucket the sizes sharing its smallest size's
+    choice, the last the rest of the range with the maximum's choice; largest sizes first."""
+    low, high = lower(count), upper(count)
+    found: list[tuple[SizeBucket, C]] = []
+    while True:
+        choice = choose(low)
+        if len(found) == most - 1 or choose(high) == choice:
+            found.append((SizeBucket(count, low, high), choose(high)))
+            return found[::-1]
+        same, above = low, high  # choose(same) is the choice, choose(above) differs
+        while above - same > 1:
+            middle = (same + above) // 2
+            same, above = (middle, above) if choose(middle) == choice else (same, middle)
+        found.append((SizeBucket(count, low, same), choice))
+        low = above
 
 
 def bucketed_program(

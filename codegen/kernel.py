@@ -50,14 +50,16 @@ class Param:
 @dataclass(frozen=True)
 class DynamicGrid:
     """The grid of a kernel whose work depends on symbols: ``ceil(count / per_block) *
-    multiplier`` blocks, at least 1 and at most ``cap``, along ``grid_axis`` (0: x, 2: z),
-    computed at each launch."""
+    multiplier * times`` blocks, at least 1 and at most ``cap``, along ``grid_axis`` (0: x, 2:
+    z), computed at each launch. ``times``: symbols whose values multiply the rounded count (an
+    attention prefill's symbolic batch beside its symbolic Sq: ``ceil(Sq / rows) * heads * batch``)."""
 
     count: Sym
     per_block: int
     cap: int
     grid_axis: int = 0
     multiplier: int = 1
+    times: tuple[Symbol, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,8 @@ def _bucket(ir: Graph, bucket: SizeBucket) -> LaunchBucket:
 def _grid(ir: Graph, grid: DynamicGrid) -> GridExtent:
     """The launch's grid over the input dims that hold its symbols in a call."""
     dims = tuple(symbol_source(ir, s) for s in grid.count.factors)
-    return GridExtent(grid.count.coefficient, dims, grid.per_block, grid.cap, grid.grid_axis, grid.multiplier)
+    times = tuple(symbol_source(ir, s) for s in grid.times)
+    return GridExtent(grid.count.coefficient, dims, grid.per_block, grid.cap, grid.grid_axis, grid.multiplier, times)
 
 
 def _tensor_map(ir: Graph, param: Any) -> TensorMap | None:

@@ -211,6 +211,7 @@ class Plan(PlanBase):
         work = math.prod((self.graph.tensors[t].dim[axis] for t, axis in grid.dims), start=grid.coefficient)
         extent = f"ceil({work} / {grid.divisor})" if grid.divisor > 1 else str(work)
         extent += f" * {grid.multiplier}" if grid.multiplier > 1 else ""
+        extent += "".join(f" * {self.graph.tensors[t].dim[axis]}" for t, axis in grid.times)
         shape = [str(n) for n in at_maxima]
         shape[grid.grid_axis] = f"min({extent}, {grid.cap})"
         return f"[{', '.join(shape)}]"

@@ -237,10 +237,12 @@ class Arg:
 @dataclass(frozen=True)
 class GridExtent:
     """A grid extent computed at each call of a dynamic graph's plan: ``ceil(coefficient *
-    the product of the dims / divisor) * multiplier`` blocks, at least 1 and at most ``cap``
-    (kernels walk the rest with a grid-stride loop), along ``grid_axis`` (0: x; 2: z, a batched
-    matmul's batch). The dims are whole dims of inputs, each one symbol. ``multiplier``: a
-    persistent GEMM's tiles are ``ceil(M / BM)`` tile rows times its tile columns and K slices."""
+    the product of the dims / divisor) * multiplier * the product of the times`` blocks, at
+    least 1 and at most ``cap`` (kernels walk the rest with a grid-stride loop), along
+    ``grid_axis`` (0: x; 2: z, a batched matmul's batch). The dims and times are whole dims of
+    inputs, each one symbol. ``multiplier``: a persistent GEMM's tiles are ``ceil(M / BM)`` tile
+    rows times its tile columns and K slices; ``times``: an attention prefill's blocks are
+    ``ceil(Sq / rows)`` row blocks times its heads and its batch."""
 
     coefficient: int
     dims: tuple[DimRef, ...]
@@ -248,14 +250,16 @@ class GridExtent:
     cap: int
     grid_axis: int = 0
     multiplier: int = 1
+    times: tuple[DimRef, ...] = ()
 
     def blocks(self, extents: Mapping[DimRef, int]) -> int:
         work = self.coefficient * math.prod(extents[d] for d in self.dims)
-        return min(max(1, -(-work // self.divisor)) * self.multiplier, self.cap)
+        scale = self.multiplier * math.prod(extents[d] for d in self.times)
+        return min(max(1, -(-work // self.divisor)) * scale, self.cap)
 
     def relabel(self, mapping: Mapping[int, int]) -> GridExtent:
         dims = tuple((mapping[t], a) for t, a in self.dims)
-        return dataclasses.replace(self, dims=dims)
+        return dataclasses.replace(self, dims=dims, times=tuple((mapping[t], a) for t, a in self.times))
 
     def to_json(self) -> dict[str, Any]:
         dims = [list(d) for d in self.dims]
@@ -270,13 +274,18 @@ class GridExtent:
             value["grid_axis"] = self.grid_axis
         if self.multiplier != 1:
             value["multiplier"] = self.multiplier
+        if self.times:
+            value["times"] = [list(d) for d in self.times]
         return value
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> GridExtent:
         dims = tuple((int(t), int(a)) for t, a in value["dims"])
         grid_axis, multiplier = int(value.get("grid_axis", 0)), int(value.get("multiplier", 1))
-        return cls(int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]), grid_axis, multiplier)
+        times = tuple((int(t), int(a)) for t, a in value.get("times", ()))
+        return cls(
+            int(value["coefficient"]), dims, int(value["divisor"]), int(value["cap"]), grid_axis, multiplier, times
+        )
 
 
 @dataclass(frozen=True)
@@ -349,7 +358,7 @@ class Launch:
         tensor maps'."""
         refs = [(a.tensor, a.axis) for a in self.args if a.kind is ArgKind.EXTENT]
         refs += [ref for a in self.args if a.tensor_map is not None for ref in a.tensor_map.dim_refs]
-        refs += list(self.blocks.dims) if self.blocks is not None else []
+        refs += [*self.blocks.dims, *self.blocks.times] if self.blocks is not None else []
         refs += list(self.bucket.dims) if self.bucket is not None else []
         return tuple(dict.fromkeys((t, x) for t, x in refs if t is not None and x is not None))
 

@@ -32,6 +32,11 @@ class AttentionCase:
     options: dict[str, Any] = field(default_factory=dict)
     dropout: float | None = None  # the drop rate; the seed an int64 tensor, the offset a pass-by-value one
     batch_max: int | None = None  # a dynamic graph: the batch is symbol 'batch' in 1..batch_max (b unused)
+    # a dynamic graph over the lengths: Sq is symbol 'sq' in 1..sq_max, Skv 'skv' in 1..skv_max (sq and
+    # skv unused), or with one_length Sq and Skv are one symbol 'seq' in 1..sq_max
+    sq_max: int | None = None
+    skv_max: int | None = None
+    one_length: bool = False
 
     def build(self) -> gd.OperationGraphSpec:
         g = self.graph("attention")
@@ -49,17 +54,18 @@ class AttentionCase:
         """Q, K, V and the other arguments forward and backward share (scale, bias, lengths)."""
         kv_type = self.kv_type or self.data_type
         b = g.dim("batch", 1, self.batch_max) if self.batch_max is not None else self.b
-        q = g.tensor(name="q", dim=[b, self.hq, self.sq, self.d], stride=self._strides(self.hq, self.sq, self.d))
+        sq, skv = self._lengths(g)
+        q = g.tensor(name="q", dim=[b, self.hq, sq, self.d], stride=self._strides(self.hq, sq, self.d))
         k = g.tensor(
             name="k",
-            dim=[b, self.hk, self.skv, self.d],
-            stride=self._strides(self.hk, self.skv, self.d, kv=True),
+            dim=[b, self.hk, skv, self.d],
+            stride=self._strides(self.hk, skv, self.d, kv=True),
             data_type=kv_type,
         )
         v = g.tensor(
             name="v",
-            dim=[b, self.hk, self.skv, self.dv],
-            stride=self._strides(self.hk, self.skv, self.dv, kv=True),
+            dim=[b, self.hk, skv, self.dv],
+            stride=self._strides(self.hk, skv, self.dv, kv=True),
             data_type=kv_type,
         )
         extra: dict[str, Any] = {}
@@ -70,7 +76,7 @@ class AttentionCase:
                 name="scale", dim=[1, 1, 1, 1], data_type=DataType.FLOAT, is_pass_by_value=True
             )
         if self.bias is not None:
-            full = (b, self.hq, self.sq, self.skv)
+            full = (b, self.hq, sq, skv)
             extra["bias"] = g.tensor(name="bias", dim=[n if keep else 1 for n, keep in zip(full, self.bias)])
         if self.padding:
             extra["use_padding_mask"] = True
@@ -82,7 +88,16 @@ class AttentionCase:
             extra["dropout"] = (self.dropout, seed, offset)
         return q, k, v, extra
 
-    def _strides(self, heads: int, seq: int, width: int, kv: bool = False) -> list[int]:
+    def _lengths(self, g: gd.OperationGraphSpec) -> tuple[Any, Any]:
+        """Sq and Skv: numbers, or the symbols of a graph over the lengths."""
+        if self.one_length:
+            assert self.sq_max is not None
+            seq = g.dim("seq", 1, self.sq_max)
+            return seq, seq
+        sq = g.dim("sq", 1, self.sq_max) if self.sq_max is not None else self.sq
+        return sq, g.dim("skv", 1, self.skv_max) if self.skv_max is not None else self.skv
+
+    def _strides(self, heads: int, seq: Any, width: int, kv: bool = False) -> list[Any]:
         if self.layout == "shared_kv" and kv:  # a broadcast view: batch stride 0
             return [0, seq * width, width, 1]
         if self.layout == "bshd":

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import hashlib
+import math
 import re
 import shutil
 import subprocess
@@ -306,8 +307,9 @@ def _grid(kernel: Kernel, symbols: Mapping[str, int]) -> tuple[int, int, int]:
     if kernel.blocks is None:
         return kernel.grid
     blocks = -(-evaluate(kernel.blocks.count, symbols) // kernel.blocks.per_block)
+    scale = kernel.blocks.multiplier * math.prod(symbols[s.name] for s in kernel.blocks.times)
     grid = list(kernel.grid)
-    grid[kernel.blocks.grid_axis] = min(max(1, blocks) * kernel.blocks.multiplier, kernel.blocks.cap)
+    grid[kernel.blocks.grid_axis] = min(max(1, blocks) * scale, kernel.blocks.cap)
     return (grid[0], grid[1], grid[2])
 
 
@@ -371,3 +373,28 @@ def run(
                 args[i] = ctypes.addressof(value)
         _library(kernel, build).launch(args, *_grid(kernel, symbols), kernel.block[0])
     return {t.name: np.array(_strided(buffers[t.id], _concrete(t, symbols))) for t in fused.outputs}
+
+
+def check_across_the_range(graph: Any, values_list: list[dict[str, int]], temporary: Any, arch: int = 80) -> None:
+    """The kernels of the dynamic ``graph`` (one fused node), emitted once for sm_``arch``, run at
+    each symbol ``values`` on fresh random inputs against the reference (per-dtype tolerance);
+    built in the session's cpu_emulation folder of pytest's ``temporary`` (tmp_path_factory)."""
+    from codegen import emit_partition
+    from fusion_rules import fuse
+    from graphdnn import reference
+    from graphdnn.compare import relative_error, tolerance
+    from graphdnn.random_inputs import random_inputs
+    from graphdnn.specialize import specialize
+
+    build: Path = temporary.getbasetemp() / "cpu_emulation"
+    build.mkdir(exist_ok=True)
+    ir = graph.validate()
+    partition = fuse(ir, arch=arch)
+    (fused,), (program,) = partition.nodes, emit_partition(partition, arch)
+    for i, values in enumerate(values_list):
+        feeds = random_inputs(specialize(ir, values), i + 1)
+        expected = reference.execute(ir, feeds)
+        got = run(fused, program, feeds, i % 2, build, values)
+        for t in ir.outputs:
+            error = relative_error(got[t.name].astype(np.float64), expected[t.name].astype(np.float64))
+            assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"

@@ -22,7 +22,16 @@ from graphdnn.random_inputs import random_inputs
 from graphdnn.runtime.frameworks import empty_torch
 from graphdnn.runtime.frameworks import to_torch as to_device
 
-__all__ = ["TOLERANCE", "check_across_the_range", "check_on_gpu", "poisoned", "relative_error", "to_device", "to_numpy"]
+__all__ = [
+    "TOLERANCE",
+    "check_across_the_range",
+    "check_on_gpu",
+    "check_one_plan_across_the_range",
+    "poisoned",
+    "relative_error",
+    "to_device",
+    "to_numpy",
+]
 
 
 def poisoned(tensor: Tensor) -> Any:
@@ -92,3 +101,16 @@ def check_across_the_range(plan: Any, ir: gd.Graph, values_list: list[dict[str, 
         for t in static.outputs:
             error = relative_error(to_numpy(outputs[t.name]), expected[t.name].astype(np.float64))
             assert error <= data_type_tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
+
+
+def check_one_plan_across_the_range(graph: Any, kernel: str, values_list: list[dict[str, int]], cache_dir: Any) -> None:
+    """One plan of the dynamic ``graph`` (its first launch's name holding ``_{kernel}_``) matches the
+    reference at each symbol ``values`` (:func:`check_across_the_range`), and compiling the graph
+    again compiles nothing: the plan covers the range."""
+    cache = gd.PlanCache(cache_dir)
+    plan = gd.compile(graph, cache=cache)
+    assert f"_{kernel}_" in plan.program.launches[0].name
+    compiles = cache.counters.compiles
+    check_across_the_range(plan, plan.graph, values_list)
+    assert gd.compile(graph, cache=cache).program == plan.program
+    assert cache.counters.compiles == compiles  # no compile inside the range

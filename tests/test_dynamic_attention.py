@@ -3,11 +3,11 @@ lengths and head dims) compiles once for its range. On the CPU: the lowering (a 
 block per work item computed at launch, the Hopper kernel's item count from its EXTENT argument
 and its Q/K/V tensor maps' batch dim encoded per call), the flash and SIMT kernels identical to
 the static plan's, the decode kernels' variants (one per range of batches sharing the static
-plans' KV split) identical to the static plans', the signature, the refusals (symbolic lengths
-or strides, dropout), NVRTC for sm_80 and sm_90(a), the flash and decode kernels (dense and
-paged) run by tests/cpu_emulation.py against the reference across the range, and the dynamic
-graph's reference against the static graph's at random batches; the `gpu` tests run one plan
-per kernel path at batch 1, a prime and the maximum."""
+plans' KV split) identical to the static plans', the signature, the refusals (a batch inside
+the strides, dropout; symbolic lengths: test_dynamic_attention_lengths.py), NVRTC for sm_80 and
+sm_90(a), the flash and decode kernels (dense and paged) run by tests/cpu_emulation.py against
+the reference across the range, and the dynamic graph's reference against the static graph's at
+random batches; the `gpu` tests run one plan per kernel path at batch 1, a prime and the maximum."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from codegen.kernel import strip_header
 from codegen.nvrtc import compile_cubin
 from fusion_rules import fuse
 from graphdnn.arch import sm_count
-from graphdnn.compare import relative_error, tolerance
 from graphdnn.dtypes import DataType
 from graphdnn.program import ArgKind
 from graphdnn.random_inputs import random_inputs
@@ -180,32 +179,19 @@ def _refusal(graph: gd.OperationGraphSpec, arch: str = "sm_90") -> str:
     return str(caught.value)
 
 
-def test_symbolic_lengths_are_refused_naming_the_node_and_symbol() -> None:
-    g = gd.OperationGraphSpec("dyn_seq", io_data_type="half", compute_data_type="float")
-    batch, seq = g.dim("batch", 1, 8), g.dim("seq", 1, 512)
-    q, k, v = (g.tensor([batch, 2, seq, 64], name=n) for n in "qkv")
-    g.sdpa(q, k, v, attn_scale=0.125, name="attn")[0].set_output(True)
-    assert _refusal(g) == (
-        "fused node 'attn' (attention: attn) has symbolic sequence lengths, heads, head dims or strides (seq in "
-        "1..512); attention kernels take the batch (dim 0) as a runtime extent only (the other dims size the tiles "
-        "and masks: keep the batch outermost in memory, as [B, H, S, D] and [B, S, H, D] layouts do). Run it with "
-        "backend='reference', or build a static graph for each shape"
-    )
-
-
 def test_a_batch_inside_the_strides_is_refused() -> None:
     """[S, B, H, D] in memory: the sequence stride holds the batch."""
     g = gd.OperationGraphSpec("dyn_sbhd", io_data_type="half", compute_data_type="float")
     batch = g.dim("batch", 1, 8)
     q, k, v = (g.tensor([batch, 2, 40, 64], stride=[128, 64, 128 * batch, 1], name=n) for n in "qkv")
     g.sdpa(q, k, v, attn_scale=0.125, name="attn")[0].set_output(True)
-    assert "has symbolic sequence lengths, heads, head dims or strides (batch in 1..8)" in _refusal(g)
+    assert "has the symbolic batch inside its strides (batch in 1..8); attention kernels take" in _refusal(g)
 
 
 def test_dropout_over_a_symbolic_batch_is_refused() -> None:
     case = dataclasses.replace(CASES["dropout_half_gqa"], batch_max=4)
     assert _refusal(case.build()) == (
-        "fused node 'attention' (attention: attention) has a symbolic batch (batch in 1..4) with dropout; those "
+        "fused node 'attention' (attention: attention) has symbolic dims (batch in 1..4) with dropout; those "
         "attention kernels take no runtime extents yet. Run it with backend='reference', or build a static graph "
         "for each shape"
     )
@@ -280,19 +266,7 @@ def test_the_kernels_match_the_reference_across_the_range_on_the_cpu(
     """Emitted once for sm_80 (the flash and decode kernels, the decode ones with their KV split
     and combine), run at batch 1, 2 and 3; O stored in pairs and element by element. (The SIMT kernel's warps meet at __syncwarp, which the emulation's
     fibers do not.)"""
-    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
-    build_dir.mkdir(exist_ok=True)
-    ir = CPU_CASES[name].build().validate()
-    partition = fuse(ir, arch=80)
-    (fused,), (program,) = partition.nodes, emit_partition(partition, 80)
-    for batch in (1, 2, 3):
-        values = {"batch": batch}
-        feeds = random_inputs(specialize(ir, values), batch)
-        expected = gd.reference.execute(ir, feeds)
-        got = cpu_emulation.run(fused, program, feeds, batch % 2, build_dir, values)
-        for t in ir.outputs:
-            error = relative_error(got[t.name].astype(np.float64), expected[t.name].astype(np.float64))
-            assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
+    cpu_emulation.check_across_the_range(CPU_CASES[name].build(), [{"batch": n} for n in (1, 2, 3)], tmp_path_factory)
 
 
 # -- property: the dynamic graph computes what the static graph of its batch computes --------------
@@ -328,13 +302,7 @@ def test_the_dynamic_reference_equals_the_static_one(batch: int, masks: str) -> 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(DYNAMIC))
 def test_one_plan_runs_across_the_range_on_the_gpu(name: str, tmp_path: Path) -> None:
-    from tests.gpu_check import check_across_the_range
+    from tests.gpu_check import check_one_plan_across_the_range
 
     case, kind = DYNAMIC[name]
-    cache = gd.PlanCache(tmp_path)
-    plan = gd.compile(case.build(), cache=cache)
-    assert f"_{kind}_" in plan.program.launches[0].name
-    compiles = cache.counters.compiles
-    check_across_the_range(plan, plan.graph, [{"batch": 1}, {"batch": 13}, {"batch": MAX}])
-    assert gd.compile(case.build(), cache=cache).program == plan.program
-    assert cache.counters.compiles == compiles  # no compile inside the range
+    check_one_plan_across_the_range(case.build(), kind, [{"batch": 1}, {"batch": 13}, {"batch": MAX}], tmp_path)

@@ -185,13 +185,17 @@ def test_warmup_compiles_a_dynamic_graph(tmp_path: Path, capsys: pytest.CaptureF
 
 
 # -- size buckets --------------------------------------------------------------------------------
-@settings(max_examples=60, deadline=None)
-@given(
+# a step function of the size over a range: its bottom, its span, where the choice changes, the most buckets
+STEP_FUNCTIONS = given(
     low=st.integers(1, 50),
     span=st.integers(0, 5000),
     steps=st.lists(st.integers(1, 5050), max_size=4),
     most=st.integers(1, 4),
 )
+
+
+@settings(max_examples=60, deadline=None)
+@STEP_FUNCTIONS
 def test_size_buckets_cover_the_range_with_the_choice_at_each_top(
     low: int, span: int, steps: list[int], most: int
 ) -> None:
@@ -216,6 +220,32 @@ def test_size_buckets_cover_the_range_with_the_choice_at_each_top(
         assert choose(bucket.low) == choice and choose(bucket.low - 1) != choice
     if len(found) < most:
         assert choose(low) == found[-1][1]
+
+
+@settings(max_examples=60, deadline=None)
+@STEP_FUNCTIONS
+def test_size_buckets_from_the_bottom_take_each_bottom_choice(low: int, span: int, steps: list[int], most: int) -> None:
+    """A choice that grows with the size (a decode's split over its keys), cut from the bottom:
+    the buckets cover the range without gaps or overlap, largest first, each holding its
+    bottom's choice through its top but the last (the top of the range), which takes the
+    maximum's choice."""
+    g = gd.OperationGraphSpec("b")
+    count = g.dim("n", low, low + span)
+    assert isinstance(count, Sym)
+
+    def choose(size: int) -> int:
+        return sum(size >= step for step in steps)
+
+    found = size_buckets(count, choose, most, from_top=False)
+    assert 1 <= len(found) <= most
+    assert found[0][0].high == low + span and found[-1][0].low == low
+    for (upper_bucket, _), (lower_bucket, _) in itertools.pairwise(found):
+        assert lower_bucket.high == upper_bucket.low - 1
+    assert found[0][1] == choose(low + span)
+    for bucket, choice in found[1:]:
+        assert choose(bucket.low) == choose(bucket.high) == choice and choose(bucket.high + 1) != choice
+    if len(found) < most:
+        assert choose(found[0][0].low) == found[0][1]
 
 
 @pytest.mark.parametrize(

@@ -24,9 +24,12 @@ attention_ragged.py's fill of the packed outputs.
 A dynamic graph's attention (docs/dynamic-shapes.md) takes a symbolic batch on every forward path
 (flash, Hopper, SIMT, decode, paged), with every mask, a bias and per-batch lengths: one plan for
 any batch in range, the grid (a persistent kernel's item count) computed at launch from the batch,
-the Hopper kernel's TMA maps encoded per call. The decode kernels' KV split depends on the batch,
-so an untuned decode problem compiles a variant per range of batches that share the static
-plan's choice (codegen.buckets). :func:`extents_refusal` says what stays refused.
+the Hopper kernel's TMA maps encoded per call. It takes symbolic sequence lengths (Sq, Skv) too,
+with or without a symbolic batch, on the flash, Hopper, SIMT and (without) the decode kernels,
+which read them at run time (the grid's row blocks from Sq, the TMA maps' sequence dims per call). The decode kernels' KV split depends on the batch
+and on Skv, so an untuned decode problem compiles a variant per range of batches (or of key
+lengths) that share the static plan's choice (codegen.buckets). :func:`extents_refusal` says what
+stays refused.
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ from graphdnn.symbolic import Sym, show_ranges, symbols_of
 from ..buckets import bucketed_program, size_buckets
 from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
-from .attention_decode import decode_choices, decode_program, uses_decode
+from .attention_decode import DECODE_MAX_SQ, decode_choices, decode_program, uses_decode
 from .attention_decode import default_config as decode_default
 from .attention_decode_mma import MMA_PATH, by_default, mma_choices, mma_decode_program
 from .attention_decode_mma import default_config as mma_default
+from .attention_extents import at_batch, at_skv
 from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
-from .attention_problem import Attention, at_batch, attention_of, on_tensor_cores
+from .attention_problem import Attention, attention_of, on_tensor_cores
 from .attention_ragged import NEG_INF, fill_kernel
 from .attention_simt import simt_kernel
 from .attention_wgmma import configs as wgmma_configs
@@ -59,7 +63,13 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     if a.ragged:
         return _ragged_program(fused, ctx, a)
     path = ctx.tuning.get("path")
-    if a.is_dynamic and not ctx.tuning and uses_decode(a):
+    if path in (DECODE, MMA_PATH) and isinstance(a.sq_extent, Sym):
+        raise UnsupportedError(
+            f"attention tuning {dict(ctx.tuning)}: the decode kernels pack the query rows of a kv head at compile "
+            f"time and take no symbolic Sq ({show_ranges(symbols_of([a.sq_extent]))}); the flash kernels do",
+            node=a.node.name,
+        )
+    if (a.is_dynamic or isinstance(a.skv_extent, Sym)) and not ctx.tuning and uses_decode(a):
         return _dynamic_decode(fused, ctx, a)
     if path == MMA_PATH or (not ctx.tuning and uses_decode(a) and by_default(a, ctx.arch)):
         return mma_decode_program(fused, ctx, a)
@@ -75,23 +85,30 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
 
 def _dynamic_decode(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
-    """A decode problem over a symbolic batch, untuned: the static plan's kernel and KV split at
-    every batch (the split falls as the batch grows), one variant per range of batches that share
-    them (codegen.buckets; past DECODE_BUCKETS, the smallest batches share the last one's), the
-    partials sized for its largest batch. Measured on an H200 (benchmarks/dynamic_attention.py):
-    a variant per power-of-two range, each at its smallest batch's split, was 4-15% slower than
-    the static plans inside its ranges (more blocks than fit at once)."""
+    """A decode problem over a symbolic batch or Skv, untuned: the static plan's kernel and KV
+    split at every size (the split falls as the batch grows and rises with the keys), one
+    variant per range of sizes that share them (codegen.buckets; past DECODE_BUCKETS, the
+    smallest batches share the last variant's split, the longest key lengths the maximum's),
+    the partials sized for its largest batch and split. Measured on
+    an H200 (benchmarks/dynamic_attention.py): a variant per power-of-two range of the batch,
+    each at its smallest batch's split, was 4-15% slower than the static plans inside its
+    ranges (more blocks than fit at once)."""
+    by_batch = a.is_dynamic
+    count = a.batch_extent if by_batch else a.skv_extent
 
-    def choose(batch: int) -> dict[str, object]:
-        at = at_batch(a, batch)
+    def choose(size: int) -> dict[str, object]:
+        at = at_batch(a, size) if by_batch else at_skv(a, size)
         return mma_default(at, ctx.arch).choice() if by_default(at, ctx.arch) else decode_default(at, ctx.arch).choice()
 
-    def emit_choice(choice: dict[str, object], top_batch: int) -> FusedProgram:
+    def emit_choice(choice: dict[str, object], top: int) -> FusedProgram:
         program = mma_decode_program if choice["path"] == MMA_PATH else decode_program
-        return program(fused, dataclasses.replace(ctx, tuning=choice), a, top_batch)
+        return program(fused, dataclasses.replace(ctx, tuning=choice), a, top if by_batch else None)
 
-    assert isinstance(a.batch_extent, Sym)
-    return bucketed_program(fused.name, size_buckets(a.batch_extent, choose, DECODE_BUCKETS), emit_choice)
+    assert isinstance(count, Sym)
+    # the split falls as the batch grows and levels off at 1; it grows with the keys and levels off
+    # where the blocks fill the GPU: cut where it levels off last
+    found = size_buckets(count, choose, DECODE_BUCKETS, from_top=by_batch)
+    return bucketed_program(fused.name, found, emit_choice)
 
 
 def _attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> Kernel:
@@ -138,23 +155,54 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
 
 
 def extents_refusal(fused: FusedNode) -> str | None:
-    """Why the attention kernels cannot take ``fused``'s symbols: they take the batch (dim 0 of
-    every tensor but a paged pool) as a runtime extent, with static strides (the batch outermost
-    in memory); sequence lengths, heads and head dims size the tiles and masks, and packed
-    (ragged) sequences and dropout take no runtime extents yet. None when they can."""
+    """Why the attention kernels cannot take ``fused``'s symbols, None when they can. They take
+    the batch (dim 0 of every tensor but a paged pool, with static strides: the batch outermost
+    in memory) and the sequence lengths Sq and Skv (dim 2 of Q / O / STATS and of K / V, and the
+    strides that hold them) as runtime extents; heads and head dims (static by validation) and a
+    paged pool's pages size the tiles and addresses. Packed (ragged) sequences and dropout take
+    no runtime extents, a paged cache and the decode kernel's packed query rows no symbolic
+    lengths, and the decode kernels not a batch and lengths both symbolic (their KV split is
+    chosen per range of one of them)."""
     a = attention_of(fused)
     tensors = (*fused.inputs, *fused.outputs)
-    fixed = symbols_of(v for t in tensors for v in (*t.dim[1:], *t.stride))
-    if fixed:
+    batch = symbols_of([a.batch_extent])
+    lengths = symbols_of([a.sq_extent, a.skv_extent])
+    stray = [s for s in symbols_of(v for t in tensors for v in t.dim) if s not in (*batch, *lengths)]
+    if stray:
         return (
-            f"has symbolic sequence lengths, heads, head dims or strides ({show_ranges(fixed)}); attention kernels "
-            "take the batch (dim 0) as a runtime extent only (the other dims size the tiles and masks: keep the "
-            "batch outermost in memory, as [B, H, S, D] and [B, S, H, D] layouts do)"
+            f"has symbolic dims other than the batch and the sequence lengths ({show_ranges(stray)}); attention "
+            "kernels take the batch (dim 0) and the sequence lengths (dim 2 of Q and of K and V) as runtime extents "
+            "only"
         )
+    in_strides = [s for s in symbols_of(v for t in tensors for v in t.stride) if s in batch]
+    if in_strides:
+        return (
+            f"has the symbolic batch inside its strides ({show_ranges(in_strides)}); attention kernels take the batch "
+            "(dim 0) as a runtime extent with static strides: keep the batch outermost in memory, as [B, H, S, D] "
+            "and [B, S, H, D] layouts do"
+        )
+    symbols = show_ranges((*batch, *lengths))
     if a.ragged or a.dropout is not None:
-        symbols = show_ranges(symbols_of(t.dim[0] for t in tensors))
         what = "packed (ragged) sequences" if a.ragged else "dropout"
-        return f"has a symbolic batch ({symbols}) with {what}; those attention kernels take no runtime extents yet"
+        return f"has symbolic dims ({symbols}) with {what}; those attention kernels take no runtime extents yet"
+    if not lengths:
+        return None
+    if a.paged:
+        return (
+            f"has symbolic sequence lengths ({symbols}) with a paged KV cache; paged attention takes the batch as "
+            "a runtime extent, and its key length from the page tables and paged_attention_max_seq_len_kv"
+        )
+    if isinstance(a.sq_extent, Sym) and uses_decode(a):
+        return (
+            f"has a symbolic Sq ({show_ranges(symbols_of([a.sq_extent]))}) of at most {DECODE_MAX_SQ} query rows, "
+            "which take the decode kernel; its blocks pack the query rows of a kv head at compile time (give Sq a "
+            f"static size, or a range reaching past {DECODE_MAX_SQ} for the flash kernels)"
+        )
+    if batch and uses_decode(a):
+        return (
+            f"has a symbolic batch and symbolic sequence lengths ({symbols}) on the decode kernels, whose KV split "
+            "depends on both (a variant per range of one of them); give the batch or Skv a static size"
+        )
     return None
 
 

@@ -35,6 +35,7 @@ from .attention_backward_problem import (
     query_range,
     row_statistics,
 )
+from .attention_extents import work_items
 from .attention_flash import pack_function, padded, tile_loader, vectorizable
 from .attention_problem import (
     Attention,
@@ -47,7 +48,6 @@ from .attention_problem import (
     packed_exit,
     score_function,
     strides,
-    work_items,
     written_rows,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE

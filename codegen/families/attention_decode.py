@@ -48,18 +48,19 @@ from ..cuda_types import cuda_type, load
 from ..kernel import FusedProgram, Kernel, Scratch
 from .attention_decode_loads import STAGES_CHOICES, KeyPipeline, ring_bytes, vectorizable
 from .attention_decode_merge import PARTIAL_LSE, PARTIAL_O, combine_kernel, merge
+from .attention_extents import batch_grid
 from .attention_problem import (
     Attention,
     alibi_table,
-    batch_grid,
     declare,
     dropout_function,
     dropped,
     element,
+    int_constants,
     on_tensor_cores,
     score_function,
     sequence_setup,
-    strides,
+    stride_arrays,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 
@@ -381,11 +382,13 @@ def _decode_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, s: DecodeSh
         f"using TV = {cuda_type(a.v.data_type)};",
         f"constexpr int THREADS = {s.threads}, L = {s.lanes}, KEY_GROUPS = THREADS / L, KT = {config.keys_per_lane};",
         f"constexpr int VK = {s.vk}, VV = {s.vv}, CK = {s.ck}, CV = {s.cv}, DKP = L * VK * CK, DVP = L * VV * CV;",
-        f"constexpr int HQ = {a.heads}, HK = {a.kv_heads}, GROUP = HQ / HK, SQ = {a.sq}, SKV = {a.skv};",
+        *int_constants(
+            [("HQ", a.heads), ("HK", a.kv_heads), ("GROUP", "HQ / HK"), ("SQ", a.sq_extent), ("SKV", a.skv_extent)]
+        ),
         f"constexpr int D = {a.d}, DV = {a.dv}, ROWS = GROUP * SQ, RB = {s.rows_per_block};",
         f"constexpr int ROW_GROUPS = {s.row_groups}, SPLIT = {split}, STEP = KEY_GROUPS * KT;",
         *([f"constexpr int STAGES = {config.stages};"] if config.stages else []),
-        f"constexpr long long KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
+        stride_arrays([("KS", a.k), ("VS", a.v)]),
         *block_work(a, names),
         *([] if config.stages else _rows_to_shared(a, names, ring=False)),
         "const int tid = threadIdx.x, grp = tid / L, sub = tid % L;",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from graphdnn.ir import Tensor
 
+from ..indexing import divides
 from .attention_problem import Attention, key_row_address, page_of
 
 STAGES_CHOICES = (0, 3, 4)  # 0: register slots; else batches in the shared-memory ring
@@ -238,4 +239,4 @@ def vectorizable(tensor: Tensor, vector: int) -> bool:
     """Rows of ``tensor`` ([b or page, h, s, d]) load as 16-byte vectors (given aligned pointers)."""
     if tensor.stride[3] != 1 or tensor.dim[3] % vector:
         return False
-    return all(stride % vector == 0 for d, stride in zip(tensor.dim[:3], tensor.stride[:3]) if d != 1)
+    return all(divides(stride, vector) for d, stride in zip(tensor.dim[:3], tensor.stride[:3]) if d != 1)

@@ -8,7 +8,8 @@ from fusion_rules import FusedNode
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..kernel import Kernel
-from .attention_problem import Attention, batch_grid, declare, o_store, stats_store
+from .attention_extents import batch_grid
+from .attention_problem import Attention, declare, o_store, stats_store
 
 PARTIAL_O, PARTIAL_LSE = "partial_o", "partial_lse"
 COMBINE_THREADS = 128

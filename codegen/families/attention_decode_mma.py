@@ -54,16 +54,17 @@ from .attention_decode import (
     tuning_integer,
 )
 from .attention_decode_merge import PARTIAL_LSE, PARTIAL_O, combine_kernel, merge_rows
+from .attention_extents import batch_grid
 from .attention_flash import pack_function
 from .attention_problem import (
     Attention,
-    batch_grid,
     declare,
     element,
+    int_constants,
     key_row_address,
     page_of,
     score_function,
-    strides,
+    stride_arrays,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .tensor_core import TENSOR_CORE_TYPES, mma_fragments
@@ -237,12 +238,14 @@ def _kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: MmaDecodeConfig
         f"using TV = {cuda_type(a.v.data_type)};",
         f"constexpr int WARPS = {c.warps}, THREADS = 32 * WARPS, TILES = {c.tiles}, STAGES = {c.stages};",
         "constexpr int KEYS = 16 * TILES, STEP = WARPS * KEYS;  // a warp's keys per batch, the block's",
-        f"constexpr int HQ = {a.heads}, HK = {a.kv_heads}, GROUP = HQ / HK, SQ = {a.sq}, SKV = {a.skv};",
+        *int_constants(
+            [("HQ", a.heads), ("HK", a.kv_heads), ("GROUP", "HQ / HK"), ("SQ", a.sq_extent), ("SKV", a.skv_extent)]
+        ),
         f"constexpr int D = {a.d}, DV = {a.dv}, DVP = DV, ROWS = GROUP * SQ, RB = {ROWS_PER_BLOCK};",
         f"constexpr int ROW_GROUPS = {groups}, SPLIT = {c.split}, KEY_GROUPS = WARPS;",
         "constexpr int KROW = D + 8, VROW = DV + 8;  // shared rows padded by 16 bytes: conflict-free ldmatrix",
         "constexpr int KCH = D / 8, VCH = DV / 8;  // 16-byte chunks of a K and a V row",
-        f"constexpr long long KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
+        stride_arrays([("KS", a.k), ("VS", a.v)]),
         *block_work(a, names, 16),  # slices of whole 16-key tiles
         "const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, lr = lane / 4, lc = lane % 4;",
         "extern __shared__ __align__(128) unsigned char smem[];",

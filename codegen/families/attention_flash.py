@@ -27,7 +27,9 @@ from graphdnn.ir import Tensor
 
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
+from ..indexing import divides
 from ..kernel import Kernel
+from .attention_extents import work_grid, work_items
 from .attention_problem import (
     Attention,
     block_setup,
@@ -44,9 +46,7 @@ from .attention_problem import (
     page_of,
     score_function,
     stats_store,
-    strides,
-    work_grid,
-    work_items,
+    stride_arrays,
     written_rows,
 )
 from .gemm_loaders import ASYNC_COPY_PRELUDE
@@ -121,7 +121,7 @@ def vectorizable(tensors: Sequence[Tensor]) -> bool:
     for t in tensors:
         if t.stride[3] != 1 or t.dim[3] % 8:
             return False
-        if any(stride % 8 for d, stride in zip(t.dim[:3], t.stride[:3]) if d != 1):
+        if not all(divides(stride, 8) for d, stride in zip(t.dim[:3], t.stride[:3]) if d != 1):
             return False
     return True
 
@@ -138,7 +138,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         f"using T = {t};",
         f"constexpr int THREADS = {32 * c.warps}, BM = {c.block_m}, BN = {c.block_n};",
         f"constexpr int DP = {dp}, DVP = {dvp}, QROW = DP + 8, VROW = DVP + 8;  // padded rows: conflict-free ldmatrix",
-        f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
+        stride_arrays([("QS", a.q), ("KS", a.k), ("VS", a.v)]),
         f"constexpr int MI = {c.m_tiles}, NT = BN / 8, OT = DVP / 8, QK = DP / 16;",
         f"constexpr bool Q_IN_REGISTERS = {str(q_in_registers).lower()};",
         *block_setup(a, names, c.block_m),

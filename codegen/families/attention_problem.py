@@ -4,11 +4,13 @@ block computes, each batch's effective lengths, the visible key range of a block
 one score's scale / bias / ALiBi / mask, dropout's mask (the same bits in every kernel,
 forward and backward), and the final write of a row of O and STATS.
 
-A dynamic graph's forward attention (attention.extents_refusal) has a symbolic batch only: Q, K, V,
-O, STATS, a bias and the lengths keep static strides (the batch outermost in memory), so every
-offset is what it was; the grid, one block per work item, is computed at launch from the batch
-(:func:`work_grid`), and a kernel that walks the items reads their count from the batch's EXTENT
-argument (:func:`work_count`).
+A dynamic graph's forward attention (attention.extents_refusal) has a symbolic batch, symbolic
+sequence lengths (Sq, Skv) or both (not on the decode kernels). Q, K, V, O, STATS, a bias and the
+lengths keep the batch out of their strides (the batch outermost in memory). ``SQ`` / ``SKV``
+and the strides that hold them are read from the kernel's EXTENT arguments: every loop bound,
+mask and tail tile already works from them. The grid, one block per work item (``ceil(Sq / rows
+per block)`` row blocks per head and sequence), is computed at launch, and a kernel that walks
+the items counts them from its EXTENT arguments (attention_extents.py).
 
 Masks follow the reference (graphdnn/ops/attention.py): key j is visible from query row i
 when j < skv, j <= i + diag under a causal mask and j > i + diag - window under a sliding
@@ -17,7 +19,6 @@ window, where diag is skv - sq for the bottom-right alignment and 0 otherwise.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,7 +31,6 @@ from ..context import KernelParams, scalar_value
 from ..cuda_types import cuda_type, load
 from ..epilogue import rounded_constant, scalar_integer
 from ..indexing import c_extent, divides, offset_at
-from ..kernel import DynamicGrid
 from ..pointwise import bernoulli_threshold, literal
 from .tensor_core import TENSOR_CORE_TYPES
 
@@ -78,7 +78,13 @@ class Attention:
 
     @property
     def is_dynamic(self) -> bool:
+        """A symbolic batch (the sequence lengths may be symbolic without it: :attr:`dynamic_lengths`)."""
         return isinstance(self.batch_extent, Sym)
+
+    @property
+    def dynamic_lengths(self) -> bool:
+        """Sq or Skv is symbolic: kernels read them (and the strides holding them) at run time."""
+        return isinstance(self.sq_extent, Sym) or isinstance(self.skv_extent, Sym)
 
     @property
     def rows_per_sequence(self) -> int:
@@ -100,12 +106,22 @@ class Attention:
 
     @property
     def sq(self) -> int:
-        return self.q.static_axis(2)
+        """Sq; in a dynamic graph its maximum (grids, workspace and heuristics are sized for it)."""
+        return upper(self.sq_extent)
+
+    @property
+    def sq_extent(self) -> Extent:
+        return self.q.dim[2]
 
     @property
     def skv(self) -> int:
-        """The keys a sequence may have (with a paged cache, not K's dim 2: its page size)."""
-        return kv_length(self.node)
+        """The keys a sequence may have (with a paged cache, not K's dim 2: its page size); in a
+        dynamic graph its maximum."""
+        return upper(self.skv_extent)
+
+    @property
+    def skv_extent(self) -> Extent:
+        return kv_length(self.node) if self.paged else self.k.dim[2]  # K's own: at_skv replaces it
 
     @property
     def paged(self) -> bool:
@@ -208,8 +224,29 @@ def declare(a: Attention, params: KernelParams | None = None) -> AttentionParams
 
 
 def strides(tensor: Tensor) -> str:
-    """``[b, h, s, d]`` strides as C constants (0 for a broadcast size-1 dim)."""
-    return ", ".join(str(s if d != 1 else 0) + "LL" for d, s in zip(tensor.dim, tensor.stride))
+    """``[b, h, s, d]`` strides as C constants (0 for a broadcast size-1 dim), a symbolic one as
+    the product of its EXTENT arguments."""
+    return ", ".join(
+        c_extent(s) if isinstance(s, Sym) and d != 1 else str(s if d != 1 else 0) + "LL"
+        for d, s in zip(tensor.dim, tensor.stride)
+    )
+
+
+def stride_arrays(arrays: Sequence[tuple[str, Tensor]]) -> str:
+    """``constexpr long long QS[4] = {...}, KS[4] = {...};`` of each (name, tensor), ``const`` where a
+    stride is symbolic (read at run time)."""
+    symbolic = any(isinstance(s, Sym) for _, t in arrays for s in t.stride)
+    declared = ", ".join(f"{name}[4] = {{{strides(t)}}}" for name, t in arrays)
+    return f"{'const' if symbolic else 'constexpr'} long long {declared};"
+
+
+def int_constants(values: Sequence[tuple[str, Extent | str]]) -> list[str]:
+    """``constexpr int A = 1, B = 2;`` of each (name, value: a number or a C expression of the
+    constants before it); a symbolic value goes to a ``const int`` line after the others, read
+    from its EXTENT arguments."""
+    fixed = [f"{name} = {value}" for name, value in values if not isinstance(value, Sym)]
+    runtime = [f"{name} = (int){c_extent(value)}" for name, value in values if isinstance(value, Sym)]
+    return [f"constexpr int {', '.join(fixed)};", *([f"const int {', '.join(runtime)};"] if runtime else [])]
 
 
 def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
@@ -217,49 +254,14 @@ def block_setup(a: Attention, names: dict[str, str], block_m: int) -> list[str]:
     return [*constants(a), *work_setup(a, names, block_m, "blockIdx.x")]
 
 
-def work_items(a: Attention, block_m: int) -> int:
-    """The (row block, head, batch) items of a kernel that gives each ``block_m`` query rows (at
-    the batch's maximum in a dynamic graph)."""
-    return _items_per_sequence(a, block_m) * a.batch
-
-
-def work_count(a: Attention, block_m: int) -> str:
-    """C: this call's work items (:func:`work_items`), from the batch's EXTENT argument in a
-    dynamic graph."""
-    if not a.is_dynamic:
-        return str(work_items(a, block_m))
-    return f"(int){c_extent(a.batch_extent * _items_per_sequence(a, block_m))}"
-
-
-def work_grid(a: Attention, block_m: int, cap: int = 2**31 - 1) -> DynamicGrid | None:
-    """A dynamic graph's grid of one block per work item (at most ``cap``: a persistent kernel's
-    SMs), computed at launch from the batch; None in a static graph."""
-    return batch_grid(a, _items_per_sequence(a, block_m), cap)
-
-
-def batch_grid(a: Attention, per_sequence: int, cap: int = 2**31 - 1) -> DynamicGrid | None:
-    """A dynamic graph's grid of ``per_sequence`` blocks per sequence (the batch outermost in
-    the block index), at most ``cap``, computed at launch from the batch; None in a static graph."""
-    if not isinstance(a.batch_extent, Sym):
-        return None
-    return DynamicGrid(a.batch_extent, 1, cap, multiplier=per_sequence)
-
-
-def at_batch(a: Attention, batch: int) -> Attention:
-    """``a`` with a static batch of ``batch``: what the static plan of that batch chooses (a dynamic
-    problem's size buckets)."""
-    return dataclasses.replace(a, q=dataclasses.replace(a.q, dim=(batch, *a.q.dim[1:])))
-
-
-def _items_per_sequence(a: Attention, block_m: int) -> int:
-    return -(-a.rows_per_sequence // block_m) * a.heads
-
-
 def work_setup(a: Attention, names: dict[str, str], block_m: int, work: str) -> list[str]:
     """Work item ``work``'s batch ``b``, head ``h``, kv head ``hk`` and first row ``row0`` (heavy
     causal blocks first); then :func:`lengths_and_scale`."""
+    blocks = f"constexpr int M_BLOCKS = {-(-a.rows_per_sequence // block_m)};"
+    if isinstance(a.sq_extent, Sym):  # this call's row blocks
+        blocks = f"const int M_BLOCKS = (int)(({c_extent(a.sq_extent)} + {block_m - 1}) / {block_m});"
     return [
-        f"constexpr int M_BLOCKS = {-(-a.rows_per_sequence // block_m)};",
+        blocks,
         f"const int m_block = M_BLOCKS - 1 - (int)({work} % M_BLOCKS);  // the longest causal rows first",
         f"const int h = (int)(({work} / M_BLOCKS) % HQ), b = (int)({work} / M_BLOCKS / HQ);",
         "const int hk = h / GROUP;",
@@ -272,7 +274,7 @@ def constants(a: Attention) -> list[str]:
     """``NEG_INF`` and the problem's extents: HQ, GROUP, SQ, SKV, D, DV."""
     return [
         "const float NEG_INF = __int_as_float(0xff800000);",
-        f"constexpr int HQ = {a.heads}, GROUP = {a.heads // a.kv_heads}, SQ = {a.sq}, SKV = {a.skv};",
+        *int_constants([("HQ", a.heads), ("GROUP", a.heads // a.kv_heads), ("SQ", a.sq_extent), ("SKV", a.skv_extent)]),
         f"constexpr int D = {a.d}, DV = {a.dv};",
     ]
 
@@ -301,7 +303,7 @@ def sequence_setup(a: Attention, names: dict[str, str], first: tuple[str, str] =
             lines.append(f"if ({row} >= {_given_length(a, names, side)}) return;  // past a packed sequence")
         lines += [*_owned(a, names, "q"), *_owned(a, names, "kv"), _length(a, names, "q"), _length(a, names, "kv")]
     else:
-        lines.append("constexpr int sq = SQ, skv = SKV;")
+        lines.append(f"{'const' if a.dynamic_lengths else 'constexpr'} int sq = SQ, skv = SKV;")
     lines.append(
         f"const int diag = {'skv - sq' if a.bottom_right else '0'};  // key j is on row i's diagonal when j = i + diag"
     )

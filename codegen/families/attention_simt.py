@@ -15,6 +15,7 @@ from graphdnn.ir import Tensor
 from ..context import EmitContext, indent, kernel_source, pattern_name
 from ..cuda_types import load
 from ..kernel import Kernel
+from .attention_extents import work_grid, work_items
 from .attention_problem import (
     Attention,
     block_setup,
@@ -27,8 +28,6 @@ from .attention_problem import (
     o_store,
     score_function,
     stats_store,
-    work_grid,
-    work_items,
     written_rows,
 )
 

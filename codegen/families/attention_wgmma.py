@@ -39,6 +39,7 @@ from graphdnn.symbolic import Extent, symbols_of, upper
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
 from ..cuda_types import cuda_type
 from ..kernel import Kernel
+from .attention_extents import work_count, work_grid, work_items
 from .attention_flash import pack_function, vectorizable
 from .attention_problem import (
     Attention,
@@ -54,10 +55,7 @@ from .attention_problem import (
     o_pair_store,
     score_function,
     stats_store,
-    strides,
-    work_count,
-    work_grid,
-    work_items,
+    stride_arrays,
     work_setup,
     written_rows,
 )
@@ -170,7 +168,7 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     body = [
         f"using T = {cuda_type(a.q.data_type)};",
         *_work_constants(a, bn),
-        f"constexpr long long QS[4] = {{{strides(a.q)}}}, KS[4] = {{{strides(a.k)}}}, VS[4] = {{{strides(a.v)}}};",
+        stride_arrays([("QS", a.q), ("KS", a.k), ("VS", a.v)]),
         *constants(a),
         "constexpr unsigned Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * DV * 2;",
         "extern __shared__ __align__(1024) unsigned char smem_raw[];",
@@ -228,9 +226,9 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
 
 
 def _work_constants(a: Attention, bn: int) -> list[str]:
-    """BM, BN, STAGES and WORK, the work items: a constant, or this call's from the batch."""
+    """BM, BN, STAGES and WORK, the work items: a constant, or this call's from the batch or Sq."""
     fixed = f"BM = {BLOCK_M}, BN = {bn}, STAGES = {stages(a, bn)}"
-    if not a.is_dynamic:
+    if not a.is_dynamic and not a.dynamic_lengths:
         return [f"constexpr int {fixed}, WORK = {work_count(a, BLOCK_M)};"]
     return [f"constexpr int {fixed};", f"const int WORK = {work_count(a, BLOCK_M)};  // this call's"]
 

@@ -214,7 +214,7 @@ def _grid_extent(grid: GridExtent, where: str) -> None:
     """A dynamic grid: positive factors, at least one dim, an axis and a cap within CUDA's grid limits."""
     if not grid.dims:
         raise EntryError(f"{where}: a dynamic grid reads no dim")
-    for t, axis in grid.dims:
+    for t, axis in (*grid.dims, *grid.times):
         _count(t, f"{where}: dynamic grid tensor position")
         _count(axis, f"{where}: dynamic grid axis")
     if _count(grid.coefficient, f"{where}: dynamic grid coefficient") < 1:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..errors import DataTypeError, GraphError, StructureError
-from ..symbolic import Extent
+from ..symbolic import Extent, upper
 from .attention_ragged import PACKED, RAGGED_ROLES, by_sequences, check_ragged, is_ragged, ragged_batch
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
@@ -121,7 +121,7 @@ class Sdpa(Op):
         if any(role in x for role in RAGGED_ROLES):
             return by_sequences(node, x, lambda padded: self.reference(node, padded))
         if "PAGE_TABLE_K" in x:
-            skv = kv_length(node)
+            skv = paged_kv_length(node)
             k = gather_pages(node, x["K"], x["PAGE_TABLE_K"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_K")
             v = gather_pages(node, x["V"], x["PAGE_TABLE_V"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_V")
             x = {**x, "K": k, "V": v}
@@ -162,16 +162,22 @@ def sequence_length_range(node: Node, role: str) -> tuple[int, int] | None:
         return None
     q = node.input("Q")
     assert q is not None
-    return 0, q.static_axis(2) if role == "SEQ_LEN_Q" else kv_length(node)
+    return 0, upper(q.dim[2] if role == "SEQ_LEN_Q" else kv_length(node))  # a symbolic length's maximum
 
 
-def kv_length(node: Node) -> int:
-    """Skv, the keys a sequence may have: K's dim 2, or with a paged cache
-    paged_attention_max_seq_len_kv, else the K table's pages times the page size."""
-    k, table = node.input("K"), node.input("PAGE_TABLE_K")
+def kv_length(node: Node) -> Extent:
+    """Skv, the keys a sequence may have: K's dim 2 (a symbol in a dynamic graph), or with a paged
+    cache paged_attention_max_seq_len_kv, else the K table's pages times the page size."""
+    k = node.input("K")
     assert k is not None
-    if table is None:
-        return k.static_axis(2)
+    return k.dim[2] if node.input("PAGE_TABLE_K") is None else paged_kv_length(node)
+
+
+def paged_kv_length(node: Node) -> int:
+    """A paged cache's Skv: paged_attention_max_seq_len_kv, else the K table's pages times the
+    page size (static: the pools and tables take no symbolic lengths)."""
+    k, table = node.input("K"), node.input("PAGE_TABLE_K")
+    assert k is not None and table is not None
     explicit = node.attributes.paged_attention_max_seq_len_kv  # type: ignore[attr-defined]
     return explicit if explicit is not None else table.static_axis(2) * k.static_axis(2)
 
@@ -385,7 +391,7 @@ def _check_paged(node: Node, batch: Extent, d: Extent) -> int:
             )
         if len(t.dim) != 4 or t.dim[0] != batch or t.dim[1] != 1 or t.dim[3] != 1:
             fail(node, f"{role} has dims {list(t.dim)}, expected [B, 1, max_pages, 1] with B = {batch}", role=role)
-    skv = kv_length(node)
+    skv = paged_kv_length(node)
     if skv < 1:
         fail_attribute(node, f"paged_attention_max_seq_len_kv is {skv}; it must be at least 1")
     for role, pool in (("PAGE_TABLE_K", k), ("PAGE_TABLE_V", v)):
