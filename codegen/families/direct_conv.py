@@ -12,10 +12,12 @@ convolution_mode "convolution" the filter is flipped: tap f uses w[F-1-f].
   with NHWC data one per lane, the lanes along c then k.
 
 Depthwise and small-group gradients in NHWC take runs of channels instead (direct_conv_runs,
-wgrad_runs).
+wgrad_runs; wgrad_mma for 8-channel groups of 16-bit types).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from fusion_rules import FusedNode
 from graphdnn.layout import stride_order
@@ -39,6 +41,7 @@ from .direct_common import (
 )
 from .direct_conv_runs import emit_dgrad_runs, takes_dgrad_runs, takes_runs
 from .direct_reduce import Sums, innermost_reduced, sums_kernels
+from . import wgrad_mma
 from .wgrad_runs import emit_wgrad_runs
 
 
@@ -112,7 +115,11 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert x is not None and dy is not None and dw is not None
     a = _attributes(fused)
     if takes_runs(x, dy, dw):
-        return emit_wgrad_runs(fused, ctx, x, dy, dw, a)
+        on_mma = wgrad_mma.choices(ctx, fused, x, dw)
+        if on_mma is not None:
+            return wgrad_mma.emit_wgrad_mma(fused, ctx, x, dy, dw, a, *on_mma)
+        runs_tuning = {key: value for key, value in ctx.tuning.items() if key != "mma"}
+        return emit_wgrad_runs(fused, dataclasses.replace(ctx, tuning=runs_tuning), x, dy, dw, a)
     compute = compute_for(fused)
     rank = len(dw.dim)
     sample = rank  # the space axis of n; p_d is at rank + 1 + d
