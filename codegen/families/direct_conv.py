@@ -28,6 +28,7 @@ from ..cuda_types import store
 from ..indexing import coordinates, offset, offset_at
 from ..kernel import FusedProgram
 from ..pointwise import literal
+from . import wgrad_mma
 from .direct_common import (
     anchor_of,
     blocks_for,
@@ -41,7 +42,6 @@ from .direct_common import (
 )
 from .direct_conv_runs import emit_dgrad_runs, takes_dgrad_runs, takes_runs
 from .direct_reduce import Sums, innermost_reduced, sums_kernels
-from . import wgrad_mma
 from .wgrad_runs import emit_wgrad_runs
 
 
