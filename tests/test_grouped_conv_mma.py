@@ -14,7 +14,7 @@ from graphdnn.errors import UnsupportedError
 from tests import cpu_emulation
 from tests.test_codegen_gemm import Conv
 from tests.test_cpu_emulation import check, grouped_conv
-from tests.test_grouped_conv_pixels import case_id, kernels
+from tests.test_grouped_conv_pixels import case_id, check_choice_on_gpu, kernels
 
 EMULATED = [
     (grouped_conv("fprop", 16, 2, io="half", size=9), {"mma": 1, "tiles": 1}),  # 8 channels a group
@@ -54,7 +54,7 @@ def test_a_bad_choice_is_refused_by_name(tuning: dict[str, object], message: str
 
 
 def test_float_takes_no_mma() -> None:
-    with pytest.raises(UnsupportedError, match="1 for fp16 and bf16 only"):
+    with pytest.raises(UnsupportedError, match="1 for 2-d fp16 and bf16 only"):
         kernels(grouped_conv("fprop", 16, 4), {"mma": 1})  # 4 channels a group: runs of 4 floats
 
 
@@ -86,11 +86,4 @@ GPU = {
 @pytest.mark.parametrize("choice", [{"mma": 1}, {"mma": 1, "tiles": 4, "blocks_per_sm": 2}], ids=["t2", "t4-bps2"])
 @pytest.mark.parametrize("case", GPU)
 def test_matches_reference_on_gpu(case: str, choice: dict[str, object]) -> None:
-    from fusion_rules import fuse
-    from tests.gpu_check import check_on_gpu
-
-    graph = GPU[case].build()
-    ir = graph.validate()
-    tuning = {fused.name: choice for fused in fuse(ir).nodes if fused.family.value == "gemm"}
-    assert tuning
-    check_on_gpu(graph, tuning=tuning, cache=None)
+    check_choice_on_gpu(GPU[case], choice)

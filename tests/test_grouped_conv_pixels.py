@@ -84,9 +84,14 @@ GPU = {
 @pytest.mark.parametrize("choice", [{"pixels": 2}, {"pixels": 4, "blocks_per_sm": 2}], ids=["p2", "p4-bps2"])
 @pytest.mark.parametrize("case", GPU)
 def test_matches_reference_on_gpu(case: str, choice: dict[str, object]) -> None:
+    check_choice_on_gpu(GPU[case], choice)
+
+
+def check_choice_on_gpu(conv: Conv, choice: dict[str, object]) -> None:
+    """The convolution's plan with ``choice`` as the tuning of its GEMM-family node, against the reference."""
     from tests.gpu_check import check_on_gpu
 
-    graph = GPU[case].build()
+    graph = conv.build()
     ir = graph.validate()
     tuning = {fused.name: choice for fused in fuse(ir).nodes if fused.family.value == "gemm"}
     assert tuning

@@ -31,12 +31,21 @@ from ..cuda_types import cuda_type, load
 from ..indexing import loop_index_type
 from ..kernel import Kernel
 from ..pointwise import literal
-from .channel_runs import RESIDENT_BLOCKS, lines_up, resident_grid, run_width, staged_filter, stages
+from .channel_runs import (
+    MAX_TILES,
+    RESIDENT_BLOCKS,
+    lines_up,
+    mma_choices,
+    resident_grid,
+    run_width,
+    staged_filter,
+    stages,
+)
 from .gemm_epilogue import Epilogue
 from .gemm_problem import Problem, declare
 from .grouped_conv_mma import BLOCKS_PER_SM as MMA_BLOCKS
-from .grouped_conv_mma import MAX_TILES, grouped_conv_mma_kernel, takes_mma
 from .grouped_conv_mma import TILES as MMA_TILES
+from .grouped_conv_mma import grouped_conv_mma_kernel, takes_mma
 
 THREADS = 256
 MAX_PIXELS = 8  # output pixels of a row per thread (tuning "pixels"): P x VEC accumulators
@@ -81,35 +90,11 @@ def choices(ctx: EmitContext, node: str, grouped: bool) -> tuple[int, int]:
     return pixels, resident
 
 
-def mma_choices(ctx: EmitContext, p: Problem) -> tuple[int, int] | None:
-    """(``tiles``, ``blocks_per_sm``) of the tensor-core kernel where the tuning says ``mma``: 1
-    or, untuned, for 8 channels a group (16-bit types); None for the SIMT kernel."""
-    node, group = p.node.name, p.b.static_dim[1]
-    wanted = ctx.tuning.get("mma", int(not ctx.tuning and group == 8 and takes_mma(p)))
-    if wanted not in (0, 1) or (wanted and not takes_mma(p)):
-        raise UnsupportedError(
-            f"grouped convolution tuning {dict(ctx.tuning)}: 'mma' is 0 or 1, 1 for fp16 and bf16 only", node=node
-        )
-    if not wanted:
-        return None
-    tiles, resident = ctx.tuning.get("tiles", MMA_TILES), ctx.tuning.get("blocks_per_sm", MMA_BLOCKS)
-    if (
-        set(ctx.tuning) - {"mma", "tiles", "blocks_per_sm"}
-        or not isinstance(tiles, int)
-        or not isinstance(resident, int)
-        or not 1 <= tiles <= MAX_TILES
-        or not 1 <= resident <= RESIDENT_BLOCKS
-    ):
-        raise UnsupportedError(
-            f"grouped convolution tuning {dict(ctx.tuning)}: with 'mma' the choices are 'tiles' (1..{MAX_TILES}) "
-            f"and 'blocks_per_sm' (1..{RESIDENT_BLOCKS})",
-            node=node,
-        )
-    return tiles, resident
-
-
 def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
-    on_mma = mma_choices(ctx, p)
+    group = p.b.static_dim[1]
+    on_mma = mma_choices(
+        dict(ctx.tuning), "grouped convolution", p.node.name, takes_mma(p), group == 8, (MMA_TILES, MMA_BLOCKS)
+    )
     if on_mma is not None:
         return grouped_conv_mma_kernel(fused, ctx, p, *on_mma)
     params, names = declare(fused, p)

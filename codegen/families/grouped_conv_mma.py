@@ -41,7 +41,6 @@ THREADS = 256
 WARPS = THREADS // 32
 TILE = 16  # output pixels of an mma tile
 QUAD = 4  # taps of a k16 step pair (a lane each)
-MAX_TILES = 4  # tiles a warp takes a step (tuning "tiles")
 TILES, BLOCKS_PER_SM = 2, 4  # defaults
 
 

@@ -27,7 +27,6 @@ import math
 
 from fusion_rules import FusedNode
 from graphdnn.arch import sm_count
-from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
 from graphdnn.ops.conv import ConvAttributes, ConvMode
 
@@ -36,7 +35,7 @@ from ..cuda_types import cuda_type, store
 from ..indexing import index_type, offset_at
 from ..kernel import FusedProgram, Kernel, Scratch
 from .attention_decode_mma import TRANSPOSE
-from .channel_runs import run_width
+from .channel_runs import mma_choices, run_width
 from .direct_common import THREADS, anchor_of, compute_for, declare
 from .direct_reduce import Sums, sums_kernels
 from .tensor_core import TENSOR_CORE_TYPES, mma_fragments
@@ -44,7 +43,6 @@ from .tensor_core import TENSOR_CORE_TYPES, mma_fragments
 WARPS = THREADS // 32
 TILE = 16  # output pixels of an mma tile (its K)
 RUN = 8  # channels of a run: the mma's n
-MAX_TILES = 4  # tiles a warp loads before their products (tuning "tiles")
 TILES, BLOCKS_PER_SM = 2, 2  # defaults
 PARTIALS = "conv_wgrad_mma_partials"
 
@@ -62,28 +60,9 @@ def takes_wgrad_mma(fused: FusedNode, x: Tensor, dw: Tensor) -> bool:
 def choices(ctx: EmitContext, fused: FusedNode, x: Tensor, dw: Tensor) -> tuple[int, int] | None:
     """(``tiles``, ``blocks_per_sm``) where the tuning says ``mma``: 1 or, untuned, for 8
     channels a group (16-bit types); None for wgrad_runs' kernel (which takes the other choices)."""
-    node = anchor_of(fused).name
-    wanted = ctx.tuning.get("mma", int(not ctx.tuning and dw.static_dim[1] == 8 and takes_wgrad_mma(fused, x, dw)))
-    if wanted not in (0, 1) or (wanted and not takes_wgrad_mma(fused, x, dw)):
-        raise UnsupportedError(
-            f"conv_wgrad tuning {dict(ctx.tuning)}: 'mma' is 0 or 1, 1 for 2-d fp16 and bf16 only", node=node
-        )
-    if not wanted:
-        return None
-    tiles, resident = ctx.tuning.get("tiles", TILES), ctx.tuning.get("blocks_per_sm", BLOCKS_PER_SM)
-    if (
-        set(ctx.tuning) - {"mma", "tiles", "blocks_per_sm"}
-        or not isinstance(tiles, int)
-        or not isinstance(resident, int)
-        or not 1 <= tiles <= MAX_TILES
-        or not 1 <= resident <= 8
-    ):
-        raise UnsupportedError(
-            f"conv_wgrad tuning {dict(ctx.tuning)}: with 'mma' the choices are 'tiles' (1..{MAX_TILES}) "
-            "and 'blocks_per_sm' (1..8)",
-            node=node,
-        )
-    return tiles, resident
+    takes = takes_wgrad_mma(fused, x, dw)
+    name = anchor_of(fused).name
+    return mma_choices(dict(ctx.tuning), "conv_wgrad", name, takes, dw.static_dim[1] == 8, (TILES, BLOCKS_PER_SM))
 
 
 def emit_wgrad_mma(
