@@ -82,7 +82,10 @@ def mma_choices(
     names the tuning in errors, ``node`` the node."""
     wanted = tuning.get("mma", int(not tuning and by_default and takes))
     if wanted not in (0, 1) or (wanted and not takes):
-        raise UnsupportedError(f"{what} tuning {tuning}: 'mma' is 0 or 1, 1 for 2-d fp16 and bf16 only", node=node)
+        raise UnsupportedError(
+            f"{what} tuning {tuning}: 'mma' is 0 or 1, 1 only for 2-d fp16 and bf16 whose tile fits in shared memory",
+            node=node,
+        )
     if not wanted:
         return None
     tiles, resident = tuning.get("tiles", defaults[0]), tuning.get("blocks_per_sm", defaults[1])

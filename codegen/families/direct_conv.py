@@ -115,7 +115,7 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert x is not None and dy is not None and dw is not None
     a = _attributes(fused)
     if takes_runs(x, dy, dw):
-        on_mma = wgrad_mma.choices(ctx, fused, x, dw)
+        on_mma = wgrad_mma.choices(ctx, fused, x, dy, dw)
         if on_mma is not None:
             return wgrad_mma.emit_wgrad_mma(fused, ctx, x, dy, dw, a, *on_mma)
         runs_tuning = {key: value for key, value in ctx.tuning.items() if key != "mma"}

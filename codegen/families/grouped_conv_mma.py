@@ -62,6 +62,9 @@ def grouped_conv_mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile
     group, taps_h, taps_w = w.static_dim[1:]
     taps = taps_h * taps_w
     b = _blocks(p, tiles, per_sm, ctx.arch)
+    while b is None and tiles > 1 and "tiles" not in ctx.tuning:  # the default: as many as fit
+        tiles -= 1
+        b = _blocks(p, tiles, per_sm, ctx.arch)
     if b is None:
         raise UnsupportedError(
             f"grouped convolution tuning {dict(ctx.tuning)}: {tiles} tiles a warp do not fit in shared memory",
@@ -72,9 +75,13 @@ def grouped_conv_mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile
     a = p.attrs
     ws = w.static_stride
     flip = a.convolution_mode is ConvMode.CONVOLUTION
-    tap_r, tap_s = (f"({taps_h - 1} - tap / {taps_w})", f"({taps_w - 1} - tap % {taps_w})") if flip else (
-        f"tap / {taps_w}",
-        f"tap % {taps_w}",
+    tap_r, tap_s = (
+        (f"({taps_h - 1} - tap / {taps_w})", f"({taps_w - 1} - tap % {taps_w})")
+        if flip
+        else (
+            f"tap / {taps_w}",
+            f"tap % {taps_w}",
+        )
     )
     pairs = b.taps // 2
 
@@ -133,10 +140,7 @@ def grouped_conv_mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile
         f"for (int it = 0; it < {b.steps}; ++it) {{",
         f"  const {itype} first = (({itype})it * {b.blocks} + blockIdx.x) * {b.pixels};",
         "  __syncthreads();  // the previous step's reads of the tile",
-        *(
-            "  " + line
-            for line in stage(b, x, names[x.id], a, (n, out_h, out_w), taps_w, taps, itype, aligned)
-        ),
+        *("  " + line for line in stage(b, x, names[x.id], a, (n, out_h, out_w), taps_w, taps, itype, aligned)),
         *("  " + line for line in products),
         *("  " + line for line in stores),
         "}",
