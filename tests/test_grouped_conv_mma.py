@@ -88,3 +88,20 @@ GPU = {
 @pytest.mark.parametrize("case", GPU)
 def test_matches_reference_on_gpu(case: str, choice: dict[str, object]) -> None:
     check_choice_on_gpu(GPU[case], choice)
+
+
+def test_autotuning_times_both_kernels() -> None:
+    """The candidates: the kernel over runs and the tensor-core one (2 and 1 tiles a warp), each
+    of which emits; fp32 has no choice to time."""
+    from codegen.emit import candidates
+    from fusion_rules import fuse
+
+    for conv, want in (
+        (Conv(n=2, c=64, hw=(9, 9), k=64, groups=8), [{"mma": 0}, {"mma": 1}, {"mma": 1, "tiles": 1}]),
+        (Conv(n=2, c=64, hw=(9, 9), k=64, groups=16, dtype="float"), []),
+    ):
+        graph = conv.build()
+        (fused,) = fuse(graph.validate()).nodes
+        assert candidates(fused, 90) == want
+        for choice in want:
+            assert kernels(graph, choice)

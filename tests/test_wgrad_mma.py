@@ -90,3 +90,18 @@ def test_matches_reference_on_gpu(graph: gd.OperationGraphSpec, tuning: dict[str
 
     _, fused = fused_of(graph)
     check_on_gpu(graph, tuning={fused.name: tuning}, cache=None)
+
+
+def test_autotuning_times_both_kernels() -> None:
+    """The candidates: the kernel over runs and the tensor-core one (2 and 1 tiles a warp), each
+    of which emits; a 3-d filter has no choice to time."""
+    from codegen.emit import candidates
+
+    for graph, want in (
+        (wgrad("half", 16, 4, [9, 7], [3, 3]), [{"mma": 0}, {"mma": 1}, {"mma": 1, "tiles": 1}]),
+        (wgrad("half", 16, 8, [6, 5, 7], [3, 1, 3]), []),
+    ):
+        _, fused = fused_of(graph)
+        assert candidates(fused, 90) == want
+        for choice in want:
+            assert programs(graph, choice).kernels

@@ -169,3 +169,14 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     sums = Sums("conv_wgrad", dims, kept, reduced, rows, terms, finish)
     kernels, scratch = sums_kernels(ctx, fused, sums, compute)
     return FusedProgram(fused.name, kernels, scratch)
+
+
+def wgrad_candidates(fused: FusedNode) -> list[dict[str, object]]:
+    """Where a wgrad over runs can take the tensor cores: the kernel over runs and the tensor-core
+    one at 2 and 1 tiles a warp; else none (one kernel, its defaults)."""
+    node = anchor_of(fused)
+    x, dy, dw = node.input("image"), node.input("loss"), node.output("dw")
+    assert x is not None and dy is not None and dw is not None
+    if not (takes_runs(x, dy, dw) and wgrad_mma.takes_wgrad_mma(fused, x, dy, dw)):
+        return []
+    return [{"mma": 0}, {"mma": 1}, {"mma": 1, "tiles": 1}]

@@ -90,6 +90,12 @@ def choices(ctx: EmitContext, node: str, grouped: bool) -> tuple[int, int]:
     return pixels, resident
 
 
+def candidates(p: Problem) -> list[dict[str, object]]:
+    """Launch choices worth timing (autotuning) where the tensor cores take the layer: the
+    kernel over runs (its defaults) and the tensor-core one at 2 and 1 tiles a warp."""
+    return [{"mma": 0}, {"mma": 1}, {"mma": 1, "tiles": 1}] if takes_mma(p) else []
+
+
 def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     group = p.b.static_dim[1]
     on_mma = mma_choices(
