@@ -18,11 +18,11 @@ from tests.test_wgrad_runs import case_id, fused_of, programs, wgrad
 
 EMULATED = [
     (wgrad("half", 16, 8, [23, 21], [3, 3], n=3), {}),  # 2 runs: 4 slots a run, several blocks
-    (wgrad("half", 80, 8, [9, 11], [3, 3], stride=2), {"mma": 1, "tiles": 1}),  # 10 runs: 2 chunks
+    (wgrad("half", 80, 8, [9, 11], [3, 3], stride=2), {"mma": 1, "tiles": 1, "stages": 2}),  # 10 runs: 2 chunks
     (wgrad("half", 24, 4, [7, 8], [3, 3], dilation=[2, 2], convolution_mode="CONVOLUTION"), {"mma": 1}),
     (wgrad("half", 16, 2, [10, 7], [3, 2], pre_padding=[2, 0], post_padding=[0, 1]), {"mma": 1, "tiles": 1}),
     (wgrad("half", 16, 1, [12, 13], [3, 5], stride=2, dilation=[1, 2]), {"mma": 1, "blocks_per_sm": 1}),
-    (wgrad("half", 8, 4, [5, 6], [1, 3], n=1), {"mma": 1}),  # one run; 3 taps: the second mma's upper rows zero
+    (wgrad("half", 8, 4, [5, 6], [1, 3], n=1), {"mma": 1, "stages": 2}),  # one run; 3 taps: the second mma's upper rows zero
 ]
 
 

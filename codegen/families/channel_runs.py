@@ -74,12 +74,12 @@ def staged_filter(element: str, numel: int, indices: str, source: str, comment: 
 
 
 def mma_choices(
-    tuning: dict[str, object], what: str, node: str, takes: bool, by_default: bool, defaults: tuple[int, int]
-) -> tuple[int, int] | None:
-    """(``tiles``, ``blocks_per_sm``) of a tensor-core kernel (grouped_conv_mma, wgrad_mma) where
-    the tuning says ``mma``: 1, or untuned where ``by_default``; None for the kernel over runs.
-    ``takes``: whether the tensor-core kernel takes the convolution (fp16/bf16, 2-d); ``what``
-    names the tuning in errors, ``node`` the node."""
+    tuning: dict[str, object], what: str, node: str, takes: bool, by_default: bool, defaults: tuple[int, int, int]
+) -> tuple[int, int, int] | None:
+    """(``tiles``, ``blocks_per_sm``, ``stages``) of a tensor-core kernel (grouped_conv_mma,
+    wgrad_mma) where the tuning says ``mma``: 1, or untuned where ``by_default``; None for the
+    kernel over runs. ``takes``: whether the tensor-core kernel takes the convolution (fp16/bf16,
+    2-d, its tile in shared memory); ``what`` names the tuning in errors, ``node`` the node."""
     wanted = tuning.get("mma", int(not tuning and by_default and takes))
     if wanted not in (0, 1) or (wanted and not takes):
         raise UnsupportedError(
@@ -88,17 +88,13 @@ def mma_choices(
         )
     if not wanted:
         return None
-    tiles, resident = tuning.get("tiles", defaults[0]), tuning.get("blocks_per_sm", defaults[1])
-    if (
-        set(tuning) - {"mma", "tiles", "blocks_per_sm"}
-        or not isinstance(tiles, int)
-        or not isinstance(resident, int)
-        or not 1 <= tiles <= MAX_TILES
-        or not 1 <= resident <= RESIDENT_BLOCKS
-    ):
+    names = ("tiles", "blocks_per_sm", "stages")
+    values = [tuning.get(name, default) for name, default in zip(names, defaults)]
+    checked = [v for v, high in zip(values, (MAX_TILES, RESIDENT_BLOCKS, 2)) if isinstance(v, int) and 1 <= v <= high]
+    if set(tuning) - {"mma", *names} or len(checked) < len(names):
         raise UnsupportedError(
-            f"{what} tuning {tuning}: with 'mma' the choices are 'tiles' (1..{MAX_TILES}) "
-            f"and 'blocks_per_sm' (1..{RESIDENT_BLOCKS})",
+            f"{what} tuning {tuning}: with 'mma' the choices are 'tiles' (1..{MAX_TILES}), "
+            f"'blocks_per_sm' (1..{RESIDENT_BLOCKS}) and 'stages' (1..2)",
             node=node,
         )
-    return tiles, resident
+    return checked[0], checked[1], checked[2]

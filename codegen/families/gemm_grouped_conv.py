@@ -44,6 +44,7 @@ from .channel_runs import (
 from .gemm_epilogue import Epilogue
 from .gemm_problem import Problem, declare
 from .grouped_conv_mma import BLOCKS_PER_SM as MMA_BLOCKS
+from .grouped_conv_mma import STAGES as MMA_STAGES
 from .grouped_conv_mma import TILES as MMA_TILES
 from .grouped_conv_mma import grouped_conv_mma_kernel, takes_mma
 
@@ -99,7 +100,12 @@ def candidates(p: Problem) -> list[dict[str, object]]:
 def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     group = p.b.static_dim[1]
     on_mma = mma_choices(
-        dict(ctx.tuning), "grouped convolution", p.node.name, takes_mma(p), group == 8, (MMA_TILES, MMA_BLOCKS)
+        dict(ctx.tuning),
+        "grouped convolution",
+        p.node.name,
+        takes_mma(p),
+        group == 8,
+        (MMA_TILES, MMA_BLOCKS, MMA_STAGES),
     )
     if on_mma is not None:
         return grouped_conv_mma_kernel(fused, ctx, p, *on_mma)

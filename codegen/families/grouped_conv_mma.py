@@ -32,28 +32,31 @@ from .grouped_mma_tiles import (
     TILE,
     Blocks,
     blocks_of,
+    copies,
     declare_tile,
     matrix_row,
-    stage,
+    steps,
     takes_mma_types,
     warp_roles,
 )
 from .tensor_core import mma_fragments
 
-TILES, BLOCKS_PER_SM = 2, 4  # defaults
+TILES, BLOCKS_PER_SM, STAGES = 2, 4, 1  # defaults
 
 
 def takes_mma(p: Problem) -> bool:
     """16-bit operands whose run is 8 channels (the mma's n), a step of one tile a warp in shared memory."""
-    return takes_mma_types(p.a, len(p.out.dim)) and _blocks(p, 1, BLOCKS_PER_SM, 90) is not None
+    return takes_mma_types(p.a, len(p.out.dim)) and _blocks(p, 1, BLOCKS_PER_SM, 1, 90) is not None
 
 
-def _blocks(p: Problem, tiles: int, per_sm: int, arch: int) -> Blocks | None:
+def _blocks(p: Problem, tiles: int, per_sm: int, stages: int, arch: int) -> Blocks | None:
     n, channels, out_h, out_w = p.out.static_dim
-    return blocks_of(channels, math.prod(p.b.static_dim[2:]), n * out_h * out_w, tiles, per_sm, arch)
+    return blocks_of(channels, math.prod(p.b.static_dim[2:]), n * out_h * out_w, tiles, per_sm, stages, arch)
 
 
-def grouped_conv_mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tiles: int, per_sm: int) -> Kernel:
+def grouped_conv_mma_kernel(
+    fused: FusedNode, ctx: EmitContext, p: Problem, tiles: int, per_sm: int, stages: int
+) -> Kernel:
     params, names = declare(fused, p)
     aligned = params.aligned_flag()
     x, w, y = p.a, p.b, p.out
@@ -61,13 +64,13 @@ def grouped_conv_mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile
     n, channels, out_h, out_w = y.static_dim
     group, taps_h, taps_w = w.static_dim[1:]
     taps = taps_h * taps_w
-    b = _blocks(p, tiles, per_sm, ctx.arch)
+    b = _blocks(p, tiles, per_sm, stages, ctx.arch)
     while b is None and tiles > 1 and "tiles" not in ctx.tuning:  # the default: as many as fit
         tiles -= 1
-        b = _blocks(p, tiles, per_sm, ctx.arch)
+        b = _blocks(p, tiles, per_sm, stages, ctx.arch)
     if b is None:
         raise UnsupportedError(
-            f"grouped convolution tuning {dict(ctx.tuning)}: {tiles} tiles a warp do not fit in shared memory",
+            f"grouped convolution tuning {dict(ctx.tuning)}: {stages} x {tiles} tiles a warp do not fit in shared memory",
             node=p.node.name,
         )
     pixels = n * out_h * out_w
@@ -136,14 +139,14 @@ def grouped_conv_mma_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, tile
         "const int lead = live ? slot : 0;  // the warp's first tile of a step (idle warps read tile 0)",
         *weights,
         *declare_tile(b, taps),
-        "#pragma unroll 1",
-        f"for (int it = 0; it < {b.steps}; ++it) {{",
-        f"  const {itype} first = (({itype})it * {b.blocks} + blockIdx.x) * {b.pixels};",
-        "  __syncthreads();  // the previous step's reads of the tile",
-        *("  " + line for line in stage(b, x, names[x.id], a, (n, out_h, out_w), taps_w, taps, itype, aligned)),
-        *("  " + line for line in products),
-        *("  " + line for line in stores),
-        "}",
+        *steps(
+            b,
+            itype,
+            lambda first, buffer: copies(
+                b, x, names[x.id], a, (n, out_h, out_w), taps_w, taps, itype, aligned, first, buffer
+            ),
+            products + stores,
+        ),
     ]
     name, source = kernel_source(
         ctx,

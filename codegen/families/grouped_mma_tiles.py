@@ -20,6 +20,7 @@ in distinct banks. The filter's taps are padded to an even count with a tap of z
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from graphdnn.arch import sm_count
@@ -55,22 +56,27 @@ class Blocks:
     taps: int  # padded to an even count
     row: int  # bytes of a pixel's chunks in shared memory
     extra: int  # bytes staged after the im2col tile (the weight gradient's dy)
+    stages: int  # tiles in shared memory: 2 stages the next step's during this one's products
 
     @property
     def tap_bytes(self) -> int:
         return self.pixels * self.row
 
     @property
-    def shared_bytes(self) -> int:
+    def buffer_bytes(self) -> int:
         return self.taps * self.tap_bytes + self.extra
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.stages * self.buffer_bytes
 
 
 def blocks_of(
-    channels: int, taps: int, pixels: int, tiles: int, per_sm: int, arch: int, extra_rows: int = 0
+    channels: int, taps: int, pixels: int, tiles: int, per_sm: int, stages: int, arch: int, extra_rows: int = 0
 ) -> Blocks | None:
     """The grid for ``channels`` channels, ``taps`` filter taps and ``pixels`` output pixels at
-    ``tiles`` tiles a warp and ``per_sm`` blocks per SM; None where the step's tile does not fit
-    in shared memory (``extra_rows``: rows staged besides the image's taps)."""
+    ``tiles`` tiles a warp, ``per_sm`` blocks per SM and ``stages`` tiles in shared memory; None
+    where they do not fit (``extra_rows``: rows staged besides the image's taps)."""
     runs = channels // RUN
     width = min(WARPS, runs)
     slots = WARPS // width
@@ -78,13 +84,13 @@ def blocks_of(
     step = TILE * tiles * slots
     row = RUN * 2 * (1 << (width - 1).bit_length())
     padded = taps + taps % 2
-    if (padded + extra_rows) * step * row > STAGED_BYTES:
+    if stages * (padded + extra_rows) * step * row > STAGED_BYTES:
         return None
     steps_total = -(-pixels // step)
     blocks = max(1, min(sm_count(arch) * per_sm // chunks, steps_total))
     steps = -(-steps_total // blocks)
     blocks = -(-steps_total // steps)
-    return Blocks(runs, width, slots, chunks, tiles, step, blocks, steps, padded, row, extra_rows * step * row)
+    return Blocks(runs, width, slots, chunks, tiles, step, blocks, steps, padded, row, extra_rows * step * row, stages)
 
 
 def takes_mma_types(x: Tensor, dims: int) -> bool:
@@ -102,17 +108,68 @@ def warp_roles(b: Blocks) -> list[str]:
 
 
 def declare_tile(b: Blocks, taps: int) -> list[str]:
-    """The shared tile; an odd filter's padding tap zeroed once (the steps never copy to it)."""
+    """The shared tiles; an odd filter's padding tap zeroed once in each (the steps never copy to it)."""
     lines = [f"__shared__ __align__(128) unsigned char tile[{b.shared_bytes}];"]
-    if taps < b.taps:
+    for buffer in range(b.stages if taps < b.taps else 0):
         lines.append(
             f"for (int i = threadIdx.x; i < {b.tap_bytes // 4}; i += {THREADS}) "
-            f"reinterpret_cast<unsigned*>(tile + {taps * b.tap_bytes})[i] = 0u;"
+            f"reinterpret_cast<unsigned*>(tile + {buffer * b.buffer_bytes + taps * b.tap_bytes})[i] = 0u;"
         )
     return lines
 
 
-def stage(
+def steps(b: Blocks, itype: str, copies: Callable[[str, str], list[str]], products: list[str]) -> list[str]:
+    """The block's loop over its steps: ``copies(first, buffer)`` stages the step whose first
+    pixel is ``first`` into the tile at byte ``buffer``; ``products`` read the step ``first``
+    from the tile at byte ``buffer``. With 2 stages the next step's copies are in flight
+    during this one's products."""
+
+    def first(step: str) -> str:
+        return f"(({itype})({step}) * {b.blocks} + blockIdx.x) * {b.pixels}"
+
+    if b.stages == 1:
+        return [
+            "#pragma unroll 1",
+            f"for (int it = 0; it < {b.steps}; ++it) {{",
+            f"  const {itype} first = {first('it')};",
+            "  const int buffer = 0;",
+            "  __syncthreads();  // the previous step's reads of the tile",
+            *("  " + line for line in copies("first", "buffer")),
+            f"  {COMMIT}",
+            f"  {WAIT.format(0)}",
+            "  __syncthreads();",
+            *("  " + line for line in products),
+            "}",
+        ]
+    return [
+        "{",
+        "  const int buffer = 0;",
+        f"  const {itype} first = {first('0')};",
+        *("  " + line for line in copies("first", "buffer")),
+        f"  {COMMIT}",
+        "}",
+        "#pragma unroll 1",
+        f"for (int it = 0; it < {b.steps}; ++it) {{",
+        f"  const {itype} first = {first('it')};",
+        f"  const int buffer = it % 2 * {b.buffer_bytes};",
+        f"  if (it + 1 < {b.steps}) {{  // the next step, into the other buffer (read in the previous step)",
+        f"    const {itype} next = {first('it + 1')};",
+        *("    " + line for line in copies("next", f"{b.buffer_bytes} - buffer")),
+        "  }",
+        f"  {COMMIT}  // an empty group after the last step: one group a step",
+        f"  {WAIT.format(1)}",
+        "  __syncthreads();",
+        *("  " + line for line in products),
+        "  __syncthreads();  // the reads of this buffer, before the next step copies into it",
+        "}",
+    ]
+
+
+COMMIT = 'asm volatile("cp.async.commit_group;\\n" ::);'
+WAIT = 'asm volatile("cp.async.wait_group {};\\n" ::: "memory");'
+
+
+def copies(
     b: Blocks,
     x: Tensor,
     x_name: str,
@@ -122,10 +179,12 @@ def stage(
     taps: int,
     itype: str,
     aligned: str,
+    first: str,
+    buffer: str,
     loss: tuple[Tensor, str] | None = None,
 ) -> list[str]:
-    """Statements copying step ``first``'s pixels into the tile (and, with ``loss``, dy's chunks
-    of the same pixels after the taps), then waiting for the copies and the block."""
+    """Statements copying the pixels from ``first`` on into the tile at byte ``buffer`` (and,
+    with ``loss``, dy's chunks of the same pixels after the taps)."""
     n, out_h, out_w = out
     element = cuda_type(x.data_type)
     pixels = n * out_h * out_w
@@ -161,22 +220,20 @@ def stage(
         f"for (int e = threadIdx.x; e < {b.pixels * b.width}; e += {THREADS}) {{",
         f"  const int cc = e % {b.width}, px = e / {b.width};",
         f"  const int rb = blockIdx.y * {b.width} + cc;",
-        f"  const {itype} m = first + px;",
+        f"  const {itype} m = {first} + px;",
         f"  const bool ok = m < {pixels} && rb < {b.runs};",
         f"  const {itype} q = m % {out_w}, p = m / {out_w} % {out_h}, n = m / {out_w * out_h};",
         f"  const {itype} h0 = p * {a.stride[0]} - {a.pre_padding[0]}, w0 = q * {a.stride[1]} - {a.pre_padding[1]};",
-        f"  unsigned char* const row = tile + px * {b.row} + (cc ^ px % {spread}) * 16;",
+        f"  unsigned char* const row = tile + {buffer} + px * {b.row} + (cc ^ px % {spread}) * 16;",
         *("  " + line for line in per_tap),
         "}",
-        'asm volatile("cp.async.commit_group;\\n" ::);',
-        'asm volatile("cp.async.wait_group 0;\\n" ::: "memory");',
-        "__syncthreads();",
     ]
 
 
 def matrix_row(b: Blocks, pixel: str, tap: str) -> str:
-    """The address of the warp's run's chunk at tile pixel ``pixel`` and tap ``tap`` (an ldmatrix row)."""
-    return f"smem_addr(tile + ({tap}) * {b.tap_bytes} + ({pixel}) * {b.row} + (c ^ ({pixel}) % {b.row // 16}) * 16)"
+    """The address of the warp's run's chunk at pixel ``pixel`` and tap ``tap`` of the tile at
+    byte ``buffer`` (an ldmatrix row)."""
+    return f"smem_addr(tile + buffer + ({tap}) * {b.tap_bytes} + ({pixel}) * {b.row} + (c ^ ({pixel}) % {b.row // 16}) * 16)"
 
 
 def taps_of(w: Tensor) -> int:

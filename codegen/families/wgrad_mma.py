@@ -38,15 +38,16 @@ from .grouped_mma_tiles import (
     TILE,
     Blocks,
     blocks_of,
+    copies,
     declare_tile,
     matrix_row,
-    stage,
+    steps,
     takes_mma_types,
     warp_roles,
 )
 from .tensor_core import mma_fragments
 
-TILES, BLOCKS_PER_SM = 2, 4  # defaults
+TILES, BLOCKS_PER_SM, STAGES = 2, 4, 1  # defaults
 PARTIALS = "conv_wgrad_mma_partials"
 
 
@@ -56,13 +57,13 @@ def takes_wgrad_mma(fused: FusedNode, x: Tensor, dy: Tensor, dw: Tensor) -> bool
     return (
         takes_mma_types(x, len(dw.dim))
         and compute_for(fused) == "float"
-        and _blocks(x, dy, dw, 1, BLOCKS_PER_SM, 90) is not None
+        and _blocks(x, dy, dw, 1, BLOCKS_PER_SM, 1, 90) is not None
     )
 
 
-def _blocks(x: Tensor, dy: Tensor, dw: Tensor, tiles: int, per_sm: int, arch: int) -> Blocks | None:
+def _blocks(x: Tensor, dy: Tensor, dw: Tensor, tiles: int, per_sm: int, stages: int, arch: int) -> Blocks | None:
     pixels = dy.static_dim[0] * math.prod(dy.static_dim[2:])
-    return blocks_of(x.static_dim[1], math.prod(dw.static_dim[2:]), pixels, tiles, per_sm, arch, extra_rows=1)
+    return blocks_of(x.static_dim[1], math.prod(dw.static_dim[2:]), pixels, tiles, per_sm, stages, arch, extra_rows=1)
 
 
 def choices(ctx: EmitContext, fused: FusedNode, x: Tensor, dy: Tensor, dw: Tensor) -> tuple[int, int] | None:
@@ -70,19 +71,29 @@ def choices(ctx: EmitContext, fused: FusedNode, x: Tensor, dy: Tensor, dw: Tenso
     channels a group (16-bit types); None for wgrad_runs' kernel (which takes the other choices)."""
     takes = takes_wgrad_mma(fused, x, dy, dw)
     name = anchor_of(fused).name
-    return mma_choices(dict(ctx.tuning), "conv_wgrad", name, takes, dw.static_dim[1] == 8, (TILES, BLOCKS_PER_SM))
+    return mma_choices(
+        dict(ctx.tuning), "conv_wgrad", name, takes, dw.static_dim[1] == 8, (TILES, BLOCKS_PER_SM, STAGES)
+    )
 
 
 def emit_wgrad_mma(
-    fused: FusedNode, ctx: EmitContext, x: Tensor, dy: Tensor, dw: Tensor, a: ConvAttributes, tiles: int, per_sm: int
+    fused: FusedNode,
+    ctx: EmitContext,
+    x: Tensor,
+    dy: Tensor,
+    dw: Tensor,
+    a: ConvAttributes,
+    tiles: int,
+    per_sm: int,
+    stages: int,
 ) -> FusedProgram:
-    b = _blocks(x, dy, dw, tiles, per_sm, ctx.arch)
+    b = _blocks(x, dy, dw, tiles, per_sm, stages, ctx.arch)
     while b is None and tiles > 1 and "tiles" not in ctx.tuning:  # the default: as many as fit
         tiles -= 1
-        b = _blocks(x, dy, dw, tiles, per_sm, ctx.arch)
+        b = _blocks(x, dy, dw, tiles, per_sm, stages, ctx.arch)
     if b is None:
         raise UnsupportedError(
-            f"conv_wgrad tuning {dict(ctx.tuning)}: {tiles} tiles a warp do not fit in shared memory",
+            f"conv_wgrad tuning {dict(ctx.tuning)}: {stages} x {tiles} tiles a warp do not fit in shared memory",
             node=anchor_of(fused).name,
         )
     taps = math.prod(dw.static_dim[2:])
@@ -127,16 +138,15 @@ def _sums(
         "const int lead = live ? slot : 0;  // the warp's first tile of a step (idle warps read tile 0)",
         f"float acc[{pairs}][4] = {{}};",
         *declare_tile(b, taps),
-        "#pragma unroll 1",
-        f"for (int it = 0; it < {b.steps}; ++it) {{",
-        f"  const {itype} first = (({itype})it * {b.blocks} + blockIdx.x) * {b.pixels};",
-        "  __syncthreads();  // the previous step's reads of the tile",
-        *(
-            "  " + line
-            for line in stage(b, x, names[x.id], a, out, taps_w, taps, itype, aligned, loss=(dy, names[dy.id]))
+        *steps(
+            b,
+            itype,
+            lambda first, buffer: copies(
+                b, x, names[x.id], a, out, taps_w, taps, itype, aligned, first, buffer, loss=(dy, names[dy.id])
+            ),
+            products,
         ),
-        *("  " + line for line in products),
-        "}",
+        "__syncthreads();  // the last step's reads of the tile, which now holds the block's sums",
         "float* const red = reinterpret_cast<float*>(tile);  // [warp][register][lane]",
         "#pragma unroll",
         f"for (int u = 0; u < {pairs}; ++u) {{",
