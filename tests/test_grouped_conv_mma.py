@@ -19,7 +19,10 @@ from tests.test_grouped_conv_pixels import case_id, check_choice_on_gpu, kernels
 EMULATED = [
     (grouped_conv("fprop", 16, 2, io="half", size=9), {"mma": 1, "tiles": 1}),  # 8 channels a group
     (grouped_conv("fprop", 24, 3, 2, io="half", dilation=2, mode=True), {"mma": 1, "blocks_per_sm": 1}),
-    (grouped_conv("fprop", 16, 4, io="half", bias_relu=True), {"mma": 1, "tiles": 1, "stages": 2}),  # 4 channels a group
+    (
+        grouped_conv("fprop", 16, 4, io="half", bias_relu=True),
+        {"mma": 1, "tiles": 1, "stages": 2},
+    ),  # 4 channels a group
     (grouped_conv("fprop", 8, 4, io="half", size=5), {"mma": 1, "blocks_per_sm": 1}),  # 2 channels a group
     (grouped_conv("fprop", 16, 16, 2, io="half", size=11), {"mma": 1}),  # depthwise
     # 132 blocks of 3 steps: the next step staged during this one's products
@@ -46,7 +49,10 @@ def test_kernels_compile(case, arch: int) -> None:
     ("tuning", "message"),
     [
         ({"mma": 2}, "'mma' is 0 or 1"),
-        ({"mma": 1, "tiles": 5}, r"with 'mma' the choices are 'tiles' \(1\.\.4\), 'blocks_per_sm' \(1\.\.8\) and 'stages'"),
+        (
+            {"mma": 1, "tiles": 5},
+            r"with 'mma' the choices are 'tiles' \(1\.\.4\), 'blocks_per_sm' \(1\.\.8\) and 'stages'",
+        ),
         ({"mma": 1, "pixels": 2}, r"with 'mma' the choices are"),
         ({"mma": 1, "tiles": 4}, "1 x 4 tiles a warp do not fit in shared memory"),  # 4 slots of 4 tiles, 10 taps
         ({"mma": 1, "stages": 3}, r"'stages' \(1\.\.2\)"),

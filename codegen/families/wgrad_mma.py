@@ -28,23 +28,12 @@ from ..context import EmitContext, KernelParams, indent, kernel_source
 from ..cuda_types import store
 from ..indexing import index_type, offset_at
 from ..kernel import FusedProgram, Kernel, Scratch
+from . import grouped_mma_tiles as staging
 from .channel_runs import mma_choices
 from .direct_common import anchor_of, compute_for, declare
 from .direct_reduce import Sums, sums_kernels
 from .gemm_loaders import ASYNC_COPY_PRELUDE
-from .grouped_mma_tiles import (
-    RUN,
-    THREADS,
-    TILE,
-    Blocks,
-    blocks_of,
-    copies,
-    declare_tile,
-    matrix_row,
-    steps,
-    takes_mma_types,
-    warp_roles,
-)
+from .grouped_mma_tiles import RUN, THREADS, TILE, Blocks
 from .tensor_core import mma_fragments
 
 TILES, BLOCKS_PER_SM, STAGES = 2, 4, 1  # defaults
@@ -55,7 +44,7 @@ def takes_wgrad_mma(fused: FusedNode, x: Tensor, dy: Tensor, dw: Tensor) -> bool
     """A 2-d filter over 16-bit runs of 8 channels, fp32 sums, a step of one tile a warp in
     shared memory (wgrad_runs' layout otherwise)."""
     return (
-        takes_mma_types(x, len(dw.dim))
+        staging.takes_mma_types(x, len(dw.dim))
         and compute_for(fused) == "float"
         and _blocks(x, dy, dw, 1, BLOCKS_PER_SM, 1, 90) is not None
     )
@@ -63,11 +52,13 @@ def takes_wgrad_mma(fused: FusedNode, x: Tensor, dy: Tensor, dw: Tensor) -> bool
 
 def _blocks(x: Tensor, dy: Tensor, dw: Tensor, tiles: int, per_sm: int, stages: int, arch: int) -> Blocks | None:
     pixels = dy.static_dim[0] * math.prod(dy.static_dim[2:])
-    return blocks_of(x.static_dim[1], math.prod(dw.static_dim[2:]), pixels, tiles, per_sm, stages, arch, extra_rows=1)
+    return staging.blocks_of(
+        x.static_dim[1], math.prod(dw.static_dim[2:]), pixels, tiles, per_sm, stages, arch, extra_rows=1
+    )
 
 
-def choices(ctx: EmitContext, fused: FusedNode, x: Tensor, dy: Tensor, dw: Tensor) -> tuple[int, int] | None:
-    """(``tiles``, ``blocks_per_sm``) where the tuning says ``mma``: 1 or, untuned, for 8
+def choices(ctx: EmitContext, fused: FusedNode, x: Tensor, dy: Tensor, dw: Tensor) -> tuple[int, int, int] | None:
+    """(``tiles``, ``blocks_per_sm``, ``stages``) where the tuning says ``mma``: 1 or, untuned, for 8
     channels a group (16-bit types); None for wgrad_runs' kernel (which takes the other choices)."""
     takes = takes_wgrad_mma(fused, x, dy, dw)
     name = anchor_of(fused).name
@@ -121,27 +112,27 @@ def _sums(
         f"for (int i = 0; i < {b.tiles}; ++i) {{",
         f"  const int first_px = (lead + i * {b.slots}) * {TILE};",
         "  unsigned loss[4];",
-        f"  ldmatrix_x4_trans({matrix_row(b, 'first_px + lane / 8 % 2 * 8 + lane % 8', str(b.taps))}, "
+        f"  ldmatrix_x4_trans({staging.matrix_row(b, 'first_px + lane / 8 % 2 * 8 + lane % 8', str(b.taps))}, "
         "loss[0], loss[1], loss[2], loss[3]);",
         "  const int px = first_px + lane / 16 * 8 + lane % 8;",
         "  #pragma unroll",
         f"  for (int u = 0; u < {pairs}; ++u) {{",
         "    unsigned frag[4];",
-        f"    ldmatrix_x4_trans({matrix_row(b, 'px', '2 * u + lane / 8 % 2')}, frag[0], frag[1], frag[2], frag[3]);",
+        f"    ldmatrix_x4_trans({staging.matrix_row(b, 'px', '2 * u + lane / 8 % 2')}, frag[0], frag[1], frag[2], frag[3]);",
         "    mma_16816(acc[u], frag, loss[0], loss[1]);",
         "  }",
         "}",
     ]
-    out = (dy.static_dim[0], *dy.static_dim[2:])
+    out = (dy.static_dim[0], dy.static_dim[2], dy.static_dim[3])
     body = [
-        *warp_roles(b),
+        *staging.warp_roles(b),
         "const int lead = live ? slot : 0;  // the warp's first tile of a step (idle warps read tile 0)",
         f"float acc[{pairs}][4] = {{}};",
-        *declare_tile(b, taps),
-        *steps(
+        *staging.declare_tile(b, taps),
+        *staging.steps(
             b,
             itype,
-            lambda first, buffer: copies(
+            lambda first, buffer: staging.copies(
                 b, x, names[x.id], a, out, taps_w, taps, itype, aligned, first, buffer, loss=(dy, names[dy.id])
             ),
             products,
