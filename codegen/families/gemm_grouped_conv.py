@@ -2,9 +2,10 @@
 in groups of G = 1 (depthwise: the spatial filters of MobileNet, EfficientNet, ConvNeXt), 2, 4
 or 8 channels (ResNeXt's grouped 3x3s), G dividing a 16-byte run of channels.
 
-Such a layer has almost no reduction over channels (G per output), so the tensor cores have
-little to do, and the SIMT kernel's one output element per thread reads the image two bytes
-at a time. Here each thread takes a run of VEC output channels (16 bytes) of one output
+Such a layer has little reduction over channels (G per output), and the SIMT kernel's one
+output element per thread reads the image two bytes at a time. (With 16-bit types and 8
+channels a group the default is the tensor-core kernel instead, grouped_conv_mma.py: a run's
+8 channels are an mma's n, its filter block-diagonal.) Here each thread takes a run of VEC output channels (16 bytes) of one output
 pixel: their groups read exactly the same run of VEC image channels, so at each filter tap it
 reads them as one vector (element by element where the runtime's ``aligned`` flag says a
 pointer is not 16-byte aligned: the same mapping). Each block first stages the filter in
