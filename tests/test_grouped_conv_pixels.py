@@ -84,9 +84,14 @@ GPU = {
 @pytest.mark.parametrize("choice", [{"pixels": 2}, {"pixels": 4, "blocks_per_sm": 2}], ids=["p2", "p4-bps2"])
 @pytest.mark.parametrize("case", GPU)
 def test_matches_reference_on_gpu(case: str, choice: dict[str, object]) -> None:
+    check_choice_on_gpu(GPU[case], choice)
+
+
+def check_choice_on_gpu(conv: Conv, choice: dict[str, object]) -> None:
+    """The convolution's plan with ``choice`` as the tuning of its GEMM-family node, against the reference."""
     from tests.gpu_check import check_on_gpu
 
-    graph = GPU[case].build()
+    graph = conv.build()
     ir = graph.validate()
     tuning = {fused.name: choice for fused in fuse(ir).nodes if fused.family.value == "gemm"}
     assert tuning
@@ -96,8 +101,9 @@ def test_matches_reference_on_gpu(case: str, choice: dict[str, object]) -> None:
 def test_defaults_take_four_pixels_for_groups_and_one_for_depthwise() -> None:
     """Measured on an H200 (benchmarks/RESULTS.md): a grouped layer's thread takes 4 pixels on a
     grid of 2 blocks per SM, whose registers the launch bounds cap; a depthwise one 1 pixel on
-    the uncapped resident grid of 8 blocks per SM."""
-    grouped = Conv(n=32, c=256, hw=(28, 28), k=256, groups=32, epilogue="").build()
+    the uncapped resident grid of 8 blocks per SM. (8-channel groups take the tensor cores:
+    test_grouped_conv_mma.py.)"""
+    grouped = Conv(n=32, c=128, hw=(56, 56), k=128, groups=32, epilogue="").build()
     depthwise = Conv(n=32, c=144, hw=(56, 56), k=144, groups=144, epilogue="").build()
     (kernel,) = kernels(grouped, {})
     assert "acc[4][8]" in kernel.source and "__launch_bounds__(256, 2)" in kernel.source

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from graphdnn.arch import sm_count
 from graphdnn.dtypes import DataType
+from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
 
 VECTOR_BYTES = 16
@@ -14,6 +15,7 @@ TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 STAGED_BYTES = 48 * 1024  # a filter up to this size is staged in shared memory (static: any arch)
 RESIDENT_BLOCKS = 8  # blocks of 256 threads per SM at full occupancy
 STAGE_BATCH = 8  # filter elements a thread loads before storing them to shared memory
+MAX_TILES = 4  # the tensor-core kernels' 16-pixel tiles a warp loads before their products
 
 
 def run_width(data_type: DataType) -> int:
@@ -69,3 +71,30 @@ def staged_filter(element: str, numel: int, indices: str, source: str, comment: 
         "}",
         "__syncthreads();",
     ]
+
+
+def mma_choices(
+    tuning: dict[str, object], what: str, node: str, takes: bool, by_default: bool, defaults: tuple[int, int, int]
+) -> tuple[int, int, int] | None:
+    """(``tiles``, ``blocks_per_sm``, ``stages``) of a tensor-core kernel (grouped_conv_mma,
+    wgrad_mma) where the tuning says ``mma``: 1, or untuned where ``by_default``; None for the
+    kernel over runs. ``takes``: whether the tensor-core kernel takes the convolution (fp16/bf16,
+    2-d, its tile in shared memory); ``what`` names the tuning in errors, ``node`` the node."""
+    wanted = tuning.get("mma", int(not tuning and by_default and takes))
+    if wanted not in (0, 1) or (wanted and not takes):
+        raise UnsupportedError(
+            f"{what} tuning {tuning}: 'mma' is 0 or 1, 1 only for 2-d fp16 and bf16 whose tile fits in shared memory",
+            node=node,
+        )
+    if not wanted:
+        return None
+    names = ("tiles", "blocks_per_sm", "stages")
+    values = [tuning.get(name, default) for name, default in zip(names, defaults)]
+    checked = [v for v, high in zip(values, (MAX_TILES, RESIDENT_BLOCKS, 2)) if isinstance(v, int) and 1 <= v <= high]
+    if set(tuning) - {"mma", *names} or len(checked) < len(names):
+        raise UnsupportedError(
+            f"{what} tuning {tuning}: with 'mma' the choices are 'tiles' (1..{MAX_TILES}), "
+            f"'blocks_per_sm' (1..{RESIDENT_BLOCKS}) and 'stages' (1..2)",
+            node=node,
+        )
+    return checked[0], checked[1], checked[2]

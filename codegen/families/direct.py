@@ -76,3 +76,9 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             node=node.name,
         )
     return emitter(fused, ctx)
+
+
+def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
+    """Launch choices worth timing (autotuning): a small-group conv_wgrad's kernels over runs
+    and on the tensor cores; none for the other ops."""
+    return direct_conv.wgrad_candidates(fused) if anchor_of(fused).op == "conv_wgrad" else []

@@ -12,10 +12,12 @@ convolution_mode "convolution" the filter is flipped: tap f uses w[F-1-f].
   with NHWC data one per lane, the lanes along c then k.
 
 Depthwise and small-group gradients in NHWC take runs of channels instead (direct_conv_runs,
-wgrad_runs).
+wgrad_runs; wgrad_mma for 8-channel groups of 16-bit types).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from fusion_rules import FusedNode
 from graphdnn.layout import stride_order
@@ -26,6 +28,7 @@ from ..cuda_types import store
 from ..indexing import coordinates, offset, offset_at
 from ..kernel import FusedProgram
 from ..pointwise import literal
+from . import wgrad_mma
 from .direct_common import (
     anchor_of,
     blocks_for,
@@ -112,7 +115,11 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     assert x is not None and dy is not None and dw is not None
     a = _attributes(fused)
     if takes_runs(x, dy, dw):
-        return emit_wgrad_runs(fused, ctx, x, dy, dw, a)
+        on_mma = wgrad_mma.choices(ctx, fused, x, dy, dw)
+        if on_mma is not None:
+            return wgrad_mma.emit_wgrad_mma(fused, ctx, x, dy, dw, a, *on_mma)
+        runs_tuning = {key: value for key, value in ctx.tuning.items() if key != "mma"}
+        return emit_wgrad_runs(fused, dataclasses.replace(ctx, tuning=runs_tuning), x, dy, dw, a)
     compute = compute_for(fused)
     rank = len(dw.dim)
     sample = rank  # the space axis of n; p_d is at rank + 1 + d
@@ -162,3 +169,14 @@ def emit_wgrad(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     sums = Sums("conv_wgrad", dims, kept, reduced, rows, terms, finish)
     kernels, scratch = sums_kernels(ctx, fused, sums, compute)
     return FusedProgram(fused.name, kernels, scratch)
+
+
+def wgrad_candidates(fused: FusedNode) -> list[dict[str, object]]:
+    """Where a wgrad over runs can take the tensor cores: the kernel over runs and the tensor-core
+    one at 2 and 1 tiles a warp; else none (one kernel, its defaults)."""
+    node = anchor_of(fused)
+    x, dy, dw = node.input("image"), node.input("loss"), node.output("dw")
+    assert x is not None and dy is not None and dw is not None
+    if not (takes_runs(x, dy, dw) and wgrad_mma.takes_wgrad_mma(fused, x, dy, dw)):
+        return []
+    return [{"mma": 0}, {"mma": 1}, {"mma": 1, "tiles": 1}]

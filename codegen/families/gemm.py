@@ -69,6 +69,7 @@ from ..context import EmitContext
 from ..kernel import FusedProgram, Kernel
 from . import direct_conv
 from . import gemm_weight_only as weight_only
+from .gemm_grouped_conv import candidates as grouped_candidates
 from .gemm_grouped_conv import grouped_conv_kernel, takes_grouped_conv
 from .gemm_mma import TILE_CANDIDATES, mma_kernel, tile_config
 from .gemm_problem import Problem, eight_bit_slow_path, on_tensor_cores, problem_of
@@ -271,7 +272,8 @@ def _emit_grad(fused: FusedNode, ctx: EmitContext, problem: Problem) -> FusedPro
 
 
 def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
-    """Launch choices the runtime may time on the GPU (autotuning); empty on the SIMT path.
+    """Launch choices the runtime may time on the GPU (autotuning); empty on the SIMT path
+    (a depthwise or small-group convolution's: gemm_grouped_conv.candidates).
     The mma.sync tiles (no "path" key) and, for problems with few output tiles, their split-K
     variants ("split_k"), then on sm_90 the wgmma ones ({"path": "wgmma", ...}); for a
     convolution gradient the mma.sync and wgmma ones (with a wgrad's sm_90 default,
@@ -280,8 +282,8 @@ def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     if is_weight_only(fused.anchor):
         return weight_only.candidates(fused.anchor, arch)
     problem = problem_of(fused.anchor)
-    if not on_tensor_cores(problem, arch):
-        return []
+    if not on_tensor_cores(problem, arch):  # the grouped path's kernels, or none (SIMT)
+        return grouped_candidates(problem) if takes_grouped_conv(problem) else []
     if problem.block_scaled:
         return ws_candidates(problem, arch)
     if problem.is_grad:  # mma.sync, wgmma (a wgrad's default among them); the direct kernel without an epilogue

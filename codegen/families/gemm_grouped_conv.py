@@ -2,9 +2,10 @@
 in groups of G = 1 (depthwise: the spatial filters of MobileNet, EfficientNet, ConvNeXt), 2, 4
 or 8 channels (ResNeXt's grouped 3x3s), G dividing a 16-byte run of channels.
 
-Such a layer has almost no reduction over channels (G per output), so the tensor cores have
-little to do, and the SIMT kernel's one output element per thread reads the image two bytes
-at a time. Here each thread takes a run of VEC output channels (16 bytes) of one output
+Such a layer has little reduction over channels (G per output), and the SIMT kernel's one
+output element per thread reads the image two bytes at a time. (With 16-bit types and 8
+channels a group the default is the tensor-core kernel instead, grouped_conv_mma.py: a run's
+8 channels are an mma's n, its filter block-diagonal.) Here each thread takes a run of VEC output channels (16 bytes) of one output
 pixel: their groups read exactly the same run of VEC image channels, so at each filter tap it
 reads them as one vector (element by element where the runtime's ``aligned`` flag says a
 pointer is not 16-byte aligned: the same mapping). Each block first stages the filter in
@@ -31,9 +32,22 @@ from ..cuda_types import cuda_type, load
 from ..indexing import loop_index_type
 from ..kernel import Kernel
 from ..pointwise import literal
-from .channel_runs import RESIDENT_BLOCKS, lines_up, resident_grid, run_width, staged_filter, stages
+from .channel_runs import (
+    MAX_TILES,
+    RESIDENT_BLOCKS,
+    lines_up,
+    mma_choices,
+    resident_grid,
+    run_width,
+    staged_filter,
+    stages,
+)
 from .gemm_epilogue import Epilogue
 from .gemm_problem import Problem, declare
+from .grouped_conv_mma import BLOCKS_PER_SM as MMA_BLOCKS
+from .grouped_conv_mma import STAGES as MMA_STAGES
+from .grouped_conv_mma import TILES as MMA_TILES
+from .grouped_conv_mma import grouped_conv_mma_kernel, takes_mma
 
 THREADS = 256
 MAX_PIXELS = 8  # output pixels of a row per thread (tuning "pixels"): P x VEC accumulators
@@ -63,7 +77,7 @@ def choices(ctx: EmitContext, node: str, grouped: bool) -> tuple[int, int]:
     default = (GROUPED_PIXELS, GROUPED_BLOCKS) if grouped else (1, 0)
     pixels, resident = ctx.tuning.get("pixels", default[0]), ctx.tuning.get("blocks_per_sm", default[1])
     if (
-        set(ctx.tuning) - {"pixels", "blocks_per_sm"}
+        set(ctx.tuning) - {"pixels", "blocks_per_sm", "mma"}
         or not isinstance(pixels, int)
         or not isinstance(resident, int)
         or not 1 <= pixels <= MAX_PIXELS
@@ -71,13 +85,31 @@ def choices(ctx: EmitContext, node: str, grouped: bool) -> tuple[int, int]:
     ):
         raise UnsupportedError(
             f"grouped convolution tuning {dict(ctx.tuning)}: the choices are 'pixels' (1..{MAX_PIXELS}) "
-            f"and 'blocks_per_sm' (1..{RESIDENT_BLOCKS})",
+            f"and 'blocks_per_sm' (1..{RESIDENT_BLOCKS}), or 'mma': 1 with 'tiles' (1..{MAX_TILES}) and "
+            f"'blocks_per_sm' (16-bit types)",
             node=node,
         )
     return pixels, resident
 
 
+def candidates(p: Problem) -> list[dict[str, object]]:
+    """Launch choices worth timing (autotuning) where the tensor cores take the layer: the
+    kernel over runs (its defaults) and the tensor-core one at 2 and 1 tiles a warp."""
+    return [{"mma": 0}, {"mma": 1}, {"mma": 1, "tiles": 1}] if takes_mma(p) else []
+
+
 def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
+    group = p.b.static_dim[1]
+    on_mma = mma_choices(
+        dict(ctx.tuning),
+        "grouped convolution",
+        p.node.name,
+        takes_mma(p),
+        group == 8,
+        (MMA_TILES, MMA_BLOCKS, MMA_STAGES),
+    )
+    if on_mma is not None:
+        return grouped_conv_mma_kernel(fused, ctx, p, *on_mma)
     params, names = declare(fused, p)
     aligned = params.aligned_flag()
     x, w, y = p.a, p.b, p.out
