@@ -11,7 +11,9 @@ Backward norms (graphdnn/ops/norm_backward.py), with xhat = (x - mean) * inv_var
     dx     = inv_variance * (g - sum(g) / n - xhat * sum(g * xhat) / n)   over each set of n elements
     dscale = sum(grad * xhat), dbias = sum(grad)                          over the axes scale broadcasts on
 
-(RMS norm has no sum(g) term.) Kernels, in order: the parameter sums (dscale, dbias); the
+(RMS norm has no sum(g) term.) Group norm's sets are instance norm's on the view of every tensor
+with the channel axis split into (groups, C/groups): :func:`grouped` (a view through strides, any
+layout). Kernels, in order: the parameter sums (dscale, dbias); the
 set sums into scratch; dx, one element per thread, from the set sums. When the sets are
 exactly the groups the scale broadcasts over (batch norm: one set per channel), scale is
 one value per set, so sum(g) = scale * sum(grad) and sum(g * xhat) = scale * sum(grad * xhat):
@@ -20,6 +22,7 @@ the parameter sums also serve dx and the set sums are skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -98,6 +101,27 @@ def emit_norm_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     return FusedProgram(fused.name, tuple(kernels), tuple(scratch))
 
 
+def grouped(t: Tensor | None, groups: int) -> Tensor:
+    """``t`` ([N, C, *spatial] or broadcast) viewed with its channel axis split into (groups,
+    C/groups), the same memory: a per-channel axis of C becomes (groups, C/groups), a per-group
+    axis of ``groups`` (the statistics) becomes (groups, 1), an axis of 1 stays broadcast."""
+    assert t is not None
+    dim, stride = t.static_dim, t.static_stride
+    channels = dim[1]
+    if channels == 1:
+        split = ((1, stride[1]), (1, stride[1]))
+    elif channels == groups:  # one value per group (or one channel per group)
+        split = ((groups, stride[1]), (1, stride[1]))
+    else:
+        inner = channels // groups
+        split = ((groups, stride[1] * inner), (inner, stride[1]))
+    return dataclasses.replace(
+        t,
+        dim=(dim[0], split[0][0], split[1][0], *dim[2:]),
+        stride=(stride[0], split[0][1], split[1][1], *stride[2:]),
+    )
+
+
 @dataclass(frozen=True)
 class _Backward:
     """A backward norm node: its tensors, its sets and the axes its scale broadcasts over."""
@@ -124,6 +148,13 @@ class _Backward:
         grad, scale, mean, inv = (node.input(role) for role in ("grad", "scale", "mean", "inv_variance"))
         dx, dscale, dbias = (node.output(role) for role in ("dx", "dscale", "dbias"))
         assert grad is not None and scale is not None and inv is not None and dx is not None and dscale is not None
+        if grouping.view != x.dim:  # group norm: every tensor on the view of its sets
+            groups = grouping.view[1]
+            assert isinstance(groups, int)
+            x, grad, scale, mean, inv, dx, dscale = (
+                grouped(t, groups) for t in (x, grad, scale, mean, inv, dx, dscale)
+            )
+            dbias = grouped(dbias, groups) if dbias is not None else None
         rank = len(x.dim)
         scale_dims = (1,) * (rank - len(scale.dim)) + scale.dim
         broadcast = tuple(axis for axis in range(rank) if scale_dims[axis] == 1)
