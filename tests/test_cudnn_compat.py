@@ -400,7 +400,7 @@ def test_sm_version_compiles_the_gpu_plan_without_a_gpu() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda g, x: g.adalayernorm(x, x, x, x), "pygraph.adalayernorm is not supported: graphdnn has no adaptive"),
+        (lambda g, x: g.populate_cuda_graph(x), "pygraph.populate_cuda_graph is not supported: a graphdnn Plan"),
         (lambda g, x: g.sdpa(x, x, x, dropout=(x, x)), r"sdpa dropout=.*not a caller's \(mask, scale\)"),
         (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, dropout=(0.1, x, x), rng_dump=x), "rng_dump: .* rng\\(seed"),
         (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, dBias=x), "sdpa_backward dBias: .* no bias gradient"),
