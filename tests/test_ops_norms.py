@@ -365,6 +365,22 @@ def test_adalayernorm_backward_is_the_gradient_of_adalayernorm(rng, dims, scale_
     _check_backward(forward, lambda g, *t: g.adalayernorm_backward(*t), dims, scale_dims, rng, with_bias)
 
 
+def test_the_new_norms_survive_a_json_round_trip():
+    g = gd.OperationGraphSpec(io_data_type="float", name="norms")
+    x, dy, per_sample = g.tensor([2, 3, 4], name="x"), g.tensor([2, 3, 4], name="dy"), g.tensor([2, 1, 4], name="s")
+    y, mean, inv = g.adalayernorm("training", x, per_sample, epsilon=EPS, name="ada")
+    outputs = [y, *g.adalayernorm_backward(dy, x, per_sample, mean, inv, name="dada")]
+    image, stats = g.tensor([2, 4, 3], name="image"), g.tensor([2, 2, 1], name="stats")
+    outputs += g.groupnorm_backward(image, image, g.tensor([1, 4, 1]), stats, stats, groups=2, name="dgn")
+    outputs += g.instancenorm_backward(image, image, g.tensor([1, 4, 1]), g.tensor([2, 4, 1]), g.tensor([2, 4, 1]))
+    for t in outputs:
+        t.set_output(True)
+    text = g.to_json()
+    again = gd.OperationGraphSpec.from_json(text)
+    assert again.signature() == g.signature() and again.to_json() == text
+    assert [node.attributes for node in again.validate().nodes] == [node.attributes for node in g.validate().nodes]
+
+
 # -- validation -------------------------------------------------------------------------------------
 def _bn_graph(dims=(3, 5, 7, 1)):
     g = gd.OperationGraphSpec(io_data_type="float")
