@@ -21,7 +21,9 @@ class Family(enum.Enum):
 
     GEMM = "gemm"  # convolution forward, its gradients (when tensor cores fit) or matmul, with an epilogue
     ROW_NORM = "row_norm"  # layernorm / rmsnorm / adalayernorm, optionally after a residual add, with an epilogue
-    ROW_NORM_BACKWARD = "row_norm_backward"  # layernorm / rmsnorm backward: dx per row, dscale / dbias partials
+    ROW_NORM_BACKWARD = (
+        "row_norm_backward"  # layer / RMS / adaptive layer norm backward: dx per row, then dscale / dbias
+    )
     GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue
     BATCHNORM_TRAIN = "batchnorm_train"  # batch statistics, running averages, apply + epilogue
     BATCHNORM_BACKWARD = "batchnorm_backward"  # per-channel sums of the grad, then dx + epilogue
@@ -44,6 +46,7 @@ ANCHOR_FAMILY = {
     "adalayernorm": Family.ROW_NORM,
     "layernorm_backward": Family.ROW_NORM_BACKWARD,
     "rmsnorm_backward": Family.ROW_NORM_BACKWARD,
+    "adalayernorm_backward": Family.ROW_NORM_BACKWARD,
     "groupnorm": Family.GROUP_NORM,
     "instancenorm": Family.GROUP_NORM,
     "batchnorm": Family.BATCHNORM_TRAIN,

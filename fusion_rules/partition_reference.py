@@ -255,7 +255,11 @@ _ANCHOR_KERNELS: dict[Family, dict[str, Kernel]] = {
         "conv_wgrad": _op_reference,
     },
     Family.ROW_NORM: {"layernorm": _standardize_sets, "rmsnorm": _standardize_sets, "adalayernorm": _standardize_sets},
-    Family.ROW_NORM_BACKWARD: {"layernorm_backward": _op_reference, "rmsnorm_backward": _op_reference},
+    Family.ROW_NORM_BACKWARD: {
+        "layernorm_backward": _op_reference,
+        "rmsnorm_backward": _op_reference,
+        "adalayernorm_backward": _op_reference,
+    },
     Family.GROUP_NORM: {"groupnorm": _standardize_sets, "instancenorm": _standardize_sets},
     Family.BATCHNORM_TRAIN: {"batchnorm": _batchnorm_train},
     Family.BATCHNORM_BACKWARD: {"batchnorm_backward": _op_reference},

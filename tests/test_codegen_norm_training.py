@@ -1,6 +1,7 @@
 """Adaptive layer norm forward (the row_norm family: a per-sample scale and bias reached through
-the row offsets) and the instance, group and adaptive layer norm backward (the direct family's
-norm-backward kernels; group norm on the (groups, C/groups) view of every tensor).
+the row offsets) and backward (the row_norm_backward family's one pass for dx, then the direct
+family's per-sample parameter sums), and the instance and group norm backward (the direct
+family's norm-backward kernels; group norm on the (groups, C/groups) view of every tensor).
 
 CPU: which kernels each graph gets and that they compile with NVRTC for sm_80 and sm_90 (the
 CPU emulation of tests/test_cpu_emulation.py checks their index math). GPU (``gpu`` marker):
@@ -118,7 +119,11 @@ def test_kernels_compile(case: Case, arch: int) -> None:
     [
         (Case("adalayernorm", "bfloat16", (8, 4096, 1024)), Family.ROW_NORM, ["adalayernorm"]),
         # The parameter sums (dscale, dbias), the set sums, then dx.
-        (Case("adalayernorm_backward", "bfloat16", (2, 5, 8)), Family.DIRECT, ["params", "sets", "dx"]),
+        (
+            Case("adalayernorm_backward", "bfloat16", (2, 5, 8)),
+            Family.ROW_NORM_BACKWARD,
+            ["adalayernorm_backward", "params"],
+        ),
         (Case("instancenorm_backward", "half", (2, 3, 4, 4)), Family.DIRECT, ["params", "sets", "dx"]),
         (Case("groupnorm_backward", "float", (2, 6, 4, 4), 3, "nhwc"), Family.DIRECT, ["params", "sets", "dx"]),
     ],

@@ -49,7 +49,6 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "genstats": direct_norm.emit_genstats,
     "instancenorm_backward": direct_norm.emit_norm_backward,
     "groupnorm_backward": direct_norm.emit_norm_backward,
-    "adalayernorm_backward": direct_norm.emit_norm_backward,
     "lrn": direct_lrn.emit_lrn,
     "lrn_backward": direct_lrn.emit_lrn_backward,
     "ctc_loss": direct_ctc.emit_ctc_loss,

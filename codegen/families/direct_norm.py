@@ -122,6 +122,12 @@ def grouped(t: Tensor | None, groups: int) -> Tensor:
     )
 
 
+def emit_parameter_sums(fused: FusedNode, ctx: EmitContext) -> tuple[tuple[Kernel, ...], tuple[Scratch, ...]]:
+    """dscale and dbias of a backward norm alone (the kernels of a family that makes dx its own way)."""
+    b = _Backward.of(fused)
+    return sums_kernels(ctx, fused, b.parameter_sums(feeds_dx=False), b.compute)
+
+
 @dataclass(frozen=True)
 class _Backward:
     """A backward norm node: its tensors, its sets and the axes its scale broadcasts over."""
@@ -181,13 +187,17 @@ class _Backward:
     def set_count(self) -> int:
         return math.prod(self.x.static_dim[axis] for axis in self.set_kept)
 
+    def parameter_sums(self, feeds_dx: bool) -> Sums:
+        """dscale and dbias (and, when ``feeds_dx``, the same totals into the set sums)."""
+        targets = (self.dscale, self.dbias)
+        return self._sums("params", self.broadcast, ["grad * xhat", "grad"], targets, feeds_dx)
+
     def reductions(self) -> list[Sums]:
         """The parameter sums (dscale, dbias; in the shared case also dx's), then the set sums."""
         sums = []
         feeds_dx = self.shared and written(self.fused, self.dx)
         if written(self.fused, self.dscale) or written(self.fused, self.dbias) or feeds_dx:
-            targets = (self.dscale, self.dbias)
-            sums.append(self._sums("params", self.broadcast, ["grad * xhat", "grad"], targets, feeds_dx))
+            sums.append(self.parameter_sums(feeds_dx))
         if written(self.fused, self.dx) and not self.shared:
             terms = ["g * xhat", "g"] if self.mean is not None else ["g * xhat"]
             sums.append(self._sums("sets", self.set_axes, terms, (), True))

@@ -1,4 +1,5 @@
-"""Layer / RMS norm backward in one pass over the rows; dscale and dbias from per-block partial sums.
+"""Layer / RMS / adaptive layer norm backward in one pass over the rows; dscale and dbias from per-block
+partial sums.
 With the fusion rules (fusion_rules/rules/norm_backward.py), also the pointwise op making the grad
 or the scale (the prologue) and the elementwise ops on dx (the epilogue).
 
@@ -26,6 +27,12 @@ Kernel 2 is the direct family's sums over axes (direct_reduce.py), as split-K's 
 is for GEMMs: per column, the blocks' partials added in block order, stored as dscale and dbias
 in their type. No atomics anywhere: the same bits every run.
 
+Adaptive layer norm (``adalayernorm_backward``) has a scale per sample ([B, 1, D], reached through
+each row's offset as the forward reaches it): its dscale and dbias are per sample, which the
+per-column accumulators of a block walking rows of several samples cannot hold. Kernel 1 then
+writes dx alone, and the direct family's parameter sums (direct_norm.py) add grad * xhat and grad
+over each sample's rows, reading grad and x once more.
+
 Rows too long for a group's registers (where the row-norm heuristic walks them in chunks) keep
 the direct family's kernels (direct_norm.py): the parameter sums, the row sums and dx as
 separate passes, for the norm alone (the rules fuse rows of at most MAX_FUSED_ROW elements).
@@ -39,7 +46,7 @@ import math
 from fusion_rules import FusedNode
 from fusion_rules.rules.norm_backward import MAX_FUSED_ROW, per_column_parameters
 from graphdnn.errors import GraphError, UnsupportedError
-from graphdnn.ir import Tensor
+from graphdnn.ir import Node, Tensor
 
 from .. import epilogue
 from ..context import EmitContext, KernelParams, indent
@@ -47,7 +54,7 @@ from ..cuda_types import store
 from ..indexing import linear_index, offset
 from ..kernel import FusedProgram, Scratch
 from .direct_common import written
-from .direct_norm import emit_norm_backward
+from .direct_norm import emit_norm_backward, emit_parameter_sums
 from .direct_reduce import Sums, sums_kernels
 from .rownorm_launch import (
     MAX_BLOCKS_PER_SM,
@@ -87,7 +94,10 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             )
         return emit_norm_backward(fused, ctx)
     kernel = _RowsKernel(rows, ctx, layout, config, sums)
-    programs = [kernel.kernel(kernel.body())]
+    programs = [kernel.kernel(kernel.body())] if rows.outputs or sums else []
+    if per_sample_parameters(anchor):
+        reduce, scratch = emit_parameter_sums(fused, ctx) if len(rows.outputs) < len(fused.outputs) else ((), ())
+        return FusedProgram(fused.name, (*programs, *reduce), scratch)
     if not sums:
         return FusedProgram(fused.name, tuple(programs))
     reduce, split = sums_kernels(ctx, fused, kernel.parameter_sums(fused), kernel.compute)
@@ -108,10 +118,16 @@ def _rows_kernel_view(fused: FusedNode) -> tuple[FusedNode, list[Tensor], RowLay
     writes dx, the epilogue's results and an escaping grad, not dscale and dbias."""
     anchor = fused.anchor
     assert anchor is not None
-    sums = [t for t in (anchor.output("dscale"), anchor.output("dbias")) if t is not None and written(fused, t)]
-    side = {t.id for t in sums}
-    rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if t.id not in side))
+    side = [t for t in (anchor.output("dscale"), anchor.output("dbias")) if t is not None and written(fused, t)]
+    sums = [] if per_sample_parameters(anchor) else side
+    ids = {t.id for t in side}
+    rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if t.id not in ids))
     return rows, sums, backward_layout(rows, len(sums))
+
+
+def per_sample_parameters(anchor: Node) -> bool:
+    """Adaptive layer norm: a scale per sample, whose sums kernel 1 leaves to the direct family."""
+    return anchor.op == "adalayernorm_backward"
 
 
 def _element_bytes(layout: RowLayout, sums: int) -> int:
