@@ -18,6 +18,12 @@ set sums into scratch; dx, one element per thread, from the set sums. When the s
 exactly the groups the scale broadcasts over (batch norm: one set per channel), scale is
 one value per set, so sum(g) = scale * sum(grad) and sum(g * xhat) = scale * sum(grad * xhat):
 the parameter sums also serve dx and the set sums are skipped.
+
+Instance and group norm: a set (a sample's group) and a parameter's group (a channel over the
+samples) share the spatial axes. One pass over grad and x sums grad * xhat and grad per *cell*
+(sample and channel, over the spatial axes); the parameter sums then add the cells over the
+samples, and the set sums add scale * cell over the set's channels (scale is one value per cell),
+both small kernels over the cells; dx reads grad and x once more.
 """
 
 from __future__ import annotations
@@ -48,9 +54,10 @@ from .direct_common import (
     tensors_of,
     written,
 )
-from .direct_reduce import Sums, innermost_reduced, sums_kernels
+from .direct_reduce import Sums, Terms, innermost_reduced, sums_kernels
 
 SET_SUMS = "set_sums"  # scratch: [sum(g * xhat), sum(g)] per set, in the compute type
+CELL_SUMS = "cell_sums"  # scratch: [sum(grad * xhat), sum(grad)] per cell (instance and group norm)
 
 
 def emit_genstats(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -97,7 +104,11 @@ def emit_norm_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         scratch += buffers
     if written(fused, b.dx):
         kernels.append(b.dx_kernel(ctx))
-        scratch.append(Scratch(SET_SUMS, 2 * b.set_count * (8 if b.compute == "double" else 4)))
+        element = 8 if b.compute == "double" else 4
+        scratch.append(Scratch(SET_SUMS, 2 * b.set_count * element))
+        if any(sums.name.endswith("_cells") for sums in b.reductions()):
+            cells = math.prod(b.x.static_dim) // math.prod(b.x.static_dim[axis] for axis in b.cell_axes)
+            scratch.append(Scratch(CELL_SUMS, 2 * cells * element))
     return FusedProgram(fused.name, tuple(kernels), tuple(scratch))
 
 
@@ -187,20 +198,34 @@ class _Backward:
     def set_count(self) -> int:
         return math.prod(self.x.static_dim[axis] for axis in self.set_kept)
 
+    @property
+    def cell_axes(self) -> tuple[int, ...]:
+        """The spanning axes that the sets and the parameters' groups share, in memory order."""
+        shared = set(self.set_axes) & set(self.broadcast)
+        return tuple(axis for axis in self.order if axis in shared and self.x.static_dim[axis] > 1)
+
     def parameter_sums(self, feeds_dx: bool) -> Sums:
         """dscale and dbias (and, when ``feeds_dx``, the same totals into the set sums)."""
         targets = (self.dscale, self.dbias)
-        return self._sums("params", self.broadcast, ["grad * xhat", "grad"], targets, feeds_dx)
+        return self._sums("params", self.broadcast, ["grad * xhat", "grad"], targets, SET_SUMS if feeds_dx else None)
 
     def reductions(self) -> list[Sums]:
-        """The parameter sums (dscale, dbias; in the shared case also dx's), then the set sums."""
+        """The parameter sums (dscale, dbias; in the shared case also dx's), then the set sums;
+        where the sets and the parameters share axes, the cell sums first, and both from them."""
         sums = []
         feeds_dx = self.shared and written(self.fused, self.dx)
-        if written(self.fused, self.dscale) or written(self.fused, self.dbias) or feeds_dx:
+        params = written(self.fused, self.dscale) or written(self.fused, self.dbias)
+        if self.cell_axes and self.mean is not None and not self.shared and written(self.fused, self.dx):
+            cells = self._sums("cells", self.cell_axes, ["grad * xhat", "grad"], (), CELL_SUMS)
+            from_cells = [self._from_cells("sets", self.set_axes, True, (), SET_SUMS)]
+            if params:
+                from_cells.insert(0, self._from_cells("params", self.broadcast, False, (self.dscale, self.dbias), None))
+            return [cells, *from_cells]
+        if params or feeds_dx:
             sums.append(self.parameter_sums(feeds_dx))
         if written(self.fused, self.dx) and not self.shared:
             terms = ["g * xhat", "g"] if self.mean is not None else ["g * xhat"]
-            sums.append(self._sums("sets", self.set_axes, terms, (), True))
+            sums.append(self._sums("sets", self.set_axes, terms, (), SET_SUMS))
         return sums
 
     def _values(self, params: KernelParams, with_g: bool) -> list[str]:
@@ -219,34 +244,70 @@ class _Backward:
         return statements
 
     def _sums(
-        self, kind: str, axes: tuple[int, ...], terms: list[str], targets: tuple[Tensor | None, ...], to_scratch: bool
+        self,
+        kind: str,
+        axes: tuple[int, ...],
+        terms: list[str],
+        targets: tuple[Tensor | None, ...],
+        scratch: str | None,
+        dims: tuple[int, ...] | None = None,
+        values: Terms | None = None,
     ) -> Sums:
-        """Sums of ``terms`` over ``axes``, stored to ``targets`` (one per term, where written)
-        and, when ``to_scratch``, to the set sums."""
+        """Sums of ``terms`` over ``axes`` of ``dims`` (x's), stored to ``targets`` (one per term,
+        where written) and to ``scratch`` ([term][kept index]) when given; the terms read what
+        ``values`` defines (grad, xhat, and g for the set sums)."""
+        dims = dims or self.x.static_dim
         reduced = tuple(axis for axis in self.order if axis in axes)
         kept = tuple(axis for axis in self.order if axis not in axes)
-        count = math.prod(self.x.dim[axis] for axis in kept)
+        count = math.prod(dims[axis] for axis in kept)
 
         def finish(params: KernelParams, totals: list[str]) -> list[str]:
             stores = []
             for t, total in zip(targets, totals):
                 if t is not None and written(self.fused, t):
                     target = params.tensor(t, writable=True)
-                    stores.append(f"{target}[{offset(t, self.x.static_dim, 'c')}] = {store(t.data_type, total)};")
-            if to_scratch:
-                sums = params.scratch(SET_SUMS, self.compute)
+                    stores.append(f"{target}[{offset(t, dims, 'c')}] = {store(t.data_type, total)};")
+            if scratch is not None:
+                sums = params.scratch(scratch, self.compute)
                 stores += [f"{sums}[{f'{k * count} + ' if k else ''}o] = {total};" for k, total in enumerate(totals)]
             return stores
 
         return Sums(
             f"{anchor_of(self.fused).op}_{kind}",
-            self.x.static_dim,
+            dims,
             kept,
             reduced,
-            innermost_reduced(self.x.static_dim, self.x.static_stride, reduced),
-            lambda params, itype: (self._values(params, with_g=kind == "sets"), terms),
+            innermost_reduced(dims, self.x.static_stride, reduced),
+            values or (lambda params, itype: (self._values(params, with_g=kind == "sets"), terms)),
             finish,
         )
+
+    def _from_cells(
+        self,
+        kind: str,
+        axes: tuple[int, ...],
+        scaled: bool,
+        targets: tuple[Tensor | None, ...],
+        scratch: str | None,
+    ) -> Sums:
+        """Sums over ``axes`` of the cell sums (times the cell's scale when ``scaled``: sum(g * xhat)
+        and sum(g) of a set), on the space of the cells (x's dims, the cell axes set to 1)."""
+        cells = tuple(1 if axis in self.cell_axes else extent for axis, extent in enumerate(self.x.static_dim))
+        cell_count = math.prod(cells)
+        c = self.compute
+
+        def values(params: KernelParams, itype: str) -> tuple[list[str], list[str]]:
+            sums = params.scratch(CELL_SUMS, f"const {c}")
+            order = tuple(axis for axis in self.order if axis not in self.cell_axes)
+            statements = [f"const {itype} q = {linear_index(cells, order, 'c')};"]
+            factor = ""
+            if scaled:
+                at = operand_loader(declare(params, [self.scale]), cells, "c", c)
+                statements.append(f"const {c} scale = {at(self.scale)};")
+                factor = "scale * "
+            return statements, [f"{factor}{sums}[q]", f"{factor}{sums}[{cell_count} + q]"]
+
+        return self._sums(kind, axes, [], targets, scratch, cells, values)
 
     def dx_kernel(self, ctx: EmitContext) -> Kernel:
         """One thread per element of dx (in its memory order), from the set sums."""
