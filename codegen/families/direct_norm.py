@@ -34,13 +34,13 @@ from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Tensor
-from graphdnn.layout import stride_order
+from graphdnn.layout import is_packed, stride_order
 from graphdnn.ops.norms import NormOp
 
-from ..context import EmitContext, KernelParams, operand_loader
-from ..cuda_types import store
+from ..context import EmitContext, KernelParams, indent, operand_loader
+from ..cuda_types import cuda_type, store
 from ..indexing import coordinates, linear_index, offset
-from ..kernel import FusedProgram, Kernel, Scratch
+from ..kernel import FusedProgram, Kernel, ParamKind, Scratch
 from ..pointwise import literal
 from .direct_common import (
     anchor_of,
@@ -228,10 +228,14 @@ class _Backward:
             sums.append(self._sums("sets", self.set_axes, terms, (), SET_SUMS))
         return sums
 
-    def _values(self, params: KernelParams, with_g: bool) -> list[str]:
-        """grad, inv, xhat (and g) at the coordinates c{axis} of x."""
+    def _values(self, params: KernelParams, with_g: bool, given: dict[int, str] | None = None) -> list[str]:
+        """grad, inv, xhat (and g) at the coordinates c{axis} of x; a tensor in ``given`` (by id)
+        is read as the expression there."""
         names = declare(params, [self.grad, self.x, self.mean, self.inv] + ([self.scale] if with_g else []))
-        at = operand_loader(names, self.x.static_dim, "c", self.compute)
+        load = operand_loader(names, self.x.static_dim, "c", self.compute)
+
+        def at(t: Tensor) -> str:
+            return (given or {}).get(t.id) or load(t)
 
         centered = f"{at(self.x)} - {at(self.mean)}" if self.mean is not None else at(self.x)
         statements = [
@@ -309,15 +313,71 @@ class _Backward:
 
         return self._sums(kind, axes, [], targets, scratch, cells, values)
 
+    def vector_width(self) -> int:
+        """Elements of dx a thread of the cells' dx kernel moves at once: 16 bytes where grad, x
+        and dx share one packed layout (the flat index in dx's memory order is then each one's
+        offset) and it divides the element count, else 1."""
+        tensors = (self.grad, self.x, self.dx)
+        width = 16 // max(t.data_type.itemsize for t in tensors)
+        same = all(t.static_stride == self.dx.static_stride for t in tensors)
+        dense = is_packed(self.dx.static_dim, self.dx.static_stride)
+        return width if self.cell_axes and same and dense and self.x.static_numel % width == 0 else 1
+
     def dx_kernel(self, ctx: EmitContext) -> Kernel:
-        """One thread per element of dx (in its memory order), from the set sums."""
-        c, x = self.compute, self.x
+        """One thread per element of dx (in its memory order), from the set sums; where
+        :meth:`vector_width` allows, one per 16 bytes of dx (with aligned pointers)."""
+        x = self.x
         itype = loop_index_type(tensors_of(self.fused), x.static_numel)
         params = KernelParams()
+        scalar = self._dx_values(params, itype, {})
+        loop = grid_stride("p", first_thread(itype), x.static_numel, itype, scalar)
+        width = self.vector_width()
+        if width > 1:
+            loop = [
+                f"if ({params.aligned_flag()}) {{  // {width}-element vector accesses",
+                *indent(self._dx_vectors(params, itype, width), 1).splitlines(),
+                "} else {",
+                *indent(loop, 1).splitlines(),
+                "}",
+            ]
+        return make_kernel(
+            ctx, self.fused, f"{anchor_of(self.fused).op}_dx", params, loop, (blocks_for(x.static_numel), 1, 1)
+        )
+
+    def _dx_vectors(self, params: KernelParams, itype: str, width: int) -> list[str]:
+        """The grid-stride loop over ``width``-element vectors of grad, x and dx (flat index p)."""
+        names = declare(params, [self.grad, self.x])
+        vectors = {t.id: f"v{t.id}" for t in (self.grad, self.x)}
+        loads = [
+            f"const gd::Vec<{cuda_type(t.data_type)}, {width}> v{t.id} = "
+            f"gd::load_vec<{cuda_type(t.data_type)}, {width}>({names[t.id]} + first);"
+            for t in (self.grad, self.x)
+        ]
+        dx_type = cuda_type(self.dx.data_type)
+        given = {i: f"gd::element<{self.compute}>({v}, e)" for i, v in vectors.items()}
+        element = [f"const {itype} p = first + e;", *self._dx_values(params, itype, given, "out.v[e]")]
+        out = declare(params, [self.dx], writable=True)[self.dx.id]
+        body = [
+            f"const {itype} first = v * {width};",
+            *loads,
+            f"gd::Vec<{dx_type}, {width}> out;",
+            "#pragma unroll",
+            f"for (int e = 0; e < {width}; ++e) {{",
+            *indent(element, 1).splitlines(),
+            "}",
+            f"gd::store_vec<{dx_type}, {width}>({out} + first, out);",
+        ]
+        return grid_stride("v", first_thread(itype), self.x.static_numel // width, itype, body)
+
+    def _dx_values(self, params: KernelParams, itype: str, given: dict[int, str], target: str = "") -> list[str]:
+        """dx at flat index p (in dx's memory order): grad and x read as ``given`` (by tensor id)
+        or through their strides; stored to ``target``, or to dx through its strides."""
+        c, x = self.compute, self.x
         body = [*coordinates("p", x.static_dim, stride_order(self.dx.static_dim, self.dx.static_stride), "c", itype)]
-        body += self._values(params, with_g=True)
-        sums = params.scratch(SET_SUMS, c)
-        out = params.tensor(self.dx, writable=True)
+        body += self._values(params, with_g=True, given=given)
+        declared = any(p.kind is ParamKind.SCRATCH and p.scratch == SET_SUMS for p in params.bindings)
+        sums = SET_SUMS if declared else params.scratch(SET_SUMS, c)  # once for both paths
+        out = declare(params, [self.dx], writable=True)[self.dx.id]
         factor = "scale * " if self.shared else ""
         n = literal(math.prod(x.static_dim[axis] for axis in self.set_axes), c)
         body += [
@@ -329,8 +389,5 @@ class _Backward:
             value = "inv * (g - mean_g - xhat * mean_gx)"
         else:
             value = "inv * (g - xhat * mean_gx)"
-        body.append(f"{out}[{offset(self.dx, x.static_dim, 'c')}] = {store(self.dx.data_type, value)};")
-        loop = grid_stride("p", first_thread(itype), x.static_numel, itype, body)
-        return make_kernel(
-            ctx, self.fused, f"{anchor_of(self.fused).op}_dx", params, loop, (blocks_for(x.static_numel), 1, 1)
-        )
+        target = target or f"{out}[{offset(self.dx, x.static_dim, 'c')}]"
+        return [*body, f"{target} = {store(self.dx.data_type, value)};"]
