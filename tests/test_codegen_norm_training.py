@@ -18,6 +18,7 @@ import pytest
 import graphdnn as gd
 from codegen import compile_cubin, emit_partition
 from fusion_rules import Family, fuse
+from graphdnn.layout import channels_last_order, packed_strides
 
 ARCHS = (80, 90)
 
@@ -28,7 +29,7 @@ class Case:
     dtype: str
     dims: tuple[int, ...]  # [B, S, D] (adaptive layer norm) or [N, C, *spatial]
     groups: int = 0  # group norm
-    layout: str = "nchw"  # nchw or nhwc (instance and group norm)
+    layout: str = "nchw"  # nchw or nhwc (instance and group norm); seq_major: [B, S, D] with S outermost
     bias: bool = True  # adaptive layer norm's optional bias
     phase: str = "training"
 
@@ -41,7 +42,8 @@ class Case:
 def build(case: Case) -> gd.OperationGraphSpec:
     g = gd.OperationGraphSpec(name=str(case).replace("-", "_"), io_data_type=case.dtype)
     dims = list(case.dims)
-    stride = gd.nhwc_strides(dims) if case.layout == "nhwc" else gd.nchw_strides(dims)
+    orders = {"nhwc": channels_last_order(len(dims)), "seq_major": (1, 0, *range(2, len(dims)))}
+    stride = packed_strides(dims, orders.get(case.layout))
     x = g.tensor(dims, stride=stride, name="x")
     if case.op.startswith("adalayernorm"):
         params = [dims[0], *[1] * (len(dims) - 2), dims[-1]]
@@ -77,8 +79,11 @@ MATRIX = [
     Case("adalayernorm", "bfloat16", (3, 17, 1024), phase="inference"),
     *(
         Case("adalayernorm_backward", dtype, dims)
-        for dtype, dims in itertools.product(("bfloat16", "half", "float"), ((1, 7, 33), (3, 5, 1000), (2, 129, 768)))
+        for dtype, dims in itertools.product(
+            ("bfloat16", "half", "float"), ((1, 7, 33), (3, 5, 1000), (2, 129, 768), (4, 333, 1024))
+        )
     ),
+    Case("adalayernorm_backward", "bfloat16", (3, 7, 768), layout="seq_major"),
     *(
         Case(op, dtype, dims, groups, layout)
         for (op, groups, dims), dtype, layout in itertools.product(
@@ -118,14 +123,25 @@ def test_kernels_compile(case: Case, arch: int) -> None:
     ("case", "family", "kernels"),
     [
         (Case("adalayernorm", "bfloat16", (8, 4096, 1024)), Family.ROW_NORM, ["adalayernorm"]),
-        # The parameter sums (dscale, dbias), the set sums, then dx.
+        # dx and each block's partial sums of its sample's rows, then the partials added.
         (
             Case("adalayernorm_backward", "bfloat16", (2, 5, 8)),
             Family.ROW_NORM_BACKWARD,
             ["adalayernorm_backward", "params"],
         ),
+        # A sample's rows are not consecutive: dx alone, then the direct family's parameter sums.
+        (
+            Case("adalayernorm_backward", "half", (2, 5, 8), layout="seq_major"),
+            Family.ROW_NORM_BACKWARD,
+            ["adalayernorm_backward_", "params_sums"],
+        ),
+        # The cell sums, dscale / dbias and the set sums from them, then dx.
         (Case("instancenorm_backward", "half", (2, 3, 4, 4)), Family.DIRECT, ["cells", "params", "sets", "dx"]),
-        (Case("groupnorm_backward", "float", (2, 6, 4, 4), 3, "nhwc"), Family.DIRECT, ["cells", "params", "sets", "dx"]),
+        (
+            Case("groupnorm_backward", "float", (2, 6, 4, 4), 3, "nhwc"),
+            Family.DIRECT,
+            ["cells", "params", "sets", "dx"],
+        ),
     ],
     ids=lambda v: str(v) if isinstance(v, Case) else "",
 )
@@ -136,6 +152,16 @@ def test_family_and_kernels(case: Case, family: Family, kernels: list[str]) -> N
     (program,) = emit_partition(fuse(ir, arch=90), 90)
     names = [k.name for k in program.kernels]
     assert len(names) >= len(kernels) and all(any(part in n for n in names) for part in kernels), names
+
+
+def test_adalayernorm_backward_walks_each_sample_apart() -> None:
+    """A row of blocks per sample (grid y), the partials [sample][block][parameter][D]."""
+    ir = build(Case("adalayernorm_backward", "bfloat16", (8, 4096, 1024))).validate()
+    (program,) = emit_partition(fuse(ir, arch=90), 90)
+    rows, sums = program.kernels
+    assert rows.grid[1] == 8 and "row = (int)blockIdx.y * ROWS + local" in rows.source
+    assert "(blockIdx.y * gridDim.x + blockIdx.x)" in rows.source
+    assert f"(c0 * {rows.grid[0]} + c3)" in sums.source
 
 
 def test_groupnorm_backward_views_the_channels_as_groups() -> None:

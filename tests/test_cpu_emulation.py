@@ -109,6 +109,8 @@ GRAPHS = [
     training_graph(TrainingCase("adalayernorm", "float", (3, 5, 33), bias=False)),
     training_graph(TrainingCase("adalayernorm_backward", "float", (2, 5, 33))),
     training_graph(TrainingCase("adalayernorm_backward", "half", (3, 2, 16))),
+    training_graph(TrainingCase("adalayernorm_backward", "half", (3, 200, 16))),  # blocks per sample walk rows
+    training_graph(TrainingCase("adalayernorm_backward", "float", (2, 3, 8), layout="seq_major")),  # direct sums
     training_graph(TrainingCase("instancenorm_backward", "float", (2, 3, 5, 3), layout="nhwc")),
     training_graph(TrainingCase("instancenorm_backward", "double", (1, 4, 3, 3))),
     training_graph(TrainingCase("groupnorm_backward", "float", (2, 6, 5, 3), 3, "nhwc")),
@@ -155,6 +157,7 @@ GRAPHS = [
 PIPELINED = [
     (build(Case("layernorm_backward", "float", (1000, 33), (1, 33))), (64, 2, 1, 1)),
     (fused_graph("half", 999, 256, "rmsnorm_backward", prologue="zero_centred"), (32, 4, 1, 1)),
+    (training_graph(TrainingCase("adalayernorm_backward", "half", (3, 1500, 16))), (2, 16, 1, 1)),  # per sample
 ]
 
 
