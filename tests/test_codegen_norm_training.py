@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import graphdnn as gd
 from codegen import compile_cubin, emit_partition
 from fusion_rules import Family, fuse
+from graphdnn.compare import relative_error, tolerance
 from graphdnn.layout import channels_last_order, packed_strides
+from graphdnn.random_inputs import random_inputs
+from graphdnn.specialize import specialize
+from tests import cpu_emulation
 
 ARCHS = (80, 90)
 
@@ -171,6 +177,30 @@ def test_groupnorm_backward_views_the_channels_as_groups() -> None:
     (program,) = emit_partition(fuse(ir, arch=90), 90)
     dx = program.kernels[-1].source
     assert "[c0 * 96 + c1 * 2 + c2 + c3 * 24 + c4 * 6] = " in dx
+
+
+@pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
+def test_a_dynamic_batch_and_sequence_run_on_the_cpu(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Adaptive layer norm over [batch, seq, 24] with both symbolic: the row-norm kernel (a variant
+    per size bucket) reads the per-sample scale through the rows' runtime strides."""
+    g = gd.OperationGraphSpec(name="dyn_adaln", io_data_type="half")
+    b, s = g.dim("batch", 1, 4), g.dim("seq", 1, 40)
+    x, scale, bias = g.tensor([b, s, 24], name="x"), g.tensor([b, 1, 24], name="scale"), g.tensor([b, 1, 24])
+    for t in g.adalayernorm("training", x, scale, bias, 1e-5):
+        assert t is not None
+        t.set_output(True)
+    ir = g.validate()
+    partition = fuse(ir, arch=80)
+    (program,) = emit_partition(partition, 80)
+    build_dir: Path = tmp_path_factory.getbasetemp() / "cpu_emulation"
+    build_dir.mkdir(exist_ok=True)
+    for values in ({"batch": 1, "seq": 1}, {"batch": 3, "seq": 7}, {"batch": 4, "seq": 40}):
+        feeds = random_inputs(specialize(ir, values), sum(values.values()))
+        expected = gd.reference.execute(ir, feeds)
+        got = cpu_emulation.run(partition.nodes[0], program, feeds, 1, build_dir, values)
+        for t in ir.outputs:
+            error = relative_error(got[t.name].astype(np.float64), expected[t.name].astype(np.float64))
+            assert error <= tolerance(t.data_type), f"{t.name} at {values}: {error:.3g}"
 
 
 @pytest.mark.gpu
