@@ -347,11 +347,12 @@ class _Backward:
     def _dx_vectors(self, params: KernelParams, itype: str, width: int) -> list[str]:
         """The grid-stride loop over ``width``-element vectors of grad, x and dx (flat index p)."""
         names = declare(params, [self.grad, self.x])
-        vectors = {t.id: f"v{t.id}" for t in (self.grad, self.x)}
+        read = {t.id: t for t in (self.grad, self.x)}  # one vector where grad is x itself
+        vectors = {i: f"v{i}" for i in read}
         loads = [
             f"const gd::Vec<{cuda_type(t.data_type)}, {width}> v{t.id} = "
             f"gd::load_vec<{cuda_type(t.data_type)}, {width}>({names[t.id]} + first);"
-            for t in (self.grad, self.x)
+            for t in read.values()
         ]
         dx_type = cuda_type(self.dx.data_type)
         given = {i: f"gd::element<{self.compute}>({v}, e)" for i, v in vectors.items()}
