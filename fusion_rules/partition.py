@@ -20,8 +20,10 @@ class Family(enum.Enum):
     """The kernel family that implements a fused node."""
 
     GEMM = "gemm"  # convolution forward, its gradients (when tensor cores fit) or matmul, with an epilogue
-    ROW_NORM = "row_norm"  # layernorm / rmsnorm, optionally after a residual add, with an epilogue
-    ROW_NORM_BACKWARD = "row_norm_backward"  # layernorm / rmsnorm backward: dx per row, dscale / dbias partials
+    ROW_NORM = "row_norm"  # layernorm / rmsnorm / adalayernorm, optionally after a residual add, with an epilogue
+    ROW_NORM_BACKWARD = (
+        "row_norm_backward"  # layer / RMS / adaptive layer norm backward: dx per row, then dscale / dbias
+    )
     GROUP_NORM = "group_norm"  # groupnorm / instancenorm with an epilogue
     BATCHNORM_TRAIN = "batchnorm_train"  # batch statistics, running averages, apply + epilogue
     BATCHNORM_BACKWARD = "batchnorm_backward"  # per-channel sums of the grad, then dx + epilogue
@@ -41,8 +43,10 @@ ANCHOR_FAMILY = {
     "matmul": Family.GEMM,
     "layernorm": Family.ROW_NORM,
     "rmsnorm": Family.ROW_NORM,
+    "adalayernorm": Family.ROW_NORM,
     "layernorm_backward": Family.ROW_NORM_BACKWARD,
     "rmsnorm_backward": Family.ROW_NORM_BACKWARD,
+    "adalayernorm_backward": Family.ROW_NORM_BACKWARD,
     "groupnorm": Family.GROUP_NORM,
     "instancenorm": Family.GROUP_NORM,
     "batchnorm": Family.BATCHNORM_TRAIN,

@@ -571,6 +571,81 @@ def norms_inference_and_backward(device: str) -> list[Result]:
     ]
 
 
+def adaptive_and_instance_norm_training(device: str) -> list[Result]:
+    """The frontend's adaptive layer norm sample (training forward, then the backward from its
+    saved statistics; scale and bias per sample) and instance norm backward, checked against
+    torch's CPU autograd in float64."""
+    torch.manual_seed(12)
+    batch, seq, hidden = 2, 5, 24
+    x = torch.randn(batch, seq, hidden, device=device)
+    scale, bias = torch.randn(batch, 1, hidden, device=device), torch.randn(batch, 1, hidden, device=device)
+    dy = torch.randn(batch, seq, hidden, device=device)
+    n, c, h, w = 2, 3, 4, 5
+    image, dimage = torch.randn(n, c, h, w, device=device), torch.randn(n, c, h, w, device=device)
+    gamma = torch.randn(1, c, 1, 1, device=device)
+    image_mean = image.mean(dim=(2, 3), keepdim=True)
+    image_inv = (image.var(dim=(2, 3), keepdim=True, unbiased=False) + 1e-5).rsqrt()
+    epsilon_cpu = torch.full((1, 1, 1), 1e-5)
+
+    forward = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    X, SCALE, BIAS, EPSILON = (forward.tensor_like(t) for t in (x, scale, bias, epsilon_cpu))
+    Y, MEAN, INV_VAR = forward.adalayernorm(
+        norm_forward_phase=cudnn.norm_forward_phase.TRAINING,
+        input=X,
+        scale=SCALE,
+        bias=BIAS,
+        epsilon=EPSILON,
+        name="AdaLN",
+    )
+    for t in (Y, MEAN, INV_VAR):
+        t.set_output(True)
+    forward.build([cudnn.heur_mode.A])
+    y = torch.empty_like(x)
+    mean, inv_var = torch.empty(batch, seq, 1, device=device), torch.empty(batch, seq, 1, device=device)
+    pack = {X: x, SCALE: scale, BIAS: bias, EPSILON: epsilon_cpu, Y: y, MEAN: mean, INV_VAR: inv_var}
+    forward.execute(pack, torch.empty(forward.get_workspace_size(), device=device, dtype=torch.uint8))
+
+    backward = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    DY, X_BWD, SCALE_BWD, MEAN_BWD, INV_BWD = (backward.tensor_like(t) for t in (dy, x, scale, mean, inv_var))
+    DX, DSCALE, DBIAS = backward.adalayernorm_backward(DY, X_BWD, SCALE_BWD, MEAN_BWD, INV_BWD, name="DAdaLN")
+    DIMAGE, X_IN, GAMMA, MEAN_IN, INV_IN = (
+        backward.tensor_like(t) for t in (dimage, image, gamma, image_mean, image_inv)
+    )
+    IN_DX, IN_DSCALE, IN_DBIAS = backward.instancenorm_backward(
+        grad=DIMAGE, input=X_IN, scale=GAMMA, mean=MEAN_IN, inv_variance=INV_IN, name="DIN"
+    )
+    outputs = {DX: x, DSCALE: scale, DBIAS: bias, IN_DX: image, IN_DSCALE: gamma, IN_DBIAS: gamma}
+    for t in outputs:
+        t.set_output(True)
+    backward.build([cudnn.heur_mode.A])
+    buffers = {t: torch.empty_like(like) for t, like in outputs.items()}
+    pack = {DY: dy, X_BWD: x, SCALE_BWD: scale, MEAN_BWD: mean, INV_BWD: inv_var, DIMAGE: dimage, X_IN: image}
+    pack |= {GAMMA: gamma, MEAN_IN: image_mean, INV_IN: image_inv, **buffers}
+    backward.execute(pack, torch.empty(backward.get_workspace_size(), device=device, dtype=torch.uint8))
+
+    x64, s64, b64 = (torch.from_numpy(f64(t)).requires_grad_() for t in (x, scale, bias))
+    ada = torch.nn.functional.layer_norm(x64, (hidden,), eps=1e-5) * s64 + b64
+    ada.backward(torch.from_numpy(f64(dy)))
+    i64, g64 = torch.from_numpy(f64(image)).requires_grad_(), torch.from_numpy(f64(gamma).reshape(c)).requires_grad_()
+    beta64 = torch.zeros(c, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.instance_norm(i64, weight=g64, bias=beta64, eps=1e-5).backward(torch.from_numpy(f64(dimage)))
+    grads = [t.grad for t in (x64, s64, b64, i64, g64, beta64)]
+    assert all(g is not None for g in grads)
+    dx, dscale, dbias, in_dx, in_dscale, in_dbias = (g.numpy() for g in grads if g is not None)
+    xs = f64(x)
+    return [
+        Result("AdaLN::Y", y, ada.detach().numpy(), DataType.FLOAT),
+        Result("AdaLN::MEAN", mean, xs.mean(axis=2, keepdims=True), DataType.FLOAT),
+        Result("AdaLN::INV_VARIANCE", inv_var, 1 / np.sqrt(xs.var(axis=2, keepdims=True) + 1e-5), DataType.FLOAT),
+        Result("DAdaLN::DX", buffers[DX], dx, DataType.FLOAT),
+        Result("DAdaLN::DSCALE", buffers[DSCALE], dscale, DataType.FLOAT),
+        Result("DAdaLN::DBIAS", buffers[DBIAS], dbias, DataType.FLOAT),
+        Result("DIN::DX", buffers[IN_DX], in_dx, DataType.FLOAT),
+        Result("DIN::DSCALE", buffers[IN_DSCALE], in_dscale.reshape(1, c, 1, 1), DataType.FLOAT),
+        Result("DIN::DBIAS", buffers[IN_DBIAS], in_dbias.reshape(1, c, 1, 1), DataType.FLOAT),
+    ]
+
+
 def rope_in_place(device: str) -> list[Result]:
     """Rotary position embedding written over its input (the output's buffer is the
     input's), from slices, pointwise ops and a concatenation."""
@@ -787,6 +862,7 @@ PROGRAMS: dict[str, Callable[[str], list[Result]]] = {
         high_level_graph,
         conv_backward,
         norms_inference_and_backward,
+        adaptive_and_instance_norm_training,
         rope_in_place,
     )
 }

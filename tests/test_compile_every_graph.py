@@ -147,6 +147,20 @@ def norm_backward(g: gd.OperationGraphSpec) -> None:
             out.set_output(True)
 
 
+def training_norms(g: gd.OperationGraphSpec) -> None:
+    """Adaptive layer norm forward and backward, instance and group norm backward (NHWC)."""
+    x, dy, per_sample = g.tensor(name="x", dim=[2, 5, 40]), g.tensor(name="dy", dim=[2, 5, 40]), g.tensor([2, 1, 40])
+    y, mean, inv = g.adalayernorm("training", x, per_sample, g.tensor([2, 1, 40]), 1e-5)
+    outputs = [y, *g.adalayernorm_backward(dy, x, per_sample, mean, inv)]
+    image, dimage = _nhwc(g, [2, 8, 5, 6], "image"), _nhwc(g, [2, 8, 5, 6], "dimage")
+    cells, sets = g.tensor(name="cells", dim=[2, 8, 1, 1]), g.tensor(name="sets", dim=[2, 4, 1, 1])
+    outputs += g.instancenorm_backward(dimage, image, _channel(g, "scale", 8), cells, cells)
+    outputs += g.groupnorm_backward(dimage, image, _channel(g, "gamma", 8), sets, sets, groups=4)
+    for out in outputs:
+        assert out is not None
+        out.set_output(True)
+
+
 def batchnorm_backward_genstats(g: gd.OperationGraphSpec) -> None:
     x, dy = _nhwc(g, [4, 8, 3, 3], "x"), _nhwc(g, [4, 8, 3, 3], "dy")
     mean, inv = _channel(g, "mean", 8), _channel(g, "inv", 8)
@@ -319,6 +333,7 @@ FAMILIES: dict[str, Build] = {
         norm_backward,
         batchnorm_backward_genstats,
         norm_backward_fused,
+        training_norms,
         windows,
         pooling_backward,
         local_response_norm,

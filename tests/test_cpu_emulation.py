@@ -25,6 +25,8 @@ from tests import cpu_emulation
 from tests import test_codegen_direct as direct_cases
 from tests.test_codegen_batchnorm_backward import bn_backward
 from tests.test_codegen_norm_backward import Case, build, fused_graph
+from tests.test_codegen_norm_training import Case as TrainingCase
+from tests.test_codegen_norm_training import build as training_graph
 
 pytestmark = pytest.mark.skipif(not cpu_emulation.available(), reason="needs g++ (C++20)")
 
@@ -103,6 +105,17 @@ GRAPHS = [
     bn_backward("half", [2, 37, 5, 3], "nhwc", fused=True),
     bn_backward("float", [8, 2, 16, 16], fused=True),  # the sums split in 4, then finalized
     bn_backward("double", [2, 3, 4, 5]),
+    training_graph(TrainingCase("adalayernorm", "half", (2, 3, 40))),  # per-sample scale rows, 8-element vectors
+    training_graph(TrainingCase("adalayernorm", "float", (3, 5, 33), bias=False)),
+    training_graph(TrainingCase("adalayernorm_backward", "float", (2, 5, 33))),
+    training_graph(TrainingCase("adalayernorm_backward", "half", (3, 2, 16))),
+    training_graph(TrainingCase("adalayernorm_backward", "half", (3, 200, 16))),  # blocks per sample walk rows
+    training_graph(TrainingCase("adalayernorm_backward", "float", (2, 3, 8), layout="seq_major")),  # direct sums
+    training_graph(TrainingCase("instancenorm_backward", "float", (2, 3, 5, 3), layout="nhwc")),
+    training_graph(TrainingCase("instancenorm_backward", "double", (1, 4, 3, 3))),
+    training_graph(TrainingCase("groupnorm_backward", "float", (2, 6, 5, 3), 3, "nhwc")),
+    training_graph(TrainingCase("groupnorm_backward", "half", (2, 8, 3, 3), 2)),
+    training_graph(TrainingCase("groupnorm_backward", "float", (1, 4, 3, 2, 2), 1, "nhwc")),  # one group, 3 spatial
     *map(
         direct_case,
         [
@@ -144,6 +157,7 @@ GRAPHS = [
 PIPELINED = [
     (build(Case("layernorm_backward", "float", (1000, 33), (1, 33))), (64, 2, 1, 1)),
     (fused_graph("half", 999, 256, "rmsnorm_backward", prologue="zero_centred"), (32, 4, 1, 1)),
+    (training_graph(TrainingCase("adalayernorm_backward", "half", (3, 1500, 16))), (2, 16, 1, 1)),  # per sample
 ]
 
 

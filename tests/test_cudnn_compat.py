@@ -400,7 +400,7 @@ def test_sm_version_compiles_the_gpu_plan_without_a_gpu() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda g, x: g.adalayernorm(x, x, x, x), "pygraph.adalayernorm is not supported: graphdnn has no adaptive"),
+        (lambda g, x: g.populate_cuda_graph(x), "pygraph.populate_cuda_graph is not supported: a graphdnn Plan"),
         (
             lambda g, x: g.moe_grouped_matmul(x, x, x, x, x, cudnn.moe_grouped_matmul_mode.SCATTER, top_k=2),
             "mode SCATTER: graphdnn multiplies grouped rows",

@@ -24,6 +24,10 @@ NORM_KINDS = (
     "batchnorm_backward",
     "layernorm_backward",
     "rmsnorm_backward",
+    "adalayernorm",
+    "instancenorm_backward",
+    "groupnorm_backward",
+    "adalayernorm_backward",
 )
 
 
@@ -250,6 +254,27 @@ def test_groupnorm_matches_per_sample_group_loop(rng, dims, layout, groups):
                 np.testing.assert_allclose(got_y[n, c], want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("dims", "scale_dims"), [([2, 3, 4], [2, 1, 4]), ([3, 5], [3, 5]), ([2, 2, 3, 2], [2, 1, 3, 2])]
+)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_adalayernorm_matches_per_row_loop_with_per_sample_affine(rng, dims, scale_dims, with_bias):
+    g = _graph()
+    x, scale = g.tensor(dims, name="x"), g.tensor(scale_dims, name="scale")
+    bias = g.tensor(scale_dims, name="bias") if with_bias else None
+    y, mean, inv = g.adalayernorm("training", x, scale, bias, EPS)
+    assert mean.get_dim() == [dims[0], *(1 if s > 1 else d for s, d in zip(scale_dims[1:], dims[1:]))]
+    xv, sv = rng.normal(size=dims), rng.normal(size=scale_dims)
+    bv = rng.normal(size=scale_dims) if with_bias else np.zeros(scale_dims)
+    feeds = {x: xv, scale: sv, **({bias: bv} if with_bias else {})}
+    got_y, got_mean, got_inv = _run(g, [y, mean, inv], feeds)
+    axes = tuple(axis for axis in range(1, len(dims)) if scale_dims[axis] > 1)
+    want_mean, want_inv = _loop_norm(xv, axes, EPS)
+    np.testing.assert_allclose(got_mean, want_mean, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_inv, want_inv, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_y, (xv - want_mean) * want_inv * sv + bv, rtol=1e-12, atol=1e-12)
+
+
 # -- backward ops against finite differences ----------------------------------------------------------
 def _central_differences(loss, arrays: dict[str, np.ndarray], h: float = 1e-6) -> dict[str, np.ndarray]:
     """d loss / d every element of every array, by central differences."""
@@ -321,6 +346,41 @@ def test_rmsnorm_backward_is_the_gradient_of_rmsnorm(rng, dims, scale_dims, has_
     assert (dbias is not None) == has_dbias
 
 
+@pytest.mark.parametrize("dims", [[2, 3, 2, 2], [1, 2, 5]])
+def test_instancenorm_backward_is_the_gradient_of_instancenorm(rng, dims):
+    forward = _forward(lambda g, x, s, b: g.instancenorm("training", x, s, b, EPS), dims, _per_channel(dims))
+    _check_backward(forward, lambda g, *t: g.instancenorm_backward(*t), dims, _per_channel(dims), rng)
+
+
+@pytest.mark.parametrize(("dims", "groups"), [([2, 4, 3], 2), ([2, 6, 2, 1], 3), ([1, 3, 2], 1)])
+def test_groupnorm_backward_is_the_gradient_of_groupnorm(rng, dims, groups):
+    forward = _forward(lambda g, x, s, b: g.groupnorm(x, s, b, EPS, groups, "training"), dims, _per_channel(dims))
+    _check_backward(forward, lambda g, *t: g.groupnorm_backward(*t, groups=groups), dims, _per_channel(dims), rng)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize(("dims", "scale_dims"), [([2, 3, 4], [2, 1, 4]), ([2, 2, 3, 2], [2, 1, 3, 2])])
+def test_adalayernorm_backward_is_the_gradient_of_adalayernorm(rng, dims, scale_dims, with_bias):
+    forward = _forward(lambda g, x, s, b: g.adalayernorm("training", x, s, b, EPS), dims, scale_dims, with_bias)
+    _check_backward(forward, lambda g, *t: g.adalayernorm_backward(*t), dims, scale_dims, rng, with_bias)
+
+
+def test_the_new_norms_survive_a_json_round_trip():
+    g = gd.OperationGraphSpec(io_data_type="float", name="norms")
+    x, dy, per_sample = g.tensor([2, 3, 4], name="x"), g.tensor([2, 3, 4], name="dy"), g.tensor([2, 1, 4], name="s")
+    y, mean, inv = g.adalayernorm("training", x, per_sample, epsilon=EPS, name="ada")
+    outputs = [y, *g.adalayernorm_backward(dy, x, per_sample, mean, inv, name="dada")]
+    image, stats = g.tensor([2, 4, 3], name="image"), g.tensor([2, 2, 1], name="stats")
+    outputs += g.groupnorm_backward(image, image, g.tensor([1, 4, 1]), stats, stats, groups=2, name="dgn")
+    outputs += g.instancenorm_backward(image, image, g.tensor([1, 4, 1]), g.tensor([2, 4, 1]), g.tensor([2, 4, 1]))
+    for t in outputs:
+        t.set_output(True)
+    text = g.to_json()
+    again = gd.OperationGraphSpec.from_json(text)
+    assert again.signature() == g.signature() and again.to_json() == text
+    assert [node.attributes for node in again.validate().nodes] == [node.attributes for node in g.validate().nodes]
+
+
 # -- validation -------------------------------------------------------------------------------------
 def _bn_graph(dims=(3, 5, 7, 1)):
     g = gd.OperationGraphSpec(io_data_type="float")
@@ -369,6 +429,33 @@ def test_layernorm_scale_and_bias_dims_are_checked():
         g.rmsnorm("inference", x, g.tensor([1, 6, 3]), epsilon=EPS, name="b")
     with pytest.raises(gd.ShapeError, match=r"node 'c'.*scale has dims \[1, 1, 5, 3\]"):
         g.layernorm("training", x, g.tensor([1, 1, 5, 3]), g.tensor([1, 1, 5, 3]), EPS, name="c")
+
+
+def test_adalayernorm_scale_must_be_per_sample():
+    g = gd.OperationGraphSpec(io_data_type="float")
+    x = g.tensor([4, 5, 3], name="x")
+    for name, dims in (("a", [1, 1, 3]), ("b", [1, 3]), ("c", [4, 1, 2])):
+        with pytest.raises(
+            gd.ShapeError,
+            match=rf"node '{name}'.*scale has dims .*expected one row of scales per sample: the input's batch extent "
+            r"first.*\[4, 1, \.\.\., 3\]",
+        ):
+            g.adalayernorm("training", x, g.tensor(dims), epsilon=EPS, name=name)
+    with pytest.raises(gd.ShapeError, match=r"node 'd'.*bias has dims \[4, 1, 1\], expected \[4, 1, 3\]"):
+        g.adalayernorm("training", x, g.tensor([4, 1, 3]), g.tensor([4, 1, 1]), EPS, name="d")
+    with pytest.raises(gd.ShapeError, match=r"node 'e'.*mean has dims \[4, 1, 3\], expected \[4, 5, 1\]"):
+        g.adalayernorm_backward(x, x, g.tensor([4, 1, 3]), g.tensor([4, 1, 3]), g.tensor([4, 5, 1]), name="e")
+
+
+def test_groupnorm_backward_statistics_are_per_group():
+    g = gd.OperationGraphSpec(io_data_type="float")
+    x, scale = g.tensor([2, 6, 3], name="x"), g.tensor([1, 6, 1])
+    with pytest.raises(gd.ShapeError, match=r"node 'gb'.*mean has dims \[2, 6, 1\], expected \[2, 3, 1\]"):
+        g.groupnorm_backward(x, x, scale, g.tensor([2, 6, 1]), g.tensor([2, 3, 1]), groups=3, name="gb")
+    with pytest.raises(gd.AttributeValueError, match=r"node 'gc'.*groups is 4"):
+        g.groupnorm_backward(x, x, scale, g.tensor([2, 2, 1]), g.tensor([2, 2, 1]), groups=4, name="gc")
+    with pytest.raises(gd.ShapeError, match=r"node 'ib'.*scale has dims \[1, 6\], expected \[1, 6, 1\]"):
+        g.instancenorm_backward(x, x, g.tensor([1, 6]), g.tensor([2, 6, 1]), g.tensor([2, 6, 1]), name="ib")
 
 
 def test_groups_must_divide_channels():

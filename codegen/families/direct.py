@@ -47,6 +47,8 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "conv_dgrad": direct_conv.emit_dgrad,
     "conv_wgrad": direct_conv.emit_wgrad,
     "genstats": direct_norm.emit_genstats,
+    "instancenorm_backward": direct_norm.emit_norm_backward,
+    "groupnorm_backward": direct_norm.emit_norm_backward,
     "lrn": direct_lrn.emit_lrn,
     "lrn_backward": direct_lrn.emit_lrn_backward,
     "ctc_loss": direct_ctc.emit_ctc_loss,

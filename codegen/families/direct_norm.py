@@ -11,27 +11,36 @@ Backward norms (graphdnn/ops/norm_backward.py), with xhat = (x - mean) * inv_var
     dx     = inv_variance * (g - sum(g) / n - xhat * sum(g * xhat) / n)   over each set of n elements
     dscale = sum(grad * xhat), dbias = sum(grad)                          over the axes scale broadcasts on
 
-(RMS norm has no sum(g) term.) Kernels, in order: the parameter sums (dscale, dbias); the
+(RMS norm has no sum(g) term.) Group norm's sets are instance norm's on the view of every tensor
+with the channel axis split into (groups, C/groups): :func:`grouped` (a view through strides, any
+layout). Kernels, in order: the parameter sums (dscale, dbias); the
 set sums into scratch; dx, one element per thread, from the set sums. When the sets are
 exactly the groups the scale broadcasts over (batch norm: one set per channel), scale is
 one value per set, so sum(g) = scale * sum(grad) and sum(g * xhat) = scale * sum(grad * xhat):
 the parameter sums also serve dx and the set sums are skipped.
+
+Instance and group norm: a set (a sample's group) and a parameter's group (a channel over the
+samples) share the spatial axes. One pass over grad and x sums grad * xhat and grad per *cell*
+(sample and channel, over the spatial axes); the parameter sums then add the cells over the
+samples, and the set sums add scale * cell over the set's channels (scale is one value per cell),
+both small kernels over the cells; dx reads grad and x once more.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Tensor
-from graphdnn.layout import stride_order
+from graphdnn.layout import is_packed, stride_order
 from graphdnn.ops.norms import NormOp
 
-from ..context import EmitContext, KernelParams, operand_loader
-from ..cuda_types import store
+from ..context import EmitContext, KernelParams, indent, operand_loader
+from ..cuda_types import cuda_type, store
 from ..indexing import coordinates, linear_index, offset
-from ..kernel import FusedProgram, Kernel, Scratch
+from ..kernel import FusedProgram, Kernel, ParamKind, Scratch
 from ..pointwise import literal
 from .direct_common import (
     anchor_of,
@@ -45,9 +54,10 @@ from .direct_common import (
     tensors_of,
     written,
 )
-from .direct_reduce import Sums, innermost_reduced, sums_kernels
+from .direct_reduce import Sums, Terms, innermost_reduced, sums_kernels
 
 SET_SUMS = "set_sums"  # scratch: [sum(g * xhat), sum(g)] per set, in the compute type
+CELL_SUMS = "cell_sums"  # scratch: [sum(grad * xhat), sum(grad)] per cell (instance and group norm)
 
 
 def emit_genstats(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
@@ -94,8 +104,39 @@ def emit_norm_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         scratch += buffers
     if written(fused, b.dx):
         kernels.append(b.dx_kernel(ctx))
-        scratch.append(Scratch(SET_SUMS, 2 * b.set_count * (8 if b.compute == "double" else 4)))
+        element = 8 if b.compute == "double" else 4
+        scratch.append(Scratch(SET_SUMS, 2 * b.set_count * element))
+        if any(sums.name.endswith("_cells") for sums in b.reductions()):
+            cells = math.prod(b.x.static_dim) // math.prod(b.x.static_dim[axis] for axis in b.cell_axes)
+            scratch.append(Scratch(CELL_SUMS, 2 * cells * element))
     return FusedProgram(fused.name, tuple(kernels), tuple(scratch))
+
+
+def grouped(t: Tensor | None, groups: int) -> Tensor:
+    """``t`` ([N, C, *spatial] or broadcast) viewed with its channel axis split into (groups,
+    C/groups), the same memory: a per-channel axis of C becomes (groups, C/groups), a per-group
+    axis of ``groups`` (the statistics) becomes (groups, 1), an axis of 1 stays broadcast."""
+    assert t is not None
+    dim, stride = t.static_dim, t.static_stride
+    channels = dim[1]
+    if channels == 1:
+        split = ((1, stride[1]), (1, stride[1]))
+    elif channels == groups:  # one value per group (or one channel per group)
+        split = ((groups, stride[1]), (1, stride[1]))
+    else:
+        inner = channels // groups
+        split = ((groups, stride[1] * inner), (inner, stride[1]))
+    return dataclasses.replace(
+        t,
+        dim=(dim[0], split[0][0], split[1][0], *dim[2:]),
+        stride=(stride[0], split[0][1], split[1][1], *stride[2:]),
+    )
+
+
+def emit_parameter_sums(fused: FusedNode, ctx: EmitContext) -> tuple[tuple[Kernel, ...], tuple[Scratch, ...]]:
+    """dscale and dbias of a backward norm alone (the kernels of a family that makes dx its own way)."""
+    b = _Backward.of(fused)
+    return sums_kernels(ctx, fused, b.parameter_sums(feeds_dx=False), b.compute)
 
 
 @dataclass(frozen=True)
@@ -124,6 +165,13 @@ class _Backward:
         grad, scale, mean, inv = (node.input(role) for role in ("grad", "scale", "mean", "inv_variance"))
         dx, dscale, dbias = (node.output(role) for role in ("dx", "dscale", "dbias"))
         assert grad is not None and scale is not None and inv is not None and dx is not None and dscale is not None
+        if grouping.view != x.dim:  # group norm: every tensor on the view of its sets
+            groups = grouping.view[1]
+            assert isinstance(groups, int)
+            x, grad, scale, mean, inv, dx, dscale = (
+                grouped(t, groups) for t in (x, grad, scale, mean, inv, dx, dscale)
+            )
+            dbias = grouped(dbias, groups) if dbias is not None else None
         rank = len(x.dim)
         scale_dims = (1,) * (rank - len(scale.dim)) + scale.dim
         broadcast = tuple(axis for axis in range(rank) if scale_dims[axis] == 1)
@@ -150,22 +198,44 @@ class _Backward:
     def set_count(self) -> int:
         return math.prod(self.x.static_dim[axis] for axis in self.set_kept)
 
+    @property
+    def cell_axes(self) -> tuple[int, ...]:
+        """The spanning axes that the sets and the parameters' groups share, in memory order."""
+        shared = set(self.set_axes) & set(self.broadcast)
+        return tuple(axis for axis in self.order if axis in shared and self.x.static_dim[axis] > 1)
+
+    def parameter_sums(self, feeds_dx: bool) -> Sums:
+        """dscale and dbias (and, when ``feeds_dx``, the same totals into the set sums)."""
+        targets = (self.dscale, self.dbias)
+        return self._sums("params", self.broadcast, ["grad * xhat", "grad"], targets, SET_SUMS if feeds_dx else None)
+
     def reductions(self) -> list[Sums]:
-        """The parameter sums (dscale, dbias; in the shared case also dx's), then the set sums."""
+        """The parameter sums (dscale, dbias; in the shared case also dx's), then the set sums;
+        where the sets and the parameters share axes, the cell sums first, and both from them."""
         sums = []
         feeds_dx = self.shared and written(self.fused, self.dx)
-        if written(self.fused, self.dscale) or written(self.fused, self.dbias) or feeds_dx:
-            targets = (self.dscale, self.dbias)
-            sums.append(self._sums("params", self.broadcast, ["grad * xhat", "grad"], targets, feeds_dx))
+        params = written(self.fused, self.dscale) or written(self.fused, self.dbias)
+        if self.cell_axes and self.mean is not None and not self.shared and written(self.fused, self.dx):
+            cells = self._sums("cells", self.cell_axes, ["grad * xhat", "grad"], (), CELL_SUMS)
+            from_cells = [self._from_cells("sets", self.set_axes, True, (), SET_SUMS)]
+            if params:
+                from_cells.insert(0, self._from_cells("params", self.broadcast, False, (self.dscale, self.dbias), None))
+            return [cells, *from_cells]
+        if params or feeds_dx:
+            sums.append(self.parameter_sums(feeds_dx))
         if written(self.fused, self.dx) and not self.shared:
             terms = ["g * xhat", "g"] if self.mean is not None else ["g * xhat"]
-            sums.append(self._sums("sets", self.set_axes, terms, (), True))
+            sums.append(self._sums("sets", self.set_axes, terms, (), SET_SUMS))
         return sums
 
-    def _values(self, params: KernelParams, with_g: bool) -> list[str]:
-        """grad, inv, xhat (and g) at the coordinates c{axis} of x."""
+    def _values(self, params: KernelParams, with_g: bool, given: dict[int, str] | None = None) -> list[str]:
+        """grad, inv, xhat (and g) at the coordinates c{axis} of x; a tensor in ``given`` (by id)
+        is read as the expression there."""
         names = declare(params, [self.grad, self.x, self.mean, self.inv] + ([self.scale] if with_g else []))
-        at = operand_loader(names, self.x.static_dim, "c", self.compute)
+        load = operand_loader(names, self.x.static_dim, "c", self.compute)
+
+        def at(t: Tensor) -> str:
+            return (given or {}).get(t.id) or load(t)
 
         centered = f"{at(self.x)} - {at(self.mean)}" if self.mean is not None else at(self.x)
         statements = [
@@ -178,44 +248,137 @@ class _Backward:
         return statements
 
     def _sums(
-        self, kind: str, axes: tuple[int, ...], terms: list[str], targets: tuple[Tensor | None, ...], to_scratch: bool
+        self,
+        kind: str,
+        axes: tuple[int, ...],
+        terms: list[str],
+        targets: tuple[Tensor | None, ...],
+        scratch: str | None,
+        dims: tuple[int, ...] | None = None,
+        values: Terms | None = None,
     ) -> Sums:
-        """Sums of ``terms`` over ``axes``, stored to ``targets`` (one per term, where written)
-        and, when ``to_scratch``, to the set sums."""
+        """Sums of ``terms`` over ``axes`` of ``dims`` (x's), stored to ``targets`` (one per term,
+        where written) and to ``scratch`` ([term][kept index]) when given; the terms read what
+        ``values`` defines (grad, xhat, and g for the set sums)."""
+        dims = dims or self.x.static_dim
         reduced = tuple(axis for axis in self.order if axis in axes)
         kept = tuple(axis for axis in self.order if axis not in axes)
-        count = math.prod(self.x.dim[axis] for axis in kept)
+        count = math.prod(dims[axis] for axis in kept)
 
         def finish(params: KernelParams, totals: list[str]) -> list[str]:
             stores = []
             for t, total in zip(targets, totals):
                 if t is not None and written(self.fused, t):
                     target = params.tensor(t, writable=True)
-                    stores.append(f"{target}[{offset(t, self.x.static_dim, 'c')}] = {store(t.data_type, total)};")
-            if to_scratch:
-                sums = params.scratch(SET_SUMS, self.compute)
+                    stores.append(f"{target}[{offset(t, dims, 'c')}] = {store(t.data_type, total)};")
+            if scratch is not None:
+                sums = params.scratch(scratch, self.compute)
                 stores += [f"{sums}[{f'{k * count} + ' if k else ''}o] = {total};" for k, total in enumerate(totals)]
             return stores
 
         return Sums(
             f"{anchor_of(self.fused).op}_{kind}",
-            self.x.static_dim,
+            dims,
             kept,
             reduced,
-            innermost_reduced(self.x.static_dim, self.x.static_stride, reduced),
-            lambda params, itype: (self._values(params, with_g=kind == "sets"), terms),
+            innermost_reduced(dims, self.x.static_stride, reduced),
+            values or (lambda params, itype: (self._values(params, with_g=kind == "sets"), terms)),
             finish,
         )
 
+    def _from_cells(
+        self,
+        kind: str,
+        axes: tuple[int, ...],
+        scaled: bool,
+        targets: tuple[Tensor | None, ...],
+        scratch: str | None,
+    ) -> Sums:
+        """Sums over ``axes`` of the cell sums (times the cell's scale when ``scaled``: sum(g * xhat)
+        and sum(g) of a set), on the space of the cells (x's dims, the cell axes set to 1)."""
+        cells = tuple(1 if axis in self.cell_axes else extent for axis, extent in enumerate(self.x.static_dim))
+        cell_count = math.prod(cells)
+        c = self.compute
+
+        def values(params: KernelParams, itype: str) -> tuple[list[str], list[str]]:
+            sums = params.scratch(CELL_SUMS, f"const {c}")
+            order = tuple(axis for axis in self.order if axis not in self.cell_axes)
+            statements = [f"const {itype} q = {linear_index(cells, order, 'c')};"]
+            factor = ""
+            if scaled:
+                at = operand_loader(declare(params, [self.scale]), cells, "c", c)
+                statements.append(f"const {c} scale = {at(self.scale)};")
+                factor = "scale * "
+            return statements, [f"{factor}{sums}[q]", f"{factor}{sums}[{cell_count} + q]"]
+
+        return self._sums(kind, axes, [], targets, scratch, cells, values)
+
+    def vector_width(self) -> int:
+        """Elements of dx a thread of the cells' dx kernel moves at once: 16 bytes where grad, x
+        and dx share one packed layout (the flat index in dx's memory order is then each one's
+        offset) and it divides the element count, else 1."""
+        tensors = (self.grad, self.x, self.dx)
+        width = 16 // max(t.data_type.itemsize for t in tensors)
+        same = all(t.static_stride == self.dx.static_stride for t in tensors)
+        dense = is_packed(self.dx.static_dim, self.dx.static_stride)
+        return width if self.cell_axes and same and dense and self.x.static_numel % width == 0 else 1
+
     def dx_kernel(self, ctx: EmitContext) -> Kernel:
-        """One thread per element of dx (in its memory order), from the set sums."""
-        c, x = self.compute, self.x
+        """One thread per element of dx (in its memory order), from the set sums; where
+        :meth:`vector_width` allows, one per 16 bytes of dx (with aligned pointers)."""
+        x = self.x
         itype = loop_index_type(tensors_of(self.fused), x.static_numel)
         params = KernelParams()
+        scalar = self._dx_values(params, itype, {})
+        loop = grid_stride("p", first_thread(itype), x.static_numel, itype, scalar)
+        width = self.vector_width()
+        if width > 1:
+            loop = [
+                f"if ({params.aligned_flag()}) {{  // {width}-element vector accesses",
+                *indent(self._dx_vectors(params, itype, width), 1).splitlines(),
+                "} else {",
+                *indent(loop, 1).splitlines(),
+                "}",
+            ]
+        return make_kernel(
+            ctx, self.fused, f"{anchor_of(self.fused).op}_dx", params, loop, (blocks_for(x.static_numel), 1, 1)
+        )
+
+    def _dx_vectors(self, params: KernelParams, itype: str, width: int) -> list[str]:
+        """The grid-stride loop over ``width``-element vectors of grad, x and dx (flat index p)."""
+        names = declare(params, [self.grad, self.x])
+        read = {t.id: t for t in (self.grad, self.x)}  # one vector where grad is x itself
+        vectors = {i: f"v{i}" for i in read}
+        loads = [
+            f"const gd::Vec<{cuda_type(t.data_type)}, {width}> v{t.id} = "
+            f"gd::load_vec<{cuda_type(t.data_type)}, {width}>({names[t.id]} + first);"
+            for t in read.values()
+        ]
+        dx_type = cuda_type(self.dx.data_type)
+        given = {i: f"gd::element<{self.compute}>({v}, e)" for i, v in vectors.items()}
+        element = [f"const {itype} p = first + e;", *self._dx_values(params, itype, given, "out.v[e]")]
+        out = declare(params, [self.dx], writable=True)[self.dx.id]
+        body = [
+            f"const {itype} first = v * {width};",
+            *loads,
+            f"gd::Vec<{dx_type}, {width}> out;",
+            "#pragma unroll",
+            f"for (int e = 0; e < {width}; ++e) {{",
+            *indent(element, 1).splitlines(),
+            "}",
+            f"gd::store_vec<{dx_type}, {width}>({out} + first, out);",
+        ]
+        return grid_stride("v", first_thread(itype), self.x.static_numel // width, itype, body)
+
+    def _dx_values(self, params: KernelParams, itype: str, given: dict[int, str], target: str = "") -> list[str]:
+        """dx at flat index p (in dx's memory order): grad and x read as ``given`` (by tensor id)
+        or through their strides; stored to ``target``, or to dx through its strides."""
+        c, x = self.compute, self.x
         body = [*coordinates("p", x.static_dim, stride_order(self.dx.static_dim, self.dx.static_stride), "c", itype)]
-        body += self._values(params, with_g=True)
-        sums = params.scratch(SET_SUMS, c)
-        out = params.tensor(self.dx, writable=True)
+        body += self._values(params, with_g=True, given=given)
+        declared = any(p.kind is ParamKind.SCRATCH and p.scratch == SET_SUMS for p in params.bindings)
+        sums = SET_SUMS if declared else params.scratch(SET_SUMS, c)  # once for both paths
+        out = declare(params, [self.dx], writable=True)[self.dx.id]
         factor = "scale * " if self.shared else ""
         n = literal(math.prod(x.static_dim[axis] for axis in self.set_axes), c)
         body += [
@@ -227,8 +390,5 @@ class _Backward:
             value = "inv * (g - mean_g - xhat * mean_gx)"
         else:
             value = "inv * (g - xhat * mean_gx)"
-        body.append(f"{out}[{offset(self.dx, x.static_dim, 'c')}] = {store(self.dx.data_type, value)};")
-        loop = grid_stride("p", first_thread(itype), x.static_numel, itype, body)
-        return make_kernel(
-            ctx, self.fused, f"{anchor_of(self.fused).op}_dx", params, loop, (blocks_for(x.static_numel), 1, 1)
-        )
+        target = target or f"{out}[{offset(self.dx, x.static_dim, 'c')}]"
+        return [*body, f"{target} = {store(self.dx.data_type, value)};"]

@@ -1,4 +1,5 @@
-"""Layer / RMS norm backward in one pass over the rows; dscale and dbias from per-block partial sums.
+"""Layer / RMS / adaptive layer norm backward in one pass over the rows; dscale and dbias from per-block
+partial sums.
 With the fusion rules (fusion_rules/rules/norm_backward.py), also the pointwise op making the grad
 or the scale (the prologue) and the elementwise ops on dx (the epilogue).
 
@@ -26,6 +27,14 @@ Kernel 2 is the direct family's sums over axes (direct_reduce.py), as split-K's 
 is for GEMMs: per column, the blocks' partials added in block order, stored as dscale and dbias
 in their type. No atomics anywhere: the same bits every run.
 
+Adaptive layer norm (``adalayernorm_backward``) has a scale per sample ([B, 1, D], reached through
+each row's offset as the forward reaches it): its dscale and dbias are per sample. Where each
+sample's rows are consecutive (the batch axis outermost of the row axes), kernel 1's grid has a
+row of blocks per sample (``blockIdx.y``), each block walking that sample's rows, and the partials
+are laid out [sample][block][parameter][D]; kernel 2 sums each sample's blocks. Otherwise kernel 1
+writes dx alone, and the direct family's parameter sums (direct_norm.py) add grad * xhat and grad
+over each sample's rows, reading grad and x once more.
+
 Rows too long for a group's registers (where the row-norm heuristic walks them in chunks) keep
 the direct family's kernels (direct_norm.py): the parameter sums, the row sums and dx as
 separate passes, for the norm alone (the rules fuse rows of at most MAX_FUSED_ROW elements).
@@ -35,19 +44,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import cast
 
 from fusion_rules import FusedNode
 from fusion_rules.rules.norm_backward import MAX_FUSED_ROW, per_column_parameters
 from graphdnn.errors import GraphError, UnsupportedError
 from graphdnn.ir import Tensor
+from graphdnn.layout import stride_order
 
 from .. import epilogue
 from ..context import EmitContext, KernelParams, indent
 from ..cuda_types import store
 from ..indexing import linear_index, offset
-from ..kernel import FusedProgram, Scratch
+from ..kernel import FusedProgram, Kernel, Scratch
 from .direct_common import written
-from .direct_norm import emit_norm_backward
+from .direct_norm import emit_norm_backward, emit_parameter_sums
 from .direct_reduce import Sums, sums_kernels
 from .rownorm_launch import (
     MAX_BLOCKS_PER_SM,
@@ -58,7 +69,7 @@ from .rownorm_launch import (
     layout_candidates,
     registers,
 )
-from .rownorm_layout import RowLayout, analyze, raw_register_bytes
+from .rownorm_layout import RowLayout, analyze, normalized, raw_register_bytes
 from .rownorm_rows import Operands, RowAccess
 
 PARTIALS = "norm_partials"
@@ -87,11 +98,15 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
             )
         return emit_norm_backward(fused, ctx)
     kernel = _RowsKernel(rows, ctx, layout, config, sums)
-    programs = [kernel.kernel(kernel.body())]
+    programs = [kernel.kernel(kernel.body())] if rows.outputs or sums else []
+    if sample_rows(fused) is None:
+        reduce, scratch = emit_parameter_sums(fused, ctx) if len(rows.outputs) < len(fused.outputs) else ((), ())
+        return FusedProgram(fused.name, (*programs, *reduce), scratch)
     if not sums:
         return FusedProgram(fused.name, tuple(programs))
     reduce, split = sums_kernels(ctx, fused, kernel.parameter_sums(fused), kernel.compute)
-    partials = Scratch(PARTIALS, kernel.blocks * len(sums) * layout.width * _element_bytes(layout, len(sums)))
+    blocks = kernel.blocks * kernel.samples
+    partials = Scratch(PARTIALS, blocks * len(sums) * layout.width * _element_bytes(layout, len(sums)))
     return FusedProgram(fused.name, (*programs, *reduce), (partials, *split))
 
 
@@ -108,10 +123,25 @@ def _rows_kernel_view(fused: FusedNode) -> tuple[FusedNode, list[Tensor], RowLay
     writes dx, the epilogue's results and an escaping grad, not dscale and dbias."""
     anchor = fused.anchor
     assert anchor is not None
-    sums = [t for t in (anchor.output("dscale"), anchor.output("dbias")) if t is not None and written(fused, t)]
-    side = {t.id for t in sums}
-    rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if t.id not in side))
+    side = [t for t in (anchor.output("dscale"), anchor.output("dbias")) if t is not None and written(fused, t)]
+    sums = side if sample_rows(fused) is not None else []
+    ids = {t.id for t in side}
+    rows = dataclasses.replace(fused, outputs=tuple(t for t in fused.outputs if t.id not in ids))
     return rows, sums, backward_layout(rows, len(sums))
+
+
+def sample_rows(fused: FusedNode) -> int | None:
+    """The samples whose rows kernel 1 walks apart: adaptive layer norm's batch (a scale per
+    sample), where each sample's rows are consecutive (the batch axis outermost of the row axes in
+    memory order); None where they are not (the direct family then sums dscale and dbias); 1 for
+    the other norms (and a batch of one)."""
+    anchor = fused.anchor
+    assert anchor is not None
+    if anchor.op != "adalayernorm_backward":
+        return 1
+    x, axes = normalized(fused)
+    rows = [axis for axis in stride_order(x.dim, x.stride) if axis not in axes and x.static_dim[axis] > 1]
+    return x.static_dim[0] if not rows or rows[0] == 0 else None
 
 
 def _element_bytes(layout: RowLayout, sums: int) -> int:
@@ -174,6 +204,27 @@ class _RowsKernel(RowAccess):
         if not config.blocks_per_sm:  # (else RowAccess's grid: blocks_per_sm per SM)
             self.blocks = resident_blocks(layout, config, self.sms)
         self.partials = self.params.scratch(PARTIALS, self.compute) if sums else ""
+        # Adaptive layer norm: a row of blocks per sample (blockIdx.y), each walking its sample's rows.
+        self.samples = sample_rows(fused) or 1
+        self.walked = cast(int, layout.rows) // self.samples  # the rows a row of blocks walks
+        if self.samples > 1:
+            self.whole_groups = self.walked % config.rows_per_block == 0
+            self.blocks = max(1, min(-(-self.walked // config.rows_per_block), self.blocks // self.samples))
+
+    def this_row(self, first: str) -> list[str]:
+        """As RowAccess's, ``first`` counting this sample's rows when a row of blocks walks each sample."""
+        if self.samples == 1:
+            return super().this_row(first)
+        return [
+            f"const {self.itype} local = {first} + threadIdx.x / GROUP;  // the row in this block's sample",
+            *([] if self.whole_groups else ["const bool active = local < ROWS;"]),
+            f"const {self.itype} row = ({self.itype})blockIdx.y * ROWS + local;",
+            *self.row_prelude(),
+        ]
+
+    def kernel(self, body: list[str]) -> Kernel:
+        kernel = super().kernel(body)
+        return kernel if self.samples == 1 else dataclasses.replace(kernel, grid=(kernel.grid[0], self.samples, 1))
 
     def element(self, slot: str, width: int) -> str:
         return f"{slot}[k * {width} + e]"
@@ -224,7 +275,7 @@ class _RowsKernel(RowAccess):
         """The row's dx and its terms added to the accumulators. ``prefetch``: the raw vectors
         are loaded already, and these statements (the next row's loads) follow their conversion."""
         c = self.compute
-        active = "active" if self.layout.rows % self.config.rows_per_block else "true"
+        active = "active" if self.walked % self.config.rows_per_block else "true"
         statistics = Operands(self, "", width)
         lines = [*self.this_row("first")]
         for name, t in (("mean", self.mean), ("inv", self.inv)):
@@ -253,7 +304,8 @@ class _RowsKernel(RowAccess):
     def store_partials(self, width: int) -> list[str]:
         """The block's sums of each parameter (its groups' added in group order) into its row of the partials."""
         count = len(self.sums)
-        row = f"{self.partials}[((size_t)blockIdx.x * {count} + {{p}}) * WIDTH + {{column}}]"
+        block = "blockIdx.x" if self.samples == 1 else "(blockIdx.y * gridDim.x + blockIdx.x)"
+        row = f"{self.partials}[((size_t){block} * {count} + {{p}}) * WIDTH + {{column}}]"
         if self.config.rows_per_block == 1:
             each = [f"{row.format(p=p, column='j + e')} = {self.element(f'acc{p}', width)};" for p in range(count)]
             return self.slot_loop(width, self.element_loop(width, each), rows=False)
@@ -298,7 +350,7 @@ class _RowsKernel(RowAccess):
     def body(self) -> list[str]:
         config, layout, c = self.config, self.layout, self.compute
         lines = [
-            f"constexpr {self.itype} ROWS = {layout.rows}, WIDTH = {layout.width};",
+            f"constexpr {self.itype} ROWS = {self.walked}, WIDTH = {layout.width};",
             f"constexpr int GROUP = {config.threads_per_row}, ROWS_PER_BLOCK = {config.rows_per_block};",
             "const int lane = threadIdx.x % GROUP;  // this thread's place in its row's group",
             f"const {self.itype} chunk = 0;  // the row is held whole",
@@ -328,16 +380,22 @@ class _RowsKernel(RowAccess):
 
     def parameter_sums(self, fused: FusedNode) -> Sums:
         """Kernel 2: over the space [columns..., blocks] (the columns on x's normalized axes, in its
-        memory order; the blocks last), each column's partials summed over the blocks."""
+        memory order; the blocks last; adaptive layer norm: and the sample on axis 0), each
+        column's partials summed over the blocks."""
         x, layout, count, compute = self.x, self.layout, len(self.sums), self.compute
         rank = len(x.static_dim)
         dims = (*(x.static_dim[a] if a in layout.norm_axes else 1 for a in range(rank)), self.blocks)
         columns = tuple(a for a in layout.order if a in layout.norm_axes)
         column = linear_index(dims, columns, "c")
+        block = f"c{rank}"
+        if self.samples > 1:  # the sample axis (0, not normalized) is kept too
+            dims = (self.samples, *dims[1:])
+            columns = (0, *columns)
+            block = f"(c0 * {self.blocks} + c{rank})"
 
         def terms(params: KernelParams, itype: str) -> tuple[list[str], list[str]]:
             partials = params.scratch(PARTIALS, f"const {compute}")
-            at = f"{partials}[((size_t)c{rank} * {count} + {{p}}) * {layout.width} + {column}]"
+            at = f"{partials}[((size_t){block} * {count} + {{p}}) * {layout.width} + {column}]"
             return [], [at.format(p=p) for p in range(count)]
 
         def finish(params: KernelParams, totals: list[str]) -> list[str]:

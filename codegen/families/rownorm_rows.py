@@ -64,7 +64,7 @@ class RowAccess:
         assert anchor is not None
         self.fused, self.ctx, self.layout, self.config = fused, ctx, layout, config
         self.anchor = anchor
-        self.centered = anchor.op == "layernorm"
+        self.centered = anchor.op != "rmsnorm"
         self.x = layout.x
         self.rank = len(self.x.dim)
         self.memory = memory_tensors(fused)

@@ -34,9 +34,6 @@ from .variant_pack import adapt
 
 # Frontend calls graphdnn cannot serve, and why (AttributeError would not say).
 NOT_SUPPORTED = {
-    "instancenorm_backward": "graphdnn has no instance norm backward op",
-    "adalayernorm": "graphdnn has no adaptive layer norm",
-    "adalayernorm_backward": "graphdnn has no adaptive layer norm",
     "sdpa_fp8": "graphdnn's attention has no fp8 scaling tensors",
     "sdpa_fp8_backward": "graphdnn's attention has no fp8 scaling tensors",
     "moe_grouped_matmul_bwd": "graphdnn has no weight gradient of the grouped matmul",

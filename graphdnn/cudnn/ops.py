@@ -182,6 +182,23 @@ class FrontendOps(AttentionOps, MoeOps, QuantizeOps):
         )
         return self._label(node, outputs, ("Y", "MEAN", "INV_VARIANCE"))
 
+    def adalayernorm(
+        self,
+        norm_forward_phase: Any,
+        input: TensorSpec,
+        scale: TensorSpec,
+        bias: MaybeTensor = None,
+        epsilon: TensorSpec | float | None = None,
+        compute_data_type: Any = None,
+        name: str = "",
+    ) -> list[MaybeTensor]:
+        """-> [Y, MEAN, INV_VARIANCE]: scale and bias per sample ([B, 1, D]); the statistics are None in inference."""
+        node = self._node(name)
+        outputs = self._spec.adalayernorm(
+            norm_forward_phase, input, scale, bias, epsilon, compute_type(compute_data_type), node
+        )
+        return self._label(node, outputs, ("Y", "MEAN", "INV_VARIANCE"))
+
     def rmsnorm(
         self,
         norm_forward_phase: Any,
@@ -231,6 +248,40 @@ class FrontendOps(AttentionOps, MoeOps, QuantizeOps):
         """-> [DX, DSCALE, DBIAS]."""
         node = self._node(name)
         outputs = self._spec.layernorm_backward(
+            grad, input, scale, mean, inv_variance, compute_type(compute_data_type), node
+        )
+        return self._label(node, outputs, ("DX", "DSCALE", "DBIAS"))
+
+    def adalayernorm_backward(
+        self,
+        grad: TensorSpec,
+        input: TensorSpec,
+        scale: TensorSpec,
+        mean: TensorSpec,
+        inv_variance: TensorSpec,
+        compute_data_type: Any = None,
+        name: str = "",
+    ) -> list[MaybeTensor]:
+        """-> [DX, DSCALE, DBIAS]; DSCALE and DBIAS per sample, as scale."""
+        node = self._node(name)
+        outputs = self._spec.adalayernorm_backward(
+            grad, input, scale, mean, inv_variance, compute_type(compute_data_type), node
+        )
+        return self._label(node, outputs, ("DX", "DSCALE", "DBIAS"))
+
+    def instancenorm_backward(
+        self,
+        grad: TensorSpec,
+        input: TensorSpec,
+        scale: TensorSpec,
+        mean: TensorSpec,
+        inv_variance: TensorSpec,
+        compute_data_type: Any = None,
+        name: str = "",
+    ) -> list[MaybeTensor]:
+        """-> [DX, DSCALE, DBIAS]."""
+        node = self._node(name)
+        outputs = self._spec.instancenorm_backward(
             grad, input, scale, mean, inv_variance, compute_type(compute_data_type), node
         )
         return self._label(node, outputs, ("DX", "DSCALE", "DBIAS"))

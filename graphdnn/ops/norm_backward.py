@@ -1,6 +1,6 @@
-"""Backward normalizations: batch, layer and RMS norm gradients from saved statistics.
+"""Backward normalizations: batch, layer, RMS, instance, group and adaptive layer norm gradients.
 
-Each is the exact gradient of its training-phase forward op (statistics treated as
+From the saved statistics, each is the exact gradient of its training-phase forward op (statistics treated as
 functions of the input), evaluated with the mean and inv_variance that the forward pass
 saved. They build on :mod:`.norms`' definitions; the package imports both.
 """
@@ -16,7 +16,20 @@ import numpy as np
 from ..layout import stride_order
 from .attributes import Attributes
 from .base import Inferred, Role, register
-from .norms import GRAD, INPUT, INV_VARIANCE, MEAN, SCALE, Grouping, NormOp, per_channel, per_row
+from .norms import (
+    GRAD,
+    INPUT,
+    INV_VARIANCE,
+    MEAN,
+    SCALE,
+    Grouping,
+    NormOp,
+    per_channel,
+    per_group,
+    per_instance,
+    per_row,
+    per_sample_row,
+)
 
 if TYPE_CHECKING:
     from ..ir import Node
@@ -84,6 +97,35 @@ class LayernormBackward(_NormBackward):
 
 
 @register
+class InstancenormBackward(_NormBackward):
+    kind = "instancenorm_backward"
+    inputs = (GRAD, INPUT, SCALE, MEAN, INV_VARIANCE)
+    grouping = staticmethod(per_instance)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupNormBackwardAttributes(Attributes):
+    groups: int
+
+
+@register
+class GroupnormBackward(_NormBackward):
+    kind = "groupnorm_backward"
+    inputs = (GRAD, INPUT, SCALE, MEAN, INV_VARIANCE)
+    attributes = GroupNormBackwardAttributes
+    grouping = staticmethod(per_group)
+
+
+@register
+class AdalayernormBackward(_NormBackward):
+    """dscale and dbias are per sample ([B, 1, D]): sums over each sample's rows."""
+
+    kind = "adalayernorm_backward"
+    inputs = (GRAD, INPUT, SCALE, MEAN, INV_VARIANCE)
+    grouping = staticmethod(per_sample_row)
+
+
+@register
 class RmsnormBackward(_NormBackward):
     kind = "rmsnorm_backward"
     inputs = (GRAD, INPUT, SCALE, INV_VARIANCE)
@@ -127,6 +169,50 @@ class NormBackwardMethods:
         """-> [dx, dscale, dbias] of layer norm, from its saved mean and inv_variance; dscale has scale's dims."""
         inputs = {"grad": grad, "input": input, "scale": scale, "mean": mean, "inv_variance": inv_variance}
         return self._add_node("layernorm_backward", inputs, name=name, compute_data_type=compute_data_type)
+
+    def instancenorm_backward(
+        self,
+        grad: TensorSpec,
+        input: TensorSpec,
+        scale: TensorSpec,
+        mean: TensorSpec,
+        inv_variance: TensorSpec,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> list[TensorSpec | None]:
+        """-> [dx, dscale, dbias] of instance norm, from its saved [N, C, 1, ...] mean and inv_variance."""
+        inputs = {"grad": grad, "input": input, "scale": scale, "mean": mean, "inv_variance": inv_variance}
+        return self._add_node("instancenorm_backward", inputs, name=name, compute_data_type=compute_data_type)
+
+    def groupnorm_backward(
+        self,
+        grad: TensorSpec,
+        input: TensorSpec,
+        scale: TensorSpec,
+        mean: TensorSpec,
+        inv_variance: TensorSpec,
+        groups: int,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> list[TensorSpec | None]:
+        """-> [dx, dscale, dbias] of group norm, from its saved [N, groups, 1, ...] mean and inv_variance."""
+        inputs = {"grad": grad, "input": input, "scale": scale, "mean": mean, "inv_variance": inv_variance}
+        attrs = {"groups": groups}
+        return self._add_node("groupnorm_backward", inputs, attrs, name=name, compute_data_type=compute_data_type)
+
+    def adalayernorm_backward(
+        self,
+        grad: TensorSpec,
+        input: TensorSpec,
+        scale: TensorSpec,
+        mean: TensorSpec,
+        inv_variance: TensorSpec,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> list[TensorSpec | None]:
+        """-> [dx, dscale, dbias] of adaptive layer norm; dscale and dbias are per sample, as scale ([B, 1, D])."""
+        inputs = {"grad": grad, "input": input, "scale": scale, "mean": mean, "inv_variance": inv_variance}
+        return self._add_node("adalayernorm_backward", inputs, name=name, compute_data_type=compute_data_type)
 
     def rmsnorm_backward(
         self,

@@ -1,4 +1,4 @@
-"""Normalizations: batch, layer, RMS, instance and group norm, forward and backward.
+"""Normalizations: batch, layer, RMS, instance, group and adaptive layer norm, forward and backward.
 
 Every normalization standardises sets of input elements (a channel across the batch, a
 row, a sample's channel, a sample's channel group) with the set's own statistics, then
@@ -134,6 +134,38 @@ def per_row(node: Node, x: Tensor) -> Grouping:
     if bias is not None:
         same_dims(node, "bias", bias, scale.dim, "the same dims as scale")
     axes = tuple(axis for axis, extent in enumerate(padded) if extent > 1) or tuple(range(1, rank))
+    stats = tuple(1 if axis in axes else extent for axis, extent in enumerate(x.dim))
+    return Grouping(x.dim, axes, stats, "the input's dims with the normalized axes set to 1")
+
+
+def per_sample_row(node: Node, x: Tensor) -> Grouping:
+    """Adaptive layer norm: rows as layer norm's, with a scale and bias of their own per sample.
+
+    Scale and bias have the input's rank and its batch extent first ([B, 1, D] for an input
+    [B, S, D]); the normalized axes are the others where the scale is not 1 (the last axis
+    when there are none).
+    """
+    if len(x.dim) < 2:
+        fail(node, f"input has dims {list(x.dim)}, expected [B, ..., D] of rank 2 or more", role="input")
+    scale = node.input("scale")
+    assert scale is not None
+    if (
+        len(scale.dim) != len(x.dim)
+        or scale.dim[0] != x.dim[0]
+        or any(s not in (1, d) for s, d in zip(scale.dim[1:], x.dim[1:]))
+    ):
+        fail(
+            node,
+            f"scale has dims {list(scale.dim)}, expected one row of scales per sample: the input's batch "
+            f"extent first, then 1 or the input's extent on each axis (input has dims {list(x.dim)}, "
+            f"e.g. [{x.dim[0]}, 1, ..., {x.dim[-1]}])",
+            role="scale",
+        )
+    bias = node.input("bias")
+    if bias is not None:
+        same_dims(node, "bias", bias, scale.dim, "the same dims as scale")
+    rank = len(x.dim)
+    axes = tuple(axis for axis in range(1, rank) if scale.dim[axis] != 1) or (rank - 1,)
     stats = tuple(1 if axis in axes else extent for axis, extent in enumerate(x.dim))
     return Grouping(x.dim, axes, stats, "the input's dims with the normalized axes set to 1")
 
@@ -279,6 +311,15 @@ class Rmsnorm(_ForwardNorm):
 
 
 @register
+class Adalayernorm(_ForwardNorm):
+    """Layer norm whose scale and bias are per sample ([B, 1, D]: DiT's adaptive layer norm)."""
+
+    kind = "adalayernorm"
+    inputs = (INPUT, SCALE, Role("bias", optional=True, floating=True), EPSILON)
+    grouping = staticmethod(per_sample_row)
+
+
+@register
 class Instancenorm(_ForwardNorm):
     kind = "instancenorm"
     grouping = staticmethod(per_instance)
@@ -374,6 +415,21 @@ class NormMethods:
         inputs = {"input": input, "scale": scale, "bias": bias, "epsilon": epsilon}
         attrs = {"norm_forward_phase": norm_forward_phase}
         return self._add_node("rmsnorm", inputs, attrs, name=name, compute_data_type=compute_data_type)
+
+    def adalayernorm(
+        self,
+        norm_forward_phase: NormForwardPhase | str,
+        input: TensorSpec,
+        scale: TensorSpec,
+        bias: TensorSpec | None = None,
+        epsilon: TensorSpec | float | None = None,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> list[TensorSpec | None]:
+        """-> [y, mean, inv_variance]: layer norm with scale and bias per sample ([B, 1, D]); epsilon is required."""
+        inputs = {"input": input, "scale": scale, "bias": bias, "epsilon": epsilon}
+        attrs = {"norm_forward_phase": norm_forward_phase}
+        return self._add_node("adalayernorm", inputs, attrs, name=name, compute_data_type=compute_data_type)
 
     def instancenorm(
         self,
