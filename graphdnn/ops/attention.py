@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..dtypes import DataType
+from ..dtypes import DataType, round_to
 from ..errors import DataTypeError, GraphError, StructureError
 from ..symbolic import Extent
 from .attention_ragged import PACKED, RAGGED_ROLES, by_sequences, check_ragged, is_ragged, ragged_batch
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
 from .random import as_uint64, uniform
+from .rotary import rotate_half
 
 if TYPE_CHECKING:
     from ..ir import Node, Tensor
@@ -51,6 +52,17 @@ class SdpaAttributes(Attributes):
     paged_attention_max_seq_len_kv: int | None = None  # the logical Skv of a paged cache
     dropout_probability: float | None = None  # with SEED and OFFSET: dropout on the softmax
     max_seq_len_q: int | None = None  # a packed Q's longest sequence (bounds the kernels' grid)
+
+
+@dataclasses.dataclass(frozen=True)
+class RotarySdpaAttributes(SdpaAttributes):
+    """sdpa after rotary position embeddings (RoPE) of Q and/or K (:func:`.rotary.rotate_half`):
+    the anchor's attributes that the ``rotary_attention`` fusion rule builds from RoPE written in
+    primitives. No builder makes them: a graph states RoPE as its ops, the rule finds it."""
+
+    rotary_theta: float = 10000.0
+    rotary_q: bool = False
+    rotary_k: bool = False
 
 
 class Masks(Protocol):
@@ -117,9 +129,12 @@ class Sdpa(Op):
         return inferred
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return self._attend(node, rotated_operands(node, x))
+
+    def _attend(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
         if any(role in x for role in RAGGED_ROLES):
-            return by_sequences(node, x, lambda padded: self.reference(node, padded))
+            return by_sequences(node, x, lambda padded: self._attend(node, padded))
         if "PAGE_TABLE_K" in x:
             skv = kv_length(node)
             k = gather_pages(node, x["K"], x["PAGE_TABLE_K"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_K")
@@ -142,6 +157,20 @@ class Sdpa(Op):
 
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
         return sequence_length_range(node, role)
+
+
+def rotated_operands(node: Node, x: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``x`` with Q and/or K rotated as :class:`RotarySdpaAttributes` say, each rounded to its
+    tensor's type (the attention kernels' operands are in that type); ``x`` itself otherwise."""
+    attrs = node.attributes
+    if not isinstance(attrs, RotarySdpaAttributes):
+        return x
+    rotated = dict(x)
+    for role, on in (("Q", attrs.rotary_q), ("K", attrs.rotary_k)):
+        tensor = node.input(role)
+        if on and tensor is not None:
+            rotated[role] = round_to(tensor.data_type, rotate_half(x[role], attrs.rotary_theta))
+    return rotated
 
 
 def sequence_length_range(node: Node, role: str) -> tuple[int, int] | None:
