@@ -48,6 +48,7 @@ from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
 from .attention_problem import Attention, at_batch, attention_of, on_tensor_cores
 from .attention_ragged import NEG_INF, fill_kernel
+from .attention_rotary import rotary_prepass
 from .attention_simt import simt_kernel
 from .attention_wgmma import configs as wgmma_configs
 from .attention_wgmma import supported as wgmma_supported
@@ -56,6 +57,11 @@ from .attention_wgmma import wgmma_attention_kernel
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = attention_of(fused)
+    rotary = rotary_prepass(fused, ctx, a)
+    return _program(fused, ctx, a) if rotary is None else rotary.around(_program(fused, ctx, rotary.attention))
+
+
+def _program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
     if a.ragged:
         return _ragged_program(fused, ctx, a)
     path = ctx.tuning.get("path")

@@ -237,7 +237,10 @@ def _work_constants(a: Attention, bn: int) -> list[str]:
 
 def tensor_maps(a: Attention, bn: int) -> dict[str, tuple[Tensor, TensorMap]]:
     """TMA maps of Q, K and V (boxes of 64 elements by BM or BN rows of one batch and head, in the
-    128-byte swizzle), or none where the driver could not encode one of them."""
+    128-byte swizzle), or none where the driver could not encode one of them or an operand is
+    the RoPE pre-pass's scratch (maps are encoded from graph tensors)."""
+    if a.rotated:
+        return {}
     maps = {
         "Q": (a.q, row_tensor_map(a.q, BLOCK_M)),
         "K": (a.k, row_tensor_map(a.k, bn)),

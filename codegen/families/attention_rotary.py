@@ -1,0 +1,113 @@
+"""Rotary position embeddings folded into attention (the ``rotary_attention`` fusion rule): one
+pre-pass kernel rotates Q and/or K into the fused node's scratch, which the attention kernel then
+reads in place of the operands, whichever path it takes.
+
+The pre-pass reads each rotated operand once and writes it once (packed [B, H, S, D], the
+operand's type), in one launch for both: RoPE written from primitives runs as a slice, a slice
+and a concatenate (three data-movement kernels) and an elementwise kernel per operand, which read
+and write it about seven times. Each thread takes one pair (d, d + D/2) of a row: the angle
+``s * expf(i * (-2 ln(theta) / D))`` in float, as the unfused graph computes it, precise
+``sincosf`` (angles reach the sequence length, where ``__sincosf`` loses digits), the rotation in
+float, rounded to the operand's type (graphdnn/ops/rotary.py defines it). The attention kernels
+read the scratch with plain loads (the Hopper kernel by cp.async: TMA maps are encoded from graph
+tensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from fusion_rules import FusedNode
+from graphdnn.ir import Tensor
+from graphdnn.layout import packed_strides
+from graphdnn.ops.attention import RotarySdpaAttributes
+
+from ..context import EmitContext, KernelParams, indent, kernel_source
+from ..cuda_types import cuda_type, load
+from ..indexing import offset_at
+from ..kernel import FusedProgram, Kernel, Scratch
+from ..pointwise import literal
+from .attention_problem import Attention
+
+THREADS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class RotaryPrepass:
+    """The pre-pass kernel, its scratch, and the problem as the attention kernel reads it."""
+
+    kernel: Kernel
+    scratch: tuple[Scratch, ...]
+    attention: Attention
+
+    def around(self, program: FusedProgram) -> FusedProgram:
+        """``program`` (the attention's kernels) after the pre-pass."""
+        return FusedProgram(program.fused, (self.kernel, *program.kernels), (*self.scratch, *program.scratch))
+
+
+def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention) -> RotaryPrepass | None:
+    """The pre-pass of an sdpa anchor with RoPE folded in; None for a plain sdpa."""
+    attrs = a.node.attributes
+    if not isinstance(attrs, RotarySdpaAttributes):
+        return None
+    params = KernelParams()
+    rotated: dict[str, str] = {}
+    blocks: list[str] = []
+    scratch: list[Scratch] = []
+    begin = 0
+    exponent = literal(-2.0 * math.log(attrs.rotary_theta) / a.d, "float")
+    for role, on in (("Q", attrs.rotary_q), ("K", attrs.rotary_k)):
+        tensor = a.q if role == "Q" else a.k
+        if not on:
+            continue
+        source = params.tensor(tensor)
+        target = params.scratch(f"rotary_{role.lower()}", cuda_type(tensor.data_type))
+        pairs = tensor.numel // 2
+        blocks += _rotate(tensor, source, target, begin, pairs)
+        begin += pairs
+        scratch.append(Scratch(target, tensor.numel * tensor.data_type.itemsize))
+        rotated[role] = target
+    body = [
+        f"const float EXPONENT = {exponent};  // -2 ln(theta) / D: frequency i turns theta^(-2i/D) radians per position",
+        f"const long long p = (long long)blockIdx.x * {THREADS} + threadIdx.x;  // one pair (d, d + D/2) of a row",
+        *blocks,
+    ]
+    name, source = kernel_source(ctx, fused, "rope_prepass", params, THREADS, indent(body, 1))
+    grid = (-(-begin // THREADS), 1, 1)
+    kernel = Kernel(name, source, grid, (THREADS, 1, 1), 0, tuple(params.bindings))
+    packed = {role.lower(): _packed(a.q if role == "Q" else a.k) for role in rotated}
+    return RotaryPrepass(kernel, tuple(scratch), dataclasses.replace(a, **packed, rotated=rotated))  # type: ignore[arg-type]
+
+
+def _packed(tensor: Tensor) -> Tensor:
+    """The operand as the pre-pass writes it: row-major [B, H, S, D]."""
+    return dataclasses.replace(tensor, stride=packed_strides(tensor.static_dim))
+
+
+def _rotate(tensor: Tensor, source: str, target: str, begin: int, pairs: int) -> list[str]:
+    """Pairs ``begin`` to ``begin + pairs`` of the launch: one pair of ``tensor`` each."""
+    _, heads, positions, d = tensor.static_dim
+    half = d // 2
+    t = cuda_type(tensor.data_type)
+    column = ["(long long)bb", "(long long)hh", "(long long)s", "i"]
+    x1 = load(tensor.data_type, f"{source}[{offset_at(tensor, column)}]")
+    x2 = load(tensor.data_type, f"{source}[{offset_at(tensor, [*column[:3], f'i + {half}'])}]")
+    out = f"{target}[(((long long)bb * {heads} + hh) * {positions} + s) * {d} + i"
+    return [
+        f"if (p >= {begin} && p < {begin + pairs}) {{",
+        *indent(
+            [
+                f"const long long pair = p - {begin}, row = pair / {half};",
+                f"const int i = (int)(pair % {half}), s = (int)(row % {positions});",
+                f"const int hh = (int)((row / {positions}) % {heads}), bb = (int)(row / {positions} / {heads});",
+                "float sn, cs;",
+                "sincosf((float)s * expf((float)i * EXPONENT), &sn, &cs);",
+                f"const float x1 = {x1}, x2 = {x2};",
+                f"{out}] = gd::from<{t}>(x1 * cs - x2 * sn);",
+                f"{out} + {half}] = gd::from<{t}>(x2 * cs + x1 * sn);",
+            ],
+            1,
+        ).splitlines(),
+        "}",
+    ]

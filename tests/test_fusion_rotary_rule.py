@@ -1,0 +1,142 @@
+"""The ``rotary_attention`` rule: RoPE written from primitives on sdpa's Q and/or K folds into the
+attention node, whose anchor (sdpa with RotarySdpaAttributes) computes what the unfused graph
+computes; near misses stay unfused, with the reason logged, and still compute the same. The
+kernels' program: the RoPE pre-pass, then the attention kernel reading its scratch."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fusion_rules import Family, Partition, fuse
+from fusion_rules.partition_reference import execute_partition
+from graphdnn import reference
+from graphdnn.compare import relative_error
+from graphdnn.compilation import Compilation
+from graphdnn.dtypes import DataType
+from graphdnn.lower import lower
+from graphdnn.ops.attention import RotarySdpaAttributes
+from graphdnn.ops.rotary import rotate_half
+from graphdnn.random_inputs import random_inputs
+from tests.rotary_cases import RopeForm, RotaryCase
+from tests.test_fusion_property import check_partition
+
+FUSED = {
+    "q_and_k": RotaryCase(),
+    "q_only_fp16": RotaryCase(k=None, data_type=DataType.HALF),
+    "k_only_gqa": RotaryCase(hq=4, hk=1, sq=9, skv=23, q=None),
+    "negated_swap_theta_500k": RotaryCase(q=RopeForm(500000.0, negated=True), k=RopeForm(500000.0, negated=True)),
+    "decode_d128": RotaryCase(sq=1, skv=40, d=128, options={}),
+    "float_d2": RotaryCase(d=2, data_type=DataType.FLOAT, options={}),
+}
+
+
+def _rotary(partition: Partition) -> RotarySdpaAttributes:
+    (fused,) = [f for f in partition.nodes if f.family is Family.ATTENTION]
+    assert fused.rule == "rotary_attention" and fused.anchor is not None
+    attrs = fused.anchor.attributes
+    assert isinstance(attrs, RotarySdpaAttributes)
+    return attrs
+
+
+def _same_as_unfused(partition: Partition, seed: int = 0) -> None:
+    check_partition(partition)
+    ir = partition.graph
+    feeds = random_inputs(ir, seed)
+    want = reference.execute(ir, feeds)["o"]
+    got = execute_partition(partition, feeds)["o"]
+    # the unfused graph rounds its float factors, the anchor computes RoPE in float64: both round
+    # the rotated operand to its type, which rarely differs by one unit
+    assert relative_error(got, want) < 2e-3
+
+
+@pytest.mark.parametrize("case", sorted(FUSED))
+def test_rope_folds_into_the_attention_node(case: str) -> None:
+    c = FUSED[case]
+    partition = fuse(c.build().validate())
+    assert len(partition.nodes) == 1
+    attrs = _rotary(partition)
+    assert (attrs.rotary_q, attrs.rotary_k) == (c.q is not None, c.k is not None)
+    form = c.q or c.k
+    assert form is not None
+    if c.d >= 4 and max(c.sq, c.skv) > 1:  # else any theta is the same rotation
+        assert attrs.rotary_theta == form.theta
+    anchor = partition.nodes[0].anchor
+    assert anchor is not None
+    assert [anchor.input(role).name for role in ("Q", "K", "V")] == ["q", "k", "v"]  # type: ignore[union-attr]
+    _same_as_unfused(partition)
+
+
+def test_the_rotation_is_rope() -> None:
+    """Pairs (d, d + D/2) turn by s theta^(-2i/D): the complex product (x1 + i x2) e^(i angle)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 11, 8))
+    y = rotate_half(x, 100.0)
+    angles = np.arange(11)[:, None] * 100.0 ** (-np.arange(4) / 4.0)
+    turned = (x[..., :4] + 1j * x[..., 4:]) * np.exp(1j * angles)
+    np.testing.assert_allclose(y, np.concatenate([turned.real, turned.imag], axis=-1), atol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1))  # a rotation
+
+
+NEAR_MISSES = {
+    "bfloat16_factors": (RotaryCase(q=RopeForm(factor_type=DataType.BFLOAT16), k=None), "is not RoPE's"),
+    "halves_not_swapped": (RotaryCase(q=RopeForm(swap=(0, 1)), k=None), "in the wrong places"),
+    "positions_along_heads": (RotaryCase(q=RopeForm(position_axis=1), k=None), "indexes axis 1"),
+    "thetas_differ": (RotaryCase(q=RopeForm(theta=10000.0), k=RopeForm(theta=500000.0)), "takes one theta"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEAR_MISSES))
+def test_a_near_miss_stays_unfused_and_says_why(case: str) -> None:
+    c, reason = NEAR_MISSES[case]
+    partition = fuse(c.build().validate())
+    assert all(f.rule != "rotary_attention" for f in partition.nodes)
+    reasons = [r.reason for r in partition.rejections if r.rule == "rotary_attention"]
+    assert any(reason in r for r in reasons), reasons
+    _same_as_unfused(partition)
+
+
+def test_a_rope_output_written_to_memory_stays_unfused() -> None:
+    partition = fuse(RotaryCase(k=None, expose_q_rope=True).build().validate())
+    assert all(f.rule != "rotary_attention" for f in partition.nodes)
+    reasons = [r.reason for r in partition.rejections if r.rule == "rotary_attention"]
+    assert any("is a graph output" in r for r in reasons), reasons
+
+
+def test_the_llama_example_folds_rope_into_attention() -> None:
+    path = Path(__file__).resolve().parent.parent / "examples" / "build_graphs.py"
+    spec = importlib.util.spec_from_file_location("build_graphs", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    partition = fuse(module.llama_layer().validate())
+    attrs = _rotary(partition)
+    assert attrs.rotary_q and attrs.rotary_k and attrs.rotary_theta == 10000.0
+    assert not any(n.op in ("slice", "concatenate", "sin", "cos") for f in partition.nodes if f.family is not Family.ATTENTION for n in f.nodes)
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_the_program_rotates_first_then_attends_from_scratch(arch: int) -> None:
+    ir = RotaryCase(hq=4, hk=2, sq=70, skv=70, d=128).build().validate()
+    job = Compilation.of(ir, arch)
+    lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key)
+    names = [launch.name for launch in lowered.program.launches]
+    assert "rope_prepass" in names[0] and len(names) == 2
+    attention = next(s for s in lowered.sources.values() if s.name == names[1])
+    assert "rotary_q" in attention.source and "rotary_k" in attention.source
+    assert ("_wgmma_" in names[1]) == (arch == 90)
+    if arch == 90:  # TMA maps are encoded from graph tensors: the scratch is read by cp.async
+        assert "__grid_constant__" not in attention.source
+    scratch = [b for b in lowered.program.workspace if b.scratch is not None]
+    assert sorted(b.scratch for b in scratch) == ["rotary_k", "rotary_q"]
+    assert all(b.bytes >= 2 * 70 * 128 * 2 * 2 for b in scratch)
+
+
+def test_a_plain_sdpa_keeps_its_attributes() -> None:
+    partition = fuse(dataclasses.replace(RotaryCase(), q=None, k=None).build().validate())
+    (fused,) = partition.nodes
+    assert fused.rule == "single" and not isinstance(fused.anchor.attributes, RotarySdpaAttributes)  # type: ignore[union-attr]
