@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
+from build_graphs import rope  # noqa: E402
+
 import graphdnn as gd  # noqa: E402
 from benchmarks.measure import median_us  # noqa: E402
-from build_graphs import rope  # noqa: E402
 
 # (batch, heads, kv heads, query rows, keys, head dim, causal)
 SHAPES = (
@@ -82,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             ck, sk_table = tables(skv, d)
             gqa = heads != kv_heads
 
-            def eager(cq=cq, sq_table=sq_table, ck=ck, sk_table=sk_table, causal=causal, gqa=gqa) -> torch.Tensor:
+            def eager(
+                cq=cq, sq_table=sq_table, ck=ck, sk_table=sk_table, causal=causal, gqa=gqa, inputs=inputs, d=d
+            ) -> torch.Tensor:
                 q = torch_rope(inputs["q"], cq, sq_table)
                 k = torch_rope(inputs["k"], ck, sk_table)
                 return F.scaled_dot_product_attention(
@@ -101,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                 assert error < 2e-2, f"{key} plan: relative error {error:.3g}"
                 times[key] = median_us(bound)
                 if key == "fused":
-                    kernels = " + ".join(launch.name.split("_", 2)[2].rsplit("_", 1)[0][-24:] for launch in bound.launches)
+                    kernels = " + ".join(
+                        launch.name.split("_", 2)[2].rsplit("_", 1)[0][-24:] for launch in bound.launches
+                    )
             peer = median_us(eager)
             print(
                 f"{row} {kernels} | {times['fused']:.1f} | {times['unfused']:.1f} | "

@@ -116,7 +116,12 @@ def test_the_llama_example_folds_rope_into_attention() -> None:
     partition = fuse(module.llama_layer().validate())
     attrs = _rotary(partition)
     assert attrs.rotary_q and attrs.rotary_k and attrs.rotary_theta == 10000.0
-    assert not any(n.op in ("slice", "concatenate", "sin", "cos") for f in partition.nodes if f.family is not Family.ATTENTION for n in f.nodes)
+    assert not any(
+        n.op in ("slice", "concatenate", "sin", "cos")
+        for f in partition.nodes
+        if f.family is not Family.ATTENTION
+        for n in f.nodes
+    )
 
 
 @pytest.mark.parametrize("arch", [80, 90])

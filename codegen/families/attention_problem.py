@@ -205,7 +205,9 @@ def declare(a: Attention, params: KernelParams | None = None) -> AttentionParams
     inputs |= {"SEQ_LEN_Q": a.seq_len_q, "SEQ_LEN_KV": a.seq_len_kv}
     inputs |= {"PAGE_TABLE_K": a.page_table_k, "PAGE_TABLE_V": a.page_table_v, "SEED": a.seed, "OFFSET": a.offset}
     inputs |= {"RAGGED_OFFSET_Q": a.ragged_q, "RAGGED_OFFSET_KV": a.ragged_kv}
-    names |= {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant and role not in names}
+    names |= {
+        role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant and role not in names
+    }
     outputs = {"O": a.o, "STATS": a.stats}
     names |= {role: name_of(t, writable=True) for role, t in outputs.items() if t is not None}
     return AttentionParams(params, names)

@@ -63,10 +63,10 @@ def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention) -> RotaryPr
             continue
         source = params.tensor(tensor)
         target = params.scratch(f"rotary_{role.lower()}", cuda_type(tensor.data_type))
-        pairs = tensor.numel // 2
+        pairs = tensor.static_numel // 2
         blocks += _rotate(tensor, source, target, begin, pairs)
         begin += pairs
-        scratch.append(Scratch(target, tensor.numel * tensor.data_type.itemsize))
+        scratch.append(Scratch(target, tensor.static_numel * tensor.data_type.itemsize))
         rotated[role] = target
     body = [
         f"const float EXPONENT = {exponent};  // -2 ln(theta) / D: frequency i turns theta^(-2i/D) radians per position",

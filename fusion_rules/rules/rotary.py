@@ -66,7 +66,7 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
             ropes[role] = read
     if not ropes:
         return Miss()
-    members = tuple({n.id: n for rope in ropes.values() for n in rope.nodes}.values()) + (sdpa,)
+    members = (*{n.id: n for rope in ropes.values() for n in rope.nodes}.values(), sdpa)
     names = tuple(n.name for n in members)
     if any(n.id in ctx.claimed for n in members):
         return Miss()
@@ -90,7 +90,9 @@ def _read_rope(ctx: MatchContext, y: Tensor) -> _Rope | str | None:
     terms = [ctx.graph.producer(t) for t in add.input_tensors()]
     if len(terms) != 2 or any(t is None or t.op != "mul" for t in terms):
         return None
-    swapped = [(m, o, s) for m in terms if m is not None for o, s in _operand_pairs(ctx, m) if _writes(ctx, o, "concatenate")]
+    swapped = [
+        (m, o, s) for m in terms if m is not None for o, s in _operand_pairs(ctx, m) if _writes(ctx, o, "concatenate")
+    ]
     if not swapped:
         return None
     rotated_mul, rotated, sin = swapped[0]
@@ -159,7 +161,8 @@ def _read_halves(ctx: MatchContext, concat: Node) -> tuple[Tensor, bool, tuple[N
     for node, (start, stop) in ((second, (half, d)), (first, (0, half))):
         a = node.attributes
         whole = all(
-            (s, e, st) == (0, n, 1) for s, e, st, n in zip(a.start[:-1], a.stop[:-1], a.step[:-1], x.dim[:-1])  # type: ignore[attr-defined]
+            (s, e, st) == (0, n, 1)
+            for s, e, st, n in zip(a.start[:-1], a.stop[:-1], a.step[:-1], x.dim[:-1])  # type: ignore[attr-defined]
         )
         if not whole or (a.start[-1], a.stop[-1], a.step[-1]) != (start, stop, 1):  # type: ignore[attr-defined]
             return (

@@ -105,7 +105,7 @@ def _evaluate(ctx: MatchContext, x: Tensor, factor: Tensor) -> tuple[np.ndarray,
         else:
             operands = [_value(values, node.input(role.name)) for role in node.definition.inputs]
             with np.errstate(all="ignore"):
-                result = np.asarray(type(node.definition).evaluate(operands, node.attributes), dtype=np.float64)  # type: ignore[attr-defined]
+                result = np.asarray(type(node.definition).evaluate(operands, node.attributes), dtype=np.float64)
         values[out.id] = round_to(out.data_type, np.broadcast_to(result, np.broadcast_shapes(result.shape, (1, 1))))
     return np.broadcast_to(_value(values, factor), (positions, d)), ordered
 
