@@ -12,15 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import graphdnn as gd
 from fusion_rules import Family, Partition, fuse
 from fusion_rules.partition_reference import execute_partition
 from graphdnn import reference
 from graphdnn.compare import relative_error
+from graphdnn.cache.plan_cache import PlanCache
 from graphdnn.compilation import Compilation
 from graphdnn.dtypes import DataType
 from graphdnn.lower import lower
 from graphdnn.ops.attention import RotarySdpaAttributes
 from graphdnn.ops.rotary import rotate_half
+from graphdnn.program import ArgKind
 from graphdnn.random_inputs import random_inputs
 from tests.rotary_cases import RopeForm, RotaryCase
 from tests.test_fusion_property import check_partition
@@ -134,8 +137,8 @@ def test_the_program_rotates_first_then_attends_from_scratch(arch: int) -> None:
     attention = next(s for s in lowered.sources.values() if s.name == names[1])
     assert "rotary_q" in attention.source and "rotary_k" in attention.source
     assert ("_wgmma_" in names[1]) == (arch == 90)
-    if arch == 90:  # TMA maps are encoded from graph tensors: the scratch is read by cp.async
-        assert "__grid_constant__" not in attention.source
+    if arch == 90:  # the Hopper kernel reads the rotated operands by TMA maps of the scratch
+        assert "tm_rotary_q" in attention.source and "tm_rotary_k" in attention.source
     scratch = [b for b in lowered.program.workspace if b.scratch is not None]
     assert sorted(b.scratch for b in scratch) == ["rotary_k", "rotary_q"]
     assert all(b.bytes >= 2 * 70 * 128 * 2 * 2 for b in scratch)
@@ -145,3 +148,15 @@ def test_a_plain_sdpa_keeps_its_attributes() -> None:
     partition = fuse(dataclasses.replace(RotaryCase(), q=None, k=None).build().validate())
     (fused,) = partition.nodes
     assert fused.rule == "single" and not isinstance(fused.anchor.attributes, RotarySdpaAttributes)  # type: ignore[union-attr]
+
+
+def test_scratch_tensor_maps_survive_the_plan_cache(tmp_path: Path) -> None:
+    """The Hopper kernel's maps of the rotated operands name scratch, not tensors: a stored plan
+    passes the cache's checks and binds them to the scratch buffers' offsets."""
+    graph = RotaryCase(sq=70, skv=70, d=128).build()
+    gd.compile(graph, arch=90, cache=PlanCache(tmp_path))
+    plan = gd.compile(graph, arch=90, cache=PlanCache(tmp_path), require_cached=True)
+    maps = [a for launch in plan.program.launches for a in launch.args if a.kind is ArgKind.TENSOR_MAP]
+    on_scratch = sorted(a.offset for a in maps if a.tensor is None)  # type: ignore[type-var]
+    assert on_scratch == sorted(b.offset for b in plan.program.workspace if b.scratch is not None)
+    assert len(maps) == 3  # and V's, of the graph's tensor

@@ -160,7 +160,10 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     bn = c.block_n
     params = KernelParams()
     maps = tensor_maps(a, bn)
-    map_names = {role: params.tensor_map(t, m, row_map_sizes(t)) for role, (t, m) in maps.items()}
+    map_names = {
+        role: params.scratch_map(a.rotated[role], m) if role in a.rotated else params.tensor_map(t, m, row_map_sizes(t))
+        for role, (t, m) in maps.items()
+    }
     declared = declare(a, params)
     names = declared.names
     aligned = params.aligned_flag()
@@ -237,10 +240,8 @@ def _work_constants(a: Attention, bn: int) -> list[str]:
 
 def tensor_maps(a: Attention, bn: int) -> dict[str, tuple[Tensor, TensorMap]]:
     """TMA maps of Q, K and V (boxes of 64 elements by BM or BN rows of one batch and head, in the
-    128-byte swizzle), or none where the driver could not encode one of them or an operand is
-    the RoPE pre-pass's scratch (maps are encoded from graph tensors)."""
-    if a.rotated:
-        return {}
+    128-byte swizzle), or none where the driver could not encode one of them. An operand the
+    RoPE pre-pass rotated is mapped over its scratch (packed)."""
     maps = {
         "Q": (a.q, row_tensor_map(a.q, BLOCK_M)),
         "K": (a.k, row_tensor_map(a.k, bn)),
