@@ -16,8 +16,8 @@ import graphdnn as gd
 from fusion_rules import Family, Partition, fuse
 from fusion_rules.partition_reference import execute_partition
 from graphdnn import reference
-from graphdnn.compare import relative_error
 from graphdnn.cache.plan_cache import PlanCache
+from graphdnn.compare import relative_error
 from graphdnn.compilation import Compilation
 from graphdnn.dtypes import DataType
 from graphdnn.lower import lower
