@@ -35,7 +35,9 @@ THETA = 10000.0
 
 
 def graph(b: int, heads: int, kv_heads: int, sq: int, skv: int, d: int, causal: bool) -> gd.OperationGraphSpec:
-    g = gd.OperationGraphSpec("rope_attention", io_data_type="bfloat16", compute_data_type="float")
+    g = gd.OperationGraphSpec(
+        "rope_attention", io_data_type="bfloat16", intermediate_data_type="bfloat16", compute_data_type="float"
+    )
     q = g.tensor([b, heads, sq, d], name="q")
     k, v = (g.tensor([b, kv_heads, skv, d], name=n) for n in "kv")
     q_rot, k_rot = rope(g, q, THETA, name="q_rope"), rope(g, k, THETA, name="k_rope")

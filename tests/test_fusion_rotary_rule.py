@@ -26,8 +26,10 @@ from graphdnn.ops.rotary import rotate_half
 from graphdnn.program import ArgKind
 from graphdnn.random_inputs import random_inputs
 from tests.rotary_cases import RopeForm, RotaryCase
+from tests.test_cpu_emulation import check
 from tests.test_fusion_property import check_partition
 
+FLASH = {"warps": 4, "block_n": 64, "m_tiles": 1}
 FUSED = {
     "q_and_k": RotaryCase(),
     "q_only_fp16": RotaryCase(k=None, data_type=DataType.HALF),
@@ -128,20 +130,38 @@ def test_the_llama_example_folds_rope_into_attention() -> None:
 
 
 @pytest.mark.parametrize("arch", [80, 90])
-def test_the_program_rotates_first_then_attends_from_scratch(arch: int) -> None:
+def test_the_kernel_rotates_q_and_the_pre_pass_k(arch: int) -> None:
+    """The flash (sm_80) and Hopper (sm_90) kernels rotate their Q tile in shared memory; K is
+    rotated once, by the pre-pass, into scratch that the attention kernel reads."""
     ir = RotaryCase(hq=4, hk=2, sq=70, skv=70, d=128).build().validate()
     job = Compilation.of(ir, arch)
     lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key)
     names = [launch.name for launch in lowered.program.launches]
     assert "rope_prepass" in names[0] and len(names) == 2
     attention = next(s for s in lowered.sources.values() if s.name == names[1])
-    assert "rotary_q" in attention.source and "rotary_k" in attention.source
+    assert "RoPE on Q (theta 10000)" in attention.source and "rotary_k" in attention.source
     assert ("_wgmma_" in names[1]) == (arch == 90)
-    if arch == 90:  # the Hopper kernel reads the rotated operands by TMA maps of the scratch
-        assert "tm_rotary_q" in attention.source and "tm_rotary_k" in attention.source
-    scratch = [b for b in lowered.program.workspace if b.scratch is not None]
-    assert sorted(b.scratch for b in scratch) == ["rotary_k", "rotary_q"]
-    assert all(b.bytes >= 2 * 70 * 128 * 2 * 2 for b in scratch)
+    if arch == 90:  # the Hopper kernel reads the rotated K by a TMA map of the scratch
+        assert "tm_rotary_k" in attention.source
+    (scratch,) = [b for b in lowered.program.workspace if b.scratch is not None]
+    assert scratch.scratch == "rotary_k" and scratch.bytes >= 2 * 2 * 70 * 128 * 2
+
+
+def test_rope_on_q_alone_needs_no_pre_pass() -> None:
+    ir = RotaryCase(k=None).build().validate()
+    job = Compilation.of(ir, 90)
+    lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key)
+    assert [launch.name for launch in lowered.program.launches if "rope" in launch.name] == []
+    assert not [b for b in lowered.program.workspace if b.scratch is not None]
+
+
+def test_the_decode_and_simt_kernels_read_both_from_the_pre_pass() -> None:
+    for case in (RotaryCase(sq=1, skv=40, d=128), RotaryCase(data_type=DataType.FLOAT)):
+        ir = case.build().validate()
+        job = Compilation.of(ir, 90)
+        lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key)
+        assert sorted(b.scratch for b in lowered.program.workspace if b.scratch is not None) == ["rotary_k", "rotary_q"]
+        assert not any("RoPE on Q" in s.source for s in lowered.sources.values())
 
 
 def test_a_plain_sdpa_keeps_its_attributes() -> None:
@@ -157,6 +177,30 @@ def test_scratch_tensor_maps_survive_the_plan_cache(tmp_path: Path) -> None:
     gd.compile(graph, arch=90, cache=PlanCache(tmp_path))
     plan = gd.compile(graph, arch=90, cache=PlanCache(tmp_path), require_cached=True)
     maps = [a for launch in plan.program.launches for a in launch.args if a.kind is ArgKind.TENSOR_MAP]
-    on_scratch = sorted(a.offset for a in maps if a.tensor is None)  # type: ignore[type-var]
-    assert on_scratch == sorted(b.offset for b in plan.program.workspace if b.scratch is not None)
-    assert len(maps) == 3  # and V's, of the graph's tensor
+    on_scratch = [a.offset for a in maps if a.tensor is None]
+    assert on_scratch == [b.offset for b in plan.program.workspace if b.scratch is not None]  # K's
+    assert len(maps) == 3  # and Q's and V's, of the graph's tensors
+
+
+EMULATED = {  # the flash kernel (fp16 mma.sync) rotating Q in its prologue, after the pre-pass rotating K
+    "flash_fp16_gqa_causal": (RotaryCase(hq=4, hk=2, sq=37, skv=37, d=64, data_type=DataType.HALF), FLASH),
+    "flash_fp16_q_only_bottom_right": (
+        RotaryCase(
+            hq=2,
+            hk=1,
+            sq=20,
+            skv=45,
+            d=32,
+            data_type=DataType.HALF,
+            k=None,
+            options={"use_causal_mask_bottom_right": True},
+        ),
+        FLASH,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EMULATED))
+def test_the_kernels_match_the_reference_on_the_cpu(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    graph, tuning = EMULATED[case]
+    check(graph.build(), tuning, tmp_path_factory)

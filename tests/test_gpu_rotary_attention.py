@@ -22,7 +22,8 @@ def test_rotary_attention_matches_reference(case: str) -> None:
     (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
     assert fused.rule == "rotary_attention"
     plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()))
-    assert any("rope_prepass" in kernel.name for kernel in plan.kernels)
+    if GPU_CASES[case].k is not None:  # K is rotated once, by the pre-pass
+        assert any("rope_prepass" in kernel.name for kernel in plan.kernels)
 
 
 @pytest.mark.parametrize("case", ["odd_gqa_causal_d128", "decode_gqa", "d64_fp16_not_causal"])

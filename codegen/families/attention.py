@@ -57,8 +57,17 @@ from .attention_wgmma import wgmma_attention_kernel
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = attention_of(fused)
-    rotary = rotary_prepass(fused, ctx, a)
+    rotary = rotary_prepass(fused, ctx, a, q_in_kernel=_rotates_q(a, ctx))
     return _program(fused, ctx, a) if rotary is None else rotary.around(_program(fused, ctx, rotary.attention))
+
+
+def _rotates_q(a: Attention, ctx: EmitContext) -> bool:
+    """Whether the kernel :func:`_program` takes for ``a`` applies RoPE to Q in its prologue: the
+    flash and Hopper kernels (fp16 / bf16, not the decode path); the others read Q rotated by the
+    pre-pass."""
+    path = ctx.tuning.get("path")
+    decode = path in (DECODE, MMA_PATH) or (not ctx.tuning and uses_decode(a))
+    return on_tensor_cores(a) and not decode
 
 
 def _program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:

@@ -59,6 +59,7 @@ class Attention:
     # roles read from the fused node's scratch (name by role) instead of their tensors: Q and K
     # rotated by the RoPE pre-pass (attention_rotary.py), packed [B, H, S, D]
     rotated: dict[str, str] = dataclasses.field(default_factory=dict)
+    rotary_q_theta: float | None = None  # RoPE on Q, which the kernel applies in its prologue
 
     @property
     def attrs(self) -> Masks:

@@ -37,17 +37,20 @@ THREADS = 256
 class RotaryPrepass:
     """The pre-pass kernel, its scratch, and the problem as the attention kernel reads it."""
 
-    kernel: Kernel
+    kernel: Kernel | None  # None: the attention kernel rotates Q, and K needs none
     scratch: tuple[Scratch, ...]
     attention: Attention
 
     def around(self, program: FusedProgram) -> FusedProgram:
         """``program`` (the attention's kernels) after the pre-pass."""
-        return FusedProgram(program.fused, (self.kernel, *program.kernels), (*self.scratch, *program.scratch))
+        first = () if self.kernel is None else (self.kernel,)
+        return FusedProgram(program.fused, (*first, *program.kernels), (*self.scratch, *program.scratch))
 
 
-def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention) -> RotaryPrepass | None:
-    """The pre-pass of an sdpa anchor with RoPE folded in; None for a plain sdpa."""
+def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention, q_in_kernel: bool) -> RotaryPrepass | None:
+    """The pre-pass of an sdpa anchor with RoPE folded in; None for a plain sdpa, or where it has
+    nothing to do: RoPE on Q alone, which a kernel that rotates Q in its prologue
+    (``q_in_kernel``: :func:`q_rotation`) takes, as ``rotary_q_theta`` of the problem it returns."""
     attrs = a.node.attributes
     if not isinstance(attrs, RotarySdpaAttributes):
         return None
@@ -56,8 +59,9 @@ def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention) -> RotaryPr
     blocks: list[str] = []
     scratch: list[Scratch] = []
     begin = 0
-    exponent = literal(-2.0 * math.log(attrs.rotary_theta) / a.d, "float")
-    for role, on in (("Q", attrs.rotary_q), ("K", attrs.rotary_k)):
+    exponent = _exponent(attrs.rotary_theta, a.d)
+    in_kernel = attrs.rotary_theta if attrs.rotary_q and q_in_kernel else None
+    for role, on in (("Q", attrs.rotary_q and in_kernel is None), ("K", attrs.rotary_k)):
         tensor = a.q if role == "Q" else a.k
         if not on:
             continue
@@ -68,8 +72,11 @@ def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention) -> RotaryPr
         begin += pairs
         scratch.append(Scratch(target, tensor.static_numel * tensor.data_type.itemsize))
         rotated[role] = target
+    a = dataclasses.replace(a, rotary_q_theta=in_kernel)
+    if not rotated:
+        return RotaryPrepass(None, (), a)
     body = [
-        f"const float EXPONENT = {exponent};  // -2 ln(theta) / D: frequency i turns theta^(-2i/D) radians per position",
+        f"const float EXPONENT = {exponent};  // -2 ln(theta) / D",
         f"const long long p = (long long)blockIdx.x * {THREADS} + threadIdx.x;  // one pair (d, d + D/2) of a row",
         *blocks,
     ]
@@ -78,6 +85,35 @@ def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention) -> RotaryPr
     kernel = Kernel(name, source, grid, (THREADS, 1, 1), 0, tuple(params.bindings))
     packed = {role.lower(): _packed(a.q if role == "Q" else a.k) for role in rotated}
     return RotaryPrepass(kernel, tuple(scratch), dataclasses.replace(a, **packed, rotated=rotated))  # type: ignore[arg-type]
+
+
+def q_rotation(a: Attention, rows: int, position: str, threads: int, thread: str) -> list[str]:
+    """A kernel's prologue rotating its Q tile in shared memory (``q_at(r, c)``, a ``T&`` to row
+    r, column c of the tile, which the kernel defines), once per tile, before the first S = Q Kᵀ:
+    ``threads`` threads (this one ``thread``) take the pairs (c, c + D/2) of ``rows`` rows, row r
+    at sequence position ``position`` (a C expression of r). The pre-pass's arithmetic. Nothing
+    unless the problem's ``rotary_q_theta`` asks for it; the kernel synchronises after."""
+    if a.rotary_q_theta is None:
+        return []
+    half = a.d // 2
+    return [
+        f"// RoPE on Q (theta {a.rotary_q_theta:g}), in place: pairs (c, c + {half}) of {rows} rows",
+        f"for (int pair = {thread}; pair < {rows * half}; pair += {threads}) {{",
+        f"  const int r = pair / {half}, i = pair % {half};",
+        "  float sn, cs;",
+        f"  sincosf((float)({position}) * expf((float)i * {_exponent(a.rotary_q_theta, a.d)}), &sn, &cs);",
+        "  T& first = q_at(r, i);",
+        f"  T& second = q_at(r, i + {half});",
+        "  const float x1 = gd::to<float>(first), x2 = gd::to<float>(second);",
+        "  first = gd::from<T>(x1 * cs - x2 * sn);",
+        "  second = gd::from<T>(x2 * cs + x1 * sn);",
+        "}",
+    ]
+
+
+def _exponent(theta: float, d: int) -> str:
+    """-2 ln(theta) / D as a float literal: frequency i turns theta^(-2i/D) radians per position."""
+    return literal(-2.0 * math.log(theta) / d, "float")
 
 
 def _packed(tensor: Tensor) -> Tensor:
