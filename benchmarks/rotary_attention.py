@@ -1,6 +1,7 @@
 """RoPE + attention: RoPE folded into the attention fused node (the ``rotary_attention`` rule)
 against the same graph with the rule disabled (RoPE's kernels, then sdpa) and torch eager
-(RoPE from cached cos/sin tables, then F.scaled_dot_product_attention), in one run.
+(RoPE from cached cos/sin tables, then F.scaled_dot_product_attention), in one run; and the
+attention alone (sdpa on the same Q and K, no RoPE), the floor of what folding RoPE can reach.
 
     PYTHONPATH=. python benchmarks/rotary_attention.py [--only prefill|decode]   # on a GPU
 
@@ -34,13 +35,15 @@ SHAPES = (
 THETA = 10000.0
 
 
-def graph(b: int, heads: int, kv_heads: int, sq: int, skv: int, d: int, causal: bool) -> gd.OperationGraphSpec:
+def graph(
+    b: int, heads: int, kv_heads: int, sq: int, skv: int, d: int, causal: bool, rotary: bool = True
+) -> gd.OperationGraphSpec:
     g = gd.OperationGraphSpec(
         "rope_attention", io_data_type="bfloat16", intermediate_data_type="bfloat16", compute_data_type="float"
     )
     q = g.tensor([b, heads, sq, d], name="q")
     k, v = (g.tensor([b, kv_heads, skv, d], name=n) for n in "kv")
-    q_rot, k_rot = rope(g, q, THETA, name="q_rope"), rope(g, k, THETA, name="k_rope")
+    q_rot, k_rot = (rope(g, q, THETA, name="q_rope"), rope(g, k, THETA, name="k_rope")) if rotary else (q, k)
     o = g.sdpa(q_rot, k_rot, v, attn_scale=d**-0.5, use_causal_mask=causal, name="attn")[0]
     o.set_output(True).set_name("o")
     return g
@@ -68,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{torch.cuda.get_device_name()}: RoPE on Q and K + sdpa, bf16")
     print()
-    print("| B | H | Hk | Sq | Skv | D | causal | fused kernels | fused µs | unfused µs | unfused / fused | torch µs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| B | H | Hk | Sq | Skv | D | causal | fused kernels | fused µs | unfused µs | unfused / fused | "
+        "sdpa alone µs | torch µs |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in SHAPES:
         b, heads, kv_heads, sq, skv, d, causal = shape
         if only is not None and (only == "decode") != (sq == 1):
@@ -109,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                     kernels = " + ".join(
                         launch.name.split("_", 2)[2].rsplit("_", 1)[0][-24:] for launch in bound.launches
                     )
+            alone = median_us(gd.compile(graph(*shape, rotary=False)).bind({**inputs, "o": out}))
             peer = median_us(eager)
             print(
                 f"{row} {kernels} | {times['fused']:.1f} | {times['unfused']:.1f} | "
-                f"{times['unfused'] / times['fused']:.2f} | {peer:.1f} |",
+                f"{times['unfused'] / times['fused']:.2f} | {alone:.1f} | {peer:.1f} |",
                 flush=True,
             )
         except Exception as error:
