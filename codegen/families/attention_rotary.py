@@ -1,6 +1,8 @@
-"""Rotary position embeddings folded into attention (the ``rotary_attention`` fusion rule): one
-pre-pass kernel rotates Q and/or K into the fused node's scratch, which the attention kernel then
-reads in place of the operands, whichever path it takes.
+"""Rotary position embeddings folded into attention (the ``rotary_attention`` fusion rule): the
+flash and Hopper kernels rotate their Q tile in shared memory once it has landed
+(:func:`q_rotation`, once per Q tile, before the first S = Q Kᵀ); K, which every Q tile of a
+head reads, is rotated once by a pre-pass kernel into the fused node's scratch, which the
+attention kernel reads in place of K (Q too, for the decode and SIMT kernels).
 
 The pre-pass reads each rotated operand once and writes it once (packed [B, H, S, D], the
 operand's type), in one launch for both: RoPE written from primitives runs as a slice, a slice
@@ -8,9 +10,9 @@ and a concatenate (three data-movement kernels) and an elementwise kernel per op
 and write it about seven times. Each thread takes one pair (d, d + D/2) of a row: the angle
 ``s * expf(i * (-2 ln(theta) / D))`` in float, as the unfused graph computes it, precise
 ``sincosf`` (angles reach the sequence length, where ``__sincosf`` loses digits), the rotation in
-float, rounded to the operand's type (graphdnn/ops/rotary.py defines it). The attention kernels
-read the scratch with plain loads (the Hopper kernel by cp.async: TMA maps are encoded from graph
-tensors).
+float, rounded to the operand's type (graphdnn/ops/rotary.py defines it); the prologue's
+rotation is the same arithmetic. The Hopper kernel reads the scratch by TMA maps of it
+(KernelParams.scratch_map), the others by pointer.
 """
 
 from __future__ import annotations
