@@ -21,6 +21,7 @@ class RopeForm:
     factor_type: DataType = DataType.FLOAT  # the factors' type (bfloat16 loses RoPE's precision)
     swap: tuple[int, int] = (1, 0)  # which halves the concatenate joins, in order (RoPE's: second, first)
     position_axis: int = 2  # gen_index's axis for the positions (2 is RoPE's)
+    tables: int = 0  # cos and sin given as tensors of this rank ([S, D] or [1, 1, S, D]); 0: from gen_index
 
 
 def rope(g: gd.OperationGraphSpec, x: gd.TensorSpec, form: RopeForm, name: str) -> gd.TensorSpec:
@@ -30,6 +31,11 @@ def rope(g: gd.OperationGraphSpec, x: gd.TensorSpec, form: RopeForm, name: str) 
 
     def typed(t: gd.TensorSpec) -> gd.TensorSpec:
         return t.set_data_type(form.factor_type)
+
+    if form.tables:
+        dims = [1, 1, x.dim[2], d][4 - form.tables :]
+        cos, sin = (g.tensor(dims, name=f"{name}.{f}", data_type=form.factor_type) for f in ("cos", "sin"))
+        return _combine(g, x, cos, sin, form, name)
 
     position = g.gen_index(x, form.position_axis, name=f"{name}.position")
     column = g.gen_index(x, 3, name=f"{name}.column")
@@ -41,6 +47,16 @@ def rope(g: gd.OperationGraphSpec, x: gd.TensorSpec, form: RopeForm, name: str) 
         first = g.cmp_lt(column, half, name=f"{name}.first_half")
         sign = typed(g.add(typed(g.mul(first, -2.0, name=f"{name}.minus_two")), 1.0, name=f"{name}.sign"))
         sin = typed(g.mul(sin, sign, name=f"{name}.signed_sin"))
+    return _combine(g, x, typed(g.cos(angle, name=f"{name}.cos")), sin, form, name)
+
+
+def _combine(
+    g: gd.OperationGraphSpec, x: gd.TensorSpec, cos: gd.TensorSpec, sin: gd.TensorSpec, form: RopeForm, name: str
+) -> gd.TensorSpec:
+    """``x cos + swap(x) sin``: swap(x) the concatenate of x's halves (the second negated when
+    ``form.negated``)."""
+    d = x.dim[3]
+    half = d // 2
     halves = [
         g.slice(x, [slice(None)] * 3 + [slice(0, half)], name=f"{name}.x1"),
         g.slice(x, [slice(None)] * 3 + [slice(half, d)], name=f"{name}.x2"),
@@ -49,8 +65,12 @@ def rope(g: gd.OperationGraphSpec, x: gd.TensorSpec, form: RopeForm, name: str) 
     if form.negated:
         parts[0] = g.neg(parts[0], name=f"{name}.minus_x2")
     rotated = g.concatenate(parts, axis=3, name=f"{name}.swap")
-    x_cos = typed(g.mul(x, typed(g.cos(angle, name=f"{name}.cos")), name=f"{name}.x_cos"))
-    return g.add(x_cos, typed(g.mul(rotated, sin, name=f"{name}.rot_sin")), name=name).set_data_type(x.data_type)
+    x_cos = g.mul(x, cos, name=f"{name}.x_cos").set_data_type(form.factor_type)
+    rot_sin = g.mul(rotated, sin, name=f"{name}.rot_sin").set_data_type(form.factor_type)
+    return g.add(x_cos, rot_sin, name=name).set_data_type(x.data_type)
+
+
+TABLES = RopeForm(negated=True, tables=4)  # torch's form: x cos + [-x2, x1] sin, cos and sin given
 
 
 @dataclass(frozen=True)
@@ -90,4 +110,16 @@ GPU_CASES = {
     "k_only_negated_theta_500k": RotaryCase(sq=65, skv=300, q=None, k=RopeForm(theta=500000.0, negated=True)),
     "decode_gqa": RotaryCase(b=3, hq=8, hk=2, sq=1, skv=517, d=128, options={}),
     "fp32_simt": RotaryCase(sq=20, skv=33, d=32, data_type=DataType.FLOAT, options={}),
+    "tables_gqa_causal": RotaryCase(b=2, hq=8, hk=2, sq=100, skv=100, d=128, q=TABLES, k=TABLES),
+    "tables_decode_bf16": RotaryCase(
+        b=3,
+        hq=8,
+        hk=2,
+        sq=1,
+        skv=300,
+        d=64,
+        q=RopeForm(negated=True, tables=2, factor_type=DataType.BFLOAT16),
+        k=RopeForm(negated=True, tables=2, factor_type=DataType.BFLOAT16),
+        options={},
+    ),
 }

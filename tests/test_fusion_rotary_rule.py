@@ -25,7 +25,7 @@ from graphdnn.ops.attention import RotarySdpaAttributes
 from graphdnn.ops.rotary import rotate_half
 from graphdnn.program import ArgKind
 from graphdnn.random_inputs import random_inputs
-from tests.rotary_cases import RopeForm, RotaryCase
+from tests.rotary_cases import TABLES, RopeForm, RotaryCase
 from tests.test_cpu_emulation import check
 from tests.test_fusion_property import check_partition
 
@@ -37,6 +37,9 @@ FUSED = {
     "negated_swap_theta_500k": RotaryCase(q=RopeForm(500000.0, negated=True), k=RopeForm(500000.0, negated=True)),
     "decode_d128": RotaryCase(sq=1, skv=40, d=128, options={}),
     "float_d2": RotaryCase(d=2, data_type=DataType.FLOAT, options={}),
+    "tables_q_and_k": RotaryCase(q=TABLES, k=TABLES),
+    "tables_decode_2d": RotaryCase(sq=1, skv=30, q=dataclasses.replace(TABLES, tables=2), k=TABLES, options={}),
+    "tables_unsigned_swap_k_only": RotaryCase(q=None, k=RopeForm(tables=4)),
 }
 
 
@@ -68,11 +71,21 @@ def test_rope_folds_into_the_attention_node(case: str) -> None:
     assert (attrs.rotary_q, attrs.rotary_k) == (c.q is not None, c.k is not None)
     form = c.q or c.k
     assert form is not None
-    if c.d >= 4 and max(c.sq, c.skv) > 1:  # else any theta is the same rotation
+    if c.d >= 4 and max(c.sq, c.skv) > 1 and not form.tables:  # else any theta is the same rotation
         assert attrs.rotary_theta == form.theta
     anchor = partition.nodes[0].anchor
     assert anchor is not None
     assert [anchor.input(role).name for role in ("Q", "K", "V")] == ["q", "k", "v"]  # type: ignore[union-attr]
+    tables = {role: t.name for role, t in anchor.inputs if role.startswith("ROPE_")}  # type: ignore[union-attr]
+    expected = {
+        f"ROPE_{f.upper()}_{r}": f"{r.lower()}_rope.{f}"
+        for r, o in (("Q", c.q), ("K", c.k))
+        if o and o.tables
+        for f in ("cos", "sin")
+    }
+    assert tables == expected
+    if form.tables:
+        assert attrs.rotary_negated == form.negated
     _same_as_unfused(partition)
 
 
@@ -92,6 +105,7 @@ NEAR_MISSES = {
     "halves_not_swapped": (RotaryCase(q=RopeForm(swap=(0, 1)), k=None), "in the wrong places"),
     "positions_along_heads": (RotaryCase(q=RopeForm(position_axis=1), k=None), "indexes axis 1"),
     "thetas_differ": (RotaryCase(q=RopeForm(theta=10000.0), k=RopeForm(theta=500000.0)), "takes one theta"),
+    "tables_differ_in_sign": (RotaryCase(q=TABLES, k=RopeForm(tables=4)), "different signs"),
 }
 
 
@@ -164,6 +178,13 @@ def test_the_decode_and_simt_kernels_read_both_from_the_pre_pass() -> None:
         assert not any("RoPE on Q" in s.source for s in lowered.sources.values())
 
 
+def test_only_the_rule_binds_rope_tables() -> None:
+    g = gd.OperationGraphSpec(io_data_type="half")
+    q, k, v, cos = (g.tensor([1, 2, 8, 16], name=n) for n in ("q", "k", "v", "cos"))
+    with pytest.raises(gd.StructureError, match="only the rotary_attention fusion rule binds them"):
+        g._add_node("sdpa", {"Q": q, "K": k, "V": v, "ROPE_COS_Q": cos}, {})
+
+
 def test_a_plain_sdpa_keeps_its_attributes() -> None:
     partition = fuse(dataclasses.replace(RotaryCase(), q=None, k=None).build().validate())
     (fused,) = partition.nodes
@@ -184,6 +205,10 @@ def test_scratch_tensor_maps_survive_the_plan_cache(tmp_path: Path) -> None:
 
 EMULATED = {  # the flash kernel (fp16 mma.sync) rotating Q in its prologue, after the pre-pass rotating K
     "flash_fp16_gqa_causal": (RotaryCase(hq=4, hk=2, sq=37, skv=37, d=64, data_type=DataType.HALF), FLASH),
+    "flash_fp16_tables": (
+        RotaryCase(hq=2, hk=2, sq=21, skv=21, d=32, data_type=DataType.HALF, q=TABLES, k=dataclasses.replace(TABLES, tables=2)),
+        FLASH,
+    ),
     "flash_fp16_q_only_bottom_right": (
         RotaryCase(
             hq=2,
@@ -202,5 +227,7 @@ EMULATED = {  # the flash kernel (fp16 mma.sync) rotating Q in its prologue, aft
 
 @pytest.mark.parametrize("case", sorted(EMULATED))
 def test_the_kernels_match_the_reference_on_the_cpu(case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    graph, tuning = EMULATED[case]
-    check(graph.build(), tuning, tmp_path_factory)
+    case_graph, tuning = EMULATED[case]
+    graph = case_graph.build()
+    _rotary(fuse(graph.validate()))
+    check(graph, tuning, tmp_path_factory)

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Tensor
 from graphdnn.layout import packed_strides
-from graphdnn.ops.attention import RotarySdpaAttributes
+from graphdnn.ops.attention import ROTARY_TABLES, RotarySdpaAttributes
 
 from ..context import EmitContext, KernelParams, indent, kernel_source
 from ..cuda_types import cuda_type, load
@@ -50,27 +51,38 @@ class RotaryPrepass:
 
 
 def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention, q_in_kernel: bool) -> RotaryPrepass | None:
-    """The pre-pass of an sdpa anchor with RoPE folded in; None for a plain sdpa, or where it has
-    nothing to do: RoPE on Q alone, which a kernel that rotates Q in its prologue
-    (``q_in_kernel``: :func:`q_rotation`) takes, as ``rotary_q_theta`` of the problem it returns."""
+    """The pre-pass of an sdpa anchor with RoPE folded in; None for a plain sdpa. A kernel that
+    rotates Q in its prologue (``q_in_kernel``: :func:`q_rotation`) takes Q's RoPE by theta, as
+    ``rotary_q_theta`` of the problem returned; the pre-pass has no kernel when nothing is left."""
     attrs = a.node.attributes
     if not isinstance(attrs, RotarySdpaAttributes):
         return None
     params = KernelParams()
+    declared: dict[int, str] = {}
+
+    def pointer(tensor: Tensor) -> str:
+        if tensor.id not in declared:
+            declared[tensor.id] = params.tensor(tensor)
+        return declared[tensor.id]
+
     rotated: dict[str, str] = {}
     blocks: list[str] = []
     scratch: list[Scratch] = []
     begin = 0
-    exponent = _exponent(attrs.rotary_theta, a.d)
-    in_kernel = attrs.rotary_theta if attrs.rotary_q and q_in_kernel else None
+    q_tables = a.node.input(ROTARY_TABLES["Q"][0]) is not None
+    in_kernel = attrs.rotary_theta if attrs.rotary_q and q_in_kernel and not q_tables else None
     for role, on in (("Q", attrs.rotary_q and in_kernel is None), ("K", attrs.rotary_k)):
         tensor = a.q if role == "Q" else a.k
         if not on:
             continue
-        source = params.tensor(tensor)
         target = params.scratch(f"rotary_{role.lower()}", cuda_type(tensor.data_type))
+        cos, sin = (a.node.input(name) for name in ROTARY_TABLES[role])
+        if cos is not None and sin is not None:
+            factors = _tabled(cos, pointer(cos), sin, pointer(sin), attrs.rotary_negated)
+        else:
+            factors = _angles(_exponent(attrs.rotary_theta, a.d))
         pairs = tensor.static_numel // 2
-        blocks += _rotate(tensor, source, target, begin, pairs)
+        blocks += _rotate(tensor, pointer(tensor), target, begin, pairs, factors)
         begin += pairs
         scratch.append(Scratch(target, tensor.static_numel * tensor.data_type.itemsize))
         rotated[role] = target
@@ -78,7 +90,6 @@ def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention, q_in_kernel
     if not rotated:
         return RotaryPrepass(None, (), a)
     body = [
-        f"const float EXPONENT = {exponent};  // -2 ln(theta) / D",
         f"const long long p = (long long)blockIdx.x * {THREADS} + threadIdx.x;  // one pair (d, d + D/2) of a row",
         *blocks,
     ]
@@ -123,7 +134,41 @@ def _packed(tensor: Tensor) -> Tensor:
     return dataclasses.replace(tensor, stride=packed_strides(tensor.static_dim))
 
 
-def _rotate(tensor: Tensor, source: str, target: str, begin: int, pairs: int) -> list[str]:
+def _angles(exponent: str) -> Callable[[str], list[str]]:
+    """RoPE's factors from theta: ``cos1, sin1`` for column i, ``cos2, sin2`` for i + D/2
+    (``sin1 = -sin``: the first half takes ``-x2 sin``), at position s."""
+
+    def factors(second: str) -> list[str]:
+        return [
+            "float sn, cs;",
+            f"sincosf((float)s * expf((float)i * {exponent}), &sn, &cs);",
+            "const float cos1 = cs, sin1 = -sn, cos2 = cs, sin2 = sn;",
+        ]
+
+    return factors
+
+
+def _tabled(cos: Tensor, cos_name: str, sin: Tensor, sin_name: str, negated: bool) -> Callable[[str], list[str]]:
+    """RoPE's factors read from the cos and sin tables (broadcast against [S, D]) at position s,
+    columns i and ``second``; the sin of the first half negated where the graph swaps to [-x2, x1]."""
+
+    def at(table: Tensor, name: str, column: str) -> str:
+        coordinates = ["0", "0", "(long long)s", column][4 - len(table.dim) :]  # leading dims are 1
+        return load(table.data_type, f"{name}[{offset_at(table, coordinates)}]")
+
+    def factors(second: str) -> list[str]:
+        sign = "-" if negated else ""
+        return [
+            f"const float cos1 = {at(cos, cos_name, 'i')}, sin1 = {sign}{at(sin, sin_name, 'i')};",
+            f"const float cos2 = {at(cos, cos_name, second)}, sin2 = {at(sin, sin_name, second)};",
+        ]
+
+    return factors
+
+
+def _rotate(
+    tensor: Tensor, source: str, target: str, begin: int, pairs: int, factors: Callable[[str], list[str]]
+) -> list[str]:
     """Pairs ``begin`` to ``begin + pairs`` of the launch: one pair of ``tensor`` each."""
     _, heads, positions, d = tensor.static_dim
     half = d // 2
@@ -139,11 +184,10 @@ def _rotate(tensor: Tensor, source: str, target: str, begin: int, pairs: int) ->
                 f"const long long pair = p - {begin}, row = pair / {half};",
                 f"const int i = (int)(pair % {half}), s = (int)(row % {positions});",
                 f"const int hh = (int)((row / {positions}) % {heads}), bb = (int)(row / {positions} / {heads});",
-                "float sn, cs;",
-                "sincosf((float)s * expf((float)i * EXPONENT), &sn, &cs);",
+                *factors(f"i + {half}"),
                 f"const float x1 = {x1}, x2 = {x2};",
-                f"{out}] = gd::from<{t}>(x1 * cs - x2 * sn);",
-                f"{out} + {half}] = gd::from<{t}>(x2 * cs + x1 * sn);",
+                f"{out}] = gd::from<{t}>(x1 * cos1 + x2 * sin1);",
+                f"{out} + {half}] = gd::from<{t}>(x2 * cos2 + x1 * sin2);",
             ],
             1,
         ).splitlines(),

@@ -8,15 +8,15 @@ Recognised, on an operand ``y`` of sdpa's Q or K (either operand order of each a
     y = add(mul(x, C), mul(concatenate([slice(x, D/2:D), slice(x, 0:D/2)], axis=-1), S))
 
 or with the swapped half negated, ``concatenate([neg(slice(x, D/2:D)), slice(x, 0:D/2)])``;
-``C`` and ``S`` are factors computed from coordinates alone: elementwise ops of gen_index along
-x's sequence (2) and head-dim (3) axes and constants (:mod:`.rotary_factors` reads them). They
-must hold RoPE's ``cos(s theta^(-2i/D))`` and sine (signed: ``-sin`` on the first half unless
-the swapped half is negated), i = d mod D/2, for one theta, within float's rounding of the angles:
-the rule evaluates them on the [S, D] grid, reads theta off position 1, and compares. This is
-``rope`` in examples/build_graphs.py and torch's ``x * cos + rotate_half(x) * sin``.
-
-Cos and sin given as input tensors (precomputed tables) and the interleaved (GPT-J) pairing
-are not fused yet: the rule says so, and they run as written.
+``C`` and ``S`` are either both tables (tensors given or computed elsewhere, broadcastable
+against x's [S, D]: torch's cached cos / sin, any positions), which the anchor reads as
+ROPE_COS_* / ROPE_SIN_*, or both factors computed from coordinates alone: elementwise ops of
+gen_index along x's sequence (2) and head-dim (3) axes and constants (:mod:`.rotary_factors`
+reads them). Those must hold RoPE's ``cos(s theta^(-2i/D))`` and sine (signed: ``-sin`` on the
+first half unless the swapped half is negated), i = d mod D/2, for one theta, within float's
+rounding of the angles: the rule evaluates them on the [S, D] grid, reads theta off position
+1, and compares. This is ``rope`` in examples/build_graphs.py and torch's
+``x * cos + rotate_half(x) * sin``. The interleaved (GPT-J) pairing is not fused yet.
 
 Numerics: the kernels rotate in float with the angle ``s * expf(i * (-2 ln(theta) / D))`` and
 precise ``sincosf``, and round the rotated operand to x's type, the attention kernels'
@@ -31,23 +31,26 @@ import math
 from graphdnn.dtypes import DataType
 from graphdnn.errors import GraphError
 from graphdnn.ir import Node, Tensor
-from graphdnn.ops.attention import RotarySdpaAttributes
+from graphdnn.ops.attention import ROTARY_TABLES, RotarySdpaAttributes
 
 from ..partition import Family
 from ..pattern import Match, MatchContext, Miss, Pattern, link_reason, op
 from ..rule import Rule, register_rule
-from .rotary_factors import read_theta
+from .rotary_factors import from_coordinates, read_theta, table_reason
 
 ROTARY_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 
 
 @dataclasses.dataclass(frozen=True)
 class _Rope:
-    """One operand's RoPE: the tensor before rotation, theta, and the nodes that compute it."""
+    """One operand's RoPE: the tensor before rotation, theta or the (cos, sin) tables, and the
+    nodes that compute it."""
 
     x: Tensor
-    theta: float
+    theta: float | None
     nodes: tuple[Node, ...]
+    tables: tuple[Tensor, Tensor] | None = None
+    negated: bool = False  # the swapped half is [-x2, x1] (the tables' sin unsigned)
 
 
 def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
@@ -110,6 +113,17 @@ def _read_rope(ctx: MatchContext, y: Tensor) -> _Rope | str | None:
     reason = _operand_reason(add, x, y)
     if reason is not None:
         return reason
+    computed = [from_coordinates(ctx, factor) for factor in (cos, sin)]
+    if not any(computed):
+        reason = table_reason((cos, sin), x, ("cos", "sin"))
+        own = (*swap_nodes, direct, rotated_mul, add)
+        return reason or _Rope(x, None, own, tables=(cos, sin), negated=negated)
+    if not all(computed):
+        table = sin if computed[0] else cos
+        return (
+            f"{add.name} multiplies by one factor computed from gen_index and by '{table.name}', a table; the "
+            "fused sdpa takes both from coordinates or both as tables"
+        )
     theta = read_theta(ctx, x, cos, sin, negated)
     if isinstance(theta, str):
         return theta
@@ -191,22 +205,36 @@ def _reason(ctx: MatchContext, sdpa: Node, ropes: dict[str, _Rope], members: tup
                 reason = link_reason(ctx, node, value, group, escapes=False)
                 if reason is not None:
                     return reason
-    thetas = sorted({rope.theta for rope in ropes.values()})
+    thetas = sorted({rope.theta for rope in ropes.values() if rope.theta is not None})
     if len(thetas) > 1 and not math.isclose(thetas[0], thetas[1], rel_tol=1e-3):
         return f"RoPE on Q has theta {ropes['Q'].theta:g} and on K {ropes['K'].theta:g}; the fused sdpa takes one theta"
+    if len({rope.negated for rope in ropes.values() if rope.tables is not None}) > 1:
+        return "RoPE on Q and on K swap the halves with different signs ([-x2, x1] and [x2, x1]) around their tables"
     return None
 
 
 def _anchor(sdpa: Node, ropes: dict[str, _Rope]) -> Node:
     inputs = tuple((role, ropes[role].x if role in ropes else t) for role, t in sdpa.inputs)
-    theta = next(iter(ropes.values())).theta
+    tables = tuple(
+        (name, table)
+        for role, rope in ropes.items()
+        if rope.tables
+        for name, table in zip(ROTARY_TABLES[role], rope.tables)
+    )
+    thetas = [rope.theta for rope in ropes.values() if rope.theta is not None]
     fields = {f.name: getattr(sdpa.attributes, f.name) for f in dataclasses.fields(sdpa.attributes)}
-    attributes = RotarySdpaAttributes(**fields, rotary_theta=theta, rotary_q="Q" in ropes, rotary_k="K" in ropes)
+    attributes = RotarySdpaAttributes(
+        **fields,
+        rotary_theta=thetas[0] if thetas else RotarySdpaAttributes.rotary_theta,
+        rotary_q="Q" in ropes,
+        rotary_k="K" in ropes,
+        rotary_negated=any(rope.negated for rope in ropes.values() if rope.tables is not None),
+    )
     return Node(
         id=sdpa.id,
         name=f"{sdpa.name}.rotary",
         op="sdpa",
-        inputs=inputs,
+        inputs=(*inputs, *tables),
         outputs=sdpa.outputs,
         attributes=attributes,
         compute_data_type=sdpa.compute_data_type,

@@ -1,5 +1,5 @@
 """RoPE's cos and sin factors, written from coordinates: evaluated on the [S, D] grid and read
-as theta (for :mod:`.rotary`).
+as theta (for :mod:`.rotary`); or given as tables, read from memory.
 
 A factor is computed by elementwise ops from gen_index along x's sequence axis (2) or head-dim
 axis (3) and constants, so it is a function of (s, d) alone: the rule evaluates that function
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphdnn.dtypes import round_to
+from graphdnn.dtypes import DataType, round_to
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.pointwise import PointwiseOp
 from graphdnn.ops.rotary import rotary_angles
@@ -19,6 +19,7 @@ from graphdnn.ops.rotary import rotary_angles
 from ..pattern import MatchContext
 
 SEQUENCE_AXIS, HEAD_AXIS = 2, 3
+TABLE_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 ANGLE_ROUNDING = 8 * 2.0**-24  # float's relative rounding of an angle, a few times over
 
 
@@ -71,21 +72,33 @@ def _theta(cos: np.ndarray, sin: np.ndarray, d: int) -> float:
     return float(round(theta)) if abs(theta - round(theta)) <= 1e-5 * theta else theta
 
 
+def from_coordinates(ctx: MatchContext, factor: Tensor) -> bool:
+    """Whether ``factor`` is computed by elementwise ops from gen_index and constants alone (a
+    function of the coordinates); otherwise RoPE reads it as a table, from memory."""
+    seen: set[int] = set()
+    stack = [factor]
+    while stack:
+        tensor = stack.pop()
+        node = None if tensor.is_constant else ctx.graph.producer(tensor)
+        if tensor.is_constant or (node is not None and node.id in seen):
+            continue
+        if node is None or not (node.op == "gen_index" or isinstance(node.definition, PointwiseOp)):
+            return False
+        seen.add(node.id)
+        if node.op != "gen_index":
+            stack.extend(node.input_tensors())
+    return True
+
+
 def _evaluate(ctx: MatchContext, x: Tensor, factor: Tensor) -> tuple[np.ndarray, tuple[Node, ...]] | str:
-    """``factor`` on the [S, D] grid of x's positions and columns, with the nodes computing it."""
+    """``factor`` (:func:`from_coordinates`) on the [S, D] grid of x's positions and columns,
+    with the nodes computing it."""
     nodes: dict[int, Node] = {}
     stack = [factor]
     while stack:
         tensor = stack.pop()
-        if tensor.is_constant:
-            continue
-        node = ctx.graph.producer(tensor)
-        if node is None:
-            return (
-                f"RoPE's factor reads '{tensor.name}', a graph input: cos and sin given as tensors are not "
-                "fused yet (compute them from gen_index of the operand)"
-            )
-        if node.id in nodes:
+        node = None if tensor.is_constant else ctx.graph.producer(tensor)
+        if node is None or node.id in nodes:
             continue
         reason = _factor_node_reason(node, x)
         if reason is not None:
@@ -129,9 +142,23 @@ def _factor_node_reason(node: Node, x: Tensor) -> str | None:
                 f"positions (axis 2) and head-dim columns (axis 3) of the operand {list(x.dim)}"
             )
         return None
-    if not isinstance(node.definition, PointwiseOp):
-        return f"RoPE's factor is computed by {node.name} ({node.op}), not elementwise from gen_index and constants"
+
     for tensor in node.input_tensors():
         if len(tensor.dim) > 4 or (tensor.is_constant and tensor.numel != 1):
             return f"{node.name} reads '{tensor.name}' {list(tensor.dim)}, not a coordinate or a one-element constant"
+    return None
+
+
+def table_reason(tensors: tuple[Tensor, Tensor], x: Tensor, names: tuple[str, str]) -> str | None:
+    """Why ``tensors`` (cos, sin) cannot be RoPE tables of ``x`` (each broadcastable against x's
+    [S, D], leading dims 1; float, half or bfloat16), None when they can."""
+    for name, table in zip(names, tensors):
+        dims = (1,) * (4 - len(table.dim)) + table.dim
+        if len(table.dim) > 4 or dims[:2] != (1, 1) or any(t not in (1, e) for t, e in zip(dims[2:], x.dim[2:])):
+            return (
+                f"RoPE's {name} table '{table.name}' has dims {list(table.dim)}; the fused sdpa takes tables "
+                f"broadcastable against the operand's [S, D] = {list(x.dim[2:])} (per position and column)"
+            )
+        if table.data_type not in TABLE_TYPES:
+            return f"RoPE's {name} table '{table.name}' is {table.data_type.value}; the fused kernels read float, half or bfloat16 tables"
     return None

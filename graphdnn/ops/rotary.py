@@ -10,6 +10,8 @@ column ``d`` with frequency index ``i = d mod half``::
 
 i.e. ``y = x cos + rotate_half(x) sin`` with ``rotate_half(x) = [-x2, x1]``. The position is the
 tensor's own row index: what ``gen_index(x, 2)`` gives, whatever masks or lengths sdpa applies.
+With cos and sin given as tables (:func:`rotate_by_tables`) the positions are whatever the tables
+hold, as in decode, where the query sits at the end of the cache.
 """
 
 from __future__ import annotations
@@ -31,3 +33,13 @@ def rotate_half(x: np.ndarray, theta: float) -> np.ndarray:
     cos, sin = np.cos(angles), np.sin(angles)
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rotate_by_tables(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, negated: bool) -> np.ndarray:
+    """``x cos + swap(x) sin`` with tables ``cos``, ``sin`` broadcastable to x's [..., S, D] and
+    ``swap(x) = [x2, x1]``, or ``[-x2, x1]`` (torch's rotate_half) when ``negated``: RoPE as a
+    graph writes it with cos and sin given as tensors (any positions), in float64."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    swapped = np.concatenate([-x2 if negated else x2, x1], axis=-1)
+    return x * cos + swapped * sin
