@@ -31,7 +31,7 @@ from ..cuda_types import cuda_type, load
 from ..indexing import offset_at
 from ..kernel import FusedProgram, Kernel, Scratch
 from ..pointwise import literal
-from .attention_problem import Attention
+from .attention_problem import Attention, coordinates
 
 THREADS = 256
 
@@ -121,6 +121,27 @@ def q_rotation(a: Attention, rows: int, position: str, threads: int, thread: str
         "  first = gd::from<T>(x1 * cs - x2 * sn);",
         "  second = gd::from<T>(x2 * cs + x1 * sn);",
         "}",
+    ]
+
+
+def hopper_q_rotation(a: Attention, barrier: int) -> list[str]:
+    """The Hopper kernel's (attention_wgmma.py) RoPE on a consumer's 64 rows of the Q tile, in the
+    128-byte-swizzle layout, where asked (:func:`q_rotation`): the generic-proxy stores fenced
+    before wgmma reads the tile, the consumer's warps joined at named barrier ``barrier`` +
+    consumer."""
+    position = coordinates(a, "Q", "h", "row0 + consumer * 64 + r", "0")[2]
+    rotation = q_rotation(a, 64, position, 128, "(tid & 127)")
+    if not rotation:
+        return []
+    return [
+        "auto q_at = [&](int r, int c) -> T& {  // row consumer * 64 + r, column c of the swizzled Q tile",
+        "  const int row = consumer * 64 + r;",
+        "  const unsigned at = q_tile + (c >> 6) * (BM * 128) + row * 128 + ((((c >> 3) & 7) ^ (row & 7)) << 4) + (c & 7) * 2;",
+        "  return *reinterpret_cast<T*>(smem_raw + (at - smem_addr(smem_raw)));",
+        "};",
+        *rotation,
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        f'asm volatile("bar.sync %0, 128;\\n" ::"r"({barrier} + consumer) : "memory");  // this consumer\'s Q is rotated',
     ]
 
 

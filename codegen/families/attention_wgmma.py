@@ -61,7 +61,7 @@ from .attention_problem import (
     work_setup,
     written_rows,
 )
-from .attention_rotary import q_rotation
+from .attention_rotary import hopper_q_rotation
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
 from .tensor_core import TENSOR_CORE_TYPES, OperandTypes
@@ -373,25 +373,6 @@ def swizzled_row_copies(aligned: str, threads: int) -> list[str]:
     ]
 
 
-def _rotate_q(a: Attention) -> list[str]:
-    """RoPE on this consumer's 64 rows of the Q tile, in the swizzled layout, where asked
-    (attention_rotary.q_rotation); its generic-proxy stores fenced before wgmma reads the tile."""
-    position = coordinates(a, "Q", "h", "row0 + consumer * 64 + r", "0")[2]
-    rotation = q_rotation(a, 64, position, 128, "(tid & 127)")
-    if not rotation:
-        return []
-    return [
-        "auto q_at = [&](int r, int c) -> T& {  // row consumer * 64 + r, column c of the swizzled Q tile",
-        "  const int row = consumer * 64 + r;",
-        "  const unsigned at = q_tile + (c >> 6) * (BM * 128) + row * 128 + ((((c >> 3) & 7) ^ (row & 7)) << 4) + (c & 7) * 2;",
-        "  return *reinterpret_cast<T*>(smem_raw + (at - smem_addr(smem_raw)));",
-        "};",
-        *rotation,
-        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
-        f'asm volatile("bar.sync %0, 128;\\n" ::"r"({ROTARY_BARRIER} + consumer) : "memory");  // this consumer\'s Q is rotated',
-    ]
-
-
 def _consumer(
     a: Attention, names: dict[str, str], c: WgmmaConfig, item: list[str], aligned: str, generic_writes: bool
 ) -> list[str]:
@@ -428,7 +409,7 @@ def _consumer(
         "for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;",
         "mbar_wait(q_full, item & 1);",
         *fence,
-        *_rotate_q(a),
+        *hopper_q_rotation(a, ROTARY_BARRIER),
         "const unsigned q_rows = q_tile + consumer * (64 * 128);",
         "// P_{j-1} V_{j-1} into O, V from the stage at v_tile (not waited for)",
         "auto issue_pv = [&](unsigned v_tile) {",

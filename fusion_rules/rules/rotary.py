@@ -29,12 +29,11 @@ import dataclasses
 import math
 
 from graphdnn.dtypes import DataType
-from graphdnn.errors import GraphError
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.attention import ROTARY_TABLES, RotarySdpaAttributes
 
 from ..partition import Family
-from ..pattern import Match, MatchContext, Miss, Pattern, link_reason, op
+from ..pattern import Match, MatchContext, Miss, Pattern, anchored, link_reason, op
 from ..rule import Rule, register_rule
 from .rotary_factors import from_coordinates, read_theta, table_reason
 
@@ -76,12 +75,7 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
     reason = _reason(ctx, sdpa, ropes, members)
     if reason is not None:
         return Miss(reason, names)
-    anchor = _anchor(sdpa, ropes)
-    try:
-        anchor.definition.infer(anchor, {})
-    except GraphError as error:  # the checks above should have caught it; say what sdpa says
-        return Miss(f"the rotary sdpa is invalid: {error}", names)
-    return Match(found.bindings, (), members, anchor)
+    return anchored(found.bindings, members, _anchor(sdpa, ropes), "rotary sdpa")
 
 
 def _read_rope(ctx: MatchContext, y: Tensor) -> _Rope | str | None:
