@@ -205,8 +205,17 @@ def test_scratch_tensor_maps_survive_the_plan_cache(tmp_path: Path) -> None:
 
 EMULATED = {  # the flash kernel (fp16 mma.sync) rotating Q in its prologue, after the pre-pass rotating K
     "flash_fp16_gqa_causal": (RotaryCase(hq=4, hk=2, sq=37, skv=37, d=64, data_type=DataType.HALF), FLASH),
+    "decode_mma_fp16_gqa": (RotaryCase(b=2, hq=4, hk=1, sq=1, skv=70, d=64, data_type=DataType.HALF, options={}), {}),
+    "decode_mma_fp16_two_rows_d96": (
+        RotaryCase(
+            b=1, hq=2, hk=1, sq=2, skv=45, d=96, data_type=DataType.HALF, options={"use_causal_mask_bottom_right": True}
+        ),
+        {},
+    ),
     "flash_fp16_tables": (
-        RotaryCase(hq=2, hk=2, sq=21, skv=21, d=32, data_type=DataType.HALF, q=TABLES, k=dataclasses.replace(TABLES, tables=2)),
+        RotaryCase(
+            hq=2, hk=2, sq=21, skv=21, d=32, data_type=DataType.HALF, q=TABLES, k=dataclasses.replace(TABLES, tables=2)
+        ),
         FLASH,
     ),
     "flash_fp16_q_only_bottom_right": (

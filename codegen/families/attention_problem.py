@@ -60,6 +60,7 @@ class Attention:
     # rotated by the RoPE pre-pass (attention_rotary.py), packed [B, H, S, D]
     rotated: dict[str, str] = dataclasses.field(default_factory=dict)
     rotary_q_theta: float | None = None  # RoPE on Q, which the kernel applies in its prologue
+    rotary_k_theta: float | None = None  # RoPE on K, which the kernel applies as its keys land
 
     @property
     def attrs(self) -> Masks:

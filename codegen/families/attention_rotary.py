@@ -50,10 +50,14 @@ class RotaryPrepass:
         return FusedProgram(program.fused, (*first, *program.kernels), (*self.scratch, *program.scratch))
 
 
-def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention, q_in_kernel: bool) -> RotaryPrepass | None:
+def rotary_prepass(
+    fused: FusedNode, ctx: EmitContext, a: Attention, q_in_kernel: bool, k_in_kernel: bool
+) -> RotaryPrepass | None:
     """The pre-pass of an sdpa anchor with RoPE folded in; None for a plain sdpa. A kernel that
     rotates Q in its prologue (``q_in_kernel``: :func:`q_rotation`) takes Q's RoPE by theta, as
-    ``rotary_q_theta`` of the problem returned; the pre-pass has no kernel when nothing is left."""
+    ``rotary_q_theta`` of the problem returned; one that rotates K as its keys land
+    (``k_in_kernel``: :func:`decode_k_rotation`) K's, as ``rotary_k_theta``; the pre-pass has no
+    kernel when nothing is left."""
     attrs = a.node.attributes
     if not isinstance(attrs, RotarySdpaAttributes):
         return None
@@ -69,9 +73,13 @@ def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention, q_in_kernel
     blocks: list[str] = []
     scratch: list[Scratch] = []
     begin = 0
-    q_tables = a.node.input(ROTARY_TABLES["Q"][0]) is not None
-    in_kernel = attrs.rotary_theta if attrs.rotary_q and q_in_kernel and not q_tables else None
-    for role, on in (("Q", attrs.rotary_q and in_kernel is None), ("K", attrs.rotary_k)):
+
+    def by_theta(role: str, on: bool, in_kernel: bool) -> float | None:
+        tables = a.node.input(ROTARY_TABLES[role][0]) is not None
+        return attrs.rotary_theta if on and in_kernel and not tables else None
+
+    q_theta, k_theta = by_theta("Q", attrs.rotary_q, q_in_kernel), by_theta("K", attrs.rotary_k, k_in_kernel)
+    for role, on in (("Q", attrs.rotary_q and q_theta is None), ("K", attrs.rotary_k and k_theta is None)):
         tensor = a.q if role == "Q" else a.k
         if not on:
             continue
@@ -86,7 +94,7 @@ def rotary_prepass(fused: FusedNode, ctx: EmitContext, a: Attention, q_in_kernel
         begin += pairs
         scratch.append(Scratch(target, tensor.static_numel * tensor.data_type.itemsize))
         rotated[role] = target
-    a = dataclasses.replace(a, rotary_q_theta=in_kernel)
+    a = dataclasses.replace(a, rotary_q_theta=q_theta, rotary_k_theta=k_theta)
     if not rotated:
         return RotaryPrepass(None, (), a)
     body = [
@@ -142,6 +150,56 @@ def hopper_q_rotation(a: Attention, barrier: int) -> list[str]:
         *rotation,
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
         f'asm volatile("bar.sync %0, 128;\\n" ::"r"({barrier} + consumer) : "memory");  // this consumer\'s Q is rotated',
+    ]
+
+
+def rotated_load(a: Attention, name: str, position: str, value: str) -> list[str]:
+    """``name(rr, d)``: Q's element ``value`` (a C expression of rr and d) rotated by RoPE, row rr
+    at sequence position ``position``, for a kernel that reads Q element by element (the
+    tensor-core decode kernel); the pre-pass's arithmetic. Nothing unless the problem's
+    ``rotary_q_theta`` asks for it."""
+    if a.rotary_q_theta is None:
+        return []
+    half = a.d // 2
+    return [
+        f"auto {name} = [&](int rr, int d) -> float {{  // RoPE on Q (theta {a.rotary_q_theta:g}) as it is read",
+        f"  const int i = d % {half};",
+        f"  const float x = {value};",
+        f"  const float partner = [&](int d) -> float {{ return {value}; }}(d < {half} ? d + {half} : d - {half});",
+        "  float sn, cs;",
+        f"  sincosf((float)({position}) * expf((float)i * {_exponent(a.rotary_q_theta, a.d)}), &sn, &cs);",
+        f"  return d < {half} ? x * cs - partner * sn : x * cs + partner * sn;",
+        "};",
+    ]
+
+
+def decode_k_rotation(a: Attention) -> list[str]:
+    """The tensor-core decode kernel's (attention_decode_mma.py) RoPE on the keys of a warp's
+    batch once they have landed in its ring (stage ``stage``, keys ``key0`` on), in place, before
+    the first ldmatrix reads them: each block reads its keys once, so nothing is rotated twice
+    and K never makes a pass of its own. Lane l takes the pairs (i, i + D/2) with i = l + 32 u of
+    every key (its inverse frequencies once per batch); the pre-pass's arithmetic. Nothing
+    unless the problem's ``rotary_k_theta`` asks for it."""
+    if a.rotary_k_theta is None:
+        return []
+    half = a.d // 2
+    return [
+        f"// RoPE on K (theta {a.rotary_k_theta:g}), in place: this lane's pairs (i, i + {half}) of each key",
+        "#pragma unroll",
+        f"for (int u = 0; u < {-(-half // 32)}; ++u) {{",
+        "  const int i = lane + 32 * u;",
+        f"  if (i >= {half}) break;",
+        f"  const float inverse = expf((float)i * {_exponent(a.rotary_k_theta, a.d)});",
+        "  for (int key = 0; key < KEYS; ++key) {",
+        "    TK* const row = k_ring + (stage * KEYS + key) * KROW;",
+        "    float sn, cs;",
+        "    sincosf((float)(key0 + key) * inverse, &sn, &cs);",
+        "    const float x1 = gd::to<float>(row[i]), x2 = gd::to<float>(row[i + D / 2]);",
+        "    row[i] = gd::from<TK>(x1 * cs - x2 * sn);",
+        "    row[i + D / 2] = gd::from<TK>(x2 * cs + x1 * sn);",
+        "  }",
+        "}",
+        "__syncwarp();  // the rotated keys, for every lane's ldmatrix",
     ]
 
 
