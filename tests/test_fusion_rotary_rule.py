@@ -169,13 +169,29 @@ def test_rope_on_q_alone_needs_no_pre_pass() -> None:
     assert not [b for b in lowered.program.workspace if b.scratch is not None]
 
 
-def test_the_decode_and_simt_kernels_read_both_from_the_pre_pass() -> None:
-    for case in (RotaryCase(sq=1, skv=40, d=128), RotaryCase(data_type=DataType.FLOAT)):
-        ir = case.build().validate()
-        job = Compilation.of(ir, 90)
-        lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key)
-        assert sorted(b.scratch for b in lowered.program.workspace if b.scratch is not None) == ["rotary_k", "rotary_q"]
-        assert not any("RoPE on Q" in s.source for s in lowered.sources.values())
+def test_the_tensor_core_decode_kernel_rotates_q_and_k_itself() -> None:
+    ir = RotaryCase(sq=1, skv=40, d=128).build().validate()
+    job = Compilation.of(ir, 90)
+    lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key)
+    (source,) = lowered.sources.values()
+    assert "_decode_mma_" in source.name and "RoPE on Q (theta 10000)" in source.source
+    assert "RoPE on K (theta 10000)" in source.source
+    assert not [b for b in lowered.program.workspace if b.scratch is not None]
+
+
+@pytest.mark.parametrize(
+    ("case", "tuning"),
+    [(RotaryCase(sq=1, skv=40, d=128), {"path": "decode"}), (RotaryCase(data_type=DataType.FLOAT), {})],
+    ids=["cuda_core_decode", "simt"],
+)
+def test_the_other_kernels_read_both_from_the_pre_pass(case: RotaryCase, tuning: dict[str, object]) -> None:
+    ir = case.build().validate()
+    job = Compilation.of(ir, 90)
+    (fused,) = job.partition.nodes
+    lowered = lower(job.partition, job.target, job.signature, job.fields.kernel_key, tuning={0: tuning})
+    assert sorted(b.scratch for b in lowered.program.workspace if b.scratch is not None) == ["rotary_k", "rotary_q"]
+    assert not any("RoPE on" in s.source for s in lowered.sources.values())
+    assert fused.rule == "rotary_attention"
 
 
 def test_only_the_rule_binds_rope_tables() -> None:
