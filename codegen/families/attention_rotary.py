@@ -125,9 +125,7 @@ def q_rotation(a: Attention, rows: int, position: str, threads: int, thread: str
         f"  sincosf((float)({position}) * expf((float)i * {_exponent(a.rotary_q_theta, a.d)}), &sn, &cs);",
         "  T& first = q_at(r, i);",
         f"  T& second = q_at(r, i + {half});",
-        "  const float x1 = gd::to<float>(first), x2 = gd::to<float>(second);",
-        "  first = gd::from<T>(x1 * cs - x2 * sn);",
-        "  second = gd::from<T>(x2 * cs + x1 * sn);",
+        *(f"  {line}" for line in _turn("first", "second", "T")),
         "}",
     ]
 
@@ -194,12 +192,20 @@ def decode_k_rotation(a: Attention) -> list[str]:
         "    TK* const row = k_ring + (stage * KEYS + key) * KROW;",
         "    float sn, cs;",
         "    sincosf((float)(key0 + key) * inverse, &sn, &cs);",
-        "    const float x1 = gd::to<float>(row[i]), x2 = gd::to<float>(row[i + D / 2]);",
-        "    row[i] = gd::from<TK>(x1 * cs - x2 * sn);",
-        "    row[i + D / 2] = gd::from<TK>(x2 * cs + x1 * sn);",
+        *(f"    {line}" for line in _turn("row[i]", "row[i + D / 2]", "TK")),
         "  }",
         "}",
         "__syncwarp();  // the rotated keys, for every lane's ldmatrix",
+    ]
+
+
+def _turn(first: str, second: str, t: str) -> list[str]:
+    """The pair (``first``, ``second``), elements of type ``t``, turned in place by the angle whose
+    sine and cosine are ``sn``, ``cs``: RoPE's rotation of columns (i, i + D/2)."""
+    return [
+        f"const float x1 = gd::to<float>({first}), x2 = gd::to<float>({second});",
+        f"{first} = gd::from<{t}>(x1 * cs - x2 * sn);",
+        f"{second} = gd::from<{t}>(x2 * cs + x1 * sn);",
     ]
 
 
