@@ -88,7 +88,7 @@ def rotary_prepass(
         if cos is not None and sin is not None:
             factors = _tabled(cos, pointer(cos), sin, pointer(sin), attrs.rotary_negated)
         else:
-            factors = _angles(_exponent(attrs.rotary_theta, a.d))
+            factors = _angles(attrs.rotary_theta, a.d)
         pairs = tensor.static_numel // 2
         blocks += _rotate(tensor, pointer(tensor), target, begin, pairs, factors)
         begin += pairs
@@ -121,8 +121,7 @@ def q_rotation(a: Attention, rows: int, position: str, threads: int, thread: str
         f"// RoPE on Q (theta {a.rotary_q_theta:g}), in place: pairs (c, c + {half}) of {rows} rows",
         f"for (int pair = {thread}; pair < {rows * half}; pair += {threads}) {{",
         f"  const int r = pair / {half}, i = pair % {half};",
-        "  float sn, cs;",
-        f"  sincosf((float)({position}) * expf((float)i * {_exponent(a.rotary_q_theta, a.d)}), &sn, &cs);",
+        *(f"  {line}" for line in _sincos(position, a.rotary_q_theta, a.d)),
         "  T& first = q_at(r, i);",
         f"  T& second = q_at(r, i + {half});",
         *(f"  {line}" for line in _turn("first", "second", "T")),
@@ -164,8 +163,7 @@ def rotated_load(a: Attention, name: str, position: str, value: str) -> list[str
         f"  const int i = d % {half};",
         f"  const float x = {value};",
         f"  const float partner = [&](int d) -> float {{ return {value}; }}(d < {half} ? d + {half} : d - {half});",
-        "  float sn, cs;",
-        f"  sincosf((float)({position}) * expf((float)i * {_exponent(a.rotary_q_theta, a.d)}), &sn, &cs);",
+        *(f"  {line}" for line in _sincos(position, a.rotary_q_theta, a.d)),
         f"  return d < {half} ? x * cs - partner * sn : x * cs + partner * sn;",
         "};",
     ]
@@ -209,6 +207,12 @@ def _turn(first: str, second: str, t: str) -> list[str]:
     ]
 
 
+def _sincos(position: str, theta: float, d: int) -> list[str]:
+    """``sn``, ``cs``: the sine and cosine of RoPE's angle for frequency ``i`` at ``position``, in
+    float as the unfused graph computes it (precise sincosf: the angles reach the positions)."""
+    return ["float sn, cs;", f"sincosf((float)({position}) * expf((float)i * {_exponent(theta, d)}), &sn, &cs);"]
+
+
 def _exponent(theta: float, d: int) -> str:
     """-2 ln(theta) / D as a float literal: frequency i turns theta^(-2i/D) radians per position."""
     return literal(-2.0 * math.log(theta) / d, "float")
@@ -219,16 +223,12 @@ def _packed(tensor: Tensor) -> Tensor:
     return dataclasses.replace(tensor, stride=packed_strides(tensor.static_dim))
 
 
-def _angles(exponent: str) -> Callable[[str], list[str]]:
+def _angles(theta: float, d: int) -> Callable[[str], list[str]]:
     """RoPE's factors from theta: ``cos1, sin1`` for column i, ``cos2, sin2`` for i + D/2
     (``sin1 = -sin``: the first half takes ``-x2 sin``), at position s."""
 
     def factors(second: str) -> list[str]:
-        return [
-            "float sn, cs;",
-            f"sincosf((float)s * expf((float)i * {exponent}), &sn, &cs);",
-            "const float cos1 = cs, sin1 = -sn, cos2 = cs, sin2 = sn;",
-        ]
+        return [*_sincos("s", theta, d), "const float cos1 = cs, sin1 = -sn, cos2 = cs, sin2 = sn;"]
 
     return factors
 
