@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import graphdnn as gd
 from fusion_rules import Family, Partition, fuse
@@ -256,3 +258,43 @@ def test_the_kernels_match_the_reference_on_the_cpu(case: str, tmp_path_factory:
     graph = case_graph.build()
     _rotary(fuse(graph.validate()))
     check(graph, tuning, tmp_path_factory)
+
+
+@st.composite
+def rotary_cases(draw: st.DrawFn) -> RotaryCase:
+    """Random shapes (GQA groups, odd lengths, even head dims), thetas and forms of RoPE on Q, K or both."""
+    kv_heads = draw(st.integers(1, 3))
+
+    def form() -> RopeForm | None:
+        tables = draw(st.sampled_from([0, 0, 2, 4]))
+        negated = draw(st.booleans())
+        theta = draw(st.sampled_from([100.0, 10000.0, 500000.0]))
+        return RopeForm(theta=theta, negated=negated, tables=tables)
+
+    q, k = draw(st.sampled_from([(True, True), (True, False), (False, True)]))
+    q_form, k_form = form() if q else None, form() if k else None
+    if q_form and k_form:  # one theta and, between tables, one sign: else the rule refuses (tested above)
+        k_form = dataclasses.replace(k_form, theta=q_form.theta, negated=q_form.negated)
+    data_type = draw(st.sampled_from([DataType.FLOAT, DataType.HALF, DataType.BFLOAT16]))
+    return RotaryCase(
+        b=draw(st.integers(1, 2)),
+        hq=kv_heads * draw(st.integers(1, 3)),
+        hk=kv_heads,
+        sq=draw(st.integers(1, 19)),
+        skv=draw(st.integers(1, 23)),
+        d=draw(st.sampled_from([2, 4, 8, 16, 32])),
+        data_type=data_type,
+        q=q_form,
+        k=k_form,
+        options=draw(st.sampled_from([{}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True}])),
+    )
+
+
+@pytest.mark.compile_sample
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=rotary_cases(), seed=st.integers(0, 2**16))
+def test_random_forms_fold_and_compute_what_the_unfused_graph_computes(case: RotaryCase, seed: int) -> None:
+    partition = fuse(case.build().validate())
+    attrs = _rotary(partition)
+    assert (attrs.rotary_q, attrs.rotary_k) == (case.q is not None, case.k is not None)
+    _same_as_unfused(partition, seed)
