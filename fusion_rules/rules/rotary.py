@@ -46,7 +46,7 @@ class _Rope:
     nodes that compute it."""
 
     x: Tensor
-    theta: float | None
+    theta: float | None  # None: tables, or any theta gives this rotation (one position or frequency)
     nodes: tuple[Node, ...]
     tables: tuple[Tensor, Tensor] | None = None
     negated: bool = False  # the swapped half is [-x2, x1] (the tables' sin unsigned)

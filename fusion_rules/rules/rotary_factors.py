@@ -20,15 +20,17 @@ from ..pattern import MatchContext
 
 SEQUENCE_AXIS, HEAD_AXIS = 2, 3
 TABLE_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
+ANY_THETA = 10000.0  # Llama's, where theta does not matter (or could not be read)
 ANGLE_ROUNDING = 8 * 2.0**-24  # float's relative rounding of an angle, a few times over
 
 
 def read_theta(
     ctx: MatchContext, x: Tensor, cos: Tensor, sin: Tensor, negated: bool
-) -> tuple[float, tuple[Node, ...]] | str:
+) -> tuple[float | None, tuple[Node, ...]] | str:
     """(theta, the factors' nodes) when ``cos`` and ``sin`` are RoPE's factors for ``x``'s
     positions and head dim (``sin`` signed -sin on the first half unless the swapped half is
-    ``negated``), else why not."""
+    ``negated``), else why not. Theta is None where any theta gives the same factors: one
+    position (every angle 0) or one frequency (its angle the position)."""
     found = []
     for factor in (cos, sin):
         value = _evaluate(ctx, x, factor)
@@ -41,7 +43,7 @@ def read_theta(
     if not negated:
         sign[: d // 2] = -1.0
     theta = _theta(c, s * sign, d)
-    angles = np.tile(rotary_angles(positions, d, theta), 2)
+    angles = np.tile(rotary_angles(positions, d, theta or ANY_THETA), 2)
     tolerance = 1e-5 + ANGLE_ROUNDING * positions
     for name, got, want in (("cos", c, np.cos(angles)), ("sin", s, np.sin(angles) * sign)):
         error = np.abs(got - want)
@@ -49,7 +51,7 @@ def read_theta(
         if error[worst] > tolerance:
             tensor = cos if name == "cos" else sin
             return (
-                f"'{tensor.name}' is not RoPE's {name} factor for theta {theta:g}: at position {worst[0]}, column "
+                f"'{tensor.name}' is not RoPE's {name} factor for theta {theta or ANY_THETA:g}: at position {worst[0]}, column "
                 f"{worst[1]} it holds {got[worst]:.6g} where {'-' if sign[worst[1]] < 0 else ''}{name}(s theta^(-2i/D)) "
                 f"is {want[worst]:.6g} (compute the factors in float)"
             )
@@ -57,17 +59,16 @@ def read_theta(
     return theta, tuple(nodes[i] for i in sorted(nodes))
 
 
-def _theta(cos: np.ndarray, sin: np.ndarray, d: int) -> float:
+def _theta(cos: np.ndarray, sin: np.ndarray, d: int) -> float | None:
     """theta from the angle of position 1 at the last frequency, ``theta^(-2i/D)`` with the
     largest i (where a float angle pins theta down best), snapped to an integer within float's
-    rounding; any theta gives the same rotation with one position or one frequency (every
-    angle is then 0 or the position), and 10000, Llama's, stands for it."""
+    rounding; None with one position or one frequency, where any theta gives the same angles."""
     i = d // 2 - 1
     if cos.shape[0] < 2 or i < 1:
-        return 10000.0
+        return None
     angle = float(np.arctan2(sin[1, i], cos[1, i]))
     if not 0.0 < angle < 1.0:
-        return 10000.0  # not RoPE's; the comparison says how
+        return ANY_THETA  # not RoPE's; the comparison says how
     theta = float(np.exp(-np.log(angle) * d / (2.0 * i)))
     return float(round(theta)) if abs(theta - round(theta)) <= 1e-5 * theta else theta
 
