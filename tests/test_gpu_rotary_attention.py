@@ -1,5 +1,6 @@
-"""RoPE folded into attention on the GPU against the reference: the pre-pass and each attention
-path (the default, then the first launch choice of every other path) on awkward shapes."""
+"""RoPE folded into attention on the GPU against the reference: the default path (the Q prologue
+of the flash and Hopper kernels, the tensor-core decode kernel's rotations, the pre-pass), then
+the first launch choice of every other path, on awkward shapes, by theta and by cos/sin tables."""
 
 from __future__ import annotations
 
@@ -21,9 +22,7 @@ def test_rotary_attention_matches_reference(case: str) -> None:
     graph = GPU_CASES[case].build()
     (fused,) = [f for f in fuse(graph.validate()).nodes if f.family is Family.ATTENTION]
     assert fused.rule == "rotary_attention"
-    plan = check_on_gpu(graph, seed=zlib.crc32(case.encode()))
-    if GPU_CASES[case].k is not None:  # K is rotated once, by the pre-pass
-        assert any("rope_prepass" in kernel.name for kernel in plan.kernels)
+    check_on_gpu(graph, seed=zlib.crc32(case.encode()))
 
 
 @pytest.mark.parametrize("case", ["odd_gqa_causal_d128", "decode_gqa", "d64_fp16_not_causal"])
