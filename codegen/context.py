@@ -56,6 +56,13 @@ class KernelParams:
         self.bindings.append(Param(ParamKind.TENSOR_MAP, tensor=tensor.id, tensor_map=tensor_map, map_sizes=sizes))
         return name
 
+    def scratch_map(self, name: str, tensor_map: TensorMap) -> str:
+        """Declare a TMA tensor map of scratch buffer ``name`` (encoded at bind time from its
+        workspace address; declare tensor maps first, as :meth:`tensor_map` says); return its name."""
+        self.declarations.append(f"const __grid_constant__ gd::TensorMapArg tm_{name}")
+        self.bindings.append(Param(ParamKind.TENSOR_MAP, scratch=name, tensor_map=tensor_map))
+        return f"tm_{name}"
+
     def scratch(self, name: str, c_type: str) -> str:
         self.declarations.append(f"{c_type}* __restrict__ {name}")
         self.bindings.append(Param(ParamKind.SCRATCH, scratch=name))

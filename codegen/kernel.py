@@ -38,8 +38,8 @@ class ParamKind(enum.Enum):
 @dataclass(frozen=True)
 class Param:
     kind: ParamKind
-    tensor: int | None = None  # tensor id for TENSOR, SCALAR and TENSOR_MAP
-    scratch: str | None = None  # scratch buffer name for SCRATCH
+    tensor: int | None = None  # tensor id for TENSOR, SCALAR and TENSOR_MAP (of a graph tensor)
+    scratch: str | None = None  # scratch buffer name for SCRATCH and TENSOR_MAP of scratch
     tensor_map: TensorMap | None = None  # TENSOR_MAP (its sizes at the symbols' maxima)
     symbol: Symbol | None = None  # EXTENT
     # TENSOR_MAP of a dynamic graph's tensor: the map's dims, then its byte strides, as extents

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from graphdnn.errors import GraphError
 from graphdnn.ir import Graph, Node, Tensor
 
 from .partition import is_elementwise
@@ -200,6 +201,17 @@ def _first_reason(guards: Sequence[Guard], ctx: MatchContext, node: Node) -> str
 def primary_output(node: Node) -> Tensor:
     """The value a chain follows: a node's first output (y, C, dx...)."""
     return node.outputs[0][1]
+
+
+def anchored(bindings: dict[str, Node], members: tuple[Node, ...], anchor: Node, what: str) -> Match | Miss:
+    """The match of ``members`` with the ``anchor`` a rule built; a miss naming ``what`` (the
+    anchor) when the anchor's op refuses it, saying what the op says (the rule's own checks
+    should have caught it first)."""
+    try:
+        anchor.definition.infer(anchor, {})
+    except GraphError as error:
+        return Miss(f"the {what} is invalid: {error}", tuple(n.name for n in members))
+    return Match(bindings, (), members, anchor)
 
 
 def link_reason(ctx: MatchContext, producer: Node, value: Tensor, group: Collection[int], escapes: bool) -> str | None:

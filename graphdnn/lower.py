@@ -146,10 +146,10 @@ def _arg(
     if kind is ArgKind.EXTENT:
         tensor, axis = symbol_source(ir, param.symbol)
         return Arg(kind, tensor=tensor, axis=axis)
-    if kind is ArgKind.SCRATCH:
+    if param.scratch is not None:  # a pointer into the fused node's scratch, or a tensor map of it
         if (index, param.scratch) not in scratch:
             raise AssertionError(f"kernel {kernel.name} binds scratch '{param.scratch}' its fused node did not declare")
-        return Arg(kind, offset=scratch[(index, param.scratch)])
+        return Arg(kind, offset=scratch[(index, param.scratch)], tensor_map=param.tensor_map)
     if kind in (ArgKind.TENSOR, ArgKind.TENSOR_MAP):
         t = ir.tensors[param.tensor]
         if t.is_pass_by_value:

@@ -205,7 +205,7 @@ class ArgKind(enum.Enum):
 class Arg:
     kind: ArgKind
     tensor: int | None = None  # tensor id (TENSOR, SCALAR, TENSOR_MAP, EXTENT: an input holding the symbol)
-    offset: int | None = None  # workspace byte offset (SCRATCH)
+    offset: int | None = None  # workspace byte offset (SCRATCH, or a TENSOR_MAP of scratch: no tensor)
     tensor_map: TensorMap | None = None  # TENSOR_MAP
     axis: int | None = None  # EXTENT: the dim of ``tensor`` that is the symbol
 

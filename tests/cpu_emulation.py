@@ -6,7 +6,8 @@ compiled with g++ after a few stand-ins for the CUDA built-ins: each block runs 
 previous one, its threads as fibers (ucontext) of one OS thread, each run in turn up to its
 next ``__syncthreads``, which is what the barrier means (no OS thread per CUDA thread, no
 futex wake-ups: a block of 256 threads costs what its arithmetic costs); ``__shared__``
-variables are function statics (one block at a time); ``__shfl_xor_sync`` goes through
+variables are function statics (one block at a time); ``__syncwarp`` is the block's barrier
+(every warp calls it together); ``__shfl_xor_sync`` goes through
 a buffer and two barriers, so every thread of the block must call it together, as
 ``gd::group_sum`` does. Scratch buffers and outputs start as NaN (integers as -77), so an
 element no kernel writes fails the comparison. For small shapes of the kernels that keep to
@@ -77,7 +78,9 @@ std::vector<bool> done;
 int current;
 }  // namespace fibers
 inline void __syncthreads() { swapcontext(&fibers::threads[fibers::current], &fibers::scheduler); }
-inline void __syncwarp(unsigned = 0xffffffffu) {}  // a warp's lanes meet at the block's barriers
+// a warp's lanes meet: the block's barrier stands in (every warp of the emulated kernels that call
+// it calls it together), so that what one lane wrote to shared memory is there for the others
+inline void __syncwarp(unsigned = 0xffffffffu) { __syncthreads(); }
 alignas(16) unsigned char shuffled[1024 * 8];
 template <class T> T __shfl_xor_sync(unsigned, T v, int offset) {
   T* values = reinterpret_cast<T*>(shuffled);

@@ -52,6 +52,7 @@ from .attention_flash import candidates as flash_candidates
 from .attention_flash import config, flash_kernel
 from .attention_problem import Attention, attention_of, on_tensor_cores
 from .attention_ragged import NEG_INF, fill_kernel
+from .attention_rotary import rotary_prepass
 from .attention_simt import simt_kernel
 from .attention_wgmma import configs as wgmma_configs
 from .attention_wgmma import supported as wgmma_supported
@@ -60,6 +61,25 @@ from .attention_wgmma import wgmma_attention_kernel
 
 def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     a = attention_of(fused)
+    q_in_kernel, k_in_kernel = _rotations(a, ctx)
+    rotary = rotary_prepass(fused, ctx, a, q_in_kernel, k_in_kernel)
+    return _program(fused, ctx, a) if rotary is None else rotary.around(_program(fused, ctx, rotary.attention))
+
+
+def _rotations(a: Attention, ctx: EmitContext) -> tuple[bool, bool]:
+    """Whether the kernel :func:`_program` takes for ``a`` applies RoPE to Q, and to K, itself:
+    the flash and Hopper kernels rotate their Q tile in their prologue; the tensor-core decode
+    kernel rotates Q as it loads it and K as its keys land (each block reads its keys once), over
+    a dense K (the pre-pass rotates a paged pool's or a packed K's rows as the tensor holds
+    them). The CUDA-core decode and SIMT kernels read what the pre-pass rotated."""
+    path = ctx.tuning.get("path")
+    untuned_decode = not ctx.tuning and uses_decode(a)
+    mma_decode = (path == MMA_PATH or (untuned_decode and by_default(a, ctx.arch))) and not a.is_dynamic
+    decode = path in (DECODE, MMA_PATH) or untuned_decode
+    return (on_tensor_cores(a) and not decode) or mma_decode, mma_decode and not (a.paged or a.ragged)
+
+
+def _program(fused: FusedNode, ctx: EmitContext, a: Attention) -> FusedProgram:
     if a.ragged:
         return _ragged_program(fused, ctx, a)
     path = ctx.tuning.get("path")

@@ -66,6 +66,7 @@ from .attention_problem import (
     score_function,
     stride_arrays,
 )
+from .attention_rotary import decode_k_rotation, rotated_load
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .tensor_core import TENSOR_CORE_TYPES, mma_fragments
 
@@ -232,6 +233,8 @@ def _kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: MmaDecodeConfig
     vector = rows_vectorize(a)
     aligned = params.aligned_flag() if vector else "false"
     q = load(a.q.data_type, element(a.q, names["Q"], ["b", "hk * GROUP + rr / SQ", "rr % SQ", "d"]), "float")
+    q_rotation = rotated_load(a, "q_value", "rr % SQ", q)  # RoPE as Q is read, where asked
+    q = "q_value(rr, d)" if q_rotation else q
     groups = row_groups(a)
     body = [
         f"using TK = {cuda_type(a.k.data_type)};",
@@ -251,6 +254,7 @@ def _kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: MmaDecodeConfig
         "extern __shared__ __align__(128) unsigned char smem[];",
         "TK* const k_ring = reinterpret_cast<TK*>(smem) + warp * STAGES * KEYS * KROW;",
         "TV* const v_ring = reinterpret_cast<TV*>(smem + WARPS * STAGES * KEYS * KROW * sizeof(TK)) + warp * STAGES * KEYS * VROW;",
+        *q_rotation,
         "// Q^T's B fragments: row lr of the block, dims 2 lc, +1 and 8 further of each 16",
         "unsigned qf[D / 16][2];",
         "{",
@@ -285,6 +289,7 @@ def _kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: MmaDecodeConfig
         f'  asm volatile("cp.async.wait_group {c.stages - 1};\\n" ::);',
         "  __syncwarp();  // the batch's rows, copied by the warp's lanes",
         "  const int stage = n % STAGES, key0 = s_begin + n * STEP + warp * KEYS;",
+        *indent(decode_k_rotation(a), 1).splitlines(),
         "  float s[TILES][4];  // S at (key lr or lr + 8 of tile t, rows 2 lc and 2 lc + 1)",
         "#pragma unroll",
         "  for (int t = 0; t < TILES; ++t) {",

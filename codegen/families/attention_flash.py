@@ -49,6 +49,7 @@ from .attention_problem import (
     stride_arrays,
     written_rows,
 )
+from .attention_rotary import q_rotation
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .tensor_core import mma_fragments
 
@@ -164,6 +165,7 @@ def flash_kernel(fused: FusedNode, ctx: EmitContext, a: Attention, c: FlashConfi
         '  asm volatile("cp.async.commit_group;\\n" ::);',
         "};",
         "if (tiles > 0) load_kv(0);",
+        *_rotate_q(a, c),
         "float o[MI][OT][4], m[MI][2], l[MI][2];",
         "#pragma unroll",
         "for (int mi = 0; mi < MI; ++mi) {",
@@ -291,6 +293,20 @@ def _row_loop(vec: bool, aligned: str, row: str) -> list[str]:
         f"    dst[r * row_elems + k] = r < valid && k < width ? ({row})[k * cs] : gd::from<T>(0.0f);",
         "  }",
         "};",
+    ]
+
+
+def _rotate_q(a: Attention, c: FlashConfig) -> list[str]:
+    """RoPE on the block's Q tile once it has landed (attention_rotary.q_rotation), where asked."""
+    rotation = q_rotation(a, c.block_m, coordinates(a, "Q", "h", "row0 + r", "0")[2], 32 * c.warps, "tid")
+    if not rotation:
+        return []
+    return [
+        'if (tiles > 0) asm volatile("cp.async.wait_group 1;\\n" ::); else asm volatile("cp.async.wait_group 0;\\n" ::);',
+        "__syncthreads();  // Q is in shared memory",
+        "auto q_at = [&](int r, int c) -> T& { return q_s[r * QROW + c]; };",
+        *rotation,
+        "__syncthreads();  // Q is rotated",
     ]
 
 

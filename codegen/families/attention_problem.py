@@ -56,6 +56,11 @@ class Attention:
     offset: Tensor | None
     ragged_q: Tensor | None = None  # packed sequences' token offsets (graphdnn/ops/attention_ragged.py)
     ragged_kv: Tensor | None = None
+    # roles read from the fused node's scratch (name by role) instead of their tensors: Q and K
+    # rotated by the RoPE pre-pass (attention_rotary.py), packed [B, H, S, D]
+    rotated: dict[str, str] = dataclasses.field(default_factory=dict)
+    rotary_q_theta: float | None = None  # RoPE on Q, which the kernel applies in its prologue
+    rotary_k_theta: float | None = None  # RoPE on K, which the kernel applies as its keys land
 
     @property
     def attrs(self) -> Masks:
@@ -213,14 +218,22 @@ def declare(a: Attention, params: KernelParams | None = None) -> AttentionParams
             declared[tensor.id] = params.tensor(tensor, writable=writable)
         return declared[tensor.id]
 
+    names = {role: params.scratch(name, f"const {cuda_type(tensor.data_type)}") for role, name, tensor in _rotated(a)}
     inputs = {"Q": a.q, "K": a.k, "V": a.v, "ATTN_SCALE": a.scale, "BIAS": a.bias}
     inputs |= {"SEQ_LEN_Q": a.seq_len_q, "SEQ_LEN_KV": a.seq_len_kv}
     inputs |= {"PAGE_TABLE_K": a.page_table_k, "PAGE_TABLE_V": a.page_table_v, "SEED": a.seed, "OFFSET": a.offset}
     inputs |= {"RAGGED_OFFSET_Q": a.ragged_q, "RAGGED_OFFSET_KV": a.ragged_kv}
-    names = {role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant}
+    names |= {
+        role: name_of(t) for role, t in inputs.items() if t is not None and not t.is_constant and role not in names
+    }
     outputs = {"O": a.o, "STATS": a.stats}
     names |= {role: name_of(t, writable=True) for role, t in outputs.items() if t is not None}
     return AttentionParams(params, names)
+
+
+def _rotated(a: Attention) -> list[tuple[str, str, Tensor]]:
+    """(role, scratch name, tensor) of each operand read from the RoPE pre-pass's scratch."""
+    return [(role, name, a.q if role == "Q" else a.k) for role, name in a.rotated.items()]
 
 
 def strides(tensor: Tensor) -> str:

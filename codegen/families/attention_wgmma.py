@@ -59,6 +59,7 @@ from .attention_problem import (
     work_setup,
     written_rows,
 )
+from .attention_rotary import hopper_q_rotation
 from .gemm_loaders import ASYNC_COPY_PRELUDE
 from .gemm_sm90 import ARCH, MAX_SHARED, wgmma_prelude
 from .tensor_core import TENSOR_CORE_TYPES, OperandTypes
@@ -77,6 +78,7 @@ ITEM_TILES = (
 )
 # named barriers of the two consumers' turns (0 is __syncthreads; gemm_ws's warpgroup_sync has 1 and 2)
 TURN_BARRIERS = (3, 4)
+ROTARY_BARRIER = 5  # and 6: a consumer's warps, once its rows of Q are rotated
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,10 @@ def wgmma_attention_kernel(fused: FusedNode, ctx: EmitContext, a: Attention) -> 
     bn = c.block_n
     params = KernelParams()
     maps = tensor_maps(a, bn)
-    map_names = {role: params.tensor_map(t, m, row_map_sizes(t)) for role, (t, m) in maps.items()}
+    map_names = {
+        role: params.scratch_map(a.rotated[role], m) if role in a.rotated else params.tensor_map(t, m, row_map_sizes(t))
+        for role, (t, m) in maps.items()
+    }
     declared = declare(a, params)
     names = declared.names
     aligned = params.aligned_flag()
@@ -235,7 +240,8 @@ def _work_constants(a: Attention, bn: int) -> list[str]:
 
 def tensor_maps(a: Attention, bn: int) -> dict[str, tuple[Tensor, TensorMap]]:
     """TMA maps of Q, K and V (boxes of 64 elements by BM or BN rows of one batch and head, in the
-    128-byte swizzle), or none where the driver could not encode one of them."""
+    128-byte swizzle), or none where the driver could not encode one of them. An operand the
+    RoPE pre-pass rotated is mapped over its scratch (packed)."""
     maps = {
         "Q": (a.q, row_tensor_map(a.q, BLOCK_M)),
         "K": (a.k, row_tensor_map(a.k, bn)),
@@ -401,6 +407,7 @@ def _consumer(
         "for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;",
         "mbar_wait(q_full, item & 1);",
         *fence,
+        *hopper_q_rotation(a, ROTARY_BARRIER),
         "const unsigned q_rows = q_tile + consumer * (64 * 128);",
         "// P_{j-1} V_{j-1} into O, V from the stage at v_tile (not waited for)",
         "auto issue_pv = [&](unsigned v_tile) {",

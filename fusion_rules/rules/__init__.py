@@ -1,6 +1,6 @@
 """The built-in rules; importing this package registers them."""
 
-from . import attention, batchnorm, block_scaled, gemm, norm, norm_backward, pointwise, reduction, weight_only
+from . import attention, batchnorm, block_scaled, gemm, norm, norm_backward, pointwise, reduction, rotary, weight_only
 
 __all__ = [
     "attention",
@@ -11,5 +11,6 @@ __all__ = [
     "norm_backward",
     "pointwise",
     "reduction",
+    "rotary",
     "weight_only",
 ]

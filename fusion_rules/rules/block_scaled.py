@@ -25,13 +25,12 @@ from __future__ import annotations
 import dataclasses
 
 from graphdnn.dtypes import DataType
-from graphdnn.errors import GraphError
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.block_scaled import BLOCK, FP8, MX_BLOCK
 
 from ..guards import fusable_types
 from ..partition import Family
-from ..pattern import Match, MatchContext, Miss, Pattern, link_reason, op
+from ..pattern import Match, MatchContext, Miss, Pattern, anchored, link_reason, op
 from ..rule import Rule, register_rule
 
 MIN_ARCH = 90  # wgmma's fp8 forms
@@ -53,12 +52,10 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
     reason = link_reason(ctx, deq_b, b, {matmul.id}, escapes=False) or _reason(ctx, deq_a, deq_b, matmul)
     if reason is not None:
         return Miss(reason, names)
-    anchor = _anchor(deq_a, deq_b, matmul)
-    try:
-        anchor.definition.infer(anchor, {})
-    except GraphError as error:  # the checks above should have caught it; say what matmul says
-        return Miss(f"the equivalent block-scaled matmul is invalid: {error}", names)
-    return Match({**found.bindings, "deq_b": deq_b}, (), (deq_a, deq_b, matmul), anchor)
+    members = (deq_a, deq_b, matmul)
+    return anchored(
+        {**found.bindings, "deq_b": deq_b}, members, _anchor(deq_a, deq_b, matmul), "equivalent block-scaled matmul"
+    )
 
 
 def _reason(ctx: MatchContext, deq_a: Node, deq_b: Node, matmul: Node) -> str | None:

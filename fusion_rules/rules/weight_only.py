@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 
 from graphdnn.dtypes import DataType
-from graphdnn.errors import GraphError
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.block_scaled import FP8
 from graphdnn.ops.quantize import block_axis
@@ -34,7 +33,7 @@ from graphdnn.ops.weight_only import ACTIVATION_TYPES, BYTE_WEIGHTS, GROUPS, SCA
 
 from ..guards import fusable_types
 from ..partition import Family
-from ..pattern import Match, MatchContext, Miss, Pattern, link_reason, op
+from ..pattern import Match, MatchContext, Miss, Pattern, anchored, link_reason, op
 from ..rule import Rule, register_rule
 
 MIN_ARCH = 80  # mma.sync m16n8k16 with bf16
@@ -58,12 +57,7 @@ def rewrite(ctx: MatchContext, found: Match) -> Match | Miss:
     reason = _reason(ctx, deq, matmul)
     if reason is not None:
         return Miss(reason, names)
-    anchor = _anchor(deq, matmul)
-    try:
-        anchor.definition.infer(anchor, {})
-    except GraphError as error:  # the checks above should have caught it; say what matmul says
-        return Miss(f"the equivalent weight-only matmul is invalid: {error}", names)
-    return Match(found.bindings, (), (deq, matmul), anchor)
+    return anchored(found.bindings, (deq, matmul), _anchor(deq, matmul), "equivalent weight-only matmul")
 
 
 def _block_scaled(ctx: MatchContext, w: Tensor, matmul: Node) -> bool:

@@ -141,6 +141,9 @@ def check_plan(entry: PlanEntry) -> None:
                 )
             elif arg.tensor_map is not None and arg.tensor_map.problems():
                 raise EntryError(f"{where}: a tensor map with {', '.join(arg.tensor_map.problems())}")
+            elif arg.tensor_map is not None and arg.offset is not None:  # a map of scratch
+                if arg.tensor is not None or _count(arg.offset, f"{where}: scratch offset") not in scratch:
+                    raise EntryError(f"{where}: a scratch tensor map at offset {arg.offset!r} names no scratch buffer")
             elif arg.offset is not None:
                 raise EntryError(f"{where}: a {arg.kind.value} argument carries a workspace offset")
             else:

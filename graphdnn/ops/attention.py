@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..dtypes import DataType
+from ..dtypes import DataType, round_to
 from ..errors import DataTypeError, GraphError, StructureError
 from ..symbolic import Extent, upper
 from .attention_ragged import PACKED, RAGGED_ROLES, by_sequences, check_ragged, is_ragged, ragged_batch
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
 from .random import as_uint64, uniform
+from .rotary import rotate_by_tables, rotate_half
 
 if TYPE_CHECKING:
     from ..ir import Node, Tensor
@@ -38,6 +39,7 @@ MAX_HEAD_DIM = 256  # D and Dv: the largest head dimension the attention kernels
 SEQ_LEN_ROLES = ("SEQ_LEN_Q", "SEQ_LEN_KV")
 PAGE_TABLE_ROLES = ("PAGE_TABLE_K", "PAGE_TABLE_V")
 DROPOUT_ROLES = ("SEED", "OFFSET")
+ROTARY_TABLES = {"Q": ("ROPE_COS_Q", "ROPE_SIN_Q"), "K": ("ROPE_COS_K", "ROPE_SIN_K")}  # (cos, sin) by operand
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,21 @@ class SdpaAttributes(Attributes):
     paged_attention_max_seq_len_kv: int | None = None  # the logical Skv of a paged cache
     dropout_probability: float | None = None  # with SEED and OFFSET: dropout on the softmax
     max_seq_len_q: int | None = None  # a packed Q's longest sequence (bounds the kernels' grid)
+
+
+@dataclasses.dataclass(frozen=True)
+class RotarySdpaAttributes(SdpaAttributes):
+    """sdpa after rotary position embeddings (RoPE) of Q and/or K: the anchor's attributes that
+    the ``rotary_attention`` fusion rule builds from RoPE written in primitives. No builder makes
+    them: a graph states RoPE as its ops, the rule finds it. An operand with cos and sin tables
+    (ROPE_COS_Q / ROPE_SIN_Q, ROPE_COS_K / ROPE_SIN_K) is rotated by them
+    (:func:`.rotary.rotate_by_tables`, the swapped half negated with ``rotary_negated``), one
+    without by theta (:func:`.rotary.rotate_half`)."""
+
+    rotary_theta: float = 10000.0
+    rotary_q: bool = False
+    rotary_k: bool = False
+    rotary_negated: bool = False
 
 
 class Masks(Protocol):
@@ -101,6 +118,10 @@ class Sdpa(Op):
         Role("OFFSET", optional=True, scalar=True),
         Role("RAGGED_OFFSET_Q", optional=True),
         Role("RAGGED_OFFSET_KV", optional=True),
+        Role("ROPE_COS_Q", optional=True, floating=True),  # the rotary_attention rule's tables
+        Role("ROPE_SIN_Q", optional=True, floating=True),
+        Role("ROPE_COS_K", optional=True, floating=True),
+        Role("ROPE_SIN_K", optional=True, floating=True),
     )
     outputs = (Role("O"), Role("STATS"))
     attributes = SdpaAttributes
@@ -110,6 +131,7 @@ class Sdpa(Op):
 
     def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
         _, q_heads, sq, _, dv = check_problem(node)
+        check_rotary_tables(node)
         rows = node.input("Q").dim[0]  # type: ignore[union-attr]  # B, or 1 for a packed (ragged) Q
         inferred = {"O": Inferred((rows, q_heads, sq, dv))}
         if node.attributes.generate_stats:  # type: ignore[attr-defined]
@@ -117,9 +139,12 @@ class Sdpa(Op):
         return inferred
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return self._attend(node, rotated_operands(node, x))
+
+    def _attend(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         attrs: SdpaAttributes = node.attributes  # type: ignore[assignment]
         if any(role in x for role in RAGGED_ROLES):
-            return by_sequences(node, x, lambda padded: self.reference(node, padded))
+            return by_sequences(node, x, lambda padded: self._attend(node, padded))
         if "PAGE_TABLE_K" in x:
             skv = paged_kv_length(node)
             k = gather_pages(node, x["K"], x["PAGE_TABLE_K"], x["SEQ_LEN_KV"], skv, "PAGE_TABLE_K")
@@ -142,6 +167,59 @@ class Sdpa(Op):
 
     def value_range(self, node: Node, role: str) -> tuple[int, int] | None:
         return sequence_length_range(node, role)
+
+
+def rotated_operands(node: Node, x: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``x`` with Q and/or K rotated as :class:`RotarySdpaAttributes` say, each rounded to its
+    tensor's type (the attention kernels' operands are in that type); ``x`` itself otherwise."""
+    attrs = node.attributes
+    if not isinstance(attrs, RotarySdpaAttributes):
+        return x
+    rotated = dict(x)
+    for role, on in (("Q", attrs.rotary_q), ("K", attrs.rotary_k)):
+        tensor = node.input(role)
+        cos, sin = ROTARY_TABLES[role]
+        if not on or tensor is None:
+            continue
+        if cos in x:
+            value = rotate_by_tables(x[role], x[cos], x[sin], attrs.rotary_negated)
+        else:
+            value = rotate_half(x[role], attrs.rotary_theta)
+        rotated[role] = round_to(tensor.data_type, value)
+    return rotated
+
+
+def check_rotary_tables(node: Node) -> None:
+    """RoPE's cos and sin tables come in pairs, only on the rotary_attention rule's anchor for an
+    operand it rotates, each broadcastable against the operand's [S, D] (leading dims 1)."""
+    attrs = node.attributes
+    for role, tables in ROTARY_TABLES.items():
+        bound = [t for t in tables if node.input(t) is not None]
+        if not bound:
+            continue
+        rotated = isinstance(attrs, RotarySdpaAttributes) and (attrs.rotary_q if role == "Q" else attrs.rotary_k)
+        if not rotated or len(bound) != 2:
+            raise StructureError(
+                f"{bound[0]} is given: RoPE tables come in pairs, and only the rotary_attention fusion rule binds them",
+                node=node.name,
+            )
+        operand = node.input(role)
+        assert operand is not None
+        for table_role in tables:
+            table = node.input(table_role)
+            assert table is not None
+            dims = (1,) * (4 - len(table.dim)) + table.dim
+            if (
+                len(table.dim) > 4
+                or dims[:2] != (1, 1)
+                or any(t not in (1, e) for t, e in zip(dims[2:], operand.dim[2:]))
+            ):
+                fail(
+                    node,
+                    f"{table_role} has dims {list(table.dim)}; a RoPE table broadcasts against {role}'s [S, D] "
+                    f"= {list(operand.dim[2:])} (leading dims 1)",
+                    role=table_role,
+                )
 
 
 def sequence_length_range(node: Node, role: str) -> tuple[int, int] | None:

@@ -32,7 +32,7 @@ def pack_arguments(
 ) -> np.ndarray:
     """The 8-byte parameter slots of ``launch``: ``pointers`` by tensor id (caller buffers and
     intermediates), ``scalars`` by tensor id, scratch at ``workspace`` + offset, tensor maps
-    encoded from their tensor's pointer, a dynamic graph's symbols from the call's ``extents``.
+    encoded from their tensor's pointer (or their scratch's address), a dynamic graph's symbols from the call's ``extents``.
     The aligned flag is 1 when every pointer of the launch is a multiple of the kernel's
     alignment (a tensor map takes any: runtime.tensor_map)."""
     starts = launch.slot_starts
@@ -42,8 +42,9 @@ def pack_arguments(
     flags = []
     for i, arg in zip(starts, launch.args):
         if arg.kind is ArgKind.TENSOR_MAP:
-            assert arg.tensor is not None and arg.tensor_map is not None
-            slots[i : i + arg.words] = tensor_map.encode(arg.tensor_map, pointers[arg.tensor])
+            assert arg.tensor_map is not None and (arg.tensor is None) != (arg.offset is None)
+            address = pointers[arg.tensor] if arg.tensor is not None else workspace + arg.offset  # type: ignore[operator]
+            slots[i : i + arg.words] = tensor_map.encode(arg.tensor_map, address)
         elif arg.kind is ArgKind.TENSOR:
             assert arg.tensor is not None
             addresses.append(pointers[arg.tensor])
