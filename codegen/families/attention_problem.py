@@ -20,7 +20,7 @@ window, where diag is skv - sq for the bottom-right alignment and 0 otherwise.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fusion_rules import FusedNode
 from graphdnn.ir import Node, Tensor
@@ -58,7 +58,7 @@ class Attention:
     ragged_kv: Tensor | None = None
     # roles read from the fused node's scratch (name by role) instead of their tensors: Q and K
     # rotated by the RoPE pre-pass (attention_rotary.py), packed [B, H, S, D]
-    rotated: dict[str, str] = dataclasses.field(default_factory=dict)
+    rotated: dict[str, str] = field(default_factory=dict)
     rotary_q_theta: float | None = None  # RoPE on Q, which the kernel applies in its prologue
     rotary_k_theta: float | None = None  # RoPE on K, which the kernel applies as its keys land
 
