@@ -235,57 +235,6 @@ class FrontendOps(AttentionOps, MoeOps, QuantizeOps):
         )
         return self._label(node, outputs, ("DX", "DSCALE", "DBIAS"))
 
-    def layernorm_backward(
-        self,
-        grad: TensorSpec,
-        input: TensorSpec,
-        scale: TensorSpec,
-        mean: TensorSpec,
-        inv_variance: TensorSpec,
-        compute_data_type: Any = None,
-        name: str = "",
-    ) -> list[MaybeTensor]:
-        """-> [DX, DSCALE, DBIAS]."""
-        node = self._node(name)
-        outputs = self._spec.layernorm_backward(
-            grad, input, scale, mean, inv_variance, compute_type(compute_data_type), node
-        )
-        return self._label(node, outputs, ("DX", "DSCALE", "DBIAS"))
-
-    def adalayernorm_backward(
-        self,
-        grad: TensorSpec,
-        input: TensorSpec,
-        scale: TensorSpec,
-        mean: TensorSpec,
-        inv_variance: TensorSpec,
-        compute_data_type: Any = None,
-        name: str = "",
-    ) -> list[MaybeTensor]:
-        """-> [DX, DSCALE, DBIAS]; DSCALE and DBIAS per sample, as scale."""
-        node = self._node(name)
-        outputs = self._spec.adalayernorm_backward(
-            grad, input, scale, mean, inv_variance, compute_type(compute_data_type), node
-        )
-        return self._label(node, outputs, ("DX", "DSCALE", "DBIAS"))
-
-    def instancenorm_backward(
-        self,
-        grad: TensorSpec,
-        input: TensorSpec,
-        scale: TensorSpec,
-        mean: TensorSpec,
-        inv_variance: TensorSpec,
-        compute_data_type: Any = None,
-        name: str = "",
-    ) -> list[MaybeTensor]:
-        """-> [DX, DSCALE, DBIAS]."""
-        node = self._node(name)
-        outputs = self._spec.instancenorm_backward(
-            grad, input, scale, mean, inv_variance, compute_type(compute_data_type), node
-        )
-        return self._label(node, outputs, ("DX", "DSCALE", "DBIAS"))
-
     def rmsnorm_backward(
         self,
         grad: TensorSpec,
@@ -440,6 +389,29 @@ class FrontendOps(AttentionOps, MoeOps, QuantizeOps):
         return self._pointwise("binary_select", [input0, input1, mask], compute_data_type, name)
 
 
+def _saved_statistics_backward(kind: str, doc: str) -> Callable[..., list[MaybeTensor]]:
+    """A norm backward taking the forward's saved mean and inv_variance, -> [DX, DSCALE, DBIAS]."""
+
+    def method(
+        self: FrontendOps,
+        grad: TensorSpec,
+        input: TensorSpec,
+        scale: TensorSpec,
+        mean: TensorSpec,
+        inv_variance: TensorSpec,
+        compute_data_type: Any = None,
+        name: str = "",
+    ) -> list[MaybeTensor]:
+        node = self._node(name)
+        build = getattr(self._spec, kind)
+        outputs = build(grad, input, scale, mean, inv_variance, compute_type(compute_data_type), node)
+        return self._label(node, outputs, ("DX", "DSCALE", "DBIAS"))
+
+    method.__name__ = method.__qualname__ = kind
+    method.__doc__ = doc
+    return method
+
+
 def _no_peer_stats(peer_stats: Sequence[TensorSpec], node: str) -> None:
     if peer_stats:
         raise UnsupportedError(
@@ -495,3 +467,9 @@ for _kinds, _roles, _doc in (
 ):
     for _kind in _kinds:
         setattr(FrontendOps, _kind, _pointwise_method(_kind, _roles, _doc))
+for _kind, _doc in (
+    ("layernorm_backward", "-> [DX, DSCALE, DBIAS]."),
+    ("adalayernorm_backward", "-> [DX, DSCALE, DBIAS]; DSCALE and DBIAS per sample, as scale."),
+    ("instancenorm_backward", "-> [DX, DSCALE, DBIAS]."),
+):
+    setattr(FrontendOps, _kind, _saved_statistics_backward(_kind, _doc))
