@@ -56,10 +56,7 @@ def size_buckets(
         if len(found) == most - 1 or choose(low) == choice:
             found.append((SizeBucket(count, low, high), choice))
             return found
-        below, same = low, high  # choose(below) differs, choose(same) is the choice
-        while same - below > 1:
-            middle = (below + same) // 2
-            below, same = (below, middle) if choose(middle) == choice else (middle, same)
+        same, below = _edge(choose, choice, high, low)
         found.append((SizeBucket(count, same, high), choice))
         high = below
 
@@ -74,12 +71,18 @@ def _buckets_from_bottom(count: Sym, choose: Callable[[int], C], most: int) -> l
         if len(found) == most - 1 or choose(high) == choice:
             found.append((SizeBucket(count, low, high), choose(high)))
             return found[::-1]
-        same, above = low, high  # choose(same) is the choice, choose(above) differs
-        while above - same > 1:
-            middle = (same + above) // 2
-            same, above = (middle, above) if choose(middle) == choice else (same, middle)
+        same, above = _edge(choose, choice, low, high)
         found.append((SizeBucket(count, low, same), choice))
         low = above
+
+
+def _edge(choose: Callable[[int], C], choice: C, inside: int, outside: int) -> tuple[int, int]:
+    """Bisection from ``inside`` (whose choice is ``choice``) toward ``outside`` (whose is not):
+    the last size with ``choice`` and the first past it."""
+    while abs(outside - inside) > 1:
+        middle = (inside + outside) // 2
+        inside, outside = (middle, outside) if choose(middle) == choice else (inside, middle)
+    return inside, outside
 
 
 def bucketed_program(

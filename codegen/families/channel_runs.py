@@ -73,6 +73,11 @@ def staged_filter(element: str, numel: int, indices: str, source: str, comment: 
     ]
 
 
+# The autotuning candidates of a layer the tensor-core kernels take: the kernel over runs (its
+# defaults), then the tensor-core one at 2 and 1 tiles a warp.
+MMA_CANDIDATES: tuple[dict[str, object], ...] = ({"mma": 0}, {"mma": 1}, {"mma": 1, "tiles": 1})
+
+
 def mma_choices(
     tuning: dict[str, object], what: str, node: str, takes: bool, by_default: bool, defaults: tuple[int, int, int]
 ) -> tuple[int, int, int] | None:

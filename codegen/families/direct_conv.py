@@ -29,6 +29,7 @@ from ..indexing import coordinates, offset, offset_at
 from ..kernel import FusedProgram
 from ..pointwise import literal
 from . import wgrad_mma
+from .channel_runs import MMA_CANDIDATES
 from .direct_common import (
     anchor_of,
     blocks_for,
@@ -179,4 +180,4 @@ def wgrad_candidates(fused: FusedNode) -> list[dict[str, object]]:
     assert x is not None and dy is not None and dw is not None
     if not (takes_runs(x, dy, dw) and wgrad_mma.takes_wgrad_mma(fused, x, dy, dw)):
         return []
-    return [{"mma": 0}, {"mma": 1}, {"mma": 1, "tiles": 1}]
+    return [dict(choice) for choice in MMA_CANDIDATES]

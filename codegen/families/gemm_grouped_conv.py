@@ -34,6 +34,7 @@ from ..kernel import Kernel
 from ..pointwise import literal
 from .channel_runs import (
     MAX_TILES,
+    MMA_CANDIDATES,
     RESIDENT_BLOCKS,
     lines_up,
     mma_choices,
@@ -95,7 +96,7 @@ def choices(ctx: EmitContext, node: str, grouped: bool) -> tuple[int, int]:
 def candidates(p: Problem) -> list[dict[str, object]]:
     """Launch choices worth timing (autotuning) where the tensor cores take the layer: the
     kernel over runs (its defaults) and the tensor-core one at 2 and 1 tiles a warp."""
-    return [{"mma": 0}, {"mma": 1}, {"mma": 1, "tiles": 1}] if takes_mma(p) else []
+    return [dict(choice) for choice in MMA_CANDIDATES] if takes_mma(p) else []
 
 
 def grouped_conv_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:

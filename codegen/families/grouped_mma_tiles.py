@@ -29,14 +29,13 @@ from graphdnn.ops.conv import ConvAttributes
 
 from ..cuda_types import cuda_type
 from ..indexing import offset_at
-from .channel_runs import run_width
+from .channel_runs import STAGED_BYTES, run_width
 from .tensor_core import TENSOR_CORE_TYPES
 
 WARPS = 8
 THREADS = 32 * WARPS
 TILE = 16  # output pixels of an mma tile
 RUN = 8  # channels of a run: 16 bytes of fp16/bf16
-STAGED_BYTES = 48 * 1024  # static shared memory
 
 
 @dataclass(frozen=True)

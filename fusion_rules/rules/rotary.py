@@ -28,16 +28,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from graphdnn.dtypes import DataType
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.attention import ROTARY_TABLES, RotarySdpaAttributes
 
 from ..partition import Family
 from ..pattern import Match, MatchContext, Miss, Pattern, anchored, link_reason, op
 from ..rule import Rule, register_rule
+from .attention import ATTENTION_TYPES
 from .rotary_factors import from_coordinates, read_theta, table_reason
-
-ROTARY_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +86,7 @@ def _read_rope(ctx: MatchContext, y: Tensor) -> _Rope | str | None:
     if len(terms) != 2 or any(t is None or t.op != "mul" for t in terms):
         return None
     swapped = [
-        (m, o, s) for m in terms if m is not None for o, s in _operand_pairs(ctx, m) if _writes(ctx, o, "concatenate")
+        (m, o, s) for m in terms if m is not None for o, s in _operand_pairs(m) if _writes(ctx, o, "concatenate")
     ]
     if not swapped:
         return None
@@ -101,7 +99,7 @@ def _read_rope(ctx: MatchContext, y: Tensor) -> _Rope | str | None:
     if isinstance(halves, str):
         return halves
     x, negated, swap_nodes = halves
-    cos = next((other for value, other in _operand_pairs(ctx, direct) if value.id == x.id), None)
+    cos = next((other for value, other in _operand_pairs(direct) if value.id == x.id), None)
     if cos is None:
         return f"{add.name} adds {direct.name}, which does not multiply '{x.name}' (the tensor the swapped halves come from)"
     reason = _operand_reason(add, x, y)
@@ -126,7 +124,7 @@ def _read_rope(ctx: MatchContext, y: Tensor) -> _Rope | str | None:
     return _Rope(x, value, tuple({n.id: n for n in nodes}.values()))
 
 
-def _operand_pairs(ctx: MatchContext, mul: Node) -> list[tuple[Tensor, Tensor]]:
+def _operand_pairs(mul: Node) -> list[tuple[Tensor, Tensor]]:
     a, b = mul.input("a"), mul.input("b")
     assert a is not None and b is not None
     return [(a, b), (b, a)]
@@ -183,7 +181,7 @@ def _read_halves(ctx: MatchContext, concat: Node) -> tuple[Tensor, bool, tuple[N
 def _operand_reason(add: Node, x: Tensor, y: Tensor) -> str | None:
     if len(x.dim) != 4 or y.dim != x.dim:
         return f"{add.name} writes {list(y.dim)} from '{x.name}' {list(x.dim)}; RoPE on sdpa's [B, H, S, D] operands keeps the dims"
-    if x.data_type not in ROTARY_TYPES or y.data_type is not x.data_type:
+    if x.data_type not in ATTENTION_TYPES or y.data_type is not x.data_type:
         return (
             f"{add.name} writes '{y.name}' as {y.data_type.value} from '{x.name}' {x.data_type.value}; the fused "
             "kernels rotate float, half or bfloat16 operands and round the result to the operand's type"

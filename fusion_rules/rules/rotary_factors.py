@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphdnn.dtypes import DataType, round_to
+from graphdnn.dtypes import round_to
 from graphdnn.ir import Node, Tensor
 from graphdnn.ops.pointwise import PointwiseOp
-from graphdnn.ops.rotary import rotary_angles
+from graphdnn.ops.rotary import rotary_angles, table_broadcasts
 
 from ..pattern import MatchContext
+from .attention import ATTENTION_TYPES
 
 SEQUENCE_AXIS, HEAD_AXIS = 2, 3
-TABLE_TYPES = frozenset({DataType.FLOAT, DataType.HALF, DataType.BFLOAT16})
 ANY_THETA = 10000.0  # Llama's, where theta does not matter (or could not be read)
 ANGLE_ROUNDING = 8 * 2.0**-24  # float's relative rounding of an angle, a few times over
 
@@ -154,12 +154,11 @@ def table_reason(tensors: tuple[Tensor, Tensor], x: Tensor, names: tuple[str, st
     """Why ``tensors`` (cos, sin) cannot be RoPE tables of ``x`` (each broadcastable against x's
     [S, D], leading dims 1; float, half or bfloat16), None when they can."""
     for name, table in zip(names, tensors):
-        dims = (1,) * (4 - len(table.dim)) + table.dim
-        if len(table.dim) > 4 or dims[:2] != (1, 1) or any(t not in (1, e) for t, e in zip(dims[2:], x.dim[2:])):
+        if not table_broadcasts(table.dim, x.dim):
             return (
                 f"RoPE's {name} table '{table.name}' has dims {list(table.dim)}; the fused sdpa takes tables "
                 f"broadcastable against the operand's [S, D] = {list(x.dim[2:])} (per position and column)"
             )
-        if table.data_type not in TABLE_TYPES:
+        if table.data_type not in ATTENTION_TYPES:
             return f"RoPE's {name} table '{table.name}' is {table.data_type.value}; the fused kernels read float, half or bfloat16 tables"
     return None

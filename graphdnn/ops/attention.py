@@ -29,7 +29,7 @@ from .attention_ragged import PACKED, RAGGED_ROLES, by_sequences, check_ragged, 
 from .attributes import Attributes
 from .base import Category, Inferred, Op, Role, fail, fail_attribute, register
 from .random import as_uint64, uniform
-from .rotary import rotate_by_tables, rotate_half
+from .rotary import rotate_by_tables, rotate_half, table_broadcasts
 
 if TYPE_CHECKING:
     from ..ir import Node, Tensor
@@ -208,12 +208,7 @@ def check_rotary_tables(node: Node) -> None:
         for table_role in tables:
             table = node.input(table_role)
             assert table is not None
-            dims = (1,) * (4 - len(table.dim)) + table.dim
-            if (
-                len(table.dim) > 4
-                or dims[:2] != (1, 1)
-                or any(t not in (1, e) for t, e in zip(dims[2:], operand.dim[2:]))
-            ):
+            if not table_broadcasts(table.dim, operand.dim):
                 fail(
                     node,
                     f"{table_role} has dims {list(table.dim)}; a RoPE table broadcasts against {role}'s [S, D] "

@@ -18,6 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..symbolic import Extent
+
+
+def table_broadcasts(table: tuple[Extent, ...], operand: tuple[Extent, ...]) -> bool:
+    """Whether a RoPE table of dims ``table`` broadcasts against an operand ``[B, H, S, D]``'s
+    [S, D]: at most 4 dims, its leading (batch, head) ones 1."""
+    dims = (1,) * (4 - len(table)) + tuple(table)
+    return len(table) <= 4 and dims[:2] == (1, 1) and all(t in (1, e) for t, e in zip(dims[2:], operand[2:]))
+
 
 def rotary_angles(positions: int, d: int, theta: float) -> np.ndarray:
     """The angles ``[positions, D / 2]``: row s, frequency i holds ``s * theta^(-2 i / D)``."""
