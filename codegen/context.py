@@ -64,6 +64,10 @@ class KernelParams:
         return f"tm_{name}"
 
     def scratch(self, name: str, c_type: str) -> str:
+        """Declare scratch buffer ``name`` once per kernel (two parts of a kernel may read it: the
+        first declaration's type stands); return its name."""
+        if any(p.kind is ParamKind.SCRATCH and p.scratch == name for p in self.bindings):
+            return name
         self.declarations.append(f"{c_type}* __restrict__ {name}")
         self.bindings.append(Param(ParamKind.SCRATCH, scratch=name))
         return name

@@ -24,7 +24,7 @@ def work_count(a: Attention, block_m: int) -> str:
     """C: this call's work items (:func:`work_items`), from the batch's or Sq's EXTENT argument
     in a dynamic graph."""
     if isinstance(a.sq_extent, Sym):
-        return f"(int)(({c_extent(a.sq_extent)} + {block_m - 1}) / {block_m} * {c_extent(a.batch_extent * a.heads)})"
+        return f"(int)({a.row_blocks(block_m)} * {c_extent(a.batch_extent * a.heads)})"
     if not a.is_dynamic:
         return str(work_items(a, block_m))
     return f"(int){c_extent(a.batch_extent * _items_per_sequence(a, block_m))}"

@@ -118,6 +118,10 @@ class Attention:
     def sq_extent(self) -> Extent:
         return self.q.dim[2]
 
+    def row_blocks(self, block_m: int) -> str:
+        """C: this call's blocks of ``block_m`` query rows, from Sq's EXTENT argument."""
+        return f"({c_extent(self.sq_extent)} + {block_m - 1}) / {block_m}"
+
     @property
     def skv(self) -> int:
         """The keys a sequence may have (with a paged cache, not K's dim 2: its page size); in a
@@ -272,7 +276,7 @@ def work_setup(a: Attention, names: dict[str, str], block_m: int, work: str) -> 
     causal blocks first); then :func:`lengths_and_scale`."""
     blocks = f"constexpr int M_BLOCKS = {-(-a.rows_per_sequence // block_m)};"
     if isinstance(a.sq_extent, Sym):  # this call's row blocks
-        blocks = f"const int M_BLOCKS = (int)(({c_extent(a.sq_extent)} + {block_m - 1}) / {block_m});"
+        blocks = f"const int M_BLOCKS = (int)({a.row_blocks(block_m)});"
     return [
         blocks,
         f"const int m_block = M_BLOCKS - 1 - (int)({work} % M_BLOCKS);  // the longest causal rows first",

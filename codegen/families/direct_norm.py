@@ -40,7 +40,7 @@ from graphdnn.ops.norms import NormOp
 from ..context import EmitContext, KernelParams, indent, operand_loader
 from ..cuda_types import cuda_type, store
 from ..indexing import coordinates, linear_index, offset
-from ..kernel import FusedProgram, Kernel, ParamKind, Scratch
+from ..kernel import FusedProgram, Kernel, Scratch
 from ..pointwise import literal
 from .direct_common import (
     anchor_of,
@@ -106,9 +106,8 @@ def emit_norm_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         kernels.append(b.dx_kernel(ctx))
         element = 8 if b.compute == "double" else 4
         scratch.append(Scratch(SET_SUMS, 2 * b.set_count * element))
-        if any(sums.name.endswith("_cells") for sums in b.reductions()):
-            cells = math.prod(b.x.static_dim) // math.prod(b.x.static_dim[axis] for axis in b.cell_axes)
-            scratch.append(Scratch(CELL_SUMS, 2 * cells * element))
+        if b.by_cells:
+            scratch.append(Scratch(CELL_SUMS, 2 * math.prod(b.cell_dims) * element))
     return FusedProgram(fused.name, tuple(kernels), tuple(scratch))
 
 
@@ -204,6 +203,17 @@ class _Backward:
         shared = set(self.set_axes) & set(self.broadcast)
         return tuple(axis for axis in self.order if axis in shared and self.x.static_dim[axis] > 1)
 
+    @property
+    def by_cells(self) -> bool:
+        """Whether the sums go through the cell sums: sets and parameters share axes, and dx is
+        written from centred statistics."""
+        return bool(self.cell_axes) and self.mean is not None and not self.shared and written(self.fused, self.dx)
+
+    @property
+    def cell_dims(self) -> tuple[int, ...]:
+        """The space of the cells: x's dims with the cell axes set to 1."""
+        return tuple(1 if axis in self.cell_axes else extent for axis, extent in enumerate(self.x.static_dim))
+
     def parameter_sums(self, feeds_dx: bool) -> Sums:
         """dscale and dbias (and, when ``feeds_dx``, the same totals into the set sums)."""
         targets = (self.dscale, self.dbias)
@@ -215,7 +225,7 @@ class _Backward:
         sums = []
         feeds_dx = self.shared and written(self.fused, self.dx)
         params = written(self.fused, self.dscale) or written(self.fused, self.dbias)
-        if self.cell_axes and self.mean is not None and not self.shared and written(self.fused, self.dx):
+        if self.by_cells:
             cells = self._sums("cells", self.cell_axes, ["grad * xhat", "grad"], (), CELL_SUMS)
             from_cells = [self._from_cells("sets", self.set_axes, True, (), SET_SUMS)]
             if params:
@@ -296,7 +306,7 @@ class _Backward:
     ) -> Sums:
         """Sums over ``axes`` of the cell sums (times the cell's scale when ``scaled``: sum(g * xhat)
         and sum(g) of a set), on the space of the cells (x's dims, the cell axes set to 1)."""
-        cells = tuple(1 if axis in self.cell_axes else extent for axis, extent in enumerate(self.x.static_dim))
+        cells = self.cell_dims
         cell_count = math.prod(cells)
         c = self.compute
 
@@ -376,8 +386,7 @@ class _Backward:
         c, x = self.compute, self.x
         body = [*coordinates("p", x.static_dim, stride_order(self.dx.static_dim, self.dx.static_stride), "c", itype)]
         body += self._values(params, with_g=True, given=given)
-        declared = any(p.kind is ParamKind.SCRATCH and p.scratch == SET_SUMS for p in params.bindings)
-        sums = SET_SUMS if declared else params.scratch(SET_SUMS, c)  # once for both paths
+        sums = params.scratch(SET_SUMS, c)
         out = declare(params, [self.dx], writable=True)[self.dx.id]
         factor = "scale * " if self.shared else ""
         n = literal(math.prod(x.static_dim[axis] for axis in self.set_axes), c)

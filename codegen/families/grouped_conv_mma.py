@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 from fusion_rules import FusedNode
-from graphdnn.errors import UnsupportedError
 from graphdnn.ops.conv import ConvMode
 
 from ..context import EmitContext, compute_of, indent, kernel_source, pattern_name
@@ -34,6 +33,7 @@ from .grouped_mma_tiles import (
     blocks_of,
     copies,
     declare_tile,
+    fitting,
     matrix_row,
     steps,
     takes_mma_types,
@@ -64,15 +64,10 @@ def grouped_conv_mma_kernel(
     n, channels, out_h, out_w = y.static_dim
     group, taps_h, taps_w = w.static_dim[1:]
     taps = taps_h * taps_w
-    b = _blocks(p, tiles, per_sm, stages, ctx.arch)
-    while b is None and tiles > 1 and "tiles" not in ctx.tuning:  # the default: as many as fit
-        tiles -= 1
-        b = _blocks(p, tiles, per_sm, stages, ctx.arch)
-    if b is None:
-        raise UnsupportedError(
-            f"grouped convolution tuning {dict(ctx.tuning)}: {stages} x {tiles} tiles a warp do not fit in shared memory",
-            node=p.node.name,
-        )
+    b = fitting(
+        lambda t: _blocks(p, t, per_sm, stages, ctx.arch), tiles, stages, ctx.tuning, "grouped convolution", p.node.name
+    )
+    tiles = b.tiles
     pixels = n * out_h * out_w
     itype = index_type([*fused.inputs, *fused.outputs], b.steps * b.blocks * b.pixels * channels)
     a = p.attrs

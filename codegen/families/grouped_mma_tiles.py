@@ -20,10 +20,11 @@ in distinct banks. The filter's taps are padded to an even count with a tap of z
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from graphdnn.arch import sm_count
+from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
 from graphdnn.ops.conv import ConvAttributes
 
@@ -90,6 +91,27 @@ def blocks_of(
     steps = -(-steps_total // blocks)
     blocks = -(-steps_total // steps)
     return Blocks(runs, width, slots, chunks, tiles, step, blocks, steps, padded, row, extra_rows * step * row, stages)
+
+
+def fitting(
+    blocks: Callable[[int], Blocks | None],
+    tiles: int,
+    stages: int,
+    tuning: Mapping[str, object],
+    what: str,
+    node: str,
+) -> Blocks:
+    """``blocks(tiles)``, or, where the tuning does not set ``tiles``, the most tiles a warp below
+    that fit in shared memory; an error naming ``node`` where none fits."""
+    b = blocks(tiles)
+    while b is None and tiles > 1 and "tiles" not in tuning:
+        tiles -= 1
+        b = blocks(tiles)
+    if b is None:
+        raise UnsupportedError(
+            f"{what} tuning {dict(tuning)}: {stages} x {tiles} tiles a warp do not fit in shared memory", node=node
+        )
+    return b
 
 
 def takes_mma_types(x: Tensor, dims: int) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 
 from fusion_rules import FusedNode
-from graphdnn.errors import UnsupportedError
 from graphdnn.ir import Tensor
 from graphdnn.ops.conv import ConvAttributes, ConvMode
 
@@ -78,15 +77,10 @@ def emit_wgrad_mma(
     per_sm: int,
     stages: int,
 ) -> FusedProgram:
-    b = _blocks(x, dy, dw, tiles, per_sm, stages, ctx.arch)
-    while b is None and tiles > 1 and "tiles" not in ctx.tuning:  # the default: as many as fit
-        tiles -= 1
-        b = _blocks(x, dy, dw, tiles, per_sm, stages, ctx.arch)
-    if b is None:
-        raise UnsupportedError(
-            f"conv_wgrad tuning {dict(ctx.tuning)}: {stages} x {tiles} tiles a warp do not fit in shared memory",
-            node=anchor_of(fused).name,
-        )
+    b = staging.fitting(
+        lambda t: _blocks(x, dy, dw, t, per_sm, stages, ctx.arch), tiles, stages, ctx.tuning, "conv_wgrad",
+        anchor_of(fused).name,
+    )  # fmt: skip
     taps = math.prod(dw.static_dim[2:])
     kernel = _sums(fused, ctx, x, dy, dw, a, b)
     finalize, _ = sums_kernels(ctx, fused, _totals(dw, a, b.blocks), "float")
