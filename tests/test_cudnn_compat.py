@@ -409,7 +409,7 @@ def test_a_cuda_graph_needs_the_gpu_plan_and_device_buffers() -> None:
     y = target.relu(x).set_output(True)
     target.build([cudnn.heur_mode.A])
     with pytest.raises(UnsupportedError, match="a CUDA graph runs on device buffers; this variant pack holds host"):
-        target.update_cuda_graph(None, {x: rand(64), y: np.empty(64, np.float32)}, None, 0)
+        target.populate_cuda_graph(None, {x: rand(64), y: np.empty(64, np.float32)}, None, 0)
 
 
 # -- what graphdnn cannot do, said in the frontend's terms --------------------------------------------------
@@ -423,6 +423,7 @@ def test_a_cuda_graph_needs_the_gpu_plan_and_device_buffers() -> None:
         (lambda g, x: g.moe_grouped_matmul(x, x, x, token_index=x), "mode NONE reads neither token_index"),
         (lambda g, x: g.moe_grouped_matmul(x, x, x, mode=cudnn.moe_grouped_matmul_mode.GATHER), "GATHER needs"),
         (lambda g, x: g.moe_grouped_matmul_bwd(x, x, x), "no weight gradient of the grouped matmul"),
+        (lambda g, x: g.update_cuda_graph(None, {}, None, 0), "update_cuda_graph is not supported: setting a"),
         (lambda g, x: g.sdpa(x, x, x, dropout=(x, x)), r"sdpa dropout=.*not a caller's \(mask, scale\)"),
         (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, dropout=(0.1, x, x), rng_dump=x), "rng_dump: .* rng\\(seed"),
         (lambda g, x: g.sdpa_backward(x, x, x, x, x, x, dBias=x), "sdpa_backward dBias: .* no bias gradient"),

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..program import ArgKind, DimRef, Launch
-from . import driver, graph_nodes, nvtx_ranges, tensor_map
+from . import driver, nvtx_ranges, tensor_map
 from .device_array import DeviceMemory
 from .modules import LoadedKernel
 
@@ -189,25 +189,13 @@ class BoundPlan:
         graph refers to this binding's buffers: keep it alive while the graph may run."""
         api = driver.api()
         with self.device.current():
-            held = len(graph_nodes.nodes(api.CUgraph(graph)))
+            held = driver.call(api.cuGraphGetNodes, api.CUgraph(graph), 0)[-1]
             if held:
                 raise driver.CudaError(
                     f"populate_cuda_graph takes an empty CUDA graph; this one holds {held} nodes (populate a new "
                     "graph and add it to yours as a child graph node, as the cuDNN frontend does)"
                 )
             self._record(api.CUgraph(graph))
-
-    def update_graph(self, graph: int) -> None:
-        """Point the nodes that :meth:`record_into` put in ``graph`` (or its clone) at this
-        binding's buffers (``update_cuda_graph``); the graph's topology stays as it was."""
-        api = driver.api()
-        with self.device.current():
-            steps = graph_nodes.chain(api.CUgraph(graph), ["memcpy"] * len(self.copies) + ["kernel"] * len(self._calls))
-            for node, step in zip(steps, self.copies):
-                parameters = graph_nodes.copy_parameters(step.destination.pointer, step.source, step.destination.nbytes)
-                driver.call(api.cuGraphMemcpyNodeSetParams, node, parameters)
-            for node, call in zip(steps[len(self.copies) :], self._calls):
-                driver.call(api.cuGraphKernelNodeSetParams, node, graph_nodes.kernel_parameters(call))
 
     def _record(self, graph: Any) -> None:
         """Capture the input copies and the launches, in order, into ``graph``."""
