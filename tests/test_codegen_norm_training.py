@@ -19,10 +19,13 @@ import pytest
 
 import graphdnn as gd
 from codegen import compile_cubin, emit_partition
+from codegen.context import EmitContext
+from codegen.families.direct_norm import emit_norm_backward
 from fusion_rules import Family, fuse
 from graphdnn.compare import relative_error, tolerance
 from graphdnn.layout import channels_last_order, packed_strides
 from graphdnn.random_inputs import random_inputs
+from graphdnn.signature import signature
 from graphdnn.specialize import specialize
 from tests import cpu_emulation
 
@@ -99,6 +102,11 @@ MATRIX = [
                 ("groupnorm_backward", 3, (1, 6, 5, 7)),
                 ("groupnorm_backward", 8, (2, 64, 9, 11)),
                 ("groupnorm_backward", 1, (2, 5, 1, 1)),
+                ("groupnorm_backward", 16, (2, 16, 8, 8)),  # groups of one channel
+                ("groupnorm_backward", 2, (2, 6, 3, 4, 5)),  # 3 spatial dims
+                ("instancenorm_backward", 0, (2, 24, 33, 17)),
+                ("groupnorm_backward", 32, (2, 256, 32, 32)),  # the one-pass kernel's tiles of 1024 threads
+                ("instancenorm_backward", 0, (2, 3, 300, 300)),  # sets too large: the direct kernels
             ),
             ("bfloat16", "half", "float"),
             ("nchw", "nhwc"),
@@ -141,13 +149,15 @@ def test_kernels_compile(case: Case, arch: int) -> None:
             Family.ROW_NORM_BACKWARD,
             ["adalayernorm_backward_", "params_sums"],
         ),
-        # The cell sums, dscale / dbias and the set sums from them, then dx.
-        (Case("instancenorm_backward", "half", (2, 3, 4, 4)), Family.DIRECT, ["cells", "params", "sets", "dx"]),
+        # The one-pass kernel (dx and the cells), then dscale / dbias from the cells.
+        (Case("instancenorm_backward", "half", (2, 3, 4, 4)), Family.DIRECT, ["backward_sets", "params"]),
         (
             Case("groupnorm_backward", "float", (2, 6, 4, 4), 3, "nhwc"),
             Family.DIRECT,
-            ["cells", "params", "sets", "dx"],
+            ["backward_sets", "params"],
         ),
+        # Sets too large for it: the cell sums, dscale / dbias and the set sums from them, then dx.
+        (Case("instancenorm_backward", "half", (2, 2, 300, 300)), Family.DIRECT, ["cells", "params", "sets", "dx"]),
     ],
     ids=lambda v: str(v) if isinstance(v, Case) else "",
 )
@@ -174,7 +184,8 @@ def test_groupnorm_backward_views_the_channels_as_groups() -> None:
     """The kernels index the (N, groups, C/groups, H, W) view of an NHWC [2, 6, 4, 4] input:
     strides (96, 2, 1, 24, 6), the channel stride 1 split into the group's 2 and the channel's 1."""
     ir = build(Case("groupnorm_backward", "float", (2, 6, 4, 4), 3, "nhwc")).validate()
-    (program,) = emit_partition(fuse(ir, arch=90), 90)
+    (fused,) = fuse(ir, arch=90).nodes
+    program = emit_norm_backward(fused, EmitContext(ir, signature(ir), 90, {}))  # the direct kernels
     dx = program.kernels[-1].source
     assert "[c0 * 96 + c1 * 2 + c2 + c3 * 24 + c4 * 6] = " in dx
 

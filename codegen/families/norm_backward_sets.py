@@ -1,0 +1,547 @@
+"""Instance and group norm backward in one pass over the big tensors: a block per tile of sets.
+
+A *tile* is one sample's run of CB consecutive channels, whole groups (instance norm: a group is
+one channel), with all their spatial positions. Its block loads grad and x once, 16-byte vectors
+held in registers, sums grad * xhat and grad per channel (the *cells*), stores the cells to
+scratch, adds scale * cell over each set's channels (the set sums), then writes dx from the
+registers: grad and x are read from memory once and dx written once, the roofline's traffic. A
+second, small kernel adds the cells over the samples into dscale and dbias in a fixed order
+(direct_norm's, on the cells), so every result is reproducible run to run.
+
+How the threads cover a tile keeps the loads coalesced in both packed layouts:
+
+- NHWC: a tile is S rows (spatial positions, C elements apart) of CB contiguous channels, I =
+  CB / w vectors of w elements each. Thread t takes column t % I of rows t / I + k * T / I, so a
+  thread's w channels never change: it accumulates per element, then the threads of a column add
+  up (lanes of a warp by shuffles, the warps through shared memory). Instance norm takes CB = w
+  channels (w sets a tile), group norm the fewest whole groups that are a multiple of w.
+- NCHW: a tile (CB = channels of one group) is CB runs of S contiguous elements. A team of P
+  threads walks one channel's I = S / w vectors (lane + P * q), TM teams take channels team +
+  TM * j; each team adds up with ``gd::group_sum``.
+
+Where a tile does not fit (more than HELD_BYTES of each big tensor per thread at 1024 threads),
+where grad, x and dx do not share one packed NCHW or NHWC layout, or where dx is not written,
+:func:`plan` says why and direct_norm's kernels (cells, parameter sums, set sums, dx) run instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from fusion_rules import FusedNode
+from graphdnn.arch import sm_count
+from graphdnn.errors import GraphError
+from graphdnn.layout import channels_last_order, packed_strides
+
+from ..context import EmitContext, KernelParams, indent, kernel_source
+from ..cuda_types import cuda_type, load, store
+from ..indexing import offset
+from ..kernel import FusedProgram, Kernel, Scratch
+from ..pointwise import literal
+from .direct_common import anchor_of, declare, written
+from .direct_norm import CELL_SUMS, NormBackward, emit_norm_backward
+from .direct_reduce import sums_kernels
+
+MAX_THREADS = 1024
+HELD_BYTES = 128  # of each of grad and x, per thread, in registers: eight 16-byte vectors
+RESIDENT = True  # a grid of resident blocks walking the tiles, prefetching the next into L2
+OTHER_REGISTERS = 48  # a thread's registers besides the held vectors (estimate, for the blocks per SM)
+PREFETCH_L2 = """__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}"""
+SHARED_BYTES = 32 * 1024  # the most the column partials of an NHWC tile may take
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How a block covers its tile (the names of the module docstring)."""
+
+    nhwc: bool
+    samples: int  # N
+    channels: int  # C
+    group: int  # Cg: channels per set
+    spatial: int  # S
+    width: int  # w: elements per vector
+    tile: int  # CB: channels per tile
+    threads: int  # T
+    columns: int  # I: NHWC vectors per row; NCHW vectors per channel
+    team: int  # NHWC: rows per pass (T / I); NCHW: P, threads per channel
+    teams: int  # NCHW: TM, channels walked at once (NHWC: 1)
+    slots: int  # vectors of each of grad and x a thread holds
+    per_sm: int = 0  # blocks resident per SM (launch bounds), with a grid of that many per SM; 0: a block per tile
+    grid: int = 0  # blocks when resident
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether blocks walk several tiles, each asking the next one into L2."""
+        return 0 < self.grid < self.blocks
+
+    @property
+    def blocks(self) -> int:
+        return self.samples * (self.channels // self.tile)
+
+    @property
+    def shuffled(self) -> bool:
+        """NHWC: the rows of a column within a warp are added by shuffles (I divides 32)."""
+        return self.columns < 32 and 32 % self.columns == 0
+
+    @property
+    def partial_rows(self) -> int:
+        """NHWC: the partial sums each column leaves in shared memory (one per warp, or per row)."""
+        return self.threads // max(self.columns, 32) if self.shuffled else self.team
+
+
+def _strides(dims: tuple[int, ...], nhwc: bool) -> tuple[int, ...]:
+    return packed_strides(dims, channels_last_order(len(dims)) if nhwc else None)
+
+
+def plan(b: NormBackward) -> Tiling | str:
+    """The tiling of the one-pass kernel, or why it does not apply (the direct kernels run)."""
+    anchor = anchor_of(b.fused)
+    x = anchor.input("input")
+    grad, dx = anchor.input("grad"), anchor.output("dx")
+    assert x is not None and grad is not None and dx is not None
+    if not written(b.fused, dx):
+        return "dx is not written"
+    dims = x.static_dim
+    layouts = [nhwc for nhwc in (False, True) if all(t.static_stride == _strides(dims, nhwc) for t in (grad, x, dx))]
+    if not layouts:
+        return "grad, x and dx do not share one packed NCHW or NHWC layout"
+    nhwc = layouts[-1] if len(dims) > 2 and math.prod(dims[2:]) > 1 else False
+    samples, channels = dims[0], dims[1]
+    spatial = math.prod(dims[2:])
+    groups = getattr(anchor.attributes, "groups", channels)
+    group = channels // groups
+    itemsize = itemsize_of(b)
+    elements = 16 // itemsize
+    tiling = _nhwc(samples, channels, group, spatial, elements, itemsize) if nhwc else None
+    if not nhwc:
+        tiling = _nchw(samples, channels, group, spatial, elements, itemsize)
+    if tiling is None:
+        return f"a tile of {group}+ channels x {spatial} positions does not fit {HELD_BYTES} bytes a thread"
+    return tiling
+
+
+def _largest_width(elements: int, divides: int) -> int:
+    width = elements
+    while divides % width:
+        width //= 2
+    return width
+
+
+def _nhwc(samples: int, channels: int, group: int, spatial: int, elements: int, itemsize: int) -> Tiling | None:
+    width = _largest_width(elements, channels)
+    groups = channels // group
+    tile = next(group * m for m in range(1, groups + 1) if groups % m == 0 and (group * m) % width == 0)
+    columns = tile // width
+    if columns > 32:
+        return None
+    rows = 1
+    while rows * columns < 32 or -(-spatial // rows) * width * itemsize > HELD_BYTES:
+        rows *= 2
+        if rows * columns > MAX_THREADS:
+            return None
+    threads = rows * columns
+    t = Tiling(True, samples, channels, group, spatial, width, tile, threads, columns, rows, 1, -(-spatial // rows))
+    return t if 2 * t.partial_rows * tile * 8 <= SHARED_BYTES else None
+
+
+def _nchw(samples: int, channels: int, group: int, spatial: int, elements: int, itemsize: int) -> Tiling | None:
+    width = _largest_width(elements, spatial)
+    columns = spatial // width
+    best: tuple[tuple[int, ...], Tiling] | None = None
+    for teams in (d for d in range(1, group + 1) if group % d == 0):
+        team = 32
+        while team * teams <= MAX_THREADS:
+            walks = -(-columns // team)
+            slots = (group // teams) * walks
+            if slots * width * itemsize <= HELD_BYTES:
+                threads = team * teams
+                wasteful = 8 * (team * walks - columns) > columns  # over 1/8 of the lanes idle
+                # Few idle lanes, then blocks near 256 threads, then few channels a team; idle: fewest threads.
+                score = (1, threads, 0) if wasteful else (0, abs(threads.bit_length() - 9), group // teams)
+                tiling = Tiling(
+                    False, samples, channels, group, spatial, width, group, threads, columns, team, teams, slots
+                )
+                if best is None or score < best[0]:
+                    best = (score, tiling)
+            team *= 2
+    return best[1] if best else None
+
+
+def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
+    """The one-pass kernel and the parameter sums where :func:`plan` finds a tiling, else direct_norm's kernels."""
+    b = NormBackward.of(fused)
+    tiling = plan(b)
+    if isinstance(tiling, str):
+        return emit_norm_backward(fused, ctx)
+    if RESIDENT or ctx.tuning:
+        registers = tiling.slots * 2 * -(-tiling.width * itemsize_of(b) // 4) + OTHER_REGISTERS
+        per_sm = max(1, min(2048 // tiling.threads, 65536 // (tiling.threads * registers)))
+        grid = min(tiling.blocks, _grid_choice(ctx.tuning) or sm_count(ctx.arch) * per_sm)
+        tiling = dataclasses.replace(tiling, per_sm=per_sm, grid=grid)
+    kernels = [_SetsKernel(b, tiling, ctx).kernel()]
+    scratch = [Scratch(CELL_SUMS, 2 * tiling.samples * tiling.channels * (8 if b.compute == "double" else 4))]
+    if written(fused, b.dscale) or (b.dbias is not None and written(fused, b.dbias)):
+        programs, buffers = sums_kernels(ctx, fused, b.cell_parameter_sums(), b.compute)
+        kernels += programs
+        scratch += buffers
+    return FusedProgram(fused.name, tuple(kernels), tuple(scratch))
+
+
+def _grid_choice(tuning: dict[str, object]) -> int:
+    """The launch choice {"grid": blocks} (resident blocks walking the tiles; tests force small grids), or 0."""
+    if not tuning:
+        return 0
+    grid = tuning.get("grid")
+    if set(tuning) != {"grid"} or not isinstance(grid, int) or grid < 1:
+        raise GraphError(f"instance / group norm backward tuning {tuning}: expected {{'grid': blocks >= 1}}")
+    return grid
+
+
+def itemsize_of(b: NormBackward) -> int:
+    """Bytes of the widest of grad, x and dx: the vector width follows from it."""
+    return max(t.data_type.itemsize for t in (b.grad, b.x, b.dx))
+
+
+class _SetsKernel:
+    def __init__(self, b: NormBackward, tiling: Tiling, ctx: EmitContext) -> None:
+        self.b, self.t, self.ctx = b, tiling, ctx
+        self.c = b.compute
+        self.params = KernelParams()
+        self.names = declare(self.params, [b.grad, b.x, b.scale, b.mean, b.inv])
+        self.names.update(declare(self.params, [b.dx], writable=True))
+        self.cells = self.params.scratch(CELL_SUMS, self.c)
+        self.aligned = self.params.aligned_flag() if tiling.width > 1 else ""
+        self.vectors = False  # which path body() is emitting: vector or element accesses
+        numel = tiling.samples * tiling.channels * tiling.spatial
+        self.itype = "long long" if numel > 2**31 - 1 else "int"
+
+    def channel_values(self, channel: str, suffix: str, names: tuple[str, ...] = ("sc", "mu", "rs")) -> list[str]:
+        """scale (sc), mean (mu) and inv (rs) of tile channel ``channel``, those in ``names``, as
+        {name}{suffix}: loaded at the coordinates k of the set view (n; group and channel in it)."""
+        b, t = self.b, self.t
+        coordinates = [
+            *(["const int k0 = n;"] if "mu" in names or "rs" in names else []),
+            f"const int kc = cb * {t.tile} + {channel};",
+        ]
+        if self.grouped:
+            coordinates += [f"const int k1 = kc / {t.group};", f"const int k2 = kc % {t.group};"]
+        else:
+            coordinates += ["const int k1 = kc;"]
+        tensors = {"sc": b.scale, "mu": b.mean, "rs": b.inv}
+        values = []
+        for name in names:
+            tensor = tensors[name]
+            assert tensor is not None
+            pointer = self.names[tensor.id]
+            at = f"{pointer}[{offset(tensor, b.x.static_dim, 'k')}]"
+            values.append(f"{name}{suffix} = {load(tensor.data_type, at, self.c)};")
+        return ["{", *indent([*coordinates, *values], 1).splitlines(), "}"]
+
+    def vector_type(self, role: str) -> str:
+        tensor = {"grad": self.b.grad, "x": self.b.x, "dx": self.b.dx}[role]
+        return f"gd::Vec<{cuda_type(tensor.data_type)}, {self.t.width}>"
+
+    def load_vectors(self, at: str) -> list[str]:
+        """Slot k of grad and x (the vectors at element offset ``at``): one vector access each,
+        or element by element on the element path."""
+        w = self.t.width
+        lines = []
+        for tensor, target in ((self.b.grad, "vg"), (self.b.x, "vx")):
+            pointer = self.names[tensor.id]
+            if self.vectors:
+                lines.append(f"{target}[k] = gd::load_vec<{cuda_type(tensor.data_type)}, {w}>({pointer} + {at});")
+            else:
+                lines += ["#pragma unroll", f"for (int e = 0; e < {w}; ++e) {target}[k].v[e] = {pointer}[{at} + e];"]
+        return lines
+
+    def store_vector(self, at: str) -> list[str]:
+        w, dx = self.t.width, self.b.dx
+        pointer = self.names[dx.id]
+        if self.vectors:
+            return [f"gd::store_vec<{cuda_type(dx.data_type)}, {w}>({pointer} + {at}, out);"]
+        return ["#pragma unroll", f"for (int e = 0; e < {w}; ++e) {pointer}[{at} + e] = out.v[e];"]
+
+    def origin(self, tile: str) -> list[str]:
+        """n and cb of tile ``tile``, and ``first``: the element offset its slots count from."""
+        t, it = self.t, self.itype
+        per_sample = t.channels // t.tile
+        if t.nhwc:
+            first = f"({it})n * {t.spatial * t.channels} + cb * {t.tile} + col * {t.width}"
+        else:
+            first = f"(({it})n * {t.channels} + cb * {t.tile}) * {t.spatial}"
+        return [f"const int n = {tile} / {per_sample}, cb = {tile} % {per_sample};", f"const {it} first = {first};"]
+
+    def slot(self) -> tuple[str, str]:
+        """(the element offset of this thread's slot k from ``first``, whether slot k is in the
+        tile: empty where every slot is)."""
+        t, it = self.t, self.itype
+        if t.nhwc:
+            guard = f"row0 + k * {t.team} < {t.spatial}" if t.spatial % t.team else ""
+            return f"({it})(row0 + k * {t.team}) * {t.channels}", guard
+        walks = t.slots // (t.tile // t.teams)
+        channel = f"({it})(team + {t.teams} * (k / {walks})) * {t.spatial}"
+        lane = f"lane + {t.team} * (k % {walks})"
+        return f"{channel} + ({lane}) * {t.width}", f"{lane} < {t.columns}" if t.columns % t.team else ""
+
+    def prefetch(self) -> list[str]:
+        """The next tile's grad and x (this block's), asked into L2 while this one's sums and dx run."""
+        if not self.t.prefetch:
+            return []
+        at = self.slot()[0]
+        asks = [f"prefetch_l2({self.names[t.id]} + first + {at});" for t in (self.b.grad, self.b.x)]
+        return [
+            f"if (tile + gridDim.x < {self.t.blocks}) {{  // the next tile into L2",
+            *indent([*self.origin("(int)(tile + gridDim.x)"), *self.slot_loop(asks)], 1).splitlines(),
+            "}",
+        ]
+
+    def declarations(self) -> list[str]:
+        t, c = self.t, self.c
+        lines = [
+            f"{self.vector_type('grad')} vg[{t.slots}];",
+            f"{self.vector_type('x')} vx[{t.slots}];",
+            f"__shared__ {c} cell[2][{t.tile}];  // sum(grad * xhat), sum(grad) per channel of the tile",
+            f"__shared__ {c} set_sums[2][{t.tile // t.group}];  // mean(g * xhat), mean(g) per set",
+            f"__shared__ {c} tile_scale[{t.tile}];",
+        ]
+        if t.nhwc:
+            lines.append(f"const int col = threadIdx.x % {t.columns}, row0 = threadIdx.x / {t.columns};")
+        else:
+            lines.append(f"const int team = threadIdx.x / {t.team}, lane = threadIdx.x % {t.team};")
+        if not t.nhwc and t.team > 32:
+            lines.append(f"__shared__ {c} red[{t.threads // 32}];  // group_sum's per-warp partials")
+        if t.nhwc:
+            lines.append(f"__shared__ {c} part[2][{t.partial_rows}][{t.tile}];  // the columns' partial sums")
+        return lines
+
+    def tiles(self) -> list[str]:
+        """The loop over the tiles this block walks: loads, sums, dx."""
+        t = self.t
+        # The tile's scale, staged for the set sums while the loads are in flight (read after a barrier).
+        scale = [f"{self.c} sc0;", *self.channel_values("q", "0", ("sc",)), "tile_scale[q] = sc0;"]
+        loads = [
+            *self.origin("tile"),
+            *self.slot_loop(self.load_vectors(f"first + {self.slot()[0]}")),
+            f"for (int q = threadIdx.x; q < {t.tile}; q += {t.threads}) {{",
+            *indent(scale, 1).splitlines(),
+            "}",
+        ]
+        per_tile = [*loads, *(self.nhwc_body() if t.nhwc else self.nchw_body())]
+        return [
+            f"for (int tile = blockIdx.x; tile < {t.blocks}; tile += gridDim.x) {{  // (n, cb)",
+            *indent(per_tile, 1).splitlines(),
+            "}",
+        ]
+
+    def body(self) -> list[str]:
+        """The declarations, then the tiles: with vector accesses where the pointers allow (and
+        w > 1), else element by element, the same mapping (two paths: one branch per access
+        made the compiler spill the held vectors)."""
+        lines = self.declarations()
+        if self.t.width == 1:
+            return [*lines, *self.tiles()]
+        self.vectors = True
+        vectors = self.tiles()
+        self.vectors = False
+        return [
+            *lines,
+            f"if ({self.aligned}) {{  // {self.t.width}-element vector accesses",
+            *indent(vectors, 1).splitlines(),
+            "} else {  // a pointer is not aligned for vectors: element accesses",
+            *indent(self.tiles(), 1).splitlines(),
+            "}",
+        ]
+
+    def cells_and_sets(self) -> list[str]:
+        """From cell[][] (complete): the cells to scratch, then the set sums (over a barrier)."""
+        t, c = self.t, self.c
+        total = t.samples * t.channels
+        sets = t.tile // t.group
+        n_elements = literal(t.group * t.spatial, c)
+        return [
+            f"for (int q = threadIdx.x; q < {t.tile}; q += {t.threads}) {{",
+            f"  const {self.itype} o = ({self.itype})n * {t.channels} + cb * {t.tile} + q;",
+            f"  {self.cells}[o] = cell[0][q];",
+            f"  {self.cells}[{total} + o] = cell[1][q];",
+            "}",
+            f"for (int s = threadIdx.x; s < {sets}; s += {t.threads}) {{",
+            f"  {c} gx = 0, g = 0;",
+            f"  for (int j = s * {t.group}; j < (s + 1) * {t.group}; ++j) {{",
+            "    gx += tile_scale[j] * cell[0][j];",
+            "    g += tile_scale[j] * cell[1][j];",
+            "  }",
+            f"  set_sums[0][s] = gx / {n_elements};",
+            f"  set_sums[1][s] = g / {n_elements};",
+            "}",
+            "__syncthreads();",
+        ]
+
+    @property
+    def grouped(self) -> bool:
+        x = anchor_of(self.b.fused).input("input")
+        assert x is not None
+        return len(self.b.x.dim) > len(x.dim)
+
+    def element_terms(self, slot: str, e: str, suffix: str) -> list[str]:
+        c = self.c
+        return [
+            f"const {c} d = gd::element<{c}>(vg[{slot}], {e});",
+            f"const {c} xh = (gd::element<{c}>(vx[{slot}], {e}) - mu{suffix}) * rs{suffix};",
+        ]
+
+    def slot_loop(self, body: list[str], prelude: tuple[str, ...] = ()) -> list[str]:
+        """``body`` for each slot k of this thread that is in the tile (after ``prelude``)."""
+        guard = self.slot()[1]
+        inner = [f"if ({guard}) {{", *indent(body, 1).splitlines(), "}"] if guard else body
+        return [
+            "#pragma unroll",
+            f"for (int k = 0; k < {self.t.slots}; ++k) {{",
+            *indent([*prelude, *inner], 1).splitlines(),
+            "}",
+        ]
+
+    def accumulate(self, stats: str, sums: str, prelude: tuple[str, ...] = ()) -> list[str]:
+        """The held elements' grad * xhat and grad (xhat from mu{stats}, rs{stats}) into sa{sums} and sb{sums}."""
+        each = [*self.element_terms("k", "e", stats), f"sa{sums} += d * xh;", f"sb{sums} += d;"]
+        return self.slot_loop(
+            ["#pragma unroll", f"for (int e = 0; e < {self.t.width}; ++e) {{", *indent(each, 1).splitlines(), "}"],
+            prelude,
+        )
+
+    def write_dx(self, scale: str, stats: str, means: str, prelude: tuple[str, ...] = ()) -> list[str]:
+        """dx of the held elements from sc{scale}, mu{stats}, rs{stats} and the set means mg{means}, mgx{means}."""
+        value = f"rs{stats} * (d * sc{scale} - mg{means} - xh * mgx{means})"
+        each = [*self.element_terms("k", "e", stats), f"out.v[e] = {store(self.b.dx.data_type, value)};"]
+        body = [
+            f"{self.vector_type('dx')} out;",
+            "#pragma unroll",
+            f"for (int e = 0; e < {self.t.width}; ++e) {{",
+            *indent(each, 1).splitlines(),
+            "}",
+            *self.store_vector(f"first + {self.slot()[0]}"),
+        ]
+        return self.slot_loop(body, prelude)
+
+    def nhwc_body(self) -> list[str]:
+        """Per element column e: its sums added over the rows, then over the threads of the
+        column (shuffles within a warp where I divides 32, then the partial rows in shared memory)."""
+        t, c = self.t, self.c
+        w = t.width
+        # Where a vector's w channels are of one set (w divides the channels a group), its
+        # statistics and means are one value each: fewer registers beside the held vectors.
+        stats = "" if t.group % w == 0 else "[e]"
+        per_element = ("sc",) if stats == "" else ("sc", "mu", "rs")
+        lines = [
+            f"{c} {', '.join(f'{name}[{w}]' for name in per_element)}, sa[{w}], sb[{w}];",
+            "#pragma unroll",
+            f"for (int e = 0; e < {w}; ++e) {{",
+            *indent(self.channel_values(f"col * {w} + e", "[e]", per_element), 1).splitlines(),
+            "  sa[e] = 0;",
+            "  sb[e] = 0;",
+            "}",
+        ]
+        if stats == "":
+            lines += [f"{c} mu, rs;", *self.channel_values(f"col * {w}", "", ("mu", "rs"))]
+        lines += [*self.accumulate(stats, "[e]"), *self.prefetch()]
+        if t.shuffled:
+            lines += [
+                "#pragma unroll",
+                f"for (int e = 0; e < {w}; ++e) {{",
+                "#pragma unroll",
+                f"  for (int offset = 16; offset >= {t.columns}; offset /= 2) {{",
+                "    sa[e] += gd::shfl_xor(sa[e], offset);",
+                "    sb[e] += gd::shfl_xor(sb[e], offset);",
+                "  }",
+                "}",
+                f"if (threadIdx.x % 32 < {t.columns}) {{",
+                f"  const int pr = threadIdx.x / {max(t.columns, 32)};",
+            ]
+        else:
+            lines += ["{", "  const int pr = row0;"]
+        lines += [
+            "#pragma unroll",
+            f"  for (int e = 0; e < {w}; ++e) {{",
+            f"    part[0][pr][col * {w} + e] = sa[e];",
+            f"    part[1][pr][col * {w} + e] = sb[e];",
+            "  }",
+            "}",
+            "__syncthreads();",
+            f"for (int q = threadIdx.x; q < {t.tile}; q += {t.threads}) {{",
+            f"  {c} a = 0, s = 0;",
+            f"  for (int pr = 0; pr < {t.partial_rows}; ++pr) {{",
+            "    a += part[0][pr][q];",
+            "    s += part[1][pr][q];",
+            "  }",
+            "  cell[0][q] = a;",
+            "  cell[1][q] = s;",
+            "}",
+            "__syncthreads();",
+            *self.cells_and_sets(),
+        ]
+        if stats == "":
+            lines += [f"const {c} mgx = set_sums[0][col * {w} / {t.group}], mg = set_sums[1][col * {w} / {t.group}];"]
+        else:
+            lines += [
+                f"{c} mgx[{w}], mg[{w}];",
+                "#pragma unroll",
+                f"for (int e = 0; e < {w}; ++e) {{",
+                f"  mgx[e] = set_sums[0][(col * {w} + e) / {t.group}];",
+                f"  mg[e] = set_sums[1][(col * {w} + e) / {t.group}];",
+                "}",
+            ]
+        return [*lines, *self.write_dx("[e]", stats, stats)]
+
+    def nchw_body(self) -> list[str]:
+        """Per channel j of the team: its sums over the team's slots, then over the team (group_sum)."""
+        t, c = self.t, self.c
+        per_team = t.tile // t.teams
+        channel = f"const int j = k / {t.slots // per_team};"
+        scratch = "red" if t.team > 32 else "nullptr"
+        means = (
+            channel,
+            f"const {c} mgx = set_sums[0][(team + {t.teams} * j) / {t.group}];",
+            f"const {c} mg = set_sums[1][(team + {t.teams} * j) / {t.group}];",
+        )
+        return [
+            f"{c} sc[{per_team}], mu[{per_team}], rs[{per_team}], sa[{per_team}], sb[{per_team}];",
+            "#pragma unroll",
+            f"for (int j = 0; j < {per_team}; ++j) {{",
+            *indent(self.channel_values(f"team + {t.teams} * j", "[j]"), 1).splitlines(),
+            "  sa[j] = 0;",
+            "  sb[j] = 0;",
+            "}",
+            *self.accumulate("[j]", "[j]", (channel,)),
+            *self.prefetch(),
+            "#pragma unroll",
+            f"for (int j = 0; j < {per_team}; ++j) {{",
+            f"  const {c} a = gd::group_sum<{t.team}, {c}>(sa[j], {scratch});",
+            f"  const {c} s = gd::group_sum<{t.team}, {c}>(sb[j], {scratch});",
+            "  if (lane == 0) {",
+            f"    cell[0][team + {t.teams} * j] = a;",
+            f"    cell[1][team + {t.teams} * j] = s;",
+            "  }",
+            "}",
+            "__syncthreads();",
+            *self.cells_and_sets(),
+            *self.write_dx("[j]", "[j]", "", means),
+        ]
+
+    def kernel(self) -> Kernel:
+        t = self.t
+        name, source = kernel_source(
+            self.ctx,
+            self.b.fused,
+            f"{anchor_of(self.b.fused).op}_sets",
+            self.params,
+            t.threads,
+            indent(self.body(), 1),
+            t.per_sm if t.prefetch else 0,
+            PREFETCH_L2 if t.prefetch else "",
+        )
+        grid = t.grid if t.prefetch else t.blocks
+        alignment = t.width * itemsize_of(self.b)
+        return Kernel(name, source, (grid, 1, 1), (t.threads, 1, 1), 0, tuple(self.params.bindings), alignment)
