@@ -219,7 +219,7 @@ class _SetsKernel:
         numel = tiling.samples * tiling.channels * tiling.spatial
         self.itype = "long long" if numel > 2**31 - 1 else "int"
 
-    def channel_values(self, channel: str, suffix: str, names: tuple[str, ...] = ("sc", "mu", "rs")) -> list[str]:
+    def channel_values(self, channel: str, suffix: str, names: tuple[str, ...]) -> list[str]:
         """scale (sc), mean (mu) and inv (rs) of tile channel ``channel``, those in ``names``, as
         {name}{suffix}: loaded at the coordinates k of the set view (n; group and channel in it)."""
         b, t = self.b, self.t
@@ -266,29 +266,30 @@ class _SetsKernel:
         return ["#pragma unroll", f"for (int e = 0; e < {w}; ++e) {pointer}[{at} + e] = out.v[e];"]
 
     def origin(self, tile: str) -> list[str]:
-        """n and cb of tile ``tile``, and ``first``: the element offset its slots count from."""
+        """n and cb of tile ``tile``, and ``first``: the element offset of this thread's slot 0 in it."""
         t, it = self.t, self.itype
         per_sample = t.channels // t.tile
         if t.nhwc:
-            first = f"({it})n * {t.spatial * t.channels} + cb * {t.tile} + col * {t.width}"
+            first = f"({it})n * {t.spatial * t.channels} + cb * {t.tile} + lead"
         else:
-            first = f"(({it})n * {t.channels} + cb * {t.tile}) * {t.spatial}"
+            first = f"(({it})n * {t.channels} + cb * {t.tile}) * {t.spatial} + lead"
         return [f"const int n = {tile} / {per_sample}, cb = {tile} % {per_sample};", f"const {it} first = {first};"]
 
     def slot(self) -> tuple[str, str]:
         """(the element offset of this thread's slot k from ``first``, whether slot k is in the
-        tile: empty where every slot is)."""
+        tile: empty where every slot is). The offsets are constants once the slot loop is
+        unrolled: the loads and stores address from one pointer per tensor and tile."""
         t, it = self.t, self.itype
         if t.nhwc:
             guard = f"row0 + k * {t.team} < {t.spatial}" if t.spatial % t.team else ""
-            return f"({it})(row0 + k * {t.team}) * {t.channels}", guard
+            return f"({it})k * {t.team * t.channels}", guard
         walks = t.slots // (t.tile // t.teams)
-        channel = f"({it})(team + {t.teams} * (k / {walks})) * {t.spatial}"
-        lane = f"lane + {t.team} * (k % {walks})"
-        return f"{channel} + ({lane}) * {t.width}", f"{lane} < {t.columns}" if t.columns % t.team else ""
+        guard = f"lane + {t.team} * (k % {walks}) < {t.columns}" if t.columns % t.team else ""
+        return f"({it})(k / {walks}) * {t.teams * t.spatial} + (k % {walks}) * {t.team * t.width}", guard
 
     def prefetch(self) -> list[str]:
-        """The next tile's grad and x (this block's), asked into L2 while this one's sums and dx run."""
+        """The next tile's grad and x (this block's), asked into L2 before this tile's loads (few
+        registers are live there), to stream in while this tile's loads, sums and dx run."""
         if not self.t.prefetch:
             return []
         at = self.slot()[0]
@@ -306,12 +307,21 @@ class _SetsKernel:
             f"{self.vector_type('x')} vx[{t.slots}];",
             f"__shared__ {c} cell[2][{t.tile}];  // sum(grad * xhat), sum(grad) per channel of the tile",
             f"__shared__ {c} set_sums[2][{t.tile // t.group}];  // mean(g * xhat), mean(g) per set",
-            f"__shared__ {c} tile_scale[{t.tile}];",
+            # Two buffers, by the parity of the block's tile: a block's next tile stages its scale
+            # while slower threads may still read this tile's (the barriers keep them one tile apart).
+            f"__shared__ {c} tile_scale[2][{t.tile}];",
         ]
+        it = self.itype
         if t.nhwc:
-            lines.append(f"const int col = threadIdx.x % {t.columns}, row0 = threadIdx.x / {t.columns};")
+            lines += [
+                f"const int col = threadIdx.x % {t.columns}, row0 = threadIdx.x / {t.columns};",
+                f"const {it} lead = ({it})row0 * {t.channels} + col * {t.width};  // slot 0 in the tile",
+            ]
         else:
-            lines.append(f"const int team = threadIdx.x / {t.team}, lane = threadIdx.x % {t.team};")
+            lines += [
+                f"const int team = threadIdx.x / {t.team}, lane = threadIdx.x % {t.team};",
+                f"const {it} lead = ({it})team * {t.spatial} + lane * {t.width};  // slot 0 in the tile",
+            ]
         if not t.nhwc and t.team > 32:
             lines.append(f"__shared__ {c} red[{t.threads // 32}];  // group_sum's per-warp partials")
         if t.nhwc:
@@ -322,9 +332,11 @@ class _SetsKernel:
         """The loop over the tiles this block walks: loads, sums, dx."""
         t = self.t
         # The tile's scale, staged for the set sums while the loads are in flight (read after a barrier).
-        scale = [f"{self.c} sc0;", *self.channel_values("q", "0", ("sc",)), "tile_scale[q] = sc0;"]
+        scale = [f"{self.c} sc0;", *self.channel_values("q", "0", ("sc",)), "tile_scale[parity][q] = sc0;"]
         loads = [
+            *self.prefetch(),
             *self.origin("tile"),
+            "const int parity = (tile / gridDim.x) & 1;  // the block's tiles alternate the staging buffers",
             *self.slot_loop(self.load_vectors(f"first + {self.slot()[0]}")),
             f"for (int q = threadIdx.x; q < {t.tile}; q += {t.threads}) {{",
             *indent(scale, 1).splitlines(),
@@ -371,8 +383,8 @@ class _SetsKernel:
             f"for (int s = threadIdx.x; s < {sets}; s += {t.threads}) {{",
             f"  {c} gx = 0, g = 0;",
             f"  for (int j = s * {t.group}; j < (s + 1) * {t.group}; ++j) {{",
-            "    gx += tile_scale[j] * cell[0][j];",
-            "    g += tile_scale[j] * cell[1][j];",
+            "    gx += tile_scale[parity][j] * cell[0][j];",
+            "    g += tile_scale[parity][j] * cell[1][j];",
             "  }",
             f"  set_sums[0][s] = gx / {n_elements};",
             f"  set_sums[1][s] = g / {n_elements};",
@@ -412,10 +424,14 @@ class _SetsKernel:
             prelude,
         )
 
-    def write_dx(self, scale: str, stats: str, means: str, prelude: tuple[str, ...] = ()) -> list[str]:
-        """dx of the held elements from sc{scale}, mu{stats}, rs{stats} and the set means mg{means}, mgx{means}."""
-        value = f"rs{stats} * (d * sc{scale} - mg{means} - xh * mgx{means})"
-        each = [*self.element_terms("k", "e", stats), f"out.v[e] = {store(self.b.dx.data_type, value)};"]
+    def write_dx(self, coefficient: str, shared: str, stats: str, prelude: tuple[str, ...] = ()) -> list[str]:
+        """dx of the held elements: inv * (grad * scale - mean(g) - xhat * mean(g * xhat)) as
+        ga{coefficient} * grad + gb{shared} + gc{shared} * (x - mu{stats}), with ga = inv * scale,
+        gb = -inv * mean(g), gc = -inv^2 * mean(g * xhat) (:meth:`coefficients`): three values per
+        channel or set where the formula reads five, each a register beside the held vectors."""
+        c = self.c
+        value = f"ga{coefficient} * d + gb{shared} + gc{shared} * (gd::element<{c}>(vx[k], e) - mu{stats})"
+        each = [f"const {c} d = gd::element<{c}>(vg[k], e);", f"out.v[e] = {store(self.b.dx.data_type, value)};"]
         body = [
             f"{self.vector_type('dx')} out;",
             "#pragma unroll",
@@ -426,6 +442,17 @@ class _SetsKernel:
         ]
         return self.slot_loop(body, prelude)
 
+    def coefficients(self, names: tuple[str, ...], channel: str, stats: str) -> list[str]:
+        """Those of ga, gb and gc (:meth:`write_dx`) in ``names`` (as written, e.g. ``ga[e]``) of
+        tile channel ``channel``, from rs{stats}, the staged scale and the set sums."""
+        t = self.t
+        values = {
+            "ga": f"rs{stats} * tile_scale[parity][{channel}]",
+            "gb": f"-rs{stats} * set_sums[1][({channel}) / {t.group}]",
+            "gc": f"-rs{stats} * rs{stats} * set_sums[0][({channel}) / {t.group}]",
+        }
+        return [f"{name} = {values[name.split('[')[0]]};" for name in names]
+
     def nhwc_body(self) -> list[str]:
         """Per element column e: its sums added over the rows, then over the threads of the
         column (shuffles within a warp where I divides 32, then the partial rows in shared memory)."""
@@ -434,19 +461,25 @@ class _SetsKernel:
         # Where a vector's w channels are of one set (w divides the channels a group), its
         # statistics and means are one value each: fewer registers beside the held vectors.
         stats = "" if t.group % w == 0 else "[e]"
-        per_element = ("sc",) if stats == "" else ("sc", "mu", "rs")
         lines = [
-            f"{c} {', '.join(f'{name}[{w}]' for name in per_element)}, sa[{w}], sb[{w}];",
+            f"{c} sa[{w}], sb[{w}];",
             "#pragma unroll",
             f"for (int e = 0; e < {w}; ++e) {{",
-            *indent(self.channel_values(f"col * {w} + e", "[e]", per_element), 1).splitlines(),
             "  sa[e] = 0;",
             "  sb[e] = 0;",
             "}",
         ]
         if stats == "":
             lines += [f"{c} mu, rs;", *self.channel_values(f"col * {w}", "", ("mu", "rs"))]
-        lines += [*self.accumulate(stats, "[e]"), *self.prefetch()]
+        else:
+            lines += [
+                f"{c} mu[{w}], rs[{w}];",
+                "#pragma unroll",
+                f"for (int e = 0; e < {w}; ++e) {{",
+                *indent(self.channel_values(f"col * {w} + e", "[e]", ("mu", "rs")), 1).splitlines(),
+                "}",
+            ]
+        lines += self.accumulate(stats, "[e]")
         if t.shuffled:
             lines += [
                 "#pragma unroll",
@@ -482,17 +515,16 @@ class _SetsKernel:
             "__syncthreads();",
             *self.cells_and_sets(),
         ]
+        each = ("ga[e]",) if stats == "" else ("ga[e]", "gb[e]", "gc[e]")
+        lines += [
+            f"{c} {', '.join(f'{name[:2]}[{w}]' for name in each)};",
+            "#pragma unroll",
+            f"for (int e = 0; e < {w}; ++e) {{",
+            *indent(self.coefficients(each, f"col * {w} + e", stats), 1).splitlines(),
+            "}",
+        ]
         if stats == "":
-            lines += [f"const {c} mgx = set_sums[0][col * {w} / {t.group}], mg = set_sums[1][col * {w} / {t.group}];"]
-        else:
-            lines += [
-                f"{c} mgx[{w}], mg[{w}];",
-                "#pragma unroll",
-                f"for (int e = 0; e < {w}; ++e) {{",
-                f"  mgx[e] = set_sums[0][(col * {w} + e) / {t.group}];",
-                f"  mg[e] = set_sums[1][(col * {w} + e) / {t.group}];",
-                "}",
-            ]
+            lines += [f"{c} gb, gc;", *self.coefficients(("gb", "gc"), f"col * {w}", "")]
         return [*lines, *self.write_dx("[e]", stats, stats)]
 
     def nchw_body(self) -> list[str]:
@@ -501,21 +533,17 @@ class _SetsKernel:
         per_team = t.tile // t.teams
         channel = f"const int j = k / {t.slots // per_team};"
         scratch = "red" if t.team > 32 else "nullptr"
-        means = (
-            channel,
-            f"const {c} mgx = set_sums[0][(team + {t.teams} * j) / {t.group}];",
-            f"const {c} mg = set_sums[1][(team + {t.teams} * j) / {t.group}];",
-        )
+        coefficients = self.coefficients(("ga", "gb", "gc"), f"team + {t.teams} * j", "[j]")
+        prelude = (channel, f"{c} ga, gb, gc;", *coefficients)
         return [
-            f"{c} sc[{per_team}], mu[{per_team}], rs[{per_team}], sa[{per_team}], sb[{per_team}];",
+            f"{c} mu[{per_team}], rs[{per_team}], sa[{per_team}], sb[{per_team}];",
             "#pragma unroll",
             f"for (int j = 0; j < {per_team}; ++j) {{",
-            *indent(self.channel_values(f"team + {t.teams} * j", "[j]"), 1).splitlines(),
+            *indent(self.channel_values(f"team + {t.teams} * j", "[j]", ("mu", "rs")), 1).splitlines(),
             "  sa[j] = 0;",
             "  sb[j] = 0;",
             "}",
             *self.accumulate("[j]", "[j]", (channel,)),
-            *self.prefetch(),
             "#pragma unroll",
             f"for (int j = 0; j < {per_team}; ++j) {{",
             f"  const {c} a = gd::group_sum<{t.team}, {c}>(sa[j], {scratch});",
@@ -527,7 +555,7 @@ class _SetsKernel:
             "}",
             "__syncthreads();",
             *self.cells_and_sets(),
-            *self.write_dx("[j]", "[j]", "", means),
+            *self.write_dx("", "", "[j]", prelude),
         ]
 
     def kernel(self) -> Kernel:
