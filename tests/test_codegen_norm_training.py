@@ -121,6 +121,12 @@ COMPILED = [
     Case("instancenorm_backward", "bfloat16", (16, 256, 64, 64), layout="nhwc"),
     Case("groupnorm_backward", "bfloat16", (16, 256, 64, 64), 32),
     Case("groupnorm_backward", "half", (2, 6, 5, 3, 2), 2, "nhwc"),  # 3 spatial dims
+    # The one-pass kernel: resident grids of 512 and 256 threads, one set a vector (uniform
+    # statistics), double, scalar accesses with idle lanes.
+    Case("instancenorm_backward", "bfloat16", (16, 256, 64, 64)),
+    Case("groupnorm_backward", "bfloat16", (16, 256, 64, 64), 32, "nhwc"),
+    Case("groupnorm_backward", "double", (2, 6, 3, 2, 3), 3, "nhwc"),
+    Case("instancenorm_backward", "float", (2, 24, 33, 17)),
 ]
 
 
