@@ -23,7 +23,9 @@ Instance and group norm: a set (a sample's group) and a parameter's group (a cha
 samples) share the spatial axes. One pass over grad and x sums grad * xhat and grad per *cell*
 (sample and channel, over the spatial axes); the parameter sums then add the cells over the
 samples, and the set sums add scale * cell over the set's channels (scale is one value per cell),
-both small kernels over the cells; dx reads grad and x once more.
+both small kernels over the cells; dx reads grad and x once more. These are the fallback:
+where a tile of sets fits a block's registers, norm_backward_sets.py does it in one pass and
+takes only the parameter sums from here (:meth:`NormBackward.cell_parameter_sums`).
 """
 
 from __future__ import annotations
