@@ -20,7 +20,8 @@ import pytest
 import graphdnn as gd
 from codegen import compile_cubin, emit_partition
 from codegen.context import EmitContext
-from codegen.families.direct_norm import emit_norm_backward
+from codegen.families.direct_norm import NormBackward, emit_norm_backward
+from codegen.families.norm_backward_tiling import plan
 from fusion_rules import Family, fuse
 from graphdnn.compare import relative_error, tolerance
 from graphdnn.layout import channels_last_order, packed_strides
@@ -174,6 +175,45 @@ def test_family_and_kernels(case: Case, family: Family, kernels: list[str]) -> N
     (program,) = emit_partition(fuse(ir, arch=90), 90)
     names = [k.name for k in program.kernels]
     assert len(names) >= len(kernels) and all(any(part in n for n in names) for part in kernels), names
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        # NHWC: tiles of 8 channels (16 bytes a row), 512 threads holding 8 rows each.
+        (Case("instancenorm_backward", "bfloat16", (16, 256, 64, 64), layout="nhwc"), (True, 8, 8, 512, 8)),
+        (Case("groupnorm_backward", "bfloat16", (16, 256, 64, 64), 32, "nhwc"), (True, 8, 8, 512, 8)),
+        # NCHW: a tile is a group's contiguous run, 64 threads a channel.
+        (Case("groupnorm_backward", "bfloat16", (16, 256, 64, 64), 32), (False, 8, 8, 512, 8)),
+        (Case("instancenorm_backward", "bfloat16", (16, 256, 64, 64)), (False, 8, 1, 256, 2)),
+        # C = 6 takes vectors of 2 floats; groups of 3 channels: a tile of both (3 vectors a row,
+        # no shuffles), 16 rows of them.
+        (Case("groupnorm_backward", "float", (2, 6, 5, 3), 2, "nhwc"), (True, 2, 6, 48, 1)),
+        # 7 x 3 positions: one element at a time; a warp walks both channels (11 of 32 lanes idle).
+        (Case("groupnorm_backward", "half", (3, 10, 7, 3), 5), (False, 1, 2, 32, 2)),
+    ],
+    ids=lambda v: str(v) if isinstance(v, Case) else "",
+)
+def test_one_pass_tiling(case: Case, expected: tuple[bool, int, int, int, int]) -> None:
+    """(NHWC, vector width, channels a tile, threads, vectors of grad and of x a thread holds)."""
+    (fused,) = fuse(build(case).validate(), arch=90).nodes
+    t = plan(NormBackward.of(fused))
+    assert not isinstance(t, str), t
+    assert (t.nhwc, t.width, t.tile, t.threads, t.slots) == expected
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        (Case("instancenorm_backward", "float", (2, 3, 300, 300)), "does not fit"),
+        (Case("groupnorm_backward", "bfloat16", (2, 64, 128, 128), 2, "nhwc"), "does not fit"),
+    ],
+    ids=lambda v: str(v) if isinstance(v, Case) else "",
+)
+def test_sets_too_large_for_one_pass(case: Case, reason: str) -> None:
+    (fused,) = fuse(build(case).validate(), arch=90).nodes
+    t = plan(NormBackward.of(fused))
+    assert isinstance(t, str) and reason in t
 
 
 def test_adalayernorm_backward_walks_each_sample_apart() -> None:
