@@ -43,6 +43,7 @@ import numpy as np
 from codegen import FusedProgram, Kernel, ParamKind
 from codegen.families.attention_decode_mma import TRANSPOSE
 from codegen.families.gemm_loaders import ASYNC_COPY_PRELUDE
+from codegen.families.norm_backward_sets import PREFETCH_L2
 from codegen.families.tensor_core import mma_fragments
 from fusion_rules import FusedNode
 from graphdnn.dtypes import DataType
@@ -222,6 +223,7 @@ inline unsigned transpose8x8(unsigned x) {
     *((f'asm volatile("cp.async.wait_group {n};\\n" ::);', ";") for n in range(7)),
     *((f'asm volatile("cp.async.wait_group {n};\\n" ::: "memory");', ";") for n in range(7)),
     ("gd::exp2_approx(", "exp2f("),
+    (PREFETCH_L2, "inline void prefetch_l2(const void*) {}"),
 )
 
 

@@ -19,10 +19,14 @@ import pytest
 
 import graphdnn as gd
 from codegen import compile_cubin, emit_partition
+from codegen.context import EmitContext
+from codegen.families.direct_norm import NormBackward, emit_norm_backward
+from codegen.families.norm_backward_tiling import plan
 from fusion_rules import Family, fuse
 from graphdnn.compare import relative_error, tolerance
 from graphdnn.layout import channels_last_order, packed_strides
 from graphdnn.random_inputs import random_inputs
+from graphdnn.signature import signature
 from graphdnn.specialize import specialize
 from tests import cpu_emulation
 
@@ -99,6 +103,11 @@ MATRIX = [
                 ("groupnorm_backward", 3, (1, 6, 5, 7)),
                 ("groupnorm_backward", 8, (2, 64, 9, 11)),
                 ("groupnorm_backward", 1, (2, 5, 1, 1)),
+                ("groupnorm_backward", 16, (2, 16, 8, 8)),  # groups of one channel
+                ("groupnorm_backward", 2, (2, 6, 3, 4, 5)),  # 3 spatial dims
+                ("instancenorm_backward", 0, (2, 24, 33, 17)),
+                ("groupnorm_backward", 32, (2, 256, 32, 32)),  # the one-pass kernel's tiles of 1024 threads
+                ("instancenorm_backward", 0, (2, 3, 300, 300)),  # sets too large: the direct kernels
             ),
             ("bfloat16", "half", "float"),
             ("nchw", "nhwc"),
@@ -113,6 +122,12 @@ COMPILED = [
     Case("instancenorm_backward", "bfloat16", (16, 256, 64, 64), layout="nhwc"),
     Case("groupnorm_backward", "bfloat16", (16, 256, 64, 64), 32),
     Case("groupnorm_backward", "half", (2, 6, 5, 3, 2), 2, "nhwc"),  # 3 spatial dims
+    # The one-pass kernel: resident grids of 512 and 256 threads, one set a vector (uniform
+    # statistics), double, scalar accesses with idle lanes.
+    Case("instancenorm_backward", "bfloat16", (16, 256, 64, 64)),
+    Case("groupnorm_backward", "bfloat16", (16, 256, 64, 64), 32, "nhwc"),
+    Case("groupnorm_backward", "double", (2, 6, 3, 2, 3), 3, "nhwc"),
+    Case("instancenorm_backward", "float", (2, 24, 33, 17)),
 ]
 
 
@@ -141,13 +156,15 @@ def test_kernels_compile(case: Case, arch: int) -> None:
             Family.ROW_NORM_BACKWARD,
             ["adalayernorm_backward_", "params_sums"],
         ),
-        # The cell sums, dscale / dbias and the set sums from them, then dx.
-        (Case("instancenorm_backward", "half", (2, 3, 4, 4)), Family.DIRECT, ["cells", "params", "sets", "dx"]),
+        # The one-pass kernel (dx and the cells), then dscale / dbias from the cells.
+        (Case("instancenorm_backward", "half", (2, 3, 4, 4)), Family.DIRECT, ["backward_sets", "params"]),
         (
             Case("groupnorm_backward", "float", (2, 6, 4, 4), 3, "nhwc"),
             Family.DIRECT,
-            ["cells", "params", "sets", "dx"],
+            ["backward_sets", "params"],
         ),
+        # Sets too large for it: the cell sums, dscale / dbias and the set sums from them, then dx.
+        (Case("instancenorm_backward", "half", (2, 2, 300, 300)), Family.DIRECT, ["cells", "params", "sets", "dx"]),
     ],
     ids=lambda v: str(v) if isinstance(v, Case) else "",
 )
@@ -158,6 +175,45 @@ def test_family_and_kernels(case: Case, family: Family, kernels: list[str]) -> N
     (program,) = emit_partition(fuse(ir, arch=90), 90)
     names = [k.name for k in program.kernels]
     assert len(names) >= len(kernels) and all(any(part in n for n in names) for part in kernels), names
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        # NHWC: tiles of 8 channels (16 bytes a row), 512 threads holding 8 rows each.
+        (Case("instancenorm_backward", "bfloat16", (16, 256, 64, 64), layout="nhwc"), (True, 8, 8, 512, 8)),
+        (Case("groupnorm_backward", "bfloat16", (16, 256, 64, 64), 32, "nhwc"), (True, 8, 8, 512, 8)),
+        # NCHW: a tile is a group's contiguous run, 64 threads a channel.
+        (Case("groupnorm_backward", "bfloat16", (16, 256, 64, 64), 32), (False, 8, 8, 512, 8)),
+        (Case("instancenorm_backward", "bfloat16", (16, 256, 64, 64)), (False, 8, 1, 256, 2)),
+        # C = 6 takes vectors of 2 floats; groups of 3 channels: a tile of both (3 vectors a row,
+        # no shuffles), 16 rows of them.
+        (Case("groupnorm_backward", "float", (2, 6, 5, 3), 2, "nhwc"), (True, 2, 6, 48, 1)),
+        # 7 x 3 positions: one element at a time; a warp walks both channels (11 of 32 lanes idle).
+        (Case("groupnorm_backward", "half", (3, 10, 7, 3), 5), (False, 1, 2, 32, 2)),
+    ],
+    ids=lambda v: str(v) if isinstance(v, Case) else "",
+)
+def test_one_pass_tiling(case: Case, expected: tuple[bool, int, int, int, int]) -> None:
+    """(NHWC, vector width, channels a tile, threads, vectors of grad and of x a thread holds)."""
+    (fused,) = fuse(build(case).validate(), arch=90).nodes
+    t = plan(NormBackward.of(fused))
+    assert not isinstance(t, str), t
+    assert (t.nhwc, t.width, t.tile, t.threads, t.slots) == expected
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        (Case("instancenorm_backward", "float", (2, 3, 300, 300)), "does not fit"),
+        (Case("groupnorm_backward", "bfloat16", (2, 64, 128, 128), 2, "nhwc"), "does not fit"),
+    ],
+    ids=lambda v: str(v) if isinstance(v, Case) else "",
+)
+def test_sets_too_large_for_one_pass(case: Case, reason: str) -> None:
+    (fused,) = fuse(build(case).validate(), arch=90).nodes
+    t = plan(NormBackward.of(fused))
+    assert isinstance(t, str) and reason in t
 
 
 def test_adalayernorm_backward_walks_each_sample_apart() -> None:
@@ -174,7 +230,8 @@ def test_groupnorm_backward_views_the_channels_as_groups() -> None:
     """The kernels index the (N, groups, C/groups, H, W) view of an NHWC [2, 6, 4, 4] input:
     strides (96, 2, 1, 24, 6), the channel stride 1 split into the group's 2 and the channel's 1."""
     ir = build(Case("groupnorm_backward", "float", (2, 6, 4, 4), 3, "nhwc")).validate()
-    (program,) = emit_partition(fuse(ir, arch=90), 90)
+    (fused,) = fuse(ir, arch=90).nodes
+    program = emit_norm_backward(fused, EmitContext(ir, signature(ir), 90, {}))  # the direct kernels
     dx = program.kernels[-1].source
     assert "[c0 * 96 + c1 * 2 + c2 + c3 * 24 + c4 * 6] = " in dx
 

@@ -116,6 +116,18 @@ GRAPHS = [
     training_graph(TrainingCase("groupnorm_backward", "float", (2, 6, 5, 3), 3, "nhwc")),
     training_graph(TrainingCase("groupnorm_backward", "half", (2, 8, 3, 3), 2)),
     training_graph(TrainingCase("groupnorm_backward", "float", (1, 4, 3, 2, 2), 1, "nhwc")),  # one group, 3 spatial
+    # The one-pass kernel (norm_backward_sets.py): NHWC tiles of w channels, shuffled columns or not;
+    # NCHW teams per channel with idle lanes; 1x1 spatial; a set too large (the direct kernels).
+    training_graph(TrainingCase("instancenorm_backward", "half", (2, 16, 4, 4), layout="nhwc")),
+    training_graph(TrainingCase("instancenorm_backward", "float", (2, 3, 8, 4))),
+    training_graph(TrainingCase("groupnorm_backward", "half", (2, 16, 6, 4), 2, "nhwc")),
+    training_graph(TrainingCase("groupnorm_backward", "half", (2, 16, 8, 8), 4)),
+    training_graph(TrainingCase("groupnorm_backward", "half", (3, 10, 7, 3), 5)),
+    training_graph(TrainingCase("groupnorm_backward", "float", (2, 6, 5, 3), 2, "nhwc")),  # 3 vectors a row
+    training_graph(TrainingCase("groupnorm_backward", "float", (2, 5, 1, 1), 5, "nhwc")),
+    training_graph(TrainingCase("groupnorm_backward", "double", (2, 6, 3, 2, 3), 3, "nhwc")),
+    training_graph(TrainingCase("instancenorm_backward", "float", (1, 2, 160, 160))),  # 1024 threads, 7 walks
+    training_graph(TrainingCase("instancenorm_backward", "float", (1, 2, 200, 200))),  # too large: direct
     *map(
         direct_case,
         [
@@ -173,6 +185,22 @@ def test_pipelined_matches_reference_on_the_cpu(
     graph, choice = item
     keys = ("threads_per_row", "rows_per_block", "vectors_per_thread", "blocks_per_sm")
     check(graph, dict(zip(keys, choice)), tmp_path_factory, marker="the next rows' loads")
+
+
+# The one-pass instance / group norm backward on a resident grid of 3 blocks walking the tiles
+# (each asking its next tile into L2; shared staging alternating between two buffers).
+RESIDENT = [
+    training_graph(TrainingCase("instancenorm_backward", "half", (2, 16, 4, 4), layout="nhwc")),
+    training_graph(TrainingCase("groupnorm_backward", "half", (2, 16, 8, 8), 4)),
+    training_graph(TrainingCase("groupnorm_backward", "half", (3, 10, 7, 3), 5)),
+]
+
+
+@pytest.mark.parametrize("graph", RESIDENT, ids=lambda g: g.name)
+def test_resident_grid_matches_reference_on_the_cpu(
+    graph: gd.OperationGraphSpec, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    check(graph, {"grid": 3}, tmp_path_factory, marker="the next tile into L2")
 
 
 def check(

@@ -32,6 +32,7 @@ from . import (
     direct_rnn,
     direct_sampler,
     direct_window,
+    norm_backward_sets,
 )
 from .direct_common import anchor_of
 
@@ -47,8 +48,8 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "conv_dgrad": direct_conv.emit_dgrad,
     "conv_wgrad": direct_conv.emit_wgrad,
     "genstats": direct_norm.emit_genstats,
-    "instancenorm_backward": direct_norm.emit_norm_backward,
-    "groupnorm_backward": direct_norm.emit_norm_backward,
+    "instancenorm_backward": norm_backward_sets.emit,
+    "groupnorm_backward": norm_backward_sets.emit,
     "lrn": direct_lrn.emit_lrn,
     "lrn_backward": direct_lrn.emit_lrn_backward,
     "ctc_loss": direct_ctc.emit_ctc_loss,

@@ -23,7 +23,9 @@ Instance and group norm: a set (a sample's group) and a parameter's group (a cha
 samples) share the spatial axes. One pass over grad and x sums grad * xhat and grad per *cell*
 (sample and channel, over the spatial axes); the parameter sums then add the cells over the
 samples, and the set sums add scale * cell over the set's channels (scale is one value per cell),
-both small kernels over the cells; dx reads grad and x once more.
+both small kernels over the cells; dx reads grad and x once more. These are the fallback:
+where a tile of sets fits a block's registers, norm_backward_sets.py does it in one pass and
+takes only the parameter sums from here (:meth:`NormBackward.cell_parameter_sums`).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def emit_genstats(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
 
 def emit_norm_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
-    b = _Backward.of(fused)
+    b = NormBackward.of(fused)
     kernels: list[Kernel] = []
     scratch: list[Scratch] = []
     for sums in b.reductions():
@@ -134,12 +136,12 @@ def grouped(t: Tensor | None, groups: int) -> Tensor:
 
 def emit_parameter_sums(fused: FusedNode, ctx: EmitContext) -> tuple[tuple[Kernel, ...], tuple[Scratch, ...]]:
     """dscale and dbias of a backward norm alone (the kernels of a family that makes dx its own way)."""
-    b = _Backward.of(fused)
+    b = NormBackward.of(fused)
     return sums_kernels(ctx, fused, b.parameter_sums(feeds_dx=False), b.compute)
 
 
 @dataclass(frozen=True)
-class _Backward:
+class NormBackward:
     """A backward norm node: its tensors, its sets and the axes its scale broadcasts over."""
 
     fused: FusedNode
@@ -156,7 +158,7 @@ class _Backward:
     compute: str
 
     @classmethod
-    def of(cls, fused: FusedNode) -> _Backward:
+    def of(cls, fused: FusedNode) -> NormBackward:
         node = anchor_of(fused)
         op = node.definition
         assert isinstance(op, NormOp)
@@ -219,6 +221,10 @@ class _Backward:
         targets = (self.dscale, self.dbias)
         return self._sums("params", self.broadcast, ["grad * xhat", "grad"], targets, SET_SUMS if feeds_dx else None)
 
+    def cell_parameter_sums(self) -> Sums:
+        """dscale and dbias from the cell sums (in scratch CELL_SUMS: [term][cell])."""
+        return self._from_cells("params", self.broadcast, False, (self.dscale, self.dbias), None)
+
     def reductions(self) -> list[Sums]:
         """The parameter sums (dscale, dbias; in the shared case also dx's), then the set sums;
         where the sets and the parameters share axes, the cell sums first, and both from them."""
@@ -229,7 +235,7 @@ class _Backward:
             cells = self._sums("cells", self.cell_axes, ["grad * xhat", "grad"], (), CELL_SUMS)
             from_cells = [self._from_cells("sets", self.set_axes, True, (), SET_SUMS)]
             if params:
-                from_cells.insert(0, self._from_cells("params", self.broadcast, False, (self.dscale, self.dbias), None))
+                from_cells.insert(0, self.cell_parameter_sums())
             return [cells, *from_cells]
         if params or feeds_dx:
             sums.append(self.parameter_sums(feeds_dx))
