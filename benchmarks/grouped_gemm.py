@@ -7,7 +7,10 @@ Compared, in one run on one GPU, outputs checked against torch._grouped_mm:
   elsewhere the mma.sync grouped kernel), its other mma.sync tiles and, on sm_90, its engine
   and cp.async-fed wgmma tiles; with ``--simt`` the old SIMT kernel (``{"path": "simt"}``) at
   the smaller T only (it takes seconds at the larger);
-- ``torch._grouped_mm`` (CUTLASS grouped GEMM), and a loop of per-expert ``torch.matmul``.
+- ``torch._grouped_mm`` (CUTLASS grouped GEMM), and a loop of per-expert ``torch.matmul``;
+- the dense product of the same size, ``[S, 4096] x [4096, 1408]`` (one expert's weights for
+  every row), by ``torch.matmul`` (cuBLAS) and by graphdnn's default matmul plan (on sm_90 the
+  same engine): what the grouped kernels would reach without experts.
 
     PYTHONPATH=. python benchmarks/grouped_gemm.py          # on the GPU
     PYTHONPATH=. python benchmarks/grouped_gemm.py --only default "ws 128x256x4"   # those variants
@@ -41,6 +44,13 @@ VARIANTS: dict[str, dict[str, object] | None] = {
     "wgmma 128x256x4": {"path": "wgmma", "block_m": 128, "block_n": 256, "stages": 4},
     "wgmma 64x128x4": {"path": "wgmma", "block_m": 64, "block_n": 128, "stages": 4},
 }
+
+
+def dense_graph(tokens: int) -> gd.OperationGraphSpec:
+    g = gd.OperationGraphSpec(name=f"dense_{tokens}", io_data_type="bfloat16", intermediate_data_type="float")
+    y = g.matmul(g.tensor([tokens * TOP_K, HIDDEN], name="token"), g.tensor([HIDDEN, FFN], name="weight"))
+    y.set_name("out").set_output(True)
+    return g
 
 
 def graph(experts: int, tokens: int) -> gd.OperationGraphSpec:
@@ -141,6 +151,9 @@ def case(
     torch_us = median_us(lambda: torch._grouped_mm(token, theirs, offs=ends))
     loop_us = median_us(lambda: torch.cat([a @ weight[e] for e, a in enumerate(torch.split(token, split))]))
     results = [("torch._grouped_mm", torch_us, torch_us, loop_us), ("loop of torch.matmul", loop_us, torch_us, loop_us)]
+    dense = gd.compile(dense_graph(tokens)).bind({"token": token, "weight": weight[0], "out": out})
+    for name, fn in (("dense torch.matmul", lambda: torch.matmul(token, weight[0])), ("dense graphdnn matmul", dense)):
+        results.append((name, median_us(fn), torch_us, loop_us))
     g = graph(experts, tokens)
     for name, choice in variants(experts, tokens, arch, only, simt).items():
         try:
