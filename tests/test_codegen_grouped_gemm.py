@@ -110,14 +110,16 @@ def test_sm_90_defaults_to_the_engine_128x256_where_those_tiles_fill_the_gpu() -
 
 def test_the_engine_reads_static_maps_and_walks_the_offsets_tiles() -> None:
     """A's map over all S rows (2-d, also for the frontend's [1, S, K]), B's over [E, K, N] (the
-    tile's expert its outer coordinate); every warp finds its unit's tile; rows past the group's
-    end are not stored (the epilogue's bound GM is the group's end)."""
+    tile's expert its outer coordinate); the producer finds each unit's tile and tells the
+    consumers in the unit's first stage; rows past the group's end are not stored (the
+    epilogue's bound GM is the group's end)."""
     for g in (grouped(*CASES["ragged_k_n_8_experts"]), grouped(*FRONTEND_FORM, frontend_form=True)):
         (source,) = sources(g, 90)
         assert "grouped_tile<8, BM, 1>" in source.source and "unit / TILES_N" in source.source
         assert "tma_load(a_tiles + stage * A_STAGE, &tm0, bar, kt * BK, (int)m0);" in source.source
         assert "kt * BK, expert);" in source.source or "n0, expert);" in source.source
-        assert "GM = (int)group[2]" in source.source and "if (m >= GM) continue;" in source.source
+        assert source.source.count("grouped_tile<") == 1  # the producer's call, the consumers' none
+        assert "GM = (int)slot[2]" in source.source and "if (m >= GM) continue;" in source.source
     (one,) = sources(grouped(300, 72, 88, 1), 90)
     assert "expert);" not in one.source  # one expert: B's map is 2-d
 

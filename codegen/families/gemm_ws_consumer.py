@@ -45,7 +45,7 @@ def consumer(
         "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the tile",
         "int stage = 0;",
         "unsigned phase = 0;",
-        *schedule.unit(itype, names),
+        *schedule.consumer_unit(itype, names),
         f"  {accumulator} acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
         "#pragma unroll",
         f"  for (int i = 0; i < BN / 2; ++i) acc[i] = {zero(accumulator)};",

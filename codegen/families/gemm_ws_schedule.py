@@ -62,6 +62,10 @@ class TileSchedule:
         matmul's output batch coordinates c0..; ``names``: the kernel's tensor parameters)."""
         return [*units(), *("  " + line for line in tile_coordinates(self.p, itype))]
 
+    def consumer_unit(self, itype: str, names: dict[int, str]) -> list[str]:
+        """The consumers' ``unit``: the same lines, unless the producer tells them their tiles."""
+        return self.unit(itype, names)
+
     def map_coordinates(self, t: Tensor, matrix: tuple[str, str]) -> list[str]:
         """The tensor-map coordinates of operand ``t``'s box: ``matrix`` (inner, outer) then its batch axes."""
         p = self.p
