@@ -430,8 +430,9 @@ def _producer(
 ) -> list[str]:
     """One thread's loop: per unit, the tile's coordinates and ``tile_setup``; per k tile, waits
     for the consumers to release the stage, then issues ``loads`` completing on its full barrier.
-    With ``before`` and ``after`` (MXFP8's scales), every thread of the warpgroup runs the loop
-    and these lines around the wait and the copies, which thread 0 alone issues."""
+    With ``before`` and ``after`` (MXFP8's scales; empty for a schedule that needs a whole warp),
+    every thread that runs the loop runs these lines around the wait and the copies, which
+    thread 0 alone issues."""
     if before is None or after is None:
         issue = ["mbar_expect_tx(bar, A_STAGE + B_STAGE);", *loads]
         before, after = [], []
