@@ -23,6 +23,7 @@ import graphdnn as gd
 from codegen import compile_cubin
 from codegen.emit import emit_partition
 from codegen.families.direct import candidates
+from codegen.families.gemm_grouped import expected_row_tiles, grouped_problem
 from codegen.families.gemm_grouped_block import row_tiles
 from codegen.families.gemm_mma import TILE_CANDIDATES
 from codegen.families.gemm_sm90 import TILES as WGMMA_TILES
@@ -99,13 +100,24 @@ def test_default_kernel_is_the_tensor_core_one_and_compiles(name: str, arch: int
     assert compile_cubin(source.source, source.name, arch, source.arch_suffix)
 
 
-def test_sm_90_defaults_to_the_engine_128x256_where_those_tiles_fill_the_gpu() -> None:
-    (wide,) = sources(grouped(32768, 64, 1408, 8), 90)
-    assert "_grouped_ws" in wide.name and "BN = 256," in wide.source and wide.arch_suffix == "a"
-    (narrow,) = sources(grouped(512, 64, 248, 8), 90)
-    assert "_grouped_ws" in narrow.name and "BN = 128," in narrow.source
-    (ampere,) = sources(grouped(32768, 64, 1408, 8), 80)
+@pytest.mark.parametrize(
+    ("rows", "experts", "block_n"),
+    [(8192, 8, 128), (8192, 64, 256), (65536, 8, 256), (65536, 64, 256), (512, 8, 128)],
+)
+def test_sm_90_defaults_to_the_engine_tile_whose_waves_take_less_time(rows: int, experts: int, block_n: int) -> None:
+    """gemm_grouped.ws_choice, N = 1408 on 132 SMs: 8192 rows over 8 experts make 68 row tiles,
+    3.1 waves of 128 x 256 tiles (4 x 1.55 = 6.2 narrow ones) against 5.7 of 128 x 128 (6): the
+    narrow tile; over 64 experts 96 row tiles, 4.4 waves (7.75) against 8.0: the wide one."""
+    (default,) = sources(grouped(rows, 64, 1408, experts), 90)
+    assert "_grouped_ws" in default.name and f"BN = {block_n}," in default.source and default.arch_suffix == "a"
+    assert expected_row_tiles(grouped_problem(default_node(rows, experts))) == rows // 128 + experts // 2
+    (ampere,) = sources(grouped(rows, 64, 1408, experts), 80)
     assert "_grouped_mma" in ampere.name
+
+
+def default_node(rows: int, experts: int) -> Any:
+    ir = grouped(rows, 64, 1408, experts).validate()
+    return next(n for n in ir.nodes if n.op == "moe_grouped_matmul")
 
 
 def test_the_engine_reads_static_maps_and_walks_the_offsets_tiles() -> None:

@@ -47,6 +47,11 @@ from .tensor_core import TENSOR_CORE_TYPES
 
 LOG = logging.getLogger("graphdnn.compile")
 PATHS = ("simt", "mma", "wgmma", "ws")
+# The engine's 128 x 256 tile's time in 128 x 128 ones', for ``ws_choice``'s count of waves:
+# fitted to benchmarks/grouped_gemm.py on an H100 (benchmarks/RESULTS.md, issue 12), where it
+# picks the faster tile in 4 of the 5 cases (the fifth 3.5% slower) and the wider tile's flat
+# choice lost 11% at 8 experts x 4096 tokens (3.1 waves of wide tiles, 5.7 of narrow ones).
+WIDE_TILE_COST = 1.55
 WS_KEYS = frozenset({"path", "block_n", "stages"})
 
 
@@ -135,10 +140,23 @@ def grouped_kernel(fused: FusedNode, ctx: EmitContext, node: Node, compute: str)
 
 
 def ws_choice(p: Problem, arch: int) -> dict[str, object]:
-    """The engine's tile for ``p``: 128 x 256 where those tiles (S / 128 row tiles, the most the
-    offsets make but for ragged ones) fill every SM, else 128 x 128; the deepest ring."""
-    wide = -(-p.m // ws.BLOCK_M) * -(-p.n // 256) >= sm_count(arch)
+    """The engine's tile for ``p`` (the deepest ring): of 128 x 128 and 128 x 256, the one whose
+    waves of tiles over the SMs take less time, a wide tile's time WIDE_TILE_COST narrow ones'.
+    The row tiles are those of rows routed evenly: S / 128, and half a ragged tile per expert
+    (``expected_row_tiles``); the units run in waves of one per SM, the last one full or not."""
+    sms, rows = sm_count(arch), expected_row_tiles(p)
+
+    def waves(block_n: int) -> int:
+        return -(-rows * -(-p.n // block_n) // sms)
+
+    wide = waves(256) * WIDE_TILE_COST < waves(128)
     return dict(ws.tiles(256 if wide else 128)[0])
+
+
+def expected_row_tiles(p: Problem) -> int:
+    """Row tiles of 128 for S rows over E experts of about S / E rows each: S / 128, and half a
+    tile more per expert that holds rows (its last tile is ragged, half full on average)."""
+    return -(-p.m // ws.BLOCK_M) + min(p.b.static_dim[0], p.m) // 2
 
 
 def candidates(p: Problem, arch: int, compute: str) -> list[dict[str, object]]:
