@@ -1,11 +1,13 @@
-"""The tensor-core grouped GEMM (``moe_grouped_matmul``, codegen/families/gemm_grouped.py).
+"""The tensor-core grouped GEMM (``moe_grouped_matmul``, codegen/families/gemm_grouped.py and,
+on sm_90, gemm_grouped_ws.py).
 
-CPU: every case and tile compiles with NVRTC for sm_80 and sm_90 (wgmma tiles for sm_90a);
-the path choice (tensor cores, or the SIMT kernel with the reason on the log) and the
-tuning errors, which name the node. GPU (``gpu``): results against the reference with
-poisoned outputs, for crafted offsets: experts without rows, all rows to one expert, rows
-before every offset (zero), falling offsets, offsets out of [0, S]; K and N not multiples of
-any tile, a single row, 8 and 64 experts, both weight layouts, fp16 and bf16, every tile.
+CPU: every case and tile compiles with NVRTC for sm_80 and sm_90 (wgmma and engine tiles for
+sm_90a); the path choice (the engine on sm_90, mma.sync elsewhere, or the SIMT kernel with the
+reason on the log), the tuning candidates and errors, which name the node. GPU (``gpu``):
+results against the reference with poisoned outputs, for crafted offsets: experts without
+rows, all rows to one expert, rows before every offset (zero), falling offsets, offsets out of
+[0, S]; K and N not multiples of any tile, a single row, 8 and 64 experts, both weight
+layouts, fp16 and bf16, more tiles than SMs, every tile of every path.
 """
 
 from __future__ import annotations
@@ -19,10 +21,15 @@ import pytest
 
 import graphdnn as gd
 from codegen import compile_cubin
-from codegen.families.gemm_grouped import WIDE_WGMMA
+from codegen.emit import emit_partition
+from codegen.families.direct import candidates
+from codegen.families.gemm_grouped import expected_row_tiles, grouped_problem
 from codegen.families.gemm_grouped_block import row_tiles
 from codegen.families.gemm_mma import TILE_CANDIDATES
 from codegen.families.gemm_sm90 import TILES as WGMMA_TILES
+from codegen.families.gemm_ws import BLOCK_NS as WS_BLOCK_NS
+from codegen.families.gemm_ws import tiles as ws_tiles_of
+from fusion_rules import fuse
 from graphdnn import reference
 from graphdnn.compare import tolerance
 from graphdnn.compilation import Compilation
@@ -32,6 +39,7 @@ from graphdnn.random_inputs import random_inputs
 from tests.gpu_check import poisoned, relative_error, to_device, to_numpy
 
 NODE = "experts"
+WGMMA_128X256 = {"path": "wgmma", "block_m": 128, "block_n": 256, "stages": 4}
 
 
 def grouped(
@@ -65,6 +73,7 @@ CASES: dict[str, tuple[int, int, int, int, str, bool]] = {
     "64_experts_fp16": (1000, 136, 200, 64, "half", False),
     "k_major_weight": (257, 264, 72, 8, "bfloat16", True),
     "many_rows_per_expert": (4100, 128, 136, 4, "bfloat16", False),  # 128-row default tiles
+    "more_tiles_than_sms": (20000, 64, 264, 16, "bfloat16", False),  # each persistent block walks several
 }
 
 
@@ -76,30 +85,81 @@ def sources(g: gd.OperationGraphSpec, arch: int, tuning: Mapping[str, Any] | Non
     )
 
 
+def ws_tiles() -> list[dict[str, object]]:
+    """The engine's tiles: 128 x 128 and 128 x 256, each with the deepest ring and one stage less."""
+    return [dict(c) for bn in WS_BLOCK_NS for c in ws_tiles_of(bn)]
+
+
 # -- CPU ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_default_kernel_is_the_tensor_core_one_and_compiles(name: str, arch: int) -> None:
+    """sm_90: the engine (TMA maps, persistent units over the offsets' tiles); sm_80: mma.sync."""
     (source,) = sources(grouped(*CASES[name]), arch)
-    assert "_grouped_mma" in source.name and "grouped_tile<" in source.source
+    assert ("_grouped_ws" if arch == 90 else "_grouped_mma") in source.name and "grouped_tile<" in source.source
     assert compile_cubin(source.source, source.name, arch, source.arch_suffix)
 
 
-def test_sm_90_defaults_to_wgmma_128x256_for_wide_n_and_sm_80_to_mma_sync() -> None:
-    (wide,) = sources(grouped(512, 64, 256, 8), 90)
-    assert "_grouped_wgmma" in wide.name and "BM = 128, BN = 256" in wide.source
-    (narrow,) = sources(grouped(512, 64, 248, 8), 90)
-    assert "_grouped_mma" in narrow.name
-    (ampere,) = sources(grouped(512, 64, 256, 8), 80)
+@pytest.mark.parametrize(
+    ("rows", "experts", "block_n"),
+    [(8192, 8, 128), (8192, 64, 256), (65536, 8, 256), (65536, 64, 256), (512, 8, 128)],
+)
+def test_sm_90_defaults_to_the_engine_tile_whose_waves_take_less_time(rows: int, experts: int, block_n: int) -> None:
+    """gemm_grouped.ws_choice, N = 1408 on 132 SMs: 8192 rows over 8 experts make 68 row tiles,
+    3.1 waves of 128 x 256 tiles (4 x 1.55 = 6.2 narrow ones) against 5.7 of 128 x 128 (6): the
+    narrow tile; over 64 experts 96 row tiles, 4.4 waves (7.75) against 8.0: the wide one."""
+    (default,) = sources(grouped(rows, 64, 1408, experts), 90)
+    assert "_grouped_ws" in default.name and f"BN = {block_n}," in default.source and default.arch_suffix == "a"
+    assert expected_row_tiles(grouped_problem(default_node(rows, experts))) == rows // 128 + experts // 2
+    (ampere,) = sources(grouped(rows, 64, 1408, experts), 80)
     assert "_grouped_mma" in ampere.name
+
+
+def default_node(rows: int, experts: int) -> Any:
+    ir = grouped(rows, 64, 1408, experts).validate()
+    return next(n for n in ir.nodes if n.op == "moe_grouped_matmul")
+
+
+def test_the_engine_reads_static_maps_and_walks_the_offsets_tiles() -> None:
+    """A's map over all S rows (2-d, also for the frontend's [1, S, K]), B's over [E, K, N] (the
+    tile's expert its outer coordinate); the producer finds each unit's tile and tells the
+    consumers in the unit's first stage; rows past the group's end are not stored (the
+    epilogue's bound GM is the group's end)."""
+    for g in (grouped(*CASES["ragged_k_n_8_experts"]), grouped(*FRONTEND_FORM, frontend_form=True)):
+        (source,) = sources(g, 90)
+        assert "grouped_tile<8, BM, 1>" in source.source and "unit / TILES_N" in source.source
+        assert "tma_load(a_tiles + stage * A_STAGE, &tm0, bar, kt * BK, (int)m0);" in source.source
+        assert "kt * BK, expert);" in source.source or "n0, expert);" in source.source
+        assert source.source.count("grouped_tile<") == 1  # the producer's call, the consumers' none
+        assert "GM = (int)slot[2]" in source.source and "if (m >= GM) continue;" in source.source
+    (one,) = sources(grouped(300, 72, 88, 1), 90)
+    assert "expert);" not in one.source  # one expert: B's map is 2-d
+
+
+@pytest.mark.parametrize("tile", ws_tiles(), ids=lambda t: f"{t['block_n']}x{t['stages']}")
+@pytest.mark.parametrize("name", ["ragged_k_n_8_experts", "k_major_weight", "64_experts_fp16"])
+def test_every_engine_tile_compiles_for_sm_90a(name: str, tile: dict[str, object]) -> None:
+    (source,) = sources(grouped(*CASES[name]), 90, {"path": "ws", **tile})
+    assert "_grouped_ws" in source.name and f"BN = {tile['block_n']}," in source.source
+    assert compile_cubin(source.source, source.name, 90, source.arch_suffix)
+
+
+def test_the_candidates_are_every_tensor_core_tile() -> None:
+    g = grouped(*CASES["ragged_k_n_8_experts"])
+    partition = fuse(g.validate(), arch=90)
+    (fused,) = [f for f in partition.nodes if f.anchor is not None and f.anchor.op == "moe_grouped_matmul"]
+    on_90, on_80 = candidates(fused, 90), candidates(fused, 80)
+    assert [c for c in on_90 if c["path"] == "ws"] == [{"path": "ws", **t} for t in ws_tiles()]
+    assert {c["path"] for c in on_90} == {"mma", "wgmma", "ws"} and {c["path"] for c in on_80} == {"mma"}
+    partition = fuse(grouped(64, 32, 32, 4, io="float").validate(), arch=90)
+    (fp32,) = [f for f in partition.nodes if f.anchor is not None and f.anchor.op == "moe_grouped_matmul"]
+    assert candidates(fp32, 90) == []
 
 
 def test_the_block_state_is_in_dynamic_shared_memory() -> None:
     """A 64x128 mma.sync tile uses exactly 48 KiB: a static __shared__ array beside it failed to
     launch on the GPU (the launch opts in beyond 48 KiB for the dynamic bytes only)."""
-    from tests.test_codegen_direct import emit_direct
-
-    ((_, program),) = emit_direct(grouped(*CASES["ragged_k_n_8_experts"]))
+    (program,) = emit_partition(fuse(grouped(*CASES["ragged_k_n_8_experts"]).validate(), arch=80), 80)
     (kernel,) = program.kernels
     assert "BM = 64, BN = 128" in kernel.source and kernel.shared_bytes == 48 * 1024 + 32
     assert kernel.source.count("__shared__") == 1 and "reinterpret_cast<long long*>(smem + 49152)" in kernel.source
@@ -162,9 +222,13 @@ def test_sm_75_and_a_simt_tuning_take_the_simt_kernel() -> None:
 @pytest.mark.parametrize(
     ("arch", "choice", "message"),
     [
-        (90, {"path": "cutlass"}, "path must be one of simt, mma, wgmma"),
+        (90, {"path": "cutlass"}, "path must be one of simt, mma, wgmma, ws"),
         (90, {"path": "mma", "block_m": 32, "block_n": 64, "stages": 4}, "the mma.sync tiles are"),
         (80, {"path": "wgmma", "block_m": 128, "block_n": 128, "stages": 3}, "wgmma needs sm_90"),
+        (80, {"path": "ws", "block_n": 128, "stages": 4}, "the warp-specialised engine takes"),
+        (90, {"path": "ws", "block_n": 128, "stages": 4, "split_k": 2}, "the warp-specialised engine takes"),
+        (90, {"path": "ws", "block_n": 64, "stages": 4}, "expected block_n in"),
+        (90, {"path": "ws", "block_n": 256, "stages": 5}, "shared memory"),
     ],
 )
 def test_bad_tunings_name_the_node(arch: int, choice: dict[str, object], message: str) -> None:
@@ -232,7 +296,12 @@ def test_crafted_offsets(offsets: list[int]) -> None:
 
 
 FRONTEND_FORM = (300, 72, 88, 8, "bfloat16", True)
-PATH_CHOICES = [{"path": "simt"}, {"path": "mma", "block_m": 64, "block_n": 64, "stages": 4}, dict(WIDE_WGMMA)]
+PATH_CHOICES = [
+    {"path": "simt"},
+    {"path": "mma", "block_m": 64, "block_n": 64, "stages": 4},
+    dict(WGMMA_128X256),
+    {"path": "ws", "block_n": 128, "stages": 6},
+]
 
 
 @pytest.mark.parametrize("arch", [80, 90])
@@ -240,13 +309,13 @@ def test_the_frontend_form_compiles_on_every_path(arch: int) -> None:
     """Token [1, S, K] and offsets [E, 1, 1]: the unit axis adds no offset, in the SIMT kernel
     and the tensor-core ones (wgmma on sm_90 only)."""
     g = grouped(*FRONTEND_FORM, frontend_form=True)
-    for choice in PATH_CHOICES[: 3 if arch == 90 else 2]:
+    for choice in PATH_CHOICES[: 4 if arch == 90 else 2]:
         (source,) = sources(g, arch, choice)
         assert compile_cubin(source.source, source.name, arch, source.arch_suffix)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("choice", PATH_CHOICES, ids=["simt", "mma", "wgmma"])
+@pytest.mark.parametrize("choice", PATH_CHOICES, ids=["simt", "mma", "wgmma", "ws"])
 def test_the_frontend_form_matches_the_reference(choice: Mapping[str, Any] | None) -> None:
     run(grouped(*FRONTEND_FORM, frontend_form=True), rising_offsets(300, 8, seed=5), choice)
 
@@ -275,3 +344,18 @@ def test_every_wgmma_tile_matches_on_sm_90(tile: tuple[int, int, int]) -> None:
     choice = {"path": "wgmma", "block_m": tile[0], "block_n": tile[1], "stages": tile[2]}
     run(grouped(*CASES["k_major_weight"]), rising_offsets(257, 8, seed=5), choice)
     run(grouped(*CASES["ragged_k_n_8_experts"]), np.array([37, 40, 100, 100, 120, 200, 250, 290]), choice)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ws_tiles(), ids=lambda t: f"{t['block_n']}x{t['stages']}")
+def test_every_engine_tile_matches_on_sm_90(tile: dict[str, object]) -> None:
+    """Both weight layouts, 64 experts, crafted offsets, and more tiles than SMs."""
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the engine runs on sm_90 only")
+    choice = {"path": "ws", **tile}
+    run(grouped(*CASES["k_major_weight"]), rising_offsets(257, 8, seed=5), choice)
+    run(grouped(*CASES["ragged_k_n_8_experts"]), np.array([37, 40, 100, 100, 120, 200, 250, 290]), choice)
+    run(grouped(*CASES["64_experts_fp16"]), rising_offsets(1000, 64, seed=11), choice)
+    run(grouped(*CASES["more_tiles_than_sms"]), rising_offsets(20000, 16, seed=2), choice)

@@ -34,7 +34,9 @@ from . import (
     direct_window,
     norm_backward_sets,
 )
-from .direct_common import anchor_of
+from .direct_common import anchor_of, compute_for
+from .gemm_grouped import candidates as grouped_candidates
+from .gemm_grouped import grouped_problem
 
 EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "reshape": direct_movement.emit_reshape,
@@ -83,5 +85,8 @@ def emit(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
 
 def candidates(fused: FusedNode, arch: int) -> list[dict[str, object]]:
     """Launch choices worth timing (autotuning): a small-group conv_wgrad's kernels over runs
-    and on the tensor cores; none for the other ops."""
-    return direct_conv.wgrad_candidates(fused) if anchor_of(fused).op == "conv_wgrad" else []
+    and on the tensor cores, a grouped matmul's tensor-core tiles; none for the other ops."""
+    node = anchor_of(fused)
+    if node.op == "moe_grouped_matmul":
+        return grouped_candidates(grouped_problem(node), arch, compute_for(fused))
+    return direct_conv.wgrad_candidates(fused) if node.op == "conv_wgrad" else []

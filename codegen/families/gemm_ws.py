@@ -46,7 +46,6 @@ from graphdnn.program import MAX_TENSOR_MAP_RANK, TensorMap
 from graphdnn.symbolic import Extent, Sym, symbols_of, upper
 
 from ..context import EmitContext, KernelParams, indent, kernel_source, pattern_name
-from ..indexing import c_extent
 from ..kernel import DynamicGrid, Kernel
 from . import gemm_im2col as im2col
 from .gemm_loaders import (
@@ -60,8 +59,9 @@ from .gemm_loaders import (
 from .gemm_problem import Problem, declare, index_type_of, mxfp8, tensor_core_layout, tensor_core_types
 from .gemm_sm90 import ARCH, BLOCK_K_BYTES, MAX_SHARED, wgmma_prelude
 from .gemm_splitk import MIN_SLICE_K, PARTIALS, KSlices, output_tiles
-from .gemm_ws_consumer import SUBTILE, consumer, tile_coordinates, units
+from .gemm_ws_consumer import SUBTILE, consumer
 from .gemm_ws_mx import MX_REGISTERS, full_arrivals, scale_area, scale_loads, scale_stage_bytes, scale_stores
+from .gemm_ws_schedule import TileSchedule
 from .tma_prelude import mbarrier_prelude
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows; k tiles of one 128-byte swizzle row (BLOCK_K_BYTES)
@@ -263,14 +263,17 @@ def _tensor_map(t: Tensor, box: tuple[int, int]) -> tuple[TensorMap, tuple[Exten
     return tensor_map, ((*dims, *strides) if symbols_of([*dims, *strides]) else ())
 
 
-def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
+def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem, schedule: TileSchedule | None = None) -> Kernel:
     """The kernel for ``p`` with the tuning choice ``ctx.tuning`` (a ``candidates`` entry).
     With ``split_k`` > 1 the blocks walk (tile, K slice) units and store fp32 partial tiles,
-    which gemm_splitk's reduction kernel sums and runs the epilogue on."""
+    which gemm_splitk's reduction kernel sums and runs the epilogue on. ``schedule``: what a
+    unit is (gemm_ws_schedule.py), a matmul's or a convolution's tiles by default."""
+    schedule = schedule or TileSchedule(p)
     bn, stages = int(ctx.tuning["block_n"]), int(ctx.tuning["stages"])  # type: ignore[call-overload]
     split = ws_split(ctx, p)
     layout = tensor_core_layout(p)
-    shared = stages * ((BLOCK_M + bn) * BLOCK_K_BYTES + BARRIER_BYTES + _scale_bytes(p, bn)) + STAGING + ALIGN_SLACK
+    stage_bytes = (BLOCK_M + bn) * BLOCK_K_BYTES + BARRIER_BYTES + _scale_bytes(p, bn)
+    shared = stages * stage_bytes + STAGING + ALIGN_SLACK + schedule.shared_bytes
     if not supported(p, ctx.arch):
         raise UnsupportedError(
             f"the warp-specialised GEMM engine takes tensor-core problems (16-bit, fp8 or int8 operands) on "
@@ -289,7 +292,8 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     if bn not in _block_ns(producer) or stages < 2 or shared > MAX_SHARED:
         raise UnsupportedError(
             f"warp-specialised GEMM tile {ctx.tuning}: expected block_n in {list(_block_ns(producer))} and 2 or "
-            f"more stages within {MAX_SHARED} bytes of shared memory"
+            f"more stages within {MAX_SHARED} bytes of shared memory",
+            node=p.node.name,
         )
     params = KernelParams()
     gather = producer == "gather"
@@ -308,11 +312,11 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         params.scratch(PARTIALS, "float")
     aligned = params.aligned_flag()
     itype = index_type_of(fused, p)
-    tiles_total = output_tiles(p, BLOCK_M, bn)
+    tiles_total = schedule.tiles(BLOCK_M, bn)
     body = [
         *element_types(p),
         f"constexpr int BM = {BLOCK_M}, BN = {bn}, BK = {bk}, STAGES = {stages}, GROUP_M = {GROUP_M};",
-        *_sizes(p, k_tiles, tiles_total, split),
+        *schedule.sizes(k_tiles, tiles_total, split),
         *(
             [f"constexpr int CTILES = {-(-p.channels // bk)};  // k tiles per filter tap"]
             if producer == "im2col"
@@ -325,6 +329,7 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "const unsigned b_tiles = a_tiles + STAGES * A_STAGE;",
         f"{types.accumulator}* const staging = reinterpret_cast<{types.accumulator}*>(smem_raw + (b_tiles + STAGES * B_STAGE - smem_addr(smem_raw)));",
         f"const unsigned full = b_tiles + STAGES * B_STAGE + {STAGING}, empty = full + STAGES * 8;  // mbarriers, 8 bytes each",
+        *schedule.setup(),
         *(scale_area(bn) if mxfp8(p) else []),
         "const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warpgroup = warp >> 2;",
         "if (tid == 0) {",
@@ -339,32 +344,38 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
         "if (warpgroup == 0) {",
     ]
     if gather:  # 128 threads gather: they keep their registers (the consumers fit in what is left)
-        body += indent(_gather_producer(p, names, bn, bk, types.chunk, itype, aligned), 1).splitlines()
+        body += indent(_gather_producer(schedule, names, bn, bk, types.chunk, itype, aligned), 1).splitlines()
     else:
         tile_setup, loads = (
             (im2col.tile_origin(p, itype), im2col.loads(p, a_map, b_map))
             if producer == "im2col"
-            else ([], _matmul_loads(p, a_map, b_map, layout))
+            else ([], _matmul_loads(p, a_map, b_map, layout, schedule))
         )
         setmaxnreg = f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {_registers(p)[0]};\\n");'
         if mxfp8(p):  # every producer thread stages scales; thread 0 issues the copies
-            producer_lines = _producer(p, itype, tile_setup, loads, scale_loads(p, names), scale_stores())
+            producer_lines = _producer(schedule, itype, names, tile_setup, loads, scale_loads(p, names), scale_stores())
             body += [setmaxnreg, *indent(producer_lines, 1).splitlines()]
+        elif schedule.warp_wide:  # warp 0 walks the units, lane 0 issues the copies
+            producer_lines = _producer(schedule, itype, names, tile_setup, loads, [], [])
+            body += [setmaxnreg, "  if (warp == 0) {", *indent(producer_lines, 2).splitlines(), "  }"]
         else:
             body += [
                 setmaxnreg,
                 "  if (tid == 0) {",
-                *indent(_producer(p, itype, tile_setup, loads), 2).splitlines(),
+                *indent(_producer(schedule, itype, names, tile_setup, loads), 2).splitlines(),
                 "  }",
             ]
     body += [
         "} else {",
         *([] if gather else [f'  asm volatile("setmaxnreg.inc.sync.aligned.u32 {_registers(p)[1]};\\n");']),
-        *indent(consumer(fused, p, names, layout, itype, aligned, gather, types.accumulator, split), 1).splitlines(),
+        *indent(
+            consumer(fused, p, names, layout, itype, aligned, gather, types.accumulator, split, schedule), 1
+        ).splitlines(),
         "}",
     ]
-    pattern = pattern_name(fused) + "_ws"
+    pattern = pattern_name(fused) + schedule.name + "_ws"
     functions = ASYNC_COPY_PRELUDE + wgmma_prelude(bn, types, 1 if layout == "kn" else 0, first=p.block_scaled)
+    functions += schedule.device_functions
     if producer == "im2col":
         functions += mbarrier_prelude(len(p.b.dim)) + im2col.prelude(p)
     else:
@@ -376,25 +387,6 @@ def ws_kernel(fused: FusedNode, ctx: EmitContext, p: Problem) -> Kernel:
     grid = (min(tiles_total * split, sms), 1, 1)
     blocks = _persistent_grid(p, bn, split, sms) if p.is_dynamic else None
     return Kernel(name, source, grid, (THREADS, 1, 1), shared, tuple(params.bindings), arch_suffix="a", blocks=blocks)
-
-
-def _sizes(p: Problem, k_tiles: int, tiles_total: int, split: int) -> list[str]:
-    """GM, GN, GK, KTILES, the tile counts and the K slices: constants, but a dynamic problem's M
-    and batch count read from its EXTENT arguments, and the tile counts that follow from them."""
-    fixed = f"GN = {p.n}, GK = {p.k}, KTILES = {k_tiles}"
-    slices = f"SPLIT = {split}, SLICE_TILES = (KTILES + SPLIT - 1) / SPLIT"
-    if not p.is_dynamic:
-        return [
-            f"constexpr int GM = {p.m}, {fixed};",
-            "constexpr int TILES_M = (GM + BM - 1) / BM, TILES_N = (GN + BN - 1) / BN, BATCH_TILES = TILES_M * TILES_N;",
-            f"constexpr int TILES = {tiles_total}, {slices};",
-        ]
-    return [
-        f"const int GM = (int){c_extent(p.m_extent)};",
-        f"constexpr int {fixed}, TILES_N = (GN + BN - 1) / BN, {slices};",
-        "const int TILES_M = (GM + BM - 1) / BM, BATCH_TILES = TILES_M * TILES_N;",
-        f"const int TILES = (int){c_extent(p.batch_count)} * BATCH_TILES;  // this call's",
-    ]
 
 
 def _persistent_grid(p: Problem, bn: int, split: int, sms: int) -> DynamicGrid:
@@ -427,16 +419,10 @@ def ws_split(ctx: EmitContext, p: Problem) -> int:
     return split
 
 
-def _map_coordinates(t: Tensor, p: Problem, matrix: tuple[str, str]) -> list[str]:
-    """The tensor-map coordinates of ``t``'s tile: ``matrix`` (inner, outer) then its batch axes."""
-    shift = len(p.batch) - (len(t.dim) - 2)
-    batch = [f"(int)c{axis + shift}" for axis in range(len(t.dim) - 3, -1, -1) if t.dim[axis] != 1]
-    return [*matrix, *batch]
-
-
 def _producer(
-    p: Problem,
+    schedule: TileSchedule,
     itype: str,
+    names: dict[int, str],
     tile_setup: list[str],
     loads: list[str],
     before: list[str] | None = None,
@@ -444,8 +430,9 @@ def _producer(
 ) -> list[str]:
     """One thread's loop: per unit, the tile's coordinates and ``tile_setup``; per k tile, waits
     for the consumers to release the stage, then issues ``loads`` completing on its full barrier.
-    With ``before`` and ``after`` (MXFP8's scales), every thread of the warpgroup runs the loop
-    and these lines around the wait and the copies, which thread 0 alone issues."""
+    With ``before`` and ``after`` (MXFP8's scales; empty for a schedule that needs a whole warp),
+    every thread that runs the loop runs these lines around the wait and the copies, which
+    thread 0 alone issues."""
     if before is None or after is None:
         issue = ["mbar_expect_tx(bar, A_STAGE + B_STAGE);", *loads]
         before, after = [], []
@@ -454,8 +441,7 @@ def _producer(
     return [
         "int stage = 0;",
         "unsigned phase = 0;",
-        *units(),
-        *("  " + line for line in tile_coordinates(p, itype)),
+        *schedule.unit(itype, names),
         *("  " + line for line in tile_setup),
         "  for (int kt = kt_first; kt < kt_end; ++kt) {",
         *("    " + line for line in before),
@@ -469,31 +455,32 @@ def _producer(
     ]
 
 
-def _matmul_loads(p: Problem, a_map: str, b_map: str, layout: str | None) -> list[str]:
+def _matmul_loads(p: Problem, a_map: str, b_map: str, layout: str | None, schedule: TileSchedule) -> list[str]:
     """A matmul's k tile ``kt``: the A box, and B's box or BN / 64 boxes of 64 columns."""
-    a_coords = _map_coordinates(p.a, p, ("kt * BK", "(int)m0"))
+    a_coords = schedule.map_coordinates(p.a, ("kt * BK", "(int)m0"))
     if layout == "kn":  # BN / 64 boxes of 64 columns, 8 KB apart
         b_loads = [
             "#pragma unroll",
             "for (int j = 0; j < BN / 64; ++j)",
             f"  tma_load(b_tiles + stage * B_STAGE + j * 8192, &{b_map}, bar, "
-            + ", ".join(_map_coordinates(p.b, p, ("n0 + j * 64", "kt * BK")))
+            + ", ".join(schedule.map_coordinates(p.b, ("n0 + j * 64", "kt * BK")))
             + ");",
         ]
     else:
         b_loads = [
             f"tma_load(b_tiles + stage * B_STAGE, &{b_map}, bar, "
-            + ", ".join(_map_coordinates(p.b, p, ("kt * BK", "n0")))
+            + ", ".join(schedule.map_coordinates(p.b, ("kt * BK", "n0")))
             + ");"
         ]
     return [f"tma_load(a_tiles + stage * A_STAGE, &{a_map}, bar, {', '.join(a_coords)});", *b_loads]
 
 
 def _gather_producer(
-    p: Problem, names: dict[int, str], bn: int, bk: int, chunk: int, itype: str, aligned: str
+    schedule: TileSchedule, names: dict[int, str], bn: int, bk: int, chunk: int, itype: str, aligned: str
 ) -> list[str]:
     """All 128 threads copy each k tile with the shared loaders; ``cp.async.mbarrier.arrive``
     counts a thread on the stage's full barrier once its copies have landed."""
+    p = schedule.p
     tiles = SmemTiles(bk, "swizzle128", "swizzle128_n", chunk=chunk)
     a_chunks, b_chunks = BLOCK_M * bk // chunk // 128, bn * bk // chunk // 128
     loader = [
@@ -521,8 +508,7 @@ def _gather_producer(
         "unsigned char* const b_smem = smem_raw + (b_tiles - smem_addr(smem_raw));",
         "int stage = 0;",
         "unsigned phase = 0;",
-        *units(),
-        *("  " + line for line in tile_coordinates(p, itype)),
+        *schedule.unit(itype, names),
         f"  const {itype} block_m = m0;",
         "  const int block_n = n0;",
         *("  " + line for line in loader),

@@ -17,36 +17,14 @@ from fusion_rules import FusedNode
 
 from ..indexing import c_extent
 from .gemm_epilogue import tile_epilogue
-from .gemm_problem import Problem, batch_coords, mxfp8, scale_columns
+from .gemm_problem import Problem, mxfp8, scale_columns
 from .gemm_sm90 import BLOCK_K_BYTES
 from .gemm_splitk import partial_chunks
 from .gemm_ws_mx import mx_loop
+from .gemm_ws_schedule import TileSchedule
 from .tensor_core import zero
 
 SUBTILE = 64  # a consumer stages its 64 rows of the tile 64 columns at a time for the epilogue
-
-
-def units() -> list[str]:
-    """The persistent loop over (tile, K slice) units, a slice's units adjacent, and the unit's
-    k tiles ``kt_first`` .. ``kt_end`` (the last slices may hold fewer, or none)."""
-    return [
-        "for (int unit = blockIdx.x; unit < TILES * SPLIT; unit += gridDim.x) {",
-        "  const int tile = unit / SPLIT, slice = unit % SPLIT;",
-        "  const int kt_first = slice * SLICE_TILES, kt_end = min(KTILES, kt_first + SLICE_TILES);",
-    ]
-
-
-def tile_coordinates(p: Problem, itype: str) -> list[str]:
-    """Tile ``tile`` -> its first row ``m0``, column ``n0`` and the output batch coordinates c0..:
-    GROUP_M tile rows at a time, column by column within the group."""
-    return [
-        "const int batch = tile / BATCH_TILES, t = tile % BATCH_TILES;",
-        "const int first = t / (GROUP_M * TILES_N) * GROUP_M, rows = min(TILES_M - first, GROUP_M);",
-        "const int tm = first + t % (GROUP_M * TILES_N) % rows, tn = t % (GROUP_M * TILES_N) / rows;",
-        f"const {itype} m0 = ({itype})tm * BM;",
-        "const int n0 = tn * BN;",
-        *batch_coords(p, itype, "batch"),
-    ]
 
 
 def consumer(
@@ -59,6 +37,7 @@ def consumer(
     gather: bool,
     accumulator: str,
     split: int,
+    schedule: TileSchedule,
 ) -> list[str]:
     # B descriptor: (leading, stride) byte offsets and the start-address step of one k16 step
     b_leading, b_stride, b_step = (16, 1024, 32) if layout == "nk" else (8192, 1024, 2048)
@@ -66,8 +45,7 @@ def consumer(
         "const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the tile",
         "int stage = 0;",
         "unsigned phase = 0;",
-        *units(),
-        *("  " + line for line in tile_coordinates(p, itype)),
+        *schedule.consumer_unit(itype, names),
         f"  {accumulator} acc[BN / 2];  // the warpgroup's 64 x BN tile, wgmma fragment layout",
         "#pragma unroll",
         f"  for (int i = 0; i < BN / 2; ++i) acc[i] = {zero(accumulator)};",
