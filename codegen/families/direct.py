@@ -30,6 +30,7 @@ from . import (
     direct_norm,
     direct_quantize,
     direct_rnn,
+    direct_rnn_backward,
     direct_sampler,
     direct_window,
 )
@@ -53,6 +54,8 @@ EMITTERS: dict[str, Callable[[FusedNode, EmitContext], FusedProgram]] = {
     "lrn_backward": direct_lrn.emit_lrn_backward,
     "ctc_loss": direct_ctc.emit_ctc_loss,
     "rnn": direct_rnn.emit_rnn,
+    "rnn_training": direct_rnn.emit_rnn,
+    "rnn_backward": direct_rnn_backward.emit_rnn_backward,
     "spatial_tf_grid_generator": direct_sampler.emit_grid_generator,
     "spatial_tf_grid_generator_backward": direct_sampler.emit_grid_generator_backward,
     "spatial_tf_sampler": direct_sampler.emit_sampler,

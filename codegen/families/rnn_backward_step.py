@@ -1,0 +1,158 @@
+"""One step of an RNN layer's backward pass, both directions, all sequences: a thread per
+(direction, sequence, hidden unit k).
+
+Launch s of a layer's T + 1 handles the forward step t = T - 1 - s of the forward direction and
+t = s of the reverse one (each direction's sequence backwards). The gradient of the state step t
+left is what the thread carried from the launch before (dhy at s 0), plus the gate gradients of
+the step after t times column k of W_hh (a G*H-long sum over that step's dgates, which the
+previous launch completed: kernel boundaries are the synchronisation, as in the forward's step
+kernel), plus dy at t. With the reserve's activated gates the cell's backward gives the step's
+dgates for unit k (written for the products over all steps, rnn_backward_sums.py) and what it
+carries to the launch after: LSTM's cell gradient, GRU's z * dh. Past a sequence's length the
+step's dgates are 0 and the gradients pass through. Launch T only finishes the sum and writes
+dhx and dcx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from graphdnn.ir import Tensor
+from graphdnn.ops.rnn import LSTM_CELL_FIELD, RESERVE_FIELDS, RnnMode
+
+from ..context import EmitContext, KernelParams
+from ..cuda_types import store
+from ..indexing import offset_at
+from ..kernel import Kernel
+from .direct_common import THREADS, declare, make_kernel, read, written
+from .rnn_layer import STEP, RnnLayer, advance_step, by_direction
+
+DGATES, DGATES_H, CARRY_H, CARRY_C = "rnn_dgates", "rnn_dgates_h", "rnn_dh", "rnn_dc"
+
+
+def grad_buffer(layer: int) -> str:
+    """The scratch buffer that holds ``layer``'s output gradient (below the top; two, alternating)."""
+    return f"rnn_grad{layer % 2}"
+
+
+def sequence_length(name: str | None, lengths: Tensor | None) -> str:
+    """A C expression: sequence n's length (clamped into [0, T]; the reference refuses others)."""
+    if name is None or lengths is None:
+        return "T"
+    given = f"(long long){name}[{offset_at(lengths, ['n'])}]"
+    return f"(int)({given} < 0 ? 0 : {given} > T ? T : {given})"
+
+
+def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
+    a, c, d = layer.a, layer.compute, layer.directions
+    node, fused = layer.node, layer.fused
+    lstm, gru = a.mode is RnnMode.LSTM, a.mode is RnnMode.GRU
+    hx, cx, lengths = node.input("hx"), node.input("cx"), node.input("seq_lengths")
+    reserve, dy, dhy, dcy = node.input("reserve"), node.input("dy"), node.input("dhy"), node.input("dcy")
+    assert reserve is not None and dy is not None
+    dhx, dcx = node.output("dhx"), node.output("dcx")
+    w_hh = [layer.weights(direction)[1] for direction in range(d)]
+
+    params = KernelParams()
+    names = declare(params, [*w_hh, lengths, hx, cx, reserve, dhy, dcy, dy if layer.last else None])
+    dgates = params.scratch(DGATES, c)
+    dgates_h = params.scratch(DGATES_H, c) if gru else dgates
+    carry_h, counter = params.scratch(CARRY_H, c), params.scratch(STEP, "unsigned")
+    carry_c = params.scratch(CARRY_C, c) if lstm else None
+    grad = None if layer.last else params.scratch(grad_buffer(layer.layer), c)
+    out_dhx = params.tensor(dhx, writable=True) if written(fused, dhx) else None
+    out_dcx = params.tensor(dcx, writable=True) if written(fused, dcx) else None
+
+    def element(t: Tensor, coordinate: list[str]) -> str:
+        return read(t, names[t.id], offset_at(t, coordinate), c)
+
+    def state(t: Tensor | None) -> str:
+        return element(t, ["index", "n", "k"]) if t is not None else "0"
+
+    def saved(step: str, field: int) -> str:
+        return element(reserve, [str(layer.layer), step, "n", "dir", f"{field} * H + k"])
+
+    if layer.last:
+        from_dy = element(dy, ["t", "n", "dir * H + k"])
+    else:
+        from_dy = f"{grad}[((long long)t * N + n) * (D * H) + dir * H + k]"
+    fields = RESERVE_FIELDS[a.mode]
+    earlier = {  # the state before step t: the reserve's at the step before, or the initial one
+        "h_prev": f"started ? {saved('before', fields - 1)} : {state(hx)}",
+        "c_prev": f"started ? {saved('before', LSTM_CELL_FIELD)} : {state(cx)}",
+    }
+    finals = [(dhx, out_dhx, "dh"), (dcx, out_dcx, "dc")]
+    body = [
+        f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, G = {layer.gates}, D = {d};",
+        f"const int dir = blockIdx.y, i = blockIdx.x * {THREADS} + threadIdx.x;",
+        f"const int step = (int)*(volatile unsigned*)&{counter}[0];",
+        "if (i < N * H) {",
+        "  const int n = i / H, k = i % H;",
+        f"  const int index = {layer.layer * d} + dir;  // of this layer and direction in dhy, dhx",
+        "  const int t = dir ? step : T - 1 - step;  // the forward step this launch differentiates (none at step T)",
+        "  const long long at = ((long long)dir * N + n) * H + k;",
+        f"  {c} dh = step == 0 ? {state(dhy)} : {carry_h}[at];",
+        "  if (step > 0) {  // what the step after t sends back through W_hh",
+        "    const int later = dir ? t - 1 : t + 1;",
+        f"    const {c}* const dg = {dgates_h} + ((long long)later * N + n) * (D * G * H) + dir * (G * H);",
+        f"    for (int r = 0; r < G * H; ++r) dh += dg[r] * {by_direction(d, 'dir', [element(w, ['r', 'k']) for w in w_hh])};",
+        "  }",
+        *([f"  {c} dc = step == 0 ? {state(dcy)} : {carry_c}[at];"] if lstm else []),
+        "  if (step == T) {",
+        *(
+            f"    {name}[{offset_at(tensor, ['index', 'n', 'k'])}] = {store(tensor.data_type, value)};"
+            for tensor, name, value in finals
+            if tensor is not None and name is not None
+        ),
+        "  } else {",
+        f"    const int length = {sequence_length(names[lengths.id] if lengths is not None else None, lengths)};",
+        "    const int before = dir ? t + 1 : t - 1;  // the step that ran before t",
+        "    const bool started = dir ? before < length : before >= 0;",
+        f"    {c}* const dgx = {dgates} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + k;",
+        *([f"    {c}* const dgh = {dgates_h} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + k;"] if gru else []),
+        "    if (t < length) {",
+        f"      dh += {from_dy};",
+        *("      " + line for line in _cell_backward(a.mode, c, lambda f: saved("t", f), earlier)),
+        f"      {carry_h}[at] = {'dh * update' if gru else '0'};",
+        *([f"      {carry_c}[at] = dc * forget;"] if lstm else []),
+        "    } else {  // past the sequence's length: nothing to differentiate, the gradients pass",
+        f"      for (int g = 0; g < G; ++g) {{ dgx[g * H] = 0;{' dgh[g * H] = 0;' if gru else ''} }}",
+        f"      {carry_h}[at] = dh;",
+        *([f"      {carry_c}[at] = dc;"] if lstm else []),
+        "    }",
+        "  }",
+        "}",
+        *advance_step(counter),
+    ]
+    pattern = f"rnn_{a.mode.value}_layer{layer.layer}_backward_step"
+    return make_kernel(ctx, fused, pattern, params, body, (-(-layer.batch * layer.hidden // THREADS), d, 1))
+
+
+def _cell_backward(mode: RnnMode, c: str, saved: Callable[[int], str], earlier: dict[str, str]) -> list[str]:
+    """One cell's backward for unit k: the gate gradients into ``dgx`` (and GRU's ``dgh``) from
+    ``dh`` (and LSTM's ``dc``, which it completes), with ``saved(f)`` the step's reserve field
+    f; defines what the step carries back (``forget``, ``update``)."""
+    one = f"({c})1"
+    if mode in (RnnMode.RELU, RnnMode.TANH):
+        h = f"const {c} h = {saved(0)};"
+        derivative = f"(h > 0 ? {one} : ({c})0)" if mode is RnnMode.RELU else f"({one} - h * h)"
+        return [h, f"dgx[0] = dh * {derivative};"]
+    if mode is RnnMode.LSTM:
+        return [
+            f"const {c} input = {saved(0)}, forget = {saved(1)}, fresh = {saved(2)}, output = {saved(3)};",
+            f"const {c} tanh_c = tanh({saved(4)}), c_prev = {earlier['c_prev']};",
+            f"dc += dh * output * ({one} - tanh_c * tanh_c);",
+            f"dgx[0] = dc * fresh * input * ({one} - input);",
+            f"dgx[H] = dc * c_prev * forget * ({one} - forget);",
+            f"dgx[2 * H] = dc * input * ({one} - fresh * fresh);",
+            f"dgx[3 * H] = dh * tanh_c * output * ({one} - output);",
+        ]
+    return [
+        f"const {c} reset = {saved(0)}, update = {saved(1)}, fresh = {saved(2)}, from_h = {saved(3)};",
+        f"const {c} h_prev = {earlier['h_prev']};",
+        f"const {c} d_new = dh * ({one} - update) * ({one} - fresh * fresh);",
+        f"const {c} d_reset = d_new * from_h * reset * ({one} - reset);",
+        f"const {c} d_update = dh * (h_prev - fresh) * update * ({one} - update);",
+        "dgx[0] = d_reset; dgx[H] = d_update; dgx[2 * H] = d_new;",
+        "dgh[0] = d_reset; dgh[H] = d_update; dgh[2 * H] = d_new * reset;",
+    ]
