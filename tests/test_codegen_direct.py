@@ -654,9 +654,11 @@ def rnn_graph(
     *,
     initial: bool = True,
     lengths: str | None = None,
+    kind: str = "rnn",
 ) -> gd.OperationGraphSpec:
-    """An rnn node with its weight list (PyTorch's order), with ``initial`` hx (and cx), and
-    with ``lengths`` (a data type) each sequence's length."""
+    """An rnn node (or ``kind``: rnn_training, rnn_backward with float32 reserve and dy, dhy,
+    dcy) with its weight list (PyTorch's order), with ``initial`` hx (and cx), and with
+    ``lengths`` (a data type) each sequence's length."""
     g = graph(io)
     gates = {"relu": 1, "tanh": 1, "lstm": 4, "gru": 3}[mode]
     directions = 2 if bidirectional else 1
@@ -676,7 +678,19 @@ def rnn_graph(
     cx = g.tensor(state, name="cx") if initial and mode == "lstm" else None
     x = g.tensor([steps, batch, inputs], name="x")
     seq_lengths = g.tensor([batch], data_type=lengths, name="seq_lengths") if lengths else None
-    return outputs(g, *g.rnn(x, weights, mode, hidden, layers, bidirectional, hx=hx, cx=cx, seq_lengths=seq_lengths))
+    common = {"hx": hx, "cx": cx, "seq_lengths": seq_lengths}
+    if kind == "rnn_backward":
+        fields = {"relu": 1, "tanh": 1, "lstm": 6, "gru": 5}[mode]
+        reserve = g.tensor([layers, steps, batch, directions, fields * hidden], data_type="float", name="reserve")
+        dy = g.tensor([steps, batch, directions * hidden], name="dy")
+        dhy = g.tensor(state, name="dhy") if initial else None
+        dcy = g.tensor(state, name="dcy") if initial and mode == "lstm" else None
+        grads = g.rnn_backward(x, weights, reserve, dy, mode, hidden, layers, bidirectional, dhy=dhy, dcy=dcy, **common)
+        return outputs(g, *grads)
+    if kind == "rnn_training":  # the reserve in the io type
+        *results, reserve = g.rnn_training(x, weights, mode, hidden, layers, bidirectional, **common)
+        return outputs(g, *results, reserve.set_data_type(io))
+    return outputs(g, *g.rnn(x, weights, mode, hidden, layers, bidirectional, **common))
 
 
 @case()
@@ -756,6 +770,47 @@ def rnn_lstm_benchmark_half() -> gd.OperationGraphSpec:
 @case(gpu_only=True)
 def rnn_gru_wide_lengths_bidirectional_float() -> gd.OperationGraphSpec:
     return rnn_graph("float", "gru", 20, 40, 33, 1000, 2, True, lengths="int32")
+
+
+@case()
+def rnn_training_lstm_lengths_bidirectional_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 5, 3, 4, 6, 2, True, lengths="int32", kind="rnn_training")
+
+
+@case()
+def rnn_training_gru_tensor_cores_half() -> gd.OperationGraphSpec:
+    # the reserve stored from the overlapped tensor-core step, whose cells' operands are prefetched
+    return rnn_graph("half", "gru", 3, 5, 6, 24, 2, True, lengths="int32", kind="rnn_training")
+
+
+@case()
+def rnn_training_tanh_double() -> gd.OperationGraphSpec:
+    return rnn_graph("double", "tanh", 4, 2, 3, 5, 1, False, initial=False, kind="rnn_training")
+
+
+@case()
+def rnn_backward_lstm_lengths_bidirectional_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 5, 3, 4, 6, 2, True, lengths="int32", kind="rnn_backward")
+
+
+@case()
+def rnn_backward_gru_lengths_double() -> gd.OperationGraphSpec:
+    return rnn_graph("double", "gru", 4, 3, 3, 5, 2, True, lengths="int64", kind="rnn_backward")
+
+
+@case()
+def rnn_backward_relu_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "relu", 4, 2, 3, 7, 1, False, initial=False, kind="rnn_backward")
+
+
+@case()
+def rnn_backward_tanh_three_layers_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "tanh", 3, 2, 5, 4, 3, False, kind="rnn_backward")  # layer 0 reuses layer 2's buffer
+
+
+@case(gpu_only=True)
+def rnn_backward_lstm_wide_lengths_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 20, 40, 33, 300, 2, True, lengths="int32", kind="rnn_backward")
 
 
 @case(gpu_only=True)

@@ -147,6 +147,13 @@ GRAPHS = [
             "rnn_lstm_chunked_37_sequences_double",
             "rnn_lstm_tensor_core_tiles_half",
             "rnn_gru_async_copies_half",
+            "rnn_training_lstm_lengths_bidirectional_float",
+            "rnn_training_gru_tensor_cores_half",
+            "rnn_training_tanh_double",
+            "rnn_backward_lstm_lengths_bidirectional_float",
+            "rnn_backward_gru_lengths_double",
+            "rnn_backward_relu_half",
+            "rnn_backward_tanh_three_layers_float",
         ],
     ),
 ]

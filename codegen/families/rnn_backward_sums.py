@@ -51,7 +51,7 @@ def weight_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel | None:
         source = element(reserve, [str(layer.layer - 1), "t", "n", "col / H", f"{fields - 1} * H + col % H"])
     h_prev = element(reserve, [str(layer.layer), "before", "n", "dir", f"{fields - 1} * H + k"])
     initial = element(hx, ["index", "n", "k"]) if hx is not None else "0"
-    first = sum(a.directions * _count(a, layer.x, below) for below in range(layer.layer))
+    first = sum(_count(a, layer.x, below) for below in range(layer.layer))
     position = f"{first} + dir * {_count(a, layer.x, layer.layer) // d} + place"
     body = [
         f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, GH = {layer.gates * layer.hidden};",

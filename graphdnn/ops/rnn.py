@@ -155,7 +155,7 @@ class Rnn(Op):
 class RnnTraining(Rnn):
     """The forward pass in training (cuDNN's ``cudnnRNNForward`` with CUDNN_FWD_MODE_TRAINING):
     rnn's outputs and ``reserve``, what ``rnn_backward`` needs of the forward pass (cuDNN's
-    reserve space), float32 unless set to double. Its layout, [L, T, N, D, R*H]: for each
+    reserve space), float32 unless set to double, half or bfloat16. Its layout, [L, T, N, D, R*H]: for each
     layer, step, sequence and direction, R fields of H values, the step's activated gates and
     what the gradient needs besides: RNN h (R 1); LSTM i, f, g, o, c, h (R 6); GRU r, z, n,
     W_hn h_{t-1} + b_hn, h (R 5). The last field is always h, so a layer's input to the
@@ -171,7 +171,7 @@ class RnnTraining(Rnn):
         out = super().infer(node, declared)
         steps, batch = out["y"].dim[:2]
         a: RnnAttributes = node.attributes  # type: ignore[assignment]
-        reserve = Inferred(reserve_dims(a, steps, batch), data_type=DataType.FLOAT, allowed=frozenset({DataType.DOUBLE}))
+        reserve = Inferred(reserve_dims(a, steps, batch), data_type=DataType.FLOAT, allowed=RESERVE_TYPES)
         return {**out, "reserve": reserve}
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -180,6 +180,9 @@ class RnnTraining(Rnn):
         result = {"y": y, "hy": hy, "reserve": reserve}
         return {**result, "cy": cy} if a.mode is RnnMode.LSTM else result
 
+
+# What rnn_training's reserve may be stored in besides float32 (cuDNN keeps it in the data type).
+RESERVE_TYPES = frozenset({DataType.DOUBLE, DataType.HALF, DataType.BFLOAT16})
 
 # The fields of one step and unit in rnn_training's reserve, h (the state it leaves) last.
 RESERVE_FIELDS = {RnnMode.RELU: 1, RnnMode.TANH: 1, RnnMode.LSTM: 6, RnnMode.GRU: 5}
@@ -293,7 +296,7 @@ class RnnMethods:
         name: str | None = None,
     ) -> list[TensorSpec | None]:
         """[y, hy, cy, reserve]: :meth:`rnn`'s outputs and the reserve that ``rnn_backward``
-        takes (float32 unless set to double; its layout in docs/ops.md)."""
+        takes (float32 unless set to double, half or bfloat16; its layout in docs/ops.md)."""
         return self._recurrent("rnn_training", locals())
 
     def _recurrent(self, kind: str, arguments: Mapping[str, Any]) -> list[TensorSpec | None]:
