@@ -657,7 +657,7 @@ def rnn_graph(
     kind: str = "rnn",
 ) -> gd.OperationGraphSpec:
     """An rnn node (or ``kind``: rnn_training, rnn_backward with float32 reserve and dy, dhy,
-    dcy) with its weight list (PyTorch's order), with ``initial`` hx (and cx), and with
+    dcy, or rnn_training_backward: both, the backward taking the forward's reserve) with its weight list (PyTorch's order), with ``initial`` hx (and cx), and with
     ``lengths`` (a data type) each sequence's length."""
     g = graph(io)
     gates = {"relu": 1, "tanh": 1, "lstm": 4, "gru": 3}[mode]
@@ -679,9 +679,13 @@ def rnn_graph(
     x = g.tensor([steps, batch, inputs], name="x")
     seq_lengths = g.tensor([batch], data_type=lengths, name="seq_lengths") if lengths else None
     common = {"hx": hx, "cx": cx, "seq_lengths": seq_lengths}
-    if kind == "rnn_backward":
+    if kind in ("rnn_backward", "rnn_training_backward"):  # the latter: the backward of the forward's reserve
         fields = {"relu": 1, "tanh": 1, "lstm": 6, "gru": 5}[mode]
-        reserve = g.tensor([layers, steps, batch, directions, fields * hidden], data_type="float", name="reserve")
+        if kind == "rnn_backward":
+            reserve = g.tensor([layers, steps, batch, directions, fields * hidden], data_type="float", name="reserve")
+        else:
+            y, *_, reserve = g.rnn_training(x, weights, mode, hidden, layers, bidirectional, **common)
+            outputs(g, y)
         dy = g.tensor([steps, batch, directions * hidden], name="dy")
         dhy = g.tensor(state, name="dhy") if initial else None
         dcy = g.tensor(state, name="dcy") if initial and mode == "lstm" else None
@@ -806,6 +810,21 @@ def rnn_backward_relu_half() -> gd.OperationGraphSpec:
 @case()
 def rnn_backward_tanh_three_layers_float() -> gd.OperationGraphSpec:
     return rnn_graph("float", "tanh", 3, 2, 5, 4, 3, False, kind="rnn_backward")  # layer 0 reuses layer 2's buffer
+
+
+@case()
+def rnn_training_backward_lstm_lengths_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 4, 3, 5, 6, 2, True, lengths="int32", kind="rnn_training_backward")
+
+
+@case()
+def rnn_training_backward_gru_tensor_cores_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "gru", 3, 5, 6, 24, 2, True, lengths="int32", kind="rnn_training_backward")
+
+
+@case(gpu_only=True)
+def rnn_training_backward_lstm_wide_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "lstm", 16, 24, 64, 256, 2, False, kind="rnn_training_backward")
 
 
 @case(gpu_only=True)

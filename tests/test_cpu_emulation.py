@@ -154,6 +154,8 @@ GRAPHS = [
             "rnn_backward_gru_lengths_double",
             "rnn_backward_relu_half",
             "rnn_backward_tanh_three_layers_float",
+            "rnn_training_backward_lstm_lengths_float",
+            "rnn_training_backward_gru_tensor_cores_half",
         ],
     ),
 ]

@@ -1,0 +1,123 @@
+"""LSTM training beside torch.nn.LSTM (cuDNN's RNN forward in training and its backward data
+and weights): graphdnn's rnn_training then rnn_backward, each a CUDA graph replay, against
+the module's forward with gradients on and ``torch.autograd.grad`` of y (x's and every
+weight's gradient), at benchmarks/lstm_shapes.py's shapes (SHAPES: classic.py's and issue
+13's target, 2 layers, hidden 1024, batch 64, 512 steps), fp16 data, float32 reserve.
+
+graphdnn's gradients are compared with torch's in the same run (relative error of dx and of
+the flat weight gradient). The floor of the backward: per step, W_hh (4 H x H fp16) read
+once at the copy bandwidth (the recurrence, T launches a layer), plus the all-step products
+(dW_ih, dW_hh, dx: 3 x 2 T N 4H H flops) at the bf16 matrix rate, both measured here.
+
+    PYTHONPATH=. python3 benchmarks/lstm_backward.py [--shapes 0,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import graphdnn as gd  # noqa: E402
+from benchmarks.classic import _lstm_weight_dims  # noqa: E402
+from benchmarks.lstm_shapes import SHAPES  # noqa: E402
+from benchmarks.measure import Ceilings, measure_ceilings, median_us  # noqa: E402
+from graphdnn.random_inputs import random_inputs  # noqa: E402
+from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
+
+
+def graphs(steps: int, batch: int, hidden: int, layers: int) -> tuple[gd.OperationGraphSpec, gd.OperationGraphSpec]:
+    """The forward in training (y, reserve out) and the backward (dx, dweights out) of one LSTM."""
+    out = []
+    for kind in ("rnn_training", "rnn_backward"):
+        g = gd.OperationGraphSpec(name=f"lstm_{kind}_{layers}x{hidden}_n{batch}_t{steps}", io_data_type="half")
+        x = g.tensor(name="x", dim=[steps, batch, hidden])
+        weights = [g.tensor(name=name, dim=dims) for name, dims in _lstm_weight_dims(hidden, hidden, layers)]
+        if kind == "rnn_training":
+            y, _, _, reserve = g.rnn_training(x, weights, "lstm", hidden, num_layers=layers)
+            named = {"y": y, "reserve": reserve}
+        else:
+            fields = [layers, steps, batch, 1, 6 * hidden]
+            reserve = g.tensor(name="reserve", dim=fields, data_type="float")
+            dy = g.tensor(name="dy", dim=[steps, batch, hidden])
+            dx, _, _, dweights = g.rnn_backward(x, weights, reserve, dy, "lstm", hidden, num_layers=layers)
+            named = {"dx": dx, "dweights": dweights}
+        for name, tensor in named.items():
+            tensor.set_name(name).set_output(True)  # type: ignore[union-attr]
+        out.append(g)
+    return out[0], out[1]
+
+
+def floor_us(ceilings: Ceilings, steps: int, batch: int, hidden: int, layers: int) -> float:
+    products = 3 * 2 * steps * batch * 4 * hidden * hidden
+    return layers * (steps * ceilings.floor_us(4 * hidden * hidden * 2) + ceilings.floor_us(0, products))
+
+
+def measure(ceilings: Ceilings, steps: int, batch: int, hidden: int, layers: int) -> dict[str, object]:
+    import torch
+
+    forward_graph, backward_graph = graphs(steps, batch, hidden, layers)
+    forward_ir, backward_ir = forward_graph.validate(), backward_graph.validate()
+    feeds = random_inputs(backward_ir, seed=1)
+    inputs = {t.name: to_torch(feeds[t.name], t) for t in backward_ir.inputs if t.name != "reserve"}
+    lstm = torch.nn.LSTM(hidden, hidden, layers).cuda().half()
+    with torch.no_grad():
+        for parameter, (name, _) in zip(lstm._flat_weights, _lstm_weight_dims(hidden, hidden, layers)):
+            parameter.copy_(inputs[name])
+    lstm.flatten_parameters()
+    x = inputs["x"].clone().requires_grad_(True)
+    dy = inputs["dy"]
+    wanted = [x, *lstm._flat_weights]
+    y = lstm(x)[0]
+    grads = torch.autograd.grad(y, wanted, dy, retain_graph=True)
+    torch_forward = median_us(lambda: lstm(x))
+    torch_backward = median_us(lambda: torch.autograd.grad(y, wanted, dy, retain_graph=True))
+
+    forward_out = {t.name: empty_torch(t) for t in forward_ir.outputs}
+    forward_in = {t.name: inputs[t.name] for t in forward_ir.inputs}
+    forward = gd.compile(forward_graph).bind({**forward_in, **forward_out}, cuda_graph=True)
+    forward()
+    backward_out = {t.name: empty_torch(t) for t in backward_ir.outputs}
+    backward_plan = gd.compile(backward_graph)
+    backward = backward_plan.bind({**inputs, "reserve": forward_out["reserve"], **backward_out}, cuda_graph=True)
+    backward()
+    torch.cuda.synchronize()
+
+    def error(got: torch.Tensor, expected: torch.Tensor) -> float:
+        return float((got.float() - expected.float()).norm() / expected.float().norm())
+
+    ours_forward, ours_backward = median_us(forward), median_us(backward)
+    return {
+        "case": f"lstm {layers}x{hidden} n{batch} t{steps} fp16, reserve fp32",
+        "device": torch.cuda.get_device_name(),
+        "y_error_vs_torch": error(forward_out["y"], y),
+        "dx_error_vs_torch": error(backward_out["dx"], grads[0]),
+        "dweights_error_vs_torch": error(backward_out["dweights"], torch.cat([g.reshape(-1) for g in grads[1:]])),
+        "torch_forward_us": round(torch_forward, 1),
+        "torch_backward_us": round(torch_backward, 1),
+        "forward_us": round(ours_forward, 1),
+        "backward_us": round(ours_backward, 1),
+        "torch_over_ours_forward": round(torch_forward / ours_forward, 3),
+        "torch_over_ours_backward": round(torch_backward / ours_backward, 3),
+        "torch_over_ours_training": round((torch_forward + torch_backward) / (ours_forward + ours_backward), 3),
+        "backward_floor_us": round(floor_us(ceilings, steps, batch, hidden, layers), 1),
+        "backward_launches": len(backward_plan.kernels),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))), help="indices into SHAPES")
+    args = parser.parse_args()
+    ceilings = measure_ceilings()
+    for index in args.shapes.split(","):
+        print(json.dumps(measure(ceilings, *SHAPES[int(index)])), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
