@@ -25,7 +25,17 @@ def training(mode, inputs, hidden, layers, bidirectional, feeds):
     y, hy, cy, reserve = g.rnn_training(t["x"], weights, mode, hidden, layers, bidirectional, **common)
     reserve.set_data_type("double")
     grads = g.rnn_backward(
-        t["x"], weights, reserve, t["dy"], mode, hidden, layers, bidirectional, dhy=t.get("dhy"), dcy=t.get("dcy"), **common
+        t["x"],
+        weights,
+        reserve,
+        t["dy"],
+        mode,
+        hidden,
+        layers,
+        bidirectional,
+        dhy=t.get("dhy"),
+        dcy=t.get("dcy"),
+        **common,
     )
     named = dict(zip(("y", "hy", "cy", "reserve", "dx", "dhx", "dcx", "dweights"), (y, hy, cy, reserve, *grads)))
     for tensor in named.values():
@@ -55,7 +65,8 @@ def random_case(rng, mode, inputs, hidden, layers, bidirectional, steps, batch, 
 
 @pytest.mark.parametrize("mode", ["relu", "tanh", "lstm", "gru"])
 @pytest.mark.parametrize(
-    ("layers", "bidirectional", "lengths"), [(1, False, None), (2, True, None), (3, False, [6, 2, 5]), (2, True, [1, 6, 3])]
+    ("layers", "bidirectional", "lengths"),
+    [(1, False, None), (2, True, None), (3, False, [6, 2, 5]), (2, True, [1, 6, 3])],
 )
 def test_gradients_match_torch_autograd(mode, layers, bidirectional, lengths, rng):
     module, feeds = random_case(rng, mode, 5, 4, layers, bidirectional, 6, 3, lengths)

@@ -60,8 +60,8 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     carry_h, counter = params.scratch(CARRY_H, c), params.scratch(STEP, "unsigned")
     carry_c = params.scratch(CARRY_C, c) if lstm else None
     grad = None if layer.last else params.scratch(grad_buffer(layer.layer), c)
-    out_dhx = params.tensor(dhx, writable=True) if written(fused, dhx) else None
-    out_dcx = params.tensor(dcx, writable=True) if written(fused, dcx) else None
+    out_dhx = params.tensor(dhx, writable=True) if dhx is not None and written(fused, dhx) else None
+    out_dcx = params.tensor(dcx, writable=True) if dcx is not None and written(fused, dcx) else None
 
     def element(t: Tensor, coordinate: list[str]) -> str:
         return read(t, names[t.id], offset_at(t, coordinate), c)
@@ -109,7 +109,11 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         "    const int before = dir ? t + 1 : t - 1;  // the step that ran before t",
         "    const bool started = dir ? before < length : before >= 0;",
         f"    {c}* const dgx = {dgates} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + k;",
-        *([f"    {c}* const dgh = {dgates_h} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + k;"] if gru else []),
+        *(
+            [f"    {c}* const dgh = {dgates_h} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + k;"]
+            if gru
+            else []
+        ),
         "    if (t < length) {",
         f"      dh += {from_dy};",
         *("      " + line for line in _cell_backward(a.mode, c, lambda f: saved("t", f), earlier)),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -80,14 +80,14 @@ class Rnn(Op):
 
     kind = "rnn"
     category = Category.MATMUL
-    inputs = (
+    inputs: ClassVar[tuple[Role, ...]] = (
         Role("x", floating=True),
         Role("weights", variadic=True, floating=True),
         Role("hx", optional=True, floating=True),
         Role("cx", optional=True, floating=True),
         Role("seq_lengths", optional=True),
     )
-    outputs = (Role("y"), Role("hy"), Role("cy"))
+    outputs: ClassVar[tuple[Role, ...]] = (Role("y"), Role("hy"), Role("cy"))
     attributes = RnnAttributes
 
     def present_outputs(self, attributes: Attributes, bound_inputs: frozenset[str]) -> frozenset[str]:
@@ -231,7 +231,7 @@ def forward(
                 reserve[layer, t, :, direction] = np.where(within[:, :, None], np.stack([*gates, h_next], 1), 0.0)
             hy[index], cy[index] = h, c
         data = reserve[layer, :, :, :, -1].reshape(steps, batch, -1)  # the directions' h side by side
-    return data, hy, cy, reserve.reshape(reserve_dims(a, steps, batch))  # type: ignore[arg-type]
+    return data, hy, cy, reserve.reshape(reserve_dims(a, steps, batch))
 
 
 def _sigmoid(v: np.ndarray) -> np.ndarray:

@@ -77,7 +77,11 @@ class RnnBackward(Rnn):
                 if like not in forward:
                     fail_attribute(node, f"{role} is the gradient of LSTM's final cell state; {a.mode.value} has none")
                 same_dims(node, role, grad, forward[like].dim, "[layers * directions, N, hidden_size]")
-        out = {"dx": Inferred((steps, batch, width)), "dhx": forward["hy"], "dweights": Inferred((weight_count(a, width),))}
+        out = {
+            "dx": Inferred((steps, batch, width)),
+            "dhx": forward["hy"],
+            "dweights": Inferred((weight_count(a, width),)),
+        }
         return {**out, "dcx": forward["cy"]} if "cy" in forward else out
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
