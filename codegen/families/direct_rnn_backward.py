@@ -7,9 +7,10 @@ left, which the step after it sends back through W_hh. So the step kernel (rnn_b
 runs once per step, backwards through each direction's sequence, both directions in one launch:
 it finishes the state's gradient (the carried part plus dgates_{later} @ W_hh plus dy), turns it
 into the step's gate gradients with the reserve's activated gates, and keeps them, every step's,
-in scratch. A last launch finishes dhx and dcx. What depends on all steps is then a product
-over them (rnn_backward_sums.py): dW_ih = dgates^T x, dW_hh = dgates^T h_prev and the biases'
-sums, and dx = dgates W_ih (the layer below's output gradient).
+in scratch. A last launch finishes dhx and dcx. What depends on all steps is then a GEMM
+over them (rnn_backward_sums.py, the forward projection's tile product): dW_ih = dgates^T x,
+dW_hh = dgates^T h_prev with the biases' sums, and dx = dgates W_ih (the layer below's
+output gradient).
 
 Scratch, in the compute type:
 
@@ -44,7 +45,8 @@ def emit_rnn_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     for index in reversed(range(a.num_layers)):
         layer = RnnLayer.of(fused, index)
         kernels += [_reset(layer, ctx), *[step_kernel(layer, ctx)] * (layer.steps + 1)]
-        kernels += [k for k in (weight_kernel(layer, ctx), input_kernel(layer, ctx)) if k is not None]
+        products = (weight_kernel(layer, ctx, "ih"), weight_kernel(layer, ctx, "hh"), input_kernel(layer, ctx))
+        kernels += [k for k in products if k is not None]
     dgates = first.steps * first.batch * a.directions * first.gates * a.hidden_size * size
     states = a.directions * first.batch * a.hidden_size * size
     outputs = first.steps * first.batch * a.directions * a.hidden_size * size
