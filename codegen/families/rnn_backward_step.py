@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from graphdnn.arch import sm_count
 from graphdnn.ir import Tensor
 from graphdnn.ops.rnn import LSTM_CELL_FIELD, RESERVE_FIELDS, RnnMode
 
@@ -25,9 +26,11 @@ from ..cuda_types import store
 from ..indexing import offset_at
 from ..kernel import Kernel
 from .direct_common import THREADS, declare, make_kernel, read, written
-from .rnn_layer import STEP, RnnLayer, advance_step, by_direction
+from .rnn_layer import STEP, RnnLayer, advance_step, by_direction, launch_choice
 
 DGATES, DGATES_H, CARRY_H, CARRY_C = "rnn_dgates", "rnn_dgates_h", "rnn_dh", "rnn_dc"
+SEQUENCES = "rnn_backward_sequences"  # the launch choice: sequences per step thread
+MAX_SEQUENCES = 16
 
 
 def grad_buffer(layer: int) -> str:
@@ -82,54 +85,84 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         "c_prev": f"started ? {saved('before', LSTM_CELL_FIELD)} : {state(cx)}",
     }
     finals = [(dhx, out_dhx, "dh"), (dcx, out_dcx, "dc")]
-    body = [
-        f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, G = {layer.gates}, D = {d};",
-        f"const int dir = blockIdx.y, i = blockIdx.x * {THREADS} + threadIdx.x;",
-        f"const int step = (int)*(volatile unsigned*)&{counter}[0];",
-        "if (i < N * H) {",
-        "  const int n = i / H, k = i % H;",
-        f"  const int index = {layer.layer * d} + dir;  // of this layer and direction in dhy, dhx",
-        "  const int t = dir ? step : T - 1 - step;  // the forward step this launch differentiates (none at step T)",
-        "  const long long at = ((long long)dir * N + n) * H + k;",
-        f"  {c} dh = step == 0 ? {state(dhy)} : {carry_h}[at];",
-        "  if (step > 0) {  // what the step after t sends back through W_hh",
-        "    const int later = dir ? t - 1 : t + 1;",
-        f"    const {c}* const dg = {dgates_h} + ((long long)later * N + n) * (D * G * H) + dir * (G * H);",
-        f"    for (int r = 0; r < G * H; ++r) dh += dg[r] * {by_direction(d, 'dir', [element(w, ['r', 'k']) for w in w_hh])};",
-        "  }",
-        *([f"  {c} dc = step == 0 ? {state(dcy)} : {carry_c}[at];"] if lstm else []),
-        "  if (step == T) {",
+    per_thread = sequences_per_thread(layer, ctx)
+    cell = [
+        f"{c} dh = (step == 0 ? {state(dhy)} : {carry_h}[at]) + acc[q];",
+        *([f"{c} dc = step == 0 ? {state(dcy)} : {carry_c}[at];"] if lstm else []),
+        "if (step == T) {",
         *(
-            f"    {name}[{offset_at(tensor, ['index', 'n', 'k'])}] = {store(tensor.data_type, value)};"
+            f"  {name}[{offset_at(tensor, ['index', 'n', 'k'])}] = {store(tensor.data_type, value)};"
             for tensor, name, value in finals
             if tensor is not None and name is not None
         ),
-        "  } else {",
-        f"    const int length = {sequence_length(names[lengths.id] if lengths is not None else None, lengths)};",
-        "    const int before = dir ? t + 1 : t - 1;  // the step that ran before t",
-        "    const bool started = dir ? before < length : before >= 0;",
-        f"    {c}* const dgx = {dgates} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + k;",
-        *(
-            [f"    {c}* const dgh = {dgates_h} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + k;"]
-            if gru
-            else []
-        ),
-        "    if (t < length) {",
-        f"      dh += {from_dy};",
-        *("      " + line for line in _cell_backward(a.mode, c, lambda f: saved("t", f), earlier)),
-        f"      {carry_h}[at] = {'dh * update' if gru else '0'};",
-        *([f"      {carry_c}[at] = dc * forget;"] if lstm else []),
-        "    } else {  // past the sequence's length: nothing to differentiate, the gradients pass",
-        f"      for (int g = 0; g < G; ++g) {{ dgx[g * H] = 0;{' dgh[g * H] = 0;' if gru else ''} }}",
-        f"      {carry_h}[at] = dh;",
-        *([f"      {carry_c}[at] = dc;"] if lstm else []),
+        "  continue;",
+        "}",
+        f"const int length = {sequence_length(names[lengths.id] if lengths is not None else None, lengths)};",
+        "const int before = dir ? t + 1 : t - 1;  // the step that ran before t",
+        "const bool started = dir ? before < length : before >= 0;",
+        f"{c}* const dgx = {dgates} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + k;",
+        *([f"{c}* const dgh = {dgates_h} + ((long long)t * N + n) * (D * G * H) + dir * (G * H) + k;"] if gru else []),
+        "if (t < length) {",
+        f"  dh += {from_dy};",
+        *("  " + line for line in _cell_backward(a.mode, c, lambda f: saved("t", f), earlier)),
+        f"  {carry_h}[at] = {'dh * update' if gru else '0'};",
+        *([f"  {carry_c}[at] = dc * forget;"] if lstm else []),
+        "} else {  // past the sequence's length: nothing to differentiate, the gradients pass",
+        f"  for (int g = 0; g < G; ++g) {{ dgx[g * H] = 0;{' dgh[g * H] = 0;' if gru else ''} }}",
+        f"  {carry_h}[at] = dh;",
+        *([f"  {carry_c}[at] = dc;"] if lstm else []),
+        "}",
+    ]
+    weight = by_direction(d, "dir", [element(w, ["r", "k"]) for w in w_hh])
+    body = [
+        f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, G = {layer.gates}, D = {d};",
+        f"constexpr int NB = {per_thread}, GROUPS = (N + NB - 1) / NB;  // sequences per thread",
+        f"const int dir = blockIdx.y, i = blockIdx.x * {THREADS} + threadIdx.x;",
+        f"const int step = (int)*(volatile unsigned*)&{counter}[0];",
+        "if (i < GROUPS * H) {",
+        "  const int n0 = i / H * NB, k = i % H;",
+        f"  const int index = {layer.layer * d} + dir;  // of this layer and direction in dhy, dhx",
+        "  const int t = dir ? step : T - 1 - step;  // the forward step this launch differentiates (none at step T)",
+        f"  {c} acc[NB];",
+        "#pragma unroll",
+        "  for (int q = 0; q < NB; ++q) acc[q] = 0;",
+        "  if (step > 0) {  // what the step after t sends back through W_hh, W_hh's column k read once for NB sequences",
+        "    const int later = dir ? t - 1 : t + 1;",
+        f"    const {c}* const dg = {dgates_h} + ((long long)later * N + n0) * (D * G * H) + dir * (G * H);",
+        "    long long row[NB];  // sequences past N read the last one's (their sums are dropped)",
+        "#pragma unroll",
+        "    for (int q = 0; q < NB; ++q) row[q] = (long long)(n0 + q < N ? q : N - 1 - n0) * (D * G * H);",
+        "    for (int r = 0; r < G * H; ++r) {",
+        f"      const {c} w = {weight};",
+        "#pragma unroll",
+        "      for (int q = 0; q < NB; ++q) acc[q] += dg[row[q] + r] * w;",
         "    }",
+        "  }",
+        "  for (int q = 0; q < NB && n0 + q < N; ++q) {",
+        "    const int n = n0 + q;",
+        "    const long long at = ((long long)dir * N + n) * H + k;",
+        *("    " + line for line in cell),
         "  }",
         "}",
         *advance_step(counter),
     ]
     pattern = f"rnn_{a.mode.value}_layer{layer.layer}_backward_step"
-    return make_kernel(ctx, fused, pattern, params, body, (-(-layer.batch * layer.hidden // THREADS), d, 1))
+    groups = -(-layer.batch // per_thread)
+    return make_kernel(ctx, fused, pattern, params, body, (-(-groups * layer.hidden // THREADS), d, 1))
+
+
+def sequences_per_thread(layer: RnnLayer, ctx: EmitContext) -> int:
+    """The ``rnn_backward_sequences`` launch choice: sequences each step thread sums dh for, reading
+    W_hh's column once for all of them (default: as many as keep about two blocks per SM busy)."""
+    default = 1
+    while (
+        default < MAX_SEQUENCES
+        and -(-layer.batch // (2 * default)) * layer.hidden * layer.directions >= 2 * sm_count(ctx.arch) * THREADS
+    ):
+        default *= 2
+    allowed = [1 << p for p in range(MAX_SEQUENCES.bit_length())]
+    value = launch_choice(ctx, layer.node.name, SEQUENCES, default, allowed, f"a power of 2 up to {MAX_SEQUENCES}")
+    return int(value)  # type: ignore[call-overload]
 
 
 def _cell_backward(mode: RnnMode, c: str, saved: Callable[[int], str], earlier: dict[str, str]) -> list[str]:
