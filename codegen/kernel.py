@@ -118,11 +118,14 @@ class Kernel:
 
 @dataclass(frozen=True)
 class FusedProgram:
-    """The kernels (run in order) and scratch of one fused node."""
+    """The kernels (run in order) and scratch of one fused node. ``aliases`` holds (tensor,
+    source) ids of an output stored in its source's memory, so that no kernel writes it (a
+    reshape or transpose that leaves every element where it was)."""
 
     fused: str
     kernels: tuple[Kernel, ...]
     scratch: tuple[Scratch, ...] = ()
+    aliases: tuple[tuple[int, int], ...] = ()
 
 
 HEADER_MARK = "// ---- end of header ----"

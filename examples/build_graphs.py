@@ -174,8 +174,11 @@ def llama_layer(
 
     Tokens are [B, 1, S, hidden]: the 1 broadcasts against the heads of the per-head projection
     weights [H, hidden, D], so the projections give Q, K, V as [B, H, S, D] for sdpa without a
-    transpose, and the output projection is per-head GEMMs [H, D, hidden] summed over the heads
-    (a reduction over the head axis). The fuzzer shrinks the examples' large dims
+    transpose. The attention output is stored [B, S, H, D] (its strides), so its transpose to
+    [B, S, H, D] and the reshape to [B, 1, S, H * D] (the heads concatenated) move nothing and
+    launch nothing, and the output projection is one GEMM with ``wo`` [H * D, hidden] (per-head
+    GEMMs summed over the heads would be the same product through an fp32 [B, H, S, hidden]
+    intermediate, H times the output's size). The fuzzer shrinks the examples' large dims
     (tests/graph_fuzz.py SMALL_DIMS: 64 -> 4, 2048 -> 6...) but not slice bounds, so D and D/2
     are none of them (RoPE slices at D/2), and neither is H * D."""
     head_dim = hidden // heads
@@ -191,8 +194,10 @@ def llama_layer(
     v = g.matmul(h, weight("wv", kv_heads, hidden, head_dim), name="v_proj")
     q, k = rope(g, q, name="q_rope"), rope(g, k, name="k_rope")
     o = g.sdpa(q, k, v, attn_scale=1.0 / math.sqrt(head_dim), use_causal_mask=True, name="attention")[0]
-    heads_out = g.matmul(o, weight("wo", heads, head_dim, hidden), name="o_proj").set_data_type(gd.DataType.FLOAT)
-    attention = g.reduction(heads_out, "add", axes=[1], name="o_proj.sum")
+    o.set_stride([seq * hidden, head_dim, hidden, 1])  # stored [B, S, H, D], as a model concatenates heads
+    tokens = g.transpose(o, [0, 2, 1, 3], name="o_heads_last")  # [B, S, H, D]: the same memory
+    concatenated = g.reshape(tokens, shape=[batch, 1, seq, heads * head_dim], name="o_concat")
+    attention = g.matmul(concatenated, weight("wo", heads * head_dim, hidden), name="o_proj")
     residual = g.add(x, attention, name="attn_residual")
     n = g.rmsnorm("inference", residual, weight("mlp_norm.scale", 1, 1, 1, hidden), epsilon=1e-5, name="mlp_norm")[0]
     gate = g.matmul(n, weight("w_gate", hidden, ffn), name="gate_proj")

@@ -120,13 +120,25 @@ def assemble(
 
 
 def _layout(intermediates: tuple[Tensor, ...], programs: tuple[FusedProgram, ...]) -> tuple[WorkspaceBuffer, ...]:
-    """Every intermediate, then every scratch buffer, each on a 256-byte boundary."""
+    """Every intermediate, then every scratch buffer, each on a 256-byte boundary; an
+    intermediate that a program aliases to its source (FusedProgram.aliases) at the source's."""
+    aliases = dict(alias for program in programs for alias in program.aliases)
     buffers = []
+    placed: dict[int, int] = {}
     offset = 0
     for t in intermediates:
         size = largest_storage_extent(t.dim, t.stride) * t.data_type.itemsize
-        buffers.append(WorkspaceBuffer(offset, size, tensor=t.id))
-        offset = align(offset + size)
+        if t.id not in aliases:
+            buffers.append(WorkspaceBuffer(offset, size, tensor=t.id))
+            placed[t.id] = offset
+            offset = align(offset + size)
+    for t in intermediates:
+        if t.id in aliases:
+            source = aliases[t.id]
+            while source in aliases:
+                source = aliases[source]
+            size = largest_storage_extent(t.dim, t.stride) * t.data_type.itemsize
+            buffers.append(WorkspaceBuffer(placed[source], size, tensor=t.id))
     for index, program in enumerate(programs):
         for s in program.scratch:
             buffers.append(WorkspaceBuffer(offset, s.bytes, scratch=s.name, fused_index=index))

@@ -146,7 +146,9 @@ def numpy_llama_layer(
     scores = np.where(np.tril(np.ones((seq, seq), dtype=bool)), scores, -np.inf)
     p = np.exp(scores - scores.max(axis=-1, keepdims=True))
     o = bf16(p / p.sum(axis=-1, keepdims=True) @ v)
-    residual = bf16(x + bf16(np.sum(o @ w["wo"], axis=1, keepdims=True)))
+    batch, _, seq, _ = x.shape
+    concatenated = np.swapaxes(o, 1, 2).reshape(batch, 1, seq, -1)  # [B, 1, S, H * D]
+    residual = bf16(x + bf16(concatenated @ w["wo"]))
     n = rmsnorm(residual, w["mlp_norm.scale"])
     gate, up = bf16(n @ w["w_gate"]), bf16(n @ w["w_up"])
     act = bf16(bf16(gate / (1 + np.exp(-gate))) * up)

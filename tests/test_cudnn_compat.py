@@ -396,11 +396,26 @@ def test_sm_version_compiles_the_gpu_plan_without_a_gpu() -> None:
     np.testing.assert_array_equal(got, np.maximum(values, 0))
 
 
+def test_a_cuda_graph_needs_the_gpu_plan_and_device_buffers() -> None:
+    cpu = float_graph()
+    x = cpu.tensor(name="x", dim=[64])
+    y = cpu.relu(x).set_output(True)
+    cpu.build([cudnn.heur_mode.A])
+    with pytest.raises(UnsupportedError, match="built without a GPU"):
+        cpu.populate_cuda_graph(None, {x: 1 << 40, y: 2 << 40}, None, 0)
+
+    target = float_graph(sm_version=90)
+    x = target.tensor(name="x", dim=[64])
+    y = target.relu(x).set_output(True)
+    target.build([cudnn.heur_mode.A])
+    with pytest.raises(UnsupportedError, match="a CUDA graph runs on device buffers; this variant pack holds host"):
+        target.update_cuda_graph(None, {x: rand(64), y: np.empty(64, np.float32)}, None, 0)
+
+
 # -- what graphdnn cannot do, said in the frontend's terms --------------------------------------------------
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda g, x: g.populate_cuda_graph(x), "pygraph.populate_cuda_graph is not supported: a graphdnn Plan"),
         (
             lambda g, x: g.moe_grouped_matmul(x, x, x, x, x, cudnn.moe_grouped_matmul_mode.SCATTER, top_k=2),
             "mode SCATTER: graphdnn multiplies grouped rows",

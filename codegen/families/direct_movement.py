@@ -96,7 +96,19 @@ def _operands(fused: FusedNode) -> tuple[Tensor, Tensor]:
 
 
 def _program(ctx: EmitContext, fused: FusedNode, copies: list[Copy]) -> FusedProgram:
+    if len(copies) == 1 and _in_place(copies[0]):
+        return FusedProgram(fused.name, (), aliases=((copies[0].dst.id, copies[0].src.id),))
     return FusedProgram(fused.name, tuple(_copy_kernel(ctx, fused, c) for c in copies))
+
+
+def _in_place(c: Copy) -> bool:
+    """The copy leaves every element at the offset it had, between two intermediates of one
+    type: the destination can be the source's memory, and there is nothing to launch (an
+    attention output stored [B, S, H, D] seen as [B, S, H * D], a packed tensor reshaped)."""
+    if c.src_at is None or not (c.src.is_virtual and c.dst.is_virtual) or c.src.data_type is not c.dst.data_type:
+        return False
+    runs = _merged(c.dims, c.dst_at, c.src_at)
+    return c.dst_at.base == c.src_at.base == 0 and runs == [(numel(c.dims), 1, 1)]
 
 
 def _copy_kernel(ctx: EmitContext, fused: FusedNode, c: Copy) -> Kernel:

@@ -10,7 +10,7 @@ the NumPy reference plan: ``execute`` runs whichever the buffers' memory asks fo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..compiler import compile as compile_graph
 from ..dtypes import DataType, as_data_type
@@ -32,13 +32,14 @@ from .reordering import tiled
 from .spec import FrontendTensor, LenientSpec
 from .variant_pack import adapt
 
+if TYPE_CHECKING:
+    from ..runtime.launch import BoundPlan
+
 # Frontend calls graphdnn cannot serve, and why (AttributeError would not say).
 NOT_SUPPORTED = {
     "sdpa_fp8": "graphdnn's attention has no fp8 scaling tensors",
     "sdpa_fp8_backward": "graphdnn's attention has no fp8 scaling tensors",
     "moe_grouped_matmul_bwd": "graphdnn has no weight gradient of the grouped matmul",
-    "populate_cuda_graph": "a graphdnn Plan captures its own CUDA graph (Plan.bind(..., cuda_graph=True))",
-    "update_cuda_graph": "a graphdnn Plan captures its own CUDA graph (Plan.bind(..., cuda_graph=True))",
     "deselect_engines": "graphdnn builds one plan of its own kernels; there are no engines to choose",
     "deselect_numeric_notes": "graphdnn builds one plan of its own kernels; there are no engines to choose",
     "deselect_behavior_notes": "graphdnn builds one plan of its own kernels; there are no engines to choose",
@@ -99,6 +100,7 @@ class pygraph(FrontendOps):
         self._unread: set[TensorSpec] = set()  # inputs no node reads, as of the build
         self._ragged_outputs: list[PendingOutput] = []
         self._ragged_inputs: set[TensorSpec] = set()
+        self._graph_bindings: dict[int, BoundPlan] = {}  # what each populated CUDA graph refers to
 
     @property
     def spec(self) -> LenientSpec:
@@ -230,13 +232,50 @@ class pygraph(FrontendOps):
         if adapted.on_host:
             reference.execute(adapted.pack)
             return
+        self._gpu_plan().execute(adapted.pack, workspace, self._stream(handle))
+
+    def populate_cuda_graph(
+        self, handle: Handle | None, variant_pack: Mapping[Any, Any], workspace: Any, cuda_graph: Any
+    ) -> None:
+        """Put the plan's launches on the buffers of ``variant_pack`` into ``cuda_graph``, an
+        empty ``cudaGraph_t`` (an int or a cuda-bindings handle), as one chain of nodes. The
+        graph refers to memory this pygraph holds for it until the next update of that graph."""
+        bound = self._graph_binding(handle, variant_pack, workspace)
+        bound.record_into(int(cuda_graph))
+        self._graph_bindings[int(cuda_graph)] = bound
+
+    def update_cuda_graph(
+        self, handle: Handle | None, variant_pack: Mapping[Any, Any], workspace: Any, cuda_graph: Any
+    ) -> None:
+        """Point a graph that ``populate_cuda_graph`` filled (or its clone, such as a child
+        graph node's) at new buffers; apply it to an instantiated graph with
+        ``cudaGraphExecChildGraphNodeSetParams`` or ``cudaGraphExecUpdate`` before the next launch."""
+        bound = self._graph_binding(handle, variant_pack, workspace)
+        bound.update_graph(int(cuda_graph))
+        self._graph_bindings[int(cuda_graph)] = bound
+
+    def _graph_binding(self, handle: Handle | None, variant_pack: Mapping[Any, Any], workspace: Any) -> BoundPlan:
+        reference = self._built()
+        plan = self._gpu_plan()
+        adapted = adapt(reference.graph, self._spec, variant_pack, self._unread, True)
+        if adapted.on_host:
+            raise UnsupportedError(
+                f"graph '{self._spec.name}': a CUDA graph runs on device buffers; this variant pack holds host "
+                "memory (NumPy arrays or CPU tensors), which only execute() runs, on the NumPy reference plan"
+            )
+        return plan.bind(adapted.pack, workspace, self._stream(handle))
+
+    def _gpu_plan(self) -> PlanBase:
         if self._plan is None:
             raise UnsupportedError(
                 f"graph '{self._spec.name}' was built without a GPU (and without sm_version), so only host buffers "
                 "(NumPy arrays, CPU tensors) can run it, on the NumPy reference plan"
             )
+        return self._plan
+
+    def _stream(self, handle: Handle | None) -> Any:
         handle = handle if handle is not None else self._handle
-        self._plan.execute(adapted.pack, workspace, get_stream(handle) if handle is not None else None)
+        return get_stream(handle) if handle is not None else None
 
     def execute_plan_at_index(
         self, variant_pack: Mapping[Any, Any], workspace: Any, index: int, handle: Handle | None = None

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..program import ArgKind, DimRef, Launch
-from . import driver, nvtx_ranges, tensor_map
+from . import driver, graph_nodes, nvtx_ranges, tensor_map
 from .device_array import DeviceMemory
 from .modules import LoadedKernel
 
@@ -177,28 +177,63 @@ class BoundPlan:
         """Record the launches into a CUDA graph; later calls replay it with one cuGraphLaunch."""
         api = driver.api()
         with self.device.current():
-            capture_stream = driver.call(api.cuStreamCreate, int(api.CUstream_flags.CU_STREAM_NON_BLOCKING))
+            graph = driver.call(api.cuGraphCreate, 0)
             try:
-                calls = [(*arguments[:8], capture_stream, *arguments[9:]) for arguments in self._calls]
-                driver.call(
-                    api.cuStreamBeginCapture,
-                    capture_stream,
-                    api.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                )
-                try:
-                    self._copy_inputs(capture_stream)
-                    for i, arguments in enumerate(calls):
-                        status = self._launch_kernel(*arguments)[0]
-                        if status:
-                            self._failed(i, status)
-                finally:
-                    graph = driver.call(api.cuStreamEndCapture, capture_stream)
-                try:
-                    self._graph_exec = driver.call(api.cuGraphInstantiate, graph, 0)
-                finally:
-                    driver.call(api.cuGraphDestroy, graph)
+                self._record(graph)
+                self._graph_exec = driver.call(api.cuGraphInstantiate, graph, 0)
             finally:
-                driver.call(api.cuStreamDestroy, capture_stream)
+                driver.call(api.cuGraphDestroy, graph)
+
+    def record_into(self, graph: int) -> None:
+        """Add the launches to the caller's empty CUDA graph (``populate_cuda_graph``). The
+        graph refers to this binding's buffers: keep it alive while the graph may run."""
+        api = driver.api()
+        with self.device.current():
+            held = len(graph_nodes.nodes(api.CUgraph(graph)))
+            if held:
+                raise driver.CudaError(
+                    f"populate_cuda_graph takes an empty CUDA graph; this one holds {held} nodes (populate a new "
+                    "graph and add it to yours as a child graph node, as the cuDNN frontend does)"
+                )
+            self._record(api.CUgraph(graph))
+
+    def update_graph(self, graph: int) -> None:
+        """Point the nodes that :meth:`record_into` put in ``graph`` (or its clone) at this
+        binding's buffers (``update_cuda_graph``); the graph's topology stays as it was."""
+        api = driver.api()
+        with self.device.current():
+            steps = graph_nodes.chain(api.CUgraph(graph), ["memcpy"] * len(self.copies) + ["kernel"] * len(self._calls))
+            for node, step in zip(steps, self.copies):
+                parameters = graph_nodes.copy_parameters(step.destination.pointer, step.source, step.destination.nbytes)
+                driver.call(api.cuGraphMemcpyNodeSetParams, node, parameters)
+            for node, call in zip(steps[len(self.copies) :], self._calls):
+                driver.call(api.cuGraphKernelNodeSetParams, node, graph_nodes.kernel_parameters(call))
+
+    def _record(self, graph: Any) -> None:
+        """Capture the input copies and the launches, in order, into ``graph``."""
+        api = driver.api()
+        capture_stream = driver.call(api.cuStreamCreate, int(api.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        try:
+            calls = [(*arguments[:8], capture_stream, *arguments[9:]) for arguments in self._calls]
+            driver.call(
+                api.cuStreamBeginCaptureToGraph,
+                capture_stream,
+                graph,
+                None,
+                None,
+                0,
+                api.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            try:
+                self._copy_inputs(capture_stream)
+                for i, arguments in enumerate(calls):
+                    status = self._launch_kernel(*arguments)[0]
+                    if status:
+                        self._failed(i, status)
+            finally:
+                driver.call(api.cuStreamEndCapture, capture_stream)
+        finally:
+            driver.call(api.cuStreamDestroy, capture_stream)
 
     def _arguments(self, index: int, stream: Any) -> tuple[Any, ...]:
         launch = self.launches[index]
