@@ -184,14 +184,15 @@ def test_pipelined_matches_reference_on_the_cpu(
     check(graph, dict(zip(keys, choice)), tmp_path_factory, marker="the next rows' loads")
 
 
-@pytest.mark.parametrize("per_thread", [2, 4])
-def test_rnn_backward_step_threads_of_several_sequences_on_the_cpu(
-    per_thread: int, tmp_path_factory: pytest.TempPathFactory
+@pytest.mark.parametrize("per_block", [1, 2, 16])
+def test_rnn_backward_step_blocks_of_several_sequences_on_the_cpu(
+    per_block: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The backward step's threads summing dh for ``per_thread`` sequences (5 of them: the last
-    group ragged), GRU (its two gate gradients) both ways with lengths."""
-    graph = direct_cases.rnn_graph("float", "gru", 3, 5, 4, 6, 1, True, lengths="int32", kind="rnn_backward")
-    check(graph, {"rnn_backward_sequences": per_thread}, tmp_path_factory)
+    """The backward step's blocks summing dh for ``per_block`` sequences (5 of them: the last
+    group ragged; 16: more than the block's warps, so each updates two), 37 units (two blocks of
+    32, lanes past H idle), GRU (its two gate gradients) both ways with lengths."""
+    graph = direct_cases.rnn_graph("float", "gru", 3, 5, 4, 37, 1, True, lengths="int32", kind="rnn_backward")
+    check(graph, {"rnn_backward_sequences": per_block}, tmp_path_factory)
 
 
 def check(

@@ -1,16 +1,18 @@
-"""One step of an RNN layer's backward pass, both directions, all sequences: a thread per
-(direction, sequence, hidden unit k).
+"""One step of an RNN layer's backward pass, both directions, all sequences: a block per
+direction, 32 hidden units (a unit per lane) and NB sequences.
 
 Launch s of a layer's T + 1 handles the forward step t = T - 1 - s of the forward direction and
 t = s of the reverse one (each direction's sequence backwards). The gradient of the state step t
-left is what the thread carried from the launch before (dhy at s 0), plus the gate gradients of
-the step after t times column k of W_hh (a G*H-long sum over that step's dgates, which the
-previous launch completed: kernel boundaries are the synchronisation, as in the forward's step
-kernel), plus dy at t. With the reserve's activated gates the cell's backward gives the step's
-dgates for unit k (written for the products over all steps, rnn_backward_sums.py) and what it
-carries to the launch after: LSTM's cell gradient, GRU's z * dh. Past a sequence's length the
-step's dgates are 0 and the gradients pass through. Launch T only finishes the sum and writes
-dhx and dcx.
+left is what was carried from the launch before (dhy at s 0), plus the gate gradients of the
+step after t times column k of W_hh (a G*H-long sum over that step's dgates, which the previous
+launch completed: kernel boundaries are the synchronisation, as in the forward's step kernel),
+plus dy at t. The block's warps split the G*H rows of W_hh (a warp reads 32 consecutive units of
+a row, and each element serves the block's NB sequences), their partial sums meet in shared
+memory, then warp w updates the cells of sequences w, w + 8, ...: with the reserve's activated
+gates the cell's backward gives the step's dgates for unit k (written for the products over all
+steps, rnn_backward_sums.py) and what it carries to the launch after: the state's gradient
+past a length, LSTM's cell gradient, GRU's z * dh. Past a sequence's length the step's dgates
+are 0 and the gradients pass through. Launch T only finishes the sum and writes dhx and dcx.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .direct_common import THREADS, declare, make_kernel, read, written
 from .rnn_layer import STEP, RnnLayer, advance_step, by_direction, launch_choice
 
 DGATES, DGATES_H, CARRY_H, CARRY_C = "rnn_dgates", "rnn_dgates_h", "rnn_dh", "rnn_dc"
-SEQUENCES = "rnn_backward_sequences"  # the launch choice: sequences per step thread
+SEQUENCES = "rnn_backward_sequences"  # the launch choice: sequences per step block
 MAX_SEQUENCES = 16
 
 
@@ -85,9 +87,9 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         "c_prev": f"started ? {saved('before', LSTM_CELL_FIELD)} : {state(cx)}",
     }
     finals = [(dhx, out_dhx, "dh"), (dcx, out_dcx, "dc")]
-    per_thread = sequences_per_thread(layer, ctx)
+    per_block = sequences_per_block(layer, ctx)
     cell = [
-        f"{c} dh = (step == 0 ? {state(dhy)} : {carry_h}[at]) + acc[q];",
+        f"{c} dh = (step == 0 ? {state(dhy)} : {carry_h}[at]) + sum;",
         *([f"{c} dc = step == 0 ? {state(dcy)} : {carry_c}[at];"] if lstm else []),
         "if (step == T) {",
         *(
@@ -114,52 +116,56 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         "}",
     ]
     weight = by_direction(d, "dir", [element(w, ["r", "k"]) for w in w_hh])
+    units = -(-layer.hidden // 32)
     body = [
         f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, G = {layer.gates}, D = {d};",
-        f"constexpr int NB = {per_thread}, GROUPS = (N + NB - 1) / NB;  // sequences per thread",
-        f"const int dir = blockIdx.y, i = blockIdx.x * {THREADS} + threadIdx.x;",
+        f"constexpr int NB = {per_block}, WARPS = {THREADS // 32};  // the block's sequences; warps split W_hh's rows",
+        "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, dir = blockIdx.y;",
+        f"const int n0 = blockIdx.x / {units} * NB, k = blockIdx.x % {units} * 32 + lane;  // unit k of lane",
         f"const int step = (int)*(volatile unsigned*)&{counter}[0];",
-        "if (i < GROUPS * H) {",
-        "  const int n0 = i / H * NB, k = i % H;",
-        f"  const int index = {layer.layer * d} + dir;  // of this layer and direction in dhy, dhx",
-        "  const int t = dir ? step : T - 1 - step;  // the forward step this launch differentiates (none at step T)",
-        f"  {c} acc[NB];",
+        f"const int index = {layer.layer * d} + dir;  // of this layer and direction in dhy, dhx",
+        "const int t = dir ? step : T - 1 - step;  // the forward step this launch differentiates (none at step T)",
+        f"__shared__ {c} partial[WARPS][NB][32];  // each warp's share of the sums",
+        f"{c} acc[NB];",
         "#pragma unroll",
-        "  for (int q = 0; q < NB; ++q) acc[q] = 0;",
-        "  if (step > 0) {  // what the step after t sends back through W_hh, W_hh's column k read once for NB sequences",
-        "    const int later = dir ? t - 1 : t + 1;",
-        f"    const {c}* const dg = {dgates_h} + ((long long)later * N + n0) * (D * G * H) + dir * (G * H);",
-        "    long long row[NB];  // sequences past N read the last one's (their sums are dropped)",
+        "for (int q = 0; q < NB; ++q) acc[q] = 0;",
+        "if (step > 0 && k < H) {  // what the step after t sends back through W_hh: column k, the warp's rows",
+        "  const int later = dir ? t - 1 : t + 1;",
+        f"  const {c}* const dg = {dgates_h} + ((long long)later * N + n0) * (D * G * H) + dir * (G * H);",
+        "  long long row[NB];  // sequences past N read the last one's (their sums are dropped)",
         "#pragma unroll",
-        "    for (int q = 0; q < NB; ++q) row[q] = (long long)(n0 + q < N ? q : N - 1 - n0) * (D * G * H);",
-        "    for (int r = 0; r < G * H; ++r) {",
-        f"      const {c} w = {weight};",
+        "  for (int q = 0; q < NB; ++q) row[q] = (long long)(n0 + q < N ? q : N - 1 - n0) * (D * G * H);",
+        "  for (int r = warp; r < G * H; r += WARPS) {",
+        f"    const {c} w = {weight};",
         "#pragma unroll",
-        "      for (int q = 0; q < NB; ++q) acc[q] += dg[row[q] + r] * w;",
-        "    }",
+        "    for (int q = 0; q < NB; ++q) acc[q] += dg[row[q] + r] * w;",
         "  }",
-        "  for (int q = 0; q < NB && n0 + q < N; ++q) {",
-        "    const int n = n0 + q;",
-        "    const long long at = ((long long)dir * N + n) * H + k;",
-        *("    " + line for line in cell),
-        "  }",
+        "}",
+        "#pragma unroll",
+        "for (int q = 0; q < NB; ++q) partial[warp][q][lane] = acc[q];",
+        "__syncthreads();",
+        "for (int q = warp; q < NB && n0 + q < N && k < H; q += WARPS) {  // the cells: warp w takes sequences w, w + WARPS..",
+        "  const int n = n0 + q;",
+        "  const long long at = ((long long)dir * N + n) * H + k;",
+        f"  {c} sum = 0;",
+        "  for (int w = 0; w < WARPS; ++w) sum += partial[w][q][lane];",
+        *("  " + line for line in cell),
         "}",
         *advance_step(counter),
     ]
     pattern = f"rnn_{a.mode.value}_layer{layer.layer}_backward_step"
-    groups = -(-layer.batch // per_thread)
-    return make_kernel(ctx, fused, pattern, params, body, (-(-groups * layer.hidden // THREADS), d, 1))
+    grid = (units * -(-layer.batch // per_block), d, 1)
+    return make_kernel(ctx, fused, pattern, params, body, grid)
 
 
-def sequences_per_thread(layer: RnnLayer, ctx: EmitContext) -> int:
-    """The ``rnn_backward_sequences`` launch choice: sequences each step thread sums dh for, reading
-    W_hh's column once for all of them (default: as many as keep about two blocks per SM busy)."""
-    default = 1
-    while (
-        default < MAX_SEQUENCES
-        and -(-layer.batch // (2 * default)) * layer.hidden * layer.directions >= 2 * sm_count(ctx.arch) * THREADS
-    ):
-        default *= 2
+def sequences_per_block(layer: RnnLayer, ctx: EmitContext) -> int:
+    """The ``rnn_backward_sequences`` launch choice: the sequences a step block sums dh for, each
+    W_hh element it reads serving all of them (default: 16, halved while that leaves fewer
+    blocks than SMs, and no more than the batch needs)."""
+    default = min(MAX_SEQUENCES, 1 << (layer.batch - 1).bit_length())
+    units = -(-layer.hidden // 32) * layer.directions
+    while default > 1 and units * -(-layer.batch // default) < sm_count(ctx.arch):
+        default //= 2
     allowed = [1 << p for p in range(MAX_SEQUENCES.bit_length())]
     value = launch_choice(ctx, layer.node.name, SEQUENCES, default, allowed, f"a power of 2 up to {MAX_SEQUENCES}")
     return int(value)  # type: ignore[call-overload]

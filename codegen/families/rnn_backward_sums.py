@@ -5,7 +5,7 @@ fp32 accumulation, the operands rounded to the weights' fp16 / bf16 type as they
 from sm_80 with a float compute type, as cuDNN keeps its gradients in the data type; FMA
 tiles in the compute type otherwise).
 
-- ``weight_kernel(..., "ih")``: per direction (blockIdx.z), dW_ih [G*H, W] = dgates^T x over
+- ``weight_kernel(..., "ih")``: per direction (blockIdx.y's quotient), dW_ih [G*H, W] = dgates^T x over
   the T*N (step, sequence) pairs, with a column of ones past x's W columns for db_ih;
 - ``weight_kernel(..., "hh")``: dW_hh [G*H, H] = dgates^T h_prev (the state before each step:
   the reserve's h of the step before, or hx), a column of ones for db_hh (GRU's h-side gate
@@ -30,7 +30,7 @@ from ..kernel import Kernel
 from .direct_common import declare, make_kernel, read, written
 from .rnn_backward_step import DGATES, DGATES_H, grad_buffer, sequence_length
 from .rnn_layer import RnnLayer, by_direction
-from .rnn_projection import MMA_MIN_ARCH, TileSources, tile_product, with_mma_functions
+from .rnn_projection import MMA_MIN_ARCH, TileSources, tile_product, tile_shape, with_mma_functions
 from .tensor_core import TENSOR_CORE_TYPES
 
 TILE_INDEX = "const int m = bm + i / BK, k = k0 + i % BK;"  # A's staged element i
@@ -103,21 +103,22 @@ def weight_kernel(layer: RnnLayer, ctx: EmitContext, which: str) -> Kernel | Non
             f"if (m < GM && column < GN) {out}[{offset_at(dweights, [position])}] = {store(dweights.data_type, value)};"
         ]
 
-    tile, product = tile_product(sources, operand, c, stores)
+    block_m, block_n = tile_shape(operand)
+    column_blocks = -(-(columns + 1) // block_n)
     body = [
         f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, GH = {layer.gates * layer.hidden};",
         f"constexpr int D = {d}, W = {layer.width};",
         f"constexpr int GM = GH, GN = {columns} + 1, GK = T * N;  // a column of ones for the bias",
-        "const int dir = blockIdx.z;",
+        f"const int dir = blockIdx.y / {column_blocks};",
         *(
             [f"const int index = {layer.layer * d} + dir;  // of this layer and direction in hx"]
             if which == "hh"
             else []
         ),
-        *product,
+        *tile_product(sources, operand, c, stores, column_blocks),
     ]
     pattern = f"rnn_{a.mode.value}_layer{layer.layer}_backward_weights_{which}"
-    grid = (-(-layer.gates * layer.hidden // tile[0]), -(-(columns + 1) // tile[1]), d)
+    grid = (-(-layer.gates * layer.hidden // block_m), column_blocks * d, 1)
     kernel = make_kernel(ctx, layer.fused, pattern, params, body, grid)
     return with_mma_functions(kernel, operand) if operand is not None else kernel
 
@@ -147,14 +148,15 @@ def input_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel | None:
         converted = store(value_type, value) if value_type is not None else value
         return [f"if (m < GM && column < GN) {target} = {converted};"]
 
-    tile, product = tile_product(sources, operand, c, stores)
+    block_m, block_n = tile_shape(operand)
+    column_blocks = -(-layer.width // block_n)
     body = [
         f"constexpr int N = {layer.batch}, GH = {layer.gates * layer.hidden};",
         f"constexpr int GM = {layer.steps} * N, GN = {layer.width}, GK = {d} * GH;",
-        *product,
+        *tile_product(sources, operand, c, stores, column_blocks),
     ]
     pattern = f"rnn_{a.mode.value}_layer{layer.layer}_backward_input"
-    grid = (-(-layer.steps * layer.batch // tile[0]), -(-layer.width // tile[1]), 1)
+    grid = (-(-layer.steps * layer.batch // block_m), column_blocks, 1)
     kernel = make_kernel(ctx, layer.fused, pattern, params, body, grid)
     return with_mma_functions(kernel, operand) if operand is not None else kernel
 

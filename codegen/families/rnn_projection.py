@@ -163,24 +163,30 @@ def staged_loop(sources: TileSources, operand: DataType | None, c: str) -> list[
     ]
 
 
+def tile_shape(operand: DataType | None) -> tuple[int, int]:
+    """(BM, BN) of the projection's tiles for ``operand`` (None: the FMA tiles)."""
+    block_m, block_n, _, _ = MMA_TILE if operand is not None else FMA_TILE
+    return block_m, block_n
+
+
 def tile_product(
-    sources: TileSources, operand: DataType | None, c: str, stores: Callable[[str], list[str]]
-) -> tuple[tuple[int, int], list[str]]:
+    sources: TileSources, operand: DataType | None, c: str, stores: Callable[[str], list[str]], column_blocks: int
+) -> list[str]:
     """A whole tile-product kernel body after its GM, GN, GK constants, with the projection's
-    tiles (mma.sync for ``operand``, else FMAs in ``c``): block (bm, bn) from blockIdx.x and y,
-    then ``stores(value)`` for each element, with m and column defined. Returns the tile's (BM,
-    BN), which the grid is counted in, and the lines."""
+    tiles (mma.sync for ``operand``, else FMAs in ``c``; :func:`tile_shape`): block (bm, bn) from
+    blockIdx.x and blockIdx.y % ``column_blocks`` (the quotient is the caller's: a batch index),
+    then ``stores(value)`` for each element, with m and column defined."""
     block_m, block_n, block_k, stride = MMA_TILE if operand is not None else FMA_TILE
     staged = cuda_type(operand) if operand is not None else c
     body = [
         f"constexpr int BM = {block_m}, BN = {block_n}, BK = {block_k}, STRIDE = {stride};",
-        "const int bm = blockIdx.x * BM, bn = blockIdx.y * BN, tid = threadIdx.x;",
+        f"const int bm = blockIdx.x * BM, bn = blockIdx.y % {column_blocks} * BN, tid = threadIdx.x;",
         f"__shared__ __align__(16) {staged} as[BM * STRIDE], bs[BN * STRIDE];",
         *(_mma_setup(c) if operand is not None else _fma_setup(c)),
         *staged_loop(sources, operand, c),
         *(_mma_epilogue if operand is not None else _fma_epilogue)(stores),
     ]
-    return (block_m, block_n), body
+    return body
 
 
 def with_mma_functions(kernel: Kernel, operand: DataType) -> Kernel:
