@@ -66,4 +66,4 @@ def _reset(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     params = KernelParams()
     counter = params.scratch(STEP, "unsigned")
     body = [f"if (blockIdx.x == 0 && threadIdx.x == 0) {{ {counter}[0] = 0; {counter}[1] = 0; }}"]
-    return make_kernel(ctx, layer.fused, f"rnn_backward_layer{layer.layer}_reset", params, body, (1, 1, 1))
+    return make_kernel(ctx, layer.fused, "rnn_backward_reset", params, body, (1, 1, 1))
