@@ -832,6 +832,17 @@ def rnn_training_backward_gru_tensor_cores_half() -> gd.OperationGraphSpec:
     return rnn_graph("half", "gru", 3, 5, 6, 24, 2, True, lengths="int32", kind="rnn_training_backward")
 
 
+@case()
+def rnn_training_backward_lstm_rearranged_half() -> gd.OperationGraphSpec:
+    # T*N and D*G*H whole 16-byte pieces: the all-step GEMMs read rearranged operands in pieces
+    return rnn_graph("half", "lstm", 4, 2, 8, 6, 2, True, lengths="int32", kind="rnn_training_backward")
+
+
+@case()
+def rnn_backward_gru_rearranged_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "gru", 2, 4, 5, 8, 2, True, lengths="int32", kind="rnn_backward")
+
+
 @case(gpu_only=True)
 def rnn_training_backward_lstm_wide_half() -> gd.OperationGraphSpec:
     return rnn_graph("half", "lstm", 16, 24, 64, 256, 2, False, kind="rnn_training_backward")

@@ -156,6 +156,8 @@ GRAPHS = [
             "rnn_backward_tanh_three_layers_float",
             "rnn_training_backward_lstm_lengths_float",
             "rnn_training_backward_gru_tensor_cores_half",
+            "rnn_training_backward_lstm_rearranged_half",
+            "rnn_backward_gru_rearranged_half",
         ],
     ),
 ]

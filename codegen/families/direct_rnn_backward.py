@@ -22,7 +22,9 @@ Scratch, in the compute type:
 - ``rnn_step`` (two unsigned ints): the launch's step and the ticket that finds its last
   block (as the forward's step kernel), reset by a one-thread kernel before each layer;
 - ``rnn_grad0`` / ``rnn_grad1`` [T, N, D*H]: the output gradient of the layers below the top
-  (alternating, so that a layer never writes the one it reads).
+  (alternating, so that a layer never writes the one it reads);
+- on the tensor cores, where the sums' extents are whole 16-byte pieces, the GEMMs' operands
+  rearranged into 16-bit scratch (rnn_backward_operands.py lists them).
 """
 
 from __future__ import annotations
@@ -33,18 +35,23 @@ from graphdnn.ops.rnn import RnnMode
 from ..context import EmitContext, KernelParams
 from ..kernel import FusedProgram, Kernel, Scratch
 from .direct_common import make_kernel
+from .rnn_backward_operands import operand_kernels, rearranged
+from .rnn_backward_operands import scratch as rearranged_scratch
 from .rnn_backward_step import CARRY_C, CARRY_H, DGATES, DGATES_H, grad_buffer, step_kernel
-from .rnn_backward_sums import input_kernel, weight_kernel
+from .rnn_backward_sums import input_kernel, operand_type, weight_kernel
 from .rnn_layer import STEP, RnnLayer
 
 
 def emit_rnn_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
     first = RnnLayer.of(fused, 0)
     a, size = first.a, first.element_bytes
+    operand = operand_type(first, ctx.arch)  # the same for every layer
     kernels: list[Kernel] = []
     for index in reversed(range(a.num_layers)):
         layer = RnnLayer.of(fused, index)
         kernels += [_reset(layer, ctx), *[step_kernel(layer, ctx)] * (layer.steps + 1)]
+        if operand is not None and rearranged(layer, operand):
+            kernels += operand_kernels(layer, ctx, operand)
         products = (weight_kernel(layer, ctx, "ih"), weight_kernel(layer, ctx, "hh"), input_kernel(layer, ctx))
         kernels += [k for k in products if k is not None]
     dgates = first.steps * first.batch * a.directions * first.gates * a.hidden_size * size
@@ -58,6 +65,9 @@ def emit_rnn_backward(fused: FusedNode, ctx: EmitContext) -> FusedProgram:
         Scratch(STEP, 8),
         *(Scratch(grad_buffer(i), outputs) for i in range(min(2, a.num_layers - 1))),
     ]
+    if operand is not None and rearranged(first, operand):
+        widest = max(first.width, a.directions * a.hidden_size if a.num_layers > 1 else 0)
+        scratch += rearranged_scratch(first, widest, operand)
     return FusedProgram(fused.name, tuple(kernels), tuple(scratch))
 
 

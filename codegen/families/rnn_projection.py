@@ -170,20 +170,32 @@ def tile_shape(operand: DataType | None) -> tuple[int, int]:
 
 
 def tile_product(
-    sources: TileSources, operand: DataType | None, c: str, stores: Callable[[str], list[str]], column_blocks: int
+    sources: TileSources | VectorSources,
+    operand: DataType | None,
+    c: str,
+    stores: Callable[[str], list[str]],
+    column_blocks: int,
 ) -> list[str]:
     """A whole tile-product kernel body after its GM, GN, GK constants, with the projection's
     tiles (mma.sync for ``operand``, else FMAs in ``c``; :func:`tile_shape`): block (bm, bn) from
     blockIdx.x and blockIdx.y % ``column_blocks`` (the quotient is the caller's: a batch index),
-    then ``stores(value)`` for each element, with m and column defined."""
+    then ``stores(value)`` for each element, with m and column defined. ``VectorSources`` (with
+    an ``operand``: rows contiguous in k, whole pieces apart, GK a whole number of pieces) take
+    the pipelined loop of 16-byte pieces (rnn_projection_vector.py)."""
     block_m, block_n, block_k, stride = MMA_TILE if operand is not None else FMA_TILE
     staged = cuda_type(operand) if operand is not None else c
+    vector = isinstance(sources, VectorSources)
+    if isinstance(sources, VectorSources):
+        assert operand is not None
+        loop = vector_loop(sources, staged, _mma_products("at", "bt"))
+    else:
+        loop = staged_loop(sources, operand, c)
     body = [
         f"constexpr int BM = {block_m}, BN = {block_n}, BK = {block_k}, STRIDE = {stride};",
         f"const int bm = blockIdx.x * BM, bn = blockIdx.y % {column_blocks} * BN, tid = threadIdx.x;",
-        f"__shared__ __align__(16) {staged} as[BM * STRIDE], bs[BN * STRIDE];",
+        f"__shared__ __align__(16) {staged} as[{2 if vector else 1} * BM * STRIDE], bs[{2 if vector else 1} * BN * STRIDE];",
         *(_mma_setup(c) if operand is not None else _fma_setup(c)),
-        *staged_loop(sources, operand, c),
+        *loop,
         *(_mma_epilogue if operand is not None else _fma_epilogue)(stores),
     ]
     return body
