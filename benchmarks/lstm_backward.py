@@ -6,7 +6,7 @@ weight's gradient), at benchmarks/lstm_shapes.py's shapes (SHAPES: classic.py's 
 
 graphdnn's gradients are compared with torch's in the same run (relative error of dx and of
 the flat weight gradient); each backward row has its kernels' device time by kind (the
-step kernels, the all-step GEMMs) from one call under torch.profiler, and ``--sequences``
+step kernels, the all-step GEMMs and their operands' rearrangement) from one call under torch.profiler, and ``--sequences``
 times launch choices of the step kernel (sequences per thread) side by side. The floor of the backward: per step, W_hh (4 H x H fp16) read
 once at the copy bandwidth (the recurrence, T launches a layer), plus the all-step products
 (dW_ih, dW_hh, dx: 3 x 2 T N 4H H flops) at the bf16 matrix rate, both measured here.
@@ -32,6 +32,15 @@ from codegen.families.rnn_backward_step import SEQUENCES  # noqa: E402
 from fusion_rules import fuse  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
+
+
+# The backward's kernels by kind, for the breakdown: the operands rearranged for the GEMMs
+# (rnn_backward_operands.py), the step kernels, the all-step GEMMs.
+KINDS = {
+    "rearrange": ("dgates_t", "dgates_h_t", "input_t", "h_prev_t", "w_ih_t"),
+    "step": ("backward_step",),
+    "gemms": ("backward_weights", "backward_input"),
+}
 
 
 def graphs(steps: int, batch: int, hidden: int, layers: int) -> tuple[gd.OperationGraphSpec, gd.OperationGraphSpec]:
@@ -90,7 +99,7 @@ def measure(
     ours_forward = median_us(forward)
 
     def error(got: torch.Tensor, expected: torch.Tensor) -> float:
-        return float((got.float() - expected.float()).norm() / expected.float().norm())
+        return float((got.detach().float() - expected.detach().float()).norm() / expected.detach().float().norm())
 
     rows: list[dict[str, object]] = []
     (fused,) = fuse(backward_ir).nodes
@@ -120,7 +129,7 @@ def measure(
                 "torch_over_ours_training": round((torch_forward + torch_backward) / (ours_forward + ours_backward), 3),
                 "backward_floor_us": round(floor_us(ceilings, steps, batch, hidden, layers), 1),
                 "backward_launches": len(backward_plan.kernels),
-                **breakdown(backward, {"step": ("backward_step",), "products": ("backward_weights", "backward_input")}),
+                **breakdown(backward, KINDS),
             }
         )
     return rows
