@@ -33,7 +33,6 @@ from fusion_rules import fuse  # noqa: E402
 from graphdnn.random_inputs import random_inputs  # noqa: E402
 from graphdnn.runtime.frameworks import empty_torch, to_torch  # noqa: E402
 
-
 # The backward's kernels by kind, for the breakdown: the operands rearranged for the GEMMs
 # (rnn_backward_operands.py), the step kernels, the all-step GEMMs.
 KINDS = {
