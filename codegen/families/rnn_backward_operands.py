@@ -2,8 +2,8 @@
 that each row runs along the GEMM's k in the tensor cores' 16-bit type: then the GEMMs take the
 forward projection's pipelined loop of 16-byte pieces instead of staging element by element.
 
-Per layer, one kernel per operand, a thread per element it writes (consecutive threads,
-consecutive elements), into scratch:
+Per layer, one kernel per operand, transposing through 32 x 32 tiles of shared memory (reads
+along the source's rows, writes along the scratch's), into scratch:
 
 - ``rnn_dgates_t`` [D*G*H, T*N]: the step kernels' gate gradients transposed (k: the
   (step, sequence) pairs of dW's sums); ``rnn_dgates_h_t`` the same of GRU's h-side ones;
@@ -129,18 +129,29 @@ def _kernel(
     cols: int,
     value_of: Callable[[KernelParams], tuple[list[str], str]],
 ) -> Kernel:
-    """A thread per element (row, col) of the [rows, cols] scratch ``name``: the ``value_of``
-    lines, then its value rounded to ``operand``."""
+    """The [rows, cols] scratch ``name``, element (row, col) the ``value_of`` value (after its
+    lines) rounded to ``operand``, through 32 x 32 tiles of shared memory: every source runs
+    along ``row`` and the scratch along ``col``, so lanes read consecutive rows, then write
+    consecutive columns."""
     params = KernelParams()
     target = params.scratch(name, cuda_type(operand))
     lines, value = value_of(params)
     body = [
-        f"const long long i = (long long)blockIdx.x * {THREADS} + threadIdx.x;",
-        f"if (i < (long long){rows} * {cols}) {{",
-        f"  const int row = (int)(i / {cols}), col = (int)(i % {cols});",
-        *("  " + line for line in lines),
-        f"  {target}[i] = {store(operand, value)};",
+        f"constexpr int ROWS = {rows}, COLS = {cols};",
+        f"__shared__ {layer.compute} tile[32][33];",
+        "const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;",
+        f"for (int slot = ty; slot < 32; slot += {THREADS // 32}) {{",
+        "  const int row = r0 + tx, col = c0 + slot;",
+        "  if (row < ROWS && col < COLS) {",
+        *("    " + line for line in lines),
+        f"    tile[slot][tx] = {value};",
+        "  }",
+        "}",
+        "__syncthreads();",
+        f"for (int slot = ty; slot < 32; slot += {THREADS // 32}) {{",
+        "  const int row = r0 + slot, col = c0 + tx;",
+        f"  if (row < ROWS && col < COLS) {target}[(long long)row * COLS + col] = {store(operand, 'tile[tx][slot]')};",
         "}",
     ]
     pattern = f"rnn_{layer.a.mode.value}_layer{layer.layer}_backward_{what}"
-    return make_kernel(ctx, layer.fused, pattern, params, body, (-(-rows * cols // THREADS), 1, 1))
+    return make_kernel(ctx, layer.fused, pattern, params, body, (-(-cols // 32), -(-rows // 32), 1))
