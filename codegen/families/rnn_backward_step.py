@@ -7,7 +7,8 @@ left is what was carried from the launch before (dhy at s 0), plus the gate grad
 step after t times column k of W_hh (a G*H-long sum over that step's dgates, which the previous
 launch completed: kernel boundaries are the synchronisation, as in the forward's step kernel),
 plus dy at t. The block's warps split the G*H rows of W_hh (a warp reads 32 consecutive units of
-a row, and each element serves the block's NB sequences), their partial sums meet in shared
+a row, and each element serves the block's NB sequences; in float, where G*H is a multiple of
+4, four rows a pass, each sequence's four dgates one 16-byte load), their partial sums meet in shared
 memory, then warp w updates the cells of sequences w, w + 8, ...: with the reserve's activated
 gates the cell's backward gives the step's dgates for unit k (written for the products over all
 steps, rnn_backward_sums.py) and what it carries to the launch after: the state's gradient
@@ -115,7 +116,29 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         *([f"  {carry_c}[at] = dc;"] if lstm else []),
         "}",
     ]
-    weight = by_direction(d, "dir", [element(w, ["r", "k"]) for w in w_hh])
+
+    def weight(r: str) -> str:
+        return by_direction(d, "dir", [element(w, [r, "k"]) for w in w_hh])
+
+    if c == "float" and layer.gates * layer.hidden % 4 == 0:  # dgates rows of whole float4s
+        product = [
+            "for (int r = warp * 4; r < G * H; r += WARPS * 4) {  // 4 rows a pass: one 16-byte dgates load each",
+            f"  const float w0 = {weight('r')}, w1 = {weight('r + 1')}, w2 = {weight('r + 2')}, w3 = {weight('r + 3')};",
+            "#pragma unroll",
+            "  for (int q = 0; q < NB; ++q) {",
+            "    const float4 g = *reinterpret_cast<const float4*>(&dg[row[q] + r]);",
+            "    acc[q] += g.x * w0 + g.y * w1 + g.z * w2 + g.w * w3;",
+            "  }",
+            "}",
+        ]
+    else:
+        product = [
+            "for (int r = warp; r < G * H; r += WARPS) {",
+            f"  const {c} w = {weight('r')};",
+            "#pragma unroll",
+            "  for (int q = 0; q < NB; ++q) acc[q] += dg[row[q] + r] * w;",
+            "}",
+        ]
     units = -(-layer.hidden // 32)
     body = [
         f"constexpr int T = {layer.steps}, N = {layer.batch}, H = {layer.hidden}, G = {layer.gates}, D = {d};",
@@ -135,11 +158,7 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         "  long long row[NB];  // sequences past N read the last one's (their sums are dropped)",
         "#pragma unroll",
         "  for (int q = 0; q < NB; ++q) row[q] = (long long)(n0 + q < N ? q : N - 1 - n0) * (D * G * H);",
-        "  for (int r = warp; r < G * H; r += WARPS) {",
-        f"    const {c} w = {weight};",
-        "#pragma unroll",
-        "    for (int q = 0; q < NB; ++q) acc[q] += dg[row[q] + r] * w;",
-        "  }",
+        *("  " + line for line in product),
         "}",
         "#pragma unroll",
         "for (int q = 0; q < NB; ++q) partial[warp][q][lane] = acc[q];",
