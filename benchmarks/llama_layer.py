@@ -3,13 +3,12 @@ against the same layer in eager PyTorch and under torch.compile (issue 10's end-
 
     PYTHONPATH=. python benchmarks/llama_layer.py [--size example|1b|all] [--kernels]   # on a GPU
 
-The graph is the example's: RMSNorm, per-head Q/K/V projections, rotate-half RoPE written from
-primitives (folded into the attention kernel by the rotary rule), causal GQA sdpa, the heads
-concatenated (transpose + reshape) for one output projection, the residual, RMSNorm, the SwiGLU MLP and its
-residual; bf16. The torch peer is the layer as a torch user writes it (Hugging Face's Llama:
-[hidden, H*D] projections on the flattened per-head weights, cos/sin tables made once,
-``F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)``), so the peer does not pay for
-the example's per-head weight layout. graphdnn's output is checked
+The graph is the example's: RMSNorm, the Q/K/V projections split into heads (reshape and
+transpose, launching nothing), rotate-half RoPE written from primitives (folded into the
+attention kernel by the rotary rule), causal GQA sdpa, the heads concatenated for the output
+projection, the residual, RMSNorm, the SwiGLU MLP and its residual; bf16. The torch peer is the
+same layer as Hugging Face's Llama writes it (cos/sin tables made once, outside the timing;
+``F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)``). graphdnn's output is checked
 against the eager layer (relative error <= 3e-2, bf16 throughout) before any timing; times are
 medians of CUDA events with the L2 flushed (benchmarks/measure.py). ``--kernels`` adds
 graphdnn's per-kernel times.
@@ -73,12 +72,12 @@ def inputs(size: Size) -> dict[str, Any]:
         return (torch.randn(*dims, device="cuda") / math.sqrt(fan_in)).to(torch.bfloat16)
 
     return {
-        "x": torch.randn(size.batch, 1, size.seq, h, device="cuda", dtype=torch.bfloat16),
-        "attn_norm.scale": (1 + 0.1 * torch.randn(1, 1, 1, h, device="cuda")).to(torch.bfloat16),
-        "mlp_norm.scale": (1 + 0.1 * torch.randn(1, 1, 1, h, device="cuda")).to(torch.bfloat16),
-        "wq": weight(size.heads, h, d, fan_in=h),
-        "wk": weight(size.kv_heads, h, d, fan_in=h),
-        "wv": weight(size.kv_heads, h, d, fan_in=h),
+        "x": torch.randn(size.batch, size.seq, h, device="cuda", dtype=torch.bfloat16),
+        "attn_norm.scale": (1 + 0.1 * torch.randn(1, 1, h, device="cuda")).to(torch.bfloat16),
+        "mlp_norm.scale": (1 + 0.1 * torch.randn(1, 1, h, device="cuda")).to(torch.bfloat16),
+        "wq": weight(h, size.heads * d, fan_in=h),
+        "wk": weight(h, size.kv_heads * d, fan_in=h),
+        "wv": weight(h, size.kv_heads * d, fan_in=h),
         "wo": weight(size.heads * d, h, fan_in=size.heads * d),
         "w_gate": weight(h, size.ffn, fan_in=h),
         "w_up": weight(h, size.ffn, fan_in=h),
@@ -87,16 +86,11 @@ def inputs(size: Size) -> dict[str, Any]:
 
 
 def torch_layer(size: Size, t: dict[str, Any]) -> Any:
-    """The layer as a torch user writes it, on weights flattened from the graph's per-head ones."""
+    """The layer as Hugging Face's Llama computes it."""
     import torch
     import torch.nn.functional as F
 
     b, s, h, d = size.batch, size.seq, size.hidden, size.head_dim
-
-    def flat(w: Any) -> Any:  # [heads, hidden, d] -> [hidden, heads * d]
-        return w.permute(1, 0, 2).reshape(h, -1).contiguous()
-
-    wq, wk, wv = flat(t["wq"]), flat(t["wk"]), flat(t["wv"])
     position = torch.arange(s, device="cuda", dtype=torch.float32)
     inverse = torch.exp(torch.arange(d // 2, device="cuda", dtype=torch.float32) * (-2.0 * math.log(10000.0) / d))
     angle = torch.cat([torch.outer(position, inverse)] * 2, dim=1)
@@ -107,17 +101,17 @@ def torch_layer(size: Size, t: dict[str, Any]) -> Any:
         x1, x2 = x[..., : d // 2], x[..., d // 2 :]
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
+    def heads(x: Any, count: int) -> Any:
+        return x.view(b, s, count, d).transpose(1, 2)
+
     def layer(x: Any) -> Any:
-        x = x.view(b, s, h)
         n = F.rms_norm(x, (h,), attn_scale, 1e-5)
-        q = rope((n @ wq).view(b, s, size.heads, d).transpose(1, 2))
-        k = rope((n @ wk).view(b, s, size.kv_heads, d).transpose(1, 2))
-        v = (n @ wv).view(b, s, size.kv_heads, d).transpose(1, 2)
+        q, k = rope(heads(n @ t["wq"], size.heads)), rope(heads(n @ t["wk"], size.kv_heads))
+        v = heads(n @ t["wv"], size.kv_heads)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / math.sqrt(d), enable_gqa=True)
-        residual = x + o.transpose(1, 2).reshape(b, s, -1) @ t["wo"]
+        residual = x + o.transpose(1, 2).reshape(b, s, h) @ t["wo"]
         m = F.rms_norm(residual, (h,), mlp_scale, 1e-5)
-        y = residual + (F.silu(m @ t["w_gate"]) * (m @ t["w_up"])) @ t["w_down"]
-        return y.view(b, 1, s, h)
+        return residual + (F.silu(m @ t["w_gate"]) * (m @ t["w_up"])) @ t["w_down"]
 
     return layer
 
@@ -130,7 +124,7 @@ def run(name: str, size: Size, kernels: bool, peak_flops: float) -> None:
     graph = llama_layer(size.batch, size.seq, size.hidden, size.heads, size.kv_heads, size.ffn)
     plan = gd.compile(graph)
     t = inputs(size)
-    y = torch.full((size.batch, 1, size.seq, size.hidden), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y = torch.full((size.batch, size.seq, size.hidden), float("nan"), device="cuda", dtype=torch.bfloat16)
     bound = plan.bind({**t, "y": y})
     bound()
     layer = torch_layer(size, t)

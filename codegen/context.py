@@ -134,7 +134,7 @@ def kernel_source(
     return name, compose(header=header, headers=headers_for(function), body=code)
 
 
-_GENERATED = re.compile(r"\b(t|tm|s|v|r|a|o|in|out|base|col|exact)(\d+)\b")
+_GENERATED = re.compile(r"\b(t|tm|s|v|r|a|o|in|pre|out|base|col|exact)(\d+)\b")
 _EXTENT = re.compile(rf"\b{EXTENT_PREFIX}\w+")
 
 

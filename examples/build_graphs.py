@@ -172,34 +172,38 @@ def llama_layer(
     grouped-query attention (8 query heads on 2 key/value heads, head dim 96), the output
     projection and the residual add, RMSNorm, the SwiGLU MLP and its residual add.
 
-    Tokens are [B, 1, S, hidden]: the 1 broadcasts against the heads of the per-head projection
-    weights [H, hidden, D], so the projections give Q, K, V as [B, H, S, D] for sdpa without a
-    transpose. The attention output is stored [B, S, H, D] (its strides), so its transpose to
-    [B, S, H, D] and the reshape to [B, 1, S, H * D] (the heads concatenated) move nothing and
-    launch nothing, and the output projection is one GEMM with ``wo`` [H * D, hidden] (per-head
-    GEMMs summed over the heads would be the same product through an fp32 [B, H, S, hidden]
-    intermediate, H times the output's size). The fuzzer shrinks the examples' large dims
-    (tests/graph_fuzz.py SMALL_DIMS: 64 -> 4, 2048 -> 6...) but not slice bounds, so D and D/2
-    are none of them (RoPE slices at D/2), and neither is H * D."""
+    Laid out as a model is: tokens [B, S, hidden], each projection one GEMM ([hidden, H * D]),
+    its output split into heads by a reshape to [B, S, H, D] and a transpose to [B, H, S, D]
+    whose output keeps the [B, S, H, D] memory (its strides), as is the attention output's; the
+    heads go back together by the reverse transpose and reshape for one output-projection GEMM.
+    None of those copies moves an element, so none launches a kernel. The fuzzer shrinks the
+    examples' large dims (tests/graph_fuzz.py SMALL_DIMS: 64 -> 4, 2048 -> 6...) but not slice
+    bounds, so D and D/2 are none of them (RoPE slices at D/2), and neither is H * D."""
     head_dim = hidden // heads
     g = gd.OperationGraphSpec(name="llama_layer", io_data_type="bf16", intermediate_data_type="bf16")
-    x = g.tensor(name="x", dim=[batch, 1, seq, hidden])
+    x = g.tensor(name="x", dim=[batch, seq, hidden])
 
     def weight(name: str, *dims: int) -> gd.TensorSpec:
         return g.tensor(name=name, dim=list(dims))
 
-    h = g.rmsnorm("inference", x, weight("attn_norm.scale", 1, 1, 1, hidden), epsilon=1e-5, name="attn_norm")[0]
-    q = g.matmul(h, weight("wq", heads, hidden, head_dim), name="q_proj")
-    k = g.matmul(h, weight("wk", kv_heads, hidden, head_dim), name="k_proj")
-    v = g.matmul(h, weight("wv", kv_heads, hidden, head_dim), name="v_proj")
+    def split_heads(t: gd.TensorSpec, count: int, name: str) -> gd.TensorSpec:
+        """[B, S, count * D] as [B, count, S, D], over the same memory."""
+        split = g.reshape(t, shape=[batch, seq, count, head_dim], name=f"{name}.split")
+        heads_first = g.transpose(split, [0, 2, 1, 3], name=f"{name}.heads")
+        return heads_first.set_stride([seq * count * head_dim, head_dim, count * head_dim, 1])
+
+    h = g.rmsnorm("inference", x, weight("attn_norm.scale", 1, 1, hidden), epsilon=1e-5, name="attn_norm")[0]
+    q = split_heads(g.matmul(h, weight("wq", hidden, heads * head_dim), name="q_proj"), heads, "q")
+    k = split_heads(g.matmul(h, weight("wk", hidden, kv_heads * head_dim), name="k_proj"), kv_heads, "k")
+    v = split_heads(g.matmul(h, weight("wv", hidden, kv_heads * head_dim), name="v_proj"), kv_heads, "v")
     q, k = rope(g, q, name="q_rope"), rope(g, k, name="k_rope")
     o = g.sdpa(q, k, v, attn_scale=1.0 / math.sqrt(head_dim), use_causal_mask=True, name="attention")[0]
-    o.set_stride([seq * hidden, head_dim, hidden, 1])  # stored [B, S, H, D], as a model concatenates heads
-    tokens = g.transpose(o, [0, 2, 1, 3], name="o_heads_last")  # [B, S, H, D]: the same memory
-    concatenated = g.reshape(tokens, shape=[batch, 1, seq, heads * head_dim], name="o_concat")
-    attention = g.matmul(concatenated, weight("wo", heads * head_dim, hidden), name="o_proj")
+    o.set_stride([seq * hidden, head_dim, hidden, 1])
+    tokens = g.transpose(o, [0, 2, 1, 3], name="o.tokens")  # [B, S, H, D]
+    concatenated = g.reshape(tokens, shape=[batch, seq, hidden], name="o.concat")
+    attention = g.matmul(concatenated, weight("wo", hidden, hidden), name="o_proj")
     residual = g.add(x, attention, name="attn_residual")
-    n = g.rmsnorm("inference", residual, weight("mlp_norm.scale", 1, 1, 1, hidden), epsilon=1e-5, name="mlp_norm")[0]
+    n = g.rmsnorm("inference", residual, weight("mlp_norm.scale", 1, 1, hidden), epsilon=1e-5, name="mlp_norm")[0]
     gate = g.matmul(n, weight("w_gate", hidden, ffn), name="gate_proj")
     up = g.matmul(n, weight("w_up", hidden, ffn), name="up_proj")
     act = g.mul(g.silu(gate, name="swiglu.silu"), up, name="swiglu")

@@ -136,18 +136,22 @@ def numpy_llama_layer(
         return bf16(v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + 1e-5) * scale)
 
     w = {name: value.astype(np.float64) for name, value in feeds.items()}
-    x = w["x"]  # [B, 1, S, hidden]
+    x = w["x"]  # [B, S, hidden]
+    batch, seq, _ = x.shape
+
+    def heads_of(t: np.ndarray, count: int) -> np.ndarray:  # [B, S, count * D] -> [B, count, S, D]
+        return np.swapaxes(t.reshape(batch, seq, count, -1), 1, 2)
+
     h = rmsnorm(x, w["attn_norm.scale"])
-    q, k, v = (bf16(h @ w[name]) for name in ("wq", "wk", "wv"))  # [B, H, S, D]
+    q, k, v = (heads_of(bf16(h @ w[name]), n) for name, n in (("wq", heads), ("wk", kv_heads), ("wv", kv_heads)))
     q, k = bf16(rope(q)), bf16(rope(k))
     k, v = np.repeat(k, heads // kv_heads, axis=1), np.repeat(v, heads // kv_heads, axis=1)
-    seq, dim = q.shape[-2:]
+    dim = q.shape[-1]
     scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(dim)
     scores = np.where(np.tril(np.ones((seq, seq), dtype=bool)), scores, -np.inf)
     p = np.exp(scores - scores.max(axis=-1, keepdims=True))
     o = bf16(p / p.sum(axis=-1, keepdims=True) @ v)
-    batch, _, seq, _ = x.shape
-    concatenated = np.swapaxes(o, 1, 2).reshape(batch, 1, seq, -1)  # [B, 1, S, H * D]
+    concatenated = np.swapaxes(o, 1, 2).reshape(batch, seq, -1)  # [B, S, H * D]
     residual = bf16(x + bf16(concatenated @ w["wo"]))
     n = rmsnorm(residual, w["mlp_norm.scale"])
     gate, up = bf16(n @ w["w_gate"]), bf16(n @ w["w_up"])
@@ -172,7 +176,7 @@ def test_the_llama_layer_runs_on_the_reference_and_equals_numpy(capsys: pytest.C
         fan_in = feeds[name].shape[-2]
         feeds[name] = (feeds[name].astype(np.float64) / np.sqrt(fan_in)).astype(bfloat16)
     got = gd.reference.execute(ir, feeds)["y"].astype(np.float64)
-    heads, kv_heads = ir.tensor("wq").dim[0], ir.tensor("wk").dim[0]
+    heads, kv_heads = ir.tensor("q.split::y").dim[2], ir.tensor("k.split::y").dim[2]
     want = numpy_llama_layer(feeds, heads, kv_heads)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
     unrotated = numpy_llama_layer(feeds, heads, kv_heads, rope=lambda v: v)

@@ -109,6 +109,7 @@ def tile_epilogue(
     aligned: str,
     fetch: list[str],
     batch_index: str = "blockIdx.z",
+    chunks_per_thread: int | None = None,
 ) -> list[str]:
     """The epilogue of a BM x BN block tile (at ``block_m``, ``block_n``), 8 consecutive output
     columns per thread and chunk: ``fetch`` fills ``acc8[8]`` (``accumulator_type``) with the accumulators of
@@ -119,6 +120,11 @@ def tile_epilogue(
     A thread's 8 columns are the same in every chunk it handles (THREADS is a multiple of
     BN/8), so operands that vary only along the columns (batch-norm statistics, biases) are
     loaded into registers once, before the chunk loop.
+
+    ``chunks_per_thread``: every thread handles exactly that many chunks (BM * BN / 8 a multiple
+    of THREADS). Full-size operands (a residual, SwiGLU's other half) are then loaded for all of
+    a thread's chunks before the first is used, so their memory latencies overlap instead of
+    adding up chunk after chunk.
     """
     compute = epilogue_compute(p)
     out = p.out
@@ -169,31 +175,52 @@ def tile_epilogue(
             coords = [f"const {itype} c0 = m;"]
     else:
         coords = [f"const {itype} c{rank - 2} = m;", *batch_coords(p, itype, batch_index)]
-    lines = [
-        *hoisted,
-        "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {",
+    # Full-size operands laid out like the output (a residual) arrive as one vector too.
+    full = [t for t in operands if t.dim == out.dim and _columns_contiguous(t, column_axis)] if vector_ok else []
+    vector_ok_here = f"{aligned} && block_n + col + 8 <= GN"
+
+    def vector_load(t: Tensor) -> str:
+        first = offset(t, out.dim, "c").replace(column, first_column)
+        return f"gd::load_vec<{cuda_type(t.data_type)}, 8>({names[t.id]} + {first})"
+
+    chunk_start = [
         "  const int row = chunk / (BN / 8), col = (chunk % (BN / 8)) * 8;",
         f"  const {itype} m = block_m + row;",
         "  if (m >= GM) continue;",
         *("  " + c for c in coords),
-        f"  {accumulator_type(p)} acc8[8];",
-        *("  " + line for line in fetch),
     ]
+    prefetch = chunks_per_thread is not None and bool(full)
+    if prefetch:
+        lines = [
+            *hoisted,
+            *(f"gd::Vec<{cuda_type(t.data_type)}, 8> pre{t.id}[{chunks_per_thread}];" for t in full),
+            "#pragma unroll",
+            f"for (int i = 0; i < {chunks_per_thread}; ++i) {{",
+            "  const int chunk = tid + i * THREADS;",
+            *chunk_start,
+            f"  if ({vector_ok_here}) {{",
+            *(f"    pre{t.id}[i] = {vector_load(t)};" for t in full),
+            "  }",
+            "}",
+            "#pragma unroll",
+            f"for (int i = 0; i < {chunks_per_thread}; ++i) {{",
+            "  const int chunk = tid + i * THREADS;",
+        ]
+    else:
+        lines = [*hoisted, "for (int chunk = tid; chunk < BM * BN / 8; chunk += THREADS) {"]
+    lines += [*chunk_start, f"  {accumulator_type(p)} acc8[8];", *("  " + line for line in fetch)]
     if vector_ok:
         results = [f"gd::Vec<{cuda_type(t.data_type)}, 8> r{t.id};" for t in fused.outputs]
         stores = []
         for t in fused.outputs:
             first_offset = offset(t, out.dim, "c").replace(column, first_column)
             stores.append(f"gd::store_vec<{cuda_type(t.data_type)}, 8>({names[t.id]} + {first_offset}, r{t.id});")
-        # Full-size operands laid out like the output (a residual) arrive as one vector too.
-        full = [t for t in operands if t.dim == out.dim and _columns_contiguous(t, column_axis)]
         vector_loads = [
-            f"const gd::Vec<{cuda_type(t.data_type)}, 8> in{t.id} = gd::load_vec<{cuda_type(t.data_type)}, 8>("
-            f"{names[t.id]} + {offset(t, out.dim, 'c').replace(column, first_column)});"
+            f"const gd::Vec<{cuda_type(t.data_type)}, 8> in{t.id} = {f'pre{t.id}[i]' if prefetch else vector_load(t)};"
             for t in full
         ]
         lines += [
-            f"  if ({aligned} && block_n + col + 8 <= GN) {{",
+            f"  if ({vector_ok_here}) {{",
             *("    " + line for line in results + vector_loads),
             "#pragma unroll",
             "    for (int e = 0; e < 8; ++e) {",

@@ -153,7 +153,16 @@ def _epilogue(
             for line in (
                 partial_chunks(p, "(batch * SPLIT + slice)", lambda col: f"subtile + staged_at(row, {col})")
                 if split > 1
-                else tile_epilogue(fused, p, names, itype, aligned, fetch, batch_index="batch")
+                else tile_epilogue(
+                    fused,
+                    p,
+                    names,
+                    itype,
+                    aligned,
+                    fetch,
+                    batch_index="batch",
+                    chunks_per_thread=SUBTILE**2 // 8 // 128,
+                )
             )
         ),
         "  }",

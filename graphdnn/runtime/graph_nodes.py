@@ -2,10 +2,10 @@
 ``populate_cuda_graph`` / ``update_cuda_graph``).
 
 Populating captures the launches into the caller's empty graph, so they form one chain: the
-input copies, then the kernels, in launch order. Updating walks that chain from its root and
-gives each node the parameters of the same step bound to other buffers; the topology never
-changes, which is what ``cudaGraphExecChildGraphNodeSetParams`` and ``cudaGraphExecUpdate``
-require of a graph changed after instantiation.
+input copies, then the kernels, in launch order. Updating checks that the graph holds such a
+chain, then captures the launches on the new buffers in its place: the same topology and node
+insertion order, which is what ``cudaGraphExecChildGraphNodeSetParams`` and
+``cudaGraphExecUpdate`` require of a graph changed after instantiation.
 """
 
 from __future__ import annotations
@@ -52,27 +52,3 @@ def _listed(query: Any, handle: Any) -> list[Any]:
     its last the count)."""
     count = driver.call(query, handle, 0)[-1]
     return list(driver.call(query, handle, count)[0][:count]) if count else []
-
-
-def kernel_parameters(call: Sequence[Any]) -> Any:
-    """A kernel node's parameters from a ``cuLaunchKernel`` argument tuple (runtime.launch)."""
-    function, gx, gy, gz, bx, by, bz, shared, _stream, parameters, _extra = call
-    node = driver.api().CUDA_KERNEL_NODE_PARAMS()
-    node.func = function
-    node.gridDimX, node.gridDimY, node.gridDimZ = gx, gy, gz
-    node.blockDimX, node.blockDimY, node.blockDimZ = bx, by, bz
-    node.sharedMemBytes = shared
-    node.kernelParams = parameters or 0
-    return node
-
-
-def copy_parameters(destination: int, source: int, nbytes: int) -> Any:
-    """A device-to-device memcpy node's parameters, as ``cuMemcpyDtoDAsync`` captures them."""
-    api = driver.api()
-    node = api.CUDA_MEMCPY3D()
-    node.srcMemoryType = node.dstMemoryType = api.CUmemorytype.CU_MEMORYTYPE_DEVICE
-    node.srcDevice = source
-    node.dstDevice = destination
-    node.WidthInBytes = nbytes
-    node.Height = node.Depth = 1
-    return node

@@ -198,16 +198,16 @@ class BoundPlan:
             self._record(api.CUgraph(graph))
 
     def update_graph(self, graph: int) -> None:
-        """Point the nodes that :meth:`record_into` put in ``graph`` (or its clone) at this
-        binding's buffers (``update_cuda_graph``); the graph's topology stays as it was."""
+        """Replace the nodes that :meth:`record_into` put in ``graph`` (or its clone) by this
+        binding's launches (``update_cuda_graph``): the same chain, in the same insertion
+        order, so an instantiated graph takes it as an update of its child graph node."""
         api = driver.api()
         with self.device.current():
-            steps = graph_nodes.chain(api.CUgraph(graph), ["memcpy"] * len(self.copies) + ["kernel"] * len(self._calls))
-            for node, step in zip(steps, self.copies):
-                parameters = graph_nodes.copy_parameters(step.destination.pointer, step.source, step.destination.nbytes)
-                driver.call(api.cuGraphMemcpyNodeSetParams, node, parameters)
-            for node, call in zip(steps[len(self.copies) :], self._calls):
-                driver.call(api.cuGraphKernelNodeSetParams, node, graph_nodes.kernel_parameters(call))
+            cu_graph = api.CUgraph(graph)
+            expected = ["memcpy"] * len(self.copies) + ["kernel"] * len(self._calls)
+            for node in graph_nodes.chain(cu_graph, expected):
+                driver.call(api.cuGraphDestroyNode, node)
+            self._record(cu_graph)
 
     def _record(self, graph: Any) -> None:
         """Capture the input copies and the launches, in order, into ``graph``."""
