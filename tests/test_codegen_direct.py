@@ -664,9 +664,11 @@ def rnn_graph(
     *,
     initial: bool = True,
     lengths: str | None = None,
+    kind: str = "rnn",
 ) -> gd.OperationGraphSpec:
-    """An rnn node with its weight list (PyTorch's order), with ``initial`` hx (and cx), and
-    with ``lengths`` (a data type) each sequence's length."""
+    """An rnn node (or ``kind``: rnn_training, rnn_backward with float32 reserve and dy, dhy,
+    dcy, or rnn_training_backward: both, the backward taking the forward's reserve) with its weight list (PyTorch's order), with ``initial`` hx (and cx), and with
+    ``lengths`` (a data type) each sequence's length."""
     g = graph(io)
     gates = {"relu": 1, "tanh": 1, "lstm": 4, "gru": 3}[mode]
     directions = 2 if bidirectional else 1
@@ -686,7 +688,23 @@ def rnn_graph(
     cx = g.tensor(state, name="cx") if initial and mode == "lstm" else None
     x = g.tensor([steps, batch, inputs], name="x")
     seq_lengths = g.tensor([batch], data_type=lengths, name="seq_lengths") if lengths else None
-    return outputs(g, *g.rnn(x, weights, mode, hidden, layers, bidirectional, hx=hx, cx=cx, seq_lengths=seq_lengths))
+    common = {"hx": hx, "cx": cx, "seq_lengths": seq_lengths}
+    if kind in ("rnn_backward", "rnn_training_backward"):  # the latter: the backward of the forward's reserve
+        fields = {"relu": 1, "tanh": 1, "lstm": 6, "gru": 5}[mode]
+        if kind == "rnn_backward":
+            reserve = g.tensor([layers, steps, batch, directions, fields * hidden], data_type="float", name="reserve")
+        else:
+            y, *_, reserve = g.rnn_training(x, weights, mode, hidden, layers, bidirectional, **common)
+            outputs(g, y)
+        dy = g.tensor([steps, batch, directions * hidden], name="dy")
+        dhy = g.tensor(state, name="dhy") if initial else None
+        dcy = g.tensor(state, name="dcy") if initial and mode == "lstm" else None
+        grads = g.rnn_backward(x, weights, reserve, dy, mode, hidden, layers, bidirectional, dhy=dhy, dcy=dcy, **common)
+        return outputs(g, *grads)
+    if kind == "rnn_training":  # the reserve in the io type
+        *results, reserve = g.rnn_training(x, weights, mode, hidden, layers, bidirectional, **common)
+        return outputs(g, *results, reserve.set_data_type(io))
+    return outputs(g, *g.rnn(x, weights, mode, hidden, layers, bidirectional, **common))
 
 
 @case()
@@ -766,6 +784,73 @@ def rnn_lstm_benchmark_half() -> gd.OperationGraphSpec:
 @case(gpu_only=True)
 def rnn_gru_wide_lengths_bidirectional_float() -> gd.OperationGraphSpec:
     return rnn_graph("float", "gru", 20, 40, 33, 1000, 2, True, lengths="int32")
+
+
+@case()
+def rnn_training_lstm_lengths_bidirectional_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 5, 3, 4, 6, 2, True, lengths="int32", kind="rnn_training")
+
+
+@case()
+def rnn_training_gru_tensor_cores_half() -> gd.OperationGraphSpec:
+    # the reserve stored from the overlapped tensor-core step, whose cells' operands are prefetched
+    return rnn_graph("half", "gru", 3, 5, 6, 24, 2, True, lengths="int32", kind="rnn_training")
+
+
+@case()
+def rnn_training_tanh_double() -> gd.OperationGraphSpec:
+    return rnn_graph("double", "tanh", 4, 2, 3, 5, 1, False, initial=False, kind="rnn_training")
+
+
+@case()
+def rnn_backward_lstm_lengths_bidirectional_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 5, 3, 4, 6, 2, True, lengths="int32", kind="rnn_backward")
+
+
+@case()
+def rnn_backward_gru_lengths_double() -> gd.OperationGraphSpec:
+    return rnn_graph("double", "gru", 4, 3, 3, 5, 2, True, lengths="int64", kind="rnn_backward")
+
+
+@case()
+def rnn_backward_relu_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "relu", 4, 2, 3, 7, 1, False, initial=False, kind="rnn_backward")
+
+
+@case()
+def rnn_backward_tanh_three_layers_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "tanh", 3, 2, 5, 4, 3, False, kind="rnn_backward")  # layer 0 reuses layer 2's buffer
+
+
+@case()
+def rnn_training_backward_lstm_lengths_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 4, 3, 5, 6, 2, True, lengths="int32", kind="rnn_training_backward")
+
+
+@case()
+def rnn_training_backward_gru_tensor_cores_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "gru", 3, 5, 6, 24, 2, True, lengths="int32", kind="rnn_training_backward")
+
+
+@case()
+def rnn_training_backward_lstm_rearranged_half() -> gd.OperationGraphSpec:
+    # T*N and D*G*H whole 16-byte pieces: the all-step GEMMs read rearranged operands in pieces
+    return rnn_graph("half", "lstm", 4, 2, 8, 6, 2, True, lengths="int32", kind="rnn_training_backward")
+
+
+@case()
+def rnn_backward_gru_rearranged_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "gru", 2, 4, 5, 8, 2, True, lengths="int32", kind="rnn_backward")
+
+
+@case(gpu_only=True)
+def rnn_training_backward_lstm_wide_half() -> gd.OperationGraphSpec:
+    return rnn_graph("half", "lstm", 16, 24, 64, 256, 2, False, kind="rnn_training_backward")
+
+
+@case(gpu_only=True)
+def rnn_backward_lstm_wide_lengths_float() -> gd.OperationGraphSpec:
+    return rnn_graph("float", "lstm", 20, 40, 33, 300, 2, True, lengths="int32", kind="rnn_backward")
 
 
 @case(gpu_only=True)
@@ -961,7 +1046,16 @@ def test_launch_shape_and_bindings(name):
                     assert param.scratch in scratch and decl.endswith(f" {param.scratch}")
                 else:
                     assert param.kind is ParamKind.ALIGNED and decl == "const long long aligned"
-        assert read == inputs and written == outputs
+        assert read == inputs - unread(fused) and written == outputs
+
+
+def unread(fused: FusedNode) -> set[int]:
+    """Inputs a fused node has no use for: rnn_backward's biases (its gradients do not depend on
+    them: the reserve holds the gates they went into)."""
+    node = fused.anchor
+    if node is None or node.op != "rnn_backward":
+        return set()
+    return {w.id for index, w in enumerate(node.inputs_of("weights")) if index % 4 >= 2}
 
 
 @pytest.mark.parametrize("arch", [80, 90])

@@ -256,6 +256,23 @@ def recurrent(g: gd.OperationGraphSpec) -> None:
         t.set_name(name).set_output(True)  # type: ignore[union-attr]
 
 
+def recurrent_training(g: gd.OperationGraphSpec) -> None:
+    """A GRU's forward in training and its backward from the reserve (float32 whatever the IO)."""
+    weights = []
+    for direction in range(2):
+        for name, dims in (("w_ih", [15, 6]), ("w_hh", [15, 5]), ("b_ih", [15]), ("b_hh", [15])):
+            weights.append(g.tensor(dims, name=f"{name}_{direction}"))
+    x, hx = g.tensor([4, 3, 6], name="x"), g.tensor([2, 3, 5], name="hx")
+    lengths = g.tensor([3], data_type="int32", name="seq_lengths")
+    y, hy, _, reserve = g.rnn_training(x, weights, "gru", 5, bidirectional=True, hx=hx, seq_lengths=lengths)
+    assert y is not None and hy is not None and reserve is not None
+    dx, dhx, _, dweights = g.rnn_backward(
+        x, weights, reserve, y, "gru", 5, bidirectional=True, hx=hx, seq_lengths=lengths, dhy=hy
+    )
+    for t, name in ((dx, "dx"), (dhx, "dhx"), (dweights, "dweights")):
+        t.set_name(name).set_output(True)  # type: ignore[union-attr]
+
+
 def movement(g: gd.OperationGraphSpec) -> None:
     x, z = g.tensor(name="x", dim=[4, 6, 10]), g.tensor(name="z", dim=[4, 3, 10])
     cat = g.concatenate([x, z], axis=1)
@@ -340,6 +357,7 @@ FAMILIES: dict[str, Build] = {
         spatial_transformer,
         ctc,
         recurrent,
+        recurrent_training,
         movement,
         attention,
         block_scaled_quantization,

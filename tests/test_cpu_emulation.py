@@ -159,6 +159,17 @@ GRAPHS = [
             "rnn_lstm_chunked_37_sequences_double",
             "rnn_lstm_tensor_core_tiles_half",
             "rnn_gru_async_copies_half",
+            "rnn_training_lstm_lengths_bidirectional_float",
+            "rnn_training_gru_tensor_cores_half",
+            "rnn_training_tanh_double",
+            "rnn_backward_lstm_lengths_bidirectional_float",
+            "rnn_backward_gru_lengths_double",
+            "rnn_backward_relu_half",
+            "rnn_backward_tanh_three_layers_float",
+            "rnn_training_backward_lstm_lengths_float",
+            "rnn_training_backward_gru_tensor_cores_half",
+            "rnn_training_backward_lstm_rearranged_half",
+            "rnn_backward_gru_rearranged_half",
         ],
     ),
 ]
@@ -201,6 +212,17 @@ def test_resident_grid_matches_reference_on_the_cpu(
     graph: gd.OperationGraphSpec, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     check(graph, {"grid": 3}, tmp_path_factory, marker="the next tile into L2")
+
+
+@pytest.mark.parametrize("per_block", [1, 2, 16])
+def test_rnn_backward_step_blocks_of_several_sequences_on_the_cpu(
+    per_block: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The backward step's blocks summing dh for ``per_block`` sequences (5 of them: the last
+    group ragged; 16: more than the block's warps, so each updates two), 37 units (two blocks of
+    32, lanes past H idle), GRU (its two gate gradients) both ways with lengths."""
+    graph = direct_cases.rnn_graph("float", "gru", 3, 5, 4, 37, 1, True, lengths="int32", kind="rnn_backward")
+    check(graph, {"rnn_backward_sequences": per_block}, tmp_path_factory)
 
 
 def check(

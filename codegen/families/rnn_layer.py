@@ -27,6 +27,7 @@ from graphdnn.ir import Node, Tensor
 from graphdnn.ops.rnn import GATES, WEIGHTS_PER_DIRECTION, RnnAttributes
 
 from ..context import EmitContext
+from ..indexing import offset_at
 from .direct_common import THREADS, anchor_of, compute_for
 
 XPROJ, STATE_H, STATE_C, STEP = "rnn_xproj", "rnn_h", "rnn_c", "rnn_step"
@@ -216,3 +217,26 @@ def stage_step_state(
     return staged_copy(
         "threadIdx.x", f"{sequences} * KC", ["const int m = n0 + i / KC, k = k0 + i % KC;"], h, h_target, c_type
     )
+
+
+def advance_step(counter: str) -> list[str]:
+    """A step kernel's last lines: the last block to finish advances the ``counter`` scratch's
+    step (read as ``step``) for the next launch."""
+    return [
+        "__syncthreads();",
+        "if (threadIdx.x == 0) {  // the last block to finish advances the step for the next launch",
+        "  __threadfence();",
+        f"  if (atomicAdd(&{counter}[1], 1u) == gridDim.x * gridDim.y - 1) {{ {counter}[1] = 0; {counter}[0] = step + 1; }}",
+        "}",
+    ]
+
+
+def length_check(name: str | None, lengths: Tensor | None) -> list[str]:
+    """``within``: whether step t is inside sequence n (a length outside [0, T], which the
+    reference refuses, is clamped)."""
+    if name is None or lengths is None:
+        return ["const bool within = true;"]
+    return [
+        f"const long long given = (long long){name}[{offset_at(lengths, ['n'])}];",
+        "const bool within = t < (given < 0 ? 0 : given > T ? T : given);",
+    ]

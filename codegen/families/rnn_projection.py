@@ -16,6 +16,8 @@ The kernel also resets the ``rnn_step`` counter the layer's step kernels read.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from graphdnn.dtypes import DataType
 from graphdnn.ir import Tensor
@@ -73,43 +75,12 @@ def projection_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     w_value = by_direction(d, "dir", [element(w, ["row", "k"]) for w in w_ih])
     bias = by_direction(d, "dir", [element(b, ["row"]) for b in b_ih])
     staged = cuda_type(operand) if operand is not None else c
-    zero = "0.0f" if c == "float" else "0.0"
-
-    def to_staged(value: str) -> str:
-        return store(operand, value) if operand is not None else value
-
-    element_loop = [
-        "for (int k0 = 0; k0 < GK; k0 += BK) {",
-        "  __syncthreads();  // everyone is done with the previous tiles",
-        *(
-            "  " + line
-            for line in staged_copy(
-                "tid",
-                "BM * BK",
-                ["const int m = bm + i / BK, k = k0 + i % BK;"],
-                to_staged(f"m < GM && k < GK ? {a_value} : {zero}"),
-                "as[(i / BK) * STRIDE + i % BK]",
-                staged,
-            )
-        ),
-        *(
-            "  " + line
-            for line in staged_copy(
-                "tid",
-                "BN * BK",
-                [
-                    "const int column = bn + i / BK, k = k0 + i % BK;",
-                    "const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
-                ],
-                to_staged(f"column < GN && k < GK ? {w_value} : {zero}"),
-                "bs[(i / BK) * STRIDE + i % BK]",
-                staged,
-            )
-        ),
-        "  __syncthreads();",
-        *("  " + line for line in (_mma_products("as", "bs") if operand is not None else _fma_products(c))),
-        "}",
+    a_index = ["const int m = bm + i / BK, k = k0 + i % BK;"]
+    b_index = [
+        "const int column = bn + i / BK, k = k0 + i % BK;",
+        "const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
     ]
+    element_loop = staged_loop(TileSources(a_value, a_index, w_value, b_index), operand, c)
     vector = _vector_sources(layer, names, below, ctx) if operand is not None else None
     stages = 2 if vector is not None else 1
     loop = element_loop
@@ -131,12 +102,103 @@ def projection_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         f"__shared__ __align__(16) {staged} as[{stages} * BM * STRIDE], bs[{stages} * BN * STRIDE];",
         *(_mma_setup(c) if operand is not None else _fma_setup(c)),
         *loop,
-        *(_mma_epilogue if operand is not None else _fma_epilogue)(xproj, bias),
+        *(_mma_epilogue if operand is not None else _fma_epilogue)(_stores(xproj, bias)),
     ]
     pattern = f"rnn_{layer.a.mode.value}_layer{layer.layer}_projection{'_mma' if operand is not None else ''}"
     grid = (-(-rows // block_m), -(-columns // block_n), 1)
     kernel = make_kernel(ctx, layer.fused, pattern, params, body, grid)
     return with_mma_functions(kernel, operand) if operand is not None else kernel
+
+
+@dataclass(frozen=True)
+class TileSources:
+    """What a tile product out[m, column] = sum over k of A(m, k) B(column, k) stages: after the
+    ``a_index`` lines (which define m and k from the staged element i), ``a_value`` is A(m, k);
+    after ``b_index`` (column and k), ``b_value`` is B(column, k). Both are read only for m <
+    GM, column < GN, k < GK (zeros past them)."""
+
+    a_value: str
+    a_index: list[str]
+    b_value: str
+    b_index: list[str]
+
+
+def staged_loop(sources: TileSources, operand: DataType | None, c: str) -> list[str]:
+    """The k loop of a tile product, its tiles staged element by element into ``as`` and ``bs``
+    (converted to ``operand`` for the tensor cores, else kept in the compute type ``c``)."""
+    staged = cuda_type(operand) if operand is not None else c
+    zero = "0.0f" if c == "float" else "0.0"
+
+    def to_staged(value: str) -> str:
+        return store(operand, value) if operand is not None else value
+
+    return [
+        "for (int k0 = 0; k0 < GK; k0 += BK) {",
+        "  __syncthreads();  // everyone is done with the previous tiles",
+        *(
+            "  " + line
+            for line in staged_copy(
+                "tid",
+                "BM * BK",
+                sources.a_index,
+                to_staged(f"m < GM && k < GK ? {sources.a_value} : {zero}"),
+                "as[(i / BK) * STRIDE + i % BK]",
+                staged,
+            )
+        ),
+        *(
+            "  " + line
+            for line in staged_copy(
+                "tid",
+                "BN * BK",
+                sources.b_index,
+                to_staged(f"column < GN && k < GK ? {sources.b_value} : {zero}"),
+                "bs[(i / BK) * STRIDE + i % BK]",
+                staged,
+            )
+        ),
+        "  __syncthreads();",
+        *("  " + line for line in (_mma_products("as", "bs") if operand is not None else _fma_products(c))),
+        "}",
+    ]
+
+
+def tile_shape(operand: DataType | None) -> tuple[int, int]:
+    """(BM, BN) of the projection's tiles for ``operand`` (None: the FMA tiles)."""
+    block_m, block_n, _, _ = MMA_TILE if operand is not None else FMA_TILE
+    return block_m, block_n
+
+
+def tile_product(
+    sources: TileSources | VectorSources,
+    operand: DataType | None,
+    c: str,
+    stores: Callable[[str], list[str]],
+    column_blocks: int,
+) -> list[str]:
+    """A whole tile-product kernel body after its GM, GN, GK constants, with the projection's
+    tiles (mma.sync for ``operand``, else FMAs in ``c``; :func:`tile_shape`): block (bm, bn) from
+    blockIdx.x and blockIdx.y % ``column_blocks`` (the quotient is the caller's: a batch index),
+    then ``stores(value)`` for each element, with m and column defined. ``VectorSources`` (with
+    an ``operand``: rows contiguous in k, whole pieces apart, GK a whole number of pieces) take
+    the pipelined loop of 16-byte pieces (rnn_projection_vector.py)."""
+    block_m, block_n, block_k, stride = MMA_TILE if operand is not None else FMA_TILE
+    staged = cuda_type(operand) if operand is not None else c
+    vector = isinstance(sources, VectorSources)
+    if isinstance(sources, VectorSources):
+        assert operand is not None
+        loop = vector_loop(sources, staged, _mma_products("at", "bt"))
+    else:
+        loop = staged_loop(sources, operand, c)
+    body = [
+        f"constexpr int BM = {block_m}, BN = {block_n}, BK = {block_k}, STRIDE = {stride};",
+        f"const int bm = blockIdx.x * BM, bn = blockIdx.y % {column_blocks} * BN, tid = threadIdx.x;",
+        f"__shared__ __align__(16) {staged} as[{2 if vector else 1} * BM * STRIDE], bs[{2 if vector else 1} * BN * STRIDE];",
+        *(_mma_setup(c) if operand is not None else _fma_setup(c)),
+        *loop,
+        *(_mma_epilogue if operand is not None else _fma_epilogue)(stores),
+    ]
+    return body
 
 
 def with_mma_functions(kernel: Kernel, operand: DataType) -> Kernel:
@@ -218,26 +280,33 @@ def _mma_products(a_tile: str, b_tile: str) -> list[str]:
     ]
 
 
-def _epilogue(loops: list[str], m: str, column: str, value: str, xproj: str, bias: str) -> list[str]:
-    """``value`` + b_ih at (``m``, ``column``), for each accumulator the ``loops`` walk."""
+def _stores(xproj: str, bias: str) -> Callable[[str], list[str]]:
+    """The projection's store of ``value`` + b_ih at (m, column) into ``xproj``."""
+    return lambda value: [
+        "const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
+        f"if (m < GM && column < GN) {xproj}[(long long)m * GN + column] = {value} + {bias};",
+    ]
+
+
+def _epilogue(loops: list[str], m: str, column: str, value: str, stores: Callable[[str], list[str]]) -> list[str]:
+    """The ``stores`` lines of ``value`` at (``m``, ``column``), for each accumulator the ``loops`` walk."""
     lines = [line for depth, loop in enumerate(loops) for line in ("#pragma unroll", "  " * depth + loop)]
     inner = "  " * len(loops)
     return [
         *lines[:-1],
         lines[-1] + " {",
         f"{inner}const int m = {m}, column = {column};",
-        f"{inner}const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
-        f"{inner}if (m < GM && column < GN) {xproj}[(long long)m * GN + column] = {value} + {bias};",
+        *(inner + line for line in stores(value)),
         "  " * (len(loops) - 1) + "}",
     ]
 
 
-def _mma_epilogue(xproj: str, bias: str) -> list[str]:
+def _mma_epilogue(stores: Callable[[str], list[str]]) -> list[str]:
     """Fragment e of tile (mi, ni) is (row + 8 (e >= 2), column + e % 2) of the warp's block."""
     loops = ["for (int mi = 0; mi < 2; ++mi)", "for (int ni = 0; ni < 4; ++ni)", "for (int e = 0; e < 4; ++e)"]
     m = "bm + warp_m * 32 + mi * 16 + (lane >> 2) + (e >> 1) * 8"
     column = "bn + warp_n * 32 + ni * 8 + 2 * (lane & 3) + (e & 1)"
-    return _epilogue(loops, m, column, "acc[mi][ni][e]", xproj, bias)
+    return _epilogue(loops, m, column, "acc[mi][ni][e]", stores)
 
 
 def _fma_setup(c: str) -> list[str]:
@@ -262,6 +331,6 @@ def _fma_products(c: str) -> list[str]:
     ]
 
 
-def _fma_epilogue(xproj: str, bias: str) -> list[str]:
+def _fma_epilogue(stores: Callable[[str], list[str]]) -> list[str]:
     loops = ["for (int i = 0; i < 4; ++i)", "for (int j = 0; j < 4; ++j)"]
-    return _epilogue(loops, "bm + ty + 16 * i", "bn + tx + 16 * j", "acc[i][j]", xproj, bias)
+    return _epilogue(loops, "bm + ty + 16 * i", "bn + tx + 16 * j", "acc[i][j]", stores)

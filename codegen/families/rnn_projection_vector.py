@@ -22,12 +22,14 @@ PIECE = 8  # k elements per 16-byte piece of a 16-bit operand
 @dataclass(frozen=True)
 class VectorSources:
     """Where piece (row, k) of each operand starts: ``a_at`` (in ``m``, ``k``) and ``b_at`` (in
-    ``column``, ``dir``, ``row``, ``k``: W_ih of direction ``dir``, its row ``row``), C
-    expressions of a pointer; ``a_float``: A is float (converted per element as stored)."""
+    ``column``, ``k`` and what ``b_index`` defines from ``column``: the projection's W_ih of
+    direction ``dir``, its row ``row``), C expressions of a pointer; ``a_float``: A is float
+    (converted per element as stored)."""
 
     a_at: str
     b_at: str
     a_float: bool
+    b_index: str = "const int dir = column / GATE_ROWS, row = column % GATE_ROWS;"
 
 
 def vector_loop(sources: VectorSources, staged: str, products: list[str]) -> list[str]:
@@ -48,7 +50,7 @@ def vector_loop(sources: VectorSources, staged: str, products: list[str]) -> lis
         "#pragma unroll",
         "  for (int i = 0; i < 2; ++i) {",
         "    const int column = bn + piece_row + 64 * i;",
-        "    const int dir = column / GATE_ROWS, row = column % GATE_ROWS;",
+        f"    {sources.b_index}",
         f"    b_piece[i] = column < GN && k < GK ? *reinterpret_cast<const uint4*>({sources.b_at}) : make_uint4(0, 0, 0, 0);",
         "  }",
         "};",

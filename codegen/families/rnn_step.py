@@ -45,9 +45,11 @@ from .rnn_layer import (
     RnnLayer,
     StepProduct,
     StepSources,
+    advance_step,
     by_direction,
     launch_choice,
     layer_buffer,
+    length_check,
     stage_step_operands,
 )
 from .rnn_projection import with_mma_functions
@@ -120,6 +122,8 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     out_buffer = params.scratch(layer_buffer(layer.layer), c) if not layer.last else None
     final_h = params.tensor(hy, writable=True) if hy is not None and written(fused, hy) else None
     final_c = params.tensor(cy, writable=True) if cy is not None and written(fused, cy) else None
+    reserve = node.output("reserve")  # rnn_training's
+    out_reserve = params.tensor(reserve, writable=True) if reserve is not None and written(fused, reserve) else None
 
     def element(t: Tensor, coordinate: list[str]) -> str:
         return read(t, names[t.id], offset_at(t, coordinate), c)
@@ -169,7 +173,7 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         *("  " + line for line in (_prefetch(p, c, from_x, h_old, c_old, bias) if p.cells else [])),
         *("  " + line for line in p.product),
         *("  " + line for line in p.cell_open),
-        *("    " + line for line in _lengths(layer, names[lengths.id] if lengths is not None else None, lengths)),
+        *("    " + line for line in length_check(names[lengths.id] if lengths is not None else None, lengths)),
     ]
     if p.cells:
         gate_x, gate_bias = "x_pre[q][{g}]", "b_pre[q][g]"
@@ -195,6 +199,12 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
         body.append(
             f"    {out_y}[{offset_at(y, ['t', 'n', column])}] = {store(y.data_type, f'within ? value : ({c})0')};"
         )
+    if out_reserve is not None:
+        assert reserve is not None
+        fields = [*_reserve_fields(a.mode, lambda g: gate_x.format(g=g)), "value"]
+        for field, value in enumerate(fields):
+            at = offset_at(reserve, [str(layer.layer), "t", "n", "dir", f"{field} * H + j"])
+            body.append(f"    {out_reserve}[{at}] = {store(reserve.data_type, f'within ? {value} : ({c})0')};")
     if out_buffer is not None:
         body.append(f"    {out_buffer}[((long long)t * N + n) * (D * H) + {column}] = within ? value : 0;")
     finals = [(hy, final_h, "within ? value : h_old"), (cy, final_c, "within ? cell : c_old")]
@@ -205,13 +215,10 @@ def step_kernel(layer: RnnLayer, ctx: EmitContext) -> Kernel:
     body += [
         *("  " + line for line in p.cell_close),
         "}",
-        "__syncthreads();",
-        "if (threadIdx.x == 0) {  // the last block to finish advances the step for the next launch",
-        "  __threadfence();",
-        f"  if (atomicAdd(&{counter}[1], 1u) == gridDim.x * gridDim.y - 1) {{ {counter}[1] = 0; {counter}[0] = step + 1; }}",
-        "}",
+        *advance_step(counter),
     ]
     pattern = f"rnn_{a.mode.value}_layer{layer.layer}_step{'_mma' if operand is not None else ''}"
+    pattern += "_training" if out_reserve is not None else ""
     grid = (-(-layer.hidden // s.units), d, 1)
     kernel = make_kernel(ctx, fused, pattern, params, body, grid)
     if operand is None:
@@ -312,17 +319,6 @@ def _reduce(k_warps: int) -> list[str]:
     ]
 
 
-def _lengths(layer: RnnLayer, name: str | None, lengths: Tensor | None) -> list[str]:
-    """``within``: whether step t is inside sequence n (a length outside [0, T], which the
-    reference refuses, is clamped)."""
-    if name is None or lengths is None:
-        return ["const bool within = true;"]
-    return [
-        f"const long long given = (long long){name}[{offset_at(lengths, ['n'])}];",
-        "const bool within = t < (given < 0 ? 0 : given > T ? T : given);",
-    ]
-
-
 def _cell(mode: RnnMode, c: str, x: Callable[[int], str]) -> list[str]:
     """``value`` (and LSTM's ``cell``): the new state from ``pre`` (W_hh h + b_hh per gate),
     ``x(g)`` (W_ih x + b_ih of gate g), ``h_old`` and ``c_old``."""
@@ -340,6 +336,17 @@ def _cell(mode: RnnMode, c: str, x: Callable[[int], str]) -> list[str]:
         f"const {c} fresh = tanh({x(2)} + reset * pre[2]);",
         f"const {c} value = (({c})1 - update) * fresh + update * h_old;",
     ]
+
+
+def _reserve_fields(mode: RnnMode, x: Callable[[int], str]) -> list[str]:
+    """rnn_training's reserve fields before h (graphdnn/ops/rnn.py) from what :func:`_cell`
+    defines: the activated gates, then LSTM's cell or GRU's W_hn h + b_hn."""
+    if mode is RnnMode.LSTM:
+        gates = [f"sigmoid({x(0)} + pre[0])", f"sigmoid({x(1)} + pre[1])", f"tanh({x(2)} + pre[2])"]
+        return [*gates, f"sigmoid({x(3)} + pre[3])", "cell"]
+    if mode is RnnMode.GRU:
+        return ["reset", "update", "fresh", "pre[2]"]
+    return []
 
 
 def _prefetch(p: StepProduct, c: str, from_x: str, h_old: str, c_old: str | None, bias: str) -> list[str]:

@@ -21,6 +21,7 @@ from .quantize import QuantizeMethods
 from .random import RandomMethods
 from .reduction import ReductionMethods
 from .rnn import RnnMethods
+from .rnn_backward import RnnBackwardMethods
 from .shape import ShapeMethods
 from .spatial_transformer import SpatialTransformerMethods
 from .topk import TopkMethods
@@ -43,6 +44,7 @@ class OpMethods(
     RandomMethods,
     ReductionMethods,
     RnnMethods,
+    RnnBackwardMethods,
     ShapeMethods,
     SpatialTransformerMethods,
     TopkMethods,

@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..dtypes import DataType
 from ..symbolic import Extent
 from .attributes import Attributes
 from .base import (
@@ -79,14 +80,14 @@ class Rnn(Op):
 
     kind = "rnn"
     category = Category.MATMUL
-    inputs = (
+    inputs: ClassVar[tuple[Role, ...]] = (
         Role("x", floating=True),
         Role("weights", variadic=True, floating=True),
         Role("hx", optional=True, floating=True),
         Role("cx", optional=True, floating=True),
         Role("seq_lengths", optional=True),
     )
-    outputs = (Role("y"), Role("hy"), Role("cy"))
+    outputs: ClassVar[tuple[Role, ...]] = (Role("y"), Role("hy"), Role("cy"))
     attributes = RnnAttributes
 
     def present_outputs(self, attributes: Attributes, bound_inputs: frozenset[str]) -> frozenset[str]:
@@ -145,32 +146,92 @@ class Rnn(Op):
 
     def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
         a: RnnAttributes = node.attributes  # type: ignore[assignment]
-        data, weights = x["x"], x["weights"]
-        steps, batch, _ = data.shape
-        state = (a.num_layers * a.directions, batch, a.hidden_size)
-        hx, cx = x.get("hx", np.zeros(state)), x.get("cx", np.zeros(state))
-        hy, cy = np.zeros(state), np.zeros(state)
-        lengths = np.full(batch, steps)
-        if "seq_lengths" in x:
-            lengths = indices_in_range(node, "seq_lengths", x["seq_lengths"], steps + 1, "sequence lengths")
-        for layer in range(a.num_layers):
-            outputs = []
-            for direction in range(a.directions):
-                index = layer * a.directions + direction
-                first = index * WEIGHTS_PER_DIRECTION
-                w_ih, w_hh, b_ih, b_hh = weights[first : first + WEIGHTS_PER_DIRECTION]
-                h, c = hx[index], cx[index]
-                out = np.zeros((steps, batch, a.hidden_size))
-                for t in range(steps) if direction == 0 else range(steps - 1, -1, -1):
-                    h_next, c_next = _cell(a.mode, data[t] @ w_ih.T + b_ih, h @ w_hh.T + b_hh, h, c)
-                    within = (t < lengths)[:, None]  # a sequence's state stays put past its length
-                    h, c = np.where(within, h_next, h), np.where(within, c_next, c)
-                    out[t] = np.where(within, h_next, 0.0)
-                hy[index], cy[index] = h, c
-                outputs.append(out)
-            data = np.concatenate(outputs, axis=-1)
-        result = {"y": data, "hy": hy}
+        y, hy, cy, _ = forward(a, x, sequence_lengths(node, x))
+        result = {"y": y, "hy": hy}
         return {**result, "cy": cy} if a.mode is RnnMode.LSTM else result
+
+
+@register
+class RnnTraining(Rnn):
+    """The forward pass in training (cuDNN's ``cudnnRNNForward`` with CUDNN_FWD_MODE_TRAINING):
+    rnn's outputs and ``reserve``, what ``rnn_backward`` needs of the forward pass (cuDNN's
+    reserve space), float32 unless set to double, half or bfloat16. Its layout, [L, T, N, D, R*H]: for each
+    layer, step, sequence and direction, R fields of H values, the step's activated gates and
+    what the gradient needs besides: RNN h (R 1); LSTM i, f, g, o, c, h (R 6); GRU r, z, n,
+    W_hn h_{t-1} + b_hn, h (R 5). The last field is always h, so a layer's input to the
+    next is its h fields side by side; every field is 0 past a sequence's length."""
+
+    kind = "rnn_training"
+    outputs = (*Rnn.outputs, Role("reserve"))
+
+    def present_outputs(self, attributes: Attributes, bound_inputs: frozenset[str]) -> frozenset[str]:
+        return super().present_outputs(attributes, bound_inputs) | {"reserve"}
+
+    def infer(self, node: Node, declared: Mapping[str, tuple[Extent, ...] | None]) -> dict[str, Inferred]:
+        out = super().infer(node, declared)
+        steps, batch = out["y"].dim[:2]
+        a: RnnAttributes = node.attributes  # type: ignore[assignment]
+        reserve = Inferred(reserve_dims(a, steps, batch), data_type=DataType.FLOAT, allowed=RESERVE_TYPES)
+        return {**out, "reserve": reserve}
+
+    def reference(self, node: Node, x: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        a: RnnAttributes = node.attributes  # type: ignore[assignment]
+        y, hy, cy, reserve = forward(a, x, sequence_lengths(node, x))
+        result = {"y": y, "hy": hy, "reserve": reserve}
+        return {**result, "cy": cy} if a.mode is RnnMode.LSTM else result
+
+
+# What rnn_training's reserve may be stored in besides float32 (cuDNN keeps it in the data type).
+RESERVE_TYPES = frozenset({DataType.DOUBLE, DataType.HALF, DataType.BFLOAT16})
+
+# The fields of one step and unit in rnn_training's reserve, h (the state it leaves) last.
+RESERVE_FIELDS = {RnnMode.RELU: 1, RnnMode.TANH: 1, RnnMode.LSTM: 6, RnnMode.GRU: 5}
+LSTM_CELL_FIELD = 4  # c, after the gates i, f, g, o
+
+
+def reserve_dims(a: RnnAttributes, steps: Extent, batch: Extent) -> tuple[Extent, ...]:
+    """rnn_training's reserve: [L, T, N, D, R*H] (RnnTraining says what the fields are)."""
+    return (a.num_layers, steps, batch, a.directions, RESERVE_FIELDS[a.mode] * a.hidden_size)
+
+
+def sequence_lengths(node: Node, x: Mapping[str, Any]) -> np.ndarray:
+    """Each sequence's length: seq_lengths, checked to lie in [0, T], or T for all."""
+    steps, batch, _ = x["x"].shape
+    if "seq_lengths" not in x:
+        return np.full(batch, steps)
+    return indices_in_range(node, "seq_lengths", x["seq_lengths"], steps + 1, "sequence lengths")
+
+
+def direction_weights(a: RnnAttributes, weights: Sequence[np.ndarray], index: int) -> Sequence[np.ndarray]:
+    """w_ih, w_hh, b_ih, b_hh of layer-direction ``index`` (layer * D + direction)."""
+    first = index * WEIGHTS_PER_DIRECTION
+    return weights[first : first + WEIGHTS_PER_DIRECTION]
+
+
+def forward(
+    a: RnnAttributes, x: Mapping[str, Any], lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """y, hy, cy (zeros but for LSTM) and the reserve of the forward pass over x's inputs."""
+    data, weights = x["x"], x["weights"]
+    steps, batch, _ = data.shape
+    state = (a.num_layers * a.directions, batch, a.hidden_size)
+    hx, cx = x.get("hx", np.zeros(state)), x.get("cx", np.zeros(state))
+    hy, cy = np.zeros(state), np.zeros(state)
+    fields = RESERVE_FIELDS[a.mode]
+    reserve = np.zeros((a.num_layers, steps, batch, a.directions, fields, a.hidden_size))
+    for layer in range(a.num_layers):
+        for direction in range(a.directions):
+            index = layer * a.directions + direction
+            w_ih, w_hh, b_ih, b_hh = direction_weights(a, weights, index)
+            h, c = hx[index], cx[index]
+            for t in range(steps) if direction == 0 else range(steps - 1, -1, -1):
+                h_next, c_next, gates = _cell(a.mode, data[t] @ w_ih.T + b_ih, h @ w_hh.T + b_hh, h, c)
+                within = (t < lengths)[:, None]  # a sequence's state stays put past its length
+                h, c = np.where(within, h_next, h), np.where(within, c_next, c)
+                reserve[layer, t, :, direction] = np.where(within[:, :, None], np.stack([*gates, h_next], 1), 0.0)
+            hy[index], cy[index] = h, c
+        data = reserve[layer, :, :, :, -1].reshape(steps, batch, -1)  # the directions' h side by side
+    return data, hy, cy, reserve.reshape(reserve_dims(a, steps, batch))
 
 
 def _sigmoid(v: np.ndarray) -> np.ndarray:
@@ -179,21 +240,23 @@ def _sigmoid(v: np.ndarray) -> np.ndarray:
 
 def _cell(
     mode: RnnMode, from_x: np.ndarray, from_h: np.ndarray, h: np.ndarray, c: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(h', c') of one step from the two projections W_ih x + b_ih and W_hh h + b_hh."""
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """(h', c', the reserve fields before h') of one step from the two projections
+    W_ih x + b_ih and W_hh h + b_hh."""
     if mode is RnnMode.RELU:
-        return np.maximum(from_x + from_h, 0.0), c
+        return np.maximum(from_x + from_h, 0.0), c, []
     if mode is RnnMode.TANH:
-        return np.tanh(from_x + from_h), c
+        return np.tanh(from_x + from_h), c, []
     if mode is RnnMode.LSTM:
         i, f, g, o = np.split(from_x + from_h, 4, axis=-1)
-        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
-        return _sigmoid(o) * np.tanh(c), c
+        i, f, g, o = _sigmoid(i), _sigmoid(f), np.tanh(g), _sigmoid(o)
+        c = f * c + i * g
+        return o * np.tanh(c), c, [i, f, g, o, c]
     xr, xz, xn = np.split(from_x, 3, axis=-1)
     hr, hz, hn = np.split(from_h, 3, axis=-1)
     r, z = _sigmoid(xr + hr), _sigmoid(xz + hz)
     n = np.tanh(xn + r * hn)
-    return (1.0 - z) * n + z * h, c
+    return (1.0 - z) * n + z * h, c, [r, z, n, hn]
 
 
 class RnnMethods:
@@ -216,11 +279,33 @@ class RnnMethods:
         """[y, hy, cy] (cy None unless LSTM) of a stacked RNN / LSTM / GRU over x [T, N, I] in
         inference, with PyTorch's weight list (``torch.nn.LSTM(...)._flat_weights``) and,
         optionally, each sequence's length."""
-        attrs = {"mode": mode, "hidden_size": hidden_size, "num_layers": num_layers, "bidirectional": bidirectional}
+        return self._recurrent("rnn", locals())
+
+    def rnn_training(
+        self,
+        x: TensorSpec,
+        weights: Sequence[TensorSpec],
+        mode: Any,
+        hidden_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        hx: TensorSpec | None = None,
+        cx: TensorSpec | None = None,
+        seq_lengths: TensorSpec | None = None,
+        compute_data_type: Any = None,
+        name: str | None = None,
+    ) -> list[TensorSpec | None]:
+        """[y, hy, cy, reserve]: :meth:`rnn`'s outputs and the reserve that ``rnn_backward``
+        takes (float32 unless set to double, half or bfloat16; its layout in docs/ops.md)."""
+        return self._recurrent("rnn_training", locals())
+
+    def _recurrent(self, kind: str, arguments: Mapping[str, Any]) -> list[TensorSpec | None]:
+        """An rnn or rnn_training node from its builder's arguments."""
+        attrs = {key: arguments[key] for key in ("mode", "hidden_size", "num_layers", "bidirectional")}
         return self._add_node(
-            "rnn",
-            {"x": x, "weights": weights, "hx": hx, "cx": cx, "seq_lengths": seq_lengths},
+            kind,
+            {key: arguments[key] for key in ("x", "weights", "hx", "cx", "seq_lengths")},
             attrs,
-            name=name,
-            compute_data_type=compute_data_type,
+            name=arguments["name"],
+            compute_data_type=arguments["compute_data_type"],
         )
